@@ -1,0 +1,3 @@
+from kiro.cli import main
+
+main()

@@ -1,0 +1,75 @@
+"""One error tree. Each error carries the exit code it maps to; the CLI converts it once.
+
+A `UserError` is something the person can fix (bad config, missing task file, held lock);
+a `RunError` is kiro itself unable to go on. Both end the run with exit code 1 (SPEC §6)
+unless a subclass says otherwise. Messages are one line, for a person, naming the file
+(and key or line) and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class KiroError(Exception):
+    """Base of every error kiro reports to a person."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UserError(KiroError):
+    """Something the person can fix: input, configuration, a name that does not exist."""
+
+
+class ConfigError(UserError):
+    """A config file, frontmatter key or environment variable that does not validate."""
+
+    def __init__(self, message: str, *, file: Path | str | None = None, line: int | None = None,
+                 key: str | None = None) -> None:
+        where = ""
+        if file is not None:
+            where = f"{file}:{line}: " if line else f"{file}: "
+        super().__init__(where + message)
+        self.file = file
+        self.line = line
+        self.key = key
+
+
+class TaskFileError(UserError):
+    """A task file that cannot be read or has no steps."""
+
+
+class TaskNotFound(UserError):
+    """A --task path or --task-id that names nothing."""
+
+
+class StateError(KiroError):
+    """The state file and every backup of it are unreadable."""
+
+
+class LockHeld(UserError):
+    """Another process runs this loop."""
+
+    def __init__(self, task_id: str, pid: int | None) -> None:
+        who = f"process {pid}" if pid else "another process"
+        super().__init__(
+            f"loop {task_id!r} is already running in {who}; "
+            f"stop it with `kiro loop stop --task-id {task_id}` or wait for it to finish"
+        )
+        self.task_id = task_id
+        self.pid = pid
+
+
+class ExecutorError(UserError):
+    """An executor that cannot run at all (not configured, bad credentials, unknown model)."""
+
+
+class RunError(KiroError):
+    """kiro could not go on for a reason that is not the person's input."""

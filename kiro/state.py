@@ -1,0 +1,421 @@
+"""Loop state: the pydantic model of `.state/autonomous_loop_<task_id>.json`, and the store that
+writes it crash-safely, keeps backups, archives it, and holds the per-loop lock.
+
+Field names and meanings follow the source spec (seed 004, "State File Format"); SPEC §4 adds
+`schema_version`, `workspace`, `pid`, `host`, `executor`, `stop_reason`, `timeout_reached`,
+`usage`, `steps` and `history`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from filelock import FileLock, Timeout
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kiro import timeutil
+from kiro.errors import LockHeld, StateError, TaskNotFound
+from kiro.workspace import Workspace
+
+SCHEMA_VERSION = 1
+BACKUPS_KEPT = 5
+HISTORY_KEPT = 200
+TEXT_KEPT = 4000  # characters of last_prompt / last_response / errors kept in the state
+
+Status = Literal[
+    "pending", "running", "sleeping", "paused", "stopped", "completed", "failed", "max_iterations", "timed_out"
+]
+FINISHED: frozenset[str] = frozenset({"completed"})
+ACTIVE: frozenset[str] = frozenset({"running", "sleeping"})
+
+
+def clip(text: str | None, limit: int = TEXT_KEPT) -> str:
+    if not text:
+        return ""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return text[:half] + f"\n[... {len(text) - limit} characters cut ...]\n" + text[-half:]
+
+
+class _Model(BaseModel):
+    # Forward compatible: a newer kiro's extra fields survive a round trip through an older one.
+    model_config = ConfigDict(extra="allow", validate_assignment=False)
+
+
+class CurrentStep(_Model):
+    step_id: str
+    description: str
+    status: Literal["pending", "in_progress", "completed", "failed", "waiting_retry", "interrupted"] = "pending"
+    started_at: str | None = None
+
+
+class CompletedStep(_Model):
+    step_id: str
+    description: str
+    completed_at: str
+    duration_seconds: float
+    iteration: int | None = None
+    attempts: int = 1
+    summary: str = ""
+
+
+class FailedStep(_Model):
+    step_id: str
+    description: str
+    failed_at: str
+    error: str
+    retry_count: int
+    iteration: int | None = None
+
+
+class Context(_Model):
+    last_prompt: str = ""
+    last_response: str = ""
+    environment: dict[str, str] = Field(default_factory=dict)
+
+
+class StopConditions(_Model):
+    task_in_done: bool = False
+    max_iterations_reached: bool = False
+    failure_threshold_exceeded: bool = False
+    stop_hook_triggered: bool = False
+    manual_intervention: bool = False
+
+
+class Metrics(_Model):
+    total_duration_seconds: float = 0.0
+    average_step_duration: float = 0.0
+    success_rate: float = 0.0
+
+
+class Usage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    api_calls: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, other: Usage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.total_tokens += other.total_tokens
+        self.api_calls += other.api_calls
+        self.cost_usd = round(self.cost_usd + other.cost_usd, 8)
+
+
+class StepRecord(_Model):
+    attempts: int = 0
+    last_error: str | None = None
+    next_retry_at: str | None = None
+    last_verify_output: str | None = None
+
+
+class Transition(_Model):
+    at: str
+    from_status: str = Field(alias="from")
+    to: str
+    reason: str | None = None
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class LoopState(_Model):
+    schema_version: int = SCHEMA_VERSION
+    task_id: str
+    task_path: str
+    status: Status = "pending"
+    started_at: str = Field(default_factory=timeutil.iso)
+    updated_at: str = Field(default_factory=timeutil.iso)
+    iteration: int = 0
+    max_iterations: int = 100
+    consecutive_failures: int = 0
+    failure_threshold: int = 3
+    total_failures: int = 0
+    total_successes: int = 0
+    current_step: CurrentStep | None = None
+    completed_steps: list[CompletedStep] = Field(default_factory=list)
+    failed_steps: list[FailedStep] = Field(default_factory=list)
+    context: Context = Field(default_factory=Context)
+    stop_conditions: StopConditions = Field(default_factory=StopConditions)
+    metrics: Metrics = Field(default_factory=Metrics)
+    # added by kiro (SPEC §4)
+    workspace: str = ""
+    pid: int | None = None
+    host: str | None = None
+    executor: str | None = None
+    stop_reason: str | None = None
+    timeout_reached: bool = False
+    timeout_seconds: float | None = None
+    title: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    steps: dict[str, StepRecord] = Field(default_factory=dict)
+    history: list[Transition] = Field(default_factory=list)
+    runs: int = 0
+    finished_at: str | None = None
+    report_path: str | None = None
+    steps_total: int | None = None
+    steps_done: int | None = None
+
+    # -- transitions -----------------------------------------------------------------------
+
+    def transition(self, to: Status, reason: str | None = None) -> bool:
+        """Move the state machine; every change is recorded in the bounded `history`."""
+        if to == self.status and reason == self.stop_reason:
+            return False
+        self.history.append(Transition.model_validate({"at": timeutil.iso(), "from": self.status, "to": to,
+                                                        "reason": reason}))
+        if len(self.history) > HISTORY_KEPT:
+            del self.history[: len(self.history) - HISTORY_KEPT]
+        self.status = to
+        return True
+
+    def step_record(self, step_id: str) -> StepRecord:
+        rec = self.steps.get(step_id)
+        if rec is None:
+            rec = self.steps[step_id] = StepRecord()
+        return rec
+
+    def completed_ids(self) -> set[str]:
+        return {c.step_id for c in self.completed_steps}
+
+    def refresh_metrics(self) -> None:
+        attempts = self.total_successes + self.total_failures
+        self.metrics.success_rate = round(self.total_successes / attempts, 4) if attempts else 0.0
+        if self.completed_steps:
+            total = sum(c.duration_seconds for c in self.completed_steps)
+            self.metrics.average_step_duration = round(total / len(self.completed_steps), 3)
+
+    def dump_json(self) -> str:
+        return self.model_dump_json(indent=2, by_alias=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: str | bytes, *, fsync: bool = True, mode: int | None = None) -> None:
+    """Temp file in the same folder, fsync, `os.replace`, fsync the folder: a reader sees the old
+    file or the new one, never a torn one, also after a power cut."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644 if mode is None else mode)
+    try:
+        view = memoryview(raw)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    if fsync:
+        _fsync_dir(path.parent)
+
+
+class LoadResult(BaseModel):
+    """A loaded state, with where it came from and any warning for a person."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    state: LoopState
+    path: Path
+    archived: bool = False
+    warning: str | None = None
+
+
+class StateStore:
+    """Reads and writes the state files of one workspace."""
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.ws = workspace
+        self._saves = 0
+
+    # -- paths -----------------------------------------------------------------------------
+
+    def path(self, task_id: str) -> Path:
+        return self.ws.state_file(task_id)
+
+    def exists(self, task_id: str) -> bool:
+        return self.path(task_id).exists() or self.ws.archived_state_file(task_id).exists()
+
+    # -- write -----------------------------------------------------------------------------
+
+    def save(self, state: LoopState, *, fsync: bool = True) -> None:
+        state.updated_at = timeutil.iso()
+        atomic_write(self.path(state.task_id), state.dump_json(), fsync=fsync)
+        self._saves += 1
+
+    def backup(self, state: LoopState) -> Path:
+        """Copy the current state to `.state/backups/`; keep the newest BACKUPS_KEPT per task."""
+        folder = self.ws.backups_dir()
+        stamp = timeutil.now().strftime("%Y%m%dT%H%M%S%f")
+        target = folder / f"autonomous_loop_{state.task_id}.{stamp}.i{state.iteration:06d}.json"
+        atomic_write(target, state.dump_json())
+        for old in self._backups(state.task_id)[BACKUPS_KEPT:]:
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+        return target
+
+    def _backups(self, task_id: str) -> list[Path]:
+        folder = self.ws.backups_dir()
+        if not folder.is_dir():
+            return []
+        found = list(folder.glob(f"autonomous_loop_{task_id}.*.json"))
+        return sorted(found, key=lambda p: p.name, reverse=True)  # newest first: the stamp sorts
+
+    def archive(self, state: LoopState) -> Path:
+        target = self.ws.archived_state_file(state.task_id)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, state.dump_json())
+        with contextlib.suppress(FileNotFoundError):
+            self.path(state.task_id).unlink()
+        _fsync_dir(self.path(state.task_id).parent)
+        return target
+
+    def unarchive(self, task_id: str) -> None:
+        src = self.ws.archived_state_file(task_id)
+        if src.exists() and not self.path(task_id).exists():
+            os.replace(src, self.path(task_id))
+
+    # -- read ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _read(path: Path) -> LoopState:
+        return LoopState.model_validate_json(path.read_bytes())
+
+    def load(self, task_id: str) -> LoadResult:
+        """The state of `task_id`. A corrupt file falls back to the newest good backup, with a
+        warning that says so; when nothing is readable, a StateError."""
+        main = self.path(task_id)
+        archived = self.ws.archived_state_file(task_id)
+        problem: str | None = None
+        for candidate, is_archive in ((main, False), (archived, True)):
+            if not candidate.exists():
+                continue
+            try:
+                return LoadResult(state=self._read(candidate), path=candidate, archived=is_archive)
+            except (ValidationError, ValueError, OSError) as exc:
+                problem = f"{self.ws.relative(candidate)} is unreadable ({_short(exc)})"
+                break
+        else:
+            raise TaskNotFound(
+                f"no loop with task id {task_id!r} in {self.ws.root} "
+                f"(no {self.ws.relative(main)}); `kiro loop status` lists the loops"
+            )
+        for backup in self._backups(task_id):
+            try:
+                state = self._read(backup)
+            except (ValidationError, ValueError, OSError):
+                continue
+            warning = (f"{problem}; using the newest good backup {self.ws.relative(backup)} "
+                       f"(iteration {state.iteration})")
+            return LoadResult(state=state, path=main, warning=warning)
+        raise StateError(f"{problem}, and no readable backup in {self.ws.relative(self.ws.backups_dir())}; "
+                         f"move the file away to start the task afresh")
+
+    def try_read(self, path: Path) -> LoopState | None:
+        try:
+            return self._read(path)
+        except (ValidationError, ValueError, OSError):
+            return None
+
+    def all_states(self, *, include_archive: bool = True) -> list[tuple[Path, LoopState | None]]:
+        """Every state file in the workspace (unreadable ones as None), newest first."""
+        folders = [self.ws.state_dir]
+        if include_archive:
+            folders.append(self.ws.state_dir / "archive")
+        seen: dict[str, tuple[Path, LoopState | None]] = {}
+        for folder in folders:
+            if not folder.is_dir():
+                continue
+            for p in folder.glob("autonomous_loop_*.json"):
+                tid = p.name[len("autonomous_loop_"):-len(".json")]
+                if tid in seen:
+                    continue
+                seen[tid] = (p, self.try_read(p))
+        return sorted(seen.values(), key=lambda item: item[1].updated_at if item[1] else "", reverse=True)
+
+    # -- locks -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lock(self, task_id: str, *, wait_seconds: float = 0.0) -> Iterator[None]:
+        """Hold the loop's lock: one process at a time. An OS file lock (flock), so it dies with
+        the process that holds it, whatever way that process ends."""
+        lock = self.acquire(task_id, wait_seconds=wait_seconds)
+        try:
+            yield
+        finally:
+            self.release(task_id, lock)
+
+    def acquire(self, task_id: str, *, wait_seconds: float = 0.0) -> FileLock:
+        path = self.ws.lock_file(task_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path), timeout=wait_seconds, thread_local=False, is_singleton=False)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise LockHeld(task_id, self.holder_pid(task_id)) from None
+        pid_file = path.with_suffix(".pid")
+        pid_file.write_text(f"{os.getpid()}\n{socket.gethostname()}\n")
+        return lock
+
+    def release(self, task_id: str, lock: FileLock) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.ws.lock_file(task_id).with_suffix(".pid").unlink()
+        lock.release()
+
+    def holder_pid(self, task_id: str) -> int | None:
+        pid_file = self.ws.lock_file(task_id).with_suffix(".pid")
+        try:
+            return int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def is_locked(self, task_id: str) -> bool:
+        """True when some process holds the loop's lock right now (the loop is alive)."""
+        path = self.ws.lock_file(task_id)
+        if not path.exists():
+            return False
+        lock = FileLock(str(path), timeout=0, thread_local=False, is_singleton=False)
+        try:
+            lock.acquire()
+        except Timeout:
+            return True
+        lock.release()
+        return False
+
+
+def effective_status(state: LoopState, alive: bool) -> str:
+    """What `status` shows: a state that says running whose process is gone is `interrupted`."""
+    if state.status in ACTIVE and not alive:
+        return "interrupted"
+    return state.status
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def to_jsonable(state: LoopState) -> dict[str, Any]:
+    return json.loads(state.dump_json())  # type: ignore[no-any-return]
+
+
+def parse_time(text: str | None) -> datetime | None:
+    return timeutil.parse(text) if text else None

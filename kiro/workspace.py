@@ -1,0 +1,200 @@
+"""The workspace: its folders, where each file lives, and how a path a person typed is resolved.
+
+Layout (SPEC §1):
+
+    config/autonomous_loop.yaml   Specs/   Done/   Needs_Action/   Logs/   .state/   .hooks/   Dashboard.md
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiro.errors import TaskNotFound, UserError
+
+CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
+FOLDERS = ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks")
+TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_task_id(task_id: str) -> str:
+    """A task id names files, so it must be a plain name."""
+    if not TASK_ID_RE.match(task_id) or ".." in task_id:
+        raise UserError(
+            f"invalid task id {task_id!r}: use letters, digits, '_', '-' and '.' (at most 128 characters)"
+        )
+    return task_id
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+    state_directory: str = ".state"
+
+    # -- discovery -------------------------------------------------------------------------
+
+    @classmethod
+    def find(cls, explicit: Path | str | None = None, *, cwd: Path | None = None) -> Workspace:
+        """`--workspace`, else `$KIRO_WORKSPACE`, else the nearest ancestor with a config or
+        `.state/`, else the current directory."""
+        if explicit:
+            root = Path(explicit).expanduser()
+            if not root.is_dir():
+                raise UserError(f"workspace {str(root)!r} is not a folder; create it with `kiro init {root}`")
+            return cls(root.resolve())
+        env = os.environ.get("KIRO_WORKSPACE")
+        if env:
+            root = Path(env).expanduser()
+            if not root.is_dir():
+                raise UserError(f"KIRO_WORKSPACE={env!r} is not a folder")
+            return cls(root.resolve())
+        here = (cwd or Path.cwd()).resolve()
+        for candidate in (here, *here.parents):
+            if (candidate / CONFIG_RELPATH).is_file() or (candidate / ".state").is_dir():
+                return cls(candidate)
+        return cls(here)
+
+    def with_state_directory(self, state_directory: str) -> Workspace:
+        return Workspace(self.root, state_directory)
+
+    # -- folders ---------------------------------------------------------------------------
+
+    @property
+    def specs(self) -> Path:
+        return self.root / "Specs"
+
+    @property
+    def done(self) -> Path:
+        return self.root / "Done"
+
+    @property
+    def needs_action(self) -> Path:
+        return self.root / "Needs_Action"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "Logs"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / self.state_directory
+
+    @property
+    def hooks(self) -> Path:
+        return self.root / ".hooks"
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / CONFIG_RELPATH
+
+    @property
+    def dashboard(self) -> Path:
+        return self.root / "Dashboard.md"
+
+    # -- files -----------------------------------------------------------------------------
+
+    def state_file(self, task_id: str) -> Path:
+        return self.state_dir / f"autonomous_loop_{task_id}.json"
+
+    def archived_state_file(self, task_id: str) -> Path:
+        return self.state_dir / "archive" / f"autonomous_loop_{task_id}.json"
+
+    def backups_dir(self) -> Path:
+        return self.state_dir / "backups"
+
+    def lock_file(self, task_id: str) -> Path:
+        return self.state_dir / f"autonomous_loop_{task_id}.lock"
+
+    def transcript_file(self, task_id: str) -> Path:
+        return self.state_dir / "transcripts" / f"{task_id}.jsonl"
+
+    def memory_db(self) -> Path:
+        return self.state_dir / "memory.db"
+
+    def hook_file(self, task_id: str) -> Path:
+        return self.hooks / f"stop_autonomous_loop_{task_id}.md"
+
+    @property
+    def global_hook_file(self) -> Path:
+        return self.hooks / "stop_autonomous_loop.md"
+
+    def event_log(self, task_id: str) -> Path:
+        return self.logs / f"{task_id}.jsonl"
+
+    def completion_report(self, task_id: str) -> Path:
+        return self.logs / "completion_reports" / f"{task_id}.md"
+
+    def progress_report(self, task_id: str, iteration: int) -> Path:
+        return self.logs / "progress_reports" / f"{task_id}_{iteration:04d}.md"
+
+    def intervention_request(self, task_id: str) -> Path:
+        return self.needs_action / f"intervention_{task_id}.md"
+
+    def escalation(self, task_id: str) -> Path:
+        return self.needs_action / f"escalation_{task_id}.md"
+
+    def human_request(self, task_id: str) -> Path:
+        return self.needs_action / f"request_{task_id}.md"
+
+    def detached_output(self, task_id: str) -> Path:
+        return self.logs / f"{task_id}.out"
+
+    # -- paths -----------------------------------------------------------------------------
+
+    def relative(self, path: Path) -> str:
+        """A workspace-relative POSIX path when `path` is inside the workspace, else the absolute path."""
+        try:
+            return path.resolve().relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
+
+    def absolute(self, stored: str) -> Path:
+        """The inverse of `relative`."""
+        p = Path(stored)
+        return p if p.is_absolute() else self.root / p
+
+    def resolve_task(self, raw: str | Path) -> Path:
+        """A `--task` argument as a real file. `/Specs/x.md` means workspace-relative when no such
+        absolute path exists (SPEC §1); a relative path is tried against the current directory,
+        then the workspace."""
+        text = str(raw)
+        candidates: list[Path] = []
+        p = Path(text).expanduser()
+        if p.is_absolute():
+            candidates.append(p)
+            candidates.append(self.root / text.lstrip("/"))
+        else:
+            candidates.append(Path.cwd() / p)
+            candidates.append(self.root / p)
+        for c in candidates:
+            if c.is_file():
+                return c.resolve()
+        for c in candidates:
+            if c.is_dir() and (c / "tasks.md").is_file():
+                return (c / "tasks.md").resolve()
+        raise TaskNotFound(
+            f"task file {text!r} not found (looked in {', '.join(repr(str(c)) for c in dict.fromkeys(candidates))})"
+        )
+
+    def area_of(self, path: Path) -> str | None:
+        """Which of Specs / Done / Needs_Action a path lies in, if any."""
+        try:
+            rel = path.resolve().relative_to(self.root)
+        except ValueError:
+            return None
+        first = rel.parts[0] if rel.parts else ""
+        return first if first in ("Specs", "Done", "Needs_Action") else None
+
+    def counterpart(self, path: Path, area: str) -> Path:
+        """The same relative path under another area: Specs/a/tasks.md -> Done/a/tasks.md."""
+        rel = path.resolve().relative_to(self.root)
+        if rel.parts and rel.parts[0] in ("Specs", "Done", "Needs_Action"):
+            rel = Path(*rel.parts[1:])
+        return self.root / area / rel
+
+    def ensure_folders(self) -> None:
+        for name in FOLDERS:
+            (self.root / name).mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
