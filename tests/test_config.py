@@ -1,0 +1,341 @@
+"""Config: the layered resolve (SPEC §7) and errors a person can act on, each one line with file and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiro.config import Config, default_config_yaml, load_config_file, resolve_config
+from kiro.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "config" / "autonomous_loop.yaml"
+
+
+def write_config(root: Path, text: str) -> Path:
+    path = root / "config" / "autonomous_loop.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def resolve(root: Path, **kwargs: Any) -> Config:
+    """resolve_config with an empty environment unless a test gives one: the real one must not leak in."""
+    kwargs.setdefault("env", {})
+    return resolve_config(workspace_root=root, **kwargs)
+
+
+def config_error(root: Path, **kwargs: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        resolve(root, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, message
+    return message
+
+
+# -- defaults and the shipped file ---------------------------------------------------------------
+
+
+def test_defaults_without_a_config_file(tmp_path: Path) -> None:
+    config = resolve(tmp_path)
+    assert config == Config()
+    assert config.autonomous_loop.max_iterations == 100
+    assert config.llm.model == "gpt-4o-mini"
+
+
+def test_shipped_yaml_is_exactly_the_defaults() -> None:
+    data, _ = load_config_file(SHIPPED)
+    assert Config.model_validate(data) == Config()
+    # Every key is written out, not just left to its default.
+    assert data == Config().model_dump()
+
+
+def test_shipped_yaml_resolves_to_the_defaults(tmp_path: Path) -> None:
+    write_config(tmp_path, SHIPPED.read_text(encoding="utf-8"))
+    assert resolve(tmp_path) == Config()
+
+
+def test_packaged_default_is_the_shipped_yaml() -> None:
+    packaged = REPO / "kiro" / "default_config.yaml"
+    assert packaged.read_bytes() == SHIPPED.read_bytes()
+    assert default_config_yaml() == SHIPPED.read_text(encoding="utf-8")
+
+
+# -- layers --------------------------------------------------------------------------------------
+
+
+def test_file_overrides_defaults_and_merges_sections(tmp_path: Path) -> None:
+    write_config(tmp_path, "autonomous_loop:\n  max_iterations: 7\nllm:\n  model: local\n")
+    config = resolve(tmp_path)
+    assert config.autonomous_loop.max_iterations == 7
+    assert config.autonomous_loop.failure_threshold == 3
+    assert config.llm.model == "local"
+    assert config.llm.max_turns_per_step == 15
+
+
+def test_explicit_config_file_replaces_the_workspace_one(tmp_path: Path) -> None:
+    write_config(tmp_path, "max_parallel_loops: 2\n")
+    custom = tmp_path / "custom.yaml"
+    custom.write_text("max_parallel_loops: 9\n", encoding="utf-8")
+    assert resolve(tmp_path, config_file=custom).max_parallel_loops == 9
+
+
+def test_frontmatter_over_file(tmp_path: Path) -> None:
+    write_config(tmp_path, "autonomous_loop:\n  max_iterations: 7\nverify: make test\n")
+    config = resolve(tmp_path, frontmatter={"max_iterations": 3, "verify": "pytest -q", "model": "m1",
+                                            "title": "Auth", "owner": "sam"})
+    assert config.autonomous_loop.max_iterations == 3
+    assert config.verify == "pytest -q"
+    assert config.llm.model == "m1"
+
+
+def test_person_frontmatter_keys_are_ignored(tmp_path: Path) -> None:
+    config = resolve(tmp_path, frontmatter={"title": "x", "schedule": "daily", "anything": {"a": 1}})
+    assert config == Config()
+
+
+def test_env_over_frontmatter(tmp_path: Path) -> None:
+    write_config(tmp_path, "autonomous_loop:\n  max_iterations: 7\n")
+    config = resolve(tmp_path, frontmatter={"max_iterations": 3, "executor": "shell"},
+                     env={"KIRO_MAX_ITERATIONS": "5", "KIRO_EXECUTOR": "command",
+                          "KIRO_EXECUTOR_COMMAND": "claude -p", "KIRO_INCLUDE_OPTIONAL": "true"})
+    assert config.autonomous_loop.max_iterations == 5
+    assert config.executor == "command"
+    assert config.executor_command == "claude -p"
+    assert config.include_optional is True
+
+
+def test_overrides_over_env_and_none_means_not_given(tmp_path: Path) -> None:
+    config = resolve(
+        tmp_path,
+        env={"KIRO_MAX_ITERATIONS": "5", "KIRO_MODEL": "from-env"},
+        overrides={"autonomous_loop.max_iterations": 9, "llm.model": None, "executor": "shell"},
+    )
+    assert config.autonomous_loop.max_iterations == 9
+    assert config.llm.model == "from-env"
+    assert config.executor == "shell"
+
+
+def test_empty_section_means_defaults(tmp_path: Path) -> None:
+    write_config(tmp_path, "llm:\n  # model: local\nguardrails:\n")
+    assert resolve(tmp_path) == Config()
+
+
+# -- environment ---------------------------------------------------------------------------------
+
+
+def test_env_general_form(tmp_path: Path) -> None:
+    config = resolve(tmp_path, env={
+        "KIRO_LLM__MAX_TURNS_PER_STEP": "5",
+        "KIRO_AUTONOMOUS_LOOP__MAX_STEP_RETRIES": "1",
+        "KIRO_GUARDRAILS__MAX_COST_USD": "2.5",
+        "kiro_tools__shell__allow": "[pytest, make]",
+        "KIRO_GUARDRAILS__ACTIVE_HOURS": "{start: 09:00, end: 17:30}",
+    })
+    assert config.llm.max_turns_per_step == 5
+    assert config.autonomous_loop.max_step_retries == 1
+    assert config.guardrails.max_cost_usd == 2.5
+    assert config.tools.shell.allow == ["pytest", "make"]
+    assert config.guardrails.active_hours is not None
+    assert config.guardrails.active_hours.end == "17:30"
+
+
+def test_env_text_keys_stay_text_and_null_clears(tmp_path: Path) -> None:
+    write_config(tmp_path, "verify: make test\nexecutor: shell\n")
+    config = resolve(tmp_path, env={"KIRO_EXECUTOR_COMMAND": "pytest -k 'a: b'", "KIRO_VERIFY": "null",
+                                    "KIRO_EXECUTOR": "~", "KIRO_MODEL": "123"})
+    assert config.executor_command == "pytest -k 'a: b'"
+    assert config.verify is None
+    assert config.executor is None
+    assert config.llm.model == "123"
+
+
+def test_env_other_kiro_variables_and_empty_values_are_ignored(tmp_path: Path) -> None:
+    config = resolve(tmp_path, env={"KIRO_WORKSPACE": "/x", "KIRO_DEBUG": "1", "KIRO_TASK_ID": "t",
+                                    "KIRO_MAX_ITERATIONS": "", "HOME": "/root"})
+    assert config == Config()
+
+
+def test_short_env_name_wins_over_general_form(tmp_path: Path) -> None:
+    config = resolve(tmp_path, env={"KIRO_AUTONOMOUS_LOOP__MAX_ITERATIONS": "8", "KIRO_MAX_ITERATIONS": "9"})
+    assert config.autonomous_loop.max_iterations == 9
+
+
+def test_openai_base_url_fills_a_null_base_url(tmp_path: Path) -> None:
+    assert resolve(tmp_path, env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}).llm.base_url == (
+        "http://127.0.0.1:9/v1"
+    )
+    write_config(tmp_path, "llm:\n  base_url: http://file/v1\n")
+    assert resolve(tmp_path, env={"OPENAI_BASE_URL": "http://env/v1"}).llm.base_url == "http://file/v1"
+    both = {"OPENAI_BASE_URL": "http://env/v1", "KIRO_BASE_URL": "http://kiro/v1"}
+    assert resolve(tmp_path, env=both).llm.base_url == "http://kiro/v1"
+
+
+# -- errors: where the bad value came from -------------------------------------------------------
+
+
+def test_wrong_type_names_file_line_and_key(tmp_path: Path) -> None:
+    write_config(tmp_path, "# comment\n\nautonomous_loop:\n  failure_threshold: 3\n  max_iterations: lots\n")
+    assert config_error(tmp_path) == (
+        "config/autonomous_loop.yaml:5: autonomous_loop.max_iterations: "
+        "Input should be a valid integer (got 'lots')"
+    )
+
+
+def test_unknown_key_names_line_and_suggests(tmp_path: Path) -> None:
+    write_config(tmp_path, "autonomous_loop:\n  max_iterations: 5\n  max_iteration: 5\n")
+    assert config_error(tmp_path) == (
+        "config/autonomous_loop.yaml:3: unknown key 'autonomous_loop.max_iteration' "
+        "(did you mean 'max_iterations'?)"
+    )
+
+
+def test_nested_unknown_key(tmp_path: Path) -> None:
+    write_config(tmp_path, "llm:\n  base_url: null\n  modle: gpt-4o\n")
+    assert config_error(tmp_path) == (
+        "config/autonomous_loop.yaml:3: unknown key 'llm.modle' (did you mean 'model'?)"
+    )
+
+
+def test_key_in_the_wrong_section_points_to_the_right_one(tmp_path: Path) -> None:
+    write_config(tmp_path, "max_iterations: 5\n")
+    assert "did you mean 'autonomous_loop.max_iterations'?" in config_error(tmp_path)
+
+
+def test_unknown_key_without_a_close_match_lists_valid_keys(tmp_path: Path) -> None:
+    write_config(tmp_path, "resource_limits:\n  zzz: 1\n")
+    message = config_error(tmp_path)
+    assert message.startswith("config/autonomous_loop.yaml:2: unknown key 'resource_limits.zzz'")
+    assert "max_memory_mb, max_cpu_percent" in message
+
+
+def test_missing_nested_key_points_at_its_parent(tmp_path: Path) -> None:
+    write_config(tmp_path, "llm:\n  prices:\n    gpt-4o:\n      input_per_1m: 2.5\n")
+    assert config_error(tmp_path) == (
+        "config/autonomous_loop.yaml:3: llm.prices.gpt-4o.output_per_1m: required key missing"
+    )
+
+
+def test_frontmatter_error_names_task_file_and_line(tmp_path: Path) -> None:
+    task = tmp_path / "Specs" / "a" / "tasks.md"
+    message = config_error(tmp_path, frontmatter={"max_iterations": "lots"}, task_path=task,
+                           frontmatter_lines={"max_iterations": 3})
+    assert message == (
+        "Specs/a/tasks.md:3: frontmatter key 'max_iterations': Input should be a valid integer (got 'lots')"
+    )
+
+
+def test_env_error_names_the_variable(tmp_path: Path) -> None:
+    assert config_error(tmp_path, env={"KIRO_MAX_ITERATIONS": "lots"}) == (
+        "environment KIRO_MAX_ITERATIONS: Input should be a valid integer (got 'lots')"
+    )
+    assert config_error(tmp_path, env={"KIRO_EXECUTOR": "bash"}).startswith("environment KIRO_EXECUTOR: ")
+
+
+def test_env_unknown_general_key(tmp_path: Path) -> None:
+    assert config_error(tmp_path, env={"KIRO_LLM__MODLE": "x"}) == (
+        "environment KIRO_LLM__MODLE: unknown key 'llm.modle' (did you mean 'model'?)"
+    )
+    assert config_error(tmp_path, env={"KIRO_NOPE__X": "1"}).startswith(
+        "environment KIRO_NOPE__X: unknown key 'nope' (valid keys here: autonomous_loop,"
+    )
+
+
+def test_flag_error_names_the_flag(tmp_path: Path) -> None:
+    assert config_error(tmp_path, overrides={"autonomous_loop.max_iterations": 0}) == (
+        "--max-iterations: Input should be greater than or equal to 1 (got 0)"
+    )
+
+
+def test_error_names_the_layer_that_set_the_bad_value(tmp_path: Path) -> None:
+    write_config(tmp_path, "autonomous_loop:\n  max_iterations: lots\n")
+    # A later layer replaces the file's bad value: no error.
+    assert resolve(tmp_path, env={"KIRO_MAX_ITERATIONS": "4"}).autonomous_loop.max_iterations == 4
+    write_config(tmp_path, "autonomous_loop:\n  max_iterations: 4\n")
+    message = config_error(tmp_path, env={"KIRO_MAX_ITERATIONS": "0"})
+    assert message.startswith("environment KIRO_MAX_ITERATIONS: ")
+
+
+def test_several_errors_stay_on_one_line(tmp_path: Path) -> None:
+    write_config(tmp_path, "autonomous_loop:\n  max_iterations: x\n  failure_threshold: y\nexecutor: z\n")
+    message = config_error(tmp_path)
+    assert message.startswith("config/autonomous_loop.yaml:2: autonomous_loop.max_iterations: ")
+    assert "(and 2 more: autonomous_loop.failure_threshold, executor)" in message
+
+
+def test_config_flag_file_missing(tmp_path: Path) -> None:
+    message = config_error(tmp_path, config_file=tmp_path / "custom.yaml")
+    assert message == "custom.yaml: config file not found"
+
+
+def test_path_outside_the_workspace_is_named_as_given(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere.yaml"
+    outside.write_text("max_parallel_loops: 0\n", encoding="utf-8")
+    root = tmp_path / "ws"
+    root.mkdir()
+    assert config_error(root, config_file=outside).startswith(f"{outside}:1: max_parallel_loops: ")
+
+
+# -- reading the file ----------------------------------------------------------------------------
+
+
+def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
+    write_config(tmp_path, "autonomous_loop:\n  max_iterations: 5\n  bad: value: here\n")
+    message = config_error(tmp_path)
+    assert message.startswith("config/autonomous_loop.yaml:3: invalid YAML: mapping values are not allowed")
+
+
+def test_top_level_not_a_mapping(tmp_path: Path) -> None:
+    write_config(tmp_path, "- max_iterations: 5\n")
+    assert config_error(tmp_path) == (
+        "config/autonomous_loop.yaml:1: the top level must be a mapping of keys (like `autonomous_loop:`), "
+        "not a list"
+    )
+
+
+@pytest.mark.parametrize("text", ["", "# nothing set\n", "---\n"])
+def test_empty_file_is_the_defaults(tmp_path: Path, text: str) -> None:
+    path = write_config(tmp_path, text)
+    assert load_config_file(path) == ({}, {})
+    assert resolve(tmp_path) == Config()
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    write_config(tmp_path, "").write_bytes(b"verify: make\nproject_dir: caf\xe9\n")
+    assert config_error(tmp_path).startswith("config/autonomous_loop.yaml:2: not UTF-8 text (byte 0xe9)")
+
+
+def test_duplicate_key(tmp_path: Path) -> None:
+    write_config(tmp_path, "llm:\n  model: a\n  model: b\n")
+    assert config_error(tmp_path) == "config/autonomous_loop.yaml:3: duplicate key 'model' (first on line 2)"
+
+
+def test_line_map_uses_dotted_paths(tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        "autonomous_loop:\n  max_iterations: 5\nllm:\n  prices:\n    gpt-4o:\n"
+        "      input_per_1m: 2.5\n      output_per_1m: 10\n",
+    )
+    data, lines = load_config_file(path)
+    assert data["llm"]["prices"]["gpt-4o"] == {"input_per_1m": 2.5, "output_per_1m": 10}
+    assert lines == {
+        "autonomous_loop": 1, "autonomous_loop.max_iterations": 2, "llm": 3, "llm.prices": 4,
+        "llm.prices.gpt-4o": 5, "llm.prices.gpt-4o.input_per_1m": 6, "llm.prices.gpt-4o.output_per_1m": 7,
+    }
+
+
+def test_clock_times_need_no_quotes(tmp_path: Path) -> None:
+    # YAML 1.1 reads an unquoted 17:30 as the base-60 number 1050.
+    write_config(tmp_path, "guardrails:\n  active_hours: {start: 09:00, end: 17:30}\n")
+    hours = resolve(tmp_path).guardrails.active_hours
+    assert hours is not None and (hours.start, hours.end) == ("09:00", "17:30")
+
+
+def test_bad_clock_time_is_explained(tmp_path: Path) -> None:
+    write_config(tmp_path, "guardrails:\n  active_hours:\n    start: '9'\n    end: '17:30'\n")
+    assert config_error(tmp_path) == (
+        "config/autonomous_loop.yaml:3: guardrails.active_hours.start: "
+        "should be a 24-hour time like \"09:00\" (got '9')"
+    )
