@@ -1,0 +1,836 @@
+"""Task files: parse a Kiro `tasks.md` checklist and edit its checkboxes atomically.
+
+A person owns the task file and may edit it while a loop runs (SPEC §2). So this module is
+built around two promises:
+
+* **Parsing is forgiving and positional.** Real files (see the corpus notes) mix tabs and spaces,
+  CRLF, runs of blank lines, duplicate step lines, optional markers written `[ ]*` or `[ ]\\*`,
+  code blocks with checkbox-looking lines, and frontmatter. We parse by hand (not with
+  python-frontmatter) so that every step knows the exact character offset of its marker.
+* **Edits touch only what kiro owns.** kiro changes marker characters and the `kiro_task_id`
+  frontmatter line, nothing else: every other byte (line endings, BOM, trailing whitespace, a
+  missing final newline, the person's frontmatter) is written back as read. Each edit is a
+  compare-and-swap: it is made against the bytes on disk, re-done on a fresh read when the file
+  changed, and written with temp file + fsync + `os.replace`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeAlias
+
+import yaml
+
+from kiro.errors import TaskFileError, TaskNotFound
+
+try:  # the C loader is several times faster; fall back when PyYAML was built without libyaml
+    from yaml import CSafeLoader as _YamlLoader
+except ImportError:  # pragma: no cover - depends on the PyYAML build
+    from yaml import SafeLoader as _YamlLoader  # type: ignore[assignment]
+
+__all__ = [
+    "MARKERS",
+    "Step",
+    "StepKey",
+    "TaskCounts",
+    "TaskFile",
+    "add_steps",
+    "check_finished_parents",
+    "load",
+    "mark_done",
+    "parse",
+    "set_frontmatter_key",
+    "set_marker",
+]
+
+MARKERS: Final = " xX-~"
+"""Box contents kiro understands: to do, done, done, in progress (kiro's own), queued (= to do)."""
+
+DONE_MARKERS: Final = "xX"
+KIRO_STRING_KEYS: Final = ("title", "instructions", "schedule", "kiro_task_id")
+"""Frontmatter keys kiro reads as text; a number or list there is a mistake worth one clear error."""
+
+StepKey: TypeAlias = tuple[str, str, int]
+KeyLike: TypeAlias = "StepKey | Step | str"
+
+_BOM: Final = b"\xef\xbb\xbf"
+_TAB: Final = 4
+_EDIT_ATTEMPTS: Final = 5
+
+# A step: bullet, whitespace, box, optional star, whitespace, some text. Text is required: GitHub
+# does not render "- [ ]" alone as a task, and kiro could not do an empty step anyway.
+_STEP_RE: Final = re.compile(
+    r"(?P<ws>[ \t]*)(?P<bullet>[-*+])[ \t]+\[(?P<marker>[ xX~-])\](?P<star>\\?\*)?[ \t]+(?P<text>\S.*)"
+)
+# A checkbox that is not a list item: "[x] **T1.1** ...", "-[ ] x", "1. [ ] x" (kiro only reads
+# '-', '*', '+' bullets). Used to explain a file with no steps, never to find steps.
+_STRAY_RE: Final = re.compile(r"[ \t]*(?:[-*+]|[0-9]{1,9}[.)])?[ \t]*\[[ xX~-]\](?:[ \t\\*]|$)")
+# Leading step number: "1.", "2.1", "10.3.2", "1.1.1:"; "1.Setup" too, but not "1.5x" or "2024-01".
+_ID_RE: Final = re.compile(r"([0-9]+(?:\.[0-9]+)*)(?:[.:](?![0-9])|(?=\s)|$)")
+_FENCE_RE: Final = re.compile(r"[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>.*)")
+_HEADING_RE: Final = re.compile(r" {0,3}#{1,6}[ \t]+(?P<text>.*?)(?:[ \t]+#+)?[ \t]*")
+_PLAIN_SCALAR_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
+_SHELL_TAGS: Final = frozenset({"sh", "bash", "shell"})
+_GENERIC_HEADINGS: Final = frozenset(
+    {"implementation plan", "implementation tasks", "tasks", "task list", "todo", "to do", "checklist"}
+)
+
+
+# -- model ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """One checklist item. Positions (`line`, `box_offset`) refer to `TaskFile.text`."""
+
+    index: int
+    id: str
+    text: str
+    title: str
+    marker: str
+    optional: bool
+    line: int
+    indent: int
+    box_offset: int
+    parent: int | None = None
+    children: list[int] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    command: str | None = None
+    occurrence: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.marker in DONE_MARKERS
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    @property
+    def key(self) -> StepKey:
+        """Identity that survives a re-read: line numbers move when a person edits, ids and text rarely."""
+        return (self.id, self.text, self.occurrence)
+
+
+@dataclass(frozen=True)
+class TaskCounts:
+    total: int
+    done: int
+    optional: int
+    open: int
+    """Open required leaves: the steps kiro still has to do."""
+    leaves: int
+
+
+@dataclass
+class TaskFile:
+    """A parsed task file. Build it with `parse` or `load`; the private fields serve the edits."""
+
+    path: Path | None
+    text: str
+    frontmatter: dict[str, Any]
+    steps: list[Step]
+    newline: str = "\n"
+    # The exact bytes this was parsed from: the compare-and-swap compares the disk against them.
+    _raw: bytes = field(default=b"", repr=False, compare=False)
+    _bom: bool = field(default=False, repr=False, compare=False)
+    # (opening line, closing line) of the frontmatter delimiters, 0-based.
+    _fm_lines: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    _heading: str | None = field(default=None, repr=False, compare=False)
+    _stray: list[int] = field(default_factory=list, repr=False, compare=False)
+    # Per step: last non-blank line of the step with all its descendants and their details.
+    _subtree_end: list[int] = field(default_factory=list, repr=False, compare=False)
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def is_optional(self, step: Step) -> bool:
+        """Optional as kiro treats it: marked itself, or under a marked step (skipping an optional
+        step skips all of it). `Step.optional` keeps what is written on the line."""
+        s: Step | None = step
+        while s is not None:
+            if s.optional:
+                return True
+            s = self.steps[s.parent] if s.parent is not None else None
+        return False
+
+    def current_step(self, include_optional: bool = False) -> Step | None:
+        """The first leaf in document order that is not done. `[-]` and `[~]` are open; a parent's
+        own box is not looked at (people check parents early and forget them late)."""
+        for s in self.steps:
+            if s.children or s.done:
+                continue
+            if include_optional or not self.is_optional(s):
+                return s
+        return None
+
+    def is_complete(self, include_optional: bool = False) -> bool:
+        return self.current_step(include_optional) is None
+
+    def find(self, key: KeyLike) -> Step | None:
+        """The step with this key (or a `Step`'s key, or the first step with this id).
+
+        If the exact (id, text, occurrence) is gone, a step whose title is the same and unique is
+        taken: a person who renumbered steps, or deleted a duplicate line, has not removed the
+        step kiro is working on. A reworded step is treated as gone.
+        """
+        if isinstance(key, str):
+            return next((s for s in self.steps if s.id == key), None)
+        if isinstance(key, Step):
+            key = key.key
+        sid, text, occurrence = key
+        for s in self.steps:
+            if s.id == sid and s.text == text and s.occurrence == occurrence:
+                return s
+        title = _split_id(text)[1]
+        if title:
+            same = [s for s in self.steps if s.title == title]
+            if len(same) == 1:
+                return same[0]
+        return None
+
+    def counts(self) -> TaskCounts:
+        leaves = [s for s in self.steps if not s.children]
+        return TaskCounts(
+            total=len(self.steps),
+            done=sum(1 for s in self.steps if s.done),
+            optional=sum(1 for s in self.steps if s.optional),
+            open=sum(1 for s in leaves if not s.done and not self.is_optional(s)),
+            leaves=len(leaves),
+        )
+
+    @property
+    def title(self) -> str:
+        """Frontmatter `title`, else the first heading unless it is a generic one ("Implementation
+        Plan", "Tasks": Kiro writes that in every file), else the file's name (its folder's name
+        for a `tasks.md`)."""
+        fm_title = self.frontmatter.get("title")
+        if isinstance(fm_title, str) and fm_title.strip():
+            return fm_title.strip()
+        if self._heading and self._heading.rstrip(":").strip().casefold() not in _GENERIC_HEADINGS:
+            return self._heading
+        if self.path is None:
+            return self._heading or "tasks"
+        if self.path.stem.casefold() == "tasks" and self.path.parent.name:
+            return self.path.parent.name
+        return self.path.stem
+
+    def duplicates(self) -> list[str]:
+        """Ids written on more than one step line, in document order (worth a warning: a person
+        reading "step 8" cannot tell which one)."""
+        seen: dict[str, int] = {}
+        for s in self.steps:
+            seen[s.id] = seen.get(s.id, 0) + 1
+        return [sid for sid, n in seen.items() if n > 1]
+
+    def stray_checkboxes(self) -> list[int]:
+        """0-based lines with a checkbox that is not a `-`/`*`/`+` list item, outside code."""
+        return list(self._stray)
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+def _columns(ws: str) -> int:
+    """Width of leading whitespace, tabs to the next multiple of 4 (as CommonMark does)."""
+    if "\t" not in ws:
+        return len(ws)
+    col = 0
+    for ch in ws:
+        col = col + _TAB - col % _TAB if ch == "\t" else col + 1
+    return col
+
+
+def _split_id(text: str) -> tuple[str, str]:
+    """(id, title). Without a leading number the id is the whole text, so it stays unique enough
+    to find the step again and readable in logs."""
+    m = _ID_RE.match(text)
+    if m is None:
+        return text, text
+    return m.group(1), text[m.end():].strip()
+
+
+def _where(path: Path | None) -> str:
+    return str(path) if path is not None else "<task text>"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _parse_frontmatter(
+    lines: list[str], path: Path | None
+) -> tuple[dict[str, Any], tuple[int, int] | None]:
+    """Frontmatter is a `---` first line, YAML, and a `---` (or `...`) line. Errors name file:line."""
+    if not lines or lines[0].rstrip() != "---":
+        return {}, None
+    where = _where(path)
+    close = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "...")), None)
+    if close is None:
+        raise TaskFileError(
+            f"{where}:1: frontmatter opened with '---' on line 1 is never closed; "
+            "add a '---' line after the YAML keys (or remove the first line)"
+        )
+    body = "\n".join(line.rstrip("\r") for line in lines[1:close])
+    try:
+        data = yaml.load(body, Loader=_YamlLoader) if body.strip() else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 2 if mark is not None else 2
+        problem = getattr(e, "problem", None) or str(e)
+        raise TaskFileError(
+            f"{where}:{line}: frontmatter is not valid YAML: {_one_line(str(problem))}"
+        ) from e
+    if data is None:
+        return {}, (0, close)
+    if not isinstance(data, dict):
+        raise TaskFileError(
+            f"{where}:2: frontmatter must be YAML keys like 'title: My task', not a {type(data).__name__}"
+        )
+    fm = {str(k): v for k, v in data.items()}
+    for key in KIRO_STRING_KEYS:
+        value = fm.get(key)
+        if value is not None and not isinstance(value, str):
+            line = next(
+                (i + 1 for i in range(1, close) if lines[i].startswith(key) and
+                 lines[i][len(key):].lstrip(" \t").startswith(":")),
+                2,
+            )
+            raise TaskFileError(
+                f"{where}:{line}: frontmatter key {key!r} must be text, not a {type(value).__name__}; "
+                f"put the value in quotes"
+            )
+    return fm, (0, close)
+
+
+def _dedent(lines: list[str]) -> list[str]:
+    """Common-indent removal that counts tabs as 4 columns; blank lines become ''; the blank lines
+    at either end go."""
+    expanded: list[str] = []
+    for line in lines:
+        body = line.lstrip(" \t")
+        if not body:
+            expanded.append("")
+            continue
+        expanded.append(" " * _columns(line[: len(line) - len(body)]) + body)
+    widths = [len(x) - len(x.lstrip(" ")) for x in expanded if x]
+    cut = min(widths, default=0)
+    out = [x[cut:] if x else "" for x in expanded]
+    while out and not out[0]:
+        out.pop(0)
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+def _command(details: list[str]) -> str | None:
+    """Body of the first fenced block tagged sh/bash/shell. Other blocks are skipped whole, so a
+    ```sh line shown inside a ```markdown example is not taken for the step's command."""
+    if not any(line.lstrip(" ")[:3] in ("```", "~~~") for line in details):
+        return None
+    i = 0
+    while i < len(details):
+        m = _FENCE_RE.fullmatch(details[i])
+        i += 1
+        if m is None:
+            continue
+        fence = m["fence"]
+        info = m["info"].strip()
+        if fence[0] == "`" and "`" in info:
+            continue
+        tag = info.split()[0].strip("{}").lstrip(".").lower() if info else ""
+        indent = len(details[i - 1]) - len(details[i - 1].lstrip(" "))
+        body: list[str] = []
+        while i < len(details) and not _closes(details[i], fence):
+            line = details[i]
+            strip = min(indent, len(line) - len(line.lstrip(" ")))
+            body.append(line[strip:])
+            i += 1
+        i += 1
+        if tag in _SHELL_TAGS:
+            script = "\n".join(body).strip("\n")
+            return script if script.strip() else None
+    return None
+
+
+def _closes(line: str, fence: str) -> bool:
+    stripped = line.strip()
+    return len(stripped) >= len(fence) and stripped == fence[0] * len(stripped)
+
+
+def parse(text: str, path: Path | None = None) -> TaskFile:
+    """Parse task-file text. A file without steps parses (with `steps == []`); only broken
+    frontmatter raises `TaskFileError`. A leading BOM is dropped from `text` and kept for writing."""
+    bom = text.startswith("\ufeff")
+    if bom:
+        text = text[1:]
+    return _parse(text, path, bom, (_BOM if bom else b"") + text.encode("utf-8"))
+
+
+def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
+    lines = text.split("\n")  # not splitlines(): it also splits on \x0c, \u2028 ..., and offsets must hold
+    crlf = text.count("\r\n")
+    newline = "\r\n" if crlf and crlf * 2 >= text.count("\n") else "\n"
+    frontmatter, fm_lines = _parse_frontmatter(lines, path)
+
+    steps: list[Step] = []
+    owned: list[list[int]] = []  # per step: non-step lines that belong to it (its details)
+    stack: list[int] = []  # open steps, innermost last
+    stray: list[int] = []
+    heading: str | None = None
+    seen: dict[tuple[str, str], int] = {}
+    fence: str | None = None  # the opening fence while inside a fenced block
+    in_comment = False
+    owner: int | None = None  # owner of the lines of the current fenced block / HTML comment
+
+    offset = 0
+    start = fm_lines[1] + 1 if fm_lines else 0
+    for i in range(start):
+        offset += len(lines[i]) + 1
+    for i in range(start, len(lines)):
+        line_start = offset
+        line = lines[i]
+        offset += len(line) + 1
+        if line.endswith("\r"):
+            line = line[:-1]
+
+        if fence is not None or in_comment:
+            # Inside a block, lines belong to whoever owned its opening line, whatever their indent.
+            if owner is not None:
+                owned[owner].append(i)
+            if fence is not None:
+                if _closes(line, fence):
+                    fence = None
+            elif "-->" in line:
+                in_comment = False
+            continue
+
+        body = line.lstrip(" \t")
+        if not body:
+            if stack:
+                owned[stack[-1]].append(i)
+            continue
+        col = _columns(line[: len(line) - len(body)])
+
+        m = _STEP_RE.fullmatch(line) if body[0] in "-*+" else None  # cheap pre-check: most lines are prose
+        if m is not None:
+            while stack and steps[stack[-1]].indent >= col:
+                stack.pop()
+            parent = stack[-1] if stack else None
+            text_ = m["text"].strip()
+            sid, title = _split_id(text_)
+            occurrence = seen.get((sid, text_), 0)
+            seen[(sid, text_)] = occurrence + 1
+            index = len(steps)
+            steps.append(Step(
+                index=index, id=sid, text=text_, title=title, marker=m["marker"],
+                optional=m["star"] is not None, line=i, indent=col,
+                box_offset=line_start + m.start("marker"), parent=parent, occurrence=occurrence,
+            ))
+            owned.append([])
+            if parent is not None:
+                steps[parent].children.append(index)
+            stack.append(index)
+            continue
+
+        while stack and steps[stack[-1]].indent >= col:
+            stack.pop()
+        owner = stack[-1] if stack else None
+        if owner is not None:
+            owned[owner].append(i)
+        fm = _FENCE_RE.fullmatch(line) if body[0] in "`~" else None
+        if fm is not None and not (fm["fence"][0] == "`" and "`" in fm["info"]):
+            fence = fm["fence"]
+            continue
+        if body.startswith("<!--"):
+            in_comment = "-->" not in body[4:]
+            continue
+        if heading is None and body.startswith("#"):
+            hm = _HEADING_RE.fullmatch(line)
+            if hm is not None and hm["text"]:
+                heading = hm["text"]
+        if "[" in line and _STRAY_RE.match(line):
+            stray.append(i)
+
+    subtree_end = [s.line for s in steps]
+    for s in steps:
+        mine = [j for j in owned[s.index] if lines[j].strip()]
+        if mine:
+            subtree_end[s.index] = max(subtree_end[s.index], mine[-1])
+        raw_details = [lines[j].rstrip("\r") for j in owned[s.index]]
+        s.details = _dedent(raw_details)
+        s.command = _command(s.details)
+    for s in reversed(steps):  # children come after parents, so ends propagate upwards in one pass
+        if s.parent is not None:
+            subtree_end[s.parent] = max(subtree_end[s.parent], subtree_end[s.index])
+
+    return TaskFile(
+        path=path, text=text, frontmatter=frontmatter, steps=steps, newline=newline,
+        _raw=raw, _bom=bom, _fm_lines=fm_lines, _heading=heading, _stray=stray,
+        _subtree_end=subtree_end,
+    )
+
+
+def _decode(raw: bytes, path: Path | None) -> tuple[str, bool]:
+    bom = raw.startswith(_BOM)
+    body = raw[len(_BOM):] if bom else raw
+    try:
+        return body.decode("utf-8"), bom
+    except UnicodeDecodeError as e:
+        at = e.start + (len(_BOM) if bom else 0)
+        line = raw.count(b"\n", 0, at) + 1
+        raise TaskFileError(
+            f"{_where(path)}:{line}: not UTF-8 text (byte 0x{raw[at]:02x} at byte offset {at}); "
+            "save the file as UTF-8"
+        ) from None
+
+
+def _parse_bytes(raw: bytes, path: Path | None) -> TaskFile:
+    text, bom = _decode(raw, path)
+    return _parse(text, path, bom, raw)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise TaskNotFound(f"{path}: no such task file") from None
+    except IsADirectoryError:
+        raise TaskFileError(f"{path}: is a folder, not a task file") from None
+    except OSError as e:
+        raise TaskFileError(f"{path}: cannot read the task file: {e.strerror or e}") from None
+
+
+def _no_steps_message(tf: TaskFile, path: Path) -> str:
+    msg = f"{path}: no steps found; a step is a list item with a checkbox, like '- [ ] 1. Set up the project'"
+    stray = tf.stray_checkboxes()
+    if stray:
+        first = stray[0]
+        shown = tf.text.split("\n")[first].strip()
+        words = shown.split()
+        if len(words) > 2 or len(shown) > 40:
+            shown = " ".join(words[:2])[:40] + " ..."
+        msg += (
+            f"; found {len(stray)} checkbox{'es' if len(stray) != 1 else ''} that "
+            f"{'are' if len(stray) != 1 else 'is'} not list items "
+            f"(line {first + 1}: {shown!r}); write them as '- [ ] ...'"
+        )
+    return msg
+
+
+def load(path: Path) -> TaskFile:
+    """Read and parse a task file; a file kiro cannot work with raises with a one-line reason
+    that starts with the path (and the line, where there is one)."""
+    path = Path(path)
+    tf = _parse_bytes(_read(path), path)
+    if not tf.steps:
+        raise TaskFileError(_no_steps_message(tf, path))
+    return tf
+
+
+# -- atomic, compare-and-swap edits --------------------------------------------------------------
+
+
+def _last_look(path: Path) -> bytes | None:
+    """The file's bytes right before the replace (a seam the tests use to play a racing editor)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _write_if_unchanged(path: Path, data: bytes, was: bytes) -> bool:
+    """Write `data` over `path` atomically, unless the file no longer holds `was`.
+
+    Temp file in the same folder (same filesystem, so `os.replace` is atomic), fsync, keep the
+    permission bits (and owner, where allowed), look at the file one last time, replace, fsync
+    the folder. Returns False, writing nothing, when the last look finds other bytes.
+
+    Remaining race: a save that lands between the last look and `os.replace` (microseconds) is
+    overwritten by kiro's version. Closing it would need a lock every editor honours, and editors
+    do not take locks on markdown files; the window is far smaller than any human edit.
+    """
+    st = os.stat(path)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".kiro-tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        try:
+            os.chown(tmp, st.st_uid, st.st_gid)
+        except OSError:
+            pass  # not root: the file becomes ours, as with any editor's save
+        if _last_look(path) != was:
+            tmp.unlink()
+            return False
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return True
+    try:
+        os.fsync(dir_fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(dir_fd)
+    return True
+
+
+_Change: TypeAlias = Callable[[TaskFile], "str | None"]
+
+
+def _edit(path: Path, change: _Change, expected: TaskFile | None = None) -> TaskFile:
+    """Apply `change` (old file -> new text, or None for "nothing to do") as a compare-and-swap.
+
+    `change` is always computed against the bytes that are on disk: `expected` is used only when
+    the disk still holds exactly its bytes; otherwise the file is re-read and `change` re-run, so
+    a person's edit made since kiro's read is kept and kiro's edit is re-applied on top of it.
+    """
+    path = Path(path)
+    real = Path(os.path.realpath(path))  # write through a symlink; do not replace the link itself
+    for attempt in range(_EDIT_ATTEMPTS):
+        raw = _read(real)
+        if expected is not None and raw == expected._raw:
+            tf = expected
+        else:
+            tf = _parse_bytes(raw, path)
+        new_text = change(tf)
+        if new_text is None or new_text == tf.text:
+            return tf
+        data = (_BOM if tf._bom else b"") + new_text.encode("utf-8")
+        if _write_if_unchanged(real, data, raw):
+            return _parse_bytes(data, path)
+        time.sleep(0.01 * (attempt + 1))
+    raise TaskFileError(
+        f"{path}: the file kept changing while kiro tried to update it ({_EDIT_ATTEMPTS} attempts); "
+        "kiro will try again"
+    )
+
+
+def _require(tf: TaskFile, key: KeyLike, path: Path) -> Step:
+    step = tf.find(key)
+    if step is None:
+        sid = key if isinstance(key, str) else key.id if isinstance(key, Step) else key[0]
+        raise TaskFileError(f"{path}: step {sid!r} is no longer in the task file (edited or removed)")
+    return step
+
+
+def _with_markers(text: str, edits: dict[int, str]) -> str:
+    """`text` with single characters replaced at the given offsets."""
+    out: list[str] = []
+    last = 0
+    for at in sorted(edits):
+        out.append(text[last:at])
+        out.append(edits[at])
+        last = at + 1
+    out.append(text[last:])
+    return "".join(out)
+
+
+def set_marker(path: Path, key: KeyLike, marker: str, *, expected: TaskFile | None = None) -> TaskFile:
+    """Write `marker` into one step's box (one byte changes). `x` and `X` count as the same state,
+    so a box a person checked with `X` is left alone."""
+    if len(marker) != 1 or marker not in MARKERS:
+        raise ValueError(f"marker must be one of {list(MARKERS)!r}, not {marker!r}")
+
+    def change(tf: TaskFile) -> str | None:
+        step = _require(tf, key, Path(path))
+        if step.marker == marker or (step.done and marker in DONE_MARKERS):
+            return None
+        return _with_markers(tf.text, {step.box_offset: marker})
+
+    return _edit(Path(path), change, expected)
+
+
+def _parents_to_check(tf: TaskFile, done: dict[int, bool], candidates: Iterable[int],
+                      include_optional: bool) -> list[int]:
+    """Of `candidates` (deepest first), the open parents whose children are all done, updating
+    `done`. Optional children do not count unless `include_optional`; at least one child must be
+    done, so a parent of nothing but skipped optional steps is not reported as done work."""
+    checked: list[int] = []
+    for i in candidates:
+        s = tf.steps[i]
+        if not s.children or done[i]:
+            continue
+        counted = [c for c in s.children if include_optional or done[c] or not tf.steps[c].optional]
+        if counted and all(done[c] for c in counted):
+            done[i] = True
+            checked.append(i)
+    return checked
+
+
+def mark_done(path: Path, key: KeyLike, *, expected: TaskFile | None = None,
+              include_optional: bool = False) -> tuple[TaskFile, list[str]]:
+    """Check the step, then every ancestor whose children are now all done, in one write.
+    Returns the new file and the ids whose boxes kiro checked (not those already checked)."""
+    checked_ids: list[str] = []
+
+    def change(tf: TaskFile) -> str | None:
+        checked_ids.clear()
+        step = _require(tf, key, Path(path))
+        done = {s.index: s.done for s in tf.steps}
+        changed: list[int] = []
+        if not step.done:
+            done[step.index] = True
+            changed.append(step.index)
+        ancestors: list[int] = []
+        p = step.parent
+        while p is not None:
+            ancestors.append(p)
+            p = tf.steps[p].parent
+        changed += _parents_to_check(tf, done, ancestors, include_optional)
+        checked_ids.extend(tf.steps[i].id for i in changed)
+        if not changed:
+            return None
+        return _with_markers(tf.text, {tf.steps[i].box_offset: "x" for i in changed})
+
+    return _edit(Path(path), change, expected), list(checked_ids)
+
+
+def check_finished_parents(path: Path, *, include_optional: bool = False) -> tuple[TaskFile, list[str]]:
+    """Check every open parent whose children are all done (a person checked the last child, or a
+    file arrived that way). Returns the new file and the ids checked, in document order."""
+    checked_ids: list[str] = []
+
+    def change(tf: TaskFile) -> str | None:
+        checked_ids.clear()
+        done = {s.index: s.done for s in tf.steps}
+        changed = _parents_to_check(tf, done, reversed(range(len(tf.steps))), include_optional)
+        changed.sort()
+        checked_ids.extend(tf.steps[i].id for i in changed)
+        if not changed:
+            return None
+        return _with_markers(tf.text, {tf.steps[i].box_offset: "x" for i in changed})
+
+    return _edit(Path(path), change), list(checked_ids)
+
+
+def _yaml_scalar(value: str) -> str:
+    """`value` as a YAML scalar that reads back as the same string."""
+    if _PLAIN_SCALAR_RE.fullmatch(value) and yaml.load(value, Loader=_YamlLoader) == value:
+        return value
+    return json.dumps(value, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
+
+
+def _line_starts(text: str) -> list[int]:
+    starts = [0]
+    at = text.find("\n")
+    while at != -1:
+        starts.append(at + 1)
+        at = text.find("\n", at + 1)
+    return starts
+
+
+def set_frontmatter_key(path: Path, key: str, value: str) -> TaskFile:
+    """Set one top-level frontmatter key (kiro uses it only for `kiro_task_id`): its line is
+    replaced, or a line is added before the closing `---`, or, without frontmatter, a frontmatter
+    block is added at the top. Every other line stays as written, comments and order included."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", key):
+        raise ValueError(f"not a simple frontmatter key: {key!r}")
+    if "\n" in value or "\r" in value:
+        raise ValueError(f"frontmatter value for {key!r} must be one line")
+    entry = f"{key}: {_yaml_scalar(value)}"
+    key_re = re.compile(re.escape(key) + r"[ \t]*:(?:[ \t]|$)")
+
+    def change(tf: TaskFile) -> str | None:
+        if tf.frontmatter.get(key) == value:
+            return None
+        nl = tf.newline
+        text = tf.text
+        if tf._fm_lines is None:
+            new = f"---{nl}{entry}{nl}---{nl}{text}"
+        else:
+            starts = _line_starts(text)
+            lines = text.split("\n")
+            close = tf._fm_lines[1]
+            at = next((i for i in range(1, close) if key_re.match(lines[i])), None)
+            if at is None:
+                new = text[: starts[close]] + entry + nl + text[starts[close]:]
+            else:
+                end = starts[at] + len(lines[at]) - (1 if lines[at].endswith("\r") else 0)
+                new = text[: starts[at]] + entry + text[end:]
+        after = parse(new, tf.path)  # refuse to write frontmatter that no longer says what it did
+        others = {k: v for k, v in tf.frontmatter.items() if k != key}
+        if after.frontmatter.get(key) != value or {k: v for k, v in after.frontmatter.items()
+                                                    if k != key} != others:
+            raise TaskFileError(
+                f"{_where(tf.path)}: cannot set frontmatter key {key!r} without rewriting other keys; "
+                f"write '{entry}' into the frontmatter by hand"
+            )
+        return new
+
+    return _edit(Path(path), change)
+
+
+def add_steps(path: Path, titles: list[str], *, after: KeyLike | None = None) -> tuple[TaskFile, list[Step]]:
+    """Insert unchecked steps `- [ ] <title>`: after the given step and everything under it, as
+    its siblings (same indentation and bullet), or after the last top-level step of the file's
+    last checklist, or at the end of a file that has none. Titles are used as given (an agent
+    that wants numbers writes them)."""
+    clean: list[str] = []
+    for t in titles:
+        if "\n" in t or "\r" in t:
+            raise TaskFileError(f"{path}: a step title must be one line, got {t!r}")
+        if not t.strip():
+            raise TaskFileError(f"{path}: a step title must not be empty")
+        clean.append(t.strip())
+    inserted: list[int] = []
+
+    def change(tf: TaskFile) -> str | None:
+        inserted.clear()
+        if not clean:
+            return None
+        text = tf.text
+        lines = text.split("\n")
+        anchor: Step | None
+        if after is not None:
+            anchor = _require(tf, after, Path(path))
+        elif tf.steps:
+            anchor = tf.steps[-1]
+            while anchor.parent is not None:
+                anchor = tf.steps[anchor.parent]
+        else:
+            anchor = None
+        if anchor is not None:
+            end = tf._subtree_end[anchor.index]
+            m = _STEP_RE.fullmatch(lines[anchor.line].rstrip("\r"))
+            assert m is not None  # the anchor was parsed from this very line
+            prefix = f"{m['ws']}{m['bullet']} [ ] "
+            nl = "\r\n" if lines[end].endswith("\r") else tf.newline
+        else:
+            end = len(lines) - 1 if lines[-1] else len(lines) - 2
+            prefix = "- [ ] "
+            nl = tf.newline
+        new_lines = [prefix + t for t in clean]
+        if end < 0:  # empty file
+            new = "".join(x + nl for x in new_lines)
+        elif end == len(lines) - 1:  # the last line, without a final newline: keep it that way
+            new = text + nl + nl.join(new_lines)
+        else:
+            at = sum(len(x) + 1 for x in lines[: end + 1])
+            new = text[:at] + "".join(x + nl for x in new_lines) + text[at:]
+        inserted.extend(range(end + 1, end + 1 + len(new_lines)))
+        check = parse(new, tf.path)
+        if {s.line for s in check.steps} & set(inserted) != set(inserted):
+            raise TaskFileError(
+                f"{_where(tf.path)}: steps added after line {end + 1} would not parse as steps"
+            )
+        return new
+
+    new_tf = _edit(Path(path), change)
+    by_line = {s.line: s for s in new_tf.steps}
+    return new_tf, [by_line[i] for i in inserted if i in by_line]
