@@ -1,0 +1,144 @@
+"""Stop conditions (SPEC §6) as small objects. Each returns a `Stop` that names itself: the status
+the loop ends in, its exit code, the limit and the figure that hit it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiro.state import LoopState
+from kiro.workspace import Workspace
+
+EXIT_CODES = {
+    "completed": 0,
+    "paused": 3,
+    "stopped": 3,
+    "max_iterations": 4,
+    "timed_out": 4,
+    "failed": 5,
+}
+
+
+@dataclass(frozen=True)
+class Stop:
+    status: str  # the state's final status
+    reason: str  # stop_reason: stop_hook, task_in_done, max_iterations, ...
+    message: str  # one line for a person
+    exit_code: int
+    limit: str | None = None
+    value: Any = None
+    figure: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "reason": self.reason, "message": self.message,
+                               "exit_code": self.exit_code}
+        if self.limit is not None:
+            out.update(limit=self.limit, value=self.value, figure=self.figure)
+        return out
+
+
+def completed(message: str, reason: str = "all_steps_done") -> Stop:
+    return Stop("completed", reason, message, 0)
+
+
+def stop_hook(path: Path, ws: Workspace) -> Stop:
+    return Stop("paused", "stop_hook", f"stop hook {ws.relative(path)} found; delete it or run "
+                                       f"`kiro loop resume` to continue", 3)
+
+
+def stopped(reason: str, message: str) -> Stop:
+    return Stop("stopped", reason, message, 3)
+
+
+def needs_action(message: str, reason: str = "needs_action") -> Stop:
+    return Stop("paused", reason, message, 6)
+
+
+def max_iterations(state: LoopState) -> Stop:
+    return Stop("max_iterations", "max_iterations",
+                f"max_iterations {state.max_iterations} reached after {state.iteration} iterations",
+                4, "max_iterations", state.max_iterations, state.iteration)
+
+
+def timed_out(limit: float, elapsed: float) -> Stop:
+    return Stop("timed_out", "timeout_seconds",
+                f"timeout_seconds {limit:g} reached ({elapsed:.1f} s of run time)", 4,
+                "timeout_seconds", limit, round(elapsed, 3))
+
+
+def guardrail(limit: str, value: Any, figure: Any, message: str) -> Stop:
+    """A hard guardrail (max_total_tokens, max_cost_usd, idle_timeout_seconds): exit 4, and
+    `stop_reason` names the limit. Time limits end as timed_out, budgets as max_iterations."""
+    status = "timed_out" if limit.endswith("seconds") else "max_iterations"
+    return Stop(status, limit, message, 4, limit, value, figure)
+
+
+def failure_threshold(state: LoopState) -> Stop:
+    return Stop("failed", "failure_threshold",
+                f"failure_threshold {state.failure_threshold} reached ({state.consecutive_failures} consecutive "
+                f"failures)", 5, "failure_threshold", state.failure_threshold, state.consecutive_failures)
+
+
+def step_retries(step_id: str, attempts: int, max_retries: int) -> Stop:
+    return Stop("failed", "max_step_retries",
+                f"step {step_id} failed {attempts} times (max_step_retries {max_retries})", 5,
+                "max_step_retries", max_retries, attempts - 1)
+
+
+# -- where is the task file? ---------------------------------------------------------------
+
+_TASK_ID_LINE = re.compile(rb"^kiro_task_id:\s*['\"]?([A-Za-z0-9_.-]+)['\"]?\s*$", re.MULTILINE)
+
+
+def _frontmatter_task_id(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return None
+    if not head.startswith(b"---"):
+        return None
+    end = head.find(b"\n---", 3)
+    block = head[: end if end > 0 else len(head)]
+    m = _TASK_ID_LINE.search(block.replace(b"\r\n", b"\n"))
+    return m.group(1).decode() if m else None
+
+
+def find_by_task_id(folder: Path, task_id: str) -> Path | None:
+    """A task file under `folder` whose frontmatter says `kiro_task_id: <task_id>`."""
+    if not folder.is_dir():
+        return None
+    for p in sorted(folder.rglob("*.md")):
+        if p.is_file() and _frontmatter_task_id(p) == task_id:
+            return p
+    return None
+
+
+def locate_task(ws: Workspace, recorded: Path, task_id: str) -> tuple[str | None, Path | None]:
+    """Where a task file is now: ("here", path) when it is where the state says; else the area it
+    was moved to (Done, Needs_Action, Specs) and its new path, found by the same relative path or by
+    its `kiro_task_id`; (None, None) when it is nowhere."""
+    if recorded.is_file():
+        return "here", recorded
+    inside = ws.area_of(recorded) is not None or _inside(ws, recorded)
+    for area in ("Done", "Needs_Action", "Specs"):
+        if inside:
+            candidate = ws.counterpart(recorded, area)
+            if candidate.is_file() and candidate != recorded:
+                return area, candidate
+        found = find_by_task_id(ws.root / area, task_id)
+        if found is not None:
+            return area, found
+    return None, None
+
+
+def _inside(ws: Workspace, p: Path) -> bool:
+    try:
+        p.resolve().relative_to(ws.root)
+        return True
+    except ValueError:
+        return False

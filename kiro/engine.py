@@ -1,0 +1,669 @@
+"""The loop: observe -> pick the step -> execute -> verify -> record -> decide, until a stop
+condition holds (SPEC §6, seed 004). No rich, no typer: the engine emits events; the CLI renders
+them, the event log appends them, the dashboard recomputes from the state.
+
+Ordering that makes a crash at any instant safe (P-1):
+  1. the state is saved with the step "in_progress" before the step runs;
+  2. the step's box is checked in the task file (atomically) before the state records it completed;
+so a state that records a step completed implies its box is checked, and a resumed loop never runs
+a completed step again. A crash between 2 and the state save is reconciled on resume (the box is
+checked, so the step is recorded as completed, `step_recovered`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiro import conditions, prompts, reports, tasks, timeutil
+from kiro.conditions import Stop
+from kiro.config import Config
+from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound
+from kiro.events import EventLog, Listener, make_event
+from kiro.executors.base import Executor, Guard, StepContext, StepResult, StepUsage
+from kiro.executors.process import run_process, tail
+from kiro.state import (
+    CompletedStep,
+    CurrentStep,
+    FailedStep,
+    LoopState,
+    StateStore,
+    Usage,
+    atomic_write,
+    clip,
+)
+from kiro.workspace import Workspace
+
+WAIT_POLL_SECONDS = 0.05
+DASHBOARD_MIN_INTERVAL = 1.0
+
+
+@dataclass
+class Outcome:
+    task_id: str
+    status: str
+    reason: str
+    message: str
+    exit_code: int
+    report: str | None = None
+
+
+@dataclass
+class LoopRun:
+    """Everything one loop needs, prepared by `kiro.runner` (config resolved, lock held)."""
+
+    ws: Workspace
+    store: StateStore
+    config: Config
+    state: LoopState
+    task_path: Path
+    executor_name: str
+    resumed: bool = False
+    warnings: list[str] = field(default_factory=list)
+    release: Callable[[], None] | None = None
+    executor: Executor | None = None
+
+
+def backoff_delay(attempts: int, base: float, cap: float, exponential: bool, rng: random.Random) -> float:
+    """Exponential backoff with jitter: base * 2^(attempts-1), capped, then a random factor in
+    [0.5, 1.0] so that many loops failing together do not retry in lockstep."""
+    if base <= 0:
+        return 0.0
+    raw = base * (2 ** max(attempts - 1, 0)) if exponential else base
+    return min(raw, cap) * (0.5 + rng.random() / 2)
+
+
+class _LoopGuard(Guard):
+    """Mid-step checks the executor makes before each model call and tool call."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+
+    async def before_model_call(self) -> str | None:
+        stop = self.loop.interrupt_check()
+        return stop.reason if stop else None
+
+    async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
+        stop = self.loop.interrupt_check()
+        return stop.reason if stop else None
+
+
+class Loop:
+    def __init__(self, run: LoopRun, executor: Executor, listeners: list[Listener] | None = None) -> None:
+        self.run_spec = run
+        self.ws = run.ws
+        self.store = run.store
+        self.cfg = run.config
+        self.settings = run.config.autonomous_loop
+        self.state = run.state
+        self.task_path = run.task_path
+        self.executor = executor
+        self.log = EventLog(self.ws.event_log(self.state.task_id))
+        self.listeners: list[Listener] = [self.log, *(listeners or [])]
+        self.cancel = asyncio.Event()
+        self._signal_stop: Stop | None = None
+        self._pending_stop: Stop | None = None
+        self._rng = random.Random()
+        self._base_elapsed = self.state.metrics.total_duration_seconds
+        self._run_started = time.monotonic()
+        self._last_dashboard = 0.0
+        self._first_iteration_of_run = True
+        self._stale_since = self.state.updated_at
+        self.project_dir = (self.ws.root / self.cfg.project_dir).resolve()
+
+    # -- events ----------------------------------------------------------------------------
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if not self.settings.log_every_iteration and event in ("iteration_started", "step_started"):
+            return
+        record = make_event(self.state.task_id, self.state.iteration, event, fields)
+        for listener in self.listeners:
+            listener(record)
+
+    def save(self) -> None:
+        self.state.metrics.total_duration_seconds = round(self.elapsed(), 3)
+        self.state.refresh_metrics()
+        self.store.save(self.state)
+
+    def transition(self, to: str, reason: str | None = None) -> None:
+        before = self.state.status
+        if self.state.transition(to, reason):  # type: ignore[arg-type]
+            self.emit("state_changed", **{"from": before, "to": to, "reason": reason})
+
+    def elapsed(self) -> float:
+        return self._base_elapsed + (time.monotonic() - self._run_started)
+
+    # -- control from outside --------------------------------------------------------------
+
+    def request_stop(self, reason: str = "signal", message: str = "stopped by a signal") -> None:
+        """SIGTERM/SIGINT or `stop --force`: end the current step now, save, exit 3."""
+        self._signal_stop = conditions.stopped(reason, message)
+        self.cancel.set()
+
+    # -- stop conditions -------------------------------------------------------------------
+
+    def interrupt_check(self) -> Stop | None:
+        """Conditions that may end the loop at any safe point, also mid-step: a signal, the task
+        moved or gone, a stop hook, the wall-time limit. Cheap: a few stat calls."""
+        if self._signal_stop is not None:
+            return self._signal_stop
+        moved = self._check_task_location()
+        if moved is not None:
+            return moved
+        if self.settings.check_stop_hook:
+            for hook in (self.ws.hook_file(self.state.task_id), self.ws.global_hook_file):
+                if hook.exists():
+                    return conditions.stop_hook(hook, self.ws)
+        limit = self.state.timeout_seconds or self.settings.timeout_seconds
+        if self.elapsed() >= limit:
+            return conditions.timed_out(limit, self.elapsed())
+        return None
+
+    def _check_task_location(self) -> Stop | None:
+        if self.task_path.is_file():
+            area = self.ws.area_of(self.task_path)
+            if area == "Done" and self.settings.check_done_folder:
+                return conditions.completed(f"task is in {self.ws.relative(self.task_path)}", "task_in_done")
+            if area == "Needs_Action" and self.settings.check_needs_action_folder:
+                return conditions.needs_action(f"task is in {self.ws.relative(self.task_path)}; waiting for a person")
+            return None
+        where, path = conditions.locate_task(self.ws, self.task_path, self.state.task_id)
+        if path is not None and where in ("Done", "Needs_Action", "Specs"):
+            old = self.ws.relative(self.task_path)
+            self.task_path = path
+            self.state.task_path = self.ws.relative(path)
+            self.emit("task_moved", **{"from": old, "to": self.state.task_path, "area": where})
+            return self._check_task_location()
+        return conditions.stopped(
+            "task_missing",
+            f"task file {self.state.task_path} is gone and is in neither Done/ nor Needs_Action/; put it back "
+            f"and run `kiro loop resume --task-id {self.state.task_id}`",
+        )
+
+    def limit_check(self) -> Stop | None:
+        s = self.state
+        if s.consecutive_failures >= s.failure_threshold:
+            return conditions.failure_threshold(s)
+        if s.iteration >= s.max_iterations:
+            return conditions.max_iterations(s)
+        return None
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    async def wait(self, seconds: float) -> Stop | None:
+        """Wait, but come back as soon as a stop condition holds (a hook dropped, the task moved,
+        a signal). Returns that condition, or None when the time is up."""
+        deadline = time.monotonic() + seconds
+        while True:
+            stop = self.interrupt_check()
+            if stop is not None:
+                return stop
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.cancel.wait(), min(remaining, WAIT_POLL_SECONDS))
+
+    async def _sleep_for_executor(self, seconds: float) -> str | None:
+        stop = await self.wait(seconds)
+        if stop is not None:
+            self._pending_stop = stop
+            return stop.reason
+        return None
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> Outcome:
+        s = self.state
+        s.pid = os.getpid()
+        s.host = socket.gethostname()
+        s.runs += 1
+        s.finished_at = None
+        s.stop_conditions = type(s.stop_conditions)()
+        s.executor = self.executor.name
+        self.transition("running", "resumed" if self.run_spec.resumed else "started")
+        s.stop_reason = None
+        self.save()
+        for warning in self.run_spec.warnings:
+            self.emit("warning", message=warning)
+        self.emit("loop_resumed" if self.run_spec.resumed else "loop_started",
+                  task_path=s.task_path, executor=self.executor.name, max_iterations=s.max_iterations,
+                  pid=s.pid, workspace=str(self.ws.root))
+        self.write_dashboard(force=True)
+        stop: Stop | None = None
+        try:
+            stop = await self._loop()
+        except ExecutorError as exc:
+            stop = Stop("stopped", "executor_error", str(exc), 1)
+        except KiroError as exc:
+            stop = Stop("stopped", "error", str(exc), exc.exit_code)
+        except BaseException as exc:  # an unexpected bug: save what we have, then let it surface
+            stop = Stop("stopped", "crash", f"kiro crashed: {type(exc).__name__}: {exc}", 1)
+            self._finish(stop)
+            raise
+        return self._finish(stop)
+
+    async def _loop(self) -> Stop:
+        task = self._read_task()
+        if isinstance(task, Stop):
+            return task
+        self._reconcile(task)
+        while True:
+            stop = self.interrupt_check()
+            if stop is not None:
+                return stop
+            task = self._read_task()
+            if isinstance(task, Stop):
+                return task
+            step = task.current_step(self.cfg.include_optional)
+            if step is None:
+                return self._complete(task)
+            stop = self.limit_check()
+            if stop is not None:
+                return stop
+            record = self.state.steps.get(step.id)
+            if record is not None and record.next_retry_at:
+                delay = (timeutil.parse(record.next_retry_at) - timeutil.now()).total_seconds()
+                if delay > 0:
+                    self.transition("sleeping", "backoff")
+                    self.save()
+                    self.emit("backoff", step_id=step.id, seconds=round(delay, 3), attempts=record.attempts)
+                    stop = await self.wait(delay)
+                    if stop is not None:
+                        return stop
+                    self.transition("running", "backoff_over")
+                    continue  # re-read: a person may have changed the file meanwhile
+            stop = await self._iterate(task, step)
+            if stop is not None:
+                return stop
+            if self.settings.iteration_delay_seconds:
+                stop = await self.wait(self.settings.iteration_delay_seconds)
+                if stop is not None:
+                    return stop
+
+    def _read_task(self) -> tasks.TaskFile | Stop:
+        stop = self._check_task_location()
+        if stop is not None:
+            return stop
+        try:
+            return tasks.load(self.task_path)
+        except TaskNotFound:
+            stop = self._check_task_location()
+            return stop or conditions.stopped("task_missing", f"task file {self.state.task_path} is gone")
+
+    def _reconcile(self, task: tasks.TaskFile) -> None:
+        """After a crash: a step the state shows in progress whose box is checked was finished
+        (the crash fell between checking the box and saving the state). Record it."""
+        cur = self.state.current_step
+        if cur is None or cur.status != "in_progress":
+            return
+        step = next((st for st in task.steps if st.id == cur.step_id and st.done), None)
+        open_same = next((st for st in task.steps if st.id == cur.step_id and not st.done), None)
+        if step is None or open_same is not None:
+            cur.status = "interrupted"
+            self.save()
+            return
+        started = timeutil.parse(cur.started_at) if cur.started_at else timeutil.now()
+        self._record_success(step, started, summary="(recovered after a restart: the box was checked)",
+                             attempts=self.state.step_record(step.id).attempts or 1)
+        self.emit("step_recovered", step_id=step.id, description=step.title)
+        self.save()
+
+    # -- one iteration ---------------------------------------------------------------------
+
+    def _reinjection_reason(self) -> str | None:
+        s, cfg = self.state, self.settings
+        if self._first_iteration_of_run and self.run_spec.resumed:
+            return "resumed"
+        if cfg.reinject_every_n_iterations and s.iteration % cfg.reinject_every_n_iterations == 0:
+            return "every_n_iterations"
+        if cfg.reinject_after_failure and s.consecutive_failures > 0:
+            return "after_failure"
+        if cfg.reinject_if_stale_seconds and self._stale_since:
+            age = (timeutil.now() - timeutil.parse(self._stale_since)).total_seconds()
+            if age > cfg.reinject_if_stale_seconds:
+                return "stale"
+        return None
+
+    async def _iterate(self, task: tasks.TaskFile, step: tasks.Step) -> Stop | None:
+        s = self.state
+        s.iteration += 1
+        record = s.step_record(step.id)
+        attempt = record.attempts + 1
+        started = timeutil.now()
+        s.current_step = CurrentStep(step_id=step.id, description=step.title or step.text,
+                                     status="in_progress", started_at=timeutil.iso(started))
+        reason = self._reinjection_reason()
+        self._first_iteration_of_run = False
+        continuation = prompts.continuation_context(s, step) if reason else None
+        verify_cmd = self._verify_command(task)
+        prompt = prompts.step_prompt(
+            task, step, s, attempt=attempt, previous_error=record.last_error,
+            verify_output=record.last_verify_output,
+            verify_command=verify_cmd, continuation=continuation, workspace=self.ws,
+            finish=prompts.finish_instruction(self.executor.name, step, s.task_path, self.cfg.command_success),
+        )
+        system = prompts.system_prompt(task, s, self.ws, executor=self.executor.name)
+        s.context.last_prompt = clip(prompt)
+        s.steps_total, s.steps_done = len(task.steps), sum(1 for st in task.steps if st.done)
+        self.save()
+        self._stale_since = s.updated_at
+        self.emit("iteration_started", step_id=step.id)
+        if reason:
+            self.emit("reinjected", reason=reason, step_id=step.id, chars=len(continuation or ""))
+        self.emit("step_started", step_id=step.id, description=step.title or step.text, attempt=attempt)
+        if step.marker != "-":
+            with contextlib.suppress(TaskFileError, TaskNotFound):
+                task = tasks.set_marker(self.task_path, step.key, "-", expected=task)
+
+        remaining = (s.timeout_seconds or self.settings.timeout_seconds) - self.elapsed()
+        ctx = StepContext(
+            task_id=s.task_id, workspace=self.ws, project_dir=self.project_dir, task_path=self.task_path,
+            task=task, step=step, iteration=s.iteration, attempt=attempt, prompt=prompt, system_prompt=system,
+            reinjected=reason is not None, continuation=continuation, previous_error=record.last_error,
+            verify_output=record.last_verify_output, timeout_seconds=max(0.1, min(self.cfg.step_timeout_seconds, remaining)),
+            config=self.cfg, state=s, cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor,
+            guard=_LoopGuard(self),
+        )
+        self._pending_stop = None
+        try:
+            result = await self.executor.run_step(ctx)
+        except ExecutorError:
+            raise
+        except Exception as exc:  # an executor bug is one failed attempt, not the end of the night
+            if os.environ.get("KIRO_DEBUG"):
+                raise
+            result = StepResult("failed", error=f"executor error: {type(exc).__name__}: {exc}")
+        self._add_usage(result.usage)
+        s.context.last_response = clip(result.summary or result.error or "")
+
+        if result.outcome == "interrupted":
+            s.current_step.status = "interrupted"
+            self.emit("step_interrupted", step_id=step.id, reason=result.stop_reason or "stop")
+            self.save()
+            return self._pending_stop or self.interrupt_check() or conditions.stopped(
+                result.stop_reason or "interrupted", "the step was interrupted")
+
+        if result.outcome == "request_human":
+            question = result.question or "(no question given)"
+            path = self.ws.human_request(s.task_id)
+            atomic_write(path, reports.human_request(s, question=question))
+            s.report_path = self.ws.relative(path)
+            s.current_step.status = "pending"
+            self.emit("human_requested", step_id=step.id, question=question, path=s.report_path)
+            self.save()
+            return conditions.needs_action(f"the agent asks a person: {reports.first_line(question)} "
+                                           f"(see {s.report_path})", "request_human")
+
+        verify_output = None
+        if result.ok and verify_cmd:
+            passed, verify_output = await self._verify(verify_cmd, ctx)
+            if not passed:
+                self.emit("verify_failed", step_id=step.id, command=verify_cmd, output=tail(verify_output, 1000))
+                if result.checked_by_executor:  # the agent checked the box; kiro takes it back
+                    with contextlib.suppress(TaskFileError, TaskNotFound):
+                        fresh = tasks.load(self.task_path)
+                        again = fresh.find(step.key) or next((x for x in fresh.steps if x.id == step.id), None)
+                        if again is not None and again.done:
+                            tasks.set_marker(self.task_path, again.key, "-", expected=fresh)
+                result = StepResult("failed", summary=result.summary, usage=StepUsage(),
+                                    error=f"verify `{verify_cmd}` failed:\n{tail(verify_output, 2000)}")
+
+        if result.ok:
+            try:
+                done_task, checked = tasks.mark_done(self.task_path, step.key, include_optional=self.cfg.include_optional)
+            except (TaskFileError, TaskNotFound) as exc:
+                if result.checked_by_executor:
+                    checked = [step.id]
+                else:
+                    result = StepResult("failed", error=f"could not check the box of step {step.id}: {exc}")
+                    checked = []
+            else:
+                s.steps_total = len(done_task.steps)
+                s.steps_done = sum(1 for st in done_task.steps if st.done)
+            if result.ok:
+                self._record_success(step, started, summary=result.summary, attempts=attempt)
+                self.emit("step_completed", step_id=step.id, description=step.title or step.text,
+                          duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
+                          attempt=attempt, checked=checked)
+                self._after_iteration()
+                return None
+
+        self._record_failure(step, result.error or "failed", attempt, verify_output)
+        self.emit("step_failed", step_id=step.id, attempt=attempt, error=tail(result.error or "", 1500),
+                  consecutive_failures=s.consecutive_failures)
+        stop = None
+        allowed = 1 + (self.settings.max_step_retries if self.settings.retry_failed_steps else 0)
+        if attempt >= allowed and s.consecutive_failures < s.failure_threshold:
+            stop = conditions.step_retries(step.id, attempt, self.settings.max_step_retries)
+        self._after_iteration()
+        return stop
+
+    def _verify_command(self, task: tasks.TaskFile) -> str | None:
+        v = self.cfg.verify
+        return v if isinstance(v, str) and v.strip() else None
+
+    async def _verify(self, command: str, ctx: StepContext) -> tuple[bool, str]:
+        from kiro.executors.shell import step_env
+
+        result = await run_process(["bash", "-e", "-c", command], cwd=self.project_dir, env=step_env(ctx),
+                                   timeout=self.cfg.step_timeout_seconds, cancel=self.cancel)
+        text = tail(result.output, 4000)
+        if result.timed_out:
+            return False, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}"
+        return result.ok, text
+
+    def _add_usage(self, usage: StepUsage) -> None:
+        self.state.usage.add(Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                                   total_tokens=usage.total_tokens, api_calls=usage.api_calls,
+                                   cost_usd=usage.cost_usd))
+
+    def _record_success(self, step: tasks.Step, started: Any, *, summary: str, attempts: int) -> None:
+        s = self.state
+        finished = timeutil.now()
+        s.completed_steps.append(CompletedStep(
+            step_id=step.id, description=step.title or step.text, completed_at=timeutil.iso(finished),
+            duration_seconds=round(max((finished - started).total_seconds(), 0.0), 3), iteration=s.iteration,
+            attempts=attempts, summary=clip(summary, 500)))
+        s.total_successes += 1
+        s.consecutive_failures = 0
+        rec = s.step_record(step.id)
+        rec.attempts = 0
+        rec.last_error = None
+        rec.next_retry_at = None
+        rec.last_verify_output = None
+        if s.current_step is not None:
+            s.current_step.status = "completed"
+
+    def _record_failure(self, step: tasks.Step, error: str, attempt: int, verify_output: str | None) -> None:
+        s = self.state
+        s.total_failures += 1
+        s.consecutive_failures += 1
+        s.failed_steps.append(FailedStep(step_id=step.id, description=step.title or step.text,
+                                         failed_at=timeutil.iso(), error=clip(error, 2000), retry_count=attempt - 1,
+                                         iteration=s.iteration))
+        rec = s.step_record(step.id)
+        rec.attempts = attempt
+        rec.last_error = clip(error, 3000)
+        rec.last_verify_output = clip(verify_output, 3000) if verify_output else None
+        delay = backoff_delay(attempt, self.settings.backoff_base_seconds, self.settings.backoff_max_seconds,
+                              self.settings.exponential_backoff, self._rng)
+        rec.next_retry_at = timeutil.iso(timeutil.now() + _seconds(delay)) if delay > 0 else None
+        if s.current_step is not None:
+            s.current_step.status = "waiting_retry" if delay > 0 else "failed"
+
+    def _after_iteration(self) -> None:
+        s = self.state
+        self.save()
+        n = self.settings.backup_state_every_n_iterations
+        if n and s.iteration % n == 0:
+            self.store.backup(s)
+        if self.settings.create_progress_reports and s.iteration % self.settings.progress_report_every_n_iterations == 0:
+            self._write_progress_report()
+        self.write_dashboard()
+
+    def _write_progress_report(self) -> None:
+        try:
+            task = tasks.load(self.task_path)
+        except KiroError:
+            return
+        steps = [(st.id, st.title or st.text, st.done) for st in task.steps]
+        path = self.ws.progress_report(self.state.task_id, self.state.iteration)
+        atomic_write(path, reports.progress_report(self.state, steps=steps), fsync=False)
+        self.emit("report_written", kind="progress_report", path=self.ws.relative(path))
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def _complete(self, task: tasks.TaskFile) -> Stop:
+        with contextlib.suppress(TaskFileError, TaskNotFound):
+            task, _ = tasks.check_finished_parents(self.task_path, include_optional=self.cfg.include_optional)
+        self.state.steps_total = len(task.steps)
+        self.state.steps_done = sum(1 for st in task.steps if st.done)
+        return conditions.completed(f"all {len(task.steps)} steps done")
+
+    def _move_to_done(self) -> str | None:
+        if not self.settings.auto_move_to_done or self.ws.area_of(self.task_path) != "Specs":
+            return None
+        target = self.ws.counterpart(self.task_path, "Done")
+        if target.exists():
+            stamp = timeutil.now().strftime("%Y%m%d_%H%M%S")
+            target = target.with_name(f"{target.stem}_{self.state.task_id}_{stamp}{target.suffix}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(self.task_path), str(target))
+        with contextlib.suppress(OSError):  # leave no empty spec folder behind in Specs/
+            if self.task_path.parent != self.ws.specs and not any(self.task_path.parent.iterdir()):
+                self.task_path.parent.rmdir()
+        old = self.state.task_path
+        self.task_path = target
+        self.state.task_path = self.ws.relative(target)
+        self.emit("task_moved", **{"from": old, "to": self.state.task_path, "area": "Done"})
+        return self.state.task_path
+
+    def _finish(self, stop: Stop) -> Outcome:
+        s = self.state
+        self.emit("stop_condition", **stop.fields())
+        flags = s.stop_conditions
+        report: Path | None = None
+        moved_to = None
+        if stop.status == "completed":
+            flags.task_in_done = True
+            if stop.reason != "task_in_done":
+                try:
+                    moved_to = self._move_to_done()
+                except OSError as exc:
+                    self.emit("warning", message=f"could not move the task to Done/: {exc}")
+            else:
+                moved_to = s.task_path
+        elif stop.reason == "stop_hook":
+            flags.stop_hook_triggered = True
+        elif stop.status == "paused":
+            flags.manual_intervention = True
+        elif stop.reason == "max_iterations":
+            flags.max_iterations_reached = True
+        elif stop.status == "failed":
+            flags.failure_threshold_exceeded = True
+        if stop.status == "timed_out":
+            s.timeout_reached = True
+        s.stop_reason = stop.reason
+        self.transition(stop.status, stop.reason)
+        if stop.status in ("completed", "failed", "max_iterations", "timed_out", "stopped", "paused"):
+            s.finished_at = timeutil.iso()
+        s.pid = None
+        if s.current_step is not None and stop.status == "completed":
+            s.current_step = None
+        try:
+            if stop.status == "completed" and self.settings.create_completion_report:
+                report = self.ws.completion_report(s.task_id)
+                self.save()  # final metrics into the report
+                atomic_write(report, reports.completion_report(s, moved_to=moved_to))
+            elif stop.status in ("max_iterations", "timed_out"):
+                report = self.ws.intervention_request(s.task_id)
+                atomic_write(report, reports.intervention_request(s, reason=stop.reason, detail=stop.message))
+            elif stop.status == "failed":
+                report = self.ws.escalation(s.task_id)
+                atomic_write(report, reports.escalation(s, reason=stop.reason, detail=stop.message,
+                                                        recent=s.failed_steps[-5:]))
+        except OSError as exc:
+            self.emit("warning", message=f"could not write the report: {exc}")
+            report = None
+        if report is not None:
+            s.report_path = self.ws.relative(report)
+            self.emit("report_written", kind=report.parent.name if stop.status == "completed" else stop.status,
+                      path=s.report_path)
+        elif stop.reason == "request_human":
+            pass  # the request file was written when the agent asked
+        self.save()
+        if stop.status == "completed" and self.settings.archive_state_file:
+            self.store.archive(s)
+        self.write_dashboard(force=True)
+        self.emit("loop_finished", status=stop.status, reason=stop.reason, exit_code=stop.exit_code,
+                  message=stop.message, iterations=s.iteration, report=s.report_path if report else None)
+        self.log.close()
+        return Outcome(s.task_id, stop.status, stop.reason, stop.message, stop.exit_code,
+                       s.report_path if report is not None or stop.reason == "request_human" else None)
+
+    def write_dashboard(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_dashboard < DASHBOARD_MIN_INTERVAL:
+            return
+        self._last_dashboard = now
+        try:
+            write_dashboard(self.ws, self.store, current=self.state)
+        except OSError as exc:
+            self.emit("warning", message=f"could not write Dashboard.md: {exc}")
+
+
+def write_dashboard(ws: Workspace, store: StateStore, current: LoopState | None = None) -> None:
+    loops: list[tuple[LoopState, str]] = []
+    from kiro.state import effective_status
+
+    for _path, st in store.all_states():
+        if st is None:
+            continue
+        if current is not None and st.task_id == current.task_id:
+            st = current
+            alive = True
+        else:
+            alive = store.is_locked(st.task_id) if st.status in ("running", "sleeping") else False
+        loops.append((st, effective_status(st, alive)))
+    if current is not None and all(st.task_id != current.task_id for st, _ in loops):
+        loops.append((current, current.status))
+    atomic_write(ws.dashboard, reports.dashboard(loops), fsync=False)
+
+
+def _seconds(x: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=x)
+
+
+def install_signal_handlers(loops: list[Loop]) -> Callable[[], None]:
+    """SIGTERM / SIGINT stop every loop of this process at once (state saved, exit 3)."""
+    aloop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        def handler(sig: int = sig) -> None:
+            name = signal.Signals(sig).name
+            for lp in loops:
+                lp.request_stop("signal", f"stopped by {name}")
+        try:
+            aloop.add_signal_handler(sig, handler)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+    def remove() -> None:
+        for sig in installed:
+            aloop.remove_signal_handler(sig)
+
+    return remove

@@ -1,0 +1,132 @@
+"""The event log: `Logs/<task_id>.jsonl`, one JSON object per line, appended and flushed as it
+happens (SPEC §8). The engine emits events; the log, the console and the dashboard listen.
+
+A torn last line (a crash mid-write) is skipped by readers, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from kiro import timeutil
+
+EventName = Literal[
+    "loop_started",
+    "loop_resumed",
+    "iteration_started",
+    "step_started",
+    "tool_called",
+    "model_called",
+    "context_wrapped",
+    "step_completed",
+    "step_failed",
+    "step_interrupted",
+    "step_recovered",
+    "verify_failed",
+    "reinjected",
+    "backoff",
+    "guardrail_triggered",
+    "stop_condition",
+    "state_changed",
+    "state_recovered",
+    "task_moved",
+    "task_edited",
+    "warning",
+    "human_requested",
+    "report_written",
+    "notifier_failed",
+    "loop_finished",
+]
+EVENT_NAMES: frozenset[str] = frozenset(get_args(EventName))
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+def make_event(task_id: str, iteration: int, event: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """One event record. Known names only: a typo here is a bug, not a new kind of event."""
+    if event not in EVENT_NAMES:
+        raise ValueError(f"unknown event {event!r}")
+    record: dict[str, Any] = {"ts": timeutil.iso(), "task_id": task_id, "iteration": iteration, "event": event}
+    record.update(fields)
+    return record
+
+
+class EventLog:
+    """Appends events to one JSONL file. Opened lazily, kept open, flushed per line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh: Any = None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        self.append(record)
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open on purpose
+            self._repair_torn_tail()
+        self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._fh.flush()
+
+    def _repair_torn_tail(self) -> None:
+        """After a crash the file may end mid-line: start the next record on a line of its own."""
+        try:
+            size = os.path.getsize(self.path)
+            if size == 0:
+                return
+            with open(self.path, "rb") as fh:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    self._fh.write("\n")
+        except OSError:
+            return
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def read_events(path: Path, *, offset: int = 0) -> Iterator[dict[str, Any]]:
+    """Every well-formed event in the file; broken lines (a torn tail) are skipped."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115
+    except FileNotFoundError:
+        return
+    with fh:
+        if offset:
+            fh.seek(offset)
+        for raw in fh:
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+def read_new(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Events appended since `offset` (complete lines only), and the new offset. For --follow."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    out: list[dict[str, Any]] = []
+    for raw in data[: end + 1].splitlines():
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out, offset + end + 1

@@ -1,0 +1,112 @@
+"""The one interface every executor implements, and what passes between it and the engine.
+
+The engine builds a `StepContext` for each attempt at a step and awaits `Executor.run_step`.
+The executor never checks boxes itself (the command executor's external agent may); it reports a
+`StepResult` and the engine decides: runs `verify`, checks the box, records the attempt.
+
+An executor that cannot run at all (no endpoint, bad key, unknown model) raises
+`kiro.errors.ExecutorError`: the run ends with exit code 1. Anything that is one failed attempt
+(a tool error, a 500, a timeout, a non-zero exit) is a `StepResult` with outcome "failed".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from kiro.config import Config
+    from kiro.state import LoopState
+    from kiro.tasks import Step, TaskFile
+    from kiro.workspace import Workspace
+
+Outcome = Literal["completed", "failed", "request_human", "interrupted"]
+
+
+@dataclass
+class StepUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    api_calls: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, other: StepUsage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.total_tokens += other.total_tokens
+        self.api_calls += other.api_calls
+        self.cost_usd += other.cost_usd
+
+
+@dataclass
+class StepResult:
+    outcome: Outcome
+    summary: str = ""  # what was done (complete_step's summary, or the output's tail); -> context.last_response
+    error: str | None = None  # why the attempt failed, for the next attempt's prompt and the state
+    question: str | None = None  # request_human's question
+    usage: StepUsage = field(default_factory=StepUsage)
+    checked_by_executor: bool = False  # the external agent checked the step's box itself
+    stop_reason: str | None = None  # for "interrupted": which stop condition cut the attempt short
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "completed"
+
+
+class Guard:
+    """Limits the executor must respect mid-step (rate limits, budgets, stop requests).
+
+    The engine passes a live one; this base class allows everything. `before_model_call` and
+    `before_tool_call` may sleep (a rate limit) and return a stop reason when the loop must stop
+    now (stop hook, budget exhausted): the executor then ends the attempt with outcome
+    "interrupted" and that reason.
+    """
+
+    async def before_model_call(self) -> str | None:
+        return None
+
+    async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
+        return None
+
+    def after_model_call(self, usage: StepUsage) -> None:
+        return None
+
+    def after_tool_call(self, name: str, arguments: Mapping[str, Any], error: str | None) -> None:
+        return None
+
+
+@dataclass
+class StepContext:
+    task_id: str
+    workspace: Workspace
+    project_dir: Path
+    task_path: Path
+    task: TaskFile
+    step: Step
+    iteration: int
+    attempt: int  # 1 for the first attempt at this step
+    prompt: str  # the step prompt (kiro.prompts.step_prompt), with the continuation context when reinjected
+    system_prompt: str  # kiro.prompts.system_prompt for this task
+    reinjected: bool  # the reinjection policy fired for this iteration (seed 004)
+    continuation: str | None  # the seed's "Task Continuation Context" when reinjected
+    previous_error: str | None
+    verify_output: str | None
+    timeout_seconds: float
+    config: Config
+    state: LoopState  # read-only for executors
+    cancel: asyncio.Event  # set when the loop must stop now (SIGTERM, stop --force, overall timeout)
+    emit: Callable[..., None]  # emit(event_name, **fields) -> appended to the event log
+    sleep: Callable[[float], Awaitable[str | None]]  # interruptible wait; returns a stop reason if cut short
+    guard: Guard = field(default_factory=Guard)
+
+
+class Executor(Protocol):
+    name: str
+
+    async def run_step(self, ctx: StepContext) -> StepResult: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,141 @@
+"""Run a child process for a step: its own process group, output captured and bounded, the whole
+group ended on timeout or when the loop must stop now."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+OUTPUT_KEPT = 64_000  # bytes of combined stdout+stderr kept (the tail)
+KILL_GRACE_SECONDS = 3.0
+
+
+@dataclass
+class ProcessResult:
+    returncode: int | None
+    output: str
+    duration: float
+    timed_out: bool = False
+    cancelled: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.cancelled
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGKILL when kiro dies, so a killed kiro leaves no agent running on
+    alone while a resumed loop starts the step again."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    stdin_data: bytes | None = None,
+    timeout: float | None = None,
+    cancel: asyncio.Event | None = None,
+    output_limit: int = OUTPUT_KEPT,
+) -> ProcessResult:
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=str(cwd),
+        env=dict(env) if env is not None else None,
+        stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    chunks = bytearray()
+
+    async def pump() -> None:
+        assert proc.stdout is not None
+        while True:
+            data = await proc.stdout.read(65536)
+            if not data:
+                return
+            chunks.extend(data)
+            if len(chunks) > output_limit * 2:
+                del chunks[: len(chunks) - output_limit]
+
+    async def feed() -> None:
+        if stdin_data is None or proc.stdin is None:
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(stdin_data)
+            await proc.stdin.drain()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.close()
+
+    work = asyncio.ensure_future(asyncio.gather(pump(), feed(), proc.wait()))
+    waiters: set[asyncio.Future[object]] = {work}  # type: ignore[arg-type]
+    cancel_wait: asyncio.Future[object] | None = None
+    if cancel is not None:
+        cancel_wait = asyncio.ensure_future(cancel.wait())
+        waiters.add(cancel_wait)
+    timed_out = cancelled = False
+    try:
+        done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done:
+            if cancel_wait is not None and cancel_wait in done:
+                cancelled = True
+            else:
+                timed_out = True
+            await _end(proc)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(work, KILL_GRACE_SECONDS)
+    except asyncio.CancelledError:
+        await _end(proc)
+        raise
+    finally:
+        if cancel_wait is not None:
+            cancel_wait.cancel()
+        if not work.done():
+            work.cancel()
+    # A step that exits may leave children behind in its group (a background server): end them too.
+    kill_group(proc.pid, signal.SIGKILL)
+    text = bytes(chunks[-output_limit:]).decode("utf-8", errors="replace")
+    return ProcessResult(proc.returncode, text, time.monotonic() - started, timed_out, cancelled)
+
+
+async def _end(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the whole group, then SIGKILL after a grace period."""
+    kill_group(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), KILL_GRACE_SECONDS)
+    except TimeoutError:
+        kill_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), KILL_GRACE_SECONDS)
+
+
+def tail(text: str, limit: int = 2000) -> str:
+    text = text.rstrip()
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of some output: usually the error that matters."""
+    for raw in reversed(text.splitlines()):
+        if raw.strip():
+            return raw.strip()[:300]
+    return "(no output)"

@@ -1,0 +1,140 @@
+"""The prompts kiro sends to agents, rendered from package data that a workspace can override.
+
+Templates are `string.Template` files (`$name` placeholders) in `kiro/prompts/`; a workspace
+overrides one by putting a file of the same name in `<workspace>/config/prompts/`. Rendering
+never fails on a missing placeholder (safe_substitute), so an override can drop what it does not want.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from string import Template
+from typing import TYPE_CHECKING
+
+from kiro.state import clip
+
+if TYPE_CHECKING:
+    from kiro.state import LoopState
+    from kiro.tasks import Step, TaskFile
+    from kiro.workspace import Workspace
+
+TEMPLATE_NAMES = ("system.md", "agent_cli.md", "step.md", "continuation.md")
+
+
+@lru_cache(maxsize=32)
+def _packaged(name: str) -> str:
+    return resources.files("kiro").joinpath("prompts", name).read_text(encoding="utf-8")
+
+
+def template(name: str, workspace: Workspace | None = None) -> Template:
+    if workspace is not None:
+        override = workspace.root / "config" / "prompts" / name
+        if override.is_file():
+            return Template(override.read_text(encoding="utf-8"))
+    return Template(_packaged(name))
+
+
+def _rules(workspace: Workspace | None) -> str:
+    """The workspace's own rules for agents: `config/rules.md`, or AGENTS.md at the root."""
+    if workspace is None:
+        return ""
+    for candidate in (workspace.root / "config" / "rules.md", workspace.root / "AGENTS.md"):
+        if candidate.is_file():
+            text = candidate.read_text(encoding="utf-8", errors="replace").strip()
+            return f"\n# Workspace rules\n{clip(text, 8000)}\n"
+    return ""
+
+
+def system_prompt(task: TaskFile, state: LoopState, workspace: Workspace | None = None,
+                  *, executor: str = "openai") -> str:
+    """The standing instructions: tool-calling agents get `system.md`, external agent CLIs
+    (the command executor) `agent_cli.md`, which speaks of checkboxes instead of tools."""
+    instructions = task.frontmatter.get("instructions")
+    text = f"# Instructions for this task\n{instructions}\n" if isinstance(instructions, str) and instructions else ""
+    name = "system.md" if executor == "openai" else "agent_cli.md"
+    return template(name, workspace).safe_substitute(
+        title=task.title, task_path=state.task_path, task_id=state.task_id,
+        instructions=text, rules=_rules(workspace),
+    )
+
+
+def continuation_context(state: LoopState, step: Step | None = None) -> str:
+    """Seed 004's "Task Continuation Context", from the state as it is now (P-6)."""
+    cur = state.current_step
+    return template("continuation.md").safe_substitute(
+        task_path=state.task_path,
+        iteration=state.iteration,
+        max_iterations=state.max_iterations,
+        status=state.status,
+        completed_count=len(state.completed_steps),
+        failed_count=len(state.failed_steps),
+        success_rate=f"{state.metrics.success_rate:.0%}",
+        step_id=(step.id if step else cur.step_id if cur else "-"),
+        step_description=(step.title if step else cur.description if cur else "-"),
+        step_status=(cur.status if cur else "pending"),
+        last_prompt=clip(state.context.last_prompt, 1500) or "(none yet)",
+        last_response=clip(state.context.last_response, 1500) or "(none yet)",
+    )
+
+
+def step_prompt(
+    task: TaskFile,
+    step: Step,
+    state: LoopState,
+    *,
+    attempt: int,
+    previous_error: str | None = None,
+    verify_output: str | None = None,
+    verify_command: str | None = None,
+    continuation: str | None = None,
+    workspace: Workspace | None = None,
+    finish: str | None = None,
+) -> str:
+    """The prompt for one attempt at one step. `finish` says how to report the step done; the
+    default is the tool-calling agent's `complete_step`."""
+    counts = task.counts()
+    details = [d for d in step.details if not d.strip().startswith("_Requirements")]
+    requirements = [d for d in step.details if d.strip().startswith("_Requirements")]
+    details_text = "## Details\n" + "\n".join(details) + "\n\n" if details else ""
+    req_text = "## Requirements\n" + "\n".join(r.strip().strip("-").strip() for r in requirements) + "\n\n" \
+        if requirements else ""
+    previous = f"## The previous attempt failed\n{clip(previous_error, 3000)}\n\n" if previous_error else ""
+    verify_block = ""
+    if verify_command:
+        verify_block = f"## Verification\nThe step counts as done only when `{verify_command}` exits 0.\n"
+        if verify_output:
+            verify_block += f"Its output last time:\n```\n{clip(verify_output, 3000)}\n```\n"
+        verify_block += "\n"
+    return template("step.md", workspace).safe_substitute(
+        continuation=(continuation + "\n") if continuation else "",
+        step_id=step.id,
+        step_title=step.title or step.text,
+        iteration=state.iteration,
+        max_iterations=state.max_iterations,
+        attempt=attempt,
+        task_path=state.task_path,
+        steps_done=counts.done,
+        steps_total=counts.total,
+        details=details_text,
+        requirements=req_text,
+        previous=previous,
+        verify_block=verify_block,
+        finish=finish or "When the step is done, call `complete_step` with a one-paragraph summary.",
+    )
+
+
+def finish_instruction(executor: str, step: Step, task_path: str, command_success: str) -> str:
+    """How an agent reports the step done, by executor."""
+    if executor == "command":
+        if command_success == "exit_code":
+            return "When the step is done, exit with status 0; exit non-zero if you could not do it."
+        return (f"When the step is done, check its box in `{task_path}`: change `[-]` to `[x]` on the line of "
+                f"step {step.id} and nothing else in that file. kiro counts the step done only when that box "
+                f"is checked and you exit with status 0.")
+    return "When the step is done, call `complete_step` with a one-paragraph summary."
+
+
+def prompt_path_for_override(workspace: Workspace, name: str) -> Path:
+    return workspace.root / "config" / "prompts" / name

@@ -1,0 +1,328 @@
+"""Reports as markdown with YAML frontmatter: pure functions from a state (and a few facts) to text.
+
+Shapes follow seed 004: completion report, intervention request, escalation, stop hook, progress
+dashboard. Every report's frontmatter has `type`, `task_id` and `created` (SPEC §6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import yaml
+
+from kiro import timeutil
+from kiro.state import CompletedStep, FailedStep, LoopState
+
+EXIT_HINTS = {
+    "max_iterations": "kiro loop resume --task-id {tid} --max-iterations {more}",
+    "failed": "kiro loop resume --task-id {tid} --reset-failures",
+}
+
+
+def _frontmatter(fields: dict[str, Any]) -> str:
+    body = yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1000)
+    return f"---\n{body}---\n"
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def _step_line(s: CompletedStep | FailedStep) -> str:
+    if isinstance(s, CompletedStep):
+        return f"- **{s.step_id}** {s.description} ({timeutil.human_duration(s.duration_seconds)})"
+    return f"- **{s.step_id}** {s.description}: {first_line(s.error)} (attempt {s.retry_count + 1})"
+
+
+def first_line(text: str | None, limit: int = 200) -> str:
+    if not text:
+        return ""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _list(items: Sequence[CompletedStep | FailedStep]) -> str:
+    return "\n".join(_step_line(s) for s in items) if items else "_None._"
+
+
+def _usage(state: LoopState) -> str:
+    u = state.usage
+    if not u.api_calls:
+        return ""
+    return (f"\n## Usage\n- **API calls**: {u.api_calls}\n- **Tokens**: {u.total_tokens} "
+            f"({u.prompt_tokens} prompt, {u.completion_tokens} completion)\n- **Cost**: ${u.cost_usd:.4f}\n")
+
+
+def _current(state: LoopState) -> str:
+    c = state.current_step
+    return f"{c.step_id} - {c.description}" if c else "-"
+
+
+def completion_report(state: LoopState, *, moved_to: str | None) -> str:
+    m = state.metrics
+    where = f"and moved to `{moved_to}`" if moved_to else f"(task file: `{state.task_path}`)"
+    return _frontmatter({
+        "type": "completion_report",
+        "task_id": state.task_id,
+        "created": timeutil.iso(),
+        "completed_at": state.finished_at or timeutil.iso(),
+        "task_path": state.task_path,
+        "status": "completed",
+    }) + f"""
+# Task Completion Report
+
+## Summary
+**Task**: {state.title or state.task_path} (`{state.task_path}`)
+**Status**: ✅ COMPLETED
+**Duration**: {timeutil.human_duration(m.total_duration_seconds)} ({m.total_duration_seconds:.1f} seconds)
+**Iterations**: {state.iteration}
+
+## Statistics
+- **Total Steps**: {state.steps_total if state.steps_total is not None else len(state.completed_steps)}
+- **Completed by this loop**: {len(state.completed_steps)}
+- **Failed attempts**: {len(state.failed_steps)}
+- **Success Rate**: {_pct(m.success_rate)}
+
+## Completed Steps
+{_list(state.completed_steps)}
+
+## Failed Steps (Recovered)
+{_list(state.failed_steps)}
+
+## Metrics
+- **Average Step Duration**: {m.average_step_duration:.2f}s
+- **Total Successes**: {state.total_successes}
+- **Total Failures**: {state.total_failures}
+{_usage(state)}
+---
+
+**Task successfully completed {where}.**
+"""
+
+
+def intervention_request(state: LoopState, *, reason: str, detail: str) -> str:
+    tid = state.task_id
+    more = max(state.max_iterations * 2, state.max_iterations + 10)
+    return _frontmatter({
+        "type": "intervention_request",
+        "task_id": tid,
+        "created": timeutil.iso(),
+        "reason": reason,
+        "task_path": state.task_path,
+        "status": state.status,
+    }) + f"""
+# Intervention Request
+
+## Reason
+{detail}
+
+## Current Status
+**Iteration**: {state.iteration}/{state.max_iterations}
+**Success Rate**: {_pct(state.metrics.success_rate)}
+**Current Step**: {_current(state)}
+**Steps done**: {state.steps_done if state.steps_done is not None else '-'} of {state.steps_total or '-'}
+{_usage(state)}
+## Options
+- [ ] Increase max iterations and resume: `kiro loop resume --task-id {tid} --max-iterations {more}`
+- [ ] Review progress and provide guidance (edit the task file, then resume)
+- [ ] Mark task as complete (move the task file to `Done/`)
+- [ ] Cancel task
+
+## State File
+State saved at: `.state/autonomous_loop_{tid}.json`
+
+---
+
+**Please review and decide how to proceed.**
+"""
+
+
+def escalation(state: LoopState, *, reason: str, detail: str, recent: Iterable[FailedStep]) -> str:
+    tid = state.task_id
+    recent_text = "\n".join(
+        f"- {f.failed_at} **{f.step_id}** (attempt {f.retry_count + 1}): {first_line(f.error, 400)}" for f in recent
+    ) or "_None recorded._"
+    return _frontmatter({
+        "type": "escalation",
+        "task_id": tid,
+        "created": timeutil.iso(),
+        "priority": "high",
+        "reason": reason,
+        "task_path": state.task_path,
+    }) + f"""
+# 🚨 Task Escalation
+
+## Reason
+{detail}
+
+## Failure Details
+**Consecutive Failures**: {state.consecutive_failures}
+**Failure Threshold**: {state.failure_threshold}
+
+## Recent Failures
+{recent_text}
+
+## Current Step
+**Step**: {state.current_step.step_id if state.current_step else '-'}
+**Description**: {state.current_step.description if state.current_step else '-'}
+
+## Recommended Actions
+1. Review error logs: `kiro loop logs --task-id {tid}`
+2. Identify root cause
+3. Provide guidance or fix issue
+4. Resume loop (`kiro loop resume --task-id {tid} --reset-failures`) or cancel task
+
+## State File
+`.state/autonomous_loop_{tid}.json`
+
+---
+
+**Human intervention required to proceed.**
+"""
+
+
+def human_request(state: LoopState, *, question: str) -> str:
+    tid = state.task_id
+    return _frontmatter({
+        "type": "intervention_request",
+        "task_id": tid,
+        "created": timeutil.iso(),
+        "reason": "agent_request",
+        "task_path": state.task_path,
+    }) + f"""
+# The agent asks for help
+
+## Question
+{question}
+
+## Current Status
+**Iteration**: {state.iteration}/{state.max_iterations}
+**Current Step**: {_current(state)}
+
+## What to Do
+- [ ] Answer the question: add the answer to the task file (under the step, or in its `instructions`)
+- [ ] Resume the loop: `kiro loop resume --task-id {tid}`
+
+---
+
+**Loop is PAUSED until it is resumed.**
+"""
+
+
+def stop_hook(state: LoopState | None, *, task_id: str, reason: str, by: str = "kiro loop stop") -> str:
+    if state is not None:
+        status = (f"**Iteration**: {state.iteration}/{state.max_iterations}\n"
+                  f"**Current Step**: {_current(state)}\n"
+                  f"**Success Rate**: {_pct(state.metrics.success_rate)}")
+    else:
+        status = "_No state recorded yet._"
+    return _frontmatter({
+        "type": "stop_hook",
+        "task_id": task_id,
+        "created": timeutil.iso(),
+        "reason": reason,
+        "created_by": by,
+    }) + f"""
+# Stop Autonomous Loop
+
+## Reason for Stopping
+
+{reason}
+
+## Current Status
+
+{status}
+
+## What to Do
+
+- [ ] Review progress so far
+- [ ] Provide guidance for next steps
+- [ ] Resume loop
+- [ ] Cancel task
+
+## Resume Instructions
+
+To resume the loop:
+1. Delete this file (a running `kiro loop watch` continues the loop), or run `kiro loop resume --task-id {task_id}`
+2. Or move task back to active folder (`Specs/`)
+3. Loop will continue from saved state
+
+---
+
+**Loop is PAUSED until this file is deleted or task is moved.**
+"""
+
+
+def progress_report(state: LoopState, *, steps: Sequence[tuple[str, str, bool]]) -> str:
+    done = sum(1 for _, _, d in steps if d)
+    lines = "\n".join(f"- [{'x' if d else ' '}] {sid} {title}" for sid, title, d in steps)
+    return _frontmatter({
+        "type": "progress_report",
+        "task_id": state.task_id,
+        "created": timeutil.iso(),
+        "iteration": state.iteration,
+    }) + f"""
+# Progress Report: {state.title or state.task_path}
+
+**Iteration**: {state.iteration}/{state.max_iterations}
+**Steps done**: {done}/{len(steps)}
+**Success Rate**: {_pct(state.metrics.success_rate)}
+**Current Step**: {_current(state)}
+**Duration**: {timeutil.human_duration(state.metrics.total_duration_seconds)}
+{_usage(state)}
+## Steps
+{lines}
+"""
+
+
+_BADGES = {
+    "running": "🟢 RUNNING",
+    "sleeping": "🔵 SLEEPING",
+    "paused": "🟡 PAUSED",
+    "stopped": "⚪ STOPPED",
+    "interrupted": "🟠 INTERRUPTED",
+    "completed": "✅ COMPLETED",
+    "failed": "❌ FAILED",
+    "max_iterations": "🛑 MAX ITERATIONS",
+    "timed_out": "⏱️ TIMED OUT",
+    "pending": "⚪ PENDING",
+}
+
+
+def badge(status: str, reason: str | None = None) -> str:
+    text = _BADGES.get(status, status.upper())
+    return f"{text} ({reason})" if reason and status not in ("running", "completed") else text
+
+
+def dashboard(loops: Sequence[tuple[LoopState, str]]) -> str:
+    """`Dashboard.md`: every loop grouped as active / paused / completed / failed. `loops` pairs each
+    state with its effective status (running vs interrupted)."""
+    groups: dict[str, list[tuple[LoopState, str]]] = {"Active": [], "Paused": [], "Completed": [], "Failed": []}
+    for st, eff in loops:
+        if eff in ("running", "sleeping"):
+            groups["Active"].append((st, eff))
+        elif eff == "completed":
+            groups["Completed"].append((st, eff))
+        elif eff in ("failed", "max_iterations", "timed_out"):
+            groups["Failed"].append((st, eff))
+        else:
+            groups["Paused"].append((st, eff))
+    out = [_frontmatter({"type": "dashboard", "created": timeutil.iso()}), "\n# Autonomous Loop Progress\n"]
+    for name, items in groups.items():
+        out.append(f"\n## {name} ({len(items)})\n")
+        for st, eff in items:
+            pct = st.iteration / st.max_iterations if st.max_iterations else 0
+            out.append(f"\n### Task: {st.title or st.task_id}\n")
+            out.append(f"**Task id**: `{st.task_id}`  \n**Status**: {badge(eff, st.stop_reason)}  \n")
+            out.append(f"**Iteration**: {st.iteration}/{st.max_iterations} ({pct:.0%})  \n")
+            if st.steps_total:
+                out.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}  \n")
+            out.append(f"**Success Rate**: {_pct(st.metrics.success_rate)}  \n")
+            if st.current_step and eff != "completed":
+                label = "Current Step" if eff in ("running", "sleeping") else "Last Step"
+                out.append(f"**{label}**: {st.current_step.step_id} - {st.current_step.description}  \n")
+            out.append(f"**Duration**: {timeutil.human_duration(st.metrics.total_duration_seconds)}  \n")
+            if name == "Failed":
+                out.append(f"**Consecutive Failures**: {st.consecutive_failures}  \n")
+    return "".join(out)

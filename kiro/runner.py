@@ -1,0 +1,266 @@
+"""Preparing loops to run: resolve the config, find or create the state, take the lock, choose the
+executor. The CLI calls these; the engine runs what they return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from kiro import conditions, executors, tasks, timeutil
+from kiro.config import Config, resolve_config
+from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
+from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError
+from kiro.events import Listener
+from kiro.state import LoopState, StateStore, effective_status
+from kiro.workspace import Workspace, check_task_id
+
+
+class AlreadyFinished(KiroError):
+    """`resume` of a loop that has nothing left to do: not an error for a script (exit 0)."""
+
+    exit_code = 0
+
+
+@dataclass
+class Located:
+    ws: Workspace
+    store: StateStore
+    config: Config
+
+
+def settings_for(ws0: Workspace, *, config_file: Path | None = None, task: tasks.TaskFile | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> Located:
+    """Resolve the config (defaults < file < task frontmatter < KIRO_* < flags) and the state folder."""
+    frontmatter: dict[str, Any] = dict(task.frontmatter) if task is not None else {}
+    cfg = resolve_config(
+        workspace_root=ws0.root, config_file=config_file, frontmatter=frontmatter,
+        task_path=task.path if task is not None else None,
+        frontmatter_lines=getattr(task, "frontmatter_lines", None) if task is not None else None,
+        env=os.environ, overrides=dict(overrides or {}),
+    )
+    ws = ws0.with_state_directory(cfg.autonomous_loop.state_directory)
+    return Located(ws, StateStore(ws), cfg)
+
+
+def new_task_id(store: StateStore) -> str:
+    """`task_YYYYMMDD_HHMMSS`, with a suffix when that id is taken (SPEC §4)."""
+    base = "task_" + timeutil.now().strftime("%Y%m%d_%H%M%S")
+    candidate, n = base, 1
+    while store.exists(candidate) or store.ws.lock_file(candidate).exists():
+        n += 1
+        candidate = f"{base}_{n}"
+    return candidate
+
+
+def choose_executor(cfg: Config, task: tasks.TaskFile, recorded: str | None = None) -> str:
+    """SPEC §5: an explicit choice (flag, frontmatter, env, config), else the one recorded when the
+    loop started, else openai when an endpoint is configured, else shell when the current step has
+    a command block, else an error naming the three ways to configure one."""
+    if cfg.executor:
+        return cfg.executor
+    if recorded:
+        return recorded
+    if os.environ.get(cfg.llm.api_key_env) or cfg.llm.base_url or os.environ.get("OPENAI_BASE_URL"):
+        return "openai"
+    step = task.current_step(cfg.include_optional)
+    if step is None or step.command:
+        return "shell"
+    raise ExecutorError(
+        f"no executor for {task.path}: step {step.id} has no ```sh block, and no model endpoint is configured; "
+        f"choose one with --executor shell|command|openai, `executor:` in the task's frontmatter or "
+        f"config/autonomous_loop.yaml, or set {cfg.llm.api_key_env} / llm.base_url for the openai executor"
+    )
+
+
+@contextlib.contextmanager
+def _workspace_guard(store: StateStore) -> Any:
+    """Held while a loop is created, so two `start`s of one task cannot both create a loop."""
+    path = store.ws.state_dir / ".start.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path), timeout=30, thread_local=False, is_singleton=False):
+        yield
+
+
+def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | None) -> LoopState | None:
+    """The unfinished loop, if any, that already works on this task file."""
+    rel = store.ws.relative(task_path)
+    for _path, st in store.all_states(include_archive=False):
+        if st is None or st.status == "completed":
+            continue
+        if st.task_path == rel or (task_id_hint and st.task_id == task_id_hint):
+            return st
+    return None
+
+
+def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> LoopRun:
+    task_path = ws0.resolve_task(task_arg)
+    task = tasks.load(task_path)
+    loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
+    ws, store, cfg = loc.ws, loc.store, loc.config
+    ws.ensure_folders()
+    warnings = _task_warnings(task, ws)
+    with _workspace_guard(store):
+        hint = task.frontmatter.get("kiro_task_id")
+        existing = find_loop_for_task(store, task_path, hint if isinstance(hint, str) else None)
+        if existing is not None:
+            if store.is_locked(existing.task_id):
+                raise LockHeld(existing.task_id, store.holder_pid(existing.task_id))
+            eff = effective_status(existing, alive=False)
+            raise UserError(
+                f"{ws.relative(task_path)} already has an unfinished loop {existing.task_id!r} ({eff}); continue it "
+                f"with `kiro loop resume --task-id {existing.task_id}`, or delete "
+                f"{ws.relative(store.path(existing.task_id))} to start afresh"
+            )
+        if task_id:
+            tid = check_task_id(task_id)
+            if store.exists(tid):
+                raise UserError(f"a loop with task id {tid!r} already exists; resume it with "
+                                f"`kiro loop resume --task-id {tid}` or choose another --task-id")
+        else:
+            tid = new_task_id(store)
+        executor_name = choose_executor(cfg, task)
+        executor = executors.create(executor_name, cfg, ws, tid)
+        lock = store.acquire(tid)
+        try:
+            state = LoopState(
+                task_id=tid, task_path=ws.relative(task_path), max_iterations=cfg.autonomous_loop.max_iterations,
+                failure_threshold=cfg.autonomous_loop.failure_threshold,
+                timeout_seconds=cfg.autonomous_loop.timeout_seconds, workspace=str(ws.root),
+                executor=executor_name, title=task.title, pid=os.getpid(),
+                steps_total=len(task.steps), steps_done=sum(1 for s in task.steps if s.done),
+            )
+            store.save(state)
+            tasks.set_frontmatter_key(task_path, "kiro_task_id", tid)
+        except BaseException:
+            store.release(tid, lock)
+            raise
+    return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
+                   release=lambda: store.release(tid, lock), executor=executor)
+
+
+def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = None,
+                   overrides: Mapping[str, Any] | None = None, max_iterations: int | None = None,
+                   failure_threshold: int | None = None, timeout: float | None = None,
+                   reset_failures: bool = False) -> LoopRun:
+    loc = settings_for(ws0, config_file=config_file, overrides=overrides)
+    store = loc.store
+    ws = loc.ws
+    loaded = store.load(check_task_id(task_id))
+    lock = store.acquire(task_id)
+    try:
+        loaded = store.load(task_id)  # re-read under the lock: the holder may just have finished
+        state = loaded.state
+        warnings = [loaded.warning] if loaded.warning else []
+        if state.status == "completed":
+            raise AlreadyFinished(f"loop {task_id!r} is already completed ({state.task_path}); nothing to resume")
+        recorded = ws.absolute(state.task_path)
+        where, path = conditions.locate_task(ws, recorded, task_id)
+        if path is None:
+            raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} is gone (not in Specs/, Done/ or "
+                               f"Needs_Action/); put it back and resume again")
+        if where == "Needs_Action" or ws.area_of(path) == "Needs_Action":
+            back = ws.counterpart(path, "Specs")
+            back.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, back)
+            warnings.append(f"moved the task back from {ws.relative(path)} to {ws.relative(back)}")
+            path = back
+        state.task_path = ws.relative(path)
+        task = tasks.load(path)
+        loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
+        cfg = loc.config
+        hook = ws.hook_file(task_id)
+        if hook.exists():
+            hook.unlink()
+            warnings.append(f"removed the stop hook {ws.relative(hook)}")
+        if ws.global_hook_file.exists():
+            warnings.append(f"the global stop hook {ws.relative(ws.global_hook_file)} is present: every loop "
+                            f"pauses until it is deleted")
+        if max_iterations is not None:
+            state.max_iterations = max_iterations
+        if failure_threshold is not None:
+            state.failure_threshold = failure_threshold
+        if timeout is not None:
+            state.timeout_seconds = timeout
+        if reset_failures:
+            state.consecutive_failures = 0
+            for rec in state.steps.values():
+                rec.attempts = 0
+                rec.next_retry_at = None
+        if state.iteration >= state.max_iterations:
+            warnings.append(f"iteration {state.iteration} has reached max_iterations {state.max_iterations}; "
+                            f"pass --max-iterations N to raise the cap")
+        if state.consecutive_failures >= state.failure_threshold:
+            warnings.append(f"{state.consecutive_failures} consecutive failures reach failure_threshold "
+                            f"{state.failure_threshold}; pass --reset-failures to try again")
+        executor_name = choose_executor(cfg, task, recorded=state.executor)
+        executor = executors.create(executor_name, cfg, ws, task_id)
+        state.pid = os.getpid()
+        store.save(state)
+        if loaded.archived:
+            store.unarchive(task_id)
+    except BaseException:
+        store.release(task_id, lock)
+        raise
+    return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
+                   release=lambda: store.release(task_id, lock), executor=executor)
+
+
+def _task_warnings(task: tasks.TaskFile, ws: Workspace) -> list[str]:
+    out = []
+    dups = task.duplicates()
+    if dups:
+        shown = ", ".join(dups[:5]) + (" ..." if len(dups) > 5 else "")
+        out.append(f"{ws.relative(task.path) if task.path else 'task'} has duplicate step ids ({shown}): each line "
+                   f"is a separate step")
+    return out
+
+
+async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None) -> list[Outcome]:
+    """Run prepared loops side by side in this process; SIGTERM/SIGINT stop them all."""
+    loops: list[Loop] = []
+    try:
+        for r in runs:
+            executor = r.executor or executors.create(r.executor_name, r.config, r.ws, r.state.task_id)
+            loops.append(Loop(r, executor, listeners))
+    except BaseException:
+        for lp in loops:
+            await lp.executor.aclose()
+        for r in runs:
+            if r.release:
+                r.release()
+        raise
+    remove = install_signal_handlers(loops)
+    try:
+        results = await asyncio.gather(*(lp.run() for lp in loops), return_exceptions=True)
+    finally:
+        remove()
+        for lp in loops:
+            with contextlib.suppress(Exception):
+                await lp.executor.aclose()
+        for r in runs:
+            if r.release:
+                r.release()
+    outcomes: list[Outcome] = []
+    for res in results:
+        if isinstance(res, BaseException):
+            raise res
+        outcomes.append(res)
+    return outcomes
+
+
+def combined_exit_code(outcomes: list[Outcome]) -> int:
+    """One loop: its code. Several: 0 when all completed, else the first loop's code that is not 0,
+    error (1) first."""
+    codes = [o.exit_code for o in outcomes]
+    if 1 in codes:
+        return 1
+    return next((c for c in codes if c != 0), 0)
