@@ -1,0 +1,93 @@
+"""The Typer app. Commands are thin: parse arguments, call one core function, render the result.
+
+Errors are converted once, here: a `KiroError` becomes one line on stderr and its exit code.
+Unexpected exceptions re-raise under `KIRO_DEBUG=1` (and in tests) so real bugs surface.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import typer
+
+from kiro import __version__
+
+app = typer.Typer(
+    name="kiro",
+    help="Run an AI agent through a Kiro-style tasks.md checklist, one verified step per iteration.\n\n"
+         "Start a loop with `kiro loop start --task Specs/<feature>/tasks.md`; watch it with `kiro loop status`; "
+         "stop it with `kiro loop stop` or by dropping a file in .hooks/; continue it with `kiro loop resume`.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def guarded(fn: F) -> F:
+    """Turn kiro's errors into one line on stderr and the error's exit code."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from kiro.errors import KiroError
+
+        try:
+            return fn(*args, **kwargs)
+        except KiroError as exc:
+            if os.environ.get("KIRO_DEBUG"):
+                raise
+            from kiro import console
+
+            if exc.exit_code == 0:
+                console.line(str(exc))
+            else:
+                console.error(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            if os.environ.get("KIRO_DEBUG") or "PYTEST_CURRENT_TEST" in os.environ:
+                raise
+            from kiro import console
+
+            console.error(f"internal error: {type(exc).__name__}: {exc} (run with KIRO_DEBUG=1 for the traceback, "
+                          f"and please report it)")
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"kiro {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """kiro: autonomous task loops."""
+
+
+def _register() -> None:
+    from kiro.cli import init, loop
+
+    app.add_typer(loop.app, name="loop")
+    app.command("init")(init.init)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        sys.exit(130)

@@ -1,0 +1,56 @@
+"""`kiro init [DIR]`: create a workspace."""
+
+from __future__ import annotations
+
+import shutil
+from importlib import resources
+from pathlib import Path
+
+import typer
+
+from kiro.cli import guarded
+
+
+@guarded
+def init(
+    directory: Path = typer.Argument(Path("."), help="Where to create the workspace (created if missing)."),
+    example: bool = typer.Option(False, "--example", help="Also add the bundled example task, "
+                                 "Specs/hello/tasks.md, which the shell executor can run."),
+) -> None:
+    """Create a workspace: Specs/, Done/, Needs_Action/, Logs/, .state/, .hooks/ and a commented
+    config/autonomous_loop.yaml showing every key and its default. Never overwrites an existing file."""
+    from kiro import console
+    from kiro.config import default_config_yaml
+    from kiro.workspace import Workspace
+
+    root = directory.expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    ws = Workspace(root.resolve())
+    created: list[str] = []
+    for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        p = ws.root / name
+        if not p.exists():
+            p.mkdir(parents=True)
+            created.append(name + "/")
+    if not ws.config_file.exists():
+        ws.config_file.write_text(default_config_yaml(), encoding="utf-8")
+        created.append(str(ws.config_file.relative_to(ws.root)))
+    if example:
+        source = resources.files("kiro").joinpath("examples", "hello")
+        with resources.as_file(source) as src:
+            for path in sorted(Path(src).rglob("*")):
+                if not path.is_file():
+                    continue
+                rel = path.relative_to(src)
+                target = ws.root / rel
+                if target.exists():
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+                created.append(rel.as_posix())
+    if created:
+        console.line(f"workspace {ws.root}: created {', '.join(created)}")
+    else:
+        console.line(f"workspace {ws.root} is already set up; nothing changed")
+    if example:
+        console.line(f"run the example: kiro loop start -w {ws.root} --task Specs/hello/tasks.md")

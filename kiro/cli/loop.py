@@ -1,0 +1,447 @@
+"""`kiro loop ...`: start, status, state, progress, logs, stop, resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kiro.cli import guarded
+
+app = typer.Typer(
+    help="Run, watch, stop and resume task loops.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+WorkspaceOpt = Annotated[
+    Path | None,
+    typer.Option("--workspace", "-w", help="The workspace folder (default: $KIRO_WORKSPACE, else the nearest folder "
+                                           "upwards with config/autonomous_loop.yaml or .state/, else the current one).",
+                 show_default=False),
+]
+TaskIdOpt = Annotated[str | None, typer.Option("--task-id", help="The loop's task id.", show_default=False)]
+TaskOpt = Annotated[str | None, typer.Option("--task", help="The loop's task file (instead of --task-id).",
+                                             show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Use this config file instead of "
+                                                                  "config/autonomous_loop.yaml.", show_default=False)]
+
+
+def _workspace(path: Path | None) -> Any:
+    from kiro.workspace import Workspace
+
+    return Workspace.find(path)
+
+
+def _store(ws: Any, *, lenient: bool = True) -> Any:
+    """The state store, honouring `state_directory` from the config. Read commands still work on a
+    broken config (with a warning), so a person can see what their loops are doing."""
+    from kiro import console
+    from kiro.errors import ConfigError
+    from kiro.runner import settings_for
+
+    try:
+        return settings_for(ws).store
+    except ConfigError as exc:
+        if not lenient:
+            raise
+        from kiro.state import StateStore
+
+        console.warning(f"{exc} (using defaults to read the state)")
+        return StateStore(ws)
+
+
+def _exit(code: int) -> None:
+    raise typer.Exit(code)
+
+
+def _overrides(max_iterations: int | None, failure_threshold: int | None, timeout: float | None,
+               executor: str | None, model: str | None) -> dict[str, Any]:
+    return {
+        "autonomous_loop.max_iterations": max_iterations,
+        "autonomous_loop.failure_threshold": failure_threshold,
+        "autonomous_loop.timeout_seconds": timeout,
+        "executor": executor,
+        "llm.model": model,
+    }
+
+
+def _run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
+    import asyncio
+
+    from kiro import console
+    from kiro.runner import combined_exit_code, run_loops
+
+    listeners = [] if quiet else [console.EventPrinter(with_task=len(runs) > 1, verbose=verbose)]
+    for r in runs:
+        for w in r.warnings:
+            console.warning(w)
+    outcomes = asyncio.run(run_loops(runs, listeners))
+    for o in outcomes:
+        msg = f"{o.task_id}: {o.status} ({o.reason}) - {o.message}"
+        if o.report:
+            msg += f"; see {o.report}"
+        if o.exit_code == 1:
+            console.error(msg)
+        else:
+            console.line(msg, style="bold")
+    return combined_exit_code(outcomes)
+
+
+def _detach(argv: list[str], ws: Any, task_id: str) -> None:
+    """Run this same command again in the background, in its own session, output to Logs/<id>.out;
+    wait until it has taken the loop's lock (or died) so that errors still reach the person."""
+    from kiro import console
+    from kiro.errors import RunError
+    from kiro.state import StateStore
+
+    out_path = ws.detached_output(task_id)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=os.getcwd())
+    store = StateStore(ws)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = out_path.read_text(errors="replace").strip().splitlines()[-1:] if out_path.exists() else []
+            raise RunError(f"the background loop exited at once (exit {proc.returncode}): "
+                           f"{tail[0] if tail else 'see ' + ws.relative(out_path)}")
+        if store.is_locked(task_id):
+            console.line(task_id)
+            return
+        time.sleep(0.05)
+    raise RunError(f"the background loop did not start within 30 s; see {ws.relative(out_path)}")
+
+
+@app.command()
+@guarded
+def start(
+    task: Annotated[list[str], typer.Option("--task", "-t", help="The task file (repeat to run several loops in "
+                                                                 "one process). `/Specs/x.md` is workspace-relative.")],
+    workspace: WorkspaceOpt = None,
+    config: ConfigOpt = None,
+    max_iterations: Annotated[int | None, typer.Option("--max-iterations", help="Stop after N iterations (exit 4).",
+                                                       show_default=False)] = None,
+    failure_threshold: Annotated[int | None, typer.Option("--failure-threshold", help="Consecutive failures that "
+                                                          "end the loop (exit 5).", show_default=False)] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Run-time limit in seconds (exit 4).",
+                                                  show_default=False)] = None,
+    executor: Annotated[str | None, typer.Option("--executor", help="shell | command | openai.",
+                                                 show_default=False)] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model name for the openai executor.",
+                                              show_default=False)] = None,
+    task_id: TaskIdOpt = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Run in the background; print the task id and exit 0.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
+) -> None:
+    """Start a loop on a task file, in the foreground. Exits with the loop's exit code:
+    0 completed, 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person,
+    1 kiro could not go on."""
+    from kiro.errors import UserError
+    from kiro.runner import new_task_id, prepare_start
+
+    if executor is not None and executor not in ("shell", "command", "openai"):
+        raise UserError(f"--executor {executor!r}: choose shell, command or openai")
+    ws = _workspace(workspace)
+    overrides = _overrides(max_iterations, failure_threshold, timeout, executor, model)
+    if len(task) > 1 and task_id:
+        raise UserError("--task-id names one loop; with several --task, each gets its own id")
+    if detach:
+        if len(task) > 1:
+            raise UserError("--detach starts one loop; run it once per task")
+        store = _store(ws, lenient=False)
+        tid = task_id or new_task_id(store)
+        argv = [a for a in sys.argv[1:] if a != "--detach"]
+        if not task_id:
+            argv += ["--task-id", tid]
+        _detach(argv, ws, tid)
+        return
+    runs = []
+    try:
+        for t in task:
+            runs.append(prepare_start(ws, t, task_id=task_id, config_file=config, overrides=overrides))
+    except BaseException:
+        for r in runs:
+            if r.release:
+                r.release()
+        raise
+    _exit(_run_foreground(runs, quiet, verbose))
+
+
+@app.command()
+@guarded
+def resume(
+    task_id: TaskIdOpt = None,
+    task: TaskOpt = None,
+    workspace: WorkspaceOpt = None,
+    config: ConfigOpt = None,
+    max_iterations: Annotated[int | None, typer.Option("--max-iterations", help="Raise (or set) the iteration cap.",
+                                                       show_default=False)] = None,
+    reset_failures: Annotated[bool, typer.Option("--reset-failures", help="Zero the failure counters and "
+                                                                          "per-step attempts.")] = False,
+    failure_threshold: Annotated[int | None, typer.Option("--failure-threshold", show_default=False,
+                                                          help="A new failure threshold.")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", help="A new run-time limit in seconds.",
+                                                  show_default=False)] = None,
+    executor: Annotated[str | None, typer.Option("--executor", help="shell | command | openai.",
+                                                 show_default=False)] = None,
+    model: Annotated[str | None, typer.Option("--model", show_default=False, help="Model for openai.")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Continue in the background; print the task id.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
+) -> None:
+    """Remove the stop hook and continue a loop from its saved state, whatever its status
+    (paused, stopped, interrupted by a crash, failed, out of iterations). Completed steps never run again."""
+    from kiro.runner import prepare_resume
+    from kiro.views import resolve_task_id
+
+    ws = _workspace(workspace)
+    store = _store(ws, lenient=False)
+    tid = resolve_task_id(ws, store, task_id, task)
+    assert tid is not None
+    if detach:
+        argv = [a for a in sys.argv[1:] if a != "--detach"]
+        if not task_id:
+            argv += ["--task-id", tid]
+        _detach(argv, store.ws, tid)
+        return
+    overrides = _overrides(None, None, None, executor, model)
+    run = prepare_resume(ws, tid, config_file=config, overrides=overrides, max_iterations=max_iterations,
+                         failure_threshold=failure_threshold, timeout=timeout, reset_failures=reset_failures)
+    _exit(_run_foreground([run], quiet, verbose))
+
+
+@app.command()
+@guarded
+def status(
+    task_id: TaskIdOpt = None,
+    task: TaskOpt = None,
+    workspace: WorkspaceOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """One loop in detail, or a table of every loop in the workspace: status, iteration/max, success
+    rate, current step, duration, ETA. A loop whose state says running but whose process is gone shows
+    as `interrupted`."""
+    from kiro import console, views
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    tid = views.resolve_task_id(ws, store, task_id, task, required=False)
+    if tid is not None:
+        loaded = store.load(tid)
+        if loaded.warning:
+            console.warning(loaded.warning)
+        row = views.loop_row(store, loaded.state)
+        if json_out:
+            console.print_json(row)
+        else:
+            console.detail_view(row)
+        return
+    rows = views.all_rows(store)
+    if json_out:
+        console.print_json(rows)
+    elif not rows:
+        console.line(f"no loops in {ws.root}; start one with `kiro loop start --task Specs/<name>/tasks.md`")
+    else:
+        console.print_table(console.status_table(rows))
+
+
+@app.command("state")
+@guarded
+def state_cmd(
+    task_id: TaskIdOpt = None,
+    task: TaskOpt = None,
+    workspace: WorkspaceOpt = None,
+    json_out: JsonOpt = True,
+) -> None:
+    """Print the loop's state file as JSON (falling back to the newest good backup if it is corrupt)."""
+    from kiro import console, views
+    from kiro.state import to_jsonable
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    tid = views.resolve_task_id(ws, store, task_id, task)
+    assert tid is not None
+    loaded = store.load(tid)
+    if loaded.warning:
+        console.warning(loaded.warning)
+    console.print_json(to_jsonable(loaded.state))
+
+
+@app.command()
+@guarded
+def progress(
+    task_id: TaskIdOpt = None,
+    task: TaskOpt = None,
+    workspace: WorkspaceOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Every step with its status, attempts and duration, and a progress bar."""
+    from kiro import console, views
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    tid = views.resolve_task_id(ws, store, task_id, task)
+    assert tid is not None
+    loaded = store.load(tid)
+    data = views.progress(store.ws, loaded.state)
+    if json_out:
+        console.print_json(data)
+        return
+    if data["error"]:
+        console.warning(data["error"])
+    console.progress_view(f"{data['title']} ({data['task_path']})", data["steps"], data["steps_done"],
+                          data["steps_total"])
+
+
+@app.command()
+@guarded
+def logs(
+    task_id: TaskIdOpt = None,
+    task: TaskOpt = None,
+    workspace: WorkspaceOpt = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until the loop ends.")] = False,
+    tail: Annotated[int | None, typer.Option("--tail", "-n", help="Only the last N events.", show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The loop's event log (Logs/<task_id>.jsonl), human-readable or as JSON lines."""
+    import json
+
+    from kiro import console, views
+    from kiro.events import read_events, read_new
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    tid = views.resolve_task_id(ws, store, task_id, task)
+    assert tid is not None
+    path = store.ws.event_log(tid)
+    if not path.exists() and not store.exists(tid):
+        from kiro.errors import TaskNotFound
+
+        raise TaskNotFound(f"no loop with task id {tid!r} (no {store.ws.relative(path)})")
+
+    def show(e: dict[str, Any]) -> None:
+        if json_out:
+            sys.stdout.write(json.dumps(e, ensure_ascii=False) + "\n")
+        else:
+            text = console.format_event(e)
+            if text is not None:
+                console.out.print(text)
+
+    events = list(read_events(path))
+    if tail is not None:
+        events = events[-tail:] if tail > 0 else []
+    for e in events:
+        show(e)
+    if not follow:
+        return
+    sys.stdout.flush()
+    offset = path.stat().st_size if path.exists() else 0
+    finished = any(e.get("event") == "loop_finished" for e in events[-1:])
+    while not finished:
+        new, offset = read_new(path, offset)
+        for e in new:
+            show(e)
+            if e.get("event") == "loop_finished":
+                finished = True
+        sys.stdout.flush()
+        if finished:
+            break
+        if not new and not store.is_locked(tid):
+            new, offset = read_new(path, offset)  # the last lines written before the process went away
+            for e in new:
+                show(e)
+            break
+        time.sleep(0.2)
+
+
+@app.command()
+@guarded
+def stop(
+    task_id: TaskIdOpt = None,
+    task: TaskOpt = None,
+    workspace: WorkspaceOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Stop the process now (SIGTERM; state saved; SIGKILL after "
+                                                        "10 s if it will not).")] = False,
+    save_state: Annotated[bool, typer.Option("--save-state", help="Accepted for compatibility: the state is always "
+                                                                  "saved.")] = False,
+    reason: Annotated[str, typer.Option("--reason", help="Why; written into the hook file.")] = "manual",
+    all_loops: Annotated[bool, typer.Option("--all", help="Every loop: writes the global hook "
+                                                          ".hooks/stop_autonomous_loop.md.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the loop has stopped.")] = False,
+) -> None:
+    """Create the stop hook: the loop stops at its next safe point (paused, exit 3) and stays paused
+    until the hook is deleted or `kiro loop resume` runs."""
+    from kiro import console, reports, views
+    from kiro.state import atomic_write
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    if all_loops:
+        atomic_write(ws.global_hook_file, reports.stop_hook(None, task_id="*", reason=reason), fsync=False)
+        console.line(f"wrote {ws.relative(ws.global_hook_file)}: every loop pauses at its next safe point")
+        targets = [st.task_id for _p, st in store.all_states(include_archive=False)
+                   if st is not None and store.is_locked(st.task_id)]
+    else:
+        tid = views.resolve_task_id(ws, store, task_id, task)
+        assert tid is not None
+        loaded = store.load(tid)
+        hook = ws.hook_file(tid)
+        atomic_write(hook, reports.stop_hook(loaded.state, task_id=tid, reason=reason), fsync=False)
+        alive = store.is_locked(tid)
+        if alive:
+            console.line(f"wrote {ws.relative(hook)}: loop {tid} pauses at its next safe point")
+        else:
+            console.line(f"wrote {ws.relative(hook)}; loop {tid} is not running (status "
+                         f"{views.loop_row(store, loaded.state, alive=False)['status']}); the hook keeps it paused "
+                         f"until it is deleted or the loop is resumed")
+        targets = [tid] if alive else []
+    if force:
+        for tid in targets:
+            _force_stop(store, tid)
+    elif wait:
+        for tid in targets:
+            _wait_unlocked(store, tid, 3600)
+
+
+def _wait_unlocked(store: Any, tid: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not store.is_locked(tid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _force_stop(store: Any, tid: str) -> None:
+    from kiro import console
+    from kiro.errors import RunError
+
+    pid = store.holder_pid(tid)
+    if pid is None:
+        console.warning(f"loop {tid}: no process id recorded; cannot signal it")
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    if _wait_unlocked(store, tid, 10):
+        console.line(f"loop {tid} (process {pid}) stopped; state saved")
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    if not _wait_unlocked(store, tid, 5):
+        raise RunError(f"loop {tid}: process {pid} did not stop after SIGKILL")
+    console.warning(f"loop {tid} (process {pid}) did not stop within 10 s and was killed; resume picks up from "
+                    f"the last saved state")

@@ -1,0 +1,193 @@
+"""The one module that imports rich: renderers for events, tables, progress and errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+_STATUS_STYLE = {
+    "running": "green",
+    "sleeping": "cyan",
+    "paused": "yellow",
+    "stopped": "white",
+    "interrupted": "dark_orange",
+    "completed": "bold green",
+    "failed": "bold red",
+    "max_iterations": "red",
+    "timed_out": "red",
+    "pending": "white",
+}
+
+
+def error(message: str) -> None:
+    """One line on stderr: `kiro: <message>`. No markup interpretation (paths may hold brackets)."""
+    err.print(Text(f"kiro: {message}", style="red"))
+
+
+def warning(message: str) -> None:
+    err.print(Text(f"kiro: warning: {message}", style="yellow"))
+
+
+def line(text: str, style: str | None = None) -> None:
+    out.print(Text(text, style=style or ""))
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def status_text(status: str) -> Text:
+    return Text(status, style=_STATUS_STYLE.get(status, ""))
+
+
+def _short(text: Any, limit: int = 160) -> str:
+    s = str(text or "").strip().replace("\n", " ⏎ ")
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
+    """A human line for one event, or None for events not worth a line."""
+    kind = e.get("event")
+    ts = str(e.get("ts", ""))[11:19]
+    prefix = f"{ts} "
+    if with_task:
+        prefix += f"[{e.get('task_id')}] "
+    it = e.get("iteration")
+    sid = e.get("step_id")
+    t = Text(prefix, style="dim")
+    if kind in ("loop_started", "loop_resumed"):
+        verb = "started" if kind == "loop_started" else "resumed"
+        t.append(f"loop {e.get('task_id')} {verb}: {e.get('task_path')} (executor {e.get('executor')}, "
+                 f"max {e.get('max_iterations')} iterations, pid {e.get('pid')})", style="bold")
+    elif kind == "step_started":
+        t.append(f"[{it}] ▶ {sid} {_short(e.get('description'), 100)}")
+        if (e.get("attempt") or 1) > 1:
+            t.append(f" (attempt {e.get('attempt')})", style="yellow")
+    elif kind == "step_completed":
+        t.append(f"[{it}] ✓ {sid} done in {e.get('duration_seconds')}s", style="green")
+    elif kind == "step_failed":
+        t.append(f"[{it}] ✗ {sid} failed (attempt {e.get('attempt')}): {_short(e.get('error'))}", style="red")
+    elif kind == "verify_failed":
+        t.append(f"[{it}] verify `{e.get('command')}` failed", style="red")
+    elif kind == "backoff":
+        t.append(f"waiting {e.get('seconds')}s before retrying {sid}", style="cyan")
+    elif kind == "reinjected":
+        t.append(f"[{it}] context reinjected ({e.get('reason')})", style="dim")
+    elif kind == "tool_called":
+        t.append(f"[{it}]   {e.get('tool')} {_short(e.get('arguments'), 100)}", style="dim")
+    elif kind == "task_moved":
+        t.append(f"task moved: {e.get('from')} → {e.get('to')}", style="cyan")
+    elif kind == "step_recovered":
+        t.append(f"step {sid} was finished before a restart; recorded as completed", style="cyan")
+    elif kind == "guardrail_triggered":
+        t.append(f"guardrail {e.get('limit')}={e.get('value')} hit ({e.get('figure')})", style="yellow")
+    elif kind == "human_requested":
+        t.append(f"the agent asks a person: {_short(e.get('question'))} → {e.get('path')}", style="yellow")
+    elif kind == "warning":
+        t.append(f"warning: {_short(e.get('message'), 300)}", style="yellow")
+    elif kind == "report_written":
+        t.append(f"wrote {e.get('path')}", style="dim")
+    elif kind == "stop_condition":
+        t.append(f"stop: {e.get('message')}", style="bold")
+    elif kind == "loop_finished":
+        status = str(e.get("status"))
+        t.append(f"loop {e.get('task_id')} {status} after {e.get('iterations')} iterations (exit {e.get('exit_code')})",
+                 style=_STATUS_STYLE.get(status, "bold"))
+    elif kind == "state_changed":
+        return None
+    else:
+        rest = {k: v for k, v in e.items() if k not in ("ts", "task_id", "iteration", "event")}
+        t.append(f"{kind} {_short(json.dumps(rest, default=str), 200)}", style="dim")
+    return t
+
+
+class EventPrinter:
+    """Listener that prints events as the loop runs."""
+
+    def __init__(self, *, with_task: bool = False, verbose: bool = False) -> None:
+        self.with_task = with_task
+        self.verbose = verbose
+
+    def __call__(self, e: dict[str, Any]) -> None:
+        if not self.verbose and e.get("event") in ("tool_called", "model_called", "iteration_started",
+                                                    "reinjected", "report_written"):
+            return
+        text = format_event(e, with_task=self.with_task)
+        if text is not None:
+            out.print(text)
+
+
+def status_table(rows: Sequence[dict[str, Any]]) -> Table:
+    table = Table(title=None, show_lines=False, header_style="bold")
+    for col in ("task id", "status", "iteration", "success", "current step", "duration", "ETA", "task"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r["task_id"], status_text(r["status"]), f"{r['iteration']}/{r['max_iterations']}",
+            f"{r['success_rate']:.0%}", _short(r.get("current_step") or "-", 50), r["duration"], r.get("eta") or "-",
+            r["task_path"],
+        )
+    return table
+
+
+def print_table(table: Table) -> None:
+    out.print(table)
+
+
+def detail_view(r: dict[str, Any]) -> None:
+    rows = [
+        ("Task id", r["task_id"]),
+        ("Task", f"{r.get('title') or ''} ({r['task_path']})"),
+        ("Status", r["status"] + (f" ({r['stop_reason']})" if r.get("stop_reason") else "")),
+        ("Iteration", f"{r['iteration']}/{r['max_iterations']}"),
+        ("Steps", f"{r.get('steps_done', '-')}/{r.get('steps_total', '-')}"),
+        ("Success rate", f"{r['success_rate']:.0%}"),
+        ("Current step", r.get("current_step") or "-"),
+        ("Failures", f"{r['consecutive_failures']} consecutive / {r['failure_threshold']} threshold, "
+                     f"{r['total_failures']} total"),
+        ("Duration", r["duration"]),
+        ("ETA", r.get("eta") or "-"),
+        ("Executor", r.get("executor") or "-"),
+        ("Process", str(r.get("pid") or "-")),
+    ]
+    if r.get("usage", {}).get("api_calls"):
+        u = r["usage"]
+        rows.append(("Usage", f"{u['api_calls']} calls, {u['total_tokens']} tokens, ${u['cost_usd']:.4f}"))
+    if r.get("report_path"):
+        rows.append(("Report", r["report_path"]))
+    if r.get("hint"):
+        rows.append(("Next", r["hint"]))
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for k, v in rows:
+        table.add_row(k, status_text(v) if k == "Status" else Text(str(v)))
+    out.print(table)
+
+
+def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total: int) -> None:
+    from rich.progress_bar import ProgressBar
+
+    out.print(Text(title, style="bold"))
+    bar = ProgressBar(total=max(total, 1), completed=done, width=40)
+    t = Table.grid(padding=(0, 1))
+    t.add_row(bar, Text(f"{done}/{total} steps ({(done / total if total else 0):.0%})"))
+    out.print(t)
+    table = Table(header_style="bold")
+    for col in ("step", "status", "attempts", "duration", "description"):
+        table.add_column(col, overflow="fold")
+    for s in steps:
+        style = {"done": "green", "in_progress": "yellow", "failed": "red", "optional": "dim"}.get(s["status"], "")
+        table.add_row(("  " * s.get("depth", 0)) + s["step_id"], Text(s["status"], style=style),
+                      str(s.get("attempts") or "-"), s.get("duration") or "-", _short(s["description"], 70))
+    out.print(table)

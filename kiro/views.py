@@ -1,0 +1,146 @@
+"""What the read commands show, as plain data (the CLI renders it, `--json` prints it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiro import conditions, tasks, timeutil
+from kiro.errors import KiroError, TaskNotFound, UserError
+from kiro.state import LoopState, StateStore, effective_status
+from kiro.workspace import Workspace
+
+
+def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task: str | None, *,
+                    required: bool = True) -> str | None:
+    """`--task-id` and `--task` name a loop interchangeably. With neither, the only loop in the
+    workspace, if there is exactly one."""
+    if task_id:
+        return task_id
+    if task:
+        path = ws.resolve_task(task)
+        rel = ws.relative(path)
+        found = [st for _p, st in store.all_states() if st is not None and st.task_path == rel]
+        if not found:
+            hint = conditions._frontmatter_task_id(path)
+            if hint and store.exists(hint):
+                return hint
+            raise TaskNotFound(f"no loop has worked on {rel} yet; start one with `kiro loop start --task {rel}`")
+        return found[0].task_id  # newest first
+    if not required:
+        return None
+    states = [st for _p, st in store.all_states() if st is not None]
+    if len(states) == 1:
+        return states[0].task_id
+    if not states:
+        raise TaskNotFound(f"no loops in {ws.root}; start one with `kiro loop start --task PATH`")
+    raise UserError(f"{len(states)} loops in this workspace: name one with --task-id "
+                    f"(`kiro loop status` lists them)")
+
+
+def _eta(state: LoopState) -> str | None:
+    if state.steps_total is None or state.steps_done is None or not state.metrics.average_step_duration:
+        return None
+    left = state.steps_total - state.steps_done
+    if left <= 0:
+        return None
+    return timeutil.human_duration(left * state.metrics.average_step_duration)
+
+
+def _hint(state: LoopState, status: str) -> str | None:
+    tid = state.task_id
+    if status in ("paused", "stopped", "interrupted", "pending"):
+        return f"kiro loop resume --task-id {tid}"
+    if status == "max_iterations":
+        return f"kiro loop resume --task-id {tid} --max-iterations {state.max_iterations * 2}"
+    if status == "failed":
+        return f"kiro loop resume --task-id {tid} --reset-failures"
+    if status == "timed_out":
+        return f"kiro loop resume --task-id {tid} --timeout SECONDS"
+    return None
+
+
+def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) -> dict[str, Any]:
+    if alive is None:
+        alive = store.is_locked(state.task_id) if state.status in ("running", "sleeping", "pending") else False
+    status = effective_status(state, alive)
+    duration = state.metrics.total_duration_seconds
+    if alive and status in ("running", "sleeping"):
+        duration += max(0.0, (timeutil.now() - timeutil.parse(state.updated_at)).total_seconds())
+    cur = state.current_step
+    return {
+        "task_id": state.task_id,
+        "task_path": state.task_path,
+        "title": state.title,
+        "status": status,
+        "recorded_status": state.status,
+        "stop_reason": state.stop_reason,
+        "iteration": state.iteration,
+        "max_iterations": state.max_iterations,
+        "success_rate": state.metrics.success_rate,
+        "current_step": f"{cur.step_id} {cur.description}" if cur else None,
+        "current_step_id": cur.step_id if cur else None,
+        "steps_done": state.steps_done,
+        "steps_total": state.steps_total,
+        "consecutive_failures": state.consecutive_failures,
+        "failure_threshold": state.failure_threshold,
+        "total_failures": state.total_failures,
+        "duration_seconds": round(duration, 3),
+        "duration": timeutil.human_duration(duration),
+        "eta": _eta(state) if status in ("running", "sleeping", "paused", "interrupted") else None,
+        "executor": state.executor,
+        "pid": state.pid if alive else None,
+        "alive": alive,
+        "updated_at": state.updated_at,
+        "usage": state.usage.model_dump(),
+        "report_path": state.report_path,
+        "hint": _hint(state, status),
+    }
+
+
+def all_rows(store: StateStore) -> list[dict[str, Any]]:
+    return [loop_row(store, st) for _p, st in store.all_states() if st is not None]
+
+
+def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
+    """Every step of the task file with its status, attempts and duration."""
+    path = ws.absolute(state.task_path)
+    where, found = conditions.locate_task(ws, path, state.task_id)
+    task: tasks.TaskFile | None = None
+    error = None
+    if found is not None:
+        try:
+            task = tasks.load(found)
+        except KiroError as exc:
+            error = str(exc)
+    else:
+        error = f"task file {state.task_path} not found"
+    durations: dict[str, float] = {}
+    for c in state.completed_steps:
+        durations[c.step_id] = c.duration_seconds
+    rows: list[dict[str, Any]] = []
+    cur = state.current_step
+    if task is not None:
+        depth: dict[int, int] = {}
+        for st in task.steps:
+            d = 0 if st.parent is None else depth.get(st.parent, 0) + 1
+            depth[st.index] = d
+            rec = state.steps.get(st.id)
+            if st.done:
+                status = "done"
+            elif cur is not None and cur.step_id == st.id and cur.status in ("in_progress", "waiting_retry", "failed"):
+                status = "in_progress" if cur.status == "in_progress" else "failed"
+            elif st.optional:
+                status = "optional"
+            else:
+                status = "todo"
+            rows.append({
+                "step_id": st.id, "description": st.title or st.text, "status": status, "optional": st.optional,
+                "depth": d, "leaf": st.is_leaf, "attempts": rec.attempts if rec else 0,
+                "last_error": rec.last_error if rec else None,
+                "duration_seconds": durations.get(st.id),
+                "duration": timeutil.human_duration(durations[st.id]) if st.id in durations else None,
+            })
+    done = sum(1 for r in rows if r["status"] == "done")
+    return {"task_id": state.task_id, "task_path": state.task_path, "title": state.title or state.task_path,
+            "steps_done": done, "steps_total": len(rows), "steps": rows, "error": error}
+

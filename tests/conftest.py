@@ -1,0 +1,113 @@
+"""Shared fixtures: real workspaces in tmp_path, and `kiro` run as a subprocess the way a person
+or a script runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FAST_CONFIG = """\
+autonomous_loop:
+  backoff_base_seconds: 0.01
+  backoff_max_seconds: 0.05
+"""
+
+
+@dataclass
+class Workspace:
+    root: Path
+
+    def write(self, rel: str, text: str) -> Path:
+        p = self.root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text), encoding="utf-8")
+        return p
+
+    def task(self, text: str, rel: str = "Specs/feature/tasks.md") -> Path:
+        return self.write(rel, text)
+
+    def state(self, task_id: str) -> dict[str, Any]:
+        for p in (self.root / ".state" / f"autonomous_loop_{task_id}.json",
+                  self.root / ".state" / "archive" / f"autonomous_loop_{task_id}.json"):
+            if p.exists():
+                return json.loads(p.read_text())  # type: ignore[no-any-return]
+        raise AssertionError(f"no state file for {task_id}")
+
+    def events(self, task_id: str) -> list[dict[str, Any]]:
+        p = self.root / "Logs" / f"{task_id}.jsonl"
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_"))}
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("PYTEST_CURRENT_TEST", None)
+        env.update(extra)
+        return env
+
+    def kiro(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
+             input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kiro", *args], cwd=self.root, env=env or self.env(),
+                              capture_output=True, text=True, timeout=timeout, input=input)
+
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start kiro in the background; its output goes to a file beside the workspace (`output()`)."""
+        self._spawned = getattr(self, "_spawned", 0) + 1
+        out = self.root.parent / f"kiro_{self._spawned}.out"
+        with open(out, "w") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=self.root, env=env or self.env(),
+                                    stdout=fh, stderr=subprocess.STDOUT, text=True)
+        proc.output_path = out  # type: ignore[attr-defined]
+        return proc
+
+    @staticmethod
+    def output(proc: subprocess.Popen[str]) -> str:
+        return proc.output_path.read_text()  # type: ignore[attr-defined,no-any-return]
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                value = predicate()
+            except (FileNotFoundError, json.JSONDecodeError, KeyError, AssertionError):
+                value = None
+            if value:
+                return value
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def only_task_id(self) -> str:
+        ids = [p.name[len("autonomous_loop_"):-5] for p in (self.root / ".state").rglob("autonomous_loop_*.json")
+               if "backups" not in p.parts]
+        assert len(set(ids)) == 1, ids
+        return ids[0]
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Workspace]:
+    root = tmp_path / "vault"
+    for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        (root / name).mkdir(parents=True)
+    (root / "config" / "autonomous_loop.yaml").write_text(FAST_CONFIG)
+    yield Workspace(root)
+
+
+def shell_task(n: int, *, cmd: str = 'echo "$KIRO_STEP_ID" >> side_effects.log', title: str = "Test task",
+               extra_frontmatter: str = "") -> str:
+    """A task file of n steps, each with a ```sh block."""
+    lines = ["---", f"title: {title}", "executor: shell"]
+    if extra_frontmatter:
+        lines.append(extra_frontmatter.rstrip("\n"))
+    lines += ["---", "# Plan", ""]
+    for i in range(1, n + 1):
+        lines += [f"- [ ] {i}. Step number {i}", "  ```sh", f"  {cmd}", "  ```"]
+    return "\n".join(lines) + "\n"
