@@ -32,6 +32,8 @@ from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound
 from kiro.events import EventLog, Listener, make_event
 from kiro.executors.base import Executor, Guard, StepContext, StepResult, StepUsage
 from kiro.executors.process import run_process, tail
+from kiro.guardrails import LoopGuardrails, SharedLimits, Trigger
+from kiro.notify import NOTIFIER_TIMEOUT, STATUS_KIND, run_notifier
 from kiro.state import (
     CompletedStep,
     CurrentStep,
@@ -42,9 +44,9 @@ from kiro.state import (
     atomic_write,
     clip,
 )
+from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
 
-WAIT_POLL_SECONDS = 0.05
 DASHBOARD_MIN_INTERVAL = 1.0
 
 
@@ -89,17 +91,43 @@ class _LoopGuard(Guard):
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
 
+    async def _gate(self, check: Callable[[], Trigger | None]) -> str | None:
+        """Stop conditions first, then guardrails: sleep through waits (a hook still ends them at
+        once), turn hard limits into the loop's stop."""
+        loop = self.loop
+        while True:
+            stop = loop.interrupt_check()
+            if stop is not None:
+                loop._pending_stop = stop
+                return stop.reason
+            trigger = check()
+            if trigger is None:
+                return None
+            if trigger.action == "wait":
+                stop = await loop.guardrail_wait(trigger)
+                if stop is not None:
+                    loop._pending_stop = stop
+                    return stop.reason
+                continue
+            loop._pending_stop = loop.guardrail_stop(trigger)
+            return trigger.limit
+
     async def before_model_call(self) -> str | None:
-        stop = self.loop.interrupt_check()
-        return stop.reason if stop else None
+        return await self._gate(self.loop.guardrails.before_model_call)
 
     async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
-        stop = self.loop.interrupt_check()
-        return stop.reason if stop else None
+        return await self._gate(lambda: self.loop.guardrails.before_tool_call(name, arguments))
+
+    def after_model_call(self, usage: StepUsage) -> None:
+        self.loop.guardrails.record_model_call(usage)
+
+    def after_tool_call(self, name: str, arguments: Mapping[str, Any], error: str | None) -> None:
+        self.loop.guardrails.record_tool_call(name, arguments)
 
 
 class Loop:
-    def __init__(self, run: LoopRun, executor: Executor, listeners: list[Listener] | None = None) -> None:
+    def __init__(self, run: LoopRun, executor: Executor, listeners: list[Listener] | None = None,
+                 shared: SharedLimits | None = None) -> None:
         self.run_spec = run
         self.ws = run.ws
         self.store = run.store
@@ -111,6 +139,8 @@ class Loop:
         self.log = EventLog(self.ws.event_log(self.state.task_id))
         self.listeners: list[Listener] = [self.log, *(listeners or [])]
         self.cancel = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._hub: ChangeHub | None = None
         self._signal_stop: Stop | None = None
         self._pending_stop: Stop | None = None
         self._rng = random.Random()
@@ -120,6 +150,8 @@ class Loop:
         self._first_iteration_of_run = True
         self._stale_since = self.state.updated_at
         self.project_dir = (self.ws.root / self.cfg.project_dir).resolve()
+        self.guardrails = LoopGuardrails(self.cfg, self.state, shared or SharedLimits(self.cfg))
+        self._notifiers: set[asyncio.Task[None]] = set()
 
     # -- events ----------------------------------------------------------------------------
 
@@ -149,6 +181,7 @@ class Loop:
         """SIGTERM/SIGINT or `stop --force`: end the current step now, save, exit 3."""
         self._signal_stop = conditions.stopped(reason, message)
         self.cancel.set()
+        self._wake.set()
 
     # -- stop conditions -------------------------------------------------------------------
 
@@ -202,17 +235,50 @@ class Loop:
 
     async def wait(self, seconds: float) -> Stop | None:
         """Wait, but come back as soon as a stop condition holds (a hook dropped, the task moved,
-        a signal). Returns that condition, or None when the time is up."""
-        deadline = time.monotonic() + seconds
-        while True:
-            stop = self.interrupt_check()
-            if stop is not None:
-                return stop
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.cancel.wait(), min(remaining, WAIT_POLL_SECONDS))
+        a signal): the change hub wakes us on every file change in the folders that steer loops.
+        Returns that condition, or None when the time is up."""
+        limit = self.state.timeout_seconds or self.settings.timeout_seconds
+        seconds = min(seconds, max(limit - self.elapsed(), 0.0) + 0.001)
+        poll = self._hub.poll_interval if self._hub is not None else 0.25
+        found = await wait_until(self.interrupt_check, self._wake, seconds, poll)
+        return found if isinstance(found, Stop) else None
+
+    async def guardrail_wait(self, trigger: Trigger) -> Stop | None:
+        """Sleep because a guardrail asks for it (status `sleeping`); a stop condition ends it."""
+        self.emit("guardrail_triggered", **trigger.fields())
+        self._notify("limit", trigger.limit, trigger.message)
+        previous = self.state.status
+        self.transition("sleeping", trigger.limit)
+        self.save()
+        stop = await self.wait(trigger.seconds)
+        if stop is None:
+            self.transition("running" if previous == "sleeping" else previous, f"{trigger.limit}_over")
+        return stop
+
+    def guardrail_stop(self, trigger: Trigger) -> Stop:
+        self.emit("guardrail_triggered", **trigger.fields())
+        self._notify("limit", trigger.limit, trigger.message)
+        if trigger.action == "escalate":
+            return Stop("failed", trigger.limit, trigger.message, 5, trigger.limit, trigger.value, trigger.figure)
+        return conditions.guardrail(trigger.limit, trigger.value, trigger.figure, trigger.message)
+
+    def _notify(self, kind: str, reason: str, message: str, report: str | None = None) -> None:
+        """Start the `on_event` command for `kind`, if configured; it runs beside the loop."""
+        command = self.cfg.on_event.get(kind)
+        if not command:
+            return
+        facts = {"event": kind, "task_id": self.state.task_id, "status": self.state.status, "reason": reason,
+                 "message": message, "task_path": self.state.task_path, "workspace": str(self.ws.root),
+                 "report": str(self.ws.absolute(report)) if report else ""}
+
+        async def go() -> None:
+            problem = await run_notifier(command, facts, self.ws.root)
+            if problem is not None:
+                self.emit("notifier_failed", kind=kind, command=command, error=problem)
+
+        task = asyncio.get_running_loop().create_task(go())
+        self._notifiers.add(task)
+        task.add_done_callback(self._notifiers.discard)
 
     async def _sleep_for_executor(self, seconds: float) -> str | None:
         stop = await self.wait(seconds)
@@ -242,6 +308,11 @@ class Loop:
         self.write_dashboard(force=True)
         stop: Stop | None = None
         try:
+            self._hub = await acquire_hub(self.ws.root)
+            self._hub.subscribe_event(self._wake)
+            if self._hub.failed:
+                self.emit("warning", message=f"file watcher unavailable ({self._hub.failed}); checking every "
+                                             f"{self._hub.poll_interval}s instead")
             stop = await self._loop()
         except ExecutorError as exc:
             stop = Stop("stopped", "executor_error", str(exc), 1)
@@ -251,7 +322,16 @@ class Loop:
             stop = Stop("stopped", "crash", f"kiro crashed: {type(exc).__name__}: {exc}", 1)
             self._finish(stop)
             raise
-        return self._finish(stop)
+        finally:
+            if self._hub is not None:
+                self._hub.unsubscribe(self._wake)
+                await release_hub(self._hub)
+                self._hub = None
+        outcome = self._finish(stop)
+        if self._notifiers:  # let notifiers finish (they are bounded by their own timeout)
+            await asyncio.wait(set(self._notifiers), timeout=NOTIFIER_TIMEOUT + 5)
+        self.log.close()
+        return outcome
 
     async def _loop(self) -> Stop:
         task = self._read_task()
@@ -271,6 +351,14 @@ class Loop:
             stop = self.limit_check()
             if stop is not None:
                 return stop
+            trigger = self.guardrails.hard_stop() or self.guardrails.wait_needed()
+            if trigger is not None:
+                if trigger.action != "wait":
+                    return self.guardrail_stop(trigger)
+                stop = await self.guardrail_wait(trigger)
+                if stop is not None:
+                    return stop
+                continue
             record = self.state.steps.get(step.id)
             if record is not None and record.next_retry_at:
                 delay = (timeutil.parse(record.next_retry_at) - timeutil.now()).total_seconds()
@@ -371,7 +459,8 @@ class Loop:
             task_id=s.task_id, workspace=self.ws, project_dir=self.project_dir, task_path=self.task_path,
             task=task, step=step, iteration=s.iteration, attempt=attempt, prompt=prompt, system_prompt=system,
             reinjected=reason is not None, continuation=continuation, previous_error=record.last_error,
-            verify_output=record.last_verify_output, timeout_seconds=max(0.1, min(self.cfg.step_timeout_seconds, remaining)),
+            verify_output=record.last_verify_output,
+            timeout_seconds=max(0.1, min(self.cfg.step_timeout_seconds, remaining)),
             config=self.cfg, state=s, cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor,
             guard=_LoopGuard(self),
         )
@@ -385,6 +474,7 @@ class Loop:
                 raise
             result = StepResult("failed", error=f"executor error: {type(exc).__name__}: {exc}")
         self._add_usage(result.usage)
+        self.guardrails.attempt_done()
         s.context.last_response = clip(result.summary or result.error or "")
 
         if result.outcome == "interrupted":
@@ -421,7 +511,8 @@ class Loop:
 
         if result.ok:
             try:
-                done_task, checked = tasks.mark_done(self.task_path, step.key, include_optional=self.cfg.include_optional)
+                done_task, checked = tasks.mark_done(self.task_path, step.key,
+                                                     include_optional=self.cfg.include_optional)
             except (TaskFileError, TaskNotFound) as exc:
                 if result.checked_by_executor:
                     checked = [step.id]
@@ -432,6 +523,8 @@ class Loop:
                 s.steps_total = len(done_task.steps)
                 s.steps_done = sum(1 for st in done_task.steps if st.done)
             if result.ok:
+                self.guardrails.activity()
+                self.guardrails.after_attempt(step.id, None)
                 self._record_success(step, started, summary=result.summary, attempts=attempt)
                 self.emit("step_completed", step_id=step.id, description=step.title or step.text,
                           duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
@@ -444,7 +537,10 @@ class Loop:
                   consecutive_failures=s.consecutive_failures)
         stop = None
         allowed = 1 + (self.settings.max_step_retries if self.settings.retry_failed_steps else 0)
-        if attempt >= allowed and s.consecutive_failures < s.failure_threshold:
+        repeated = self.guardrails.after_attempt(step.id, result.error or "failed")
+        if repeated is not None and s.consecutive_failures < s.failure_threshold:
+            stop = self.guardrail_stop(repeated)
+        elif attempt >= allowed and s.consecutive_failures < s.failure_threshold:
             stop = conditions.step_retries(step.id, attempt, self.settings.max_step_retries)
         self._after_iteration()
         return stop
@@ -508,7 +604,8 @@ class Loop:
         n = self.settings.backup_state_every_n_iterations
         if n and s.iteration % n == 0:
             self.store.backup(s)
-        if self.settings.create_progress_reports and s.iteration % self.settings.progress_report_every_n_iterations == 0:
+        every = self.settings.progress_report_every_n_iterations
+        if self.settings.create_progress_reports and s.iteration % every == 0:
             self._write_progress_report()
         self.write_dashboard()
 
@@ -608,7 +705,11 @@ class Loop:
         self.write_dashboard(force=True)
         self.emit("loop_finished", status=stop.status, reason=stop.reason, exit_code=stop.exit_code,
                   message=stop.message, iterations=s.iteration, report=s.report_path if report else None)
-        self.log.close()
+        kind = STATUS_KIND.get(stop.status)
+        report_rel = s.report_path if report is not None or stop.reason == "request_human" else None
+        if kind is not None:
+            self._notify(kind, stop.reason, stop.message, report_rel)
+        self._notify("finished", stop.reason, stop.message, report_rel)
         return Outcome(s.task_id, stop.status, stop.reason, stop.message, stop.exit_code,
                        s.report_path if report is not None or stop.reason == "request_human" else None)
 

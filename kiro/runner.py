@@ -19,6 +19,8 @@ from kiro.config import Config, resolve_config
 from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError
 from kiro.events import Listener
+from kiro.executors.base import Executor
+from kiro.guardrails import SharedLimits
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.workspace import Workspace, check_task_id
 
@@ -101,7 +103,9 @@ def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | N
 
 
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
-                  overrides: Mapping[str, Any] | None = None) -> LoopRun:
+                  overrides: Mapping[str, Any] | None = None, executor: Executor | None = None) -> LoopRun:
+    """Create a loop for a task file and take its lock. `executor` injects a ready executor
+    (embedding kiro, tests); otherwise one is chosen as SPEC §5 says."""
     task_path = ws0.resolve_task(task_arg)
     task = tasks.load(task_path)
     loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
@@ -127,8 +131,10 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                                 f"`kiro loop resume --task-id {tid}` or choose another --task-id")
         else:
             tid = new_task_id(store)
-        executor_name = choose_executor(cfg, task)
-        executor = executors.create(executor_name, cfg, ws, tid)
+        if executor is None:
+            executor_name = choose_executor(cfg, task)
+            executor = executors.create(executor_name, cfg, ws, tid)
+        executor_name = executor.name
         lock = store.acquire(tid)
         try:
             state = LoopState(
@@ -150,7 +156,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
 def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = None,
                    overrides: Mapping[str, Any] | None = None, max_iterations: int | None = None,
                    failure_threshold: int | None = None, timeout: float | None = None,
-                   reset_failures: bool = False) -> LoopRun:
+                   reset_failures: bool = False, executor: Executor | None = None) -> LoopRun:
     loc = settings_for(ws0, config_file=config_file, overrides=overrides)
     store = loc.store
     ws = loc.ws
@@ -201,8 +207,10 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if state.consecutive_failures >= state.failure_threshold:
             warnings.append(f"{state.consecutive_failures} consecutive failures reach failure_threshold "
                             f"{state.failure_threshold}; pass --reset-failures to try again")
-        executor_name = choose_executor(cfg, task, recorded=state.executor)
-        executor = executors.create(executor_name, cfg, ws, task_id)
+        if executor is None:
+            executor_name = choose_executor(cfg, task, recorded=state.executor)
+            executor = executors.create(executor_name, cfg, ws, task_id)
+        executor_name = executor.name
         state.pid = os.getpid()
         store.save(state)
         if loaded.archived:
@@ -227,10 +235,11 @@ def _task_warnings(task: tasks.TaskFile, ws: Workspace) -> list[str]:
 async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None) -> list[Outcome]:
     """Run prepared loops side by side in this process; SIGTERM/SIGINT stop them all."""
     loops: list[Loop] = []
+    shared = SharedLimits(runs[0].config) if runs else None
     try:
         for r in runs:
             executor = r.executor or executors.create(r.executor_name, r.config, r.ws, r.state.task_id)
-            loops.append(Loop(r, executor, listeners))
+            loops.append(Loop(r, executor, listeners, shared))
     except BaseException:
         for lp in loops:
             await lp.executor.aclose()

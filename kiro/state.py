@@ -158,6 +158,7 @@ class LoopState(_Model):
     usage: Usage = Field(default_factory=Usage)
     steps: dict[str, StepRecord] = Field(default_factory=dict)
     history: list[Transition] = Field(default_factory=list)
+    guardrails: dict[str, Any] = Field(default_factory=dict)  # budgets that survive a restart (kiro.guardrails)
     runs: int = 0
     finished_at: str | None = None
     report_path: str | None = None

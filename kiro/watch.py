@@ -1,0 +1,136 @@
+"""Reacting to files without polling: one watchfiles (inotify) watcher per workspace per process,
+over the folders people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`).
+
+Every change batch wakes every subscribed waiter; a waiter then re-checks its own conditions (a few
+`stat` calls). While nothing changes, waiting costs no CPU: the watcher blocks in the kernel.
+If the OS watcher cannot start (inotify limits, an unsupported filesystem), waiters fall back to
+checking every POLL_FALLBACK seconds and a warning says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+POLL_FALLBACK = 0.25
+WATCHED = (".hooks", "Specs", "Done", "Needs_Action")
+
+
+class ChangeHub:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._waiters: set[asyncio.Event] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready: asyncio.Event | None = None
+        self.failed: str | None = None
+        self.users = 0
+
+    def subscribe(self) -> asyncio.Event:
+        ev = asyncio.Event()
+        self._waiters.add(ev)
+        return ev
+
+    def subscribe_event(self, ev: asyncio.Event) -> None:
+        self._waiters.add(ev)
+
+    def unsubscribe(self, ev: asyncio.Event) -> None:
+        self._waiters.discard(ev)
+
+    def notify(self) -> None:
+        for ev in list(self._waiters):
+            ev.set()
+
+    @property
+    def poll_interval(self) -> float | None:
+        """How often a waiter must re-check on its own: never while the OS watcher runs."""
+        return POLL_FALLBACK if self.failed is not None or self._task is None else None
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        paths = []
+        for name in WATCHED:
+            p = self.root / name
+            with contextlib.suppress(OSError):
+                p.mkdir(parents=True, exist_ok=True)
+            if p.is_dir():
+                paths.append(p)
+        self._stop = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._task = asyncio.create_task(self._run(paths), name=f"kiro-watch:{self.root}")
+        # Wait until the watcher is set up, so that a change made right after start() is seen.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), 5)
+
+    async def _run(self, paths: list[Path]) -> None:
+        try:
+            from watchfiles import awatch
+
+            assert self._stop is not None and self._ready is not None
+            watcher = awatch(*paths, debounce=50, step=5, stop_event=self._stop, rust_timeout=200,
+                             yield_on_timeout=True, watch_filter=None, recursive=True,
+                             ignore_permission_denied=True)
+            async for changes in watcher:
+                self._ready.set()
+                if changes:
+                    self.notify()
+        except Exception as exc:  # the watcher is an optimisation; waiters fall back to polling
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self.notify()
+        finally:
+            if self._ready is not None:
+                self._ready.set()
+
+    async def aclose(self) -> None:
+        if self._task is None:
+            return
+        assert self._stop is not None
+        self._stop.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self._task, 2)
+        self._task = None
+
+
+_hubs: dict[tuple[int, Path], ChangeHub] = {}
+
+
+async def acquire_hub(root: Path) -> ChangeHub:
+    """The workspace's hub for the running event loop, shared by every loop in this process."""
+    key = (id(asyncio.get_running_loop()), root)
+    hub = _hubs.get(key)
+    if hub is None:
+        hub = _hubs[key] = ChangeHub(root)
+    hub.users += 1
+    await hub.start()
+    return hub
+
+
+async def release_hub(hub: ChangeHub) -> None:
+    hub.users -= 1
+    if hub.users <= 0:
+        for key, value in list(_hubs.items()):
+            if value is hub:
+                del _hubs[key]
+        await hub.aclose()
+
+
+async def wait_until(check: Callable[[], object], wake: asyncio.Event, timeout: float | None,
+                     poll: float | None) -> object:
+    """Wait until `check()` returns something truthy (returned) or the timeout passes (None).
+    `wake` is set by the hub on every file change (and by whoever wants the waiter to look again)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while True:
+        wake.clear()
+        result = check()
+        if result:
+            return result
+        remaining = None if deadline is None else deadline - loop.time()
+        if remaining is not None and remaining <= 0:
+            return None
+        step = remaining if poll is None else (poll if remaining is None else min(poll, remaining))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), step)
