@@ -77,6 +77,7 @@ _STRAY_RE: Final = re.compile(r"[ \t]*(?:[-*+]|[0-9]{1,9}[.)])?[ \t]*\[[ xX~-]\]
 _ID_RE: Final = re.compile(r"([0-9]+(?:\.[0-9]+)*)(?:[.:](?![0-9])|(?=\s)|$)")
 _FENCE_RE: Final = re.compile(r"[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>.*)")
 _HEADING_RE: Final = re.compile(r" {0,3}#{1,6}[ \t]+(?P<text>.*?)(?:[ \t]+#+)?[ \t]*")
+_FM_KEY_RE: Final = re.compile(r"""(?P<key>"[^"]*"|'[^']*'|[^\s#'"?:-][^:#]*?|-[^\s:#][^:#]*?)[ \t]*:(?:[ \t]|$)""")
 _PLAIN_SCALAR_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 _SHELL_TAGS: Final = frozenset({"sh", "bash", "shell"})
 _GENERIC_HEADINGS: Final = frozenset(
@@ -139,6 +140,8 @@ class TaskFile:
     frontmatter: dict[str, Any]
     steps: list[Step]
     newline: str = "\n"
+    frontmatter_lines: dict[str, int] = field(default_factory=dict)
+    """1-based file line of each top-level frontmatter key, so a bad value can be shown as file:line."""
     # The exact bytes this was parsed from: the compare-and-swap compares the disk against them.
     _raw: bytes = field(default=b"", repr=False, compare=False)
     _bom: bool = field(default=False, repr=False, compare=False)
@@ -265,12 +268,23 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _frontmatter_key_lines(lines: list[str], close: int) -> dict[str, int]:
+    """Top-level keys (written at column 0) -> 1-based line; for a repeated key the last one,
+    which is the one YAML keeps."""
+    found: dict[str, int] = {}
+    for i in range(1, close):
+        m = _FM_KEY_RE.match(lines[i].rstrip("\r"))
+        if m is not None:
+            found[m["key"].strip("\"'")] = i + 1
+    return found
+
+
 def _parse_frontmatter(
     lines: list[str], path: Path | None
-) -> tuple[dict[str, Any], tuple[int, int] | None]:
+) -> tuple[dict[str, Any], tuple[int, int] | None, dict[str, int]]:
     """Frontmatter is a `---` first line, YAML, and a `---` (or `...`) line. Errors name file:line."""
     if not lines or lines[0].rstrip() != "---":
-        return {}, None
+        return {}, None, {}
     where = _where(path)
     close = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "...")), None)
     if close is None:
@@ -289,51 +303,52 @@ def _parse_frontmatter(
             f"{where}:{line}: frontmatter is not valid YAML: {_one_line(str(problem))}"
         ) from e
     if data is None:
-        return {}, (0, close)
+        return {}, (0, close), {}
     if not isinstance(data, dict):
         raise TaskFileError(
             f"{where}:2: frontmatter must be YAML keys like 'title: My task', not a {type(data).__name__}"
         )
     fm = {str(k): v for k, v in data.items()}
+    key_lines = _frontmatter_key_lines(lines, close)
     for key in KIRO_STRING_KEYS:
         value = fm.get(key)
         if value is not None and not isinstance(value, str):
-            line = next(
-                (i + 1 for i in range(1, close) if lines[i].startswith(key) and
-                 lines[i][len(key):].lstrip(" \t").startswith(":")),
-                2,
-            )
+            line = key_lines.get(key, 2)
             raise TaskFileError(
                 f"{where}:{line}: frontmatter key {key!r} must be text, not a {type(value).__name__}; "
                 f"put the value in quotes"
             )
-    return fm, (0, close)
+    return fm, (0, close), key_lines
 
 
 def _dedent(lines: list[str]) -> list[str]:
     """Common-indent removal that counts tabs as 4 columns; blank lines become ''; the blank lines
     at either end go."""
-    expanded: list[str] = []
-    for line in lines:
+    lo, hi = 0, len(lines)
+    while lo < hi and not lines[lo].strip():
+        lo += 1
+    while hi > lo and not lines[hi - 1].strip():
+        hi -= 1
+    if lo == hi:
+        return []
+    out: list[str] = []
+    for line in lines[lo:hi]:
         body = line.lstrip(" \t")
         if not body:
-            expanded.append("")
-            continue
-        expanded.append(" " * _columns(line[: len(line) - len(body)]) + body)
-    widths = [len(x) - len(x.lstrip(" ")) for x in expanded if x]
-    cut = min(widths, default=0)
-    out = [x[cut:] if x else "" for x in expanded]
-    while out and not out[0]:
-        out.pop(0)
-    while out and not out[-1]:
-        out.pop()
-    return out
+            out.append("")
+        elif line[0] == "\t" or "\t" in line[: len(line) - len(body)]:
+            out.append(" " * _columns(line[: len(line) - len(body)]) + body)
+        else:
+            out.append(line)
+    cut = min(len(x) - len(x.lstrip(" ")) for x in out if x)
+    return [x[cut:] for x in out] if cut else out
 
 
 def _command(details: list[str]) -> str | None:
     """Body of the first fenced block tagged sh/bash/shell. Other blocks are skipped whole, so a
     ```sh line shown inside a ```markdown example is not taken for the step's command."""
-    if not any(line.lstrip(" ")[:3] in ("```", "~~~") for line in details):
+    joined = "\n".join(details)
+    if "```" not in joined and "~~~" not in joined:
         return None
     i = 0
     while i < len(details):
@@ -378,11 +393,17 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
     lines = text.split("\n")  # not splitlines(): it also splits on \x0c, \u2028 ..., and offsets must hold
     crlf = text.count("\r\n")
     newline = "\r\n" if crlf and crlf * 2 >= text.count("\n") else "\n"
-    frontmatter, fm_lines = _parse_frontmatter(lines, path)
+    frontmatter, fm_lines, fm_key_lines = _parse_frontmatter(lines, path)
 
     steps: list[Step] = []
-    owned: list[list[int]] = []  # per step: non-step lines that belong to it (its details)
-    stack: list[int] = []  # open steps, innermost last
+    owned: list[list[str]] = []  # per step: the non-step lines that belong to it ("\r" stripped)
+    last: list[int] = []  # per step: its last non-blank line (for inserting after it)
+    # Two stacks of open steps, innermost last. `nest` is the step hierarchy and only steps move
+    # it (the parent is the nearest earlier step indented less, whatever prose lies between, so
+    # a note or comment at column 0 does not orphan the next child). `stack` decides who owns a
+    # non-step line: a line indented no deeper than a step ends that step's details.
+    nest: list[int] = []
+    stack: list[int] = []
     stray: list[int] = []
     heading: str | None = None
     seen: dict[tuple[str, str], int] = {}
@@ -390,40 +411,48 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
     in_comment = False
     owner: int | None = None  # owner of the lines of the current fenced block / HTML comment
 
-    offset = 0
     start = fm_lines[1] + 1 if fm_lines else 0
-    for i in range(start):
-        offset += len(lines[i]) + 1
+    offset = sum(len(lines[i]) + 1 for i in range(start))
     for i in range(start, len(lines)):
         line_start = offset
         line = lines[i]
         offset += len(line) + 1
-        if line.endswith("\r"):
+        if line[-1:] == "\r":
             line = line[:-1]
 
-        if fence is not None or in_comment:
-            # Inside a block, lines belong to whoever owned its opening line, whatever their indent.
-            if owner is not None:
-                owned[owner].append(i)
-            if fence is not None:
-                if _closes(line, fence):
-                    fence = None
-            elif "-->" in line:
-                in_comment = False
-            continue
-
         body = line.lstrip(" \t")
+        ws = line[: len(line) - len(body)]
+        col = _columns(ws) if "\t" in ws else len(ws)
+
+        if fence is not None or in_comment:
+            # A block opened under a step ends with the step, as in CommonMark: a line indented no
+            # deeper than the step's bullet closes an unclosed fence, so a forgotten ``` does not
+            # swallow the steps below into this step's command.
+            if owner is not None and body and col <= steps[owner].indent:
+                fence, in_comment = None, False
+            else:
+                # Inside a block, lines belong to whoever owned its opening line.
+                if owner is not None:
+                    owned[owner].append(line)
+                    if body:
+                        last[owner] = i
+                if fence is not None:
+                    if _closes(line, fence):
+                        fence = None
+                elif "-->" in line:
+                    in_comment = False
+                continue
+
         if not body:
             if stack:
-                owned[stack[-1]].append(i)
+                owned[stack[-1]].append("")
             continue
-        col = _columns(line[: len(line) - len(body)])
 
         m = _STEP_RE.fullmatch(line) if body[0] in "-*+" else None  # cheap pre-check: most lines are prose
         if m is not None:
-            while stack and steps[stack[-1]].indent >= col:
-                stack.pop()
-            parent = stack[-1] if stack else None
+            while nest and steps[nest[-1]].indent >= col:
+                nest.pop()
+            parent = nest[-1] if nest else None
             text_ = m["text"].strip()
             sid, title = _split_id(text_)
             occurrence = seen.get((sid, text_), 0)
@@ -435,46 +464,46 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
                 box_offset=line_start + m.start("marker"), parent=parent, occurrence=occurrence,
             ))
             owned.append([])
+            last.append(i)
             if parent is not None:
                 steps[parent].children.append(index)
-            stack.append(index)
+            nest.append(index)
+            stack = nest.copy()
             continue
 
         while stack and steps[stack[-1]].indent >= col:
             stack.pop()
         owner = stack[-1] if stack else None
         if owner is not None:
-            owned[owner].append(i)
-        fm = _FENCE_RE.fullmatch(line) if body[0] in "`~" else None
-        if fm is not None and not (fm["fence"][0] == "`" and "`" in fm["info"]):
-            fence = fm["fence"]
-            continue
-        if body.startswith("<!--"):
+            owned[owner].append(line)
+            last[owner] = i
+        first = body[0]
+        if first in "`~":
+            fm = _FENCE_RE.fullmatch(line)
+            if fm is not None and not (fm["fence"][0] == "`" and "`" in fm["info"]):
+                fence = fm["fence"]
+                continue
+        elif first == "<" and body.startswith("<!--"):
             in_comment = "-->" not in body[4:]
             continue
-        if heading is None and body.startswith("#"):
+        elif first == "#" and heading is None:
             hm = _HEADING_RE.fullmatch(line)
             if hm is not None and hm["text"]:
                 heading = hm["text"]
         if "[" in line and _STRAY_RE.match(line):
             stray.append(i)
 
-    subtree_end = [s.line for s in steps]
     for s in steps:
-        mine = [j for j in owned[s.index] if lines[j].strip()]
-        if mine:
-            subtree_end[s.index] = max(subtree_end[s.index], mine[-1])
-        raw_details = [lines[j].rstrip("\r") for j in owned[s.index]]
-        s.details = _dedent(raw_details)
+        s.details = _dedent(owned[s.index])
         s.command = _command(s.details)
     for s in reversed(steps):  # children come after parents, so ends propagate upwards in one pass
-        if s.parent is not None:
-            subtree_end[s.parent] = max(subtree_end[s.parent], subtree_end[s.index])
+        if s.parent is not None and last[s.index] > last[s.parent]:
+            last[s.parent] = last[s.index]
 
     return TaskFile(
         path=path, text=text, frontmatter=frontmatter, steps=steps, newline=newline,
-        _raw=raw, _bom=bom, _fm_lines=fm_lines, _heading=heading, _stray=stray,
-        _subtree_end=subtree_end,
+        frontmatter_lines=fm_key_lines,
+        _raw=raw, _bom=bom, _fm_lines=fm_lines, _heading=heading, _stray=stray, _subtree_end=last,
     )
 
 
@@ -557,7 +586,10 @@ def _write_if_unchanged(path: Path, data: bytes, was: bytes) -> bool:
     overwritten by kiro's version. Closing it would need a lock every editor honours, and editors
     do not take locks on markdown files; the window is far smaller than any human edit.
     """
-    st = os.stat(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False  # moved or deleted meanwhile: the next read says so
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".kiro-tmp")
     tmp = Path(tmp_name)
     try:
@@ -603,7 +635,7 @@ def _edit(path: Path, change: _Change, expected: TaskFile | None = None) -> Task
     path = Path(path)
     real = Path(os.path.realpath(path))  # write through a symlink; do not replace the link itself
     for attempt in range(_EDIT_ATTEMPTS):
-        raw = _read(real)
+        raw = _read(path)
         if expected is not None and raw == expected._raw:
             tf = expected
         else:
@@ -612,12 +644,16 @@ def _edit(path: Path, change: _Change, expected: TaskFile | None = None) -> Task
         if new_text is None or new_text == tf.text:
             return tf
         data = (_BOM if tf._bom else b"") + new_text.encode("utf-8")
-        if _write_if_unchanged(real, data, raw):
+        try:
+            written = _write_if_unchanged(real, data, raw)
+        except OSError as e:
+            raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
+        if written:
             return _parse_bytes(data, path)
         time.sleep(0.01 * (attempt + 1))
     raise TaskFileError(
-        f"{path}: the file kept changing while kiro tried to update it ({_EDIT_ATTEMPTS} attempts); "
-        "kiro will try again"
+        f"{path}: the file kept changing while kiro tried to update it; "
+        f"gave up after {_EDIT_ATTEMPTS} attempts"
     )
 
 
