@@ -77,8 +77,9 @@ def _root(
 
 
 def _register() -> None:
-    from kiro.cli import init, loop
+    from kiro.cli import init, loop, watch
 
+    loop.app.command("watch")(watch.watch)
     app.add_typer(loop.app, name="loop")
     app.command("init")(init.init)
 

@@ -1,0 +1,67 @@
+"""`kiro loop watch`: the supervisor in the foreground (or --detach)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kiro.cli import guarded
+
+
+@guarded
+def watch(
+    workspace: Annotated[Path | None, typer.Option("--workspace", "-w", help="The workspace folder.",
+                                                   show_default=False)] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="Use this config file.", show_default=False)] = None,
+    max_parallel: Annotated[int | None, typer.Option("--max-parallel", min=1, show_default=False,
+                                                     help="Loops running at once (default: max_parallel_loops).")] = None,
+    executor: Annotated[str | None, typer.Option("--executor", help="shell | command | openai for new loops.",
+                                                 show_default=False)] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Run in the background; print the process id.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")] = False,
+) -> None:
+    """Supervise the workspace: start a loop for every task file that appears in Specs/ (at most
+    max_parallel_loops at once), keep paused loops alive at no CPU cost, and continue them when their
+    hook file is deleted or their task is moved back to Specs/. Stop it with Ctrl-C or SIGTERM: running
+    loops save their state and are continued by the next `kiro loop watch`."""
+    import asyncio
+
+    from kiro import console
+    from kiro.errors import RunError, UserError
+    from kiro.supervisor import Supervisor, check_watch_free
+    from kiro.workspace import Workspace
+
+    if executor is not None and executor not in ("shell", "command", "openai"):
+        raise UserError(f"--executor {executor!r}: choose shell, command or openai")
+    ws = Workspace.find(workspace)
+    if detach:
+        check_watch_free(ws)
+        out_path = ws.logs / "watch.out"
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [a for a in sys.argv[1:] if a != "--detach"]
+        with open(out_path, "ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=os.getcwd())
+        pid_file = ws.state_dir / "watch.pid"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RunError(f"the background supervisor exited at once (exit {proc.returncode}); "
+                               f"see {ws.relative(out_path)}")
+            if pid_file.exists() and pid_file.read_text().strip() == str(proc.pid):
+                console.line(str(proc.pid))
+                return
+            time.sleep(0.05)
+        raise RunError(f"the background supervisor did not start within 30 s; see {ws.relative(out_path)}")
+    listeners = [] if quiet else [console.EventPrinter(with_task=True)]
+    sup = Supervisor(ws, config_file=config, overrides={"executor": executor}, listeners=listeners,
+                     max_parallel=max_parallel)
+    if not quiet:
+        console.line(f"watching {sup.ws.specs} (at most {sup.limit} loops at once); Ctrl-C to stop", style="bold")
+    raise typer.Exit(asyncio.run(sup.run()))

@@ -1,0 +1,327 @@
+"""`kiro loop watch`: one process that runs a loop for every task file in `Specs/`.
+
+- A task file that appears in `Specs/` gets a loop (never two at once: a task whose loop runs in
+  this or another process is left alone).
+- At most `max_parallel_loops` loops run at once; the others wait as `pending`.
+- A loop that pauses (stop hook, task moved to `Needs_Action/`, the agent asked a person) stays
+  alive at no CPU cost: the supervisor keeps its lock and continues it when its hook file is
+  deleted, when the task is moved back to `Specs/`, or when the request file is deleted (the
+  seed's "Resume Instructions"). `kiro loop resume` on such a loop removes the hook and lets the
+  supervisor continue it.
+- All loops share one rate limiter and budget (`SharedLimits`) and one file watcher.
+- SIGTERM/SIGINT stops every running loop (state saved) and ends the supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from kiro import conditions, executors, tasks
+from kiro.config import Config
+from kiro.engine import Loop, LoopRun, Outcome
+from kiro.errors import KiroError, LockHeld, UserError
+from kiro.events import Listener, make_event
+from kiro.guardrails import SharedLimits
+from kiro.runner import find_loop_for_task, prepare_resume, prepare_start, settings_for
+from kiro.state import StateStore
+from kiro.watch import acquire_hub, release_hub, wait_until
+from kiro.workspace import Workspace
+
+NOT_TASKS = frozenset({"requirements.md", "design.md", "readme.md"})
+RESCAN_SECONDS = 30.0  # a safety net; changes normally wake the supervisor at once
+
+
+def is_task_candidate(path: Path) -> bool:
+    return path.suffix == ".md" and path.name.lower() not in NOT_TASKS and not path.name.startswith(".")
+
+
+@dataclass
+class Managed:
+    task_id: str
+    lock: FileLock
+    task: asyncio.Task[None] | None = None
+    status: str = "pending"
+    outcome: Outcome | None = None
+    loop: Loop | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Supervisor:
+    def __init__(self, ws: Workspace, *, config_file: Path | None = None, overrides: dict[str, Any] | None = None,
+                 listeners: list[Listener] | None = None, max_parallel: int | None = None) -> None:
+        loc = settings_for(ws, config_file=config_file, overrides=overrides)
+        self.ws: Workspace = loc.ws
+        self.store: StateStore = loc.store
+        self.config: Config = loc.config
+        self.config_file = config_file
+        self.overrides = overrides or {}
+        self.listeners = list(listeners or [])
+        self.limit = max_parallel or self.config.max_parallel_loops
+        self.shared = SharedLimits(self.config)
+        self.managed: dict[str, Managed] = {}
+        self.skipped: dict[Path, float] = {}  # unusable task files, by mtime, so each is reported once
+        self.stopping = False
+        self._wake = asyncio.Event()
+        self._sem: asyncio.Semaphore | None = None
+        self._lock: FileLock | None = None
+        self._poll: float | None = None
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _say(self, task_id: str, event: str, **fields: Any) -> None:
+        record = make_event(task_id, 0, event, fields)
+        for listener in self.listeners:
+            listener(record)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self.stopping = True
+        for m in self.managed.values():
+            if m.loop is not None:
+                m.loop.request_stop("signal", "the supervisor is stopping")
+            m.wake.set()
+        self._wake.set()
+
+    async def run(self, *, until: Callable[[], bool] | None = None) -> int:
+        """Supervise until stopped (SIGTERM/SIGINT, `stop()`, or `until()` turning true)."""
+        self.ws.ensure_folders()
+        self._lock = FileLock(str(self.ws.state_dir / "watch.lock"), timeout=0, thread_local=False,
+                              is_singleton=False)
+        try:
+            self._lock.acquire()
+        except Timeout:
+            pid = _read_pid(self.ws.state_dir / "watch.pid")
+            raise LockHeld("watch", pid) from None
+        (self.ws.state_dir / "watch.pid").write_text(f"{os.getpid()}\n")
+        self._sem = asyncio.Semaphore(self.limit)
+        hub = await acquire_hub(self.ws.root)
+        hub.subscribe_event(self._wake)
+        self._poll = hub.poll_interval
+        remove = _install_signals(self.stop)
+        try:
+            while not self.stopping:
+                self._scan()
+                self._wake_paused()
+                if until is not None and until():
+                    break
+                await wait_until(lambda: self.stopping, self._wake, RESCAN_SECONDS, hub.poll_interval)
+        finally:
+            remove()
+            self.stop()
+            running = [m.task for m in self.managed.values() if m.task is not None]
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+            hub.unsubscribe(self._wake)
+            await release_hub(hub)
+            with contextlib.suppress(OSError):
+                (self.ws.state_dir / "watch.pid").unlink()
+            self._lock.release()
+        return 0
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def _scan(self) -> None:
+        """Start a loop for each task file in Specs/ that has none running."""
+        if self.ws.global_hook_file.exists():
+            return  # every loop is to pause: start nothing new
+        for path in sorted(self.ws.specs.rglob("*.md")):
+            if not path.is_file() or not is_task_candidate(path):
+                continue
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            if self.skipped.get(path) == mtime:
+                continue
+            try:
+                task = tasks.load(path)
+            except KiroError as exc:
+                self.skipped[path] = mtime
+                self._say("watch", "warning", message=f"skipped {self.ws.relative(path)}: {exc}")
+                continue
+            hint = task.frontmatter.get("kiro_task_id")
+            existing = find_loop_for_task(self.store, path, hint if isinstance(hint, str) else None)
+            if existing is not None:
+                if existing.task_id in self.managed or self.store.is_locked(existing.task_id):
+                    continue  # runs (or waits) here or in another process
+                if existing.status in ("failed", "max_iterations", "timed_out"):
+                    continue  # a person decides: `kiro loop resume` with a raised cap or reset failures
+                self._adopt(existing.task_id)
+                continue
+            if task.is_complete(self.config.include_optional) and task.counts().total and all(
+                    s.done for s in task.steps):
+                continue  # nothing to do; leave a finished file alone
+            self._start_new(path)
+
+    def _start_new(self, path: Path) -> None:
+        try:
+            run = prepare_start(self.ws, str(path), config_file=self.config_file, overrides=self.overrides)
+        except LockHeld:
+            return
+        except KiroError as exc:
+            self.skipped[path] = path.stat().st_mtime if path.exists() else 0.0
+            self._say("watch", "warning", message=f"could not start {self.ws.relative(path)}: {exc}")
+            return
+        m = Managed(run.state.task_id, run.lock)
+        self.managed[m.task_id] = m
+        m.task = asyncio.create_task(self._manage(m, run))
+
+    def _adopt(self, task_id: str) -> None:
+        """An unfinished loop nobody runs (interrupted, stopped, paused by an earlier supervisor):
+        take its lock and look after it like our own paused loops."""
+        try:
+            lock = self.store.acquire(task_id, role="watch")
+        except LockHeld:
+            return
+        m = Managed(task_id, lock, status="paused")
+        self.managed[task_id] = m
+        m.task = asyncio.create_task(self._manage(m, None))
+
+    # -- one loop --------------------------------------------------------------------------
+
+    async def _manage(self, m: Managed, first: LoopRun | None) -> None:
+        run = first
+        try:
+            while not self.stopping:
+                if run is None:
+                    if not await self._wait_to_continue(m):
+                        return
+                    try:
+                        run = prepare_resume(self.ws, m.task_id, config_file=self.config_file,
+                                             overrides=self.overrides, held_lock=m.lock)
+                    except KiroError as exc:
+                        self._say(m.task_id, "warning", message=f"could not continue: {exc}")
+                        return
+                assert self._sem is not None
+                async with self._sem:
+                    if self.stopping:
+                        return
+                    self.store.set_role(m.task_id, "loop")
+                    outcome = await self._run_once(m, run)
+                run = None
+                m.outcome = outcome
+                m.status = outcome.status
+                if not _resumable(outcome):
+                    return
+                self.store.set_role(m.task_id, "watch")
+        finally:
+            self.managed.pop(m.task_id, None)
+            with contextlib.suppress(Exception):
+                self.store.release(m.task_id, m.lock)
+            self._wake.set()  # the task file may be startable again, or a slot is free
+
+    async def _run_once(self, m: Managed, run: LoopRun) -> Outcome:
+        executor = run.executor or executors.create(run.executor_name, run.config, run.ws, run.state.task_id)
+        loop = Loop(run, executor, self.listeners, self.shared)
+        m.loop = loop
+        m.status = "running"
+        try:
+            return await loop.run()
+        finally:
+            m.loop = None
+            with contextlib.suppress(Exception):
+                await executor.aclose()
+
+    def _resume_ready(self, m: Managed) -> bool:
+        """The seed's "Resume Instructions": the hook deleted, or the task moved back to Specs/."""
+        try:
+            state = self.store.load(m.task_id).state
+        except KiroError:
+            return False
+        if state.status == "completed":
+            return False
+        if self.ws.hook_file(m.task_id).exists() or self.ws.global_hook_file.exists():
+            return False
+        where, path = conditions.locate_task(self.ws, self.ws.absolute(state.task_path), m.task_id)
+        if path is None or self.ws.area_of(path) != "Specs":
+            return False
+        if state.stop_reason == "request_human":
+            return not self.ws.human_request(m.task_id).exists()
+        return state.status in ("paused", "stopped", "running", "sleeping", "pending")
+
+    async def _wait_to_continue(self, m: Managed) -> bool:
+        m.status = "paused"
+        found = await wait_until(lambda: self.stopping or self._resume_ready(m), m.wake, None, self._poll)
+        return bool(found) and not self.stopping
+
+    def _wake_paused(self) -> None:
+        for m in self.managed.values():
+            m.wake.set()
+
+
+def _resumable(outcome: Outcome) -> bool:
+    """Paused and stopped loops wait for a person; completed, failed and exhausted ones are done."""
+    return outcome.status in ("paused",) or (outcome.status == "stopped" and outcome.reason == "task_missing")
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _install_signals(stop: Callable[[], None]) -> Callable[[], None]:
+    import signal
+
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+    def remove() -> None:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+    return remove
+
+
+def check_watch_free(ws: Workspace) -> None:
+    """Raise when a supervisor already watches this workspace."""
+    path = ws.state_dir / "watch.lock"
+    if not path.exists():
+        return
+    lock = FileLock(str(path), timeout=0, thread_local=False, is_singleton=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise UserError(f"`kiro loop watch` already runs for {ws.root} (process "
+                        f"{_read_pid(ws.state_dir / 'watch.pid')})") from None
+    lock.release()
+
+
+def hand_back_to_watch(store: StateStore, task_id: str) -> list[str]:
+    """`kiro loop resume` on a loop a supervisor keeps: do what the seed's "Resume Instructions"
+    say (delete the hook, move the task back to Specs/, clear the agent's request); the supervisor
+    sees the change and continues the loop. Returns what was done, for the person."""
+    ws = store.ws
+    done: list[str] = []
+    for hook in (ws.hook_file(task_id),):
+        if hook.exists():
+            hook.unlink()
+            done.append(f"removed {ws.relative(hook)}")
+    request = ws.human_request(task_id)
+    if request.exists():
+        request.unlink()
+        done.append(f"removed {ws.relative(request)}")
+    state = store.load(task_id).state
+    where, path = conditions.locate_task(ws, ws.absolute(state.task_path), task_id)
+    if path is not None and ws.area_of(path) == "Needs_Action":
+        back = ws.counterpart(path, "Specs")
+        back.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, back)
+        done.append(f"moved {ws.relative(path)} back to {ws.relative(back)}")
+    return done
