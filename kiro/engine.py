@@ -74,6 +74,7 @@ class LoopRun:
     warnings: list[str] = field(default_factory=list)
     release: Callable[[], None] | None = None
     executor: Executor | None = None
+    lock: Any = None  # the loop's FileLock, for a supervisor that keeps it across runs
 
 
 def backoff_delay(attempts: int, base: float, cap: float, exponential: bool, rng: random.Random) -> float:

@@ -150,18 +150,21 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             store.release(tid, lock)
             raise
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
-                   release=lambda: store.release(tid, lock), executor=executor)
+                   release=lambda: store.release(tid, lock), executor=executor, lock=lock)
 
 
 def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = None,
                    overrides: Mapping[str, Any] | None = None, max_iterations: int | None = None,
                    failure_threshold: int | None = None, timeout: float | None = None,
-                   reset_failures: bool = False, executor: Executor | None = None) -> LoopRun:
+                   reset_failures: bool = False, executor: Executor | None = None,
+                   held_lock: FileLock | None = None) -> LoopRun:
+    """Load a loop's state under its lock and make it ready to continue. `held_lock`: the caller
+    (the watch supervisor) already holds the lock and keeps owning it."""
     loc = settings_for(ws0, config_file=config_file, overrides=overrides)
     store = loc.store
     ws = loc.ws
     loaded = store.load(check_task_id(task_id))
-    lock = store.acquire(task_id)
+    lock = held_lock or store.acquire(task_id)
     try:
         loaded = store.load(task_id)  # re-read under the lock: the holder may just have finished
         state = loaded.state
@@ -216,10 +219,11 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if loaded.archived:
             store.unarchive(task_id)
     except BaseException:
-        store.release(task_id, lock)
+        if held_lock is None:
+            store.release(task_id, lock)
         raise
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
-                   release=lambda: store.release(task_id, lock), executor=executor)
+                   release=lambda: store.release(task_id, lock), executor=executor, lock=lock)
 
 
 def _task_warnings(task: tasks.TaskFile, ws: Workspace) -> list[str]:

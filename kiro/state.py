@@ -364,7 +364,9 @@ class StateStore:
         finally:
             self.release(task_id, lock)
 
-    def acquire(self, task_id: str, *, wait_seconds: float = 0.0) -> FileLock:
+    def acquire(self, task_id: str, *, wait_seconds: float = 0.0, role: str = "loop") -> FileLock:
+        """Take the loop's lock or raise LockHeld naming the holder. `role` is recorded beside the
+        pid: "watch" when a `kiro loop watch` supervisor keeps a paused loop."""
         path = self.ws.lock_file(task_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(path), timeout=wait_seconds, thread_local=False, is_singleton=False)
@@ -372,9 +374,19 @@ class StateStore:
             lock.acquire()
         except Timeout:
             raise LockHeld(task_id, self.holder_pid(task_id)) from None
-        pid_file = path.with_suffix(".pid")
-        pid_file.write_text(f"{os.getpid()}\n{socket.gethostname()}\n")
+        self.set_role(task_id, role)
         return lock
+
+    def set_role(self, task_id: str, role: str) -> None:
+        atomic_write(self.ws.lock_file(task_id).with_suffix(".pid"),
+                     f"{os.getpid()}\n{socket.gethostname()}\n{role}\n", fsync=False)
+
+    def holder_role(self, task_id: str) -> str | None:
+        try:
+            parts = self.ws.lock_file(task_id).with_suffix(".pid").read_text().split()
+        except OSError:
+            return None
+        return parts[2] if len(parts) > 2 else None
 
     def release(self, task_id: str, lock: FileLock) -> None:
         with contextlib.suppress(FileNotFoundError):
