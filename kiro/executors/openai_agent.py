@@ -1,0 +1,558 @@
+"""The openai executor: a tool-calling agent on any OpenAI-compatible Chat Completions endpoint.
+
+Each attempt at a step is a conversation of at most `llm.max_turns_per_step` model calls: the
+system prompt, the step prompt, then turns in which the model calls tools (`kiro.tools`). Only
+the step tools end an attempt: `complete_step`, `fail_step`, `request_human`, or an interrupted
+`sleep`. A reply without a tool call is "continue" and gets a nudge; prose that claims the work is
+done completes nothing.
+
+Long steps: when the conversation reaches `llm.wrap_up_threshold` of `llm.context_window_tokens`,
+the model is asked to save its findings and summarise (seed 002); the summary goes to long-term
+memory and the next model call starts a fresh conversation: system prompt, the step prompt (the
+mission) and the summary.
+
+Failures are sorted once, here. A tool error is the tool's result text (the model reads it and
+goes on). A 429, 5xx, timeout or lost connection that outlasts the client's retries is one failed
+attempt; the engine's backoff follows. A rejected key (401), a refused model (403) or an unknown
+model or endpoint (404) cannot get better by retrying: `ExecutorError`, the run ends, and the
+message says which variable, model or URL to fix.
+
+The API key is read from the variable `llm.api_key_env` names when the executor is built, handed
+to the client and nowhere else; everything written (transcript, memory, files, results, events)
+goes through a `Redactor` that cuts it should it turn up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
+
+import openai
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolUnionParam
+
+from kiro import prompts
+from kiro.errors import ExecutorError
+from kiro.executors.base import StepContext, StepResult, StepUsage
+from kiro.memory import MemoryStore
+from kiro.tools import Tool, ToolEnv, ToolError, ToolResult, toolset
+from kiro.tools.base import clip_output, execute
+from kiro.tools.paths import Confinement
+from kiro.transcript import Redactor, Transcript
+
+if TYPE_CHECKING:
+    from kiro.config import Config, LLMSettings
+    from kiro.workspace import Workspace
+
+DUMMY_KEY = "not-needed"  # local endpoints (llama.cpp, vLLM, Ollama) want some key but check none
+WRAP_UP_TURNS = 3  # replies the model gets to save findings and summarise before the restart
+CHARS_PER_TOKEN = 4  # the estimate when an endpoint reports no usage
+EVENT_TEXT_LIMIT = 200
+LONG_ARGUMENTS = frozenset({"content", "old", "new"})  # shown as a length in events, not the text
+
+NUDGE = (
+    "You replied without calling a tool. kiro counts the step as done only when you call "
+    "`complete_step` (saying so in a reply completes nothing). Continue the current step with the tools; "
+    "call `complete_step` when it is done, `fail_step` if it cannot be done, or `request_human` if only a "
+    "person can unblock it."
+)
+NUDGE_CUT = (
+    "Your reply was cut off (output length limit). Continue with a tool call; write large files in parts "
+    "(write_file, then edit_file)."
+)
+
+
+def _is_local(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith((".localhost", ".local")):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_private or ip.is_unspecified or ip.is_link_local
+
+
+def _is_openai(url: str | None) -> bool:
+    if url is None:
+        return True
+    host = (urlsplit(url).hostname or "").lower()
+    return host == "openai.com" or host.endswith(".openai.com")
+
+
+def _chars(messages: list[ChatCompletionMessageParam]) -> int:
+    return sum(len(json.dumps(m, default=str)) for m in messages)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+class OpenAIExecutor:
+    """SPEC §5 `openai`. Built once per loop; `run_step` once per attempt."""
+
+    name = "openai"
+
+    def __init__(self, config: Config, workspace: Workspace, task_id: str) -> None:
+        self.config = config
+        self.workspace = workspace
+        self.task_id = task_id
+        llm = config.llm
+        self.base_url: str | None = llm.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self.endpoint = self.base_url or "the OpenAI API (https://api.openai.com/v1)"
+        self.api_key_env = llm.api_key_env
+        api_key = os.environ.get(llm.api_key_env) or None
+        if api_key is None:
+            if self.base_url is not None and _is_local(self.base_url):
+                api_key = DUMMY_KEY
+            elif _is_openai(self.base_url):
+                raise ExecutorError(
+                    f"no API key for {self.endpoint}: set the environment variable {llm.api_key_env} "
+                    f"(llm.api_key_env names it), or point llm.base_url at another endpoint")
+            else:
+                raise ExecutorError(
+                    f"no API key for {self.endpoint}: set the environment variable {llm.api_key_env} "
+                    f"(llm.api_key_env names it); if the endpoint needs no key, set it to any value")
+        self.redact = Redactor.from_environment(None if api_key == DUMMY_KEY else api_key)
+        self.client = openai.AsyncOpenAI(
+            api_key=api_key,
+            base_url=self.base_url,
+            max_retries=llm.max_retries,
+            timeout=llm.request_timeout_seconds,
+        )
+        del api_key
+        self.transcript = Transcript(workspace.transcript_file(task_id), task_id, self.redact)
+        self.memory = MemoryStore(workspace.memory_db())
+
+    async def run_step(self, ctx: StepContext) -> StepResult:
+        return await _Attempt(self, ctx).run()
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+@dataclass
+class _Call:
+    """One tool call from a response, as kiro saw it."""
+
+    id: str
+    name: str
+    arguments: str
+    kind: str = "function"
+
+
+class _Attempt:
+    """One attempt at one step: the conversation(s), the usage, the transcript records."""
+
+    def __init__(self, executor: OpenAIExecutor, ctx: StepContext) -> None:
+        self.ex = executor
+        self.ctx = ctx
+        self.llm: LLMSettings = ctx.config.llm
+        self.usage = StepUsage()
+        self.tools: dict[str, Tool[Any]] = toolset(ctx.config)
+        self.schemas = cast(list[ChatCompletionToolUnionParam], [t.schema() for t in self.tools.values()])
+        self.env = ToolEnv(
+            ctx=ctx,
+            confinement=Confinement(ctx.project_dir, ctx.workspace.root, task_file=ctx.task_path,
+                                    state_dir=ctx.workspace.state_dir),
+            memory=executor.memory,
+            redact=executor.redact,
+            memory_source=f"loop:{ctx.task_id}",
+            api_key_env=executor.api_key_env,
+            deadline=time.monotonic() + ctx.timeout_seconds,
+        )
+        self.messages: list[ChatCompletionMessageParam] = []
+        self.logged = 0  # messages already in the transcript
+        self.turns = 0
+        self.restarts = 0
+        self.counted_tokens: int | None = None  # prompt+completion tokens of the last response
+        self.counted_upto = 0  # messages covered by counted_tokens
+        self.wrap_turns_left: int | None = None  # not None while wrapping up
+        self.wrap_saved_from = 0  # env.memory_saved index when the wrap-up began
+        self.restart_summary: str | None = None  # set when the next call must start afresh
+        self.last_text = ""
+        self.calls_made: list[str] = []  # "write_file src/x.py" lines, for a summary of last resort
+
+    # -- records ---------------------------------------------------------------------------
+
+    def record(self, kind: str, **fields: Any) -> None:
+        self.ex.transcript.write(kind, iteration=self.ctx.iteration, attempt=self.ctx.attempt,
+                                 step_id=self.ctx.step.id, **fields)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.ctx.emit(event, **fields)
+
+    # -- the attempt -----------------------------------------------------------------------
+
+    async def run(self) -> StepResult:
+        ctx = self.ctx
+        self.record("attempt_started", model=self.llm.model, endpoint=self.ex.endpoint,
+                    tools=list(self.tools), step_title=ctx.step.title or ctx.step.text,
+                    timeout_seconds=ctx.timeout_seconds)
+        timer = asyncio.timeout(ctx.timeout_seconds)
+        try:
+            async with timer:
+                result = await self.converse()
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            result = StepResult("failed", error=(
+                f"the step ran out of time after {ctx.timeout_seconds:g} s (step timeout) "
+                f"in turn {self.turns}"))
+        except ExecutorError as exc:
+            self.record("attempt_finished", outcome="error", error=str(exc), usage=vars(self.usage))
+            raise
+        result.usage = self.usage
+        result.summary = self.ex.redact(result.summary)
+        result.error = self.ex.redact(result.error) if result.error else result.error
+        result.question = self.ex.redact(result.question) if result.question else result.question
+        self.record("attempt_finished", outcome=result.outcome, summary=result.summary, error=result.error,
+                    question=result.question, stop_reason=result.stop_reason, turns=self.turns,
+                    restarts=self.restarts, usage=vars(self.usage))
+        return result
+
+    def interrupted(self, reason: str) -> StepResult:
+        return StepResult("interrupted", stop_reason=reason, summary=_clip(self.last_text, 2000),
+                          error=f"interrupted ({reason}) in turn {self.turns}")
+
+    def start_conversation(self, user_message: str) -> None:
+        self.messages = [
+            {"role": "system", "content": self.ctx.system_prompt},
+            {"role": "user", "content": user_message},
+        ]
+        self.logged = 0
+        self.counted_tokens = None
+        self.counted_upto = 0
+
+    async def converse(self) -> StepResult:
+        ctx = self.ctx
+        self.start_conversation(ctx.prompt)
+        limit = self.llm.max_turns_per_step
+        while self.turns < limit:
+            if ctx.cancel.is_set():
+                return self.interrupted("cancelled")
+            reason = await ctx.guard.before_model_call()
+            if reason:
+                return self.interrupted(reason)
+            if self.restart_summary is not None:
+                self.restart()
+            elif self.wrap_turns_left is None and self.should_wrap_up():
+                self.start_wrap_up()
+            response = await self.call_model()
+            if isinstance(response, StepResult):
+                return response
+            self.turns += 1
+            ending = await self.handle(response)
+            if ending is not None:
+                return ending
+        last = f"; the last reply was: {_clip(self.last_text, 300)!r}" if self.last_text.strip() else ""
+        return StepResult("failed", summary=_clip(self.last_text, 2000), error=(
+            f"{self.turns} turns used without complete_step (llm.max_turns_per_step is {limit}){last}"))
+
+    # -- one model call --------------------------------------------------------------------
+
+    async def call_model(self) -> ChatCompletion | StepResult:
+        ctx = self.ctx
+        new = self.messages[self.logged:]
+        self.record("request", turn=self.turns + 1, model=self.llm.model,
+                    messages=[m for m in new if m.get("role") != "tool"],
+                    tool_results=sum(1 for m in new if m.get("role") == "tool"))
+        self.logged = len(self.messages)
+        started = time.monotonic()
+        call = asyncio.ensure_future(self.ex.client.chat.completions.create(
+            model=self.llm.model, messages=self.messages, tools=self.schemas))
+        stop = asyncio.ensure_future(ctx.cancel.wait())
+        try:
+            done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not call.done():
+                call.cancel()
+                await asyncio.wait({call})  # let it unwind; our own cancellation still propagates
+        if call not in done or call.cancelled():
+            self.record("response", turn=self.turns + 1, error="cancelled while waiting for the model")
+            return self.interrupted("cancelled")
+        try:
+            response = call.result()
+        except openai.OpenAIError as exc:
+            return self.failure(exc, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        usage = self.count(response)
+        calls = self.tool_calls(response)
+        text = self.text_of(response)
+        finish = response.choices[0].finish_reason if response.choices else None
+        self.record("response", turn=self.turns + 1, content=text,
+                    tool_calls=[vars(c) for c in calls], finish_reason=finish,
+                    usage=vars(usage), seconds=round(seconds, 3))
+        self.emit("model_called", turn=self.turns + 1, model=self.llm.model, seconds=round(seconds, 3),
+                  prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                  tool_calls=[c.name for c in calls])
+        return response
+
+    def count(self, response: ChatCompletion) -> StepUsage:
+        """Add this response's usage to the attempt's, price it, tell the guard."""
+        u = response.usage
+        prompt = u.prompt_tokens if u is not None else 0
+        completion = u.completion_tokens if u is not None else 0
+        total = (u.total_tokens if u is not None else 0) or prompt + completion
+        price = self.llm.prices.get(self.llm.model) or self.llm.prices.get(response.model or "")
+        cost = 0.0
+        if price is not None:
+            cost = (prompt * price.input_per_1m + completion * price.output_per_1m) / 1_000_000
+        usage = StepUsage(prompt, completion, total, 1, cost)
+        self.usage.add(usage)
+        self.ctx.guard.after_model_call(usage)
+        if u is not None and (prompt or completion):
+            self.counted_tokens = prompt + completion
+        else:
+            self.counted_tokens = None
+        return usage
+
+    def tool_calls(self, response: ChatCompletion) -> list[_Call]:
+        """The response's tool calls, arguments redacted: a secret the model echoes is cut before it
+        can reach a file, the transcript or the next request."""
+        if not response.choices:
+            return []
+        calls = []
+        for i, tc in enumerate(response.choices[0].message.tool_calls or []):
+            call_id = getattr(tc, "id", None) or f"call_{self.turns}_{i}"
+            if tc.type == "function":
+                calls.append(_Call(call_id, tc.function.name, self.ex.redact(tc.function.arguments or "")))
+            else:
+                calls.append(_Call(call_id, getattr(getattr(tc, "custom", None), "name", "?"), "", tc.type))
+        return calls
+
+    def text_of(self, response: ChatCompletion) -> str:
+        if not response.choices:
+            return ""
+        return self.ex.redact(response.choices[0].message.content or "")
+
+    def failure(self, exc: openai.OpenAIError, seconds: float) -> StepResult:
+        """A failed call as a failed attempt, or ExecutorError when retrying cannot help."""
+        llm = self.llm
+        where = self.ex.endpoint
+        detail = self.ex.redact(_clip(getattr(exc, "message", None) or str(exc), 400))
+        self.record("response", turn=self.turns + 1, error=f"{type(exc).__name__}: {detail}",
+                    seconds=round(seconds, 3))
+        if isinstance(exc, openai.AuthenticationError):
+            raise ExecutorError(
+                f"{where} rejected the API key (HTTP 401): put a valid key in the environment variable "
+                f"{self.ex.api_key_env} (llm.api_key_env); the endpoint said: {detail}")
+        if isinstance(exc, openai.PermissionDeniedError):
+            raise ExecutorError(
+                f"{where} refused access to model {llm.model!r} (HTTP 403): use a key in "
+                f"{self.ex.api_key_env} that may use this model, or choose another with llm.model / --model; "
+                f"the endpoint said: {detail}")
+        if isinstance(exc, openai.NotFoundError):
+            raise ExecutorError(
+                f"{where} answered 404 Not Found for model {llm.model!r}: set llm.model (or --model, or the "
+                f"task's `model:`) to a model this endpoint serves, or correct llm.base_url (it usually ends "
+                f"in /v1); the endpoint said: {detail}")
+        if isinstance(exc, openai.RateLimitError):
+            if exc.code == "insufficient_quota" or "insufficient_quota" in detail:
+                raise ExecutorError(f"{where} says the quota of the key in {self.ex.api_key_env} is used up "
+                                    f"(HTTP 429 insufficient_quota): check the plan and billing; {detail}")
+            after = exc.response.headers.get("retry-after")
+            wait = f" (Retry-After: {after} s)" if after else ""
+            error = (f"rate limited by {where}: HTTP 429 after {llm.max_retries} retries{wait}; "
+                     f"the endpoint said: {detail}")
+        elif isinstance(exc, openai.APITimeoutError):
+            error = (f"the model request to {where} timed out after {llm.request_timeout_seconds:g} s "
+                     f"(llm.request_timeout_seconds) and {llm.max_retries} retries")
+        elif isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc.__context__
+            why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+            error = f"could not connect to {where} after {llm.max_retries} retries{self.ex.redact(why)}"
+        elif isinstance(exc, openai.APIStatusError):
+            error = (f"HTTP {exc.status_code} from {where} after {llm.max_retries} retries; "
+                     f"the endpoint said: {detail}")
+        else:
+            error = f"the model call failed: {type(exc).__name__}: {detail}"
+        return StepResult("failed", error=error, summary=_clip(self.last_text, 2000))
+
+    # -- one response ----------------------------------------------------------------------
+
+    async def handle(self, response: ChatCompletion) -> StepResult | None:
+        """Append the assistant message, run its tool calls in order, and decide what comes next."""
+        choice = response.choices[0] if response.choices else None
+        text = self.text_of(response)
+        calls = self.tool_calls(response)
+        if text.strip():
+            self.last_text = text
+        assistant: dict[str, Any] = {"role": "assistant", "content": text or ("" if not calls else None)}
+        if calls:
+            assistant["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in calls]
+        self.messages.append(cast(ChatCompletionMessageParam, assistant))
+        self.counted_upto = len(self.messages)
+        self.logged = len(self.messages)  # the response record holds it
+
+        for index, call in enumerate(calls):
+            ending = await self.run_tool(call)
+            if ending is not None:
+                for skipped in calls[index + 1:]:
+                    self.record("tool", tool=skipped.name, call_id=skipped.id, skipped=True,
+                                result="not run: the attempt had ended")
+                return ending
+
+        if self.wrap_turns_left is not None:
+            self.wrap_turns_left -= 1
+            if not calls:
+                self.finish_wrap_up(text)
+            elif self.wrap_turns_left <= 0:
+                self.finish_wrap_up(None)
+            return None
+        if not calls:
+            cut = choice is not None and choice.finish_reason == "length"
+            self.messages.append({"role": "user", "content": NUDGE_CUT if cut else NUDGE})
+        return None
+
+    async def run_tool(self, call: _Call) -> StepResult | None:
+        ctx = self.ctx
+        started = time.monotonic()
+        tool = self.tools.get(call.name) if call.kind == "function" else None
+        shown: Any = self.ex.redact(_clip(call.arguments, EVENT_TEXT_LIMIT))
+        args_dict: dict[str, Any] | None = None
+        if call.kind != "function":
+            result = ToolResult.error(f"only function tools are supported, not {call.kind!r}")
+        elif tool is None:
+            result = ToolResult.error(self.unknown_tool(call.name))
+        else:
+            try:
+                args = tool.parse(call.arguments)
+            except ToolError as exc:
+                result = ToolResult.error(str(exc))
+            else:
+                args_dict = args.model_dump()
+                shown = self.event_arguments(args_dict)
+                reason = await ctx.guard.before_tool_call(call.name, args_dict)
+                if reason is None and ctx.cancel.is_set():
+                    reason = "cancelled"
+                if reason:
+                    self.record("tool", tool=call.name, call_id=call.id, arguments=args_dict,
+                                result=f"not run: {reason}")
+                    return self.interrupted(reason)
+                result = await execute(tool, args, self.env)
+                ctx.guard.after_tool_call(call.name, args_dict, None if result.ok else result.text)
+        text = clip_output(self.ex.redact(result.text))
+        self.messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
+        seconds = round(time.monotonic() - started, 3)
+        self.record("tool", tool=call.name, call_id=call.id,
+                    arguments=args_dict if args_dict is not None else call.arguments,
+                    ok=result.ok, result=text, seconds=seconds)
+        fields: dict[str, Any] = {"tool": call.name, "arguments": shown, "ok": result.ok, "seconds": seconds}
+        if not result.ok:
+            fields["error"] = _clip(text, EVENT_TEXT_LIMIT)
+        self.emit("tool_called", **fields)
+        self.calls_made.append(f"{call.name} {self.brief(args_dict)}".strip())
+        if result.ending is None:
+            return None
+        e = result.ending
+        if e.outcome == "completed":
+            return StepResult("completed", summary=e.summary)
+        if e.outcome == "failed":
+            return StepResult("failed", error=e.error or "the agent reported failure",
+                              summary=_clip(self.last_text, 2000))
+        if e.outcome == "request_human":
+            return StepResult("request_human", question=e.question, summary=_clip(self.last_text, 2000))
+        return self.interrupted(e.stop_reason or "interrupted")
+
+    def unknown_tool(self, name: str) -> str:
+        if name == "run_command":
+            return "run_command is disabled (tools.shell.enabled is false): use the file tools"
+        return f"there is no tool {name!r}; the tools are: {', '.join(self.tools)}"
+
+    def event_arguments(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Arguments for the event log: long texts as their length, everything short and redacted."""
+        out: dict[str, Any] = {}
+        for key, value in args.items():
+            if isinstance(value, str):
+                out[key] = (f"<{len(value)} characters>" if key in LONG_ARGUMENTS
+                            else self.ex.redact(_clip(value, EVENT_TEXT_LIMIT)))
+            elif isinstance(value, list):
+                out[key] = [self.ex.redact(_clip(str(v), EVENT_TEXT_LIMIT)) for v in value[:10]]
+            else:
+                out[key] = value
+        return out
+
+    @staticmethod
+    def brief(args: Mapping[str, Any] | None) -> str:
+        if not args:
+            return ""
+        for key in ("path", "command", "query", "pattern", "summary", "error", "question"):
+            value = args.get(key)
+            if isinstance(value, str):
+                return _clip(value, 80)
+        return ""
+
+    # -- context budget (seed 002) ---------------------------------------------------------
+
+    def context_tokens(self) -> int:
+        """The conversation's size: the last response's prompt+completion tokens plus an estimate
+        for what was appended since; all estimated (chars/4) when the endpoint reports no usage."""
+        if self.counted_tokens is not None:
+            return self.counted_tokens + _chars(self.messages[self.counted_upto:]) // CHARS_PER_TOKEN
+        schema_chars = len(json.dumps(self.schemas))
+        return (_chars(self.messages) + schema_chars) // CHARS_PER_TOKEN
+
+    def wrap_limit(self) -> int:
+        return int(self.llm.wrap_up_threshold * self.llm.context_window_tokens)
+
+    def should_wrap_up(self) -> bool:
+        # A fresh conversation (system + one user message) is never wrapped: there is nothing to save.
+        return len(self.messages) > 2 and self.context_tokens() >= self.wrap_limit()
+
+    def start_wrap_up(self) -> None:
+        tokens = self.context_tokens()
+        turns_left = min(WRAP_UP_TURNS, self.llm.max_turns_per_step - self.turns)
+        text = prompts.template("wrap_up.md", self.ctx.workspace).safe_substitute(
+            tokens=tokens, window=self.llm.context_window_tokens, turns=turns_left,
+            threshold=f"{self.llm.wrap_up_threshold:.0%}")
+        self.messages.append({"role": "user", "content": text})
+        self.wrap_turns_left = WRAP_UP_TURNS
+        self.wrap_saved_from = len(self.env.memory_saved)
+        self.record("wrap_up", tokens=tokens, threshold=self.wrap_limit(),
+                    window=self.llm.context_window_tokens)
+        self.emit("context_wrapped", tokens=tokens, threshold=self.wrap_limit(),
+                  window=self.llm.context_window_tokens, turn=self.turns + 1, restart=self.restarts + 1)
+
+    def finish_wrap_up(self, text: str | None) -> None:
+        """Store the summary (the model's text, else what it saved, else kiro's list of its tool
+        calls) and arrange for the next model call to start afresh."""
+        summary = (text or "").strip()
+        source = "text"
+        if not summary:
+            saved = self.env.memory_saved[self.wrap_saved_from:]
+            summary = "\n\n".join(saved).strip()
+            source = "memory_save"
+        if not summary:
+            recent = "\n".join(f"- {c}" for c in self.calls_made[-30:]) or "- (no tool calls)"
+            last = f"\nLast reply: {_clip(self.last_text, 1000)}" if self.last_text.strip() else ""
+            summary = f"(The model wrote no summary. Tool calls so far in this step:)\n{recent}{last}"
+            source = "kiro"
+        summary = self.ex.redact(_clip(summary, 8000))
+        step = self.ctx.step
+        content = (f"Step {step.id} ({step.title or step.text}), iteration {self.ctx.iteration}, attempt "
+                   f"{self.ctx.attempt}, context restart {self.restarts + 1}:\n{summary}")
+        with contextlib.suppress(Exception):  # losing the memory row must not lose the step
+            self.ex.memory.save(content, "summary", 0.6, self.env.memory_source)
+        self.record("summary", summary=summary, source=source, restart=self.restarts + 1)
+        self.restart_summary = summary
+        self.wrap_turns_left = None
+
+    def restart(self) -> None:
+        summary = self.restart_summary or ""
+        self.restarts += 1
+        text = prompts.template("restart.md", self.ctx.workspace).safe_substitute(
+            mission=self.ctx.prompt, summary=summary, restart=self.restarts)
+        self.start_conversation(text)
+        self.restart_summary = None
+        self.record("restart", restart=self.restarts)

@@ -1,0 +1,498 @@
+"""An honest fake of an OpenAI-compatible endpoint: a real HTTP server on 127.0.0.1, scripted per test.
+
+The real `openai` client talks to it over a socket, so retries, Retry-After, timeouts, status
+errors and response parsing are the client's own, not a mock's. It serves
+
+    POST /v1/chat/completions   (non-streaming) replies from a queue the test fills
+    GET  /v1/models             the known models
+
+and records every request (headers and body) for assertions.
+
+In a test (`fake_openai` fixture, or `with FakeOpenAI() as fake:`):
+
+    fake.reply(tool_calls=[call("write_file", {"path": "a.txt", "content": "x"})],
+               usage=usage(100, 20))
+    fake.reply("All steps COMPLETE!")                       # prose only
+    fake.error(429, retry_after=1)                          # then the next scripted item
+    fake.error(500, times=3, retry_after_ms=10)
+    fake.reply(call("complete_step", {"summary": "done"}), delay=2.0)   # a slow reply
+    fake.responder = lambda body: {...}                     # replies computed from the request
+
+The server runs in a thread, so a `kiro` subprocess can use it as well: give it `fake.base_url`
+(as `llm.base_url` or OPENAI_BASE_URL). Run standalone with a JSON script:
+
+    python -m tests.fake_openai script.json    # prints the base URL, serves until killed
+
+where the script is a list of items as accepted by `FakeOpenAI.script()`.
+
+The second half of this module builds what the engine would hand an executor, for executor and
+tool tests: `make_harness(tmp_path / "ws", llm={...}, tools={...})` makes a workspace with a
+task file and a config; `harness.context()` a StepContext (events collected and checked against
+the known event names); `harness.tool_env()` and `invoke(env, "write_file", {...})` call one tool
+the way the executor does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiro import prompts, tasks
+from kiro.config import Config
+from kiro.events import make_event
+from kiro.executors.base import Guard, StepContext
+from kiro.memory import MemoryStore
+from kiro.state import LoopState
+from kiro.tools import ToolEnv, ToolError, ToolResult, toolset
+from kiro.tools.base import execute
+from kiro.tools.paths import Confinement
+from kiro.transcript import Redactor
+from kiro.workspace import Workspace as KiroWorkspace
+
+DEFAULT_USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+
+
+def call(name: str, arguments: Mapping[str, Any] | str, id: str | None = None) -> dict[str, Any]:
+    """A tool call to script. `arguments` as a dict (sent as JSON) or a raw string (sent as is,
+    for malformed-JSON tests)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"name": name, "arguments": args, "id": id}
+
+
+def usage(prompt: int, completion: int, total: int | None = None) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion if total is None else total}
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-case names
+    body: Any  # parsed JSON, or None
+    raw: bytes
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        if isinstance(self.body, dict):
+            return list(self.body.get("messages", []))
+        return []
+
+
+@dataclass
+class Item:
+    """One scripted answer: a reply (status 200) or an error."""
+
+    status: int = 200
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, int] | None = None
+    finish_reason: str | None = None
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    raw_body: bytes | None = None
+
+
+class FakeOpenAI:
+    def __init__(self, *, known_models: Iterable[str] | None = None, require_key: str | None = None) -> None:
+        self.known_models = list(known_models) if known_models is not None else None
+        self.require_key = require_key
+        self.requests: list[Recorded] = []
+        self.responder: Callable[[dict[str, Any]], Mapping[str, Any] | None] | None = None
+        self._queue: deque[Item] = deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ids = itertools.count(1)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> FakeOpenAI:
+        fake = self
+
+        class Handler(_Handler):
+            owner = fake
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        name="fake-openai", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()  # wakes slow replies
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() the server first"
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # -- scripting -------------------------------------------------------------------------
+
+    def reply(self, content: str | dict[str, Any] | None = None, *,
+              tool_calls: Iterable[dict[str, Any]] | None = None, usage: dict[str, int] | None = None,
+              finish_reason: str | None = None, delay: float = 0.0) -> None:
+        """Queue an assistant reply. A dict as `content` is taken as a single tool call."""
+        self._push(_reply(content, tool_calls=tool_calls, usage=usage, finish_reason=finish_reason,
+                          delay=delay))
+
+    def error(self, status: int, message: str | None = None, *, code: str | None = None,
+              type: str | None = None, retry_after: float | str | None = None,
+              retry_after_ms: int | None = None, headers: Mapping[str, str] | None = None,
+              times: int = 1, delay: float = 0.0) -> None:
+        """Queue an HTTP error (`times` of them), in the OpenAI error body format."""
+        item = _error(status, message, code=code, type=type, retry_after=retry_after,
+                      retry_after_ms=retry_after_ms, headers=headers, delay=delay)
+        for _ in range(times):
+            self._push(replace(item, headers=dict(item.headers)))
+
+    def raw(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+        """Queue a response body sent verbatim (for malformed responses)."""
+        self._push(Item(status=status, raw_body=body, headers=dict(headers or {})))
+
+    def script(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """Queue items given as plain dicts (the JSON script format):
+        {"content": "...", "tool_calls": [{"name": ..., "arguments": {...}}], "usage": {...}, "delay": 0}
+        or {"status": 429, "message": "...", "retry_after": 1, "times": 2}."""
+        for d in items:
+            for item in _items(d):
+                self._push(item)
+
+    def _push(self, item: Item) -> None:
+        with self._lock:
+            self._queue.append(item)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    # -- what was sent ---------------------------------------------------------------------
+
+    @property
+    def chat_requests(self) -> list[Recorded]:
+        with self._lock:
+            return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def all_bodies(self) -> bytes:
+        with self._lock:
+            return b"\n".join(r.raw for r in self.requests)
+
+    def wait_for_requests(self, n: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.chat_requests) < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"expected {n} chat requests, got {len(self.chat_requests)}")
+            time.sleep(0.01)
+
+    # -- serving (called from handler threads) ---------------------------------------------
+
+    def _next(self, body: dict[str, Any]) -> Item:
+        with self._lock:
+            if self._queue:
+                return self._queue.popleft()
+        if self.responder is not None:
+            d = self.responder(body)
+            if d is not None:
+                return _items(d)[0]
+        n = len(self.chat_requests)
+        return Item(status=500, headers={"x-should-retry": "false"},
+                    error={"message": f"fake_openai: no scripted reply left (chat request #{n})",
+                           "type": "server_error", "param": None, "code": None})
+
+    def _completion(self, item: Item, model: str) -> dict[str, Any]:
+        n = next(self._ids)
+        tool_calls = [
+            {"id": c.get("id") or f"call_{n}_{i}", "type": "function",
+             "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for i, c in enumerate(item.tool_calls)
+        ]
+        message: dict[str, Any] = {"role": "assistant", "content": item.content}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        finish = item.finish_reason or ("tool_calls" if tool_calls else "stop")
+        body: dict[str, Any] = {
+            "id": f"chatcmpl-fake-{n}", "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        }
+        body["usage"] = dict(item.usage) if item.usage is not None else dict(DEFAULT_USAGE)
+        return body
+
+
+def _reply(content: str | dict[str, Any] | None = None, *, tool_calls: Iterable[dict[str, Any]] | None = None,
+           usage: dict[str, int] | None = None, finish_reason: str | None = None, delay: float = 0.0) -> Item:
+    calls = list(tool_calls or [])
+    if isinstance(content, dict):
+        calls.insert(0, content)
+        content = None
+    return Item(content=content, tool_calls=calls, usage=usage, finish_reason=finish_reason, delay=delay)
+
+
+def _error(status: int, message: str | None = None, *, code: str | None = None, type: str | None = None,
+           retry_after: float | str | None = None, retry_after_ms: int | None = None,
+           headers: Mapping[str, str] | None = None, delay: float = 0.0) -> Item:
+    h = dict(headers or {})
+    if retry_after is not None:
+        h["Retry-After"] = str(retry_after)
+    if retry_after_ms is not None:
+        h["retry-after-ms"] = str(retry_after_ms)
+    body = {"message": message or f"fake error {status}", "type": type or _error_type(status),
+            "param": None, "code": code}
+    return Item(status=status, headers=h, error=body, delay=delay)
+
+
+def _items(d: Mapping[str, Any]) -> list[Item]:
+    """Script-format dict -> items (an error with "times" gives several)."""
+    if int(d.get("status", 200)) != 200:
+        item = _error(int(d["status"]), d.get("message"), code=d.get("code"), type=d.get("type"),
+                      retry_after=d.get("retry_after"), retry_after_ms=d.get("retry_after_ms"),
+                      headers=d.get("headers"), delay=float(d.get("delay", 0)))
+        return [replace(item, headers=dict(item.headers)) for _ in range(int(d.get("times", 1)))]
+    calls = [call(c["name"], c.get("arguments", {}), c.get("id")) for c in d.get("tool_calls", [])]
+    return [_reply(d.get("content"), tool_calls=calls, usage=d.get("usage"),
+                   finish_reason=d.get("finish_reason"), delay=float(d.get("delay", 0)))]
+
+
+def _error_type(status: int) -> str:
+    return {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
+            404: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: FakeOpenAI
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        return None
+
+    def _record(self, body: bytes) -> Any:
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            parsed = None
+        rec = Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, parsed, body)
+        with self.owner._lock:
+            self.owner.requests.append(rec)
+        return parsed
+
+    def _send(self, status: int, payload: bytes, headers: Mapping[str, str] | None = None) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(payload)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
+            self.close_connection = True
+
+    def _auth_ok(self) -> bool:
+        key = self.owner.require_key
+        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        err = {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
+                         "param": None, "code": "invalid_api_key"}}
+        self._send(401, json.dumps(err).encode())
+        return False
+
+    def do_GET(self) -> None:
+        self._record(b"")
+        if not self._auth_ok():
+            return
+        if self.path.rstrip("/").endswith("/models"):
+            models = self.owner.known_models or ["fake-model"]
+            data = {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                                               for m in models]}
+            self._send(200, json.dumps(data).encode())
+        else:
+            self._send(404, b'{"error": {"message": "not found", "type": "invalid_request_error"}}')
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = self._record(raw)
+        if not self._auth_ok():
+            return
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._send(404, b'{"error": {"message": "not found", "type": "invalid_request_error"}}')
+            return
+        body = body if isinstance(body, dict) else {}
+        model = str(body.get("model", "fake-model"))
+        known = self.owner.known_models
+        if known is not None and model not in known:
+            msg = f"The model `{model}` does not exist or you do not have access to it."
+            err = {"error": {"message": msg,
+                             "type": "invalid_request_error", "param": None, "code": "model_not_found"}}
+            self._send(404, json.dumps(err).encode())
+            return
+        item = self.owner._next(body)
+        if item.delay and self.owner._stop.wait(item.delay):
+            self.close_connection = True
+            return
+        if item.raw_body is not None:
+            self._send(item.status, item.raw_body, item.headers)
+        elif item.status != 200:
+            self._send(item.status, json.dumps({"error": item.error}).encode(), item.headers)
+        else:
+            self._send(200, json.dumps(self.owner._completion(item, model)).encode(), item.headers)
+
+
+# -- a step to run: workspace, task file, StepContext (for executor and tool tests) ---------------
+
+TASK_TEXT = """\
+---
+title: Demo task
+---
+# Implementation Plan
+- [ ] 1. Create hello.txt
+  - It must contain the word hello
+- [ ] 2. Write the notes
+"""
+
+
+@dataclass
+class StepHarness:
+    """A temp workspace (project dir = workspace root) with a task file, and what it takes to build
+    the StepContext the engine would pass: config, events, guard, sleep, cancel."""
+
+    root: Path
+    config: Config
+    task_id: str = "t1"
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ws(self) -> KiroWorkspace:
+        return KiroWorkspace(self.root)
+
+    @property
+    def task_path(self) -> Path:
+        return self.root / "Specs" / "demo" / "tasks.md"
+
+    def emit(self, event: str, **fields: Any) -> None:
+        # make_event rejects unknown event names: an executor typo fails the test.
+        self.events.append(make_event(self.task_id, 1, event, fields))
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == event]
+
+    def context(self, *, step_id: str = "1", attempt: int = 1, guard: Guard | None = None,
+                sleep: Callable[[float], Awaitable[str | None]] | None = None,
+                cancel: asyncio.Event | None = None, timeout: float = 60.0,
+                config: Config | None = None) -> StepContext:
+        cfg = config or self.config
+        task = tasks.load(self.task_path)
+        step = task.find(step_id)
+        assert step is not None
+        state = LoopState(task_id=self.task_id, task_path=self.ws.relative(self.task_path), iteration=1)
+
+        async def real_sleep(seconds: float) -> str | None:
+            await asyncio.sleep(seconds)
+            return None
+
+        return StepContext(
+            task_id=self.task_id, workspace=self.ws, project_dir=(self.root / cfg.project_dir).resolve(),
+            task_path=self.task_path, task=task, step=step, iteration=1, attempt=attempt,
+            prompt=prompts.step_prompt(task, step, state, attempt=attempt, workspace=self.ws),
+            system_prompt=prompts.system_prompt(task, state, self.ws), reinjected=False, continuation=None,
+            previous_error=None, verify_output=None, timeout_seconds=timeout, config=cfg, state=state,
+            cancel=cancel or asyncio.Event(), emit=self.emit, sleep=sleep or real_sleep,
+            guard=guard or Guard(),
+        )
+
+    def tool_env(self, **kwargs: Any) -> ToolEnv:
+        """The ToolEnv the openai executor would build for this step (for calling tools directly)."""
+        ctx = self.context(**kwargs)
+        return ToolEnv(
+            ctx=ctx,
+            confinement=Confinement(ctx.project_dir, self.root, task_file=self.task_path,
+                                    state_dir=self.ws.state_dir),
+            memory=MemoryStore(self.ws.memory_db()), redact=Redactor.from_environment(None),
+            memory_source=f"loop:{self.task_id}", api_key_env=ctx.config.llm.api_key_env,
+        )
+
+
+def make_harness(root: Path, *, task_text: str = TASK_TEXT, **config: Any) -> StepHarness:
+    """A workspace at `root` with the standard folders, the task file, and a config built from
+    keyword sections (`llm={...}`, `tools={...}`)."""
+    ws = KiroWorkspace(root)
+    ws.ensure_folders()
+    (root / "config").mkdir(exist_ok=True)
+    task = root / "Specs" / "demo" / "tasks.md"
+    task.parent.mkdir(parents=True, exist_ok=True)
+    task.write_text(task_text, encoding="utf-8")
+    return StepHarness(root=root, config=Config.model_validate(config))
+
+
+async def invoke(env: ToolEnv, name: str, arguments: Mapping[str, Any] | str) -> ToolResult:
+    """Call one tool the way the executor does: parse (errors to the result), then execute."""
+    tool = toolset(env.ctx.config).get(name)
+    if tool is None:
+        return ToolResult.error(f"no tool {name!r}")
+    try:
+        args = tool.parse(arguments if isinstance(arguments, str) else json.dumps(arguments))
+    except ToolError as exc:
+        return ToolResult.error(str(exc))
+    return await execute(tool, args, env)
+
+
+@pytest.fixture(name="fake_openai")
+def fake_openai_fixture() -> Iterator[FakeOpenAI]:
+    """A started FakeOpenAI, closed after the test. Use it by importing this function into the
+    test module (`from tests.fake_openai import fake_openai_fixture`), or list the module in the
+    root conftest's `pytest_plugins`."""
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+def main(argv: list[str]) -> int:
+    fake = FakeOpenAI()
+    if argv:
+        with open(argv[0], encoding="utf-8") as fh:
+            fake.script(json.load(fh))
+    fake.start()
+    print(fake.base_url, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        fake.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

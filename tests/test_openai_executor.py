@@ -1,0 +1,510 @@
+"""The openai executor, driven through the real `openai` client against the fake endpoint
+(tests/fake_openai.py): tool calls, turns, failures, usage, context wrap-up, secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiro import transcript
+from kiro.errors import ExecutorError
+from kiro.executors.base import Guard, StepResult
+from kiro.executors.openai_agent import NUDGE, OpenAIExecutor
+from kiro.memory import MemoryStore
+from tests.fake_openai import FakeOpenAI, StepHarness, call, make_harness, usage
+from tests.fake_openai import fake_openai_fixture as fake_openai_fixture  # the `fake_openai` fixture
+
+KEY_ENV = "KIRO_TEST_OPENAI_KEY"
+
+
+def harness(tmp_path: Path, fake: FakeOpenAI, *, llm: Mapping[str, Any] | None = None,
+            **config: Any) -> StepHarness:
+    settings = {"base_url": fake.base_url, "api_key_env": KEY_ENV, "max_retries": 2,
+                "request_timeout_seconds": 10, **(llm or {})}
+    return make_harness(tmp_path / "ws", llm=settings, **config)
+
+
+def run(h: StepHarness, **context: Any) -> StepResult:
+    async def go() -> StepResult:
+        ex = OpenAIExecutor(h.config, h.ws, h.task_id)
+        try:
+            return await ex.run_step(h.context(**context))
+        finally:
+            await ex.aclose()
+
+    return asyncio.run(go())
+
+
+def tool_messages(body: Any) -> list[dict[str, Any]]:
+    return [m for m in body["messages"] if m["role"] == "tool"]
+
+
+# -- doing a step -------------------------------------------------------------------------------
+
+
+def test_step_done_by_tool_calls(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(call("write_file", {"path": "hello.txt", "content": "hello\n"}))
+    fake_openai.reply(call("complete_step", {"summary": "created hello.txt"}))
+
+    result = run(h)
+
+    assert result.outcome == "completed"
+    assert result.summary == "created hello.txt"
+    assert (h.root / "hello.txt").read_text() == "hello\n"
+    first, second = (r.body for r in fake_openai.chat_requests)
+    assert first["messages"][0]["role"] == "system"
+    assert "Create hello.txt" in first["messages"][1]["content"]
+    offered = [t["function"]["name"] for t in first["tools"]]
+    assert offered == ["read_file", "write_file", "edit_file", "list_files", "search_files", "complete_step",
+                       "fail_step", "request_human", "add_steps", "memory_save", "memory_recall", "sleep"]
+    call_id = second["messages"][2]["tool_calls"][0]["id"]
+    assert tool_messages(second) == [{"role": "tool", "tool_call_id": call_id,
+                                      "content": "created hello.txt (6 characters)"}]
+    called = h.named("tool_called")
+    assert [(e["tool"], e["ok"]) for e in called] == [("write_file", True), ("complete_step", True)]
+    assert called[0]["arguments"] == {"path": "hello.txt", "content": "<6 characters>"}
+    kinds = [r["kind"] for r in transcript.read(h.ws.transcript_file("t1"))]
+    assert kinds == ["attempt_started", "request", "response", "tool", "request", "response", "tool",
+                     "attempt_finished"]
+
+
+def test_parallel_tool_calls_run_in_order(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(tool_calls=[
+        call("write_file", {"path": "a.txt", "content": "A"}, id="c1"),
+        call("write_file", {"path": "a.txt", "content": "A2"}, id="c2"),
+        call("read_file", {"path": "a.txt"}, id="c3"),
+    ])
+    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+
+    assert run(h).outcome == "completed"
+    results = tool_messages(fake_openai.chat_requests[1].body)
+    assert [m["tool_call_id"] for m in results] == ["c1", "c2", "c3"]
+    assert results[0]["content"].startswith("created a.txt")
+    assert results[1]["content"].startswith("replaced a.txt")
+    assert results[2]["content"] == "A2"
+
+
+def test_malformed_arguments_get_a_correctable_error(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(call("write_file", '{"path": "a.txt", "content": '))  # torn JSON
+    fake_openai.reply(call("write_file", {"path": "a.txt", "contents": "x"}))  # misspelt, missing
+    fake_openai.reply(call("write_file", {"path": "a.txt", "content": "x"}))
+    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+
+    assert run(h).outcome == "completed"
+    reqs = fake_openai.chat_requests
+    torn = tool_messages(reqs[1].body)[-1]["content"]
+    assert torn.startswith("error: the arguments of write_file are not valid JSON")
+    assert "write_file(path: string, content: string)" in torn
+    invalid = tool_messages(reqs[2].body)[-1]["content"]
+    assert "content: required argument missing" in invalid
+    assert "contents: unknown argument" in invalid
+    assert (h.root / "a.txt").read_text() == "x"
+    assert [e["ok"] for e in h.named("tool_called")] == [False, False, True, True]
+
+
+def test_turns_exhausted_without_complete_step_is_a_failed_attempt(tmp_path: Path,
+                                                                    fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai, llm={"max_turns_per_step": 3})
+    for _ in range(3):
+        fake_openai.reply(call("list_files", {}))
+
+    result = run(h)
+
+    assert result.outcome == "failed"
+    assert result.error is not None and "3 turns used without complete_step" in result.error
+    assert len(fake_openai.chat_requests) == 3
+
+
+def test_prose_claiming_completion_completes_nothing(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai, llm={"max_turns_per_step": 2})
+    fake_openai.reply("All steps COMPLETE!")
+    fake_openai.reply("I am done. COMPLETE.")
+
+    result = run(h)
+
+    assert result.outcome == "failed"
+    assert result.error is not None and "without complete_step" in result.error
+    nudge = fake_openai.chat_requests[1].body["messages"][-1]
+    assert nudge == {"role": "user", "content": NUDGE}
+    assert "tasks.md" in str(h.task_path) and "[ ] 1." in h.task_path.read_text()
+
+
+def test_other_step_outcomes(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(call("fail_step", {"error": "the API spec is missing"}))
+    fake_openai.reply(call("request_human", {"question": "Which database?"}))
+
+    failed = run(h)
+    asked = run(h)
+
+    assert (failed.outcome, failed.error) == ("failed", "the API spec is missing")
+    assert (asked.outcome, asked.question) == ("request_human", "Which database?")
+
+
+def test_calls_after_an_ending_call_are_not_run(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(tool_calls=[call("complete_step", {"summary": "done"}),
+                                  call("write_file", {"path": "late.txt", "content": "x"})])
+    assert run(h).outcome == "completed"
+    assert not (h.root / "late.txt").exists()
+
+
+def test_unknown_tool_and_disabled_run_command(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(tool_calls=[call("delete_everything", {}), call("run_command", {"command": "ls"})])
+    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+
+    assert run(h).outcome == "completed"
+    unknown, disabled = tool_messages(fake_openai.chat_requests[1].body)
+    assert unknown["content"].startswith(
+        "error: there is no tool 'delete_everything'; the tools are: read_file")
+    assert "tools.shell.enabled is false" in disabled["content"]
+
+
+def test_add_steps_and_memory_tools(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(tool_calls=[
+        call("add_steps", {"steps": ["1.1 Write the README"], "after": "1"}),
+        call("memory_save", {"content": "the build uses make", "type": "fact", "importance": 0.9}),
+        call("memory_recall", {"query": "build"}),
+    ])
+    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+
+    assert run(h).outcome == "completed"
+    assert "- [ ] 1.1 Write the README\n- [ ] 2. Write the notes" in h.task_path.read_text()
+    added, saved, recalled = tool_messages(fake_openai.chat_requests[1].body)
+    assert added["content"].startswith("added 1 unchecked step(s)")
+    assert saved["content"].startswith("saved memory #1 (fact, source loop:t1)")
+    assert "the build uses make" in recalled["content"]
+
+
+# -- stopping -----------------------------------------------------------------------------------
+
+
+class StopAtTool(Guard):
+    def __init__(self) -> None:
+        self.models = 0
+        self.tools: list[str] = []
+
+    async def before_model_call(self) -> str | None:
+        self.models += 1
+        return None
+
+    async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
+        self.tools.append(name)
+        return "stop_hook"
+
+
+def test_guard_stop_before_a_tool_interrupts(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(call("write_file", {"path": "x.txt", "content": "x"}))
+    guard = StopAtTool()
+
+    result = run(h, guard=guard)
+
+    assert (result.outcome, result.stop_reason) == ("interrupted", "stop_hook")
+    assert guard.tools == ["write_file"] and guard.models == 1
+    assert not (h.root / "x.txt").exists()
+
+
+def test_sleep_interrupted_by_a_stop(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(call("sleep", {"seconds": 99999, "reason": "wait for CI"}))
+    asked: list[float] = []
+
+    async def stopped_sleep(seconds: float) -> str | None:
+        asked.append(seconds)
+        return "stop_hook"
+
+    result = run(h, sleep=stopped_sleep)
+
+    assert (result.outcome, result.stop_reason) == ("interrupted", "stop_hook")
+    assert asked and asked[0] <= 3600
+
+
+def test_cancel_during_a_slow_model_call(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(call("complete_step", {"summary": "late"}), delay=30)
+
+    async def go() -> StepResult:
+        ex = OpenAIExecutor(h.config, h.ws, h.task_id)
+        cancel = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.2, cancel.set)
+        try:
+            return await ex.run_step(h.context(cancel=cancel))
+        finally:
+            await ex.aclose()
+
+    started = time.monotonic()
+    result = asyncio.run(go())
+    assert (result.outcome, result.stop_reason) == ("interrupted", "cancelled")
+    assert time.monotonic() - started < 20  # did not wait for the 30 s reply
+
+
+def test_step_timeout_fails_the_attempt(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(call("complete_step", {"summary": "late"}), delay=30)
+    result = run(h, timeout=0.5)
+    assert result.outcome == "failed"
+    assert result.error is not None and "ran out of time after 0.5 s" in result.error
+
+
+# -- endpoint failures --------------------------------------------------------------------------
+
+
+def test_429_honours_retry_after_then_succeeds(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.error(429, "slow down", retry_after=1)
+    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+
+    started = time.monotonic()
+    result = run(h)
+    elapsed = time.monotonic() - started
+
+    assert result.outcome == "completed"
+    assert len(fake_openai.chat_requests) == 2
+    assert fake_openai.chat_requests[1].headers["x-stainless-retry-count"] == "1"
+    assert elapsed >= 0.95  # Retry-After: 1 was waited out
+    assert result.usage.api_calls == 1  # only the answered call counts
+
+
+def test_429_past_the_retries_is_a_failed_attempt(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai, llm={"max_retries": 1})
+    fake_openai.error(429, "slow down", retry_after_ms=10, times=2)
+    result = run(h)
+    assert result.outcome == "failed"
+    assert result.error is not None and "HTTP 429 after 1 retries" in result.error
+    assert len(fake_openai.chat_requests) == 2
+
+
+def test_retry_after_beyond_the_clients_limit_is_not_waited(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.error(429, "come back later", retry_after=600)
+    result = run(h)
+    assert result.outcome == "failed"
+    assert result.error is not None and "Retry-After: 600" in result.error
+    assert len(fake_openai.chat_requests) == 1
+
+
+def test_a_run_of_500s_is_a_failed_attempt_naming_the_status(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.error(500, "upstream exploded", retry_after_ms=10, times=3)
+
+    result = run(h)
+
+    assert result.outcome == "failed"
+    assert result.error is not None
+    assert "HTTP 500" in result.error and "upstream exploded" in result.error
+    assert len(fake_openai.chat_requests) == 3  # the first try and max_retries=2
+
+
+def test_request_timeout_is_a_failed_attempt(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai, llm={"request_timeout_seconds": 0.3, "max_retries": 0})
+    fake_openai.reply(call("complete_step", {"summary": "late"}), delay=30)
+    result = run(h)
+    assert result.outcome == "failed"
+    assert result.error is not None and "timed out after 0.3 s" in result.error
+
+
+def test_unreachable_endpoint_is_a_failed_attempt(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    port = fake_openai.port
+    fake_openai.close()  # nothing listens there any more
+    h = make_harness(tmp_path / "ws", llm={"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 0,
+                                          "api_key_env": KEY_ENV})
+    result = run(h)
+    assert result.outcome == "failed"
+    assert result.error is not None and "could not connect to http://127.0.0.1" in result.error
+
+
+def test_401_is_an_executor_error_without_a_retry_flood(tmp_path: Path, fake_openai: FakeOpenAI,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-wrong-key-0123456789")
+    h = harness(tmp_path, fake_openai)
+    fake_openai.error(401, "Incorrect API key provided", times=5)
+
+    with pytest.raises(ExecutorError) as err:
+        run(h)
+
+    assert "HTTP 401" in str(err.value) and KEY_ENV in str(err.value)
+    assert "sk-wrong-key" not in str(err.value)
+    assert len(fake_openai.chat_requests) <= 3
+
+
+@pytest.mark.parametrize("status", [403, 404])
+def test_403_and_404_name_the_model(tmp_path: Path, fake_openai: FakeOpenAI, status: int) -> None:
+    h = harness(tmp_path, fake_openai, llm={"model": "gpt-nonexistent"})
+    fake_openai.error(status, "The model `gpt-nonexistent` does not exist", code="model_not_found", times=5)
+
+    with pytest.raises(ExecutorError) as err:
+        run(h)
+
+    assert "'gpt-nonexistent'" in str(err.value) and "llm.model" in str(err.value)
+    assert len(fake_openai.chat_requests) == 1
+
+
+def test_unknown_model_against_a_server_that_checks(tmp_path: Path) -> None:
+    with FakeOpenAI(known_models=["real-model"]) as fake:
+        h = harness(tmp_path, fake, llm={"model": "typo-model"})
+        with pytest.raises(ExecutorError, match="404 Not Found for model 'typo-model'"):
+            run(h)
+
+
+# -- keys ---------------------------------------------------------------------------------------
+
+
+def test_missing_key_for_the_openai_api_is_a_clear_error(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    h = make_harness(tmp_path / "ws", llm={"api_key_env": KEY_ENV})
+    with pytest.raises(ExecutorError, match=f"set the environment variable {KEY_ENV}"):
+        OpenAIExecutor(h.config, h.ws, "t1")
+
+
+def test_missing_key_for_a_local_endpoint_uses_a_dummy(tmp_path: Path, fake_openai: FakeOpenAI,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+    assert run(h).outcome == "completed"
+    assert fake_openai.chat_requests[0].headers["authorization"] == "Bearer not-needed"
+
+
+def test_canary_key_is_never_written_nor_sent_in_a_body(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    canary = "sk-canary-7f3a9c2e5b1d4086"
+    monkeypatch.setenv(KEY_ENV, canary)
+    with FakeOpenAI(require_key=canary) as fake:
+        h = harness(tmp_path, fake)
+        # A model (or a proxy) that echoes the key everywhere it can.
+        fake.reply(f"my key is {canary}", tool_calls=[
+            call("write_file", {"path": "leak.txt", "content": f"KEY={canary}\n"}),
+            call("memory_save", {"content": f"remember {canary}"}),
+            call("add_steps", {"steps": [f"rotate {canary}"]}),
+            call("read_file", {"path": "leak.txt"}),
+        ])
+        fake.error(500, f"upstream saw key {canary}", retry_after_ms=5, times=3)
+        failed = run(h)
+        fake.reply(call("complete_step", {"summary": f"done with {canary}"}))
+        done = run(h, attempt=2)
+
+        assert failed.outcome == "failed" and canary not in (failed.error or "")
+        assert done.outcome == "completed" and canary not in done.summary
+        assert all(r.headers.get("authorization") == f"Bearer {canary}" for r in fake.requests)
+        assert canary.encode() not in fake.all_bodies()
+    assert canary not in json.dumps(h.events)
+    files = [p for p in h.root.rglob("*") if p.is_file()]
+    assert h.ws.transcript_file("t1") in files and h.ws.memory_db() in files
+    leaks = [p for p in files if canary.encode() in p.read_bytes()]
+    assert leaks == []
+    assert (h.root / "leak.txt").read_text() == "KEY=[REDACTED]\n"
+
+
+def test_a_secret_read_from_a_file_does_not_reach_the_model(tmp_path: Path, fake_openai: FakeOpenAI,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    canary = "sk-canary-dotenv-93b1c7e2"
+    monkeypatch.setenv(KEY_ENV, canary)
+    h = harness(tmp_path, fake_openai)
+    (h.root / ".env").write_text(f"OPENAI_API_KEY={canary}\n")
+    fake_openai.reply(call("read_file", {"path": ".env"}))
+    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+
+    assert run(h).outcome == "completed"
+    assert tool_messages(fake_openai.chat_requests[1].body)[0]["content"] == "OPENAI_API_KEY=[REDACTED]\n"
+    assert canary.encode() not in fake_openai.all_bodies()
+    assert canary not in h.ws.transcript_file("t1").read_text()
+
+
+# -- usage and the context budget ---------------------------------------------------------------
+
+
+def test_usage_is_the_sum_of_every_response(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai, llm={"model": "priced", "prices": {
+        "priced": {"input_per_1m": 2.0, "output_per_1m": 10.0}}})
+    fake_openai.reply(call("list_files", {}), usage=usage(1000, 100))
+    fake_openai.reply("thinking out loud", usage=usage(1500, 250))
+    fake_openai.reply(call("complete_step", {"summary": "ok"}), usage=usage(2000, 50, total=2051))
+
+    result = run(h)
+
+    u = result.usage
+    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens, u.api_calls) == (4500, 400, 4901, 3)
+    assert u.cost_usd == pytest.approx((4500 * 2.0 + 400 * 10.0) / 1_000_000)
+
+
+def test_long_conversation_wraps_up_and_restarts_with_the_mission(tmp_path: Path,
+                                                                  fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai, llm={"context_window_tokens": 1000, "wrap_up_threshold": 0.8})
+    fake_openai.reply(call("write_file", {"path": "notes.txt", "content": "part 1"}), usage=usage(500, 20))
+    fake_openai.reply(call("read_file", {"path": "notes.txt"}), usage=usage(790, 20))  # 810 >= 800
+    fake_openai.reply(call("memory_save", {"content": "notes.txt holds part 1", "type": "finding"}),
+                      usage=usage(900, 20))
+    fake_openai.reply("Progress: notes.txt has part 1; next: write part 2.", usage=usage(950, 30))
+    fake_openai.reply(call("complete_step", {"summary": "notes written"}), usage=usage(300, 10))
+
+    result = run(h)
+
+    assert result.outcome == "completed"
+    reqs = [r.body for r in fake_openai.chat_requests]
+    assert len(reqs) == 5
+    assert "Context limit approaching" in reqs[2]["messages"][-1]["content"]
+    assert not any("Context limit" in str(m.get("content")) for m in reqs[1]["messages"])
+    fresh = reqs[4]["messages"]
+    assert [m["role"] for m in fresh] == ["system", "user"]
+    mission = h.context().prompt
+    assert mission in fresh[1]["content"]
+    assert "Progress: notes.txt has part 1; next: write part 2." in fresh[1]["content"]
+    assert result.usage.api_calls == 5  # the wrap-up calls count too
+    assert h.named("context_wrapped")[0]["threshold"] == 800
+    summaries = MemoryStore(h.ws.memory_db()).recent(source="loop:t1", type="summary")
+    assert len(summaries) == 1 and "next: write part 2" in summaries[0].content
+    kinds = [r["kind"] for r in transcript.read(h.ws.transcript_file("t1"))]
+    assert kinds.index("wrap_up") < kinds.index("summary") < kinds.index("restart")
+
+
+def test_wrap_up_without_a_summary_text_uses_the_saved_memory(tmp_path: Path,
+                                                               fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai, llm={"context_window_tokens": 1000, "wrap_up_threshold": 0.5})
+    fake_openai.reply(call("list_files", {}), usage=usage(600, 10))
+    for i in range(3):  # the model only saves, never writes the summary text
+        fake_openai.reply(call("memory_save", {"content": f"finding {i}"}), usage=usage(700, 10))
+    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+
+    assert run(h).outcome == "completed"
+    fresh = fake_openai.chat_requests[4].body["messages"]
+    assert len(fresh) == 2 and "finding 0" in fresh[1]["content"] and "finding 2" in fresh[1]["content"]
+
+
+def test_usage_less_endpoint_falls_back_to_an_estimate(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai, llm={"context_window_tokens": 3000, "wrap_up_threshold": 0.8})
+    big = "x" * 12_000  # ~3000 tokens once read back
+    (h.root / "big.txt").write_text(big)
+    fake_openai.reply(call("read_file", {"path": "big.txt"}), usage=usage(0, 0))
+    fake_openai.reply("Summary: read big.txt", usage=usage(0, 0))
+    fake_openai.reply(call("complete_step", {"summary": "ok"}), usage=usage(0, 0))
+
+    assert run(h).outcome == "completed"
+    assert "Context limit approaching" in fake_openai.chat_requests[1].body["messages"][-1]["content"]
+    assert len(fake_openai.chat_requests[2].body["messages"]) == 2
+
+
+def test_each_loop_has_its_own_transcript(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake_openai)
+    fake_openai.reply(call("complete_step", {"summary": "one"}))
+    fake_openai.reply(call("complete_step", {"summary": "two"}))
+    run(h)
+    h.task_id = "t2"
+    run(h)
+    one = transcript.read(h.ws.transcript_file("t1"))
+    two = transcript.read(h.ws.transcript_file("t2"))
+    assert {r["task_id"] for r in one} == {"t1"} and {r["task_id"] for r in two} == {"t2"}
+    assert one[-1]["summary"] == "one" and two[-1]["summary"] == "two"
