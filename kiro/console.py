@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -145,6 +146,10 @@ def print_table(table: Table) -> None:
 
 
 def detail_view(r: dict[str, Any]) -> None:
+    out.print(detail_table(r))
+
+
+def detail_table(r: dict[str, Any]) -> Table:
     rows = [
         ("Task id", r["task_id"]),
         ("Task", f"{r.get('title') or ''} ({r['task_path']})"),
@@ -172,7 +177,34 @@ def detail_view(r: dict[str, Any]) -> None:
     table.add_column(overflow="fold")
     for k, v in rows:
         table.add_row(k, status_text(v) if k == "Status" else Text(str(v)))
-    out.print(table)
+    return table
+
+
+def text(message: str) -> Text:
+    return Text(message)
+
+
+def watch(render: Callable[[], Any], interval: float) -> None:
+    """Redraw `render()` in place every `interval` seconds until Ctrl-C."""
+    import time
+
+    from rich.live import Live
+
+    with contextlib.suppress(KeyboardInterrupt), Live(render(), console=out, auto_refresh=False) as live:
+        while True:
+            time.sleep(interval)
+            live.update(render(), refresh=True)
+
+
+def watch_json(data: Callable[[], Any], interval: float) -> None:
+    """One compact JSON document per line every `interval` seconds until Ctrl-C (or a closed pipe)."""
+    import time
+
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        while True:
+            sys.stdout.write(json.dumps(data(), ensure_ascii=False, default=str) + "\n")
+            sys.stdout.flush()
+            time.sleep(interval)
 
 
 def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total: int) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiro import conditions, prompts, reports, tasks, timeutil
+from kiro import conditions, dashboard, prompts, reports, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound
@@ -47,7 +47,6 @@ from kiro.state import (
 from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
 
-DASHBOARD_MIN_INTERVAL = 1.0
 
 
 @dataclass
@@ -147,7 +146,7 @@ class Loop:
         self._rng = random.Random()
         self._base_elapsed = self.state.metrics.total_duration_seconds
         self._run_started = time.monotonic()
-        self._last_dashboard = 0.0
+        self._dashboard: dashboard.DashboardService | None = None
         self._first_iteration_of_run = True
         self._stale_since = self.state.updated_at
         self.project_dir = (self.ws.root / self.cfg.project_dir).resolve()
@@ -167,6 +166,8 @@ class Loop:
         self.state.metrics.total_duration_seconds = round(self.elapsed(), 3)
         self.state.refresh_metrics()
         self.store.save(self.state)
+        if self._dashboard is not None:
+            self._dashboard.update(self.state)
 
     def transition(self, to: str, reason: str | None = None) -> None:
         before = self.state.status
@@ -298,16 +299,17 @@ class Loop:
         s.finished_at = None
         s.stop_conditions = type(s.stop_conditions)()
         s.executor = self.executor.name
-        self.transition("running", "resumed" if self.run_spec.resumed else "started")
-        s.stop_reason = None
-        self.save()
-        for warning in self.run_spec.warnings:
-            self.emit("warning", message=warning)
         self.emit("loop_resumed" if self.run_spec.resumed else "loop_started",
                   task_path=s.task_path, executor=self.executor.name, max_iterations=s.max_iterations,
                   pid=s.pid, workspace=str(self.ws.root))
-        self.write_dashboard(force=True)
+        for warning in self.run_spec.warnings:
+            self.emit("warning", message=warning)
+        self.transition("running", "resumed" if self.run_spec.resumed else "started")
+        s.stop_reason = None
+        self.save()
         stop: Stop | None = None
+        self._dashboard = dashboard.acquire(self.ws, self.store)
+        self._dashboard.update(self.state)
         try:
             self._hub = await acquire_hub(self.ws.root)
             self._hub.subscribe_event(self._wake)
@@ -329,6 +331,10 @@ class Loop:
                 await release_hub(self._hub)
                 self._hub = None
         outcome = self._finish(stop)
+        if self._dashboard is not None:
+            self._dashboard.forget(self.state)
+            await dashboard.release(self._dashboard)
+            self._dashboard = None
         if self._notifiers:  # let notifiers finish (they are bounded by their own timeout)
             await asyncio.wait(set(self._notifiers), timeout=NOTIFIER_TIMEOUT + 5)
         self.log.close()
@@ -453,7 +459,7 @@ class Loop:
         self.emit("step_started", step_id=step.id, description=step.title or step.text, attempt=attempt)
         if step.marker != "-":
             with contextlib.suppress(TaskFileError, TaskNotFound):
-                task = tasks.set_marker(self.task_path, step.key, "-", expected=task)
+                task = tasks.set_marker(self.task_path, step.key, "-", expected=task, durable=False)
 
         remaining = (s.timeout_seconds or self.settings.timeout_seconds) - self.elapsed()
         ctx = StepContext(
@@ -501,12 +507,6 @@ class Loop:
             passed, verify_output = await self._verify(verify_cmd, ctx)
             if not passed:
                 self.emit("verify_failed", step_id=step.id, command=verify_cmd, output=tail(verify_output, 1000))
-                if result.checked_by_executor:  # the agent checked the box; kiro takes it back
-                    with contextlib.suppress(TaskFileError, TaskNotFound):
-                        fresh = tasks.load(self.task_path)
-                        again = fresh.find(step.key) or next((x for x in fresh.steps if x.id == step.id), None)
-                        if again is not None and again.done:
-                            tasks.set_marker(self.task_path, again.key, "-", expected=fresh)
                 result = StepResult("failed", summary=result.summary, usage=StepUsage(),
                                     error=f"verify `{verify_cmd}` failed:\n{tail(verify_output, 2000)}")
 
@@ -533,6 +533,7 @@ class Loop:
                 self._after_iteration()
                 return None
 
+        self._take_back_box(step)
         self._record_failure(step, result.error or "failed", attempt, verify_output)
         self.emit("step_failed", step_id=step.id, attempt=attempt, error=tail(result.error or "", 1500),
                   consecutive_failures=s.consecutive_failures)
@@ -545,6 +546,20 @@ class Loop:
             stop = conditions.step_retries(step.id, attempt, self.settings.max_step_retries)
         self._after_iteration()
         return stop
+
+    def _take_back_box(self, step: tasks.Step) -> None:
+        """A failed attempt of an external agent (the command executor, whose agents check boxes)
+        never counts as done: kiro puts a box it checked back to `[-]`. With the other executors
+        only a person checks boxes, and a box a person checks means "skip this step", even while
+        an attempt at it is failing."""
+        if self.executor.name != "command":
+            return
+        with contextlib.suppress(TaskFileError, TaskNotFound):
+            fresh = tasks.load(self.task_path)
+            again = fresh.find(step.key) or next((x for x in fresh.steps if x.id == step.id), None)
+            if again is not None and again.done:
+                tasks.set_marker(self.task_path, again.key, "-", expected=fresh)
+                self.emit("warning", message=f"step {step.id} failed but its box was checked; unchecked it")
 
     def _verify_command(self, task: tasks.TaskFile) -> str | None:
         v = self.cfg.verify
@@ -608,7 +623,6 @@ class Loop:
         every = self.settings.progress_report_every_n_iterations
         if self.settings.create_progress_reports and s.iteration % every == 0:
             self._write_progress_report()
-        self.write_dashboard()
 
     def _write_progress_report(self) -> None:
         try:
@@ -703,7 +717,6 @@ class Loop:
         self.save()
         if stop.status == "completed" and self.settings.archive_state_file:
             self.store.archive(s)
-        self.write_dashboard(force=True)
         self.emit("loop_finished", status=stop.status, reason=stop.reason, exit_code=stop.exit_code,
                   message=stop.message, iterations=s.iteration, report=s.report_path if report else None)
         kind = STATUS_KIND.get(stop.status)
@@ -713,34 +726,6 @@ class Loop:
         self._notify("finished", stop.reason, stop.message, report_rel)
         return Outcome(s.task_id, stop.status, stop.reason, stop.message, stop.exit_code,
                        s.report_path if report is not None or stop.reason == "request_human" else None)
-
-    def write_dashboard(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_dashboard < DASHBOARD_MIN_INTERVAL:
-            return
-        self._last_dashboard = now
-        try:
-            write_dashboard(self.ws, self.store, current=self.state)
-        except OSError as exc:
-            self.emit("warning", message=f"could not write Dashboard.md: {exc}")
-
-
-def write_dashboard(ws: Workspace, store: StateStore, current: LoopState | None = None) -> None:
-    loops: list[tuple[LoopState, str]] = []
-    from kiro.state import effective_status
-
-    for _path, st in store.all_states():
-        if st is None:
-            continue
-        if current is not None and st.task_id == current.task_id:
-            st = current
-            alive = True
-        else:
-            alive = store.is_locked(st.task_id) if st.status in ("running", "sleeping") else False
-        loops.append((st, effective_status(st, alive)))
-    if current is not None and all(st.task_id != current.task_id for st, _ in loops):
-        loops.append((current, current.status))
-    atomic_write(ws.dashboard, reports.dashboard(loops), fsync=False)
 
 
 def _seconds(x: float) -> Any:

@@ -91,19 +91,69 @@ def _workspace_guard(store: StateStore) -> Any:
         yield
 
 
-def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | None) -> LoopState | None:
+class LoopIndex:
+    """The workspace's unfinished loops, kept current cheaply: `refresh()` stats every state file
+    but reads only those that changed since the last look. For callers that look up many task
+    files (several `--task`, the watch supervisor) without reading every state file each time."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._seen: dict[Path, int] = {}
+        self._loops: dict[Path, LoopState] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        present: set[Path] = set()
+        folder = self.store.ws.state_dir
+        for p in folder.glob("autonomous_loop_*.json") if folder.is_dir() else []:
+            present.add(p)
+            try:
+                stamp = p.stat().st_mtime_ns
+            except OSError:
+                continue
+            if self._seen.get(p) == stamp:
+                continue
+            self._seen[p] = stamp
+            st = self.store.try_read(p)
+            if st is None:  # corrupt: what its newest good backup says, if anything
+                tid = p.name[len("autonomous_loop_"):-len(".json")]
+                try:
+                    st = self.store.load(tid).state
+                except KiroError:
+                    st = None
+            if st is None:
+                self._loops.pop(p, None)
+            else:
+                self._loops[p] = st
+        for gone in set(self._loops) - present:
+            self._loops.pop(gone, None)
+            self._seen.pop(gone, None)
+
+    def unfinished(self) -> list[LoopState]:
+        return [st for st in self._loops.values() if st.status != "completed"]
+
+
+def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | None,
+                       index: LoopIndex | None = None) -> LoopState | None:
     """The unfinished loop, if any, that already works on this task file."""
     rel = store.ws.relative(task_path)
-    for _path, st in store.all_states(include_archive=False):
-        if st is None or st.status == "completed":
+    if index is None:
+        index = LoopIndex(store)
+    else:
+        index.refresh()
+    for st in index.unfinished():
+        if st.status == "completed":
             continue
         if st.task_path == rel or (task_id_hint and st.task_id == task_id_hint):
             return st
+    if task_id_hint and store.path(task_id_hint).exists():
+        store.load(task_id_hint)  # the task's own loop has a state nobody can read: say so, start nothing
     return None
 
 
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
-                  overrides: Mapping[str, Any] | None = None, executor: Executor | None = None) -> LoopRun:
+                  overrides: Mapping[str, Any] | None = None, executor: Executor | None = None,
+                  index: LoopIndex | None = None) -> LoopRun:
     """Create a loop for a task file and take its lock. `executor` injects a ready executor
     (embedding kiro, tests); otherwise one is chosen as SPEC §5 says."""
     task_path = ws0.resolve_task(task_arg)
@@ -114,7 +164,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     warnings = _task_warnings(task, ws)
     with _workspace_guard(store):
         hint = task.frontmatter.get("kiro_task_id")
-        existing = find_loop_for_task(store, task_path, hint if isinstance(hint, str) else None)
+        existing = find_loop_for_task(store, task_path, hint if isinstance(hint, str) else None, index)
         if existing is not None:
             if store.is_locked(existing.task_id):
                 raise LockHeld(existing.task_id, store.holder_pid(existing.task_id))

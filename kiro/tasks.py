@@ -575,7 +575,7 @@ def _last_look(path: Path) -> bytes | None:
         return None
 
 
-def _write_if_unchanged(path: Path, data: bytes, was: bytes) -> bool:
+def _write_if_unchanged(path: Path, data: bytes, was: bytes, durable: bool = True) -> bool:
     """Write `data` over `path` atomically, unless the file no longer holds `was`.
 
     Temp file in the same folder (same filesystem, so `os.replace` is atomic), fsync, keep the
@@ -596,7 +596,8 @@ def _write_if_unchanged(path: Path, data: bytes, was: bytes) -> bool:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, stat.S_IMODE(st.st_mode))
         try:
             os.chown(tmp, st.st_uid, st.st_gid)
@@ -609,6 +610,8 @@ def _write_if_unchanged(path: Path, data: bytes, was: bytes) -> bool:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if not durable:
+        return True
     try:
         dir_fd = os.open(path.parent, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
@@ -625,7 +628,7 @@ def _write_if_unchanged(path: Path, data: bytes, was: bytes) -> bool:
 _Change: TypeAlias = Callable[[TaskFile], "str | None"]
 
 
-def _edit(path: Path, change: _Change, expected: TaskFile | None = None) -> TaskFile:
+def _edit(path: Path, change: _Change, expected: TaskFile | None = None, durable: bool = True) -> TaskFile:
     """Apply `change` (old file -> new text, or None for "nothing to do") as a compare-and-swap.
 
     `change` is always computed against the bytes that are on disk: `expected` is used only when
@@ -645,7 +648,7 @@ def _edit(path: Path, change: _Change, expected: TaskFile | None = None) -> Task
             return tf
         data = (_BOM if tf._bom else b"") + new_text.encode("utf-8")
         try:
-            written = _write_if_unchanged(real, data, raw)
+            written = _write_if_unchanged(real, data, raw, durable)
         except OSError as e:
             raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
         if written:
@@ -677,9 +680,11 @@ def _with_markers(text: str, edits: dict[int, str]) -> str:
     return "".join(out)
 
 
-def set_marker(path: Path, key: KeyLike, marker: str, *, expected: TaskFile | None = None) -> TaskFile:
+def set_marker(path: Path, key: KeyLike, marker: str, *, expected: TaskFile | None = None,
+               durable: bool = True) -> TaskFile:
     """Write `marker` into one step's box (one byte changes). `x` and `X` count as the same state,
-    so a box a person checked with `X` is left alone."""
+    so a box a person checked with `X` is left alone. `durable=False` skips the fsyncs, for marks
+    that may be lost in a power cut without harm (the `[-]` kiro writes while a step runs)."""
     if len(marker) != 1 or marker not in MARKERS:
         raise ValueError(f"marker must be one of {list(MARKERS)!r}, not {marker!r}")
 
@@ -689,7 +694,7 @@ def set_marker(path: Path, key: KeyLike, marker: str, *, expected: TaskFile | No
             return None
         return _with_markers(tf.text, {step.box_offset: marker})
 
-    return _edit(Path(path), change, expected)
+    return _edit(Path(path), change, expected, durable)
 
 
 def _parents_to_check(tf: TaskFile, done: dict[int, bool], candidates: Iterable[int],

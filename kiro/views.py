@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kiro import conditions, tasks, timeutil
@@ -28,12 +29,12 @@ def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task:
         return found[0].task_id  # newest first
     if not required:
         return None
-    states = [st for _p, st in store.all_states() if st is not None]
-    if len(states) == 1:
-        return states[0].task_id
-    if not states:
+    ids = [_task_id_of(p) for p, _st in store.all_states()]  # unreadable ones too: load() falls back
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
         raise TaskNotFound(f"no loops in {ws.root}; start one with `kiro loop start --task PATH`")
-    raise UserError(f"{len(states)} loops in this workspace: name one with --task-id "
+    raise UserError(f"{len(ids)} loops in this workspace: name one with --task-id "
                     f"(`kiro loop status` lists them)")
 
 
@@ -97,8 +98,28 @@ def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) 
     }
 
 
-def all_rows(store: StateStore) -> list[dict[str, Any]]:
-    return [loop_row(store, st) for _p, st in store.all_states() if st is not None]
+def _task_id_of(state_file: Path) -> str:
+    return state_file.name[len("autonomous_loop_"):-len(".json")]
+
+
+def all_rows(store: StateStore, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """A row per loop. An unreadable state file is shown from its newest good backup, as
+    `status --task-id` does, and `warnings` gets a line saying so (or that it cannot be read at all),
+    so a corrupt loop never silently drops out of the table."""
+    rows = []
+    for path, st in store.all_states():
+        if st is None:
+            try:
+                loaded = store.load(_task_id_of(path))
+            except KiroError as exc:
+                if warnings is not None:
+                    warnings.append(str(exc))
+                continue
+            st = loaded.state
+            if loaded.warning and warnings is not None:
+                warnings.append(loaded.warning)
+        rows.append(loop_row(store, st))
+    return rows
 
 
 def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
@@ -115,8 +136,10 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
     else:
         error = f"task file {state.task_path} not found"
     durations: dict[str, float] = {}
+    completed_attempts: dict[str, int] = {}  # the engine zeroes a step's attempt count when it succeeds
     for c in state.completed_steps:
         durations[c.step_id] = c.duration_seconds
+        completed_attempts[c.step_id] = c.attempts
     rows: list[dict[str, Any]] = []
     cur = state.current_step
     if task is not None:
@@ -135,7 +158,9 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
                 status = "todo"
             rows.append({
                 "step_id": st.id, "description": st.title or st.text, "status": status, "optional": st.optional,
-                "depth": d, "leaf": st.is_leaf, "attempts": rec.attempts if rec else 0,
+                "depth": d, "leaf": st.is_leaf,
+                "attempts": (rec.attempts if rec and rec.attempts else
+                             completed_attempts.get(st.id, 0) if st.done else 0),
                 "last_error": rec.last_error if rec else None,
                 "duration_seconds": durations.get(st.id),
                 "duration": timeutil.human_duration(durations[st.id]) if st.id in durations else None,

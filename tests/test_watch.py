@@ -114,8 +114,8 @@ def test_paused_loop_continues_when_task_is_moved_back_from_needs_action(ws: Wor
     time.sleep(0.3)
     assert not (ws.root / "Specs/alpha/tasks.md").exists()  # the supervisor does not start it again
     os.replace(ws.root / "Needs_Action/alpha/tasks.md", ws.root / "Specs/alpha/tasks.md")
-    ws.wait_for(lambda: (ws.root / "Done/alpha/tasks.md").exists(), what="continued", timeout=60)
-    assert ws.state(tid)["status"] == "completed"
+    ws.wait_for(lambda: ws.state(tid)["status"] == "completed", what="continued to the end", timeout=60)
+    assert (ws.root / "Done/alpha/tasks.md").exists()
 
 
 def test_resume_of_a_loop_kept_by_watch_hands_it_back(ws: Workspace, watch: subprocess.Popen[str]) -> None:

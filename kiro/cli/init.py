@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from importlib import resources
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -13,9 +14,9 @@ from kiro.cli import guarded
 
 @guarded
 def init(
-    directory: Path = typer.Argument(Path("."), help="Where to create the workspace (created if missing)."),
-    example: bool = typer.Option(False, "--example", help="Also add the bundled example task, "
-                                 "Specs/hello/tasks.md, which the shell executor can run."),
+    directory: Annotated[Path, typer.Argument(help="Where to create the workspace (created if missing).")] = Path("."),
+    example: Annotated[bool, typer.Option("--example", help="Also add the bundled example task, "
+                                          "Specs/hello/tasks.md, which the shell executor can run.")] = False,
 ) -> None:
     """Create a workspace: Specs/, Done/, Needs_Action/, Logs/, .state/, .hooks/ and a commented
     config/autonomous_loop.yaml showing every key and its default. Never overwrites an existing file."""

@@ -22,9 +22,9 @@ app = typer.Typer(
 
 WorkspaceOpt = Annotated[
     Path | None,
-    typer.Option("--workspace", "-w", help="The workspace folder (default: $KIRO_WORKSPACE, else the nearest folder "
-                                           "upwards with config/autonomous_loop.yaml or .state/, else the current one).",
-                 show_default=False),
+    typer.Option("--workspace", "-w", show_default=False,
+                 help="The workspace folder (default: $KIRO_WORKSPACE, else the nearest folder upwards with "
+                      "config/autonomous_loop.yaml or .state/, else the current one)."),
 ]
 TaskIdOpt = Annotated[str | None, typer.Option("--task-id", help="The loop's task id.", show_default=False)]
 TaskOpt = Annotated[str | None, typer.Option("--task", help="The loop's task file (instead of --task-id).",
@@ -77,9 +77,10 @@ def _run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
     import asyncio
 
     from kiro import console
+    from kiro.events import Listener
     from kiro.runner import combined_exit_code, run_loops
 
-    listeners = [] if quiet else [console.EventPrinter(with_task=len(runs) > 1, verbose=verbose)]
+    listeners: list[Listener] = [] if quiet else [console.EventPrinter(with_task=len(runs) > 1, verbose=verbose)]
     for r in runs:
         for w in r.warnings:
             console.warning(w)
@@ -139,7 +140,8 @@ def start(
     model: Annotated[str | None, typer.Option("--model", help="Model name for the openai executor.",
                                               show_default=False)] = None,
     task_id: TaskIdOpt = None,
-    detach: Annotated[bool, typer.Option("--detach", help="Run in the background; print the task id and exit 0.")] = False,
+    detach: Annotated[bool, typer.Option("--detach",
+                                         help="Run in the background; print the task id and exit 0.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
 ) -> None:
@@ -166,9 +168,14 @@ def start(
         _detach(argv, ws, tid)
         return
     runs = []
+    index = None
+    if len(task) > 1:
+        from kiro.runner import LoopIndex
+
+        index = LoopIndex(_store(ws, lenient=False))
     try:
         for t in task:
-            runs.append(prepare_start(ws, t, task_id=task_id, config_file=config, overrides=overrides))
+            runs.append(prepare_start(ws, t, task_id=task_id, config_file=config, overrides=overrides, index=index))
     except BaseException:
         for r in runs:
             if r.release:
@@ -215,8 +222,21 @@ def resume(
         _detach(argv, store.ws, tid)
         return
     overrides = _overrides(None, None, None, executor, model)
-    run = prepare_resume(ws, tid, config_file=config, overrides=overrides, max_iterations=max_iterations,
-                         failure_threshold=failure_threshold, timeout=timeout, reset_failures=reset_failures)
+    from kiro.errors import LockHeld
+
+    try:
+        run = prepare_resume(ws, tid, config_file=config, overrides=overrides, max_iterations=max_iterations,
+                             failure_threshold=failure_threshold, timeout=timeout, reset_failures=reset_failures)
+    except LockHeld:
+        if store.holder_role(tid) != "watch":
+            raise
+        from kiro import console
+        from kiro.supervisor import hand_back_to_watch
+
+        for note in hand_back_to_watch(store, tid):
+            console.line(note)
+        console.line(f"loop {tid} is kept by `kiro loop watch` (process {store.holder_pid(tid)}); it continues there")
+        return
     _exit(_run_foreground([run], quiet, verbose))
 
 
@@ -227,6 +247,10 @@ def status(
     task: TaskOpt = None,
     workspace: WorkspaceOpt = None,
     json_out: JsonOpt = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Keep the view live, refreshed every --interval "
+                                                        "seconds, until Ctrl-C (with --json: one JSON line per "
+                                                        "refresh).")] = False,
+    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between --watch refreshes.")] = 1.0,
 ) -> None:
     """One loop in detail, or a table of every loop in the workspace: status, iteration/max, success
     rate, current step, duration, ETA. A loop whose state says running but whose process is gone shows
@@ -236,23 +260,41 @@ def status(
     ws = _workspace(workspace)
     store = _store(ws)
     tid = views.resolve_task_id(ws, store, task_id, task, required=False)
-    if tid is not None:
-        loaded = store.load(tid)
-        if loaded.warning:
-            console.warning(loaded.warning)
-        row = views.loop_row(store, loaded.state)
-        if json_out:
-            console.print_json(row)
+    warned: set[str] = set()
+
+    def data() -> Any:
+        warnings: list[str] = []
+        if tid is not None:
+            loaded = store.load(tid)
+            warnings += [loaded.warning] if loaded.warning else []
+            result: Any = views.loop_row(store, loaded.state)
         else:
-            console.detail_view(row)
+            result = views.all_rows(store, warnings)
+        for w in warnings:
+            if w not in warned:  # once, also under --watch
+                warned.add(w)
+                console.warning(w)
+        return result
+
+    def render(result: Any) -> Any:
+        if tid is not None:
+            return console.detail_table(result)
+        if not result:
+            return console.text(f"no loops in {ws.root}; start one with `kiro loop start --task "
+                                f"Specs/<name>/tasks.md`")
+        return console.status_table(result)
+
+    if watch:
+        if json_out:
+            console.watch_json(data, interval)
+        else:
+            console.watch(lambda: render(data()), interval)
         return
-    rows = views.all_rows(store)
+    result = data()
     if json_out:
-        console.print_json(rows)
-    elif not rows:
-        console.line(f"no loops in {ws.root}; start one with `kiro loop start --task Specs/<name>/tasks.md`")
+        console.print_json(result)
     else:
-        console.print_table(console.status_table(rows))
+        console.print_table(render(result))
 
 
 @app.command("state")
@@ -309,8 +351,10 @@ def logs(
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
     workspace: WorkspaceOpt = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until the loop ends.")] = False,
-    tail: Annotated[int | None, typer.Option("--tail", "-n", help="Only the last N events.", show_default=False)] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f",
+                                         help="Keep printing new events until the loop ends.")] = False,
+    tail: Annotated[int | None, typer.Option("--tail", "-n", help="Only the last N events.",
+                                             show_default=False)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """The loop's event log (Logs/<task_id>.jsonl), human-readable or as JSON lines."""

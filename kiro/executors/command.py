@@ -5,7 +5,10 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+from pathlib import Path
 
 from kiro import tasks
 from kiro.config import Config
@@ -35,6 +38,26 @@ class CommandExecutor:
         self.config = config
         self.workspace = workspace
         self.task_id = task_id
+        self._check_program()
+
+    def _check_program(self) -> None:
+        """Fail before the loop starts (no iteration spent, no box marked in progress) when the agent
+        program cannot be run: the same lookup exec does, PATH for a bare name, else a path relative
+        to the project directory (the agent's cwd)."""
+        prog = self.argv[0]
+        if "{prompt_file}" in prog:
+            return
+        if "/" not in prog:
+            if shutil.which(prog) is None:
+                raise ExecutorError(f"executor_command program {prog!r} was not found on PATH")
+            return
+        path = Path(prog)
+        if not path.is_absolute():
+            path = self.workspace.root / self.config.project_dir / path
+        if not path.is_file():
+            raise ExecutorError(f"executor_command program {prog!r} does not exist ({path})")
+        if not os.access(path, os.X_OK):
+            raise ExecutorError(f"executor_command program {prog!r} is not executable ({path})")
 
     async def run_step(self, ctx: StepContext) -> StepResult:
         text = f"{ctx.system_prompt}\n\n{ctx.prompt}"
@@ -50,16 +73,23 @@ class CommandExecutor:
                                        stdin_data=None if uses_file else text.encode("utf-8"),
                                        timeout=ctx.timeout_seconds, cancel=ctx.cancel)
         except FileNotFoundError:
+            if not ctx.project_dir.is_dir():
+                where = str(ctx.project_dir)
+                raise ExecutorError(f"project directory {where!r} (project_dir) does not exist") from None
             raise ExecutorError(f"executor_command program {self.argv[0]!r} was not found on PATH") from None
+        except PermissionError:
+            raise ExecutorError(f"executor_command program {self.argv[0]!r} is not executable") from None
         output = tail(result.output)
         if result.cancelled:
             return StepResult("interrupted", summary=output, error="stopped while the agent ran")
         if result.timed_out:
             return StepResult("failed", summary=output,
-                              error=f"agent timed out after {ctx.timeout_seconds:g} s (process group ended); "
-                                    f"output:\n{output}")
+                              error=f"agent timed out after {ctx.timeout_seconds:g} s (process group ended)"
+                                    f"{self._take_back_box(ctx)}; output:\n{output}")
         if result.returncode != 0:
-            return StepResult("failed", summary=output, error=f"agent exited {result.returncode}: {last_line(output)}\n{output}")
+            note = self._take_back_box(ctx)
+            return StepResult("failed", summary=output,
+                              error=f"agent exited {result.returncode}: {last_line(output)}{note}\n{output}")
         if self.config.command_success == "exit_code":
             return StepResult("completed", summary=output or "(no output)")
         try:
@@ -76,6 +106,20 @@ class CommandExecutor:
             error=(f"agent exited 0 but step {ctx.step.id}'s box in {self.workspace.relative(ctx.task_path)} is not "
                    f"checked; the agent must check it (or set command_success: exit_code). Output:\n{output}"),
         )
+
+    def _take_back_box(self, ctx: StepContext) -> str:
+        """An agent that checked its box and then failed (non-zero exit, timeout) has not done the step:
+        put the box back to `[-]`, or the next iteration would take the step as done. Returns a note
+        for the error message."""
+        try:
+            now = tasks.load(ctx.task_path)
+            step = now.find(ctx.step.key) or next((s for s in now.steps if s.id == ctx.step.id), None)
+            if step is None or not step.done:
+                return ""
+            tasks.set_marker(ctx.task_path, step.key, "-", expected=now)
+        except KiroError:
+            return ""
+        return f" (it had checked step {ctx.step.id}'s box; kiro unchecked it)"
 
     async def aclose(self) -> None:
         return None

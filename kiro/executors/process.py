@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 OUTPUT_KEPT = 64_000  # bytes of combined stdout+stderr kept (the tail)
 KILL_GRACE_SECONDS = 3.0
@@ -87,8 +88,8 @@ async def run_process(
             proc.stdin.close()
 
     work = asyncio.ensure_future(asyncio.gather(pump(), feed(), proc.wait()))
-    waiters: set[asyncio.Future[object]] = {work}  # type: ignore[arg-type]
-    cancel_wait: asyncio.Future[object] | None = None
+    waiters: set[asyncio.Future[Any]] = {work}
+    cancel_wait: asyncio.Future[Any] | None = None
     if cancel is not None:
         cancel_wait = asyncio.ensure_future(cancel.wait())
         waiters.add(cancel_wait)

@@ -49,7 +49,8 @@ class ShellExecutor:
             return StepResult("failed", summary=output,
                               error=f"timed out after {ctx.timeout_seconds:g} s; output:\n{output}")
         if result.returncode != 0:
-            return StepResult("failed", summary=output, error=f"exit status {result.returncode}: {last_line(output)}\n{output}")
+            return StepResult("failed", summary=output,
+                              error=f"exit status {result.returncode}: {last_line(output)}\n{output}")
         return StepResult("completed", summary=output or "(no output)")
 
     async def aclose(self) -> None:

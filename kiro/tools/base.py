@@ -9,6 +9,7 @@ interrupted `sleep`) end the attempt, by returning an `Ending`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -92,15 +93,9 @@ class Tool(Generic[A]):
 
     def schema(self) -> dict[str, Any]:
         """The Chat Completions `tools` entry: the argument model's JSON schema, minus the
-        pydantic titles that only cost tokens."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": _strip_titles(self.args.model_json_schema()),
-            },
-        }
+        pydantic titles that only cost tokens. Built once per tool (it never changes); callers
+        must not mutate it."""
+        return _tool_schema(self.name, self.description, self.args)
 
     def parse(self, raw: str | None) -> A:
         """Raw JSON arguments -> the validated model, or a ToolError that names each field and its
@@ -130,6 +125,15 @@ class Tool(Generic[A]):
         for key, prop in schema.get("properties", {}).items():
             parts.append(f"{key}{'' if key in required else '?'}: {_type_name(prop)}")
         return f"{self.name}({', '.join(parts)})"
+
+
+@functools.lru_cache(maxsize=64)
+def _tool_schema(name: str, description: str, args: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description,
+                     "parameters": _strip_titles(args.model_json_schema())},
+    }
 
 
 async def execute(tool: Tool[A], args: A, env: ToolEnv) -> ToolResult:

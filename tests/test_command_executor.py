@@ -1,0 +1,285 @@
+"""The `command` executor (SPEC §5): an external agent CLI gets the iteration's prompt on stdin or in
+`{prompt_file}`; a step is done when the agent exits 0 and has checked the step's box (or on exit 0
+alone with `command_success: exit_code`); a timeout or `stop --force` ends the agent's whole
+process group.
+
+The agents are small Python scripts in tmp_path, run as `<python> agent.py <out-dir> ...`. Each
+records what it saw in <out-dir>: `runs.log` (one `step attempt` line per run), `prompt_<step>_<attempt>.txt`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FAST_CONFIG, Workspace, shell_task
+
+TASK = "Specs/feature/tasks.md"
+
+PRELUDE = '''\
+import os, pathlib, re, subprocess, sys, time
+TASK = pathlib.Path(os.environ["KIRO_TASK_FILE"])
+STEP = os.environ["KIRO_STEP_ID"]
+ATTEMPT = int(os.environ["KIRO_ATTEMPT"])
+OUT = pathlib.Path(sys.argv[1])
+OUT.mkdir(exist_ok=True)
+
+def log(name, text):
+    with open(OUT / name, "a") as fh:
+        fh.write(text)
+
+def check_box():
+    text = TASK.read_text()
+    pat = re.compile(r"^(\\s*- \\[)[ ~-](\\]\\s+" + re.escape(STEP) + r"\\.?\\s)", re.M)
+    new, n = pat.subn(r"\\g<1>x\\g<2>", text, count=1)
+    assert n == 1, (STEP, text)
+    TASK.write_text(new)
+
+log("runs.log", f"{STEP} {ATTEMPT}\\n")
+'''
+
+
+def agent_task(n: int, extra_frontmatter: str = "") -> str:
+    lines = ["---", "title: Agent task", "executor: command"]
+    if extra_frontmatter:
+        lines.append(extra_frontmatter)
+    lines += ["---", "# Plan", ""]
+    lines += [f"- [ ] {i}. Write part {i} of the greeting" for i in range(1, n + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def make_agent(ws: Workspace, body: str, *, args: str = "", extra_config: str = "") -> Path:
+    """Write the agent script and a config that runs it; return its output folder."""
+    script = ws.root.parent / "agent.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    out = ws.root.parent / "agent_out"
+    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {shlex.quote(str(out))}"
+    if args:
+        cmd += " " + args
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"executor_command: {json.dumps(cmd)}\n"
+             + textwrap.dedent(extra_config))
+    return out
+
+
+def runs(out: Path) -> list[str]:
+    p = out / "runs.log"
+    return p.read_text().splitlines() if p.exists() else []
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper counts as gone: it can do nothing more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_prompt_on_stdin_names_step_task_and_how_to_check_the_box(ws: Workspace) -> None:
+    ws.task(agent_task(1))
+    out = make_agent(ws, """\
+        log(f"prompt_{STEP}_{ATTEMPT}.txt", sys.stdin.read())
+        check_box()
+        """)
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    prompt = (out / "prompt_1_1.txt").read_text()
+    assert "Write part 1 of the greeting" in prompt
+    assert "step 1" in prompt.lower()
+    assert TASK in prompt
+    assert "[x]" in prompt  # how to check the box
+
+
+def test_prompt_file_placeholder_is_a_file_holding_the_prompt(ws: Workspace) -> None:
+    ws.task(agent_task(1))
+    out = make_agent(ws, """\
+        path = pathlib.Path(sys.argv[sys.argv.index("--message-file") + 1])
+        log("prompt_path.txt", str(path))
+        log(f"prompt_{STEP}_{ATTEMPT}.txt", path.read_text())
+        log("stdin.txt", sys.stdin.read())
+        log("env_prompt_file.txt", os.environ.get("KIRO_PROMPT_FILE", ""))
+        check_box()
+        """, args="--message-file {prompt_file}")
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    path = (out / "prompt_path.txt").read_text()
+    assert "{prompt_file}" not in path and Path(path).is_absolute()
+    prompt = (out / "prompt_1_1.txt").read_text()
+    assert "Write part 1 of the greeting" in prompt and TASK in prompt
+    assert (out / "stdin.txt").read_text() == ""  # the prompt went into the file, not on stdin
+    assert (out / "env_prompt_file.txt").read_text() == path
+
+
+def test_exit_0_without_checking_the_box_is_a_failed_attempt(ws: Workspace) -> None:
+    ws.task(agent_task(2))
+    out = make_agent(ws, """\
+        print("I did it, honest")
+        """)
+    r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "2")
+    assert r.returncode == 5, r.stdout + r.stderr
+    st = ws.state(ws.only_task_id())
+    assert st["total_successes"] == 0 and st["consecutive_failures"] == 2
+    error = st["failed_steps"][0]["error"]
+    assert "not checked" in error and "I did it, honest" in error
+    assert runs(out) == ["1 1", "1 2"]
+    assert "- [x]" not in (ws.root / TASK).read_text()
+
+
+def test_agent_that_checks_its_box_completes_the_step_and_it_never_runs_again(ws: Workspace) -> None:
+    ws.task(agent_task(3))
+    out = make_agent(ws, """\
+        check_box()
+        print(f"did step {STEP}")
+        """)
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert runs(out) == ["1 1", "2 1", "3 1"]
+    done = (ws.root / "Done/feature/tasks.md").read_text()
+    assert done.count("- [x]") == 3
+    st = ws.state(ws.only_task_id())
+    assert [c["step_id"] for c in st["completed_steps"]] == ["1", "2", "3"]
+    assert st["total_failures"] == 0 and st["iteration"] == 3
+
+
+def test_command_success_exit_code_counts_exit_0_alone(ws: Workspace) -> None:
+    ws.task(agent_task(2))
+    out = make_agent(ws, """\
+        print("done, not touching the task file")
+        """, extra_config="command_success: exit_code\n")
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert runs(out) == ["1 1", "2 1"]
+    assert (ws.root / "Done/feature/tasks.md").read_text().count("- [x]") == 2  # kiro checked them
+
+
+def test_non_zero_exit_is_a_failed_attempt_naming_the_last_line(ws: Workspace) -> None:
+    ws.task(agent_task(1))
+    make_agent(ws, """\
+        print("thinking...")
+        print("fatal: the model refused")
+        check_box()  # a checked box does not count when the agent fails
+        sys.exit(3)
+        """)
+    r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "1")
+    assert r.returncode == 5, r.stdout + r.stderr
+    st = ws.state(ws.only_task_id())
+    error = st["failed_steps"][0]["error"]
+    assert "3" in error.splitlines()[0] and "fatal: the model refused" in error.splitlines()[0]
+    assert st["total_successes"] == 0
+
+
+GRANDCHILD = """\
+    child = subprocess.Popen(["sleep", "60"])
+    log("pids", f"{os.getpid()} {child.pid}\\n")
+    time.sleep(60)
+    """
+
+
+def test_step_timeout_kills_the_whole_process_group(ws: Workspace) -> None:
+    ws.task(agent_task(1))
+    out = make_agent(ws, GRANDCHILD, extra_config="step_timeout_seconds: 1\n")
+    r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "1")
+    assert r.returncode == 5, r.stdout + r.stderr
+    agent_pid, grandchild = map(int, (out / "pids").read_text().split())
+    ws.wait_for(lambda: not alive(agent_pid) and not alive(grandchild), timeout=15, what="the agent's group gone")
+    st = ws.state(ws.only_task_id())
+    assert "timed out" in st["failed_steps"][0]["error"]
+
+
+def test_force_stop_ends_the_agents_process_group(ws: Workspace) -> None:
+    ws.task(agent_task(2))
+    out = make_agent(ws, GRANDCHILD)
+    proc = ws.spawn("loop", "start", "--task", TASK)
+    try:
+        pids = ws.wait_for(lambda: (out / "pids").read_text().split(), what="the agent running")
+        agent_pid, grandchild = map(int, pids)
+        tid = ws.only_task_id()
+        r = ws.kiro("loop", "stop", "--task-id", tid, "--force")
+        assert r.returncode == 0, r.stderr
+        assert proc.wait(timeout=30) == 3
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    ws.wait_for(lambda: not alive(agent_pid) and not alive(grandchild), timeout=15, what="the agent's group gone")
+    st = ws.state(tid)
+    assert st["status"] == "stopped" and st["current_step"]["status"] == "interrupted"
+    assert runs(out) == ["1 1"]
+
+
+def test_verify_failing_after_the_agent_checked_its_box_unchecks_it_and_a_later_attempt_passes(
+        ws: Workspace) -> None:
+    ws.task(agent_task(1, extra_frontmatter="verify: test -e ready"))
+    out = make_agent(ws, """\
+        line = next(x for x in TASK.read_text().splitlines() if "Write part" in x)
+        log(f"line_{ATTEMPT}.txt", line)
+        if ATTEMPT >= 2:
+            pathlib.Path("ready").touch()
+        check_box()
+        """)
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert runs(out) == ["1 1", "1 2"]
+    # attempt 2 found the box kiro had taken back: in progress again, not checked
+    assert (out / "line_2.txt").read_text().startswith("- [-] 1.")
+    st = ws.state(ws.only_task_id())
+    assert st["total_failures"] == 1 and st["total_successes"] == 1
+    assert "verify" in st["failed_steps"][0]["error"] and "test -e ready" in st["failed_steps"][0]["error"]
+    assert any(e["event"] == "verify_failed" for e in ws.events(st["task_id"]))
+    assert "- [x] 1." in (ws.root / "Done/feature/tasks.md").read_text()
+
+
+def test_missing_executor_command_is_one_clear_line(ws: Workspace) -> None:
+    ws.task(agent_task(1))
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 1
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "executor_command" in lines[0], r.stderr
+    assert not list((ws.root / ".state").glob("autonomous_loop_*.json"))
+
+
+@pytest.mark.parametrize("program", ["./agents/missing.sh", "no-such-agent-cli-xyz"])
+def test_agent_program_that_cannot_run_fails_before_the_loop_starts(ws: Workspace, program: str) -> None:
+    ws.task(agent_task(1))
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"executor_command: {program} --yes\n")
+    before = (ws.root / TASK).read_bytes()
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 1
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and program in lines[0], r.stderr
+    assert (ws.root / TASK).read_bytes() == before
+    assert not list((ws.root / ".state").glob("autonomous_loop_*.json"))
+
+
+def test_relative_agent_program_runs_from_the_project_directory(ws: Workspace) -> None:
+    ws.task(agent_task(1))
+    script = ws.write("agents/agent.sh", """\
+        #!/bin/sh
+        echo "ran in $(pwd)" > agent_ran.txt
+        """)
+    os.chmod(script, 0o755)
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "executor_command: ./agents/agent.sh\n"
+             "command_success: exit_code\n")
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (ws.root / "agent_ran.txt").read_text().strip() == f"ran in {ws.root}"
+
+
+def test_a_box_a_person_checks_while_a_shell_attempt_fails_is_honoured(ws: Workspace) -> None:
+    """With the shell executor only a person checks boxes: a check made while an attempt at that very
+    step is failing means "skip it" (for the command executor, whose agent checks boxes, a failed
+    attempt's box is taken back: see the tests above)."""
+    cmd = 'sed -i "s/^- \\[-\\] $KIRO_STEP_ID\\./- [x] $KIRO_STEP_ID./" "$KIRO_TASK_FILE"; exit 1'
+    ws.task(shell_task(1, cmd=cmd) + "- [ ] 2. Next\n  ```sh\n  echo 2 > two.txt\n  ```\n")
+    r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (ws.root / "two.txt").exists()
+    st = ws.state(ws.only_task_id())
+    assert st["total_failures"] == 1 and [c["step_id"] for c in st["completed_steps"]] == ["2"]

@@ -1,0 +1,281 @@
+"""Bad input gets one line on stderr naming the file (and key or line), exit 1, no traceback, and
+no state lost: `kiro loop start`, `resume` and `status` run as a subprocess on a real workspace.
+
+Each test first runs another loop to an unfinished state, snapshots every file of the workspace,
+feeds kiro the bad input, and checks the workspace is byte for byte what it was (lock files aside):
+no state file rewritten, no half-created loop left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FAST_CONFIG, Workspace, shell_task
+
+TASK = "Specs/feature/tasks.md"
+OTHER = "Specs/other/tasks.md"
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def snapshot(ws: Workspace) -> dict[str, bytes]:
+    """Every file of the workspace and its bytes; lock files (empty flock targets) left out."""
+    return {p.relative_to(ws.root).as_posix(): p.read_bytes() for p in sorted(ws.root.rglob("*"))
+            if p.is_file() and not p.name.endswith(".lock")}
+
+
+def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Exit 1, exactly one non-empty line on stderr that contains every needle, no traceback."""
+    both = r.stdout + r.stderr
+    assert "Traceback" not in both, both
+    assert "internal error" not in both, both
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def warned(r: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """A warning on stderr that names every needle; no traceback; kiro went on."""
+    both = r.stdout + r.stderr
+    assert "Traceback" not in both, both
+    assert r.returncode != 1, (r.returncode, r.stdout, r.stderr)
+    hits = [line for line in r.stderr.splitlines() if "warning" in line and all(n in line for n in needles)]
+    assert hits, r.stderr
+    return hits[0]
+
+
+@pytest.fixture
+def other(ws: Workspace) -> str:
+    """An unfinished loop on another task (out of iterations after step 1), whose state must survive."""
+    ws.task(shell_task(2), rel=OTHER)
+    ws.task(shell_task(2))
+    r = ws.kiro("loop", "start", "--task", OTHER, "--task-id", "other", "--max-iterations", "1")
+    assert r.returncode == 4, r.stderr
+    assert ws.state("other")["status"] == "max_iterations"
+    return "other"
+
+
+def config(ws: Workspace, extra: str) -> None:
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + extra)
+
+
+# -- config ----------------------------------------------------------------------------------------
+
+CONFIG_CASES = {
+    # name: (config text after FAST_CONFIG, what the one line must name)
+    "malformed_yaml": ("  max_iterations: 5\n failure_threshold: 3\n",
+                       ("config/autonomous_loop.yaml:5:", "YAML")),
+    "unknown_key": ("  max_iteration: 5\n",
+                    ("config/autonomous_loop.yaml:4:", "max_iteration", "did you mean 'max_iterations'")),
+    "wrong_type": ("  max_iterations: lots\n",
+                   ("config/autonomous_loop.yaml:4:", "max_iterations", "lots")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+@pytest.mark.parametrize("command", ["start", "resume"])
+def test_bad_config_is_one_line_naming_file_line_and_key(ws: Workspace, other: str, case: str,
+                                                        command: str) -> None:
+    text, needles = CONFIG_CASES[case]
+    config(ws, text)
+    before = snapshot(ws)
+    args = ("--task", TASK) if command == "start" else ("--task-id", other, "--max-iterations", "5")
+    r = ws.kiro("loop", command, *args)
+    one_line_error(r, *needles)
+    assert snapshot(ws) == before
+
+
+def test_read_commands_still_work_on_a_bad_config_with_a_warning(ws: Workspace, other: str) -> None:
+    config(ws, "  max_iteration: 5\n")
+    r = ws.kiro("loop", "status", "--json")
+    warned(r, "config/autonomous_loop.yaml:4:", "max_iteration")
+    assert r.returncode == 0
+    assert [row["task_id"] for row in json.loads(r.stdout)] == [other]
+
+
+def test_config_flag_pointing_to_a_missing_file(ws: Workspace, other: str) -> None:
+    before = snapshot(ws)
+    one_line_error(ws.kiro("loop", "start", "--task", TASK, "--config", "nowhere/kiro.yaml"),
+                   "nowhere/kiro.yaml", "not found")
+    one_line_error(ws.kiro("loop", "resume", "--task-id", other, "--config", "nowhere/kiro.yaml"),
+                   "nowhere/kiro.yaml", "not found")
+    assert snapshot(ws) == before
+
+
+# -- task files ------------------------------------------------------------------------------------
+
+TASK_CASES: dict[str, tuple[bytes, tuple[str, ...]]] = {
+    "frontmatter_bad_yaml": (b"---\ntitle: [unclosed\nexecutor: shell\n---\n- [ ] 1. a\n",
+                             (f"{TASK}:", "frontmatter", "YAML")),
+    "frontmatter_not_closed": (b"---\ntitle: x\nexecutor: shell\n- [ ] 1. a\n",
+                               (f"{TASK}:1:", "never closed")),
+    "no_steps": (b"---\ntitle: x\n---\n# Plan\n\nJust prose, no checklist.\n",
+                 (TASK, "no steps")),
+    "bulletless_checkboxes": (b"# Plan\n[ ] 1. a\n[ ] 2. b\n",
+                              (TASK, "not list items", "line 2")),
+    "not_utf8": (b"# Plan\n- [ ] 1. caf\xe9\n",
+                 (f"{TASK}:2:", "UTF-8")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TASK_CASES))
+def test_bad_task_file_is_one_line_naming_the_file(ws: Workspace, other: str, case: str) -> None:
+    raw, needles = TASK_CASES[case]
+    (ws.root / TASK).write_bytes(raw)
+    before = snapshot(ws)
+    one_line_error(ws.kiro("loop", "start", "--task", TASK), *needles)
+    assert snapshot(ws) == before
+
+
+def test_bad_frontmatter_value_names_file_line_and_key(ws: Workspace, other: str) -> None:
+    ws.task(shell_task(1, extra_frontmatter="max_iterations: lots"))
+    before = snapshot(ws)
+    one_line_error(ws.kiro("loop", "start", "--task", TASK), f"{TASK}:4:", "max_iterations", "lots")
+    assert snapshot(ws) == before
+
+
+def test_missing_task_path(ws: Workspace, other: str) -> None:
+    before = snapshot(ws)
+    one_line_error(ws.kiro("loop", "start", "--task", "Specs/nope/tasks.md"), "Specs/nope/tasks.md", "not found")
+    assert snapshot(ws) == before
+
+
+# -- flags -----------------------------------------------------------------------------------------
+
+
+def test_unknown_executor(ws: Workspace, other: str) -> None:
+    before = snapshot(ws)
+    one_line_error(ws.kiro("loop", "start", "--task", TASK, "--executor", "bogus"), "bogus", "shell")
+    one_line_error(ws.kiro("loop", "resume", "--task-id", other, "--executor", "bogus"), "bogus", "shell")
+    assert snapshot(ws) == before
+
+
+@pytest.mark.parametrize("bad_id", ["a/b", "../escape"])
+def test_task_id_with_a_slash(ws: Workspace, other: str, bad_id: str) -> None:
+    before = snapshot(ws)
+    one_line_error(ws.kiro("loop", "start", "--task", TASK, "--task-id", bad_id), repr(bad_id))
+    one_line_error(ws.kiro("loop", "resume", "--task-id", bad_id), repr(bad_id))
+    one_line_error(ws.kiro("loop", "status", "--task-id", bad_id), repr(bad_id))
+    assert snapshot(ws) == before
+    assert not (ws.root.parent / "escape").exists()
+
+
+def test_resume_and_status_of_an_unknown_task_id(ws: Workspace, other: str) -> None:
+    before = snapshot(ws)
+    one_line_error(ws.kiro("loop", "resume", "--task-id", "nosuch"), "'nosuch'")
+    one_line_error(ws.kiro("loop", "status", "--task-id", "nosuch"), "'nosuch'")
+    assert snapshot(ws) == before
+
+
+# -- corrupt state ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def corrupt(ws: Workspace) -> tuple[str, Path]:
+    """A loop stopped at iteration 2 of 3 with a backup every iteration, its state file then torn."""
+    config(ws, "  backup_state_every_n_iterations: 1\n")
+    ws.task(shell_task(3))
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "t", "--max-iterations", "2")
+    assert r.returncode == 4, r.stderr
+    assert len(list((ws.root / ".state/backups").glob("autonomous_loop_t.*.json"))) == 2
+    main = ws.root / ".state/autonomous_loop_t.json"
+    main.write_text('{"task_id": "t", "status": "run')  # a torn write
+    return "t", main
+
+
+def test_corrupt_state_read_commands_fall_back_to_the_newest_backup_and_say_so(
+        ws: Workspace, corrupt: tuple[str, Path]) -> None:
+    tid, main = corrupt
+    torn = main.read_bytes()
+    r = ws.kiro("loop", "status", "--task-id", tid, "--json")
+    assert r.returncode == 0, r.stderr
+    warned(r, ".state/autonomous_loop_t.json", ".state/backups/")
+    row = json.loads(r.stdout)
+    assert row["task_id"] == tid and row["iteration"] == 2
+    r = ws.kiro("loop", "state", "--task-id", tid)
+    assert r.returncode == 0, r.stderr
+    warned(r, ".state/autonomous_loop_t.json", "backup")
+    assert json.loads(r.stdout)["iteration"] == 2
+    assert main.read_bytes() == torn  # reading never "repairs" the evidence
+
+
+def test_corrupt_state_shows_in_the_table_from_its_backup(ws: Workspace, corrupt: tuple[str, Path]) -> None:
+    tid, _main = corrupt
+    r = ws.kiro("loop", "status", "--json")
+    assert r.returncode == 0, r.stderr
+    warned(r, ".state/autonomous_loop_t.json", "backup")
+    assert [row["task_id"] for row in json.loads(r.stdout)] == [tid]
+
+
+def test_corrupt_state_resume_continues_from_the_backup_and_says_so(
+        ws: Workspace, corrupt: tuple[str, Path]) -> None:
+    tid, _main = corrupt
+    r = ws.kiro("loop", "resume", "--task-id", tid, "--max-iterations", "10")
+    assert r.returncode == 0, r.stdout + r.stderr
+    warned(r, ".state/autonomous_loop_t.json", ".state/backups/")
+    st = ws.state(tid)
+    assert st["status"] == "completed" and st["iteration"] == 3
+    # the backup was taken after step 2 completed: nothing ran twice
+    assert (ws.root / "side_effects.log").read_text().split() == ["1", "2", "3"]
+
+
+def test_corrupt_state_without_a_backup_is_one_line_naming_the_state_file(
+        ws: Workspace, corrupt: tuple[str, Path]) -> None:
+    tid, main = corrupt
+    for p in (ws.root / ".state/backups").iterdir():
+        p.unlink()
+    before = snapshot(ws)
+    for cmd in ("status", "resume", "state", "progress"):
+        one_line_error(ws.kiro("loop", cmd, "--task-id", tid), ".state/autonomous_loop_t.json")
+    # a fresh start of the same task refuses too, rather than silently dropping the old loop
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "t")
+    one_line_error(r, ".state/autonomous_loop_t.json")
+    assert snapshot(ws) == before
+
+
+def test_corrupt_state_without_a_backup_is_named_by_the_table(ws: Workspace, corrupt: tuple[str, Path],
+                                                             ) -> None:
+    for p in (ws.root / ".state/backups").iterdir():
+        p.unlink()
+    r = ws.kiro("loop", "status", "--json")
+    assert r.returncode == 0, r.stderr
+    warned(r, ".state/autonomous_loop_t.json")
+    assert json.loads(r.stdout) == []
+
+
+# -- the agent program is missing -------------------------------------------------------------------
+
+
+def test_resume_with_a_missing_executor_program_is_one_line_and_changes_nothing(ws: Workspace,
+                                                                                 other: str) -> None:
+    config(ws, "executor_command: /nonexistent/bin/agent-cli --yes\n")
+    before = snapshot(ws)
+    r = ws.kiro("loop", "resume", "--task-id", other, "--max-iterations", "5", "--executor", "command")
+    line = one_line_error(r, "/nonexistent/bin/agent-cli")
+    assert re.search(r"not found|does not exist|no such", line, re.I), line
+    assert snapshot(ws) == before  # no iteration spent, no box marked in progress
+
+
+def test_start_with_a_missing_executor_program_creates_no_loop(ws: Workspace, other: str) -> None:
+    config(ws, "executor_command: definitely-not-an-agent-cli-xyz -p\n")
+    before = snapshot(ws)
+    r = ws.kiro("loop", "start", "--task", TASK, "--executor", "command")
+    one_line_error(r, "definitely-not-an-agent-cli-xyz", "PATH")
+    assert snapshot(ws) == before
+
+
+def test_start_refuses_a_task_whose_unfinished_loop_has_a_corrupt_state(ws: Workspace,
+                                                                        corrupt: tuple[str, Path]) -> None:
+    before = snapshot(ws)
+    r = ws.kiro("loop", "start", "--task", TASK)
+    one_line_error(r, "kiro loop resume --task-id t")
+    assert snapshot(ws) == before
