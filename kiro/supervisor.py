@@ -30,7 +30,7 @@ from kiro.engine import Loop, LoopRun, Outcome
 from kiro.errors import KiroError, LockHeld, UserError
 from kiro.events import Listener, make_event
 from kiro.guardrails import SharedLimits
-from kiro.runner import find_loop_for_task, prepare_resume, prepare_start, settings_for
+from kiro.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for
 from kiro.state import StateStore
 from kiro.watch import acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
@@ -73,6 +73,7 @@ class Supervisor:
         self._sem: asyncio.Semaphore | None = None
         self._lock: FileLock | None = None
         self._poll: float | None = None
+        self.index = LoopIndex(self.store)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -149,7 +150,7 @@ class Supervisor:
                 self._say("watch", "warning", message=f"skipped {self.ws.relative(path)}: {exc}")
                 continue
             hint = task.frontmatter.get("kiro_task_id")
-            existing = find_loop_for_task(self.store, path, hint if isinstance(hint, str) else None)
+            existing = find_loop_for_task(self.store, path, hint if isinstance(hint, str) else None, self.index)
             if existing is not None:
                 if existing.task_id in self.managed or self.store.is_locked(existing.task_id):
                     continue  # runs (or waits) here or in another process
@@ -164,7 +165,8 @@ class Supervisor:
 
     def _start_new(self, path: Path) -> None:
         try:
-            run = prepare_start(self.ws, str(path), config_file=self.config_file, overrides=self.overrides)
+            run = prepare_start(self.ws, str(path), config_file=self.config_file, overrides=self.overrides,
+                                index=self.index)
         except LockHeld:
             return
         except KiroError as exc:
