@@ -29,6 +29,36 @@ def cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def one_round(run: Any, hook: Path, idle: float) -> tuple[float, float]:
+    """Run the loop until it sleeps in backoff; a thread drops the hook after `idle` seconds.
+    Returns the reaction time and the process's CPU share while it waited."""
+    dropped: dict[str, float] = {}
+    detected: dict[str, float] = {}
+    sleeping = threading.Event()
+    idle_cpu: list[float] = []
+
+    def listener(e: dict[str, Any]) -> None:
+        if e["event"] == "backoff":
+            sleeping.set()
+        elif e["event"] == "stop_condition" and "t" not in detected:
+            detected["t"] = time.perf_counter()
+
+    def person() -> None:
+        sleeping.wait(30)
+        c0 = cpu()
+        time.sleep(idle)
+        idle_cpu.append((cpu() - c0) / idle)
+        dropped["t"] = time.perf_counter()
+        hook.write_text("---\ntype: stop_hook\n---\nstop\n")
+
+    t = threading.Thread(target=person)
+    t.start()
+    [outcome] = asyncio.run(run_loops([run], [listener]))
+    t.join()
+    assert outcome.reason == "stop_hook", outcome
+    return detected["t"] - dropped["t"], idle_cpu[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hooks", type=int, default=50)
@@ -49,32 +79,11 @@ def main() -> None:
         idle_cpu: list[float] = []
 
         for i in range(args.hooks):
-            dropped: dict[str, float] = {}
-            detected: dict[str, float] = {}
-            sleeping = threading.Event()
-
-            def listener(e: dict[str, Any]) -> None:
-                if e["event"] == "backoff":
-                    sleeping.set()
-                elif e["event"] == "stop_condition" and "t" not in detected:
-                    detected["t"] = time.perf_counter()
-
-            def person() -> None:
-                sleeping.wait(30)
-                c0 = cpu()
-                time.sleep(args.idle)
-                idle_cpu.append((cpu() - c0) / args.idle)
-                dropped["t"] = time.perf_counter()
-                hook.write_text("---\ntype: stop_hook\n---\nstop\n")
-
             run = (prepare_start(ws, "Specs/x/tasks.md", task_id="hook") if i == 0
                    else prepare_resume(ws, "hook"))
-            t = threading.Thread(target=person)
-            t.start()
-            [outcome] = asyncio.run(run_loops([run], [listener]))
-            t.join()
-            assert outcome.reason == "stop_hook", outcome
-            reactions.append(detected["t"] - dropped["t"])
+            reaction, cpu_share = one_round(run, hook, args.idle)
+            reactions.append(reaction)
+            idle_cpu.append(cpu_share)
         reactions.sort()
         ms = [r * 1000 for r in reactions]
         p95 = ms[max(0, int(round(0.95 * len(ms))) - 1)]

@@ -1,19 +1,55 @@
-"""The one module that imports rich: renderers for events, tables, progress and errors."""
+"""The one module that imports rich: renderers for events, tables, progress and errors.
+
+rich is imported lazily, on first use: errors, `--json` and the plain status table print without it,
+so that `kiro loop status` starts fast.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+_consoles: dict[str, Console] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """`console.out` and `console.err`: rich consoles, made on first use."""
+    if name in ("out", "err"):
+        found = _consoles.get(name)
+        if found is None:
+            from rich.console import Console
+
+            found = _consoles[name] = Console(stderr=name == "err", highlight=False, soft_wrap=True)
+        return found
+    raise AttributeError(name)
+
+
+def _text(message: str = "", style: str = "") -> Text:
+    from rich.text import Text
+
+    return Text(message, style=style)
+
+
+_ANSI = {"red": "31", "yellow": "33", "green": "32", "bold": "1", "cyan": "36", "dim": "2", "white": "37",
+         "bold green": "1;32", "bold red": "1;31", "dark_orange": "33"}
+
+
+def _paint(text: str, style: str | None, stream: Any) -> str:
+    """ANSI colour for a terminal (not for pipes, not with NO_COLOR)."""
+    code = _ANSI.get(style or "")
+    if not code or os.environ.get("NO_COLOR") or not getattr(stream, "isatty", lambda: False)():
+        return text
+    return f"\x1b[{code}m{text}\x1b[0m"
 
 _STATUS_STYLE = {
     "running": "green",
@@ -30,16 +66,43 @@ _STATUS_STYLE = {
 
 
 def error(message: str) -> None:
-    """One line on stderr: `kiro: <message>`. No markup interpretation (paths may hold brackets)."""
-    err.print(Text(f"kiro: {message}", style="red"))
+    """One line on stderr: `kiro: <message>`. Printed as is (paths may hold brackets)."""
+    sys.stderr.write(_paint(f"kiro: {message}", "red", sys.stderr) + "\n")
+    sys.stderr.flush()
 
 
 def warning(message: str) -> None:
-    err.print(Text(f"kiro: warning: {message}", style="yellow"))
+    sys.stderr.write(_paint(f"kiro: warning: {message}", "yellow", sys.stderr) + "\n")
+    sys.stderr.flush()
 
 
 def line(text: str, style: str | None = None) -> None:
-    out.print(Text(text, style=style or ""))
+    sys.stdout.write(_paint(text, style, sys.stdout) + "\n")
+    sys.stdout.flush()
+
+
+def plain_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The status table as plain aligned text: fast to print for any number of loops (a rich
+    table costs milliseconds per row), and easy to read in a pipe."""
+    headers = ("TASK ID", "STATUS", "ITER", "SUCCESS", "CURRENT STEP", "DURATION", "ETA", "TASK")
+    table = [headers] + [
+        (r["task_id"], r["status"], f"{r['iteration']}/{r['max_iterations']}", f"{r['success_rate']:.0%}",
+         _short(r.get("current_step") or "-", 40), r["duration"], r.get("eta") or "-", r["task_path"])
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    room = shutil.get_terminal_size((160, 24)).columns - sum(widths[:-1]) - 2 * (len(headers) - 1)
+    widths[-1] = max(12, min(widths[-1], room))
+    lines = []
+    for n, row in enumerate(table):
+        cells = [c if len(c) <= w else c[: w - 1] + "…" for c, w in zip(row, widths, strict=True)]
+        padded = [c.ljust(w) for c, w in zip(cells, widths, strict=True)]
+        if n == 0:
+            padded = [_paint(c, "bold", sys.stdout) for c in padded]
+        else:
+            padded[1] = _paint(padded[1], _STATUS_STYLE.get(row[1]), sys.stdout)
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)
 
 
 def print_json(data: Any) -> None:
@@ -48,7 +111,7 @@ def print_json(data: Any) -> None:
 
 
 def status_text(status: str) -> Text:
-    return Text(status, style=_STATUS_STYLE.get(status, ""))
+    return _text(status, style=_STATUS_STYLE.get(status, ""))
 
 
 def _short(text: Any, limit: int = 160) -> str:
@@ -65,6 +128,8 @@ def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
         prefix += f"[{e.get('task_id')}] "
     it = e.get("iteration")
     sid = e.get("step_id")
+    from rich.text import Text
+
     t = Text(prefix, style="dim")
     if kind in ("loop_started", "loop_resumed"):
         verb = "started" if kind == "loop_started" else "resumed"
@@ -125,10 +190,12 @@ class EventPrinter:
             return
         text = format_event(e, with_task=self.with_task)
         if text is not None:
-            out.print(text)
+            __getattr__("out").print(text)
 
 
 def status_table(rows: Sequence[dict[str, Any]]) -> Table:
+    from rich.table import Table
+
     table = Table(title=None, show_lines=False, header_style="bold")
     for col in ("task id", "status", "iteration", "success", "current step", "duration", "ETA", "task"):
         table.add_column(col, overflow="fold")
@@ -141,12 +208,12 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
-def print_table(table: Table) -> None:
-    out.print(table)
+def print_table(table: Any) -> None:
+    __getattr__("out").print(table)
 
 
 def detail_view(r: dict[str, Any]) -> None:
-    out.print(detail_table(r))
+    __getattr__("out").print(detail_table(r))
 
 
 def detail_table(r: dict[str, Any]) -> Table:
@@ -172,6 +239,9 @@ def detail_table(r: dict[str, Any]) -> Table:
         rows.append(("Report", r["report_path"]))
     if r.get("hint"):
         rows.append(("Next", r["hint"]))
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
@@ -181,7 +251,7 @@ def detail_table(r: dict[str, Any]) -> Table:
 
 
 def text(message: str) -> Text:
-    return Text(message)
+    return _text(message)
 
 
 def watch(render: Callable[[], Any], interval: float) -> None:
@@ -190,7 +260,8 @@ def watch(render: Callable[[], Any], interval: float) -> None:
 
     from rich.live import Live
 
-    with contextlib.suppress(KeyboardInterrupt), Live(render(), console=out, auto_refresh=False) as live:
+    with contextlib.suppress(KeyboardInterrupt), Live(render(), console=__getattr__("out"),
+                                                      auto_refresh=False) as live:
         while True:
             time.sleep(interval)
             live.update(render(), refresh=True)
@@ -209,7 +280,10 @@ def watch_json(data: Callable[[], Any], interval: float) -> None:
 
 def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total: int) -> None:
     from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
 
+    out = __getattr__("out")
     out.print(Text(title, style="bold"))
     bar = ProgressBar(total=max(total, 1), completed=done, width=40)
     t = Table.grid(padding=(0, 1))

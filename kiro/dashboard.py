@@ -24,9 +24,10 @@ def render(ws: Workspace, store: StateStore, live: dict[str, LoopState]) -> str:
     for tid, st in live.items():
         loops.append((st, st.status))
         seen.add(tid)
-    for _path, st in store.all_states():
-        if st is None or st.task_id in seen:
+    for _path, found in store.all_states():
+        if found is None or found.task_id in seen:
             continue
+        st = found
         alive = store.is_locked(st.task_id) if st.status in ("running", "sleeping", "pending") else False
         loops.append((st, effective_status(st, alive)))
     loops.sort(key=lambda pair: pair[0].updated_at, reverse=True)

@@ -48,7 +48,6 @@ from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
 
 
-
 @dataclass
 class Outcome:
     task_id: str

@@ -8,48 +8,29 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
 from kiro import conditions, executors, tasks, timeutil
-from kiro.config import Config, resolve_config
+from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError
 from kiro.events import Listener
 from kiro.executors.base import Executor
 from kiro.guardrails import SharedLimits
+from kiro.settings import Located, settings_for
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.workspace import Workspace, check_task_id
+
+__all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex"]
 
 
 class AlreadyFinished(KiroError):
     """`resume` of a loop that has nothing left to do: not an error for a script (exit 0)."""
 
     exit_code = 0
-
-
-@dataclass
-class Located:
-    ws: Workspace
-    store: StateStore
-    config: Config
-
-
-def settings_for(ws0: Workspace, *, config_file: Path | None = None, task: tasks.TaskFile | None = None,
-                 overrides: Mapping[str, Any] | None = None) -> Located:
-    """Resolve the config (defaults < file < task frontmatter < KIRO_* < flags) and the state folder."""
-    frontmatter: dict[str, Any] = dict(task.frontmatter) if task is not None else {}
-    cfg = resolve_config(
-        workspace_root=ws0.root, config_file=config_file, frontmatter=frontmatter,
-        task_path=task.path if task is not None else None,
-        frontmatter_lines=getattr(task, "frontmatter_lines", None) if task is not None else None,
-        env=os.environ, overrides=dict(overrides or {}),
-    )
-    ws = ws0.with_state_directory(cfg.autonomous_loop.state_directory)
-    return Located(ws, StateStore(ws), cfg)
 
 
 def new_task_id(store: StateStore) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiro import conditions, tasks, timeutil
+from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.workspace import Workspace
@@ -22,6 +22,8 @@ def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task:
         rel = ws.relative(path)
         found = [st for _p, st in store.all_states() if st is not None and st.task_path == rel]
         if not found:
+            from kiro import conditions
+
             hint = conditions._frontmatter_task_id(path)
             if hint and store.exists(hint):
                 return hint
@@ -124,6 +126,8 @@ def all_rows(store: StateStore, warnings: list[str] | None = None) -> list[dict[
 
 def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
     """Every step of the task file with its status, attempts and duration."""
+    from kiro import conditions, tasks
+
     path = ws.absolute(state.task_path)
     where, found = conditions.locate_task(ws, path, state.task_id)
     task: tasks.TaskFile | None = None

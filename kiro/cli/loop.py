@@ -45,7 +45,7 @@ def _store(ws: Any, *, lenient: bool = True) -> Any:
     broken config (with a warning), so a person can see what their loops are doing."""
     from kiro import console
     from kiro.errors import ConfigError
-    from kiro.runner import settings_for
+    from kiro.settings import settings_for
 
     try:
         return settings_for(ws).store
@@ -293,6 +293,8 @@ def status(
     result = data()
     if json_out:
         console.print_json(result)
+    elif tid is None and result:
+        sys.stdout.write(console.plain_table(result) + "\n")
     else:
         console.print_table(render(result))
 

@@ -19,8 +19,9 @@ def watch(
     workspace: Annotated[Path | None, typer.Option("--workspace", "-w", help="The workspace folder.",
                                                    show_default=False)] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Use this config file.", show_default=False)] = None,
-    max_parallel: Annotated[int | None, typer.Option("--max-parallel", min=1, show_default=False,
-                                                     help="Loops running at once (default: max_parallel_loops).")] = None,
+    max_parallel: Annotated[int | None, typer.Option(
+        "--max-parallel", min=1, show_default=False,
+        help="Loops running at once (default: max_parallel_loops).")] = None,
     executor: Annotated[str | None, typer.Option("--executor", help="shell | command | openai for new loops.",
                                                  show_default=False)] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background; print the process id.")] = False,
@@ -34,6 +35,7 @@ def watch(
 
     from kiro import console
     from kiro.errors import RunError, UserError
+    from kiro.events import Listener
     from kiro.supervisor import Supervisor, check_watch_free
     from kiro.workspace import Workspace
 
@@ -59,7 +61,7 @@ def watch(
                 return
             time.sleep(0.05)
         raise RunError(f"the background supervisor did not start within 30 s; see {ws.relative(out_path)}")
-    listeners = [] if quiet else [console.EventPrinter(with_task=True)]
+    listeners: list[Listener] = [] if quiet else [console.EventPrinter(with_task=True)]
     sup = Supervisor(ws, config_file=config, overrides={"executor": executor}, listeners=listeners,
                      max_parallel=max_parallel)
     if not quiet:
