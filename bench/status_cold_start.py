@@ -21,7 +21,6 @@ from kiro import timeutil
 from kiro.state import CompletedStep, LoopState, StateStore
 from kiro.workspace import Workspace
 
-
 # Byte-code caching on, as in a normal install (some sandboxes set PYTHONDONTWRITEBYTECODE, which
 # makes every start compile kiro's sources again); one warm-up run writes the caches.
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -254,16 +254,13 @@ def text(message: str) -> Text:
     return _text(message)
 
 
-def watch(render: Callable[[], Any], interval: float) -> None:
-    """Redraw `render()` in place every `interval` seconds until Ctrl-C."""
-    import time
-
+def watch(render: Callable[[], Any], ticks: Iterable[None]) -> None:
+    """Redraw `render()` in place on every tick (a file change, or the interval) until Ctrl-C."""
     from rich.live import Live
 
     with contextlib.suppress(KeyboardInterrupt), Live(render(), console=__getattr__("out"),
                                                       auto_refresh=False) as live:
-        while True:
-            time.sleep(interval)
+        for _ in ticks:
             live.update(render(), refresh=True)
 
 

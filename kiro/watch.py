@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 POLL_FALLBACK = 0.25
+SAFETY_POLL = 5.0
 WATCHED = (".hooks", "Specs", "Done", "Needs_Action")
 
 
@@ -44,9 +45,10 @@ class ChangeHub:
             ev.set()
 
     @property
-    def poll_interval(self) -> float | None:
-        """How often a waiter must re-check on its own: never while the OS watcher runs."""
-        return POLL_FALLBACK if self.failed is not None or self._task is None else None
+    def poll_interval(self) -> float:
+        """How often a waiter re-checks on its own: rarely while the OS watcher runs (a safety net,
+        one `stat` every few seconds), often when it could not start."""
+        return POLL_FALLBACK if self.failed is not None or self._task is None else SAFETY_POLL
 
     async def start(self) -> None:
         if self._task is not None:
@@ -61,16 +63,18 @@ class ChangeHub:
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
         self._task = asyncio.create_task(self._run(paths), name=f"kiro-watch:{self.root}")
-        # Wait until the watcher is set up, so that a change made right after start() is seen.
+        # Give the watcher a moment to set up its inotify watches. A change it misses in this
+        # window is still seen: every loop re-checks at each iteration, and waiters re-check at least
+        # every SAFETY_POLL seconds.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), 5)
+            await asyncio.wait_for(self._ready.wait(), 0.1)
 
     async def _run(self, paths: list[Path]) -> None:
         try:
             from watchfiles import awatch
 
             assert self._stop is not None and self._ready is not None
-            watcher = awatch(*paths, debounce=50, step=5, stop_event=self._stop, rust_timeout=200,
+            watcher = awatch(*paths, debounce=50, step=5, stop_event=self._stop, rust_timeout=1000,
                              yield_on_timeout=True, watch_filter=None, recursive=True,
                              ignore_permission_denied=True)
             async for changes in watcher:
@@ -134,3 +138,23 @@ async def wait_until(check: Callable[[], object], wake: asyncio.Event, timeout: 
         step = remaining if poll is None else (poll if remaining is None else min(poll, remaining))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), step)
+
+
+def ticks(paths: list[Path], interval: float) -> Iterator[None]:
+    """For a live view in the foreground: yield when something changes under `paths`, and at least
+    every `interval` seconds (durations move on). Falls back to sleeping when the watcher cannot run."""
+    import time
+
+    try:
+        from watchfiles import watch
+
+        existing = [p for p in paths if p.exists()]
+        if not existing:
+            raise FileNotFoundError(paths)
+        for _changes in watch(*existing, debounce=50, step=20, rust_timeout=int(interval * 1000),
+                              yield_on_timeout=True, watch_filter=None, raise_interrupt=False):
+            yield
+    except (OSError, RuntimeError):
+        while True:
+            time.sleep(interval)
+            yield

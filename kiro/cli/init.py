@@ -18,8 +18,7 @@ def init(
     example: Annotated[bool, typer.Option("--example", help="Also add the bundled example task, "
                                           "Specs/hello/tasks.md, which the shell executor can run.")] = False,
 ) -> None:
-    """Create a workspace: Specs/, Done/, Needs_Action/, Logs/, .state/, .hooks/ and a commented
-    config/autonomous_loop.yaml showing every key and its default. Never overwrites an existing file."""
+    """Create a workspace: Specs/, Done/, Needs_Action/, Logs/, .state/, .hooks/ and a commented config/autonomous_loop.yaml showing every key and its default. Never overwrites an existing file."""
     from kiro import console
     from kiro.config import default_config_yaml
     from kiro.workspace import Workspace

@@ -145,9 +145,7 @@ def start(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
 ) -> None:
-    """Start a loop on a task file, in the foreground. Exits with the loop's exit code:
-    0 completed, 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person,
-    1 kiro could not go on."""
+    """Start a loop on a task file, in the foreground. Exits with the loop's exit code: 0 completed, 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person, 1 kiro could not go on."""
     from kiro.errors import UserError
     from kiro.runner import new_task_id, prepare_start
 
@@ -206,8 +204,7 @@ def resume(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
 ) -> None:
-    """Remove the stop hook and continue a loop from its saved state, whatever its status
-    (paused, stopped, interrupted by a crash, failed, out of iterations). Completed steps never run again."""
+    """Remove the stop hook and continue a loop from its saved state, whatever its status (paused, stopped, interrupted by a crash, failed, out of iterations). Completed steps never run again."""
     from kiro.runner import prepare_resume
     from kiro.views import resolve_task_id
 
@@ -252,9 +249,7 @@ def status(
                                                         "refresh).")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between --watch refreshes.")] = 1.0,
 ) -> None:
-    """One loop in detail, or a table of every loop in the workspace: status, iteration/max, success
-    rate, current step, duration, ETA. A loop whose state says running but whose process is gone shows
-    as `interrupted`."""
+    """One loop in detail, or a table of every loop in the workspace: status, iteration/max, success rate, current step, duration, ETA. A loop whose state says running but whose process is gone shows as `interrupted`."""
     from kiro import console, views
 
     ws = _workspace(workspace)
@@ -288,7 +283,9 @@ def status(
         if json_out:
             console.watch_json(data, interval)
         else:
-            console.watch(lambda: render(data()), interval)
+            from kiro.watch import ticks
+
+            console.watch(lambda: render(data()), ticks([store.ws.state_dir], interval))
         return
     result = data()
     if json_out:
@@ -393,7 +390,11 @@ def logs(
     sys.stdout.flush()
     offset = path.stat().st_size if path.exists() else 0
     finished = any(e.get("event") == "loop_finished" for e in events[-1:])
-    while not finished:
+    from kiro.watch import ticks
+
+    for _ in ticks([path.parent], 1.0):  # wakes on each append to the log, and every second
+        if finished:
+            break
         new, offset = read_new(path, offset)
         for e in new:
             show(e)
@@ -407,7 +408,6 @@ def logs(
             for e in new:
                 show(e)
             break
-        time.sleep(0.2)
 
 
 @app.command()
@@ -425,8 +425,7 @@ def stop(
                                                           ".hooks/stop_autonomous_loop.md.")] = False,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the loop has stopped.")] = False,
 ) -> None:
-    """Create the stop hook: the loop stops at its next safe point (paused, exit 3) and stays paused
-    until the hook is deleted or `kiro loop resume` runs."""
+    """Create the stop hook: the loop stops at its next safe point (paused, exit 3) and stays paused until the hook is deleted or `kiro loop resume` runs."""
     from kiro import console, reports, views
     from kiro.state import atomic_write
 

@@ -27,10 +27,7 @@ def watch(
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background; print the process id.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")] = False,
 ) -> None:
-    """Supervise the workspace: start a loop for every task file that appears in Specs/ (at most
-    max_parallel_loops at once), keep paused loops alive at no CPU cost, and continue them when their
-    hook file is deleted or their task is moved back to Specs/. Stop it with Ctrl-C or SIGTERM: running
-    loops save their state and are continued by the next `kiro loop watch`."""
+    """Supervise the workspace: start a loop for every task file that appears in Specs/ (at most max_parallel_loops at once), keep paused loops alive at no CPU cost, and continue them when their hook file is deleted or their task is moved back to Specs/. Stop it with Ctrl-C or SIGTERM: running loops save their state and are continued by the next `kiro loop watch`."""
     import asyncio
 
     from kiro import console
