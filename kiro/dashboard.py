@@ -24,8 +24,8 @@ def render(ws: Workspace, store: StateStore, live: dict[str, LoopState]) -> str:
     for tid, st in live.items():
         loops.append((st, st.status))
         seen.add(tid)
-    for _path, found in store.all_states():
-        if found is None or found.task_id in seen:
+    for _path, found in store.all_states(skip=seen):
+        if found is None:
             continue
         st = found
         alive = store.is_locked(st.task_id) if st.status in ("running", "sleeping", "pending") else False

@@ -22,6 +22,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,18 @@ class Loop:
         self.store.save(self.state)
         if self._dashboard is not None:
             self._dashboard.update(self.state)
+
+    async def asave(self) -> None:
+        """`save()` with the file write (fsync included) in a worker thread, so that many loops in
+        one process overlap their disk waits. The JSON is made here, in the loop's own task, which
+        is the only writer of its state."""
+        s = self.state
+        s.metrics.total_duration_seconds = round(self.elapsed(), 3)
+        s.refresh_metrics()
+        s.updated_at = timeutil.iso()
+        await asyncio.to_thread(atomic_write, self.store.path(s.task_id), s.dump_json())
+        if self._dashboard is not None:
+            self._dashboard.update(s)
 
     def transition(self, to: str, reason: str | None = None) -> None:
         before = self.state.status
@@ -323,6 +336,9 @@ class Loop:
         except BaseException as exc:  # an unexpected bug: save what we have, then let it surface
             stop = Stop("stopped", "crash", f"kiro crashed: {type(exc).__name__}: {exc}", 1)
             self._finish(stop)
+            if self._dashboard is not None:
+                self._dashboard.forget(self.state)
+                await dashboard.release(self._dashboard)
             raise
         finally:
             if self._hub is not None:
@@ -450,7 +466,7 @@ class Loop:
         system = prompts.system_prompt(task, s, self.ws, executor=self.executor.name)
         s.context.last_prompt = clip(prompt)
         s.steps_total, s.steps_done = len(task.steps), sum(1 for st in task.steps if st.done)
-        self.save()
+        await self.asave()
         self._stale_since = s.updated_at
         self.emit("iteration_started", step_id=step.id)
         if reason:
@@ -458,7 +474,8 @@ class Loop:
         self.emit("step_started", step_id=step.id, description=step.title or step.text, attempt=attempt)
         if step.marker != "-":
             with contextlib.suppress(TaskFileError, TaskNotFound):
-                task = tasks.set_marker(self.task_path, step.key, "-", expected=task, durable=False)
+                task = await asyncio.to_thread(tasks.set_marker, self.task_path, step.key, "-", expected=task,
+                                               durable=False)
 
         remaining = (s.timeout_seconds or self.settings.timeout_seconds) - self.elapsed()
         ctx = StepContext(
@@ -511,8 +528,8 @@ class Loop:
 
         if result.ok:
             try:
-                done_task, checked = tasks.mark_done(self.task_path, step.key,
-                                                     include_optional=self.cfg.include_optional)
+                done_task, checked = await asyncio.to_thread(tasks.mark_done, self.task_path, step.key,
+                                                             include_optional=self.cfg.include_optional)
             except (TaskFileError, TaskNotFound) as exc:
                 if result.checked_by_executor:
                     checked = [step.id]
@@ -529,7 +546,7 @@ class Loop:
                 self.emit("step_completed", step_id=step.id, description=step.title or step.text,
                           duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
                           attempt=attempt, checked=checked)
-                self._after_iteration()
+                await self._after_iteration()
                 return None
 
         self._take_back_box(step)
@@ -543,7 +560,7 @@ class Loop:
             stop = self.guardrail_stop(repeated)
         elif attempt >= allowed and s.consecutive_failures < s.failure_threshold:
             stop = conditions.step_retries(step.id, attempt, self.settings.max_step_retries)
-        self._after_iteration()
+        await self._after_iteration()
         return stop
 
     def _take_back_box(self, step: tasks.Step) -> None:
@@ -579,7 +596,7 @@ class Loop:
                                    total_tokens=usage.total_tokens, api_calls=usage.api_calls,
                                    cost_usd=usage.cost_usd))
 
-    def _record_success(self, step: tasks.Step, started: Any, *, summary: str, attempts: int) -> None:
+    def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int) -> None:
         s = self.state
         finished = timeutil.now()
         s.completed_steps.append(CompletedStep(
@@ -609,13 +626,13 @@ class Loop:
         rec.last_verify_output = clip(verify_output, 3000) if verify_output else None
         delay = backoff_delay(attempt, self.settings.backoff_base_seconds, self.settings.backoff_max_seconds,
                               self.settings.exponential_backoff, self._rng)
-        rec.next_retry_at = timeutil.iso(timeutil.now() + _seconds(delay)) if delay > 0 else None
+        rec.next_retry_at = timeutil.iso(timeutil.now() + timedelta(seconds=delay)) if delay > 0 else None
         if s.current_step is not None:
             s.current_step.status = "waiting_retry" if delay > 0 else "failed"
 
-    def _after_iteration(self) -> None:
+    async def _after_iteration(self) -> None:
         s = self.state
-        self.save()
+        await self.asave()
         n = self.settings.backup_state_every_n_iterations
         if n and s.iteration % n == 0:
             self.store.backup(s)
@@ -725,12 +742,6 @@ class Loop:
         self._notify("finished", stop.reason, stop.message, report_rel)
         return Outcome(s.task_id, stop.status, stop.reason, stop.message, stop.exit_code,
                        s.report_path if report is not None or stop.reason == "request_human" else None)
-
-
-def _seconds(x: float) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=x)
 
 
 def install_signal_handlers(loops: list[Loop]) -> Callable[[], None]:

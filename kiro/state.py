@@ -336,8 +336,10 @@ class StateStore:
         except (ValidationError, ValueError, OSError):
             return None
 
-    def all_states(self, *, include_archive: bool = True) -> list[tuple[Path, LoopState | None]]:
-        """Every state file in the workspace (unreadable ones as None), newest first."""
+    def all_states(self, *, include_archive: bool = True,
+                   skip: set[str] | frozenset[str] = frozenset()) -> list[tuple[Path, LoopState | None]]:
+        """Every state file in the workspace (unreadable ones as None), newest first; task ids in
+        `skip` are not read at all."""
         folders = [self.ws.state_dir]
         if include_archive:
             folders.append(self.ws.state_dir / "archive")
@@ -347,7 +349,7 @@ class StateStore:
                 continue
             for p in folder.glob("autonomous_loop_*.json"):
                 tid = p.name[len("autonomous_loop_"):-len(".json")]
-                if tid in seen:
+                if tid in seen or tid in skip:
                     continue
                 seen[tid] = (p, self.try_read(p))
         return sorted(seen.values(), key=lambda item: item[1].updated_at if item[1] else "", reverse=True)

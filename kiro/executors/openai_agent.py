@@ -96,32 +96,36 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-# One client per endpoint and key in a process: loops that share an endpoint share its connection
-# pool (and the TLS set-up, which costs tens of milliseconds per client).
-_clients: dict[tuple[Any, ...], tuple[openai.AsyncOpenAI, int]] = {}
+# Loops that share an endpoint and key share clients (their connection pools, and the TLS set-up
+# that costs tens of milliseconds per client), at most LOOPS_PER_CLIENT loops on one client: the
+# HTTP pool scans its connections on every request, so one pool for a thousand loops gets slow.
+LOOPS_PER_CLIENT = 32
+_clients: dict[tuple[Any, ...], list[list[Any]]] = {}  # key -> [[client, users], ...]
 
 
 def _shared_client(key: tuple[Any, ...], api_key: str) -> openai.AsyncOpenAI:
-    found = _clients.get(key)
-    if found is not None:
-        _clients[key] = (found[0], found[1] + 1)
-        return found[0]
+    pool = _clients.setdefault(key, [])
+    for entry in pool:
+        if entry[1] < LOOPS_PER_CLIENT:
+            entry[1] += 1
+            return cast(openai.AsyncOpenAI, entry[0])
     base_url, _digest, max_retries, timeout = key
     client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout)
-    _clients[key] = (client, 1)
+    pool.append([client, 1])
     return client
 
 
-async def _release_client(key: tuple[Any, ...]) -> None:
-    found = _clients.get(key)
-    if found is None:
-        return
-    client, users = found
-    if users > 1:
-        _clients[key] = (client, users - 1)
-        return
-    del _clients[key]
-    await client.close()
+async def _release_client(key: tuple[Any, ...], client: openai.AsyncOpenAI) -> None:
+    pool = _clients.get(key, [])
+    for entry in pool:
+        if entry[0] is client:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                pool.remove(entry)
+                if not pool:
+                    _clients.pop(key, None)
+                await client.close()
+            return
 
 
 class OpenAIExecutor:
@@ -161,7 +165,7 @@ class OpenAIExecutor:
         return await _Attempt(self, ctx).run()
 
     async def aclose(self) -> None:
-        await _release_client(self._client_key)
+        await _release_client(self._client_key, self.client)
 
 
 @dataclass
