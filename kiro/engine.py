@@ -529,6 +529,7 @@ class Loop:
         if result.ok:
             try:
                 done_task, checked = await asyncio.to_thread(tasks.mark_done, self.task_path, step.key,
+                                                             expected=task,
                                                              include_optional=self.cfg.include_optional)
             except (TaskFileError, TaskNotFound) as exc:
                 if result.checked_by_executor:

@@ -16,6 +16,7 @@ built around two promises:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -103,9 +104,20 @@ class Step:
     box_offset: int
     parent: int | None = None
     children: list[int] = field(default_factory=list)
-    details: list[str] = field(default_factory=list)
-    command: str | None = None
     occurrence: int = 0
+    owned: list[str] = field(default_factory=list, repr=False)  # the raw lines under the step
+
+    @functools.cached_property
+    def details(self) -> list[str]:
+        """The lines indented under the step (bullets, _Requirements_, code blocks), dedented, with
+        blank lines at either end dropped; child steps' lines excluded. Worked out on first use:
+        most reads of a task file need only the boxes."""
+        return _dedent(self.owned)
+
+    @functools.cached_property
+    def command(self) -> str | None:
+        """The body of the first ```sh / ```bash / ```shell block in the details."""
+        return _command(self.details)
 
     @property
     def done(self) -> bool:
@@ -494,8 +506,7 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
             stray.append(i)
 
     for s in steps:
-        s.details = _dedent(owned[s.index])
-        s.command = _command(s.details)
+        s.owned = owned[s.index]
     for s in reversed(steps):  # children come after parents, so ends propagate upwards in one pass
         if s.parent is not None and last[s.index] > last[s.parent]:
             last[s.parent] = last[s.index]
