@@ -745,17 +745,14 @@ class Loop:
                        s.report_path if report is not None or stop.reason == "request_human" else None)
 
 
-def install_signal_handlers(loops: list[Loop]) -> Callable[[], None]:
-    """SIGTERM / SIGINT stop every loop of this process at once (state saved, exit 3)."""
+def on_signals(callback: Callable[[str], None]) -> Callable[[], None]:
+    """Call `callback(signal name)` on SIGTERM and SIGINT in the running event loop; returns the
+    function that removes the handlers again."""
     aloop = asyncio.get_running_loop()
     installed = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        def handler(sig: int = sig) -> None:
-            name = signal.Signals(sig).name
-            for lp in loops:
-                lp.request_stop("signal", f"stopped by {name}")
         try:
-            aloop.add_signal_handler(sig, handler)
+            aloop.add_signal_handler(sig, callback, signal.Signals(sig).name)
             installed.append(sig)
         except (NotImplementedError, RuntimeError):
             pass
@@ -765,3 +762,13 @@ def install_signal_handlers(loops: list[Loop]) -> Callable[[], None]:
             aloop.remove_signal_handler(sig)
 
     return remove
+
+
+def install_signal_handlers(loops: list[Loop]) -> Callable[[], None]:
+    """SIGTERM / SIGINT stop every loop of this process at once (state saved, exit 3)."""
+
+    def stop_all(name: str) -> None:
+        for lp in loops:
+            lp.request_stop("signal", f"stopped by {name}")
+
+    return on_signals(stop_all)

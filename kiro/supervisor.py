@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 
 from kiro import conditions, executors, tasks
 from kiro.config import Config
-from kiro.engine import Loop, LoopRun, Outcome
+from kiro.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.errors import KiroError, LockHeld, UserError
 from kiro.events import Listener, make_event
 from kiro.guardrails import SharedLimits
@@ -107,7 +107,7 @@ class Supervisor:
         hub = await acquire_hub(self.ws.root)
         hub.subscribe_event(self._wake)
         self._poll = hub.poll_interval
-        remove = _install_signals(self.stop)
+        remove = on_signals(lambda _name: self.stop())
         try:
             while not self.stopping:
                 self._scan()
@@ -270,25 +270,6 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _install_signals(stop: Callable[[], None]) -> Callable[[], None]:
-    import signal
-
-    loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError):
-            pass
-
-    def remove() -> None:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-
-    return remove
 
 
 def check_watch_free(ws: Workspace) -> None:

@@ -58,6 +58,21 @@ def _store(ws: Any, *, lenient: bool = True) -> Any:
         return StateStore(ws)
 
 
+def _loaded(workspace: Path | None, task_id: str | None, task: str | None) -> Any:
+    """The loop a read command names (by --task-id, --task, or the only one there is), loaded with
+    the backup fallback; a fallback's warning goes to stderr."""
+    from kiro import console, views
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    tid = views.resolve_task_id(ws, store, task_id, task)
+    assert tid is not None
+    loaded = store.load(tid)
+    if loaded.warning:
+        console.warning(loaded.warning)
+    return store, loaded
+
+
 def _exit(code: int) -> None:
     raise typer.Exit(code)
 
@@ -305,16 +320,10 @@ def state_cmd(
     json_out: JsonOpt = True,
 ) -> None:
     """Print the loop's state file as JSON (falling back to the newest good backup if it is corrupt)."""
-    from kiro import console, views
+    from kiro import console
     from kiro.state import to_jsonable
 
-    ws = _workspace(workspace)
-    store = _store(ws)
-    tid = views.resolve_task_id(ws, store, task_id, task)
-    assert tid is not None
-    loaded = store.load(tid)
-    if loaded.warning:
-        console.warning(loaded.warning)
+    _, loaded = _loaded(workspace, task_id, task)
     console.print_json(to_jsonable(loaded.state))
 
 
@@ -329,11 +338,7 @@ def progress(
     """Every step with its status, attempts and duration, and a progress bar."""
     from kiro import console, views
 
-    ws = _workspace(workspace)
-    store = _store(ws)
-    tid = views.resolve_task_id(ws, store, task_id, task)
-    assert tid is not None
-    loaded = store.load(tid)
+    store, loaded = _loaded(workspace, task_id, task)
     data = views.progress(store.ws, loaded.state)
     if json_out:
         console.print_json(data)
