@@ -166,3 +166,24 @@ def test_canary_api_key_reaches_no_file_in_the_workspace(ws: Workspace) -> None:
             leaked.append(str(p.relative_to(ws.root)))
     assert leaked == []
     assert CANARY not in r.stdout + r.stderr
+
+
+def test_request_human_pauses_with_exit_6_and_a_request_file_then_resume_continues(ws: Workspace,
+                                                                                  fake: FakeOpenAI) -> None:
+    ws.task("- [ ] 1. Pick the database\n- [ ] 2. Write the config\n")
+    _config(ws, fake)
+    fake.reply(call("request_human", {"question": "Postgres or SQLite for production?"}))
+    r = _start(ws)
+    assert r.returncode == 6, r.stdout + r.stderr
+    st = ws.state("ai")
+    assert st["status"] == "paused" and st["stop_reason"] == "request_human"
+    assert st["stop_conditions"]["manual_intervention"]
+    request = (ws.root / "Needs_Action/request_ai.md").read_text()
+    assert "type: intervention_request" in request and "Postgres or SQLite for production?" in request
+    assert "- [x]" not in (ws.root / "Specs/feature/tasks.md").read_text()
+    # the person answers in the task file and resumes; the agent finishes both steps
+    fake.reply(call("complete_step", {"summary": "chose Postgres as the person said"}))
+    fake.reply(call("complete_step", {"summary": "config written"}))
+    r = ws.kiro("loop", "resume", "--task-id", "ai")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ws.state("ai")["status"] == "completed"
