@@ -65,7 +65,8 @@ def test_exit_3_stop_hook_then_resume_finishes_without_rerunning(ws: Workspace) 
     assert text.startswith("---\ntype: stop_hook\n") and "reason: lunch" in text and "## Resume Instructions" in text
     assert proc.wait(timeout=30) == 3  # type: ignore[attr-defined]
     st = ws.state(tid)
-    assert st["status"] == "paused" and st["stop_reason"] == "stop_hook" and st["stop_conditions"]["stop_hook_triggered"]
+    assert st["status"] == "paused" and st["stop_reason"] == "stop_hook"
+    assert st["stop_conditions"]["stop_hook_triggered"]
     assert hook.exists()
     done_before = [c["step_id"] for c in st["completed_steps"]]
     assert 0 < len(done_before) < 8
