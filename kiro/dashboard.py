@@ -12,6 +12,7 @@ import contextlib
 import time
 
 from kiro import reports
+from kiro.shared import Registry
 from kiro.state import LoopState, StateStore, atomic_write, effective_status
 from kiro.workspace import Workspace
 
@@ -86,22 +87,12 @@ class DashboardService:
         self.flush()
 
 
-_services: dict[tuple[int, str], DashboardService] = {}
+_services: Registry[DashboardService] = Registry()
 
 
 def acquire(ws: Workspace, store: StateStore) -> DashboardService:
-    key = (id(asyncio.get_running_loop()), str(ws.root))
-    svc = _services.get(key)
-    if svc is None:
-        svc = _services[key] = DashboardService(ws, store)
-    svc.users += 1
-    return svc
+    return _services.acquire(ws.root, lambda: DashboardService(ws, store))
 
 
 async def release(svc: DashboardService) -> None:
-    svc.users -= 1
-    if svc.users <= 0:
-        for key, value in list(_services.items()):
-            if value is svc:
-                del _services[key]
-        await svc.aclose()
+    await _services.release(svc)

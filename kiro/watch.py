@@ -14,6 +14,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from kiro.shared import Registry
+
 POLL_FALLBACK = 0.25
 SAFETY_POLL = 5.0
 WATCHED = (".hooks", "Specs", "Done", "Needs_Action")
@@ -98,27 +100,18 @@ class ChangeHub:
         self._task = None
 
 
-_hubs: dict[tuple[int, Path], ChangeHub] = {}
+_hubs: Registry[ChangeHub] = Registry()
 
 
 async def acquire_hub(root: Path) -> ChangeHub:
     """The workspace's hub for the running event loop, shared by every loop in this process."""
-    key = (id(asyncio.get_running_loop()), root)
-    hub = _hubs.get(key)
-    if hub is None:
-        hub = _hubs[key] = ChangeHub(root)
-    hub.users += 1
+    hub = _hubs.acquire(root, lambda: ChangeHub(root))
     await hub.start()
     return hub
 
 
 async def release_hub(hub: ChangeHub) -> None:
-    hub.users -= 1
-    if hub.users <= 0:
-        for key, value in list(_hubs.items()):
-            if value is hub:
-                del _hubs[key]
-        await hub.aclose()
+    await _hubs.release(hub)
 
 
 async def wait_until(check: Callable[[], object], wake: asyncio.Event, timeout: float | None,
