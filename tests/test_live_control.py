@@ -85,3 +85,29 @@ def test_status_does_not_import_openai_or_watchfiles(ws: Workspace) -> None:
     assert r.returncode == 0
     modules = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if "|" in line}
     assert "openai" not in modules and "watchfiles" not in modules
+
+
+def test_several_tasks_in_one_process(ws: Workspace) -> None:
+    ws.task(shell_task(3, cmd='echo "a$KIRO_STEP_ID" >> side_effects.log; sleep 0.1'), "Specs/a/tasks.md")
+    ws.task(shell_task(2, cmd='echo "b$KIRO_STEP_ID" >> side_effects.log; sleep 0.1'), "Specs/b/tasks.md")
+    r = ws.kiro("loop", "start", "--task", "Specs/a/tasks.md", "--task", "Specs/b/tasks.md")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ran = (ws.root / "side_effects.log").read_text().split()
+    assert sorted(ran) == ["a1", "a2", "a3", "b1", "b2"]
+    assert ran.index("b1") < ran.index("a3")  # side by side, not one after the other
+    assert (ws.root / "Done/a/tasks.md").exists() and (ws.root / "Done/b/tasks.md").exists()
+    pids = {st.get("pid") for st in (ws.state(t) for t in _ids(ws))}
+    assert pids == {None}  # both finished; each state recorded its own end
+
+
+def test_several_tasks_exit_code_is_the_first_that_is_not_0(ws: Workspace) -> None:
+    ws.task(shell_task(1), "Specs/a/tasks.md")
+    ws.task(shell_task(1, cmd="exit 1"), "Specs/b/tasks.md")
+    r = ws.kiro("loop", "start", "--task", "Specs/a/tasks.md", "--task", "Specs/b/tasks.md",
+                "--failure-threshold", "1")
+    assert r.returncode == 5
+
+
+def _ids(ws: Workspace) -> list[str]:
+    return [p.name[len("autonomous_loop_"):-5] for p in (ws.root / ".state").rglob("autonomous_loop_*.json")
+            if "backups" not in p.parts]
