@@ -41,7 +41,6 @@ from kiro.state import (
     FailedStep,
     LoopState,
     StateStore,
-    Usage,
     atomic_write,
     clip,
 )
@@ -356,6 +355,9 @@ class Loop:
         return outcome
 
     async def _loop(self) -> Stop:
+        stop = self._check_task_location()
+        if stop is not None:
+            return stop
         task = self._read_task()
         if isinstance(task, Stop):
             return task
@@ -402,9 +404,8 @@ class Loop:
                     return stop
 
     def _read_task(self) -> tasks.TaskFile | Stop:
-        stop = self._check_task_location()
-        if stop is not None:
-            return stop
+        """Re-read the task file (a person may have edited it). Its location was just checked by
+        `interrupt_check` (or, on the first read, by `_loop`)."""
         try:
             return tasks.load(self.task_path)
         except TaskNotFound:
@@ -496,7 +497,7 @@ class Loop:
             if os.environ.get("KIRO_DEBUG"):
                 raise
             result = StepResult("failed", error=f"executor error: {type(exc).__name__}: {exc}")
-        self._add_usage(result.usage)
+        self.state.usage.add(result.usage)
         self.guardrails.attempt_done()
         s.context.last_response = clip(result.summary or result.error or "")
 
@@ -591,11 +592,6 @@ class Loop:
         if result.timed_out:
             return False, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}"
         return result.ok, text
-
-    def _add_usage(self, usage: StepUsage) -> None:
-        self.state.usage.add(Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                                   total_tokens=usage.total_tokens, api_calls=usage.api_calls,
-                                   cost_usd=usage.cost_usd))
 
     def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int) -> None:
         s = self.state

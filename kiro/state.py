@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kiro import timeutil
 from kiro.errors import LockHeld, StateError, TaskNotFound
+from kiro.executors.base import StepUsage
 from kiro.workspace import Workspace
 
 SCHEMA_VERSION = 1
@@ -103,7 +104,8 @@ class Usage(_Model):
     api_calls: int = 0
     cost_usd: float = 0.0
 
-    def add(self, other: Usage) -> None:
+    def add(self, other: Usage | StepUsage) -> None:
+        """Add another tally: a state's, or an executor's StepUsage for one attempt."""
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.total_tokens += other.total_tokens
