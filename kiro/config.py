@@ -143,6 +143,7 @@ class Config(_Strict):
     max_parallel_loops: int = Field(4, ge=1)
     include_optional: bool = False
     on_event: dict[str, str] = Field(default_factory=dict)
+    secret_env: list[str] = Field(default_factory=list)
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "on_event", mode="before"

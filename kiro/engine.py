@@ -35,6 +35,7 @@ from kiro.executors.base import Executor, Guard, StepContext, StepResult, StepUs
 from kiro.executors.process import run_process, tail
 from kiro.guardrails import LoopGuardrails, SharedLimits, Trigger
 from kiro.notify import NOTIFIER_TIMEOUT, STATUS_KIND, run_notifier
+from kiro.redact import Redactor
 from kiro.state import (
     CompletedStep,
     CurrentStep,
@@ -135,7 +136,10 @@ class Loop:
         self.state = run.state
         self.task_path = run.task_path
         self.executor = executor
-        self.log = EventLog(self.ws.event_log(self.state.task_id))
+        # The one redactor of this run: every event, state, report and prompt passes through it.
+        self.redact = Redactor.for_run(self.cfg)
+        self.store.use(self.redact)
+        self.log = EventLog(self.ws.event_log(self.state.task_id), self.redact)
         self.listeners: list[Listener] = [self.log, *(listeners or [])]
         self.cancel = asyncio.Event()
         self._wake = asyncio.Event()
@@ -157,7 +161,7 @@ class Loop:
     def emit(self, event: str, **fields: Any) -> None:
         if not self.settings.log_every_iteration and event in ("iteration_started", "step_started"):
             return
-        record = make_event(self.state.task_id, self.state.iteration, event, fields)
+        record = self.redact.data(make_event(self.state.task_id, self.state.iteration, event, fields))
         for listener in self.listeners:
             listener(record)
 
@@ -176,9 +180,14 @@ class Loop:
         s.metrics.total_duration_seconds = round(self.elapsed(), 3)
         s.refresh_metrics()
         s.updated_at = timeutil.iso()
-        await asyncio.to_thread(atomic_write, self.store.path(s.task_id), s.dump_json())
+        await asyncio.to_thread(atomic_write, self.store.path(s.task_id), self.store.encode(s))
         if self._dashboard is not None:
             self._dashboard.update(s)
+
+    def write_report(self, path: Path, text: str, *, fsync: bool = True) -> None:
+        """The one way the loop writes a report (completion, progress, escalation, intervention,
+        request): atomically, and through the redactor."""
+        atomic_write(path, self.redact.text(text), fsync=fsync)
 
     def transition(self, to: str, reason: str | None = None) -> None:
         before = self.state.status
@@ -287,7 +296,7 @@ class Loop:
         async def go() -> None:
             problem = await run_notifier(command, facts, self.ws.root)
             if problem is not None:
-                self.emit("notifier_failed", kind=kind, command=command, error=problem)
+                self.emit("notifier_failed", kind=kind, error=problem)  # not the command: it may hold a token
 
         task = asyncio.get_running_loop().create_task(go())
         self._notifiers.add(task)
@@ -486,8 +495,8 @@ class Loop:
             verify_output=record.last_verify_output,
             timeout_seconds=max(0.1, min(self.cfg.step_timeout_seconds, remaining)),
             config=self.cfg, state=s, cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor,
-            guard=_LoopGuard(self),
-        )
+            guard=_LoopGuard(self), redact=self.redact,
+        ).redacted()
         self._pending_stop = None
         try:
             result = await self.executor.run_step(ctx)
@@ -497,6 +506,7 @@ class Loop:
             if os.environ.get("KIRO_DEBUG"):
                 raise
             result = StepResult("failed", error=f"executor error: {type(exc).__name__}: {exc}")
+        result.redact(self.redact)  # what an agent or a step printed enters the state, reports and prompts clean
         self.state.usage.add(result.usage)
         self.guardrails.attempt_done()
         s.context.last_response = clip(result.summary or result.error or "")
@@ -511,7 +521,7 @@ class Loop:
         if result.outcome == "request_human":
             question = result.question or "(no question given)"
             path = self.ws.human_request(s.task_id)
-            atomic_write(path, reports.human_request(s, question=question))
+            self.write_report(path, reports.human_request(s, question=question))
             s.report_path = self.ws.relative(path)
             s.current_step.status = "pending"
             self.emit("human_requested", step_id=step.id, question=question, path=s.report_path)
@@ -588,7 +598,7 @@ class Loop:
 
         result = await run_process(["bash", "-e", "-c", command], cwd=self.project_dir, env=step_env(ctx),
                                    timeout=self.cfg.step_timeout_seconds, cancel=self.cancel)
-        text = tail(result.output, 4000)
+        text = self.redact.text(tail(result.output, 4000))
         if result.timed_out:
             return False, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}"
         return result.ok, text
@@ -644,7 +654,7 @@ class Loop:
             return
         steps = [(st.id, st.title or st.text, st.done) for st in task.steps]
         path = self.ws.progress_report(self.state.task_id, self.state.iteration)
-        atomic_write(path, reports.progress_report(self.state, steps=steps), fsync=False)
+        self.write_report(path, reports.progress_report(self.state, steps=steps), fsync=False)
         self.emit("report_written", kind="progress_report", path=self.ws.relative(path))
 
     # -- the end ---------------------------------------------------------------------------
@@ -710,14 +720,14 @@ class Loop:
             if stop.status == "completed" and self.settings.create_completion_report:
                 report = self.ws.completion_report(s.task_id)
                 self.save()  # final metrics into the report
-                atomic_write(report, reports.completion_report(s, moved_to=moved_to))
+                self.write_report(report, reports.completion_report(s, moved_to=moved_to))
             elif stop.status in ("max_iterations", "timed_out"):
                 report = self.ws.intervention_request(s.task_id)
-                atomic_write(report, reports.intervention_request(s, reason=stop.reason, detail=stop.message))
+                self.write_report(report, reports.intervention_request(s, reason=stop.reason, detail=stop.message))
             elif stop.status == "failed":
                 report = self.ws.escalation(s.task_id)
-                atomic_write(report, reports.escalation(s, reason=stop.reason, detail=stop.message,
-                                                        recent=s.failed_steps[-5:]))
+                self.write_report(report, reports.escalation(s, reason=stop.reason, detail=stop.message,
+                                                             recent=s.failed_steps[-5:]))
         except OSError as exc:
             self.emit("warning", message=f"could not write the report: {exc}")
             report = None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from kiro import timeutil
+from kiro.redact import Redactor
 
 EventName = Literal[
     "loop_started",
@@ -56,10 +57,12 @@ def make_event(task_id: str, iteration: int, event: str, fields: dict[str, Any])
 
 
 class EventLog:
-    """Appends events to one JSONL file. Opened lazily, kept open, flushed per line."""
+    """Appends events to one JSONL file. Opened lazily, kept open, flushed per line. Every line
+    passes through the loop's redactor on its way to disk."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, redact: Redactor | None = None) -> None:
         self.path = path
+        self.redact = redact or Redactor()
         self._fh: Any = None
 
     def __call__(self, record: dict[str, Any]) -> None:
@@ -70,7 +73,7 @@ class EventLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open on purpose
             self._repair_torn_tail()
-        self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._fh.write(self.redact.text(json.dumps(record, ensure_ascii=False, default=str)) + "\n")
         self._fh.flush()
 
     def _repair_torn_tail(self) -> None:

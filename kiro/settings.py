@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiro.config import Config, resolve_config
+from kiro.redact import Redactor
 from kiro.state import StateStore
 from kiro.workspace import Workspace
 
@@ -35,4 +36,4 @@ def settings_for(ws0: Workspace, *, config_file: Path | None = None, task: tasks
         env=os.environ, overrides=dict(overrides or {}),
     )
     ws = ws0.with_state_directory(cfg.autonomous_loop.state_directory)
-    return Located(ws, StateStore(ws), cfg)
+    return Located(ws, StateStore(ws, Redactor.for_run(cfg)), cfg)

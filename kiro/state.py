@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kiro import timeutil
 from kiro.errors import LockHeld, StateError, TaskNotFound
 from kiro.executors.base import StepUsage
+from kiro.redact import Redactor
 from kiro.workspace import Workspace
 
 SCHEMA_VERSION = 1
@@ -245,9 +246,18 @@ class LoadResult(BaseModel):
 class StateStore:
     """Reads and writes the state files of one workspace."""
 
-    def __init__(self, workspace: Workspace) -> None:
+    def __init__(self, workspace: Workspace, redact: Redactor | None = None) -> None:
         self.ws = workspace
+        self.redact = redact or Redactor()  # a loop adds its own (`use`): no secret reaches a state file
         self._saves = 0
+
+    def use(self, redact: Redactor) -> None:
+        """Also cut what `redact` knows from every state this store writes."""
+        self.redact = redact | self.redact
+
+    def encode(self, state: LoopState) -> str:
+        """The state file's text: the state as JSON, redacted. Every state write goes through here."""
+        return self.redact.text(state.dump_json())
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -261,7 +271,7 @@ class StateStore:
 
     def save(self, state: LoopState, *, fsync: bool = True) -> None:
         state.updated_at = timeutil.iso()
-        atomic_write(self.path(state.task_id), state.dump_json(), fsync=fsync)
+        atomic_write(self.path(state.task_id), self.encode(state), fsync=fsync)
         self._saves += 1
 
     def backup(self, state: LoopState) -> Path:
@@ -269,7 +279,7 @@ class StateStore:
         folder = self.ws.backups_dir()
         stamp = timeutil.now().strftime("%Y%m%dT%H%M%S%f")
         target = folder / f"autonomous_loop_{state.task_id}.{stamp}.i{state.iteration:06d}.json"
-        atomic_write(target, state.dump_json())
+        atomic_write(target, self.encode(state))
         for old in self._backups(state.task_id)[BACKUPS_KEPT:]:
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
@@ -285,7 +295,7 @@ class StateStore:
     def archive(self, state: LoopState) -> Path:
         target = self.ws.archived_state_file(state.task_id)
         target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, state.dump_json())
+        atomic_write(target, self.encode(state))
         with contextlib.suppress(FileNotFoundError):
             self.path(state.task_id).unlink()
         _fsync_dir(self.path(state.task_id).parent)

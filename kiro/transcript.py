@@ -5,66 +5,21 @@ every tool call and its result, wrap-ups and restarts are appended as they happe
 the iteration and attempt. It is the record a person reads to learn why the agent did what it did,
 so it is written for completeness, not for the model: nothing in it is ever sent back.
 
-Secrets never reach it: every line goes through a `Redactor` before it is written. The redactor
-lives here because the transcript is the widest door to disk; memory, tool output and events use
-the same one.
+Secrets never reach it: every line goes through the loop's `kiro.redact.Redactor` before it is
+written.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from kiro import timeutil
+from kiro.redact import REDACTED, Redactor, looks_secret
 
-REDACTED = "[REDACTED]"
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "PRIVATE")
-MIN_SECRET_LENGTH = 8  # shorter values ("", "1", "true") would mangle ordinary text if redacted
-
-
-def looks_secret(name: str) -> bool:
-    """True for an environment variable name that by convention holds a credential."""
-    upper = name.upper()
-    return any(part in upper for part in SECRET_NAME_PARTS)
-
-
-class Redactor:
-    """Replaces known secret values with `[REDACTED]` in any text kiro is about to write or send.
-
-    It knows the API key itself plus the values of environment variables whose names look secret,
-    so a token that turns up in a file the agent reads, or in an error a proxy echoes, is cut too.
-    Values are matched literally and also in their JSON-escaped form.
-    """
-
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
-        found = {s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH}
-        forms: set[str] = set()
-        for s in found:
-            forms.add(s)
-            forms.add(json.dumps(s)[1:-1])
-        # Longest first, so a secret that contains another is cut whole.
-        ordered = sorted(forms, key=len, reverse=True)
-        self._pattern = re.compile("|".join(re.escape(s) for s in ordered)) if ordered else None
-
-    @classmethod
-    def from_environment(cls, api_key: str | None, environ: Mapping[str, str] | None = None) -> Redactor:
-        env = os.environ if environ is None else environ
-        values = [v for k, v in env.items() if looks_secret(k)]
-        if api_key:
-            values.append(api_key)
-        return cls(values)
-
-    def __call__(self, text: str) -> str:
-        if self._pattern is None or not text:
-            return text
-        return self._pattern.sub(REDACTED, text)
-
-    def contains_secret(self, text: str) -> bool:
-        return bool(self._pattern and self._pattern.search(text))
+__all__ = ["REDACTED", "Redactor", "Transcript", "looks_secret", "read"]
 
 
 class Transcript:

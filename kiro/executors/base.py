@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from kiro.redact import Redactor
+
 if TYPE_CHECKING:
     from kiro.config import Config
     from kiro.state import LoopState
@@ -55,6 +57,12 @@ class StepResult:
     @property
     def ok(self) -> bool:
         return self.outcome == "completed"
+
+    def redact(self, redactor: Redactor) -> None:
+        """Cut secrets from what the attempt reports (an agent's or a step's output)."""
+        self.summary = redactor.text(self.summary)
+        self.error = redactor.text(self.error) if self.error else self.error
+        self.question = redactor.text(self.question) if self.question else self.question
 
 
 class Guard:
@@ -102,6 +110,20 @@ class StepContext:
     emit: Callable[..., None]  # emit(event_name, **fields) -> appended to the event log
     sleep: Callable[[float], Awaitable[str | None]]  # interruptible wait; returns a stop reason if cut short
     guard: Guard = field(default_factory=Guard)
+    # The loop's redactor (kiro.redact): pass every text an executor writes to disk or sends
+    # (attempt logs, transcripts, prompt files, requests) through `ctx.redact.text(...)`.
+    redact: Redactor = field(default_factory=Redactor)
+
+    def redacted(self) -> StepContext:
+        """This context with its prompts cut of secrets: what the executor sends the model is clean,
+        also a retry prompt that quotes a failed step's or verify's output."""
+        r = self.redact
+        self.prompt = r.text(self.prompt)
+        self.system_prompt = r.text(self.system_prompt)
+        self.continuation = r.text(self.continuation) if self.continuation else self.continuation
+        self.previous_error = r.text(self.previous_error) if self.previous_error else self.previous_error
+        self.verify_output = r.text(self.verify_output) if self.verify_output else self.verify_output
+        return self
 
 
 class Executor(Protocol):

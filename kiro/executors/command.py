@@ -60,7 +60,7 @@ class CommandExecutor:
             raise ExecutorError(f"executor_command program {prog!r} is not executable ({path})")
 
     async def run_step(self, ctx: StepContext) -> StepResult:
-        text = f"{ctx.system_prompt}\n\n{ctx.prompt}"
+        text = ctx.redact.text(f"{ctx.system_prompt}\n\n{ctx.prompt}")
         prompt_file = self.workspace.state_dir / "prompts" / f"{self.task_id}.md"
         uses_file = any("{prompt_file}" in a for a in self.argv)
         argv = [a.replace("{prompt_file}", str(prompt_file)) for a in self.argv]

@@ -43,10 +43,11 @@ from kiro import prompts
 from kiro.errors import ExecutorError
 from kiro.executors.base import StepContext, StepResult, StepUsage
 from kiro.memory import MemoryStore
+from kiro.redact import Redactor
 from kiro.tools import Tool, ToolEnv, ToolError, ToolResult, toolset
 from kiro.tools.base import clip_output, execute
 from kiro.tools.paths import Confinement
-from kiro.transcript import Redactor, Transcript
+from kiro.transcript import Transcript
 
 if TYPE_CHECKING:
     from kiro.config import Config, LLMSettings
@@ -153,7 +154,7 @@ class OpenAIExecutor:
                 raise ExecutorError(
                     f"no API key for {self.endpoint}: set the environment variable {llm.api_key_env} "
                     f"(llm.api_key_env names it); if the endpoint needs no key, set it to any value")
-        self.redact = Redactor.from_environment(None if api_key == DUMMY_KEY else api_key)
+        self.redact = Redactor.for_run(config)
         self._client_key = (self.base_url, hashlib.sha256(api_key.encode()).hexdigest(), llm.max_retries,
                             llm.request_timeout_seconds)
         self.client = _shared_client(self._client_key, api_key)
@@ -182,6 +183,9 @@ class _Attempt:
     """One attempt at one step: the conversation(s), the usage, the transcript records."""
 
     def __init__(self, executor: OpenAIExecutor, ctx: StepContext) -> None:
+        # The loop's redactor is the one in force (it also knows configured secrets and URL credentials).
+        executor.redact = ctx.redact | executor.redact
+        executor.transcript.redact = executor.redact
         self.ex = executor
         self.ctx = ctx
         self.llm: LLMSettings = ctx.config.llm

@@ -24,8 +24,8 @@ from kiro.executors.base import Outcome
 if TYPE_CHECKING:
     from kiro.executors.base import StepContext
     from kiro.memory import MemoryStore
+    from kiro.redact import Redactor
     from kiro.tools.paths import Confinement
-    from kiro.transcript import Redactor
 
 OUTPUT_LIMIT = 100_000  # characters of any one tool result the model sees
 

@@ -22,8 +22,8 @@ from typing import Any
 from pydantic import Field
 
 from kiro.executors.process import run_process
+from kiro.redact import looks_secret
 from kiro.tools.base import Args, Tool, ToolEnv, ToolError, ToolResult
-from kiro.transcript import looks_secret
 
 SHELL_OPERATORS = frozenset({"|", "||", "&", "&&", ";", ";;", ">", ">>", "<", "<<", "<<<", ">&", "<&", "&>",
                              "|&", "(", ")"})

@@ -1,0 +1,164 @@
+"""Secrets never reach a file kiro writes, nor the model (issue #7, item 3 a-c).
+
+Each test plants a canary secret where a real one would be (an environment variable named like
+a token, the API key, a password in `llm.base_url`, a bearer token in an `on_event` command),
+makes it flow through a step's output, verify's output, an agent CLI's output and the retry
+prompt, and then reads every file under the workspace: the canary is in none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+from kiro.config import Config
+from kiro.redact import REDACTED, Redactor
+from tests.conftest import FAST_CONFIG, Workspace, shell_task
+from tests.fake_openai import FakeOpenAI, call
+
+TASK = "Specs/feature/tasks.md"
+
+
+def canary(prefix: str = "canary") -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def files_holding(root: Path, secret: str) -> list[str]:
+    """Every file under root whose bytes contain the secret, except the config the person wrote."""
+    needle = secret.encode()
+    found = []
+    for p in sorted(root.rglob("*")):
+        if p == root / "config" / "autonomous_loop.yaml":
+            continue
+        if p.is_file() and not p.is_symlink() and needle in p.read_bytes():
+            found.append(str(p.relative_to(root)))
+    return found
+
+
+def test_canary_from_a_shell_step_and_verify_output_is_in_no_file(ws: Workspace) -> None:
+    secret = canary()
+    # Step 1 prints the token and fails once; verify prints it too and fails the first time.
+    ws.task(textwrap.dedent("""\
+        ---
+        title: Leaky
+        executor: shell
+        verify: 'echo "verify sees $ACME_SERVICE_TOKEN"; test -e attempt2'
+        ---
+        - [ ] 1. Print the token
+          ```sh
+          echo "token is $ACME_SERVICE_TOKEN"; if [ -e attempt1 ]; then touch attempt2; else touch attempt1; exit 1; fi
+          ```
+        - [ ] 2. Print it again and succeed
+          ```sh
+          echo "again $ACME_SERVICE_TOKEN"
+          ```
+        """))
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(ACME_SERVICE_TOKEN=secret))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert secret not in r.stdout + r.stderr
+    assert files_holding(ws.root, secret) == []
+    tid = ws.only_task_id()
+    st = ws.state(tid)
+    # It was really there: the failure was recorded, with the token cut.
+    assert any(f"token is {REDACTED}" in f["error"] for f in st["failed_steps"])
+    assert any(e["event"] == "step_failed" and REDACTED in e["error"] for e in ws.events(tid))
+
+
+def test_agent_cli_output_and_retry_prompt_carry_no_canary(ws: Workspace, tmp_path: Path) -> None:
+    secret = canary("sk-proj")
+    seen = tmp_path / "seen"  # outside the workspace: what the agent was sent
+    seen.mkdir()
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(f"""\
+        import os, pathlib, re, sys
+        seen = pathlib.Path({str(seen)!r})
+        step, attempt = os.environ["KIRO_STEP_ID"], os.environ["KIRO_ATTEMPT"]
+        (seen / f"prompt_{{step}}_{{attempt}}.txt").write_text(sys.stdin.read())
+        print("my key is", os.environ["OPENAI_API_KEY"])
+        if attempt == "1":
+            sys.exit(2)
+        if attempt == "3":
+            pathlib.Path("ok").touch()
+        task = pathlib.Path(os.environ["KIRO_TASK_FILE"])
+        task.write_text(re.sub(r"- \\[[ -]\\] " + step + r"\\.", "- [x] " + step + ".", task.read_text(), count=1))
+        """))
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(agent))}"
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"executor_command: {json.dumps(command)}\n"
+             "verify: 'echo \"verify: $OPENAI_API_KEY\"; test -e ok'\n")
+    ws.task("---\ntitle: Agent\nexecutor: command\n---\n- [ ] 1. Do the thing\n")
+    r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "5",
+                env=ws.env(OPENAI_API_KEY=secret))
+    # attempt 1: the agent exits 2; attempt 2: box checked, verify fails; attempt 3: verify passes
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert secret not in r.stdout + r.stderr
+    assert files_holding(ws.root, secret) == []
+    prompts = sorted(seen.iterdir())
+    assert len(prompts) >= 2
+    retry = (seen / "prompt_1_2.txt").read_text()
+    assert "my key is" in retry and REDACTED in retry  # the previous error is quoted, without the key
+    assert all(secret not in p.read_text() for p in prompts)
+    third = seen / "prompt_1_3.txt"
+    assert third.exists() and "verify: " + REDACTED in third.read_text()
+
+
+def test_password_in_base_url_and_openai_key_reach_no_file(ws: Workspace) -> None:
+    password = canary("pw")
+    key = canary("sk-live")
+    with FakeOpenAI() as fake:
+        fake.reply(tool_calls=[call("write_file", {"path": "notes.txt", "content": "hello"})])
+        fake.reply(tool_calls=[call("complete_step", {"summary": "wrote notes"})])
+        url = fake.base_url.replace("http://", f"http://kiro:{password}@")
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"llm:\n  base_url: {json.dumps(url)}\n")
+        ws.task("---\ntitle: Model\nexecutor: openai\n---\n- [ ] 1. Write notes\n")
+        r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(OPENAI_API_KEY=key))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len(fake.chat_requests) == 2
+    assert (ws.root / "notes.txt").read_text() == "hello"
+    for secret in (password, key):
+        assert secret not in r.stdout + r.stderr
+        assert files_holding(ws.root, secret) == []
+    transcript = next((ws.root / ".state" / "transcripts").glob("*.jsonl")).read_text()
+    assert f"kiro:{REDACTED}@" in transcript or "[REDACTED]" in transcript
+
+
+def test_on_event_command_text_and_output_are_not_logged(ws: Workspace) -> None:
+    token = canary("tok")
+    notifier = f"echo 'Authorization: Bearer {token}'; exit 3"
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"on_event:\n  finished: {json.dumps(notifier)}\n")
+    ws.task(shell_task(1))
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tid = ws.only_task_id()
+    failed = [e for e in ws.events(tid) if e["event"] == "notifier_failed"]
+    assert len(failed) == 1 and "exit status 3" in failed[0]["error"] and REDACTED in failed[0]["error"]
+    assert files_holding(ws.root, token) == []
+
+
+def test_redactor_knows_env_names_formats_urls_commands_and_configured_names() -> None:
+    env = {
+        "GITHUB_TOKEN": "ghp_" + "a" * 36,
+        "INNOCENT_NAME": "sk-" + "b" * 40,  # an OpenAI-style key under a harmless name
+        "DATABASE_URL": "postgres://app:db-pass-123@db/app",
+        "MY_LLM": "x-key-value-1234",  # named by llm.api_key_env
+        "CUSTOM": "custom-secret-value",  # named by secret_env
+        "SHORT_KEY": "abc",  # too short to redact
+        "HOME": "/root",
+    }
+    cfg = Config.model_validate({
+        "llm": {"api_key_env": "MY_LLM", "base_url": "https://user:hunter2@proxy.example/v1?api_key=qk-999999999"},
+        "secret_env": ["CUSTOM"],
+        "on_event": {"failed": "curl -H 'Authorization: Bearer bt-77777777' --password=pp-88888888 x"},
+    })
+    r = Redactor.for_run(cfg, env)
+    text = " | ".join([*env.values(), "user:hunter2@proxy", "qk-999999999", "bt-77777777", "pp-88888888",
+                       json.dumps("sk-" + "b" * 40)])
+    out = r.text(text)
+    for leaked in ("ghp_", "sk-bbb", "db-pass-123", "x-key-value", "custom-secret", "hunter2", "qk-999",
+                   "bt-777", "pp-888"):
+        assert leaked not in out, (leaked, out)
+    assert "abc" in out and "/root" in out  # short values and ordinary ones stay
+    assert r.data({"a": ["ghp_" + "a" * 36, 3]}) == {"a": [REDACTED, 3]}
