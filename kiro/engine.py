@@ -31,6 +31,7 @@ from kiro.conditions import Stop
 from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound
 from kiro.events import EventLog, Listener, make_event
+from kiro.executors import groups
 from kiro.executors.base import Executor, Guard, StepContext, StepResult, StepUsage
 from kiro.executors.process import run_process, tail
 from kiro.guardrails import LoopGuardrails, SharedLimits, Trigger
@@ -324,6 +325,7 @@ class Loop:
                   pid=s.pid, workspace=str(self.ws.root))
         for warning in self.run_spec.warnings:
             self.emit("warning", message=warning)
+        self._take_over_processes()
         self.transition("running", "resumed" if self.run_spec.resumed else "started")
         s.stop_reason = None
         self.save()
@@ -362,6 +364,18 @@ class Loop:
             await asyncio.wait(set(self._notifiers), timeout=NOTIFIER_TIMEOUT + 5)
         self.log.close()
         return outcome
+
+    def _take_over_processes(self) -> None:
+        """Before any step runs: kill what a killed kiro's steps left running (a background child
+        would otherwise do the step's work beside the step run again), then record this run's
+        groups in the same ledger. Also make kiro unreadable to its children (/proc/<pid>/environ)."""
+        groups.make_undumpable()
+        ledger = groups.Ledger(self.ws.state_dir / "processes" / f"{self.state.task_id}.json")
+        killed = ledger.reap()
+        if killed:
+            self.emit("warning", message=f"killed {len(killed)} process(es) a previous run's steps left behind "
+                                         f"(pids {', '.join(map(str, killed))})")
+        groups.current_ledger.set(ledger)
 
     async def _loop(self) -> Stop:
         stop = self._check_task_location()

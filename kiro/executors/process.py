@@ -1,19 +1,21 @@
 """Run a child process for a step: its own process group, output captured and bounded, the whole
-group ended on timeout or when the loop must stop now."""
+group ended on timeout or when the loop must stop now. It dies with kiro (`setpriv --pdeathsig`)
+and its group is in the loop's ledger until it ends (see kiro.executors.groups)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
+import shutil
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kiro.executors import groups
 
 OUTPUT_KEPT = 64_000  # bytes of combined stdout+stderr kept (the tail)
 KILL_GRACE_SECONDS = 3.0
@@ -32,12 +34,18 @@ class ProcessResult:
         return self.returncode == 0 and not self.timed_out and not self.cancelled
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the child gets SIGKILL when kiro dies, so a killed kiro leaves no agent running on
-    alone while a resumed loop starts the step again."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def _check_program(program: str, cwd: Path, env: Mapping[str, str]) -> None:
+    """The errors exec would give (FileNotFoundError, PermissionError), before setpriv hides them
+    behind its own exit status."""
+    if "/" not in program:
+        if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+            raise FileNotFoundError(2, "No such file or directory", program)
+        return
+    path = Path(program) if os.path.isabs(program) else cwd / program
+    if not path.exists():
+        raise FileNotFoundError(2, "No such file or directory", program)
+    if path.is_dir() or not os.access(path, os.X_OK):
+        raise PermissionError(13, "Permission denied", program)
 
 
 def kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
@@ -54,18 +62,26 @@ async def run_process(
     timeout: float | None = None,
     cancel: asyncio.Event | None = None,
     output_limit: int = OUTPUT_KEPT,
+    confine: bool = False,
 ) -> ProcessResult:
+    """`confine`: the command is the agent's choice: no capabilities, no new privileges."""
     started = time.monotonic()
+    child_env = dict(os.environ if env is None else env)
+    _check_program(argv[0], cwd, child_env)
+    ledger = groups.current_ledger.get()
+    if ledger is not None:
+        child_env[groups.TOKEN_VAR] = ledger.token
     proc = await asyncio.create_subprocess_exec(
-        *argv,
+        *groups.wrap(list(argv), confine=confine),
         cwd=str(cwd),
-        env=dict(env) if env is not None else None,
+        env=child_env,
         stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=_die_with_parent,
     )
+    if ledger is not None:
+        ledger.add(proc.pid)
     chunks = bytearray()
 
     async def pump() -> None:
@@ -106,6 +122,9 @@ async def run_process(
                 await asyncio.wait_for(work, KILL_GRACE_SECONDS)
     except asyncio.CancelledError:
         await _end(proc)
+        kill_group(proc.pid, signal.SIGKILL)
+        if ledger is not None:
+            ledger.discard(proc.pid)
         raise
     finally:
         if cancel_wait is not None:
@@ -114,6 +133,8 @@ async def run_process(
             work.cancel()
     # A step that exits may leave children behind in its group (a background server): end them too.
     kill_group(proc.pid, signal.SIGKILL)
+    if ledger is not None:
+        ledger.discard(proc.pid)
     text = bytes(chunks[-output_limit:]).decode("utf-8", errors="replace")
     return ProcessResult(proc.returncode, text, time.monotonic() - started, timed_out, cancelled)
 

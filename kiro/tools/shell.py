@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import Field
 
+from kiro.executors import groups
 from kiro.executors.process import run_process
 from kiro.redact import looks_secret
 from kiro.tools.base import Args, Tool, ToolEnv, ToolError, ToolResult
@@ -94,11 +95,14 @@ async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
         if remaining < 1:
             raise ToolError("no time left in this step to run a command")
         timeout = min(timeout, remaining - 0.5)
+    if not groups.confinement_available():
+        raise ToolError("run_command is unavailable: kiro runs as root and `setpriv` (util-linux) is not installed, "
+                        "so it cannot drop the command's capabilities; install util-linux")
     api_key = os.environ.get(env.api_key_env)
     try:
         result = await run_process(argv, cwd=env.confinement.root,
                                    env=clean_environment(env.api_key_env, api_key), timeout=timeout,
-                                   cancel=env.ctx.cancel, output_limit=settings.max_output_chars)
+                                   cancel=env.ctx.cancel, output_limit=settings.max_output_chars, confine=True)
     except FileNotFoundError:
         raise ToolError(f"program {argv[0]!r} not found (looked on PATH and in the project directory)") \
             from None

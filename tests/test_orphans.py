@@ -1,0 +1,87 @@
+"""No process a step started outlives kiro to do the step's work beside a resumed run (issue #7,
+item 4). `kill -9` kiro while a shell step's command has a grandchild in the background (or a
+child that forked and let its parent exit, without setsid); resume at once: the leftover is
+killed before the step runs again, so its delayed side effect never happens.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Workspace
+
+TASK = "Specs/feature/tasks.md"
+
+GRANDCHILD = (
+    "import os, time; open('gc.pid', 'w').write(str(os.getpid())); time.sleep(3); open('side.log', 'a').write('x')"
+)
+FORKER = (
+    "import os, time\n"
+    "if os.fork() == 0:\n"
+    "    open('gc.pid', 'w').write(str(os.getpid())); time.sleep(3); open('side.log', 'a').write('x')\n"
+)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def task_with(command: str) -> str:
+    return (
+        "---\ntitle: Orphans\nexecutor: shell\n---\n"
+        "- [ ] 1. Start something in the background\n"
+        "  ```sh\n"
+        f"  if [ -e started ]; then echo second run; else touch started; echo $$ > step.pid; {command} sleep 60; fi\n"
+        "  ```\n"
+    )
+
+
+@pytest.mark.parametrize("how", ["background", "fork-without-setsid"])
+def test_kill_9_then_resume_leaves_no_grandchild_to_run_the_step_again(ws: Workspace, how: str) -> None:
+    py = sys.executable
+    if how == "background":
+        command = f'{py} -c "{GRANDCHILD}" &'
+    else:
+        (ws.root / "forker.py").write_text(FORKER)
+        command = f"{py} forker.py;"
+    ws.task(task_with(command))
+    proc = ws.spawn("loop", "start", "--task", TASK)
+    ws.wait_for(lambda: (ws.root / "gc.pid").read_text().strip(), what="the grandchild")
+    ws.wait_for(lambda: (ws.root / "step.pid").read_text().strip(), what="the step's shell")
+    grandchild = int((ws.root / "gc.pid").read_text())
+    step_shell = int((ws.root / "step.pid").read_text())
+    tid = ws.only_task_id()
+    ledger = ws.root / ".state" / "processes" / f"{tid}.json"
+    assert ledger.exists() and str(os.getpgid(grandchild)) in ledger.read_text()
+
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    # The step's own shell dies with kiro (setpriv --pdeathsig); the grandchild is still there.
+    ws.wait_for(lambda: not alive(step_shell), timeout=10, what="the step's shell to die with kiro")
+    assert alive(grandchild)
+
+    r = ws.kiro("loop", "resume", "--task-id", tid)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not alive(grandchild)
+    assert "left behind" in r.stdout + r.stderr or any(
+        "left behind" in e.get("message", "") for e in ws.events(tid))
+    time.sleep(3.5)  # the grandchild's effect would have happened by now
+    assert not (ws.root / "side.log").exists()
+    assert not ledger.exists()  # the resumed run's groups all ended
+
+
+def test_a_step_that_exits_leaves_no_group_in_the_ledger(ws: Workspace) -> None:
+    ws.task("---\ntitle: T\nexecutor: shell\n---\n- [ ] 1. Quick\n  ```sh\n  echo hi\n  ```\n")
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert list((ws.root / ".state" / "processes").glob("*.json")) == []
