@@ -77,11 +77,12 @@ def _root(
 
 
 def _register() -> None:
-    from kiro.cli import init, loop, watch
+    from kiro.cli import init, loop, serve, watch
 
     loop.app.command("watch")(watch.watch)
     app.add_typer(loop.app, name="loop")
     app.command("init")(init.init)
+    app.command("serve")(serve.serve)
 
 
 _register()

@@ -1,0 +1,64 @@
+"""`kiro serve`: the HTTP server over the workspace (SPEC §10), in the foreground."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kiro.cli import guarded
+
+
+@guarded
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on. Anything but a loopback address needs "
+                                                     "$KIRO_SERVE_TOKEN.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free port).")] = 8765,
+    workspace: Annotated[Path | None, typer.Option("--workspace", "-w", help="The workspace folder.",
+                                                   show_default=False)] = None,
+) -> None:
+    """Serve the workspace over HTTP: a live dashboard at /, REST routes under /api/loops, every loop's events as Server-Sent Events (/api/events) and over a WebSocket (/api/ws) with start/stop/resume/message control. Every route but /healthz needs the token ($KIRO_SERVE_TOKEN, else one generated now, printed once and kept in .state/serve.token). Needs the serve extra: pip install 'kiro[serve]'."""
+    from kiro.errors import UserError
+
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise UserError("kiro serve needs the serve extra: pip install 'kiro[serve]'") from None
+    from kiro import console
+    from kiro.cli.loop import _store, _workspace
+    from kiro.serve.app import create_app
+    from kiro.serve.auth import TOKEN_ENV, resolve_token
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    token, generated = resolve_token(host, store.ws.state_dir)
+    app = create_app(store, token)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
+                            ws="websockets-sansio", ws_ping_interval=20, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+
+    async def run() -> None:
+        import asyncio
+
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+            shown = f"[{host}]" if ":" in host else host
+            if generated:
+                console.line(f"kiro serve: http://{shown}:{bound}/?token={token}")
+                console.line(f"token kept in {ws.relative(store.ws.state_dir / 'serve.token')} (mode 0600); "
+                             f"set ${TOKEN_ENV} to choose your own")
+            else:
+                console.line(f"kiro serve: http://{shown}:{bound}/ (token from ${TOKEN_ENV})")
+            console.line(f"workspace {ws.root}; Ctrl-C stops the server (loops keep running)")
+        await task
+
+    import asyncio
+
+    asyncio.run(run())
+    if not server.started:
+        raise UserError(f"kiro serve could not listen on {host}:{port} (is the port in use?)")

@@ -1,0 +1,318 @@
+"""The Starlette app of `kiro serve`: routes of SPEC §10.
+
+    GET  /healthz                       no token needed
+    GET  /                              the live dashboard (one self-contained HTML page)
+    GET  /api/info                      workspace, version, events indexed
+    GET  /api/loops                     the rows of `kiro loop status --json`
+    GET  /api/loops/{id}                the state file
+    GET  /api/loops/{id}/progress       `kiro loop progress --json`
+    GET  /api/loops/{id}/events         that loop's events: ?after=N (the N-th event of its log), ?tail=K
+    GET  /api/events                    SSE of every loop's events; `id:` is a workspace-wide cursor
+    GET  /api/ws                        WebSocket: the same events, and control messages (seed 003)
+    POST /api/loops                     {task, options} -> 201 {task_id}
+    POST /api/loops/{id}/stop           {force?, reason?}
+    POST /api/loops/{id}/resume
+    POST /api/loops/{id}/messages       {content}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from kiro import views
+from kiro.errors import KiroError
+from kiro.events import read_events
+from kiro.serve.auth import TokenAuth
+from kiro.serve.control import ControlError, Controller
+from kiro.serve.index import EventIndex
+from kiro.state import StateStore, to_jsonable
+
+KEEPALIVE_SECONDS = 15.0
+EVENTS_PAGE = 1000
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _cursor(raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return max(0, value)
+
+
+class Server:
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self.ws = store.ws
+        self.index = EventIndex(self.ws.logs, self.ws.state_dir)
+        self.control = Controller(self.ws, store)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"ok": True, "events": self.index.last})
+
+    async def info(self, request: Request) -> Response:
+        from kiro import __version__
+
+        return JSONResponse({"workspace": str(self.ws.root), "name": self.ws.root.name, "version": __version__,
+                             "events": self.index.last, "watcher_error": self.index.watch_error})
+
+    async def page(self, request: Request) -> Response:
+        html = resources.files("kiro.serve").joinpath("dashboard.html").read_text(encoding="utf-8")
+        return HTMLResponse(html, headers={"Cache-Control": "no-store",
+                                           "Content-Security-Policy": "default-src 'self'; "
+                                           "style-src 'self' 'unsafe-inline'; script-src 'self' 'unsafe-inline'; "
+                                           "img-src 'self' data:; connect-src 'self'"})
+
+    async def loops(self, request: Request) -> Response:
+        warnings: list[str] = []
+        rows = views.all_rows(self.store, warnings)
+        return JSONResponse(rows, headers={"X-Kiro-Warnings": str(len(warnings))})
+
+    def _tid(self, request: Request) -> str:
+        return self.control.task_id(request.path_params["task_id"])
+
+    async def loop(self, request: Request) -> Response:
+        try:
+            loaded = self.store.load(self._tid(request))
+        except ControlError as exc:
+            return _error(exc.status, exc.message)
+        except KiroError as exc:
+            return _error(404, str(exc))
+        body = to_jsonable(loaded.state)
+        body["effective_status"] = views.loop_row(self.store, loaded.state)["status"]
+        return JSONResponse(body)
+
+    async def progress(self, request: Request) -> Response:
+        try:
+            loaded = self.store.load(self._tid(request))
+        except ControlError as exc:
+            return _error(exc.status, exc.message)
+        except KiroError as exc:
+            return _error(404, str(exc))
+        return JSONResponse(views.progress(self.ws, loaded.state))
+
+    async def loop_events(self, request: Request) -> Response:
+        """A loop's events, each with `n` (its position in the log, from 1): `?after=N` those after the
+        N-th, `?tail=K` only the last K, at most EVENTS_PAGE per answer (`next` continues)."""
+        try:
+            tid = self._tid(request)
+        except ControlError as exc:
+            return _error(exc.status, exc.message)
+        after = _cursor(request.query_params.get("after")) or 0
+        tail = _cursor(request.query_params.get("tail"))
+        out: list[dict[str, Any]] = []
+        for n, record in enumerate(read_events(self.ws.event_log(tid)), start=1):
+            if n > after:
+                record["n"] = n
+                out.append(record)
+        if tail is not None:
+            out = out[-tail:] if tail else []
+        more = len(out) > EVENTS_PAGE
+        out = out[:EVENTS_PAGE]
+        nxt = out[-1]["n"] if out else after
+        return JSONResponse({"task_id": tid, "events": out, "next": nxt, "more": more})
+
+    # -- the event stream --------------------------------------------------------------------
+
+    def _resume_point(self, given: int | None) -> int:
+        """Where a client's stream starts: after the cursor it names, else at the present."""
+        if given is None:
+            return self.index.last
+        return min(given, self.index.last)
+
+    async def sse(self, request: Request) -> Response:
+        given = _cursor(request.headers.get("last-event-id") or request.query_params.get("last_event_id")
+                        or request.query_params.get("after"))
+        only = request.query_params.get("task_id")
+        start = self._resume_point(given)
+
+        async def stream() -> AsyncIterator[bytes]:
+            cursor = start
+            yield f"retry: 1000\nevent: hello\ndata: {json.dumps({'cursor': cursor})}\n\n".encode()
+            while True:
+                if not await self.index.wait_beyond(cursor, KEEPALIVE_SECONDS):
+                    yield b": keepalive\n\n"
+                    continue
+                chunks: list[bytes] = []
+                last = self.index.last
+                for seq in range(cursor + 1, last + 1):
+                    if only and self.index.entries[seq - 1].task_id != only:
+                        continue
+                    chunks.append(b"id: %d\ndata: %s\n\n" % (seq, self.index.line(seq)))
+                cursor = last
+                if chunks:
+                    yield b"".join(chunks)
+                else:  # filtered out: still move the client's Last-Event-ID on
+                    yield b"id: %d\n\n" % cursor
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    # -- the WebSocket -----------------------------------------------------------------------
+
+    async def websocket(self, sock: WebSocket) -> None:
+        await sock.accept()
+        lock = asyncio.Lock()
+
+        async def send(message: dict[str, Any]) -> None:
+            async with lock:
+                await sock.send_text(json.dumps(message, ensure_ascii=False, default=str))
+
+        start = self._resume_point(_cursor(sock.query_params.get("last_event_id")))
+        await send({"type": "hello", "cursor": start})
+        pusher = asyncio.create_task(self._push(send, start))
+        try:
+            while True:
+                text = await sock.receive_text()
+                await send(await self._handle(text))
+        except WebSocketDisconnect:
+            pass
+        finally:
+            pusher.cancel()
+            with contextlib.suppress(BaseException):
+                await pusher
+
+    async def _push(self, send: Any, cursor: int) -> None:
+        while True:
+            if not await self.index.wait_beyond(cursor, KEEPALIVE_SECONDS):
+                continue
+            last = self.index.last
+            for seq in range(cursor + 1, last + 1):
+                record = json.loads(self.index.line(seq))
+                await send({"type": "loop_event", "id": seq, "task_id": record.get("task_id"), "event": record})
+            cursor = last
+
+    async def _handle(self, text: str) -> dict[str, Any]:
+        """One control message in, one answer out; a bad message answers `error`, the socket stays."""
+        try:
+            msg = json.loads(text)
+        except ValueError as exc:
+            return {"type": "error", "message": f"not JSON: {exc}"}
+        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            return {"type": "error", "message": "a message is a JSON object with a string \"type\""}
+        kind = msg["type"]
+        rid = {"request_id": msg["request_id"]} if "request_id" in msg else {}
+        try:
+            if kind == "loop_start_request":
+                body = await self.control.start(msg.get("task"), msg.get("options"))
+                return {"type": "loop_started", **rid, **body}
+            if kind == "loop_stop_request":
+                opts = {k: msg[k] for k in ("force", "reason") if k in msg}
+                body = await self.control.stop(msg.get("task_id"), opts)
+                return {"type": "loop_stop_requested", **rid, **body}
+            if kind == "loop_resume_request":
+                body = await self.control.resume(msg.get("task_id"))
+                return {"type": "loop_resumed", **rid, **body}
+            if kind == "loop_message":
+                body = self.control.message(msg.get("task_id"), msg.get("content"))
+                return {"type": "loop_message_queued", **rid, **body}
+            if kind == "get_loop_state":
+                tid = self.control.task_id(msg.get("task_id"))
+                loaded = self.store.load(tid)
+                row = views.loop_row(self.store, loaded.state)
+                return {"type": "loop_state", **rid, "task_id": tid, "status": row["status"], "row": row,
+                        "state": to_jsonable(loaded.state)}
+            if kind == "list_loops":
+                return {"type": "loops", **rid, "loops": views.all_rows(self.store)}
+        except ControlError as exc:
+            return {"type": "error", **rid, "status": exc.status, "message": exc.message}
+        except KiroError as exc:
+            return {"type": "error", **rid, "message": str(exc)}
+        known = "loop_start_request, loop_stop_request, loop_resume_request, loop_message, get_loop_state, list_loops"
+        return {"type": "error", **rid, "message": f"unknown message type {kind!r}; known: {known}"}
+
+    # -- control over REST -------------------------------------------------------------------
+
+    @staticmethod
+    async def _body(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise ControlError(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ControlError(400, "the body must be a JSON object")
+        return body
+
+    async def post_loop(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            unknown = set(body) - {"task", "options"}
+            if unknown:
+                raise ControlError(400, f"unknown field(s) {', '.join(sorted(unknown))}; expected task, options")
+            return JSONResponse(await self.control.start(body.get("task"), body.get("options")), status_code=201)
+        except ControlError as exc:
+            return _error(exc.status, exc.message)
+
+    async def post_stop(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            return JSONResponse(await self.control.stop(request.path_params["task_id"], body), status_code=202)
+        except ControlError as exc:
+            return _error(exc.status, exc.message)
+
+    async def post_resume(self, request: Request) -> Response:
+        try:
+            await self._body(request)
+            return JSONResponse(await self.control.resume(request.path_params["task_id"]), status_code=202)
+        except ControlError as exc:
+            return _error(exc.status, exc.message)
+
+    async def post_message(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            return JSONResponse(self.control.message(request.path_params["task_id"], body.get("content")),
+                                status_code=202)
+        except ControlError as exc:
+            return _error(exc.status, exc.message)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.index.start()
+        try:
+            yield
+        finally:
+            await self.index.aclose()
+
+
+def create_app(store: StateStore, token: str) -> TokenAuth:
+    s = Server(store)
+    routes = [
+        Route("/healthz", s.healthz),
+        Route("/", s.page),
+        Route("/api/info", s.info),
+        Route("/api/loops", s.loops, methods=["GET"]),
+        Route("/api/loops", s.post_loop, methods=["POST"]),
+        Route("/api/loops/{task_id}", s.loop),
+        Route("/api/loops/{task_id}/progress", s.progress),
+        Route("/api/loops/{task_id}/events", s.loop_events),
+        Route("/api/loops/{task_id}/stop", s.post_stop, methods=["POST"]),
+        Route("/api/loops/{task_id}/resume", s.post_resume, methods=["POST"]),
+        Route("/api/loops/{task_id}/messages", s.post_message, methods=["POST"]),
+        Route("/api/events", s.sse),
+        WebSocketRoute("/api/ws", s.websocket),
+    ]
+    app = Starlette(routes=routes, lifespan=s.lifespan)
+    return TokenAuth(app, token)
