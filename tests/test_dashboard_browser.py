@@ -1,0 +1,112 @@
+"""The dashboard page in a real browser: Debian's chromium, headless, driven by Playwright (the system
+browser, no `playwright install`). Every request that leaves the server's origin is blocked and
+recorded: the page must need none. `.ci/run` installs chromium with apt.
+
+Set KIRO_DASHBOARD_SCREENSHOT=docs/dashboard.png to save the screenshot the README shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Workspace, shell_task
+from tests.serve_helpers import Served, start_server, stop_loops
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run",
+         # the network is cut off: anything not on 127.0.0.1 goes to a proxy that does not exist
+         "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=127.0.0.1"]
+GATED = 'while [ ! -f "gate_$KIRO_STEP_ID" ]; do sleep 0.02; done'
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+if not os.path.exists(CHROMIUM):
+    if os.environ.get("CI"):
+        raise RuntimeError("chromium is missing: .ci/run installs it with apt-get install chromium")
+    pytest.skip("no chromium (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def served(ws: Workspace) -> Iterator[Served]:
+    s = start_server(ws)
+    yield s
+    s.stop()
+    stop_loops(ws.root)
+
+
+def test_dashboard_lists_loops_updates_live_and_its_stop_button_pauses_the_loop(
+        ws: Workspace, served: Served, browser: Any) -> None:
+    # three loops in three states: completed, failed, and one running in another kiro process
+    ws.task(shell_task(3, title="Email templates"), "Specs/email/tasks.md")
+    assert ws.kiro("loop", "start", "--task", "Specs/email/tasks.md", "--task-id", "email_templates").returncode == 0
+    ws.task(shell_task(2, cmd="echo 'connection refused' >&2; exit 1", title="Database migration",
+                       extra_frontmatter="failure_threshold: 2"), "Specs/db/tasks.md")
+    assert ws.kiro("loop", "start", "--task", "Specs/db/tasks.md", "--task-id", "database_migration").returncode == 5
+    ws.task(shell_task(4, cmd=GATED, title="Auth feature"), "Specs/auth/tasks.md")
+    (ws.root / "gate_1").touch()
+    loop = ws.spawn("loop", "start", "--task", "Specs/auth/tasks.md", "--task-id", "auth_feature")
+    ws.wait_for(lambda: [e for e in ws.events("auth_feature") if e["event"] == "step_completed"], what="step 1")
+
+    # bypass_csp: Playwright evaluates its wait conditions as strings, which the page's CSP forbids
+    page = browser.new_page(viewport={"width": 1440, "height": 900}, bypass_csp=True)
+    outside: list[str] = []
+    errors: list[str] = []
+
+    def gate(route: Any) -> None:
+        if route.request.url.startswith(served.base):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", gate)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{served.base}/?token={served.token}")
+
+    card = "article.card[data-task-id='auth_feature']"
+    page.wait_for_selector(card)
+    page.wait_for_selector("#live.on")  # the EventSource is connected
+    assert set(page.eval_on_selector_all("article.card", "els => els.map(e => e.dataset.taskId)")) == {
+        "auth_feature", "email_templates", "database_migration"}
+    assert page.inner_text(f"{card} [data-role=status]").lower() == "running"
+    assert page.inner_text(f"{card} [data-role=steps]") == "1/4"
+    assert page.inner_text("article.card[data-task-id='database_migration'] [data-role=status]").lower() == "failed"
+    assert "token=" not in page.url, "the token is taken out of the address bar"
+
+    # a step completes in the other process: the card follows, with no reload
+    (ws.root / "gate_2").touch()
+    page.wait_for_function(f"document.querySelector(\"{card} [data-role=steps]\").textContent === '2/4'")
+    page.wait_for_function("document.querySelector('#feed').textContent.includes('step_completed')")
+    shot = os.environ.get("KIRO_DASHBOARD_SCREENSHOT")
+    if shot:
+        Path(shot).parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=shot, full_page=False)
+
+    # the stop button: the loop pauses at its next safe point and its process exits 3
+    page.click(f"{card} button[data-act=stop]")
+    ws.wait_for(lambda: (ws.root / ".hooks" / "stop_autonomous_loop_auth_feature.md").exists(), what="stop hook")
+    (ws.root / "gate_3").touch()  # the running step ends
+    assert loop.wait(60) == 3, ws.output(loop)
+    page.wait_for_function(
+        f"document.querySelector(\"{card} [data-role=status]\").textContent.toLowerCase() === 'paused'")
+    assert page.is_enabled(f"{card} button[data-act=resume]")
+    assert ws.state("auth_feature")["status"] == "paused"
+
+    assert outside == [], f"the page asked for something outside the server: {outside}"
+    assert errors == [], errors
+    page.close()
