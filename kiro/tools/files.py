@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import os
-import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import regex as re
 from pydantic import Field
 
 from kiro.tools.base import Args, Tool, ToolEnv, ToolError, ToolResult
@@ -26,6 +27,7 @@ LIST_LIMIT = 1000  # entries list_files returns
 SEARCH_MATCH_LIMIT = 200
 SEARCH_FILE_BYTES = 2_000_000  # larger files are skipped by search_files
 SEARCH_SECONDS = 10.0
+MATCH_SECONDS = 1.0  # the longest one regex may run on one line; a pathological pattern is given up on
 LINE_CLIP = 300
 # Folders that searches skip unless asked for by name: tool caches and dependency trees.
 NOISE_DIRS = frozenset({"__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".pytest_cache",
@@ -194,12 +196,29 @@ async def list_files(args: ListFilesArgs, env: ToolEnv) -> ToolResult:
 
 
 class SearchFilesArgs(Args):
-    pattern: str = Field(min_length=1, description="Python regular expression (or plain text) to find")
+    pattern: str = Field(min_length=1, max_length=1000,
+                         description="Python regular expression (or plain text) to find")
     path: str = Field(".", description="folder or file to search, relative to the project directory")
 
 
-def _search(env: ToolEnv, real: Path, regex: re.Pattern[str],
-            deadline: float) -> tuple[list[str], str | None]:
+class _TooSlow(Exception):
+    pass
+
+
+@dataclass
+class _Progress:
+    """Shared between the search thread and the tool: when the current match began, and whether
+    the tool has given up on the search (the thread then stops at its next line)."""
+
+    match_started: float | None = None
+    abandoned: bool = False
+
+
+def _search(env: ToolEnv, real: Path, pattern: re.Pattern[str], deadline: float,
+            progress: _Progress) -> tuple[list[str], str | None]:
+    """Runs in a worker thread. The `regex` module releases the GIL while it matches and stops a
+    match after MATCH_SECONDS (`timeout=`), so a catastrophic pattern neither blocks the event
+    loop nor runs on for ever."""
     conf = env.confinement
     matches: list[str] = []
     size_out = 0
@@ -214,7 +233,17 @@ def _search(env: ToolEnv, real: Path, regex: re.Pattern[str],
         if size > SEARCH_FILE_BYTES or _looks_binary(data):
             return True
         for no, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            if regex.search(line):
+            if progress.abandoned:
+                return False
+            progress.match_started = time.monotonic()
+            try:
+                # regex checks its clock only now and then: a timeout of t ends after about 4 t
+                found = pattern.search(line, timeout=MATCH_SECONDS / 4, concurrent=True)
+            except TimeoutError:
+                raise _TooSlow(f"{conf.display(path)}:{no}") from None
+            finally:
+                progress.match_started = None
+            if found:
                 shown = line if len(line) <= LINE_CLIP else line[:LINE_CLIP] + "…"
                 entry = f"{conf.display(path)}:{no}: {shown}"
                 matches.append(entry)
@@ -237,6 +266,12 @@ def _search(env: ToolEnv, real: Path, regex: re.Pattern[str],
     return matches, None
 
 
+def _too_slow(pattern: str, where: str) -> ToolError:
+    return ToolError(f"search_files gave up: the pattern {pattern!r} ran for more than {MATCH_SECONDS:g} s on one "
+                     f"line ({where}); it backtracks catastrophically (nested repeats such as '(a+)+'). "
+                     f"Use a simpler pattern or plain text")
+
+
 async def search_files(args: SearchFilesArgs, env: ToolEnv) -> ToolResult:
     real = env.confinement.resolve(args.path)
     name = env.confinement.display(real)
@@ -244,11 +279,28 @@ async def search_files(args: SearchFilesArgs, env: ToolEnv) -> ToolResult:
         raise ToolError(f"{name!r} does not exist")
     note = ""
     try:
-        regex = re.compile(args.pattern)
-    except re.error as exc:
-        regex = re.compile(re.escape(args.pattern))
+        pattern = re.compile(args.pattern)
+    except (re.error, RecursionError, OverflowError, ValueError) as exc:
+        pattern = re.compile(re.escape(args.pattern))
         note = f"(not a valid regular expression: {exc}; searched for the literal text)\n"
-    matches, cut = await asyncio.to_thread(_search, env, real, regex, time.monotonic() + SEARCH_SECONDS)
+    progress = _Progress()
+    work = asyncio.ensure_future(asyncio.to_thread(_search, env, real, pattern,
+                                                   time.monotonic() + SEARCH_SECONDS, progress))
+    work.add_done_callback(lambda f: f.cancelled() or f.exception())  # an abandoned search's end is not news
+    try:
+        # Watch the thread: a match running past MATCH_SECONDS ends the tool call at once, even
+        # before the regex engine notices its own timeout (it checks the clock only now and then).
+        while not work.done():
+            await asyncio.wait({work}, timeout=0.05)
+            started = progress.match_started
+            if not work.done() and started is not None and time.monotonic() - started > MATCH_SECONDS:
+                progress.abandoned = True
+                raise _too_slow(args.pattern, "a line still being matched")
+        matches, cut = work.result()
+    except _TooSlow as exc:
+        raise _too_slow(args.pattern, str(exc)) from None
+    finally:
+        progress.abandoned = progress.abandoned or not work.done()
     if not matches:
         return ToolResult(note + f"no matches for {args.pattern!r} in {name}")
     text = note + "\n".join(matches)
