@@ -1,8 +1,11 @@
-"""`Dashboard.md`, regenerated as loops change state: at most once a second per workspace and
-process, however many loops run in it, and once more when the last of them ends.
+"""`Dashboard.md`, seed 004's "Progress Dashboard" (SPEC §10), regenerated as loops change state: at
+most once a second per workspace and process, however many loops run in it, and once more when the
+last of them ends.
 
-Loops of this process hand over their live state; the states of other processes' loops are read
-from disk (running vs interrupted told by their locks).
+Sections: Active Loops (status, iteration/max with %, success rate, current step, duration, ETA),
+Paused (with the reason; a loop whose process died shows as interrupted), Completed Today, Failed
+(reason, action taken). Loops of this process hand over their live state; the states of other
+processes' loops are read from disk (running vs interrupted told by their locks).
 """
 
 from __future__ import annotations
@@ -10,29 +13,183 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
+from datetime import datetime
 
-from kiro import reports
+import yaml
+
+from kiro import timeutil, views
 from kiro.shared import Registry
 from kiro.state import LoopState, StateStore, atomic_write, effective_status
 from kiro.workspace import Workspace
 
 MIN_INTERVAL = 1.0
 
+BADGES = {
+    "running": "🟢 RUNNING",
+    "sleeping": "🔵 SLEEPING",
+    "pending": "⚪ PENDING",
+    "paused": "🟡 PAUSED",
+    "stopped": "⚪ STOPPED",
+    "interrupted": "🟠 INTERRUPTED",
+    "max_iterations": "🛑 MAX ITERATIONS",
+    "timed_out": "⏱️ TIMED OUT",
+    "completed": "✅ COMPLETED",
+    "failed": "❌ FAILED",
+}
 
-def render(ws: Workspace, store: StateStore, live: dict[str, LoopState]) -> str:
-    loops: list[tuple[LoopState, str]] = []
-    seen: set[str] = set()
-    for tid, st in live.items():
-        loops.append((st, st.status))
-        seen.add(tid)
-    for _path, found in store.all_states(skip=seen):
+REASONS = {
+    "stop_hook": "Stop Hook",
+    "needs_action": "Task in Needs_Action",
+    "human_request": "Agent asked for help",
+    "agent_request": "Agent asked for help",
+    "task_missing": "Task file missing",
+    "signal": "Stopped by signal",
+    "executor_error": "Executor error",
+    "error": "Error",
+    "crash": "kiro crashed",
+    "failure_threshold": "Threshold Exceeded",
+    "max_step_retries": "Step Retries Exhausted",
+    "max_iterations": "Max Iterations Reached",
+    "timeout_seconds": "Time Limit Reached",
+    "backoff": "Backoff",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    state: LoopState
+    status: str  # effective: a running state whose process is gone is "interrupted"
+    alive: bool
+
+
+def _reason(code: str | None) -> str:
+    if not code:
+        return ""
+    return REASONS.get(code, code.replace("_", " ").title())
+
+
+def _first_line(text: str | None, limit: int = 200) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _duration(e: Entry, now: datetime) -> float:
+    d = e.state.metrics.total_duration_seconds
+    if e.alive and e.status in ("running", "sleeping"):
+        d += max(0.0, (now - timeutil.parse(e.state.updated_at)).total_seconds())
+    return d
+
+
+def _eta(st: LoopState) -> str | None:
+    if st.steps_total is None or st.steps_done is None or not st.metrics.average_step_duration:
+        return None
+    left = st.steps_total - st.steps_done
+    return timeutil.human_duration(left * st.metrics.average_step_duration) if left > 0 else None
+
+
+def _step(st: LoopState) -> str:
+    c = st.current_step
+    return f"{c.step_id} - {c.description}" if c else "-"
+
+
+def _iteration(st: LoopState, label: str = "Iteration") -> str:
+    pct = st.iteration / st.max_iterations if st.max_iterations else 0.0
+    return f"**{label}**: {st.iteration}/{st.max_iterations} ({pct:.0%})"
+
+
+def _block(e: Entry, now: datetime, section: str) -> list[str]:
+    st = e.state
+    name = st.title or st.task_id
+    head = f"### Task: {name}" + (f" (`{st.task_id}`)" if st.title else "")
+    badge = BADGES.get(e.status, e.status.upper())
+    lines = [head]
+    if section == "active":
+        extra = f" ({_reason(st.stop_reason)})" if e.status == "sleeping" and st.stop_reason else ""
+        lines += [f"**Status**: {badge}{extra}", _iteration(st), f"**Success Rate**: {st.metrics.success_rate:.0%}"]
+        if st.steps_total:
+            lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")
+        lines += [f"**Current Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}",
+                  f"**ETA**: {_eta(st) or 'unknown'}"]
+    elif section == "paused":
+        if e.status == "interrupted":
+            why = f"process {st.pid} died" if st.pid else "its process died"
+        else:
+            why = _reason(st.stop_reason) or e.status
+        lines += [f"**Status**: {badge} ({why})", _iteration(st), f"**Success Rate**: {st.metrics.success_rate:.0%}"]
+        if st.steps_total:
+            lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")
+        lines += [f"**Last Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}"]
+        if e.status in ("max_iterations", "timed_out") and st.report_path:
+            lines.append(f"**Action**: Intervention requested (`{st.report_path}`)")
+        lines.append(f"**Resume**: `{views.hint(st, e.status) or f'kiro loop resume --task-id {st.task_id}'}`")
+    elif section == "completed":
+        lines += [f"**Status**: {badge}", _iteration(st, "Iterations"),
+                  f"**Success Rate**: {st.metrics.success_rate:.0%}",
+                  f"**Duration**: {timeutil.human_duration(st.metrics.total_duration_seconds)}"]
+        if st.report_path:
+            lines.append(f"**Report**: `{st.report_path}`")
+    else:
+        detail = _first_line(st.failed_steps[-1].error) if st.failed_steps else ""
+        lines += [f"**Status**: {badge} ({_reason(st.stop_reason) or 'failed'})", _iteration(st, "Iterations"),
+                  f"**Consecutive Failures**: {st.consecutive_failures}",
+                  f"**Reason**: {detail or _reason(st.stop_reason) or 'unknown'}"]
+        if st.failed_steps:
+            lines.append(f"**Failed Step**: {st.failed_steps[-1].step_id} - {st.failed_steps[-1].description}")
+        action = f"Escalated to human (`{st.report_path}`)" if st.report_path else "Escalated to human"
+        lines.append(f"**Action**: {action}")
+        lines.append(f"**Resume**: `{views.hint(st, e.status)}`")
+    # two trailing spaces: one line each in every markdown renderer
+    return lines[:1] + [ln + "  " for ln in lines[1:]]
+
+
+def markdown(entries: list[Entry], now: datetime | None = None) -> str:
+    """The dashboard's text for these loops at time `now` (a pure function, for tests)."""
+    now = now or timeutil.now()
+    today = now.astimezone().date()
+    active: list[Entry] = []
+    paused: list[Entry] = []
+    done_today: list[Entry] = []
+    failed: list[Entry] = []
+    earlier = 0
+    for e in entries:
+        if e.status in ("running", "sleeping"):
+            active.append(e)
+        elif e.status == "completed":
+            when = e.state.finished_at or e.state.updated_at
+            if timeutil.parse(when).astimezone().date() == today:
+                done_today.append(e)
+            else:
+                earlier += 1
+        elif e.status == "failed":
+            failed.append(e)
+        else:
+            paused.append(e)
+    head = yaml.safe_dump({"type": "dashboard", "created": timeutil.iso(now)}, sort_keys=False)
+    out = [f"---\n{head}---\n", "# Autonomous Loop Progress\n"]
+    for title, items, key in (("Active Loops", active, "active"), ("Paused", paused, "paused"),
+                              ("Completed Today", done_today, "completed"), ("Failed", failed, "failed")):
+        out.append(f"\n## {title} ({len(items)})\n")
+        if not items:
+            out.append("\n_None._\n")
+        for e in items:
+            out.append("\n" + "\n".join(_block(e, now, key)) + "\n")
+    if earlier:
+        out.append(f"\n_{earlier} loop(s) completed before today; `kiro loop status` lists them._\n")
+    return "".join(out)
+
+
+def render(ws: Workspace, store: StateStore, live: dict[str, LoopState], now: datetime | None = None) -> str:
+    entries: list[Entry] = []
+    for st in live.values():
+        entries.append(Entry(st, st.status, True))
+    for _path, found in store.all_states(skip=set(live)):
         if found is None:
             continue
-        st = found
-        alive = store.is_locked(st.task_id) if st.status in ("running", "sleeping", "pending") else False
-        loops.append((st, effective_status(st, alive)))
-    loops.sort(key=lambda pair: pair[0].updated_at, reverse=True)
-    return reports.dashboard(loops)
+        alive = store.is_locked(found.task_id) if found.status in ("running", "sleeping", "pending") else False
+        entries.append(Entry(found, effective_status(found, alive), alive))
+    entries.sort(key=lambda e: e.state.updated_at, reverse=True)
+    return markdown(entries, now)
 
 
 def write_now(ws: Workspace, store: StateStore, live: dict[str, LoopState] | None = None) -> None:

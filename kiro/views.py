@@ -49,7 +49,7 @@ def _eta(state: LoopState) -> str | None:
     return timeutil.human_duration(left * state.metrics.average_step_duration)
 
 
-def _hint(state: LoopState, status: str) -> str | None:
+def hint(state: LoopState, status: str) -> str | None:
     tid = state.task_id
     if status in ("paused", "stopped", "interrupted", "pending"):
         return f"kiro loop resume --task-id {tid}"
@@ -96,7 +96,7 @@ def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) 
         "updated_at": state.updated_at,
         "usage": state.usage.model_dump(),
         "report_path": state.report_path,
-        "hint": _hint(state, status),
+        "hint": hint(state, status),
     }
 
 

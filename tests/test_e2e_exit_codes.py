@@ -36,7 +36,7 @@ def test_exit_0_completed_moves_task_writes_report_and_archives_state(ws: Worksp
     assert st["status"] == "completed" and st["iteration"] == 3 and st["stop_conditions"]["task_in_done"]
     assert (ws.root / "side_effects.log").read_text().split() == ["1", "2", "3"]
     dash = (ws.root / "Dashboard.md").read_text()
-    assert "## Completed (1)" in dash and tid in dash and "✅ COMPLETED" in dash
+    assert "## Completed Today (1)" in dash and tid in dash and "✅ COMPLETED" in dash
     # `status` still finds the archived loop
     s = ws.kiro("loop", "status", "--task-id", tid, "--json")
     assert s.returncode == 0 and '"status": "completed"' in s.stdout

@@ -1,0 +1,152 @@
+"""Snapshots of the markdown kiro writes for people: Dashboard.md and the reports, from fixed states,
+with times normalised. The expected files live in tests/snapshots/; after a deliberate change of
+wording, regenerate them with `KIRO_UPDATE_SNAPSHOTS=1 pytest tests/test_snapshots.py` and review the
+diff."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiro import dashboard, reports
+from kiro.state import CompletedStep, CurrentStep, FailedStep, LoopState
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)")
+
+
+def _at(minutes_ago: float) -> str:
+    return (NOW - timedelta(minutes=minutes_ago)).isoformat(timespec="milliseconds")
+
+
+def _state(task_id: str, **kw: Any) -> LoopState:
+    base: dict[str, Any] = {"task_id": task_id, "task_path": f"Specs/{task_id}/tasks.md", "started_at": _at(60),
+                            "updated_at": _at(1)}
+    base.update(kw)
+    st = LoopState.model_validate(base)
+    st.refresh_metrics()
+    return st
+
+
+def _check(name: str, text: str) -> None:
+    text = ISO.sub("<TIME>", text)
+    path = SNAPSHOTS / name
+    if os.environ.get("KIRO_UPDATE_SNAPSHOTS"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    expected = path.read_text(encoding="utf-8")
+    assert text == expected, f"{name} differs from its snapshot (KIRO_UPDATE_SNAPSHOTS=1 regenerates it)"
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "UTC")  # "today" is the machine's local day
+    time.tzset()
+
+
+def _loops() -> list[dashboard.Entry]:
+    auth = _state("auth_feature", title="Auth feature", status="running", iteration=15, total_successes=14,
+                  total_failures=1, steps_total=10, steps_done=4, updated_at=_at(0.5),
+                  current_step=CurrentStep(step_id="2.3", description="Write unit tests", status="in_progress"),
+                  completed_steps=[CompletedStep(step_id=str(i), description=f"Step {i}", completed_at=_at(50 - i),
+                                                 duration_seconds=60.0) for i in range(1, 5)],
+                  metrics={"total_duration_seconds": 480.0})
+    sleeping = _state("search_index", status="sleeping", stop_reason="backoff", iteration=3, total_successes=2,
+                      total_failures=1, metrics={"total_duration_seconds": 95.0},
+                      current_step=CurrentStep(step_id="1.2", description="Build the index", status="waiting_retry"))
+    payment = _state("payment_integration", title="Payment integration", status="paused", stop_reason="stop_hook",
+                     iteration=42, total_successes=37, total_failures=5, steps_total=12, steps_done=7,
+                     current_step=CurrentStep(step_id="3.1", description="Integrate payment API"),
+                     metrics={"total_duration_seconds": 1320.0})
+    crashed = _state("report_export", status="running", pid=4242, iteration=6, total_successes=6,
+                     current_step=CurrentStep(step_id="2", description="Export to CSV", status="in_progress"),
+                     metrics={"total_duration_seconds": 200.0}, updated_at=_at(30))
+    capped = _state("docs_site", title="Docs site", status="max_iterations", stop_reason="max_iterations",
+                    iteration=20, max_iterations=20, total_successes=12, total_failures=8,
+                    report_path="Needs_Action/intervention_docs_site.md",
+                    current_step=CurrentStep(step_id="4", description="Deploy"),
+                    metrics={"total_duration_seconds": 3000.0})
+    email = _state("email_templates", title="Email templates", status="completed", stop_reason="all_steps_done",
+                   iteration=28, total_successes=27, total_failures=1, finished_at=_at(20), steps_total=9,
+                   steps_done=9, report_path="Logs/completion_reports/email_templates.md",
+                   metrics={"total_duration_seconds": 900.0})
+    old = _state("old_task", status="completed", iteration=3, total_successes=3,
+                 finished_at=(NOW - timedelta(days=2)).isoformat(), metrics={"total_duration_seconds": 30.0})
+    db = _state("database_migration", title="Database migration", status="failed", stop_reason="failure_threshold",
+                iteration=67, consecutive_failures=3, total_successes=40, total_failures=27,
+                report_path="Needs_Action/escalation_database_migration.md",
+                failed_steps=[FailedStep(step_id="5.2", description="Run migrations", failed_at=_at(3),
+                                         error="Database connection errors\nTraceback ...", retry_count=2)],
+                metrics={"total_duration_seconds": 2400.0})
+    return [
+        dashboard.Entry(auth, "running", True),
+        dashboard.Entry(sleeping, "sleeping", True),
+        dashboard.Entry(payment, "paused", False),
+        dashboard.Entry(crashed, "interrupted", False),
+        dashboard.Entry(capped, "max_iterations", False),
+        dashboard.Entry(email, "completed", False),
+        dashboard.Entry(old, "completed", False),
+        dashboard.Entry(db, "failed", False),
+    ]
+
+
+def test_dashboard_snapshot() -> None:
+    _check("Dashboard.md", dashboard.markdown(_loops(), NOW))
+
+
+def test_empty_dashboard_snapshot() -> None:
+    _check("Dashboard_empty.md", dashboard.markdown([], NOW))
+
+
+def test_dashboard_of_a_real_workspace_shows_a_dead_process_as_interrupted(tmp_path: Path) -> None:
+    """The state says running, but no process holds its lock: interrupted, under Paused."""
+    from kiro.state import StateStore
+    from kiro.workspace import Workspace
+
+    ws = Workspace(tmp_path)
+    store = StateStore(ws)
+    store.save(_state("ghost", status="running", pid=999999, iteration=2, total_successes=2,
+                      current_step=CurrentStep(step_id="3", description="Third")))
+    text = dashboard.render(ws, store, {})
+    assert "## Active Loops (0)" in text
+    assert "## Paused (1)" in text and "🟠 INTERRUPTED (process 999999 died)" in text
+
+
+def _report_state() -> LoopState:
+    return _state(
+        "auth_feature", title="Auth feature", status="completed", iteration=6, total_successes=5, total_failures=1,
+        steps_total=5, steps_done=5, finished_at=_at(0), consecutive_failures=0,
+        current_step=CurrentStep(step_id="3", description="Checkpoint - ensure all tests pass"),
+        completed_steps=[CompletedStep(step_id="1", description="Set up project structure", completed_at=_at(30),
+                                       duration_seconds=42.5),
+                         CompletedStep(step_id="2.1", description="Create the User model", completed_at=_at(20),
+                                       duration_seconds=130.0)],
+        failed_steps=[FailedStep(step_id="2.1", description="Create the User model", failed_at=_at(25),
+                                 error="pytest: 2 failed\nE   assert 1 == 2", retry_count=0)],
+        usage={"prompt_tokens": 12000, "completion_tokens": 3000, "total_tokens": 15000, "api_calls": 9,
+               "cost_usd": 0.0123},
+        metrics={"total_duration_seconds": 600.0})
+
+
+def test_report_snapshots() -> None:
+    st = _report_state()
+    _check("completion_report.md", reports.completion_report(st, moved_to="Done/auth_feature/tasks.md"))
+    st.status = "max_iterations"
+    _check("intervention_request.md", reports.intervention_request(
+        st, reason="max_iterations", detail="max_iterations 6 reached after 6 iterations"))
+    st.status, st.consecutive_failures = "failed", 3
+    _check("escalation.md", reports.escalation(st, reason="failure_threshold",
+                                               detail="failure_threshold 3 reached (3 consecutive failures)",
+                                               recent=st.failed_steps))
+    _check("stop_hook.md", reports.stop_hook(st, task_id=st.task_id, reason="lunch break"))
+    _check("human_request.md", reports.human_request(st, question="Which database should the User model use?"))
+    _check("progress_report.md", reports.progress_report(
+        st, steps=[("1", "Set up project structure", True), ("2.1", "Create the User model", True),
+                   ("2.2", "Implement login", False)]))
