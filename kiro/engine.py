@@ -29,7 +29,7 @@ from typing import Any
 from kiro import conditions, dashboard, prompts, reports, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.config import Config
-from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound
+from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
 from kiro.events import EventLog, Listener, make_event
 from kiro.executors import groups
 from kiro.executors.base import Executor, Guard, StepContext, StepResult, StepUsage
@@ -349,6 +349,8 @@ class Loop:
             if self._dashboard is not None:
                 self._dashboard.forget(self.state)
                 await dashboard.release(self._dashboard)
+                self._dashboard = None
+            self.log.close()
             raise
         finally:
             if self._hub is not None:
@@ -517,7 +519,7 @@ class Loop:
         except ExecutorError:
             raise
         except Exception as exc:  # an executor bug is one failed attempt, not the end of the night
-            if os.environ.get("KIRO_DEBUG"):
+            if raise_errors():
                 raise
             result = StepResult("failed", error=f"executor error: {type(exc).__name__}: {exc}")
         result.redact(self.redact)  # what an agent or a step printed enters the state, reports and prompts clean

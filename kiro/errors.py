@@ -8,7 +8,15 @@ unless a subclass says otherwise. Messages are one line, for a person, naming th
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+
+def raise_errors() -> bool:
+    """True under `KIRO_RAISE_ERRORS=1` (every test sets it) or `KIRO_DEBUG=1`: an unexpected exception
+    that kiro would otherwise turn into data (a failed attempt, a tool error the model reads, the CLI's
+    "internal error" line) re-raises instead, so a bug fails the test that provoked it."""
+    return any(os.environ.get(name, "") not in ("", "0") for name in ("KIRO_RAISE_ERRORS", "KIRO_DEBUG"))
 
 
 class KiroError(Exception):

@@ -16,6 +16,17 @@ from typing import Any
 
 import pytest
 
+# Every test runs with KIRO_RAISE_ERRORS=1: an unexpected exception in the engine, a tool or the CLI
+# re-raises instead of becoming a failed attempt, a tool error text or an "internal error" line, so a
+# bug fails the test that provoked it. `Workspace.env()` passes it to every `kiro` subprocess.
+os.environ["KIRO_RAISE_ERRORS"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _raise_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KIRO_RAISE_ERRORS", "1")
+
+
 FAST_CONFIG = """\
 autonomous_loop:
   backoff_base_seconds: 0.01
@@ -50,6 +61,7 @@ class Workspace:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_"))}
         env["PYTHONUNBUFFERED"] = "1"
+        env["KIRO_RAISE_ERRORS"] = "1"
         env.pop("PYTEST_CURRENT_TEST", None)
         env.update(extra)
         return env

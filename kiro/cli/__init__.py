@@ -1,7 +1,8 @@
 """The Typer app. Commands are thin: parse arguments, call one core function, render the result.
 
 Errors are converted once, here: a `KiroError` becomes one line on stderr and its exit code.
-Unexpected exceptions re-raise under `KIRO_DEBUG=1` (and in tests) so real bugs surface.
+Unexpected exceptions re-raise under `KIRO_RAISE_ERRORS=1` (set by every test) or `KIRO_DEBUG=1`,
+so real bugs surface.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def guarded(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from kiro.errors import KiroError
+        from kiro.errors import KiroError, raise_errors
 
         try:
             return fn(*args, **kwargs)
@@ -52,7 +53,7 @@ def guarded(fn: F) -> F:
         except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:
-            if os.environ.get("KIRO_DEBUG") or "PYTEST_CURRENT_TEST" in os.environ:
+            if raise_errors():
                 raise
             from kiro import console
 

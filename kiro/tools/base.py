@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kiro.errors import raise_errors
 from kiro.executors.base import Outcome
 
 if TYPE_CHECKING:
@@ -138,13 +138,13 @@ def _tool_schema(name: str, description: str, args: type[BaseModel]) -> dict[str
 
 async def execute(tool: Tool[A], args: A, env: ToolEnv) -> ToolResult:
     """Run a tool on validated arguments; a ToolError or any other exception becomes the error result
-    the model reads (under KIRO_DEBUG other exceptions surface, so bugs are seen in development)."""
+    the model reads (under KIRO_RAISE_ERRORS/KIRO_DEBUG other exceptions surface, so bugs are seen in development)."""
     try:
         return await tool.run(args, env)
     except ToolError as exc:
         return ToolResult.error(str(exc))
     except Exception as exc:  # a tool bug is the model's information, never the loop's end
-        if os.environ.get("KIRO_DEBUG"):
+        if raise_errors():
             raise
         return ToolResult.error(f"{tool.name} failed: {type(exc).__name__}: {exc}")
 
