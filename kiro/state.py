@@ -20,7 +20,7 @@ from typing import Any, Literal
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kiro import timeutil
+from kiro import locks, timeutil
 from kiro.errors import LockHeld, StateError, TaskNotFound
 from kiro.executors.base import StepUsage
 from kiro.redact import Redactor
@@ -415,17 +415,9 @@ class StateStore:
             return None
 
     def is_locked(self, task_id: str) -> bool:
-        """True when some process holds the loop's lock right now (the loop is alive)."""
-        path = self.ws.lock_file(task_id)
-        if not path.exists():
-            return False
-        lock = FileLock(str(path), timeout=0, thread_local=False, is_singleton=False)
-        try:
-            lock.acquire()
-        except Timeout:
-            return True
-        lock.release()
-        return False
+        """True when some process holds the loop's lock right now (the loop is alive). A probe: it
+        never takes the lock, so it cannot make a concurrent `start` fail."""
+        return locks.is_held(self.ws.lock_file(task_id))
 
 
 def effective_status(state: LoopState, alive: bool) -> str:

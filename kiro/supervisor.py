@@ -24,7 +24,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from kiro import conditions, executors, tasks
+from kiro import conditions, executors, locks, tasks
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.errors import KiroError, LockHeld, UserError
@@ -274,16 +274,9 @@ def _read_pid(path: Path) -> int | None:
 
 def check_watch_free(ws: Workspace) -> None:
     """Raise when a supervisor already watches this workspace."""
-    path = ws.state_dir / "watch.lock"
-    if not path.exists():
-        return
-    lock = FileLock(str(path), timeout=0, thread_local=False, is_singleton=False)
-    try:
-        lock.acquire()
-    except Timeout:
+    if locks.is_held(ws.state_dir / "watch.lock"):  # a probe: never takes the lock
         raise UserError(f"`kiro loop watch` already runs for {ws.root} (process "
-                        f"{_read_pid(ws.state_dir / 'watch.pid')})") from None
-    lock.release()
+                        f"{_read_pid(ws.state_dir / 'watch.pid')})")
 
 
 def hand_back_to_watch(store: StateStore, task_id: str) -> list[str]:

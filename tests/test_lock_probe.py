@@ -1,0 +1,109 @@
+"""Probing a lock never takes it (issue 7 item 8): `status`, the dashboard, `--detach` polling and
+`logs --follow` ask "is this loop alive?" all the time; a `start` that arrives while they ask must
+not fail with "already running"."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+
+from filelock import FileLock, Timeout
+
+from kiro.errors import LockHeld, UserError
+from kiro.state import StateStore
+from kiro.supervisor import check_watch_free
+from kiro.workspace import Workspace as KiroWorkspace
+from tests.conftest import Workspace
+
+
+def test_a_tight_prober_never_makes_acquire_fail(ws: Workspace) -> None:
+    store = StateStore(KiroWorkspace(ws.root))
+    store.release("p", store.acquire("p"))  # the lock file exists, as after any earlier run
+    stop = threading.Event()
+    probes = 0
+
+    def prober() -> None:
+        nonlocal probes
+        while not stop.is_set():
+            store.is_locked("p")
+            probes += 1
+
+    threads = [threading.Thread(target=prober) for _ in range(2)]
+    for t in threads:
+        t.start()
+    failures = 0
+    try:
+        for _ in range(400):
+            try:
+                lock = store.acquire("p")
+            except LockHeld:
+                failures += 1
+                continue
+            store.release("p", lock)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    print(f"400 acquires against {probes} probes: {failures} false 'already running'")
+    assert probes > 0
+    assert failures == 0
+
+
+def test_the_probe_sees_a_holder_in_another_process_and_its_death(ws: Workspace) -> None:
+    kws = KiroWorkspace(ws.root)
+    store = StateStore(kws)
+    assert not store.is_locked("q")  # no lock file at all
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import pathlib, sys, time\nfrom kiro.state import StateStore\nfrom kiro.workspace import Workspace\n"
+         "lock = StateStore(Workspace(pathlib.Path(sys.argv[1]))).acquire('q')\n"
+         "print('held', flush=True)\ntime.sleep(60)\n", str(ws.root)],
+        stdout=subprocess.PIPE, text=True, env=ws.env())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert store.is_locked("q")
+        assert store.holder_pid("q") == holder.pid
+        try:
+            store.acquire("q")
+            raise AssertionError("acquired a lock another process holds")
+        except LockHeld as exc:
+            assert str(holder.pid) in str(exc)
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert not store.is_locked("q")  # the lock died with its process
+    store.release("q", store.acquire("q"))
+
+
+def test_watch_probe_does_not_take_the_watch_lock(ws: Workspace) -> None:
+    """`start`/`resume` check that no `kiro loop watch` runs; that check must not block a watch that starts."""
+    kws = KiroWorkspace(ws.root)
+    path = ws.root / ".state" / "watch.lock"
+    path.touch()
+    stop = threading.Event()
+
+    def prober() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(UserError):  # the lock is held right now: "watch already runs"
+                check_watch_free(kws)
+
+    t = threading.Thread(target=prober)
+    t.start()
+    failures = 0
+    try:
+        for _ in range(300):
+            lock = FileLock(str(path), timeout=0, thread_local=False, is_singleton=False)
+            try:
+                lock.acquire()
+            except Timeout:
+                failures += 1
+                continue
+            lock.release()
+    finally:
+        stop.set()
+        t.join()
+    assert failures == 0
