@@ -110,11 +110,17 @@ class Supervisor:
         remove = on_signals(lambda _name: self.stop())
         try:
             while not self.stopping:
+                # A file event (a task file dropped into Specs/, a hook deleted, a task moved back)
+                # sets _wake: rescan at once and let every paused loop look again. The rescan timer
+                # is only a safety net (or the polling interval when the OS watcher could not start).
+                self._wake.clear()
                 self._scan()
                 self._wake_paused()
                 if until is not None and until():
                     break
-                await wait_until(lambda: self.stopping, self._wake, RESCAN_SECONDS, hub.poll_interval)
+                rescan = hub.poll_interval if hub.failed is not None else RESCAN_SECONDS
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), rescan)
         finally:
             remove()
             self.stop()

@@ -1,0 +1,88 @@
+"""`kiro loop watch` is driven by file events (issue 7 item 5): a task file dropped into Specs/ and a
+deleted stop hook are acted on when the file changes, not at the next rescan or safety poll.
+
+The supervisor runs in-process with both timers (the 30 s rescan and the 5 s safety poll) pushed out
+to 10 minutes, so only a file event can make it act within the generous bounds below. Figures for
+the reaction time itself are in bench/watch_reaction.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+import kiro.supervisor
+import kiro.watch
+from kiro.supervisor import Supervisor
+from kiro.workspace import Workspace as KiroWorkspace
+from tests.conftest import Workspace, shell_task
+
+BOUND = 8.0  # seconds; far below the 600 s timers, far above the tens of ms it takes
+
+
+@pytest.fixture(autouse=True)
+def no_timers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kiro.supervisor, "RESCAN_SECONDS", 600.0)
+    monkeypatch.setattr(kiro.watch, "SAFETY_POLL", 600.0)
+
+
+async def until(check: Callable[[], object], timeout: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s")
+        await asyncio.sleep(0.02)
+
+
+def _state_status(ws: Workspace, tid: str) -> str | None:
+    try:
+        return ws.state(tid)["status"]  # type: ignore[no-any-return]
+    except (AssertionError, ValueError, KeyError):
+        return None
+
+
+def test_a_task_file_dropped_into_specs_starts_on_its_file_event(ws: Workspace) -> None:
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=2)
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: (ws.root / ".state/watch.pid").exists(), 10, "watch start")
+            await asyncio.sleep(0.3)  # the first scan found nothing; now only an event can help
+            ws.task(shell_task(2), "Specs/alpha/tasks.md")
+            await until(lambda: (ws.root / "Done/alpha/tasks.md").exists(), BOUND, "loop for the new task file")
+        finally:
+            sup.stop()
+            await runner
+
+    asyncio.run(scenario())
+    assert (ws.root / "side_effects.log").read_text().split() == ["1", "2"]
+
+
+def test_a_paused_loop_continues_on_the_deletion_of_its_hook(ws: Workspace) -> None:
+    ws.task(shell_task(6, cmd='echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.2'), "Specs/alpha/tasks.md")
+
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=2)
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: any((ws.root / ".state").glob("autonomous_loop_*.json")), 10, "loop start")
+            [state_file] = (ws.root / ".state").glob("autonomous_loop_*.json")
+            tid = state_file.name[len("autonomous_loop_"):-5]
+            hook = ws.root / ".hooks" / f"stop_autonomous_loop_{tid}.md"
+            hook.write_text("---\ntype: stop_hook\n---\nstop\n")
+            await until(lambda: _state_status(ws, tid) == "paused", 20, "pause on the hook")
+            await asyncio.sleep(0.3)
+            hook.unlink()
+            await until(lambda: _state_status(ws, tid) in ("running", "completed"), BOUND,
+                        "continue after the hook was deleted")
+            await until(lambda: (ws.root / "Done/alpha/tasks.md").exists(), 30, "the rest of the steps")
+        finally:
+            sup.stop()
+            await runner
+
+    asyncio.run(scenario())
+    lines = (ws.root / "side_effects.log").read_text().split()
+    assert sorted(lines) == [str(i) for i in range(1, 7)]  # every step once, none twice
