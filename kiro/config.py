@@ -144,10 +144,23 @@ class Config(_Strict):
     include_optional: bool = False
     on_event: dict[str, str] = Field(default_factory=dict)
     secret_env: list[str] = Field(default_factory=list)
+    checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.checkpoints)
+    isolation: Literal["none", "worktree"] = "none"
+    merge: Literal["manual", "auto"] = "manual"
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "on_event", mode="before"
     )(_none_is_empty)
+
+    @field_validator("checkpoints", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads a bare `off` as false (and `on` as true): `checkpoints: off` means "off"."""
+        if value is False:
+            return "off"
+        if value is True:
+            return "git"
+        return value
 
 
 # Task frontmatter keys that set config values, and the dotted config path each one sets.

@@ -287,10 +287,15 @@ def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total:
     t.add_row(bar, Text(f"{done}/{total} steps ({(done / total if total else 0):.0%})"))
     out.print(t)
     table = Table(header_style="bold")
-    for col in ("step", "status", "attempts", "duration", "description"):
+    with_git = any(s.get("checkpoint") for s in steps)
+    for col in ("step", "status", "attempts", "duration", *(("checkpoint",) if with_git else ()), "description"):
         table.add_column(col, overflow="fold")
     for s in steps:
         style = {"done": "green", "in_progress": "yellow", "failed": "red", "optional": "dim"}.get(s["status"], "")
-        table.add_row(("  " * s.get("depth", 0)) + s["step_id"], Text(s["status"], style=style),
-                      str(s.get("attempts") or "-"), s.get("duration") or "-", _short(s["description"], 70))
+        cp = s.get("checkpoint") or "-"
+        cells = [("  " * s.get("depth", 0)) + s["step_id"], Text(s["status"], style=style),
+                 str(s.get("attempts") or "-"), s.get("duration") or "-"]
+        if with_git:
+            cells.append(cp if cp.startswith("(") else cp[:12])
+        table.add_row(*cells, _short(s["description"], 70))
     out.print(table)

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kiro import conditions, dashboard, prompts, reports, tasks, timeutil
+from kiro import checkpoints, conditions, dashboard, prompts, reports, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
@@ -156,6 +156,7 @@ class Loop:
         self.project_dir = (self.ws.root / self.cfg.project_dir).resolve()
         self.guardrails = LoopGuardrails(self.cfg, self.state, shared or SharedLimits(self.cfg))
         self._notifiers: set[asyncio.Task[None]] = set()
+        self.git: checkpoints.LoopGit | None = None  # SPEC §9, set up by _open_git
 
     # -- events ----------------------------------------------------------------------------
 
@@ -386,6 +387,7 @@ class Loop:
         task = self._read_task()
         if isinstance(task, Stop):
             return task
+        await self._open_git()
         self._reconcile(task)
         while True:
             stop = self.interrupt_check()
@@ -396,7 +398,7 @@ class Loop:
                 return task
             step = task.current_step(self.cfg.include_optional)
             if step is None:
-                return self._complete(task)
+                return await self._git_finish(self._complete(task))
             stop = self.limit_check()
             if stop is not None:
                 return stop
@@ -450,8 +452,13 @@ class Loop:
             self.save()
             return
         started = timeutil.parse(cur.started_at) if cur.started_at else timeutil.now()
+        checkpoint = None
+        if self.git is not None:  # the step succeeded; its checkpoint may be made already, or pending
+            checkpoint = self.git.step_completed(step.id, step.title or step.text, self.state.iteration,
+                                                 recovering=True)
+            self._emit_git(checkpoint)
         self._record_success(step, started, summary="(recovered after a restart: the box was checked)",
-                             attempts=self.state.step_record(step.id).attempts or 1)
+                             attempts=self.state.step_record(step.id).attempts or 1, checkpoint=checkpoint)
         self.emit("step_recovered", step_id=step.id, description=step.title)
         self.save()
 
@@ -487,7 +494,9 @@ class Loop:
             task, step, s, attempt=attempt, previous_error=record.last_error,
             verify_output=record.last_verify_output,
             verify_command=verify_cmd, continuation=continuation, workspace=self.ws,
-            finish=prompts.finish_instruction(self.executor.name, step, s.task_path, self.cfg.command_success),
+            finish=prompts.finish_instruction(self.executor.name, step,
+                                              str(self.task_path) if self._isolated() else s.task_path,
+                                              self.cfg.command_success),
         )
         system = prompts.system_prompt(task, s, self.ws, executor=self.executor.name)
         s.context.last_prompt = clip(prompt)
@@ -570,7 +579,8 @@ class Loop:
             if result.ok:
                 self.guardrails.activity()
                 self.guardrails.after_attempt(step.id, None)
-                self._record_success(step, started, summary=result.summary, attempts=attempt)
+                checkpoint = await self._step_checkpoint(step)
+                self._record_success(step, started, summary=result.summary, attempts=attempt, checkpoint=checkpoint)
                 self.emit("step_completed", step_id=step.id, description=step.title or step.text,
                           duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
                           attempt=attempt, checked=checked)
@@ -619,13 +629,64 @@ class Loop:
             return False, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}"
         return result.ok, text
 
-    def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int) -> None:
+    # -- git (SPEC §9): a narrow hook; the work is in kiro.checkpoints ------------------------
+
+    async def _open_git(self) -> None:
+        """Checkpoints on or off; with isolation, the loop's own worktree becomes the project dir."""
+        self.git = checkpoints.attach(self.ws, self.cfg, self.state, self.project_dir)
+        if self.git is None:
+            return
+        events = await asyncio.to_thread(self.git.open, self.run_spec.resumed)
+        for kind, fields in events:
+            self.emit(kind, **fields)
+        self.project_dir = self.git.project_dir
+        self.save()
+
+    async def _step_checkpoint(self, step: tasks.Step) -> checkpoints.Result | None:
+        """Called after the step's box is checked and before the state records the step: commit
+        the step's changes and return the commit for `completed_steps[].checkpoint`."""
+        if self.git is None:
+            return None
+        result = await asyncio.to_thread(self.git.step_completed, step.id, step.title or step.text,
+                                         self.state.iteration)
+        self._emit_git(result)
+        return result
+
+    def _isolated(self) -> bool:
+        return self.git is not None and self.git.info.isolation == "worktree"
+
+    def _emit_git(self, result: checkpoints.Result) -> None:
+        for kind, fields in result.events:
+            self.emit(kind, **fields)
+
+    async def _git_finish(self, stop: Stop) -> Stop:
+        """Every step done: with isolation, leave the branch for review or merge it back; a merge
+        that needs a person pauses the loop (exit 6) with an intervention file."""
+        if self.git is None or stop.status != "completed":
+            return stop
+        self.save()  # merge_status "merging" etc. are recorded by finish(); a kill mid-merge resumes here
+        result = await asyncio.to_thread(self.git.finish)
+        self._emit_git(result)
+        if result.problem is None:
+            self.save()
+            return stop
+        s = self.state
+        path = self.ws.intervention_request(s.task_id)
+        atomic_write(path, reports.merge_intervention(s, problem=result.problem, files=result.files))
+        s.report_path = self.ws.relative(path)
+        self.save()
+        return conditions.needs_action(f"{result.problem}; see {s.report_path}", "merge_conflict")
+
+    def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int,
+                        checkpoint: checkpoints.Result | None = None) -> None:
         s = self.state
         finished = timeutil.now()
         s.completed_steps.append(CompletedStep(
             step_id=step.id, description=step.title or step.text, completed_at=timeutil.iso(finished),
             duration_seconds=round(max((finished - started).total_seconds(), 0.0), 3), iteration=s.iteration,
-            attempts=attempts, summary=clip(summary, 500)))
+            attempts=attempts, summary=clip(summary, 500),
+            checkpoint=checkpoint.commit if checkpoint else None,
+            checkpoint_note=checkpoint.note if checkpoint else None))
         s.total_successes += 1
         s.consecutive_failures = 0
         rec = s.step_record(step.id)

@@ -41,6 +41,19 @@ EventName = Literal[
     "report_written",
     "notifier_failed",
     "loop_finished",
+    # git (SPEC §9, kiro.checkpoints)
+    "checkpoint_created",
+    "checkpoint_skipped",
+    "checkpoint_failed",
+    "checkpoint_recovered",
+    "git_lock_cleared",
+    "worktree_created",
+    "worktree_removed",
+    "branch_left",
+    "merge_completed",
+    "merge_conflict",
+    "merge_failed",
+    "rolled_back",
 ]
 EVENT_NAMES: frozenset[str] = frozenset(get_args(EventName))
 

@@ -94,10 +94,65 @@ def completion_report(state: LoopState, *, moved_to: str | None) -> str:
 - **Average Step Duration**: {m.average_step_duration:.2f}s
 - **Total Successes**: {state.total_successes}
 - **Total Failures**: {state.total_failures}
-{_usage(state)}
+{_usage(state)}{_git(state)}
 ---
 
 **Task successfully completed {where}.**
+"""
+
+
+def _git(state: LoopState) -> str:
+    """The loop's checkpoints, and its branch with isolation (SPEC §9)."""
+    g = state.git
+    if g is None or not g.checkpoints:
+        return ""
+    lines = ["", "## Checkpoints (git)"]
+    for c in state.completed_steps:
+        mark = f"`{c.checkpoint[:12]}`" if c.checkpoint else f"_{c.checkpoint_note or 'none'}_"
+        lines.append(f"- **{c.step_id}**: {mark}")
+    lines.append(f"- Review: `git log --grep 'Kiro-Task-Id: {state.task_id}'`")
+    if g.isolation == "worktree" and g.branch:
+        if g.merge_status == "merged":
+            lines.append(f"- **Branch**: `{g.branch}` merged into `{g.base_branch or 'HEAD'}` as "
+                         f"`{(g.merge_commit or '')[:12]}`")
+        else:
+            lines.append(f"- **Branch**: `{g.branch}` left for review (worktree `{g.worktree}`): "
+                         f"`git log {g.base_branch or 'HEAD'}..{g.branch}`, then `git merge {g.branch}`")
+    return "\n".join(lines) + "\n"
+
+
+def merge_intervention(state: LoopState, *, problem: str, files: Sequence[str]) -> str:
+    """A merge of a loop's branch that needs a person (SPEC §9): which branch, into what, which files."""
+    g = state.git
+    branch = g.branch if g else "?"
+    into = (g.base_branch if g else None) or "HEAD"
+    where = g.toplevel if g else "?"
+    listed = "\n".join(f"- `{f}`" for f in files) or "_none listed_"
+    return _frontmatter({
+        "type": "intervention_request",
+        "task_id": state.task_id,
+        "created": timeutil.iso(),
+        "reason": "merge_conflict",
+        "task_path": state.task_path,
+        "status": state.status,
+        "branch": branch,
+        "into": into,
+        "files": list(files),
+    }) + f"""
+# Intervention Request: merge
+
+## Reason
+{problem}
+
+**Branch**: `{branch}` into `{into}` (work tree `{where}`)
+
+## Files
+{listed}
+
+## Options
+- [ ] Resolve the conflicts in `{where}` (edit the files, `git add` them, `git commit`), then
+      `kiro loop resume --task-id {state.task_id}`
+- [ ] Or abort it (`git merge --abort`), merge `{branch}` yourself when ready, then resume
 """
 
 

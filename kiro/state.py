@@ -67,6 +67,8 @@ class CompletedStep(_Model):
     iteration: int | None = None
     attempts: int = 1
     summary: str = ""
+    checkpoint: str | None = None  # the step's git commit (SPEC §9); None: no commit, see checkpoint_note
+    checkpoint_note: str | None = None  # why there is no commit: "no changes", "failed: ..."
 
 
 class FailedStep(_Model):
@@ -130,6 +132,24 @@ class Transition(_Model):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
+class GitInfo(_Model):
+    """Git checkpoints and isolation of one loop (SPEC §9, kiro.checkpoints)."""
+
+    checkpoints: bool = False
+    isolation: Literal["none", "worktree"] = "none"
+    merge: Literal["manual", "auto"] = "manual"
+    toplevel: str | None = None  # the main work tree
+    project_rel: str = ""  # the project directory, relative to the work tree's top
+    worktree: str | None = None  # the loop's own work tree (isolation: worktree)
+    branch: str | None = None  # the branch kiro commits on (None: a detached HEAD)
+    base_branch: str | None = None  # the main tree's branch when the loop started: the merge target
+    base_commit: str | None = None  # HEAD when the loop started (None: no commit yet)
+    merge_status: Literal["merging", "merged", "conflict", "left"] | None = None
+    merge_commit: str | None = None
+    conflict_files: list[str] = Field(default_factory=list)
+    rollbacks: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class LoopState(_Model):
     schema_version: int = SCHEMA_VERSION
     task_id: str
@@ -167,6 +187,7 @@ class LoopState(_Model):
     report_path: str | None = None
     steps_total: int | None = None
     steps_done: int | None = None
+    git: GitInfo | None = None
 
     # -- transitions -----------------------------------------------------------------------
 

@@ -141,9 +141,11 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
         error = f"task file {state.task_path} not found"
     durations: dict[str, float] = {}
     completed_attempts: dict[str, int] = {}  # the engine zeroes a step's attempt count when it succeeds
+    checkpoints: dict[str, str | None] = {}  # SPEC §9: each done step's commit, or why there is none
     for c in state.completed_steps:
         durations[c.step_id] = c.duration_seconds
         completed_attempts[c.step_id] = c.attempts
+        checkpoints[c.step_id] = c.checkpoint or (f"({c.checkpoint_note})" if c.checkpoint_note else None)
     rows: list[dict[str, Any]] = []
     cur = state.current_step
     if task is not None:
@@ -168,8 +170,11 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
                 "last_error": rec.last_error if rec else None,
                 "duration_seconds": durations.get(st.id),
                 "duration": timeutil.human_duration(durations[st.id]) if st.id in durations else None,
+                "checkpoint": checkpoints.get(st.id) if st.done else None,
             })
     done = sum(1 for r in rows if r["status"] == "done")
+    git = state.git
+    branch = git.branch if git is not None and git.checkpoints else None
     return {"task_id": state.task_id, "task_path": state.task_path, "title": state.title or state.task_path,
-            "steps_done": done, "steps_total": len(rows), "steps": rows, "error": error}
+            "steps_done": done, "steps_total": len(rows), "steps": rows, "error": error, "branch": branch}
 

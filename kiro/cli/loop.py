@@ -351,6 +351,35 @@ def progress(
 
 @app.command()
 @guarded
+def rollback(
+    to_step: Annotated[str, typer.Option("--to-step", help="The completed step whose checkpoint to go back to; "
+                                                           "it stays done, the steps after it are undone.")],
+    task_id: TaskIdOpt = None,
+    task: TaskOpt = None,
+    workspace: WorkspaceOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Put the project's files back to a step's git checkpoint (as a new commit) and uncheck the
+    boxes of the steps completed after it; then `kiro loop resume` does them again."""
+    from kiro import checkpoints, console, views
+
+    ws = _workspace(workspace)
+    store = _store(ws, lenient=False)
+    tid = views.resolve_task_id(ws, store, task_id, task)
+    assert tid is not None
+    done = checkpoints.rollback(ws, store, tid, to_step)
+    if json_out:
+        console.print_json({"task_id": done.task_id, "to_step": done.to_step, "checkpoint": done.checkpoint,
+                            "commit": done.commit, "undone": done.undone, "unchecked": done.unchecked,
+                            "method": done.method})
+        return
+    where = f"commit {done.commit[:12]}" if done.commit else "no commit needed: the files already matched"
+    console.line(f"{tid}: rolled back to step {done.to_step} (checkpoint {(done.checkpoint or '')[:12]}; {where}); "
+                 f"undone: {', '.join(done.undone)}; continue with `kiro loop resume --task-id {tid}`")
+
+
+@app.command()
+@guarded
 def logs(
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,

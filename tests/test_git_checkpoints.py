@@ -1,0 +1,228 @@
+"""Git checkpoints and rollback (SPEC §9) in real git repositories, through `kiro` as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from kiro import tasks
+from tests.conftest import Workspace
+from tests.gitutil import changed_in, files_in, fsck_problems, git, init_repo, trailers
+
+TASK = """\
+---
+title: Greeter
+executor: shell
+---
+# Plan
+- [ ] 1. Write the greeting
+  ```sh
+  mkdir -p src && printf 'hello\\n' > src/greet.txt && printf '\\x00\\x01\\xff' > src/blob.bin
+  ```
+- [ ] 2. Check it (changes nothing)
+  ```sh
+  grep -q hello src/greet.txt
+  ```
+- [ ] 3. Extend it
+  ```sh
+  printf 'hello world\\n' > src/greet.txt && rm src/blob.bin && echo new > src/extra.txt
+  ```
+- [ ] 4. Document it
+  ```sh
+  echo "greets" >> README.md
+  ```
+"""
+
+
+def _kiro_ok(ws: Workspace, *args: str) -> str:
+    r = ws.kiro(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def _run(ws: Workspace, task_id: str = "g1", task: str = TASK) -> dict:  # type: ignore[type-arg]
+    ws.task(task)
+    _kiro_ok(ws, "loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", task_id)
+    return ws.state(task_id)
+
+
+def _boxes(path) -> dict[str, bool]:  # type: ignore[no-untyped-def]
+    return {s.id: s.done for s in tasks.load(path).steps}
+
+
+def test_one_commit_per_step_with_trailers_and_nothing_of_kiros_own(ws: Workspace) -> None:
+    base = init_repo(ws.root)
+    state = _run(ws)
+    done = {c["step_id"]: c for c in state["completed_steps"]}
+    assert list(done) == ["1", "2", "3", "4"]
+    assert done["2"]["checkpoint"] is None and done["2"]["checkpoint_note"] == "no changes"
+    kiro_commits = git(ws.root, "log", "--format=%H", f"{base}..HEAD").split()
+    assert kiro_commits[::-1] == [done[s]["checkpoint"] for s in ("1", "3", "4")]  # one per changing step
+    for sid in ("1", "3", "4"):
+        sha = done[sid]["checkpoint"]
+        subject = git(ws.root, "log", "-1", "--format=%s", sha).strip()
+        assert subject.startswith(f"kiro(g1): {sid} ")
+        t = trailers(ws.root, sha)
+        assert t["Kiro-Task-Id"] == "g1" and t["Kiro-Step-Id"] == sid
+        assert git(ws.root, "log", "-1", "--format=%an <%ae>", sha).strip() == "kiro <kiro@localhost>"
+    assert changed_in(ws.root, done["1"]["checkpoint"]) == {"src/greet.txt", "src/blob.bin"}
+    assert changed_in(ws.root, done["4"]["checkpoint"]) == {"README.md"}
+    every = set().union(*(files_in(ws.root, c) for c in kiro_commits))
+    assert not {f for f in every if f.split("/")[0] in (".state", "Logs", ".hooks", "Specs", "Done", ".kiro",
+                                                         "Dashboard.md")}
+    # the loop's work is committed: nothing of the project is left uncommitted
+    status = git(ws.root, "status", "--porcelain", "--", ".", ":!.state", ":!Logs", ":!Done", ":!Specs",
+                 ":!Dashboard.md", ":!Needs_Action", ":!.hooks", ":!config")
+    assert status == ""
+    events = [e["event"] for e in ws.events("g1")]
+    assert events.count("checkpoint_created") == 3 and events.count("checkpoint_skipped") == 1
+    # `progress --json` shows each step's checkpoint; the table shows it too
+    progress = json.loads(_kiro_ok(ws, "loop", "progress", "--task-id", "g1", "--json"))
+    assert {r["step_id"]: r["checkpoint"] for r in progress["steps"]} == {
+        "1": done["1"]["checkpoint"], "2": "(no changes)", "3": done["3"]["checkpoint"], "4": done["4"]["checkpoint"]}
+    table = _kiro_ok(ws, "loop", "progress", "--task-id", "g1")
+    assert "checkpoint" in table and done["3"]["checkpoint"][:12] in table
+    report = (ws.root / "Logs/completion_reports/g1.md").read_text()
+    assert done["1"]["checkpoint"][:12] in report and "no changes" in report
+    assert fsck_problems(ws.root) == []
+
+
+def test_a_persons_commits_between_steps_are_kept_as_they_are(ws: Workspace) -> None:
+    init_repo(ws.root)
+    ws.task(TASK)
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "g2", "--max-iterations", "1")
+    assert r.returncode == 4, r.stdout + r.stderr
+    # a person commits on the same branch, and leaves a staged change of their own outside the project's changes
+    (ws.root / "NOTES.md").write_text("my notes\n")
+    git(ws.root, "add", "NOTES.md")
+    git(ws.root, "commit", "-q", "-m", "person: notes")
+    theirs = git(ws.root, "rev-parse", "HEAD").strip()
+    _kiro_ok(ws, "loop", "resume", "--task-id", "g2", "--max-iterations", "10")
+    state = ws.state("g2")
+    first, *rest = [c["checkpoint"] for c in state["completed_steps"] if c["checkpoint"]]
+    assert git(ws.root, "rev-parse", f"{theirs}^").strip() == first  # their commit sits on kiro's first one
+    assert git(ws.root, "log", "-1", "--format=%an %s", theirs).strip() == "Pat Person person: notes"
+    chain = git(ws.root, "rev-list", "--first-parent", "HEAD").split()
+    assert theirs in chain and all(c in chain for c in rest)
+    assert chain.index(theirs) > chain.index(rest[0])  # kiro's later commits come after theirs, on top
+
+
+def test_checkpoints_off_outside_git_and_explicit_git_outside_a_repo_is_refused(ws: Workspace) -> None:
+    state = _run(ws, "nogit")  # not a git work tree: checkpoints are off by default
+    assert all(c["checkpoint"] is None for c in state["completed_steps"])
+    assert state["git"]["checkpoints"] is False
+    ws.task(TASK, "Specs/other/tasks.md")
+    ws.write("config/autonomous_loop.yaml", "checkpoints: git\n")
+    r = ws.kiro("loop", "start", "--task", "Specs/other/tasks.md", "--task-id", "g3")
+    assert r.returncode == 1
+    assert "checkpoints: git needs the project directory" in r.stderr and "Traceback" not in r.stderr
+    ws.write("config/autonomous_loop.yaml", "checkpoints: svn\n")
+    r = ws.kiro("loop", "start", "--task", "Specs/other/tasks.md", "--task-id", "g4")
+    assert r.returncode == 1 and "checkpoints" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_checkpoints_off_makes_no_commit_in_a_repo(ws: Workspace) -> None:
+    base = init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", "checkpoints: off\n")
+    state = _run(ws, "off1")
+    assert git(ws.root, "rev-parse", "HEAD").strip() == base
+    assert all(c["checkpoint"] is None for c in state["completed_steps"])
+
+
+def test_rollback_restores_bytes_and_boxes_then_resume_redoes_the_steps(ws: Workspace) -> None:
+    init_repo(ws.root)
+    state = _run(ws, "rb")
+    cp1 = state["completed_steps"][0]["checkpoint"]
+    greet_after_1 = git(ws.root, "show", f"{cp1}:src/greet.txt")
+    head_before = git(ws.root, "rev-parse", "HEAD").strip()
+    out = _kiro_ok(ws, "loop", "rollback", "--task-id", "rb", "--to-step", "2", "--json")
+    result = json.loads(out)
+    assert result["undone"] == ["3", "4"] and result["checkpoint"] == cp1  # step 2 changed nothing: step 1's commit
+    # bytes: every project file as it was at the checkpoint, the binary one included, the later file gone
+    assert (ws.root / "src/greet.txt").read_text() == greet_after_1 == "hello\n"
+    assert (ws.root / "src/blob.bin").read_bytes() == b"\x00\x01\xff"
+    assert not (ws.root / "src/extra.txt").exists()
+    assert (ws.root / "README.md").read_text() == "# project\n"
+    assert git(ws.root, "rev-parse", f"{result['commit']}^").strip() == head_before  # a new commit, nothing rewritten
+    assert trailers(ws.root, "HEAD")["Kiro-Rollback-To"] == "2"
+    assert files_in(ws.root, "HEAD") == files_in(ws.root, cp1)
+    # boxes: the task went back from Done/ to Specs/ with 3 and 4 unchecked, 1 and 2 still done
+    task_file = ws.root / "Specs/feature/tasks.md"
+    assert _boxes(task_file) == {"1": True, "2": True, "3": False, "4": False}
+    st = ws.state("rb")
+    assert [c["step_id"] for c in st["completed_steps"]] == ["1", "2"]
+    assert st["git"]["rollbacks"][-1]["to_step"] == "2" and st["status"] == "stopped"
+    assert [e for e in ws.events("rb") if e["event"] == "rolled_back"][0]["undone"] == ["3", "4"]
+    # resume does 3 and 4 again, with new checkpoints on top of the rollback
+    _kiro_ok(ws, "loop", "resume", "--task-id", "rb")
+    st = ws.state("rb")
+    assert [c["step_id"] for c in st["completed_steps"]] == ["1", "2", "3", "4"]
+    assert (ws.root / "src/greet.txt").read_text() == "hello world\n"
+    assert git(ws.root, "rev-parse", f"{st['completed_steps'][2]['checkpoint']}^").strip() == result["commit"]
+    assert fsck_problems(ws.root) == []
+
+
+def test_rollback_keeps_a_persons_later_commit(ws: Workspace) -> None:
+    init_repo(ws.root)
+    ws.task(TASK)
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "rp", "--max-iterations", "2")
+    assert r.returncode == 4
+    (ws.root / "NOTES.md").write_text("mine\n")
+    git(ws.root, "add", "NOTES.md")
+    git(ws.root, "commit", "-q", "-m", "person: notes")
+    _kiro_ok(ws, "loop", "resume", "--task-id", "rp", "--max-iterations", "10")
+    result = json.loads(_kiro_ok(ws, "loop", "rollback", "--task-id", "rp", "--to-step", "1", "--json"))
+    assert result["method"] == "revert"
+    assert (ws.root / "NOTES.md").read_text() == "mine\n"  # the person's change stays
+    assert (ws.root / "src/greet.txt").read_text() == "hello\n" and not (ws.root / "src/extra.txt").exists()
+    assert (ws.root / "README.md").read_text() == "# project\n"
+    assert "person: notes" in git(ws.root, "log", "--format=%s")
+
+
+def test_rollback_refusals_leave_everything_as_it_was(ws: Workspace) -> None:
+    init_repo(ws.root)
+    state = _run(ws, "rr")
+    state_file = ws.root / ".state/archive/autonomous_loop_rr.json"
+    before = state_file.read_bytes()
+    head = git(ws.root, "rev-parse", "HEAD").strip()
+    tried = 0
+    held = 0
+
+    def refused(*args: str, says: str) -> None:
+        nonlocal tried, held
+        tried += 1
+        r = ws.kiro("loop", "rollback", "--task-id", "rr", *args)
+        ok = (r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+              and "Traceback" not in r.stderr and state_file.read_bytes() == before
+              and git(ws.root, "rev-parse", "HEAD").strip() == head)
+        held += ok
+        print(f"rollback {' '.join(args)!r}: exit {r.returncode}: {r.stderr.strip()}")
+        assert ok, r.stdout + r.stderr
+
+    (ws.root / "src/greet.txt").write_text("a person's edit\n")
+    refused("--to-step", "1", says="holds changes kiro did not make (src/greet.txt)")
+    git(ws.root, "checkout", "--", "src/greet.txt")
+    (ws.root / "scratch.txt").write_text("untracked\n")
+    refused("--to-step", "1", says="scratch.txt")
+    (ws.root / "scratch.txt").unlink()
+    refused("--to-step", "9", says="not among the steps loop 'rr' completed (1, 2, 3, 4)")
+    refused("--to-step", "4", says="is the last step")
+    assert state["completed_steps"][-1]["step_id"] == "4"
+    print(f"rollback refusals: {held} of {tried} held")
+
+
+def test_rollback_is_refused_while_the_loop_runs(ws: Workspace) -> None:
+    init_repo(ws.root)
+    ws.task(TASK.replace("echo \"greets\" >> README.md", "echo greets >> README.md; sleep 30"))
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "live")
+    try:
+        ws.wait_for(lambda: (ws.state("live")["current_step"] or {}).get("step_id") == "4", what="step 4 running")
+        r = ws.kiro("loop", "rollback", "--task-id", "live", "--to-step", "1")
+        assert r.returncode == 1 and "is running" in r.stderr and "kiro loop stop" in r.stderr, r.stderr
+        assert (ws.root / "src/extra.txt").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    # stopped now: the half-done step 4 left README.md changed, which kiro did not commit
+    r = ws.kiro("loop", "rollback", "--task-id", "live", "--to-step", "1")
+    assert r.returncode == 1 and "README.md" in r.stderr
