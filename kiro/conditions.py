@@ -46,6 +46,9 @@ def completed(message: str, reason: str = "all_steps_done") -> Stop:
 
 
 def stop_hook(path: Path, ws: Workspace) -> Stop:
+    if path == ws.global_hook_file:
+        return Stop("paused", "stop_hook", f"global stop hook {ws.relative(path)} found (every loop pauses); "
+                                           f"delete it or run `kiro loop resume --all` to continue", 3)
     return Stop("paused", "stop_hook", f"stop hook {ws.relative(path)} found; delete it or run "
                                        f"`kiro loop resume` to continue", 3)
 

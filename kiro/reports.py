@@ -270,8 +270,16 @@ def stop_hook(state: LoopState | None, *, task_id: str, reason: str, by: str = "
         status = (f"**Iteration**: {state.iteration}/{state.max_iterations}\n"
                   f"**Current Step**: {_current(state)}\n"
                   f"**Success Rate**: {_pct(state.metrics.success_rate)}")
+    elif task_id == "*":
+        status = "Every loop in this workspace pauses at its next safe point and starts no new step."
     else:
         status = "_No state recorded yet._"
+    if task_id == "*":
+        resume = ("1. Delete this file (a running `kiro loop watch` continues its loops), or run "
+                  "`kiro loop resume --all`\n   (removes this file and continues every loop it paused)")
+    else:
+        resume = ("1. Delete this file (a running `kiro loop watch` continues the loop), or run "
+                  f"`kiro loop resume --task-id {task_id}`")
     return _frontmatter({
         "type": "stop_hook",
         "task_id": task_id,
@@ -299,7 +307,7 @@ def stop_hook(state: LoopState | None, *, task_id: str, reason: str, by: str = "
 ## Resume Instructions
 
 To resume the loop:
-1. Delete this file (a running `kiro loop watch` continues the loop), or run `kiro loop resume --task-id {task_id}`
+{resume}
 2. Or move task back to active folder (`Specs/`)
 3. Loop will continue from saved state
 

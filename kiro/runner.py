@@ -195,6 +195,11 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
     store = loc.store
     ws = loc.ws
     loaded = store.load(check_task_id(task_id))
+    if ws.global_hook_file.exists():
+        # It would pause this loop again at once. One command removes it for every loop.
+        raise UserError(f"the global stop hook {ws.relative(ws.global_hook_file)} (from `kiro loop stop --all`) "
+                        f"pauses every loop; run `kiro loop resume --all` to remove it and continue every paused "
+                        f"loop, or delete it and run this command again")
     lock = held_lock or store.acquire(task_id)
     try:
         loaded = store.load(task_id)  # re-read under the lock: the holder may just have finished
@@ -221,9 +226,6 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if hook.exists():
             hook.unlink()
             warnings.append(f"removed the stop hook {ws.relative(hook)}")
-        if ws.global_hook_file.exists():
-            warnings.append(f"the global stop hook {ws.relative(ws.global_hook_file)} is present: every loop "
-                            f"pauses until it is deleted")
         if max_iterations is not None:
             state.max_iterations = max_iterations
         if failure_threshold is not None:
@@ -255,6 +257,17 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         raise
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
                    release=lambda: store.release(task_id, lock), executor=executor, lock=lock)
+
+
+def paused_by_hooks(store: StateStore) -> list[LoopState]:
+    """The loops `kiro loop resume --all` continues: paused by a stop hook (`kiro loop stop`, `--all`
+    or a hook file), not running anywhere. Loops waiting for a person (task in Needs_Action/, a
+    request file), failed or out of iterations are left to `resume --task-id`."""
+    out = []
+    for _path, st in store.all_states(include_archive=False):
+        if st is not None and st.status == "paused" and st.stop_reason == "stop_hook":
+            out.append(st)
+    return out
 
 
 def _task_warnings(task: tasks.TaskFile, ws: Workspace) -> list[str]:

@@ -218,6 +218,8 @@ def resume(
     detach: Annotated[bool, typer.Option("--detach", help="Continue in the background; print the task id.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
+    all_loops: Annotated[bool, typer.Option("--all", help="Remove the global hook of `kiro loop stop --all` and "
+                                                          "continue every loop a stop hook paused.")] = False,
 ) -> None:
     """Remove the stop hook and continue a loop from its saved state, whatever its status (paused, stopped, interrupted by a crash, failed, out of iterations). Completed steps never run again."""
     from kiro.runner import prepare_resume
@@ -225,6 +227,12 @@ def resume(
 
     ws = _workspace(workspace)
     store = _store(ws, lenient=False)
+    if all_loops:
+        _resume_all(ws, store, config=config, max_iterations=max_iterations, reset_failures=reset_failures,
+                    failure_threshold=failure_threshold, timeout=timeout,
+                    overrides=_overrides(None, None, None, executor, model), detach=detach, quiet=quiet,
+                    verbose=verbose, named=bool(task_id or task))
+        return
     tid = resolve_task_id(ws, store, task_id, task)
     assert tid is not None
     if detach:
@@ -250,6 +258,53 @@ def resume(
         console.line(f"loop {tid} is kept by `kiro loop watch` (process {store.holder_pid(tid)}); it continues there")
         return
     _exit(_run_foreground([run], quiet, verbose))
+
+
+def _resume_all(ws0: Any, store: Any, *, config: Path | None, max_iterations: int | None, reset_failures: bool,
+                failure_threshold: int | None, timeout: float | None, overrides: dict[str, Any], detach: bool,
+                quiet: bool, verbose: bool, named: bool) -> None:
+    """`kiro loop resume --all`: remove the global hook, then continue every loop a stop hook paused, in
+    this process (or each in the background with --detach). Loops a `kiro loop watch` keeps continue there."""
+    from kiro import console
+    from kiro.errors import UserError
+    from kiro.runner import paused_by_hooks, prepare_resume
+    from kiro.supervisor import hand_back_to_watch
+
+    if named:
+        raise UserError("--all continues every paused loop; leave out --task-id/--task (or drop --all)")
+    ws = store.ws
+    if ws.global_hook_file.exists():
+        ws.global_hook_file.unlink()
+        console.line(f"removed the global stop hook {ws.relative(ws.global_hook_file)}")
+    targets: list[str] = []
+    for st in paused_by_hooks(store):
+        if store.is_locked(st.task_id):
+            if store.holder_role(st.task_id) == "watch":
+                for note in hand_back_to_watch(store, st.task_id):
+                    console.line(note)
+                console.line(f"loop {st.task_id} is kept by `kiro loop watch`; it continues there")
+            continue
+        targets.append(st.task_id)
+    if not targets:
+        console.line("no paused loop to continue")
+        return
+    if detach:
+        base = [a for a in sys.argv[1:] if a not in ("--detach", "--all")]
+        for tid in targets:
+            _detach([*base, "--task-id", tid], ws, tid)
+        return
+    runs: list[Any] = []
+    try:
+        for tid in targets:
+            runs.append(prepare_resume(ws0, tid, config_file=config, overrides=overrides, max_iterations=max_iterations,
+                                       failure_threshold=failure_threshold, timeout=timeout,
+                                       reset_failures=reset_failures))
+    except BaseException:
+        for r in runs:
+            if r.release:
+                r.release()
+        raise
+    _exit(_run_foreground(runs, quiet, verbose))
 
 
 @app.command()

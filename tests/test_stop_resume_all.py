@@ -1,0 +1,73 @@
+"""`kiro loop stop --all` / `kiro loop resume --all` (issue 7 item 6, SPEC §3): the global hook pauses
+every loop, says truthfully how to continue, and `resume --all` removes it and continues every paused
+loop; `resume --task-id X` while the global hook is there says what to do instead of pausing again."""
+
+from __future__ import annotations
+
+from tests.conftest import Workspace, shell_task
+
+SLOW = 'echo "$KIRO_STEP_ID" >> "side_$KIRO_TASK_ID.log"; sleep 0.3'
+STEPS = 30
+
+
+def _two_paused_loops(ws: Workspace) -> None:
+    ws.task(shell_task(STEPS, cmd=SLOW), "Specs/a/tasks.md")
+    ws.task(shell_task(STEPS, cmd=SLOW), "Specs/b/tasks.md")
+    procs = [ws.spawn("loop", "start", "--task", f"Specs/{n}/tasks.md", "--task-id", n) for n in "ab"]
+    try:
+        for n in "ab":
+            ws.wait_for(lambda n=n: ws.state(n)["iteration"] >= 1, what=f"loop {n} running")
+        r = ws.kiro("loop", "stop", "--all")
+        assert r.returncode == 0, r.stderr
+        for p in procs:
+            assert p.wait(timeout=30) == 3, Workspace.output(p)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for n in "ab":
+        assert ws.state(n)["status"] == "paused"
+
+
+def test_the_global_hook_tells_the_truth(ws: Workspace) -> None:
+    _two_paused_loops(ws)
+    hook = (ws.root / ".hooks/stop_autonomous_loop.md").read_text()
+    assert "kiro loop resume --all" in hook
+    assert "--task-id *" not in hook
+    assert "No state recorded" not in hook
+    event = [e for e in ws.events("a") if e["event"] == "stop_condition"][-1]
+    assert "kiro loop resume --all" in event["message"]
+
+
+def test_resume_all_removes_the_global_hook_and_continues_every_paused_loop(ws: Workspace) -> None:
+    _two_paused_loops(ws)
+    r = ws.kiro("loop", "resume", "--all", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (ws.root / ".hooks/stop_autonomous_loop.md").exists()
+    for n in "ab":
+        assert ws.state(n)["status"] == "completed"
+        runs = (ws.root / f"side_{n}.log").read_text().split()
+        assert sorted(runs, key=int) == [str(i) for i in range(1, STEPS + 1)]  # every step once
+
+
+def test_resume_one_loop_under_the_global_hook_says_what_to_do_and_changes_nothing(ws: Workspace) -> None:
+    _two_paused_loops(ws)
+    before = (ws.root / ".state/autonomous_loop_a.json").read_bytes()
+    r = ws.kiro("loop", "resume", "--task-id", "a")
+    assert r.returncode == 1
+    assert "kiro loop resume --all" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert (ws.root / ".state/autonomous_loop_a.json").read_bytes() == before
+    assert (ws.root / ".hooks/stop_autonomous_loop.md").exists()
+
+
+def test_resume_all_with_nothing_paused_says_so(ws: Workspace) -> None:
+    r = ws.kiro("loop", "resume", "--all")
+    assert r.returncode == 0, r.stderr
+    assert "no paused loop" in r.stdout
+
+
+def test_resume_all_refuses_a_task_id(ws: Workspace) -> None:
+    r = ws.kiro("loop", "resume", "--all", "--task-id", "a")
+    assert r.returncode == 1 and "--all" in r.stderr
