@@ -5,8 +5,9 @@ Three kinds:
 - waits: `active_hours`, `token_budget_per_hour`, `max_api_calls_per_minute`, `max_actions_per_minute`
   -> the loop sleeps (status `sleeping`) until the limit frees; a stop hook still ends the wait at once;
 - hard stops: `max_total_tokens`, `max_cost_usd`, `idle_timeout_seconds`, `max_memory_mb` -> exit 4;
-- loop detection: the same error, or the same tool call with the same arguments,
-  `loop_detection_repeats` times in a row -> escalate (exit 5) instead of burning iterations.
+- loop detection: the same error on the same step, or the same tool call with the same arguments
+  on the same step with no step completed in between, `loop_detection_repeats` times in a row ->
+  escalate (exit 5) instead of burning iterations. Steps that complete are progress, however alike.
 
 Budgets live in the state (`LoopState.guardrails`), so a resumed loop does not get a fresh budget.
 Rate limiters are shared by every loop of one process (`SharedLimits`).
@@ -239,7 +240,10 @@ class LoopGuardrails:
         return None
 
     def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> Trigger | None:
-        fp = _fingerprint(name, dict(arguments))
+        # The same call on the same step: a step that changed (the last one completed, or a person
+        # checked it) is progress, and so is any other call in between.
+        step = self.state.current_step.step_id if self.state.current_step is not None else None
+        fp = _fingerprint(step, name, dict(arguments))
         self._call_streak = self._call_streak + 1 if fp == self._call_fp else 1
         self._call_fp = fp
         if self._call_streak >= self.g.loop_detection_repeats:
@@ -260,8 +264,9 @@ class LoopGuardrails:
     def after_attempt(self, step_id: str, error: str | None) -> Trigger | None:
         """Loop detection across attempts: the same error on the same step N times in a row."""
         streak = self._book["error_streak"]
-        if error is None:
+        if error is None:  # a step completed: progress, whatever the calls that did it looked like
             streak.update(fingerprint=None, count=0)
+            self._call_fp, self._call_streak = None, 0
             return None
         fp = _fingerprint(step_id, _normalise_error(error))
         streak["count"] = streak["count"] + 1 if streak.get("fingerprint") == fp else 1
