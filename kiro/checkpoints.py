@@ -540,6 +540,24 @@ class LoopGit:
         return res
 
 
+def preflight(cfg: Any, project_dir: Path) -> None:
+    """Before a loop is created: a git setting that cannot work is the person's mistake (exit 1,
+    one line, no state written)."""
+    if cfg.checkpoints != "git" and cfg.isolation != "worktree":
+        return
+    if cfg.checkpoints == "off":
+        raise UserError("isolation: worktree needs checkpoints: git (the loop's work is kept as commits on its "
+                        "branch); set checkpoints: git or isolation: none")
+    top = toplevel(project_dir)
+    if top is None:
+        key = "checkpoints: git" if cfg.checkpoints == "git" else "isolation: worktree"
+        raise UserError(f"{key} needs the project directory {project_dir} inside a git work tree "
+                        f"(run `git init` there, or set checkpoints: off and isolation: none)")
+    if cfg.isolation == "worktree" and not Git(top).ok("rev-parse", "--verify", "-q", "HEAD"):
+        raise UserError(f"isolation: worktree needs a commit to branch from; {top} has none yet "
+                        f"(make a first commit, or set isolation: none)")
+
+
 def attach(ws: Any, cfg: Any, state: Any, project_dir: Path) -> LoopGit | None:
     """The loop's git side, or None when checkpoints are off. Records the choice in the state the
     first time; a resumed loop keeps the worktree and branch it started with."""

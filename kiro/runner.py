@@ -13,7 +13,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from kiro import conditions, executors, tasks, timeutil
+from kiro import checkpoints, conditions, executors, tasks, timeutil
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError
@@ -142,6 +142,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
     ws, store, cfg = loc.ws, loc.store, loc.config
     ws.ensure_folders()
+    checkpoints.preflight(cfg, ws.root / cfg.project_dir)
     warnings = _task_warnings(task, ws)
     with _workspace_guard(store):
         hint = task.frontmatter.get("kiro_task_id")

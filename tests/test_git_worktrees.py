@@ -1,0 +1,131 @@
+"""`isolation: worktree` (SPEC §9): each loop in its own git worktree and branch; parallel loops under
+`kiro loop watch`; `merge: manual | auto`; a merge conflict pauses the loop (exit 6)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from tests.conftest import FAST_CONFIG, Workspace
+from tests.gitutil import fsck_problems, git, init_repo
+
+WORKTREE = FAST_CONFIG + "isolation: worktree\n"
+
+
+def _task(cmd1: str, cmd2: str, verify: str | None = None) -> str:
+    extra = f"verify: {verify}\n" if verify else ""
+    return (f"---\ntitle: Isolated\nexecutor: shell\n{extra}---\n# Plan\n"
+            f"- [ ] 1. First\n  ```sh\n  {cmd1}\n  ```\n- [ ] 2. Second\n  ```sh\n  {cmd2}\n  ```\n")
+
+
+def test_three_loops_under_watch_run_in_parallel_each_in_its_own_worktree(ws: Workspace) -> None:
+    base = init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", WORKTREE)
+    spans = ws.root.parent / "spans.log"
+    step = ('echo "start $(date +%s.%N) $KIRO_TASK_ID" >> "$KIRO_WORKSPACE/../spans.log"; sleep 1; '
+            'echo "$KIRO_TASK_ID wrote this in step $KIRO_STEP_ID" > shared.txt; '
+            'echo "end $(date +%s.%N) $KIRO_TASK_ID" >> "$KIRO_WORKSPACE/../spans.log"')
+    names = ("alpha", "beta", "gamma")
+    for name in names:
+        ws.task(_task(step, step), f"Specs/{name}/tasks.md")
+    proc = ws.spawn("loop", "watch", "--max-parallel", "3")
+    try:
+        ws.wait_for(lambda: all((ws.root / f"Done/{n}/tasks.md").exists() for n in names), timeout=120,
+                    what="three loops done")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    ids = sorted(p.name[len("autonomous_loop_"):-5] for p in (ws.root / ".state/archive").glob("autonomous_loop_*"))
+    assert len(ids) == 3
+    for tid in ids:
+        st = ws.state(tid)
+        assert st["status"] == "completed"
+        assert st["git"]["branch"] == f"kiro/{tid}" and st["git"]["merge_status"] == "left"
+        tree = ws.root / ".kiro/worktrees" / tid
+        assert Path(st["git"]["worktree"]) == tree.resolve()
+        # each loop's file is its own, on its own branch, in its own worktree: no collisions
+        assert git(ws.root, "show", f"kiro/{tid}:shared.txt") == f"{tid} wrote this in step 2\n"
+        assert (tree / "shared.txt").read_text() == f"{tid} wrote this in step 2\n"
+        assert git(ws.root, "rev-list", "--count", f"{base}..kiro/{tid}").strip() == "2"
+        assert git(ws.root, "merge-base", f"kiro/{tid}", "main").strip() == base
+        report = (ws.root / f"Logs/completion_reports/{tid}.md").read_text()
+        assert f"`kiro/{tid}` left for review" in report
+    # the person's branch is untouched, and the main tree has no shared.txt
+    assert git(ws.root, "rev-parse", "main").strip() == base
+    assert not (ws.root / "shared.txt").exists()
+    assert set(git(ws.root, "branch", "--format=%(refname:short)").split()) == {"main", *(f"kiro/{t}" for t in ids)}
+    # truly in parallel: at some instant all three loops were inside a step
+    events = []
+    for line in spans.read_text().splitlines():
+        kind, ts, tid = line.split()
+        events.append((float(ts), 1 if kind == "start" else -1))
+    running = peak = 0
+    for _, delta in sorted(events):
+        running += delta
+        peak = max(peak, running)
+    assert peak == 3, spans.read_text()
+    assert fsck_problems(ws.root) == []
+
+
+def test_auto_merge_brings_the_branch_back_and_the_agent_and_verify_ran_in_the_worktree(ws: Workspace) -> None:
+    base = init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", WORKTREE + "merge: auto\n")
+    ws.task(_task("pwd > where.txt; echo one > one.txt", "echo two > two.txt", verify="test -f one.txt"))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "am")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = ws.state("am")
+    assert st["git"]["merge_status"] == "merged"
+    head = git(ws.root, "rev-parse", "HEAD").strip()
+    assert st["git"]["merge_commit"] == head
+    parents = git(ws.root, "log", "-1", "--format=%P", head).split()
+    assert parents == [base, git(ws.root, "rev-parse", "kiro/am").strip()]  # a merge commit; the branch stays
+    assert (ws.root / "one.txt").read_text() == "one\n" and (ws.root / "two.txt").read_text() == "two\n"
+    # the step ran in the loop's worktree (verify `test -f one.txt` passed there, before any merge)
+    assert (ws.root / "where.txt").read_text().strip().endswith(".kiro/worktrees/am")
+    assert not (ws.root / ".kiro/worktrees/am").exists()  # merged: its worktree is removed
+    assert "merged into `main`" in (ws.root / "Logs/completion_reports/am.md").read_text()
+    assert [e["event"] for e in ws.events("am")].count("merge_completed") == 1
+    assert git(ws.root, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_a_merge_conflict_pauses_with_exit_6_naming_branch_and_file_and_resume_finishes(ws: Workspace) -> None:
+    init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", WORKTREE + "merge: auto\n")
+    ws.task(_task("echo kiro-one > shared.txt", "echo kiro-two >> shared.txt"))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "mc", "--max-iterations", "1")
+    assert r.returncode == 4, r.stdout + r.stderr
+    # meanwhile a person commits the same file on main
+    (ws.root / "shared.txt").write_text("the person's version\n")
+    git(ws.root, "add", "shared.txt")
+    git(ws.root, "commit", "-q", "-m", "person: shared.txt")
+    r = ws.kiro("loop", "resume", "--task-id", "mc", "--max-iterations", "10")
+    assert r.returncode == 6, r.stdout + r.stderr
+    st = ws.state("mc")
+    assert st["status"] == "paused" and st["stop_reason"] == "merge_conflict"
+    assert st["git"]["conflict_files"] == ["shared.txt"]
+    request = (ws.root / "Needs_Action/intervention_mc.md").read_text()
+    assert "kiro/mc" in request and "shared.txt" in request and "reason: merge_conflict" in request
+    assert "<<<<<<<" in (ws.root / "shared.txt").read_text()  # left for the person to resolve
+    # still unresolved: resume pauses again
+    assert ws.kiro("loop", "resume", "--task-id", "mc").returncode == 6
+    # the person resolves and commits; resume finishes the loop
+    (ws.root / "shared.txt").write_text("both, resolved\n")
+    git(ws.root, "add", "shared.txt")
+    git(ws.root, "commit", "-q", "--no-edit")
+    r = ws.kiro("loop", "resume", "--task-id", "mc")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = ws.state("mc")
+    assert st["status"] == "completed" and st["git"]["merge_status"] == "merged"
+    assert git(ws.root, "merge-base", "--is-ancestor", "kiro/mc", "main", check=False) == ""
+    assert (ws.root / "shared.txt").read_text() == "both, resolved\n"
+    assert fsck_problems(ws.root) == []
+
+
+def test_worktree_isolation_outside_git_is_refused_in_one_line(ws: Workspace) -> None:
+    ws.write("config/autonomous_loop.yaml", WORKTREE)
+    ws.task(_task("true", "true"))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "nogit")
+    assert r.returncode == 1 and "isolation: worktree needs the project directory" in r.stderr, r.stderr
+    ws.write("config/autonomous_loop.yaml", WORKTREE + "checkpoints: off\n")
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "nogit2")
+    assert r.returncode == 1 and "needs checkpoints: git" in r.stderr, r.stderr
