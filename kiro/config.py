@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
 
 from kiro.errors import ConfigError
@@ -97,9 +97,27 @@ class LLMSettings(_Strict):
 
 class ShellToolSettings(_Strict):
     enabled: bool = False
+    trust_agent_code: bool = False
     allow: list[str] = Field(default_factory=list)
     timeout_seconds: float = Field(120, gt=0)
     max_output_chars: int = Field(20000, ge=100)
+
+
+    @field_validator("allow")
+    @classmethod
+    def _refuse_code_runners(cls, allow: list[str], info: ValidationInfo) -> list[str]:
+        """Programs that run code the agent can write are refused (kiro.programs), unless the person
+        says they trust that code."""
+        from kiro.programs import refusal
+
+        if info.data.get("trust_agent_code"):
+            return allow
+        for entry in allow:
+            why = refusal(entry)
+            if why is not None:
+                raise ValueError(f"{why}; remove it, or set tools.shell.trust_agent_code: true to accept that "
+                                 f"the agent runs code of its own")
+        return allow
 
 
 class ToolsSettings(_Strict):

@@ -131,13 +131,13 @@ def test_env_general_form(tmp_path: Path) -> None:
         "KIRO_LLM__MAX_TURNS_PER_STEP": "5",
         "KIRO_AUTONOMOUS_LOOP__MAX_STEP_RETRIES": "1",
         "KIRO_GUARDRAILS__MAX_COST_USD": "2.5",
-        "kiro_tools__shell__allow": "[pytest, make]",
+        "kiro_tools__shell__allow": "[ls, wc]",
         "KIRO_GUARDRAILS__ACTIVE_HOURS": "{start: 09:00, end: 17:30}",
     })
     assert config.llm.max_turns_per_step == 5
     assert config.autonomous_loop.max_step_retries == 1
     assert config.guardrails.max_cost_usd == 2.5
-    assert config.tools.shell.allow == ["pytest", "make"]
+    assert config.tools.shell.allow == ["ls", "wc"]
     assert config.guardrails.active_hours is not None
     assert config.guardrails.active_hours.end == "17:30"
 

@@ -83,7 +83,7 @@ def test_runs_in_the_project_directory(tmp_path: Path) -> None:
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
-    h = shell_harness(tmp_path, allow=["sh"], timeout_seconds=30)
+    h = shell_harness(tmp_path, allow=["sh"], timeout_seconds=30, trust_agent_code=True)
     started = time.monotonic()
     result = run(h, "sh -c 'sleep 60 & echo $! > child.pid; wait'", timeout_seconds=0.5)
     assert time.monotonic() - started < 15
@@ -120,7 +120,7 @@ def test_environment_has_no_credentials(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("DB_PASSWORD", "pw-canary-1234567")
     monkeypatch.setenv("INNOCENT_ALIAS", canary)  # the key under a harmless name
     monkeypatch.setenv("KIRO_VISIBLE", "yes")
-    h = shell_harness(tmp_path, allow=["env"])
+    h = shell_harness(tmp_path, allow=["env"], trust_agent_code=True)
     out = run(h, "env").text
     assert "KIRO_VISIBLE=yes" in out and "PATH=" in out
     for leaked in (canary, "tok-canary", "pw-canary", KEY_ENV, "MY_SERVICE_TOKEN", "DB_PASSWORD",
@@ -129,7 +129,7 @@ def test_environment_has_no_credentials(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_output_is_bounded_and_says_so(tmp_path: Path) -> None:
-    h = shell_harness(tmp_path, allow=[sys.executable], max_output_chars=1000)
+    h = shell_harness(tmp_path, allow=[sys.executable], max_output_chars=1000, trust_agent_code=True)
     result = run(h, f"{sys.executable} -c \"print('x' * 50000 + 'END')\"")
     assert "output truncated" in result.text and result.text.rstrip().endswith("END")
     assert len(result.text) < 1500

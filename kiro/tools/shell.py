@@ -8,19 +8,25 @@ operators are refused with a message saying so, and `$VAR` or `*` are passed lit
 The child gets its own process group (killed whole on timeout or when kiro stops), a bounded
 output, and an environment without credentials: no variable whose name contains KEY, TOKEN,
 SECRET, PASSWORD, CREDENTIAL or AUTH, not the variable `llm.api_key_env` names, and none whose
-value is the API key under another name. What an allow-listed program then does is the person's
-choice (`python` on the allow-list allows everything).
+value is the API key under another name. It runs without capabilities (setpriv), with HOME set
+to an empty temporary folder, and git pinned to the real repository with its helpers off.
+Programs that run code the agent can write (shells, interpreters, build tools, package managers)
+are refused on the allow-list unless `tools.shell.trust_agent_code` (see kiro.programs).
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
+from kiro import programs
 from kiro.executors import groups
 from kiro.executors.process import run_process
 from kiro.redact import looks_secret
@@ -89,6 +95,13 @@ async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
     if not allowed(argv, settings.allow):
         allow = ", ".join(repr(a) for a in settings.allow) or "(empty: tools.shell.allow lists nothing)"
         raise ToolError(f"{argv[0]!r} is not on the allow-list; allowed commands start with: {allow}")
+    if not settings.trust_agent_code:
+        why = programs.refusal(shlex.join(argv[:2]))
+        if why is not None:
+            raise ToolError(f"kiro refuses to run this: {why}")
+    why = programs.refused_arguments(argv)
+    if why is not None:
+        raise ToolError(why)
     timeout = min(args.timeout_seconds or settings.timeout_seconds, settings.timeout_seconds)
     remaining = env.remaining()
     if remaining is not None:
@@ -99,15 +112,25 @@ async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
         raise ToolError("run_command is unavailable: kiro runs as root and `setpriv` (util-linux) is not installed, "
                         "so it cannot drop the command's capabilities; install util-linux")
     api_key = os.environ.get(env.api_key_env)
+    home = Path(tempfile.mkdtemp(prefix="kiro-home-"))
     try:
-        result = await run_process(argv, cwd=env.confinement.root,
-                                   env=clean_environment(env.api_key_env, api_key), timeout=timeout,
+        child_env = programs.safe_home_environment(clean_environment(env.api_key_env, api_key), home,
+                                                   env.confinement.root)
+        if programs.program_name(argv[0]) == "git":
+            try:
+                child_env = programs.git_environment(env.confinement.root, child_env)
+            except programs.NoRepository as exc:
+                raise ToolError(f"git: {exc}; kiro does not let git take files in the project for a "
+                                f"repository") from None
+        result = await run_process(argv, cwd=env.confinement.root, env=child_env, timeout=timeout,
                                    cancel=env.ctx.cancel, output_limit=settings.max_output_chars, confine=True)
     except FileNotFoundError:
         raise ToolError(f"program {argv[0]!r} not found (looked on PATH and in the project directory)") \
             from None
     except PermissionError:
         raise ToolError(f"program {argv[0]!r} is not executable") from None
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
     output = env.redact(result.output)
     cut = len(result.output.encode("utf-8", errors="replace")) >= settings.max_output_chars
     if result.cancelled:
