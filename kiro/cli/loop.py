@@ -579,3 +579,23 @@ def _force_stop(store: Any, tid: str) -> None:
         raise RunError(f"loop {tid}: process {pid} did not stop after SIGKILL")
     console.warning(f"loop {tid} (process {pid}) did not stop within 10 s and was killed; resume picks up from "
                     f"the last saved state")
+
+
+@app.command()
+@guarded
+def stats(
+    workspace: WorkspaceOpt = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only what happened since this date (2026-11-22, local midnight) or time (ISO 8601).", show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Analytics across every loop in the workspace, from the state files and event logs: loops and runs, steps (attempts, retries, success rate), step durations p50/p95, tokens and cost per step, time spent waiting (backoff, budgets, active hours, rate limits), stop reasons."""
+    from kiro import console
+    from kiro import stats as loop_stats
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    result = loop_stats.compute(store, loop_stats.parse_since(since) if since else None)
+    if json_out:
+        console.print_json(result)
+    else:
+        sys.stdout.write(loop_stats.render(result))
