@@ -204,8 +204,9 @@ def test_rest_start_state_progress_events_stop_resume_message(ws: Workspace, ser
     assert len(tail) == 2
     m = served.post(f"/api/loops/{tid}/messages", {"content": "please use tabs"})
     assert m.status_code == 202 and m.json()["queued"] is True and m.json()["delivered"] is False
+    assert served.post(f"/api/loops/{tid}/messages", {"content": f"the token is {TOKEN}"}).status_code == 202
     inbox = [json.loads(x) for x in (ws.root / ".state" / "inbox" / f"{tid}.jsonl").read_text().splitlines()]
-    assert inbox[-1]["content"] == "please use tabs"
+    assert [m["content"] for m in inbox] == ["please use tabs", "the token is [REDACTED]"]
     assert served.post(f"/api/loops/{tid}/stop", {"reason": "lunch"}).status_code == 202
     (ws.root / "gate_2").touch()  # the running step ends; the loop pauses before the next one
     paused = _wait_status(served, tid, {"paused"})

@@ -163,6 +163,9 @@ class Controller:
             raise ControlError(413, f"content: at most {MESSAGE_MAX_CHARS} characters")
         inbox = self.ws.state_dir / "inbox" / f"{tid}.jsonl"
         inbox.parent.mkdir(parents=True, exist_ok=True)
+        from kiro.redact import Redactor
+
+        content = Redactor.from_environment(None).text(content)  # e.g. the server's own token, pasted by mistake
         record = {"id": uuid.uuid4().hex, "ts": timeutil.iso(), "from": "person", "via": "kiro serve",
                   "content": content}
         fd = os.open(inbox, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
