@@ -113,9 +113,7 @@ class Redactor:
             forms.add(json.dumps(s)[1:-1])
             forms.add(json.dumps(s, ensure_ascii=False)[1:-1])
             forms.add(quote(s, safe=""))
-        # Longest first, so a secret that contains another is cut whole.
-        ordered = sorted(forms, key=len, reverse=True)
-        self._pattern = re.compile("|".join(re.escape(s) for s in ordered)) if ordered else None
+        self._pattern = re.compile(_trie_pattern(forms)) if forms else None
 
     # -- building ------------------------------------------------------------------------------
 
@@ -169,16 +167,56 @@ class Redactor:
         """`value` with every string inside it (keys too) redacted; other values unchanged."""
         if self._pattern is None:
             return value
+        if isinstance(value, dict | list | tuple):
+            try:  # one search over the whole record: most records hold no secret
+                if not self._pattern.search(json.dumps(value, ensure_ascii=False, default=str)):
+                    return value
+            except (TypeError, ValueError):
+                pass
+            return self._walk(value)
+        return self._walk(value)
+
+    def _walk(self, value: Any) -> Any:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            return {self.data(k): self.data(v) for k, v in value.items()}
+            return {self._walk(k): self._walk(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
-            return type(value)(self.data(v) for v in value)
+            return type(value)(self._walk(v) for v in value)
         return value
 
     def contains_secret(self, text: str) -> bool:
         return bool(self._pattern and self._pattern.search(text))
+
+
+def _trie_pattern(words: Iterable[str]) -> str:
+    """One regex for a set of literals, as a trie (`tok-(?:a1|b2)`), so a position that starts no
+    secret is rejected after one character instead of after trying every secret in turn. Longer
+    matches win: at each node the branches are tried before the end of a shorter secret."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        # A run of single-child nodes is one literal (no recursion per character: a long secret,
+        # a private key, stays shallow).
+        prefix = ""
+        while len(node) == 1 and "" not in node:
+            ch, node = next(iter(node.items()))
+            prefix += re.escape(ch)
+        ends = "" in node
+        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return prefix
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if ends:
+            body = "(?:" + body + ")?"
+        return prefix + body
+
+    return build(trie)
 
 
 def _environment_secrets(env: Mapping[str, str]) -> tuple[list[str], list[str]]:

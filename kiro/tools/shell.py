@@ -114,8 +114,10 @@ async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
     api_key = os.environ.get(env.api_key_env)
     home = Path(tempfile.mkdtemp(prefix="kiro-home-"))
     try:
-        child_env = programs.safe_home_environment(clean_environment(env.api_key_env, api_key), home,
-                                                   env.confinement.root)
+        # Also drop what the loop's redactor knows is secret (key formats, URL passwords, secret_env).
+        known = {k: v for k, v in clean_environment(env.api_key_env, api_key).items()
+                 if not env.ctx.redact.contains_secret(v)}
+        child_env = programs.safe_home_environment(known, home, env.confinement.root)
         if programs.program_name(argv[0]) == "git":
             try:
                 child_env = programs.git_environment(env.confinement.root, child_env)
