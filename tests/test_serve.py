@@ -343,3 +343,57 @@ def test_serve_without_a_workspace_state_dir_still_starts(tmp_path: Any) -> None
     finally:
         s.stop()
     assert os.path.isdir(root / "Logs")
+
+
+def _line(tid: str, n: int) -> str:
+    return json.dumps({"ts": f"2026-11-22T08:00:{n:02d}.000+00:00", "task_id": tid, "iteration": n,
+                       "event": "warning", "message": f"line {n}"}) + "\n"
+
+
+def test_torn_and_broken_lines_are_skipped_and_a_completed_line_is_delivered(ws: Workspace, served: Served) -> None:
+    log = ws.root / "Logs" / "hand.jsonl"
+    stream = sse_stream(served)
+    assert next(stream).event == "hello"
+    whole, torn = _line("hand", 1), _line("hand", 2)
+    log.write_text(whole + "this is not json\n" + "[1, 2]\n" + torn[:25])
+    got = [next(stream)]
+    assert got[0].json()["message"] == "line 1"
+    with open(log, "a") as fh:  # the writer finishes its line, then writes another
+        fh.write(torn[25:] + _line("hand", 3))
+    got += [next(stream), next(stream)]
+    stream.close()
+    assert [e.json()["message"] for e in got] == ["line 1", "line 2", "line 3"]
+    assert [e.id for e in got] == ["1", "2", "3"]
+
+
+def test_two_servers_over_one_workspace_number_events_alike(ws: Workspace, served: Served) -> None:
+    other = start_server(ws)
+    try:
+        s1, s2 = sse_stream(served, query="?after=0"), sse_stream(other, query="?after=0")
+        assert next(s1).event == "hello" and next(s2).event == "hello"
+        for tid in ("a", "b", "c"):
+            with open(ws.root / "Logs" / f"{tid}.jsonl", "a") as fh:
+                for n in range(5):
+                    fh.write(_line(tid, n))
+                    fh.flush()
+        one = [(e.id, e.data) for e in _collect_until(s1, lambda out: len(out) == 15)]
+        two = [(e.id, e.data) for e in _collect_until(s2, lambda out: len(out) == 15)]
+        s1.close()
+        s2.close()
+    finally:
+        other.stop()
+    assert one == two
+    assert [int(i) for i, _ in one] == list(range(1, 16))
+    assert sorted(d for _, d in one) == sorted(_line(t, n).strip() for t in "abc" for n in range(5))
+
+
+def test_a_replaced_log_is_read_again_from_the_top(ws: Workspace, served: Served) -> None:
+    log = ws.root / "Logs" / "rot.jsonl"
+    stream = sse_stream(served)
+    assert next(stream).event == "hello"
+    log.write_text(_line("rot", 1) + _line("rot", 2))
+    first = [next(stream), next(stream)]
+    log.write_text(_line("rot", 3))  # shorter than before: e.g. rotated
+    third = next(stream)
+    stream.close()
+    assert [e.json()["message"] for e in [*first, third]] == ["line 1", "line 2", "line 3"]

@@ -94,7 +94,7 @@ class EventIndex:
                 continue  # a torn line left by a crashed writer: the writer's repair drops it
             tid, start, stop = parts[0].decode(errors="replace"), int(parts[1]), int(parts[2])
             self.entries.append(Entry(tid, start, stop))
-            self._indexed[tid] = max(self._indexed.get(tid, 0), stop)
+            self._indexed[tid] = stop  # the last entry wins: after a log was replaced, offsets start again
         self._idx_offset += end + 1
 
     def _repair(self) -> None:
@@ -117,7 +117,7 @@ class EventIndex:
         with FileLock(str(self._lock_path), thread_local=False, is_singleton=False):
             self._read_index()
             self._repair()
-            found: list[tuple[str, str, int, int, bytes]] = []
+            found: list[tuple[str, int, int, bytes]] = []
             try:
                 logs = sorted(self.logs.glob("*.jsonl"))
             except OSError:
@@ -127,6 +127,8 @@ class EventIndex:
                 start = self._indexed.get(tid, 0)
                 try:
                     size = p.stat().st_size
+                    if size < start:  # the log was replaced by a shorter one: read it from the top again
+                        start = 0
                     if size <= start:
                         continue
                     with open(p, "rb") as fh:
@@ -146,16 +148,16 @@ class EventIndex:
                     except ValueError:
                         continue
                     if isinstance(record, dict):
-                        found.append((str(record.get("ts", "")), tid, line_start, pos, body))
+                        found.append((tid, line_start, pos, body))
                 self._indexed[tid] = start + end + 1
             if not found:
                 return 0
-            found.sort(key=lambda f: (f[0], f[1], f[2]))  # one batch from many logs: in time order
-            text = "".join(f"{tid} {s} {e}\n" for _ts, tid, s, e, _b in found).encode()
+            # per log in offset order (never re-sorted by time: the last entry of a log must be its furthest)
+            text = "".join(f"{tid} {s} {e}\n" for tid, s, e, _b in found).encode()
             with open(self.path, "ab") as fh:
                 fh.write(text)
             self._idx_offset += len(text)
-            for _ts, tid, s, e, body in found:
+            for tid, s, e, body in found:
                 self.entries.append(Entry(tid, s, e))
                 self._remember(len(self.entries), body)
         self._wake()
