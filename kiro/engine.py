@@ -672,7 +672,7 @@ class Loop:
             return stop
         s = self.state
         path = self.ws.intervention_request(s.task_id)
-        atomic_write(path, reports.merge_intervention(s, problem=result.problem, files=result.files))
+        self.write_report(path, reports.merge_intervention(s, problem=result.problem, files=result.files))
         s.report_path = self.ws.relative(path)
         self.save()
         return conditions.needs_action(f"{result.problem}; see {s.report_path}", "merge_conflict")
