@@ -397,3 +397,16 @@ def test_a_replaced_log_is_read_again_from_the_top(ws: Workspace, served: Served
     third = next(stream)
     stream.close()
     assert [e.json()["message"] for e in [*first, third]] == ["line 1", "line 2", "line 3"]
+
+
+def test_while_serving_dashboard_md_shows_a_killed_loop_as_interrupted(ws: Workspace, served: Served) -> None:
+    ws.task(shell_task(3, cmd=GATED, title="Auth feature"))
+    loop = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "doomed")
+    dash = ws.root / "Dashboard.md"
+    ws.wait_for(lambda: "🟢 RUNNING" in dash.read_text(), what="the loop to show as running")
+    loop.kill()  # SIGKILL: the loop cannot write anything more
+    loop.wait(10)
+    text = ws.wait_for(lambda: "INTERRUPTED" in dash.read_text() and dash.read_text(), what="interrupted")
+    assert "## Active Loops (0)" in text and "## Paused (1)" in text
+    assert "🟠 INTERRUPTED (process" in text and "kiro loop resume --task-id doomed" in text
+    assert ws.state("doomed")["status"] == "running", "the state file still says running: only the lock tells"

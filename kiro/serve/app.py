@@ -30,16 +30,17 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from kiro import views
+from kiro import dashboard, views
 from kiro.errors import KiroError
 from kiro.events import read_events
 from kiro.serve.auth import TokenAuth
 from kiro.serve.control import ControlError, Controller
 from kiro.serve.index import EventIndex
-from kiro.state import StateStore, to_jsonable
+from kiro.state import StateStore, effective_status, to_jsonable
 
 KEEPALIVE_SECONDS = 15.0
 EVENTS_PAGE = 1000
+DASHBOARD_CHECK_SECONDS = 2.0
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -288,12 +289,41 @@ class Server:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    # -- Dashboard.md -------------------------------------------------------------------------
+
+    def _statuses(self) -> frozenset[tuple[str, str]]:
+        out = set()
+        for _path, st in self.store.all_states():
+            if st is not None:
+                alive = self.store.is_locked(st.task_id) if st.status in ("running", "sleeping", "pending") else False
+                out.add((st.task_id, effective_status(st, alive)))
+        return frozenset(out)
+
+    async def _keep_dashboard(self) -> None:
+        """Loops rewrite Dashboard.md as they change state, but a loop whose process died cannot say so:
+        while the server runs, it rewrites the file whenever a loop's status (as `status` shows it,
+        running vs interrupted included) changes, and once at start."""
+        last: frozenset[tuple[str, str]] | None = None
+        while True:
+            try:
+                now = await asyncio.to_thread(self._statuses)
+                if now != last:
+                    await asyncio.to_thread(dashboard.write_now, self.ws, self.store)
+                    last = now
+            except OSError:
+                pass  # a disk problem now is a disk problem at the next check too; the API still answers
+            await asyncio.sleep(DASHBOARD_CHECK_SECONDS)
+
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.index.start()
+        keeper = asyncio.create_task(self._keep_dashboard(), name="kiro-serve-dashboard")
         try:
             yield
         finally:
+            keeper.cancel()
+            with contextlib.suppress(BaseException):
+                await keeper
             await self.index.aclose()
 
 
