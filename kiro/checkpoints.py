@@ -320,7 +320,13 @@ class LoopGit:
 
     def _clear_locks(self, events: list[tuple[str, dict[str, Any]]], extra: Sequence[Path] = ()) -> None:
         roots = [self.tree, self.main_top, Path(self._common)]
-        for path in clear_stale_locks([*self._locks, *extra], roots):
+        temp = []  # `git commit -- <paths>` builds its commit in next-index-<pid>.lock; a kill leaves it behind
+        for folder in {p.parent for p in [*self._locks[:1], *extra[:1]]}:
+            for p in folder.glob("next-index-*.lock"):
+                pid = p.name[len("next-index-"):-len(".lock")]
+                if not (pid.isdigit() and Path("/proc", pid).exists()):
+                    temp.append(p)
+        for path in clear_stale_locks([*self._locks, *extra, *temp], roots):
             events.append(("git_lock_cleared", {"path": path}))
 
     def open(self, resumed: bool) -> list[tuple[str, dict[str, Any]]]:

@@ -1,0 +1,205 @@
+"""SIGKILLs at random points around git checkpoints, shared by the slow test and bench/git_crash.py.
+
+Each step appends its id to `Logs/side_effects.log` (kiro's folder: never committed) and writes
+`files/<id>.txt` (the project change its checkpoint commits). kiro is killed at random moments,
+half of the time with its whole process group (so a git it runs dies mid-write too), then resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiro import tasks
+from kiro.state import LoopState
+from tests.gitutil import changed_in, files_in, fsck_problems, git, git_env, init_repo, trailers
+
+STEP = ('mkdir -p files; echo "$KIRO_STEP_ID" >> "$KIRO_WORKSPACE/Logs/side_effects.log"; '
+        'echo "$KIRO_STEP_ID" > files/$KIRO_STEP_ID.txt')
+
+
+def task_text(n: int) -> str:
+    lines = ["---", "title: crashy", "executor: shell", "---", "# Plan"]
+    for i in range(1, n + 1):
+        lines += [f"- [ ] {i}. Step {i}", "  ```sh", f"  {STEP}", "  ```"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Report:
+    kills: int = 0
+    group_kills: int = 0
+    modes: Counter[str] = field(default_factory=Counter)
+    runs: int = 0
+    events: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _state_file(root: Path, tid: str) -> Path | None:
+    for p in (root / ".state" / f"autonomous_loop_{tid}.json", root / ".state/archive" / f"autonomous_loop_{tid}.json"):
+        if p.exists():
+            return p
+    return None
+
+
+def _counts(root: Path) -> Counter[str]:
+    p = root / "Logs/side_effects.log"
+    return Counter(p.read_text().split()) if p.exists() else Counter()
+
+
+def _wait_for_git(root: Path, mode: str, proc: subprocess.Popen[bytes], rng: random.Random) -> None:
+    lock = root / ".git/index.lock"
+    ref = root / ".git/refs/heads/main"
+    try:
+        before = ref.stat().st_mtime_ns
+    except FileNotFoundError:
+        before = 0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and proc.poll() is None:
+        if mode == "index_lock" and lock.exists():
+            break
+        if mode == "new_commit":
+            try:
+                if ref.stat().st_mtime_ns != before:
+                    break
+            except FileNotFoundError:
+                pass
+        time.sleep(0.0002)
+    time.sleep(rng.uniform(0.0, 0.003))
+
+
+def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2) -> Report:
+    """Kill `kills` times, then let the loop finish; check every promise. Problems are collected,
+    not raised, so that a benchmark can print them."""
+    started = time.monotonic()
+    rep = Report()
+    for name in ("Specs/crashy", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    (root / "config/autonomous_loop.yaml").write_text(
+        "autonomous_loop:\n  max_iterations: 100000\n  backoff_base_seconds: 0.01\n")
+    (root / "Specs/crashy/tasks.md").write_text(task_text(steps))
+    init_repo(root)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "GIT_"))}
+    env["KIRO_RAISE_ERRORS"] = "1"
+    env.pop("PYTEST_CURRENT_TEST", None)
+    rng = random.Random(seed)
+    tid = "crashy"
+    frozen: dict[str, int] = {}
+    seen_commits: dict[str, str] = {}  # step id -> the checkpoint the state first recorded
+    created = False
+    state: LoopState | None = None
+    while rep.kills < kills:
+        args = (["loop", "start", "--task", "Specs/crashy/tasks.md", "--task-id", tid] if not created
+                else ["loop", "resume", "--task-id", tid])
+        out = open(root.parent / "crash_run.out", "w")  # noqa: SIM115
+        proc = subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=root, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        rep.runs += 1
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:  # wait until this process runs the loop
+            p = _state_file(root, tid)
+            try:
+                if p is not None and json.loads(p.read_text()).get("pid") == proc.pid:
+                    break
+            except ValueError:
+                pass
+            time.sleep(0.005)
+        mode = rng.choice(("random", "index_lock", "new_commit"))
+        rep.modes[mode] += 1
+        if mode == "random":
+            time.sleep(rng.uniform(0.0, max_delay))
+        else:  # aim: while git holds the index lock, or right after a commit moved the branch
+            _wait_for_git(root, mode, proc, rng)
+        if proc.poll() is None:
+            if rng.random() < 0.5:
+                os.killpg(proc.pid, signal.SIGKILL)
+                rep.group_kills += 1
+            else:
+                proc.send_signal(signal.SIGKILL)
+            rep.kills += 1
+        code = proc.wait(timeout=60)
+        out.close()
+        p = _state_file(root, tid)
+        if p is None:
+            continue
+        created = True
+        state = LoopState.model_validate_json(p.read_bytes())
+        counts = _counts(root)
+        task_file = root / state.task_path
+        checked = {s.id for s in tasks.load(task_file).steps if s.done} if task_file.exists() else None
+        for c in state.completed_steps:
+            frozen.setdefault(c.step_id, counts[c.step_id])
+            if c.checkpoint:
+                first = seen_commits.setdefault(c.step_id, c.checkpoint)
+                if first != c.checkpoint:
+                    rep.problems.append(f"step {c.step_id}: checkpoint changed from {first} to {c.checkpoint}")
+            if checked is not None and c.step_id not in checked:
+                rep.problems.append(f"step {c.step_id} recorded completed but its box is not checked")
+        if state.status == "completed":
+            if code != 0:
+                rep.problems.append(f"completed with exit {code}")
+            break
+    if state is None or state.status != "completed":
+        r = subprocess.run([sys.executable, "-m", "kiro", "loop", "resume", "--task-id", tid], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            rep.problems.append(f"final resume exit {r.returncode}: {r.stdout[-500:]} {r.stderr[-500:]}")
+    p = _state_file(root, tid)
+    assert p is not None
+    final = LoopState.model_validate_json(p.read_bytes())
+    rep.seconds = time.monotonic() - started
+    if final.status != "completed":
+        rep.problems.append(f"final status {final.status}")
+    counts = _counts(root)
+    for sid, n in frozen.items():
+        if counts[sid] != n:
+            rep.problems.append(f"step {sid} ran again after the state recorded it completed ({n} -> {counts[sid]})")
+    ids = [str(i) for i in range(1, steps + 1)]
+    if [c.step_id for c in final.completed_steps] != ids:
+        rep.problems.append(f"completed steps {[c.step_id for c in final.completed_steps]}")
+    # git: one commit per step, whole, in the history, with the step's change; nothing half-made
+    per_step: Counter[str] = Counter()
+    for line in git(root, "log", "--format=%H", "HEAD").split():
+        t = trailers(root, line)
+        if t.get("Kiro-Task-Id") == tid:
+            per_step[t.get("Kiro-Step-Id", "?")] += 1
+    for sid in ids:
+        if per_step[sid] != 1:
+            rep.problems.append(f"step {sid} has {per_step[sid]} commits")
+    for c in final.completed_steps:
+        if not c.checkpoint:
+            rep.problems.append(f"step {c.step_id} has no checkpoint ({c.checkpoint_note})")
+            continue
+        if seen_commits.get(c.step_id, c.checkpoint) != c.checkpoint:
+            rep.problems.append(f"step {c.step_id}: final checkpoint differs from the first one recorded")
+        if trailers(root, c.checkpoint).get("Kiro-Step-Id") != c.step_id:
+            rep.problems.append(f"step {c.step_id}: checkpoint {c.checkpoint} has other trailers")
+        if f"files/{c.step_id}.txt" not in changed_in(root, c.checkpoint):
+            rep.problems.append(f"step {c.step_id}: checkpoint does not hold files/{c.step_id}.txt")
+    head_files = files_in(root, "HEAD")
+    missing = [s for s in ids if f"files/{s}.txt" not in head_files]
+    if missing:
+        rep.problems.append(f"HEAD lacks files of steps {missing[:10]}")
+    rep.problems += [f"fsck: {x}" for x in fsck_problems(root)]
+    status = subprocess.run(["git", "status", "--porcelain", "--", "files", "README.md"], cwd=root, env=git_env(),
+                            capture_output=True, text=True).stdout
+    if status:
+        rep.problems.append(f"uncommitted project changes left: {status[:200]}")
+    locks = [str(p) for p in (root / ".git").rglob("*.lock")]
+    if locks:
+        rep.problems.append(f"lock files left: {locks}")
+    for record in (root / "Logs" / f"{tid}.jsonl").read_text().splitlines():
+        try:
+            rep.events[json.loads(record)["event"]] += 1
+        except (ValueError, KeyError):
+            continue
+    return rep

@@ -1,0 +1,20 @@
+"""Crash safety extends to git (SPEC §9 with P-1): SIGKILL at random points around checkpoint commits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.crashgit import run
+
+
+@pytest.mark.slow
+def test_sigkill_around_commits_never_reruns_a_step_nor_leaves_half_a_commit(tmp_path: Path) -> None:
+    rep = run(tmp_path / "vault", steps=120, kills=50, seed=20261122)
+    ev = rep.events
+    print(f"{rep.kills} kills ({rep.group_kills} with git's process group), {rep.runs} runs, {rep.seconds:.1f} s; "
+          f"aimed: {dict(rep.modes)}; recovered: {ev['step_recovered']} steps, {ev['checkpoint_recovered']} commits "
+          f"found by trailers, {ev['git_lock_cleared']} stale git locks cleared")
+    assert rep.problems == []
+    assert rep.kills >= 50
