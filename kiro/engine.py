@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kiro import checkpoints, conditions, dashboard, prompts, reports, tasks, timeutil
+from kiro import checkpoints, conditions, dashboard, prompts, reports, resolved, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
@@ -157,6 +157,7 @@ class Loop:
         self.guardrails = LoopGuardrails(self.cfg, self.state, shared or SharedLimits(self.cfg))
         self._notifiers: set[asyncio.Task[None]] = set()
         self.git: checkpoints.LoopGit | None = None  # SPEC §9, set up by _open_git
+        self._in_progress: str | None = None  # the step whose box kiro marked `[-]`
 
     # -- events ----------------------------------------------------------------------------
 
@@ -507,6 +508,7 @@ class Loop:
         if reason:
             self.emit("reinjected", reason=reason, step_id=step.id, chars=len(continuation or ""))
         self.emit("step_started", step_id=step.id, description=step.title or step.text, attempt=attempt)
+        self._in_progress = step.id  # `[-]` is kiro's while the step runs; taken back when the loop ends
         if step.marker != "-":
             with contextlib.suppress(TaskFileError, TaskNotFound):
                 task = await asyncio.to_thread(tasks.set_marker, self.task_path, step.key, "-", expected=task,
@@ -535,6 +537,10 @@ class Loop:
         self.state.usage.add(result.usage)
         self.guardrails.attempt_done()
         s.context.last_response = clip(result.summary or result.error or "")
+        cut = self._cut_short(result)
+        if cut is not None:
+            self._pending_stop = self._pending_stop or cut
+            result = StepResult("interrupted", summary=result.summary, usage=result.usage, stop_reason=cut.reason)
 
         if result.outcome == "interrupted":
             s.current_step.status = "interrupted"
@@ -580,6 +586,7 @@ class Loop:
                 self.guardrails.activity()
                 self.guardrails.after_attempt(step.id, None)
                 checkpoint = await self._step_checkpoint(step)
+                self._in_progress = None  # checked
                 self._record_success(step, started, summary=result.summary, attempts=attempt, checkpoint=checkpoint)
                 self.emit("step_completed", step_id=step.id, description=step.title or step.text,
                           duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
@@ -600,6 +607,36 @@ class Loop:
             stop = conditions.step_retries(step.id, attempt, self.settings.max_step_retries)
         await self._after_iteration()
         return stop
+
+    def _cut_short(self, result: StepResult) -> Stop | None:
+        """What ended the attempt when it was not the step's doing: a person moved (or removed) the
+        task file while it ran, or the loop's run-time limit cut it. Such an attempt is interrupted,
+        not failed. The location check also follows a moved file, so that a step that did succeed
+        gets its box checked where the file is now."""
+        moved = self._check_task_location()
+        if result.outcome in ("interrupted", "request_human"):
+            return None
+        if moved is not None and (not result.ok or moved.reason == "task_missing"):
+            return moved
+        limit = self.state.timeout_seconds or self.settings.timeout_seconds
+        if not result.ok and self.elapsed() >= limit:
+            return conditions.timed_out(limit, self.elapsed())
+        return None
+
+    def _release_in_progress_box(self) -> None:
+        """The loop ends (any way but a kill): no step runs any more, so kiro's `[-]` goes back to
+        `[ ]` wherever the task file is now. A step that completed was checked already."""
+        step_id, self._in_progress = self._in_progress, None
+        if step_id is None:
+            return
+        with contextlib.suppress(TaskFileError, TaskNotFound, OSError):
+            _where, path = conditions.locate_task(self.ws, self.task_path, self.state.task_id)
+            if path is None:
+                return
+            fresh = tasks.load(path)
+            step = next((x for x in fresh.steps if x.id == step_id), None)
+            if step is not None and step.marker == "-":
+                tasks.set_marker(path, step.key, " ", expected=fresh)
 
     def _take_back_box(self, step: tasks.Step) -> None:
         """A failed attempt of an external agent (the command executor, whose agents check boxes)
@@ -763,6 +800,7 @@ class Loop:
 
     def _finish(self, stop: Stop) -> Outcome:
         s = self.state
+        self._release_in_progress_box()
         self.emit("stop_condition", **stop.fields())
         flags = s.stop_conditions
         report: Path | None = None
@@ -793,6 +831,9 @@ class Loop:
         s.pid = None
         if s.current_step is not None and stop.status == "completed":
             s.current_step = None
+        if stop.status == "completed":
+            for note in resolved.archive_requests(self.ws, s.task_id):
+                self.emit("warning", message=note)
         try:
             if stop.status == "completed" and self.settings.create_completion_report:
                 report = self.ws.completion_report(s.task_id)

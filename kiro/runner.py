@@ -13,7 +13,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from kiro import checkpoints, conditions, executors, tasks, timeutil
+from kiro import checkpoints, conditions, executors, resolved, tasks, timeutil
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError
@@ -227,6 +227,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if hook.exists():
             hook.unlink()
             warnings.append(f"removed the stop hook {ws.relative(hook)}")
+        warnings += resolved.archive_requests(ws, task_id)  # answered: the loop goes on
         if max_iterations is not None:
             state.max_iterations = max_iterations
         if failure_threshold is not None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from kiro import conditions, executors, locks, tasks
+from kiro import conditions, executors, locks, resolved, tasks
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.errors import KiroError, LockHeld, UserError
@@ -295,10 +295,7 @@ def hand_back_to_watch(store: StateStore, task_id: str) -> list[str]:
         if hook.exists():
             hook.unlink()
             done.append(f"removed {ws.relative(hook)}")
-    request = ws.human_request(task_id)
-    if request.exists():
-        request.unlink()
-        done.append(f"removed {ws.relative(request)}")
+    done += resolved.archive_requests(ws, task_id)  # the request file among them: watch continues the loop
     state = store.load(task_id).state
     where, path = conditions.locate_task(ws, ws.absolute(state.task_path), task_id)
     if path is not None and ws.area_of(path) == "Needs_Action":

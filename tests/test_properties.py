@@ -110,6 +110,9 @@ def test_p3_failures_do_not_crash_the_loop(ws: Workspace) -> None:
     """A step that fails twice, then succeeds: the loop carries on and completes."""
     cmd = 'n=$(cat tries 2>/dev/null || echo 0); echo $((n+1)) > tries; [ "$n" -ge 2 ]'
     ws.task(shell_task(1, cmd=cmd) + "- [ ] 2. After\n  ```sh\n  echo 2 >> side_effects.log\n  ```\n")
+    # a backoff long enough to outlast saving the failure on a busy machine, so the wait really happens
+    ws.write("config/autonomous_loop.yaml",
+             "autonomous_loop:\n  backoff_base_seconds: 0.3\n  backoff_max_seconds: 0.6\n")
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "p3")
     assert r.returncode == 0, r.stdout + r.stderr
     st = ws.state("p3")
