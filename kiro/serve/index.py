@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ CACHE_LINES = 20_000
 SAFETY_SCAN_SECONDS = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     task_id: str
     start: int
@@ -92,7 +93,7 @@ class EventIndex:
             parts = raw.split()
             if len(parts) != 3:
                 continue  # a torn line left by a crashed writer: the writer's repair drops it
-            tid, start, stop = parts[0].decode(errors="replace"), int(parts[1]), int(parts[2])
+            tid, start, stop = sys.intern(parts[0].decode(errors="replace")), int(parts[1]), int(parts[2])
             self.entries.append(Entry(tid, start, stop))
             self._indexed[tid] = stop  # the last entry wins: after a log was replaced, offsets start again
         self._idx_offset += end + 1
@@ -123,7 +124,7 @@ class EventIndex:
             except OSError:
                 logs = []
             for p in logs:
-                tid = p.name[: -len(".jsonl")]
+                tid = sys.intern(p.name[: -len(".jsonl")])
                 start = self._indexed.get(tid, 0)
                 try:
                     size = p.stat().st_size
