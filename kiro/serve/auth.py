@@ -12,13 +12,23 @@ import secrets
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from starlette.responses import JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kiro.errors import UserError
 from kiro.state import atomic_write
 
 TOKEN_ENV = "KIRO_SERVE_TOKEN"
+LOGIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>kiro · token needed</title>
+<style>body{font-family:system-ui,sans-serif;max-width:34em;margin:4em auto;padding:0 1em;color:#1f2328}
+input{width:100%;padding:.5em;font:inherit}button{margin-top:.6em;padding:.4em 1em;font:inherit}
+code{background:#f0f2f4;padding:0 .3em}</style></head><body>
+<h1>kiro serve: token needed</h1>
+<p>Open the address <code>kiro serve</code> printed when it started (it ends in <code>?token=...</code>), or paste
+the token: it is in <code>.state/serve.token</code>, or in <code>$KIRO_SERVE_TOKEN</code> if you set one.</p>
+<form method="get" action="/"><input name="token" type="password" autocomplete="off" placeholder="token">
+<button type="submit">Open the dashboard</button></form></body></html>
+"""
 OPEN_PATHS = frozenset({"/healthz"})
 
 
@@ -76,6 +86,10 @@ class TokenAuth:
             return
         body = {"error": "unauthorized", "message": "this route needs the server's token: "
                                                     "`Authorization: Bearer <token>` or `?token=<token>`"}
+        if scope["type"] == "http" and scope.get("path") == "/" and scope.get("method") == "GET":
+            response: Response = HTMLResponse(LOGIN_PAGE, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
         if scope["type"] == "http":
             response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
