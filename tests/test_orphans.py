@@ -46,11 +46,13 @@ def task_with(command: str) -> str:
     )
 
 
-@pytest.mark.parametrize("how", ["background", "fork-without-setsid"])
+@pytest.mark.parametrize("how", ["background", "fork-without-setsid", "setsid"])
 def test_kill_9_then_resume_leaves_no_grandchild_to_run_the_step_again(ws: Workspace, how: str) -> None:
     py = sys.executable
     if how == "background":
         command = f'{py} -c "{GRANDCHILD}" &'
+    elif how == "setsid":
+        command = f'setsid {py} -c "{GRANDCHILD}" &'
     else:
         (ws.root / "forker.py").write_text(FORKER)
         command = f"{py} forker.py;"
@@ -62,19 +64,22 @@ def test_kill_9_then_resume_leaves_no_grandchild_to_run_the_step_again(ws: Works
     step_shell = int((ws.root / "step.pid").read_text())
     tid = ws.only_task_id()
     ledger = ws.root / ".state" / "processes" / f"{tid}.json"
-    assert ledger.exists() and str(os.getpgid(grandchild)) in ledger.read_text()
+    assert ledger.exists() and str(os.getpgid(step_shell)) in ledger.read_text()
 
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
-    # The step's own shell dies with kiro (setpriv --pdeathsig); the grandchild is still there.
+    # The step's shell dies with kiro, and with it its whole process group (the guard's SIGKILL).
     ws.wait_for(lambda: not alive(step_shell), timeout=10, what="the step's shell to die with kiro")
-    assert alive(grandchild)
+    if how == "setsid":
+        assert alive(grandchild)  # it left the group: only the ledger's token finds it
+    else:
+        ws.wait_for(lambda: not alive(grandchild), timeout=10, what="the grandchild to die with kiro")
 
     r = ws.kiro("loop", "resume", "--task-id", tid)
     assert r.returncode == 0, r.stdout + r.stderr
     assert not alive(grandchild)
-    assert "left behind" in r.stdout + r.stderr or any(
-        "left behind" in e.get("message", "") for e in ws.events(tid))
+    if how == "setsid":
+        assert any("left behind" in e.get("message", "") for e in ws.events(tid))
     time.sleep(3.5)  # the grandchild's effect would have happened by now
     assert not (ws.root / "side.log").exists()
     assert not ledger.exists()  # the resumed run's groups all ended
@@ -85,3 +90,52 @@ def test_a_step_that_exits_leaves_no_group_in_the_ledger(ws: Workspace) -> None:
     r = ws.kiro("loop", "start", "--task", TASK)
     assert r.returncode == 0, r.stdout + r.stderr
     assert list((ws.root / ".state" / "processes").glob("*.json")) == []
+
+
+def test_the_ledger_kills_only_processes_that_carry_its_token(tmp_path: Path) -> None:
+    """A recorded group id may since belong to someone else: without kiro's token in its
+    environment a process is left alone."""
+    import json
+    import subprocess
+
+    from kiro.executors.groups import TOKEN_VAR, Ledger
+
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    ours = subprocess.Popen(["sleep", "30"], start_new_session=True, env={**os.environ, TOKEN_VAR: "t0ken"})
+    try:
+        path = tmp_path / "ledger.json"
+        path.write_text(json.dumps({"groups": [{"pgid": stranger.pid, "token": "t0ken"},
+                                               {"pgid": ours.pid, "token": "t0ken"}]}))
+        killed = Ledger(path).reap()
+        assert killed == [ours.pid]
+        assert ours.wait(timeout=10) == -signal.SIGKILL
+        assert stranger.poll() is None
+        assert not path.exists()
+    finally:
+        stranger.kill()
+        ours.kill()
+        stranger.wait()
+        ours.wait()
+
+
+def test_without_setpriv_steps_run_but_run_command_is_refused_as_root(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from kiro.executors import groups
+    from kiro.executors.process import run_process
+    from tests.fake_openai import invoke, make_harness
+
+    monkeypatch.setattr(groups, "setpriv_path", lambda: None)
+    result = asyncio.run(run_process(["sh", "-c", "echo ran"], cwd=tmp_path))
+    assert result.ok and "ran" in result.output
+    h = make_harness(tmp_path / "ws", tools={"shell": {"enabled": True, "allow": ["echo"]}})
+
+    async def go() -> str:
+        return (await invoke(h.tool_env(), "run_command", {"command": "echo hi"})).text
+
+    text = asyncio.run(go())
+    if os.geteuid() == 0:
+        assert "setpriv" in text and "unavailable" in text
+    else:
+        assert "hi" in text

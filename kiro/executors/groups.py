@@ -1,13 +1,17 @@
 """What a step's processes may do and how long they may live.
 
 Every child kiro starts for a step (a shell step, an agent CLI, verify, run_command, a notifier)
-runs in a process group of its own, behind `setpriv --pdeathsig KILL` (util-linux): the child dies
-with kiro, also on `kill -9`, without a `preexec_fn` (unsafe in a threaded process, and it forces
-fork over vfork). Its own children (a server started in the background, `cmd &`) outlive a
-killed kiro, so each loop keeps a ledger of its live groups, `.state/processes/<task_id>.json`,
-written when a child starts; when the loop starts or resumes it kills what is left of every group
-in the ledger before a step runs again. A group's members are recognised by the group id AND a
-random token kiro puts in their environment (`KIRO_PROCESS_GROUP`), so a reused id is never killed.
+runs in a process group of its own under a small `sh` guard started by `setpriv --pdeathsig USR2`
+(util-linux), without a `preexec_fn` (unsafe in a threaded process, and it forces fork over vfork).
+When kiro dies, even by `kill -9`, the kernel sends the guard SIGUSR2 and the guard SIGKILLs its
+whole process group: the command and everything it started in the background (`server &`, a
+fork whose parent exited). The guard passes stdin, the exit status and SIGTERM through unchanged.
+
+What leaves the group (`setsid`) or a guard that could not act is caught at the next start: each
+loop keeps a ledger of its live groups, `.state/processes/<task_id>.json`, written when a child
+starts; when the loop starts or resumes it kills every process still carrying that run's random
+token in its environment (`KIRO_PROCESS_GROUP`) before a step runs again, so a reused process id
+is never killed.
 
 Commands the agent chooses (`run_command`) also run without capabilities (`--bounding-set=-all
 --inh-caps=-all`, as root) and with `--no-new-privs`; together with kiro making itself
@@ -63,17 +67,25 @@ def confinement_available() -> bool:
     return setpriv_path() is not None or not has_capabilities()
 
 
+# The guard: stdin kept for the command (an `&` job would get /dev/null), SIGUSR2 (kiro died) kills
+# the group, SIGTERM/SIGINT/SIGHUP reach the command (same group) while the guard waits on, and
+# the command's exit status becomes the guard's.
+GUARD = ('exec 3<&0; trap "kill -KILL 0" USR2; trap : TERM INT HUP; "$@" <&3 3<&- & pid=$!; exec 3<&-; '
+         'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done; exit "$rc"')
+
+
 def wrap(argv: list[str], *, confine: bool = False) -> list[str]:
-    """argv behind setpriv: dies with kiro; with `confine`, no capabilities and no new privileges."""
+    """argv behind setpriv and the guard: dies with kiro, its group too; with `confine`, no
+    capabilities and no new privileges."""
     tool = setpriv_path()
     if tool is None:
         return argv
-    prefix = [tool, "--pdeathsig", "KILL"]
+    prefix = [tool, "--pdeathsig", "USR2"]
     if confine:
         if _may_drop_bounding_set():
             prefix += ["--inh-caps=-all", "--bounding-set=-all"]
         prefix.append("--no-new-privs")
-    return [*prefix, "--", *argv]
+    return [*prefix, "--", "/bin/sh", "-c", GUARD, "kiro-step", *argv]
 
 
 def make_undumpable() -> bool:
@@ -128,25 +140,25 @@ class Ledger:
                 continue
             killed += kill_leftovers(pgid, token)
         self.groups.clear()
+        killed = sorted(set(killed))
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         return killed
 
 
 def _members(pgid: int, token: str) -> list[int]:
-    """Processes in group `pgid` whose environment carries `token`."""
+    """Processes whose environment carries `token`: the group's members and any that left it
+    (`setsid`). The token is random per run, so nothing else carries it."""
     needle = f"{TOKEN_VAR}={token}".encode()
     found = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         pid = int(entry.name)
         try:
-            if os.getpgid(pid) != pgid:
-                continue
             with open(f"/proc/{pid}/environ", "rb") as fh:
                 env = fh.read()
-        except (OSError, ProcessLookupError):
+        except OSError:
             continue
         if needle in env.split(b"\0"):
             found.append(pid)
@@ -154,7 +166,8 @@ def _members(pgid: int, token: str) -> list[int]:
 
 
 def kill_leftovers(pgid: int, token: str) -> list[int]:
-    """SIGKILL the members of a recorded group that are still alive (and really ours)."""
+    """SIGKILL what is left of a recorded group, and whatever of it left the group (it carries the
+    run's token). `pgid` is kept for the record; the token decides."""
     pids = _members(pgid, token)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
