@@ -19,12 +19,12 @@ from tests.conftest import Workspace
 TASK = "Specs/feature/tasks.md"
 
 GRANDCHILD = (
-    "import os, time; open('gc.pid', 'w').write(str(os.getpid())); time.sleep(3); open('side.log', 'a').write('x')"
+    "import os, time; open('gc.pid', 'w').write(str(os.getpid())); time.sleep(8); open('side.log', 'a').write('x')"
 )
 FORKER = (
     "import os, time\n"
     "if os.fork() == 0:\n"
-    "    open('gc.pid', 'w').write(str(os.getpid())); time.sleep(3); open('side.log', 'a').write('x')\n"
+    "    open('gc.pid', 'w').write(str(os.getpid())); time.sleep(8); open('side.log', 'a').write('x')\n"
 )
 
 
@@ -80,7 +80,8 @@ def test_kill_9_then_resume_leaves_no_grandchild_to_run_the_step_again(ws: Works
     assert not alive(grandchild)
     if how == "setsid":
         assert any("left behind" in e.get("message", "") for e in ws.events(tid))
-    time.sleep(3.5)  # the grandchild's effect would have happened by now
+    # Wait until the grandchild's effect would have happened (8 s after it started).
+    time.sleep(max(0.0, (ws.root / "gc.pid").stat().st_mtime + 8.5 - time.time()))
     assert not (ws.root / "side.log").exists()
     assert not ledger.exists()  # the resumed run's groups all ended
 
