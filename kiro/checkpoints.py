@@ -357,8 +357,11 @@ class LoopGit:
                     main.run("worktree", "prune", check=False)
                     if wt.exists() and not any(wt.iterdir()):
                         wt.rmdir()
-                    elif wt.exists():  # a half-made worktree from a kill: nothing of the agent's is in it yet
-                        import shutil
+                    elif wt.exists():
+                        if info.worktree is not None and (wt / ".git").exists():
+                            raise GitError(f"the loop's worktree {wt} is broken (its HEAD cannot be read); repair "
+                                           f"it with `git worktree repair`, or move it away, then resume")
+                        import shutil  # a worktree a kill left half-made: nothing of the agent's is in it yet
 
                         shutil.rmtree(wt)
                         main.run("worktree", "prune", check=False)
@@ -478,7 +481,7 @@ class LoopGit:
             if info.base_branch:
                 main_locks.append(Path(self._common) / "refs" / "heads" / f"{info.base_branch}.lock")
             self._clear_locks(res.events, main_locks)
-            tip = self.git.out("rev-parse", "HEAD")
+            tip = main.out("rev-parse", f"refs/heads/{info.branch}")
             if main.ok("merge-base", "--is-ancestor", tip, "HEAD"):
                 return self._merged(res, main, tip)
             current = main.run("symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip() or None
@@ -493,25 +496,86 @@ class LoopGit:
                 # a merge stopped before its commit (a kill) with nothing unresolved: conclude it
                 main.run("commit", "-q", "--no-verify", "--no-edit", commit=True)
                 return self._merged(res, main, tip)
-            info.merge_status = "merging"
-            msg = (f"kiro({self.task_id}): merge {info.branch}\n\nKiro-Task-Id: {self.task_id}\n"
-                   f"Kiro-Merge: {info.branch}\n")
+            return self._merge(res, main, tip)
+
+    def _merge(self, res: Result, main: Git, tip: str, again: bool = True) -> Result:
+        """Merge without a window for a kill to leave half a merge: the merged tree and its commit
+        are made as objects first (`merge-tree`, `commit-tree`), then the main tree moves to that
+        commit by a fast-forward. A kill mid-checkout is healed on the next try (`_heal`)."""
+        info = self.info
+        assert info.branch is not None
+        info.merge_status = "merging"
+        msg = (f"kiro({self.task_id}): merge {info.branch}\n\nKiro-Task-Id: {self.task_id}\n"
+               f"Kiro-Merge: {info.branch}\n")
+        head = main.out("rev-parse", "HEAD")
+        planned = main.run("merge-tree", "--write-tree", "--no-messages", head, tip, check=False)
+        if planned.returncode == 0:
+            tree = planned.stdout.split()[0]
+            commit = main.run("commit-tree", tree, "-p", head, "-p", tip, "-F", "-", commit=True, input=msg).stdout
+            self._heal(main, head, tree, res)
+            proc = main.run("merge", "--ff-only", "-q", commit.strip(), check=False, commit=True)
+            if proc.returncode == 0:
+                return self._merged(res, main, tip)
+            if again and main.out("rev-parse", "HEAD") != head:  # a person committed meanwhile: once more
+                return self._merge(res, main, tip, again=False)
+        else:  # conflicts: a real merge, left in the main tree for a person to resolve
             proc = main.run("merge", "--no-ff", "--no-edit", "-q", "-m", msg, info.branch, check=False, commit=True)
             if proc.returncode == 0:
                 return self._merged(res, main, tip)
             unmerged = self._unmerged(main)
             if unmerged:
                 return self._conflict(res, unmerged)
-            text = proc.stderr + proc.stdout
-            files = [ln.strip() for ln in text.splitlines() if ln.startswith("\t")]
-            res.files = files
-            info.merge_status = "conflict"
-            info.conflict_files = files
-            first = (text.strip().splitlines() or ["git merge failed"])[0]
-            res.problem = (f"could not merge {info.branch} into {info.base_branch or 'HEAD'}: {first}"
-                           + (f" ({', '.join(files[:5])})" if files else ""))
-            res.events.append(("merge_failed", {"branch": info.branch, "files": files, "error": first}))
-            return res
+        text = proc.stderr + proc.stdout
+        files = [ln.strip() for ln in text.splitlines() if ln.startswith("\t")]
+        res.files = files
+        info.merge_status = "conflict"
+        info.conflict_files = files
+        first = (text.strip().splitlines() or ["git merge failed"])[0]
+        res.problem = (f"could not merge {info.branch} into {info.base_branch or 'HEAD'}: {first}"
+                       + (f" ({', '.join(files[:5])})" if files else ""))
+        res.events.append(("merge_failed", {"branch": info.branch, "files": files, "error": first}))
+        return res
+
+    def _heal(self, main: Git, head: str, tree: str, res: Result) -> None:
+        """A kill while git moved the main tree to the merge can leave files already as the merge
+        has them while the index and HEAD are not: put exactly those back (their content is the
+        merge's, so nothing is lost) so that the fast-forward can run again. A person's own change
+        differs from the merge's content and is left alone (the merge then refuses, naming it)."""
+        paths = [p for p in main.run("diff", "--name-only", "-z", "--no-renames", head, tree,
+                                     check=False).stdout.split("\0") if p]
+        if not paths:
+            return
+
+        def blobs(*args: str) -> dict[str, str]:
+            out: dict[str, str] = {}
+            for rec in main.run(*args, "--", *paths, check=False).stdout.split("\0"):
+                meta, _, path = rec.partition("\t")
+                if path:
+                    out[path] = meta.split()[2] if args[0] == "ls-tree" else meta.split()[1]
+            return out
+
+        in_head = blobs("ls-tree", "-r", "-z", head)
+        in_merge = blobs("ls-tree", "-r", "-z", tree)
+        in_index = blobs("ls-files", "-s", "-z")
+        present = [p for p in paths if (self.main_top / p).is_file()]
+        hashes = main.run("hash-object", "--no-filters", "--stdin-paths", input="\n".join(present) + "\n",
+                          check=False).stdout.split() if present else []
+        on_disk = dict(zip(present, hashes, strict=False))
+        healed = []
+        for path in paths:
+            if in_index.get(path) != in_head.get(path):
+                continue  # the index moved already (or a person staged something): git decides
+            now, merged = on_disk.get(path), in_merge.get(path)
+            if now == merged or (now is None and merged is None):
+                if now == in_head.get(path):
+                    continue
+                if path in in_head:
+                    main.run("checkout", "-q", head, "--", path)
+                else:
+                    (self.main_top / path).unlink()
+                healed.append(path)
+        if healed:
+            res.events.append(("merge_resumed", {"branch": self.info.branch, "files": healed}))
 
     def _unmerged(self, main: Git) -> list[str]:
         out = main.run("diff", "--name-only", "--diff-filter=U", "-z", check=False).stdout
@@ -536,9 +600,23 @@ class LoopGit:
         res.events.append(("merge_completed", {"branch": info.branch, "into": info.base_branch,
                                                "commit": info.merge_commit}))
         # the branch stays (for `git log`); its work tree goes when it has nothing kiro did not commit
-        if not self.dirty():
+        wt = Path(info.worktree).resolve() if info.worktree else None
+        expected = (Path(self.ws.root).resolve() / ".kiro" / "worktrees" / self.task_id)
+        if wt is None or wt != expected or wt == self.main_top.resolve():
+            return res  # only ever kiro's own worktree folder
+        self.tree = wt
+        try:
+            leftover = self.dirty() if self.tree.is_dir() else []
+        except GitError:  # half removed by a kill (its .git file gone): remove the rest
+            leftover = [] if not (self.tree / ".git").exists() else ["?"]
+        if not leftover:
             proc = main.run("worktree", "remove", "--force", str(self.tree), check=False)
-            if proc.returncode == 0:
+            if proc.returncode != 0 and self.tree.exists():
+                import shutil
+
+                shutil.rmtree(self.tree, ignore_errors=True)
+            main.run("worktree", "prune", check=False)
+            if not self.tree.exists():
                 info.worktree = None
                 self.tree = self.main_top
                 self.git = main

@@ -53,6 +53,7 @@ EventName = Literal[
     "merge_completed",
     "merge_conflict",
     "merge_failed",
+    "merge_resumed",
     "rolled_back",
 ]
 EVENT_NAMES: frozenset[str] = frozenset(get_args(EventName))

@@ -203,3 +203,101 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
         except (ValueError, KeyError):
             continue
     return rep
+
+
+MERGE_STEP = ('echo "$KIRO_TASK_ID" >> "$KIRO_WORKSPACE/Logs/side_effects.log"; mkdir -p "out/$KIRO_TASK_ID"; '
+              'for i in $(seq 1 60); do echo "$KIRO_TASK_ID $i" > "out/$KIRO_TASK_ID/$i.txt"; done; '
+              'echo "$KIRO_TASK_ID" >> README.md')
+
+
+def run_merges(root: Path, *, loops: int, seed: int) -> Report:
+    """`isolation: worktree` + `merge: auto`: each loop is killed once or twice around its merge into
+    main (aimed at main's index lock and branch ref), then resumed until it finishes."""
+    started = time.monotonic()
+    rep = Report()
+    for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    (root / "config/autonomous_loop.yaml").write_text(
+        "autonomous_loop:\n  backoff_base_seconds: 0.01\nisolation: worktree\nmerge: auto\n")
+    init_repo(root)
+    (root / "README.md").write_text("# project\n" + "".join(f"line {i}\n" for i in range(40)))
+    git(root, "commit", "-qam", "a longer README")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "GIT_"))}
+    env["KIRO_RAISE_ERRORS"] = "1"
+    env.pop("PYTEST_CURRENT_TEST", None)
+    rng = random.Random(seed)
+    lock, ref = root / ".git/index.lock", root / ".git/refs/heads/main"
+    for n in range(loops):
+        tid = f"m{n}"
+        (root / f"Specs/{tid}").mkdir(parents=True)
+        (root / f"Specs/{tid}/tasks.md").write_text(
+            f"---\ntitle: {tid}\nexecutor: shell\n---\n- [ ] 1. Write\n  ```sh\n  {MERGE_STEP}\n  ```\n")
+        created = False
+        for attempt in range(10):
+            args = (["loop", "start", "--task", f"Specs/{tid}/tasks.md", "--task-id", tid] if not created
+                    else ["loop", "resume", "--task-id", tid])
+            proc = subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=root, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            rep.runs += 1
+            if attempt < 2:
+                mode = rng.choice(("index_lock", "new_commit", "random"))
+                rep.modes[mode] += 1
+                before = ref.stat().st_mtime_ns
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and proc.poll() is None:
+                    if mode == "index_lock" and lock.exists():
+                        break
+                    if mode == "new_commit" and ref.stat().st_mtime_ns != before:
+                        break
+                    if mode == "random" and _state_file(root, tid) is not None:
+                        time.sleep(rng.uniform(0.0, 0.6))
+                        break
+                    time.sleep(0.0002)
+                time.sleep(rng.uniform(0.0, 0.002))
+                if proc.poll() is None:
+                    if rng.random() < 0.5:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        rep.group_kills += 1
+                    else:
+                        proc.send_signal(signal.SIGKILL)
+                    rep.kills += 1
+            code = proc.wait(timeout=120)
+            created = created or _state_file(root, tid) is not None
+            if code == 0:
+                break
+            if code not in (-9, 137):
+                rep.problems.append(f"{tid}: exit {code}")
+                break
+        st = LoopState.model_validate_json(_state_file(root, tid).read_bytes())  # type: ignore[union-attr]
+        if st.status != "completed" or st.git is None or st.git.merge_status != "merged":
+            rep.problems.append(f"{tid}: {st.status} {st.stop_reason} merge {st.git and st.git.merge_status}")
+        if (root / ".kiro/worktrees" / tid).exists():
+            rep.problems.append(f"{tid}: worktree left after the merge")
+        for record in (root / "Logs" / f"{tid}.jsonl").read_text().splitlines():
+            try:
+                rep.events[json.loads(record)["event"]] += 1
+            except (ValueError, KeyError):
+                continue
+    rep.seconds = time.monotonic() - started
+    runs = Counter((root / "Logs/side_effects.log").read_text().split())
+    merges: Counter[str] = Counter()
+    for sha in git(root, "rev-list", "--first-parent", "main").split():
+        merges[trailers(root, sha).get("Kiro-Merge", "")] += 1
+    for n in range(loops):
+        tid = f"m{n}"
+        if merges[f"kiro/{tid}"] != 1:
+            rep.problems.append(f"{tid}: {merges[f'kiro/{tid}']} merge commits on main")
+        if runs[tid] != 1:
+            rep.problems.append(f"{tid}: its step ran {runs[tid]} times")
+        if not (root / f"out/{tid}/60.txt").exists() or f"{tid}\n" not in (root / "README.md").read_text():
+            rep.problems.append(f"{tid}: its files are not in the main tree")
+    status = git(root, "status", "--porcelain", "--untracked-files=no")
+    if status:
+        rep.problems.append(f"main tree not clean: {status[:300]}")
+    rep.problems += [f"fsck: {x}" for x in fsck_problems(root)]
+    locks = [str(p) for p in (root / ".git").rglob("*.lock")]
+    if locks:
+        rep.problems.append(f"lock files left: {locks}")
+    if len(git(root, "worktree", "list", "--porcelain").split("\n\n")) > 1 + 1:
+        rep.problems.append("worktrees left: " + git(root, "worktree", "list"))
+    return rep

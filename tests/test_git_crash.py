@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.crashgit import run
+from tests.crashgit import run, run_merges
 
 
 @pytest.mark.slow
@@ -18,3 +18,14 @@ def test_sigkill_around_commits_never_reruns_a_step_nor_leaves_half_a_commit(tmp
           f"found by trailers, {ev['git_lock_cleared']} stale git locks cleared")
     assert rep.problems == []
     assert rep.kills >= 50
+
+
+@pytest.mark.slow
+def test_sigkill_around_auto_merges_finishes_each_merge_once(tmp_path: Path) -> None:
+    rep = run_merges(tmp_path / "vault", loops=8, seed=7)
+    ev = rep.events
+    print(f"{rep.kills} kills around merges ({rep.group_kills} with git's process group), {rep.runs} runs, "
+          f"{rep.seconds:.1f} s; aimed: {dict(rep.modes)}; merges resumed after a torn checkout: "
+          f"{ev['merge_resumed']}, stale git locks cleared: {ev['git_lock_cleared']}")
+    assert rep.problems == []
+    assert rep.kills >= 8

@@ -129,3 +129,55 @@ def test_worktree_isolation_outside_git_is_refused_in_one_line(ws: Workspace) ->
     ws.write("config/autonomous_loop.yaml", WORKTREE + "checkpoints: off\n")
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "nogit2")
     assert r.returncode == 1 and "needs checkpoints: git" in r.stderr, r.stderr
+
+
+def test_a_merge_torn_by_a_kill_mid_checkout_is_finished_and_a_persons_edit_is_not_taken(tmp_path: Path) -> None:
+    """The state a kill leaves when git was moving the main tree to the merge: some files already as
+    the merge has them, index and HEAD not. `finish()` puts those back and merges; a file a person
+    changed differently stops the merge, named."""
+    from kiro.checkpoints import LoopGit
+    from kiro.state import GitInfo
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    init_repo(root)
+    for name, text in (("a.txt", "a0\n"), ("c.txt", "c0\n"), ("d.txt", "d0\n")):
+        (root / name).write_text(text)
+    git(root, "add", ".")
+    git(root, "commit", "-qm", "files")
+    git(root, "checkout", "-qb", "kiro/t")
+    (root / "a.txt").write_text("a1\n")
+    (root / "b.txt").write_text("b1\n")
+    (root / "c.txt").unlink()
+    (root / "d.txt").write_text("d1\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "kiro's work")
+    git(root, "checkout", "-q", "main")
+    # torn: a.txt and b.txt written, c.txt removed; d.txt not reached yet
+    (root / "a.txt").write_text("a1\n")
+    (root / "b.txt").write_text("b1\n")
+    (root / "c.txt").unlink()
+    info = GitInfo(checkpoints=True, isolation="worktree", merge="auto", toplevel=str(root), branch="kiro/t",
+                   base_branch="main")
+    lg = LoopGit(KiroWorkspace(root), info, "t", root, root)
+    lg._paths()
+    res = lg.finish()
+    assert res.problem is None and info.merge_status == "merged"
+    assert ("merge_resumed", {"branch": "kiro/t", "files": ["a.txt", "b.txt", "c.txt"]}) in res.events
+    assert {p: (root / p).read_text() for p in ("a.txt", "b.txt", "d.txt")} == {"a.txt": "a1\n", "b.txt": "b1\n",
+                                                                                "d.txt": "d1\n"}
+    assert not (root / "c.txt").exists() and git(root, "status", "--porcelain") == ""
+    # a person's own edit to a file the next merge changes is not overwritten: the merge stops, naming it
+    git(root, "checkout", "-qb", "kiro/u", "kiro/t")
+    (root / "d.txt").write_text("d2\n")
+    git(root, "commit", "-qam", "more kiro work")
+    git(root, "checkout", "-q", "main")
+    (root / "d.txt").write_text("the person's d\n")
+    info2 = GitInfo(checkpoints=True, isolation="worktree", merge="auto", toplevel=str(root), branch="kiro/u",
+                    base_branch="main")
+    lg2 = LoopGit(KiroWorkspace(root), info2, "u", root, root)
+    lg2._paths()
+    res2 = lg2.finish()
+    assert res2.problem is not None and "d.txt" in res2.problem
+    assert (root / "d.txt").read_text() == "the person's d\n"
