@@ -51,18 +51,17 @@ def _paint(text: str, style: str | None, stream: Any) -> str:
         return text
     return f"\x1b[{code}m{text}\x1b[0m"
 
-_STATUS_STYLE = {
-    "running": "green",
-    "sleeping": "cyan",
-    "paused": "yellow",
-    "stopped": "white",
-    "interrupted": "dark_orange",
-    "completed": "bold green",
-    "failed": "bold red",
-    "max_iterations": "red",
-    "timed_out": "red",
-    "pending": "white",
-}
+_TONE_STYLE = {"active": "green", "waiting": "cyan", "warn": "yellow", "neutral": "white", "good": "bold green",
+               "bad": "bold red"}
+
+
+def _status_style(status: str, default: str = "") -> str:
+    from kiro.status import Status
+
+    try:
+        return _TONE_STYLE[Status(status).tone]
+    except ValueError:
+        return default
 
 
 def error(message: str) -> None:
@@ -100,7 +99,7 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
         if n == 0:
             padded = [_paint(c, "bold", sys.stdout) for c in padded]
         else:
-            padded[1] = _paint(padded[1], _STATUS_STYLE.get(row[1]), sys.stdout)
+            padded[1] = _paint(padded[1], _status_style(row[1]), sys.stdout)
         lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
 
@@ -111,7 +110,7 @@ def print_json(data: Any) -> None:
 
 
 def status_text(status: str) -> Text:
-    return _text(status, style=_STATUS_STYLE.get(status, ""))
+    return _text(status, style=_status_style(status))
 
 
 def _short(text: Any, limit: int = 160) -> str:
@@ -168,7 +167,7 @@ def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
     elif kind == "loop_finished":
         status = str(e.get("status"))
         t.append(f"loop {e.get('task_id')} {status} after {e.get('iterations')} iterations (exit {e.get('exit_code')})",
-                 style=_STATUS_STYLE.get(status, "bold"))
+                 style=_status_style(status, "bold"))
     elif kind == "state_changed":
         return None
     else:

@@ -21,22 +21,10 @@ import yaml
 from kiro import timeutil, views
 from kiro.shared import Registry
 from kiro.state import LoopState, StateStore, atomic_write, effective_status
+from kiro.status import Status
 from kiro.workspace import Workspace
 
 MIN_INTERVAL = 1.0
-
-BADGES = {
-    "running": "🟢 RUNNING",
-    "sleeping": "🔵 SLEEPING",
-    "pending": "⚪ PENDING",
-    "paused": "🟡 PAUSED",
-    "stopped": "⚪ STOPPED",
-    "interrupted": "🟠 INTERRUPTED",
-    "max_iterations": "🛑 MAX ITERATIONS",
-    "timed_out": "⏱️ TIMED OUT",
-    "completed": "✅ COMPLETED",
-    "failed": "❌ FAILED",
-}
 
 REASONS = {
     "stop_hook": "Stop Hook",
@@ -59,8 +47,11 @@ REASONS = {
 @dataclass(frozen=True)
 class Entry:
     state: LoopState
-    status: str  # effective: a running state whose process is gone is "interrupted"
+    status: Status  # effective: a running state whose process is gone is "interrupted"
     alive: bool
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))
 
 
 def _reason(code: str | None) -> str:
@@ -76,7 +67,7 @@ def _first_line(text: str | None, limit: int = 200) -> str:
 
 def _duration(e: Entry, now: datetime) -> float:
     d = e.state.metrics.total_duration_seconds
-    if e.alive and e.status in ("running", "sleeping"):
+    if e.alive and e.status.is_active:
         d += max(0.0, (now - timeutil.parse(e.state.updated_at)).total_seconds())
     return d
 
@@ -102,17 +93,17 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
     st = e.state
     name = st.title or st.task_id
     head = f"### Task: {name}" + (f" (`{st.task_id}`)" if st.title else "")
-    badge = BADGES.get(e.status, e.status.upper())
+    badge = e.status.badge
     lines = [head]
     if section == "active":
-        extra = f" ({_reason(st.stop_reason)})" if e.status == "sleeping" and st.stop_reason else ""
+        extra = f" ({_reason(st.stop_reason)})" if e.status == Status.SLEEPING and st.stop_reason else ""
         lines += [f"**Status**: {badge}{extra}", _iteration(st), f"**Success Rate**: {st.metrics.success_rate:.0%}"]
         if st.steps_total:
             lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")
         lines += [f"**Current Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}",
                   f"**ETA**: {_eta(st) or 'unknown'}"]
     elif section == "paused":
-        if e.status == "interrupted":
+        if e.status == Status.INTERRUPTED:
             why = f"process {st.pid} died" if st.pid else "its process died"
         else:
             why = _reason(st.stop_reason) or e.status
@@ -120,7 +111,7 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
         if st.steps_total:
             lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")
         lines += [f"**Last Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}"]
-        if e.status in ("max_iterations", "timed_out") and st.report_path:
+        if e.status in (Status.MAX_ITERATIONS, Status.TIMED_OUT) and st.report_path:
             lines.append(f"**Action**: Intervention requested (`{st.report_path}`)")
         lines.append(f"**Resume**: `{views.hint(st, e.status) or f'kiro loop resume --task-id {st.task_id}'}`")
     elif section == "completed":
@@ -153,15 +144,16 @@ def markdown(entries: list[Entry], now: datetime | None = None) -> str:
     failed: list[Entry] = []
     earlier = 0
     for e in entries:
-        if e.status in ("running", "sleeping"):
+        group = e.status.group
+        if group == "Active":
             active.append(e)
-        elif e.status == "completed":
+        elif group == "Completed":
             when = e.state.finished_at or e.state.updated_at
             if timeutil.parse(when).astimezone().date() == today:
                 done_today.append(e)
             else:
                 earlier += 1
-        elif e.status == "failed":
+        elif group == "Failed":
             failed.append(e)
         else:
             paused.append(e)
@@ -186,7 +178,7 @@ def render(ws: Workspace, store: StateStore, live: dict[str, LoopState], now: da
     for _path, found in store.all_states(skip=set(live)):
         if found is None:
             continue
-        alive = store.is_locked(found.task_id) if found.status in ("running", "sleeping", "pending") else False
+        alive = store.is_locked(found.task_id) if found.status.may_be_alive else False
         entries.append(Entry(found, effective_status(found, alive), alive))
     entries.sort(key=lambda e: e.state.updated_at, reverse=True)
     return markdown(entries, now)

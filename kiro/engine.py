@@ -35,7 +35,7 @@ from kiro.executors import groups
 from kiro.executors.base import Executor, Guard, StepContext, StepResult, StepUsage
 from kiro.executors.process import run_process, tail
 from kiro.guardrails import LoopGuardrails, SharedLimits, Trigger
-from kiro.notify import NOTIFIER_TIMEOUT, STATUS_KIND, run_notifier
+from kiro.notify import NOTIFIER_TIMEOUT, run_notifier
 from kiro.redact import Redactor
 from kiro.state import (
     CompletedStep,
@@ -46,6 +46,7 @@ from kiro.state import (
     atomic_write,
     clip,
 )
+from kiro.status import Status
 from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
 
@@ -53,7 +54,7 @@ from kiro.workspace import Workspace
 @dataclass
 class Outcome:
     task_id: str
-    status: str
+    status: Status
     reason: str
     message: str
     exit_code: int
@@ -192,10 +193,10 @@ class Loop:
         request): atomically, and through the redactor."""
         atomic_write(path, self.redact.text(text), fsync=fsync)
 
-    def transition(self, to: str, reason: str | None = None) -> None:
+    def transition(self, to: Status, reason: str | None = None) -> None:
         before = self.state.status
-        if self.state.transition(to, reason):  # type: ignore[arg-type]
-            self.emit("state_changed", **{"from": before, "to": to, "reason": reason})
+        if self.state.transition(to, reason):
+            self.emit("state_changed", **{"from": before, "to": self.state.status, "reason": reason})
 
     def elapsed(self) -> float:
         return self._base_elapsed + (time.monotonic() - self._run_started)
@@ -273,18 +274,19 @@ class Loop:
         self.emit("guardrail_triggered", **trigger.fields())
         self._notify("limit", trigger.limit, trigger.message)
         previous = self.state.status
-        self.transition("sleeping", trigger.limit)
+        self.transition(Status.SLEEPING, trigger.limit)
         self.save()
         stop = await self.wait(trigger.seconds)
         if stop is None:
-            self.transition("running" if previous == "sleeping" else previous, f"{trigger.limit}_over")
+            self.transition(Status.RUNNING if previous == Status.SLEEPING else previous, f"{trigger.limit}_over")
         return stop
 
     def guardrail_stop(self, trigger: Trigger) -> Stop:
         self.emit("guardrail_triggered", **trigger.fields())
         self._notify("limit", trigger.limit, trigger.message)
         if trigger.action == "escalate":
-            return Stop("failed", trigger.limit, trigger.message, 5, trigger.limit, trigger.value, trigger.figure)
+            return Stop(Status.FAILED, trigger.limit, trigger.message, conditions._code(Status.FAILED), trigger.limit,
+                        trigger.value, trigger.figure)
         return conditions.guardrail(trigger.limit, trigger.value, trigger.figure, trigger.message)
 
     def _notify(self, kind: str, reason: str, message: str, report: str | None = None) -> None:
@@ -328,7 +330,7 @@ class Loop:
         for warning in self.run_spec.warnings:
             self.emit("warning", message=warning)
         self._take_over_processes()
-        self.transition("running", "resumed" if self.run_spec.resumed else "started")
+        self.transition(Status.RUNNING, "resumed" if self.run_spec.resumed else "started")
         s.stop_reason = None
         self.save()
         stop: Stop | None = None
@@ -342,11 +344,11 @@ class Loop:
                                              f"{self._hub.poll_interval}s instead")
             stop = await self._loop()
         except ExecutorError as exc:
-            stop = Stop("stopped", "executor_error", str(exc), 1)
+            stop = Stop(Status.STOPPED, "executor_error", str(exc), 1)
         except KiroError as exc:
-            stop = Stop("stopped", "error", str(exc), exc.exit_code)
+            stop = Stop(Status.STOPPED, "error", str(exc), exc.exit_code)
         except BaseException as exc:  # an unexpected bug: save what we have, then let it surface
-            stop = Stop("stopped", "crash", f"kiro crashed: {type(exc).__name__}: {exc}", 1)
+            stop = Stop(Status.STOPPED, "crash", f"kiro crashed: {type(exc).__name__}: {exc}", 1)
             self._finish(stop)
             if self._dashboard is not None:
                 self._dashboard.forget(self.state)
@@ -415,13 +417,13 @@ class Loop:
             if record is not None and record.next_retry_at:
                 delay = (timeutil.parse(record.next_retry_at) - timeutil.now()).total_seconds()
                 if delay > 0:
-                    self.transition("sleeping", "backoff")
+                    self.transition(Status.SLEEPING, "backoff")
                     self.save()
                     self.emit("backoff", step_id=step.id, seconds=round(delay, 3), attempts=record.attempts)
                     stop = await self.wait(delay)
                     if stop is not None:
                         return stop
-                    self.transition("running", "backoff_over")
+                    self.transition(Status.RUNNING, "backoff_over")
                     continue  # re-read: a person may have changed the file meanwhile
             stop = await self._iterate(task, step)
             if stop is not None:
@@ -805,7 +807,7 @@ class Loop:
         flags = s.stop_conditions
         report: Path | None = None
         moved_to = None
-        if stop.status == "completed":
+        if stop.status == Status.COMPLETED:
             flags.task_in_done = True
             if stop.reason != "task_in_done":
                 try:
@@ -816,33 +818,33 @@ class Loop:
                 moved_to = s.task_path
         elif stop.reason == "stop_hook":
             flags.stop_hook_triggered = True
-        elif stop.status == "paused":
+        elif stop.status == Status.PAUSED:
             flags.manual_intervention = True
         elif stop.reason == "max_iterations":
             flags.max_iterations_reached = True
-        elif stop.status == "failed":
+        elif stop.status == Status.FAILED:
             flags.failure_threshold_exceeded = True
-        if stop.status == "timed_out":
+        if stop.status == Status.TIMED_OUT:
             s.timeout_reached = True
         s.stop_reason = stop.reason
         self.transition(stop.status, stop.reason)
-        if stop.status in ("completed", "failed", "max_iterations", "timed_out", "stopped", "paused"):
+        if not stop.status.is_active:
             s.finished_at = timeutil.iso()
         s.pid = None
-        if s.current_step is not None and stop.status == "completed":
+        if s.current_step is not None and stop.status == Status.COMPLETED:
             s.current_step = None
         if stop.status == "completed":
             for note in resolved.archive_requests(self.ws, s.task_id):
                 self.emit("warning", message=note)
         try:
-            if stop.status == "completed" and self.settings.create_completion_report:
+            if stop.status == Status.COMPLETED and self.settings.create_completion_report:
                 report = self.ws.completion_report(s.task_id)
                 self.save()  # final metrics into the report
                 self.write_report(report, reports.completion_report(s, moved_to=moved_to))
-            elif stop.status in ("max_iterations", "timed_out"):
+            elif stop.status in (Status.MAX_ITERATIONS, Status.TIMED_OUT):
                 report = self.ws.intervention_request(s.task_id)
                 self.write_report(report, reports.intervention_request(s, reason=stop.reason, detail=stop.message))
-            elif stop.status == "failed":
+            elif stop.status == Status.FAILED:
                 report = self.ws.escalation(s.task_id)
                 self.write_report(report, reports.escalation(s, reason=stop.reason, detail=stop.message,
                                                              recent=s.failed_steps[-5:]))
@@ -851,16 +853,16 @@ class Loop:
             report = None
         if report is not None:
             s.report_path = self.ws.relative(report)
-            self.emit("report_written", kind=report.parent.name if stop.status == "completed" else stop.status,
-                      path=s.report_path)
+            self.emit("report_written", path=s.report_path,
+                      kind=report.parent.name if stop.status == Status.COMPLETED else str(stop.status))
         elif stop.reason == "request_human":
             pass  # the request file was written when the agent asked
         self.save()
-        if stop.status == "completed" and self.settings.archive_state_file:
+        if stop.status == Status.COMPLETED and self.settings.archive_state_file:
             self.store.archive(s)
         self.emit("loop_finished", status=stop.status, reason=stop.reason, exit_code=stop.exit_code,
                   message=stop.message, iterations=s.iteration, report=s.report_path if report else None)
-        kind = STATUS_KIND.get(stop.status)
+        kind = stop.status.notify_kind
         report_rel = s.report_path if report is not None or stop.reason == "request_human" else None
         if kind is not None:
             self._notify(kind, stop.reason, stop.message, report_rel)

@@ -10,17 +10,8 @@ from pathlib import Path
 
 from kiro.executors.process import run_process, tail
 
-EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")
+EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")  # a run's end fires Status.notify_kind
 NOTIFIER_TIMEOUT = 30.0
-
-STATUS_KIND = {
-    "completed": "completed",
-    "failed": "failed",
-    "paused": "paused",
-    "stopped": "paused",
-    "max_iterations": "limit",
-    "timed_out": "limit",
-}
 
 
 async def run_notifier(command: str, facts: Mapping[str, str], cwd: Path) -> str | None:

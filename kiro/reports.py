@@ -7,6 +7,7 @@ dashboard. Every report's frontmatter has `type`, `task_id` and `created` (SPEC 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from enum import Enum
 from typing import Any
 
 import yaml
@@ -14,13 +15,9 @@ import yaml
 from kiro import timeutil
 from kiro.state import CompletedStep, FailedStep, LoopState
 
-EXIT_HINTS = {
-    "max_iterations": "kiro loop resume --task-id {tid} --max-iterations {more}",
-    "failed": "kiro loop resume --task-id {tid} --reset-failures",
-}
-
 
 def _frontmatter(fields: dict[str, Any]) -> str:
+    fields = {k: v.value if isinstance(v, Enum) else v for k, v in fields.items()}  # Status -> its string
     body = yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1000)
     return f"---\n{body}---\n"
 

@@ -22,6 +22,7 @@ from kiro.executors.base import Executor
 from kiro.guardrails import SharedLimits
 from kiro.settings import Located, settings_for
 from kiro.state import LoopState, StateStore, effective_status
+from kiro.status import Status
 from kiro.workspace import Workspace, check_task_id
 
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex"]
@@ -111,7 +112,7 @@ class LoopIndex:
             self._seen.pop(gone, None)
 
     def unfinished(self) -> list[LoopState]:
-        return [st for st in self._loops.values() if st.status != "completed"]
+        return [st for st in self._loops.values() if st.status != Status.COMPLETED]
 
 
 def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | None,
@@ -123,7 +124,7 @@ def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | N
     else:
         index.refresh()
     for st in index.unfinished():
-        if st.status == "completed":
+        if st.status == Status.COMPLETED:
             continue
         if st.task_path == rel or (task_id_hint and st.task_id == task_id_hint):
             return st
@@ -206,7 +207,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         loaded = store.load(task_id)  # re-read under the lock: the holder may just have finished
         state = loaded.state
         warnings = [loaded.warning] if loaded.warning else []
-        if state.status == "completed":
+        if state.status == Status.COMPLETED:
             raise AlreadyFinished(f"loop {task_id!r} is already completed ({state.task_path}); nothing to resume")
         recorded = ws.absolute(state.task_path)
         where, path = conditions.locate_task(ws, recorded, task_id)

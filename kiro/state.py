@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from filelock import FileLock, Timeout
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kiro import locks, timeutil
 from kiro.errors import LockHeld, StateError, TaskNotFound
 from kiro.executors.base import StepUsage
 from kiro.redact import Redactor
+from kiro.status import RECORDED, Status
 from kiro.workspace import Workspace
 
 SCHEMA_VERSION = 1
@@ -31,11 +32,6 @@ BACKUPS_KEPT = 5
 HISTORY_KEPT = 200
 TEXT_KEPT = 4000  # characters of last_prompt / last_response / errors kept in the state
 
-Status = Literal[
-    "pending", "running", "sleeping", "paused", "stopped", "completed", "failed", "max_iterations", "timed_out"
-]
-FINISHED: frozenset[str] = frozenset({"completed"})
-ACTIVE: frozenset[str] = frozenset({"running", "sleeping"})
 
 
 def clip(text: str | None, limit: int = TEXT_KEPT) -> str:
@@ -154,7 +150,7 @@ class LoopState(_Model):
     schema_version: int = SCHEMA_VERSION
     task_id: str
     task_path: str
-    status: Status = "pending"
+    status: Status = Status.PENDING
     started_at: str = Field(default_factory=timeutil.iso)
     updated_at: str = Field(default_factory=timeutil.iso)
     iteration: int = 0
@@ -189,10 +185,21 @@ class LoopState(_Model):
     steps_done: int | None = None
     git: GitInfo | None = None
 
+    @field_validator("status")
+    @classmethod
+    def _recorded_status(cls, value: Status) -> Status:
+        if value not in RECORDED:
+            raise ValueError(f"{value!r} is shown by `status`, never recorded")
+        return value
+
     # -- transitions -----------------------------------------------------------------------
 
-    def transition(self, to: Status, reason: str | None = None) -> bool:
-        """Move the state machine; every change is recorded in the bounded `history`."""
+    def transition(self, to: Status | str, reason: str | None = None) -> bool:
+        """Move the state machine; every change is recorded in the bounded `history`. The only
+        writer of `status` (a string is turned into a `Status`, or raises)."""
+        to = Status(to)
+        if to not in RECORDED:
+            raise ValueError(f"{to!r} is shown by `status`, never recorded")
         if to == self.status and reason == self.stop_reason:
             return False
         self.history.append(Transition.model_validate({"at": timeutil.iso(), "from": self.status, "to": to,
@@ -441,10 +448,10 @@ class StateStore:
         return locks.is_held(self.ws.lock_file(task_id))
 
 
-def effective_status(state: LoopState, alive: bool) -> str:
+def effective_status(state: LoopState, alive: bool) -> Status:
     """What `status` shows: a state that says running whose process is gone is `interrupted`."""
-    if state.status in ACTIVE and not alive:
-        return "interrupted"
+    if state.status.is_active and not alive:
+        return Status.INTERRUPTED
     return state.status
 
 

@@ -77,8 +77,8 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
             continue
         loops += 1
         iterations += st.iteration
-        alive = store.is_locked(st.task_id) if st.status in ("running", "sleeping", "pending") else False
-        by_status[effective_status(st, alive)] += 1
+        alive = store.is_locked(st.task_id) if st.status.may_be_alive else False
+        by_status[str(effective_status(st, alive))] += 1
         total.add(st.usage)
 
     runs = attempts = completed = failed = retries = verify_failed = 0

@@ -31,7 +31,8 @@ from kiro.errors import KiroError, LockHeld, UserError
 from kiro.events import Listener, make_event
 from kiro.guardrails import SharedLimits
 from kiro.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for
-from kiro.state import StateStore
+from kiro.state import StateStore, effective_status
+from kiro.status import Status
 from kiro.watch import acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
 
@@ -48,7 +49,7 @@ class Managed:
     task_id: str
     lock: FileLock
     task: asyncio.Task[None] | None = None
-    status: str = "pending"
+    status: Status = Status.PENDING
     outcome: Outcome | None = None
     loop: Loop | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -160,7 +161,7 @@ class Supervisor:
             if existing is not None:
                 if existing.task_id in self.managed or self.store.is_locked(existing.task_id):
                     continue  # runs (or waits) here or in another process
-                if existing.status in ("failed", "max_iterations", "timed_out"):
+                if existing.status.is_terminal:
                     continue  # a person decides: `kiro loop resume` with a raised cap or reset failures
                 self._adopt(existing.task_id)
                 continue
@@ -190,7 +191,7 @@ class Supervisor:
             lock = self.store.acquire(task_id, role="watch")
         except LockHeld:
             return
-        m = Managed(task_id, lock, status="paused")
+        m = Managed(task_id, lock, status=Status.PAUSED)
         self.managed[task_id] = m
         m.task = asyncio.create_task(self._manage(m, None))
 
@@ -231,7 +232,7 @@ class Supervisor:
         executor = run.executor or executors.create(run.executor_name, run.config, run.ws, run.state.task_id)
         loop = Loop(run, executor, self.listeners, self.shared)
         m.loop = loop
-        m.status = "running"
+        m.status = Status.RUNNING
         try:
             return await loop.run()
         finally:
@@ -245,7 +246,7 @@ class Supervisor:
             state = self.store.load(m.task_id).state
         except KiroError:
             return False
-        if state.status == "completed":
+        if state.status == Status.COMPLETED:
             return False
         if self.ws.hook_file(m.task_id).exists() or self.ws.global_hook_file.exists():
             return False
@@ -254,10 +255,10 @@ class Supervisor:
             return False
         if state.stop_reason == "request_human":
             return not self.ws.human_request(m.task_id).exists()
-        return state.status in ("paused", "stopped", "running", "sleeping", "pending")
+        return effective_status(state, alive=False).is_resumable  # we hold its lock: nobody runs it
 
     async def _wait_to_continue(self, m: Managed) -> bool:
-        m.status = "paused"
+        m.status = Status.PAUSED
         found = await wait_until(lambda: self.stopping or self._resume_ready(m), m.wake, None, self._poll)
         return bool(found) and not self.stopping
 
@@ -268,7 +269,7 @@ class Supervisor:
 
 def _resumable(outcome: Outcome) -> bool:
     """Paused and stopped loops wait for a person; completed, failed and exhausted ones are done."""
-    return outcome.status in ("paused",) or (outcome.status == "stopped" and outcome.reason == "task_missing")
+    return outcome.status == Status.PAUSED or (outcome.status == Status.STOPPED and outcome.reason == "task_missing")
 
 
 def _read_pid(path: Path) -> int | None:

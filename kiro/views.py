@@ -8,6 +8,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.state import LoopState, StateStore, effective_status
+from kiro.status import Status
 from kiro.workspace import Workspace
 
 
@@ -49,33 +50,30 @@ def _eta(state: LoopState) -> str | None:
     return timeutil.human_duration(left * state.metrics.average_step_duration)
 
 
-def hint(state: LoopState, status: str) -> str | None:
-    tid = state.task_id
-    if status in ("paused", "stopped", "interrupted", "pending"):
-        return f"kiro loop resume --task-id {tid}"
-    if status == "max_iterations":
-        return f"kiro loop resume --task-id {tid} --max-iterations {state.max_iterations * 2}"
-    if status == "failed":
-        return f"kiro loop resume --task-id {tid} --reset-failures"
-    if status == "timed_out":
-        return f"kiro loop resume --task-id {tid} --timeout SECONDS"
-    return None
+def hint(state: LoopState, status: Status | str) -> str | None:
+    """The command that continues a loop shown with `status`, with the limit to raise if any."""
+    status = Status(status)
+    command = f"kiro loop resume --task-id {state.task_id}"
+    if status.is_resumable:
+        return command
+    flag = status.resume_flag
+    return f"{command} {flag.format(more=state.max_iterations * 2)}" if flag else None
 
 
 def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) -> dict[str, Any]:
     if alive is None:
-        alive = store.is_locked(state.task_id) if state.status in ("running", "sleeping", "pending") else False
+        alive = store.is_locked(state.task_id) if state.status.may_be_alive else False
     status = effective_status(state, alive)
     duration = state.metrics.total_duration_seconds
-    if alive and status in ("running", "sleeping"):
+    if alive and status.is_active:
         duration += max(0.0, (timeutil.now() - timeutil.parse(state.updated_at)).total_seconds())
     cur = state.current_step
     return {
         "task_id": state.task_id,
         "task_path": state.task_path,
         "title": state.title,
-        "status": status,
-        "recorded_status": state.status,
+        "status": str(status),
+        "recorded_status": str(state.status),
         "stop_reason": state.stop_reason,
         "iteration": state.iteration,
         "max_iterations": state.max_iterations,
@@ -89,7 +87,7 @@ def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) 
         "total_failures": state.total_failures,
         "duration_seconds": round(duration, 3),
         "duration": timeutil.human_duration(duration),
-        "eta": _eta(state) if status in ("running", "sleeping", "paused", "interrupted") else None,
+        "eta": _eta(state) if status.is_active or status in (Status.PAUSED, Status.INTERRUPTED) else None,
         "executor": state.executor,
         "pid": state.pid if alive else None,
         "alive": alive,
