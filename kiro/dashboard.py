@@ -19,8 +19,9 @@ from datetime import datetime
 import yaml
 
 from kiro import timeutil, views
+from kiro.fsutil import atomic_write
 from kiro.shared import Registry
-from kiro.state import LoopState, StateStore, atomic_write, effective_status
+from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
 from kiro.workspace import Workspace
 

@@ -32,8 +32,9 @@ from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
 from kiro.events import EventLog, Listener, make_event
 from kiro.executors import groups
-from kiro.executors.base import Executor, Guard, StepContext, StepResult, StepUsage
+from kiro.executors.base import Executor, Guard, StepContext, StepResult
 from kiro.executors.process import run_process, tail
+from kiro.fsutil import atomic_write
 from kiro.guardrails import LoopGuardrails, SharedLimits, Trigger
 from kiro.notify import NOTIFIER_TIMEOUT, run_notifier
 from kiro.redact import Redactor
@@ -43,10 +44,10 @@ from kiro.state import (
     FailedStep,
     LoopState,
     StateStore,
-    atomic_write,
     clip,
 )
 from kiro.status import Status
+from kiro.usage import StepUsage
 from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
 

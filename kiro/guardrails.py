@@ -26,8 +26,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from kiro.config import Config
-from kiro.executors.base import StepUsage
 from kiro.state import LoopState
+from kiro.usage import StepUsage
 
 SIDE_EFFECT_TOOLS = frozenset({"write_file", "edit_file", "run_command", "add_steps", "memory_save"})
 WINDOW_SECONDS = 3600.0

@@ -22,9 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kiro import locks, timeutil
 from kiro.errors import LockHeld, StateError, TaskNotFound
-from kiro.executors.base import StepUsage
+from kiro.fsutil import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fsutil
+from kiro.fsutil import fsync_dir
 from kiro.redact import Redactor
 from kiro.status import RECORDED, Status
+from kiro.usage import StepUsage
 from kiro.workspace import Workspace
 
 SCHEMA_VERSION = 1
@@ -229,37 +231,6 @@ class LoopState(_Model):
         return self.model_dump_json(indent=2, by_alias=True)
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: str | bytes, *, fsync: bool = True, mode: int | None = None) -> None:
-    """Temp file in the same folder, fsync, `os.replace`, fsync the folder: a reader sees the old
-    file or the new one, never a torn one, also after a power cut."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644 if mode is None else mode)
-    try:
-        view = memoryview(raw)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)
-    if fsync:
-        _fsync_dir(path.parent)
-
-
 class LoadResult(BaseModel):
     """A loaded state, with where it came from and any warning for a person."""
 
@@ -326,7 +297,7 @@ class StateStore:
         atomic_write(target, self.encode(state))
         with contextlib.suppress(FileNotFoundError):
             self.path(state.task_id).unlink()
-        _fsync_dir(self.path(state.task_id).parent)
+        fsync_dir(self.path(state.task_id).parent)
         return target
 
     def unarchive(self, task_id: str) -> None:

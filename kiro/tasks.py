@@ -20,8 +20,6 @@ import functools
 import json
 import os
 import re
-import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from typing import Any, Final, TypeAlias
 import yaml
 
 from kiro.errors import TaskFileError, TaskNotFound
+from kiro.fsutil import atomic_write
 
 try:  # the C loader is several times faster; fall back when PyYAML was built without libyaml
     from yaml import CSafeLoader as _YamlLoader
@@ -587,53 +586,21 @@ def _last_look(path: Path) -> bytes | None:
 
 
 def _write_if_unchanged(path: Path, data: bytes, was: bytes, durable: bool = True) -> bool:
-    """Write `data` over `path` atomically, unless the file no longer holds `was`.
-
-    Temp file in the same folder (same filesystem, so `os.replace` is atomic), fsync, keep the
-    permission bits (and owner, where allowed), look at the file one last time, replace, fsync
-    the folder. Returns False, writing nothing, when the last look finds other bytes.
+    """Write `data` over `path` atomically (`kiro.fsutil.atomic_write`: temp file, fsync, replace,
+    fsync the folder), keeping the file's permission bits (and owner, where allowed), unless the
+    file no longer holds `was`: the last look right before the replace then finds other bytes, and
+    nothing is written (returns False).
 
     Remaining race: a save that lands between the last look and `os.replace` (microseconds) is
     overwritten by kiro's version. Closing it would need a lock every editor honours, and editors
     do not take locks on markdown files; the window is far smaller than any human edit.
     """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
+    if not path.exists():
         return False  # moved or deleted meanwhile: the next read says so
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".kiro-tmp")
-    tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.chmod(tmp, stat.S_IMODE(st.st_mode))
-        try:
-            os.chown(tmp, st.st_uid, st.st_gid)
-        except OSError:
-            pass  # not root: the file becomes ours, as with any editor's save
-        if _last_look(path) != was:
-            tmp.unlink()
-            return False
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if not durable:
-        return True
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return True
-    try:
-        os.fsync(dir_fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(dir_fd)
-    return True
+        return atomic_write(path, data, fsync=durable, keep_mode=True, unchanged=lambda: _last_look(path) == was)
+    except FileNotFoundError:
+        return False
 
 
 _Change: TypeAlias = Callable[[TaskFile], "str | None"]

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from kiro import tasks
+from kiro import fsutil, tasks
 from kiro.errors import TaskFileError, TaskNotFound
 
 BOM = b"\xef\xbb\xbf"
@@ -415,10 +414,10 @@ def test_a_folder_kiro_cannot_write_to_is_a_one_line_error(
 ) -> None:
     path = write(tmp_path, "- [ ] 1. a\n")
 
-    def read_only_folder(*args: object, **kwargs: object) -> tuple[int, str]:
+    def read_only_folder(*args: object, **kwargs: object) -> int:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(tempfile, "mkstemp", read_only_folder)  # root would ignore a chmod 500 folder
+    monkeypatch.setattr(fsutil, "_open_temp", read_only_folder)  # root would ignore a chmod 500 folder
     with pytest.raises(TaskFileError) as info:
         tasks.mark_done(path, "1")
     assert str(info.value) == f"{path}: cannot write the task file: Permission denied"

@@ -516,7 +516,7 @@ def stop(
 ) -> None:
     """Create the stop hook: the loop stops at its next safe point (paused, exit 3) and stays paused until the hook is deleted or `kiro loop resume` runs."""
     from kiro import console, reports, views
-    from kiro.state import atomic_write
+    from kiro.fsutil import atomic_write
 
     ws = _workspace(workspace)
     store = _store(ws)

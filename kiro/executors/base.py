@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kiro.redact import Redactor
+from kiro.usage import StepUsage
 
 if TYPE_CHECKING:
     from kiro.config import Config
@@ -25,23 +26,9 @@ if TYPE_CHECKING:
     from kiro.tasks import Step, TaskFile
     from kiro.workspace import Workspace
 
+__all__ = ["Executor", "Guard", "Outcome", "StepContext", "StepResult", "StepUsage"]
+
 Outcome = Literal["completed", "failed", "request_human", "interrupted"]
-
-
-@dataclass
-class StepUsage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    api_calls: int = 0
-    cost_usd: float = 0.0
-
-    def add(self, other: StepUsage) -> None:
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.total_tokens += other.total_tokens
-        self.api_calls += other.api_calls
-        self.cost_usd += other.cost_usd
 
 
 @dataclass

@@ -16,7 +16,7 @@ from kiro.errors import ExecutorError, KiroError
 from kiro.executors.base import StepContext, StepResult
 from kiro.executors.process import last_line, run_process, tail
 from kiro.executors.shell import step_env
-from kiro.state import atomic_write
+from kiro.fsutil import atomic_write
 from kiro.workspace import Workspace
 
 

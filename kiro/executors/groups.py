@@ -116,7 +116,7 @@ class Ledger:
             self._write()
 
     def _write(self) -> None:
-        from kiro.state import atomic_write
+        from kiro.fsutil import atomic_write
 
         data = json.dumps({"groups": [{"pgid": g, "token": t} for g, t in self.groups.items()]})
         with contextlib.suppress(OSError):  # a ledger that cannot be written must not fail the step

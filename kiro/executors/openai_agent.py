@@ -41,13 +41,14 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCo
 
 from kiro import prompts
 from kiro.errors import ExecutorError
-from kiro.executors.base import StepContext, StepResult, StepUsage
+from kiro.executors.base import StepContext, StepResult
 from kiro.memory import MemoryStore
 from kiro.redact import Redactor
 from kiro.tools import Tool, ToolEnv, ToolError, ToolResult, toolset
 from kiro.tools.base import clip_output, execute
 from kiro.tools.paths import Confinement
 from kiro.transcript import Transcript
+from kiro.usage import StepUsage
 
 if TYPE_CHECKING:
     from kiro.config import Config, LLMSettings

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiro.fsutil import atomic_write
 from kiro.tools.base import ToolError
 
 CONTROL_FOLDERS = (".state", ".hooks", "config", ".git")
@@ -209,7 +210,6 @@ class Confinement:
         if real == self.root:
             raise ToolError(f"{self.display(real)!r} is a folder")
         with self.open_dir(real.parent, create=True) as dfd:
-            mode = 0o666
             created = True
             try:
                 st = os.stat(real.name, dir_fd=dfd, follow_symlinks=False)
@@ -227,22 +227,5 @@ class Confinement:
                     raise ToolError(
                         f"{self.display(real)!r} has {st.st_nlink} hard links: it may be the same file as "
                         f"one outside the project, so kiro does not write to it")
-                mode = stat.S_IMODE(st.st_mode)
-            tmp = f".{real.name}.kiro-{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=dfd)
-            try:
-                try:
-                    if not created:
-                        os.fchmod(fd, mode)
-                    view = memoryview(data)
-                    while view:
-                        n = os.write(fd, view)
-                        view = view[n:]
-                finally:
-                    os.close(fd)
-                os.replace(tmp, real.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dfd)
-                raise
+            atomic_write(real.name, data, dir_fd=dfd, fsync=False, new_mode=0o666, keep_mode=True)
             return created
