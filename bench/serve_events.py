@@ -5,7 +5,7 @@ just before the append to Logs/<task_id>.jsonl), so it covers the append, the se
 (inotify), indexing it and streaming it to every client. Prints p50/p95/max over every (client, event)
 pair, whether every client got every event exactly once, and the server's resident memory.
 
-    python bench/serve_events.py [--clients 100] [--loops 10] [--steps 6]
+    python bench/serve_events.py [--clients 100] [--loops 10] [--steps 6] [--separate]
 """
 
 from __future__ import annotations
@@ -109,13 +109,22 @@ async def main(args: argparse.Namespace) -> None:
         await asyncio.wait_for(ready.wait(), 60)
         rss_connected = _rss(server.pid)[0]
         t0 = time.monotonic()
-        loops = [await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kiro", "loop", "start", "-q", "--task", f"Specs/l{i}/tasks.md",
-            "--task-id", f"l{i}", "-w", str(root), env={k: v for k, v in env.items() if k != "KIRO_SERVE_TOKEN"},
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL) for i in range(args.loops)]
+        loop_env = {k: v for k, v in env.items() if k != "KIRO_SERVE_TOKEN"}
+        if args.separate:  # one `kiro loop start` process per loop
+            groups = [[i] for i in range(args.loops)]
+        else:  # every loop in one other `kiro loop start` process (several --task)
+            groups = [list(range(args.loops))]
+        loops = []
+        for group in groups:
+            argv = [a for i in group for a in ("--task", f"Specs/l{i}/tasks.md")]
+            if len(group) == 1:
+                argv += ["--task-id", f"l{group[0]}"]
+            loops.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "kiro", "loop", "start", "-q", *argv, "-w", str(root), env=loop_env,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL))
         codes = [await p.wait() for p in loops]
         run_seconds = time.monotonic() - t0
-        total = sum(1 for i in range(args.loops) for line in (root / "Logs" / f"l{i}.jsonl").read_text().splitlines()
+        total = sum(1 for log in (root / "Logs").glob("*.jsonl") for line in log.read_text().splitlines()
                     if line.strip())
         expected[0] = total
         done.set()
@@ -138,8 +147,8 @@ async def main(args: argparse.Namespace) -> None:
     delays.sort()
     p50 = statistics.median(delays)
     p95 = delays[int(len(delays) * 0.95)]
-    print(f"serve_events: {args.clients} SSE clients, {args.loops} loops x {args.steps} steps in {args.loops} "
-          f"processes "
+    print(f"serve_events: {args.clients} SSE clients, {args.loops} loops x {args.steps} steps in {len(loops)} other "
+          f"kiro process(es) "
           f"(exit codes {sorted(set(codes))}), {total} events in {run_seconds:.1f} s, {len(delays)} deliveries")
     print(f"serve_events: every event exactly once, in order of id, to {complete}/{args.clients} clients")
     print(f"serve_events: delivery delay (emit -> client) p50 {p50:.1f} ms, p95 {p95:.1f} ms, max {delays[-1]:.1f} ms")
@@ -155,4 +164,10 @@ if __name__ == "__main__":
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--loops", type=int, default=10)
     ap.add_argument("--steps", type=int, default=6)
-    asyncio.run(main(ap.parse_args()))
+    ap.add_argument("--separate", action="store_true", help="one `kiro loop start` process per loop")
+    try:  # the clients' side as light as the server's: uvloop when it is there (the serve extra has it)
+        import uvloop
+    except ImportError:
+        asyncio.run(main(ap.parse_args()))
+    else:
+        uvloop.run(main(ap.parse_args()))

@@ -178,7 +178,8 @@ class EventIndex:
         while self.last <= seq:
             ev = self._event
             try:
-                await asyncio.wait_for(ev.wait(), timeout)
+                async with asyncio.timeout(timeout):  # no extra task per wait, unlike wait_for
+                    await ev.wait()
             except TimeoutError:
                 return self.last > seq
         return True
@@ -199,7 +200,7 @@ class EventIndex:
         try:
             from watchfiles import awatch
 
-            async for _changes in awatch(self.logs, debounce=50, step=2, stop_event=self._stop,
+            async for _changes in awatch(self.logs, debounce=10, step=2, stop_event=self._stop,
                                          rust_timeout=int(SAFETY_SCAN_SECONDS * 1000), yield_on_timeout=True,
                                          watch_filter=None, recursive=False, ignore_permission_denied=True):
                 self._safe_sync()
