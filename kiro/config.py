@@ -151,8 +151,11 @@ class Config(_Strict):
     resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
     executor: Literal["openai", "command", "shell"] | None = None
     executor_command: str | None = None
+    agent: Literal["claude", "codex", "aider", "gemini", "opencode"] | None = None
+    agent_args: list[str] = Field(default_factory=list)
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
     step_timeout_seconds: float = Field(1800, gt=0)
+    step_idle_timeout_seconds: float | None = Field(None, gt=0)
     project_dir: str = "."
     verify: str | None = None
     llm: LLMSettings = Field(default_factory=LLMSettings)
@@ -184,6 +187,7 @@ class Config(_Strict):
 # Task frontmatter keys that set config values, and the dotted config path each one sets.
 FRONTMATTER_KEYS: dict[str, str] = {
     "executor": "executor",
+    "agent": "agent",
     "verify": "verify",
     "max_iterations": "autonomous_loop.max_iterations",
     "failure_threshold": "autonomous_loop.failure_threshold",
@@ -199,6 +203,7 @@ FLAG_NAMES: dict[str, str] = {
     "autonomous_loop.failure_threshold": "--failure-threshold",
     "autonomous_loop.timeout_seconds": "--timeout",
     "executor": "--executor",
+    "agent": "--agent",
     "llm.model": "--model",
 }
 
@@ -210,6 +215,7 @@ ENV_KEYS: dict[str, str] = {
     "KIRO_TIMEOUT_SECONDS": "autonomous_loop.timeout_seconds",
     "KIRO_EXECUTOR": "executor",
     "KIRO_EXECUTOR_COMMAND": "executor_command",
+    "KIRO_AGENT": "agent",
     "KIRO_MODEL": "llm.model",
     "KIRO_VERIFY": "verify",
     "KIRO_BASE_URL": "llm.base_url",

@@ -500,7 +500,7 @@ class Loop:
             verify_command=verify_cmd, continuation=continuation, workspace=self.ws,
             finish=prompts.finish_instruction(self.executor.name, step,
                                               str(self.task_path) if self._isolated() else s.task_path,
-                                              self.cfg.command_success),
+                                              self.cfg.command_success, task=task, task_file=self.task_path),
         )
         system = prompts.system_prompt(task, s, self.ws, executor=self.executor.name)
         s.context.last_prompt = clip(prompt)

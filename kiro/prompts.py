@@ -125,15 +125,36 @@ def step_prompt(
     )
 
 
-def finish_instruction(executor: str, step: Step, task_path: str, command_success: str) -> str:
-    """How an agent reports the step done, by executor."""
+def finish_instruction(executor: str, step: Step, task_path: str, command_success: str, *,
+                       task: TaskFile | None = None, task_file: Path | None = None) -> str:
+    """How an agent reports the step done, by executor. An agent CLI is told the task file's full
+    path and the exact line to change (`- [-] 2.1 Title` -> `- [x] 2.1 Title`)."""
     if executor == "command":
         if command_success == "exit_code":
             return "When the step is done, exit with status 0; exit non-zero if you could not do it."
-        return (f"When the step is done, check its box in `{task_path}`: change `[-]` to `[x]` on the line of "
-                f"step {step.id} and nothing else in that file. kiro counts the step done only when that box "
-                f"is checked and you exit with status 0.")
+        where = str(task_file) if task_file is not None else task_path
+        line = step_line(task, step) if task is not None else None
+        if line is not None:
+            done = line[: line.index("[") + 1] + "x" + line[line.index("[") + 2:]
+            change = f"change this line:\n\n    {line}\n\nto\n\n    {done}\n\n"
+        else:
+            change = f"change `[-]` to `[x]` on the line of step {step.id} "
+        return (f"When step {step.id} is done, check its box in the task file `{where}`: {change}and change nothing "
+                f"else in that file. kiro counts the step done only when that box is checked and you exit with "
+                f"status 0.")
     return "When the step is done, call `complete_step` with a one-paragraph summary."
+
+
+def step_line(task: TaskFile, step: Step) -> str | None:
+    """The step's line in the task file as the agent will see it while the step runs (box `[-]`)."""
+    lines = task.text.splitlines()
+    if not 0 <= step.line < len(lines):
+        return None
+    line = lines[step.line].rstrip()
+    start = line.find("[")
+    if start < 0 or start + 2 >= len(line) or line[start + 2] != "]":
+        return None
+    return line[: start + 1] + "-" + line[start + 2:]
 
 
 def prompt_path_for_override(workspace: Workspace, name: str) -> Path:

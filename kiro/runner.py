@@ -44,12 +44,25 @@ def new_task_id(store: StateStore) -> str:
     return candidate
 
 
+def unused_command_warning(cfg: Config, executor_name: str) -> list[str]:
+    """A configured agent command line that the chosen executor will not run is said, not ignored."""
+    if executor_name == "command" or not (cfg.executor_command or cfg.agent):
+        return []
+    what = f"executor_command {cfg.executor_command!r}" if cfg.executor_command else f"agent {cfg.agent!r}"
+    return [f"{what} is configured but this loop uses the {executor_name} executor (executor: {executor_name}); "
+            f"it will not run"]
+
+
 def choose_executor(cfg: Config, task: tasks.TaskFile, recorded: str | None = None) -> str:
     """SPEC §5: an explicit choice (flag, frontmatter, env, config), else the one recorded when the
-    loop started, else openai when an endpoint is configured, else shell when the current step has
-    a command block, else an error naming the three ways to configure one."""
+    loop started, else command when `executor_command` or `agent` is set (an OPENAI_API_KEY that an
+    agent CLI needs never switches kiro to its own openai executor), else openai when an endpoint
+    is configured, else shell when the current step has a command block, else an error naming the
+    ways to configure one."""
     if cfg.executor:
         return cfg.executor
+    if cfg.executor_command or cfg.agent:
+        return "command"
     if recorded:
         return recorded
     if os.environ.get(cfg.llm.api_key_env) or cfg.llm.base_url or os.environ.get("OPENAI_BASE_URL"):
@@ -59,8 +72,9 @@ def choose_executor(cfg: Config, task: tasks.TaskFile, recorded: str | None = No
         return "shell"
     raise ExecutorError(
         f"no executor for {task.path}: step {step.id} has no ```sh block, and no model endpoint is configured; "
-        f"choose one with --executor shell|command|openai, `executor:` in the task's frontmatter or "
-        f"config/autonomous_loop.yaml, or set {cfg.llm.api_key_env} / llm.base_url for the openai executor"
+        f"choose one with --executor shell|command|openai or --agent claude|codex|..., `executor:` / `agent:` in "
+        f"the task's frontmatter or config/autonomous_loop.yaml, or set {cfg.llm.api_key_env} / llm.base_url "
+        f"for the openai executor"
     )
 
 
@@ -166,6 +180,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             tid = new_task_id(store)
         if executor is None:
             executor_name = choose_executor(cfg, task)
+            warnings += unused_command_warning(cfg, executor_name)
             executor = executors.create(executor_name, cfg, ws, tid)
         executor_name = executor.name
         lock = store.acquire(tid)
@@ -248,6 +263,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
                             f"{state.failure_threshold}; pass --reset-failures to try again")
         if executor is None:
             executor_name = choose_executor(cfg, task, recorded=state.executor)
+            warnings += unused_command_warning(cfg, executor_name)
             executor = executors.create(executor_name, cfg, ws, task_id)
         executor_name = executor.name
         state.pid = os.getpid()

@@ -78,14 +78,20 @@ def _exit(code: int) -> None:
 
 
 def _overrides(max_iterations: int | None, failure_threshold: int | None, timeout: float | None,
-               executor: str | None, model: str | None) -> dict[str, Any]:
+               executor: str | None, model: str | None, agent: str | None = None) -> dict[str, Any]:
     return {
         "autonomous_loop.max_iterations": max_iterations,
         "autonomous_loop.failure_threshold": failure_threshold,
         "autonomous_loop.timeout_seconds": timeout,
         "executor": executor,
+        "agent": agent,
         "llm.model": model,
     }
+
+
+AgentOpt = Annotated[str | None, typer.Option("--agent", help="Agent CLI preset for the command executor: claude | "
+                                              "codex | aider | gemini | opencode (see `kiro agents`).",
+                                              show_default=False)]
 
 
 def _run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
@@ -154,6 +160,7 @@ def start(
                                                  show_default=False)] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model name for the openai executor.",
                                               show_default=False)] = None,
+    agent: AgentOpt = None,
     task_id: TaskIdOpt = None,
     detach: Annotated[bool, typer.Option("--detach",
                                          help="Run in the background; print the task id and exit 0.")] = False,
@@ -167,7 +174,7 @@ def start(
     if executor is not None and executor not in ("shell", "command", "openai"):
         raise UserError(f"--executor {executor!r}: choose shell, command or openai")
     ws = _workspace(workspace)
-    overrides = _overrides(max_iterations, failure_threshold, timeout, executor, model)
+    overrides = _overrides(max_iterations, failure_threshold, timeout, executor, model, agent)
     if len(task) > 1 and task_id:
         raise UserError("--task-id names one loop; with several --task, each gets its own id")
     if detach:
@@ -215,6 +222,7 @@ def resume(
     executor: Annotated[str | None, typer.Option("--executor", help="shell | command | openai.",
                                                  show_default=False)] = None,
     model: Annotated[str | None, typer.Option("--model", show_default=False, help="Model for openai.")] = None,
+    agent: AgentOpt = None,
     detach: Annotated[bool, typer.Option("--detach", help="Continue in the background; print the task id.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
@@ -241,7 +249,7 @@ def resume(
             argv += ["--task-id", tid]
         _detach(argv, store.ws, tid)
         return
-    overrides = _overrides(None, None, None, executor, model)
+    overrides = _overrides(None, None, None, executor, model, agent)
     from kiro.errors import LockHeld
 
     try:

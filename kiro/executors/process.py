@@ -10,7 +10,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,9 @@ class ProcessResult:
     duration: float
     timed_out: bool = False
     cancelled: bool = False
+    stderr: str = ""  # only with separate_stderr=True; else stderr is in `output`
+    idle_timed_out: bool = False  # ended because it printed nothing for `idle_timeout` seconds
+    aborted: bool = False  # ended because `on_stdout` said so (an agent CLI reported a fatal error)
 
     @property
     def ok(self) -> bool:
@@ -63,6 +66,9 @@ async def run_process(
     cancel: asyncio.Event | None = None,
     output_limit: int = OUTPUT_KEPT,
     confine: bool = False,
+    separate_stderr: bool = False,
+    idle_timeout: float | None = None,
+    on_stdout: Callable[[bytes], bool] | None = None,
 ) -> ProcessResult:
     """`confine`: the command is the agent's choice: no capabilities, no new privileges."""
     started = time.monotonic()
@@ -77,22 +83,34 @@ async def run_process(
         env=child_env,
         stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        stderr=asyncio.subprocess.PIPE if separate_stderr else asyncio.subprocess.STDOUT,
         start_new_session=True,
     )
     if ledger is not None:
         ledger.add(proc.pid)
     chunks = bytearray()
+    err_chunks = bytearray()
+    last_output = time.monotonic()
+    abort = asyncio.Event()
 
-    async def pump() -> None:
-        assert proc.stdout is not None
+    async def pump(stream: asyncio.StreamReader | None, into: bytearray) -> None:
+        nonlocal last_output
+        assert stream is not None
         while True:
-            data = await proc.stdout.read(65536)
+            data = await stream.read(65536)
             if not data:
                 return
-            chunks.extend(data)
-            if len(chunks) > output_limit * 2:
-                del chunks[: len(chunks) - output_limit]
+            last_output = time.monotonic()
+            if on_stdout is not None and into is chunks and on_stdout(data):
+                abort.set()
+            into.extend(data)
+            if len(into) > output_limit * 2:
+                del into[: len(into) - output_limit]
+
+    async def silence() -> None:
+        assert idle_timeout is not None
+        while (quiet := time.monotonic() - last_output) < idle_timeout:
+            await asyncio.sleep(idle_timeout - quiet)
 
     async def feed() -> None:
         if stdin_data is None or proc.stdin is None:
@@ -103,18 +121,29 @@ async def run_process(
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.close()
 
-    work = asyncio.ensure_future(asyncio.gather(pump(), feed(), proc.wait()))
+    pumps = [pump(proc.stdout, chunks)] + ([pump(proc.stderr, err_chunks)] if separate_stderr else [])
+    work = asyncio.ensure_future(asyncio.gather(*pumps, feed(), proc.wait()))
     waiters: set[asyncio.Future[Any]] = {work}
     cancel_wait: asyncio.Future[Any] | None = None
     if cancel is not None:
         cancel_wait = asyncio.ensure_future(cancel.wait())
         waiters.add(cancel_wait)
-    timed_out = cancelled = False
+    idle_wait = asyncio.ensure_future(silence()) if idle_timeout is not None else None
+    if idle_wait is not None:
+        waiters.add(idle_wait)
+    abort_wait = asyncio.ensure_future(abort.wait()) if on_stdout is not None else None
+    if abort_wait is not None:
+        waiters.add(abort_wait)
+    timed_out = cancelled = idle_timed_out = aborted = False
     try:
         done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if work not in done:
             if cancel_wait is not None and cancel_wait in done:
                 cancelled = True
+            elif idle_wait is not None and idle_wait in done:
+                idle_timed_out = True
+            elif abort_wait is not None and abort_wait in done:
+                aborted = True
             else:
                 timed_out = True
             await _end(proc)
@@ -129,6 +158,9 @@ async def run_process(
     finally:
         if cancel_wait is not None:
             cancel_wait.cancel()
+        for extra in (idle_wait, abort_wait):
+            if extra is not None:
+                extra.cancel()
         if not work.done():
             work.cancel()
     # A step that exits may leave children behind in its group (a background server): end them too.
@@ -136,7 +168,9 @@ async def run_process(
     if ledger is not None:
         ledger.discard(proc.pid)
     text = bytes(chunks[-output_limit:]).decode("utf-8", errors="replace")
-    return ProcessResult(proc.returncode, text, time.monotonic() - started, timed_out, cancelled)
+    err = bytes(err_chunks[-output_limit:]).decode("utf-8", errors="replace")
+    return ProcessResult(proc.returncode, text, time.monotonic() - started, timed_out, cancelled, err, idle_timed_out,
+                         aborted)
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:

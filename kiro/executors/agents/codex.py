@@ -1,0 +1,138 @@
+"""Codex CLI (`npm install -g @openai/codex`), run headless with `codex exec`.
+
+- The prompt goes on stdin (`-`); `--json` prints JSONL events (`thread.started`, `item.*`,
+  `turn.completed` with `usage`, `turn.failed` / `error` with the message).
+- `--full-auto` is gone from current Codex: `--sandbox workspace-write` lets it edit the project
+  and run commands in it; `--skip-git-repo-check` lets it run outside a git repository.
+- Endpoint and auth: `OPENAI_API_KEY`, or a model provider in `$CODEX_HOME/config.toml`
+  (`model_provider`, `[model_providers.NAME] base_url = ..., wire_api = "responses"`).
+- Codex reports tokens, not money: kiro prices them with `llm.prices[<model>]`, where the model is
+  the `-m/--model` of the command line, else `model` in `$CODEX_HOME/config.toml`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.base import StepUsage
+
+if TYPE_CHECKING:
+    from kiro.config import Config
+
+
+class CodexPreset(Preset):
+    name = "codex"
+    program = "codex"
+    install = "npm install -g @openai/codex"
+    command = "codex exec --json --color never --sandbox workspace-write --skip-git-repo-check"
+    idle_timeout_seconds = 600.0
+    env_keys = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME")
+
+    def __init__(self, config: Config | None = None) -> None:
+        super().__init__(config)
+        self._argv: list[str] | None = None  # the last command line run, for the model's name
+
+    def template(self) -> list[str]:
+        return [*super().template(), "-"]  # the prompt from stdin, after any agent_args
+
+    def argv(self, inv: Invocation, template: list[str] | None = None) -> list[str]:  # type: ignore[override]
+        argv = super().argv(inv, template)
+        folder = inv.task_file.parent
+        try:
+            folder.relative_to(inv.project_dir)
+        except ValueError:  # the task file lives outside the project: make it writable in the sandbox
+            if "--add-dir" not in argv and len(argv) > 1 and argv[1] == "exec":
+                argv[2:2] = ["--add-dir", str(folder)]
+        self._argv = argv
+        return argv
+
+    def env(self, inv: Invocation) -> dict[str, str]:
+        return {"NO_COLOR": "1"}
+
+    def model(self, argv: list[str] | None = None) -> str | None:
+        argv = argv if argv is not None else self._argv or self.template()
+        for i, arg in enumerate(argv):
+            if arg in ("-m", "--model") and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith("--model="):
+                return arg.split("=", 1)[1]
+        home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+        try:
+            data = tomllib.loads((home / "config.toml").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        model = data.get("model")
+        return str(model) if isinstance(model, str) else None
+
+    def parse_usage(self, stdout: str) -> StepUsage | None:
+        found = False
+        total = StepUsage()
+        for event in json_lines(stdout):
+            if event.get("type") != "turn.completed" or not isinstance(event.get("usage"), dict):
+                continue
+            found = True
+            usage: dict[str, Any] = event["usage"]
+            prompt = int(usage.get("input_tokens") or 0)
+            completion = int(usage.get("output_tokens") or 0)
+            total.add(StepUsage(prompt_tokens=prompt, completion_tokens=completion,
+                                total_tokens=prompt + completion, api_calls=1))
+        if not found:
+            return None
+        model = self.model()
+        price = self.config.llm.prices.get(model) if model else None
+        if price is not None:
+            total.cost_usd = (total.prompt_tokens * price.input_per_1m
+                              + total.completion_tokens * price.output_per_1m) / 1_000_000
+        return total
+
+    @staticmethod
+    def _errors(stdout: str) -> list[str]:
+        found: list[str] = []
+        for event in json_lines(stdout):
+            kind = event.get("type")
+            if kind == "error" and isinstance(event.get("message"), str):
+                found.append(event["message"])
+            elif kind == "turn.failed" and isinstance(event.get("error"), dict):
+                message = event["error"].get("message")
+                if isinstance(message, str):
+                    found.append(message)
+        return found
+
+    def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
+        errors = self._errors(stdout)
+        if exit_code == 0 and not any(e.get("type") == "turn.failed" for e in json_lines(stdout)):
+            return None
+        line = (clean(errors[-1]).strip().splitlines() or [""])[0][:300] if errors else None
+        line = line or error_line(stderr) or error_line(stdout) or last_line(stderr) or last_line(stdout) \
+            or f"exit status {exit_code}"
+        return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
+
+    def fatal_line(self, line: str) -> Failure | None:
+        """Codex reconnects five times, with backoff, after a refused key; the first
+        `Reconnecting... (unexpected status 401 Unauthorized ...)` says so."""
+        if "Reconnecting" not in line:
+            return None
+        event = next(json_lines(line), None)
+        message = event.get("message") if event is not None and event.get("type") == "error" else None
+        if not isinstance(message, str) or not ("401 Unauthorized" in message or "403 Forbidden" in message):
+            return None
+        inner = message.split("(", 1)[1].rstrip(")") if "(" in message else message
+        return Failure("auth_error", inner[:300])
+
+    def summary(self, stdout: str, stderr: str, prompt: str) -> str:
+        said = []
+        for event in json_lines(stdout):
+            item = event.get("item")
+            if event.get("type") == "item.completed" and isinstance(item, dict) \
+                    and item.get("type") == "agent_message" and isinstance(item.get("text"), str):
+                said.append(item["text"])
+        errors = self._errors(stdout)
+        if errors:
+            return tail(clean(errors[-1]))
+        if said:
+            return tail(clean(said[-1]))
+        return super().summary("" if stdout.lstrip().startswith("{") else stdout, stderr, prompt)

@@ -1,0 +1,201 @@
+"""kiro's control files stay kiro's: what an external agent (the command executor) changed in
+`.state/`, `.hooks/`, `config/`, or in the task file beyond its own step's box, is found after the
+attempt, put back, and named.
+
+Before the attempt: every file's size and mtime (and its bytes, within a budget) in the three
+folders, and the task file's bytes. After: a file whose size or mtime moved, or that appeared or
+went, was touched. Put back: the old bytes (or the file removed again); a file too big to have been
+kept is named as touched but not restored. Exceptions, because kiro or a person writes them while
+an agent runs: `.state/prompts/` (kiro's prompt files), lock files, the files of other loops that
+are running now (their own lock is held), and a stop hook created in `.hooks/` (whoever asks for a
+stop gets it: stopping is always safe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiro.workspace import Workspace
+
+KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
+
+
+@dataclass
+class _Entry:
+    size: int
+    mtime_ns: int
+    data: bytes | None
+
+
+@dataclass
+class ControlSnapshot:
+    ws: Workspace
+    task_id: str
+    task_path: Path
+    files: dict[Path, _Entry] = field(default_factory=dict)
+    task_bytes: bytes | None = None
+
+    @classmethod
+    def take(cls, ws: Workspace, task_id: str, task_path: Path) -> ControlSnapshot:
+        snap = cls(ws, task_id, task_path)
+        budget = KEEP_BYTES
+        for path in snap._walk():
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            data = None
+            if st.st_size <= budget:
+                with contextlib.suppress(OSError):
+                    data = path.read_bytes()
+                    budget -= len(data)
+            snap.files[path] = _Entry(st.st_size, st.st_mtime_ns, data)
+        with contextlib.suppress(OSError):
+            snap.task_bytes = task_path.read_bytes()
+        return snap
+
+    def _folders(self) -> list[Path]:
+        return [self.ws.state_dir, self.ws.hooks, self.ws.root / "config"]
+
+    def _walk(self) -> list[Path]:
+        found: list[Path] = []
+        for folder in self._folders():
+            if not folder.is_dir():
+                continue
+            for dirpath, dirnames, filenames in os.walk(folder):
+                here = Path(dirpath)
+                if here == self.ws.state_dir:
+                    dirnames[:] = [d for d in dirnames if d != "prompts"]
+                found.extend(here / name for name in filenames if not self._ignored(here / name))
+        return found
+
+    def _ignored(self, path: Path) -> bool:
+        name = path.name
+        # locks, and the memory database (a live SQLite file that other loops write)
+        return name.endswith(".lock") or name.startswith("memory.db") or name.endswith(".kiro-restore")
+
+    def _live_others(self) -> list[str]:
+        """The task ids of the other loops running now (their lock is held)."""
+        found = []
+        for lock in self.ws.state_dir.glob("autonomous_loop_*.lock"):
+            tid = lock.name[len("autonomous_loop_"):-len(".lock")]
+            if tid != self.task_id and _locked(lock):
+                found.append(tid)
+        return found
+
+    def _belongs_to(self, path: Path, tids: list[str]) -> bool:
+        """A file of one of the loops `tids` (its state, backups, archive, transcript)."""
+        name = path.name
+        return any(name.startswith(f"autonomous_loop_{tid}.") or name == f"{tid}.jsonl" for tid in tids)
+
+    def _is_stop_hook(self, path: Path) -> bool:
+        return path in (self.ws.hook_file(self.task_id), self.ws.global_hook_file) or (
+            path.parent == self.ws.hooks and path.name.startswith("stop"))
+
+    def restore(self, step_line: int, step_box: int) -> list[str]:
+        """Put back what the agent changed; return what it touched, one phrase each. `step_line`
+        (0-based) and `step_box` (the box's offset in the file) name the one change allowed in the
+        task file: the current step's box."""
+        touched: list[str] = []
+        now = set(self._walk())
+        others: list[str] | None = None
+        for path in sorted(now | set(self.files)):
+            old = self.files.get(path)
+            rel = self.ws.relative(path)
+            if old is None:
+                if others is None:
+                    others = self._live_others()
+                if self._is_stop_hook(path) or self._belongs_to(path, others):
+                    continue
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                touched.append(f"{rel} (created; removed)")
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                st = None
+            if st is not None and (st.st_size, st.st_mtime_ns) == (old.size, old.mtime_ns):
+                continue
+            if others is None:
+                others = self._live_others()
+            if self._belongs_to(path, others):
+                continue
+            if st is not None and old.data is not None:
+                with contextlib.suppress(OSError):
+                    if path.read_bytes() == old.data:
+                        continue  # rewritten with the same bytes
+            verb = "deleted" if st is None else "changed"
+            if old.data is None:
+                touched.append(f"{rel} ({verb}; too big to have been kept, not restored)")
+                continue
+            try:
+                _write_back(path, old.data, old.mtime_ns)
+                touched.append(f"{rel} ({verb}; restored)")
+            except OSError as exc:
+                touched.append(f"{rel} ({verb}; could not restore: {exc.strerror or exc})")
+        touched += self._restore_task(step_line, step_box)
+        return touched
+
+    def _restore_task(self, step_line: int, step_box: int) -> list[str]:
+        before = self.task_bytes
+        if before is None:
+            return []
+        try:
+            after = self.task_path.read_bytes()
+        except FileNotFoundError:
+            _write_back(self.task_path, before, None)
+            return [f"{self.ws.relative(self.task_path)} (deleted; restored)"]
+        except OSError:
+            return []
+        if after == before or _only_box_changed(before, after, step_box):
+            return []
+        old_lines = before.decode("utf-8", "replace").splitlines()
+        new_lines = after.decode("utf-8", "replace").splitlines()
+        changed = [i + 1 for i in range(max(len(old_lines), len(new_lines)))
+                   if (old_lines[i] if i < len(old_lines) else None) != (new_lines[i] if i < len(new_lines) else None)
+                   and i != step_line]
+        where = ", ".join(str(n) for n in changed[:8]) + (", ..." if len(changed) > 8 else "")
+        _write_back(self.task_path, before, None)
+        return [f"{self.ws.relative(self.task_path)} lines other than the step's box (line {where}; restored)"]
+
+
+def _text(raw: bytes) -> str:
+    return raw[3:].decode("utf-8", "replace") if raw.startswith(b"\xef\xbb\xbf") else raw.decode("utf-8", "replace")
+
+
+def _only_box_changed(before: bytes, after: bytes, box: int) -> bool:
+    """The current step's box, and nothing else, differs (`[-]` -> `[x]`); `box` is the marker's
+    offset in the decoded text, as `tasks.Step.box_offset` gives it."""
+    old, new = _text(before), _text(after)
+    if len(old) != len(new) or box < 0 or box >= len(old):
+        return False
+    return old[:box] == new[:box] and old[box + 1:] == new[box + 1:] and new[box] in "xX"
+
+
+def _write_back(path: Path, data: bytes, mtime_ns: int | None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.kiro-restore")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    if mtime_ns is not None:
+        with contextlib.suppress(OSError):
+            os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def _locked(lock: Path) -> bool:
+    """Whether some process holds `lock` (a filelock): try to take it without waiting."""
+    from filelock import FileLock, Timeout
+
+    probe = FileLock(str(lock), timeout=0, thread_local=False, is_singleton=False)
+    try:
+        probe.acquire()
+    except Timeout:
+        return True
+    except OSError:
+        return False
+    probe.release()
+    return False

@@ -1,0 +1,166 @@
+"""Running the REAL agent CLIs (Claude Code, Codex) under kiro against the scripted API servers in
+tests/fakes: the harness that tests/test_agent_clis.py and bench/agent_clis.py share.
+
+Each `Cli` knows how to point its program at a fake (environment, config home in tmp), and plays a
+model that does what kiro's prompt asks: it reads the task file's path and the exact line to
+change from the prompt, and checks that box with the CLI's own tools (Claude: Read then Edit;
+Codex: `apply_patch` through its exec_command tool), then says it is done. `extra` tool calls can
+be scripted before that (to write kiro's control files, say).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.fakes import FakeServer, HttpError, Recorded
+from tests.fakes import anthropic as fa
+from tests.fakes import responses as fr
+
+INSTALL = ".ci/install-agent-clis"
+PROMPT_RE = re.compile(r"check its box in the task file `(?P<file>[^`]+)`: change this line:\s*\n\s*\n\s*"
+                       r"(?P<old>- \[-\][^\n]*)\n\s*\n\s*to\s*\n\s*\n\s*(?P<new>- \[x\][^\n]*)\n")
+
+
+def parse_prompt(text: str) -> tuple[str, str, str]:
+    """The task file and the line to change, as kiro's prompt gives them."""
+    m = PROMPT_RE.search(text)
+    assert m, f"the prompt does not say which line to change:\n{text[-1500:]}"
+    return m["file"], m["old"], m["new"]
+
+
+@dataclass
+class Cli:
+    name: str
+    program: str
+    package: str
+    tmp: Path
+    extra: list[Any] = field(default_factory=list)  # tool calls to make before checking the box
+    error: HttpError | None = None  # answer every call with this error
+    input_tokens: int = 100
+    output_tokens: int = 20
+    server: FakeServer | None = None
+    retries: bool = False
+
+    @property
+    def installed(self) -> bool:
+        return shutil.which(self.program) is not None
+
+    def skip_reason(self) -> str:
+        return (f"{self.program} CLI is not installed (npm {self.package}); install it with {INSTALL} "
+                f"to run this test")
+
+    def start(self) -> FakeServer:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    def calls(self) -> int:
+        raise NotImplementedError
+
+    def default_retries(self) -> None:
+        """Let the CLI retry failed requests as it does out of the box (the fixture turns that off)."""
+        self.retries = True
+
+
+class Claude(Cli):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__("claude", "claude", "@anthropic-ai/claude-code", tmp)
+
+    def brain(self, rec: Recorded) -> fa.Turn | HttpError:
+        if self.error is not None:
+            return self.error
+        usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        if not fa.is_agent_call(rec.body):
+            return fa.Turn([fa.text("ok")], **usage)
+        done = len(fa.tool_results(rec.body))
+        path, old, new = parse_prompt(fa.first_user_text(rec.body))
+        plan = [*self.extra, ("Read", {"file_path": path}),
+                ("Edit", {"file_path": path, "old_string": old, "new_string": new})]
+        if done < len(plan):
+            name, args = plan[done]
+            return fa.Turn([fa.tool_use(name, args)], **usage)
+        return fa.Turn([fa.text(f"Checked the box: {new}")], **usage)
+
+    def start(self) -> FakeServer:
+        self.server = fa.FakeAnthropic(self.brain).start()
+        return self.server
+
+    def env(self) -> dict[str, str]:
+        assert self.server is not None
+        home = self.tmp / "claude-home"
+        home.mkdir(exist_ok=True)
+        return {"HOME": str(home), "ANTHROPIC_BASE_URL": self.server.url, "ANTHROPIC_API_KEY": "sk-ant-test-key",
+                "ANTHROPIC_MODEL": fa.MODEL, **({} if self.retries else {"CLAUDE_CODE_MAX_RETRIES": "0"})}
+
+    def calls(self) -> int:
+        assert isinstance(self.server, fa.FakeAnthropic)
+        return len(self.server.agent_calls())
+
+
+class Codex(Cli):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__("codex", "codex", "@openai/codex", tmp)
+
+    def brain(self, rec: Recorded) -> fr.Reply | HttpError:
+        if self.error is not None:
+            return self.error
+        usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        done = len(fr.outputs(rec.body))
+        path, old, new = parse_prompt(fr.user_text(rec.body))
+        patch = (f"apply_patch <<'PATCH'\n*** Begin Patch\n*** Update File: {path}\n@@\n-{old}\n+{new}\n"
+                 f"*** End Patch\nPATCH\n")
+        plan = [*self.extra, ("exec_command", {"cmd": patch})]
+        if done < len(plan):
+            name, args = plan[done]
+            return fr.Reply([fr.function_call(name, args)], **usage)
+        return fr.Reply([fr.message(f"Checked the box: {new}")], **usage)
+
+    def start(self) -> FakeServer:
+        self.server = fr.FakeResponses(self.brain).start()
+        home = self.tmp / "codex-home"
+        home.mkdir(exist_ok=True)
+        (home / "config.toml").write_text(
+            f'model = "{fr.MODEL}"\nmodel_provider = "fake"\n\n[model_providers.fake]\nname = "fake"\n'
+            f'base_url = "{self.server.url}/v1"\nenv_key = "OPENAI_API_KEY"\nwire_api = "responses"\n'
+            f'request_max_retries = 0\nstream_max_retries = 0\n')
+        return self.server
+
+    def default_retries(self) -> None:
+        super().default_retries()
+        config = self.tmp / "codex-home" / "config.toml"
+        config.write_text(config.read_text().replace("request_max_retries = 0\nstream_max_retries = 0\n", ""))
+
+    def env(self) -> dict[str, str]:
+        home = self.tmp / "codex-home"
+        return {"HOME": str(home), "CODEX_HOME": str(home), "OPENAI_API_KEY": "sk-test-key"}
+
+    def calls(self) -> int:
+        assert isinstance(self.server, fr.FakeResponses)
+        return len(self.server.calls())
+
+
+CLIS: dict[str, Callable[[Path], Cli]] = {"claude": Claude, "codex": Codex}
+
+# Codex reports tokens only; kiro prices them with llm.prices (the tests and bench set this price).
+CODEX_PRICE = "llm:\n  prices:\n    gpt-5-codex: {input_per_1m: 1.25, output_per_1m: 10.0}\n"
+
+
+def task_text(n: int) -> str:
+    lines = ["---", "title: Greeting", "---", "# Implementation Plan", ""]
+    lines += [f"- [ ] {i}. Write part {i} of the greeting" for i in range(1, n + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip().startswith("{")]
