@@ -22,7 +22,7 @@ from kiro import tasks
 from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError
 from kiro.executors import agents
-from kiro.executors.agents import Failure, Invocation, clean, without_echo
+from kiro.executors.agents import Failure, Invocation, clean
 from kiro.executors.base import StepContext, StepResult, StepUsage
 from kiro.executors.control import ControlSnapshot
 from kiro.executors.process import ProcessResult, run_process
@@ -31,17 +31,6 @@ from kiro.fsutil import atomic_write
 from kiro.workspace import Workspace
 
 LOG_KEPT = 256_000  # bytes of each stream kept for the attempt log (the tail)
-
-
-def redact(text: str) -> str:
-    """The one call point for the secret redactor (`sec`'s kiro/redact.py): every attempt log and
-    every error text from an agent's output passes through here."""
-    try:
-        from kiro import redact as redactor  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return text
-    fn = getattr(redactor, "redact", None)
-    return fn(text) if callable(fn) else text  # type: ignore[no-any-return,unused-ignore]
 
 
 class CommandExecutor:
@@ -117,14 +106,14 @@ class CommandExecutor:
         if not (result.cancelled or result.timed_out or result.idle_timed_out or result.aborted):
             failure = self.preset.classify_failure(result.returncode, result.output, result.stderr)
         log = self._write_log(ctx, argv, result, failure, touched, time.monotonic() - started)
-        summary = redact(self.preset.summary(result.output, result.stderr, text))
+        summary = ctx.redact.text(self.preset.summary(result.output, result.stderr, text))
         outcome = self._outcome(ctx, result, failure, touched, summary, log)
         outcome.usage = usage
         if outcome.outcome == "failed":
-            outcome.error = redact(outcome.error or "")
+            outcome.error = ctx.redact.text(outcome.error or "")
         if failure is not None and failure.fatal and not touched:
             raise ExecutorError(f"{self.preset.program or argv[0]} failed ({failure.kind.replace('_', ' ')}): "
-                                f"{redact(failure.line)} — {self.preset.fix(failure)} (full output in "
+                                f"{ctx.redact.text(failure.line)} — {self.preset.fix(failure)} (full output in "
                                 f"{self.workspace.relative(log)})")
         return outcome
 
@@ -187,7 +176,7 @@ class CommandExecutor:
         lines += [f"# touched: {t}" for t in touched]
         body = "\n".join(lines) + "\n\n## stdout\n" + result.output + "\n\n## stderr\n" + result.stderr + "\n"
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, redact(clean_log(body)), fsync=False)
+        atomic_write(path, ctx.redact.text(clean_log(body)), fsync=False)
         return path
 
     def _take_back_box(self, ctx: StepContext) -> str:
@@ -213,4 +202,3 @@ def clean_log(text: str) -> str:
     return clean(text)
 
 
-__all__ = ["CommandExecutor", "redact", "without_echo"]

@@ -6,9 +6,10 @@ Before the attempt: every file's size and mtime (and its bytes, within a budget)
 folders, and the task file's bytes. After: a file whose size or mtime moved, or that appeared or
 went, was touched. Put back: the old bytes (or the file removed again); a file too big to have been
 kept is named as touched but not restored. Exceptions, because kiro or a person writes them while
-an agent runs: `.state/prompts/` (kiro's prompt files), lock files, the files of other loops that
-are running now (their own lock is held), and a stop hook created in `.hooks/` (whoever asks for a
-stop gets it: stopping is always safe).
+an agent runs: lock files, the files of other loops that
+are running now (their own lock is held), what `kiro serve` and `kiro loop watch` keep there (see
+STATE_KIRO_*), and a stop hook created in `.hooks/` (whoever asks for a stop gets it: stopping is
+always safe).
 """
 
 from __future__ import annotations
@@ -18,9 +19,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiro import locks
 from kiro.workspace import Workspace
 
 KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
+# What kiro itself (this loop, other loops, `kiro serve`, `kiro loop watch`) may write in .state/ while an
+# agent runs: prompt files, process-group ledgers, message inboxes, the event index, the memory database
+# (live SQLite), the server token, the watcher's pid file. Not watched.
+STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox"})
+STATE_KIRO_FILES = ("events.idx", "memory.db", "serve.token", "watch.pid")
 
 
 @dataclass
@@ -68,21 +75,21 @@ class ControlSnapshot:
             for dirpath, dirnames, filenames in os.walk(folder):
                 here = Path(dirpath)
                 if here == self.ws.state_dir:
-                    dirnames[:] = [d for d in dirnames if d != "prompts"]
+                    dirnames[:] = [d for d in dirnames if d not in STATE_KIRO_DIRS]
                 found.extend(here / name for name in filenames if not self._ignored(here / name))
         return found
 
     def _ignored(self, path: Path) -> bool:
         name = path.name
-        # locks, and the memory database (a live SQLite file that other loops write)
-        return name.endswith(".lock") or name.startswith("memory.db") or name.endswith(".kiro-restore")
+        return (name.endswith(".lock") or name.endswith(".kiro-restore")
+                or (path.parent == self.ws.state_dir and name.startswith(STATE_KIRO_FILES)))
 
     def _live_others(self) -> list[str]:
         """The task ids of the other loops running now (their lock is held)."""
         found = []
         for lock in self.ws.state_dir.glob("autonomous_loop_*.lock"):
             tid = lock.name[len("autonomous_loop_"):-len(".lock")]
-            if tid != self.task_id and _locked(lock):
+            if tid != self.task_id and locks.is_held(lock):
                 found.append(tid)
         return found
 
@@ -184,18 +191,3 @@ def _write_back(path: Path, data: bytes, mtime_ns: int | None) -> None:
     if mtime_ns is not None:
         with contextlib.suppress(OSError):
             os.utime(path, ns=(mtime_ns, mtime_ns))
-
-
-def _locked(lock: Path) -> bool:
-    """Whether some process holds `lock` (a filelock): try to take it without waiting."""
-    from filelock import FileLock, Timeout
-
-    probe = FileLock(str(lock), timeout=0, thread_local=False, is_singleton=False)
-    try:
-        probe.acquire()
-    except Timeout:
-        return True
-    except OSError:
-        return False
-    probe.release()
-    return False
