@@ -83,12 +83,12 @@ def test_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: 
     ws.task(task_text(1))
     assert cli.server is not None
     cli.server.hang = True  # accepts the connection, never answers
-    configure(ws, cli, "step_idle_timeout_seconds: 4\n", loop="  failure_threshold: 1\n")
+    configure(ws, cli, "step_idle_timeout_seconds: 10\n", loop="  failure_threshold: 1\n")
     code, out = run(ws, cli)
     assert code == 5, out
     state = ws.state(ws.only_task_id())
     error = state["steps"]["1"]["last_error"]
-    assert "printed nothing for 4 s" in error and "step_idle_timeout_seconds" in error, error
+    assert "printed nothing for 10 s" in error and "step_idle_timeout_seconds" in error, error
     assert len(cli.server.requests) >= 1  # it did reach the endpoint
 
 
