@@ -162,7 +162,7 @@ def test_a_stop_hook_the_agent_drops_is_honoured_not_undone(ws: Workspace) -> No
 
 def test_kiro_agents_lists_the_presets_and_their_command_lines(ws: Workspace) -> None:
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\ntools:\n  shell:\n    enabled: true\n"
-             "    allow: [pytest, git status]\n")
+             "    allow: [pytest, git status]\n    trust_agent_code: true\n")
     r = ws.kiro("agents", "--json")
     assert r.returncode == 0, r.stderr
     rows = {row["name"]: row for row in json.loads(r.stdout)}
