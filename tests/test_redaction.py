@@ -162,3 +162,17 @@ def test_redactor_knows_env_names_formats_urls_commands_and_configured_names() -
         assert leaked not in out, (leaked, out)
     assert "abc" in out and "/root" in out  # short values and ordinary ones stay
     assert r.data({"a": ["ghp_" + "a" * 36, 3]}) == {"a": [REDACTED, 3]}
+
+
+def test_a_failing_step_leaks_nothing_into_the_escalation_or_progress_reports(ws: Workspace) -> None:
+    secret = canary("sk-fail")
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "  progress_report_every_n_iterations: 1\n")
+    ws.task(shell_task(1, cmd='echo "bad $DEPLOY_SECRET"; exit 1'))
+    r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "2", env=ws.env(DEPLOY_SECRET=secret))
+    assert r.returncode == 5, r.stdout + r.stderr
+    tid = ws.only_task_id()
+    escalation = (ws.root / "Needs_Action" / f"escalation_{tid}.md").read_text()
+    assert f"bad {REDACTED}" in escalation
+    assert list((ws.root / "Logs" / "progress_reports").glob("*.md"))
+    assert files_holding(ws.root, secret) == []
+    assert secret not in r.stdout + r.stderr
