@@ -251,11 +251,16 @@ def test_rest_bad_requests_answer_a_clear_error(ws: Workspace, served: Served) -
 
 # -- WebSocket ---------------------------------------------------------------------------------
 
-def _ask(sock: ClientConnection, msg: dict[str, Any], events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _ask(sock: ClientConnection, msg: dict[str, Any], events: list[dict[str, Any]] | None = None,
+         updates: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Send one control message and return its answer; pushed loop events met meanwhile go to `events`."""
     sock.send(json.dumps(msg) if not isinstance(msg, str) else msg)
     while True:
         got = json.loads(sock.recv(60))
+        if got["type"] == "loop_state_update":
+            if updates is not None:
+                updates.append(got)
+            continue
         if got["type"] == "loop_event":
             if events is not None:
                 events.append(got)
@@ -263,12 +268,16 @@ def _ask(sock: ClientConnection, msg: dict[str, Any], events: list[dict[str, Any
         return got  # type: ignore[no-any-return]
 
 
-def _wait_event(sock: ClientConnection, events: list[dict[str, Any]], pred: Any) -> dict[str, Any]:
+def _wait_event(sock: ClientConnection, events: list[dict[str, Any]], pred: Any,
+                updates: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    updates = [] if updates is None else updates
     for e in events:
         if pred(e["event"]):
             return e
     while True:
         got = json.loads(sock.recv(60))
+        if got["type"] == "loop_state_update":
+            updates.append(got)
         if got["type"] == "loop_event":
             events.append(got)
             if pred(got["event"]):
@@ -300,9 +309,12 @@ def test_websocket_start_state_message_stop_resume_round_trips(ws: Workspace, se
         state = _ask(sock, {"type": "get_loop_state", "task_id": tid}, events)
         assert state["status"] == "paused"
         (ws.root / "gate_3").touch()
-        resumed = _ask(sock, {"type": "loop_resume_request", "task_id": tid}, events)
+        updates: list[dict[str, Any]] = []
+        resumed = _ask(sock, {"type": "loop_resume_request", "task_id": tid}, events, updates)
         assert resumed["type"] == "loop_resumed", resumed
-        fin2 = _wait_event(sock, events, lambda e: e["event"] == "loop_finished" and e["status"] == "completed")
+        fin2 = _wait_event(sock, events, lambda e: e["event"] == "loop_finished" and e["status"] == "completed",
+                           updates)
+        assert ("running", "completed") in [(u["previous"], u["state"]) for u in updates if u["task_id"] == tid]
         assert fin2["event"]["exit_code"] == 0
         ws.wait_for(lambda: not list((ws.root / ".state").glob("*.pid")), what="the loop's process to end")
         assert _ask(sock, {"type": "get_loop_state", "task_id": tid}, events)["status"] == "completed"
@@ -413,3 +425,15 @@ def test_while_serving_dashboard_md_shows_a_killed_loop_as_interrupted(ws: Works
     assert "## Active Loops (0)" in text and "## Paused (1)" in text
     assert "🟠 INTERRUPTED (process" in text and "kiro loop resume --task-id doomed" in text
     assert ws.state("doomed")["status"] == "running", "the state file still says running: only the lock tells"
+
+
+def test_rest_force_stop_ends_the_process_now(ws: Workspace, served: Served) -> None:
+    ws.task(shell_task(2, cmd=GATED))
+    loop = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "stuck")
+    ws.wait_for(lambda: [e for e in ws.events("stuck") if e["event"] == "step_started"], what="step 1 to start")
+    r = served.post("/api/loops/stuck/stop", {"force": True, "reason": "runaway"})
+    assert r.status_code == 202 and r.json()["force"] is True, r.text
+    assert loop.wait(30) == 3, ws.output(loop)  # no gate was ever opened: only the signal ended it
+    st = served.get("/api/loops/stuck").json()
+    assert st["status"] == "stopped" and st["effective_status"] == "stopped"
+    assert not (ws.root / "gate_1").exists()

@@ -199,6 +199,10 @@ class Server:
             for seq in range(cursor + 1, last + 1):
                 record = json.loads(self.index.line(seq))
                 await send({"type": "loop_event", "id": seq, "task_id": record.get("task_id"), "event": record})
+                if record.get("event") == "state_changed":  # seed 003's state broadcast, for clients that only draw
+                    await send({"type": "loop_state_update", "id": seq, "task_id": record.get("task_id"),
+                                "state": record.get("to"), "previous": record.get("from"),
+                                "reason": record.get("reason")})
             cursor = last
 
     async def _handle(self, text: str) -> dict[str, Any]:
