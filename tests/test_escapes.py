@@ -278,6 +278,9 @@ def misc_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Row]:
     r = asyncio.run(call("write_file", {"path": "state_link.json", "content": '{"status": "completed"}'}))
     rows.append(Row("hard link", "write_file through a hard link to .state/", state.read_text() ==
                     '{"status": "running"}', r.text[:80]))
+    r = asyncio.run(call("read_file", {"path": "state_link.json"}))
+    rows.append(Row("hard link", "read_file through a hard link to .state/", not r.ok and "running" not in r.text,
+                    r.text[:80]))
     r = asyncio.run(call("edit_file", {"path": "state_link.json", "old": "running", "new": "completed"}))
     rows.append(Row("hard link", "edit_file through a hard link to .state/", state.read_text() ==
                     '{"status": "running"}', r.text[:80]))

@@ -127,6 +127,24 @@ class Confinement:
             if hit is not None:
                 raise ToolError(f"{raw!r} is inside kiro's control folder {hit.label}/, which is off limits")
 
+    def _control_inode(self, dev: int, ino: int, limit: int = 20_000) -> bool:
+        """Whether (dev, ino) is a file inside a control folder: a hard link in the project must not
+        read kiro's state, hooks or config. Only asked for files with more than one link."""
+        seen = 0
+        for f in self.forbidden:
+            for folder, dirs, files in os.walk(f.path):
+                if f.label == ".git":  # git's object store is large and holds nothing a link could abuse
+                    dirs[:] = [d for d in dirs if d not in ("objects", "lfs")]
+                for name in files:
+                    seen += 1
+                    if seen > limit:
+                        return True  # too many to tell: refuse rather than guess
+                    with contextlib.suppress(OSError):
+                        st = os.stat(os.path.join(folder, name), follow_symlinks=False)
+                        if (st.st_dev, st.st_ino) == (dev, ino):
+                            return True
+        return False
+
     def is_hidden(self, real: Path) -> bool:
         """True for a path that listings and searches skip silently (control folders, .git)."""
         try:
@@ -191,6 +209,9 @@ class Confinement:
                     raise ToolError(f"{self.display(real)!r} is a folder; use list_files")
                 if not stat.S_ISREG(st.st_mode):
                     raise ToolError(f"{self.display(real)!r} is not a regular file")
+                if st.st_nlink > 1 and self._control_inode(st.st_dev, st.st_ino):
+                    raise ToolError(f"{self.display(real)!r} is a hard link to a file in one of kiro's control "
+                                    f"folders, which are off limits")
                 chunks = []
                 left = limit
                 while left > 0:
