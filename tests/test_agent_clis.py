@@ -67,16 +67,35 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
     print(f"{cli.name}: 3 steps, {calls} model calls, usage {usage}")
 
 
-def test_max_total_tokens_stops_the_loop_with_exit_4(ws: Workspace, cli: Cli) -> None:
+@pytest.mark.parametrize(("limit", "value"), [("max_total_tokens", "200"), ("max_cost_usd", "0.0005")])
+def test_a_token_or_cost_budget_stops_the_loop_with_exit_4(ws: Workspace, cli: Cli, limit: str, value: str) -> None:
     ws.task(task_text(3))
-    configure(ws, cli, "guardrails:\n  max_total_tokens: 200\n")
+    configure(ws, cli, f"guardrails:\n  {limit}: {value}\n")
     code, out = run(ws, cli)
     assert code == 4, out
     state = ws.state(ws.only_task_id())
-    assert state["stop_reason"] == "max_total_tokens"
-    assert state["usage"]["total_tokens"] >= 200
-    assert [c["step_id"] for c in state["completed_steps"]] == ["1"]  # the first step's tokens spent it
-    assert "max_total_tokens 200 reached" in out
+    assert state["stop_reason"] == limit
+    spent = state["usage"]["total_tokens" if limit == "max_total_tokens" else "cost_usd"]
+    assert spent >= float(value), state["usage"]
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1"]  # the first step's usage spent it
+    assert f"{limit} {value} reached" in out
+
+
+def test_token_budget_per_hour_makes_the_loop_wait(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(3))
+    configure(ws, cli, "guardrails:\n  token_budget_per_hour: 100\n")
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env(), KIRO_RAISE_ERRORS="1"))
+    try:
+        tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
+        ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=120, what="the loop to sleep")
+        waits = [e for e in ws.events(tid) if e["event"] == "guardrail_triggered"]
+        assert waits and waits[-1]["limit"] == "token_budget_per_hour" and waits[-1]["action"] == "wait", waits
+        assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1"]
+        ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "enough\n")
+        assert proc.wait(timeout=60) == 3, ws.output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: Cli) -> None:

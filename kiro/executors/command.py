@@ -169,7 +169,7 @@ class CommandExecutor:
             f"# agent: {self.preset.name}",
             f"# command: {' '.join(argv)}",
             f"# cwd: {ctx.project_dir}",
-            f"# result: {how} after {seconds:.1f} s",
+            f"# result: {how} after {seconds:.3f} s",
         ]
         if failure is not None:
             lines.append(f"# failure: {failure.kind}: {failure.line}")

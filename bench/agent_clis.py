@@ -1,0 +1,84 @@
+"""Wall time per step of the real agent CLIs under kiro, against the scripted API servers of the
+tests (tests/fakes), and kiro's own share of it.
+
+    python bench/agent_clis.py [--steps 3] [--runs 2] [--cli claude --cli codex]
+
+For each installed CLI: `kiro loop start --agent NAME` on a task of N steps, in a fresh workspace,
+`--runs` times. Each step is one CLI run in which the fake model reads the task file and checks the
+box (claude: 3 model calls, codex: 2). Prints, per CLI: the wall time per step (from `kiro loop
+start` to its exit, divided by N), the agent process's own time per step (from the attempt logs),
+and the rest, kiro's share: Python start-up, config, state saves, task-file edits, the control-file
+snapshot and the log. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.agent_clis import CLIS, CODEX_PRICE, task_text  # noqa: E402
+
+RESULT = re.compile(r"^# result: exit 0 after ([0-9.]+) s$", re.M)
+
+
+def one_run(name: str, steps: int) -> tuple[float, float]:
+    """(wall seconds of `kiro loop start`, seconds inside the agent processes)."""
+    with tempfile.TemporaryDirectory(prefix=f"kiro-bench-{name}-") as tmp:
+        root = Path(tmp) / "ws"
+        for folder in ("Specs/feature", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+            (root / folder).mkdir(parents=True)
+        (root / "Specs/feature/tasks.md").write_text(task_text(steps))
+        (root / "config/autonomous_loop.yaml").write_text(
+            f"agent: {name}\n" + (CODEX_PRICE if name == "codex" else ""))
+        cli = CLIS[name](Path(tmp))
+        cli.start()
+        try:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "ANTHROPIC_"))}
+            env.update(cli.env())
+            env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "kiro", "loop", "start", "--task", "Specs/feature/tasks.md",
+                                   "--quiet"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+            wall = time.perf_counter() - started
+        finally:
+            cli.close()
+        if done.returncode != 0:
+            raise SystemExit(f"{name}: kiro exited {done.returncode}: {done.stdout}{done.stderr}")
+        agent = sum(float(m) for log in (root / "Logs").glob("*/*.log") for m in RESULT.findall(log.read_text()))
+        return wall, agent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--cli", action="append", choices=sorted(CLIS))
+    args = parser.parse_args()
+    for name in args.cli or sorted(CLIS):
+        probe = CLIS[name](Path(tempfile.gettempdir()))
+        if not probe.installed:
+            print(f"{name}: not installed ({probe.skip_reason()})")
+            continue
+        version = subprocess.run([probe.program, "--version"], capture_output=True, text=True).stdout.strip()
+        walls, agents = [], []
+        for _ in range(args.runs):
+            wall, agent = one_run(name, args.steps)
+            walls.append(wall / args.steps)
+            agents.append(agent / args.steps)
+        wall, agent = statistics.median(walls), statistics.median(agents)
+        kiro = wall - agent
+        print(f"{name} ({version}): {args.steps} steps x {args.runs} runs; per step: wall {wall:.2f} s, "
+              f"agent CLI {agent:.2f} s, kiro {kiro:.2f} s ({kiro / wall:.0%} of the wall time)")
+
+
+if __name__ == "__main__":
+    main()
