@@ -121,6 +121,14 @@ class _LoopGuard(Guard):
     async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
         return await self._gate(lambda: self.loop.guardrails.before_tool_call(name, arguments))
 
+    async def wait(self, limit: str, seconds: float, message: str, *, figure: Any = None) -> str | None:
+        loop = self.loop
+        stop = await loop.guardrail_wait(Trigger(limit, round(seconds, 3), figure, message, "wait", seconds))
+        if stop is not None:
+            loop._pending_stop = stop
+            return stop.reason
+        return None
+
     def after_model_call(self, usage: StepUsage) -> None:
         self.loop.guardrails.record_model_call(usage)
 
@@ -276,8 +284,12 @@ class Loop:
         self._notify("limit", trigger.limit, trigger.message)
         previous = self.state.status
         self.transition(Status.SLEEPING, trigger.limit)
+        self.state.sleep_until = timeutil.iso(timeutil.now() + timedelta(seconds=trigger.seconds))
         self.save()
-        stop = await self.wait(trigger.seconds)
+        try:
+            stop = await self.wait(trigger.seconds)
+        finally:
+            self.state.sleep_until = None
         if stop is None:
             self.transition(Status.RUNNING if previous == Status.SLEEPING else previous, f"{trigger.limit}_over")
         return stop
@@ -419,9 +431,13 @@ class Loop:
                 delay = (timeutil.parse(record.next_retry_at) - timeutil.now()).total_seconds()
                 if delay > 0:
                     self.transition(Status.SLEEPING, "backoff")
+                    self.state.sleep_until = record.next_retry_at
                     self.save()
                     self.emit("backoff", step_id=step.id, seconds=round(delay, 3), attempts=record.attempts)
-                    stop = await self.wait(delay)
+                    try:
+                        stop = await self.wait(delay)
+                    finally:
+                        self.state.sleep_until = None
                     if stop is not None:
                         return stop
                     self.transition(Status.RUNNING, "backoff_over")

@@ -173,6 +173,7 @@ class LoopState(_Model):
     host: str | None = None
     executor: str | None = None
     stop_reason: str | None = None
+    sleep_until: str | None = None  # while `sleeping`: when the wait ends (backoff, a budget, Retry-After)
     timeout_reached: bool = False
     timeout_seconds: float | None = None
     title: str | None = None

@@ -67,6 +67,13 @@ class Guard:
     async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
         return None
 
+    async def wait(self, limit: str, seconds: float, message: str, *, figure: Any = None) -> str | None:
+        """Sleep `seconds` because something outside asks for it (a server's long Retry-After), the
+        way the loop sleeps for a budget: status `sleeping`, a stop hook ends it. Returns a stop
+        reason when the wait was cut short."""
+        await asyncio.sleep(seconds)
+        return None
+
     def after_model_call(self, usage: StepUsage) -> None:
         return None
 

@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import hashlib
 import ipaddress
 import json
+import math
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
@@ -102,6 +105,12 @@ def _clip(text: str, limit: int) -> str:
 # that costs tens of milliseconds per client), at most LOOPS_PER_CLIENT loops on one client: the
 # HTTP pool scans its connections on every request, so one pool for a thousand loops gets slow.
 LOOPS_PER_CLIENT = 32
+# The openai client waits out a Retry-After up to this long by itself (and retries); beyond it, it
+# gives up at once and kiro sleeps (see `_Attempt.wait_for_server`).
+try:
+    from openai._constants import MAX_RETRY_AFTER_DELAY as CLIENT_RETRY_AFTER_LIMIT
+except ImportError:  # pragma: no cover - older clients waited up to 60 s
+    CLIENT_RETRY_AFTER_LIMIT = 60
 _clients: dict[tuple[Any, ...], list[list[Any]]] = {}  # key -> [[client, users], ...]
 
 
@@ -180,6 +189,46 @@ class _Call:
     kind: str = "function"
 
 
+def _retries(exc: openai.OpenAIError) -> str:
+    """How many times the client retried before it gave up, as the last request says (the openai
+    client numbers its tries in `x-stainless-retry-count`): "0 retries", "1 retry", "2 retries"."""
+    request = None
+    response = getattr(exc, "response", None)
+    with contextlib.suppress(Exception):
+        request = response.request if response is not None else getattr(exc, "request", None)
+    try:
+        n = int(request.headers.get("x-stainless-retry-count", "0")) if request is not None else 0
+    except ValueError:
+        n = 0
+    return f"{n} {'retry' if n == 1 else 'retries'}"
+
+
+def _server_wait(exc: openai.OpenAIError) -> float | None:
+    """Seconds a rate-limited or overloaded endpoint asks us to wait when that is longer than the
+    openai client waits on its own (it then gives up at once); None otherwise."""
+    if not isinstance(exc, openai.APIStatusError) or exc.status_code not in (429, 503):
+        return None
+    if exc.code == "insufficient_quota" or "insufficient_quota" in str(getattr(exc, "message", "")):
+        return None  # waiting will not help: ExecutorError in failure()
+    headers = exc.response.headers
+    seconds: float | None = None
+    with contextlib.suppress(ValueError, TypeError):
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            seconds = float(ms) / 1000
+    raw = headers.get("retry-after")
+    if seconds is None and raw is not None:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                when = email.utils.parsedate_to_datetime(raw)
+                seconds = (when - datetime.now(when.tzinfo)).total_seconds()
+    if seconds is None or not math.isfinite(seconds) or seconds <= CLIENT_RETRY_AFTER_LIMIT:
+        return None
+    return seconds
+
+
 class _Attempt:
     """One attempt at one step: the conversation(s), the usage, the transcript records."""
 
@@ -214,6 +263,7 @@ class _Attempt:
         self.restart_summary: str | None = None  # set when the next call must start afresh
         self.last_text = ""
         self.calls_made: list[str] = []  # "write_file src/x.py" lines, for a summary of last resort
+        self.timer: asyncio.Timeout | None = None  # the step timeout; a server-directed wait extends it
 
     # -- records ---------------------------------------------------------------------------
 
@@ -231,7 +281,7 @@ class _Attempt:
         self.record("attempt_started", model=self.llm.model, endpoint=self.ex.endpoint,
                     tools=list(self.tools), step_title=ctx.step.title or ctx.step.text,
                     timeout_seconds=ctx.timeout_seconds)
-        timer = asyncio.timeout(ctx.timeout_seconds)
+        timer = self.timer = asyncio.timeout(ctx.timeout_seconds)
         try:
             async with timer:
                 result = await self.converse()
@@ -306,22 +356,32 @@ class _Attempt:
         # per-call walk over every message and tool schema that the typed helper does (several
         # milliseconds of CPU per call, which adds up with many loops in one process).
         body = {"model": self.llm.model, "messages": self.messages, "tools": self.schemas}
-        call = asyncio.ensure_future(self.ex.client.post("/chat/completions", body=body, cast_to=ChatCompletion))
-        stop = asyncio.ensure_future(ctx.cancel.wait())
-        try:
-            done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            if not call.done():
-                call.cancel()
-                await asyncio.wait({call})  # let it unwind; our own cancellation still propagates
-        if call not in done or call.cancelled():
-            self.record("response", turn=self.turns + 1, error="cancelled while waiting for the model")
-            return self.interrupted("cancelled")
-        try:
-            response = call.result()
-        except openai.OpenAIError as exc:
-            return self.failure(exc, time.monotonic() - started)
+        while True:
+            call = asyncio.ensure_future(self.ex.client.post("/chat/completions", body=body,
+                                                             cast_to=ChatCompletion))
+            stop = asyncio.ensure_future(ctx.cancel.wait())
+            try:
+                done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                if not call.done():
+                    call.cancel()
+                    await asyncio.wait({call})  # let it unwind; our own cancellation still propagates
+            if call not in done or call.cancelled():
+                self.record("response", turn=self.turns + 1, error="cancelled while waiting for the model")
+                return self.interrupted("cancelled")
+            try:
+                response = call.result()
+            except openai.OpenAIError as exc:
+                wait = _server_wait(exc)
+                if wait is None or not isinstance(exc, openai.APIStatusError):
+                    return self.failure(exc, time.monotonic() - started)
+                reason = await self.wait_for_server(exc, wait)
+                if reason:
+                    return self.interrupted(reason)
+                started = time.monotonic()
+                continue
+            break
         seconds = time.monotonic() - started
         usage = self.count(response)
         calls = self.tool_calls(response)
@@ -373,6 +433,30 @@ class _Attempt:
             return ""
         return self.ex.redact(response.choices[0].message.content or "")
 
+    async def wait_for_server(self, exc: openai.APIStatusError, seconds: float) -> str | None:
+        """The endpoint said when to come back, later than the client waits by itself (a long
+        Retry-After): sleep like a budget wait (status `sleeping`, `sleep_until` in the state, a
+        stop hook ends it at once) instead of failing the attempt and burning retries. The wait does
+        not count against the step timeout. Returns a stop reason if the wait was cut short."""
+        detail = self.ex.redact(_clip(getattr(exc, "message", None) or str(exc), 200))
+        self.record("response", turn=self.turns + 1, error=f"{type(exc).__name__}: {detail}",
+                    retry_after_seconds=seconds)
+        message = (f"{self.ex.endpoint} asks to wait {seconds:.0f} s (HTTP {exc.status_code} with Retry-After); "
+                   f"sleeping until then")
+        began = time.monotonic()
+        deadline = self.timer.when() if self.timer is not None else None
+        if self.timer is not None and deadline is not None:  # the step timeout stands still meanwhile
+            self.timer.reschedule(deadline + seconds + 1)
+        try:
+            reason = await self.ctx.guard.wait("retry_after", seconds, message, figure=exc.status_code)
+        finally:
+            waited = time.monotonic() - began
+            if self.timer is not None and deadline is not None:
+                self.timer.reschedule(deadline + waited)
+        if self.env.deadline is not None:
+            self.env.deadline += waited
+        return reason
+
     def failure(self, exc: openai.OpenAIError, seconds: float) -> StepResult:
         """A failed call as a failed attempt, or ExecutorError when retrying cannot help."""
         llm = self.llm
@@ -400,17 +484,17 @@ class _Attempt:
                                     f"(HTTP 429 insufficient_quota): check the plan and billing; {detail}")
             after = exc.response.headers.get("retry-after")
             wait = f" (Retry-After: {after} s)" if after else ""
-            error = (f"rate limited by {where}: HTTP 429 after {llm.max_retries} retries{wait}; "
+            error = (f"rate limited by {where}: HTTP 429 after {_retries(exc)}{wait}; "
                      f"the endpoint said: {detail}")
         elif isinstance(exc, openai.APITimeoutError):
             error = (f"the model request to {where} timed out after {llm.request_timeout_seconds:g} s "
-                     f"(llm.request_timeout_seconds) and {llm.max_retries} retries")
+                     f"(llm.request_timeout_seconds) and {_retries(exc)}")
         elif isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
             why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
-            error = f"could not connect to {where} after {llm.max_retries} retries{self.ex.redact(why)}"
+            error = f"could not connect to {where} after {_retries(exc)}{self.ex.redact(why)}"
         elif isinstance(exc, openai.APIStatusError):
-            error = (f"HTTP {exc.status_code} from {where} after {llm.max_retries} retries; "
+            error = (f"HTTP {exc.status_code} from {where} after {_retries(exc)}; "
                      f"the endpoint said: {detail}")
         else:
             error = f"the model call failed: {type(exc).__name__}: {detail}"
