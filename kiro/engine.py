@@ -850,7 +850,7 @@ class Loop:
         s.pid = None
         if s.current_step is not None and stop.status == Status.COMPLETED:
             s.current_step = None
-        if stop.status == "completed":
+        if stop.status == Status.COMPLETED:
             for note in resolved.archive_requests(self.ws, s.task_id):
                 self.emit("warning", message=note)
         try:
