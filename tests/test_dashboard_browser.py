@@ -99,13 +99,32 @@ def test_dashboard_lists_loops_updates_live_and_its_stop_button_pauses_the_loop(
 
     # the stop button: the loop pauses at its next safe point and its process exits 3
     page.click(f"{card} button[data-act=stop]")
-    ws.wait_for(lambda: (ws.root / ".hooks" / "stop_autonomous_loop_auth_feature.md").exists(), what="stop hook")
+    try:
+        ws.wait_for(lambda: (ws.root / ".hooks" / "stop_autonomous_loop_auth_feature.md").exists(), what="stop hook")
+    except AssertionError:
+        raise AssertionError(f"no stop hook; the page said: {page.inner_text('#toast')!r}") from None
     (ws.root / "gate_3").touch()  # the running step ends
     assert loop.wait(60) == 3, ws.output(loop)
     page.wait_for_function(
         f"document.querySelector(\"{card} [data-role=status]\").textContent.toLowerCase() === 'paused'")
     assert page.is_enabled(f"{card} button[data-act=resume]")
     assert ws.state("auth_feature")["status"] == "paused"
+
+    # the message form queues a message in the loop's inbox
+    page.click(f"{card} button[data-act=message]")
+    page.fill(f"{card} form.msg textarea", "Use bcrypt for the passwords")
+    page.click(f"{card} form.msg button[type=submit]")
+    page.wait_for_selector("#toast .toast:has-text('message queued')")
+    inbox = (ws.root / ".state" / "inbox" / "auth_feature.jsonl").read_text()
+    assert "Use bcrypt for the passwords" in inbox
+
+    # resume: the loop goes on in the background and completes; the card follows
+    (ws.root / "gate_4").touch()
+    page.click(f"{card} button[data-act=resume]")
+    page.wait_for_function(
+        f"document.querySelector(\"{card} [data-role=status]\").textContent.toLowerCase() === 'completed'",
+        timeout=60_000)
+    assert page.inner_text(f"{card} [data-role=steps]") == "4/4"
 
     assert outside == [], f"the page asked for something outside the server: {outside}"
     assert errors == [], errors
