@@ -4,7 +4,8 @@ analytics"), computed from the state files and the event logs, nothing else.
 - loops and runs (a run is one process working on a loop: `loop_started` or `loop_resumed`), loops by status;
 - steps: attempts, completed, failed, retries (attempts after a step's first), verify failures, success rate;
 - step durations (`step_completed.duration_seconds`): p50, p95, mean, max;
-- usage: tokens, API calls and cost from the states, per completed step;
+- usage: tokens, API calls and cost from the states, per completed step; and the spread of tokens per
+  completed step (p50/p95) from the model calls logged while it ran (every attempt counts);
 - time spent waiting: backoff, budgets (token/cost budgets), active hours, rate limits, other guardrail waits;
 - stop reasons (`loop_finished`: status and reason).
 
@@ -86,7 +87,10 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
     waits: dict[str, float] = {}
     stops: Counter[str] = Counter()
     logs = sorted(ws.logs.glob("*.jsonl")) if ws.logs.is_dir() else []
+    step_tokens: list[int] = []  # per completed step, from model_called events since its first attempt
     for log in logs:
+        current: dict[str, int] = {}  # step id -> tokens spent on it so far (all attempts)
+        step_of: str | None = None
         for e in read_events(Path(log)):
             if since is not None:
                 when = _ts(e)
@@ -95,12 +99,20 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
             kind = e.get("event")
             if kind in ("loop_started", "loop_resumed"):
                 runs += 1
+            elif kind == "model_called":
+                if step_of is not None:
+                    used = sum(int(e.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")
+                               if isinstance(e.get(k), int))
+                    current[step_of] = current.get(step_of, 0) + used
             elif kind == "step_started":
+                step_of = str(e.get("step_id"))
                 attempts += 1
                 if isinstance(e.get("attempt"), int) and e["attempt"] > 1:
                     retries += 1
             elif kind == "step_completed":
                 completed += 1
+                if str(e.get("step_id")) in current:
+                    step_tokens.append(current.pop(str(e.get("step_id"))))
                 if isinstance(e.get("duration_seconds"), int | float):
                     durations.append(float(e["duration_seconds"]))
             elif kind == "step_failed":
@@ -139,6 +151,8 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
         "usage": {
             **usage,
             "tokens_per_step": round(total.total_tokens / per_step, 1) if per_step else None,
+            "tokens_per_step_p50": percentile([float(t) for t in step_tokens], 0.5),
+            "tokens_per_step_p95": percentile([float(t) for t in step_tokens], 0.95),
             "cost_per_step_usd": round(total.cost_usd / per_step, 6) if per_step else None,
         },
         "waiting_seconds": waiting,
@@ -173,7 +187,9 @@ def render(s: dict[str, Any]) -> str:
         ("Usage", [
             ("tokens", f"{u['total_tokens']} ({u['prompt_tokens']} prompt, {u['completion_tokens']} completion)"),
             ("API calls", str(u["api_calls"])), ("cost", f"${u['cost_usd']:.4f}"),
-            ("tokens per step", "-" if u["tokens_per_step"] is None else f"{u['tokens_per_step']:.0f}"),
+            ("tokens per step", ("-" if u["tokens_per_step"] is None else f"{u['tokens_per_step']:.0f}") + (
+                "" if u["tokens_per_step_p50"] is None else
+                f" (p50 {u['tokens_per_step_p50']:.0f}, p95 {u['tokens_per_step_p95']:.0f})")),
             ("cost per step", "-" if u["cost_per_step_usd"] is None else f"${u['cost_per_step_usd']:.4f}")]),
         ("Time spent waiting", [(k.replace("_", " "), timeutil.human_duration(v)) for k, v in w.items()]),
         ("Stop reasons", [(k, str(v)) for k, v in s["stop_reasons"].items()] or [("-", "")]),

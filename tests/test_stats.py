@@ -96,3 +96,23 @@ def test_percentile() -> None:
     assert percentile([3.0], 0.95) == 3.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     assert percentile(list(map(float, range(1, 101))), 0.95) == 95.05
+
+
+def test_tokens_per_step_spread_comes_from_the_model_calls_of_each_step(ws: Workspace) -> None:
+    def ev(kind: str, **fields: object) -> str:
+        return json.dumps({"ts": "2026-11-22T08:00:00+00:00", "task_id": "ai", "iteration": 1, "event": kind,
+                           **fields}) + "\n"
+
+    (ws.root / "Logs" / "ai.jsonl").write_text(
+        ev("loop_started")
+        + ev("step_started", step_id="1", attempt=1) + ev("model_called", prompt_tokens=100, completion_tokens=20)
+        + ev("step_failed", step_id="1", attempt=1) + ev("step_started", step_id="1", attempt=2)
+        + ev("model_called", prompt_tokens=150, completion_tokens=30) + ev("step_completed", step_id="1",
+                                                                             duration_seconds=3.0)
+        + ev("step_started", step_id="2", attempt=1) + ev("model_called", prompt_tokens=1000, completion_tokens=0)
+        + ev("step_completed", step_id="2", duration_seconds=1.0)
+        + ev("step_started", step_id="3", attempt=1) + ev("model_called", prompt_tokens=7, completion_tokens=7))
+    u = _stats(ws)["usage"]
+    assert (u["tokens_per_step_p50"], u["tokens_per_step_p95"]) == (650.0, percentile([300.0, 1000.0], 0.95))
+    text = ws.kiro("loop", "stats").stdout
+    assert "(p50 650, p95 965)" in text
