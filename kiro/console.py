@@ -118,6 +118,29 @@ def _short(text: Any, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
+class _Blank(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+# git events (SPEC §9, kiro.checkpoints): a line each
+_GIT_LINES: dict[str, tuple[str, str]] = {
+    "checkpoint_created": ("  checkpoint {commit} for step {step_id}", "dim"),
+    "checkpoint_skipped": ("  no checkpoint for step {step_id}: nothing changed", "dim"),
+    "checkpoint_recovered": ("step {step_id}'s checkpoint {commit} was made before a restart", "cyan"),
+    "checkpoint_failed": ("no checkpoint for step {step_id}: {error}", "yellow"),
+    "git_lock_cleared": ("removed a stale git lock {path}", "cyan"),
+    "worktree_created": ("worktree {path} on branch {branch}", "cyan"),
+    "worktree_removed": ("worktree of {branch} removed (the branch stays)", "dim"),
+    "branch_left": ("branch {branch} left for review (worktree {worktree})", "bold"),
+    "merge_completed": ("merged {branch} into {into} as {commit}", "green"),
+    "merge_conflict": ("merging {branch} into {into} conflicts: {files}", "red"),
+    "merge_failed": ("could not merge {branch}: {error}", "red"),
+    "merge_resumed": ("finishing a merge of {branch} a kill interrupted: {files}", "cyan"),
+    "rolled_back": ("rolled back to step {to_step} ({commit}); undone: {undone}", "bold"),
+}
+
+
 def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
     """A human line for one event, or None for events not worth a line."""
     kind = e.get("event")
@@ -170,6 +193,12 @@ def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
                  style=_status_style(status, "bold"))
     elif kind == "state_changed":
         return None
+    elif kind in _GIT_LINES:
+        text, style = _GIT_LINES[kind]
+        fields = {k: (str(v)[:12] if k == "commit" and v else v) for k, v in e.items()}
+        if isinstance(fields.get("files"), list):
+            fields["files"] = ", ".join(str(f) for f in fields["files"][:10])
+        t.append(text.format_map(_Blank(fields)), style=style)
     else:
         rest = {k: v for k, v in e.items() if k not in ("ts", "task_id", "iteration", "event")}
         t.append(f"{kind} {_short(json.dumps(rest, default=str), 200)}", style="dim")

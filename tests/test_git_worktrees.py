@@ -181,3 +181,23 @@ def test_a_merge_torn_by_a_kill_mid_checkout_is_finished_and_a_persons_edit_is_n
     res2 = lg2.finish()
     assert res2.problem is not None and "d.txt" in res2.problem
     assert (root / "d.txt").read_text() == "the person's d\n"
+
+
+def test_rollback_of_an_isolated_loop_works_in_its_worktree_and_leaves_main_alone(ws: Workspace) -> None:
+    base = init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", WORKTREE)
+    ws.task(_task("echo one > notes.txt", "echo two >> notes.txt"))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "wr")
+    assert r.returncode == 0, r.stdout + r.stderr
+    tree = ws.root / ".kiro/worktrees/wr"
+    assert (tree / "notes.txt").read_text() == "one\ntwo\n"
+    r = ws.kiro("loop", "rollback", "--task-id", "wr", "--to-step", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tree / "notes.txt").read_text() == "one\n"
+    assert git(ws.root, "show", "kiro/wr:notes.txt") == "one\n"
+    assert git(ws.root, "log", "-1", "--format=%s", "kiro/wr").strip() == "kiro(wr): rollback to 1"
+    assert git(ws.root, "rev-parse", "main").strip() == base and not (ws.root / "notes.txt").exists()
+    r = ws.kiro("loop", "resume", "--task-id", "wr")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert git(ws.root, "show", "kiro/wr:notes.txt") == "one\ntwo\n"
+    assert ws.state("wr")["git"]["merge_status"] == "left"
