@@ -536,7 +536,7 @@ class LoopGit:
         res.events.append(("merge_failed", {"branch": info.branch, "files": files, "error": first}))
         return res
 
-    def _heal(self, main: Git, head: str, tree: str, res: Result) -> None:
+    def _heal(self, main: Git, head: str, tree: str, res: Result, event: str = "merge_resumed") -> None:
         """A kill while git moved the main tree to the merge can leave files already as the merge
         has them while the index and HEAD are not: put exactly those back (their content is the
         merge's, so nothing is lost) so that the fast-forward can run again. A person's own change
@@ -557,7 +557,7 @@ class LoopGit:
         in_head = blobs("ls-tree", "-r", "-z", head)
         in_merge = blobs("ls-tree", "-r", "-z", tree)
         in_index = blobs("ls-files", "-s", "-z")
-        present = [p for p in paths if (self.main_top / p).is_file()]
+        present = [p for p in paths if (main.cwd / p).is_file()]
         hashes = main.run("hash-object", "--no-filters", "--stdin-paths", input="\n".join(present) + "\n",
                           check=False).stdout.split() if present else []
         on_disk = dict(zip(present, hashes, strict=False))
@@ -572,10 +572,10 @@ class LoopGit:
                 if path in in_head:
                     main.run("checkout", "-q", head, "--", path)
                 else:
-                    (self.main_top / path).unlink()
+                    (main.cwd / path).unlink()
                 healed.append(path)
         if healed:
-            res.events.append(("merge_resumed", {"branch": self.info.branch, "files": healed}))
+            res.events.append((event, {"branch": self.info.branch, "files": healed}))
 
     def _unmerged(self, main: Git) -> list[str]:
         out = main.run("diff", "--name-only", "--diff-filter=U", "-z", check=False).stdout
@@ -734,11 +734,6 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
                     "rev-parse", "--git-path", name)).exists():
                 raise UserError(f"{cfg_project} is in the middle of a merge/revert/rebase ({name}); finish or abort "
                                 f"it first")
-        dirty = lg.dirty()
-        if dirty:
-            shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
-            raise UserError(f"the work tree {cfg_project} holds changes kiro did not make ({shown}); commit or "
-                            f"stash them first")
         if target is None:
             raise UserError(f"loop {task_id!r} has no checkpoint at or before step {to_step!r} (no commit existed "
                             f"when it started)")
@@ -747,11 +742,31 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
                             f"{cfg_project}; check out the loop's branch first")
         events: list[tuple[str, dict[str, Any]]] = []
         lg._clear_locks(events)
+        head = git.out("rev-parse", "HEAD")
         commits = log(git, f"{target}..HEAD")
         others = [c for c in commits if c.trailers.get("Kiro-Task-Id") != task_id]
-        if not others:
+        msg = (f"kiro({task_id}): rollback to {_one_line(to_step)}\n\nKiro-Task-Id: {task_id}\n"
+               f"Kiro-Rollback-To: {_one_line(to_step)}\n")
+        tree = None
+        if not others:  # the new tree is made first, in a private index; a kill cannot leave half of it
+            tree = _restored_tree(lg, head, target)
+            healed = Result()
+            lg._heal(git, head, tree, healed, "rollback_resumed")  # files a killed rollback already moved
+            events += healed.events
+        dirty = lg.dirty()
+        if dirty:
+            shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
+            raise UserError(f"the work tree {cfg_project} holds changes kiro did not make ({shown}); commit or "
+                            f"stash them first")
+        commit = None
+        if tree is not None:
             method = "restore"
-            git.run("restore", f"--source={target}", "--staged", "--worktree", "--", *lg.spec)
+            if tree != git.out("rev-parse", f"{head}^{{tree}}"):
+                commit = git.run("commit-tree", tree, "-p", head, "-F", "-", commit=True, input=msg).stdout.strip()
+                proc = git.run("merge", "--ff-only", "-q", commit, check=False, commit=True)
+                if proc.returncode != 0:
+                    first = (proc.stderr.strip().splitlines() or ["git merge --ff-only failed"])[0]
+                    raise UserError(f"could not move {cfg_project} to the rollback commit: {first}")
         else:  # a person's commits came after: undo only kiro's, keep theirs
             method = "revert"
             ours = [c.sha for c in commits if c.trailers.get("Kiro-Task-Id") == task_id]
@@ -763,12 +778,9 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
                 raise UserError(f"a person's commits after step {to_step!r} touch the same lines as kiro's "
                                 f"({', '.join(unmerged[:5]) or 'see git revert'}); undo kiro's commits by hand with "
                                 f"`git revert` ({', '.join(s[:12] for s in ours[:5])})")
-        commit = None
-        if git.run("diff", "--cached", "--quiet", "--no-ext-diff", "--", *lg.spec, check=False).returncode != 0:
-            msg = (f"kiro({task_id}): rollback to {_one_line(to_step)}\n\nKiro-Task-Id: {task_id}\n"
-                   f"Kiro-Rollback-To: {_one_line(to_step)}\n")
-            git.run("commit", "-q", "--no-verify", "-F", "-", "--", *lg.spec, commit=True, input=msg)
-            commit = git.out("rev-parse", "HEAD")
+            if git.run("diff", "--cached", "--quiet", "--no-ext-diff", "--", *lg.spec, check=False).returncode != 0:
+                git.run("commit", "-q", "--no-verify", "-F", "-", "--", *lg.spec, commit=True, input=msg)
+                commit = git.out("rev-parse", "HEAD")
         # the boxes
         undone = [c.step_id for c in later]
         task_path = ws.absolute(state.task_path)
@@ -797,10 +809,12 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
             state.stop_reason = "rolled_back"
         if state.steps_done is not None:
             state.steps_done = max(0, state.steps_done - len(unchecked))
+        redact = _redactor(ws)
+        store.use(redact)
         store.save(state)
         if loaded.archived:
             store.unarchive(task_id)
-        log_file = EventLog(ws.event_log(task_id))
+        log_file = EventLog(ws.event_log(task_id), redact)
         for kind, fields in events:
             log_file(make_event(task_id, state.iteration, kind, fields))
         log_file(make_event(task_id, state.iteration, "rolled_back", dict(record)))
@@ -808,6 +822,31 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         return Rollback(task_id, to_step, target, commit, undone, unchecked, method)
     finally:
         store.release(task_id, lock)
+
+
+def _restored_tree(lg: LoopGit, head: str, target: str) -> str:
+    """HEAD's tree with the project's files as at `target` (kiro's folders as in HEAD)."""
+    gitdir = lg._locks[0].parent  # the work tree's own git folder (where its index lives)
+    tmp = gitdir / f"kiro-rollback-{os.getpid()}.index"
+    g = Git(lg.tree, {**git_env(), "GIT_INDEX_FILE": str(tmp)})
+    try:
+        g.run("read-tree", head)
+        g.run("restore", f"--source={target}", "--staged", "--", *lg.spec)
+        return g.out("write-tree")
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _redactor(ws: Any) -> Any:
+    """The run's redactor, as a loop has it: the state and events a rollback writes pass through it."""
+    from kiro.redact import Redactor
+    from kiro.settings import settings_for
+
+    try:
+        return Redactor.for_run(settings_for(ws).config)
+    except KiroError:
+        return Redactor.from_environment(None)
 
 
 def _uncheck(tasks: Any, path: Path, step_ids: set[str]) -> list[str]:

@@ -137,6 +137,7 @@ _GIT_LINES: dict[str, tuple[str, str]] = {
     "merge_conflict": ("merging {branch} into {into} conflicts: {files}", "red"),
     "merge_failed": ("could not merge {branch}: {error}", "red"),
     "merge_resumed": ("finishing a merge of {branch} a kill interrupted: {files}", "cyan"),
+    "rollback_resumed": ("finishing a rollback a kill interrupted: {files}", "cyan"),
     "rolled_back": ("rolled back to step {to_step} ({commit}); undone: {undone}", "bold"),
 }
 

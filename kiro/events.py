@@ -55,6 +55,7 @@ EventName = Literal[
     "merge_failed",
     "merge_resumed",
     "rolled_back",
+    "rollback_resumed",
 ]
 EVENT_NAMES: frozenset[str] = frozenset(get_args(EventName))
 

@@ -226,3 +226,17 @@ def test_rollback_is_refused_while_the_loop_runs(ws: Workspace) -> None:
     # stopped now: the half-done step 4 left README.md changed, which kiro did not commit
     r = ws.kiro("loop", "rollback", "--task-id", "live", "--to-step", "1")
     assert r.returncode == 1 and "README.md" in r.stderr
+
+
+def test_a_rollback_torn_by_a_kill_is_finished_by_running_it_again(ws: Workspace) -> None:
+    """A kill while git moved the files leaves some of them as the rollback has them, the index and
+    HEAD not: running the rollback again finishes it instead of refusing those files as a person's."""
+    init_repo(ws.root)
+    _run(ws, "tr")
+    (ws.root / "src/greet.txt").write_text("hello\n")  # already back to step 1's bytes; the rest not yet
+    r = ws.kiro("loop", "rollback", "--task-id", "tr", "--to-step", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (ws.root / "src/blob.bin").read_bytes() == b"\x00\x01\xff" and not (ws.root / "src/extra.txt").exists()
+    assert (ws.root / "src/greet.txt").read_text() == "hello\n"
+    assert [e["files"] for e in ws.events("tr") if e["event"] == "rollback_resumed"] == [["src/greet.txt"]]
+    assert git(ws.root, "status", "--porcelain", "--untracked-files=no") == ""
