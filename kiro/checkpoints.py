@@ -566,7 +566,8 @@ class LoopGit:
             if in_index.get(path) != in_head.get(path):
                 continue  # the index moved already (or a person staged something): git decides
             now, merged = on_disk.get(path), in_merge.get(path)
-            if now == merged or (now is None and merged is None):
+            gone = now is None and path in in_head  # removed before being written again
+            if now == merged or (now is None and merged is None) or gone or self._torn(main, path, merged):
                 if now == in_head.get(path):
                     continue
                 if path in in_head:
@@ -576,6 +577,24 @@ class LoopGit:
                 healed.append(path)
         if healed:
             res.events.append((event, {"branch": self.info.branch, "files": healed}))
+
+    @staticmethod
+    def _torn(main: Git, path: str, merged: str | None) -> bool:
+        """A file git was writing when it was killed: a strict beginning of the content it was
+        writing (git writes a checked-out file in place, not by rename)."""
+        file = main.cwd / path
+        if merged is None or not file.is_file() or file.is_symlink():
+            return False
+        try:
+            size = file.stat().st_size
+            if size > 64 * 1024 * 1024:
+                return False
+            have = file.read_bytes()
+        except OSError:
+            return False
+        want = subprocess.run(["git", *_SAFE, "cat-file", "blob", merged], cwd=main.cwd, env=main.env,
+                              capture_output=True, timeout=GIT_TIMEOUT).stdout
+        return len(have) < len(want) and want.startswith(have)
 
     def _unmerged(self, main: Git) -> list[str]:
         out = main.run("diff", "--name-only", "--diff-filter=U", "-z", check=False).stdout

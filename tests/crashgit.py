@@ -270,7 +270,10 @@ def run_merges(root: Path, *, loops: int, seed: int) -> Report:
                 break
         st = LoopState.model_validate_json(_state_file(root, tid).read_bytes())  # type: ignore[union-attr]
         if st.status != "completed" or st.git is None or st.git.merge_status != "merged":
-            rep.problems.append(f"{tid}: {st.status} {st.stop_reason} merge {st.git and st.git.merge_status}")
+            rep.problems.append(f"{tid}: {st.status} {st.stop_reason} merge {st.git and st.git.merge_status} "
+                                f"{st.git and st.git.conflict_files}: "
+                                + " | ".join(ln for ln in (root / "Logs" / f"{tid}.jsonl").read_text().splitlines()
+                                             if '"merge_' in ln)[-600:])
         if (root / ".kiro/worktrees" / tid).exists():
             rep.problems.append(f"{tid}: worktree left after the merge")
         for record in (root / "Logs" / f"{tid}.jsonl").read_text().splitlines():
