@@ -437,3 +437,15 @@ def test_rest_force_stop_ends_the_process_now(ws: Workspace, served: Served) -> 
     st = served.get("/api/loops/stuck").json()
     assert st["status"] == "stopped" and st["effective_status"] == "stopped"
     assert not (ws.root / "gate_1").exists()
+
+
+def test_a_taken_port_is_one_line_and_exit_1(ws: Workspace) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = ws.kiro("serve", "--port", str(port), env=ws.env(KIRO_SERVE_TOKEN=TOKEN), timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and f"127.0.0.1:{port}" in r.stderr and "in use" in r.stderr, r.stderr

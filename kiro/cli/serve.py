@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -35,18 +36,19 @@ def serve(
     store = _store(ws)
     token, generated = resolve_token(host, store.ws.state_dir)
     app = create_app(store, token)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                            ws="websockets-sansio", ws_ping_interval=20, timeout_graceful_shutdown=2)
+    sock = _listen(host, port)
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", ws="websockets-sansio",
+                            ws_ping_interval=20, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
 
     async def run() -> None:
         import asyncio
 
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
         if server.started:
-            bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
             shown = f"[{host}]" if ":" in host else host
             if generated:
                 console.line(f"kiro serve: http://{shown}:{bound}/?token={token}")
@@ -59,6 +61,31 @@ def serve(
 
     import asyncio
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        sock.close()
     if not server.started:
-        raise UserError(f"kiro serve could not listen on {host}:{port} (is the port in use?)")
+        raise UserError(f"kiro serve could not start on {host}:{bound}")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before uvicorn starts, so that a taken port or a bad address is one line, not a traceback."""
+    from kiro.errors import UserError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host!r}: not an address this machine can listen on ({exc.strerror})") from None
+    family, kind, proto, _name, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port "
+                        f"(0 picks a free one)") from None
+    sock.set_inheritable(True)
+    return sock
