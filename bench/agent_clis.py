@@ -4,9 +4,10 @@ tests (tests/fakes), and kiro's own share of it.
     python bench/agent_clis.py [--steps 3] [--runs 2] [--cli claude --cli codex]
 
 For each installed CLI: `kiro loop start --agent NAME` on a task of N steps, in a fresh workspace,
-`--runs` times. Each step is one CLI run in which the fake model reads the task file and checks the
-box (claude: 3 model calls, codex: 2). Prints, per CLI: the wall time per step (from `kiro loop
-start` to its exit, divided by N), the agent process's own time per step (from the attempt logs),
+`--runs` times. Each step is one CLI run in which the fake model checks the task file's box (model
+calls per step: claude 3, codex 2, aider 1, gemini 2, opencode 3). Prints, per CLI: the wall time per
+step (from `kiro loop start` to its exit, divided by N), the agent process's own time per step (from
+the attempt logs),
 and the rest, kiro's share: Python start-up, config, state saves, task-file edits, the control-file
 snapshot and the log. Asserts nothing.
 """
@@ -26,6 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.agent_clis import CLIS, CODEX_PRICE, task_text  # noqa: E402
+from tests.agent_clis_more import GEMINI_PRICE, MORE_CLIS  # noqa: E402
+
+ALL = {**CLIS, **MORE_CLIS}
+PRICES = {"codex": CODEX_PRICE, "gemini": GEMINI_PRICE}
 
 RESULT = re.compile(r"^# result: exit 0 after ([0-9.]+) s$", re.M)
 
@@ -37,9 +42,12 @@ def one_run(name: str, steps: int) -> tuple[float, float]:
         for folder in ("Specs/feature", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
             (root / folder).mkdir(parents=True)
         (root / "Specs/feature/tasks.md").write_text(task_text(steps))
-        (root / "config/autonomous_loop.yaml").write_text(
-            f"agent: {name}\n" + (CODEX_PRICE if name == "codex" else ""))
-        cli = CLIS[name](Path(tmp))
+        (root / "config/autonomous_loop.yaml").write_text(f"agent: {name}\n" + PRICES.get(name, ""))
+        if name == "aider":  # aider needs a git repository
+            for git in (["init", "-q"], ["add", "-A"],
+                        ["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "b"]):
+                subprocess.run(["git", *git], cwd=root, check=True, capture_output=True)
+        cli = ALL[name](Path(tmp))
         cli.start()
         try:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "ANTHROPIC_"))}
@@ -61,14 +69,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--cli", action="append", choices=sorted(CLIS))
+    parser.add_argument("--cli", action="append", choices=sorted(ALL))
     args = parser.parse_args()
-    for name in args.cli or sorted(CLIS):
-        probe = CLIS[name](Path(tempfile.gettempdir()))
+    for name in args.cli or sorted(ALL):
+        probe = ALL[name](Path(tempfile.gettempdir()))
         if not probe.installed:
             print(f"{name}: not installed ({probe.skip_reason()})")
             continue
-        version = subprocess.run([probe.program, "--version"], capture_output=True, text=True).stdout.strip()
+        program = getattr(probe, "path", None) or probe.program  # aider: wherever its venv is
+        version = subprocess.run([program, "--version"], capture_output=True, text=True).stdout.strip()
         walls, agents = [], []
         for _ in range(args.runs):
             wall, agent = one_run(name, args.steps)

@@ -1,0 +1,181 @@
+"""aider (PyPI `aider-chat`, best in its own virtual environment: `pipx install aider-chat`).
+
+- Unattended: `--yes-always` answers every question; `--message-file {prompt_file}` runs one message
+  and exits. The task file must be in aider's chat to be edited at all: `--file {task_file}`.
+- It edits files by its own edit formats (whole file, SEARCH/REPLACE blocks, diffs), chosen per
+  model; kiro does not override that (`--edit-format` in agent_args does).
+- Off for unattended runs: URL detection (`--no-detect-urls`: a URL in kiro's prompt made aider
+  offer to download a browser and scrape it), Playwright (`--disable-playwright`), update checks,
+  release notes, analytics, shell-command suggestions, model warnings (they ask a question), and
+  its own git commits (`--no-auto-commits --no-dirty-commits`: kiro makes its checkpoints); it does
+  not add `.aider*` to `.gitignore`, and its chat/input history go nowhere (the attempt log keeps
+  the whole output).
+- aider needs a git repository: without one it takes the folder of its chat files (the task
+  file's, under Specs/) as its root, so the agent's files would land there (and with
+  `--yes-always` it offers to `git init` the project and does). kiro refuses to start aider outside
+  a repository and says so, unless `--no-git` is in agent_args.
+- Endpoint: `--model openai/<name>` with `OPENAI_API_BASE` + `OPENAI_API_KEY` for any
+  OpenAI-compatible server (Chat Completions), or any model litellm knows (`ANTHROPIC_API_KEY`,
+  `GEMINI_API_KEY`, `ollama_chat/<name>` with `OLLAMA_API_BASE` ...); or `.aider.conf.yml`.
+- Usage: one `Tokens: 2.4k sent, 37 received. Cost: $0.0052 message, $0.0052 session.` line per
+  model call (aider rounds thousands to `1.2k`; cost only for models with a known price, e.g. via
+  `--model-metadata-file`); kiro sums them, and prices tokens with `llm.prices[<model>]` when aider
+  printed no cost.
+- Failures: aider prints API errors (`litellm.AuthenticationError: ...`) and exits 0, so kiro reads
+  its output; its argument errors are argparse's (`aider: error: unrecognized arguments: ...`, exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kiro.errors import ExecutorError
+from kiro.executors.agents import Failure, FailureKind, Invocation, Preset, clean, last_line, tail
+from kiro.executors.base import StepUsage
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from kiro.config import Config
+
+_TOKENS = re.compile(r"^Tokens: (?P<body>.*?)\."
+                     r"(?: Cost: \$(?P<msg>[\d.]+) message, \$(?P<session>[\d.]+) session\.)?\s*$")
+_COUNT = re.compile(r"(?P<n>[\d.]+)(?P<unit>[kKmM]?) (?P<what>sent|received|cache write|cache hit)")
+_LITELLM = re.compile(r"^(?:litellm\.)?(?P<kind>[A-Za-z]+Error):\s*(?P<rest>.*)$")
+_FATAL_ARGS = re.compile(r"^aider: error: (?P<msg>.+)$")
+# litellm's exception classes (what aider prints) -> kiro's failure kinds
+_KINDS: dict[str, FailureKind] = {
+    "AuthenticationError": "auth_error", "PermissionDeniedError": "auth_error",
+    "RateLimitError": "rate_limit", "BadRequestError": "failure", "NotFoundError": "failure",
+}
+
+
+def _number(value: str, unit: str) -> int:
+    scale = {"k": 1_000, "m": 1_000_000}.get(unit.lower(), 1)
+    return round(float(value) * scale)
+
+
+def in_git_repo(folder: Path) -> bool:
+    """A `.git` (folder, or a worktree's file) in the folder or one above it."""
+    folder = folder.resolve()
+    return any((p / ".git").exists() for p in (folder, *folder.parents))
+
+
+class AiderPreset(Preset):
+    name = "aider"
+    program = "aider"
+    install = ("pipx install aider-chat  (or: python3 -m venv ~/.venvs/aider && "
+               "~/.venvs/aider/bin/pip install aider-chat)")
+    command = ("aider --yes-always --no-pretty --no-fancy-input --no-detect-urls --disable-playwright "
+               "--no-check-update --no-show-release-notes --no-analytics --no-suggest-shell-commands "
+               "--no-auto-commits --no-dirty-commits --no-gitignore --no-show-model-warnings "
+               "--chat-history-file /dev/null --input-history-file /dev/null "
+               "--message-file {prompt_file} --file {task_file}")
+    idle_timeout_seconds = 600.0
+    env_keys = ("OPENAI_API_BASE", "OPENAI_API_KEY", "AIDER_MODEL", "ANTHROPIC_API_KEY", "GEMINI_API_KEY")
+
+    def __init__(self, config: Config | None = None) -> None:
+        super().__init__(config)
+        self._argv: list[str] = []
+
+    def argv(self, inv: Invocation, template: Sequence[str] | None = None) -> list[str]:
+        argv = super().argv(inv, template)
+        if Path(argv[0]).name == self.program and "--no-git" not in argv and not in_git_repo(inv.project_dir):
+            # Without a repository aider takes the folder of its chat files (the task file's) as its
+            # root, and the agent's files would land in Specs/...; with --yes-always it would instead
+            # `git init` the project on its own.
+            raise ExecutorError(
+                f"aider needs the project in a git repository, and {inv.project_dir} is not in one: run "
+                f"`git init` there (aider resolves the agent's paths from the repository root; kiro tells it "
+                f"not to commit), or add --no-git to agent_args if the task file's folder is the project")
+        self._argv = argv
+        return argv
+
+    def env(self, inv: Invocation) -> dict[str, str]:
+        # no colours, and litellm's bundled price list instead of a download at every start
+        return {"NO_COLOR": "1", "LITELLM_LOCAL_MODEL_COST_MAP": os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP", "True")}
+
+    def model(self) -> str | None:
+        argv = self._argv or self.template()
+        for i, arg in enumerate(argv):
+            if arg == "--model" and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith("--model="):
+                return arg.split("=", 1)[1]
+        return os.environ.get("AIDER_MODEL")
+
+    def parse_usage(self, stdout: str) -> StepUsage | None:
+        total = StepUsage()
+        found = priced = False
+        for line in clean(stdout).splitlines():
+            m = _TOKENS.match(line.strip())
+            if m is None:
+                continue
+            found = True
+            sent = received = 0
+            for c in _COUNT.finditer(m["body"]):
+                n = _number(c["n"], c["unit"])
+                if c["what"] == "received":
+                    received += n
+                else:  # sent, and the cached parts of what was sent
+                    sent += n
+            cost = 0.0
+            if m["msg"] is not None:
+                priced = True
+                cost = float(m["msg"])
+            total.add(StepUsage(prompt_tokens=sent, completion_tokens=received, total_tokens=sent + received,
+                                api_calls=1, cost_usd=cost))
+        if not found:
+            return None
+        if not priced:
+            model = self.model()
+            price = self.config.llm.prices.get(model) if model else None
+            if price is None and model and "/" in model:
+                price = self.config.llm.prices.get(model.split("/", 1)[1])
+            if price is not None:
+                total.cost_usd = (total.prompt_tokens * price.input_per_1m
+                                  + total.completion_tokens * price.output_per_1m) / 1_000_000
+        return total
+
+    @staticmethod
+    def _api_error(stdout: str) -> tuple[FailureKind, str] | None:
+        """The last model-API error aider printed (it reports them and exits 0). Its message may be
+        wrapped over two lines; they are joined."""
+        lines = clean(stdout).splitlines()
+        found: tuple[FailureKind, str] | None = None
+        for i, raw in enumerate(lines):
+            m = _LITELLM.match(raw.strip())
+            if m is None or not raw.strip().startswith("litellm."):
+                continue
+            text = raw.strip()
+            if i + 1 < len(lines) and lines[i + 1].strip() and not lines[i + 1].startswith(("The API", "Retrying")):
+                text += " " + lines[i + 1].strip()
+            found = (_KINDS.get(m["kind"], "failure"), text[:300])
+        return found
+
+    def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
+        for raw in clean(stderr).splitlines():
+            m = _FATAL_ARGS.match(raw.strip())
+            if m is not None:
+                return Failure("usage_error", raw.strip()[:300])
+        api = self._api_error(stdout)
+        if exit_code == 0 and api is None:
+            return None
+        if api is not None:
+            kind, line = api
+            return Failure(kind, line)
+        line = last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
+        return Failure(self.kind_of(exit_code, f"{stderr}\n{stdout}", line), line)
+
+    def summary(self, stdout: str, stderr: str, prompt: str) -> str:
+        """What aider said after it read the message (its banner and the token lines left out)."""
+        lines = clean(stdout).splitlines()
+        start = 0
+        for i, raw in enumerate(lines):
+            if raw.startswith("Added ") and raw.rstrip().endswith("to the chat."):
+                start = i + 1
+        kept = [raw for raw in lines[start:] if not _TOKENS.match(raw.strip())]
+        return tail("\n".join(kept)) or super().summary(stdout, stderr, prompt)

@@ -1,0 +1,141 @@
+"""Gemini CLI (`npm install -g @google/gemini-cli`), headless.
+
+- The prompt goes on stdin (headless mode when stdin is not a terminal); `--output-format
+  stream-json` prints JSONL events as they happen (`init`, `message`, `tool_use`, `tool_result`,
+  `error`, and a final `result` with `status` and `stats`: input/output/total tokens per model).
+- `--approval-mode yolo` approves its tools (edits, shell); a folder it does not trust silently
+  downgrades that to "default" (and every edit is refused), so `--skip-trust` trusts the project
+  for this run.
+- Endpoint and auth: `GEMINI_API_KEY` (with `security.auth.selectedType: "gemini-api-key"` in
+  `~/.gemini/settings.json`), or Vertex AI (`GOOGLE_GENAI_USE_VERTEXAI`, `GOOGLE_CLOUD_PROJECT`), or
+  a cached Google login; `GOOGLE_GEMINI_BASE_URL` points it at another Gemini API server (https,
+  or http on localhost); `GEMINI_MODEL` / `-m` picks the model (without one it routes each request
+  between models with an extra model call). `GEMINI_CLI_HOME` moves its config folder.
+- It reports tokens, not money: kiro prices them with `llm.prices[<model>]` (the model names in the
+  result's stats).
+- Exit codes: 0 ok, 1 general or API error, 41 auth, 42 bad input, 52 bad config, 53 turn limit;
+  an unknown flag prints `Unknown arguments: ...` and the help, exit 1.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kiro.executors.agents import Failure, FailureKind, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.base import StepUsage
+
+_UNKNOWN = re.compile(r"^(Unknown arguments?|Not enough arguments|Invalid values|Missing required argument)\b.*",
+                      re.M)
+_AUTH = re.compile(r"API[_ ]key[_ ]not[_ ]valid|API_KEY_INVALID|UNAUTHENTICATED|PERMISSION_DENIED|\b401\b|\b403\b|"
+                   r"auth method|GEMINI_API_KEY|login required|Invalid API key", re.I)
+_RATE = re.compile(r"RESOURCE_EXHAUSTED|\b429\b|quota|rate limit", re.I)
+EXIT_KINDS: dict[int, FailureKind] = {41: "auth_error", 42: "usage_error", 52: "usage_error"}
+
+
+class GeminiPreset(Preset):
+    name = "gemini"
+    program = "gemini"
+    install = "npm install -g @google/gemini-cli"
+    command = "gemini --output-format stream-json --approval-mode yolo --skip-trust"
+    idle_timeout_seconds = 600.0
+    env_keys = ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GEMINI_MODEL", "GOOGLE_API_KEY",
+                "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_CLOUD_PROJECT", "GEMINI_CLI_HOME")
+
+    def env(self, inv: Any) -> dict[str, str]:
+        return {"NO_COLOR": "1"}
+
+    @staticmethod
+    def _result(stdout: str) -> dict[str, Any] | None:
+        found = None
+        for event in json_lines(stdout):
+            if event.get("type") == "result":
+                found = event
+        return found
+
+    def parse_usage(self, stdout: str) -> StepUsage | None:
+        result = self._result(stdout)
+        stats = result.get("stats") if result else None
+        if not isinstance(stats, dict):
+            return None
+        models = stats.get("models") if isinstance(stats.get("models"), dict) else {}
+        total = StepUsage()
+        rows = [(name, row) for name, row in models.items() if isinstance(row, dict)] if models else [(None, stats)]
+        for name, row in rows:
+            prompt = int(row.get("input_tokens") or 0)
+            completion = int(row.get("output_tokens") or 0)
+            tokens = int(row.get("total_tokens") or prompt + completion)
+            cost = 0.0
+            price = self.config.llm.prices.get(name) if name else None
+            if price is not None:
+                cost = (prompt * price.input_per_1m + completion * price.output_per_1m) / 1_000_000
+            total.add(StepUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=tokens,
+                                api_calls=0, cost_usd=cost))
+        total.api_calls = self._model_calls(stdout)
+        return total
+
+    @staticmethod
+    def _model_calls(stdout: str) -> int:
+        """The stream does not count requests: one to start, and one more after each batch of tool
+        results (the model answers them)."""
+        calls, previous = 1, None
+        for event in json_lines(stdout):
+            kind = event.get("type")
+            if kind == "tool_result" and previous != "tool_result":
+                calls += 1
+            previous = kind
+        return calls
+
+    @staticmethod
+    def _errors(stdout: str) -> list[str]:
+        found = []
+        for event in json_lines(stdout):
+            err = event.get("error")
+            if event.get("type") in ("result", "error") and isinstance(err, dict) \
+                    and isinstance(err.get("message"), str):
+                found.append(err["message"])
+            elif event.get("type") == "error" and isinstance(event.get("message"), str):
+                found.append(event["message"])
+        return found
+
+    def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
+        result = self._result(stdout)
+        failed_result = result is not None and result.get("status") not in (None, "success")
+        if exit_code == 0 and not failed_result:
+            return None
+        m = _UNKNOWN.search(clean(stderr))
+        if m is not None:
+            return Failure("usage_error", m.group(0).strip()[:300])
+        errors = self._errors(stdout)
+        line = (clean(errors[-1]).strip().splitlines() or [""])[0][:300] if errors else None
+        line = line or error_line(stderr) or last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
+        kind: FailureKind
+        if exit_code in EXIT_KINDS:
+            kind = EXIT_KINDS[exit_code]
+        elif _AUTH.search(line):
+            kind = "auth_error"
+        elif _RATE.search(line):
+            kind = "rate_limit"
+        else:
+            kind = self.kind_of(exit_code, f"{stderr}\n{line}", line)
+        return Failure(kind, line)
+
+    def summary(self, stdout: str, stderr: str, prompt: str) -> str:
+        """The model's last message (its deltas joined), or the error it ended with."""
+        errors = self._errors(stdout)
+        if errors:
+            return tail(clean(errors[-1]))
+        said: list[str] = []
+        current: list[str] = []
+        for event in json_lines(stdout):
+            if event.get("type") == "message" and event.get("role") == "assistant" \
+                    and isinstance(event.get("content"), str):
+                current.append(event["content"])
+            elif event.get("type") in ("tool_use", "result") and current:
+                said.append("".join(current))
+                current = []
+        if current:
+            said.append("".join(current))
+        if said:
+            return tail(clean(said[-1]))
+        return super().summary("" if stdout.lstrip().startswith("{") else stdout, stderr, prompt)

@@ -1,0 +1,210 @@
+"""Running the REAL aider, Gemini CLI and opencode under kiro against the scripted API servers in
+tests/fakes (Chat Completions SSE for aider and opencode, the Gemini API for gemini): the harness
+that tests/test_agent_clis_more.py and bench/agent_clis.py share. Same shape as tests/agent_clis.py
+(claude, codex).
+
+Each `Cli` points its program at a fake with a HOME and config it owns in tmp (nothing from the
+machine leaks in), and plays a model that does what kiro's prompt asks, through the CLI's own edit
+protocol: aider gets a SEARCH/REPLACE block in the reply text (or the whole file, in its "whole"
+format), Gemini CLI a `replace` function call, opencode `read` then `edit` tool calls.
+
+aider lives in its own virtual environment: found on PATH, at $KIRO_AIDER, or in the venv that
+.ci/install-agent-clis makes (/opt/aider-venv, ~/.cache/kiro/aider-venv); the tests put a link to it
+on PATH, as a person who installed it with pipx has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.agent_clis import INSTALL, Cli, parse_prompt
+from tests.fakes import FakeServer, HttpError, Recorded
+from tests.fakes import chat as fc
+from tests.fakes import gemini as fg
+
+AIDER_VENVS = (Path("/opt/aider-venv"), Path.home() / ".cache" / "kiro" / "aider-venv")
+# $ per 1M tokens the fakes' models cost (aider's model metadata, opencode's model config)
+PRICE_IN, PRICE_OUT = 2.0, 10.0
+GEMINI_PRICE = f"llm:\n  prices:\n    {fg.MODEL}: {{input_per_1m: {PRICE_IN}, output_per_1m: {PRICE_OUT}}}\n"
+
+
+def find_aider() -> str | None:
+    explicit = os.environ.get("KIRO_AIDER")
+    if explicit and os.access(explicit, os.X_OK):
+        return explicit
+    found = shutil.which("aider")
+    if found:
+        return found
+    for venv in AIDER_VENVS:
+        if os.access(venv / "bin" / "aider", os.X_OK):
+            return str(venv / "bin" / "aider")
+    return None
+
+
+class Aider(Cli):
+    """aider with `--model openai/fake-coder` on the Chat Completions fake, edit format `diff`
+    (SEARCH/REPLACE blocks), a model metadata file that gives the model a price."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__("aider", "aider", "aider-chat", tmp)
+        self.path = find_aider()
+
+    @property
+    def installed(self) -> bool:
+        return self.path is not None
+
+    def skip_reason(self) -> str:
+        return (f"aider is not installed (PyPI aider-chat, in its own venv: not on PATH, not at $KIRO_AIDER, "
+                f"not in {' or '.join(map(str, AIDER_VENVS))}); install it with {INSTALL} to run this test")
+
+    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
+        if self.error is not None:
+            return self.error
+        usage = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens}
+        path, old, new = parse_prompt(fc.user_text(rec.body))
+        name = self.relative(path)
+        blocks = [self.block(rec.body, *edit) for edit in self.extra]
+        blocks.append(self.block(rec.body, name, old, new))
+        return fc.Reply("I will check the step's box.\n\n" + "\n".join(blocks), **usage)
+
+    def relative(self, path: str) -> str:
+        root = self.tmp / "vault"
+        try:
+            return str(Path(path).relative_to(root))
+        except ValueError:
+            return path
+
+    def block(self, body: Any, name: str, old: str, new: str) -> str:
+        """One edit in the format aider asked for in its system prompt."""
+        if "SEARCH/REPLACE" in fc.system_text(body):
+            return f"{name}\n```\n<<<<<<< SEARCH\n{old}\n=======\n{new}\n>>>>>>> REPLACE\n```\n"
+        target = Path(name) if Path(name).is_absolute() else self.tmp / "vault" / name
+        text = target.read_text() if target.exists() else ""
+        return f"{name}\n```\n{text.replace(old, new, 1) if old else new}\n```\n"
+
+    def start(self) -> FakeServer:
+        self.server = fc.FakeChat(self.brain).start()
+        bindir = self.tmp / "aider-bin"
+        bindir.mkdir(exist_ok=True)
+        assert self.path is not None
+        link = bindir / "aider"
+        if not link.exists():
+            link.symlink_to(self.path)
+        home = self.tmp / "aider-home"
+        home.mkdir(exist_ok=True)
+        (home / "model-metadata.json").write_text(json.dumps({f"openai/{fc.MODEL}": {
+            "max_input_tokens": 128000, "max_output_tokens": 8192, "litellm_provider": "openai", "mode": "chat",
+            "input_cost_per_token": PRICE_IN / 1e6, "output_cost_per_token": PRICE_OUT / 1e6}}))
+        return self.server
+
+    def env(self) -> dict[str, str]:
+        assert self.server is not None
+        home = self.tmp / "aider-home"
+        return {"HOME": str(home), "PATH": f"{self.tmp / 'aider-bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+                "OPENAI_API_BASE": f"{self.server.url}/v1", "OPENAI_API_KEY": "sk-test-key",
+                "AIDER_MODEL": f"openai/{fc.MODEL}", "AIDER_EDIT_FORMAT": "diff",
+                "AIDER_MODEL_METADATA_FILE": str(home / "model-metadata.json")}
+
+    def calls(self) -> int:
+        assert isinstance(self.server, fc.FakeChat)
+        return len(self.server.calls())
+
+
+class Gemini(Cli):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__("gemini", "gemini", "@google/gemini-cli", tmp)
+
+    def brain(self, rec: Recorded) -> fg.Turn | HttpError:
+        if self.error is not None:
+            return self.error
+        usage = {"prompt_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        if ":streamGenerateContent" not in rec.path:  # a side call (routing, checks): not the agent's turn
+            return fg.Turn([fg.text(fg.side_call_answer(rec.body))], **usage)
+        done = len(fg.function_responses(rec.body))
+        path, old, new = parse_prompt(fg.user_text(rec.body))
+        plan = [*self.extra, ("replace", {"file_path": path, "old_string": old, "new_string": new,
+                                          "instruction": "check the step's box"})]
+        if done < len(plan):
+            name, args = plan[done]
+            return fg.Turn([fg.function_call(name, args)], **usage)
+        return fg.Turn([fg.text(f"Checked the box: {new}")], **usage)
+
+    def start(self) -> FakeServer:
+        self.server = fg.FakeGemini(self.brain).start()
+        settings = self.tmp / "gemini-home" / ".gemini" / "settings.json"
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps({
+            "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+        }))
+        return self.server
+
+    def env(self) -> dict[str, str]:
+        assert self.server is not None
+        return {"HOME": str(self.tmp / "gemini-home"), "GEMINI_API_KEY": "test-gemini-key",
+                "GOOGLE_GEMINI_BASE_URL": self.server.url, "GEMINI_MODEL": fg.MODEL}
+
+    def calls(self) -> int:
+        assert isinstance(self.server, fg.FakeGemini)
+        return len(self.server.agent_calls())
+
+
+class Opencode(Cli):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__("opencode", "opencode", "opencode-ai", tmp)
+
+    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
+        if self.error is not None:
+            return self.error
+        usage = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens}
+        if "edit" not in fc.tool_names(rec.body):  # a side call (a title, a summary)
+            return fc.Reply("kiro step", **usage)
+        done = len(fc.tool_results(rec.body))
+        path, old, new = parse_prompt(fc.user_text(rec.body))
+        plan = [*self.extra, ("read", {"filePath": path}),
+                ("edit", {"filePath": path, "oldString": old, "newString": new})]
+        if done < len(plan):
+            name, args = plan[done]
+            return fc.Reply(None, [fc.tool_call(name, args)], **usage)
+        return fc.Reply(f"Checked the box: {new}", **usage)
+
+    def start(self) -> FakeServer:
+        self.server = fc.FakeChat(self.brain).start()
+        home = self.tmp / "opencode-home"
+        home.mkdir(exist_ok=True)
+        (home / "opencode.json").write_text(json.dumps({
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {"fake": {"npm": "@ai-sdk/openai-compatible", "name": "fake",
+                                  "options": {"baseURL": f"{self.server.url}/v1", "apiKey": "{env:FAKE_API_KEY}"},
+                                  "models": {fc.MODEL: {"name": fc.MODEL,
+                                                        "cost": {"input": PRICE_IN, "output": PRICE_OUT}}}}},
+            "model": f"fake/{fc.MODEL}", "autoupdate": False, "share": "disabled",
+        }))
+        return self.server
+
+    def env(self) -> dict[str, str]:
+        home = self.tmp / "opencode-home"
+        return {"HOME": str(home), "OPENCODE_CONFIG": str(home / "opencode.json"), "FAKE_API_KEY": "sk-test-key",
+                "OPENCODE_DISABLE_MODELS_FETCH": "true", "XDG_CONFIG_HOME": str(home / ".config"),
+                "XDG_DATA_HOME": str(home / ".local" / "share"), "XDG_CACHE_HOME": str(home / ".cache"),
+                "XDG_STATE_HOME": str(home / ".local" / "state")}
+
+    def calls(self) -> int:
+        assert isinstance(self.server, fc.FakeChat)
+        return len([r for r in self.server.calls() if "edit" in fc.tool_names(r.body)])
+
+
+MORE_CLIS: dict[str, Callable[[Path], Cli]] = {"aider": Aider, "gemini": Gemini, "opencode": Opencode}
+
+_AIDER_TOKENS = re.compile(r"^Tokens: .*", re.M)
+
+
+def aider_token_lines(log: str) -> list[str]:
+    return _AIDER_TOKENS.findall(log)

@@ -1,0 +1,223 @@
+"""The agent presets with the REAL aider (PyPI aider-chat, its own venv), Gemini CLI and opencode
+(npm), pointed at scripted API servers on 127.0.0.1 that speak their wire protocols (tests/fakes):
+Chat Completions with SSE for aider and opencode, the Gemini API (`streamGenerateContent?alt=sse`)
+for gemini. kiro runs them as a user would: `kiro loop start --agent NAME`. A CLI that is not
+installed makes its tests SKIP with the reason (never pass).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agent_clis import Cli, task_text
+from tests.agent_clis_more import GEMINI_PRICE, MORE_CLIS, PRICE_IN, PRICE_OUT, aider_token_lines
+from tests.conftest import FAST_CONFIG, Workspace
+from tests.fakes import chat as fc
+from tests.fakes import gemini as fg
+
+TASK = "Specs/feature/tasks.md"
+
+
+@pytest.fixture(params=sorted(MORE_CLIS))
+def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cli]:
+    agent = MORE_CLIS[request.param](tmp_path)
+    if not agent.installed:
+        pytest.skip(agent.skip_reason())
+    agent.start()
+    yield agent
+    agent.close()
+
+
+def configure(ws: Workspace, cli: Cli, extra: str = "", loop: str = "") -> None:
+    """The workspace config: fast backoff, the agent, gemini's price; `loop` adds autonomous_loop keys.
+    For aider the workspace becomes a git repository (aider's requirement; see the test below)."""
+    text = FAST_CONFIG + loop + f"agent: {cli.name}\n" + (GEMINI_PRICE if cli.name == "gemini" else "") + extra
+    ws.write("config/autonomous_loop.yaml", text)
+    if cli.name == "aider" and not (ws.root / ".git").exists():
+        git_init(ws.root)
+
+
+def run(ws: Workspace, cli: Cli, *args: str, timeout: float = 400) -> tuple[int, str]:
+    env = ws.env(**cli.env(), KIRO_RAISE_ERRORS="1")
+    r = ws.kiro("loop", "start", "--task", TASK, *args, env=env, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def git_init(root: Path) -> None:
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+
+def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(3))
+    configure(ws, cli)
+    code, out = run(ws, cli, "--agent", cli.name)
+    assert code == 0, out
+    done = ws.root / "Done" / "feature" / "tasks.md"
+    assert done.read_text().count("- [x]") == 3, done.read_text()
+    tid = ws.only_task_id()
+    state = ws.state(tid)
+    usage = state["usage"]
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2", "3"]
+    logs = [(ws.root / "Logs" / tid / f"{step}-1.log").read_text() for step in ("1", "2", "3")]
+    for log in logs:  # each attempt's full output is kept
+        assert f"agent: {cli.name}" in log and "## stdout" in log
+    calls = cli.calls()
+    if cli.name == "aider":
+        # aider counts tokens itself (the stream carries no usage) and prints one line per model call:
+        # what kiro recorded is what aider said, summed
+        lines = [line for log in logs for line in aider_token_lines(log)]
+        assert len(lines) == calls == 3, (lines, calls)
+        assert all("Cost: $" in line for line in lines), lines
+        session = sum(float(line.split("Cost: $")[1].split(" ")[0]) for line in lines)
+        assert usage["cost_usd"] == pytest.approx(session, abs=1e-9), (usage, lines)
+        assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+        assert (ws.root / ".git").is_dir() and not list(ws.root.glob(".aider.chat*"))
+    else:
+        per_call = cli.input_tokens + cli.output_tokens
+        assert usage["total_tokens"] == calls * per_call, (usage, calls)
+        assert usage["prompt_tokens"] == calls * cli.input_tokens
+        price = (calls * cli.input_tokens * PRICE_IN + calls * cli.output_tokens * PRICE_OUT) / 1e6
+        assert usage["cost_usd"] == pytest.approx(price, rel=1e-6), usage
+    print(f"{cli.name}: 3 steps, {calls} model calls, usage {usage}")
+
+
+def test_max_total_tokens_stops_the_loop_with_exit_4(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(3))
+    configure(ws, cli, "guardrails:\n  max_total_tokens: 100\n")
+    code, out = run(ws, cli)
+    assert code == 4, out
+    state = ws.state(ws.only_task_id())
+    assert state["stop_reason"] == "max_total_tokens"
+    assert state["usage"]["total_tokens"] >= 100
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1"]  # the first step's tokens spent it
+    assert "max_total_tokens 100 reached" in out
+
+
+# Long enough for each CLI's silent start-up on a busy machine (opencode prints nothing before its first
+# model call finishes); the step timeout is far away.
+IDLE = {"aider": 30, "gemini": 30, "opencode": 60}
+
+
+def test_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(1))
+    assert cli.server is not None
+    cli.server.hang = True  # accepts the connection, never answers
+    idle = IDLE[cli.name]
+    configure(ws, cli, f"step_idle_timeout_seconds: {idle}\nstep_timeout_seconds: 3000\n",
+              loop="  failure_threshold: 1\n")
+    code, out = run(ws, cli)
+    assert code == 5, out
+    state = ws.state(ws.only_task_id())
+    error = state["steps"]["1"]["last_error"]
+    assert f"printed nothing for {idle} s" in error and "step_idle_timeout_seconds" in error, error
+    assert len(cli.server.requests) >= 1  # it did reach the endpoint
+
+
+# a flag the CLI does not have, and the line the CLI itself prints about it
+USAGE_ERRORS = {
+    "aider": ("--bogus-flag", "aider: error: unrecognized arguments: --bogus-flag"),
+    "gemini": ("--bogus-flag", "Unknown arguments: bogus-flag"),
+    "opencode": ("--bogus-flag", "opencode printed its usage text (opencode run [message..])"),
+}
+
+
+def test_a_usage_error_ends_the_run_with_exit_1_and_the_clis_own_line(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(2))
+    flag, line = USAGE_ERRORS[cli.name]
+    configure(ws, cli, f"agent_args: [{json.dumps(flag)}]\n")
+    code, out = run(ws, cli)
+    assert code == 1, out
+    assert line in out, out
+    assert "usage error" in out
+    tid = ws.only_task_id()
+    logs = sorted(p.name for p in (ws.root / "Logs" / tid).iterdir())
+    assert logs == ["1-1.log"], logs  # one attempt: no retries of a command line that cannot work
+    assert "- [x]" not in (ws.root / TASK).read_text()
+
+
+REFUSED_KEY = {
+    "aider": (lambda: fc.error(401, "Incorrect API key provided: sk-test-***-key."), "AuthenticationError"),
+    "gemini": (lambda: fg.error(400, "API key not valid. Please pass a valid API key.", "API_KEY_INVALID"),
+               "API key not valid"),
+    "opencode": (lambda: fc.error(401, "Incorrect API key provided: sk-test-***-key."), "Incorrect API key"),
+}
+
+
+def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(1))
+    make, said = REFUSED_KEY[cli.name]
+    cli.error = make()
+    configure(ws, cli)
+    code, out = run(ws, cli)
+    assert code == 1, out
+    assert "auth error" in out and said in out, out
+    tid = ws.only_task_id()
+    assert sorted(p.name for p in (ws.root / "Logs" / tid).iterdir()) == ["1-1.log"]  # not retried
+
+
+def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(3))
+    hooks, state_dir, task = ws.root / ".hooks", ws.root / ".state", ws.root / TASK
+    if cli.name == "aider":  # new files by SEARCH/REPLACE blocks with an empty SEARCH, step 3 by another
+        cli.extra = [(".hooks/evil.sh", "", "rm -rf /"), (".state/injected.json", "", "{}"),
+                     (TASK, "- [ ] 3. Write part 3 of the greeting", "- [x] 3. Write part 3 of the greeting")]
+    elif cli.name == "gemini":
+        cli.extra = [("write_file", {"file_path": str(hooks / "evil.sh"), "content": "rm -rf /\n"}),
+                     ("write_file", {"file_path": str(state_dir / "injected.json"), "content": "{}\n"}),
+                     ("replace", {"file_path": str(task), "old_string": "- [ ] 3. Write part 3",
+                                  "new_string": "- [x] 3. Write part 3", "instruction": "check 3"})]
+    else:
+        cli.extra = [("write", {"filePath": str(hooks / "evil.sh"), "content": "rm -rf /\n"}),
+                     ("write", {"filePath": str(state_dir / "injected.json"), "content": "{}\n"}),
+                     ("read", {"filePath": str(task)}),
+                     ("edit", {"filePath": str(task), "oldString": "- [ ] 3. Write part 3",
+                               "newString": "- [x] 3. Write part 3"})]
+    configure(ws, cli, loop="  failure_threshold: 1\n")
+    code, out = run(ws, cli)
+    assert code == 5, out
+    assert not (hooks / "evil.sh").exists()
+    assert not (state_dir / "injected.json").exists()
+    text = task.read_text()
+    assert "- [ ] 3. Write part 3" in text and "- [x]" not in text, text
+    error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
+    assert ".hooks/evil.sh (created; removed)" in error, error
+    assert ".state/injected.json (created; removed)" in error, error
+    assert "Specs/feature/tasks.md lines other than the step's box" in error, error
+    print(f"{cli.name}: tried .hooks/evil.sh, .state/injected.json, step 3's box: 3 of 3 undone and reported")
+
+
+def test_kiro_agents_lists_installed_cli_version_and_command(ws: Workspace, cli: Cli) -> None:
+    configure(ws, cli)
+    r = ws.kiro("agents", "--json", env=ws.env(**cli.env()))
+    assert r.returncode == 0, r.stderr
+    row = {row["name"]: row for row in json.loads(r.stdout)}[cli.name]
+    assert row["installed"] is True and row["selected"] is True
+    assert row["version"] and any(ch.isdigit() for ch in row["version"])
+    assert row["command"].startswith(f"{cli.program} ")
+    assert Path(row["path"]).name == cli.program
+
+
+def test_aider_outside_a_git_repository_is_refused_saying_how_to_fix_it(ws: Workspace, tmp_path: Path) -> None:
+    """Without a repository aider roots itself at the task file's folder (Specs/feature/), so the
+    agent's files would land there; kiro does not start it and says what to do."""
+    cli = MORE_CLIS["aider"](tmp_path)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    cli.start()
+    try:
+        ws.task(task_text(1))
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: aider\n")
+        code, out = run(ws, cli)
+    finally:
+        cli.close()
+    assert code == 1, out
+    assert "aider needs the project in a git repository" in out and "git init" in out, out
+    assert cli.calls() == 0
+    assert not (ws.root / ".git").exists()  # nobody ran `git init` behind the person's back
+    assert "- [x]" not in (ws.root / TASK).read_text()
