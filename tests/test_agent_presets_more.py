@@ -176,6 +176,10 @@ def test_opencode_failures_from_its_error_event_and_its_bare_usage_text() -> Non
     failure = OpencodePreset().classify_failure(1, err, "")
     assert failure is not None and failure.kind == "auth_error"
     assert failure.line == "APIError: Incorrect API key provided: sk-***. (HTTP 401)"
+    busy = json.dumps({"type": "error", "timestamp": 1, "sessionID": "s", "error": {"name": "APIError", "data": {
+        "message": "Rate limit reached for requests", "statusCode": 429, "isRetryable": True}}})
+    failure = OpencodePreset().classify_failure(1, busy, "")
+    assert failure is not None and failure.kind == "rate_limit" and not failure.fatal
     usage_text = "opencode run [message..]\n\nrun opencode with a message\n\nPositionals:\n  message\n"
     failure = OpencodePreset().classify_failure(1, "", usage_text)
     assert failure is not None and failure.kind == "usage_error" and "opencode run [message..]" in failure.line
