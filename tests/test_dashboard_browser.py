@@ -91,7 +91,8 @@ def test_dashboard_lists_loops_updates_live_and_its_stop_button_pauses_the_loop(
     # a step completes in the other process: the card follows, with no reload
     (ws.root / "gate_2").touch()
     page.wait_for_function(f"document.querySelector(\"{card} [data-role=steps]\").textContent === '2/4'")
-    page.wait_for_function("document.querySelector('#feed').textContent.includes('step_completed')")
+    page.wait_for_function("Array.from(document.querySelectorAll('#feed li')).some(li => "
+                           "li.textContent.includes('step_completed') && li.textContent.includes('2 in '))")
     shot = os.environ.get("KIRO_DASHBOARD_SCREENSHOT")
     if shot:
         Path(shot).parent.mkdir(parents=True, exist_ok=True)

@@ -342,9 +342,15 @@ def test_websocket_bad_messages_get_an_error_and_the_connection_stays(ws: Worksp
             answer = _ask(sock, msg if isinstance(msg, str) else json.dumps(msg))
             assert answer["type"] == "error" and answer["message"], (msg, answer)
             held += 1
+        for frame in (b"\xff\xfe not utf-8", b"{}", json.dumps({"type": "get_loop_state"}).encode()):
+            sock.send(frame)  # binary frames
+            answer = json.loads(sock.recv(60))
+            assert answer["type"] == "error", (frame, answer)
+            held += 1
         ok = _ask(sock, {"type": "get_loop_state", "task_id": "one"})
         assert ok["type"] == "loop_state" and ok["status"] == "completed"
-    print(f"malformed WebSocket messages tried: {len(bad)}, answered with an error on a live connection: {held}")
+    print(f"malformed WebSocket messages tried: {len(bad) + 3} (3 as binary frames), answered with an error on a "
+          f"live connection: {held}")
 
 
 def test_serve_without_a_workspace_state_dir_still_starts(tmp_path: Any) -> None:

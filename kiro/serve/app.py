@@ -31,7 +31,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kiro import dashboard, views
-from kiro.errors import KiroError
+from kiro.errors import KiroError, raise_errors
 from kiro.events import read_events
 from kiro.serve.auth import TokenAuth
 from kiro.serve.control import ControlError, Controller
@@ -182,8 +182,23 @@ class Server:
         pusher = asyncio.create_task(self._push(send, start))
         try:
             while True:
-                text = await sock.receive_text()
-                await send(await self._handle(text))
+                message = await sock.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:  # a binary frame: JSON in UTF-8 is fine too
+                    try:
+                        text = bytes(message.get("bytes") or b"").decode("utf-8")
+                    except UnicodeDecodeError:
+                        await send({"type": "error", "message": "a binary frame that is not UTF-8 text"})
+                        continue
+                try:
+                    answer = await self._handle(text)
+                except Exception as exc:  # a bug must not cost the client its connection (tests: it must fail)
+                    if raise_errors():
+                        raise
+                    answer = {"type": "error", "message": f"internal error: {type(exc).__name__}: {exc}"}
+                await send(answer)
         except WebSocketDisconnect:
             pass
         finally:
