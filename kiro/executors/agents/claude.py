@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
@@ -35,7 +36,7 @@ class ClaudePreset(Preset):
             tools += [f"Bash({entry.strip()}:*)" for entry in shell.allow if entry.strip()]
         return ["--allowedTools", ",".join(tools)]
 
-    def argv(self, inv: Invocation, template: list[str] | None = None) -> list[str]:  # type: ignore[override]
+    def argv(self, inv: Invocation, template: Sequence[str] | None = None) -> list[str]:
         argv = super().argv(inv, template)
         # The task file may live outside the project directory (project_dir: src): let Claude edit it.
         folder = inv.task_file.parent

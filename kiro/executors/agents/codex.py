@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ class CodexPreset(Preset):
     def template(self) -> list[str]:
         return [*super().template(), "-"]  # the prompt from stdin, after any agent_args
 
-    def argv(self, inv: Invocation, template: list[str] | None = None) -> list[str]:  # type: ignore[override]
+    def argv(self, inv: Invocation, template: Sequence[str] | None = None) -> list[str]:
         argv = super().argv(inv, template)
         folder = inv.task_file.parent
         try:
