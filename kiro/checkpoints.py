@@ -71,6 +71,28 @@ class GitError(KiroError):
     """git could not do what kiro asked (exit 1 at the CLI; a failed checkpoint in a loop)."""
 
 
+_excludes_file: list[str] = []
+
+
+def _person_excludes() -> list[str]:
+    """`-c core.excludesFile=...` with the person's own global ignore file, read once: kiro runs git
+    without global config, but a file the person ignores everywhere (an editor's folder, a `.env`)
+    must stay out of kiro's commits too. Reading a value runs nothing."""
+    with _lock:
+        if not _excludes_file:
+            env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
+            env["GIT_CONFIG_NOSYSTEM"] = "1"
+            try:
+                proc = subprocess.run(["git", "config", "--global", "--path", "--get", "core.excludesFile"],
+                                      env=env, capture_output=True, text=True, timeout=30, cwd="/")
+                path = proc.stdout.strip() if proc.returncode == 0 else ""
+            except (OSError, subprocess.TimeoutExpired):
+                path = ""
+            _excludes_file.append(path)
+        path = _excludes_file[0]
+    return ["-c", f"core.excludesFile={path}"] if path else []
+
+
 def git_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV and not k.startswith("GIT_TRACE")}
     env.update({
@@ -96,7 +118,7 @@ class Git:
 
     def run(self, *args: str, check: bool = True, commit: bool = False, input: str | None = None,
             timeout: float = GIT_TIMEOUT) -> subprocess.CompletedProcess[str]:
-        argv = ["git", *_SAFE, *(_COMMIT if commit else ()), *args]
+        argv = ["git", *_SAFE, *_person_excludes(), *(_COMMIT if commit else ()), *args]
         try:
             proc = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, input=input,
                                   timeout=timeout, errors="replace")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 from kiro import tasks
 from tests.conftest import Workspace
@@ -240,3 +241,19 @@ def test_a_rollback_torn_by_a_kill_is_finished_by_running_it_again(ws: Workspace
     assert (ws.root / "src/greet.txt").read_text() == "hello\n"
     assert [e["files"] for e in ws.events("tr") if e["event"] == "rollback_resumed"] == [["src/greet.txt"]]
     assert git(ws.root, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_files_the_person_ignores_globally_stay_out_of_checkpoints(ws: Workspace, tmp_path: Path) -> None:
+    """kiro runs git without the global config, but keeps the person's global ignore file."""
+    init_repo(ws.root)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[core]\n\texcludesFile = ~/my-ignores\n[user]\n\tname = Not Kiro\n")
+    (home / "my-ignores").write_text("*.secret\n")
+    ws.task("---\ntitle: t\nexecutor: shell\n---\n- [ ] 1. Write\n  ```sh\n"
+            "  echo k > api.secret; echo ok > a.txt\n  ```\n")
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ig", env=ws.env(HOME=str(home)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    cp = ws.state("ig")["completed_steps"][0]["checkpoint"]
+    assert changed_in(ws.root, cp) == {"a.txt"}
+    assert git(ws.root, "log", "-1", "--format=%an", cp).strip() == "kiro"  # the global user.name is not used
