@@ -519,7 +519,7 @@ class Loop:
                                               self.cfg.command_success, task=task, task_file=self.task_path),
         )
         system = prompts.system_prompt(task, s, self.ws, executor=self.executor.name)
-        s.context.last_prompt = clip(prompt)
+        s.context.last_prompt = clip(prompts.recent_prompt(prompt, continuation))
         s.steps_total, s.steps_done = len(task.steps), sum(1 for st in task.steps if st.done)
         await self.asave()
         self._stale_since = s.updated_at

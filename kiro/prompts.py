@@ -7,6 +7,7 @@ never fails on a missing placeholder (safe_substitute), so an override can drop 
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -60,6 +61,17 @@ def system_prompt(task: TaskFile, state: LoopState, workspace: Workspace | None 
     )
 
 
+_NESTED = re.compile(r"# Task Continuation Context\n.*?Please continue from where you left off\.\n*", re.S)
+
+
+def recent_prompt(prompt: str, continuation: str | None) -> str:
+    """The prompt as "Recent Context" keeps it: without the continuation context it carried, so the
+    next continuation does not nest this one (and that one the one before)."""
+    if continuation:
+        prompt = prompt.replace(continuation + "\n", "", 1).replace(continuation, "", 1)
+    return _NESTED.sub("", prompt)  # also what a state saved by an older kiro may hold
+
+
 def continuation_context(state: LoopState, step: Step | None = None) -> str:
     """Seed 004's "Task Continuation Context", from the state as it is now (P-6)."""
     cur = state.current_step
@@ -74,7 +86,7 @@ def continuation_context(state: LoopState, step: Step | None = None) -> str:
         step_id=(step.id if step else cur.step_id if cur else "-"),
         step_description=(step.title if step else cur.description if cur else "-"),
         step_status=(cur.status if cur else "pending"),
-        last_prompt=clip(state.context.last_prompt, 1500) or "(none yet)",
+        last_prompt=clip(recent_prompt(state.context.last_prompt, None), 1500) or "(none yet)",
         last_response=clip(state.context.last_response, 1500) or "(none yet)",
     )
 
