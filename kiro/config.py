@@ -30,6 +30,10 @@ def _none_is_empty(value: Any) -> Any:
     return {} if value is None else value
 
 
+# The `on_event` keys: a loop that completed, failed, paused, hit a limit, and any end at all.
+ON_EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -44,7 +48,7 @@ class LoopSettings(_Strict):
     reinject_after_failure: bool = True
     reinject_if_stale_seconds: float = Field(300, ge=0)
     state_directory: str = ".state"
-    save_state_every_iteration: bool = True
+    save_state_every_iteration: bool = True  # only true: see _state_every_iteration
     backup_state_every_n_iterations: int = Field(10, ge=0)
     check_done_folder: bool = True
     check_needs_action_folder: bool = True
@@ -63,13 +67,25 @@ class LoopSettings(_Strict):
     backoff_max_seconds: float = Field(300.0, ge=0)
     iteration_delay_seconds: float = Field(0.0, ge=0)
 
+    @field_validator("save_state_every_iteration")
+    @classmethod
+    def _state_every_iteration(cls, value: bool) -> bool:
+        """kiro saves the state at every step boundary; its crash safety (a resumed loop never reruns
+        a completed step) rests on that, so `false` is refused rather than accepted and ignored."""
+        if value is not True:
+            raise ValueError("false is not supported: kiro saves the state at every step boundary, which its "
+                             "crash safety depends on; set it to true or remove the key")
+        return value
+
 
 class ResourceLimits(_Strict):
     """`resource_limits:` (seed 004, "Resource Limits")."""
 
     max_memory_mb: int | None = Field(1024, ge=1)
-    max_cpu_percent: float | None = Field(80, gt=0)
-    max_disk_writes_per_minute: int | None = Field(100, ge=1)
+    # Not enforced yet (kiro.unbuilt warns when they are set): null by default, not the seed's 80 and
+    # 100, so that no workspace carries a limit that does nothing.
+    max_cpu_percent: float | None = Field(None, gt=0)
+    max_disk_writes_per_minute: int | None = Field(None, ge=1)
     max_api_calls_per_minute: int | None = Field(60, ge=1)
 
 
@@ -172,6 +188,16 @@ class Config(_Strict):
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "on_event", mode="before"
     )(_none_is_empty)
+
+    @field_validator("on_event")
+    @classmethod
+    def _known_events(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = [k for k in value if k not in ON_EVENT_KINDS]
+        if unknown:
+            raise ValueError(f"unknown event {unknown[0]!r}: use one of {', '.join(ON_EVENT_KINDS)} (a loop's "
+                             f"every event is in Logs/<task_id>.jsonl; `kiro loop logs --follow --json` streams "
+                             f"them)")
+        return value
 
     @field_validator("checkpoints", mode="before")
     @classmethod
@@ -633,7 +659,7 @@ def _message(error: ErrorDetails) -> str:
     elif kind == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == _HH_MM:
         message = 'should be a 24-hour time like "09:00"'
     else:
-        message = error["msg"].split(", unable to")[0]
+        message = error["msg"].removeprefix("Value error, ").split(", unable to")[0]
     return f"{message} (got {_clip(error.get('input'))})"
 
 

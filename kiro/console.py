@@ -241,10 +241,6 @@ def print_table(table: Any) -> None:
     __getattr__("out").print(table)
 
 
-def detail_view(r: dict[str, Any]) -> None:
-    __getattr__("out").print(detail_table(r))
-
-
 def detail_table(r: dict[str, Any]) -> Table:
     rows = [
         ("Task id", r["task_id"]),

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from kiro.executors.process import run_process, tail
 
-EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")  # a run's end fires Status.notify_kind
 NOTIFIER_TIMEOUT = 30.0
 
 

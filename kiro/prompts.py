@@ -168,6 +168,3 @@ def step_line(task: TaskFile, step: Step) -> str | None:
         return None
     return line[: start + 1] + "-" + line[start + 2:]
 
-
-def prompt_path_for_override(workspace: Workspace, name: str) -> Path:
-    return workspace.root / "config" / "prompts" / name

@@ -23,6 +23,7 @@ from kiro.guardrails import SharedLimits
 from kiro.settings import Located, settings_for
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
+from kiro.unbuilt import not_built_warnings
 from kiro.workspace import Workspace, check_task_id
 
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex"]
@@ -158,7 +159,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     ws, store, cfg = loc.ws, loc.store, loc.config
     ws.ensure_folders()
     checkpoints.preflight(cfg, ws.root / cfg.project_dir)
-    warnings = _task_warnings(task, ws)
+    warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
     with _workspace_guard(store):
         hint = task.frontmatter.get("kiro_task_id")
         existing = find_loop_for_task(store, task_path, hint if isinstance(hint, str) else None, index)
@@ -239,6 +240,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         task = tasks.load(path)
         loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
         cfg = loc.config
+        warnings += not_built_warnings(cfg, task, ws)
         hook = ws.hook_file(task_id)
         if hook.exists():
             hook.unlink()

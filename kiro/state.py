@@ -13,7 +13,6 @@ import json
 import os
 import socket
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -218,9 +217,6 @@ class LoopState(_Model):
             rec = self.steps[step_id] = StepRecord()
         return rec
 
-    def completed_ids(self) -> set[str]:
-        return {c.step_id for c in self.completed_steps}
-
     def refresh_metrics(self) -> None:
         attempts = self.total_successes + self.total_failures
         self.metrics.success_rate = round(self.total_successes / attempts, 4) if attempts else 0.0
@@ -249,7 +245,6 @@ class StateStore:
     def __init__(self, workspace: Workspace, redact: Redactor | None = None) -> None:
         self.ws = workspace
         self.redact = redact or Redactor()  # a loop adds its own (`use`): no secret reaches a state file
-        self._saves = 0
 
     def use(self, redact: Redactor) -> None:
         """Also cut what `redact` knows from every state this store writes."""
@@ -272,7 +267,6 @@ class StateStore:
     def save(self, state: LoopState, *, fsync: bool = True) -> None:
         state.updated_at = timeutil.iso()
         atomic_write(self.path(state.task_id), self.encode(state), fsync=fsync)
-        self._saves += 1
 
     def backup(self, state: LoopState) -> Path:
         """Copy the current state to `.state/backups/`; keep the newest BACKUPS_KEPT per task."""
@@ -435,6 +429,3 @@ def _short(exc: BaseException) -> str:
 def to_jsonable(state: LoopState) -> dict[str, Any]:
     return json.loads(state.dump_json())  # type: ignore[no-any-return]
 
-
-def parse_time(text: str | None) -> datetime | None:
-    return timeutil.parse(text) if text else None

@@ -31,11 +31,6 @@ class ChangeHub:
         self.failed: str | None = None
         self.users = 0
 
-    def subscribe(self) -> asyncio.Event:
-        ev = asyncio.Event()
-        self._waiters.add(ev)
-        return ev
-
     def subscribe_event(self, ev: asyncio.Event) -> None:
         self._waiters.add(ev)
 

@@ -380,7 +380,8 @@ def state_cmd(
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
     workspace: WorkspaceOpt = None,
-    json_out: JsonOpt = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Accepted like on the other read commands: the state "
+                                                          "is always printed as JSON.")] = True,
 ) -> None:
     """Print the loop's state file as JSON (falling back to the newest good backup if it is corrupt)."""
     from kiro import console
