@@ -41,7 +41,8 @@ class Cli:
     package: str
     tmp: Path
     extra: list[Any] = field(default_factory=list)  # tool calls to make before checking the box
-    error: HttpError | None = None  # answer every call with this error
+    error: HttpError | None = None  # answer calls with this error...
+    error_times: int | None = None  # ...this many times (None: every call)
     input_tokens: int = 100
     output_tokens: int = 20
     server: FakeServer | None = None
@@ -68,6 +69,14 @@ class Cli:
     def calls(self) -> int:
         raise NotImplementedError
 
+    def failing(self) -> HttpError | None:
+        """The scripted error for this call, if any (counting down `error_times`)."""
+        if self.error is None or self.error_times == 0:
+            return None
+        if self.error_times is not None:
+            self.error_times -= 1
+        return self.error
+
     def default_retries(self) -> None:
         """Let the CLI retry failed requests as it does out of the box (the fixture turns that off)."""
         self.retries = True
@@ -78,11 +87,13 @@ class Claude(Cli):
         super().__init__("claude", "claude", "@anthropic-ai/claude-code", tmp)
 
     def brain(self, rec: Recorded) -> fa.Turn | HttpError:
-        if self.error is not None:
-            return self.error
         usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
         if not fa.is_agent_call(rec.body):
-            return fa.Turn([fa.text("ok")], **usage)
+            return self.error if self.error is not None and self.error_times is None else fa.Turn([fa.text("ok")],
+                                                                                                 **usage)
+        failing = self.failing()
+        if failing is not None:
+            return failing
         done = len(fa.tool_results(rec.body))
         path, old, new = parse_prompt(fa.first_user_text(rec.body))
         plan = [*self.extra, ("Read", {"file_path": path}),
@@ -113,8 +124,9 @@ class Codex(Cli):
         super().__init__("codex", "codex", "@openai/codex", tmp)
 
     def brain(self, rec: Recorded) -> fr.Reply | HttpError:
-        if self.error is not None:
-            return self.error
+        failing = self.failing()
+        if failing is not None:
+            return failing
         usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
         done = len(fr.outputs(rec.body))
         path, old, new = parse_prompt(fr.user_text(rec.body))

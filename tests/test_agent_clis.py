@@ -146,6 +146,32 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
     assert len(cli.server.requests) <= 3, len(cli.server.requests)  # not the CLI's 5-10 retries
 
 
+def test_a_rate_limit_is_a_failed_attempt_that_the_loop_retries(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(1))
+    cli.error, cli.error_times = ((fa.error(429, "Number of request tokens has exceeded your per-minute rate limit"), 1)
+                                 if cli.name == "claude" else (fr.error(429, "Rate limit reached for gpt-5-codex"), 1))
+    configure(ws, cli)
+    code, out = run(ws, cli)
+    assert code == 0, out
+    state = ws.state(ws.only_task_id())
+    first = state["failed_steps"][0]["error"].splitlines()[0]
+    assert first.startswith("agent rate limited"), first
+    assert "429" in first or "Rate limit" in first, first
+    assert state["completed_steps"][0]["attempts"] == 2
+
+
+def test_executor_command_running_the_cli_keeps_the_presets_parser(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(1))
+    command = {"claude": "claude -p --output-format json --permission-mode acceptEdits --allowedTools Read,Edit",
+               "codex": "codex exec --json --sandbox workspace-write --skip-git-repo-check -"}[cli.name]
+    configure(ws, cli, f"executor_command: {json.dumps(command)}\n")
+    code, out = run(ws, cli)
+    assert code == 0, out
+    tid = ws.only_task_id()
+    assert f"# command: {command}" in (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert ws.state(tid)["usage"]["total_tokens"] == cli.calls() * (cli.input_tokens + cli.output_tokens)
+
+
 def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Workspace, cli: Cli) -> None:
     ws.task(task_text(3))
     hooks, state_dir, task = ws.root / ".hooks", ws.root / ".state", ws.root / TASK
