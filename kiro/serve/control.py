@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -109,7 +108,7 @@ class Controller:
         except ValidationError as exc:
             raise ControlError(400, _first_error(exc, "options")) from None
         try:
-            path = self.ws.resolve_task(task if not Path(task).is_absolute() else task)
+            path = self.ws.resolve_task(task)
         except KiroError as exc:
             raise ControlError(404, str(exc)) from None
         try:
