@@ -455,3 +455,13 @@ def test_a_taken_port_is_one_line_and_exit_1(ws: Workspace) -> None:
         r = ws.kiro("serve", "--port", str(port), env=ws.env(KIRO_SERVE_TOKEN=TOKEN), timeout=60)
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and f"127.0.0.1:{port}" in r.stderr and "in use" in r.stderr, r.stderr
+
+
+def test_websocket_resumes_from_a_cursor(ws: Workspace, served: Served) -> None:
+    (ws.root / "Logs" / "w.jsonl").write_text("".join(_line("w", n) for n in range(1, 6)))
+    ws.wait_for(lambda: served.client().get("/healthz").json()["events"] == 5, what="indexed")
+    with connect(served.ws_url + f"?token={TOKEN}&last_event_id=2", open_timeout=10) as sock:
+        assert json.loads(sock.recv(10)) == {"type": "hello", "cursor": 2}
+        got = [json.loads(sock.recv(10)) for _ in range(3)]
+    assert [(m["type"], m["id"], m["event"]["message"]) for m in got] == [
+        ("loop_event", 3, "line 3"), ("loop_event", 4, "line 4"), ("loop_event", 5, "line 5")]
