@@ -375,7 +375,8 @@ class LoopGit:
             self.tree = wt
             self.git = Git(wt)
             if not (wt / ".git").exists() or not Git(wt).ok("rev-parse", "--verify", "-q", "HEAD"):
-                with _repo_lock(str(self.main_top)):
+                common = str((self.main_top / main.out("rev-parse", "--git-common-dir")).resolve())
+                with _repo_lock(common):
                     main.run("worktree", "prune", check=False)
                     if wt.exists() and not any(wt.iterdir()):
                         wt.rmdir()
@@ -416,7 +417,8 @@ class LoopGit:
         """Commit the project's changes for a completed step; no commit when nothing changed."""
         res = Result()
         try:
-            with _repo_lock(self._common):
+            # one commit at a time per index: loops sharing a work tree take turns, worktrees do not wait
+            with _repo_lock(str(self._locks[0].parent)):
                 self._clear_locks(res.events)
                 if recovering:
                     found = self.find(step_id, iteration)

@@ -514,9 +514,8 @@ class Loop:
             task, step, s, attempt=attempt, previous_error=record.last_error,
             verify_output=record.last_verify_output,
             verify_command=verify_cmd, continuation=continuation, workspace=self.ws,
-            finish=prompts.finish_instruction(self.executor.name, step,
-                                              str(self.task_path) if self._isolated() else s.task_path,
-                                              self.cfg.command_success, task=task, task_file=self.task_path),
+            finish=prompts.finish_instruction(self.executor.name, step, s.task_path, self.cfg.command_success,
+                                              task=task, task_file=self.task_path),
         )
         system = prompts.system_prompt(task, s, self.ws, executor=self.executor.name)
         s.context.last_prompt = clip(prompts.recent_prompt(prompt, continuation))
@@ -707,9 +706,6 @@ class Loop:
                                          self.state.iteration)
         self._emit_git(result)
         return result
-
-    def _isolated(self) -> bool:
-        return self.git is not None and self.git.info.isolation == "worktree"
 
     def _emit_git(self, result: checkpoints.Result) -> None:
         for kind, fields in result.events:

@@ -201,3 +201,27 @@ def test_rollback_of_an_isolated_loop_works_in_its_worktree_and_leaves_main_alon
     assert r.returncode == 0, r.stdout + r.stderr
     assert git(ws.root, "show", "kiro/wr:notes.txt") == "one\ntwo\n"
     assert ws.state("wr")["git"]["merge_status"] == "left"
+
+
+def test_an_agent_in_a_worktree_is_given_the_workspaces_task_file_and_checks_its_box_there(ws: Workspace,
+                                                                                       tmp_path: Path) -> None:
+    """The command executor's agent works in the worktree but edits the one task file kiro reads:
+    the prompt names it by its absolute path (a relative one would point into the worktree)."""
+    init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", WORKTREE + "executor: command\n")
+    agent = tmp_path / "agent.sh"
+    agent.write_text(
+        "#!/bin/bash\n"
+        "prompt=$(cat)\n"
+        "file=$(printf '%s' \"$prompt\" | grep -o 'check its box in the task file `[^`]*`' | head -1 | cut -d'`' -f2)\n"
+        "pwd > where.txt\n"
+        "echo \"$file\" > told.txt\n"
+        "sed -i \"s/^- \\[-\\] $KIRO_STEP_ID\\./- [x] $KIRO_STEP_ID./\" \"$file\"\n")
+    agent.chmod(0o755)
+    ws.write("config/autonomous_loop.yaml", WORKTREE + f"executor: command\nexecutor_command: {agent}\n")
+    ws.task("---\ntitle: agent\n---\n- [ ] 1. Do the thing\n")
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ag")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert git(ws.root, "show", "kiro/ag:told.txt").strip() == str((ws.root / "Specs/feature/tasks.md").resolve())
+    assert git(ws.root, "show", "kiro/ag:where.txt").strip().endswith(".kiro/worktrees/ag")
+    assert "- [x] 1. Do the thing" in (ws.root / "Done/feature/tasks.md").read_text()
