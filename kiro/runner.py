@@ -230,6 +230,14 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if path is None:
             raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} is gone (not in Specs/, Done/ or "
                                f"Needs_Action/); put it back and resume again")
+        task = tasks.load(path)
+        loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
+        cfg = loc.config
+        warnings += not_built_warnings(cfg, task, ws)
+        if executor is None:  # before anything is moved or removed: a bad executor changes nothing
+            executor_name = choose_executor(cfg, task, recorded=state.executor)
+            warnings += unused_command_warning(cfg, executor_name)
+            executor = executors.create(executor_name, cfg, ws, task_id)
         if where == "Needs_Action" or ws.area_of(path) == "Needs_Action":
             back = ws.counterpart(path, "Specs")
             back.parent.mkdir(parents=True, exist_ok=True)
@@ -237,10 +245,6 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             warnings.append(f"moved the task back from {ws.relative(path)} to {ws.relative(back)}")
             path = back
         state.task_path = ws.relative(path)
-        task = tasks.load(path)
-        loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
-        cfg = loc.config
-        warnings += not_built_warnings(cfg, task, ws)
         hook = ws.hook_file(task_id)
         if hook.exists():
             hook.unlink()
@@ -263,10 +267,6 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if state.consecutive_failures >= state.failure_threshold:
             warnings.append(f"{state.consecutive_failures} consecutive failures reach failure_threshold "
                             f"{state.failure_threshold}; pass --reset-failures to try again")
-        if executor is None:
-            executor_name = choose_executor(cfg, task, recorded=state.executor)
-            warnings += unused_command_warning(cfg, executor_name)
-            executor = executors.create(executor_name, cfg, ws, task_id)
         executor_name = executor.name
         state.pid = os.getpid()
         store.save(state)
