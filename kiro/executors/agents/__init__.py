@@ -57,8 +57,9 @@ _ERROR_LINE = re.compile(r"^\s*(error|fatal|panic|exception)\b|^\s*\w*(Error|Exc
 _USAGE_LINE = re.compile(r"unknown (option|argument|command|flag)|unrecognized (option|argument|arguments)|"
                          r"unexpected argument|invalid (value|choice) .*for|requires an argument|"
                          r"missing required argument|no such option|^usage:", re.I)
-_AUTH_LINE = re.compile(r"\b401\b|unauthori[sz]ed|invalid[ _-]api[ _-]key|authentication|not logged in|"
-                        r"please run /login|api key|\b403\b|forbidden|permission_error", re.I)
+_AUTH_LINE = re.compile(r"\b401\b.{0,20}unauthori[sz]ed|\bunauthori[sz]ed\b|invalid[ _-]?(x-)?api[ _-]?key|"
+                        r"incorrect api key|api key not valid|authentication[ _](failed|error|required)|not logged in|"
+                        r"please run /login|\b403\b.{0,5}forbidden|permission_error", re.I)
 _RATE_LINE = re.compile(r"\b429\b|rate[ _-]?limit|too many requests|quota|overloaded|\b529\b", re.I)
 
 
