@@ -94,7 +94,8 @@ def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) 
         "updated_at": state.updated_at,
         "usage": state.usage.model_dump(),
         "report_path": state.report_path,
-        "hint": hint(state, status),
+        "hint": ("kiro loop resume --all" if status.is_resumable and store.ws.global_hook_file.exists()
+                 else hint(state, status)),  # `resume --task-id` refuses while the global hook holds
     }
 
 

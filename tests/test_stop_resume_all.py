@@ -4,6 +4,8 @@ loop; `resume --task-id X` while the global hook is there says what to do instea
 
 from __future__ import annotations
 
+import json
+
 from tests.conftest import Workspace, shell_task
 
 SLOW = 'echo "$KIRO_STEP_ID" >> "side_$KIRO_TASK_ID.log"; sleep 0.3'
@@ -38,6 +40,8 @@ def test_the_global_hook_tells_the_truth(ws: Workspace) -> None:
     assert "No state recorded" not in hook
     event = [e for e in ws.events("a") if e["event"] == "stop_condition"][-1]
     assert "kiro loop resume --all" in event["message"]
+    status = json.loads(ws.kiro("loop", "status", "--task-id", "a", "--json").stdout)
+    assert status["hint"] == "kiro loop resume --all"
 
 
 def test_resume_all_removes_the_global_hook_and_continues_every_paused_loop(ws: Workspace) -> None:
