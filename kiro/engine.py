@@ -645,16 +645,8 @@ class Loop:
         """The loop ends (any way but a kill): no step runs any more, so kiro's `[-]` goes back to
         `[ ]` wherever the task file is now. A step that completed was checked already."""
         step_id, self._in_progress = self._in_progress, None
-        if step_id is None:
-            return
-        with contextlib.suppress(TaskFileError, TaskNotFound, OSError):
-            _where, path = conditions.locate_task(self.ws, self.task_path, self.state.task_id)
-            if path is None:
-                return
-            fresh = tasks.load(path)
-            step = next((x for x in fresh.steps if x.id == step_id), None)
-            if step is not None and step.marker == "-":
-                tasks.set_marker(path, step.key, " ", expected=fresh)
+        if step_id is not None:
+            resolved.release_in_progress_box(self.ws, self.task_path, self.state.task_id, step_id)
 
     def _take_back_box(self, step: tasks.Step) -> None:
         """A failed attempt of an external agent (the command executor, whose agents check boxes)

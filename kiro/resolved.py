@@ -1,7 +1,10 @@
-"""Requests a loop left for a person in `Needs_Action/` (`intervention_<id>.md`, `escalation_<id>.md`,
+"""What a loop leaves behind once it is over, put right.
+
+Requests a loop left for a person in `Needs_Action/` (`intervention_<id>.md`, `escalation_<id>.md`,
 `request_<id>.md`) are answered once the loop resumes or completes. They then move to
 `Logs/resolved/<name>_<UTC time>.md`, so `Needs_Action/` lists only what still waits for someone and
-the history stays readable."""
+the history stays readable. And kiro's in-progress marker `[-]` goes back to `[ ]` when no step runs
+(the loop ended, or `stop --force` had to kill it)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,26 @@ from pathlib import Path
 
 from kiro import timeutil
 from kiro.workspace import Workspace
+
+
+def release_in_progress_box(ws: Workspace, task_path: Path, task_id: str, step_id: str) -> bool:
+    """No step runs any more: kiro's `[-]` on `step_id` goes back to `[ ]`, wherever the task file
+    is now. A box a step completed (`[x]`) or a person changed is left alone. True when changed."""
+    from kiro import conditions, tasks
+    from kiro.errors import TaskFileError, TaskNotFound
+
+    try:
+        _where, path = conditions.locate_task(ws, task_path, task_id)
+        if path is None:
+            return False
+        fresh = tasks.load(path)
+        step = next((x for x in fresh.steps if x.id == step_id), None)
+        if step is None or step.marker != "-":
+            return False
+        tasks.set_marker(path, step.key, " ", expected=fresh)
+        return True
+    except (TaskFileError, TaskNotFound, OSError):
+        return False
 
 
 def resolved_dir(ws: Workspace) -> Path:

@@ -97,3 +97,37 @@ def test_an_intervention_request_moves_to_logs_resolved_when_the_loop_completes(
     assert r.returncode == 0, r.stdout + r.stderr
     assert not (ws.root / "Needs_Action/intervention_mi.md").exists()
     assert list((ws.root / "Logs/resolved").glob("intervention_mi*.md"))
+
+
+def test_stop_force_that_must_kill_still_takes_the_marker_back(ws: Workspace) -> None:
+    """A loop process that will not stop on SIGTERM is killed after 10 s; `stop --force` then takes
+    its `[-]` back itself. (The holder stands in for a hung kiro: it holds the loop's lock and ignores
+    SIGTERM, after a real run of the loop was killed mid-step.)"""
+    import signal
+    import subprocess
+    import sys
+
+    ws.task(shell_task(2, cmd=MARK + "sleep 60"))
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "hk")
+    ws.wait_for(lambda: (ws.root / "started_1").exists(), what="step 1 running")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert "- [-] 1." in (ws.root / "Specs/feature/tasks.md").read_text()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import pathlib, signal, sys, time\nfrom kiro.state import StateStore\nfrom kiro.workspace import Workspace\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "lock = StateStore(Workspace(pathlib.Path(sys.argv[1]))).acquire('hk')\n"
+         "print('held', flush=True)\ntime.sleep(120)\n", str(ws.root)],
+        stdout=subprocess.PIPE, text=True, env=ws.env())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        r = ws.kiro("loop", "stop", "--task-id", "hk", "--force")
+        assert r.returncode == 0, r.stderr
+        assert "was killed" in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert "[-]" not in (ws.root / "Specs/feature/tasks.md").read_text()

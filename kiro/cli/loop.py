@@ -586,6 +586,11 @@ def _force_stop(store: Any, tid: str) -> None:
         return
     if not _wait_unlocked(store, tid, 5):
         raise RunError(f"loop {tid}: process {pid} did not stop after SIGKILL")
+    from kiro.resolved import release_in_progress_box
+
+    state = store.load(tid).state
+    if state.current_step is not None:  # the killed loop could not take its `[-]` back itself
+        release_in_progress_box(store.ws, store.ws.absolute(state.task_path), tid, state.current_step.step_id)
     console.warning(f"loop {tid} (process {pid}) did not stop within 10 s and was killed; resume picks up from "
                     f"the last saved state")
 
