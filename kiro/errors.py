@@ -8,7 +8,9 @@ unless a subclass says otherwise. Messages are one line, for a person, naming th
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -17,6 +19,18 @@ def raise_errors() -> bool:
     that kiro would otherwise turn into data (a failed attempt, a tool error the model reads, the CLI's
     "internal error" line) re-raises instead, so a bug fails the test that provoked it."""
     return any(os.environ.get(name, "") not in ("", "0") for name in ("KIRO_RAISE_ERRORS", "KIRO_DEBUG"))
+
+
+@contextlib.contextmanager
+def contained() -> Iterator[None]:
+    """`contextlib.suppress(Exception)` for clean-up that must not end the loop (closing an executor,
+    releasing a lock, saving a memory row), except under KIRO_RAISE_ERRORS/KIRO_DEBUG, where a bug in
+    it surfaces."""
+    try:
+        yield
+    except Exception:
+        if raise_errors():
+            raise
 
 
 class KiroError(Exception):

@@ -16,7 +16,7 @@ from filelock import FileLock
 from kiro import checkpoints, conditions, executors, resolved, tasks, timeutil
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
-from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError
+from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
 from kiro.events import Listener
 from kiro.executors.base import Executor
 from kiro.guardrails import SharedLimits
@@ -322,7 +322,7 @@ async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None
     finally:
         remove()
         for lp in loops:
-            with contextlib.suppress(Exception):
+            with contained():
                 await lp.executor.aclose()
         for r in runs:
             if r.release:

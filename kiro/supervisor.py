@@ -27,7 +27,7 @@ from filelock import FileLock, Timeout
 from kiro import conditions, executors, locks, resolved, tasks
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, on_signals
-from kiro.errors import KiroError, LockHeld, UserError
+from kiro.errors import KiroError, LockHeld, UserError, contained
 from kiro.events import Listener, make_event
 from kiro.guardrails import SharedLimits
 from kiro.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for
@@ -224,7 +224,7 @@ class Supervisor:
                 self.store.set_role(m.task_id, "watch")
         finally:
             self.managed.pop(m.task_id, None)
-            with contextlib.suppress(Exception):
+            with contained():
                 self.store.release(m.task_id, m.lock)
             self._wake.set()  # the task file may be startable again, or a slot is free
 
@@ -237,7 +237,7 @@ class Supervisor:
             return await loop.run()
         finally:
             m.loop = None
-            with contextlib.suppress(Exception):
+            with contained():
                 await executor.aclose()
 
     def _resume_ready(self, m: Managed) -> bool:

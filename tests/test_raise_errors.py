@@ -112,3 +112,27 @@ def test_a_cli_bug_raises_instead_of_printing_internal_error(ws: Workspace, monk
     r = CliRunner().invoke(app, ["loop", "status"])
     assert r.exit_code == 1
     assert "internal error: TypeError: a bug in the status view" in r.output
+
+
+class BrokenClose:
+    name = "shell"
+
+    async def run_step(self, ctx: StepContext) -> StepResult:
+        return StepResult("completed", summary="ok")
+
+    async def aclose(self) -> None:
+        raise TypeError("a bug in aclose")
+
+
+def test_a_bug_in_clean_up_surfaces_too(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clean-up that must not end a person's loop (closing the executor) still fails a test."""
+    ws.task(shell_task(1))
+    run = prepare_start(KiroWorkspace(ws.root), "Specs/feature/tasks.md", task_id="c1", executor=BrokenClose())
+    with pytest.raises(TypeError, match="a bug in aclose"):
+        asyncio.run(run_loops([run]))
+    monkeypatch.delenv("KIRO_RAISE_ERRORS")
+    monkeypatch.delenv("KIRO_DEBUG", raising=False)
+    ws.task(shell_task(1), "Specs/other/tasks.md")
+    run = prepare_start(KiroWorkspace(ws.root), "Specs/other/tasks.md", task_id="c2", executor=BrokenClose())
+    [outcome] = asyncio.run(run_loops([run]))
+    assert outcome.exit_code == 0

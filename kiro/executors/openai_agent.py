@@ -43,7 +43,7 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
 from kiro import prompts
-from kiro.errors import ExecutorError
+from kiro.errors import ExecutorError, contained
 from kiro.executors.base import StepContext, StepResult
 from kiro.memory import MemoryStore
 from kiro.redact import Redactor
@@ -194,7 +194,7 @@ def _retries(exc: openai.OpenAIError) -> str:
     client numbers its tries in `x-stainless-retry-count`): "0 retries", "1 retry", "2 retries"."""
     request = None
     response = getattr(exc, "response", None)
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(RuntimeError, AttributeError):  # httpx: a response built without its request
         request = response.request if response is not None else getattr(exc, "request", None)
     try:
         n = int(request.headers.get("x-stainless-retry-count", "0")) if request is not None else 0
@@ -665,7 +665,7 @@ class _Attempt:
         step = self.ctx.step
         content = (f"Step {step.id} ({step.title or step.text}), iteration {self.ctx.iteration}, attempt "
                    f"{self.ctx.attempt}, context restart {self.restarts + 1}:\n{summary}")
-        with contextlib.suppress(Exception):  # losing the memory row must not lose the step
+        with contained():  # losing the memory row must not lose the step
             self.ex.memory.save(content, "summary", 0.6, self.env.memory_source)
         self.record("summary", summary=summary, source=source, restart=self.restarts + 1)
         self.restart_summary = summary
