@@ -537,7 +537,12 @@ class LoopGit:
             tree = planned.stdout.split()[0]
             commit = main.run("commit-tree", tree, "-p", head, "-p", tip, "-F", "-", commit=True, input=msg).stdout
             self._heal(main, head, tree, res)
-            proc = main.run("merge", "--ff-only", "-q", commit.strip(), check=False, commit=True)
+            for n in range(5):  # another process's git may hold the main tree's lock for a moment
+                proc = main.run("merge", "--ff-only", "-q", commit.strip(), check=False, commit=True)
+                if proc.returncode == 0 or ".lock" not in proc.stderr:
+                    break
+                self._clear_locks(res.events, [Path(self._common) / "index.lock"])
+                time.sleep(0.1 * (n + 1))
             if proc.returncode == 0:
                 return self._merged(res, main, tip)
             if again and main.out("rev-parse", "HEAD") != head:  # a person committed meanwhile: once more

@@ -22,7 +22,7 @@ def test_three_loops_under_watch_run_in_parallel_each_in_its_own_worktree(ws: Wo
     base = init_repo(ws.root)
     ws.write("config/autonomous_loop.yaml", WORKTREE)
     spans = ws.root.parent / "spans.log"
-    step = ('echo "start $(date +%s.%N) $KIRO_TASK_ID" >> "$KIRO_WORKSPACE/../spans.log"; sleep 1; '
+    step = ('echo "start $(date +%s.%N) $KIRO_TASK_ID" >> "$KIRO_WORKSPACE/../spans.log"; sleep 1.5; '
             'echo "$KIRO_TASK_ID wrote this in step $KIRO_STEP_ID" > shared.txt; '
             'echo "end $(date +%s.%N) $KIRO_TASK_ID" >> "$KIRO_WORKSPACE/../spans.log"')
     names = ("alpha", "beta", "gamma")
