@@ -4,6 +4,7 @@ the loop ends in, its exit code, the limit and the figure that hit it.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,7 +146,7 @@ def locate_task(ws: Workspace, recorded: Path, task_id: str) -> tuple[str | None
 
 def _inside(ws: Workspace, p: Path) -> bool:
     try:
-        p.resolve().relative_to(ws.root)
+        Path(os.path.realpath(p)).relative_to(ws.root)
         return True
     except ValueError:
         return False

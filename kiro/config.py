@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
 
+from kiro import safeio
 from kiro.errors import ConfigError
 from kiro.workspace import CONFIG_RELPATH
 
@@ -35,7 +36,7 @@ ON_EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LoopSettings(_Strict):
@@ -281,11 +282,12 @@ def load_config_file(path: Path, *, display: str | None = None) -> tuple[dict[st
     """
     name = display if display is not None else str(path)
     try:
-        raw = path.read_bytes()
+        raw = safeio.read_bytes(path, limit=safeio.CONFIG_MAX_BYTES, name=name)
     except FileNotFoundError:
         raise ConfigError("config file not found", file=name) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file: {exc.strerror or exc}", file=name) from None
+    except safeio.UnreadableFile as exc:
+        raise ConfigError(f"the config file {exc.reason}; replace it with a YAML file "
+                          f"(`kiro init` writes the commented defaults)", file=name) from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -294,6 +296,9 @@ def load_config_file(path: Path, *, display: str | None = None) -> tuple[dict[st
             f"not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8", file=name, line=line
         ) from None
 
+    shape = safeio.yaml_shape_problem(text)
+    if shape is not None:
+        raise ConfigError(f"YAML refused: {shape}", file=name)
     try:
         loader = _Loader(text)  # the reader rejects control characters here
         try:
@@ -427,7 +432,7 @@ def resolve_config(
     origins: dict[str, _Origin] = {}
 
     path = config_file
-    if path is None and (workspace_root / CONFIG_RELPATH).exists():
+    if path is None and os.path.lexists(workspace_root / CONFIG_RELPATH):  # a symlink loop is an error, not "none"
         path = workspace_root / CONFIG_RELPATH
     if path is not None:
         name = _display(path, workspace_root)
@@ -464,10 +469,12 @@ def resolve_config(
 
 def _display(path: Path, workspace_root: Path) -> str:
     """A path as a person reads it in an error: relative to the workspace when inside it."""
-    try:
-        return path.resolve().relative_to(workspace_root.resolve()).as_posix()
-    except (ValueError, OSError):
-        return str(path)
+    for candidate in (path, Path(os.path.realpath(path))):  # as given first: a symlink is named, not its target
+        try:
+            return candidate.relative_to(os.path.realpath(workspace_root)).as_posix()
+        except ValueError:
+            continue
+    return str(path)
 
 
 def _split(dotted: str) -> tuple[str, ...]:
@@ -564,6 +571,9 @@ def _env_value(var: str, dotted: str, text: str) -> Any:
     annotation = _annotation_at(_split(dotted))
     if annotation is not None and _accepts_text(annotation):
         return None if text.strip() in _YAML_NULLS and _is_optional(annotation) else text
+    shape = safeio.yaml_shape_problem(text)
+    if shape is not None:
+        raise ConfigError(f"environment {var}: YAML refused: {shape}", key=dotted)
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:

@@ -279,14 +279,43 @@ def text(message: str) -> Text:
     return _text(message)
 
 
-def watch(render: Callable[[], Any], ticks: Iterable[None]) -> None:
-    """Redraw `render()` in place on every tick (a file change, or the interval) until Ctrl-C."""
+def watch(render: Callable[[], Any], ticks: Iterable[None], plain: Callable[[], str | None] | None = None) -> None:
+    """Redraw `render()` in place on every tick (a file change, or the interval) until Ctrl-C.
+
+    Not on a terminal (a pipe, a file, `watch` under a supervisor) there is no "in place": the view
+    is printed again, as plain text, each time it changes."""
+    out = __getattr__("out")
+    if not out.is_terminal:
+        _watch_plain(render, ticks, plain)
+        return
     from rich.live import Live
 
     with contextlib.suppress(KeyboardInterrupt), Live(render(), console=__getattr__("out"),
                                                       auto_refresh=False) as live:
         for _ in ticks:
             live.update(render(), refresh=True)
+
+
+def _watch_plain(render: Callable[[], Any], ticks: Iterable[None], plain: Callable[[], str | None] | None) -> None:
+    out = __getattr__("out")
+    last: str | None = None
+
+    def show() -> None:
+        nonlocal last
+        text = plain() if plain is not None else None
+        if text is None:
+            with out.capture() as captured:
+                out.print(render())
+            text = captured.get()
+        if text != last:
+            sys.stdout.write(text + "\n")  # a blank line between two views
+            sys.stdout.flush()
+            last = text
+
+    with contextlib.suppress(KeyboardInterrupt):
+        show()
+        for _ in ticks:
+            show()
 
 
 def watch_json(data: Callable[[], Any], interval: float) -> None:

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kiro import checkpoints, conditions, dashboard, prompts, reports, resolved, tasks, timeutil
+from kiro import checkpoints, conditions, dashboard, diskfull, prompts, reports, resolved, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
@@ -260,6 +260,10 @@ class Loop:
 
     def limit_check(self) -> Stop | None:
         s = self.state
+        full = diskfull.hit()
+        if full is not None:  # a write found the disk full; the reserve made room to record it
+            return Stop(Status.STOPPED, "disk_full", f"disk full (writing {full}); free some space, then run "
+                        f"`kiro loop resume --task-id {s.task_id}`", 1)
         if s.consecutive_failures >= s.failure_threshold:
             return conditions.failure_threshold(s)
         if s.iteration >= s.max_iterations:

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from kiro import timeutil
+from kiro import diskfull, safeio, timeutil
+from kiro.bounds import EVENT_FIELD_CHARS, clip_fields
 from kiro.redact import Redactor
 
 EventName = Literal[
@@ -86,10 +87,19 @@ class EventLog:
     def append(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open on purpose
+            self._fh = safeio.open_regular(self.path, write=True, fix="move it away")  # never blocks on a FIFO
             self._repair_torn_tail()
-        self._fh.write(self.redact.text(json.dumps(record, ensure_ascii=False, default=str)) + "\n")
-        self._fh.flush()
+        record = clip_fields(record, EVENT_FIELD_CHARS)
+        line = self.redact.text(json.dumps(record, ensure_ascii=False, default=str)) + "\n"
+        data = memoryview(line.encode("utf-8"))
+        written = 0
+
+        def write_rest() -> None:  # one line, written whole even across a retry after a full disk
+            nonlocal written
+            while written < len(data):
+                written += os.write(self._fh, data[written:])
+
+        diskfull.retry(write_rest, self.path.name)
 
     def _repair_torn_tail(self) -> None:
         """After a crash the file may end mid-line: start the next record on a line of its own."""
@@ -100,20 +110,20 @@ class EventLog:
             with open(self.path, "rb") as fh:
                 fh.seek(size - 1)
                 if fh.read(1) != b"\n":
-                    self._fh.write("\n")
+                    os.write(self._fh, b"\n")
         except OSError:
             return
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            os.close(self._fh)
             self._fh = None
 
 
 def read_events(path: Path, *, offset: int = 0) -> Iterator[dict[str, Any]]:
     """Every well-formed event in the file; broken lines (a torn tail) are skipped."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115
+        fh = open(safeio.open_regular(path, fix="move it away; kiro starts a new one"), "rb")  # noqa: SIM115
     except FileNotFoundError:
         return
     with fh:
@@ -131,9 +141,9 @@ def read_events(path: Path, *, offset: int = 0) -> Iterator[dict[str, Any]]:
 def read_new(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     """Events appended since `offset` (complete lines only), and the new offset. For --follow."""
     try:
-        with open(path, "rb") as fh:
+        with open(safeio.open_regular(path, fix="move it away; kiro starts a new one"), "rb") as fh:
             fh.seek(offset)
-            data = fh.read()
+            data = fh.read(64 * 1024 * 1024)
     except FileNotFoundError:
         return [], offset
     end = data.rfind(b"\n")

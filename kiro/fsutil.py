@@ -68,9 +68,19 @@ def atomic_write(
     - `unchanged`: asked right before the rename; when it says False nothing is written and the
       call returns False (a compare-and-swap: the task file edited by a person meanwhile).
 
-    Returns True when the file was written.
+    Returns True when the file was written. A full disk releases kiro's reserve and the write is
+    tried once more (kiro.diskfull); if it still fails, DiskFull. No temp file is left either way.
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    from kiro import diskfull
+
+    return diskfull.retry(lambda: _atomic_write(path, raw, fsync=fsync, mode=mode, new_mode=new_mode,
+                                                keep_mode=keep_mode, dir_fd=dir_fd, unchanged=unchanged),
+                          Path(path).name)
+
+
+def _atomic_write(path: Path | str, raw: bytes, *, fsync: bool, mode: int | None, new_mode: int, keep_mode: bool,
+                  dir_fd: int | None, unchanged: Callable[[], bool] | None) -> bool:
     if dir_fd is None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)

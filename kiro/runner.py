@@ -13,7 +13,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from kiro import checkpoints, conditions, executors, resolved, tasks, timeutil
+from kiro import checkpoints, cleanup, conditions, diskfull, executors, resolved, safeio, tasks, timeutil
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
@@ -84,6 +84,7 @@ def _workspace_guard(store: StateStore) -> Any:
     """Held while a loop is created, so two `start`s of one task cannot both create a loop."""
     path = store.ws.state_dir / ".start.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
+    store.probe_lock_file(path)
     with FileLock(str(path), timeout=30, thread_local=False, is_singleton=False):
         yield
 
@@ -179,13 +180,17 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                                 f"`kiro loop resume --task-id {tid}` or choose another --task-id")
         else:
             tid = new_task_id(store)
+        _check_logs(ws, tid)
         if executor is None:
             executor_name = choose_executor(cfg, task)
             warnings += unused_command_warning(cfg, executor_name)
             executor = executors.create(executor_name, cfg, ws, tid)
         executor_name = executor.name
         lock = store.acquire(tid)
+        reserve = diskfull.reserve_path(ws.state_dir, tid)
         try:
+            cleanup.remove_stale_temp_files(ws, task_path)
+            diskfull.reserve(reserve, _reserve_bytes(task_path, None))
             state = LoopState(
                 task_id=tid, task_path=ws.relative(task_path), max_iterations=cfg.autonomous_loop.max_iterations,
                 failure_threshold=cfg.autonomous_loop.failure_threshold,
@@ -196,10 +201,32 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             store.save(state)
             tasks.set_frontmatter_key(task_path, "kiro_task_id", tid)
         except BaseException:
+            diskfull.drop(reserve)
             store.release(tid, lock)
             raise
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
-                   release=lambda: store.release(tid, lock), executor=executor, lock=lock)
+                   release=lambda: _release(store, tid, lock, reserve), executor=executor, lock=lock)
+
+
+def _reserve_bytes(task_path: Path, state_path: Path | None) -> int:
+    """Room to check one box, save the state twice and log the stop after the disk filled up."""
+    size = 64 * 1024
+    for p in (task_path, state_path):
+        if p is not None:
+            with contextlib.suppress(OSError):
+                size += 2 * os.path.getsize(p)
+    return size
+
+
+def _release(store: StateStore, task_id: str, lock: FileLock, reserve: Path) -> None:
+    diskfull.drop(reserve)
+    store.release(task_id, lock)
+
+
+def _check_logs(ws: Workspace, task_id: str) -> None:
+    """The files a loop appends to are regular files (or absent): found now, not mid-run."""
+    for path in (ws.event_log(task_id), ws.transcript_file(task_id)):
+        safeio.check_file_or_absent(path, name=ws.relative_name(path), fix="move it away; kiro starts a new one")
 
 
 def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = None,
@@ -218,7 +245,9 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         raise UserError(f"the global stop hook {ws.relative(ws.global_hook_file)} (from `kiro loop stop --all`) "
                         f"pauses every loop; run `kiro loop resume --all` to remove it and continue every paused "
                         f"loop, or delete it and run this command again")
+    _check_logs(ws, task_id)
     lock = held_lock or store.acquire(task_id)
+    reserve = diskfull.reserve_path(ws.state_dir, task_id)
     try:
         loaded = store.load(task_id)  # re-read under the lock: the holder may just have finished
         state = loaded.state
@@ -238,6 +267,8 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             executor_name = choose_executor(cfg, task, recorded=state.executor)
             warnings += unused_command_warning(cfg, executor_name)
             executor = executors.create(executor_name, cfg, ws, task_id)
+        cleanup.remove_stale_temp_files(ws, path)
+        diskfull.reserve(reserve, _reserve_bytes(path, store.path(task_id)))
         if where == "Needs_Action" or ws.area_of(path) == "Needs_Action":
             back = ws.counterpart(path, "Specs")
             back.parent.mkdir(parents=True, exist_ok=True)
@@ -246,7 +277,8 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             path = back
         state.task_path = ws.relative(path)
         hook = ws.hook_file(task_id)
-        if hook.exists():
+        ws.check_hook(hook)
+        if os.path.lexists(hook):
             hook.unlink()
             warnings.append(f"removed the stop hook {ws.relative(hook)}")
         warnings += resolved.archive_requests(ws, task_id)  # answered: the loop goes on
@@ -273,11 +305,12 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if loaded.archived:
             store.unarchive(task_id)
     except BaseException:
+        diskfull.drop(reserve)
         if held_lock is None:
             store.release(task_id, lock)
         raise
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
-                   release=lambda: store.release(task_id, lock), executor=executor, lock=lock)
+                   release=lambda: _release(store, task_id, lock, reserve), executor=executor, lock=lock)
 
 
 def paused_by_hooks(store: StateStore) -> list[LoopState]:

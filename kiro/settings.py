@@ -36,4 +36,5 @@ def settings_for(ws0: Workspace, *, config_file: Path | None = None, task: tasks
         env=os.environ, overrides=dict(overrides or {}),
     )
     ws = ws0.with_state_directory(cfg.autonomous_loop.state_directory)
+    ws.check_folders()
     return Located(ws, StateStore(ws, Redactor.for_run(cfg)), cfg)

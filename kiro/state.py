@@ -13,20 +13,21 @@ import json
 import os
 import socket
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from filelock import FileLock, Timeout
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kiro import locks, timeutil
+from kiro import locks, safeio, timeutil
 from kiro.errors import LockHeld, StateError, TaskNotFound
 from kiro.fsutil import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fsutil
 from kiro.fsutil import fsync_dir
 from kiro.redact import Redactor
 from kiro.status import RECORDED, Status
 from kiro.usage import StepUsage
-from kiro.workspace import Workspace
+from kiro.workspace import TASK_ID_RE, Workspace
 
 SCHEMA_VERSION = 1
 BACKUPS_KEPT = 5
@@ -46,20 +47,45 @@ def clip(text: str | None, limit: int = TEXT_KEPT) -> str:
 
 class _Model(BaseModel):
     # Forward compatible: a newer kiro's extra fields survive a round trip through an older one.
-    model_config = ConfigDict(extra="allow", validate_assignment=False)
+    # No NaN or infinity: kiro never writes one, and one read back poisons every sum and average.
+    model_config = ConfigDict(extra="allow", validate_assignment=False, allow_inf_nan=False)
+
+
+RETRY_HORIZON_DAYS = 366
+
+
+def _iso_time(value: str) -> str:
+    """A time kiro wrote: ISO 8601 (a hand-edited "tomorrow" is refused at load, not mid-loop)."""
+    try:
+        timeutil.parse(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"not an ISO 8601 time like 2026-01-31T09:00:00+00:00 (got {value[:40]!r})") from None
+    return value
+
+
+def _retry_time(value: str) -> str:
+    """`next_retry_at`: a time, and not beyond any backoff kiro would choose (year 2999 is a hang)."""
+    when = timeutil.parse(_iso_time(value))
+    if when > timeutil.now() + timedelta(days=RETRY_HORIZON_DAYS):
+        raise ValueError(f"{value[:40]!r} is more than {RETRY_HORIZON_DAYS} days ahead")
+    return value
+
+
+IsoTime = Annotated[str, AfterValidator(_iso_time)]
+RetryTime = Annotated[str, AfterValidator(_retry_time)]
 
 
 class CurrentStep(_Model):
     step_id: str
     description: str
     status: Literal["pending", "in_progress", "completed", "failed", "waiting_retry", "interrupted"] = "pending"
-    started_at: str | None = None
+    started_at: IsoTime | None = None
 
 
 class CompletedStep(_Model):
     step_id: str
     description: str
-    completed_at: str
+    completed_at: IsoTime
     duration_seconds: float
     iteration: int | None = None
     attempts: int = 1
@@ -71,7 +97,7 @@ class CompletedStep(_Model):
 class FailedStep(_Model):
     step_id: str
     description: str
-    failed_at: str
+    failed_at: IsoTime
     error: str
     retry_count: int
     iteration: int | None = None
@@ -116,7 +142,7 @@ class Usage(_Model):
 class StepRecord(_Model):
     attempts: int = 0
     last_error: str | None = None
-    next_retry_at: str | None = None
+    next_retry_at: RetryTime | None = None
     last_verify_output: str | None = None
 
 
@@ -147,13 +173,20 @@ class GitInfo(_Model):
     rollbacks: list[dict[str, Any]] = Field(default_factory=list)
 
 
+def _plain_task_id(value: str) -> str:
+    """The task id names files (`.state/autonomous_loop_<id>.json`): a plain name, never a path."""
+    if not TASK_ID_RE.match(value) or ".." in value:
+        raise ValueError(f"{value[:40]!r} is not a plain task id (letters, digits, '_', '-', '.')")
+    return value
+
+
 class LoopState(_Model):
     schema_version: int = SCHEMA_VERSION
-    task_id: str
+    task_id: Annotated[str, AfterValidator(_plain_task_id)]
     task_path: str
     status: Status = Status.PENDING
-    started_at: str = Field(default_factory=timeutil.iso)
-    updated_at: str = Field(default_factory=timeutil.iso)
+    started_at: IsoTime = Field(default_factory=timeutil.iso)
+    updated_at: IsoTime = Field(default_factory=timeutil.iso)
     iteration: int = 0
     max_iterations: int = 100
     consecutive_failures: int = 0
@@ -181,7 +214,7 @@ class LoopState(_Model):
     history: list[Transition] = Field(default_factory=list)
     guardrails: dict[str, Any] = Field(default_factory=dict)  # budgets that survive a restart (kiro.guardrails)
     runs: int = 0
-    finished_at: str | None = None
+    finished_at: IsoTime | None = None
     report_path: str | None = None
     steps_total: int | None = None
     steps_done: int | None = None
@@ -303,8 +336,11 @@ class StateStore:
     # -- read ------------------------------------------------------------------------------
 
     @staticmethod
-    def _read(path: Path) -> LoopState:
-        return LoopState.model_validate_json(path.read_bytes())
+    def _read(path: Path, task_id: str | None = None) -> LoopState:
+        state = LoopState.model_validate_json(safeio.read_bytes(path, limit=safeio.STATE_MAX_BYTES))
+        if task_id is not None and state.task_id != task_id:
+            raise ValueError(f"its task_id {state.task_id!r} is not {task_id!r}, the id in its file name")
+        return state
 
     def load(self, task_id: str) -> LoadResult:
         """The state of `task_id`. A corrupt file falls back to the newest good backup, with a
@@ -316,30 +352,30 @@ class StateStore:
             if not candidate.exists():
                 continue
             try:
-                return LoadResult(state=self._read(candidate), path=candidate, archived=is_archive)
-            except (ValidationError, ValueError, OSError) as exc:
-                problem = f"{self.ws.relative(candidate)} is unreadable ({_short(exc)})"
+                return LoadResult(state=self._read(candidate, task_id), path=candidate, archived=is_archive)
+            except (ValidationError, ValueError, OSError, safeio.UnreadableFile) as exc:
+                problem = f"{self.ws.relative_name(candidate)} is unreadable ({_short(exc)})"
                 break
         else:
             raise TaskNotFound(
                 f"no loop with task id {task_id!r} in {self.ws.root} "
-                f"(no {self.ws.relative(main)}); `kiro loop status` lists the loops"
+                f"(no {self.ws.relative_name(main)}); `kiro loop status` lists the loops"
             )
         for backup in self._backups(task_id):
             try:
-                state = self._read(backup)
-            except (ValidationError, ValueError, OSError):
+                state = self._read(backup, task_id)
+            except (ValidationError, ValueError, OSError, safeio.UnreadableFile):
                 continue
-            warning = (f"{problem}; using the newest good backup {self.ws.relative(backup)} "
+            warning = (f"{problem}; using the newest good backup {self.ws.relative_name(backup)} "
                        f"(iteration {state.iteration})")
             return LoadResult(state=state, path=main, warning=warning)
-        raise StateError(f"{problem}, and no readable backup in {self.ws.relative(self.ws.backups_dir())}; "
+        raise StateError(f"{problem}, and no readable backup in {self.ws.relative_name(self.ws.backups_dir())}; "
                          f"move the file away to start the task afresh")
 
     def try_read(self, path: Path) -> LoopState | None:
         try:
             return self._read(path)
-        except (ValidationError, ValueError, OSError):
+        except (ValidationError, ValueError, OSError, safeio.UnreadableFile):
             return None
 
     def all_states(self, *, include_archive: bool = True,
@@ -377,6 +413,7 @@ class StateStore:
         pid: "watch" when a `kiro loop watch` supervisor keeps a paused loop."""
         path = self.ws.lock_file(task_id)
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.probe_lock_file(path)
         lock = FileLock(str(path), timeout=wait_seconds, thread_local=False, is_singleton=False)
         try:
             lock.acquire()
@@ -384,6 +421,16 @@ class StateStore:
             raise LockHeld(task_id, self.holder_pid(task_id)) from None
         self.set_role(task_id, role)
         return lock
+
+    def probe_lock_file(self, path: Path) -> None:
+        """A lock file kiro cannot create would make FileLock retry until its timeout: say so now."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StateError(f"cannot create the lock file {self.ws.relative(path)} ({exc.strerror}); make "
+                             f"{self.ws.relative(path.parent)} a writable folder (autonomous_loop.state_directory "
+                             f"in the config chooses it)") from None
+        os.close(fd)
 
     def set_role(self, task_id: str, role: str) -> None:
         atomic_write(self.ws.lock_file(task_id).with_suffix(".pid"),
@@ -422,6 +469,15 @@ def effective_status(state: LoopState, alive: bool) -> Status:
 
 
 def _short(exc: BaseException) -> str:
+    if isinstance(exc, safeio.UnreadableFile):
+        return exc.reason
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False)
+        if errors:
+            first = errors[0]
+            where = ".".join(str(part) for part in first["loc"])
+            more = f"; and {len(errors) - 1} more" if len(errors) > 1 else ""
+            return f"{where}: {first['msg']}{more}"[:200] if where else str(first["msg"])[:200]
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__
 

@@ -28,6 +28,7 @@ from typing import Any, Final, TypeAlias
 
 import yaml
 
+from kiro import safeio
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.fsutil import atomic_write
 
@@ -304,6 +305,9 @@ def _parse_frontmatter(
             "add a '---' line after the YAML keys (or remove the first line)"
         )
     body = "\n".join(line.rstrip("\r") for line in lines[1:close])
+    shape = safeio.yaml_shape_problem(body)
+    if shape is not None:
+        raise TaskFileError(f"{where}:2: frontmatter YAML refused: {shape}")
     try:
         data = yaml.load(body, Loader=_YamlLoader) if body.strip() else None
     except yaml.YAMLError as e:
@@ -538,13 +542,11 @@ def _parse_bytes(raw: bytes, path: Path | None) -> TaskFile:
 
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return safeio.read_bytes(path, limit=safeio.TASK_MAX_BYTES)
     except FileNotFoundError:
         raise TaskNotFound(f"{path}: no such task file") from None
-    except IsADirectoryError:
-        raise TaskFileError(f"{path}: is a folder, not a task file") from None
-    except OSError as e:
-        raise TaskFileError(f"{path}: cannot read the task file: {e.strerror or e}") from None
+    except safeio.UnreadableFile as e:
+        raise TaskFileError(f"{path}: {e.reason}; a task file is a markdown checklist (`- [ ] 1. ...`)") from None
 
 
 def _no_steps_message(tf: TaskFile, path: Path) -> str:
@@ -626,7 +628,7 @@ def _edit(path: Path, change: _Change, expected: TaskFile | None = None, durable
             return tf
         data = (_BOM if tf._bom else b"") + new_text.encode("utf-8")
         try:
-            written = _write_if_unchanged(real, data, raw, durable)
+            written = _write_if_unchanged(real, data, raw, durable)  # a full disk: DiskFull (kiro.fsutil)
         except OSError as e:
             raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
         if written:

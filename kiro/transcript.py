@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kiro import timeutil
+from kiro.bounds import TRANSCRIPT_FIELD_CHARS, clip_fields
 from kiro.redact import REDACTED, Redactor, looks_secret
 
 __all__ = ["REDACTED", "Redactor", "Transcript", "looks_secret", "read"]
@@ -41,6 +42,7 @@ class Transcript:
             record["step_id"] = step_id
         record["kind"] = kind
         record.update(fields)
+        record = clip_fields(record, TRANSCRIPT_FIELD_CHARS)  # a 30 MB reply is not stored whole
         line = self.redact(json.dumps(record, ensure_ascii=False, default=str)) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

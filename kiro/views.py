@@ -9,7 +9,7 @@ from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
-from kiro.workspace import Workspace
+from kiro.workspace import Workspace, check_task_id
 
 
 def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task: str | None, *,
@@ -17,7 +17,7 @@ def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task:
     """`--task-id` and `--task` name a loop interchangeably. With neither, the only loop in the
     workspace, if there is exactly one."""
     if task_id:
-        return task_id
+        return check_task_id(task_id)
     if task:
         path = ws.resolve_task(task)
         rel = ws.relative(path)

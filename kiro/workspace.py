@@ -7,8 +7,10 @@ Layout (SPEC §1):
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,33 @@ def check_task_id(task_id: str) -> str:
             f"invalid task id {task_id!r}: use letters, digits, '_', '-' and '.' (at most 128 characters)"
         )
     return task_id
+
+
+def _real(path: Path) -> Path:
+    """`path.resolve()` that never raises: a symlink loop stays as it is (Path.resolve raises
+    RuntimeError on one in Python 3.11)."""
+    return Path(os.path.realpath(path))
+
+
+def _not_a_folder(path: Path) -> str | None:
+    """Why `path` cannot serve as a folder, or None when it is one or is absent."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be examined ({exc.strerror})"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "is a symlink to something missing"
+    except OSError as exc:
+        return "is a symlink loop" if exc.errno == errno.ELOOP else f"cannot be examined ({exc.strerror})"
+    if stat.S_ISDIR(mode):
+        return None
+    from kiro.safeio import file_kind
+
+    return "is a file" if stat.S_ISREG(mode) else f"is {file_kind(mode)}"
 
 
 @dataclass(frozen=True)
@@ -146,7 +175,7 @@ class Workspace:
     def relative(self, path: Path) -> str:
         """A workspace-relative POSIX path when `path` is inside the workspace, else the absolute path."""
         try:
-            return path.resolve().relative_to(self.root).as_posix()
+            return _real(path).relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
 
@@ -181,7 +210,7 @@ class Workspace:
     def area_of(self, path: Path) -> str | None:
         """Which of Specs / Done / Needs_Action a path lies in, if any."""
         try:
-            rel = path.resolve().relative_to(self.root)
+            rel = _real(path).relative_to(self.root)
         except ValueError:
             return None
         first = rel.parts[0] if rel.parts else ""
@@ -189,10 +218,49 @@ class Workspace:
 
     def counterpart(self, path: Path, area: str) -> Path:
         """The same relative path under another area: Specs/a/tasks.md -> Done/a/tasks.md."""
-        rel = path.resolve().relative_to(self.root)
+        rel = _real(path).relative_to(self.root)
         if rel.parts and rel.parts[0] in ("Specs", "Done", "Needs_Action"):
             rel = Path(*rel.parts[1:])
         return self.root / area / rel
+
+    def check_folders(self) -> None:
+        """Each folder kiro uses is a folder or absent (kiro creates it): not a file, a FIFO, a
+        dangling symlink or a symlink loop; and the global stop hook is not a folder. Raises a
+        UserError naming the first that is wrong and the fix."""
+        state = self.state_dir
+        folders = [self.root / name for name in FOLDERS] + [
+            self.root / "config", state, state / "backups", state / "archive", state / "transcripts",
+            state / "prompts", self.logs / "completion_reports", self.logs / "progress_reports",
+        ]
+        for folder in folders:
+            problem = _not_a_folder(folder)
+            if problem:
+                raise UserError(f"{self.relative_name(folder)} {problem}, not a folder (in {self.root}); "
+                                f"move it away and kiro creates the folder")
+        self.check_hook(self.global_hook_file)
+
+    def check_hook(self, hook: Path) -> None:
+        """A stop hook is a file kiro may delete or write: a folder (or worse) in its place is an error."""
+        try:
+            mode = os.lstat(hook).st_mode
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise UserError(f"stop hook {self.relative_name(hook)} cannot be examined ({exc.strerror}); "
+                            f"remove it") from None
+        if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+            return
+        from kiro.safeio import file_kind
+
+        raise UserError(f"stop hook {self.relative_name(hook)} is {file_kind(mode)}, not a file; remove it "
+                        f"(a stop hook is a plain file, e.g. `touch {self.relative_name(hook)}`)")
+
+    def relative_name(self, path: Path) -> str:
+        """`path` relative to the workspace without resolving symlinks (which may loop)."""
+        try:
+            return path.relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
 
     def ensure_folders(self) -> None:
         for name in FOLDERS:

@@ -50,6 +50,8 @@ def guarded(fn: F) -> F:
             else:
                 console.error(str(exc))
             raise typer.Exit(exc.exit_code) from None
+        except BrokenPipeError:
+            _closed_pipe()  # `kiro loop logs --json | head -1`: for every command, here
         except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:
@@ -95,3 +97,16 @@ def main() -> None:
         app()
     except KeyboardInterrupt:  # pragma: no cover - interactive
         sys.exit(130)
+    except BrokenPipeError:
+        _closed_pipe()
+
+
+def _closed_pipe() -> None:
+    """The reader of our output went away (`| head -1`): it had what it wanted; end quietly.
+
+    stdout is pointed at /dev/null so that the interpreter's final flush of what is still buffered
+    does not raise (and print) a second BrokenPipeError on the way out (Python docs, "Note on SIGPIPE").
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(0)

@@ -363,7 +363,11 @@ def status(
         else:
             from kiro.watch import ticks
 
-            console.watch(lambda: render(data()), ticks([store.ws.state_dir], interval))
+            def plain() -> str | None:  # not on a terminal: the same plain table `status` prints
+                result = data()
+                return console.plain_table(result) if tid is None and result else None
+
+            console.watch(lambda: render(data()), ticks([store.ws.state_dir], interval), plain)
         return
     result = data()
     if json_out:
@@ -530,6 +534,7 @@ def stop(
     ws = _workspace(workspace)
     store = _store(ws)
     if all_loops:
+        ws.check_hook(ws.global_hook_file)
         atomic_write(ws.global_hook_file, reports.stop_hook(None, task_id="*", reason=reason), fsync=False)
         console.line(f"wrote {ws.relative(ws.global_hook_file)}: every loop pauses at its next safe point")
         targets = [st.task_id for _p, st in store.all_states(include_archive=False)
@@ -539,6 +544,7 @@ def stop(
         assert tid is not None
         loaded = store.load(tid)
         hook = ws.hook_file(tid)
+        ws.check_hook(hook)
         atomic_write(hook, reports.stop_hook(loaded.state, task_id=tid, reason=reason), fsync=False)
         alive = store.is_locked(tid)
         if alive:

@@ -19,6 +19,7 @@ import regex as re
 from pydantic import Field
 
 from kiro.tools.base import Args, Tool, ToolEnv, ToolError, ToolResult
+from kiro.tools.walk import walk
 
 READ_LIMIT = 100_000  # bytes of a file read_file returns at once
 EDIT_LIMIT = 4_000_000  # bytes of a file edit_file will load
@@ -160,7 +161,7 @@ def _list(env: ToolEnv, real: Path, pattern: str | None, deadline: float) -> tup
             if len(entries) >= LIST_LIMIT:
                 return entries, True
         return entries, False
-    for folder, dirs, files in os.walk(real, followlinks=False):
+    for folder, dirs, files in walk(real):
         here = Path(folder)
         dirs[:] = sorted(d for d in dirs if not conf.is_hidden(here / d))
         for name in sorted(files + dirs):
@@ -255,7 +256,7 @@ def _search(env: ToolEnv, real: Path, pattern: re.Pattern[str], deadline: float,
     if real.is_file():
         scan(real)
         return matches, ("match limit" if len(matches) >= SEARCH_MATCH_LIMIT else None)
-    for folder, dirs, files in os.walk(real, followlinks=False):
+    for folder, dirs, files in walk(real):
         here = Path(folder)
         dirs[:] = sorted(d for d in dirs if d not in NOISE_DIRS and not conf.is_hidden(here / d))
         for name in sorted(files):

@@ -1,0 +1,199 @@
+"""Reading the files a person (or an agent) can put anything into, without hanging or blowing up.
+
+One reader for config, state, task and hook files: it opens without blocking (a FIFO in place of a
+file does not wait for a writer), takes only regular files (no folder, FIFO, device or socket), caps
+the size (a symlink to /dev/zero is not read forever), and names a symlink loop as one. One check for
+YAML before it is loaded: nesting depth and alias expansion are bounded (a 5,000-deep document or a
+"billion laughs" alias bomb is refused in milliseconds instead of recursing or expanding).
+
+Errors are `UnreadableFile` (a `UserError`): one line naming the file, what is wrong with it and the
+fix; callers that own a more specific error type (ConfigError, TaskFileError, StateError) re-raise it
+as theirs with the `reason`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from kiro.errors import UserError
+
+KIB = 1024
+MIB = 1024 * KIB
+
+CONFIG_MAX_BYTES = 1 * MIB  # a config file; the documented defaults are ~10 KiB
+TASK_MAX_BYTES = 16 * MIB  # a task file; the largest in the corpus is well under 1 MiB
+STATE_MAX_BYTES = 64 * MIB  # a state file; one with 1,000 completed steps is ~0.5 MiB
+SMALL_MAX_BYTES = 64 * KIB  # lock pid files, hooks read for their text
+
+YAML_MAX_DEPTH = 64  # nesting of mappings and lists
+YAML_MAX_NODES = 100_000  # nodes after expanding every alias
+
+
+class UnreadableFile(UserError):
+    """A file kiro cannot or will not read; `reason` says why without naming the file."""
+
+    def __init__(self, name: str, reason: str, fix: str) -> None:
+        super().__init__(f"{name}: {reason}; {fix}" if fix else f"{name}: {reason}")
+        self.name = name
+        self.reason = reason
+        self.fix = fix
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for a person: "a folder", "a FIFO (named pipe)", ..."""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    return "not a regular file"
+
+
+def _size(n: int) -> str:
+    return f"{n / MIB:.1f} MiB" if n >= MIB else f"{n / KIB:.0f} KiB" if n >= KIB else f"{n} bytes"
+
+
+def read_bytes(path: Path | str, *, limit: int, name: str | None = None, fix: str = "") -> bytes:
+    """The bytes of a regular file of at most `limit` bytes.
+
+    FileNotFoundError passes through (a missing file is the caller's business: often normal); any
+    other problem raises UnreadableFile naming `name` (default: the path), the problem and `fix`.
+    """
+    shown = name if name is not None else str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnreadableFile(shown, "is a symlink loop", fix) from None
+        if exc.errno == errno.EISDIR:
+            raise UnreadableFile(shown, "is a folder, not a file", fix) from None
+        raise UnreadableFile(shown, f"cannot be read ({exc.strerror or exc})", fix) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnreadableFile(shown, f"is {file_kind(st.st_mode)}, not a file", fix)
+        if st.st_size > limit:
+            raise UnreadableFile(shown, f"is {_size(st.st_size)}, over the {_size(limit)} kiro reads", fix)
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            try:
+                chunk = os.read(fd, min(MIB, limit + 1 - total))
+            except OSError as exc:
+                raise UnreadableFile(shown, f"cannot be read ({exc.strerror or exc})", fix) from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:  # grew while being read
+                raise UnreadableFile(shown, f"is over the {_size(limit)} kiro reads", fix)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def open_regular(path: Path | str, *, name: str | None = None, fix: str = "", write: bool = False) -> int:
+    """A file descriptor on a regular file, opened without blocking (reading, or appending with
+    `write`, which creates the file). FileNotFoundError passes through when reading; anything
+    that is not a regular file raises UnreadableFile."""
+    shown = name if name is not None else str(path)
+    flags = os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    flags |= (os.O_WRONLY | os.O_APPEND | os.O_CREAT) if write else os.O_RDONLY
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnreadableFile(shown, "is a symlink loop", fix) from None
+        if exc.errno == errno.EISDIR:
+            raise UnreadableFile(shown, "is a folder, not a file", fix) from None
+        if exc.errno == errno.ENXIO:
+            raise UnreadableFile(shown, "is a FIFO (named pipe), not a file", fix) from None
+        raise UnreadableFile(shown, f"cannot be opened ({exc.strerror or exc})", fix) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnreadableFile(shown, f"is {file_kind(st.st_mode)}, not a file", fix)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def check_file_or_absent(path: Path | str, *, name: str | None = None, fix: str = "") -> None:
+    """Raise UnreadableFile unless `path` is absent or (through symlinks) a regular file: for a file
+    kiro will append to, checked before the loop starts rather than failing mid-run."""
+    shown = name if name is not None else str(path)
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UnreadableFile(shown, "is a symlink to something missing", fix) from None
+    except OSError as exc:
+        reason = "is a symlink loop" if exc.errno == errno.ELOOP else f"cannot be examined ({exc.strerror})"
+        raise UnreadableFile(shown, reason, fix) from None
+    if not stat.S_ISREG(mode):
+        raise UnreadableFile(shown, f"is {file_kind(mode)}, not a file", fix)
+
+
+def yaml_shape_problem(text: str) -> str | None:
+    """Why a YAML text is too deep or expands too far to load safely, or None when it is fine (or
+    malformed: the real loader then reports the syntax error with its line).
+
+    Walks the event stream only (no recursion, no construction): each collection's expanded size is
+    counted as it closes, each alias adds the size of what it names, and an alias to a collection
+    still open (a recursive structure) is refused outright.
+    """
+    import yaml
+
+    try:
+        loader_cls: type = yaml.CSafeLoader
+    except AttributeError:  # pragma: no cover - PyYAML built without libyaml
+        loader_cls = yaml.SafeLoader
+    sizes: list[int] = [0]  # per open collection: nodes inside so far
+    anchors_open: list[str | None] = [None]
+    anchored: dict[str, int] = {}
+    try:
+        for event in yaml.parse(text, Loader=loader_cls):
+            if isinstance(event, yaml.CollectionStartEvent):
+                if len(sizes) > YAML_MAX_DEPTH:
+                    line = event.start_mark.line + 1 if event.start_mark else "?"
+                    return f"nested more than {YAML_MAX_DEPTH} levels deep (line {line})"
+                sizes.append(0)
+                anchors_open.append(event.anchor)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                inner = sizes.pop() + 1
+                anchor = anchors_open.pop()
+                if anchor is not None:
+                    anchored[anchor] = inner
+                sizes[-1] += inner
+            elif isinstance(event, yaml.ScalarEvent):
+                sizes[-1] += 1
+                if event.anchor is not None:
+                    anchored[event.anchor] = 1
+            elif isinstance(event, yaml.AliasEvent):
+                if event.anchor in anchors_open:
+                    return f"the alias *{event.anchor} refers to a collection that contains it (a recursive alias)"
+                sizes[-1] += anchored.get(event.anchor or "", 1)
+            else:
+                continue
+            if sum(sizes) > YAML_MAX_NODES:
+                return (f"expands to more than {YAML_MAX_NODES:,} values through its aliases "
+                        f"(an alias bomb); write the values out")
+    except yaml.YAMLError:
+        return None
+    except RecursionError:  # pragma: no cover - the event parser does not recurse; belt and braces
+        return f"nested more than {YAML_MAX_DEPTH} levels deep"
+    return None

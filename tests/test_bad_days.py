@@ -1,0 +1,216 @@
+"""Bad days (#7 items 12 and 13): a full disk, huge replies, writes killed half-way, a closed pipe,
+output that is not a terminal, a very deep tree. Each test fails on the code before the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kiro.bounds import EVENT_FIELD_CHARS, TRANSCRIPT_FIELD_CHARS
+from kiro.events import EventLog, read_events
+from kiro.transcript import Transcript
+from tests.conftest import FAST_CONFIG, Workspace, shell_task
+from tests.fake_openai import invoke, make_harness
+
+# -- item 12: a full disk ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 2 MiB filesystem (tmpfs) mounted for the test; skipped, saying why, where mounting is
+    not permitted (not root, or no CAP_SYS_ADMIN in this container)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a 2 MiB tmpfs to fill up (needs root): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+FILL_TASK = """\
+---
+title: full
+executor: shell
+---
+- [ ] 1. one
+  ```sh
+  echo 1 >> side.log
+  ```
+- [ ] 2. fill the disk, and succeed
+  ```sh
+  echo 2 >> side.log; cat /dev/zero > ../filler 2>/dev/null || true
+  ```
+- [ ] 3. three
+  ```sh
+  echo 3 >> side.log
+  ```
+"""
+
+
+def test_a_full_disk_stops_the_loop_cleanly_and_resume_just_works(small_disk: Path) -> None:
+    root = small_disk / "vault"
+    for name in ("Specs/feature", ".state", "config"):
+        (root / name).mkdir(parents=True)
+    (root / "config/autonomous_loop.yaml").write_text(FAST_CONFIG)
+    ws = Workspace(root)
+    ws.task(FILL_TASK)
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "full")
+    both = r.stdout + r.stderr
+    assert r.returncode == 1, both
+    assert "disk full" in r.stderr and "internal error" not in both and "Traceback" not in both
+    st = ws.state("full")
+    assert st["status"] == "stopped" and st["stop_reason"] == "disk_full"  # not left `running`
+    assert st["total_failures"] == 0 and st["consecutive_failures"] == 0  # the step is not blamed
+    assert [c["step_id"] for c in st["completed_steps"]] == ["1", "2"]
+    assert "- [x] 2." in (root / "Specs/feature/tasks.md").read_text()
+    assert not list((root / ".state").glob(".*.tmp"))
+
+    (small_disk / "filler").unlink()  # space again
+    r = ws.kiro("loop", "resume", "--task-id", "full")  # no --reset-failures needed
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (root / "side.log").read_text().split() == ["1", "2", "3"]  # step 2 did not run again
+    assert ws.state("full")["status"] == "completed"
+
+
+def test_resume_on_a_still_full_disk_says_so_and_runs_nothing(small_disk: Path) -> None:
+    root = small_disk / "vault"
+    for name in ("Specs/feature", ".state", "config"):
+        (root / name).mkdir(parents=True)
+    (root / "config/autonomous_loop.yaml").write_text(FAST_CONFIG)
+    ws = Workspace(root)
+    ws.task(FILL_TASK)
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "full").returncode == 1
+    for _ in range(2):
+        r = ws.kiro("loop", "resume", "--task-id", "full")
+        assert r.returncode == 1 and "disk full" in r.stderr, r.stdout + r.stderr
+        assert "internal error" not in r.stdout + r.stderr
+        st = ws.state("full")
+        assert st["status"] == "stopped" and st["stop_reason"] == "disk_full" and st["total_failures"] == 0
+    assert (root / "side.log").read_text().split() == ["1", "2"]
+
+
+# -- item 13: bounded logs ---------------------------------------------------------------------------
+
+
+def test_a_30_mb_reply_is_not_stored_whole_in_the_transcript(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    reply = "A" * 15_000_000 + "Z" * 15_000_000
+    Transcript(path, "t").write("response", iteration=1, attempt=1, content=reply)
+    size = path.stat().st_size
+    assert size < 2 * TRANSCRIPT_FIELD_CHARS, size
+    [record] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert record["content"].startswith("AAAA") and record["content"].endswith("ZZZZ")
+    assert "characters cut by kiro" in record["content"]
+
+
+def test_event_fields_are_clipped(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "e.jsonl")
+    log.append({"event": "step_failed", "error": "x" * 5_000_000, "nested": {"output": ["y" * 100_000]}})
+    log.close()
+    [event] = list(read_events(tmp_path / "e.jsonl"))
+    assert len(event["error"]) < EVENT_FIELD_CHARS + 100
+    assert len(event["nested"]["output"][0]) < EVENT_FIELD_CHARS + 100
+
+
+# -- item 13: temp files of killed writes ------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temp_files_left_by_killed_writes_are_removed_at_resume(ws: Workspace) -> None:
+    ws.task(shell_task(2))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "t", "--max-iterations", "1")
+    assert r.returncode == 4, r.stdout + r.stderr
+    dead = _dead_pid()
+    stale_state = ws.root / f".state/.autonomous_loop_t.json.{dead}.tmp"
+    stale_backup = ws.root / f".state/backups/.autonomous_loop_t.x.json.{dead}.tmp"
+    stale_task = ws.root / "Specs/feature/.tasks.md.k2j4h1.kiro-tmp"
+    live_writer = ws.root / f".state/.autonomous_loop_other.json.{os.getpid()}.tmp"  # its writer is alive
+    for p in (stale_state, stale_backup, stale_task, live_writer):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("half a write")
+    os.utime(stale_task, (1_000_000_000, 1_000_000_000))
+    r = ws.kiro("loop", "resume", "--task-id", "t", "--max-iterations", "5")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not stale_state.exists() and not stale_backup.exists() and not stale_task.exists()
+    assert live_writer.exists()
+
+
+# -- item 13: a closed pipe, output that is not a terminal ------------------------------------------
+
+
+def test_logs_json_into_head_exits_quietly(ws: Workspace) -> None:
+    ws.task(shell_task(3))
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "p").returncode == 0
+    log = ws.root / "Logs/p.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    with open(log, "a") as fh:  # far more than a pipe holds, so that kiro writes into a closed pipe
+        for _ in range(400):
+            fh.writelines(lines)
+    r = subprocess.run(f"'{sys.executable}' -m kiro loop logs --json --task-id p | head -1", shell=True,
+                       cwd=ws.root, env=ws.env(), capture_output=True, text=True, timeout=60)
+    assert r.stderr == "", r.stderr
+    assert len(r.stdout.splitlines()) == 1 and json.loads(r.stdout)["task_id"] == "p"
+
+
+def test_status_watch_prints_when_not_on_a_terminal(ws: Workspace) -> None:
+    ws.task(shell_task(2))
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "w",
+                   "--max-iterations", "1").returncode == 4
+    proc = ws.spawn("loop", "status", "--watch", "--interval", "0.2")  # stdout is a file
+    try:
+        out = ws.wait_for(lambda: ws.output(proc) if "max_iterations" in ws.output(proc) else None,
+                          what="the status table in the output file")
+        assert "w" in out.split() and "TASK ID" in out
+    finally:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# -- item 13: a very deep tree --------------------------------------------------------------------
+
+
+def _deep(root: Path, depth: int) -> None:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    with open(os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as fh:
+        fh.write("needle\n")
+
+
+def test_list_files_and_search_files_survive_a_1500_deep_tree(tmp_path: Path) -> None:
+    h = make_harness(tmp_path / "ws")
+    (h.root / "deep").mkdir()
+    _deep(h.root / "deep", 1500)
+
+    async def go(tool: str, args: dict[str, str]) -> str:
+        return (await invoke(h.tool_env(), tool, args)).text
+
+    listed = asyncio.run(go("list_files", {"path": "deep", "pattern": "*"}))
+    assert "Recursion" not in listed and listed.startswith("deep/d/"), listed[:300]
+    found = asyncio.run(go("search_files", {"pattern": "needle", "path": "deep"}))
+    assert "Recursion" not in found, found[:300]
+    subprocess.run(["rm", "-rf", str(h.root / "deep")], check=True)
