@@ -71,6 +71,7 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_"))}
     env.pop("PYTEST_CURRENT_TEST", None)
     env["PYTHONUNBUFFERED"] = "1"
+    env["KIRO_RAISE_ERRORS"] = "1"
     return env
 
 

@@ -366,6 +366,7 @@ def _env() -> dict[str, str]:
     env.pop("PYTEST_CURRENT_TEST", None)
     env["PYTHONUNBUFFERED"] = "1"
     env["NO_COLOR"] = "1"
+    env["KIRO_RAISE_ERRORS"] = "1"  # an unexpected exception is a traceback, which the suite counts
     return env
 
 
