@@ -158,6 +158,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     task = tasks.load(task_path)
     loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
     ws, store, cfg = loc.ws, loc.store, loc.config
+    _check_project_dir(ws, cfg)
     ws.ensure_folders()
     checkpoints.preflight(cfg, ws.root / cfg.project_dir)
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
@@ -223,6 +224,14 @@ def _release(store: StateStore, task_id: str, lock: FileLock, reserve: Path) -> 
     store.release(task_id, lock)
 
 
+def _check_project_dir(ws: Workspace, cfg: Config) -> None:
+    """Steps run in `project_dir`: a missing one is the person's to fix, not a failed step."""
+    path = ws.root / cfg.project_dir
+    if not path.is_dir():
+        raise UserError(f"project_dir {cfg.project_dir!r} is not a folder ({path}); create it, or correct "
+                        f"project_dir in config/autonomous_loop.yaml (or KIRO_PROJECT_DIR)")
+
+
 def _check_logs(ws: Workspace, task_id: str) -> None:
     """The files a loop appends to are regular files (or absent): found now, not mid-run."""
     for path in (ws.event_log(task_id), ws.transcript_file(task_id)):
@@ -263,6 +272,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
         cfg = loc.config
         warnings += not_built_warnings(cfg, task, ws)
+        _check_project_dir(ws, cfg)
         if executor is None:  # before anything is moved or removed: a bad executor changes nothing
             executor_name = choose_executor(cfg, task, recorded=state.executor)
             warnings += unused_command_warning(cfg, executor_name)

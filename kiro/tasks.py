@@ -524,6 +524,12 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
 def _decode(raw: bytes, path: Path | None) -> tuple[str, bool]:
     bom = raw.startswith(_BOM)
     body = raw[len(_BOM):] if bom else raw
+    nul = body.find(b"\0")
+    if nul >= 0:  # not text; and a NUL cannot reach a command line
+        at = nul + (len(_BOM) if bom else 0)
+        line = raw.count(b"\n", 0, at) + 1
+        raise TaskFileError(f"{_where(path)}:{line}: a NUL byte at byte offset {at}: not a text file; "
+                            "save it as UTF-8 text")
     try:
         return body.decode("utf-8"), bom
     except UnicodeDecodeError as e:

@@ -37,6 +37,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
+import struct
 import sys
 import threading
 import time
@@ -104,6 +106,7 @@ class Item:
     headers: dict[str, str] = field(default_factory=dict)
     error: dict[str, Any] | None = None
     raw_body: bytes | None = None
+    fault: str | None = None  # "reset": the connection is reset; "truncate": half the body, then closed
 
 
 class FakeOpenAI:
@@ -179,6 +182,13 @@ class FakeOpenAI:
     def raw(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
         """Queue a response body sent verbatim (for malformed responses)."""
         self._push(Item(status=status, raw_body=body, headers=dict(headers or {})))
+
+    def fault(self, kind: str, *, times: int = 1, content: str = "ok") -> None:
+        """Queue a transport fault: "reset" (TCP RST instead of an answer) or "truncate" (a reply
+        whose body stops half-way, then the connection closes)."""
+        assert kind in ("reset", "truncate"), kind
+        for _ in range(times):
+            self._push(replace(_reply(content), fault=kind))
 
     def script(self, items: Iterable[Mapping[str, Any]]) -> None:
         """Queue items given as plain dicts (the JSON script format):
@@ -361,6 +371,22 @@ class _Handler(BaseHTTPRequestHandler):
         item = self.owner._next(body)
         if item.delay and self.owner._stop.wait(item.delay):
             self.close_connection = True
+            return
+        if item.fault == "reset":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+            self.connection.close()
+            return
+        if item.fault == "truncate":
+            payload = json.dumps(self.owner._completion(item, model)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload[: len(payload) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
             return
         if item.raw_body is not None:
             self._send(item.status, item.raw_body, item.headers)

@@ -372,6 +372,8 @@ class _Attempt:
                 return self.interrupted("cancelled")
             try:
                 response = call.result()
+            except ValueError as exc:  # a 200 whose body is not JSON (a proxy's page, an empty or cut body)
+                return self.failure(exc, time.monotonic() - started)
             except openai.OpenAIError as exc:
                 wait = _server_wait(exc)
                 if wait is None or not isinstance(exc, openai.APIStatusError):
@@ -457,7 +459,7 @@ class _Attempt:
             self.env.deadline += waited
         return reason
 
-    def failure(self, exc: openai.OpenAIError, seconds: float) -> StepResult:
+    def failure(self, exc: openai.OpenAIError | ValueError, seconds: float) -> StepResult:
         """A failed call as a failed attempt, or ExecutorError when retrying cannot help."""
         llm = self.llm
         where = self.ex.endpoint
@@ -496,6 +498,8 @@ class _Attempt:
         elif isinstance(exc, openai.APIStatusError):
             error = (f"HTTP {exc.status_code} from {where} after {_retries(exc)}; "
                      f"the endpoint said: {detail}")
+        elif isinstance(exc, ValueError):
+            error = f"{where} answered with a body that is not a JSON chat completion ({detail})"
         else:
             error = f"the model call failed: {type(exc).__name__}: {detail}"
         return StepResult("failed", error=error, summary=_clip(self.last_text, 2000))

@@ -1,0 +1,115 @@
+"""API faults: the openai executor (the real `openai` client, `kiro loop start` as a subprocess)
+against an OpenAI-compatible server on 127.0.0.1 that misbehaves in the ways real endpoints and
+proxies do. For each fault the suite prints what kiro did (exit code, status, failed attempts,
+requests the server saw) and checks that kiro held: no internal error or traceback, no hang, a
+one-line error when it stops, and - where the endpoint recovers - the step done in the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from tests.conftest import Workspace
+from tests.fake_openai import FakeOpenAI, call
+
+TASK = """\
+---
+title: Faults
+executor: openai
+---
+- [ ] 1. Write a.txt
+"""
+
+DONE = [call("write_file", {"path": "a.txt", "content": "alpha\n"}), call("complete_step", {"summary": "done"})]
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    queue: Callable[[FakeOpenAI], None]
+    recovers: bool  # the endpoint answers properly afterwards: the step must be done in the end
+    expect: str = ""  # what the one error line names, when kiro stops instead
+
+
+def _then_done(fake: FakeOpenAI) -> None:
+    for c in DONE:
+        fake.reply(c)
+
+
+FAULTS = [
+    Fault("HTTP 500 once", lambda f: f.error(500, "internal server error"), True),
+    Fault("HTTP 503 with Retry-After: 0, twice", lambda f: f.error(503, "overloaded", retry_after=0, times=2), True),
+    Fault("HTTP 502 HTML page", lambda f: f.raw(502, b"<html><body>Bad gateway</body></html>",
+                                                {"Content-Type": "text/html"}), True),
+    Fault("malformed JSON (200)", lambda f: f.raw(200, b'{"id": "x", "choices": [{"mess'), True),
+    Fault("JSON without choices (200)", lambda f: f.raw(200, b'{"id": "x", "object": "chat.completion"}'), True),
+    Fault("empty body (200)", lambda f: f.raw(200, b""), True),
+    Fault("truncated body", lambda f: f.fault("truncate"), True),
+    Fault("connection reset", lambda f: f.fault("reset"), True),
+    Fault("slow reply past the request timeout", lambda f: f.reply("late", delay=4.0), True),
+    Fault("30 MB reply text", lambda f: f.reply("x" * 30_000_000), True),
+    Fault("HTTP 500 every time", lambda f: f.error(500, "down", times=60), False),
+    Fault("connection reset every time", lambda f: f.fault("reset", times=60), False),
+    Fault("HTTP 401 bad key", lambda f: f.error(401, "Incorrect API key provided.", code="invalid_api_key"),
+          False, "401"),
+]
+
+
+def _run(ws: Workspace, fault: Fault) -> dict[str, object]:
+    with FakeOpenAI() as fake:
+        ws.task(TASK)
+        ws.write("config/autonomous_loop.yaml",
+                 f"llm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 1\n"
+                 f"  request_timeout_seconds: 1.5\n"
+                 f"autonomous_loop:\n  backoff_base_seconds: 0.01\n  backoff_max_seconds: 0.05\n"
+                 f"  failure_threshold: 3\n  max_step_retries: 2\n")
+        fault.queue(fake)
+        if fault.recovers:
+            _then_done(fake)
+        r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "f", timeout=120)
+        requests = len(fake.chat_requests)
+    both = r.stdout + r.stderr
+    st = ws.state("f")
+    errors = [line for line in r.stderr.splitlines() if line.startswith("kiro: ") and "warning" not in line]
+    return {"code": r.returncode, "status": st["status"], "failures": st["total_failures"],
+            "requests": requests, "internal": "internal error" in both or "Traceback" in both,
+            "done": (ws.root / "a.txt").exists(), "errors": errors, "reason": st.get("stop_reason")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_api_faults_table(tmp_path_factory: pytest.TempPathFactory) -> None:
+    rows = []
+    for fault in FAULTS:
+        root = tmp_path_factory.mktemp("fault") / "vault"
+        for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+            (root / name).mkdir(parents=True)
+        rows.append((fault, _run(Workspace(root), fault)))
+    print(f"\n{'API fault':<40} {'exit':>4} {'status':<15} {'failed':>6} {'requests':>8} {'step done':>9}  stop reason")
+    for fault, row in rows:
+        print(f"{fault.name:<40} {row['code']:>4} {row['status']!s:<15} {row['failures']:>6} {row['requests']:>8} "
+              f"{'yes' if row['done'] else 'no':>9}  {row['reason']}")
+    held = 0
+    problems = []
+    for fault, row in rows:
+        bad = []
+        if row["internal"]:
+            bad.append("internal error")
+        if fault.recovers and not (row["done"] and row["code"] == 0):
+            bad.append(f"did not recover (exit {row['code']}, {row['status']})")
+        if not fault.recovers:
+            if row["code"] == 0 or row["done"]:
+                bad.append("claimed success")
+            if row["code"] == 1 and len(row["errors"]) != 1:  # type: ignore[arg-type]
+                bad.append(f"{len(row['errors'])} error lines")  # type: ignore[arg-type]
+            elif fault.expect and fault.expect not in (row["errors"] or [""])[0]:  # type: ignore[index]
+                bad.append(f"error line does not name {fault.expect!r}")
+        if bad:
+            problems.append(f"{fault.name}: {'; '.join(bad)}")
+        else:
+            held += 1
+    print(f"API faults tried: {len(rows)}; held: {held}")
+    assert not problems, problems
