@@ -63,6 +63,7 @@ class Server:
         self.ws = store.ws
         self.index = EventIndex(self.ws.logs, self.ws.state_dir)
         self.control = Controller(self.ws, store)
+        self._chunk: tuple[tuple[int, int], bytes] | None = None
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -133,6 +134,16 @@ class Server:
 
     # -- the event stream --------------------------------------------------------------------
 
+    def _sse_chunk(self, after: int, last: int) -> bytes:
+        """The SSE text of events after..last. Clients at the same cursor (the usual case: all of them
+        were woken by the same append) share one copy."""
+        key = (after, last)
+        if self._chunk is not None and self._chunk[0] == key:
+            return self._chunk[1]
+        data = b"".join(b"id: %d\ndata: %s\n\n" % (seq, self.index.line(seq)) for seq in range(after + 1, last + 1))
+        self._chunk = (key, data)
+        return data
+
     def _resume_point(self, given: int | None) -> int:
         """Where a client's stream starts: after the cursor it names, else at the present."""
         if given is None:
@@ -152,17 +163,18 @@ class Server:
                 if not await self.index.wait_beyond(cursor, KEEPALIVE_SECONDS):
                     yield b": keepalive\n\n"
                     continue
+                last = min(self.index.last, cursor + EVENTS_PAGE)  # a client far behind catches up in pages
+                if not only:
+                    yield self._sse_chunk(cursor, last)
+                    cursor = last
+                    continue
                 chunks: list[bytes] = []
-                last = self.index.last
                 for seq in range(cursor + 1, last + 1):
-                    if only and self.index.entries[seq - 1].task_id != only:
-                        continue
-                    chunks.append(b"id: %d\ndata: %s\n\n" % (seq, self.index.line(seq)))
+                    if self.index.entries[seq - 1].task_id == only:
+                        chunks.append(b"id: %d\ndata: %s\n\n" % (seq, self.index.line(seq)))
                 cursor = last
-                if chunks:
-                    yield b"".join(chunks)
-                else:  # filtered out: still move the client's Last-Event-ID on
-                    yield b"id: %d\n\n" % cursor
+                # filtered out: still move the client's Last-Event-ID on
+                yield b"".join(chunks) if chunks else b"id: %d\n\n" % cursor
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
