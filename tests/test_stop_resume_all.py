@@ -75,3 +75,12 @@ def test_resume_all_with_nothing_paused_says_so(ws: Workspace) -> None:
 def test_resume_all_refuses_a_task_id(ws: Workspace) -> None:
     r = ws.kiro("loop", "resume", "--all", "--task-id", "a")
     assert r.returncode == 1 and "--all" in r.stderr
+
+
+def test_resume_all_detached_continues_each_loop_in_the_background(ws: Workspace) -> None:
+    _two_paused_loops(ws)
+    r = ws.kiro("loop", "resume", "--all", "--detach")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(r.stdout.split()[-2:]) == ["a", "b"]  # each task id, as `--detach` prints it
+    for n in "ab":
+        ws.wait_for(lambda n=n: ws.state(n)["status"] == "completed", timeout=120, what=f"loop {n} completed")
