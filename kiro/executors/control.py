@@ -42,47 +42,59 @@ class ControlSnapshot:
     ws: Workspace
     task_id: str
     task_path: Path
-    files: dict[Path, _Entry] = field(default_factory=dict)
+    files: dict[str, _Entry] = field(default_factory=dict)
     task_bytes: bytes | None = None
 
     @classmethod
     def take(cls, ws: Workspace, task_id: str, task_path: Path) -> ControlSnapshot:
         snap = cls(ws, task_id, task_path)
         budget = KEEP_BYTES
-        for path in snap._walk():
-            try:
-                st = path.stat()
-            except OSError:
-                continue
+        for path, (size, mtime_ns) in snap._walk().items():
             data = None
-            if st.st_size <= budget:
-                with contextlib.suppress(OSError):
-                    data = path.read_bytes()
+            if size <= budget:
+                try:
+                    with open(path, "rb") as fh:
+                        data = fh.read()
                     budget -= len(data)
-            snap.files[path] = _Entry(st.st_size, st.st_mtime_ns, data)
+                except OSError:
+                    continue
+            snap.files[path] = _Entry(size, mtime_ns, data)
         with contextlib.suppress(OSError):
             snap.task_bytes = task_path.read_bytes()
         return snap
 
-    def _folders(self) -> list[Path]:
-        return [self.ws.state_dir, self.ws.hooks, self.ws.root / "config"]
+    def _walk(self) -> dict[str, tuple[int, int]]:
+        """Every watched file (path -> size, mtime): plain strings and scandir's cached stats, so
+        that a workspace with hundreds of archived states costs milliseconds per attempt."""
+        found: dict[str, tuple[int, int]] = {}
+        state_dir = str(self.ws.state_dir)
 
-    def _walk(self) -> list[Path]:
-        found: list[Path] = []
-        for folder in self._folders():
-            if not folder.is_dir():
-                continue
-            for dirpath, dirnames, filenames in os.walk(folder):
-                here = Path(dirpath)
-                if here == self.ws.state_dir:
-                    dirnames[:] = [d for d in dirnames if d not in STATE_KIRO_DIRS]
-                found.extend(here / name for name in filenames if not self._ignored(here / name))
+        def scan(folder: str) -> None:
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                return
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        if not (folder == state_dir and entry.name in STATE_KIRO_DIRS):
+                            scan(entry.path)
+                        continue
+                    if self._ignored(folder, entry.name, state_dir):
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found[entry.path] = (st.st_size, st.st_mtime_ns)
+
+        for folder in (self.ws.state_dir, self.ws.hooks, self.ws.root / "config"):
+            scan(str(folder))
         return found
 
-    def _ignored(self, path: Path) -> bool:
-        name = path.name
+    @staticmethod
+    def _ignored(folder: str, name: str, state_dir: str) -> bool:
         return (name.endswith(".lock") or name.endswith(".kiro-restore")
-                or (path.parent == self.ws.state_dir and name.startswith(STATE_KIRO_FILES)))
+                or (folder == state_dir and name.startswith(STATE_KIRO_FILES)))
 
     def _live_others(self) -> list[str]:
         """The task ids of the other loops running now (their lock is held)."""
@@ -107,35 +119,31 @@ class ControlSnapshot:
         (0-based) and `step_box` (the box's offset in the file) name the one change allowed in the
         task file: the current step's box."""
         touched: list[str] = []
-        now = set(self._walk())
+        now = self._walk()
         others: list[str] | None = None
-        for path in sorted(now | set(self.files)):
-            old = self.files.get(path)
+        for name in sorted(now.keys() | self.files.keys()):
+            old = self.files.get(name)
+            stat = now.get(name)
+            if old is not None and stat == (old.size, old.mtime_ns):
+                continue
+            path = Path(name)
             rel = self.ws.relative(path)
+            if others is None:
+                others = self._live_others()
             if old is None:
-                if others is None:
-                    others = self._live_others()
                 if self._is_stop_hook(path) or self._belongs_to(path, others):
                     continue
                 with contextlib.suppress(OSError):
                     path.unlink()
                 touched.append(f"{rel} (created; removed)")
                 continue
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                st = None
-            if st is not None and (st.st_size, st.st_mtime_ns) == (old.size, old.mtime_ns):
-                continue
-            if others is None:
-                others = self._live_others()
             if self._belongs_to(path, others):
                 continue
-            if st is not None and old.data is not None:
+            if stat is not None and old.data is not None:
                 with contextlib.suppress(OSError):
                     if path.read_bytes() == old.data:
                         continue  # rewritten with the same bytes
-            verb = "deleted" if st is None else "changed"
+            verb = "deleted" if stat is None else "changed"
             if old.data is None:
                 touched.append(f"{rel} ({verb}; too big to have been kept, not restored)")
                 continue
