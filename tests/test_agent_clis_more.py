@@ -11,6 +11,7 @@ import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -221,3 +222,36 @@ def test_aider_outside_a_git_repository_is_refused_saying_how_to_fix_it(ws: Work
     assert cli.calls() == 0
     assert not (ws.root / ".git").exists()  # nobody ran `git init` behind the person's back
     assert "- [x]" not in (ws.root / TASK).read_text()
+
+
+def test_aider_retries_a_server_error_itself_and_the_step_still_counts(ws: Workspace, tmp_path: Path) -> None:
+    """aider prints an API error and retries it; when a later call answers, the attempt is not a failure
+    (aider exits 0 either way, so kiro reads which came last)."""
+    cli = MORE_CLIS["aider"](tmp_path)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    server = cli.start()
+    answer = cli.brain  # type: ignore[attr-defined]
+    seen = []
+
+    def flaky(rec: Any) -> Any:
+        seen.append(rec)
+        # the first three 500s: the openai client inside litellm retries twice on its own, then aider
+        # prints the error and retries the call itself
+        return fc.error(500, "The server had an error while processing your request.") if len(seen) <= 3 \
+            else answer(rec)
+
+    assert isinstance(server, fc.FakeChat)
+    server.brain = flaky
+    try:
+        ws.task(task_text(1))
+        configure(ws, cli)
+        code, out = run(ws, cli)
+    finally:
+        cli.close()
+    assert code == 0, out
+    log = next((ws.root / "Logs").glob("*/1-1.log")).read_text()
+    assert "litellm.InternalServerError" in log and "Retrying in" in log, log[-2000:]
+    assert len(seen) == 4
+    tid = ws.only_task_id()
+    assert sorted(p.name for p in (ws.root / "Logs" / tid).iterdir()) == ["1-1.log"]  # one attempt, not failed

@@ -75,6 +75,10 @@ def test_aider_api_errors_printed_with_exit_0_are_failures_of_the_right_kind() -
     failure = AiderPreset().classify_failure(0, rate, "")
     assert failure is not None and failure.kind == "rate_limit" and not failure.fatal
     assert AiderPreset().classify_failure(0, AIDER_OUT, "Warning: Input is not a terminal (fd=0).\n") is None
+    # a 500 that aider retried, then an answer: not a failure
+    retried = ("Added tasks.md to the chat.\n\nlitellm.InternalServerError: InternalServerError: OpenAIException - "
+               "boom\nRetrying in 0.2 seconds...\n" + AIDER_OUT.split("Added Specs/feature/tasks.md to the chat.\n")[1])
+    assert AiderPreset().classify_failure(0, retried, "") is None
 
 
 def test_aider_argument_errors_are_usage_errors_with_argparses_line() -> None:

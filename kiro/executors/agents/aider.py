@@ -142,11 +142,15 @@ class AiderPreset(Preset):
 
     @staticmethod
     def _api_error(stdout: str) -> tuple[FailureKind, str] | None:
-        """The last model-API error aider printed (it reports them and exits 0). Its message may be
-        wrapped over two lines; they are joined."""
+        """The model-API error aider ended with (it reports them and exits 0): the last one, unless a
+        model call answered after it (aider retried it and went on). Its message may be wrapped over
+        two lines; they are joined."""
         lines = clean(stdout).splitlines()
         found: tuple[FailureKind, str] | None = None
         for i, raw in enumerate(lines):
+            if _TOKENS.match(raw.strip()):
+                found = None  # a later answer: the earlier error was retried away
+                continue
             m = _LITELLM.match(raw.strip())
             if m is None or not raw.strip().startswith("litellm."):
                 continue
