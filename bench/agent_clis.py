@@ -7,14 +7,15 @@ For each installed CLI: `kiro loop start --agent NAME` on a task of N steps, in 
 `--runs` times. Each step is one CLI run in which the fake model checks the task file's box (model
 calls per step: claude 3, codex 2, aider 1, gemini 2, opencode 3). Prints, per CLI: the wall time per
 step (from `kiro loop start` to its exit, divided by N), the agent process's own time per step (from
-the attempt logs),
-and the rest, kiro's share: Python start-up, config, state saves, task-file edits, the control-file
-snapshot and the log. Asserts nothing.
+the attempt logs), and the rest, kiro's share, split into what it spends in the loop per step
+(state saves, box edits, the control-file snapshot, the attempt log; from the event log) and its
+start-up and finish per run (Python imports, config, reports). Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,8 +37,10 @@ PRICES = {"codex": CODEX_PRICE, "gemini": GEMINI_PRICE}
 RESULT = re.compile(r"^# result: exit 0 after ([0-9.]+) s$", re.M)
 
 
-def one_run(name: str, steps: int) -> tuple[float, float]:
-    """(wall seconds of `kiro loop start`, seconds inside the agent processes)."""
+def one_run(name: str, steps: int) -> tuple[float, float, float]:
+    """(wall seconds of `kiro loop start`, seconds inside the agent processes, seconds from the first
+    `step_started` to the last `step_completed` in the event log: the loop itself, without kiro's
+    start-up and finish)."""
     with tempfile.TemporaryDirectory(prefix=f"kiro-bench-{name}-") as tmp:
         root = Path(tmp) / "ws"
         for folder in ("Specs/feature", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
@@ -62,7 +66,11 @@ def one_run(name: str, steps: int) -> tuple[float, float]:
         if done.returncode != 0:
             raise SystemExit(f"{name}: kiro exited {done.returncode}: {done.stdout}{done.stderr}")
         agent = sum(float(m) for log in (root / "Logs").glob("*/*.log") for m in RESULT.findall(log.read_text()))
-        return wall, agent
+        events = [json.loads(line) for log in (root / "Logs").glob("*.jsonl") for line in log.read_text().splitlines()]
+        stamps = [(e["event"], datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()) for e in events]
+        first = min(t for kind, t in stamps if kind == "step_started")
+        last = max(t for kind, t in stamps if kind == "step_completed")
+        return wall, agent, last - first
 
 
 def main() -> None:
@@ -78,15 +86,19 @@ def main() -> None:
             continue
         program = getattr(probe, "path", None) or probe.program  # aider: wherever its venv is
         version = subprocess.run([program, "--version"], capture_output=True, text=True).stdout.strip()
-        walls, agents = [], []
+        walls, agents, loops = [], [], []
         for _ in range(args.runs):
-            wall, agent = one_run(name, args.steps)
+            wall, agent, loop = one_run(name, args.steps)
             walls.append(wall / args.steps)
             agents.append(agent / args.steps)
-        wall, agent = statistics.median(walls), statistics.median(agents)
+            loops.append(loop / args.steps)
+        wall, agent, loop = statistics.median(walls), statistics.median(agents), statistics.median(loops)
         kiro = wall - agent
+        in_loop = loop - agent  # per step, between the agent's runs: state saves, box edits, snapshot, log
         print(f"{name} ({version}): {args.steps} steps x {args.runs} runs; per step: wall {wall:.2f} s, "
-              f"agent CLI {agent:.2f} s, kiro {kiro:.2f} s ({kiro / wall:.0%} of the wall time)")
+              f"agent CLI {agent:.2f} s, kiro {kiro:.2f} s ({kiro / wall:.0%} of the wall time): "
+              f"{in_loop * 1000:.0f} ms in the loop, the rest kiro's start-up and finish "
+              f"({(kiro - in_loop) * args.steps:.2f} s per run)")
 
 
 if __name__ == "__main__":
