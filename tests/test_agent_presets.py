@@ -160,6 +160,19 @@ def test_a_stop_hook_the_agent_drops_is_honoured_not_undone(ws: Workspace) -> No
     assert ws.state(ws.only_task_id())["stop_reason"] == "stop_hook"
 
 
+def test_another_loops_stop_hook_deleted_meanwhile_is_a_resume_not_undone(ws: Workspace) -> None:
+    """`kiro loop resume --task-id other` deletes that loop's hook while this loop's agent runs."""
+    ws.task(agent_task(1))
+    ws.write(".hooks/stop_autonomous_loop_other.md", "paused by a person\n")
+    make_agent(ws, """\
+        (TASK.parents[2] / ".hooks" / "stop_autonomous_loop_other.md").unlink()
+        check_box()
+        """)
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (ws.root / ".hooks" / "stop_autonomous_loop_other.md").exists()
+
+
 def test_kiro_agents_lists_the_presets_and_their_command_lines(ws: Workspace) -> None:
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\ntools:\n  shell:\n    enabled: true\n"
              "    allow: [pytest, git status]\n    trust_agent_code: true\n")

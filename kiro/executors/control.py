@@ -8,8 +8,8 @@ went, was touched. Put back: the old bytes (or the file removed again); a file t
 kept is named as touched but not restored. Exceptions, because kiro or a person writes them while
 an agent runs: lock files, the files of other loops that
 are running now (their own lock is held), what `kiro serve` and `kiro loop watch` keep there (see
-STATE_KIRO_*), and a stop hook created in `.hooks/` (whoever asks for a stop gets it: stopping is
-always safe).
+STATE_KIRO_*), and stop hooks created or deleted in `.hooks/` (a stop or a `kiro loop resume` of
+another loop, which a person may do while this agent runs; whoever asks for a stop gets it).
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ class ControlSnapshot:
                     path.unlink()
                 touched.append(f"{rel} (created; removed)")
                 continue
-            if self._belongs_to(path, others):
-                continue
+            if self._belongs_to(path, others) or (stat is None and self._is_stop_hook(path)):
+                continue  # a deleted stop hook is a resume: `kiro loop resume` of another loop
             if stat is not None and old.data is not None:
                 with contextlib.suppress(OSError):
                     if path.read_bytes() == old.data:
