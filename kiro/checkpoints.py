@@ -849,7 +849,9 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
             state.steps.pop(sid, None)
         record = {"at": timeutil.iso(), "to_step": to_step, "checkpoint": target, "commit": commit,
                   "method": method, "undone": undone, "unchecked": unchecked}
-        info.rollbacks.append(record)
+        from kiro.state import RollbackRecord
+
+        info.rollbacks.append(RollbackRecord.model_validate(record))
         if info.merge_status in ("left", "conflict"):
             info.merge_status = None
         if state.status == "completed":

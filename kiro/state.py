@@ -155,6 +155,18 @@ class Transition(_Model):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
+class RollbackRecord(_Model):
+    """One `kiro loop rollback` (SPEC §9)."""
+
+    at: str
+    to_step: str
+    checkpoint: str | None = None  # the commit whose files came back
+    commit: str | None = None  # the rollback's own commit (None: the files already matched)
+    method: Literal["restore", "revert"] = "restore"
+    undone: list[str] = Field(default_factory=list)  # steps no longer completed
+    unchecked: list[str] = Field(default_factory=list)  # boxes unchecked (parents included)
+
+
 class GitInfo(_Model):
     """Git checkpoints and isolation of one loop (SPEC §9, kiro.checkpoints)."""
 
@@ -170,7 +182,7 @@ class GitInfo(_Model):
     merge_status: Literal["merging", "merged", "conflict", "left"] | None = None
     merge_commit: str | None = None
     conflict_files: list[str] = Field(default_factory=list)
-    rollbacks: list[dict[str, Any]] = Field(default_factory=list)
+    rollbacks: list[RollbackRecord] = Field(default_factory=list)
 
 
 def _plain_task_id(value: str) -> str:
