@@ -257,3 +257,20 @@ def test_files_the_person_ignores_globally_stay_out_of_checkpoints(ws: Workspace
     cp = ws.state("ig")["completed_steps"][0]["checkpoint"]
     assert changed_in(ws.root, cp) == {"a.txt"}
     assert git(ws.root, "log", "-1", "--format=%an", cp).strip() == "kiro"  # the global user.name is not used
+
+
+def test_the_repositorys_hooks_do_not_run_for_kiros_commits(ws: Workspace) -> None:
+    init_repo(ws.root)
+    marker = ws.root.parent / "hook-ran"
+    for name in ("pre-commit", "commit-msg", "post-commit"):
+        hook = ws.root / ".git/hooks" / name
+        hook.write_text(f"#!/bin/sh\necho {name} >> {marker}\nexit 1\n")
+        hook.chmod(0o755)
+    state = _run(ws, "hk")
+    assert all(c["checkpoint"] for c in state["completed_steps"] if c["step_id"] != "2")
+    assert not marker.exists()
+    # the person's own commits still run them (this pre-commit hook refuses every commit)
+    (ws.root / "x.txt").write_text("x\n")
+    git(ws.root, "add", "x.txt")
+    git(ws.root, "commit", "-qm", "person", check=False)
+    assert marker.read_text().split() == ["pre-commit"]
