@@ -536,7 +536,8 @@ def stop(
     if all_loops:
         ws.check_hook(ws.global_hook_file)
         atomic_write(ws.global_hook_file, reports.stop_hook(None, task_id="*", reason=reason), fsync=False)
-        console.line(f"wrote {ws.relative(ws.global_hook_file)}: every loop pauses at its next safe point")
+        console.line(f"wrote {ws.relative(ws.global_hook_file)}: every loop pauses at its next safe point; "
+                     f"`kiro loop resume --all` continues them")
         targets = [st.task_id for _p, st in store.all_states(include_archive=False)
                    if st is not None and store.is_locked(st.task_id)]
     else:
