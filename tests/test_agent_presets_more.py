@@ -148,6 +148,9 @@ def test_gemini_failures_by_its_result_event_exit_code_and_usage_text() -> None:
     failure = GeminiPreset().classify_failure(1, "", usage)
     assert failure is not None and failure.kind == "usage_error" and failure.line == "Unknown arguments: bogus, b"
     assert GeminiPreset().classify_failure(0, GEMINI_OUT, "YOLO mode is enabled.\n") is None
+    warning = json.dumps({"type": "error", "severity": "warning", "message": "Loop detection is off"}) + "\n"
+    assert GeminiPreset().classify_failure(0, warning + GEMINI_OUT, "") is None
+    assert GeminiPreset().summary(warning + GEMINI_OUT, "", "p") == "Checked the box."
 
 
 def _oc(kind: str, **part: object) -> str:
@@ -188,6 +191,9 @@ def test_opencode_failures_from_its_error_event_and_its_bare_usage_text() -> Non
     failure = OpencodePreset().classify_failure(1, "", usage_text)
     assert failure is not None and failure.kind == "usage_error" and "opencode run [message..]" in failure.line
     assert OpencodePreset().classify_failure(0, OPENCODE_OUT, "") is None
+    # an error it got past (a later model step finished): not a failure
+    assert OpencodePreset().classify_failure(0, busy + "\n" + OPENCODE_OUT, "") is None
+    assert OpencodePreset().summary(busy + "\n" + OPENCODE_OUT, "", "p") == "Checked the box."
 
 
 @pytest.mark.parametrize("name", ["aider", "gemini", "opencode"])

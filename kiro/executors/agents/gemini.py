@@ -121,9 +121,11 @@ class GeminiPreset(Preset):
         return Failure(kind, line)
 
     def summary(self, stdout: str, stderr: str, prompt: str) -> str:
-        """The model's last message (its deltas joined), or the error it ended with."""
+        """The model's last message (its deltas joined), or the error it ended with (an `error` event
+        in a run that succeeded was a warning)."""
+        result = self._result(stdout)
         errors = self._errors(stdout)
-        if errors:
+        if errors and (result is None or result.get("status") != "success"):
             return tail(clean(errors[-1]))
         said: list[str] = []
         current: list[str] = []

@@ -92,8 +92,13 @@ class OpencodePreset(Preset):
 
     @staticmethod
     def _errors(stdout: str) -> list[str]:
-        found = []
+        """The errors it reported and did not get past: a model step that finished after an error
+        (opencode retried and went on) clears the ones before it."""
+        found: list[str] = []
         for event in json_lines(stdout):
+            if event.get("type") == "step_finish":
+                found = []
+                continue
             if event.get("type") != "error":
                 continue
             err = event.get("error")
