@@ -748,8 +748,12 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         lock = store.acquire(task_id)
     except LockHeld:
         pid = store.holder_pid(task_id)
-        raise UserError(f"loop {task_id!r} is running{f' (pid {pid})' if pid else ''}; stop it first with "
-                        f"`kiro loop stop --task-id {task_id}`, then roll back") from None
+        held = f" (pid {pid})" if pid else ""
+        if store.holder_role(task_id) == "watch":
+            raise UserError(f"loop {task_id!r} is kept by `kiro loop watch`{held}; stop the watch first, then roll "
+                            f"back") from None
+        raise UserError(f"loop {task_id!r} is running{held}; stop it first with `kiro loop stop --task-id "
+                        f"{task_id}`, then roll back") from None
     try:
         loaded = store.load(task_id)
         state = loaded.state
