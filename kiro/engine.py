@@ -36,6 +36,7 @@ from kiro.executors.base import Executor, Guard, StepContext, StepResult
 from kiro.executors.process import run_process, tail
 from kiro.fsutil import atomic_write
 from kiro.guardrails import LoopGuardrails, SharedLimits, Trigger
+from kiro.messages import Inbox, render
 from kiro.notify import NOTIFIER_TIMEOUT, run_notifier
 from kiro.redact import Redactor
 from kiro.state import (
@@ -168,6 +169,7 @@ class Loop:
         self._notifiers: set[asyncio.Task[None]] = set()
         self.git: checkpoints.LoopGit | None = None  # SPEC §9, set up by _open_git
         self._in_progress: str | None = None  # the step whose box kiro marked `[-]`
+        self.inbox = Inbox(self.ws, self.state.task_id)  # SPEC §11, kiro.messages
 
     # -- events ----------------------------------------------------------------------------
 
@@ -272,15 +274,33 @@ class Loop:
 
     # -- waiting ---------------------------------------------------------------------------
 
-    async def wait(self, seconds: float) -> Stop | None:
+    async def wait(self, seconds: float, *, messages: bool = False) -> Stop | None:
         """Wait, but come back as soon as a stop condition holds (a hook dropped, the task moved,
         a signal): the change hub wakes us on every file change in the folders that steer loops.
-        Returns that condition, or None when the time is up."""
+        Returns that condition, or None when the time is up. With `messages`, a message queued
+        for this loop (SPEC §11) also ends the wait (returning None)."""
         limit = self.state.timeout_seconds or self.settings.timeout_seconds
         seconds = min(seconds, max(limit - self.elapsed(), 0.0) + 0.001)
         poll = self._hub.poll_interval if self._hub is not None else 0.25
-        found = await wait_until(self.interrupt_check, self._wake, seconds, poll)
+
+        def check() -> object:
+            return self.interrupt_check() or (messages and self.inbox.has_pending())
+
+        found = await wait_until(check, self._wake, seconds, poll)
         return found if isinstance(found, Stop) else None
+
+    def take_messages(self, where: str) -> str | None:
+        """The messages queued for this loop and not yet handed to the agent, as prompt text under
+        their headings; recorded as delivered (fsync'd) before the caller sends them, so none is
+        ever given twice."""
+        pending = self.inbox.pending()
+        if not pending:
+            return None
+        self.inbox.mark_delivered(pending)
+        for m in pending:
+            self.emit("message_received", **m.fields())
+            self.emit("message_delivered", message_id=m.id, **{"from": m.sender}, where=where)
+        return self.redact.text(render(pending))
 
     async def guardrail_wait(self, trigger: Trigger) -> Stop | None:
         """Sleep because a guardrail asks for it (status `sleeping`); a stop condition ends it."""
@@ -325,7 +345,7 @@ class Loop:
         task.add_done_callback(self._notifiers.discard)
 
     async def _sleep_for_executor(self, seconds: float) -> str | None:
-        stop = await self.wait(seconds)
+        stop = await self.wait(seconds, messages=True)
         if stop is not None:
             self._pending_stop = stop
             return stop.reason
@@ -433,13 +453,13 @@ class Loop:
             record = self.state.steps.get(step.id)
             if record is not None and record.next_retry_at:
                 delay = (timeutil.parse(record.next_retry_at) - timeutil.now()).total_seconds()
-                if delay > 0:
+                if delay > 0 and not self.inbox.has_pending():  # a message is answered without the backoff
                     self.transition(Status.SLEEPING, "backoff")
                     self.state.sleep_until = record.next_retry_at
                     self.save()
                     self.emit("backoff", step_id=step.id, seconds=round(delay, 3), attempts=record.attempts)
                     try:
-                        stop = await self.wait(delay)
+                        stop = await self.wait(delay, messages=True)
                     finally:
                         self.state.sleep_until = None
                     if stop is not None:
@@ -450,7 +470,7 @@ class Loop:
             if stop is not None:
                 return stop
             if self.settings.iteration_delay_seconds:
-                stop = await self.wait(self.settings.iteration_delay_seconds)
+                stop = await self.wait(self.settings.iteration_delay_seconds, messages=True)
                 if stop is not None:
                     return stop
 
@@ -522,7 +542,7 @@ class Loop:
                                               task=task, task_file=self.task_path),
         )
         system = prompts.system_prompt(task, s, self.ws, executor=self.executor.name)
-        s.context.last_prompt = clip(prompts.recent_prompt(prompt, continuation))
+        s.context.last_prompt = clip(prompts.recent_prompt(prompt, continuation))  # without messages: never repeated
         s.steps_total, s.steps_done = len(task.steps), sum(1 for st in task.steps if st.done)
         await self.asave()
         self._stale_since = s.updated_at
@@ -544,8 +564,11 @@ class Loop:
             verify_output=record.last_verify_output,
             timeout_seconds=max(0.1, min(self.cfg.step_timeout_seconds, remaining)),
             config=self.cfg, state=s, cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor,
-            guard=_LoopGuard(self), redact=self.redact,
+            guard=_LoopGuard(self), redact=self.redact, messages=lambda: self.take_messages("turn"),
         ).redacted()
+        delivered = self.take_messages("prompt") if self.executor.name != "shell" else None  # shell reads no prompt
+        if delivered:
+            ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{delivered}"
         self._pending_stop = None
         try:
             result = await self.executor.run_step(ctx)

@@ -42,6 +42,10 @@ EventName = Literal[
     "report_written",
     "notifier_failed",
     "loop_finished",
+    # messages (SPEC §11, kiro.messages)
+    "message_received",
+    "message_delivered",
+    "message_sent",
     # git (SPEC §9, kiro.checkpoints)
     "checkpoint_created",
     "checkpoint_skipped",

@@ -18,7 +18,7 @@ from kiro.shared import Registry
 
 POLL_FALLBACK = 0.25
 SAFETY_POLL = 5.0
-WATCHED = (".hooks", "Specs", "Done", "Needs_Action")
+WATCHED = (".hooks", "Specs", "Done", "Needs_Action", ".state/inbox")  # inbox: messages wake waiting loops
 
 
 class ChangeHub:

@@ -620,3 +620,36 @@ def stats(
         console.print_json(result)
     else:
         sys.stdout.write(loop_stats.render(result))
+
+
+@app.command()
+@guarded
+def tell(
+    text: Annotated[str, typer.Argument(help="The message: what the agent should know or do.", show_default=False)],
+    task_id: TaskIdOpt = None,
+    task: TaskOpt = None,
+    workspace: WorkspaceOpt = None,
+) -> None:
+    """Queue a message for a loop: its agent reads it in its next prompt, under "## Message from a person", once. Durable: a loop that is not running (or is killed) gets it when it runs again; a waiting loop wakes for it."""
+    from kiro import console, views
+    from kiro.errors import UserError
+    from kiro.messages import Inbox
+    from kiro.redact import Redactor
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    tid = views.resolve_task_id(ws, store, task_id, task)
+    assert tid is not None
+    if not store.exists(tid):
+        raise UserError(f"--task-id: no loop {tid!r} in {ws.root}; `kiro loop status` lists the loops")
+    if not text.strip():
+        raise UserError("TEXT: the message is empty; give the text to tell the agent")
+    inbox = Inbox(store.ws, tid)
+    try:
+        msg = inbox.queue(Redactor.from_environment(None).text(text), via="kiro loop tell")
+    except ValueError as exc:
+        raise UserError(f"TEXT: {exc}") from None
+    running = store.is_locked(tid)
+    when = "in its next prompt" if running else "when it runs again (`kiro loop resume`)"
+    console.line(f"queued message {msg.id[:8]} for loop {tid} ({store.ws.relative(inbox.path)}); "
+                 f"the agent reads it {when}")

@@ -107,6 +107,9 @@ class StepContext:
     # The loop's redactor (kiro.redact): pass every text an executor writes to disk or sends
     # (attempt logs, transcripts, prompt files, requests) through `ctx.redact.text(...)`.
     redact: Redactor = field(default_factory=Redactor)
+    # Messages queued for the loop since the prompt was made (SPEC §11): returns them as prompt text
+    # (recorded as delivered) or None. A multi-turn executor calls it before each further model call.
+    messages: Callable[[], str | None] | None = None
 
     def redacted(self) -> StepContext:
         """This context with its prompts cut of secrets: what the executor sends the model is clean,

@@ -330,6 +330,10 @@ class _Attempt:
                 self.restart()
             elif self.wrap_turns_left is None and self.should_wrap_up():
                 self.start_wrap_up()
+            if self.turns and ctx.messages is not None:
+                arrived = ctx.messages()  # a message queued during this attempt: in the very next request
+                if arrived:
+                    self.messages.append({"role": "user", "content": arrived})
             response = await self.call_model()
             if isinstance(response, StepResult):
                 return response

@@ -8,15 +8,12 @@ Used by both the REST routes and the WebSocket; errors are `ControlError(http_st
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
-import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kiro import timeutil
 from kiro.errors import KiroError
 from kiro.state import StateStore
 from kiro.workspace import Workspace, check_task_id
@@ -152,28 +149,19 @@ class Controller:
         return {"task_id": tid, "message": out.splitlines()[-1] if out else ""}
 
     def message(self, raw_id: Any, content: Any) -> dict[str, Any]:
-        """Queue a message in the loop's inbox, `.state/inbox/<task_id>.jsonl` (one JSON object a line:
-        id, ts, from, content). Delivery to the agent is `kiro loop tell`'s job (SPEC §11), not built
-        yet: the answer says the message is queued, not delivered."""
+        """Queue a message in the loop's inbox (`kiro.messages`, the same one `kiro loop tell` uses): the
+        agent reads it in its next prompt, once."""
+        from kiro.messages import Inbox
+        from kiro.redact import Redactor
+
         tid = self.task_id(raw_id)
         if not isinstance(content, str) or not content.strip():
             raise ControlError(400, "content: the message text (a non-empty string) is required")
         if len(content) > MESSAGE_MAX_CHARS:
             raise ControlError(413, f"content: at most {MESSAGE_MAX_CHARS} characters")
-        inbox = self.ws.state_dir / "inbox" / f"{tid}.jsonl"
-        inbox.parent.mkdir(parents=True, exist_ok=True)
-        from kiro.redact import Redactor
-
         content = Redactor.from_environment(None).text(content)  # e.g. the server's own token, pasted by mistake
-        record = {"id": uuid.uuid4().hex, "ts": timeutil.iso(), "from": "person", "via": "kiro serve",
-                  "content": content}
-        fd = os.open(inbox, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, (json.dumps(record, ensure_ascii=False) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return {"task_id": tid, "id": record["id"], "queued": True, "delivered": False,
-                "inbox": self.ws.relative(inbox),
-                "note": "queued in the loop's inbox; this kiro does not yet hand inbox messages to the agent "
-                        "(`kiro loop tell`, SPEC §11)"}
+        inbox = Inbox(self.store.ws, tid)
+        msg = inbox.queue(content, via="kiro serve")
+        return {"task_id": tid, "id": msg.id, "queued": True, "delivered": False,
+                "inbox": self.ws.relative(inbox.path),
+                "note": "queued in the loop's inbox; the agent reads it in its next prompt"}

@@ -4,6 +4,7 @@
     shell.py         run_command (off unless tools.shell.enabled; allow-list; no shell; clean env)
     steps.py         complete_step, fail_step, request_human, add_steps, sleep
     memory_tools.py  memory_save, memory_recall
+    message_tools.py send_message, read_messages (SPEC §11)
 
 `toolset(config)` gives the tools offered for one attempt, by name, in a stable order.
 """
@@ -22,13 +23,15 @@ __all__ = ["Ending", "Tool", "ToolEnv", "ToolError", "ToolResult", "TOOL_NAMES",
 TOOL_NAMES = (
     "read_file", "write_file", "edit_file", "list_files", "search_files", "run_command",
     "complete_step", "fail_step", "request_human", "add_steps", "memory_save", "memory_recall", "sleep",
+    "send_message", "read_messages",
 )
 
 
 def toolset(config: Config) -> dict[str, Tool[Any]]:
     """Every tool, in SPEC order; `run_command` only when `tools.shell.enabled`."""
-    from kiro.tools import files, memory_tools, shell, steps
+    from kiro.tools import files, memory_tools, message_tools, shell, steps
 
-    every = {t.name: t for t in (*files.TOOLS, *shell.TOOLS, *steps.TOOLS, *memory_tools.TOOLS)}
+    every = {t.name: t for t in (*files.TOOLS, *shell.TOOLS, *steps.TOOLS, *memory_tools.TOOLS,
+                                 *message_tools.TOOLS)}
     names = [n for n in TOOL_NAMES if n != "run_command" or config.tools.shell.enabled]
     return {n: every[n] for n in names}

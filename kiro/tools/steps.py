@@ -7,6 +7,7 @@ says "all done" completes nothing; `complete_step` does, and then `verify` must 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -95,9 +96,13 @@ async def sleep(args: SleepArgs, env: ToolEnv) -> ToolResult:
         if remaining < 2:
             raise ToolError("no time left in this step to sleep")
         seconds = min(seconds, remaining - 1)
+    began = time.monotonic()
     stop = await env.ctx.sleep(seconds)
     if stop is not None:
         return ToolResult(f"sleep interrupted: {stop}", ending=Ending("interrupted", stop_reason=stop))
+    slept = time.monotonic() - began
+    if slept < seconds - 0.5:  # only a message ends a sleep early without a stop (SPEC §11)
+        return ToolResult(f"woken after {slept:.1f} s of {seconds:g} s: a message arrived (it follows)")
     return ToolResult(f"slept {seconds:g} s")
 
 
