@@ -63,7 +63,8 @@ def test_step_done_by_tool_calls(tmp_path: Path, fake_openai: FakeOpenAI) -> Non
     assert "Create hello.txt" in first["messages"][1]["content"]
     offered = [t["function"]["name"] for t in first["tools"]]
     assert offered == ["read_file", "write_file", "edit_file", "list_files", "search_files", "complete_step",
-                       "fail_step", "request_human", "add_steps", "memory_save", "memory_recall", "sleep"]
+                       "fail_step", "request_human", "add_steps", "memory_save", "memory_recall", "sleep",
+                       "send_message", "read_messages"]
     call_id = second["messages"][2]["tool_calls"][0]["id"]
     assert tool_messages(second) == [{"role": "tool", "tool_call_id": call_id,
                                       "content": "created hello.txt (6 characters)"}]

@@ -24,7 +24,7 @@ def test_every_tool_has_a_schema_from_its_argument_model(tmp_path: Path) -> None
     schemas = {name: t.schema()["function"] for name, t in toolset(h.config).items()}
     assert list(schemas) == ["read_file", "write_file", "edit_file", "list_files", "search_files",
                              "run_command", "complete_step", "fail_step", "request_human", "add_steps",
-                             "memory_save", "memory_recall", "sleep"]
+                             "memory_save", "memory_recall", "sleep", "send_message", "read_messages"]
     write = schemas["write_file"]["parameters"]
     assert write["required"] == ["path", "content"] and write["additionalProperties"] is False
     assert "title" not in write and "title" not in write["properties"]["path"]
