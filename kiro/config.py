@@ -631,7 +631,9 @@ def _describe(error: ErrorDetails, origins: Mapping[str, _Origin], more: str) ->
     key = ".".join(loc)
     origin = _origin_of(loc, origins)
 
-    if error["type"] == "extra_forbidden":
+    if error["type"] == "extra_forbidden" and loc == ("backend",):
+        text = _backend_refusal(error.get("input")) + more
+    elif error["type"] == "extra_forbidden":
         text = f"unknown key {key!r}{_suggestion(loc)}{more}"
     else:
         text = f"{key}: {_message(error)}{more}"
@@ -644,6 +646,16 @@ def _describe(error: ErrorDetails, origins: Mapping[str, _Origin], more: str) ->
     if error["type"] != "extra_forbidden" and key == origin.path:
         text = _message(error) + more  # the label already says which key
     return ConfigError(f"{origin.label}: {text}", file=origin.file, line=origin.line, key=key)
+
+
+def _backend_refusal(value: Any) -> str:
+    """SPEC §12's `backend:` is designed (docs/scale-out.md) but not built: refuse it by name rather than
+    as an unknown key, and never accept a value that nothing reads."""
+    kind = value.get("kind") if isinstance(value, Mapping) else value
+    if kind == "local":
+        return ("backend: local is the only backend today and the default; remove the key "
+                "(backend: temporal is designed in docs/scale-out.md, not built yet)")
+    return "backend: temporal is designed in docs/scale-out.md, not built yet; remove the key to run loops locally"
 
 
 def _prefixes(loc: tuple[str, ...]) -> Iterator[str]:
