@@ -159,6 +159,8 @@ class Guardrails(_Strict):
     idle_timeout_seconds: float | None = Field(None, gt=0)
     active_hours: ActiveHours | None = None
     loop_detection_repeats: int = Field(3, ge=2)
+    max_consecutive_turns: int | None = Field(None, ge=1)  # SPEC §11: model turns without a `sleep` call
+    forced_sleep_seconds: float = Field(60, gt=0)
 
 
 class Config(_Strict):

@@ -310,8 +310,8 @@ class Loop:
         self.transition(Status.SLEEPING, trigger.limit)
         self.state.sleep_until = timeutil.iso(timeutil.now() + timedelta(seconds=trigger.seconds))
         self.save()
-        try:
-            stop = await self.wait(trigger.seconds)
+        try:  # a forced rest (max_consecutive_turns) also ends for a message (SPEC §11)
+            stop = await self.wait(trigger.seconds, messages=trigger.limit == "max_consecutive_turns")
         finally:
             self.state.sleep_until = None
         if stop is None:

@@ -138,6 +138,7 @@ class LoopGuardrails:
         self.pending = StepUsage()  # usage of the attempt under way, not yet in the state
         self._call_fp: str | None = None
         self._call_streak = 0
+        self.turns_without_sleep = 0  # guardrails.max_consecutive_turns (SPEC §11)
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -161,6 +162,7 @@ class LoopGuardrails:
         if self.shared.api is not None:
             self.shared.api.record()
         self.pending.add(usage)
+        self.turns_without_sleep += 1
         if usage.total_tokens:
             self._book["token_window"].append([round(self.clock(), 3), int(usage.total_tokens)])
 
@@ -169,6 +171,8 @@ class LoopGuardrails:
         self.pending = StepUsage()
 
     def record_tool_call(self, name: str, arguments: Mapping[str, Any]) -> None:
+        if name == "sleep":
+            self.turns_without_sleep = 0
         if name in SIDE_EFFECT_TOOLS:
             self.activity()
             if self.shared.actions is not None:
@@ -231,6 +235,13 @@ class LoopGuardrails:
         t = self.hard_stop() or self.wait_needed()
         if t is not None:
             return t
+        most = self.g.max_consecutive_turns
+        if most is not None and self.turns_without_sleep >= most:
+            turns, self.turns_without_sleep = self.turns_without_sleep, 0  # the forced sleep counts as one
+            secs = self.g.forced_sleep_seconds
+            return Trigger("max_consecutive_turns", most, turns,
+                           f"max_consecutive_turns {most} reached ({turns} model turns without a sleep); "
+                           f"sleeping {secs:g} s", "wait", secs)
         if self.shared.api is not None:
             delay = self.shared.api.delay()
             if delay > 0:

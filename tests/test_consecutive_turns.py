@@ -1,0 +1,73 @@
+"""guardrails.max_consecutive_turns (SPEC §11, seed 000): a forced sleep after N model turns without a
+`sleep` call, which a stop hook still interrupts; against the scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import Workspace
+from tests.fake_openai import FakeOpenAI, call
+
+TASK = "---\ntitle: Busy agent\n---\n- [ ] 1. Write files\n- [ ] 2. Write more\n"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+def _config(ws: Workspace, fake: FakeOpenAI, guardrails: str) -> None:
+    ws.write("config/autonomous_loop.yaml",
+             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 0\n"
+             f"autonomous_loop:\n  backoff_base_seconds: 0.01\nguardrails:\n{guardrails}")
+
+
+def _write(n: int) -> dict[str, object]:
+    return call("write_file", {"path": f"f{n}.txt", "content": f"{n}\n"})
+
+
+def test_forced_sleep_after_max_turns_is_interrupted_by_a_stop_hook(ws: Workspace, fake: FakeOpenAI) -> None:
+    ws.task(TASK)
+    _config(ws, fake, "  max_consecutive_turns: 2\n  forced_sleep_seconds: 600\n")
+    fake.reply(_write(1))
+    fake.reply(_write(2))
+    fake.reply(call("complete_step", {"summary": "never reached"}))
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ai")
+    ws.wait_for(lambda: ws.state("ai")["status"] == "sleeping", what="the forced sleep")
+    assert len(fake.chat_requests) == 2  # the third model call waits for the end of the forced sleep
+    r = ws.kiro("loop", "stop", "--task-id", "ai")
+    assert r.returncode == 0, r.stderr
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the stop hook did not end the forced sleep:\n" + ws.output(proc)) from None
+    assert code == 3, ws.output(proc)
+    assert len(fake.chat_requests) == 2
+    t = [e for e in ws.events("ai") if e["event"] == "guardrail_triggered"]
+    assert len(t) == 1 and t[0]["limit"] == "max_consecutive_turns" and t[0]["figure"] == 2
+    assert t[0]["action"] == "wait" and t[0]["seconds"] == 600
+    assert ws.state("ai")["stop_reason"] == "stop_hook"
+
+
+def test_a_sleep_call_resets_the_count_and_a_forced_sleep_ends_on_its_own(ws: Workspace, fake: FakeOpenAI) -> None:
+    ws.task(TASK)
+    _config(ws, fake, "  max_consecutive_turns: 2\n  forced_sleep_seconds: 0.3\n")
+    fake.reply(_write(1))
+    fake.reply(call("sleep", {"seconds": 0.1, "reason": "let CI catch up"}))  # turn 2 calls sleep: count reset
+    fake.reply(_write(2))
+    fake.reply(call("complete_step", {"summary": "step 1"}))  # turn 2 since the sleep: forced sleep next
+    fake.reply(call("complete_step", {"summary": "step 2"}))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ai")
+    assert r.returncode == 0, r.stdout + r.stderr
+    events = ws.events("ai")
+    t = [e for e in events if e["event"] == "guardrail_triggered"]
+    assert [e["limit"] for e in t] == ["max_consecutive_turns"]
+    # it fell between the turns of step 1's complete_step and step 2's first model call
+    names = [(e["event"], e.get("step_id")) for e in events]
+    assert names.index(("guardrail_triggered", None)) > names.index(("step_completed", "1"))
+    assert len(fake.chat_requests) == 5
