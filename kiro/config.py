@@ -163,6 +163,10 @@ class Guardrails(_Strict):
     forced_sleep_seconds: float = Field(60, gt=0)
 
 
+class Approval(_Strict):
+    agent_steps: bool = True  # SPEC §11: add_steps proposes (Pending_Approval/) instead of editing the task file
+
+
 class Config(_Strict):
     """The whole of `config/autonomous_loop.yaml`; every key has a default."""
 
@@ -180,6 +184,7 @@ class Config(_Strict):
     llm: LLMSettings = Field(default_factory=LLMSettings)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
     guardrails: Guardrails = Field(default_factory=Guardrails)
+    approval: Approval = Field(default_factory=Approval)
     max_parallel_loops: int = Field(4, ge=1)
     include_optional: bool = False
     on_event: dict[str, str] = Field(default_factory=dict)
@@ -189,7 +194,7 @@ class Config(_Strict):
     merge: Literal["manual", "auto"] = "manual"
 
     _empty_sections = field_validator(
-        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "on_event", mode="before"
+        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", mode="before"
     )(_none_is_empty)
 
     @field_validator("on_event")

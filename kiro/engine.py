@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kiro import checkpoints, conditions, dashboard, diskfull, prompts, reports, resolved, tasks, timeutil
+from kiro import approval, checkpoints, conditions, dashboard, diskfull, prompts, reports, resolved, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
@@ -433,11 +433,18 @@ class Loop:
             stop = self.interrupt_check()
             if stop is not None:
                 return stop
+            self._apply_decisions()
             task = self._read_task()
             if isinstance(task, Stop):
                 return task
             step = task.current_step(self.cfg.include_optional)
             if step is None:
+                waiting = approval.proposals(self.ws, self.state.task_id, approval.PENDING)
+                if waiting:
+                    return conditions.needs_action(
+                        f"every step is done but {len(waiting)} step proposal(s) wait for a person in "
+                        f"{approval.PENDING}/ ({', '.join(p.name for p in waiting)}): move each to Approved/ or "
+                        f"Rejected/, then `kiro loop resume --task-id {self.state.task_id}`", "approval_pending")
                 return await self._git_finish(self._complete(task))
             stop = self.limit_check()
             if stop is not None:
@@ -473,6 +480,16 @@ class Loop:
                 stop = await self.wait(self.settings.iteration_delay_seconds, messages=True)
                 if stop is not None:
                     return stop
+
+    def _apply_decisions(self) -> None:
+        """Proposals a person approved or rejected since the last look (SPEC §11, kiro.approval)."""
+        try:
+            done = approval.apply_decisions(self.ws, self.state.task_id, self.task_path)
+        except (TaskFileError, TaskNotFound, OSError) as exc:
+            self.emit("warning", message=f"could not handle a step proposal: {exc}")
+            return
+        for d in done:
+            self.emit("proposal_approved" if d.kind == "approved" else "proposal_rejected", **d.fields)
 
     def _read_task(self) -> tasks.TaskFile | Stop:
         """Re-read the task file (a person may have edited it). Its location was just checked by

@@ -46,6 +46,10 @@ EventName = Literal[
     "message_received",
     "message_delivered",
     "message_sent",
+    # approval of agent-proposed steps (SPEC §11, kiro.approval)
+    "steps_proposed",
+    "proposal_approved",
+    "proposal_rejected",
     # git (SPEC §9, kiro.checkpoints)
     "checkpoint_created",
     "checkpoint_skipped",

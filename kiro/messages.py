@@ -71,14 +71,20 @@ class Inbox:
         self.path = self.folder / f"{task_id}.jsonl"
         self.delivered_path = self.folder / f"{task_id}.delivered"
 
-    def queue(self, content: str, *, sender: str = PERSON, via: str = "kiro loop tell") -> Message:
-        """Append a message (already redacted by the caller) and make it durable."""
+    def queue(self, content: str, *, sender: str = PERSON, via: str = "kiro loop tell",
+              msg_id: str | None = None) -> Message:
+        """Append a message (already redacted by the caller) and make it durable. A given `msg_id`
+        makes it idempotent: a message with that id already queued is not queued again."""
+        if msg_id is not None:
+            for old in self.all():
+                if old.id == msg_id:
+                    return old
         if not content.strip():
             raise ValueError("the message is empty")
         if len(content) > MESSAGE_MAX_CHARS:
             raise ValueError(f"the message is longer than {MESSAGE_MAX_CHARS} characters")
         self.folder.mkdir(parents=True, exist_ok=True)
-        msg = Message(uuid.uuid4().hex, timeutil.iso(), sender, via, content)
+        msg = Message(msg_id or uuid.uuid4().hex, timeutil.iso(), sender, via, content)
         record = {"id": msg.id, "ts": msg.ts, "from": msg.sender, "via": msg.via, "content": msg.content}
         _append(self.path, json.dumps(record, ensure_ascii=False) + "\n")
         return msg

@@ -172,7 +172,7 @@ def test_unknown_tool_and_disabled_run_command(tmp_path: Path, fake_openai: Fake
 
 
 def test_add_steps_and_memory_tools(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
+    h = harness(tmp_path, fake_openai, approval={"agent_steps": False})  # proposals: tests/test_approval.py
     fake_openai.reply(tool_calls=[
         call("add_steps", {"steps": ["1.1 Write the README"], "after": "1"}),
         call("memory_save", {"content": "the build uses make", "type": "fact", "importance": 0.9}),

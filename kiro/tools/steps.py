@@ -52,6 +52,8 @@ class AddStepsArgs(Args):
     steps: list[str] = Field(min_length=1, max_length=20, description="titles of the new unchecked steps")
     after: str | None = Field(None, description="id of the step to insert after (e.g. '2.1'); "
                                                 "omitted: appended at the end of the task")
+    reason: str = Field("", max_length=2000, description="why these steps are needed (a person may have to "
+                                                          "approve them)")
 
     @field_validator("steps")
     @classmethod
@@ -77,11 +79,25 @@ async def add_steps(args: AddStepsArgs, env: ToolEnv) -> ToolResult:
         if after is not None and tasks.load(env.ctx.task_path).find(after) is None:
             ids = ", ".join(s.id for s in tasks.load(env.ctx.task_path).steps[:60])
             raise ToolError(f"no step {args.after!r} in the task file; the step ids are: {ids}")
+        if env.ctx.config.approval.agent_steps:
+            return _propose(env, titles, after, env.redact(args.reason))
         _, added = tasks.add_steps(env.ctx.task_path, titles, after=after)
     except TaskFileError as exc:
         raise ToolError(str(exc)) from None
     listed = "; ".join(f"{s.id}: {s.title or s.text}" for s in added)
     return ToolResult(f"added {len(added)} unchecked step(s) to the task file: {listed}")
+
+
+def _propose(env: ToolEnv, titles: list[str], after: str | None, reason: str) -> ToolResult:
+    """approval.agent_steps (SPEC §11): a proposal for a person, not an edit of the task file."""
+    from kiro import approval
+
+    ctx = env.ctx
+    path = approval.propose(ctx.workspace, ctx.task_id, ctx.workspace.relative(ctx.task_path), titles, after, reason)
+    rel = ctx.workspace.relative(path)
+    ctx.emit("steps_proposed", proposal=rel, steps=titles, after=after)
+    return ToolResult(f"proposed {len(titles)} step(s) for a person's approval in {rel}; they are not in the task "
+                      f"file yet. Go on with the current step; you will be told if they are rejected.")
 
 
 class SleepArgs(Args):

@@ -1,0 +1,104 @@
+"""Approval of agent-proposed steps (SPEC §11) end to end, against the scripted OpenAI-compatible
+server: a proposal a person edits and approves inserts the edited steps; a rejected one is reported
+to the agent in its next prompt; with only proposals left the loop pauses (exit 6)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from tests.conftest import Workspace
+from tests.fake_openai import FakeOpenAI, call
+
+TASK = "---\ntitle: DB work\n---\n- [ ] 1. Add the users table\n- [ ] 2. Write the queries\n"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+def _config(ws: Workspace, fake: FakeOpenAI) -> None:
+    ws.write("config/autonomous_loop.yaml",
+             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 0\n"
+             f"autonomous_loop:\n  backoff_base_seconds: 0.01\n")
+
+
+PROPOSE = call("add_steps", {"steps": ["1.1 Add an index"], "after": "1", "reason": "lookups by email are slow"})
+
+
+def test_an_approved_proposal_inserts_the_steps_as_the_person_edited_them(ws: Workspace, fake: FakeOpenAI) -> None:
+    task = ws.task(TASK)
+    _config(ws, fake)
+    fake.reply(PROPOSE)
+    fake.reply(call("complete_step", {"summary": "table added"}))
+    fake.reply(call("complete_step", {"summary": "queries written"}))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "db")
+    assert r.returncode == 6, r.stdout + r.stderr  # every step done, a proposal waits for a person
+    assert "Pending_Approval" in r.stdout + r.stderr
+    assert "1.1" not in task.read_text()  # the task file was not edited
+    proposal = ws.root / "Pending_Approval/steps_db_1.md"
+    text = proposal.read_text()
+    meta = yaml.safe_load(text.split("---")[1])
+    assert meta["type"] == "step_proposal" and meta["task_id"] == "db" and meta["after"] == "1"
+    assert "- [ ] 1.1 Add an index" in text and "lookups by email are slow" in text
+    tool_result = [m for m in fake.chat_requests[1].messages if m["role"] == "tool"][-1]["content"]
+    assert "Pending_Approval/steps_db_1.md" in tool_result
+
+    # the person sharpens the step, then approves it
+    (ws.root / "Approved").mkdir(exist_ok=True)
+    proposal.write_text(text.replace("1.1 Add an index", "1.1 Add a unique index on users.email"))
+    shutil.move(str(proposal), ws.root / "Approved/steps_db_1.md")
+    fake.reply(call("complete_step", {"summary": "index added"}))
+    r = ws.kiro("loop", "resume", "--task-id", "db")
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = (ws.root / "Done/feature/tasks.md").read_text()
+    assert "- [x] 1. Add the users table\n- [x] 1.1 Add a unique index on users.email\n- [x] 2." in done
+    assert "1.1 Add an index\n" not in done
+    last = json.dumps(fake.chat_requests[-1].messages)
+    assert "Add a unique index on users.email" in last
+    events = ws.events("db")
+    assert [e["steps"] for e in events if e["event"] == "proposal_approved"] == [
+        ["1.1 Add a unique index on users.email"]]
+    assert "status: applied" in (ws.root / "Approved/steps_db_1.md").read_text()
+
+
+def test_a_rejected_proposal_is_reported_to_the_agent_once(ws: Workspace, fake: FakeOpenAI) -> None:
+    ws.task(TASK)
+    _config(ws, fake)
+    fake.reply(PROPOSE)
+    fake.reply(call("complete_step", {"summary": "table added"}))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "db", "--max-iterations", "1")
+    assert r.returncode == 4, r.stdout + r.stderr
+    proposal = ws.root / "Pending_Approval/steps_db_1.md"
+    (ws.root / "Rejected").mkdir(exist_ok=True)
+    proposal.write_text(proposal.read_text().replace("## Decision\n", "## Decision\nNot tonight: the table is tiny.\n"))
+    shutil.move(str(proposal), ws.root / "Rejected/steps_db_1.md")
+    fake.reply(call("complete_step", {"summary": "queries written"}))
+    r = ws.kiro("loop", "resume", "--task-id", "db", "--max-iterations", "5")
+    assert r.returncode == 0, r.stdout + r.stderr
+    step2 = fake.chat_requests[2]
+    told = [m for m in step2.messages if "was rejected" in json.dumps(m.get("content") or "")]
+    assert len(told) == 1 and told[0]["role"] == "user"
+    assert "## Message from a person" in told[0]["content"] and "steps_db_1.md" in told[0]["content"]
+    assert "Not tonight: the table is tiny." in told[0]["content"] and "1.1 Add an index" in told[0]["content"]
+    assert "1.1" not in (ws.root / "Done/feature/tasks.md").read_text()
+    assert [e["event"] for e in ws.events("db")].count("proposal_rejected") == 1
+
+
+def test_with_approval_off_add_steps_edits_the_task_file(ws: Workspace, fake: FakeOpenAI) -> None:
+    task = ws.task(TASK)
+    _config(ws, fake)
+    ws.write("config/autonomous_loop.yaml", (ws.root / "config/autonomous_loop.yaml").read_text()
+             + "approval:\n  agent_steps: false\n")
+    fake.reply(PROPOSE)
+    fake.reply(call("complete_step", {"summary": "table added"}))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "db", "--max-iterations", "1")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "- [ ] 1.1 Add an index" in task.read_text()
+    assert not (ws.root / "Pending_Approval").exists() or not list((ws.root / "Pending_Approval").iterdir())
