@@ -653,3 +653,31 @@ def tell(
     when = "in its next prompt" if running else "when it runs again (`kiro loop resume`)"
     console.line(f"queued message {msg.id[:8]} for loop {tid} ({store.ws.relative(inbox.path)}); "
                  f"the agent reads it {when}")
+
+
+@app.command()
+@guarded
+def history(
+    task_id: TaskIdOpt = None,
+    workspace: WorkspaceOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """What every loop did, in order: state transitions, runs, step attempts, messages. From the index .state/kiro.db (SQLite), brought up to date from the event logs first, and rebuilt from them when missing or broken."""
+    from kiro import console
+    from kiro import history as hist
+    from kiro.errors import UserError
+    from kiro.workspace import check_task_id
+
+    ws = _workspace(workspace)
+    store = _store(ws)
+    if task_id is not None:
+        check_task_id(task_id)
+        if not store.exists(task_id) and not ws.event_log(task_id).exists():
+            raise UserError(f"--task-id: no loop {task_id!r} in {ws.root}; `kiro loop status` lists the loops")
+    records, note = hist.History(store.ws).query(task_id)
+    if note:
+        console.warning(note)
+    if json_out:
+        console.print_json(records)
+    else:
+        sys.stdout.write(hist.render(records))

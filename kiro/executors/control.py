@@ -25,9 +25,9 @@ from kiro.workspace import Workspace
 KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
 # What kiro itself (this loop, other loops, `kiro serve`, `kiro loop watch`) may write in .state/ while an
 # agent runs: prompt files, process-group ledgers, message inboxes, the event index, the memory database
-# (live SQLite), the server token, the watcher's pid file. Not watched.
-STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox"})
-STATE_KIRO_FILES = ("events.idx", "memory.db", "serve.token", "watch.pid")
+# (live SQLite), the history index, step-proposal markers, the server token, the watcher's pid file. Not watched.
+STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox", "proposals"})
+STATE_KIRO_FILES = ("events.idx", "memory.db", "kiro.db", "serve.token", "watch.pid")
 
 
 @dataclass
