@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
+    from kiro.events import Event
+
 _consoles: dict[str, Console] = {}
 
 
@@ -213,7 +215,8 @@ class EventPrinter:
         self.with_task = with_task
         self.verbose = verbose
 
-    def __call__(self, e: dict[str, Any]) -> None:
+    def __call__(self, event: Event | dict[str, Any]) -> None:
+        e = event if isinstance(event, dict) else event.to_record()
         if not self.verbose and e.get("event") in ("tool_called", "model_called", "iteration_started",
                                                     "reinjected", "report_written"):
             return

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from kiro import approval, checkpoints, conditions, dashboard, diskfull, prompts, reports, resolved, tasks, timeutil
+from kiro import events as ev
 from kiro.conditions import Stop
 from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
-from kiro.events import EventLog, Listener, make_event
+from kiro.events import Event, EventLog, Listener
 from kiro.executors import groups
 from kiro.executors.base import Executor, Guard, StepContext, StepResult
 from kiro.executors.process import run_process, tail
@@ -173,12 +174,24 @@ class Loop:
 
     # -- events ----------------------------------------------------------------------------
 
-    def emit(self, event: str, **fields: Any) -> None:
-        if not self.settings.log_every_iteration and event in ("iteration_started", "step_started"):
+    def emit(self, event: Event | str, /, **fields: Any) -> None:
+        """Stamp a typed event with the loop's task id and iteration and hand it to every listener.
+        `emit("name", **fields)` (executors written before events were typed) builds the record
+        through `events.make`, which raises on an unknown name or field."""
+        if isinstance(event, str):
+            event = ev.make(event, **fields)
+        elif fields:
+            raise TypeError("emit(event) takes a typed event, or a name and its fields")
+        if not self.settings.log_every_iteration and event.event in ("iteration_started", "step_started"):
             return
-        record = self.redact.data(make_event(self.state.task_id, self.state.iteration, event, fields))
+        event.task_id = self.state.task_id
+        event.iteration = self.state.iteration
+        record = event.to_record()
+        clean = self.redact.data(record)
+        if clean != record:  # what every listener sees (log, terminal, server) is clean
+            event = type(event).model_validate(clean)
         for listener in self.listeners:
-            listener(record)
+            listener(event)
 
     def save(self) -> None:
         self.state.metrics.total_duration_seconds = round(self.elapsed(), 3)
@@ -207,7 +220,7 @@ class Loop:
     def transition(self, to: Status, reason: str | None = None) -> None:
         before = self.state.status
         if self.state.transition(to, reason):
-            self.emit("state_changed", **{"from": before, "to": self.state.status, "reason": reason})
+            self.emit(ev.StateChanged(from_=before, to=self.state.status, reason=reason))
 
     def elapsed(self) -> float:
         return self._base_elapsed + (time.monotonic() - self._run_started)
@@ -252,7 +265,7 @@ class Loop:
             old = self.ws.relative(self.task_path)
             self.task_path = path
             self.state.task_path = self.ws.relative(path)
-            self.emit("task_moved", **{"from": old, "to": self.state.task_path, "area": where})
+            self.emit(ev.TaskMoved(from_=old, to=self.state.task_path, area=where))
             return self._check_task_location()
         return conditions.stopped(
             "task_missing",
@@ -304,7 +317,7 @@ class Loop:
 
     async def guardrail_wait(self, trigger: Trigger) -> Stop | None:
         """Sleep because a guardrail asks for it (status `sleeping`); a stop condition ends it."""
-        self.emit("guardrail_triggered", **trigger.fields())
+        self.emit(ev.GuardrailTriggered(**trigger.fields()))
         self._notify("limit", trigger.limit, trigger.message)
         previous = self.state.status
         self.transition(Status.SLEEPING, trigger.limit)
@@ -319,7 +332,7 @@ class Loop:
         return stop
 
     def guardrail_stop(self, trigger: Trigger) -> Stop:
-        self.emit("guardrail_triggered", **trigger.fields())
+        self.emit(ev.GuardrailTriggered(**trigger.fields()))
         self._notify("limit", trigger.limit, trigger.message)
         if trigger.action == "escalate":
             return Stop(Status.FAILED, trigger.limit, trigger.message, conditions._code(Status.FAILED), trigger.limit,
@@ -338,7 +351,7 @@ class Loop:
         async def go() -> None:
             problem = await run_notifier(command, facts, self.ws.root)
             if problem is not None:
-                self.emit("notifier_failed", kind=kind, error=problem)  # not the command: it may hold a token
+                self.emit(ev.NotifierFailed(kind=kind, error=problem))  # not the command: it may hold a token
 
         task = asyncio.get_running_loop().create_task(go())
         self._notifiers.add(task)
@@ -361,11 +374,11 @@ class Loop:
         s.finished_at = None
         s.stop_conditions = type(s.stop_conditions)()
         s.executor = self.executor.name
-        self.emit("loop_resumed" if self.run_spec.resumed else "loop_started",
-                  task_path=s.task_path, executor=self.executor.name, max_iterations=s.max_iterations,
-                  pid=s.pid, workspace=str(self.ws.root))
+        begun = ev.LoopResumed if self.run_spec.resumed else ev.LoopStarted
+        self.emit(begun(task_path=s.task_path, executor=self.executor.name, max_iterations=s.max_iterations,
+                        pid=s.pid, workspace=str(self.ws.root)))
         for warning in self.run_spec.warnings:
-            self.emit("warning", message=warning)
+            self.emit(ev.LoopWarning(message=warning))
         self._take_over_processes()
         self.transition(Status.RUNNING, "resumed" if self.run_spec.resumed else "started")
         s.stop_reason = None
@@ -377,8 +390,8 @@ class Loop:
             self._hub = await acquire_hub(self.ws.root)
             self._hub.subscribe_event(self._wake)
             if self._hub.failed:
-                self.emit("warning", message=f"file watcher unavailable ({self._hub.failed}); checking every "
-                                             f"{self._hub.poll_interval}s instead")
+                self.emit(ev.LoopWarning(message=f"file watcher unavailable ({self._hub.failed}); checking every "
+                                                 f"{self._hub.poll_interval}s instead"))
             stop = await self._loop()
         except ExecutorError as exc:
             stop = Stop(Status.STOPPED, "executor_error", str(exc), 1)
@@ -416,8 +429,8 @@ class Loop:
         ledger = groups.Ledger(self.ws.state_dir / "processes" / f"{self.state.task_id}.json")
         killed = ledger.reap()
         if killed:
-            self.emit("warning", message=f"killed {len(killed)} process(es) a previous run's steps left behind "
-                                         f"(pids {', '.join(map(str, killed))})")
+            self.emit(ev.LoopWarning(message=f"killed {len(killed)} process(es) a previous run's steps left "
+                                             f"behind (pids {', '.join(map(str, killed))})"))
         groups.current_ledger.set(ledger)
 
     async def _loop(self) -> Stop:
@@ -464,7 +477,7 @@ class Loop:
                     self.transition(Status.SLEEPING, "backoff")
                     self.state.sleep_until = record.next_retry_at
                     self.save()
-                    self.emit("backoff", step_id=step.id, seconds=round(delay, 3), attempts=record.attempts)
+                    self.emit(ev.Backoff(step_id=step.id, seconds=round(delay, 3), attempts=record.attempts))
                     try:
                         stop = await self.wait(delay, messages=True)
                     finally:
@@ -520,7 +533,7 @@ class Loop:
             self._emit_git(checkpoint)
         self._record_success(step, started, summary="(recovered after a restart: the box was checked)",
                              attempts=self.state.step_record(step.id).attempts or 1, checkpoint=checkpoint)
-        self.emit("step_recovered", step_id=step.id, description=step.title)
+        self.emit(ev.StepRecovered(step_id=step.id, description=step.title))
         self.save()
 
     # -- one iteration ---------------------------------------------------------------------
@@ -563,10 +576,10 @@ class Loop:
         s.steps_total, s.steps_done = len(task.steps), sum(1 for st in task.steps if st.done)
         await self.asave()
         self._stale_since = s.updated_at
-        self.emit("iteration_started", step_id=step.id)
+        self.emit(ev.IterationStarted(step_id=step.id))
         if reason:
-            self.emit("reinjected", reason=reason, step_id=step.id, chars=len(continuation or ""))
-        self.emit("step_started", step_id=step.id, description=step.title or step.text, attempt=attempt)
+            self.emit(ev.Reinjected(reason=reason, step_id=step.id, chars=len(continuation or "")))
+        self.emit(ev.StepStarted(step_id=step.id, description=step.title or step.text, attempt=attempt))
         self._in_progress = step.id  # `[-]` is kiro's while the step runs; taken back when the loop ends
         if step.marker != "-":
             with contextlib.suppress(TaskFileError, TaskNotFound):
@@ -606,7 +619,7 @@ class Loop:
 
         if result.outcome == "interrupted":
             s.current_step.status = "interrupted"
-            self.emit("step_interrupted", step_id=step.id, reason=result.stop_reason or "stop")
+            self.emit(ev.StepInterrupted(step_id=step.id, reason=result.stop_reason or "stop"))
             self.save()
             return self._pending_stop or self.interrupt_check() or conditions.stopped(
                 result.stop_reason or "interrupted", "the step was interrupted")
@@ -617,7 +630,7 @@ class Loop:
             self.write_report(path, reports.human_request(s, question=question))
             s.report_path = self.ws.relative(path)
             s.current_step.status = "pending"
-            self.emit("human_requested", step_id=step.id, question=question, path=s.report_path)
+            self.emit(ev.HumanRequested(step_id=step.id, question=question, path=s.report_path))
             self.save()
             return conditions.needs_action(f"the agent asks a person: {reports.first_line(question)} "
                                            f"(see {s.report_path})", "request_human")
@@ -626,7 +639,7 @@ class Loop:
         if result.ok and verify_cmd:
             passed, verify_output = await self._verify(verify_cmd, ctx)
             if not passed:
-                self.emit("verify_failed", step_id=step.id, command=verify_cmd, output=tail(verify_output, 1000))
+                self.emit(ev.VerifyFailed(step_id=step.id, command=verify_cmd, output=tail(verify_output, 1000)))
                 result = StepResult("failed", summary=result.summary, usage=StepUsage(),
                                     error=f"verify `{verify_cmd}` failed:\n{tail(verify_output, 2000)}")
 
@@ -650,16 +663,16 @@ class Loop:
                 checkpoint = await self._step_checkpoint(step)
                 self._in_progress = None  # checked
                 self._record_success(step, started, summary=result.summary, attempts=attempt, checkpoint=checkpoint)
-                self.emit("step_completed", step_id=step.id, description=step.title or step.text,
-                          duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
-                          attempt=attempt, checked=checked)
+                self.emit(ev.StepCompleted(step_id=step.id, description=step.title or step.text,
+                                           duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
+                                           attempt=attempt, checked=checked))
                 await self._after_iteration()
                 return None
 
         self._take_back_box(step)
         self._record_failure(step, result.error or "failed", attempt, verify_output)
-        self.emit("step_failed", step_id=step.id, attempt=attempt, error=tail(result.error or "", 1500),
-                  consecutive_failures=s.consecutive_failures)
+        self.emit(ev.StepFailed(step_id=step.id, attempt=attempt, error=tail(result.error or "", 1500),
+                                consecutive_failures=s.consecutive_failures))
         stop = None
         allowed = 1 + (self.settings.max_step_retries if self.settings.retry_failed_steps else 0)
         repeated = self.guardrails.after_attempt(step.id, result.error or "failed")
@@ -704,7 +717,7 @@ class Loop:
             again = fresh.find(step.key) or next((x for x in fresh.steps if x.id == step.id), None)
             if again is not None and again.done:
                 tasks.set_marker(self.task_path, again.key, "-", expected=fresh)
-                self.emit("warning", message=f"step {step.id} failed but its box was checked; unchecked it")
+                self.emit(ev.LoopWarning(message=f"step {step.id} failed but its box was checked; unchecked it"))
 
     def _verify_command(self, task: tasks.TaskFile) -> str | None:
         v = self.cfg.verify
@@ -820,7 +833,7 @@ class Loop:
         steps = [(st.id, st.title or st.text, st.done) for st in task.steps]
         path = self.ws.progress_report(self.state.task_id, self.state.iteration)
         self.write_report(path, reports.progress_report(self.state, steps=steps), fsync=False)
-        self.emit("report_written", kind="progress_report", path=self.ws.relative(path))
+        self.emit(ev.ReportWritten(kind="progress_report", path=self.ws.relative(path)))
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -846,13 +859,13 @@ class Loop:
         old = self.state.task_path
         self.task_path = target
         self.state.task_path = self.ws.relative(target)
-        self.emit("task_moved", **{"from": old, "to": self.state.task_path, "area": "Done"})
+        self.emit(ev.TaskMoved(from_=old, to=self.state.task_path, area="Done"))
         return self.state.task_path
 
     def _finish(self, stop: Stop) -> Outcome:
         s = self.state
         self._release_in_progress_box()
-        self.emit("stop_condition", **stop.fields())
+        self.emit(ev.StopCondition(**stop.fields()))
         flags = s.stop_conditions
         report: Path | None = None
         moved_to = None
@@ -862,7 +875,7 @@ class Loop:
                 try:
                     moved_to = self._move_to_done()
                 except OSError as exc:
-                    self.emit("warning", message=f"could not move the task to Done/: {exc}")
+                    self.emit(ev.LoopWarning(message=f"could not move the task to Done/: {exc}"))
             else:
                 moved_to = s.task_path
         elif stop.reason == "stop_hook":
@@ -884,7 +897,7 @@ class Loop:
             s.current_step = None
         if stop.status == Status.COMPLETED:
             for note in resolved.archive_requests(self.ws, s.task_id):
-                self.emit("warning", message=note)
+                self.emit(ev.LoopWarning(message=note))
         try:
             if stop.status == Status.COMPLETED and self.settings.create_completion_report:
                 report = self.ws.completion_report(s.task_id)
@@ -898,19 +911,20 @@ class Loop:
                 self.write_report(report, reports.escalation(s, reason=stop.reason, detail=stop.message,
                                                              recent=s.failed_steps[-5:]))
         except OSError as exc:
-            self.emit("warning", message=f"could not write the report: {exc}")
+            self.emit(ev.LoopWarning(message=f"could not write the report: {exc}"))
             report = None
         if report is not None:
             s.report_path = self.ws.relative(report)
-            self.emit("report_written", path=s.report_path,
-                      kind=report.parent.name if stop.status == Status.COMPLETED else str(stop.status))
+            self.emit(ev.ReportWritten(kind=report.parent.name if stop.status == Status.COMPLETED else stop.status,
+                                       path=s.report_path))
         elif stop.reason == "request_human":
             pass  # the request file was written when the agent asked
         self.save()
         if stop.status == Status.COMPLETED and self.settings.archive_state_file:
             self.store.archive(s)
-        self.emit("loop_finished", status=stop.status, reason=stop.reason, exit_code=stop.exit_code,
-                  message=stop.message, iterations=s.iteration, report=s.report_path if report else None)
+        self.emit(ev.LoopFinished(status=stop.status, reason=stop.reason, exit_code=stop.exit_code,
+                                  message=stop.message, iterations=s.iteration,
+                                  report=s.report_path if report else None))
         kind = stop.status.notify_kind
         report_rel = s.report_path if report is not None or stop.reason == "request_human" else None
         if kind is not None:

@@ -1,7 +1,13 @@
 """The event log: `Logs/<task_id>.jsonl`, one JSON object per line, appended and flushed as it
-happens (SPEC §8). The engine emits events; the log, the console and the dashboard listen.
+happens (SPEC §8), and the typed records it holds (SPEC §10).
 
-A torn last line (a crash mid-write) is skipped by readers, never fatal.
+Every kind of event is one pydantic model with a `Literal` `event` tag; `EVENT_ADAPTER` reads any of
+them (a discriminated union). The engine emits typed records; listeners (the log, the terminal,
+Dashboard.md, reports, notifiers, a server) receive them. On disk a record is
+`{"ts", "task_id", "iteration", "event", ...the kind's fields}`, exactly the keys the call set.
+
+Readers never crash on what they find: a torn last line is skipped, an unknown kind (a newer kiro's)
+or a record that does not fit its model reads as `GenericEvent` with every key kept.
 """
 
 from __future__ import annotations
@@ -10,74 +16,453 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from kiro import diskfull, safeio, timeutil
 from kiro.bounds import EVENT_FIELD_CHARS, clip_fields
 from kiro.redact import Redactor
 
-EventName = Literal[
-    "loop_started",
-    "loop_resumed",
-    "iteration_started",
-    "step_started",
-    "tool_called",
-    "model_called",
-    "context_wrapped",
-    "step_completed",
-    "step_failed",
-    "step_interrupted",
-    "step_recovered",
-    "verify_failed",
-    "reinjected",
-    "backoff",
-    "guardrail_triggered",
-    "stop_condition",
-    "state_changed",
-    "state_recovered",
-    "task_moved",
-    "task_edited",
-    "warning",
-    "human_requested",
-    "report_written",
-    "notifier_failed",
-    "loop_finished",
-    # messages (SPEC §11, kiro.messages)
-    "message_received",
-    "message_delivered",
-    "message_sent",
-    # approval of agent-proposed steps (SPEC §11, kiro.approval)
-    "steps_proposed",
-    "proposal_approved",
-    "proposal_rejected",
-    # git (SPEC §9, kiro.checkpoints)
-    "checkpoint_created",
-    "checkpoint_skipped",
-    "checkpoint_failed",
-    "checkpoint_recovered",
-    "git_lock_cleared",
-    "worktree_created",
-    "worktree_removed",
-    "branch_left",
-    "merge_completed",
-    "merge_conflict",
-    "merge_failed",
-    "merge_resumed",
-    "rolled_back",
-    "rollback_resumed",
-]
-EVENT_NAMES: frozenset[str] = frozenset(get_args(EventName))
 
-Listener = Callable[[dict[str, Any]], None]
+class Event(BaseModel):
+    """The envelope every event shares; subclasses add their fields and fix `event`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
+
+    ts: str = Field(default_factory=timeutil.iso)
+    task_id: str = ""
+    iteration: int = 0
+    event: str
+
+    ENVELOPE: ClassVar[tuple[str, ...]] = ("ts", "task_id", "iteration", "event")
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON object written to the log: the envelope, then the fields the emitter set
+        (a field left at its default is not written, as before events were typed)."""
+        record: dict[str, Any] = {"ts": self.ts, "task_id": self.task_id, "iteration": self.iteration,
+                                  "event": self.event}
+        data = self.model_dump(exclude_unset=True, by_alias=True)
+        for key, value in data.items():
+            if key not in record:
+                record[key] = value
+        return record
+
+    # -- a thin read-only mapping view, for listeners written against the dict records ---------
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_record().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_record()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_record()
+
+
+class GenericEvent(Event):
+    """A record read from disk that no model here describes (an unknown or newer kind)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    ts: Any = ""
+    task_id: Any = ""
+    iteration: Any = 0
+    event: str = "unknown"
+
+    def to_record(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True, by_alias=True)  # exactly the keys that were read
+
+
+# -- the loop's life -------------------------------------------------------------------------
+
+
+class LoopStarted(Event):
+    event: Literal["loop_started"] = "loop_started"
+    task_path: str
+    executor: str
+    max_iterations: int
+    pid: int | None = None
+    workspace: str = ""
+
+
+class LoopResumed(Event):
+    event: Literal["loop_resumed"] = "loop_resumed"
+    task_path: str
+    executor: str
+    max_iterations: int
+    pid: int | None = None
+    workspace: str = ""
+
+
+class StateChanged(Event):
+    event: Literal["state_changed"] = "state_changed"
+    from_: str = Field(alias="from")
+    to: str
+    reason: str | None = None
+
+
+class StateRecovered(Event):
+    event: Literal["state_recovered"] = "state_recovered"
+    message: str = ""
+    path: str | None = None
+
+
+class StopCondition(Event):
+    event: Literal["stop_condition"] = "stop_condition"
+    status: str
+    reason: str
+    message: str
+    exit_code: int
+    limit: str | None = None
+    value: Any = None
+    figure: Any = None
+
+
+class LoopFinished(Event):
+    event: Literal["loop_finished"] = "loop_finished"
+    status: str
+    reason: str
+    exit_code: int
+    message: str
+    iterations: int
+    report: str | None = None
+
+
+# -- one iteration ---------------------------------------------------------------------------
+
+
+class IterationStarted(Event):
+    event: Literal["iteration_started"] = "iteration_started"
+    step_id: str
+
+
+class Reinjected(Event):
+    event: Literal["reinjected"] = "reinjected"
+    reason: str
+    step_id: str
+    chars: int = 0
+
+
+class StepStarted(Event):
+    event: Literal["step_started"] = "step_started"
+    step_id: str
+    description: str = ""
+    attempt: int = 1
+
+
+class ToolCalled(Event):
+    event: Literal["tool_called"] = "tool_called"
+    tool: str
+    arguments: Any = None
+    ok: bool = True
+    seconds: float | None = None
+    error: str | None = None
+
+
+class ModelCalled(Event):
+    event: Literal["model_called"] = "model_called"
+    turn: int
+    model: str
+    seconds: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_calls: list[str] = Field(default_factory=list)
+
+
+class ContextWrapped(Event):
+    event: Literal["context_wrapped"] = "context_wrapped"
+    tokens: int
+    threshold: int | float
+    window: int | None = None
+    turn: int = 0
+    restart: int = 0
+
+
+class StepCompleted(Event):
+    event: Literal["step_completed"] = "step_completed"
+    step_id: str
+    description: str = ""
+    duration_seconds: float = 0.0
+    attempt: int = 1
+    checked: list[str] = Field(default_factory=list)
+
+
+class StepFailed(Event):
+    event: Literal["step_failed"] = "step_failed"
+    step_id: str
+    attempt: int
+    error: str
+    consecutive_failures: int = 0
+
+
+class StepInterrupted(Event):
+    event: Literal["step_interrupted"] = "step_interrupted"
+    step_id: str
+    reason: str
+
+
+class StepRecovered(Event):
+    event: Literal["step_recovered"] = "step_recovered"
+    step_id: str
+    description: str | None = None
+
+
+class VerifyFailed(Event):
+    event: Literal["verify_failed"] = "verify_failed"
+    step_id: str
+    command: str
+    output: str = ""
+
+
+class Backoff(Event):
+    event: Literal["backoff"] = "backoff"
+    step_id: str
+    seconds: float
+    attempts: int = 0
+
+
+class GuardrailTriggered(Event):
+    event: Literal["guardrail_triggered"] = "guardrail_triggered"
+    limit: str
+    value: Any = None
+    figure: Any = None
+    action: str = ""
+    message: str = ""
+    seconds: float | None = None
+
+
+class HumanRequested(Event):
+    event: Literal["human_requested"] = "human_requested"
+    step_id: str
+    question: str
+    path: str | None = None
+
+
+# -- around the loop -------------------------------------------------------------------------
+
+
+class TaskMoved(Event):
+    event: Literal["task_moved"] = "task_moved"
+    from_: str = Field(alias="from")
+    to: str
+    area: str | None = None
+
+
+class TaskEdited(Event):
+    event: Literal["task_edited"] = "task_edited"
+    path: str | None = None
+    message: str = ""
+
+
+class LoopWarning(Event):
+    event: Literal["warning"] = "warning"
+    message: str
+
+
+class ReportWritten(Event):
+    event: Literal["report_written"] = "report_written"
+    kind: str
+    path: str | None = None
+
+
+class NotifierFailed(Event):
+    event: Literal["notifier_failed"] = "notifier_failed"
+    kind: str
+    error: str
+    command: str | None = None  # logs before redaction landed; no longer written (it may hold a token)
+
+
+# -- messages (SPEC §11, kiro.messages) ------------------------------------------------------
+
+
+class MessageReceived(Event):
+    event: Literal["message_received"] = "message_received"
+    message_id: str
+    from_: str = Field(alias="from")
+    via: str | None = None
+    queued_at: str | None = None
+    chars: int = 0
+
+
+class MessageDelivered(Event):
+    event: Literal["message_delivered"] = "message_delivered"
+    message_id: str
+    from_: str = Field(alias="from")
+    where: str | None = None
+
+
+class MessageSent(Event):
+    event: Literal["message_sent"] = "message_sent"
+    message_id: str
+    to: str
+    chars: int = 0
+
+
+# -- approval of agent-proposed steps (SPEC §11, kiro.approval) ----------------------------
+
+
+class StepsProposed(Event):
+    event: Literal["steps_proposed"] = "steps_proposed"
+    proposal: str
+    steps: list[str] = Field(default_factory=list)
+    after: str | None = None
+
+
+class ProposalApproved(Event):
+    event: Literal["proposal_approved"] = "proposal_approved"
+    proposal: str
+    steps: list[str] = Field(default_factory=list)
+
+
+class ProposalRejected(Event):
+    event: Literal["proposal_rejected"] = "proposal_rejected"
+    proposal: str
+    steps: list[str] = Field(default_factory=list)
+
+
+# -- git (SPEC §9, kiro.checkpoints) --------------------------------------------------------
+
+
+class CheckpointCreated(Event):
+    event: Literal["checkpoint_created"] = "checkpoint_created"
+    step_id: str
+    commit: str | None = None
+
+
+class CheckpointSkipped(Event):
+    event: Literal["checkpoint_skipped"] = "checkpoint_skipped"
+    step_id: str
+    reason: str
+
+
+class CheckpointFailed(Event):
+    event: Literal["checkpoint_failed"] = "checkpoint_failed"
+    step_id: str
+    error: str
+
+
+class CheckpointRecovered(Event):
+    event: Literal["checkpoint_recovered"] = "checkpoint_recovered"
+    step_id: str
+    commit: str | None = None
+
+
+class GitLockCleared(Event):
+    event: Literal["git_lock_cleared"] = "git_lock_cleared"
+    path: str
+
+
+class WorktreeCreated(Event):
+    event: Literal["worktree_created"] = "worktree_created"
+    path: str
+    branch: str
+
+
+class WorktreeRemoved(Event):
+    event: Literal["worktree_removed"] = "worktree_removed"
+    branch: str
+
+
+class BranchLeft(Event):
+    event: Literal["branch_left"] = "branch_left"
+    branch: str
+    worktree: str | None = None
+
+
+class MergeCompleted(Event):
+    event: Literal["merge_completed"] = "merge_completed"
+    branch: str
+    into: str | None = None
+    commit: str | None = None
+
+
+class MergeConflict(Event):
+    event: Literal["merge_conflict"] = "merge_conflict"
+    branch: str
+    into: str | None = None
+    files: list[str] = Field(default_factory=list)
+
+
+class MergeFailed(Event):
+    event: Literal["merge_failed"] = "merge_failed"
+    branch: str
+    files: list[str] = Field(default_factory=list)
+    error: str = ""
+
+
+class MergeResumed(Event):
+    event: Literal["merge_resumed"] = "merge_resumed"
+    branch: str
+    files: list[str] = Field(default_factory=list)
+
+
+class RollbackResumed(Event):
+    event: Literal["rollback_resumed"] = "rollback_resumed"
+    branch: str | None = None
+    files: list[str] = Field(default_factory=list)
+
+
+class RolledBack(Event):
+    event: Literal["rolled_back"] = "rolled_back"
+    at: str
+    to_step: str
+    checkpoint: str | None = None
+    commit: str | None = None
+    method: str | None = None
+    undone: list[str] = Field(default_factory=list)
+    unchecked: list[str] = Field(default_factory=list)
+
+
+AnyEvent: TypeAlias = Annotated[
+    Union[  # noqa: UP007 - a discriminated union reads best spelled out
+        LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
+        IterationStarted, Reinjected, StepStarted, ToolCalled, ModelCalled, ContextWrapped, StepCompleted,
+        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, GuardrailTriggered, HumanRequested,
+        TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
+        MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
+        CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
+        WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed, RollbackResumed,
+        RolledBack,
+    ],
+    Field(discriminator="event"),
+]
+EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
+
+MODELS: dict[str, type[Event]] = {
+    get_args(cls.model_fields["event"].annotation)[0]: cls
+    for cls in get_args(get_args(AnyEvent)[0])
+}
+EVENT_NAMES: frozenset[str] = frozenset(MODELS)
+
+Listener = Callable[[Event], None]
+
+
+def make(kind: str, /, **fields: Any) -> Event:
+    """The compatibility path: an event from its name and keyword fields (`emit("name", **fields)`).
+    An unknown name or a field the kind does not have raises: a typo is a bug, not a new event."""
+    model = MODELS.get(kind)
+    if model is None:
+        raise ValueError(f"unknown event {kind!r}; add a model for it to kiro/events.py")
+    return model.model_validate(fields)
+
+
+def parse(record: dict[str, Any]) -> Event:
+    """A record read from disk as its typed event; anything that does not fit (an unknown kind,
+    a newer kiro's fields) as a `GenericEvent`. Never raises on a dict."""
+    if record.get("event") in EVENT_NAMES:
+        try:
+            return EVENT_ADAPTER.validate_python(record)
+        except ValidationError:
+            pass
+    return GenericEvent.model_validate({**record, "event": str(record.get("event", "unknown"))})
 
 
 def make_event(task_id: str, iteration: int, event: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """One event record. Known names only: a typo here is a bug, not a new kind of event."""
-    if event not in EVENT_NAMES:
-        raise ValueError(f"unknown event {event!r}")
-    record: dict[str, Any] = {"ts": timeutil.iso(), "task_id": task_id, "iteration": iteration, "event": event}
-    record.update(fields)
-    return record
+    """One event record as a dict (validated by its model). Kept for callers that build records by hand."""
+    ev = make(event, **fields)
+    ev.task_id, ev.iteration = task_id, iteration
+    return ev.to_record()
 
 
 class EventLog:
@@ -89,10 +474,11 @@ class EventLog:
         self.redact = redact or Redactor()
         self._fh: Any = None
 
-    def __call__(self, record: dict[str, Any]) -> None:
-        self.append(record)
+    def __call__(self, event: Event | dict[str, Any]) -> None:
+        self.append(event)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, event: Event | dict[str, Any]) -> None:
+        record = event.to_record() if isinstance(event, Event) else event
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = safeio.open_regular(self.path, write=True, fix="move it away")  # never blocks on a FIFO
@@ -166,3 +552,9 @@ def read_new(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
         if isinstance(record, dict):
             out.append(record)
     return out, offset + end + 1
+
+
+def read_typed(path: Path, *, offset: int = 0) -> Iterator[Event]:
+    """Every well-formed event in the file as its typed record (`parse`)."""
+    for record in read_events(path, offset=offset):
+        yield parse(record)

@@ -28,7 +28,7 @@ from kiro import conditions, executors, locks, resolved, tasks
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.errors import KiroError, LockHeld, UserError, contained
-from kiro.events import Listener, make_event
+from kiro.events import Event, Listener, LoopWarning
 from kiro.guardrails import SharedLimits
 from kiro.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for
 from kiro.state import StateStore, effective_status
@@ -78,10 +78,10 @@ class Supervisor:
 
     # -- events ----------------------------------------------------------------------------
 
-    def _say(self, task_id: str, event: str, **fields: Any) -> None:
-        record = make_event(task_id, 0, event, fields)
+    def _say(self, task_id: str, event: Event) -> None:
+        event.task_id = task_id
         for listener in self.listeners:
-            listener(record)
+            listener(event)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -154,7 +154,7 @@ class Supervisor:
                 task = tasks.load(path)
             except KiroError as exc:
                 self.skipped[path] = mtime
-                self._say("watch", "warning", message=f"skipped {self.ws.relative(path)}: {exc}")
+                self._say("watch", LoopWarning(message=f"skipped {self.ws.relative(path)}: {exc}"))
                 continue
             hint = task.frontmatter.get("kiro_task_id")
             existing = find_loop_for_task(self.store, path, hint if isinstance(hint, str) else None, self.index)
@@ -178,7 +178,7 @@ class Supervisor:
             return
         except KiroError as exc:
             self.skipped[path] = path.stat().st_mtime if path.exists() else 0.0
-            self._say("watch", "warning", message=f"could not start {self.ws.relative(path)}: {exc}")
+            self._say("watch", LoopWarning(message=f"could not start {self.ws.relative(path)}: {exc}"))
             return
         m = Managed(run.state.task_id, run.lock)
         self.managed[m.task_id] = m
@@ -208,7 +208,7 @@ class Supervisor:
                         run = prepare_resume(self.ws, m.task_id, config_file=self.config_file,
                                              overrides=self.overrides, held_lock=m.lock)
                     except KiroError as exc:
-                        self._say(m.task_id, "warning", message=f"could not continue: {exc}")
+                        self._say(m.task_id, LoopWarning(message=f"could not continue: {exc}"))
                         return
                 assert self._sem is not None
                 async with self._sem:

@@ -53,7 +53,7 @@ import pytest
 
 from kiro import prompts, tasks
 from kiro.config import Config
-from kiro.events import make_event
+from kiro.events import Event, make
 from kiro.executors.base import Guard, StepContext
 from kiro.memory import MemoryStore
 from kiro.state import LoopState
@@ -427,9 +427,12 @@ class StepHarness:
     def task_path(self) -> Path:
         return self.root / "Specs" / "demo" / "tasks.md"
 
-    def emit(self, event: str, **fields: Any) -> None:
-        # make_event rejects unknown event names: an executor typo fails the test.
-        self.events.append(make_event(self.task_id, 1, event, fields))
+    def emit(self, event: Event | str, /, **fields: Any) -> None:
+        # as Loop.emit: events.make rejects unknown event names and fields, so an executor typo fails the test.
+        if isinstance(event, str):
+            event = make(event, **fields)
+        event.task_id, event.iteration = self.task_id, 1
+        self.events.append(event.to_record())
 
     def named(self, event: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == event]

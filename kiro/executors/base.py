@@ -101,7 +101,7 @@ class StepContext:
     config: Config
     state: LoopState  # read-only for executors
     cancel: asyncio.Event  # set when the loop must stop now (SIGTERM, stop --force, overall timeout)
-    emit: Callable[..., None]  # emit(event_name, **fields) -> appended to the event log
+    emit: Callable[..., None]  # emit(events.SomeEvent(...)) -> every listener (the log, the terminal, ...)
     sleep: Callable[[float], Awaitable[str | None]]  # interruptible wait; returns a stop reason if cut short
     guard: Guard = field(default_factory=Guard)
     # The loop's redactor (kiro.redact): pass every text an executor writes to disk or sends

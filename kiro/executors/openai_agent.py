@@ -44,6 +44,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCo
 
 from kiro import prompts
 from kiro.errors import ExecutorError, contained
+from kiro.events import ContextWrapped, Event, ModelCalled, ToolCalled
 from kiro.executors.base import StepContext, StepResult
 from kiro.memory import MemoryStore
 from kiro.redact import Redactor
@@ -271,8 +272,8 @@ class _Attempt:
         self.ex.transcript.write(kind, iteration=self.ctx.iteration, attempt=self.ctx.attempt,
                                  step_id=self.ctx.step.id, **fields)
 
-    def emit(self, event: str, **fields: Any) -> None:
-        self.ctx.emit(event, **fields)
+    def emit(self, event: Event) -> None:
+        self.ctx.emit(event)
 
     # -- the attempt -----------------------------------------------------------------------
 
@@ -396,9 +397,9 @@ class _Attempt:
         self.record("response", turn=self.turns + 1, content=text,
                     tool_calls=[vars(c) for c in calls], finish_reason=finish,
                     usage=vars(usage), seconds=round(seconds, 3))
-        self.emit("model_called", turn=self.turns + 1, model=self.llm.model, seconds=round(seconds, 3),
-                  prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                  tool_calls=[c.name for c in calls])
+        self.emit(ModelCalled(turn=self.turns + 1, model=self.llm.model, seconds=round(seconds, 3),
+                              prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                              tool_calls=[c.name for c in calls]))
         return response
 
     def count(self, response: ChatCompletion) -> StepUsage:
@@ -579,10 +580,10 @@ class _Attempt:
         self.record("tool", tool=call.name, call_id=call.id,
                     arguments=args_dict if args_dict is not None else call.arguments,
                     ok=result.ok, result=text, seconds=seconds)
-        fields: dict[str, Any] = {"tool": call.name, "arguments": shown, "ok": result.ok, "seconds": seconds}
+        called = ToolCalled(tool=call.name, arguments=shown, ok=result.ok, seconds=seconds)
         if not result.ok:
-            fields["error"] = _clip(text, EVENT_TEXT_LIMIT)
-        self.emit("tool_called", **fields)
+            called.error = _clip(text, EVENT_TEXT_LIMIT)  # written only when set
+        self.emit(called)
         self.calls_made.append(f"{call.name} {self.brief(args_dict)}".strip())
         if result.ending is None:
             return None
@@ -652,8 +653,8 @@ class _Attempt:
         self.wrap_saved_from = len(self.env.memory_saved)
         self.record("wrap_up", tokens=tokens, threshold=self.wrap_limit(),
                     window=self.llm.context_window_tokens)
-        self.emit("context_wrapped", tokens=tokens, threshold=self.wrap_limit(),
-                  window=self.llm.context_window_tokens, turn=self.turns + 1, restart=self.restarts + 1)
+        self.emit(ContextWrapped(tokens=tokens, threshold=self.wrap_limit(), window=self.llm.context_window_tokens,
+                                 turn=self.turns + 1, restart=self.restarts + 1))
 
     def finish_wrap_up(self, text: str | None) -> None:
         """Store the summary (the model's text, else what it saved, else kiro's list of its tool

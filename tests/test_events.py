@@ -1,0 +1,131 @@
+"""Typed events (kiro.events): one model per kind, one adapter for reading, the JSONL format on disk
+unchanged, and readers that never crash on what they find in a log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from kiro import events
+from kiro.events import EVENT_NAMES, GenericEvent, make, parse, read_typed
+from tests.conftest import Workspace, shell_task
+
+ENVELOPE = ["ts", "task_id", "iteration", "event"]
+
+# What kiro wrote before events were typed, one line per kind, taken from real logs: the keys (and
+# their order) each kind has on disk. Old logs must keep reading, and new lines must look the same.
+OLD_LOG = [
+    {"event": "loop_started", "task_path": "Specs/f/tasks.md", "executor": "shell", "max_iterations": 100,
+     "pid": 4242, "workspace": "/w"},
+    {"event": "state_changed", "from": "pending", "to": "running", "reason": "started"},
+    {"event": "iteration_started", "step_id": "1"},
+    {"event": "reinjected", "reason": "resumed", "step_id": "1", "chars": 812},
+    {"event": "step_started", "step_id": "1", "description": "Step number 1", "attempt": 1},
+    {"event": "model_called", "turn": 1, "model": "gpt-4o-mini", "seconds": 0.12, "prompt_tokens": 10,
+     "completion_tokens": 5, "tool_calls": ["write_file"]},
+    {"event": "tool_called", "tool": "write_file", "arguments": {"path": "a.py"}, "ok": False, "seconds": 0.01,
+     "error": "denied"},
+    {"event": "context_wrapped", "tokens": 9000, "threshold": 8000, "window": 10000, "turn": 4, "restart": 1},
+    {"event": "verify_failed", "step_id": "1", "command": "pytest", "output": "1 failed"},
+    {"event": "step_failed", "step_id": "1", "attempt": 1, "error": "verify failed", "consecutive_failures": 1},
+    {"event": "backoff", "step_id": "1", "seconds": 1.5, "attempts": 1},
+    {"event": "guardrail_triggered", "limit": "max_total_tokens", "value": 100, "figure": 120, "action": "stop",
+     "message": "budget"},
+    {"event": "step_completed", "step_id": "1", "description": "Step number 1", "duration_seconds": 0.2,
+     "attempt": 2, "checked": ["1"]},
+    {"event": "step_interrupted", "step_id": "2", "reason": "stop_hook"},
+    {"event": "step_recovered", "step_id": "2", "description": "Step 2"},
+    {"event": "human_requested", "step_id": "3", "question": "which db?", "path": "Needs_Action/x.md"},
+    {"event": "task_moved", "from": "Specs/f/tasks.md", "to": "Done/f/tasks.md", "area": "Done"},
+    {"event": "warning", "message": "duplicate step ids"},
+    {"event": "report_written", "kind": "completion_reports", "path": "Logs/completion_reports/t.md"},
+    {"event": "notifier_failed", "kind": "completed", "error": "exit status 1"},
+    {"event": "stop_condition", "status": "max_iterations", "reason": "max_iterations", "message": "cap",
+     "exit_code": 4, "limit": "max_iterations", "value": 3, "figure": 3},
+    {"event": "loop_finished", "status": "completed", "reason": "all_steps_done", "exit_code": 0,
+     "message": "all 3 steps done", "iterations": 3, "report": None},
+    {"event": "loop_resumed", "task_path": "Specs/f/tasks.md", "executor": "shell", "max_iterations": 100,
+     "pid": 4243, "workspace": "/w"},
+]
+
+
+def _line(i: int, fields: dict[str, Any]) -> dict[str, Any]:
+    return {"ts": f"2026-11-22T03:15:{i:02d}.000+00:00", "task_id": "t", "iteration": 1, **fields}
+
+
+@pytest.mark.parametrize("fields", OLD_LOG, ids=[f["event"] for f in OLD_LOG])
+def test_an_old_line_reads_as_its_model_and_writes_back_byte_for_byte(fields: dict[str, Any]) -> None:
+    record = _line(1, fields)
+    event = parse(record)
+    assert type(event) is events.MODELS[fields["event"]]
+    assert json.dumps(event.to_record()) == json.dumps(record)  # same keys, same order, same values
+
+
+def test_a_line_from_before_the_redactor_still_reads_typed() -> None:
+    old = _line(1, {"event": "notifier_failed", "kind": "completed", "command": "false", "error": "exit 1"})
+    assert isinstance(parse(old), events.NotifierFailed) and parse(old).to_record() == old
+
+
+def test_every_kind_kiro_emits_has_a_model_and_the_old_log_covers_the_spec_names() -> None:
+    spec_8 = {"loop_started", "iteration_started", "step_started", "tool_called", "step_completed", "step_failed",
+              "verify_failed", "reinjected", "backoff", "guardrail_triggered", "stop_condition", "state_changed",
+              "loop_finished"}
+    assert spec_8 <= EVENT_NAMES
+    assert spec_8 <= {f["event"] for f in OLD_LOG}
+
+
+def test_a_log_with_unknown_kinds_misfits_and_a_torn_tail_reads_without_crashing(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = [json.dumps(_line(1, OLD_LOG[0])),
+             json.dumps(_line(2, {"event": "checkpoint_created", "sha": "abc123"})),  # a newer kiro's kind
+             json.dumps(_line(3, {"event": "step_started", "attempt": "many"})),  # does not fit its model
+             "[1, 2]",
+             json.dumps(_line(4, OLD_LOG[-2]))[:25]]  # torn by a crash
+    path.write_text("\n".join(lines))
+    read = list(read_typed(path))
+    tried = ["known", "unknown kind", "misfit", "not an object", "torn"]
+    print(f"tried {tried}: read {len(read)} events, none raised")
+    assert [type(e).__name__ for e in read] == ["LoopStarted", "GenericEvent", "GenericEvent"]
+    assert read[1].to_record() == _line(2, {"event": "checkpoint_created", "sha": "abc123"})
+    assert read[1].get("sha") == "abc123"
+
+
+def test_the_name_and_fields_path_fails_loudly_on_a_typo() -> None:
+    assert make("warning", message="x").to_record()["message"] == "x"
+    with pytest.raises(ValueError, match="unknown event 'step_strated'"):
+        make("step_strated", step_id="1")
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        make("step_started", step_id="1", atempt=2)
+    with pytest.raises(ValidationError):
+        make("step_failed", step_id="1")  # attempt and error are required
+
+
+def test_typed_events_read_like_the_dict_records_for_older_listeners() -> None:
+    e = events.StepStarted(step_id="1.2", description="x", attempt=2)
+    assert e["step_id"] == "1.2" and e.get("attempt") == 2 and e.get("nope") is None and "event" in e
+    assert isinstance(parse(e.to_record()), events.StepStarted)
+    assert isinstance(parse({"event": 3}), GenericEvent)
+
+
+def test_a_real_run_writes_the_same_keys_as_before(ws: Workspace) -> None:
+    ws.task(shell_task(2))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md")
+    assert r.returncode == 0, r.stderr
+    written = ws.events(ws.only_task_id())
+    old_keys = {f["event"]: ENVELOPE + [k for k in f if k != "event"] for f in OLD_LOG}
+    old_keys["report_written"] = ENVELOPE + ["kind", "path"]
+    seen = set()
+    for record in written:
+        kind = record["event"]
+        seen.add(kind)
+        if kind == "stop_condition":  # limit/value/figure only when a limit stopped the loop
+            assert list(record) == ENVELOPE + ["status", "reason", "message", "exit_code"]
+        else:
+            assert list(record) == old_keys[kind], kind
+        assert type(parse(record)) is events.MODELS[kind]
+    assert {"loop_started", "step_started", "step_completed", "state_changed", "stop_condition",
+            "task_moved", "report_written", "loop_finished"} <= seen
