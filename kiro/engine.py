@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import random
-import shutil
 import signal
 import socket
 import time
@@ -26,7 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kiro import approval, checkpoints, conditions, dashboard, diskfull, prompts, reports, resolved, tasks, timeutil
+from kiro import approval, checkpoints, conditions, diskfull, prompts, reports, resolved, tasks, timeutil
 from kiro import events as ev
 from kiro.conditions import Stop
 from kiro.config import Config
@@ -37,8 +36,8 @@ from kiro.executors.base import Executor, Guard, StepContext, StepResult
 from kiro.executors.process import run_process, tail
 from kiro.fsutil import atomic_write
 from kiro.guardrails import LoopGuardrails, SharedLimits, Trigger
+from kiro.listeners import LoopListener
 from kiro.messages import Inbox, render
-from kiro.notify import NOTIFIER_TIMEOUT, run_notifier
 from kiro.redact import Redactor
 from kiro.state import (
     CompletedStep,
@@ -162,15 +161,31 @@ class Loop:
         self._rng = random.Random()
         self._base_elapsed = self.state.metrics.total_duration_seconds
         self._run_started = time.monotonic()
-        self._dashboard: dashboard.DashboardService | None = None
         self._first_iteration_of_run = True
         self._stale_since = self.state.updated_at
         self.project_dir = (self.ws.root / self.cfg.project_dir).resolve()
         self.guardrails = LoopGuardrails(self.cfg, self.state, shared or SharedLimits(self.cfg))
-        self._notifiers: set[asyncio.Task[None]] = set()
         self.git: checkpoints.LoopGit | None = None  # SPEC §9, set up by _open_git
         self._in_progress: str | None = None  # the step whose box kiro marked `[-]`
         self.inbox = Inbox(self.ws, self.state.task_id)  # SPEC §11, kiro.messages
+        self.loop_listeners: list[LoopListener] = []
+        self._finishing = False
+        self._finish_report: str | None = None
+
+    def subscribe(self, *listeners: Listener) -> None:
+        """Add listeners (after the event log and the caller's). A `LoopListener` is also told of
+        every state save and awaited when the run ends."""
+        for listener in listeners:
+            self.listeners.append(listener)
+            if isinstance(listener, LoopListener):
+                self.loop_listeners.append(listener)
+
+    def relocate(self, path: Path, *, area: str | None = None) -> None:
+        """The task file is now at `path` (moved by a person, or by a listener): follow it."""
+        old = self.ws.relative(self.task_path)
+        self.task_path = path
+        self.state.task_path = self.ws.relative(path)
+        self.emit(ev.TaskMoved(from_=old, to=self.state.task_path, area=area))
 
     # -- events ----------------------------------------------------------------------------
 
@@ -190,15 +205,20 @@ class Loop:
         clean = self.redact.data(record)
         if clean != record:  # what every listener sees (log, terminal, server) is clean
             event = type(event).model_validate(clean)
+        if self._finishing and isinstance(event, ev.ReportWritten):
+            self._finish_report = event.path
         for listener in self.listeners:
             listener(event)
+
+    def _saved(self) -> None:
+        for listener in self.loop_listeners:
+            listener.saved(self.state)
 
     def save(self) -> None:
         self.state.metrics.total_duration_seconds = round(self.elapsed(), 3)
         self.state.refresh_metrics()
         self.store.save(self.state)
-        if self._dashboard is not None:
-            self._dashboard.update(self.state)
+        self._saved()
 
     async def asave(self) -> None:
         """`save()` with the file write (fsync included) in a worker thread, so that many loops in
@@ -209,8 +229,7 @@ class Loop:
         s.refresh_metrics()
         s.updated_at = timeutil.iso()
         await asyncio.to_thread(atomic_write, self.store.path(s.task_id), self.store.encode(s))
-        if self._dashboard is not None:
-            self._dashboard.update(s)
+        self._saved()
 
     def write_report(self, path: Path, text: str, *, fsync: bool = True) -> None:
         """The one way the loop writes a report (completion, progress, escalation, intervention,
@@ -262,10 +281,7 @@ class Loop:
             return None
         where, path = conditions.locate_task(self.ws, self.task_path, self.state.task_id)
         if path is not None and where in ("Done", "Needs_Action", "Specs"):
-            old = self.ws.relative(self.task_path)
-            self.task_path = path
-            self.state.task_path = self.ws.relative(path)
-            self.emit(ev.TaskMoved(from_=old, to=self.state.task_path, area=where))
+            self.relocate(path, area=where)
             return self._check_task_location()
         return conditions.stopped(
             "task_missing",
@@ -318,7 +334,6 @@ class Loop:
     async def guardrail_wait(self, trigger: Trigger) -> Stop | None:
         """Sleep because a guardrail asks for it (status `sleeping`); a stop condition ends it."""
         self.emit(ev.GuardrailTriggered(**trigger.fields()))
-        self._notify("limit", trigger.limit, trigger.message)
         previous = self.state.status
         self.transition(Status.SLEEPING, trigger.limit)
         self.state.sleep_until = timeutil.iso(timeutil.now() + timedelta(seconds=trigger.seconds))
@@ -333,29 +348,10 @@ class Loop:
 
     def guardrail_stop(self, trigger: Trigger) -> Stop:
         self.emit(ev.GuardrailTriggered(**trigger.fields()))
-        self._notify("limit", trigger.limit, trigger.message)
         if trigger.action == "escalate":
             return Stop(Status.FAILED, trigger.limit, trigger.message, conditions._code(Status.FAILED), trigger.limit,
                         trigger.value, trigger.figure)
         return conditions.guardrail(trigger.limit, trigger.value, trigger.figure, trigger.message)
-
-    def _notify(self, kind: str, reason: str, message: str, report: str | None = None) -> None:
-        """Start the `on_event` command for `kind`, if configured; it runs beside the loop."""
-        command = self.cfg.on_event.get(kind)
-        if not command:
-            return
-        facts = {"event": kind, "task_id": self.state.task_id, "status": self.state.status, "reason": reason,
-                 "message": message, "task_path": self.state.task_path, "workspace": str(self.ws.root),
-                 "report": str(self.ws.absolute(report)) if report else ""}
-
-        async def go() -> None:
-            problem = await run_notifier(command, facts, self.ws.root)
-            if problem is not None:
-                self.emit(ev.NotifierFailed(kind=kind, error=problem))  # not the command: it may hold a token
-
-        task = asyncio.get_running_loop().create_task(go())
-        self._notifiers.add(task)
-        task.add_done_callback(self._notifiers.discard)
 
     async def _sleep_for_executor(self, seconds: float) -> str | None:
         stop = await self.wait(seconds, messages=True)
@@ -384,8 +380,6 @@ class Loop:
         s.stop_reason = None
         self.save()
         stop: Stop | None = None
-        self._dashboard = dashboard.acquire(self.ws, self.store)
-        self._dashboard.update(self.state)
         try:
             self._hub = await acquire_hub(self.ws.root)
             self._hub.subscribe_event(self._wake)
@@ -400,10 +394,7 @@ class Loop:
         except BaseException as exc:  # an unexpected bug: save what we have, then let it surface
             stop = Stop(Status.STOPPED, "crash", f"kiro crashed: {type(exc).__name__}: {exc}", 1)
             self._finish(stop)
-            if self._dashboard is not None:
-                self._dashboard.forget(self.state)
-                await dashboard.release(self._dashboard)
-                self._dashboard = None
+            await self._close_listeners()
             self.log.close()
             raise
         finally:
@@ -412,14 +403,13 @@ class Loop:
                 await release_hub(self._hub)
                 self._hub = None
         outcome = self._finish(stop)
-        if self._dashboard is not None:
-            self._dashboard.forget(self.state)
-            await dashboard.release(self._dashboard)
-            self._dashboard = None
-        if self._notifiers:  # let notifiers finish (they are bounded by their own timeout)
-            await asyncio.wait(set(self._notifiers), timeout=NOTIFIER_TIMEOUT + 5)
+        await self._close_listeners()
         self.log.close()
         return outcome
+
+    async def _close_listeners(self) -> None:
+        for listener in self.loop_listeners:
+            await listener.aclose()
 
     def _take_over_processes(self) -> None:
         """Before any step runs: kill what a killed kiro's steps left running (a background child
@@ -564,14 +554,11 @@ class Loop:
         self._first_iteration_of_run = False
         continuation = prompts.continuation_context(s, step) if reason else None
         verify_cmd = self._verify_command(task)
-        prompt = prompts.step_prompt(
-            task, step, s, attempt=attempt, previous_error=record.last_error,
-            verify_output=record.last_verify_output,
-            verify_command=verify_cmd, continuation=continuation, workspace=self.ws,
-            finish=prompts.finish_instruction(self.executor.name, step, s.task_path, self.cfg.command_success,
-                                              task=task, task_file=self.task_path),
+        system, prompt = self.executor.prompts(  # the executor's own prompts and idea of "done"
+            task, step, s, workspace=self.ws, attempt=attempt, previous_error=record.last_error,
+            verify_output=record.last_verify_output, verify_command=verify_cmd, continuation=continuation,
+            task_file=self.task_path,
         )
-        system = prompts.system_prompt(task, s, self.ws, executor=self.executor.name)
         s.context.last_prompt = clip(prompts.recent_prompt(prompt, continuation))  # without messages: never repeated
         s.steps_total, s.steps_done = len(task.steps), sum(1 for st in task.steps if st.done)
         await self.asave()
@@ -706,11 +693,11 @@ class Loop:
             resolved.release_in_progress_box(self.ws, self.task_path, self.state.task_id, step_id)
 
     def _take_back_box(self, step: tasks.Step) -> None:
-        """A failed attempt of an external agent (the command executor, whose agents check boxes)
-        never counts as done: kiro puts a box it checked back to `[-]`. With the other executors
-        only a person checks boxes, and a box a person checks means "skip this step", even while
-        an attempt at it is failing."""
-        if self.executor.name != "command":
+        """A failed attempt of an executor whose agent checks boxes (`checks_boxes`: the command
+        executor's agent CLIs) never counts as done: kiro puts a box it checked back to `[-]`. With
+        the other executors only a person checks boxes, and a box a person checks means "skip this
+        step", even while an attempt at it is failing."""
+        if not self.executor.checks_boxes:
             return
         with contextlib.suppress(TaskFileError, TaskNotFound):
             fresh = tasks.load(self.task_path)
@@ -821,19 +808,6 @@ class Loop:
         n = self.settings.backup_state_every_n_iterations
         if n and s.iteration % n == 0:
             self.store.backup(s)
-        every = self.settings.progress_report_every_n_iterations
-        if self.settings.create_progress_reports and s.iteration % every == 0:
-            self._write_progress_report()
-
-    def _write_progress_report(self) -> None:
-        try:
-            task = tasks.load(self.task_path)
-        except KiroError:
-            return
-        steps = [(st.id, st.title or st.text, st.done) for st in task.steps]
-        path = self.ws.progress_report(self.state.task_id, self.state.iteration)
-        self.write_report(path, reports.progress_report(self.state, steps=steps), fsync=False)
-        self.emit(ev.ReportWritten(kind="progress_report", path=self.ws.relative(path)))
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -844,40 +818,15 @@ class Loop:
         self.state.steps_done = sum(1 for st in task.steps if st.done)
         return conditions.completed(f"all {len(task.steps)} steps done")
 
-    def _move_to_done(self) -> str | None:
-        if not self.settings.auto_move_to_done or self.ws.area_of(self.task_path) != "Specs":
-            return None
-        target = self.ws.counterpart(self.task_path, "Done")
-        if target.exists():
-            stamp = timeutil.now().strftime("%Y%m%d_%H%M%S")
-            target = target.with_name(f"{target.stem}_{self.state.task_id}_{stamp}{target.suffix}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(self.task_path), str(target))
-        with contextlib.suppress(OSError):  # leave no empty spec folder behind in Specs/
-            if self.task_path.parent != self.ws.specs and not any(self.task_path.parent.iterdir()):
-                self.task_path.parent.rmdir()
-        old = self.state.task_path
-        self.task_path = target
-        self.state.task_path = self.ws.relative(target)
-        self.emit(ev.TaskMoved(from_=old, to=self.state.task_path, area="Done"))
-        return self.state.task_path
-
     def _finish(self, stop: Stop) -> Outcome:
+        """Record how the loop ended, then tell the listeners: on `stop_condition` the task moves to
+        Done/ and the report is written, on `loop_finished` the state is archived and notifiers run
+        (kiro.listeners)."""
         s = self.state
         self._release_in_progress_box()
-        self.emit(ev.StopCondition(**stop.fields()))
         flags = s.stop_conditions
-        report: Path | None = None
-        moved_to = None
         if stop.status == Status.COMPLETED:
             flags.task_in_done = True
-            if stop.reason != "task_in_done":
-                try:
-                    moved_to = self._move_to_done()
-                except OSError as exc:
-                    self.emit(ev.LoopWarning(message=f"could not move the task to Done/: {exc}"))
-            else:
-                moved_to = s.task_path
         elif stop.reason == "stop_hook":
             flags.stop_hook_triggered = True
         elif stop.status == Status.PAUSED:
@@ -898,40 +847,18 @@ class Loop:
         if stop.status == Status.COMPLETED:
             for note in resolved.archive_requests(self.ws, s.task_id):
                 self.emit(ev.LoopWarning(message=note))
+        self._finishing, self._finish_report = True, None
         try:
-            if stop.status == Status.COMPLETED and self.settings.create_completion_report:
-                report = self.ws.completion_report(s.task_id)
-                self.save()  # final metrics into the report
-                self.write_report(report, reports.completion_report(s, moved_to=moved_to))
-            elif stop.status in (Status.MAX_ITERATIONS, Status.TIMED_OUT):
-                report = self.ws.intervention_request(s.task_id)
-                self.write_report(report, reports.intervention_request(s, reason=stop.reason, detail=stop.message))
-            elif stop.status == Status.FAILED:
-                report = self.ws.escalation(s.task_id)
-                self.write_report(report, reports.escalation(s, reason=stop.reason, detail=stop.message,
-                                                             recent=s.failed_steps[-5:]))
-        except OSError as exc:
-            self.emit(ev.LoopWarning(message=f"could not write the report: {exc}"))
-            report = None
-        if report is not None:
-            s.report_path = self.ws.relative(report)
-            self.emit(ev.ReportWritten(kind=report.parent.name if stop.status == Status.COMPLETED else stop.status,
-                                       path=s.report_path))
-        elif stop.reason == "request_human":
-            pass  # the request file was written when the agent asked
+            self.emit(ev.StopCondition(**stop.fields()))
+        finally:
+            self._finishing = False
+        report = self._finish_report
         self.save()
-        if stop.status == Status.COMPLETED and self.settings.archive_state_file:
-            self.store.archive(s)
         self.emit(ev.LoopFinished(status=stop.status, reason=stop.reason, exit_code=stop.exit_code,
-                                  message=stop.message, iterations=s.iteration,
-                                  report=s.report_path if report else None))
-        kind = stop.status.notify_kind
-        report_rel = s.report_path if report is not None or stop.reason == "request_human" else None
-        if kind is not None:
-            self._notify(kind, stop.reason, stop.message, report_rel)
-        self._notify("finished", stop.reason, stop.message, report_rel)
-        return Outcome(s.task_id, stop.status, stop.reason, stop.message, stop.exit_code,
-                       s.report_path if report is not None or stop.reason == "request_human" else None)
+                                  message=stop.message, iterations=s.iteration, report=report))
+        if report is None and stop.reason == "request_human":
+            report = s.report_path  # the request file, written when the agent asked
+        return Outcome(s.task_id, stop.status, stop.reason, stop.message, stop.exit_code, report)
 
 
 def on_signals(callback: Callable[[str], None]) -> Callable[[], None]:

@@ -49,12 +49,13 @@ def _rules(workspace: Workspace | None) -> str:
 
 
 def system_prompt(task: TaskFile, state: LoopState, workspace: Workspace | None = None,
-                  *, executor: str = "openai") -> str:
-    """The standing instructions: tool-calling agents get `system.md`, external agent CLIs
-    (the command executor) `agent_cli.md`, which speaks of checkboxes instead of tools."""
+                  *, executor: str = "openai", template_name: str | None = None) -> str:
+    """The standing instructions from `template_name` (the executor's `system_template`): tool-calling
+    agents get `system.md`, external agent CLIs `agent_cli.md`, which speaks of checkboxes instead
+    of tools. Without a template, chosen by executor name (callers from before executors chose)."""
     instructions = task.frontmatter.get("instructions")
     text = f"# Instructions for this task\n{instructions}\n" if isinstance(instructions, str) and instructions else ""
-    name = "system.md" if executor == "openai" else "agent_cli.md"
+    name = template_name or ("system.md" if executor == "openai" else "agent_cli.md")
     return template(name, workspace).safe_substitute(
         title=task.title, task_path=state.task_path, task_id=state.task_id,
         instructions=text, rules=_rules(workspace),

@@ -20,6 +20,7 @@ from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserEr
 from kiro.events import Listener
 from kiro.executors.base import Executor
 from kiro.guardrails import SharedLimits
+from kiro.listeners import standard as standard_listeners
 from kiro.settings import Located, settings_for
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
@@ -351,7 +352,9 @@ async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None
     try:
         for r in runs:
             executor = r.executor or executors.create(r.executor_name, r.config, r.ws, r.state.task_id)
-            loops.append(Loop(r, executor, listeners, shared))
+            loop = Loop(r, executor, listeners, shared)
+            loop.subscribe(*standard_listeners(loop))
+            loops.append(loop)
     except BaseException:
         for lp in loops:
             await lp.executor.aclose()

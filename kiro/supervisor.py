@@ -30,6 +30,7 @@ from kiro.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.errors import KiroError, LockHeld, UserError, contained
 from kiro.events import Event, Listener, LoopWarning
 from kiro.guardrails import SharedLimits
+from kiro.listeners import standard as standard_listeners
 from kiro.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for
 from kiro.state import StateStore, effective_status
 from kiro.status import Status
@@ -231,6 +232,7 @@ class Supervisor:
     async def _run_once(self, m: Managed, run: LoopRun) -> Outcome:
         executor = run.executor or executors.create(run.executor_name, run.config, run.ws, run.state.task_id)
         loop = Loop(run, executor, self.listeners, self.shared)
+        loop.subscribe(*standard_listeners(loop))
         m.loop = loop
         m.status = Status.RUNNING
         try:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kiro.config import Config, Guardrails
-from kiro.executors.base import StepContext, StepResult, StepUsage
+from kiro.executors.base import ExecutorBase, StepContext, StepResult, StepUsage
 from kiro.guardrails import LoopGuardrails, RateLimiter, SharedLimits, seconds_until_active
 from kiro.runner import prepare_resume, prepare_start, run_loops
 from kiro.state import LoopState
@@ -24,7 +24,7 @@ from kiro.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 
 
-class TokenSpender:
+class TokenSpender(ExecutorBase):
     """An executor that makes `calls` model calls per attempt of `tokens` each, then completes."""
 
     name = "openai"

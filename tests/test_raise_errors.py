@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from kiro.cli import app
 from kiro.errors import raise_errors
-from kiro.executors.base import StepContext, StepResult
+from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.runner import prepare_start, run_loops
 from kiro.tools.base import Tool, ToolEnv, ToolResult, execute
 from kiro.workspace import Workspace as KiroWorkspace
@@ -60,7 +60,7 @@ def test_a_tool_bug_raises_instead_of_becoming_text_for_the_model(tmp_path: Path
     assert not result.ok and "buggy failed: TypeError" in result.text
 
 
-class BuggyExecutor:
+class BuggyExecutor(ExecutorBase):
     name = "shell"
 
     def __init__(self) -> None:

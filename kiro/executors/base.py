@@ -125,7 +125,49 @@ class StepContext:
 
 class Executor(Protocol):
     name: str
+    checks_boxes: bool  # its agent checks the step's box itself: a failed attempt's box is put back
+
+    def prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
+                previous_error: str | None, verify_output: str | None, verify_command: str | None,
+                continuation: str | None, task_path: str | None = None,
+                task_file: Path | None = None) -> tuple[str, str]: ...
 
     async def run_step(self, ctx: StepContext) -> StepResult: ...
 
     async def aclose(self) -> None: ...
+
+
+class ExecutorBase:
+    """What an executor says about itself besides running a step: the prompts it sends and how its
+    agent reports a step done (STYLE 15: the engine asks these, never "which executor is this?").
+    The defaults fit a tool-calling agent: `system.md`, and "call `complete_step`"."""
+
+    name: str = "base"
+    system_template: str = "system.md"  # in kiro/prompts/, overridable in <workspace>/config/prompts/
+    checks_boxes: bool = False
+
+    def finish_instruction(self, step: Step, task_path: str, *, task: TaskFile | None = None,
+                           task_file: Path | None = None) -> str:
+        """How the agent reports the step done (the end of the step prompt)."""
+        from kiro import prompts
+
+        return prompts.finish_instruction("openai", step, task_path, "exit_code")
+
+    def prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
+                previous_error: str | None, verify_output: str | None, verify_command: str | None,
+                continuation: str | None, task_path: str | None = None,
+                task_file: Path | None = None) -> tuple[str, str]:
+        """(system prompt, step prompt) for one attempt at `step`. `task_path`: the task file as the
+        agent must name it (absolute when the loop works in its own git worktree), else the state's;
+        `task_file`: where it is on disk."""
+        from kiro import prompts
+
+        text = prompts.step_prompt(task, step, state, attempt=attempt, previous_error=previous_error,
+                                   verify_output=verify_output, verify_command=verify_command,
+                                   continuation=continuation, workspace=workspace,
+                                   finish=self.finish_instruction(step, task_path or state.task_path, task=task,
+                                                                  task_file=task_file))
+        return prompts.system_prompt(task, state, workspace, template_name=self.system_template), text
+
+    async def aclose(self) -> None:
+        return None

@@ -17,13 +17,14 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kiro import tasks
+from kiro import prompts, tasks
 from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError
 from kiro.executors import agents
 from kiro.executors.agents import Failure, Invocation, clean
-from kiro.executors.base import StepContext, StepResult, StepUsage
+from kiro.executors.base import ExecutorBase, StepContext, StepResult, StepUsage
 from kiro.executors.control import ControlSnapshot
 from kiro.executors.process import ProcessResult, run_process
 from kiro.executors.shell import step_env
@@ -32,9 +33,15 @@ from kiro.workspace import Workspace
 
 LOG_KEPT = 256_000  # bytes of each stream kept for the attempt log (the tail)
 
+if TYPE_CHECKING:
+    from kiro.tasks import Step, TaskFile
 
-class CommandExecutor:
+
+
+class CommandExecutor(ExecutorBase):
     name = "command"
+    system_template = "agent_cli.md"  # speaks of checkboxes, not tools
+    checks_boxes = True  # the agent checks the step's box; a failed attempt's box is put back
 
     def __init__(self, config: Config, workspace: Workspace, task_id: str) -> None:
         self.preset, self.argv = agents.resolve(config)
@@ -193,8 +200,12 @@ class CommandExecutor:
             return ""
         return f" (it had checked step {ctx.step.id}'s box; kiro unchecked it)"
 
-    async def aclose(self) -> None:
-        return None
+    def finish_instruction(self, step: Step, task_path: str, *, task: TaskFile | None = None,
+                           task_file: Path | None = None) -> str:
+        """Check the box (the exact line, in the task file's full path) and exit 0, or exit 0 alone
+        with `command_success: exit_code`."""
+        return prompts.finish_instruction("command", step, task_path, self.config.command_success, task=task,
+                                          task_file=task_file)
 
 
 def clean_log(text: str) -> str:

@@ -45,7 +45,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCo
 from kiro import prompts
 from kiro.errors import ExecutorError, contained
 from kiro.events import ContextWrapped, Event, ModelCalled, ToolCalled
-from kiro.executors.base import StepContext, StepResult
+from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.memory import MemoryStore
 from kiro.redact import Redactor
 from kiro.tools import Tool, ToolEnv, ToolError, ToolResult, toolset
@@ -140,7 +140,7 @@ async def _release_client(key: tuple[Any, ...], client: openai.AsyncOpenAI) -> N
             return
 
 
-class OpenAIExecutor:
+class OpenAIExecutor(ExecutorBase):
     """SPEC §5 `openai`. Built once per loop; `run_step` once per attempt."""
 
     name = "openai"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from kiro.config import Config
-from kiro.executors.base import StepContext, StepResult
+from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.executors.process import last_line, run_process, tail
 from kiro.workspace import Workspace
 
@@ -25,8 +25,11 @@ def step_env(ctx: StepContext) -> dict[str, str]:
     return env
 
 
-class ShellExecutor:
+class ShellExecutor(ExecutorBase):
+    """Runs the step's own command; the prompts are recorded (`context.last_prompt`) but sent nowhere."""
+
     name = "shell"
+    system_template = "agent_cli.md"
 
     def __init__(self, config: Config, workspace: Workspace) -> None:
         self.config = config
@@ -52,6 +55,3 @@ class ShellExecutor:
             return StepResult("failed", summary=output,
                               error=f"exit status {result.returncode}: {last_line(output)}\n{output}")
         return StepResult("completed", summary=output or "(no output)")
-
-    async def aclose(self) -> None:
-        return None

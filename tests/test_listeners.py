@@ -1,0 +1,122 @@
+"""The engine emits; listeners act (kiro.listeners): the task moved to Done/, reports, the archive,
+notifiers, Dashboard.md. And executors own their prompts and their idea of done (STYLE 13, 15)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kiro import events
+from kiro.engine import Loop
+from kiro.executors.base import ExecutorBase, StepContext, StepResult
+from kiro.listeners import LoopListener
+from kiro.runner import prepare_start, run_loops
+from kiro.state import LoopState
+from kiro.workspace import Workspace as KiroWorkspace
+from tests.conftest import Workspace, shell_task
+
+
+class Scribe(ExecutorBase):
+    """An executor of its own: its own finish instruction, and it checks boxes itself."""
+
+    name = "scribe"
+    system_template = "agent_cli.md"
+    checks_boxes = True
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def finish_instruction(self, step: Any, task_path: str, **where: Any) -> str:
+        return f"SCRIBE: write DONE {step.id} on the last line."
+
+    async def run_step(self, ctx: StepContext) -> StepResult:
+        self.seen.append((ctx.system_prompt, ctx.prompt))
+        return StepResult("completed", summary="done")
+
+
+def test_an_executor_brings_its_own_prompt_and_the_engine_sends_it(ws: Workspace) -> None:
+    ws.task(shell_task(2))
+    scribe = Scribe()
+    run = prepare_start(KiroWorkspace(ws.root), "Specs/feature/tasks.md", task_id="s", executor=scribe)
+    [outcome] = asyncio.run(run_loops([run]))
+    assert outcome.exit_code == 0
+    assert [p.splitlines()[-1] for _s, p in scribe.seen] == ["SCRIBE: write DONE 1 on the last line.",
+                                                             "SCRIBE: write DONE 2 on the last line."]
+    assert all("box" in system for system, _p in scribe.seen)  # agent_cli.md speaks of checkboxes
+    assert ws.state("s")["executor"] == "scribe"
+
+
+class Recorder(LoopListener):
+    def __init__(self, loop: Loop) -> None:
+        super().__init__(loop)
+        self.kinds: list[str] = []
+        self.saves = 0
+        self.closed = False
+
+    def __call__(self, event: events.Event) -> None:
+        self.kinds.append(event.event)
+
+    def saved(self, state: LoopState) -> None:
+        self.saves += 1
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_the_end_of_a_loop_is_listeners_reacting_in_order(ws: Workspace) -> None:
+    ws.task(shell_task(2))
+    run = prepare_start(KiroWorkspace(ws.root), "Specs/feature/tasks.md", task_id="e")
+    seen: list[events.Event] = []
+    recorders: list[Recorder] = []
+
+    async def go() -> Any:
+        from kiro import executors
+        from kiro.listeners import standard
+
+        loop = Loop(run, executors.create("shell", run.config, run.ws, "e"), [seen.append])
+        loop.subscribe(*standard(loop))
+        recorders.append(Recorder(loop))
+        loop.subscribe(recorders[0])
+        try:
+            return await loop.run()
+        finally:
+            await loop.executor.aclose()
+            assert run.release is not None
+            run.release()
+
+    outcome = asyncio.run(go())
+    assert outcome.exit_code == 0 and outcome.report == "Logs/completion_reports/e.md"
+    assert all(isinstance(e, events.Event) for e in seen)  # listeners get typed records
+    tail = [e.event for e in seen][-5:]
+    assert tail == ["state_changed", "stop_condition", "task_moved", "report_written", "loop_finished"]
+    moved = next(e for e in seen if isinstance(e, events.TaskMoved))
+    assert (moved.from_, moved.to) == ("Specs/feature/tasks.md", "Done/feature/tasks.md")
+    report = (ws.root / "Logs/completion_reports/e.md").read_text()
+    assert "Done/feature/tasks.md" in report  # the report names where the task went
+    assert (ws.root / ".state/archive/autonomous_loop_e.json").exists()
+    rec = recorders[0]
+    assert rec.closed and rec.saves >= 3 and rec.kinds[-1] == "loop_finished"
+    assert "## Completed (1)" in (ws.root / "Dashboard.md").read_text()
+
+
+def test_without_the_standard_listeners_the_engine_moves_and_writes_nothing(ws: Workspace) -> None:
+    """The engine itself only records the state and emits: moving, reports, archive are listeners' jobs."""
+    ws.task(shell_task(1))
+    run = prepare_start(KiroWorkspace(ws.root), "Specs/feature/tasks.md", task_id="bare")
+
+    async def go() -> Any:
+        from kiro import executors
+
+        loop = Loop(run, executors.create("shell", run.config, run.ws, "bare"))
+        try:
+            return await loop.run()
+        finally:
+            assert run.release is not None
+            run.release()
+
+    outcome = asyncio.run(go())
+    assert outcome.exit_code == 0 and outcome.report is None
+    assert (ws.root / "Specs/feature/tasks.md").exists()
+    assert not list(ws.root.glob("Logs/completion_reports/*"))
+    assert ws.state("bare")["status"] == "completed"
+    assert (ws.root / ".state/autonomous_loop_bare.json").exists()  # not archived
