@@ -741,6 +741,7 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
     from kiro import tasks
     from kiro.errors import LockHeld
     from kiro.events import EventLog, make_event
+    from kiro.status import Status
 
     loaded = store.load(task_id)
     state = loaded.state
@@ -858,8 +859,8 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         info.rollbacks.append(RollbackRecord.model_validate(record))
         if info.merge_status in ("left", "conflict"):
             info.merge_status = None
-        if state.status == "completed":
-            state.transition("stopped", "rolled_back")
+        if state.status == Status.COMPLETED:
+            state.transition(Status.STOPPED, "rolled_back")
             state.stop_reason = "rolled_back"
         if state.steps_done is not None:
             state.steps_done = max(0, state.steps_done - len(unchecked))

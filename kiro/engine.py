@@ -750,7 +750,7 @@ class Loop:
     async def _git_finish(self, stop: Stop) -> Stop:
         """Every step done: with isolation, leave the branch for review or merge it back; a merge
         that needs a person pauses the loop (exit 6) with an intervention file."""
-        if self.git is None or stop.status != "completed":
+        if self.git is None or stop.status != Status.COMPLETED:
             return stop
         self.save()  # merge_status "merging" etc. are recorded by finish(); a kill mid-merge resumes here
         result = await asyncio.to_thread(self.git.finish)

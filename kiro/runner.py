@@ -330,7 +330,7 @@ def paused_by_hooks(store: StateStore) -> list[LoopState]:
     request file), failed or out of iterations are left to `resume --task-id`."""
     out = []
     for _path, st in store.all_states(include_archive=False):
-        if st is not None and st.status == "paused" and st.stop_reason == "stop_hook":
+        if st is not None and st.status == Status.PAUSED and st.stop_reason == "stop_hook":
             out.append(st)
     return out
 

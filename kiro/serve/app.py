@@ -326,7 +326,7 @@ class Server:
         out = set()
         for _path, st in self.store.all_states():
             if st is not None:
-                alive = self.store.is_locked(st.task_id) if st.status in ("running", "sleeping", "pending") else False
+                alive = self.store.is_locked(st.task_id) if st.status.may_be_alive else False
                 out.add((st.task_id, effective_status(st, alive)))
         return frozenset(out)
 
