@@ -450,12 +450,16 @@ def make(kind: str, /, **fields: Any) -> Event:
 def parse(record: dict[str, Any]) -> Event:
     """A record read from disk as its typed event; anything that does not fit (an unknown kind,
     a newer kiro's fields) as a `GenericEvent`. Never raises on a dict."""
-    if record.get("event") in EVENT_NAMES:
+    kind = record.get("event")
+    if isinstance(kind, str) and kind in EVENT_NAMES:
         try:
             return EVENT_ADAPTER.validate_python(record)
         except ValidationError:
             pass
-    return GenericEvent.model_validate({**record, "event": str(record.get("event", "unknown"))})
+    try:
+        return GenericEvent.model_validate({**record, "event": str(kind if kind is not None else "unknown")})
+    except (ValidationError, TypeError, ValueError):  # keys pydantic will not take as fields
+        return GenericEvent(event=str(kind))
 
 
 def make_event(task_id: str, iteration: int, event: str, fields: dict[str, Any]) -> dict[str, Any]:

@@ -108,7 +108,9 @@ def test_typed_events_read_like_the_dict_records_for_older_listeners() -> None:
     e = events.StepStarted(step_id="1.2", description="x", attempt=2)
     assert e["step_id"] == "1.2" and e.get("attempt") == 2 and e.get("nope") is None and "event" in e
     assert isinstance(parse(e.to_record()), events.StepStarted)
-    assert isinstance(parse({"event": 3}), GenericEvent)
+    for odd in ({"event": 3}, {"event": ["a"]}, {"event": {"x": 1}}, {}, {"event": "warning", "message": 7},
+                {"event": "x", "model_config": 1}):
+        assert isinstance(parse(odd), GenericEvent), odd
 
 
 def test_a_real_run_writes_the_same_keys_as_before(ws: Workspace) -> None:
