@@ -96,7 +96,7 @@ def test_the_end_of_a_loop_is_listeners_reacting_in_order(ws: Workspace) -> None
     assert (ws.root / ".state/archive/autonomous_loop_e.json").exists()
     rec = recorders[0]
     assert rec.closed and rec.saves >= 3 and rec.kinds[-1] == "loop_finished"
-    assert "## Completed (1)" in (ws.root / "Dashboard.md").read_text()
+    assert "## Completed Today (1)" in (ws.root / "Dashboard.md").read_text()
 
 
 def test_without_the_standard_listeners_the_engine_moves_and_writes_nothing(ws: Workspace) -> None:
