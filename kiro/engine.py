@@ -147,6 +147,9 @@ class Loop:
         self.settings = run.config.autonomous_loop
         self.state = run.state
         self.task_path = run.task_path
+        if not callable(getattr(executor, "prompts", None)) or not hasattr(executor, "checks_boxes"):
+            raise TypeError(f"executor {getattr(executor, 'name', executor)!r} does not say what it sends and when a "
+                            f"step is done: subclass kiro.executors.base.ExecutorBase")
         self.executor = executor
         # The one redactor of this run: every event, state, report and prompt passes through it.
         self.redact = Redactor.for_run(self.cfg)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiro import prompts
-from kiro.executors.base import StepContext, StepResult
+from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.state import LoopState
 from tests.conftest import Workspace
 from tests.test_guardrails import _config, _run
@@ -14,7 +14,7 @@ from tests.test_guardrails import _config, _run
 HEADING = "# Task Continuation Context"
 
 
-class PromptRecorder:
+class PromptRecorder(ExecutorBase):
     name = "shell"
 
     def __init__(self) -> None:
@@ -23,9 +23,6 @@ class PromptRecorder:
     async def run_step(self, ctx: StepContext) -> StepResult:
         self.prompts.append(ctx.prompt)
         return StepResult("completed", summary=f"did {ctx.step.id}")
-
-    async def aclose(self) -> None:
-        return None
 
 
 def test_every_iteration_reinjected_carries_one_continuation_context(ws: Workspace) -> None:
