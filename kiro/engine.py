@@ -147,7 +147,7 @@ class Loop:
         self.settings = run.config.autonomous_loop
         self.state = run.state
         self.task_path = run.task_path
-        if not callable(getattr(executor, "prompts", None)) or not hasattr(executor, "checks_boxes"):
+        if not callable(getattr(executor, "build_prompts", None)) or not hasattr(executor, "checks_boxes"):
             raise TypeError(f"executor {getattr(executor, 'name', executor)!r} does not say what it sends and when a "
                             f"step is done: subclass kiro.executors.base.ExecutorBase")
         self.executor = executor
@@ -557,7 +557,7 @@ class Loop:
         self._first_iteration_of_run = False
         continuation = prompts.continuation_context(s, step) if reason else None
         verify_cmd = self._verify_command(task)
-        system, prompt = self.executor.prompts(  # the executor's own prompts and idea of "done"
+        system, prompt = self.executor.build_prompts(  # the executor's own prompts and idea of "done"
             task, step, s, workspace=self.ws, attempt=attempt, previous_error=record.last_error,
             verify_output=record.last_verify_output, verify_command=verify_cmd, continuation=continuation,
             task_file=self.task_path,

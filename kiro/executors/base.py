@@ -127,7 +127,7 @@ class Executor(Protocol):
     name: str
     checks_boxes: bool  # its agent checks the step's box itself: a failed attempt's box is put back
 
-    def prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
+    def build_prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
                 previous_error: str | None, verify_output: str | None, verify_command: str | None,
                 continuation: str | None, task_path: str | None = None,
                 task_file: Path | None = None) -> tuple[str, str]: ...
@@ -153,7 +153,7 @@ class ExecutorBase:
 
         return prompts.finish_instruction("openai", step, task_path, "exit_code")
 
-    def prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
+    def build_prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
                 previous_error: str | None, verify_output: str | None, verify_command: str | None,
                 continuation: str | None, task_path: str | None = None,
                 task_file: Path | None = None) -> tuple[str, str]:
