@@ -114,7 +114,7 @@ def test_a_cli_bug_raises_instead_of_printing_internal_error(ws: Workspace, monk
     assert "internal error: TypeError: a bug in the status view" in r.output
 
 
-class BrokenClose:
+class BrokenClose(ExecutorBase):
     name = "shell"
 
     async def run_step(self, ctx: StepContext) -> StepResult:
