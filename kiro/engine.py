@@ -586,7 +586,7 @@ class Loop:
             config=self.cfg, state=s, cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor,
             guard=_LoopGuard(self), redact=self.redact, messages=lambda: self.take_messages("turn"),
         ).redacted()
-        delivered = self.take_messages("prompt") if self.executor.name != "shell" else None  # shell reads no prompt
+        delivered = self.take_messages("prompt") if self.executor.reads_prompt else None
         if delivered:
             ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{delivered}"
         self._pending_stop = None

@@ -126,6 +126,7 @@ class StepContext:
 class Executor(Protocol):
     name: str
     checks_boxes: bool  # its agent checks the step's box itself: a failed attempt's box is put back
+    reads_prompt: bool  # an agent reads the prompt; the shell executor runs the step's own command
 
     def build_prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
                 previous_error: str | None, verify_output: str | None, verify_command: str | None,
@@ -145,6 +146,7 @@ class ExecutorBase:
     name: str = "base"
     system_template: str = "system.md"  # in kiro/prompts/, overridable in <workspace>/config/prompts/
     checks_boxes: bool = False
+    reads_prompt: bool = True  # an agent reads the prompt (messages for the loop go into it); a command does not
 
     def finish_instruction(self, step: Step, task_path: str, *, task: TaskFile | None = None,
                            task_file: Path | None = None) -> str:

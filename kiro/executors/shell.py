@@ -30,6 +30,7 @@ class ShellExecutor(ExecutorBase):
 
     name = "shell"
     system_template = "agent_cli.md"
+    reads_prompt = False  # messages wait for an executor whose agent reads them
 
     def __init__(self, config: Config, workspace: Workspace) -> None:
         self.config = config
