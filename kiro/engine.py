@@ -171,6 +171,8 @@ class Loop:
         self.git: checkpoints.LoopGit | None = None  # SPEC §9, set up by _open_git
         self._in_progress: str | None = None  # the step whose box kiro marked `[-]`
         self.inbox = Inbox(self.ws, self.state.task_id)  # SPEC §11, kiro.messages
+        # The shell executor reads no prompt: its messages stay queued and neither wake nor hurry it.
+        self.reads_messages = bool(getattr(executor, "reads_prompt", True))
         self.loop_listeners: list[LoopListener] = []
         self._finishing = False
         self._finish_report: str | None = None
@@ -314,6 +316,8 @@ class Loop:
         limit = self.state.timeout_seconds or self.settings.timeout_seconds
         seconds = min(seconds, max(limit - self.elapsed(), 0.0) + 0.001)
         poll = self._hub.poll_interval if self._hub is not None else 0.25
+
+        messages = messages and self.reads_messages
 
         def check() -> object:
             return self.interrupt_check() or (messages and self.inbox.has_pending())
@@ -466,7 +470,8 @@ class Loop:
             record = self.state.steps.get(step.id)
             if record is not None and record.next_retry_at:
                 delay = (timeutil.parse(record.next_retry_at) - timeutil.now()).total_seconds()
-                if delay > 0 and not self.inbox.has_pending():  # a message is answered without the backoff
+                # a message is answered without the backoff (by an executor that reads prompts)
+                if delay > 0 and not (self.reads_messages and self.inbox.has_pending()):
                     self.transition(Status.SLEEPING, "backoff")
                     self.state.sleep_until = record.next_retry_at
                     self.save()
@@ -586,7 +591,7 @@ class Loop:
             config=self.cfg, state=s, cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor,
             guard=_LoopGuard(self), redact=self.redact, messages=lambda: self.take_messages("turn"),
         ).redacted()
-        delivered = self.take_messages("prompt") if self.executor.reads_prompt else None
+        delivered = self.take_messages("prompt") if self.reads_messages else None
         if delivered:
             ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{delivered}"
         self._pending_stop = None

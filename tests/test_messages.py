@@ -157,3 +157,17 @@ def test_send_message_from_loop_a_reaches_loop_b(ws: Workspace, fake: FakeOpenAI
     alpha_events = [e["event"] for e in ws.events(ids["alpha"])]
     assert "message_sent" in alpha_events
     assert [e["event"] for e in ws.events(ids["beta"])].count("message_delivered") == 1
+
+
+def test_a_message_to_a_shell_loop_stays_queued_and_does_not_cut_its_backoff(ws: Workspace) -> None:
+    # the shell executor reads no prompt: the message waits, and the retry backoff is kept
+    ws.task("---\nexecutor: shell\n---\n- [ ] 1. Fails\n  ```sh\n  exit 1\n  ```\n")
+    ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  backoff_base_seconds: 600\n"
+             "  backoff_max_seconds: 600\n  failure_threshold: 3\n")
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "sh")
+    ws.wait_for(lambda: any(e["event"] == "backoff" for e in ws.events("sh")), what="the backoff")
+    assert ws.kiro("loop", "tell", "--task-id", "sh", NOTE).returncode == 0
+    assert ws.kiro("loop", "stop", "--task-id", "sh").returncode == 0
+    assert _finish(proc, ws) == 3, ws.output(proc)
+    assert ws.state("sh")["iteration"] == 1  # no retry before the backoff was over
+    assert not (ws.root / ".state/inbox/sh.delivered").exists()
