@@ -172,7 +172,7 @@ class Loop:
         self._in_progress: str | None = None  # the step whose box kiro marked `[-]`
         self.inbox = Inbox(self.ws, self.state.task_id)  # SPEC §11, kiro.messages
         # The shell executor reads no prompt: its messages stay queued and neither wake nor hurry it.
-        self.reads_messages = bool(getattr(executor, "reads_prompt", True))
+        self.reads_messages = executor.reads_prompt
         self.loop_listeners: list[LoopListener] = []
         self._finishing = False
         self._finish_report: str | None = None
