@@ -4,15 +4,17 @@ to the agent in its next prompt; with only proposals left the loop pauses (exit 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import Workspace
-from tests.fake_openai import FakeOpenAI, call
+from tests.fake_openai import FakeOpenAI, call, invoke, make_harness
 
 TASK = "---\ntitle: DB work\n---\n- [ ] 1. Add the users table\n- [ ] 2. Write the queries\n"
 
@@ -102,3 +104,16 @@ def test_with_approval_off_add_steps_edits_the_task_file(ws: Workspace, fake: Fa
     assert r.returncode == 4, r.stdout + r.stderr
     assert "- [ ] 1.1 Add an index" in task.read_text()
     assert not (ws.root / "Pending_Approval").exists() or not list((ws.root / "Pending_Approval").iterdir())
+
+
+def test_the_agent_cannot_approve_its_own_proposal(tmp_path: Path) -> None:
+    h = make_harness(tmp_path / "ws")
+    proposal = "---\ntype: step_proposal\ntask_id: t1\n---\n## Steps\n- [ ] 9. rm -rf everything\n"
+    tried = 0
+    for folder in ("Approved", "Rejected", "Pending_Approval"):
+        tried += 1
+        result = asyncio.run(invoke(h.tool_env(), "write_file", {"path": f"{folder}/steps_t1_1.md",
+                                                                  "content": proposal}))
+        assert not result.ok and "error" in result.text, result.text
+        assert not (h.root / folder / "steps_t1_1.md").exists()
+    print(f"self-approval attempts: {tried} tried, {tried} refused")

@@ -6,7 +6,7 @@ a folder gets out. kiro's control folders (`.state/`, `.hooks/`, `config/`, `.gi
 workspace and of the project directory, and any `.git/` below) are off limits even though they
 are inside: the agent must not forge its own state, hooks or config, nor plant git hooks. The
 task file may be read but changed only through `add_steps`, and the workspace's task areas and
-records (`Specs/`, `Done/`, `Needs_Action/`, `Logs/`, `Dashboard.md`) are read-only.
+records (`Specs/`, `Done/`, `Needs_Action/`, `Logs/`, `Dashboard.md`) and the approval folders are read-only.
 
 Checking a path and then opening it leaves a gap in which a component could be swapped for a
 symlink (by a command the agent runs, say). `open_confined` closes it: it walks from the project
@@ -30,8 +30,10 @@ from kiro.tools.base import ToolError
 CONTROL_FOLDERS = (".state", ".hooks", "config", ".git")
 # The workspace's records and task areas: readable, never written by the agent. A task file copied
 # into Done/ or Needs_Action/ reads as moved there by a person, a new file in Specs/ is a new task
-# for `kiro loop watch`, and Logs/ and Dashboard.md are what people trust to learn what happened.
-READ_ONLY_AREAS = ("Specs", "Done", "Needs_Action", "Logs", "Dashboard.md")
+# for `kiro loop watch`, and Logs/ and Dashboard.md are what people trust to learn what happened. An agent
+# that could write Approved/ would approve its own step proposals (SPEC §11).
+READ_ONLY_AREAS = ("Specs", "Done", "Needs_Action", "Logs", "Dashboard.md", "Pending_Approval", "Approved",
+                   "Rejected")
 
 
 def _real(path: Path) -> Path:
