@@ -171,3 +171,27 @@ def test_a_message_to_a_shell_loop_stays_queued_and_does_not_cut_its_backoff(ws:
     assert _finish(proc, ws) == 3, ws.output(proc)
     assert ws.state("sh")["iteration"] == 1  # no retry before the backoff was over
     assert not (ws.root / ".state/inbox/sh.delivered").exists()
+
+
+def test_send_message_to_every_other_loop_and_bad_targets(tmp_path: Any) -> None:
+    import asyncio
+
+    from kiro.messages import Inbox
+    from tests.fake_openai import invoke, make_harness
+
+    h = make_harness(tmp_path / "ws")
+    for tid in ("t1", "night", "docs"):  # t1 is the harness's own loop
+        (h.root / ".state" / f"autonomous_loop_{tid}.json").write_text("{}")
+
+    def send(args: dict[str, Any]) -> Any:
+        return asyncio.run(invoke(h.tool_env(), "send_message", args))
+
+    ok = send({"to": "*", "content": "the API moved to v2"})
+    assert ok.ok and "docs, night" in ok.text
+    for tid in ("night", "docs"):
+        [m] = Inbox(h.ws, tid).pending()
+        assert m.sender == "loop:t1" and m.heading == "## Message from loop t1" and m.content == "the API moved to v2"
+    assert Inbox(h.ws, "t1").pending() == []  # not to itself
+    refused = [send({"to": to, "content": "x"}) for to in ("t1", "ghost", "../etc", "")]
+    assert all(not r.ok for r in refused), [r.text for r in refused]
+    print(f"bad send_message targets: {len(refused)} tried, {sum(not r.ok for r in refused)} refused")
