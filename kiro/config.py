@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from kiro import safeio
@@ -196,6 +196,17 @@ class Config(_Strict):
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", mode="before"
     )(_none_is_empty)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_backend(cls, data: Any) -> Any:
+        """SPEC §12: `backend: local` (or `{kind: local}`) is what kiro does anyway, so it is accepted; any other
+        backend stays an error (see `_backend_refusal`)."""
+        if isinstance(data, Mapping) and "backend" in data:
+            value = data["backend"]
+            if value == "local" or (isinstance(value, Mapping) and dict(value) == {"kind": "local"}):
+                data = {k: v for k, v in data.items() if k != "backend"}
+        return data
 
     @field_validator("on_event")
     @classmethod
@@ -660,8 +671,7 @@ def _backend_refusal(value: Any) -> str:
     as an unknown key, and never accept a value that nothing reads."""
     kind = value.get("kind") if isinstance(value, Mapping) else value
     if kind == "local":
-        return ("backend: local is the only backend today and the default; remove the key "
-                "(backend: temporal is designed in docs/scale-out.md, not built yet)")
+        return "backend: {kind: local} takes no other keys (backend: temporal is designed in docs/scale-out.md)"
     return "backend: temporal is designed in docs/scale-out.md, not built yet; remove the key to run loops locally"
 
 

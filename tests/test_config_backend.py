@@ -1,5 +1,5 @@
-"""`backend:` (SPEC §12) is designed in docs/scale-out.md and not built: kiro refuses it by name, in one
-line that says so, instead of as an unknown key, and never accepts a backend it would then ignore."""
+"""`backend:` (SPEC §12): `local` is what kiro runs and is accepted; temporal is designed in docs/scale-out.md
+and not built: kiro refuses it by name, in one line that says so, and never accepts a backend it would ignore."""
 
 from __future__ import annotations
 
@@ -40,11 +40,16 @@ def test_temporal_backend_is_refused_naming_the_design(tmp_path: Path, text: str
     assert "unknown key" not in message
 
 
-def test_backend_local_is_refused_as_the_default_it_already_is(tmp_path: Path) -> None:
-    write_config(tmp_path, "backend: local\n")
+@pytest.mark.parametrize("text", ["backend: local\n", "backend: {kind: local}\n"])
+def test_backend_local_is_accepted_as_the_default_it_is(tmp_path: Path, text: str) -> None:
+    write_config(tmp_path, text)
+    resolve_config(workspace_root=tmp_path, env={})  # no error: SPEC §12's default, which kiro runs
+
+
+def test_backend_local_with_other_keys_is_refused(tmp_path: Path) -> None:
+    write_config(tmp_path, "backend: {kind: local, address: x}\n")
     message = refusal(tmp_path)
-    assert message.startswith("config/autonomous_loop.yaml:1: backend: local is the only backend today"), message
-    assert "remove the key" in message and "docs/scale-out.md" in message
+    assert message.startswith("config/autonomous_loop.yaml:1: backend: {kind: local} takes no other keys"), message
 
 
 def test_backend_from_the_environment_is_refused_the_same_way(tmp_path: Path) -> None:
