@@ -74,6 +74,8 @@ def reserve(path: Path, size: int) -> None:
             raise DiskFull(f"a {size // 1024} KiB reserve in {path.parent}", exc.strerror or "",
                            then="run the command again") from None
         raise
+    if not _reserves:
+        _hit.clear()  # no loop of this process is running and there is room again: an old full disk is past
     _reserves.add(path)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kiro.diskfull import DiskFull
 from kiro.fsutil import TEMP_SUFFIX, atomic_write
 
 
@@ -32,7 +33,7 @@ def test_a_failure_before_the_rename_leaves_the_old_file_and_no_temp(tmp_path: P
     def crash() -> bool:
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(DiskFull, match="No space"):
         atomic_write(target, "new", unchanged=crash)
     assert target.read_text() == "old"
     assert _temps(tmp_path) == []
