@@ -113,6 +113,15 @@ def last_line(text: str) -> str | None:
     return None
 
 
+def last_event(text: str, kind: str) -> dict[str, Any] | None:
+    """The last JSONL event of `kind` (its "type") in a CLI's output: the run's final record."""
+    found = None
+    for event in json_lines(text):
+        if event.get("type") == kind:
+            found = event
+    return found
+
+
 def json_lines(text: str) -> Iterator[dict[str, Any]]:
     """The JSON objects among the lines of some output (JSONL event streams); other lines skipped."""
     for raw in text.splitlines():

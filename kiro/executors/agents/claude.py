@@ -15,7 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.agents import (
+    Failure,
+    Invocation,
+    Preset,
+    clean,
+    error_line,
+    json_lines,
+    last_event,
+    last_line,
+    tail,
+)
 from kiro.executors.base import StepUsage
 
 FILE_TOOLS = ("Read", "Edit", "MultiEdit", "Write", "Glob", "Grep", "LS")
@@ -52,11 +62,7 @@ class ClaudePreset(Preset):
 
     @staticmethod
     def _result(stdout: str) -> dict[str, Any] | None:
-        found = None
-        for event in json_lines(stdout):
-            if event.get("type") == "result":
-                found = event
-        return found
+        return last_event(stdout, "result")
 
     def parse_usage(self, stdout: str) -> StepUsage | None:
         result = self._result(stdout)

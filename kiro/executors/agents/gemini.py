@@ -22,7 +22,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kiro.executors.agents import Failure, FailureKind, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.agents import (
+    Failure,
+    FailureKind,
+    Preset,
+    clean,
+    error_line,
+    json_lines,
+    last_event,
+    last_line,
+    tail,
+)
 from kiro.executors.base import StepUsage
 
 _UNKNOWN = re.compile(r"^(Unknown arguments?|Not enough arguments|Invalid values|Missing required argument)\b.*",
@@ -47,11 +57,7 @@ class GeminiPreset(Preset):
 
     @staticmethod
     def _result(stdout: str) -> dict[str, Any] | None:
-        found = None
-        for event in json_lines(stdout):
-            if event.get("type") == "result":
-                found = event
-        return found
+        return last_event(stdout, "result")
 
     def parse_usage(self, stdout: str) -> StepUsage | None:
         result = self._result(stdout)
