@@ -138,7 +138,43 @@ class LoopGuardrails:
         self.pending = StepUsage()  # usage of the attempt under way, not yet in the state
         self._call_fp: str | None = None
         self._call_streak = 0
-        self.turns_without_sleep = 0  # guardrails.max_consecutive_turns (SPEC §11)
+        self._rested_while_stopped()
+
+    # -- guardrails.max_consecutive_turns (SPEC §11): the count lives in the state ---------------
+
+    def _rested_while_stopped(self) -> None:
+        """A loop that was stopped for at least `forced_sleep_seconds` since its last model turn has
+        had its rest: the count starts again. A quick restart keeps it."""
+        self._owed_rest = 0.0
+        book = self.state.guardrails.get("consecutive_turns")
+        if not isinstance(book, dict):
+            return
+        now = self.clock()
+        if isinstance(book.get("last_turn_at"), (int, float)) and now - float(book["last_turn_at"]) >= \
+                self.g.forced_sleep_seconds:
+            book["count"] = 0
+        rest_until = book.pop("rest_until", None)
+        if isinstance(rest_until, (int, float)) and rest_until > now and self.g.max_consecutive_turns is not None:
+            self._owed_rest = min(float(rest_until) - now, self.g.forced_sleep_seconds)  # stopped mid-rest
+
+    def _book_rest(self, seconds: float) -> None:
+        """Remember when the forced rest ends, so that a loop stopped during it rests the remainder
+        when it is resumed (the state is saved as the rest begins)."""
+        book = self.state.guardrails.setdefault("consecutive_turns", {})
+        book["rest_until"] = round(self.clock() + seconds, 3)
+
+    @property
+    def turns_without_sleep(self) -> int:
+        book = self.state.guardrails.get("consecutive_turns")
+        return int(book.get("count", 0)) if isinstance(book, dict) else 0
+
+    @turns_without_sleep.setter
+    def turns_without_sleep(self, value: int) -> None:
+        book = self.state.guardrails.setdefault("consecutive_turns", {})
+        if not isinstance(book, dict):
+            book = self.state.guardrails["consecutive_turns"] = {}
+        book["count"] = value
+        book["last_turn_at"] = round(self.clock(), 3)
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -163,6 +199,7 @@ class LoopGuardrails:
             self.shared.api.record()
         self.pending.add(usage)
         self.turns_without_sleep += 1
+        self.state.guardrails["consecutive_turns"].pop("rest_until", None)  # a turn: any forced rest is over
         if usage.total_tokens:
             self._book["token_window"].append([round(self.clock(), 3), int(usage.total_tokens)])
 
@@ -236,9 +273,16 @@ class LoopGuardrails:
         if t is not None:
             return t
         most = self.g.max_consecutive_turns
+        if most is not None and self._owed_rest > 0:
+            secs, self._owed_rest = self._owed_rest, 0.0
+            self._book_rest(secs)
+            return Trigger("max_consecutive_turns", most, most,
+                           f"max_consecutive_turns {most}: the forced rest a stop cut short goes on; sleeping "
+                           f"{secs:.0f} s", "wait", secs)
         if most is not None and self.turns_without_sleep >= most:
             turns, self.turns_without_sleep = self.turns_without_sleep, 0  # the forced sleep counts as one
             secs = self.g.forced_sleep_seconds
+            self._book_rest(secs)
             return Trigger("max_consecutive_turns", most, turns,
                            f"max_consecutive_turns {most} reached ({turns} model turns without a sleep); "
                            f"sleeping {secs:g} s", "wait", secs)
