@@ -159,6 +159,7 @@ class Loop:
         self.cancel = asyncio.Event()
         self._wake = asyncio.Event()
         self._hub: ChangeHub | None = None
+        self._ledger: groups.Ledger | None = None  # this run's process groups (kiro.executors.groups)
         self._signal_stop: Stop | None = None
         self._pending_stop: Stop | None = None
         self._rng = random.Random()
@@ -409,6 +410,8 @@ class Loop:
                 self._hub.unsubscribe(self._wake)
                 await release_hub(self._hub)
                 self._hub = None
+            if self._ledger is not None:
+                self._ledger.close()  # its file goes when no step's group is left
         outcome = self._finish(stop)
         await self._close_listeners()
         self.log.close()
@@ -429,6 +432,7 @@ class Loop:
             self.emit(ev.LoopWarning(message=f"killed {len(killed)} process(es) a previous run's steps left "
                                              f"behind (pids {', '.join(map(str, killed))})"))
         groups.current_ledger.set(ledger)
+        self._ledger = ledger
 
     async def _loop(self) -> Stop:
         stop = self._check_task_location()

@@ -1,23 +1,26 @@
 """What a step's processes may do and how long they may live.
 
 Every child kiro starts for a step (a shell step, an agent CLI, verify, run_command, a notifier)
-runs in a process group of its own under a small `sh` guard started by `setpriv --pdeathsig USR2`
-(util-linux), without a `preexec_fn` (unsafe in a threaded process, and it forces fork over vfork).
-When kiro dies, even by `kill -9`, the kernel sends the guard SIGUSR2 and the guard SIGKILLs its
-whole process group: the command and everything it started in the background (`server &`, a
-fork whose parent exited). The guard passes stdin, the exit status and SIGTERM through unchanged.
+runs in a process group (a session) of its own, started by plain `fork`+`exec` (vfork where the
+interpreter can: no `preexec_fn`, no per-step wrapper). Kill-on-death is the job of one small
+reaper per kiro process: a `sh` started once, at the first step, that reads "+ <pgid>" / "- <pgid>"
+lines from a pipe only kiro holds the write end of (`register` / `unregister`). When kiro ends,
+even by `kill -9`, the kernel closes that pipe; the reaper reads end-of-file and SIGKILLs every
+group still registered: the command and everything it started in the background (`server &`, a
+fork whose parent exited). Cost per step: two short writes to a pipe, instead of a `setpriv
+--pdeathsig` + `sh` guard pair per spawn (bench/step_spawn.py prints both).
 
-What leaves the group (`setsid`) or a guard that could not act is caught at the next start: each
-loop keeps a ledger of its live groups, `.state/processes/<task_id>.json`, written when a child
-starts; when the loop starts or resumes it kills every process still carrying that run's random
-token in its environment (`KIRO_PROCESS_GROUP`) before a step runs again, so a reused process id
-is never killed.
+What leaves the group (`setsid`), or outlives a reaper that was itself killed, is caught at the
+next start: each loop keeps a ledger of its live groups, `.state/processes/<task_id>.json`, opened
+when a child starts; when the loop starts or resumes it kills every process still carrying that
+run's random token in its environment (`KIRO_PROCESS_GROUP`) before a step runs again, so a reused
+process id is never killed.
 
-Commands the agent chooses (`run_command`) also run without capabilities (`--bounding-set=-all
---inh-caps=-all`, as root) and with `--no-new-privs`; together with kiro making itself
-non-dumpable (`make_undumpable`) that keeps `/proc/<kiro pid>/environ` and friends unreadable to
-them. Without setpriv, kiro still runs steps (orphans are then killed at the next start only),
-but refuses `run_command` when it runs as root, as it could not drop capabilities.
+Commands the agent chooses (`run_command`) also run without capabilities (`setpriv
+--bounding-set=-all --inh-caps=-all`, as root) and with `--no-new-privs`; together with kiro making
+itself non-dumpable (`make_undumpable`) that keeps `/proc/<kiro pid>/environ` and friends unreadable
+to them. Without setpriv, kiro still runs steps, but refuses `run_command` when it runs as root, as
+it could not drop capabilities.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from functools import cache
 from pathlib import Path
 
 TOKEN_VAR = "KIRO_PROCESS_GROUP"
+LEDGER_TRIM = 64_000  # bytes: an idle ledger past this size is emptied
 PR_SET_DUMPABLE = 4
 CAP_SETPCAP = 8
 
@@ -67,25 +71,95 @@ def confinement_available() -> bool:
     return setpriv_path() is not None or not has_capabilities()
 
 
-# The guard: stdin kept for the command (an `&` job would get /dev/null), SIGUSR2 (kiro died) kills
-# the group, SIGTERM/SIGINT/SIGHUP reach the command (same group) while the guard waits on, and
-# the command's exit status becomes the guard's.
-GUARD = ('exec 3<&0; trap "kill -KILL 0" USR2; trap : TERM INT HUP; "$@" <&3 3<&- & pid=$!; exec 3<&-; '
-         'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done; exit "$rc"')
-
-
 def wrap(argv: list[str], *, confine: bool = False) -> list[str]:
-    """argv behind setpriv and the guard: dies with kiro, its group too; with `confine`, no
-    capabilities and no new privileges."""
+    """argv as run for a step. With `confine` (a command the agent chose): behind setpriv, with no
+    capabilities and no new privileges. Dying with kiro is the reaper's job (`register`), not a
+    wrapper's."""
     tool = setpriv_path()
-    if tool is None:
+    if not confine or tool is None:
         return argv
-    prefix = [tool, "--pdeathsig", "USR2"]
-    if confine:
-        if _may_drop_bounding_set():
-            prefix += ["--inh-caps=-all", "--bounding-set=-all"]
-        prefix.append("--no-new-privs")
-    return [*prefix, "--", "/bin/sh", "-c", GUARD, "kiro-step", *argv]
+    prefix = [tool]
+    if _may_drop_bounding_set():
+        prefix += ["--inh-caps=-all", "--bounding-set=-all"]
+    prefix.append("--no-new-privs")
+    return [*prefix, "--", *argv]
+
+
+# The reaper: one per kiro process. It ignores the terminal's signals (Ctrl-C reaches kiro, which
+# ends its steps itself), keeps the set of live groups kiro tells it about, and at end-of-file
+# (kiro gone, however it went) SIGKILLs each group left. POSIX sh (dash): no subshell per line.
+REAPER = (
+    "trap '' INT TERM HUP QUIT; g=' '; "
+    "while read -r op pg; do case $op in "
+    "+) g=\"$g$pg \";; "
+    "-) case $g in *\" $pg \"*) g=\"${g%% $pg *} ${g#* $pg }\";; esac;; "
+    "esac; done; "
+    "for pg in $g; do kill -s KILL -- \"-$pg\" 2>/dev/null; done"
+)
+
+
+class _Reaper:
+    """The write end of the pipe to this process's reaper (started on first use, with posix_spawn:
+    no Popen object to outlive, nothing to wait for while kiro runs)."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.owner: int | None = None  # the pid that started it: a forked child starts its own
+        self.pid: int | None = None
+
+    def _start(self) -> int | None:
+        if self.pid is not None:  # a previous reaper died: collect it
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(self.pid, os.WNOHANG)
+        read_end, write_end = os.pipe()  # both close-on-exec: no step inherits the write end
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self.pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", REAPER, "kiro-reaper"], {"PATH": "/usr/bin:/bin"},
+                                      file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0),
+                                                    (os.POSIX_SPAWN_DUP2, devnull, 1),
+                                                    (os.POSIX_SPAWN_DUP2, devnull, 2)],
+                                      setsid=True)
+        except OSError:
+            os.close(write_end)
+            return None
+        finally:
+            os.close(read_end)
+            os.close(devnull)
+        self.fd, self.owner = write_end, os.getpid()
+        return write_end
+
+    def ready(self) -> int | None:
+        fd = self.fd if self.owner == os.getpid() else None
+        return fd if fd is not None else self._start()
+
+    def send(self, line: str) -> None:
+        fd = self.ready()
+        if fd is None:
+            return
+        try:
+            os.write(fd, line.encode())
+        except OSError:  # the reaper is gone (someone killed it): start another for what follows
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            self.fd = None
+
+
+_reaper = _Reaper()
+
+
+def start_reaper() -> None:
+    """Have the reaper running before a child is spawned, so that the child's group is known to it
+    the moment `register` returns (its pipe holds what it has not read yet)."""
+    _reaper.ready()
+
+
+def register(pgid: int) -> None:
+    """From now until `unregister`, the group `pgid` is SIGKILLed when kiro ends, however it ends."""
+    _reaper.send(f"+ {pgid}\n")
+
+
+def unregister(pgid: int) -> None:
+    _reaper.send(f"- {pgid}\n")
 
 
 def make_undumpable() -> bool:
@@ -101,46 +175,94 @@ def make_undumpable() -> bool:
 
 @dataclass
 class Ledger:
-    """The live process groups of one loop, on disk so that a later kiro can end them."""
+    """The live process groups of one loop, on disk so that a later kiro can end them.
+
+    The file is appended to, a JSON line per change (`{"pgid": N, "token": T}` when a group starts,
+    `{"ended": N}` when it ends), through one descriptor kept open for the run: no rename-replace,
+    no create or unlink per step. It is emptied when no group is live and it has grown past
+    LEDGER_TRIM bytes, and removed by `close` when the run ends. A torn last line (kiro killed
+    mid-append) is skipped; the older one-object form `{"groups": [{"pgid": N, "token": T}]}` is
+    still read."""
 
     path: Path
     token: str = field(default_factory=lambda: secrets.token_hex(8))
     groups: dict[int, str] = field(default_factory=dict)  # pgid -> token
+    _fd: int | None = field(default=None, repr=False)
+    _size: int = field(default=0, repr=False)
 
     def add(self, pgid: int) -> None:
         self.groups[pgid] = self.token
-        self._write()
+        self._append({"pgid": pgid, "token": self.token})
 
     def discard(self, pgid: int) -> None:
-        if self.groups.pop(pgid, None) is not None:
-            self._write()
+        if self.groups.pop(pgid, None) is None:
+            return
+        if not self.groups and self._size > LEDGER_TRIM and self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+                self._size = 0
+                return
+        self._append({"ended": pgid})
 
-    def _write(self) -> None:
-        from kiro.fsutil import atomic_write
-
-        data = json.dumps({"groups": [{"pgid": g, "token": t} for g, t in self.groups.items()]})
+    def _append(self, record: dict[str, object]) -> None:
+        line = (json.dumps(record) + "\n").encode()
         with contextlib.suppress(OSError):  # a ledger that cannot be written must not fail the step
-            if self.groups:
-                atomic_write(self.path, data, fsync=False)
-            else:
+            if self._fd is None:
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                try:
+                    self._fd = os.open(self.path, flags, 0o600)
+                except FileNotFoundError:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    self._fd = os.open(self.path, flags, 0o600)
+                self._size = os.fstat(self._fd).st_size
+            self._size += os.write(self._fd, line)
+
+    def close(self) -> None:
+        """The run ends: no file left when no group is live (a live one stays for the next start)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        if not self.groups:
+            with contextlib.suppress(OSError):
                 self.path.unlink(missing_ok=True)
+
+    def recorded(self) -> list[tuple[int, str]]:
+        """The groups the file says are live: (pgid, token)."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            return []
+        live: dict[int, str] = {}
+        for raw in text.splitlines():
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue  # a torn line
+            if not isinstance(entry, dict):
+                continue
+            for one in entry.get("groups", []) if isinstance(entry.get("groups"), list) else [entry]:
+                try:
+                    if isinstance(one, dict) and "ended" in one:
+                        live.pop(int(one["ended"]), None)
+                    else:
+                        live[int(one["pgid"])] = str(one["token"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+        return list(live.items())
 
     def reap(self) -> list[int]:
         """Kill what is left of every group a previous kiro recorded; forget them. Returns the pids
         killed."""
-        try:
-            recorded = json.loads(self.path.read_text(encoding="utf-8")).get("groups", [])
-        except (OSError, ValueError, AttributeError):
-            recorded = []
         killed: list[int] = []
-        for entry in recorded if isinstance(recorded, list) else []:
-            try:
-                pgid, token = int(entry["pgid"]), str(entry["token"])
-            except (KeyError, TypeError, ValueError):
-                continue
+        for pgid, token in self.recorded():
             killed += kill_leftovers(pgid, token)
         self.groups.clear()
         killed = sorted(set(killed))
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         return killed

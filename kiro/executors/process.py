@@ -1,6 +1,7 @@
 """Run a child process for a step: its own process group, output captured and bounded, the whole
-group ended on timeout or when the loop must stop now. It dies with kiro (`setpriv --pdeathsig`)
-and its group is in the loop's ledger until it ends (see kiro.executors.groups)."""
+group ended on timeout or when the loop must stop now. It dies with kiro (the process's reaper,
+`groups.register`) and its group is in the loop's ledger until it ends (see kiro.executors.groups).
+Spawned without `preexec_fn` or a wrapper per step, so the interpreter may use vfork."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ class ProcessResult:
 
 
 def _check_program(program: str, cwd: Path, env: Mapping[str, str]) -> None:
-    """The errors exec would give (FileNotFoundError, PermissionError), before setpriv hides them
-    behind its own exit status."""
+    """The errors exec would give (FileNotFoundError, PermissionError), also when setpriv (`confine`)
+    would hide them behind its own exit status."""
     if "/" not in program:
         if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
             raise FileNotFoundError(2, "No such file or directory", program)
@@ -77,6 +78,7 @@ async def run_process(
     ledger = groups.current_ledger.get()
     if ledger is not None:
         child_env[groups.TOKEN_VAR] = ledger.token
+    groups.start_reaper()
     proc = await asyncio.create_subprocess_exec(
         *groups.wrap(list(argv), confine=confine),
         cwd=str(cwd),
@@ -86,6 +88,7 @@ async def run_process(
         stderr=asyncio.subprocess.PIPE if separate_stderr else asyncio.subprocess.STDOUT,
         start_new_session=True,
     )
+    groups.register(proc.pid)
     if ledger is not None:
         ledger.add(proc.pid)
     chunks = bytearray()
@@ -152,6 +155,7 @@ async def run_process(
     except asyncio.CancelledError:
         await _end(proc)
         kill_group(proc.pid, signal.SIGKILL)
+        groups.unregister(proc.pid)
         if ledger is not None:
             ledger.discard(proc.pid)
         raise
@@ -165,6 +169,7 @@ async def run_process(
             work.cancel()
     # A step that exits may leave children behind in its group (a background server): end them too.
     kill_group(proc.pid, signal.SIGKILL)
+    groups.unregister(proc.pid)
     if ledger is not None:
         ledger.discard(proc.pid)
     text = bytes(chunks[-output_limit:]).decode("utf-8", errors="replace")

@@ -1,0 +1,122 @@
+"""How a step's process is started (issue #12 item 3): directly, with no per-step wrapper and no
+`preexec_fn`, and still dead when kiro dies, grandchildren included, thanks to the one reaper per
+kiro process; the ledger of live groups is appended to and read back, torn lines and all."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kiro.executors import groups
+from kiro.executors.process import run_process
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def wait_until(predicate: object, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_step_is_a_direct_child_of_kiro_in_its_own_group(tmp_path: Path) -> None:
+    """No setpriv, no `sh` guard between kiro and the command: its parent is kiro, and it leads its
+    own process group (so the group can be ended as a whole)."""
+    result = asyncio.run(run_process(["sh", "-c", "echo $PPID; ps -o pgid= -p $$"], cwd=tmp_path))
+    parent, pgid = result.output.split()
+    assert int(parent) == os.getpid()
+    assert int(pgid) != os.getpgid(0)
+
+
+STEP_IN_CHILD = """
+import asyncio, sys
+from pathlib import Path
+from kiro.executors.process import run_process
+asyncio.run(run_process(["sh", "-c", "sleep 60 & echo $! > gc.pid; echo $$ > step.pid; sleep 60"], cwd=Path(".")))
+"""
+
+
+def test_kill_9_of_the_parent_kills_the_step_and_its_background_grandchild(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # whether or not setpriv is there: not needed any more
+    proc = subprocess.Popen([sys.executable, "-c", STEP_IN_CHILD], cwd=tmp_path, env=env)
+    try:
+        assert wait_until(lambda: (tmp_path / "gc.pid").exists() and (tmp_path / "gc.pid").read_text().strip()
+                          and (tmp_path / "step.pid").exists() and (tmp_path / "step.pid").read_text().strip())
+        grandchild, step = int((tmp_path / "gc.pid").read_text()), int((tmp_path / "step.pid").read_text())
+        assert alive(grandchild) and alive(step)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert wait_until(lambda: not alive(step)), "the step outlived its kiro"
+        assert wait_until(lambda: not alive(grandchild)), "the step's background child outlived kiro"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+FINISHED_GROUP = """
+import subprocess, sys
+from kiro.executors import groups
+p = subprocess.Popen(["sleep", "30"], start_new_session=True, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+groups.register(p.pid)
+groups.unregister(p.pid)  # kiro is done with that group: the reaper must forget it
+print(p.pid, flush=True)
+"""
+
+
+def test_the_reaper_leaves_a_group_kiro_finished_with_alone(tmp_path: Path) -> None:
+    """A group unregistered (its step ended; its id may be reused) is not killed when kiro exits."""
+    out = subprocess.run([sys.executable, "-c", FINISHED_GROUP], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    pid = int(out.split()[0])
+    try:
+        time.sleep(0.5)  # the reaper has read end-of-file by now and done what it would do
+        assert alive(pid)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_the_ledger_is_appended_and_read_back_torn_lines_and_old_form_included(tmp_path: Path) -> None:
+    path = tmp_path / "processes" / "t.json"
+    ledger = groups.Ledger(path, token="tok")
+    ledger.add(11)
+    ledger.add(12)
+    ledger.discard(11)
+    lines = path.read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [{"pgid": 11, "token": "tok"}, {"pgid": 12, "token": "tok"},
+                                               {"ended": 11}]
+    with open(path, "a") as fh:
+        fh.write('{"pgid": 13, "tok')  # kiro killed mid-append
+    assert groups.Ledger(path).recorded() == [(12, "tok")]
+    ledger.discard(12)
+    ledger.close()
+    assert not path.exists()  # the run ended with no live group: no file left
+    path.write_text(json.dumps({"groups": [{"pgid": 7, "token": "old"}]}))  # written by kiro before #12
+    assert groups.Ledger(path).recorded() == [(7, "old")]
+
+
+def test_a_confined_command_still_runs_behind_setpriv_without_privileges(tmp_path: Path) -> None:
+    argv = groups.wrap(["true"], confine=True)
+    if groups.setpriv_path() is None:
+        assert argv == ["true"]
+    else:
+        assert argv[0].endswith("setpriv") and "--no-new-privs" in argv and "--pdeathsig" not in argv
+    assert groups.wrap(["true"]) == ["true"]
+    result = asyncio.run(run_process(["sh", "-c", "grep NoNewPrivs /proc/self/status"], cwd=tmp_path, confine=True))
+    if groups.setpriv_path() is not None:
+        assert result.output.split() == ["NoNewPrivs:", "1"]
