@@ -82,13 +82,18 @@ def line(text: str, style: str | None = None) -> None:
     sys.stdout.flush()
 
 
+def _current_or_next(r: dict[str, Any]) -> str:
+    """The current step; between a scheduled task's runs, when the next run starts."""
+    return str(r.get("current_step") or (f"next run {r['next_run']}" if r.get("next_run") else "-"))
+
+
 def plain_table(rows: Sequence[dict[str, Any]]) -> str:
     """The status table as plain aligned text: fast to print for any number of loops (a rich
     table costs milliseconds per row), and easy to read in a pipe."""
     headers = ("TASK ID", "STATUS", "ITER", "SUCCESS", "CURRENT STEP", "DURATION", "ETA", "TASK")
     table = [headers] + [
         (r["task_id"], r["status"], f"{r['iteration']}/{r['max_iterations']}", f"{r['success_rate']:.0%}",
-         _short(r.get("current_step") or "-", 40), r["duration"], r.get("eta") or "-", r["task_path"])
+         _short(_current_or_next(r), 40), r["duration"], r.get("eta") or "-", r["task_path"])
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
@@ -194,6 +199,13 @@ def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
         status = str(e.get("status"))
         t.append(f"loop {e.get('task_id')} {status} after {e.get('iterations')} iterations (exit {e.get('exit_code')})",
                  style=_status_style(status, "bold"))
+    elif kind == "schedule_fired":
+        extra = f", catching up {e.get('missed')} missed fire(s)" if e.get("catch_up") else ""
+        t.append(f"run {e.get('run')} of {e.get('schedule')} starts{extra}", style="bold")
+    elif kind == "run_finished":
+        t.append(f"run {e.get('run')} done → {e.get('report')}; next run at {e.get('next_run_at')}", style="green")
+    elif kind == "run_summary_saved":
+        t.append(f"run {e.get('run')} summary saved ({e.get('source')}, {e.get('chars')} chars)", style="dim")
     elif kind == "state_changed":
         return None
     elif kind in _GIT_LINES:
@@ -234,7 +246,9 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
     for r in rows:
         table.add_row(
             r["task_id"], status_text(r["status"]), f"{r['iteration']}/{r['max_iterations']}",
-            f"{r['success_rate']:.0%}", _short(r.get("current_step") or "-", 50), r["duration"], r.get("eta") or "-",
+            f"{r['success_rate']:.0%}",
+            _short(_current_or_next(r), 50),
+            r["duration"], r.get("eta") or "-",
             r["task_path"],
         )
     return table
@@ -260,6 +274,10 @@ def detail_table(r: dict[str, Any]) -> Table:
         ("Executor", r.get("executor") or "-"),
         ("Process", str(r.get("pid") or "-")),
     ]
+    if r.get("schedule"):
+        rows.append(("Schedule", f"{r['schedule']}" + ("" if r.get("stateful") else " (not stateful)")))
+        rows.append(("Runs", f"{r.get('runs', 0)}, last finished {r.get('last_run_at') or '-'}"))
+        rows.append(("Next run", r.get("next_run") or "-"))
     if r.get("usage", {}).get("api_calls"):
         u = r["usage"]
         rows.append(("Usage", f"{u['api_calls']} calls, {u['total_tokens']} tokens, ${u['cost_usd']:.4f}"))

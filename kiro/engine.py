@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kiro import approval, checkpoints, conditions, diskfull, prompts, reports, resolved, tasks, timeutil
+from kiro import approval, checkpoints, conditions, diskfull, prompts, reports, resolved, scheduled, tasks, timeutil
 from kiro import events as ev
 from kiro.conditions import Stop
 from kiro.config import Config
@@ -177,6 +177,7 @@ class Loop:
         self.loop_listeners: list[LoopListener] = []
         self._finishing = False
         self._finish_report: str | None = None
+        self.sched: scheduled.ScheduleRunner | None = None  # a recurring task (SPEC §11), set in _loop
 
     def subscribe(self, *listeners: Listener) -> None:
         """Add listeners (after the event log and the caller's). A `LoopListener` is also told of
@@ -250,6 +251,10 @@ class Loop:
     def elapsed(self) -> float:
         return self._base_elapsed + (time.monotonic() - self._run_started)
 
+    def run_elapsed(self) -> float:
+        """The run time `timeout_seconds` limits: a scheduled task's counts from its run's start."""
+        return self.elapsed() - (self.sched.run_elapsed_base() if self.sched is not None else 0.0)
+
     # -- control from outside --------------------------------------------------------------
 
     def request_stop(self, reason: str = "signal", message: str = "stopped by a signal") -> None:
@@ -273,8 +278,8 @@ class Loop:
                 if hook.exists():
                     return conditions.stop_hook(hook, self.ws)
         limit = self.state.timeout_seconds or self.settings.timeout_seconds
-        if self.elapsed() >= limit:
-            return conditions.timed_out(limit, self.elapsed())
+        if self.run_elapsed() >= limit:
+            return conditions.timed_out(limit, self.run_elapsed())
         return None
 
     def _check_task_location(self) -> Stop | None:
@@ -303,7 +308,7 @@ class Loop:
                         f"`kiro loop resume --task-id {s.task_id}`", 1)
         if s.consecutive_failures >= s.failure_threshold:
             return conditions.failure_threshold(s)
-        if s.iteration >= s.max_iterations:
+        if s.iteration - (self.sched.run_iteration_base() if self.sched is not None else 0) >= s.max_iterations:
             return conditions.max_iterations(s)
         return None
 
@@ -315,7 +320,7 @@ class Loop:
         Returns that condition, or None when the time is up. With `messages`, a message queued
         for this loop (SPEC §11) also ends the wait (returning None)."""
         limit = self.state.timeout_seconds or self.settings.timeout_seconds
-        seconds = min(seconds, max(limit - self.elapsed(), 0.0) + 0.001)
+        seconds = min(seconds, max(limit - self.run_elapsed(), 0.0) + 0.001)
         poll = self._hub.poll_interval if self._hub is not None else 0.25
 
         messages = messages and self.reads_messages
@@ -374,7 +379,8 @@ class Loop:
         s = self.state
         s.pid = os.getpid()
         s.host = socket.gethostname()
-        s.runs += 1
+        if s.schedule is None:  # a scheduled task counts its scheduled runs (kiro.scheduled)
+            s.runs += 1
         s.finished_at = None
         s.stop_conditions = type(s.stop_conditions)()
         s.executor = self.executor.name
@@ -443,6 +449,11 @@ class Loop:
             return task
         await self._open_git()
         self._reconcile(task)
+        self.sched = scheduled.attach(self, task)
+        if self.sched is not None:
+            stop = await self.sched.before_first_run()
+            if stop is not None:
+                return stop
         while True:
             stop = self.interrupt_check()
             if stop is not None:
@@ -459,6 +470,11 @@ class Loop:
                         f"every step is done but {len(waiting)} step proposal(s) wait for a person in "
                         f"{approval.PENDING}/ ({', '.join(p.name for p in waiting)}): move each to Approved/ or "
                         f"Rejected/, then `kiro loop resume --task-id {self.state.task_id}`", "approval_pending")
+                if self.sched is not None and self.sched.active(task):
+                    stop = await self.sched.after_run(task)  # the run's report and summary; wait; next run
+                    if stop is not None:
+                        return stop
+                    continue
                 return await self._git_finish(self._complete(task))
             stop = self.limit_check()
             if stop is not None:
@@ -585,7 +601,7 @@ class Loop:
                 task = await asyncio.to_thread(tasks.set_marker, self.task_path, step.key, "-", expected=task,
                                                durable=False)
 
-        remaining = (s.timeout_seconds or self.settings.timeout_seconds) - self.elapsed()
+        remaining = (s.timeout_seconds or self.settings.timeout_seconds) - self.run_elapsed()
         ctx = StepContext(
             task_id=s.task_id, workspace=self.ws, project_dir=self.project_dir, task_path=self.task_path,
             task=task, step=step, iteration=s.iteration, attempt=attempt, prompt=prompt, system_prompt=system,
@@ -598,6 +614,9 @@ class Loop:
         delivered = self.take_messages("prompt") if self.reads_messages else None
         if delivered:
             ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{delivered}"
+        earlier = self.sched.preamble() if self.sched is not None and self.reads_messages else None
+        if earlier:  # a scheduled run's first prompt: what earlier runs recorded (SPEC §11)
+            ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{earlier}"
         self._pending_stop = None
         try:
             result = await self.executor.run_step(ctx)
@@ -693,8 +712,8 @@ class Loop:
         if moved is not None and (not result.ok or moved.reason == "task_missing"):
             return moved
         limit = self.state.timeout_seconds or self.settings.timeout_seconds
-        if not result.ok and self.elapsed() >= limit:
-            return conditions.timed_out(limit, self.elapsed())
+        if not result.ok and self.run_elapsed() >= limit:
+            return conditions.timed_out(limit, self.run_elapsed())
         return None
 
     def _release_in_progress_box(self) -> None:
@@ -856,6 +875,8 @@ class Loop:
         s.pid = None
         if s.current_step is not None and stop.status == Status.COMPLETED:
             s.current_step = None
+        if s.schedule is not None and stop.status == Status.COMPLETED:
+            s.next_run_at = None  # the schedule ends with the task in Done/
         if stop.status == Status.COMPLETED:
             for note in resolved.archive_requests(self.ws, s.task_id):
                 self.emit(ev.LoopWarning(message=note))

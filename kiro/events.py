@@ -414,6 +414,41 @@ class RolledBack(Event):
     unchecked: list[str] = Field(default_factory=list)
 
 
+# -- schedules (SPEC §11, kiro.schedule) ---------------------------------------------------------
+
+
+class ScheduleFired(Event):
+    """A scheduled task's run starts: its boxes were unchecked."""
+
+    event: Literal["schedule_fired"] = "schedule_fired"
+    run: int
+    schedule: str
+    catch_up: bool = False
+    missed: int = 0  # fires missed while nothing ran, made up by this one run
+    unchecked: int = 0  # boxes kiro unchecked for this run
+
+
+class RunSummarySaved(Event):
+    """The summary of a finished run, saved as a memory tagged `schedule:<task_id>`."""
+
+    event: Literal["run_summary_saved"] = "run_summary_saved"
+    run: int
+    source: str  # "model" (the agent wrote it) or "kiro" (made from the steps' summaries)
+    memory_id: int | None = None
+    chars: int = 0
+    note: str | None = None  # why kiro wrote it, when the model did not
+
+
+class RunFinished(Event):
+    """A scheduled task's run is done; the loop waits for the next fire."""
+
+    event: Literal["run_finished"] = "run_finished"
+    run: int
+    report: str
+    next_run_at: str | None = None
+    duration_seconds: float = 0.0
+
+
 AnyEvent: TypeAlias = Annotated[
     Union[  # noqa: UP007 - a discriminated union reads best spelled out
         LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
@@ -423,7 +458,7 @@ AnyEvent: TypeAlias = Annotated[
         MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
         CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
         WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed, RollbackResumed,
-        RolledBack,
+        RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
     ],
     Field(discriminator="event"),
 ]

@@ -22,6 +22,9 @@ def _frontmatter(fields: dict[str, Any]) -> str:
     return f"---\n{body}---\n"
 
 
+frontmatter_block = _frontmatter  # for reports written elsewhere (kiro.scheduled)
+
+
 def _pct(x: float) -> str:
     return f"{x:.0%}"
 

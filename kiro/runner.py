@@ -13,7 +13,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from kiro import checkpoints, cleanup, conditions, diskfull, executors, resolved, safeio, tasks, timeutil
+from kiro import checkpoints, cleanup, conditions, diskfull, executors, resolved, safeio, schedule, tasks, timeutil
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
@@ -162,6 +162,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     _check_project_dir(ws, cfg)
     ws.ensure_folders()
     checkpoints.preflight(cfg, ws.root / cfg.project_dir)
+    schedule.of_task(task, ws.relative(task_path))  # a bad `schedule:` is one clear line, before anything starts
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
     with _workspace_guard(store):
         hint = task.frontmatter.get("kiro_task_id")
@@ -270,6 +271,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} is gone (not in Specs/, Done/ or "
                                f"Needs_Action/); put it back and resume again")
         task = tasks.load(path)
+        schedule.of_task(task, ws.relative(path))
         loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
         cfg = loc.config
         warnings += not_built_warnings(cfg, task, ws)

@@ -185,6 +185,19 @@ class GitInfo(_Model):
     rollbacks: list[RollbackRecord] = Field(default_factory=list)
 
 
+class ScheduleInfo(_Model):
+    """A recurring task's schedule and where it stands (SPEC §11, kiro.schedule)."""
+
+    expression: str  # "every 2s", "cron 0 9 * * *"
+    stateful: bool = True
+    phase: Literal["waiting", "running"] = "waiting"  # between runs, or in one
+    run_started_at: str | None = None
+    run_iteration_base: int = 0  # `iteration` when the current run started: max_iterations counts per run
+    run_elapsed_base: float = 0.0  # run time when it started: timeout_seconds counts per run
+    run_tokens_base: int = 0  # usage.total_tokens when it started, for the run's report
+    fires: int = 1  # fires the current run stands for (more than 1: a catch-up run)
+
+
 def _plain_task_id(value: str) -> str:
     """The task id names files (`.state/autonomous_loop_<id>.json`): a plain name, never a path."""
     if not TASK_ID_RE.match(value) or ".." in value:
@@ -231,6 +244,10 @@ class LoopState(_Model):
     steps_total: int | None = None
     steps_done: int | None = None
     git: GitInfo | None = None
+    # recurring tasks (SPEC §11): `runs` then counts scheduled runs
+    last_run_at: IsoTime | None = None
+    next_run_at: IsoTime | None = None
+    schedule: ScheduleInfo | None = None
 
     @field_validator("status")
     @classmethod

@@ -167,8 +167,8 @@ class Supervisor:
                 self._adopt(existing.task_id)
                 continue
             if task.is_complete(self.config.include_optional) and task.counts().total and all(
-                    s.done for s in task.steps):
-                continue  # nothing to do; leave a finished file alone
+                    s.done for s in task.steps) and task.frontmatter.get("schedule") is None:
+                continue  # nothing to do; leave a finished file alone (a scheduled one runs again)
             self._start_new(path)
 
     def _start_new(self, path: Path) -> None:

@@ -50,13 +50,14 @@ __all__ = [
     "parse",
     "set_frontmatter_key",
     "set_marker",
+    "uncheck_all",
 ]
 
 MARKERS: Final = " xX-~"
 """Box contents kiro understands: to do, done, done, in progress (kiro's own), queued (= to do)."""
 
 DONE_MARKERS: Final = "xX"
-KIRO_STRING_KEYS: Final = ("title", "instructions", "schedule", "kiro_task_id")
+KIRO_STRING_KEYS: Final = ("title", "instructions", "kiro_task_id")
 """Frontmatter keys kiro reads as text; a number or list there is a mistake worth one clear error."""
 
 StepKey: TypeAlias = tuple[str, str, int]
@@ -681,6 +682,20 @@ def set_marker(path: Path, key: KeyLike, marker: str, *, expected: TaskFile | No
         return _with_markers(tf.text, {step.box_offset: marker})
 
     return _edit(Path(path), change, expected, durable)
+
+
+def uncheck_all(path: Path, *, expected: TaskFile | None = None) -> tuple[TaskFile, list[str]]:
+    """Put every checked or in-progress box back to `[ ]` in one atomic write (a scheduled task's
+    next run, SPEC §11). Returns the new file and the ids unchecked."""
+    ids: list[str] = []
+
+    def change(tf: TaskFile) -> str | None:
+        ids.clear()
+        edits = {s.box_offset: " " for s in tf.steps if s.done or s.marker == "-"}
+        ids.extend(s.id for s in tf.steps if s.done or s.marker == "-")
+        return _with_markers(tf.text, edits) if edits else None
+
+    return _edit(Path(path), change, expected), list(ids)
 
 
 def _parents_to_check(tf: TaskFile, done: dict[int, bool], candidates: Iterable[int],

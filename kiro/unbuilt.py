@@ -18,8 +18,4 @@ def not_built_warnings(cfg: Config, task: TaskFile | None, ws: Workspace) -> lis
         value = getattr(cfg.resource_limits, key)
         if value is not None:
             out.append(f"resource_limits.{key} ({value}) is not enforced yet; set it to null to silence this")
-    if task is not None and task.frontmatter.get("schedule") is not None:
-        where = ws.relative(task.path) if task.path else "the task file"
-        out.append(f"{where}: `schedule` is not acted on yet (recurring tasks are not built); the task runs "
-                   f"once, now")
     return out

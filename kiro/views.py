@@ -94,9 +94,24 @@ def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) 
         "updated_at": state.updated_at,
         "usage": state.usage.model_dump(),
         "report_path": state.report_path,
+        **schedule_fields(state),
         "hint": ("kiro loop resume --all" if status.is_resumable and store.ws.global_hook_file.exists()
                  else hint(state, status)),  # `resume --task-id` refuses while the global hook holds
     }
+
+
+def schedule_fields(state: LoopState) -> dict[str, Any]:
+    """A recurring task's schedule, runs and next run (SPEC §11); {} for a plain loop."""
+    sc = state.schedule
+    if sc is None:
+        return {}
+    next_run = None
+    if state.next_run_at and state.status != Status.COMPLETED:
+        left = (timeutil.parse(state.next_run_at) - timeutil.now()).total_seconds()
+        when = timeutil.parse(state.next_run_at).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+        next_run = f"in {timeutil.human_duration(left)} ({when})" if left > 0 else f"due now ({when})"
+    return {"schedule": sc.expression, "stateful": sc.stateful, "runs": state.runs,
+            "last_run_at": state.last_run_at, "next_run_at": state.next_run_at, "next_run": next_run}
 
 
 def _task_id_of(state_file: Path) -> str:
@@ -175,5 +190,6 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
     git = state.git
     branch = git.branch if git is not None and git.checkpoints else None
     return {"task_id": state.task_id, "task_path": state.task_path, "title": state.title or state.task_path,
-            "steps_done": done, "steps_total": len(rows), "steps": rows, "error": error, "branch": branch}
+            "steps_done": done, "steps_total": len(rows), "steps": rows, "error": error, "branch": branch,
+            **schedule_fields(state)}
 

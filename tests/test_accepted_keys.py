@@ -44,7 +44,6 @@ def test_a_key_kiro_cannot_honour_is_refused(ws: Workspace, yaml: str, key: str,
     ("config", "llm:\n  precheck_model: gpt-4o-mini\n", "llm.precheck_model"),
     ("config", "resource_limits:\n  max_cpu_percent: 50\n", "resource_limits.max_cpu_percent"),
     ("config", "resource_limits:\n  max_disk_writes_per_minute: 10\n", "resource_limits.max_disk_writes_per_minute"),
-    ("task", "schedule: \"0 9 * * *\"", "`schedule`"),
 ])
 def test_a_key_not_built_yet_warns_at_start(ws: Workspace, where: str, text: str, words: str) -> None:
     ws.task(shell_task(1, extra_frontmatter=text if where == "task" else ""))

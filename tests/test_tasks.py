@@ -303,7 +303,6 @@ def test_empty_frontmatter_is_an_empty_mapping() -> None:
         ("---\ntitle: ok\n- [ ] a\n", 1, "never closed"),
         ("---\nverify: x\ntitle: 42\n---\n- [ ] a\n", 3, "'title' must be text"),
         ("---\nkiro_task_id: [1]\n---\n- [ ] a\n", 2, "'kiro_task_id' must be text"),
-        ("---\nschedule: 12:30\n---\n- [ ] a\n", 2, "'schedule' must be text"),
     ],
 )
 def test_broken_frontmatter_is_one_line_naming_file_and_line(

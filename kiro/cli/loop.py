@@ -415,6 +415,8 @@ def progress(
         console.warning(data["error"])
     console.progress_view(f"{data['title']} ({data['task_path']})", data["steps"], data["steps_done"],
                           data["steps_total"])
+    if data.get("schedule"):
+        console.line(f"schedule {data['schedule']}: {data.get('runs', 0)} run(s); next run {data.get('next_run') or '-'}")
 
 
 @app.command()

@@ -179,6 +179,32 @@ class OpenAIExecutor(ExecutorBase):
     async def aclose(self) -> None:
         await _release_client(self._client_key, self.client)
 
+    async def summarize(self, system: str, prompt: str, *, iteration: int) -> tuple[str | None, StepUsage, str | None]:
+        """One model call without tools: a scheduled run's forced summary (SPEC §11, kiro.scheduled).
+        Returns the reply's text, the call's usage, and what went wrong when it failed."""
+        llm = self.config.llm
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        self.transcript.write("run_summary_request", iteration=iteration, attempt=0, model=llm.model,
+                              messages=messages)
+        try:
+            response = await self.client.post("/chat/completions", body={"model": llm.model, "messages": messages},
+                                              cast_to=ChatCompletion)
+        except (openai.OpenAIError, ValueError) as exc:
+            self.transcript.write("run_summary_response", iteration=iteration, attempt=0, error=str(exc))
+            return None, StepUsage(), f"{type(exc).__name__}: {exc}"
+        u = response.usage
+        prompt_t = u.prompt_tokens if u is not None else 0
+        completion_t = u.completion_tokens if u is not None else 0
+        price = llm.prices.get(llm.model) or llm.prices.get(response.model or "")
+        cost = (prompt_t * price.input_per_1m + completion_t * price.output_per_1m) / 1_000_000 if price else 0.0
+        usage = StepUsage(prompt_t, completion_t, (u.total_tokens if u is not None else 0) or prompt_t + completion_t,
+                          1, cost)
+        text = (response.choices[0].message.content or "") if response.choices else ""
+        text = self.redact(text)
+        self.transcript.write("run_summary_response", iteration=iteration, attempt=0, content=text,
+                              usage=vars(usage))
+        return text, usage, None
+
 
 @dataclass
 class _Call:

@@ -1,0 +1,336 @@
+"""Recurring tasks (SPEC §11 "Schedules"): `schedule:` as cron or `{every: ...}`, runs under `watch` and
+`start`, a report per run, `stateful` recall of earlier runs' summaries, catch-up after downtime,
+active hours, `status` showing the next run, and one clear line for a bad value.
+
+End to end against the scripted OpenAI-compatible server (tests/fake_openai.py); every wait is for
+a condition, with a generous timeout, never a fixed sleep followed by an assertion."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiro import schedule
+from kiro.config import ActiveHours
+from kiro.errors import UserError
+from tests.conftest import Workspace, shell_task
+from tests.fake_openai import FakeOpenAI
+
+TWO_STEPS = """\
+---
+title: Nightly inbox check
+schedule: {every: 2s}
+---
+# Plan
+- [ ] 1. Read the inbox
+- [ ] 2. Write the digest
+"""
+
+
+def _events(ws: Workspace, task_id: str, kind: str) -> list[dict[str, Any]]:
+    try:
+        return [e for e in ws.events(task_id) if e["event"] == kind]
+    except FileNotFoundError:
+        return []
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+# -- parsing and fire times (in process) ---------------------------------------------------------
+
+
+def test_cron_next_run_is_the_next_matching_local_time() -> None:
+    s = schedule.parse("0 9 * * *")
+    assert s.kind == "cron" and s.describe() == "cron 0 9 * * *" and s.stateful
+    local = datetime(2026, 3, 10, 15, 30).astimezone()
+    nxt = s.next_after(local)
+    assert (nxt.year, nxt.month, nxt.day, nxt.hour, nxt.minute) == (2026, 3, 11, 9, 0)
+    early = datetime(2026, 3, 10, 8, 59).astimezone()
+    assert schedule.parse({"cron": "0 9 * * *"}).next_after(early).day == 10
+    # a new cron loop waits for its first fire; a new `every` loop runs at once
+    assert schedule.first_fire(s, local) == nxt
+    every = schedule.parse({"every": "30m"})
+    assert every.seconds == 1800 and schedule.first_fire(every, local) == local
+    assert every.next_after(local) == local + timedelta(minutes=30)
+    assert schedule.parse({"every": "1.5h"}).seconds == 5400 and schedule.parse({"every": "1d"}).seconds == 86400
+    assert schedule.parse("@daily").next_after(local).hour == 0
+    assert schedule.parse({"every": "2s"}, stateful=False).stateful is False
+
+
+def test_missed_fires_make_one_catch_up_run() -> None:
+    s = schedule.parse("0 * * * *")  # hourly
+    started = datetime(2026, 3, 10, 9, 0, tzinfo=UTC)
+    # the run ended before the next fire: the next run is at that fire, standing for one fire
+    due, fires = schedule.next_fire(s, started, started + timedelta(minutes=5))
+    assert due == started + timedelta(hours=1) and fires == 1
+    # kiro was down from 09:05 to 12:30: 10:00, 11:00 and 12:00 were missed -> one run now, for 3 fires
+    now = started + timedelta(hours=3, minutes=30)
+    due, fires = schedule.next_fire(s, started, now)
+    assert due == now and fires == 3
+    e = schedule.parse({"every": "10m"})
+    assert schedule.next_fire(e, started, started + timedelta(minutes=45)) == (started + timedelta(minutes=45), 4)
+
+
+def test_a_fire_outside_active_hours_waits_for_the_window() -> None:
+    hours = ActiveHours(start="09:00", end="17:00")
+    inside = datetime(2026, 3, 10, 10, 0).astimezone()
+    assert schedule.hold_for_active_hours(inside, hours) == inside
+    night = datetime(2026, 3, 10, 22, 15).astimezone()
+    held = schedule.hold_for_active_hours(night, hours).astimezone()
+    assert (held.day, held.hour, held.minute) == (11, 9, 0)
+    assert schedule.hold_for_active_hours(night, None) == night
+
+
+BAD = [
+    ('"0 9 * *"', "not a 5-field cron expression"),
+    ('"61 * * * *"', "not a valid cron expression"),
+    ('"0 9 * * * *"', "not a 5-field cron expression"),
+    ("12:30", "is a number"),
+    ("{every: 5}", "needs a unit"),
+    ("{every: soon}", "not an interval like 30s"),
+    ("{every: 0s}", "shorter than 1 s"),
+    ("{every: 2s, cron: '0 9 * * *'}", "exactly one of 'every' or 'cron'"),
+    ("{at: '09:00'}", "unknown key(s) at"),
+    ("[0, 9]", "neither a cron string nor a mapping"),
+]
+
+
+@pytest.mark.parametrize("value, words", BAD)
+def test_a_bad_schedule_is_one_clear_line_and_exit_1(ws: Workspace, value: str, words: str) -> None:
+    ws.task(shell_task(1, extra_frontmatter=f"schedule: {value}"))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "bad")
+    err = r.stderr.strip()
+    print(f"schedule: {value} -> exit {r.returncode}: {err}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "Specs/feature/tasks.md:4:" in err and "schedule" in err and words in err  # file and line
+    assert not list((ws.root / ".state").glob("autonomous_loop_*.json"))  # nothing started
+    assert "kiro_task_id" not in (ws.root / "Specs/feature/tasks.md").read_text()  # the file is untouched
+
+
+def test_stateful_must_be_true_or_false(ws: Workspace) -> None:
+    ws.task(shell_task(1, extra_frontmatter="schedule: {every: 1h}\nstateful: sometimes"))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md")
+    assert r.returncode == 1 and "tasks.md:5: frontmatter key 'stateful' must be true or false" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    with pytest.raises(UserError):
+        schedule.parse({"every": "1h"}, stateful="yes")
+
+
+def test_watch_skips_a_task_with_a_bad_schedule_and_says_so(ws: Workspace) -> None:
+    ws.task(shell_task(1, extra_frontmatter='schedule: "every day"'))
+    proc = ws.spawn("loop", "watch")
+    try:
+        ws.wait_for(lambda: "could not start Specs/feature/tasks.md" in ws.output(proc), timeout=60,
+                    what="watch's warning")
+        assert "not a 5-field cron expression" in ws.output(proc)
+        assert not list((ws.root / ".state").glob("autonomous_loop_*.json"))
+    finally:
+        _stop(proc)
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+class Agent:
+    """Answers like a model: each step request gets `complete_step`; each tool-less request (kiro's
+    forced run summary) gets a summary naming its run. When the summary of run `done_after` is asked
+    for, it first moves the task file to Done/ (a person ending the schedule), so the loop ends
+    while it waits for run `done_after + 1`: the number of runs never depends on timing."""
+
+    def __init__(self, ws: Workspace, done_after: int) -> None:
+        self.ws = ws
+        self.done_after = done_after
+        self.summaries = 0
+        self.lock = threading.Lock()
+        self.step_requests: list[tuple[int, str]] = []  # (run, the request's messages as text)
+
+    def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            text = json.dumps(body["messages"])
+            if "tools" not in body:
+                self.summaries += 1
+                n = self.summaries
+                if n == self.done_after:
+                    src = self.ws.root / "Specs/nightly"
+                    (self.ws.root / "Done").mkdir(exist_ok=True)
+                    os.replace(src, self.ws.root / "Done/nightly")
+                return {"content": f"SUMMARY-OF-RUN-{n}: the inbox had {n * 3} new mails; deferred the spam."}
+            self.step_requests.append((self.summaries + 1, text))
+            return {"tool_calls": [{"name": "complete_step", "arguments": {"summary": f"step done in run "
+                                                                                      f"{self.summaries + 1}"}}]}
+
+
+def _openai_config(ws: Workspace, fake: FakeOpenAI, extra: str = "") -> None:
+    ws.write("config/autonomous_loop.yaml",
+             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 0\n"
+             f"autonomous_loop:\n  backoff_base_seconds: 0.01\n{extra}")
+
+
+def test_every_2s_under_watch_runs_three_times_with_recall_and_ends_in_done(ws: Workspace) -> None:
+    with FakeOpenAI() as fake:
+        agent = Agent(ws, done_after=3)
+        fake.responder = agent
+        _openai_config(ws, fake)
+        proc = ws.spawn("loop", "watch")
+        try:
+            ws.task(TWO_STEPS, "Specs/nightly/tasks.md")
+            tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop")
+            ws.wait_for(lambda: _events(ws, tid, "loop_finished"), timeout=120, what="the schedule to end")
+            assert proc.poll() is None  # watch goes on
+        finally:
+            _stop(proc)
+
+    fired = _events(ws, tid, "schedule_fired")
+    assert [e["run"] for e in fired] == [1, 2, 3]
+    assert all(e["schedule"] == "every 2s" and not e["catch_up"] for e in fired)
+    assert [e["run"] for e in _events(ws, tid, "run_finished")] == [1, 2, 3]
+    finished = _events(ws, tid, "loop_finished")[-1]
+    assert finished["status"] == "completed" and finished["reason"] == "task_in_done"
+
+    # each run's first prompt carries what the earlier runs' summaries said; later prompts do not
+    by_run: dict[int, list[str]] = {}
+    for run, text in agent.step_requests:
+        by_run.setdefault(run, []).append(text)
+    assert sorted(by_run) == [1, 2, 3] and all(len(v) == 2 for v in by_run.values())
+    first1, first2, first3 = by_run[1][0], by_run[2][0], by_run[3][0]
+    assert "SUMMARY-OF-RUN" not in first1 and "Earlier runs" not in first1
+    assert "SUMMARY-OF-RUN-1" in first2 and "SUMMARY-OF-RUN-2" not in first2
+    assert "SUMMARY-OF-RUN-1" in first3 and "SUMMARY-OF-RUN-2" in first3
+    assert "## Earlier runs of this scheduled task" in first3 and f"schedule:{tid}" in first3
+    assert all("SUMMARY-OF-RUN" not in later for v in by_run.values() for later in v[1:])
+
+    # a report per run; the state says how many runs and when; the file stayed in Specs/ between runs
+    for n in (1, 2, 3):
+        report = (ws.root / f"Logs/completion_reports/{tid}_run{n}.md").read_text()
+        assert "type: run_report" in report and f"run: {n}" in report and f"SUMMARY-OF-RUN-{n}" in report
+        assert "written by the agent" in report
+    assert not (ws.root / f"Logs/completion_reports/{tid}_run4.md").exists()
+    st = ws.state(tid)
+    assert st["runs"] == 3 and st["last_run_at"] and st["next_run_at"] is None and st["status"] == "completed"
+    assert st["schedule"]["expression"] == "every 2s"
+    assert st["usage"]["api_calls"] == 9  # 2 steps + 1 summary, per run
+    done = (ws.root / "Done/nightly/tasks.md").read_text()
+    assert done.count("- [x]") == 2 and "schedule: {every: 2s}" in done
+
+    # the summaries are memories tagged schedule:<task_id>
+    with sqlite3.connect(ws.root / ".state/memory.db") as db:
+        rows = db.execute("SELECT content FROM memories WHERE source = ? ORDER BY id",
+                          (f"schedule:{tid}",)).fetchall()
+    assert [r[0].split(": ", 1)[1][:16] for r in rows] == ["SUMMARY-OF-RUN-1", "SUMMARY-OF-RUN-2",
+                                                           "SUMMARY-OF-RUN-3"]
+
+
+def test_stateful_false_carries_nothing_forward(ws: Workspace) -> None:
+    with FakeOpenAI() as fake:
+        agent = Agent(ws, done_after=99)
+        fake.responder = agent
+        _openai_config(ws, fake)
+        ws.task(TWO_STEPS.replace("schedule: {every: 2s}", "schedule: {every: 1s}\nstateful: false"),
+                "Specs/nightly/tasks.md")
+        proc = ws.spawn("loop", "start", "--task", "Specs/nightly/tasks.md", "--task-id", "nostate")
+        try:
+            ws.wait_for(lambda: len(_events(ws, "nostate", "run_finished")) >= 2, timeout=120, what="two runs")
+            os.replace(ws.root / "Specs/nightly", ws.root / "Done/nightly")
+            assert proc.wait(timeout=60) == 0
+        finally:
+            _stop(proc)
+    assert agent.summaries == 0  # no forced summary call
+    assert all("Earlier runs" not in text for _, text in agent.step_requests)
+    report = (ws.root / "Logs/completion_reports/nostate_run2.md").read_text()
+    assert "made by kiro from the steps" in report
+
+
+def test_start_stays_between_runs_and_a_killed_loop_catches_up_once(ws: Workspace) -> None:
+    ws.task(shell_task(2, extra_frontmatter="schedule: {every: 2s}"))
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "cu")
+    try:
+        ws.wait_for(lambda: _events(ws, "cu", "run_finished"), timeout=60, what="run 1")
+        st = ws.wait_for(lambda: (lambda s: s if s["status"] == "sleeping" else None)(ws.state("cu")),
+                         timeout=60, what="the wait for run 2")
+        assert proc.poll() is None  # `start` stays in the foreground between runs
+        assert st["runs"] >= 1 and st["next_run_at"] and st["sleep_until"]
+        proc.send_signal(signal.SIGKILL)  # kiro goes down between runs
+        proc.wait(timeout=30)
+    finally:
+        _stop(proc)
+    runs_before = ws.state("cu")["runs"]
+    due = datetime.fromisoformat(ws.state("cu")["next_run_at"])
+    # downtime: wait until at least two more fires (every 2s) have passed
+    ws.wait_for(lambda: datetime.now(UTC) > due + timedelta(seconds=2.5), timeout=30, what="downtime")
+    status = ws.kiro("loop", "status", "--task-id", "cu", "--json")
+    assert json.loads(status.stdout)["status"] == "interrupted"
+    proc = ws.spawn("loop", "resume", "--task-id", "cu")
+    try:
+        fired = ws.wait_for(lambda: [e for e in _events(ws, "cu", "schedule_fired") if e["run"] == runs_before + 1],
+                            timeout=60, what="the catch-up run")
+        assert fired[0]["catch_up"] is True and fired[0]["missed"] >= 1
+        ws.wait_for(lambda: [e for e in _events(ws, "cu", "run_finished") if e["run"] == runs_before + 1],
+                    timeout=60, what="the catch-up run to finish")
+        os.replace(ws.root / "Specs/feature", ws.root / "Done/feature")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        _stop(proc)
+    # one catch-up run for all the missed fires: one schedule_fired between the resume and the next run
+    after_resume = [e for e in _events(ws, "cu", "schedule_fired") if e["run"] > runs_before]
+    assert after_resume[0]["run"] == runs_before + 1 and all(not e["catch_up"] for e in after_resume[1:])
+
+
+def test_outside_active_hours_the_run_waits_and_status_shows_the_next_run(ws: Workspace) -> None:
+    now = datetime.now().astimezone()
+    start, end = now + timedelta(hours=2), now + timedelta(hours=3)
+    ws.write("config/autonomous_loop.yaml",
+             f"autonomous_loop:\n  backoff_base_seconds: 0.01\nguardrails:\n  active_hours: "
+             f"{{start: \"{start:%H:%M}\", end: \"{end:%H:%M}\"}}\n")
+    ws.task(shell_task(1, extra_frontmatter="schedule: {every: 1s}"))
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ah")
+    try:
+        st = ws.wait_for(lambda: (lambda s: s if s["status"] == "sleeping" else None)(ws.state("ah")),
+                         timeout=60, what="the wait for active hours")
+        opening = datetime.fromisoformat(st["next_run_at"]).astimezone()
+        assert (opening.hour, opening.minute) == (start.hour, start.minute)
+        assert st["runs"] == 0 and not (ws.root / "side_effects.log").exists()  # nothing ran
+        row = json.loads(ws.kiro("loop", "status", "--task-id", "ah", "--json").stdout)
+        assert row["schedule"] == "every 1s" and row["next_run_at"] == st["next_run_at"]
+        assert row["next_run"].startswith("in 1h") or row["next_run"].startswith("in 2h")
+        table = ws.kiro("loop", "status").stdout
+        assert "next run in" in table
+        detail = ws.kiro("loop", "status", "--task-id", "ah").stdout
+        assert "Next run" in detail and "every 1s" in detail
+        progress = ws.kiro("loop", "progress", "--task-id", "ah")
+        assert "next run in" in progress.stdout and "0 run(s)" in progress.stdout
+        r = ws.kiro("loop", "stop", "--task-id", "ah")
+        assert r.returncode == 0
+        assert proc.wait(timeout=60) == 3  # a stop hook ends the wait at once
+    finally:
+        _stop(proc)
+
+
+def test_a_cron_loop_waits_for_its_first_fire(ws: Workspace, tmp_path: Path) -> None:
+    ws.task(shell_task(1, extra_frontmatter='schedule: "0 3 1 1 *"'))  # 03:00 on January 1st
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "cr")
+    try:
+        st = ws.wait_for(lambda: (lambda s: s if s["status"] == "sleeping" else None)(ws.state("cr")),
+                         timeout=60, what="the wait for the first fire")
+        nxt = datetime.fromisoformat(st["next_run_at"]).astimezone()
+        assert (nxt.month, nxt.day, nxt.hour, nxt.minute) == (1, 1, 3, 0)
+        assert st["schedule"]["expression"] == "cron 0 3 1 1 *" and st["runs"] == 0
+        os.replace(ws.root / "Specs/feature", ws.root / "Done/feature")  # moving it to Done/ ends the schedule
+        assert proc.wait(timeout=60) == 0
+    finally:
+        _stop(proc)
+    assert not (ws.root / "side_effects.log").exists()
+    assert ws.state("cr")["status"] == "completed"
