@@ -106,7 +106,9 @@ class LLMSettings(_Strict):
     request_timeout_seconds: float = Field(120, gt=0)
     context_window_tokens: int = Field(128000, ge=1)
     wrap_up_threshold: float = Field(0.8, gt=0, le=1)
-    precheck_model: str | None = None
+    precheck_model: str | None = None  # SPEC §11 pre-check gate (kiro.precheck)
+    precheck: Literal["scheduled_runs", "every_iteration"] = "scheduled_runs"
+    precheck_sleep_seconds: float = Field(300, gt=0)  # every_iteration: the wait after a skipped iteration
     prices: dict[str, Price] = Field(default_factory=dict)
 
     _empty_prices = field_validator("prices", mode="before")(_none_is_empty)

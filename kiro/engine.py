@@ -25,7 +25,19 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kiro import approval, checkpoints, conditions, diskfull, prompts, reports, resolved, scheduled, tasks, timeutil
+from kiro import (
+    approval,
+    checkpoints,
+    conditions,
+    diskfull,
+    precheck,
+    prompts,
+    reports,
+    resolved,
+    scheduled,
+    tasks,
+    timeutil,
+)
 from kiro import events as ev
 from kiro.conditions import Stop
 from kiro.config import Config
@@ -504,7 +516,16 @@ class Loop:
                         return stop
                     self.transition(Status.RUNNING, "backoff_over")
                     continue  # re-read: a person may have changed the file meanwhile
+            gated = precheck.every_iteration(self)  # SPEC §11 pre-check gate (kiro.precheck)
+            if gated:
+                stop, go = await precheck.before_iteration(self, step.id, record.attempts if record else 0)
+                if stop is not None:
+                    return stop
+                if not go:
+                    continue
             stop = await self._iterate(task, step)
+            if gated:
+                await precheck.after_iteration(self, step.id)
             if stop is not None:
                 return stop
             if self.settings.iteration_delay_seconds:

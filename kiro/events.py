@@ -299,6 +299,28 @@ class MessageSent(Event):
     chars: int = 0
 
 
+# -- the pre-check gate (SPEC §11, kiro.precheck) --------------------------------------------
+
+
+class PrecheckPassed(Event):
+    event: Literal["precheck_passed"] = "precheck_passed"
+    model: str
+    scope: str  # "run" | "iteration"
+    reason: str
+    asked: bool = False  # the pre-check model was called (else: a message waits, no baseline, new work)
+    failed: bool = False  # the call failed or gave no answer: the gate failed open
+    changes: str | None = None
+
+
+class PrecheckSkipped(Event):
+    event: Literal["precheck_skipped"] = "precheck_skipped"
+    model: str
+    scope: str
+    reason: str  # the pre-check model's
+    changes: str = ""  # what the digest held, in one line
+    next_check_seconds: float | None = None  # every_iteration: how long the loop sleeps before it looks again
+
+
 # -- approval of agent-proposed steps (SPEC §11, kiro.approval) ----------------------------
 
 
@@ -459,6 +481,7 @@ AnyEvent: TypeAlias = Annotated[
         CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
         WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed, RollbackResumed,
         RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
+        PrecheckPassed, PrecheckSkipped,
     ],
     Field(discriminator="event"),
 ]

@@ -203,6 +203,14 @@ class LoopGuardrails:
         if usage.total_tokens:
             self._book["token_window"].append([round(self.clock(), 3), int(usage.total_tokens)])
 
+    def record_side_call(self, usage: StepUsage) -> None:
+        """A model call that is not an agent turn (the pre-check gate): it counts against the rate
+        limit and the token budget, not against max_consecutive_turns."""
+        if self.shared.api is not None:
+            self.shared.api.record()
+        if usage.total_tokens:
+            self._book["token_window"].append([round(self.clock(), 3), int(usage.total_tokens)])
+
     def attempt_done(self) -> None:
         """The attempt's usage has been added to the state."""
         self.pending = StepUsage()

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from kiro import events as ev
-from kiro import reports, schedule, tasks, timeutil
+from kiro import precheck, reports, schedule, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.errors import KiroError, TaskFileError, TaskNotFound
 from kiro.memory import MemoryStore
@@ -142,6 +142,7 @@ class ScheduleRunner:
         loop.emit(ev.RunFinished(run=run, report=rel, next_run_at=s.next_run_at,
                                  duration_seconds=round((finished - started).total_seconds(), 3)))
         await loop.asave()
+        await precheck.remember(loop)  # the pre-check gate compares the next fire with what this run left
         return await self._wait_and_start(fires)
 
     def preamble(self) -> str | None:
@@ -213,7 +214,14 @@ class ScheduleRunner:
         while True:
             delay = (timeutil.parse(s.next_run_at) - timeutil.now()).total_seconds()
             if delay <= 0:
-                break
+                if await precheck.check_run(loop):  # SPEC §11 pre-check gate: nothing changed skips this fire
+                    break
+                now = timeutil.now()
+                s.next_run_at = timeutil.iso(schedule.hold_for_active_hours(self.sched.next_after(now),
+                                                                            loop.cfg.guardrails.active_hours))
+                fires = 1
+                await loop.asave()
+                continue
             loop.transition(Status.SLEEPING, "schedule")
             s.sleep_until = s.next_run_at
             await loop.asave()

@@ -11,9 +11,10 @@ from kiro.workspace import Workspace
 
 def not_built_warnings(cfg: Config, task: TaskFile | None, ws: Workspace) -> list[str]:
     out = []
-    if cfg.llm.precheck_model is not None:
-        out.append(f"llm.precheck_model ({cfg.llm.precheck_model!r}) is not acted on yet: the pre-check gate is "
-                   f"not built, every iteration runs")
+    scheduled = task is not None and task.frontmatter.get("schedule") is not None
+    if cfg.llm.precheck_model is not None and cfg.llm.precheck == "scheduled_runs" and not scheduled:
+        out.append(f"llm.precheck_model ({cfg.llm.precheck_model!r}) gates scheduled runs, and this task has no "
+                   f"`schedule`: every iteration runs; set llm.precheck: every_iteration to gate each iteration")
     for key in ("max_cpu_percent", "max_disk_writes_per_minute"):
         value = getattr(cfg.resource_limits, key)
         if value is not None:

@@ -41,7 +41,6 @@ def test_a_key_kiro_cannot_honour_is_refused(ws: Workspace, yaml: str, key: str,
 
 
 @pytest.mark.parametrize("where, text, words", [
-    ("config", "llm:\n  precheck_model: gpt-4o-mini\n", "llm.precheck_model"),
     ("config", "resource_limits:\n  max_cpu_percent: 50\n", "resource_limits.max_cpu_percent"),
     ("config", "resource_limits:\n  max_disk_writes_per_minute: 10\n", "resource_limits.max_disk_writes_per_minute"),
 ])
