@@ -190,6 +190,7 @@ class Loop:
         self._finishing = False
         self._finish_report: str | None = None
         self.sched: scheduled.ScheduleRunner | None = None  # a recurring task (SPEC §11), set in _loop
+        self.slot: Any = None  # the watch supervisor's place for this loop (supervisor.Slot), if any
 
     def subscribe(self, *listeners: Listener) -> None:
         """Add listeners (after the event log and the caller's). A `LoopListener` is also told of

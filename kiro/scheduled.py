@@ -211,6 +211,7 @@ class ScheduleRunner:
         a stop hook, a signal) ends the wait. Then start the next run."""
         loop, s = self.loop, self.loop.state
         assert s.next_run_at is not None
+        slot = loop.slot
         while True:
             delay = (timeutil.parse(s.next_run_at) - timeutil.now()).total_seconds()
             if delay <= 0:
@@ -225,13 +226,36 @@ class ScheduleRunner:
             loop.transition(Status.SLEEPING, "schedule")
             s.sleep_until = s.next_run_at
             await loop.asave()
+            if slot is not None:
+                slot.release()  # under watch: another task may run meanwhile
             try:
                 stop = await loop.wait(delay)
             finally:
                 s.sleep_until = None
             if stop is not None:
                 return stop
+        if slot is not None and not slot.held:
+            stop = await self._take_slot(slot)
+            if stop is not None:
+                return stop
         return await self._start_run(fires)
+
+    async def _take_slot(self, slot: Any) -> Stop | None:
+        """Wait for a place among `max_parallel_loops` (status `pending`); a stop condition still
+        ends the wait within a second."""
+        loop = self.loop
+        if slot.sem.locked():
+            loop.transition(Status.PENDING, "max_parallel_loops")
+            await loop.asave()
+        while True:
+            stop = loop.interrupt_check()
+            if stop is not None:
+                return stop
+            try:
+                await asyncio.wait_for(slot.acquire(), 0.5)
+                return None
+            except TimeoutError:
+                continue
 
     async def _start_run(self, fires: int) -> Stop | None:
         loop, s, info = self.loop, self.loop.state, self.info

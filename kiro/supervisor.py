@@ -212,11 +212,15 @@ class Supervisor:
                         self._say(m.task_id, LoopWarning(message=f"could not continue: {exc}"))
                         return
                 assert self._sem is not None
-                async with self._sem:
+                slot = Slot(self._sem)  # a scheduled loop gives it back while it waits between runs
+                await slot.acquire()
+                try:
                     if self.stopping:
                         return
                     self.store.set_role(m.task_id, "loop")
-                    outcome = await self._run_once(m, run)
+                    outcome = await self._run_once(m, run, slot)
+                finally:
+                    slot.release()
                 run = None
                 m.outcome = outcome
                 m.status = outcome.status
@@ -229,9 +233,10 @@ class Supervisor:
                 self.store.release(m.task_id, m.lock)
             self._wake.set()  # the task file may be startable again, or a slot is free
 
-    async def _run_once(self, m: Managed, run: LoopRun) -> Outcome:
+    async def _run_once(self, m: Managed, run: LoopRun, slot: Slot | None = None) -> Outcome:
         executor = run.executor or executors.create(run.executor_name, run.config, run.ws, run.state.task_id)
         loop = Loop(run, executor, self.listeners, self.shared)
+        loop.slot = slot
         loop.subscribe(*standard_listeners(loop))
         m.loop = loop
         m.status = Status.RUNNING
@@ -267,6 +272,24 @@ class Supervisor:
     def _wake_paused(self) -> None:
         for m in self.managed.values():
             m.wake.set()
+
+
+class Slot:
+    """One of `max_parallel_loops` places, held by a running loop. A scheduled task's loop gives its
+    place back while it waits for its next run (kiro.scheduled) and takes one again to run."""
+
+    def __init__(self, sem: asyncio.Semaphore) -> None:
+        self.sem = sem
+        self.held = False
+
+    async def acquire(self) -> None:
+        await self.sem.acquire()
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.sem.release()
 
 
 def _resumable(outcome: Outcome) -> bool:

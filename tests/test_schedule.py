@@ -170,6 +170,9 @@ class Agent:
                     os.replace(src, self.ws.root / "Done/nightly")
                 return {"content": f"SUMMARY-OF-RUN-{n}: the inbox had {n * 3} new mails; deferred the spam."}
             self.step_requests.append((self.summaries + 1, text))
+            if len(self.step_requests) == 1:  # run 1: the agent notes something for later runs
+                return {"tool_calls": [{"name": "memory_save", "arguments": {
+                    "content": "AGENT-NOTE: the mailbox lives at imap.example.org", "type": "fact"}}]}
             return {"tool_calls": [{"name": "complete_step", "arguments": {"summary": f"step done in run "
                                                                                       f"{self.summaries + 1}"}}]}
 
@@ -205,12 +208,13 @@ def test_every_2s_under_watch_runs_three_times_with_recall_and_ends_in_done(ws: 
     by_run: dict[int, list[str]] = {}
     for run, text in agent.step_requests:
         by_run.setdefault(run, []).append(text)
-    assert sorted(by_run) == [1, 2, 3] and all(len(v) == 2 for v in by_run.values())
+    assert sorted(by_run) == [1, 2, 3] and [len(by_run[n]) for n in (1, 2, 3)] == [3, 2, 2]
     first1, first2, first3 = by_run[1][0], by_run[2][0], by_run[3][0]
     assert "SUMMARY-OF-RUN" not in first1 and "Earlier runs" not in first1
     assert "SUMMARY-OF-RUN-1" in first2 and "SUMMARY-OF-RUN-2" not in first2
     assert "SUMMARY-OF-RUN-1" in first3 and "SUMMARY-OF-RUN-2" in first3
     assert "## Earlier runs of this scheduled task" in first3 and f"schedule:{tid}" in first3
+    assert "AGENT-NOTE" in first2 and "AGENT-NOTE" in first3  # what the agent saved is carried too
     assert all("SUMMARY-OF-RUN" not in later for v in by_run.values() for later in v[1:])
 
     # a report per run; the state says how many runs and when; the file stayed in Specs/ between runs
@@ -222,16 +226,17 @@ def test_every_2s_under_watch_runs_three_times_with_recall_and_ends_in_done(ws: 
     st = ws.state(tid)
     assert st["runs"] == 3 and st["last_run_at"] and st["next_run_at"] is None and st["status"] == "completed"
     assert st["schedule"]["expression"] == "every 2s"
-    assert st["usage"]["api_calls"] == 9  # 2 steps + 1 summary, per run
+    assert st["usage"]["api_calls"] == 10  # 2 steps + 1 summary per run, and the memory_save turn
     done = (ws.root / "Done/nightly/tasks.md").read_text()
     assert done.count("- [x]") == 2 and "schedule: {every: 2s}" in done
 
     # the summaries are memories tagged schedule:<task_id>
     with sqlite3.connect(ws.root / ".state/memory.db") as db:
-        rows = db.execute("SELECT content FROM memories WHERE source = ? ORDER BY id",
+        rows = db.execute("SELECT type, content FROM memories WHERE source = ? ORDER BY id",
                           (f"schedule:{tid}",)).fetchall()
-    assert [r[0].split(": ", 1)[1][:16] for r in rows] == ["SUMMARY-OF-RUN-1", "SUMMARY-OF-RUN-2",
-                                                           "SUMMARY-OF-RUN-3"]
+    summaries = [c.split(": ", 1)[1][:16] for t, c in rows if t == "run_summary"]
+    assert summaries == ["SUMMARY-OF-RUN-1", "SUMMARY-OF-RUN-2", "SUMMARY-OF-RUN-3"]
+    assert [c for t, c in rows if t == "fact"] == ["AGENT-NOTE: the mailbox lives at imap.example.org"]
 
 
 def test_stateful_false_carries_nothing_forward(ws: Workspace) -> None:
@@ -334,3 +339,19 @@ def test_a_cron_loop_waits_for_its_first_fire(ws: Workspace, tmp_path: Path) -> 
         _stop(proc)
     assert not (ws.root / "side_effects.log").exists()
     assert ws.state("cr")["status"] == "completed"
+
+
+def test_waiting_scheduled_loops_give_their_watch_slot_to_others(ws: Workspace) -> None:
+    """With max_parallel_loops 1, two tasks every 1s both keep running: a loop waiting for its next
+    run does not hold the only place."""
+    ws.task(shell_task(1, cmd='echo a >> a.log', extra_frontmatter="schedule: {every: 1s}"), "Specs/a/tasks.md")
+    ws.task(shell_task(1, cmd='echo b >> b.log', extra_frontmatter="schedule: {every: 1s}"), "Specs/b/tasks.md")
+    proc = ws.spawn("loop", "watch", "--max-parallel", "1")
+    try:
+        def runs(name: str) -> int:
+            p = ws.root / f"{name}.log"
+            return len(p.read_text().split()) if p.exists() else 0
+
+        ws.wait_for(lambda: runs("a") >= 2 and runs("b") >= 2, timeout=120, what="both tasks to run twice")
+    finally:
+        _stop(proc)

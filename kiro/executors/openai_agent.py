@@ -256,6 +256,15 @@ def _server_wait(exc: openai.OpenAIError) -> float | None:
     return seconds
 
 
+def _memory_source(ctx: StepContext) -> str:
+    """What the agent saves is tagged `loop:<task_id>`; in a stateful scheduled task
+    `schedule:<task_id>`, so that later runs are given it (SPEC §11, kiro.scheduled)."""
+    sched = getattr(ctx.state, "schedule", None)
+    if sched is not None and sched.stateful:
+        return f"schedule:{ctx.task_id}"
+    return f"loop:{ctx.task_id}"
+
+
 class _Attempt:
     """One attempt at one step: the conversation(s), the usage, the transcript records."""
 
@@ -275,7 +284,7 @@ class _Attempt:
                                     state_dir=ctx.workspace.state_dir),
             memory=executor.memory,
             redact=executor.redact,
-            memory_source=f"loop:{ctx.task_id}",
+            memory_source=_memory_source(ctx),
             api_key_env=executor.api_key_env,
             deadline=time.monotonic() + ctx.timeout_seconds,
         )

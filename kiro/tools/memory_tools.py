@@ -1,6 +1,7 @@
 """memory_save and memory_recall: the agent's long-term memory (see `kiro.memory`).
 
-What the agent saves is tagged with the source `loop:<task_id>`; it cannot write under another
+What the agent saves is tagged with the source `loop:<task_id>` (`schedule:<task_id>` in a stateful
+scheduled task, so that its later runs see it); it cannot write under another
 source, but it can recall everybody's (or one source's) notes.
 """
 
