@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
 
 from kiro import safeio
@@ -169,6 +169,23 @@ class Approval(_Strict):
     agent_steps: bool = True  # SPEC §11: add_steps proposes (Pending_Approval/) instead of editing the task file
 
 
+class LocalBackend(_Strict):
+    """SPEC §12's default: loops run in kiro's own processes."""
+
+    kind: Literal["local"] = "local"
+
+
+class TemporalBackend(_Strict):
+    """SPEC §12: each loop a Temporal workflow, each step attempt an activity on a `kiro worker`
+    (docs/scale-out.md). Read only by kiro/temporal/ and the CLI; the local path never imports temporalio."""
+
+    kind: Literal["temporal"]
+    address: str = "127.0.0.1:7233"  # the Temporal frontend, HOST:PORT
+    namespace: str = "default"
+    task_queue: str = "kiro"  # the queue `kiro worker` processes poll for step attempts
+    heartbeat_seconds: float = Field(5, gt=0, le=60)  # a worker's step heartbeats; lost after 3 missed
+
+
 class Config(_Strict):
     """The whole of `config/autonomous_loop.yaml`; every key has a default."""
 
@@ -194,21 +211,32 @@ class Config(_Strict):
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.checkpoints)
     isolation: Literal["none", "worktree"] = "none"
     merge: Literal["manual", "auto"] = "manual"
+    backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", mode="before"
     )(_none_is_empty)
 
-    @model_validator(mode="before")
+    @field_validator("backend", mode="before")
     @classmethod
-    def _local_backend(cls, data: Any) -> Any:
-        """SPEC §12: `backend: local` (or `{kind: local}`) is what kiro does anyway, so it is accepted; any other
-        backend stays an error (see `_backend_refusal`)."""
-        if isinstance(data, Mapping) and "backend" in data:
-            value = data["backend"]
-            if value == "local" or (isinstance(value, Mapping) and dict(value) == {"kind": "local"}):
-                data = {k: v for k, v in data.items() if k != "backend"}
-        return data
+    def _backend_by_name(cls, value: Any) -> Any:
+        """`backend: local` / `backend: temporal` name the kind with its defaults."""
+        if isinstance(value, str):
+            return {"kind": value}
+        return value
+
+    @field_validator("backend", mode="after")
+    @classmethod
+    def _temporal_needs_git(cls, value: LocalBackend | TemporalBackend, info: ValidationInfo) -> Any:
+        """The temporal backend moves a loop's work between machines on its git branch (docs/scale-out.md §7)."""
+        if value.kind == "temporal":
+            if info.data.get("checkpoints") == "off":
+                raise ValueError("the temporal backend needs git checkpoints (each step's work travels as a commit on "
+                                 "branch kiro/<task_id>); remove checkpoints: off, or use backend: local")
+            if info.data.get("merge") == "auto":
+                raise ValueError("the temporal backend leaves branch kiro/<task_id> for review; merge: auto is not "
+                                 "built on it (docs/scale-out.md §12); use merge: manual or backend: local")
+        return value
 
     @field_validator("on_event")
     @classmethod
@@ -648,12 +676,12 @@ def _validation_error(exc: ValidationError, origins: Mapping[str, _Origin]) -> C
 
 def _describe(error: ErrorDetails, origins: Mapping[str, _Origin], more: str) -> ConfigError:
     loc = tuple(str(part) for part in error["loc"])
+    if loc[:1] == ("backend",) and loc[1:2] in (("local",), ("temporal",)):
+        loc = loc[:1] + loc[2:]  # the union's tag is not a key
     key = ".".join(loc)
     origin = _origin_of(loc, origins)
 
-    if error["type"] == "extra_forbidden" and loc == ("backend",):
-        text = _backend_refusal(error.get("input")) + more
-    elif error["type"] == "extra_forbidden":
+    if error["type"] == "extra_forbidden":
         text = f"unknown key {key!r}{_suggestion(loc)}{more}"
     else:
         text = f"{key}: {_message(error)}{more}"
@@ -666,15 +694,6 @@ def _describe(error: ErrorDetails, origins: Mapping[str, _Origin], more: str) ->
     if error["type"] != "extra_forbidden" and key == origin.path:
         text = _message(error) + more  # the label already says which key
     return ConfigError(f"{origin.label}: {text}", file=origin.file, line=origin.line, key=key)
-
-
-def _backend_refusal(value: Any) -> str:
-    """SPEC §12's `backend:` is designed (docs/scale-out.md) but not built: refuse it by name rather than
-    as an unknown key, and never accept a value that nothing reads."""
-    kind = value.get("kind") if isinstance(value, Mapping) else value
-    if kind == "local":
-        return "backend: {kind: local} takes no other keys (backend: temporal is designed in docs/scale-out.md)"
-    return "backend: temporal is designed in docs/scale-out.md, not built yet; remove the key to run loops locally"
 
 
 def _prefixes(loc: tuple[str, ...]) -> Iterator[str]:

@@ -700,7 +700,7 @@ class Loop:
             if result.ok:
                 self.guardrails.activity()
                 self.guardrails.after_attempt(step.id, None)
-                checkpoint = await self._step_checkpoint(step)
+                checkpoint = await self._step_checkpoint(step) or result.checkpoint
                 self._in_progress = None  # checked
                 self._record_success(step, started, summary=result.summary, attempts=attempt, checkpoint=checkpoint)
                 self.emit(ev.StepCompleted(step_id=step.id, description=step.title or step.text,

@@ -471,6 +471,19 @@ class RunFinished(Event):
     duration_seconds: float = 0.0
 
 
+# -- the temporal backend (SPEC §12, docs/scale-out.md) ----------------------------------------
+
+
+class WorkerLost(Event):
+    """A `kiro worker` died (or went silent) during this step's attempt; Temporal ran it again elsewhere.
+    `tries`: the try that finished (1 = nothing was lost); `worker`: the one that finished it."""
+
+    event: Literal["worker_lost"] = "worker_lost"
+    step_id: str
+    tries: int
+    worker: str
+
+
 AnyEvent: TypeAlias = Annotated[
     Union[  # noqa: UP007 - a discriminated union reads best spelled out
         LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
@@ -481,7 +494,7 @@ AnyEvent: TypeAlias = Annotated[
         CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
         WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed, RollbackResumed,
         RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
-        PrecheckPassed, PrecheckSkipped,
+        PrecheckPassed, PrecheckSkipped, WorkerLost,
     ],
     Field(discriminator="event"),
 ]

@@ -244,14 +244,16 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
                    overrides: Mapping[str, Any] | None = None, max_iterations: int | None = None,
                    failure_threshold: int | None = None, timeout: float | None = None,
                    reset_failures: bool = False, executor: Executor | None = None,
-                   held_lock: FileLock | None = None) -> LoopRun:
+                   held_lock: FileLock | None = None, keep_hooks: bool = False) -> LoopRun:
     """Load a loop's state under its lock and make it ready to continue. `held_lock`: the caller
-    (the watch supervisor) already holds the lock and keeps owning it."""
+    (the watch supervisor) already holds the lock and keeps owning it. `keep_hooks`: the temporal
+    backend's workspace worker continuing a loop nobody asked to resume (its first run, a retry): stop
+    hooks stay, and the engine pauses on them as usual."""
     loc = settings_for(ws0, config_file=config_file, overrides=overrides)
     store = loc.store
     ws = loc.ws
     loaded = store.load(check_task_id(task_id))
-    if ws.global_hook_file.exists():
+    if ws.global_hook_file.exists() and not keep_hooks:
         # It would pause this loop again at once. One command removes it for every loop.
         raise UserError(f"the global stop hook {ws.relative(ws.global_hook_file)} (from `kiro loop stop --all`) "
                         f"pauses every loop; run `kiro loop resume --all` to remove it and continue every paused "
@@ -291,7 +293,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         state.task_path = ws.relative(path)
         hook = ws.hook_file(task_id)
         ws.check_hook(hook)
-        if os.path.lexists(hook):
+        if os.path.lexists(hook) and not keep_hooks:
             hook.unlink()
             warnings.append(f"removed the stop hook {ws.relative(hook)}")
         warnings += resolved.archive_requests(ws, task_id)  # answered: the loop goes on

@@ -80,13 +80,14 @@ def _root(
 
 
 def _register() -> None:
-    from kiro.cli import agents, init, loop, serve, watch
+    from kiro.cli import agents, init, loop, serve, watch, worker
 
     loop.app.command("watch")(watch.watch)
     app.add_typer(loop.app, name="loop")
     app.command("init")(init.init)
     app.command("serve")(serve.serve)
     app.command("agents")(agents.agents)
+    app.command("worker")(worker.worker)
 
 
 _register()

@@ -177,6 +177,10 @@ def start(
     overrides = _overrides(max_iterations, failure_threshold, timeout, executor, model, agent)
     if len(task) > 1 and task_id:
         raise UserError("--task-id names one loop; with several --task, each gets its own id")
+    if detach and _temporal(ws, config):
+        detach, temporal_detach = False, True  # a workflow needs no process of ours in the background
+    else:
+        temporal_detach = False
     if detach:
         if len(task) > 1:
             raise UserError("--detach starts one loop; run it once per task")
@@ -187,6 +191,10 @@ def start(
             argv += ["--task-id", tid]
         _detach(argv, ws, tid)
         return
+    if temporal_detach or (not detach and _temporal(ws, config)):
+        from kiro.temporal.commands import preflight
+
+        preflight(ws, config)  # the server is reachable, the project is in git: before any state is written
     runs = []
     index = None
     if len(task) > 1:
@@ -201,7 +209,35 @@ def start(
             if r.release:
                 r.release()
         raise
+    if runs and runs[0].config.backend.kind == "temporal":
+        from kiro.temporal.commands import start_runs
+
+        _exit(start_runs(runs, detach=temporal_detach, quiet=quiet, verbose=verbose))
     _exit(_run_foreground(runs, quiet, verbose))
+
+
+def _temporal(ws: Any, config: Path | None) -> bool:
+    """SPEC §12: does this workspace run its loops on the temporal backend? The config is resolved only when
+    the word appears in the config file or a KIRO_BACKEND* variable is set, so the local path pays nothing."""
+    path = config or ws.root / "config" / "autonomous_loop.yaml"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    if "temporal" not in text and not any(k.startswith("KIRO_BACKEND") for k in os.environ):
+        return False
+    from kiro.settings import settings_for
+
+    if settings_for(ws, config_file=config).config.backend.kind != "temporal":
+        return False
+    try:
+        import temporalio  # noqa: F401
+    except ImportError:
+        from kiro.errors import UserError
+        from kiro.temporal import MISSING
+
+        raise UserError(MISSING) from None
+    return True
 
 
 @app.command()
@@ -243,7 +279,8 @@ def resume(
         return
     tid = resolve_task_id(ws, store, task_id, task)
     assert tid is not None
-    if detach:
+    temporal = _temporal(ws, config)
+    if detach and not temporal:
         argv = [a for a in sys.argv[1:] if a != "--detach"]
         if not task_id:
             argv += ["--task-id", tid]
@@ -265,6 +302,10 @@ def resume(
             console.line(note)
         console.line(f"loop {tid} is kept by `kiro loop watch` (process {store.holder_pid(tid)}); it continues there")
         return
+    if temporal:
+        from kiro.temporal.commands import resume_run
+
+        _exit(resume_run(run, detach=detach, quiet=quiet, verbose=verbose))
     _exit(_run_foreground([run], quiet, verbose))
 
 
@@ -557,7 +598,15 @@ def stop(
                          f"{views.loop_row(store, loaded.state, alive=False)['status']}); the hook keeps it paused "
                          f"until it is deleted or the loop is resumed")
         targets = [tid] if alive else []
-    if force:
+    if force and targets and _temporal(ws, None):
+        from kiro.settings import settings_for
+        from kiro.temporal.commands import force_stop
+
+        for tid in targets:  # the loop runs in the workspace worker beside others: signal its workflow
+            force_stop(ws, settings_for(ws).config, tid)
+            if _wait_unlocked(store, tid, 30):
+                console.line(f"loop {tid} stopped; state saved")
+    elif force:
         for tid in targets:
             _force_stop(store, tid)
     elif wait:

@@ -40,6 +40,7 @@ class StepResult:
     usage: StepUsage = field(default_factory=StepUsage)
     checked_by_executor: bool = False  # the external agent checked the step's box itself
     stop_reason: str | None = None  # for "interrupted": which stop condition cut the attempt short
+    checkpoint: Any = None  # a checkpoints.Result made elsewhere (temporal backend: the worker's pushed commit)
 
     @property
     def ok(self) -> bool:

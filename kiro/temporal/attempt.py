@@ -1,0 +1,268 @@
+"""`run_attempt`: one step attempt on a `kiro worker` (docs/scale-out.md §4, §7).
+
+The worker has its own clone of the project. Each loop works on branch `kiro/<task_id>` in a worktree of
+that clone; the step's changes travel as one commit pushed to the remote. The commit carries the trailer
+`Kiro-Step-Run: <n>` (the n-th completion of that step in the loop): it is the done-marker. An attempt
+whose marker is already on the branch (its worker pushed, then died before Temporal heard of it) returns
+`recovered` without running anything, so a completed step never runs again, whichever worker retries it.
+
+The executor is kiro's own (`kiro.executors.create`), run with a `StepContext` built from what the engine
+on the workspace host sent: the same prompts, the same task text, the same config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from kiro import checkpoints, executors, tasks
+from kiro.config import Config
+from kiro.errors import ConfigError, ExecutorError, UserError
+from kiro.executors.base import StepContext, StepResult
+from kiro.executors.process import run_process, tail
+from kiro.redact import Redactor
+from kiro.state import LoopState
+from kiro.usage import StepUsage
+from kiro.workspace import Workspace
+
+
+@dataclass
+class Clone:
+    """A worker's own clone of the project, and its per-loop worktrees under `.kiro/worktrees/`."""
+
+    path: Path
+    name: str
+
+    def git(self, cwd: Path | None = None) -> checkpoints.Git:
+        return checkpoints.Git(cwd or self.path)
+
+    @classmethod
+    def prepare(cls, path: Path, remote: str | None, name: str) -> Clone:
+        path = path.expanduser().resolve()
+        if not (path / ".git").exists():
+            if not remote:
+                raise UserError(f"--clone {path}: no git clone there; pass --remote URL to clone the project into it")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            checkpoints.Git(path.parent).run("clone", "-q", remote, str(path), timeout=600)
+        elif remote:
+            checkpoints.Git(path).run("remote", "set-url", "origin", remote)
+        exclude = path / ".git" / "info" / "exclude"
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        text = exclude.read_text() if exclude.exists() else ""
+        if ".kiro/" not in text.split():
+            exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n") + ".kiro/\n")
+        return cls(path, name)
+
+
+class Attempts:
+    """The activity of a step worker, bound to its clone."""
+
+    def __init__(self, clone: Clone) -> None:
+        self.clone = clone
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @activity.defn(name="run_attempt")
+    async def run_attempt(self, inp: dict[str, Any]) -> dict[str, Any]:
+        lock = self._locks.setdefault(inp["task_id"], asyncio.Lock())
+        async with lock:  # a retried attempt of this loop may still be winding down here
+            return await self._run(inp)
+
+    async def _run(self, inp: dict[str, Any]) -> dict[str, Any]:
+        info = activity.info()
+        hb = float(inp["heartbeat_seconds"])
+        beat = asyncio.create_task(_heartbeat(hb))
+        try:
+            tree, start = await asyncio.to_thread(self._checkout, inp)
+            found = await asyncio.to_thread(_find_done, self.clone.git(tree), inp, start)
+            if found:
+                return self._result(inp, "completed", summary="(recovered: a worker pushed this step, then died "
+                                    "before reporting it)", commit=found, recovered=True)
+            cfg = Config.model_validate(inp["config"])
+            redact = Redactor.for_run(cfg)
+            ctx, executor = self._context(inp, cfg, tree, redact)
+            cancelled = False
+            run = asyncio.create_task(executor.run_step(ctx))
+            while True:
+                try:
+                    result = await asyncio.shield(run)
+                    break
+                except asyncio.CancelledError:  # the loop's `stop --force`: end the step's processes now
+                    cancelled = True
+                    ctx.cancel.set()
+            with contextlib.suppress(Exception):
+                await executor.aclose()
+            if cancelled:
+                raise asyncio.CancelledError()
+            result.redact(redact)
+            events: list[dict[str, Any]] = list(ctx._collected)  # type: ignore[attr-defined]
+            verify = inp.get("verify")
+            if result.ok and verify:
+                passed, output = await _verify(verify, tree, ctx, redact)
+                if not passed:
+                    events.append({"event": "verify_failed", "step_id": inp["step_id"], "command": verify,
+                                   "output": tail(output, 1000)})
+                    result = StepResult("failed", summary=result.summary,
+                                        error=f"verify `{verify}` failed:\n{tail(output, 2000)}")
+            commit = None
+            if result.ok:
+                commit = await asyncio.to_thread(self._commit_and_push, inp, tree)
+                if commit.startswith("recovered:"):
+                    return self._result(inp, "completed", summary=result.summary, commit=commit.split(":", 1)[1],
+                                        recovered=True, events=events, usage=result.usage)
+            return self._result(inp, result.outcome, summary=result.summary, error=result.error,
+                                question=result.question, usage=result.usage, stop_reason=result.stop_reason,
+                                checked=result.checked_by_executor, commit=commit, events=events,
+                                attempt=info.attempt)
+        except (ExecutorError, UserError, ConfigError) as exc:
+            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
+        except checkpoints.GitError as exc:
+            raise ApplicationError(f"git on worker {self.clone.name}: {exc}", type="GitError") from None
+        finally:
+            beat.cancel()
+
+    def _result(self, inp: dict[str, Any], outcome: str, *, summary: str = "", error: str | None = None,
+                question: str | None = None, usage: StepUsage | None = None, stop_reason: str | None = None,
+                checked: bool = False, commit: str | None = None, recovered: bool = False,
+                events: list[dict[str, Any]] | None = None, attempt: int | None = None) -> dict[str, Any]:
+        u = usage or StepUsage()
+        return {"outcome": outcome, "summary": summary, "error": error, "question": question,
+                "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                          "total_tokens": u.total_tokens, "api_calls": u.api_calls, "cost_usd": u.cost_usd},
+                "stop_reason": stop_reason, "checked_by_executor": checked, "commit": commit, "recovered": recovered,
+                "events": events or [], "worker": self.clone.name, "host": socket.gethostname(),
+                "try": attempt if attempt is not None else activity.info().attempt}
+
+    # -- git -------------------------------------------------------------------------------------
+
+    def _checkout(self, inp: dict[str, Any]) -> tuple[Path, str]:
+        """The loop's worktree at the branch's tip on the remote (or the loop's base commit), with
+        whatever an earlier attempt on this machine left there wiped."""
+        tid, branch = inp["task_id"], f"kiro/{inp['task_id']}"
+        main = self.clone.git()
+        remote_ref = f"refs/remotes/origin/{branch}"
+        main.run("fetch", "-q", "origin", f"+refs/heads/{branch}:{remote_ref}", check=False, timeout=300)
+        if main.ok("rev-parse", "--verify", "-q", remote_ref):
+            start = main.out("rev-parse", remote_ref)
+        else:
+            base = inp["base_commit"]
+            if not main.ok("cat-file", "-e", f"{base}^{{commit}}"):
+                main.run("fetch", "-q", "origin", timeout=300)
+            if not main.ok("cat-file", "-e", f"{base}^{{commit}}"):
+                raise UserError(f"the loop's base commit {base[:12]} is not on the remote; push the workspace "
+                                f"project's branch first (git push)")
+            start = base
+        tree = self.clone.path / ".kiro" / "worktrees" / tid
+        if not (tree / ".git").exists():
+            main.run("worktree", "prune", check=False)
+            if tree.exists():
+                import shutil
+
+                shutil.rmtree(tree)
+            tree.parent.mkdir(parents=True, exist_ok=True)
+            main.run("worktree", "add", "-q", "--detach", str(tree), start)
+        wt = self.clone.git(tree)
+        wt.run("checkout", "-q", "--detach", start)
+        wt.run("reset", "-q", "--hard", start)
+        wt.run("clean", "-q", "-fd")
+        return tree, start
+
+    def _commit_and_push(self, inp: dict[str, Any], tree: Path) -> str:
+        wt = self.clone.git(tree)
+        msg = checkpoints.step_message(inp["task_id"], inp["step_id"], inp["title"], int(inp["iteration"]))
+        msg += f"Kiro-Step-Run: {inp['step_run']}\n"
+        wt.run("add", "-A", "--", ".")
+        wt.run("commit", "-q", "--no-verify", "--allow-empty", "-F", "-", commit=True, input=msg)
+        sha = wt.out("rev-parse", "HEAD")
+        if os.environ.get("KIRO_RAISE_ERRORS") and os.environ.get("KIRO_TEST_PAUSE_BEFORE_PUSH"):
+            marker = Path(os.environ["KIRO_TEST_PAUSE_BEFORE_PUSH"])  # tests: a window to kill the worker here
+            marker.write_text(f"{inp['task_id']} {inp['step_id']}\n")
+        push = wt.run("push", "-q", "origin", f"HEAD:refs/heads/kiro/{inp['task_id']}", check=False, timeout=300)
+        if push.returncode == 0:
+            return sha
+        # Someone else moved the branch: another worker that ran this same attempt (this one was presumed
+        # dead) pushed first. Its push is the step; ours is dropped.
+        main = self.clone.git()
+        main.run("fetch", "-q", "origin", f"+refs/heads/kiro/{inp['task_id']}:refs/remotes/origin/kiro/"
+                 f"{inp['task_id']}", check=False, timeout=300)
+        found = _find_done(main, inp, f"refs/remotes/origin/kiro/{inp['task_id']}")
+        if found:
+            return "recovered:" + found
+        raise checkpoints.GitError(f"push of kiro/{inp['task_id']} failed: {(push.stderr or '').strip()[-300:]}")
+
+    # -- the executor ----------------------------------------------------------------------------
+
+    def _context(self, inp: dict[str, Any], cfg: Config, tree: Path,
+                 redact: Redactor) -> tuple[StepContext, Any]:
+        """The attempt's StepContext, with a scratch workspace on this machine holding the task file as
+        the engine read it (an agent told to read or check it can)."""
+        scratch = Workspace(self.clone.path / ".kiro" / "ws" / inp["task_id"])
+        task_path = scratch.root / inp["task_path"]
+        task_path.parent.mkdir(parents=True, exist_ok=True)
+        task_path.write_text(inp["task_text"], encoding="utf-8")
+        task = tasks.load(task_path)
+        step = task.find(tuple(inp["step_key"])) or task.find(inp["step_id"])
+        if step is None:
+            raise UserError(f"step {inp['step_id']} is not in the task text the worker received")
+        state = LoopState.model_validate(inp["state"])
+        executor = executors.create(inp["executor"], cfg, scratch, inp["task_id"])
+        collected: list[dict[str, Any]] = []
+
+        def emit(event: Any = None, /, **fields: Any) -> None:
+            if isinstance(event, str):
+                collected.append({"event": event, **fields})
+            elif event is not None:
+                collected.append(event.to_record())
+
+        async def sleep(seconds: float) -> str | None:
+            await asyncio.sleep(seconds)
+            return None
+
+        ctx = StepContext(
+            task_id=inp["task_id"], workspace=scratch, project_dir=tree, task_path=task_path, task=task, step=step,
+            iteration=int(inp["iteration"]), attempt=int(inp["attempt"]), prompt=inp["prompt"],
+            system_prompt=inp["system_prompt"], reinjected=bool(inp["reinjected"]), continuation=inp["continuation"],
+            previous_error=inp["previous_error"], verify_output=inp["verify_output"],
+            timeout_seconds=float(inp["timeout_seconds"]), config=cfg, state=state, cancel=asyncio.Event(),
+            emit=emit, sleep=sleep, redact=redact)
+        ctx._collected = collected  # type: ignore[attr-defined]
+        return ctx, executor
+
+
+async def _heartbeat(seconds: float) -> None:
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(seconds)
+
+
+def _find_done(git: checkpoints.Git, inp: dict[str, Any], tip: str) -> str | None:
+    """The commit on `tip` that completed this run of this step, if a worker pushed it already."""
+    base = inp["base_commit"]
+    rng = [tip, f"^{base}"] if base and tip != base else [tip]
+    out = git.run("log", "--format=%H%x1f%B%x1e", f"--grep=Kiro-Step-Run: {inp['step_run']}", *rng,
+                  check=False).stdout
+    for record in out.split("\x1e"):
+        sha, _, body = record.strip().partition("\x1f")
+        t = checkpoints.trailers(body)
+        if (t.get("Kiro-Task-Id") == inp["task_id"] and t.get("Kiro-Step-Id") == inp["step_id"].strip()
+                and t.get("Kiro-Step-Run") == str(inp["step_run"])):
+            return sha.strip()
+    return None
+
+
+async def _verify(command: str, tree: Path, ctx: StepContext, redact: Redactor) -> tuple[bool, str]:
+    from kiro.executors.shell import step_env
+
+    result = await run_process(["bash", "-e", "-c", command], cwd=tree, env=step_env(ctx),
+                               timeout=ctx.config.step_timeout_seconds, cancel=ctx.cancel)
+    text = redact.text(tail(result.output, 4000))
+    if result.timed_out:
+        return False, f"(timed out after {ctx.config.step_timeout_seconds:g} s)\n{text}"
+    return result.ok, text

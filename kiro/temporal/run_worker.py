@@ -1,0 +1,74 @@
+"""`kiro worker`'s process: connect, serve one task queue, stop on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio.worker import Worker
+
+from kiro.config import Config
+from kiro.errors import UserError
+from kiro.temporal import client as tc
+from kiro.workspace import Workspace
+
+
+def main(ws: Workspace, cfg: Config, *, role: str, clone: Path | None, remote: str | None, name: str,
+         max_concurrent: int) -> None:
+    asyncio.run(_serve(ws, cfg, role=role, clone=clone, remote=remote, name=name, max_concurrent=max_concurrent))
+
+
+async def _serve(ws: Workspace, cfg: Config, *, role: str, clone: Path | None, remote: str | None, name: str,
+                 max_concurrent: int) -> None:
+    from kiro.temporal.workflow import KiroLoop, KiroStep
+
+    lock_fh: Any = None
+    n = tc.names(ws, cfg)
+    if role == "workspace":
+        path = tc.worker_lock(ws)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fh = open(path, "a+")  # noqa: SIM115 - held for the life of the process
+        try:
+            fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UserError(f"a workspace worker already runs for {ws.root} (it holds "
+                            f"{ws.relative(path)}); one per workspace") from None
+    client = await tc.connect(cfg)
+    stop = asyncio.Event()
+    segments = None
+    if role == "workspace":
+        from kiro.temporal.segment import Segments
+
+        segments = Segments(client)
+        worker = Worker(client, task_queue=n.ws_queue, workflows=[KiroLoop, KiroStep],
+                        activities=[segments.run_segment], max_concurrent_activities=10_000,
+                        graceful_shutdown_timeout=timedelta(seconds=30))
+    else:
+        from kiro.temporal.attempt import Attempts, Clone
+
+        assert clone is not None
+        attempts = Attempts(await asyncio.to_thread(Clone.prepare, clone, remote, name))
+        worker = Worker(client, task_queue=n.step_queue, activities=[attempts.run_attempt],
+                        max_concurrent_activities=max_concurrent, graceful_shutdown_timeout=timedelta(seconds=2))
+    aloop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        aloop.add_signal_handler(sig, stop.set)
+    queue = n.ws_queue if role == "workspace" else n.step_queue
+    sys.stdout.write(f"kiro worker {name} ({role}) ready: {tc.backend_of(cfg).address} queue {queue}, "
+                     f"pid {os.getpid()}\n")
+    sys.stdout.flush()
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait({running, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if segments is not None:
+        segments.stop_all("stopped: the workspace worker got SIGTERM")
+    if not running.done():
+        await worker.shutdown()
+    await running
+    if lock_fh is not None:
+        lock_fh.close()

@@ -1,0 +1,61 @@
+"""One loop on the temporal backend, end to end: `kiro loop start` (unchanged for the user) against a real
+Temporal dev server, a real `kiro worker` with its own git clone, real git, the shell executor."""
+
+from __future__ import annotations
+
+from tests.conftest import Workspace, shell_task
+from tests.temporal.conftest import Project, Workers
+
+
+def test_one_loop_on_one_worker(tws: Workspace, project: Project, workers: Workers) -> None:
+    workers.start_workspace()
+    workers.start("w1")
+    tws.task(shell_task(3, cmd='echo "step $KIRO_STEP_ID" >> work.txt'))
+    r = tws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "one", timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr, workers.output("w1"), workers.output("workspace"))
+    st = tws.state("one")
+    assert st["status"] == "completed" and st["total_successes"] == 3 and st["total_failures"] == 0
+    assert [c["step_id"] for c in st["completed_steps"]] == ["1", "2", "3"]
+    assert project.branch_file("one", "work.txt") == "step 1\nstep 2\nstep 3\n"
+    subjects = project.branch_log("one")
+    assert subjects == ["kiro(one): 1 Step number 1", "kiro(one): 2 Step number 2", "kiro(one): 3 Step number 3"]
+    assert [c["checkpoint"] for c in st["completed_steps"]] == project.branch_shas("one")
+    assert (tws.root / "Done/feature/tasks.md").read_text().count("- [x]") == 3
+    assert (tws.root / "Logs/completion_reports/one.md").exists()
+    assert not (tws.root / "work.txt").exists()  # the work is on the branch, not in the workspace's checkout
+
+
+def test_an_unreachable_server_is_one_line_and_starts_nothing(tws: Workspace, project: Project) -> None:
+    from tests.temporal.conftest import free_port
+
+    tws.write("config/autonomous_loop.yaml", f"backend:\n  kind: temporal\n  address: 127.0.0.1:{free_port()}\n")
+    tws.task(shell_task(1))
+    r = tws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "nope", timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "backend.address" in lines[0] and "cannot reach the Temporal server" in lines[0], lines
+    assert not (tws.root / "Logs" / "temporal_worker.out").exists()  # no workspace worker was started
+    assert not list((tws.root / ".state").glob("autonomous_loop_*.json"))  # and no loop
+    assert "kiro_task_id" not in (tws.root / "Specs/feature/tasks.md").read_text()
+
+
+def test_kiro_worker_on_a_local_workspace_says_so(ws: Workspace) -> None:
+    r = ws.kiro("worker", "--clone", str(ws.root.parent / "c"), timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "backend is local" in r.stderr and "backend.kind: temporal" in r.stderr, r.stderr
+
+
+def test_the_local_backend_never_imports_temporalio(ws: Workspace) -> None:
+    import subprocess
+    import sys
+
+    ws.task(shell_task(2))
+    code = ("import atexit, sys, runpy\n"
+            "atexit.register(lambda: print('TEMPORALIO' if 'temporalio' in sys.modules else 'CLEAN'))\n"
+            "sys.argv = ['kiro', 'loop', 'start', '--task', 'Specs/feature/tasks.md', '--task-id', 'loc']\n"
+            "runpy.run_module('kiro', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ws.root, env=ws.env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("CLEAN"), r.stdout
+    assert ws.state("loc")["status"] == "completed"
