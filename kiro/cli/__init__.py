@@ -100,6 +100,21 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError:
         _closed_pipe()
+    except SystemExit as exc:
+        if "temporalio" in sys.modules:
+            _exit_now(exc.code)
+        raise
+
+
+def _exit_now(code: object) -> None:
+    """The temporal backend's SDK keeps native threads that may call into Python while the interpreter shuts
+    down (a fatal error, exit -6, at random): a command that used it ends here, its output flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
 def _closed_pipe() -> None:

@@ -12,7 +12,7 @@ def test_one_loop_on_one_worker(tws: Workspace, project: Project, workers: Worke
     workers.start("w1")
     tws.task(shell_task(3, cmd='echo "step $KIRO_STEP_ID" >> work.txt'))
     r = tws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "one", timeout=120)
-    assert r.returncode == 0, (r.stdout, r.stderr, workers.output("w1"), workers.output("workspace"))
+    assert r.returncode == 0, r.stderr[-3000:]
     st = tws.state("one")
     assert st["status"] == "completed" and st["total_successes"] == 3 and st["total_failures"] == 0
     assert [c["step_id"] for c in st["completed_steps"]] == ["1", "2", "3"]
