@@ -355,3 +355,19 @@ def test_waiting_scheduled_loops_give_their_watch_slot_to_others(ws: Workspace) 
         ws.wait_for(lambda: runs("a") >= 2 and runs("b") >= 2, timeout=120, what="both tasks to run twice")
     finally:
         _stop(proc)
+
+
+def test_removing_the_schedule_line_makes_the_current_run_the_last(ws: Workspace) -> None:
+    path = ws.task(shell_task(1, cmd='sleep 0.3; echo "$KIRO_STEP_ID" >> side_effects.log',
+                              extra_frontmatter="schedule: {every: 1s}"))
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "rm")
+    try:
+        ws.wait_for(lambda: _events(ws, "rm", "run_finished"), timeout=60, what="run 1")
+        path.write_text(path.read_text().replace("schedule: {every: 1s}\n", ""))  # a person edits the file
+        assert proc.wait(timeout=60) == 0
+    finally:
+        _stop(proc)
+    assert (ws.root / "Done/feature/tasks.md").exists()  # completed like any task, moved to Done/
+    st = ws.state("rm")
+    assert st["status"] == "completed" and st["next_run_at"] is None
+    assert any("`schedule:` was removed" in e["message"] for e in _events(ws, "rm", "warning"))
