@@ -83,8 +83,8 @@ class ResourceLimits(_Strict):
     """`resource_limits:` (seed 004, "Resource Limits")."""
 
     max_memory_mb: int | None = Field(1024, ge=1)
-    # Not enforced yet (kiro.unbuilt warns when they are set): null by default, not the seed's 80 and
-    # 100, so that no workspace carries a limit that does nothing.
+    # Waits (kiro.guardrails.resource_wait); null by default, not the seed's 80 and 100 (README "Where kiro
+    # differs"): kiro's own bookkeeping would hit 100 writes a minute in a fast loop.
     max_cpu_percent: float | None = Field(None, gt=0)
     max_disk_writes_per_minute: int | None = Field(None, ge=1)
     max_api_calls_per_minute: int | None = Field(60, ge=1)

@@ -2,8 +2,9 @@
 Limits"). Each limit names itself when it triggers: its name, its value, and the figure that hit it.
 
 Three kinds:
-- waits: `active_hours`, `token_budget_per_hour`, `max_api_calls_per_minute`, `max_actions_per_minute`
-  -> the loop sleeps (status `sleeping`) until the limit frees; a stop hook still ends the wait at once;
+- waits: `active_hours`, `token_budget_per_hour`, `max_api_calls_per_minute`, `max_actions_per_minute`,
+  `max_cpu_percent`, `max_disk_writes_per_minute` -> the loop sleeps (status `sleeping`) until the limit
+  frees; a stop hook still ends the wait at once;
 - hard stops: `max_total_tokens`, `max_cost_usd`, `idle_timeout_seconds`, `max_memory_mb` -> exit 4;
 - loop detection: the same error on the same step, or the same tool call with the same arguments
   on the same step with no step completed in between, `loop_detection_repeats` times in a row ->
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -76,14 +78,66 @@ class RateLimiter:
         self.events.append(now)
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process, all its threads, and its children that have ended
+    (step processes, agent CLIs, run_command, and what they waited for): getrusage."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def disk_writes() -> float:
+    """Disk writes by this process and its ended children, as the kernel accounts them (getrusage
+    `ru_oublock`, in 512-byte blocks), counted in 4 KiB pages: one small file written is about one."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (me.ru_oublock + kids.ru_oublock) / 8
+
+
+class UsageMeter:
+    """A figure that only grows (CPU seconds, pages written), read at each check; what it grew by
+    in the last minute. The first reading is taken when the meter is made (after kiro's start-up)."""
+
+    WINDOW = 60.0
+
+    def __init__(self, read: Callable[[], float], clock: Callable[[], float] = time.monotonic) -> None:
+        self.read = read
+        self.clock = clock
+        self.samples: deque[tuple[float, float]] = deque([(clock(), read())])
+
+    def sample(self) -> tuple[float, float]:
+        now, value = self.clock(), self.read()
+        if value != self.samples[-1][1] or now - self.samples[-1][0] >= 1.0:
+            self.samples.append((now, value))
+        while len(self.samples) > 2 and self.samples[1][0] <= now - self.WINDOW:
+            self.samples.popleft()  # samples[0] stays the newest one at or before the window's start
+        return now, value
+
+    def over_window(self) -> tuple[float, float]:
+        """(seconds covered, growth) over the last minute, or since the first reading."""
+        now, value = self.sample()
+        t0, v0 = self.samples[0]
+        return now - t0, value - v0
+
+    def seconds_until_below(self, limit: float) -> float:
+        """How long until the growth over the window is below `limit`, if nothing more is used."""
+        now, value = self.samples[-1]
+        for t, v in self.samples:
+            if value - v < limit:
+                return max(t + self.WINDOW - now, 0.0)
+        return self.WINDOW
+
+
 class SharedLimits:
-    """Rate limits shared by every loop in one process: one model endpoint, one budget of actions."""
+    """Rate limits shared by every loop in one process: one model endpoint, one budget of actions,
+    one machine's CPU and disk."""
 
     def __init__(self, config: Config) -> None:
         calls = config.resource_limits.max_api_calls_per_minute
         actions = config.guardrails.max_actions_per_minute
         self.api = RateLimiter(calls) if calls else None
         self.actions = RateLimiter(actions) if actions else None
+        limits = config.resource_limits
+        self.cpu = UsageMeter(cpu_seconds) if limits.max_cpu_percent is not None else None
+        self.disk = UsageMeter(disk_writes) if limits.max_disk_writes_per_minute is not None else None
 
 
 def _fingerprint(*parts: Any) -> str:
@@ -258,6 +312,9 @@ class LoopGuardrails:
                                self.local_now().strftime("%H:%M"),
                                f"outside active hours {g.active_hours.start}-{g.active_hours.end}; sleeping "
                                f"{secs:.0f} s", "wait", secs)
+        resources = self.resource_wait()
+        if resources is not None:
+            return resources
         if g.token_budget_per_hour is not None:
             used = self.tokens_last_hour()
             if used >= g.token_budget_per_hour:
@@ -274,6 +331,31 @@ class LoopGuardrails:
                 return Trigger("token_budget_per_hour", g.token_budget_per_hour, used,
                                f"token_budget_per_hour {g.token_budget_per_hour} used up ({used} tokens in the last "
                                f"hour); sleeping {max(secs, 0):.0f} s", "wait", max(secs, 0.05))
+        return None
+
+    def resource_wait(self) -> Trigger | None:
+        """`resource_limits.max_cpu_percent` and `max_disk_writes_per_minute`, as waits: the process
+        (every loop in it) and its ended step processes, over the last minute."""
+        limits, shared = self.limits, self.shared
+        if shared.cpu is not None and limits.max_cpu_percent is not None:
+            # max_cpu_percent of one CPU over any minute: a budget of CPU seconds per rolling minute
+            budget = limits.max_cpu_percent / 100 * UsageMeter.WINDOW
+            span, used = shared.cpu.over_window()
+            if used > budget:
+                secs = max(shared.cpu.seconds_until_below(budget), 0.05)
+                percent = used / UsageMeter.WINDOW * 100
+                return Trigger("max_cpu_percent", limits.max_cpu_percent, round(percent, 1),
+                               f"max_cpu_percent {limits.max_cpu_percent:g} reached: kiro and its steps used "
+                               f"{used:.1f} CPU seconds in the last {span:.0f} s ({percent:.0f}% of a CPU over a "
+                               f"minute); waiting {secs:.0f} s", "wait", secs)
+        if shared.disk is not None and limits.max_disk_writes_per_minute is not None:
+            span, written = shared.disk.over_window()
+            if written >= limits.max_disk_writes_per_minute:
+                secs = max(shared.disk.seconds_until_below(limits.max_disk_writes_per_minute), 0.05)
+                return Trigger("max_disk_writes_per_minute", limits.max_disk_writes_per_minute, int(written),
+                               f"max_disk_writes_per_minute {limits.max_disk_writes_per_minute} reached: "
+                               f"{written:.0f} writes (4 KiB each) in the last {span:.0f} s; waiting {secs:.0f} s",
+                               "wait", secs)
         return None
 
     def before_model_call(self) -> Trigger | None:
@@ -316,6 +398,10 @@ class LoopGuardrails:
         t = self.hard_stop()
         if t is not None:
             return t
+        if name in SIDE_EFFECT_TOOLS:
+            resources = self.resource_wait()
+            if resources is not None:
+                return resources
         if name in SIDE_EFFECT_TOOLS and self.shared.actions is not None:
             delay = self.shared.actions.delay()
             if delay > 0:

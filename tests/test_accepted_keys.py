@@ -40,22 +40,6 @@ def test_a_key_kiro_cannot_honour_is_refused(ws: Workspace, yaml: str, key: str,
     assert not list((ws.root / ".state").glob("autonomous_loop_*.json"))  # nothing started
 
 
-@pytest.mark.parametrize("where, text, words", [
-    ("config", "resource_limits:\n  max_cpu_percent: 50\n", "resource_limits.max_cpu_percent"),
-    ("config", "resource_limits:\n  max_disk_writes_per_minute: 10\n", "resource_limits.max_disk_writes_per_minute"),
-])
-def test_a_key_not_built_yet_warns_at_start(ws: Workspace, where: str, text: str, words: str) -> None:
-    ws.task(shell_task(1, extra_frontmatter=text if where == "task" else ""))
-    if where == "config":
-        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + text)
-    r = _start(ws)
-    assert r.returncode == 0, r.stderr  # type: ignore[attr-defined]
-    lines = [ln for ln in r.stderr.splitlines() if words in ln]  # type: ignore[attr-defined]
-    assert len(lines) == 1 and "not" in lines[0] and "yet" in lines[0], r.stderr  # type: ignore[attr-defined]
-    warnings = [e["message"] for e in ws.events("k") if e["event"] == "warning"]
-    assert any(words in w for w in warnings)
-
-
 def test_the_shipped_config_starts_without_warnings(ws: Workspace) -> None:
     ws.write("config/autonomous_loop.yaml",
              re.sub(r"backoff_base_seconds: [0-9.]+", "backoff_base_seconds: 0.01", default_config_yaml()))
