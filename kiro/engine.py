@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +65,7 @@ from kiro.status import Status
 from kiro.usage import StepUsage
 from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
+from kiro.writer import WriteQueue
 
 
 @dataclass
@@ -191,6 +194,10 @@ class Loop:
         self._finish_report: str | None = None
         self.sched: scheduled.ScheduleRunner | None = None  # a recurring task (SPEC §11), set in _loop
         self.slot: Any = None  # the watch supervisor's place for this loop (supervisor.Slot), if any
+        self.writes = WriteQueue()  # the loop's durable writes, in order, off the event loop (kiro.writer)
+        self._area_key: tuple[Path, int, int] | None = None
+        self._area: str | None = None
+        self._write_problems: list[str] = []
 
     def subscribe(self, *listeners: Listener) -> None:
         """Add listeners (after the event log and the caller's). A `LoopListener` is also told of
@@ -235,26 +242,42 @@ class Loop:
             listener.saved(self.state)
 
     def save(self) -> None:
+        """Record the state: encoded now, written (fsync, rename) by `self.writes` on a worker
+        thread, in order with the loop's other writes. The next observable step awaits `flush()`."""
         self.state.metrics.total_duration_seconds = round(self.elapsed(), 3)
         self.state.refresh_metrics()
-        self.store.save(self.state)
+        self.writes.submit(self.store.save_job(self.state), key="state")
         self._saved()
 
     async def asave(self) -> None:
-        """`save()` with the file write (fsync included) in a worker thread, so that many loops in
-        one process overlap their disk waits. The JSON is made here, in the loop's own task, which
-        is the only writer of its state."""
-        s = self.state
-        s.metrics.total_duration_seconds = round(self.elapsed(), 3)
-        s.refresh_metrics()
-        s.updated_at = timeutil.iso()
-        await asyncio.to_thread(atomic_write, self.store.path(s.task_id), self.store.encode(s))
-        self._saved()
+        """`save()`, then wait until it is on disk (without holding up the other loops)."""
+        self.save()
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Wait until every write queued so far is done; raise the first that failed."""
+        await self.writes.flush()
+        self._report_problems()
 
     def write_report(self, path: Path, text: str, *, fsync: bool = True) -> None:
         """The one way the loop writes a report (completion, progress, escalation, intervention,
-        request): atomically, and through the redactor."""
-        atomic_write(path, self.redact.text(text), fsync=fsync)
+        request): atomically, through the redactor, queued behind the loop's earlier writes. A
+        report that cannot be written is a warning, not the loop's end."""
+        data = self.redact.text(text)
+
+        def write() -> None:
+            try:
+                atomic_write(path, data, fsync=fsync)
+            except OSError as exc:
+                if diskfull.is_disk_full(exc):
+                    raise
+                self._write_problems.append(f"could not write the report {self.ws.relative(path)}: {exc}")
+
+        self.writes.submit(write)
+
+    def _report_problems(self) -> None:
+        while self._write_problems:
+            self.emit(ev.LoopWarning(message=self._write_problems.pop(0)))
 
     def transition(self, to: Status, reason: str | None = None) -> None:
         before = self.state.status
@@ -295,9 +318,24 @@ class Loop:
             return conditions.timed_out(limit, self.run_elapsed())
         return None
 
+    def _task_area(self) -> str | None | bool:
+        """The area the task file is in; False when it is not a file at `task_path`. Asked before
+        every model and tool call: the area (a realpath) is worked out again only when the file
+        there is another one (a move, a rewrite)."""
+        try:
+            st = os.stat(self.task_path)
+        except (OSError, ValueError):
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        key = (self.task_path, st.st_dev, st.st_ino)
+        if self._area_key != key:
+            self._area_key, self._area = key, self.ws.area_of(self.task_path)
+        return self._area
+
     def _check_task_location(self) -> Stop | None:
-        if self.task_path.is_file():
-            area = self.ws.area_of(self.task_path)
+        area = self._task_area()
+        if area is not False:
             if area == "Done" and self.settings.check_done_folder:
                 return conditions.completed(f"task is in {self.ws.relative(self.task_path)}", "task_in_done")
             if area == "Needs_Action" and self.settings.check_needs_action_folder:
@@ -421,6 +459,8 @@ class Loop:
         except BaseException as exc:  # an unexpected bug: save what we have, then let it surface
             stop = Stop(Status.STOPPED, "crash", f"kiro crashed: {type(exc).__name__}: {exc}", 1)
             self._finish(stop)
+            with contextlib.suppress(Exception):
+                await self.flush()
             await self._close_listeners()
             self.log.close()
             raise
@@ -432,6 +472,7 @@ class Loop:
             if self._ledger is not None:
                 self._ledger.close()  # its file goes when no step's group is left
         outcome = self._finish(stop)
+        await self.flush()  # the end is observable (exit code, outcome, the dashboard): on disk first
         await self._close_listeners()
         self.log.close()
         return outcome
@@ -780,6 +821,7 @@ class Loop:
         self.git = checkpoints.attach(self.ws, self.cfg, self.state, self.project_dir)
         if self.git is None:
             return
+        await self.flush()
         events = await asyncio.to_thread(self.git.open, self.run_spec.resumed)
         for kind, fields in events:
             self.emit(kind, **fields)
@@ -805,7 +847,7 @@ class Loop:
         that needs a person pauses the loop (exit 6) with an intervention file."""
         if self.git is None or stop.status != Status.COMPLETED:
             return stop
-        self.save()  # merge_status "merging" etc. are recorded by finish(); a kill mid-merge resumes here
+        await self.asave()  # merge_status "merging" etc. are recorded by finish(); a kill mid-merge resumes here
         result = await asyncio.to_thread(self.git.finish)
         self._emit_git(result)
         if result.problem is None:
@@ -860,7 +902,7 @@ class Loop:
         await self.asave()
         n = self.settings.backup_state_every_n_iterations
         if n and s.iteration % n == 0:
-            self.store.backup(s)
+            self.writes.submit(functools.partial(self.store.backup, s.model_copy(deep=True)))
 
     # -- the end ---------------------------------------------------------------------------
 

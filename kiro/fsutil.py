@@ -16,7 +16,9 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-TEMP_SUFFIX = ".kiro.tmp"
+from kiro import ownwrites
+
+TEMP_SUFFIX = ownwrites.TEMP_SUFFIX
 
 
 def temp_name(name: str) -> str:
@@ -74,9 +76,12 @@ def atomic_write(
     raw = data.encode("utf-8") if isinstance(data, str) else data
     from kiro import diskfull
 
-    return diskfull.retry(lambda: _atomic_write(path, raw, fsync=fsync, mode=mode, new_mode=new_mode,
-                                                keep_mode=keep_mode, dir_fd=dir_fd, unchanged=unchanged),
-                          Path(path).name)
+    written = diskfull.retry(lambda: _atomic_write(path, raw, fsync=fsync, mode=mode, new_mode=new_mode,
+                                                   keep_mode=keep_mode, dir_fd=dir_fd, unchanged=unchanged),
+                             Path(path).name)
+    if written and dir_fd is None:
+        ownwrites.note_own_write(path)  # kiro's own watcher need not wake for it
+    return written
 
 
 def _atomic_write(path: Path | str, raw: bytes, *, fsync: bool, mode: int | None, new_mode: int, keep_mode: bool,

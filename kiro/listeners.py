@@ -19,7 +19,7 @@ import contextlib
 import shutil
 from typing import TYPE_CHECKING
 
-from kiro import dashboard, events, reports, tasks, timeutil
+from kiro import dashboard, events, ownwrites, reports, tasks, timeutil
 from kiro.errors import KiroError
 from kiro.notify import NOTIFIER_TIMEOUT, run_notifier
 from kiro.state import LoopState
@@ -72,6 +72,8 @@ class DoneMover(LoopListener):
             target = target.with_name(f"{target.stem}_{loop.state.task_id}_{stamp}{target.suffix}")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(source), str(target))
+        ownwrites.note_own_removal(source)  # kiro's own move wakes no watcher of this process
+        ownwrites.note_own_write(target)
         with contextlib.suppress(OSError):  # leave no empty spec folder behind in Specs/
             if source.parent != loop.ws.specs and not any(source.parent.iterdir()):
                 source.parent.rmdir()
@@ -135,7 +137,7 @@ class Archiver(LoopListener):
     def __call__(self, event: events.Event) -> None:
         if (isinstance(event, events.LoopFinished) and event.status == Status.COMPLETED
                 and self.loop.settings.archive_state_file):
-            self.loop.store.archive(self.loop.state)
+            self.loop.writes.submit(self.loop.store.archive_job(self.loop.state))  # after the loop's last save
 
 
 class Notifier(LoopListener):

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -95,24 +97,48 @@ class LoopIndex:
     but reads only those that changed since the last look. For callers that look up many task
     files (several `--task`, the watch supervisor) without reading every state file each time."""
 
+    FULL_EVERY = 0.5  # seconds: look at every state file at least this often, whatever the folder says
+
     def __init__(self, store: StateStore) -> None:
         self.store = store
         self._seen: dict[Path, int] = {}
         self._loops: dict[Path, LoopState] = {}
+        self._folder_stamp: tuple[int, int] | None = None
+        self._full_at = -math.inf
         self.refresh()
 
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            folder = self.store.ws.state_dir.stat().st_mtime_ns
+        except OSError:
+            return None
+        try:
+            starts = os.stat(_generation_file(self.store)).st_size
+        except OSError:
+            starts = -1
+        return folder, starts
+
     def refresh(self) -> None:
+        """Cheap when nothing changed. A loop is created only under the start guard, and every
+        creation (in any process) adds a byte to `.state/.starts`; a state file replaced or removed
+        moves the folder's mtime. When neither moved, nothing is read; every file is looked at
+        anyway at least every FULL_EVERY seconds (a change within the folder clock's tick)."""
+        stamp = self._stamp()
+        now = time.monotonic()
+        if stamp is not None and stamp == self._folder_stamp and now - self._full_at < self.FULL_EVERY:
+            return
+        self._folder_stamp, self._full_at = stamp, now
         present: set[Path] = set()
         folder = self.store.ws.state_dir
         for p in folder.glob("autonomous_loop_*.json") if folder.is_dir() else []:
             present.add(p)
             try:
-                stamp = p.stat().st_mtime_ns
+                mtime = p.stat().st_mtime_ns
             except OSError:
                 continue
-            if self._seen.get(p) == stamp:
+            if self._seen.get(p) == mtime:
                 continue
-            self._seen[p] = stamp
+            self._seen[p] = mtime
             st = self.store.try_read(p)
             if st is None:  # corrupt: what its newest good backup says, if anything
                 tid = p.name[len("autonomous_loop_"):-len(".json")]
@@ -128,17 +154,40 @@ class LoopIndex:
             self._loops.pop(gone, None)
             self._seen.pop(gone, None)
 
+    def note(self, state: LoopState) -> None:
+        """A loop this process just created (under the start guard): known without reading it back,
+        and the folder's change that its files made is not a reason for the next look."""
+        path = self.store.path(state.task_id)
+        self._loops[path] = state
+        with contextlib.suppress(OSError):
+            self._seen[path] = path.stat().st_mtime_ns
+        self._folder_stamp = self._stamp()
+
     def unfinished(self) -> list[LoopState]:
         return [st for st in self._loops.values() if st.status != Status.COMPLETED]
 
 
+def _generation_file(store: StateStore) -> Path:
+    return store.ws.state_dir / ".starts"
+
+
+def _count_start(store: StateStore) -> None:
+    """One byte per loop created, so every `LoopIndex` (in any process) learns that it must look."""
+    fd = os.open(_generation_file(store), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b".")
+    finally:
+        os.close(fd)
+
+
 def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | None,
-                       index: LoopIndex | None = None) -> LoopState | None:
-    """The unfinished loop, if any, that already works on this task file."""
+                       index: LoopIndex | None = None, *, refresh: bool = True) -> LoopState | None:
+    """The unfinished loop, if any, that already works on this task file. `refresh=False`: the
+    caller refreshed `index` itself, once for many look-ups (the watch supervisor's scan)."""
     rel = store.ws.relative(task_path)
     if index is None:
         index = LoopIndex(store)
-    else:
+    elif refresh:
         index.refresh()
     for st in index.unfinished():
         if st.status == Status.COMPLETED:
@@ -203,6 +252,9 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             )
             store.save(state)
             tasks.set_frontmatter_key(task_path, "kiro_task_id", tid)
+            _count_start(store)
+            if index is not None:
+                index.note(state)
         except BaseException:
             diskfull.drop(reserve)
             store.release(tid, lock)

@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -327,8 +327,15 @@ class StateStore:
     # -- write -----------------------------------------------------------------------------
 
     def save(self, state: LoopState, *, fsync: bool = True) -> None:
+        self.save_job(state, fsync=fsync)()
+
+    def save_job(self, state: LoopState, *, fsync: bool = True) -> Callable[[], object]:
+        """A save in two halves: the state is stamped and encoded now (in the caller's thread, the
+        only one that touches it), the returned function writes it (in any thread: `kiro.writer`).
+        The write holds the whole state, so a later save may replace one not yet written."""
         state.updated_at = timeutil.iso()
-        atomic_write(self.path(state.task_id), self.encode(state), fsync=fsync)
+        path, data = self.path(state.task_id), self.encode(state)
+        return lambda: atomic_write(path, data, fsync=fsync)
 
     def backup(self, state: LoopState) -> Path:
         """Copy the current state to `.state/backups/`; keep the newest BACKUPS_KEPT per task."""
@@ -349,13 +356,22 @@ class StateStore:
         return sorted(found, key=lambda p: p.name, reverse=True)  # newest first: the stamp sorts
 
     def archive(self, state: LoopState) -> Path:
+        return self.archive_job(state)()
+
+    def archive_job(self, state: LoopState) -> Callable[[], Path]:
+        """`archive` in two halves, as `save_job`."""
         target = self.ws.archived_state_file(state.task_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, self.encode(state))
-        with contextlib.suppress(FileNotFoundError):
-            self.path(state.task_id).unlink()
-        fsync_dir(self.path(state.task_id).parent)
-        return target
+        data, live = self.encode(state), self.path(state.task_id)
+
+        def write() -> Path:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, data)
+            with contextlib.suppress(FileNotFoundError):
+                live.unlink()
+            fsync_dir(live.parent)
+            return target
+
+        return write
 
     def unarchive(self, task_id: str) -> None:
         src = self.ws.archived_state_file(task_id)

@@ -142,6 +142,7 @@ class Supervisor:
         """Start a loop for each task file in Specs/ that has none running."""
         if self.ws.global_hook_file.exists():
             return  # every loop is to pause: start nothing new
+        self.index.refresh()  # once per scan, not once per task file (a start refreshes it again, guarded)
         for path in sorted(self.ws.specs.rglob("*.md")):
             if not path.is_file() or not is_task_candidate(path):
                 continue
@@ -158,7 +159,8 @@ class Supervisor:
                 self._say("watch", LoopWarning(message=f"skipped {self.ws.relative(path)}: {exc}"))
                 continue
             hint = task.frontmatter.get("kiro_task_id")
-            existing = find_loop_for_task(self.store, path, hint if isinstance(hint, str) else None, self.index)
+            existing = find_loop_for_task(self.store, path, hint if isinstance(hint, str) else None, self.index,
+                                          refresh=False)
             if existing is not None:
                 if existing.task_id in self.managed or self.store.is_locked(existing.task_id):
                     continue  # runs (or waits) here or in another process

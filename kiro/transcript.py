@@ -13,25 +13,33 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 from kiro import timeutil
 from kiro.bounds import TRANSCRIPT_FIELD_CHARS, clip_fields
 from kiro.redact import REDACTED, Redactor, looks_secret
+from kiro.writer import WriteQueue
 
 __all__ = ["REDACTED", "Redactor", "Transcript", "looks_secret", "read"]
 
 
 class Transcript:
-    """Appends records to one loop's transcript. The file is opened per write in append mode
-    (`O_APPEND`, one `write` per line), so a crash leaves at most a torn last line and two
-    writers never interleave inside a line."""
+    """Appends records to one loop's transcript. Lines are made where `write` is called and
+    appended by a worker thread (`kiro.writer`), in order, a batch at a time: the file is opened in
+    append mode (`O_APPEND`, one `write` per batch of whole lines), so a crash leaves at most a torn
+    last line and two writers never interleave inside a line. `flush()` waits for what is queued;
+    the openai executor flushes at the end of every attempt. Without a running event loop every
+    line is written at once."""
 
     def __init__(self, path: Path, task_id: str, redact: Redactor | None = None) -> None:
         self.path = path
         self.task_id = task_id
         self.redact = redact or Redactor()
+        self._pending: list[bytes] = []
+        self._lock = threading.Lock()
+        self._queue = WriteQueue()
 
     def write(self, kind: str, *, iteration: int, attempt: int, step_id: str | None = None,
               **fields: Any) -> None:
@@ -42,17 +50,35 @@ class Transcript:
             record["step_id"] = step_id
         record["kind"] = kind
         record.update(fields)
-        record = clip_fields(record, TRANSCRIPT_FIELD_CHARS)  # a 30 MB reply is not stored whole
-        line = self.redact(json.dumps(record, ensure_ascii=False, default=str)) + "\n"
+        text = json.dumps(record, ensure_ascii=False, default=str)
+        if len(text) > TRANSCRIPT_FIELD_CHARS:  # no string in a shorter line can be longer than the cap
+            record = clip_fields(record, TRANSCRIPT_FIELD_CHARS)  # a 30 MB reply is not stored whole
+            text = json.dumps(record, ensure_ascii=False, default=str)
+        line = self.redact(text) + "\n"
+        with self._lock:
+            self._pending.append(line.encode("utf-8"))
+        self._queue.submit(self._append, key="append")  # one queued append takes every pending line
+
+    def _append(self) -> None:
+        with self._lock:
+            lines, self._pending = self._pending, []
+        if not lines:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            data = line.encode("utf-8")
+            data = memoryview(b"".join(lines))
             while data:
                 n = os.write(fd, data)
                 data = data[n:]
         finally:
             os.close(fd)
+
+    async def flush(self) -> None:
+        await self._queue.flush()
+
+    def flush_sync(self) -> None:
+        self._queue.flush_sync()
 
 
 def read(path: Path) -> list[dict[str, Any]]:

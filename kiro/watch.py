@@ -14,11 +14,18 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from kiro import ownwrites
 from kiro.shared import Registry
 
 POLL_FALLBACK = 0.25
 SAFETY_POLL = 5.0
 WATCHED = (".hooks", "Specs", "Done", "Needs_Action", ".state/inbox")  # inbox: messages wake waiting loops
+
+
+
+def _relevant(change: object, path: str) -> bool:
+    """watchfiles' filter: a change that is not kiro's own (`kiro.ownwrites`)."""
+    return not ownwrites.is_own_change(path)
 
 
 class ChangeHub:
@@ -72,7 +79,7 @@ class ChangeHub:
 
             assert self._stop is not None and self._ready is not None
             watcher = awatch(*paths, debounce=50, step=5, stop_event=self._stop, rust_timeout=1000,
-                             yield_on_timeout=True, watch_filter=None, recursive=True,
+                             yield_on_timeout=True, watch_filter=_relevant, recursive=True,
                              ignore_permission_denied=True)
             async for changes in watcher:
                 self._ready.set()

@@ -27,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import hashlib
 import ipaddress
 import json
 import math
 import os
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -105,7 +107,7 @@ def _clip(text: str, limit: int) -> str:
 # Loops that share an endpoint and key share clients (their connection pools, and the TLS set-up
 # that costs tens of milliseconds per client), at most LOOPS_PER_CLIENT loops on one client: the
 # HTTP pool scans its connections on every request, so one pool for a thousand loops gets slow.
-LOOPS_PER_CLIENT = 32
+LOOPS_PER_CLIENT = 8
 # The openai client waits out a Retry-After up to this long by itself (and retries); beyond it, it
 # gives up at once and kiro sleeps (see `_Attempt.wait_for_server`).
 try:
@@ -115,6 +117,15 @@ except ImportError:  # pragma: no cover - older clients waited up to 60 s
 _clients: dict[tuple[Any, ...], list[list[Any]]] = {}  # key -> [[client, users], ...]
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """The TLS context the openai client would build for itself (the system's CAs, SSL_CERT_FILE /
+    SSL_CERT_DIR honoured), built once."""
+    import httpx2  # the openai client's HTTP library
+
+    return httpx2.create_ssl_context()
+
+
 def _shared_client(key: tuple[Any, ...], api_key: str) -> openai.AsyncOpenAI:
     pool = _clients.setdefault(key, [])
     for entry in pool:
@@ -122,7 +133,11 @@ def _shared_client(key: tuple[Any, ...], api_key: str) -> openai.AsyncOpenAI:
             entry[1] += 1
             return cast(openai.AsyncOpenAI, entry[0])
     base_url, _digest, max_retries, timeout = key
-    client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout)
+    # One TLS context for every client of the process: building one loads the CA bundle (~40 ms).
+    http = openai.DefaultAsyncHttpxClient(base_url=base_url or "https://api.openai.com/v1", timeout=timeout,
+                                          verify=_tls_context())
+    client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout,
+                                http_client=http)
     pool.append([client, 1])
     return client
 
@@ -172,12 +187,40 @@ class OpenAIExecutor(ExecutorBase):
         del api_key
         self.transcript = Transcript(workspace.transcript_file(task_id), task_id, self.redact)
         self.memory = MemoryStore(workspace.memory_db())
+        self._tools: tuple[bool, dict[str, Tool[Any]], list[ChatCompletionToolUnionParam]] | None = None
+        self._confinement: tuple[tuple[Any, ...], Confinement] | None = None
+
+    def tools_for(self, config: Config) -> tuple[dict[str, Tool[Any]], list[ChatCompletionToolUnionParam]]:
+        """The attempt's tools and their schemas: built once per loop (they depend only on whether
+        the shell tool is on), not once per attempt."""
+        key = config.tools.shell.enabled
+        if self._tools is None or self._tools[0] != key:
+            tools = toolset(config)
+            schemas = cast(list[ChatCompletionToolUnionParam], [t.schema() for t in tools.values()])
+            self._tools = (key, tools, schemas)
+        return self._tools[1], self._tools[2]
+
+    def confinement_for(self, ctx: StepContext) -> Confinement:
+        """The file tools' confinement, resolved once per loop and again only when the project dir
+        (a git worktree, SPEC §9) or the task file moves; every path the model gives is still
+        resolved on its own at each call."""
+        key = (ctx.project_dir, ctx.workspace.root, ctx.task_path, ctx.workspace.state_dir)
+        if self._confinement is None or self._confinement[0] != key:
+            self._confinement = (key, Confinement(ctx.project_dir, ctx.workspace.root, task_file=ctx.task_path,
+                                                  state_dir=ctx.workspace.state_dir))
+        return self._confinement[1]
 
     async def run_step(self, ctx: StepContext) -> StepResult:
-        return await _Attempt(self, ctx).run()
+        try:
+            return await _Attempt(self, ctx).run()
+        finally:
+            await self.transcript.flush()
 
     async def aclose(self) -> None:
-        await _release_client(self._client_key, self.client)
+        try:
+            await self.transcript.flush()
+        finally:
+            await _release_client(self._client_key, self.client)
 
     async def summarize(self, system: str, prompt: str, *, iteration: int) -> tuple[str | None, StepUsage, str | None]:
         """One model call without tools: a scheduled run's forced summary (SPEC §11, kiro.scheduled).
@@ -276,12 +319,10 @@ class _Attempt:
         self.ctx = ctx
         self.llm: LLMSettings = ctx.config.llm
         self.usage = StepUsage()
-        self.tools: dict[str, Tool[Any]] = toolset(ctx.config)
-        self.schemas = cast(list[ChatCompletionToolUnionParam], [t.schema() for t in self.tools.values()])
+        self.tools, self.schemas = executor.tools_for(ctx.config)
         self.env = ToolEnv(
             ctx=ctx,
-            confinement=Confinement(ctx.project_dir, ctx.workspace.root, task_file=ctx.task_path,
-                                    state_dir=ctx.workspace.state_dir),
+            confinement=executor.confinement_for(ctx),
             memory=executor.memory,
             redact=executor.redact,
             memory_source=_memory_source(ctx),

@@ -1,0 +1,114 @@
+"""Durable writes off the event loop: one ordered queue per writer (a loop's state and reports, an
+agent's transcript), run on a small pool of threads shared by the process.
+
+With a thousand loops in one process, a state save that fsyncs and renames on the event loop
+stops every other loop for a millisecond or more. Here the loop's own task makes the bytes (the
+state is only ever touched there) and hands the write over; the write runs on a worker thread, in
+the order it was queued, and the loop goes on. Before its next observable step (a model call, a
+step's process, a box checked, the run's end) the loop awaits `flush()`: SPEC §4's promise, the
+state on disk after every change and before anything that depends on it happens, stands; only the
+waiting moved off the event loop, where other loops can use it.
+
+Without a running event loop (tests, tools) `submit` writes at once, in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+Job = Callable[[], object]
+
+WORKERS = 8  # parallel fsyncs: ext4 commits concurrent ones together, so a few threads go further than one
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="kiro-write")
+        return _pool
+
+
+class WriteQueue:
+    """One writer's jobs, run one at a time in the order submitted. A job submitted with a `key`
+    replaces a queued job with the same key that has not started yet, when it is the last one queued
+    (a state save superseded by the next one: the newer holds everything the older did)."""
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[tuple[object, Job]] = collections.deque()
+        self._lock = threading.Lock()
+        self._running: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, job: Job, *, key: object = None) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._run_inline(job)
+            return
+        with self._lock:
+            if key is not None and self._jobs and self._jobs[-1][0] == key:
+                self._jobs[-1] = (key, job)
+            else:
+                self._jobs.append((key, job))
+            start = self._running is None
+            if start:
+                self._running = loop.run_in_executor(pool(), self._drain)
+
+    def _run_inline(self, job: Job) -> None:
+        self._wait_idle()  # work queued from an event loop that ended without flushing: keep the order
+        job()
+
+    def _wait_idle(self) -> None:
+        """Block until the worker has run every queued job (jobs are queued only with a drain running)."""
+        while True:
+            with self._lock:
+                running = self._running
+            if running is None:
+                return
+            time.sleep(0.001)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._running = None
+                    return
+                _key, job = self._jobs.popleft()
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by flush(), in the loop's own task
+                if self._error is None:
+                    self._error = exc
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return self._running is None and not self._jobs
+
+    async def flush(self) -> None:
+        """Wait until every job submitted so far has run; raise the first error one of them raised."""
+        while True:
+            with self._lock:
+                running = self._running
+            if running is None:
+                break
+            await asyncio.shield(running)
+        self.raise_error()
+
+    def raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def flush_sync(self) -> None:
+        """Without a running event loop: wait for (or do) what is queued; raise the first error."""
+        self._wait_idle()
+        self.raise_error()

@@ -1,0 +1,188 @@
+"""Many loops in one process (issue 12 item 5): durable writes off the event loop but still before
+the next observable step, per-loop openai set-up, kiro's own writes not waking its watcher, and a
+start that does not re-read every state file per loop. Figures: bench/many_loops.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kiro.watch
+from kiro import tasks
+from kiro.errors import KiroError
+from kiro.fsutil import atomic_write
+from kiro.runner import LoopIndex, prepare_start, run_loops
+from kiro.state import StateStore
+from kiro.watch import acquire_hub, release_hub
+from kiro.workspace import Workspace as KiroWorkspace
+from kiro.writer import WriteQueue
+from tests.conftest import Workspace
+from tests.fake_openai import FakeOpenAI
+
+STEP = re.compile(r"# Current step: (\S+)")
+
+
+def _answer_current_step(body: dict[str, Any]) -> dict[str, Any]:
+    """complete_step for the step the request is about, a summary that differs per step."""
+    text = json.dumps(body["messages"])
+    m = STEP.search(text)
+    step = m.group(1) if m else "?"
+    return {"tool_calls": [{"name": "complete_step", "arguments": {"summary": f"step {step} done"}}]}
+
+
+def _workspace(root: Path, base_url: str, loops: int, steps: int) -> KiroWorkspace:
+    for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    (root / "config/autonomous_loop.yaml").write_text(
+        f"executor: openai\nllm:\n  base_url: {base_url}\n  model: m\n"
+        f"autonomous_loop:\n  create_progress_reports: false\n")
+    body = "".join(f"- [ ] {i}. Step {i}\n" for i in range(1, steps + 1))
+    for i in range(loops):
+        (root / f"Specs/t{i:02d}").mkdir()
+        (root / f"Specs/t{i:02d}/tasks.md").write_text(body)
+    return KiroWorkspace(root)
+
+
+def test_many_openai_loops_in_one_process_complete_every_step_with_everything_on_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    loops, steps = 12, 4
+    with FakeOpenAI() as fake:
+        fake.responder = _answer_current_step
+        ws = _workspace(tmp_path / "ws", fake.base_url, loops, steps)
+        index = LoopIndex(StateStore(ws))
+        runs = [prepare_start(ws, f"Specs/t{i:02d}/tasks.md", task_id=f"t{i:02d}", index=index)
+                for i in range(loops)]
+        outcomes = asyncio.run(run_loops(runs))
+        assert len(fake.chat_requests) == loops * steps  # one call per step: nothing repeated
+    assert [o.exit_code for o in outcomes] == [0] * loops, [o.message for o in outcomes]
+    root = ws.root
+    for i in range(loops):
+        tid = f"t{i:02d}"
+        # written by the loop's write queue, all done before run_loops returned
+        st = json.loads((root / f".state/archive/autonomous_loop_{tid}.json").read_text())
+        assert st["status"] == "completed" and [c["step_id"] for c in st["completed_steps"]] == \
+            [str(n) for n in range(1, steps + 1)]
+        assert not (root / f".state/autonomous_loop_{tid}.json").exists()
+        assert (root / f"Logs/completion_reports/{tid}.md").read_text().startswith("---\n")
+        assert (root / f"Done/{tid}/tasks.md").read_text().count("- [x]") == steps
+        records = [json.loads(line) for line in (root / f".state/transcripts/{tid}.jsonl").read_text().splitlines()]
+        kinds = [r["kind"] for r in records]
+        assert kinds.count("request") == steps and kinds.count("attempt_finished") == steps
+        assert [r["iteration"] for r in records if r["kind"] == "attempt_started"] == list(range(1, steps + 1))
+    assert not list(root.rglob("*.kiro.tmp"))
+
+
+def test_the_state_is_on_disk_before_the_model_is_called(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §4 with the writes on a worker thread: when a request reaches the endpoint, the state
+    file already says which step is in progress (and the transcript has the attempt's start)."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    seen: list[tuple[str | None, str | None, bool]] = []
+    root = tmp_path / "ws"
+
+    def respond(body: dict[str, Any]) -> dict[str, Any]:
+        st = json.loads((root / ".state/autonomous_loop_t00.json").read_text())
+        cur = st.get("current_step") or {}
+        transcript = root / ".state/transcripts/t00.jsonl"
+        started = transcript.exists() and '"attempt_started"' in transcript.read_text().splitlines()[-1]
+        seen.append((cur.get("step_id"), cur.get("status"), started))
+        return _answer_current_step(body)
+
+    with FakeOpenAI() as fake:
+        fake.responder = respond
+        ws = _workspace(root, fake.base_url, 1, 3)
+        run = prepare_start(ws, "Specs/t00/tasks.md", task_id="t00")
+        outcome = asyncio.run(run_loops([run]))[0]
+    assert outcome.exit_code == 0, outcome.message
+    assert [(s, st) for s, st, _ in seen] == [("1", "in_progress"), ("2", "in_progress"), ("3", "in_progress")]
+    print(f"transcript had the attempt's start before the request: {[x for _, _, x in seen]}")
+
+
+def test_a_failed_write_surfaces_at_the_next_flush_and_later_writes_keep_their_order(tmp_path: Path) -> None:
+    order: list[str] = []
+
+    def fail() -> None:
+        raise OSError("no room")
+
+    async def scenario() -> None:
+        q = WriteQueue()
+        q.submit(lambda: order.append("a"))
+        q.submit(fail)
+        q.submit(lambda: order.append("b"), key="state")
+        q.submit(lambda: order.append("c"), key="state")  # may replace "b" if b has not started
+        with pytest.raises(OSError, match="no room"):
+            await q.flush()
+        await q.flush()  # reported once
+        q.submit(lambda: order.append("d"))
+        await q.flush()
+
+    asyncio.run(scenario())
+    assert order[0] == "a" and order[-2:] == ["c", "d"] and set(order) <= {"a", "b", "c", "d"}
+    # without an event loop a write happens at once
+    q = WriteQueue()
+    q.submit(lambda: order.append("e"))
+    assert order[-1] == "e"
+
+
+def test_kiros_own_writes_do_not_wake_its_watcher_but_a_persons_do(ws: Workspace,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kiro.watch, "SAFETY_POLL", 600.0)
+    task = ws.task("- [ ] 1. one\n- [ ] 2. two\n", "Specs/a/tasks.md")
+
+    async def scenario() -> tuple[bool, bool]:
+        hub = await acquire_hub(ws.root)
+        woken = asyncio.Event()
+        hub.subscribe_event(woken)
+        try:
+            assert hub.failed is None, hub.failed
+            await asyncio.sleep(0.3)
+            woken.clear()
+            # kiro's own edits: the box marked in progress, then checked (temp file + rename), a report
+            tf = tasks.load(task)
+            tf = tasks.set_marker(task, tf.steps[0].key, "-", expected=tf)
+            tasks.mark_done(task, tf.steps[0].key, expected=tf)
+            atomic_write(ws.root / "Needs_Action/request_x.md", "a question\n")
+            await asyncio.sleep(1.0)  # the watcher's debounce is 50 ms
+            by_kiro = woken.is_set()
+            (ws.root / ".hooks/stop_autonomous_loop_x.md").write_text("stop\n")  # a person
+            try:
+                await asyncio.wait_for(woken.wait(), 30)
+            except TimeoutError:
+                return by_kiro, False
+            return by_kiro, True
+        finally:
+            hub.unsubscribe(woken)
+            await release_hub(hub)
+
+    by_kiro, by_person = asyncio.run(scenario())
+    assert not by_kiro, "kiro's own writes woke the watcher"
+    assert by_person, "a person's hook file did not wake the watcher"
+
+
+def test_the_loop_index_sees_loops_started_elsewhere_between_its_own_starts(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    ws = _workspace(tmp_path / "ws", "http://127.0.0.1:9/v1", 4, 1)
+    index = LoopIndex(StateStore(ws))
+    first = prepare_start(ws, "Specs/t00/tasks.md", task_id="t00", index=index)
+    # another process (its own index) starts a loop for t01 right after ours
+    other = prepare_start(ws, "Specs/t01/tasks.md", task_id="x01", index=LoopIndex(StateStore(ws)))
+    try:
+        for task_arg, tid in (("Specs/t00/tasks.md", "t00"), ("Specs/t01/tasks.md", "x01")):
+            with pytest.raises(KiroError, match=rf"'{tid}' is already running|already has an unfinished loop '{tid}'"):
+                prepare_start(ws, task_arg, index=index)
+        third = prepare_start(ws, "Specs/t02/tasks.md", task_id="t02", index=index)
+        assert {st.task_id for st in index.unfinished()} == {"t00", "x01", "t02"}
+        third.release and third.release()
+    finally:
+        for r in (first, other):
+            if r.release:
+                r.release()
+    assert os.path.getsize(ws.state_dir / ".starts") == 3  # one byte per loop created
