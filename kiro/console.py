@@ -187,6 +187,13 @@ def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
         t.append(f"step {sid} was finished before a restart; recorded as completed", style="cyan")
     elif kind == "guardrail_triggered":
         t.append(f"guardrail {e.get('limit')}={e.get('value')} hit ({e.get('figure')})", style="yellow")
+    elif kind == "precheck_skipped":
+        after = e.get("next_check_seconds")
+        t.append(f"pre-check ({e.get('model')}): nothing material changed, {e.get('scope')} skipped: "
+                 f"{_short(e.get('reason'), 200)}" + (f"; looking again in {after:g}s" if after else ""), style="cyan")
+    elif kind == "precheck_passed":
+        t.append(f"pre-check ({e.get('model')}): {e.get('scope')} goes ahead: {_short(e.get('reason'), 200)}",
+                 style="yellow" if e.get("failed") else "dim")
     elif kind == "human_requested":
         t.append(f"the agent asks a person: {_short(e.get('question'))} → {e.get('path')}", style="yellow")
     elif kind == "warning":
@@ -274,6 +281,10 @@ def detail_table(r: dict[str, Any]) -> Table:
         ("Executor", r.get("executor") or "-"),
         ("Process", str(r.get("pid") or "-")),
     ]
+    if r.get("sleeping_because") or r.get("sleep_until"):
+        until = r.get("sleep_until")
+        when = f"until {str(until)[11:19]} UTC" if until else ""
+        rows.append(("Sleeping", " ".join(x for x in (r.get("sleeping_because") or "", when) if x)))
     if r.get("schedule"):
         rows.append(("Schedule", f"{r['schedule']}" + ("" if r.get("stateful") else " (not stateful)")))
         rows.append(("Runs", f"{r.get('runs', 0)}, last finished {r.get('last_run_at') or '-'}"))

@@ -33,6 +33,8 @@ WAIT_KINDS = {
     "active_hours": "hours",
     "max_api_calls_per_minute": "rate_limits",
     "max_actions_per_minute": "rate_limits",
+    "max_cpu_percent": "rate_limits",
+    "max_disk_writes_per_minute": "rate_limits",
 }
 
 

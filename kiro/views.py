@@ -95,9 +95,20 @@ def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) 
         "usage": state.usage.model_dump(),
         "report_path": state.report_path,
         **schedule_fields(state),
+        **sleep_fields(state, status),
         "hint": ("kiro loop resume --all" if status.is_resumable and store.ws.global_hook_file.exists()
                  else hint(state, status)),  # `resume --task-id` refuses while the global hook holds
     }
+
+
+def sleep_fields(state: LoopState, status: Status) -> dict[str, Any]:
+    """Why a sleeping loop sleeps (the guardrail or wait that put it to sleep: a limit such as
+    `max_cpu_percent`, `backoff`, `precheck_skipped`, `schedule`) and until when; {} otherwise."""
+    if status != Status.SLEEPING:
+        return {}
+    last = state.history[-1] if state.history else None
+    reason = last.reason if last is not None and last.to == Status.SLEEPING else None
+    return {"sleeping_because": reason, "sleep_until": state.sleep_until}
 
 
 def schedule_fields(state: LoopState) -> dict[str, Any]:

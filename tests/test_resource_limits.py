@@ -126,7 +126,10 @@ def _run_until_waiting(ws: Workspace, script: str, limits: str, limit: str) -> N
         assert [e["step_id"] for e in ws.events("rl") if e["event"] == "step_started"] == ["1"]
         assert (ws.root / "side_effects.log").read_text().split() == ["1"]
         st = ws.kiro("loop", "status", "--task-id", "rl", "--json")
-        assert json.loads(st.stdout)["status"] == "sleeping", st.stdout
+        row = json.loads(st.stdout)
+        assert row["status"] == "sleeping" and row["sleeping_because"] == limit and row["sleep_until"], st.stdout
+        plain = ws.kiro("loop", "status", "--task-id", "rl", env=ws.env(COLUMNS="200")).stdout
+        assert f"Sleeping      {limit} until" in plain, plain
         r = ws.kiro("loop", "stop", "--task-id", "rl")
         assert r.returncode == 0, r.stderr
         code = proc.wait(timeout=60)
