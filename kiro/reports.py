@@ -116,7 +116,8 @@ def _git(state: LoopState) -> str:
             lines.append(f"- **Branch**: `{g.branch}` merged into `{g.base_branch or 'HEAD'}` as "
                          f"`{(g.merge_commit or '')[:12]}`")
         else:
-            lines.append(f"- **Branch**: `{g.branch}` left for review (worktree `{g.worktree}`): "
+            where = f"worktree `{g.worktree}`" if g.worktree else "made by kiro workers, fetched from the remote"
+            lines.append(f"- **Branch**: `{g.branch}` left for review ({where}): "
                          f"`git log {g.base_branch or 'HEAD'}..{g.branch}`, then `git merge {g.branch}`")
     return "\n".join(lines) + "\n"
 

@@ -26,7 +26,7 @@ from kiro.executors.base import Executor, StepContext, StepResult
 from kiro.guardrails import SharedLimits
 from kiro.listeners import standard as standard_listeners
 from kiro.runner import AlreadyFinished, prepare_resume
-from kiro.state import LoopState
+from kiro.state import GitInfo, LoopState
 from kiro.tasks import Step, TaskFile
 from kiro.usage import StepUsage
 from kiro.workspace import Workspace
@@ -130,6 +130,13 @@ async def _retrying(call: Any) -> Any:
             delay = min(delay * 2, 2.0)
 
 
+class _RemoteLoop(Loop):
+    """The engine, minus its own git: each step's commit is made and pushed by the worker that ran it."""
+
+    async def _open_git(self) -> None:
+        self.git = None
+
+
 class Segments:
     """The `run_segment` activity, bound to the workspace worker's Temporal client."""
 
@@ -160,14 +167,20 @@ class Segments:
                     "message": str(exc)}
         run.resumed = bool(inp["resumed"])
         cfg = run.config
-        # The engine here neither commits (the worker did, on the loop's branch) nor verifies (the worker did,
-        # in its clone, where the step's changes are).
-        run.config = cfg.model_copy(update={"checkpoints": "off", "verify": None})
+        # The engine here does not verify: the worker did, in its clone, where the step's changes are.
+        run.config = cfg.model_copy(update={"verify": None})
+        st = run.state
+        if st.git is None or not st.git.checkpoints:  # what the reports and `status` say of the loop's git side
+            project = (ws.root / cfg.project_dir).resolve()
+            base_branch = checkpoints.Git(project).run("symbolic-ref", "-q", "--short", "HEAD",
+                                                       check=False).stdout.strip() or None
+            st.git = GitInfo(checkpoints=True, isolation="worktree", merge="manual", toplevel=str(project),
+                             branch=f"kiro/{tid}", base_branch=base_branch, base_commit=inp["base_commit"])
         assert run.executor is not None
         executor = RemoteExecutor(run.executor, self.client, inp, cfg)
         cancelled = False
         try:
-            loop = Loop(run, executor, None, SharedLimits(run.config))
+            loop = _RemoteLoop(run, executor, None, SharedLimits(run.config))
             loop.subscribe(*standard_listeners(loop))
             self.loops[tid] = loop
             task = asyncio.create_task(loop.run())

@@ -109,7 +109,6 @@ class Project:
         seed.mkdir(parents=True)
         git(seed, "init", "-q", "-b", "main")
         (seed / "README.md").write_text("# project\n")
-        (seed / ".gitignore").write_text(".state/\n.hooks/\nLogs/\n.kiro/\n")
         git(seed, "add", "-A")
         git(seed, "commit", "-q", "-m", "initial commit")
         git(base, "clone", "-q", "--bare", str(seed), str(self.remote))
@@ -136,11 +135,12 @@ class Workers:
 
     def __init__(self, ws: Workspace, project: Project) -> None:
         self.ws, self.project = ws, project
+        self.env: dict[str, str] = {}  # more environment for every worker
         self.procs: dict[str, subprocess.Popen[str]] = {}
 
     def start(self, name: str, *extra: str) -> subprocess.Popen[str]:
         clone = self.project.base / f"clone_{name}"
-        env = self.ws.env(**{k: v for k, v in git_env().items() if k.startswith("GIT_")})
+        env = self.ws.env(**{k: v for k, v in git_env().items() if k.startswith("GIT_")}, **self.env)
         with open(self.project.base / f"worker_{name}.out", "a") as out:
             proc = subprocess.Popen([sys.executable, "-m", "kiro", "worker", "-w", str(self.ws.root), "--clone",
                                      str(clone), "--remote", str(self.project.remote), "--name", name, *extra],
@@ -163,7 +163,7 @@ class Workers:
     def start_workspace(self) -> subprocess.Popen[str]:
         with open(self.project.base / "worker_workspace.out", "a") as out:
             proc = subprocess.Popen([sys.executable, "-m", "kiro", "worker", "--role", "workspace", "-w",
-                                     str(self.ws.root)], cwd=self.ws.root, env=self.ws.env(), stdout=out,
+                                     str(self.ws.root)], cwd=self.ws.root, env=self.ws.env(**self.env), stdout=out,
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.procs["workspace"] = proc
         self._ready("workspace", proc)
