@@ -43,6 +43,12 @@ def record_of(event: dict[str, Any]) -> dict[str, Any] | None:
     if name == "loop_finished":
         return {**base, "kind": "run", "event": "finished", "status": event.get("status"),
                 "reason": event.get("reason"), "exit_code": event.get("exit_code")}
+    if name == "schedule_fired":  # a scheduled task's run (SPEC §11 schedules)
+        return {**base, "kind": "run", "event": "scheduled", "run": event.get("run"),
+                "catch_up": event.get("catch_up", False), "missed": event.get("missed", 0)}
+    if name == "run_finished":
+        return {**base, "kind": "run", "event": "run_finished", "run": event.get("run"),
+                "report": event.get("report"), "next_run_at": event.get("next_run_at")}
     if name in ("step_completed", "step_failed", "step_interrupted"):
         out = {**base, "kind": "attempt", "step_id": event.get("step_id"), "attempt": event.get("attempt"),
                "outcome": name[len("step_"):]}
@@ -137,6 +143,11 @@ def describe(rec: dict[str, Any]) -> str:
         why = f" ({rec['reason']})" if rec.get("reason") else ""
         return f"{rec.get('from')} -> {rec.get('to')}{why}"
     if kind == "run":
+        if rec.get("event") == "scheduled":
+            extra = f", catching up {rec.get('missed')} missed fire(s)" if rec.get("catch_up") else ""
+            return f"scheduled run {rec.get('run')} started{extra}"
+        if rec.get("event") == "run_finished":
+            return f"scheduled run {rec.get('run')} finished: {rec.get('report')}, next {rec.get('next_run_at')}"
         if rec.get("event") == "finished":
             return f"finished: {rec.get('status')} ({rec.get('reason')}), exit {rec.get('exit_code')}"
         return f"{rec.get('event')} ({rec.get('executor')})"

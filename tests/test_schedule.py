@@ -230,6 +230,12 @@ def test_every_2s_under_watch_runs_three_times_with_recall_and_ends_in_done(ws: 
     done = (ws.root / "Done/nightly/tasks.md").read_text()
     assert done.count("- [x]") == 2 and "schedule: {every: 2s}" in done
 
+    # `kiro loop history` lists the runs
+    hist = json.loads(ws.kiro("loop", "history", "--task-id", tid, "--json").stdout)
+    runs = [(r["event"], r["run"]) for r in hist if r["kind"] == "run" and "run" in r]
+    assert runs == [("scheduled", 1), ("run_finished", 1), ("scheduled", 2), ("run_finished", 2),
+                    ("scheduled", 3), ("run_finished", 3)]
+
     # the summaries are memories tagged schedule:<task_id>
     with sqlite3.connect(ws.root / ".state/memory.db") as db:
         rows = db.execute("SELECT type, content FROM memories WHERE source = ? ORDER BY id",
@@ -371,3 +377,19 @@ def test_removing_the_schedule_line_makes_the_current_run_the_last(ws: Workspace
     st = ws.state("rm")
     assert st["status"] == "completed" and st["next_run_at"] is None
     assert any("`schedule:` was removed" in e["message"] for e in _events(ws, "rm", "warning"))
+
+
+def test_max_iterations_and_timeout_count_per_run(ws: Workspace) -> None:
+    """Four runs of two steps each: 8 iterations and more than 3 s of loop life, with max_iterations 3
+    and timeout_seconds 3 per run. A nightly job must not stop for good after a few nights."""
+    ws.task(shell_task(2, extra_frontmatter="schedule: {every: 1s}\nmax_iterations: 3\ntimeout_seconds: 3"))
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "lim")
+    try:
+        ws.wait_for(lambda: len(_events(ws, "lim", "run_finished")) >= 4, timeout=120, what="four runs")
+        os.replace(ws.root / "Specs/feature", ws.root / "Done/feature")
+        assert proc.wait(timeout=60) == 0, ws.output(proc)
+    finally:
+        _stop(proc)
+    st = ws.state("lim")
+    assert st["iteration"] >= 8 and st["status"] == "completed" and st["stop_reason"] == "task_in_done"
+    assert not (ws.root / "Needs_Action/intervention_lim.md").exists()
