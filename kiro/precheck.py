@@ -99,6 +99,7 @@ class Decision:
     reason: str
     asked: bool = False  # the pre-check model was called
     failed: bool = False  # the call failed or gave no answer: passed by failing open
+    stopped: bool = False  # a stop condition ended the wait for the answer: the caller stops, no event
     changes: str = ""
     usage: StepUsage = field(default_factory=StepUsage)
 
@@ -119,30 +120,32 @@ def load(loop: Loop) -> Snapshot | None:
 
 
 def _walk(root: Path, ws_root: Path) -> tuple[dict[str, list[int]], bool]:
+    """path (relative to the project) -> [size, mtime_ns]; strings, not Paths: one stat a file."""
     files: dict[str, list[int]] = {}
-    stack = [root]
+    top, own = str(root), str(ws_root)
+    cut = len(top) + 1
+    stack = [top]
     while stack:
         folder = stack.pop()
         try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            it = os.scandir(folder)
         except OSError:
             continue
-        for entry in entries:
-            if entry.name in SKIP_NAMES:
-                continue
-            path = Path(entry.path)
-            if path.parent == ws_root and entry.name in KIRO_OWN:
-                continue
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(path)
-                elif entry.is_file(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
-                    if len(files) >= MAX_FILES:
-                        return files, True
-                    files[str(path.relative_to(root))] = [st.st_size, st.st_mtime_ns]
-            except (OSError, ValueError):
-                continue
+        with it:
+            for entry in it:
+                name = entry.name
+                if name in SKIP_NAMES or (name in KIRO_OWN and folder == own):
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        if len(files) >= MAX_FILES:
+                            return files, True
+                        st = entry.stat(follow_symlinks=False)
+                        files[entry.path[cut:]] = [st.st_size, st.st_mtime_ns]
+                except OSError:
+                    continue
     return files, False
 
 
@@ -262,15 +265,25 @@ async def ask(loop: Loop, digest: str) -> Decision:
     client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=llm.max_retries,
                                 timeout=llm.request_timeout_seconds)
     del api_key
+    call = asyncio.ensure_future(client.chat.completions.create(
+        model=model, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": digest}],
+        tools=[TOOL], max_tokens=REPLY_TOKENS, temperature=0))  # type: ignore[list-item]
+    # a stop hook, a moved task file or a signal ends the wait for the answer (SPEC §6: within 1 s)
+    watch = asyncio.ensure_future(loop.wait(llm.request_timeout_seconds * (llm.max_retries + 1) + 5))
     try:
-        response = await client.chat.completions.create(
-            model=model, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": digest}],
-            tools=[TOOL], max_tokens=REPLY_TOKENS, temperature=0)  # type: ignore[list-item]
+        done, _ = await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if call not in done:
+            call.cancel()
+            await asyncio.wait({call})
+            return Decision(True, "stopped while the pre-check model answered", asked=True, failed=True,
+                            stopped=True)
+        response = call.result()
     except openai.OpenAIError as exc:
         status = getattr(exc, "status_code", None)
         what = f"HTTP {status}" if status else type(exc).__name__
         return Decision(True, f"the pre-check call failed ({what}); running anyway", asked=True, failed=True)
     finally:
+        watch.cancel()
         await client.close()
     usage = StepUsage(api_calls=1)
     if response.usage is not None:
@@ -325,6 +338,8 @@ async def check(loop: Loop, scope: Scope, step_id: str | None = None, step_line:
     if model is None:
         return True
     decision = await decide(loop, scope, step_id, step_line)
+    if decision.stopped:
+        return True  # the caller's next stop check ends the loop; neither passed nor skipped
     if decision.asked:
         loop.state.usage.add(decision.usage)
         loop.guardrails.record_side_call(decision.usage)
@@ -360,7 +375,8 @@ async def before_iteration(loop: Loop, step_id: str, attempts: int) -> tuple[Sto
         line += f" Its last attempt failed with: {' '.join(last_error.split())[:300]}"
     seconds = loop.cfg.llm.precheck_sleep_seconds
     if await check(loop, "iteration", step_id, line, next_check_seconds=seconds):
-        return None, True
+        stop = loop.interrupt_check()
+        return stop, stop is None
     s = loop.state
     loop.transition(Status.SLEEPING, "precheck_skipped")
     s.sleep_until = timeutil.iso(timeutil.now() + timedelta(seconds=seconds))

@@ -216,6 +216,9 @@ class ScheduleRunner:
             delay = (timeutil.parse(s.next_run_at) - timeutil.now()).total_seconds()
             if delay <= 0:
                 if await precheck.check_run(loop):  # SPEC §11 pre-check gate: nothing changed skips this fire
+                    stop = loop.interrupt_check()  # stopped while the pre-check model answered
+                    if stop is not None:
+                        return stop
                     break
                 now = timeutil.now()
                 s.next_run_at = timeutil.iso(schedule.hold_for_active_hours(self.sched.next_after(now),

@@ -233,3 +233,22 @@ def test_a_scheduled_run_is_skipped_when_nothing_changed_until_a_message_arrives
     # run 2's first prompt carries the message
     run2_first = fake.chat_requests[3 + k].body["messages"]
     assert "Look again: the boss wrote at 03:00" in json.dumps(run2_first)
+
+
+def test_a_stop_hook_ends_the_wait_for_a_slow_precheck_answer(ws: Workspace, fake: FakeOpenAI) -> None:
+    ws.task(TASK)
+    _config(ws, fake)
+    fake.error(500)  # step 1, attempt 1 (not gated)
+    fake.reply(_verdict(False, "too late"), delay=120)  # the pre-check model takes two minutes
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ai")
+    try:
+        fake.wait_for_requests(2, timeout=60)
+        assert fake.chat_requests[1].body["model"] == CHEAP
+        assert ws.kiro("loop", "stop", "--task-id", "ai").returncode == 0
+        code = proc.wait(timeout=60)  # well before the answer would come
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 3, ws.output(proc)
+    assert ws.state("ai")["stop_reason"] == "stop_hook"
+    assert not _named(ws, "precheck_skipped") and _models(fake) == [FULL, CHEAP]
