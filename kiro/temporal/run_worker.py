@@ -18,6 +18,11 @@ from kiro.errors import UserError
 from kiro.temporal import client as tc
 from kiro.workspace import Workspace
 
+# Heartbeats reach the server at least every second: a cancellation (`kiro loop stop --force`) arrives with the
+# answer to one, so this bounds how long a force stop takes to reach a running step.
+_BEATS: dict[str, Any] = {"max_heartbeat_throttle_interval": timedelta(seconds=1),
+                          "default_heartbeat_throttle_interval": timedelta(seconds=1)}
+
 
 def main(ws: Workspace, cfg: Config, *, role: str, clone: Path | None, remote: str | None, name: str,
          max_concurrent: int) -> None:
@@ -48,14 +53,15 @@ async def _serve(ws: Workspace, cfg: Config, *, role: str, clone: Path | None, r
         segments = Segments(client)
         worker = Worker(client, task_queue=n.ws_queue, workflows=[KiroLoop, KiroStep],
                         activities=[segments.run_segment], max_concurrent_activities=10_000,
-                        graceful_shutdown_timeout=timedelta(seconds=30))
+                        graceful_shutdown_timeout=timedelta(seconds=30), **_BEATS)
     else:
         from kiro.temporal.attempt import Attempts, Clone
 
         assert clone is not None
         attempts = Attempts(await asyncio.to_thread(Clone.prepare, clone, remote, name))
         worker = Worker(client, task_queue=n.step_queue, activities=[attempts.run_attempt],
-                        max_concurrent_activities=max_concurrent, graceful_shutdown_timeout=timedelta(seconds=2))
+                        max_concurrent_activities=max_concurrent, graceful_shutdown_timeout=timedelta(seconds=2),
+                        **_BEATS)
     aloop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         aloop.add_signal_handler(sig, stop.set)

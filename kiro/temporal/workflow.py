@@ -55,7 +55,7 @@ class KiroLoop:
             except ActivityError as exc:
                 if not _cancelled(exc):
                     raise
-                outcome = {"status": "stopped", "reason": "force", "exit_code": 3, "report": None,
+                outcome = {"status": "stopped", "reason": "signal", "exit_code": 3, "report": None,
                            "message": "stopped by `kiro loop stop --force`"}
             self._force = False
             self._outcomes.append(outcome)
