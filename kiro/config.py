@@ -7,6 +7,7 @@ line and the key, and suggest the closest known key.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import re
@@ -336,6 +337,21 @@ def load_config_file(path: Path, *, display: str | None = None) -> tuple[dict[st
     except safeio.UnreadableFile as exc:
         raise ConfigError(f"the config file {exc.reason}; replace it with a YAML file "
                           f"(`kiro init` writes the commented defaults)", file=name) from None
+    # Starting a thousand loops reads the same file a thousand times: parse each text once.
+    cached = _parsed.get((name, raw))
+    if cached is not None:
+        return copy.deepcopy(cached[0]), dict(cached[1])
+    data, lines = _parse_config(raw, name)
+    if len(_parsed) >= 16:
+        _parsed.pop(next(iter(_parsed)))
+    _parsed[(name, raw)] = (copy.deepcopy(data), dict(lines))
+    return data, lines
+
+
+_parsed: dict[tuple[str, bytes], tuple[dict[str, Any], dict[str, int]]] = {}
+
+
+def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]]:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import yaml
 
@@ -172,11 +174,50 @@ def markdown(entries: list[Entry], now: datetime | None = None) -> str:
     return "".join(out)
 
 
-def render(ws: Workspace, store: StateStore, live: dict[str, LoopState], now: datetime | None = None) -> str:
+class DiskStates:
+    """The state files on disk (the live folder, then the archive), each parsed again only when it
+    changed (inode, mtime, size): the dashboard of a process with a thousand loops looks at every
+    file each second, and reads only the few that moved."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._cache: dict[str, tuple[tuple[int, int, int], LoopState | None]] = {}
+
+    def read(self, skip: set[str]) -> list[tuple[Path, LoopState | None]]:
+        seen: dict[str, tuple[Path, LoopState | None]] = {}
+        keep: dict[str, tuple[tuple[int, int, int], LoopState | None]] = {}
+        for folder in (self.store.ws.state_dir, self.store.ws.state_dir / "archive"):
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                name = entry.name
+                if not (name.startswith("autonomous_loop_") and name.endswith(".json")):
+                    continue
+                tid = name[len("autonomous_loop_"):-len(".json")]
+                if tid in seen or tid in skip:
+                    continue
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue
+                sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+                cached = self._cache.get(entry.path)
+                state = cached[1] if cached is not None and cached[0] == sig else self.store.try_read(Path(entry.path))
+                keep[entry.path] = (sig, state)
+                seen[tid] = (Path(entry.path), state)
+        self._cache = keep
+        return list(seen.values())
+
+
+def render(ws: Workspace, store: StateStore, live: dict[str, LoopState], now: datetime | None = None,
+           disk: DiskStates | None = None) -> str:
     entries: list[Entry] = []
     for st in live.values():
         entries.append(Entry(st, st.status, True))
-    for _path, found in store.all_states(skip=set(live)):
+    found_on_disk = disk.read(set(live)) if disk is not None else store.all_states(skip=set(live))
+    for _path, found in found_on_disk:
         if found is None:
             continue
         alive = store.is_locked(found.task_id) if found.status.may_be_alive else False
@@ -199,6 +240,7 @@ class DashboardService:
         self._last = 0.0
         self._task: asyncio.Task[None] | None = None
         self.error: str | None = None
+        self.disk = DiskStates(store)
 
     def update(self, state: LoopState) -> None:
         self.live[state.task_id] = state
@@ -216,17 +258,31 @@ class DashboardService:
             wait = self._last + MIN_INTERVAL - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            self.flush()
+            text = self._render()
+            if text is not None:  # the rename (about a millisecond) off the event loop
+                await asyncio.to_thread(self._write, text)
 
-    def flush(self) -> None:
+    def _render(self) -> str | None:
         if not self._dirty:
-            return
+            return None
         self._dirty = False
         self._last = time.monotonic()
         try:
-            write_now(self.ws, self.store, self.live)
+            return render(self.ws, self.store, self.live, disk=self.disk)
         except OSError as exc:
             self.error = str(exc)
+            return None
+
+    def _write(self, text: str) -> None:
+        try:
+            atomic_write(self.ws.dashboard, text, fsync=False)
+        except OSError as exc:
+            self.error = str(exc)
+
+    def flush(self) -> None:
+        text = self._render()
+        if text is not None:
+            self._write(text)
 
     async def aclose(self) -> None:
         if self._task is not None and not self._task.done():

@@ -219,7 +219,21 @@ def _trie_pattern(words: Iterable[str]) -> str:
     return build(trie)
 
 
+_env_seen: list[tuple[frozenset[tuple[str, str]], list[str], list[str]]] = []  # the last environment scanned
+
+
 def _environment_secrets(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """The secrets in an environment; the same environment (a thousand loops started in one
+    process) is scanned once."""
+    key = frozenset(env.items())
+    if _env_seen and _env_seen[0][0] == key:
+        return list(_env_seen[0][1]), list(_env_seen[0][2])
+    values, forms = _scan_environment(env)
+    _env_seen[:] = [(key, list(values), list(forms))]
+    return values, forms
+
+
+def _scan_environment(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     values: list[str] = []
     forms: list[str] = []
     for name, value in env.items():
