@@ -407,6 +407,7 @@ class Loop:
         finally:
             self.state.sleep_until = None
         if stop is None:
+            self.guardrails.waited(trigger)
             self.transition(Status.RUNNING if previous == Status.SLEEPING else previous, f"{trigger.limit}_over")
         return stop
 

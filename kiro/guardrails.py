@@ -198,24 +198,17 @@ class LoopGuardrails:
 
     def _rested_while_stopped(self) -> None:
         """A loop that was stopped for at least `forced_sleep_seconds` since its last model turn has
-        had its rest: the count starts again. A quick restart keeps it."""
-        self._owed_rest = 0.0
+        had its rest: the count starts again. A quick restart keeps it (also one that cut a forced
+        rest short: the rest is taken again before the next model call)."""
         book = self.state.guardrails.get("consecutive_turns")
-        if not isinstance(book, dict):
-            return
-        now = self.clock()
-        if isinstance(book.get("last_turn_at"), (int, float)) and now - float(book["last_turn_at"]) >= \
-                self.g.forced_sleep_seconds:
+        if isinstance(book, dict) and isinstance(book.get("last_turn_at"), (int, float)) and \
+                self.clock() - float(book["last_turn_at"]) >= self.g.forced_sleep_seconds:
             book["count"] = 0
-        rest_until = book.pop("rest_until", None)
-        if isinstance(rest_until, (int, float)) and rest_until > now and self.g.max_consecutive_turns is not None:
-            self._owed_rest = min(float(rest_until) - now, self.g.forced_sleep_seconds)  # stopped mid-rest
 
-    def _book_rest(self, seconds: float) -> None:
-        """Remember when the forced rest ends, so that a loop stopped during it rests the remainder
-        when it is resumed (the state is saved as the rest begins)."""
-        book = self.state.guardrails.setdefault("consecutive_turns", {})
-        book["rest_until"] = round(self.clock() + seconds, 3)
+    def waited(self, trigger: Trigger) -> None:
+        """The loop slept through `trigger`'s wait to its end (or a message ended it)."""
+        if trigger.limit == "max_consecutive_turns":
+            self.turns_without_sleep = 0  # the forced rest counts as a sleep
 
     @property
     def turns_without_sleep(self) -> int:
@@ -253,7 +246,6 @@ class LoopGuardrails:
             self.shared.api.record()
         self.pending.add(usage)
         self.turns_without_sleep += 1
-        self.state.guardrails["consecutive_turns"].pop("rest_until", None)  # a turn: any forced rest is over
         if usage.total_tokens:
             self._book["token_window"].append([round(self.clock(), 3), int(usage.total_tokens)])
 
@@ -363,16 +355,10 @@ class LoopGuardrails:
         if t is not None:
             return t
         most = self.g.max_consecutive_turns
-        if most is not None and self._owed_rest > 0:
-            secs, self._owed_rest = self._owed_rest, 0.0
-            self._book_rest(secs)
-            return Trigger("max_consecutive_turns", most, most,
-                           f"max_consecutive_turns {most}: the forced rest a stop cut short goes on; sleeping "
-                           f"{secs:.0f} s", "wait", secs)
         if most is not None and self.turns_without_sleep >= most:
-            turns, self.turns_without_sleep = self.turns_without_sleep, 0  # the forced sleep counts as one
-            secs = self.g.forced_sleep_seconds
-            self._book_rest(secs)
+            # the count starts again when the forced sleep is over (`waited`), not when it is asked for:
+            # a stop during the rest keeps it owed, and a caller that only looks takes nothing away
+            turns, secs = self.turns_without_sleep, self.g.forced_sleep_seconds
             return Trigger("max_consecutive_turns", most, turns,
                            f"max_consecutive_turns {most} reached ({turns} model turns without a sleep); "
                            f"sleeping {secs:g} s", "wait", secs)
