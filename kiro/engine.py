@@ -652,7 +652,7 @@ class Loop:
             task_file=self.task_path,
         )
         s.context.last_prompt = clip(prompts.recent_prompt(prompt, continuation))  # without messages: never repeated
-        s.steps_total, s.steps_done = len(task.steps), sum(1 for st in task.steps if st.done)
+        s.steps_total, s.steps_done = len(task.steps), task.done_count
         await self.asave()
         self._stale_since = s.updated_at
         self.emit(ev.IterationStarted(step_id=step.id))
@@ -738,7 +738,7 @@ class Loop:
                     checked = []
             else:
                 s.steps_total = len(done_task.steps)
-                s.steps_done = sum(1 for st in done_task.steps if st.done)
+                s.steps_done = done_task.done_count
             if result.ok:
                 self.guardrails.activity()
                 self.guardrails.after_attempt(step.id, None)
@@ -911,7 +911,7 @@ class Loop:
         with contextlib.suppress(TaskFileError, TaskNotFound):
             task, _ = tasks.check_finished_parents(self.task_path, include_optional=self.cfg.include_optional)
         self.state.steps_total = len(task.steps)
-        self.state.steps_done = sum(1 for st in task.steps if st.done)
+        self.state.steps_done = task.done_count
         return conditions.completed(f"all {len(task.steps)} steps done")
 
     def _finish(self, stop: Stop) -> Outcome:

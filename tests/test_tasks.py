@@ -411,12 +411,29 @@ def test_set_marker_rejects_an_unknown_marker(tmp_path: Path) -> None:
 def test_a_folder_kiro_cannot_write_to_is_a_one_line_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A rewrite (frontmatter) needs a temp file in the folder; a folder kiro may not write is one line."""
     path = write(tmp_path, "- [ ] 1. a\n")
 
     def read_only_folder(*args: object, **kwargs: object) -> int:
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(fsutil, "_open_temp", read_only_folder)  # root would ignore a chmod 500 folder
+    with pytest.raises(TaskFileError) as info:
+        tasks.set_frontmatter_key(path, "kiro_task_id", "t1")
+    assert str(info.value) == f"{path}: cannot write the task file: Permission denied"
+    assert path.read_text() == "- [ ] 1. a\n"
+
+
+def test_a_task_file_kiro_cannot_write_to_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A box edit is made in place: a file kiro may not open for writing is one line, nothing changes."""
+    path = write(tmp_path, "- [ ] 1. a\n")
+
+    def read_only_file(*args: object, **kwargs: object) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tasks, "_open_rw", read_only_file)  # root would ignore a chmod 400 file
     with pytest.raises(TaskFileError) as info:
         tasks.mark_done(path, "1")
     assert str(info.value) == f"{path}: cannot write the task file: Permission denied"
