@@ -4,9 +4,10 @@
 
 Each round starts (or resumes) a loop on a task of shell steps whose command appends its step id
 to side_effects.log, then SIGKILLs the process at a random moment: during start-up, or at a random
-point while it runs its steps. After each kill it reads the state file and records:
+point while it runs its steps. After each kill it reads the state as kiro does (the state file with its journal replayed,
+kiro.journal) and records:
 
-    unparsable states      the state file does not parse as a LoopState (must be 0)
+    unparsable states      the state file (or state file + journal) does not parse as a LoopState (must be 0)
     completed steps re-run a step the state recorded as completed ran again later (must be 0)
     boxes lost             a step the state recorded as completed whose box is not checked (must be 0)
 
@@ -30,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiro import tasks
+from kiro import journal, tasks
 from kiro.state import LoopState
 
 CONFIG = """\
@@ -117,7 +118,8 @@ def _check(task: _Task, counts: Counts) -> None:
         return
     task.started = True
     try:
-        state = LoopState.model_validate_json(p.read_bytes())
+        LoopState.model_validate_json(p.read_bytes())  # the bare file alone parses (a snapshot)
+        state = LoopState.model_validate(journal.read_state_dict(p))  # and with its journal: the last save
     except Exception as exc:  # noqa: BLE001 - counted, whatever it is
         counts.unparsable_states += 1
         counts.problems.append(f"{task.tid}: unparsable state: {type(exc).__name__}: {str(exc)[:120]}")

@@ -1,112 +1,199 @@
-"""The loop's own overhead per iteration, and the state-write time with 1,000 completed steps.
+"""kiro's own overhead per loop iteration, and how it grows (or not) with the work (issue #12).
 
-    python bench/loop_overhead.py [--steps 200] [--state-steps 1000]
+    python bench/loop_overhead.py [--steps 200] [--big 5000] [--history 10000] [--previous-tree DIR]
 
-Prints figures; asserts nothing. The overhead is the wall time of a 200-step task whose steps run
-`true` with the shell executor, minus the time the same 200 `bash -e -c true` processes take on
-their own: what kiro adds per iteration (re-reading the task file, two checkbox edits, two state
-saves with fsync, events, dashboard).
+Three runs of shell steps whose command is `true`, durability on (every fsync kiro does, done):
+
+    200 steps        a 200-step task file, every step run
+    5,000 steps      a 5,000-step task file whose first 4,800 boxes are checked: the last 200 run
+                     (what the file's size costs each iteration, without 5,000 spawns)
+    10,000 done      the 200-step file, with 10,000 completed steps already in the loop's state
+
+What is measured: the wall time (and the process's CPU time, all threads: less hostage to other
+load on a shared machine) from the start of the first step's executor call to the end of the
+last one, minus the time spent inside the executor's `run_step` (spawning `bash -e -c true` and
+waiting for it: `fast`'s part of #12, bench/step_spawn.py), divided by the iterations in between.
+That is what the loop adds per iteration: reading the task file, the `[-]` and `[x]` box edits, the
+state saves, events, the dashboard. A run's fixed start-up and shutdown are not in it
+(bench/status_cold_start.py). Renames (os.replace/os.rename) and fsyncs (os.fsync/os.fdatasync) are
+counted in the same window, per iteration.
+
+The bench checks the work was done: exit 0, every box checked, every step recorded completed.
+With --previous-tree DIR (a checkout of kiro before the journal, e.g. `git worktree add /tmp/old
+<commit>`), the same three runs are made with that tree's kiro in a subprocess and printed beside.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
-import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from kiro import timeutil
-from kiro.executors.process import run_process
-from kiro.runner import prepare_start, run_loops
-from kiro.state import CompletedStep, LoopState, StateStore
-from kiro.workspace import Workspace
+HERE = Path(__file__).resolve()
 
 
-def make_task(n: int) -> str:
+def make_task(n: int, done: int = 0) -> str:
     lines = ["---", "title: bench", "executor: shell", "---"]
     for i in range(1, n + 1):
-        lines += [f"- [ ] {i}. Step {i}", "  ```sh", "  true", "  ```"]
+        lines += [f"- [{'x' if i <= done else ' '}] {i}. Step {i}", "  ```sh", "  true", "  ```"]
     return "\n".join(lines) + "\n"
 
 
-async def bare_processes(n: int, cwd: Path) -> float:
-    started = time.perf_counter()
-    for _ in range(n):
-        await run_process(["bash", "-e", "-c", "true"], cwd=cwd, timeout=30)
-    return time.perf_counter() - started
+class Counters:
+    """Counts renames and fsyncs made through the `os` module (any thread); times run_step (wall, CPU)."""
+
+    def __init__(self) -> None:
+        self.renames = 0
+        self.fsyncs = 0
+        self.counting = False
+        self.in_step = 0.0
+        self.cpu_in_step = 0.0
+        self.first_start: float | None = None
+        self.first_cpu = 0.0
+        self.last_end = 0.0
+        self.last_cpu = 0.0
+        self.steps = 0
+
+    def install(self) -> None:
+        for name, kind in (("replace", "renames"), ("rename", "renames"), ("fsync", "fsyncs"),
+                           ("fdatasync", "fsyncs")):
+            real = getattr(os, name)
+
+            def counted(*a: Any, _real: Any = real, _kind: str = kind, **k: Any) -> Any:
+                if self.counting:
+                    setattr(self, _kind, getattr(self, _kind) + 1)
+                return _real(*a, **k)
+
+            setattr(os, name, counted)
+        from kiro.executors.shell import ShellExecutor
+
+        real_run = ShellExecutor.run_step
+
+        async def timed(executor: Any, ctx: Any) -> Any:
+            t, cpu = time.perf_counter(), time.process_time()
+            if self.first_start is None:
+                self.first_start, self.first_cpu = t, cpu
+                self.counting = True
+            try:
+                return await real_run(executor, ctx)
+            finally:
+                end, cpu_end = time.perf_counter(), time.process_time()
+                self.in_step += end - t
+                self.cpu_in_step += cpu_end - cpu
+                self.last_end, self.last_cpu = end, cpu_end
+                self.steps += 1
+
+        ShellExecutor.run_step = timed  # type: ignore[method-assign]
 
 
-def loop_overhead(steps: int, label: str = "") -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+def one_run(label: str, steps: int, done_before: int, history: int) -> dict[str, Any]:
+    from kiro import tasks, timeutil
+    from kiro.runner import prepare_start, run_loops
+    from kiro.state import CompletedStep, StateStore
+    from kiro.workspace import Workspace
+
+    c = Counters()
+    c.install()
+    with tempfile.TemporaryDirectory(prefix="kiro-overhead-", dir=os.environ.get("BENCH_TMP")) as tmp:
         root = Path(tmp)
         for name in ("Specs/bench", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
             (root / name).mkdir(parents=True, exist_ok=True)
         (root / "config/autonomous_loop.yaml").write_text("autonomous_loop:\n  max_iterations: 100000\n")
-        (root / "Specs/bench/tasks.md").write_text(make_task(steps))
+        (root / "Specs/bench/tasks.md").write_text(make_task(steps, done_before))
         ws = Workspace(root)
-        bare = asyncio.run(bare_processes(steps, root))
         run = prepare_start(ws, "Specs/bench/tasks.md", task_id="bench")
+        if history:
+            now = timeutil.iso()
+            run.state.completed_steps = [
+                CompletedStep(step_id=f"old.{i}", description=f"Step number {i} with a realistic title",
+                              completed_at=now, duration_seconds=12.5, iteration=i, summary="did the thing " * 5)
+                for i in range(history)]
+            run.state.total_successes = run.state.iteration = history
+            run.store.save(run.state)
         started = time.perf_counter()
         [outcome] = asyncio.run(run_loops([run]))
         total = time.perf_counter() - started
+        c.counting = False
+        ran = steps - done_before
+        # the work was done: exit 0, every box checked, every step recorded completed
         assert outcome.exit_code == 0, outcome
-        per_iter = total / steps
-        overhead = (total - bare) / steps
-        print(f"loop{label}, {steps} shell steps running `true`: {total:.2f} s total, "
-              f"{per_iter * 1000:.1f} ms per iteration")
-        print(f"  the same {steps} `bash -e -c true` processes alone: {bare:.2f} s ({bare / steps * 1000:.1f} ms each)")
-        print(f"  kiro's own overhead per iteration: {overhead * 1000:.1f} ms")
+        final = Path(root / "Done/bench/tasks.md")
+        tf = tasks.parse(final.read_text(), final)
+        assert all(s.done for s in tf.steps), "a box is left unchecked"
+        st = StateStore(ws).load("bench").state
+        assert len(st.completed_steps) == history + ran, (len(st.completed_steps), history + ran)
+        assert c.steps == ran, (c.steps, ran)
+        assert c.first_start is not None
+        window = c.last_end - c.first_start
+        # iterations inside the window: the first step's run_step starts it, the last one's ends it
+        per_iter = (window - c.in_step) / max(ran - 1, 1)
+        cpu = (c.last_cpu - c.first_cpu - c.cpu_in_step) / max(ran - 1, 1)
+        return {"label": label, "iterations": ran, "ms": per_iter * 1000, "cpu_ms": cpu * 1000, "total_s": total,
+                "step_ms": c.in_step / ran * 1000, "renames": c.renames / max(ran - 1, 1),
+                "fsyncs": c.fsyncs / max(ran - 1, 1), "completed": len(st.completed_steps)}
 
 
-def state_write(n_completed: int, repeats: int = 50) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        ws = Workspace(Path(tmp))
-        store = StateStore(ws)
-        st = LoopState(task_id="bench", task_path="Specs/bench/tasks.md", max_iterations=100000)
-        now = timeutil.iso()
-        st.completed_steps = [
-            CompletedStep(step_id=f"{i // 10}.{i % 10}", description=f"Step number {i} with a realistic title",
-                          completed_at=now, duration_seconds=12.5, iteration=i, summary="did the thing " * 5)
-            for i in range(n_completed)
-        ]
-        st.iteration = n_completed
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            store.save(st)
-            times.append(time.perf_counter() - t)
-        nofsync = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            store.save(st, fsync=False)
-            nofsync.append(time.perf_counter() - t)
-        size = store.path("bench").stat().st_size
-        times.sort()
-        print(f"state write, {n_completed} completed steps ({size / 1024:.0f} KiB): "
-              f"median {statistics.median(times) * 1000:.2f} ms, p95 {times[int(0.95 * len(times)) - 1] * 1000:.2f} ms "
-              f"(with fsync); median {statistics.median(nofsync) * 1000:.2f} ms without fsync")
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    out = []
+    for label, steps, done, history in (
+        (f"{args.steps} steps", args.steps, 0, 0),
+        (f"{args.big:,} steps", args.big, args.big - args.steps, 0),
+        (f"{args.history:,} done", args.steps, 0, args.history),
+    ):
+        best: dict[str, Any] | None = None
+        for _ in range(args.repeat):
+            r = one_run(label, steps, done, history)
+            if best is None or r["ms"] < best["ms"]:
+                best = r
+        assert best is not None
+        out.append(best)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--state-steps", type=int, default=1000)
+    ap.add_argument("--big", type=int, default=5000)
+    ap.add_argument("--history", type=int, default=10000)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each; the lowest is shown")
+    ap.add_argument("--previous-tree", type=Path, default=None)
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the subprocess's answer
     args = ap.parse_args()
-    print(f"python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}")
-    loop_overhead(args.steps)
-    # The same with fsync made a no-op: what is left is kiro's CPU and plain file I/O; the difference
-    # is the price of durability (about six fsyncs per iteration) on this disk.
-    real_fsync = os.fsync
-    os.fsync = lambda fd: None
-    try:
-        loop_overhead(args.steps, " (fsync disabled)")
-    finally:
-        os.fsync = real_fsync
-    state_write(args.state_steps)
+    if args.json:
+        print(json.dumps(measure(args)))
+        return
+    print(f"python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}; shell steps running `true`, "
+          f"durability on; per iteration = (window - time in run_step) / iterations")
+    previous = None
+    if args.previous_tree is not None:
+        env = dict(os.environ, PYTHONPATH=str(args.previous_tree.resolve()))
+        cmd = [sys.executable, str(HERE), "--json", "--steps", str(args.steps), "--big", str(args.big),
+               "--history", str(args.history), "--repeat", str(args.repeat)]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            print(f"previous tree failed: {r.stderr.strip().splitlines()[-1:]}")
+        else:
+            previous = json.loads(r.stdout.strip().splitlines()[-1])
+    now = measure(args)
+    base = now[0]["ms"]
+    for i, r in enumerate(now):
+        line = (f"{r['label']:>12}: {r['ms']:.2f} ms per iteration (ratio {r['ms'] / base:.2f}), "
+                f"CPU {r['cpu_ms']:.2f} ms (ratio {r['cpu_ms'] / now[0]['cpu_ms']:.2f}); "
+                f"{r['renames']:.2f} renames, {r['fsyncs']:.2f} fsyncs per iteration; {r['iterations']} iterations, "
+                f"executor {r['step_ms']:.1f} ms per step (not counted); {r['completed']} steps recorded completed")
+        if previous is not None:
+            p = previous[i]
+            line += (f" | before: {p['ms']:.2f} ms (ratio {p['ms'] / previous[0]['ms']:.2f}), "
+                     f"CPU {p['cpu_ms']:.2f} ms (ratio {p['cpu_ms'] / previous[0]['cpu_ms']:.2f}), "
+                     f"{p['renames']:.2f} renames, {p['fsyncs']:.2f} fsyncs")
+        print(line)
 
 
 if __name__ == "__main__":

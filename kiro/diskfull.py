@@ -97,6 +97,21 @@ def release_all() -> bool:
     return freed
 
 
+def note_low_space(fd: int, what: str | Path, needed: int) -> bool:
+    """After a write that needed no new blocks (an append inside a block, a byte overwritten): note
+    the disk as full when fewer than `needed` bytes are free, so the loop stops at its next safe
+    point before a step's own writes fail and get blamed on the step. True when noted."""
+    try:
+        st = os.fstatvfs(fd)
+    except OSError:
+        return False
+    if st.f_bavail * st.f_frsize >= needed:
+        return False
+    if not _hit:
+        _hit.append(str(what))
+    return True
+
+
 def hit() -> str | None:
     """The first file whose write found the disk full in this process, if any did."""
     return _hit[0] if _hit else None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import random
 import signal
@@ -444,6 +443,7 @@ class Loop:
         self._take_over_processes()
         self.transition(Status.RUNNING, "resumed" if self.run_spec.resumed else "started")
         s.stop_reason = None
+        self.store.open_journal(s)  # saves append to the loop's journal from here on (kiro.journal)
         self.save()
         stop: Stop | None = None
         try:
@@ -462,6 +462,7 @@ class Loop:
             self._finish(stop)
             with contextlib.suppress(Exception):
                 await self.flush()
+            self.store.close_journal(s.task_id)
             await self._close_listeners()
             self.log.close()
             raise
@@ -474,6 +475,7 @@ class Loop:
                 self._ledger.close()  # its file goes when no step's group is left
         outcome = self._finish(stop)
         await self.flush()  # the end is observable (exit code, outcome, the dashboard): on disk first
+        self.store.close_journal(s.task_id)  # a last snapshot if one is owed; the journal goes
         await self._close_listeners()
         self.log.close()
         return outcome
@@ -903,7 +905,7 @@ class Loop:
         await self.asave()
         n = self.settings.backup_state_every_n_iterations
         if n and s.iteration % n == 0:
-            self.writes.submit(functools.partial(self.store.backup, s.model_copy(deep=True)))
+            self.writes.submit(self.store.backup_job(s))  # with the journal: taken at its next snapshot
 
     # -- the end ---------------------------------------------------------------------------
 

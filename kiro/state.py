@@ -8,19 +8,22 @@ Field names and meanings follow the source spec (seed 004, "State File Format");
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from filelock import FileLock, Timeout
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from kiro import locks, safeio, timeutil
+from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil
 from kiro.errors import LockHeld, StateError, TaskNotFound
 from kiro.fsutil import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fsutil
 from kiro.fsutil import fsync_dir
@@ -32,6 +35,9 @@ from kiro.workspace import TASK_ID_RE, Workspace
 SCHEMA_VERSION = 1
 BACKUPS_KEPT = 5
 HISTORY_KEPT = 200
+FAILED_KEPT = 100  # failed_steps: the newest attempts (total_failures counts them all)
+LOW_SPACE_BYTES = 256 * 1024  # free space under which a journal append notes the disk as full (kiro.diskfull)
+STEPS_KEPT = 200  # steps{}: records of steps with something to say (attempts, an error, a retry time)
 TEXT_KEPT = 4000  # characters of last_prompt / last_response / errors kept in the state
 
 
@@ -248,6 +254,10 @@ class LoopState(_Model):
     last_run_at: IsoTime | None = None
     next_run_at: IsoTime | None = None
     schedule: ScheduleInfo | None = None
+    journal_seq: int = 0  # the last journal record this snapshot includes (kiro.journal)
+    # (the completed_steps list, how many of its durations are summed, the sum): refresh_metrics
+    # adds only the new ones
+    _durations: tuple[object, int, float] = PrivateAttr(default=(None, 0, 0.0))
 
     @field_validator("status")
     @classmethod
@@ -282,9 +292,29 @@ class LoopState(_Model):
     def refresh_metrics(self) -> None:
         attempts = self.total_successes + self.total_failures
         self.metrics.success_rate = round(self.total_successes / attempts, 4) if attempts else 0.0
-        if self.completed_steps:
-            total = sum(c.duration_seconds for c in self.completed_steps)
-            self.metrics.average_step_duration = round(total / len(self.completed_steps), 3)
+        done = self.completed_steps
+        if done:
+            seen, counted, total = self._durations
+            if seen is not done or counted > len(done):
+                counted, total = 0, 0.0
+            total += sum(c.duration_seconds for c in done[counted:])
+            self._durations = (done, len(done), total)
+            self.metrics.average_step_duration = round(total / len(done), 3)
+
+    def bound(self) -> None:
+        """Keep the lists that grow with failures bounded: failed_steps to the newest FAILED_KEPT,
+        steps{} to records that say something (a record with no attempts, error or retry time is
+        what an absent one means), at most STEPS_KEPT of them."""
+        if len(self.failed_steps) > FAILED_KEPT:
+            del self.failed_steps[: len(self.failed_steps) - FAILED_KEPT]
+        steps = self.steps
+        if steps:
+            idle = [k for k, r in steps.items() if not (r.attempts or r.last_error or r.next_retry_at
+                                                        or r.last_verify_output or r.model_extra)]
+            for k in idle:
+                del steps[k]
+            for k in list(steps)[: max(0, len(steps) - STEPS_KEPT)]:
+                del steps[k]
 
     def dump_json(self) -> str:
         return self.model_dump_json(indent=2, by_alias=True)
@@ -307,6 +337,7 @@ class StateStore:
     def __init__(self, workspace: Workspace, redact: Redactor | None = None) -> None:
         self.ws = workspace
         self.redact = redact or Redactor()  # a loop adds its own (`use`): no secret reaches a state file
+        self.journals: dict[str, LiveJournal] = {}  # task id -> the journal of a loop running here
 
     def use(self, redact: Redactor) -> None:
         """Also cut what `redact` knows from every state this store writes."""
@@ -332,18 +363,69 @@ class StateStore:
     def save_job(self, state: LoopState, *, fsync: bool = True) -> Callable[[], object]:
         """A save in two halves: the state is stamped and encoded now (in the caller's thread, the
         only one that touches it), the returned function writes it (in any thread: `kiro.writer`).
-        The write holds the whole state, so a later save may replace one not yet written."""
+        With the loop's journal open (`open_journal`) the record of what changed is made now and the
+        job writes every record not written yet, so a later job that replaces this one in the queue
+        writes it too. Otherwise the job writes a whole new state file (and removes any journal
+        beside it: its records are in that file)."""
+        live = self.journals.get(state.task_id)
+        if live is not None:
+            return live.prepare(state)
+        state.bound()
         state.updated_at = timeutil.iso()
         path, data = self.path(state.task_id), self.encode(state)
-        return lambda: atomic_write(path, data, fsync=fsync)
+        summary = journal.summary_of(state.model_dump(mode="json", by_alias=True, exclude=set(journal.BIG_LISTS)))
 
-    def backup(self, state: LoopState) -> Path:
-        """Copy the current state to `.state/backups/`; keep the newest BACKUPS_KEPT per task."""
+        def write() -> None:
+            atomic_write(path, data, fsync=fsync)
+            with contextlib.suppress(FileNotFoundError):
+                journal.journal_path(path).unlink()
+            self._write_summary(path, summary)
+
+        return write
+
+    def open_journal(self, state: LoopState) -> None:
+        """From now on `save(state)` appends to the loop's journal (kiro.journal); the next save
+        writes a snapshot first."""
+        if state.task_id not in self.journals:
+            self.journals[state.task_id] = LiveJournal(self, state)
+
+    def close_journal(self, task_id: str, *, snapshot: bool = True) -> None:
+        """Fold the journal into a last snapshot (if one is owed) and remove it; later saves write
+        whole files."""
+        live = self.journals.pop(task_id, None)
+        if live is not None:
+            live.close(snapshot=snapshot)
+
+    def _write_summary(self, state_file: Path, summary: dict[str, Any]) -> None:
+        writer = journal.SummaryWriter(journal.summary_path(state_file))
+        try:
+            writer.write(summary)
+            ownwrites.note_own_write(writer.path)
+        except OSError:
+            pass  # a view: status falls back to the state file
+        finally:
+            writer.close()
+
+    def backup(self, state: LoopState) -> Path | None:
+        """Copy the current state to `.state/backups/`; keep the newest BACKUPS_KEPT per task. A loop
+        with a journal takes the copy at its next snapshot (None is returned)."""
+        return self.backup_job(state)()
+
+    def backup_job(self, state: LoopState) -> Callable[[], Path | None]:
+        """`backup` in two halves, as `save_job` (with a journal: nothing to encode now)."""
+        live = self.journals.get(state.task_id)
+        if live is not None:
+            live.backup_owed = True
+            return lambda: None
+        task_id, iteration, text = state.task_id, state.iteration, self.encode(state)
+        return lambda: self._write_backup(task_id, iteration, text)
+
+    def _write_backup(self, task_id: str, iteration: int, text: str) -> Path:
         folder = self.ws.backups_dir()
         stamp = timeutil.now().strftime("%Y%m%dT%H%M%S%f")
-        target = folder / f"autonomous_loop_{state.task_id}.{stamp}.i{state.iteration:06d}.json"
-        atomic_write(target, self.encode(state))
-        for old in self._backups(state.task_id)[BACKUPS_KEPT:]:
+        target = folder / f"autonomous_loop_{task_id}.{stamp}.i{iteration:06d}.json"
+        atomic_write(target, text)
+        for old in self._backups(task_id)[BACKUPS_KEPT:]:
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
         return target
@@ -359,16 +441,22 @@ class StateStore:
         return self.archive_job(state)()
 
     def archive_job(self, state: LoopState) -> Callable[[], Path]:
-        """`archive` in two halves, as `save_job`."""
+        """`archive` in two halves, as `save_job`; the write also ends the loop's journal."""
         target = self.ws.archived_state_file(state.task_id)
-        data, live = self.encode(state), self.path(state.task_id)
+        data, main = self.encode(state), self.path(state.task_id)
+        summary = journal.summary_of(state.model_dump(mode="json", by_alias=True, exclude=set(journal.BIG_LISTS)))
+        task_id = state.task_id
 
         def write() -> Path:
+            self.close_journal(task_id, snapshot=False)  # the archived file is the last snapshot
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(target, data)
-            with contextlib.suppress(FileNotFoundError):
-                live.unlink()
-            fsync_dir(live.parent)
+            for leftover in (main, journal.journal_path(main), journal.summary_path(main)):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
+                ownwrites.note_own_removal(leftover)
+            fsync_dir(main.parent)
+            self._write_summary(target, summary)
             return target
 
         return write
@@ -377,12 +465,20 @@ class StateStore:
         src = self.ws.archived_state_file(task_id)
         if src.exists() and not self.path(task_id).exists():
             os.replace(src, self.path(task_id))
+            with contextlib.suppress(FileNotFoundError):
+                journal.summary_path(src).unlink()
 
     # -- read ------------------------------------------------------------------------------
 
     @staticmethod
     def _read(path: Path, task_id: str | None = None) -> LoopState:
-        state = LoopState.model_validate_json(safeio.read_bytes(path, limit=safeio.STATE_MAX_BYTES))
+        """The state in `path`, with its journal (if any) replayed: the loop's last save."""
+        raw = safeio.read_bytes(path, limit=safeio.STATE_MAX_BYTES)
+        if journal.journal_path(path).exists():
+            state = LoopState.model_validate(journal.with_journal(
+                path, raw, lambda: safeio.read_bytes(path, limit=safeio.STATE_MAX_BYTES)))
+        else:
+            state = LoopState.model_validate_json(raw)
         if task_id is not None and state.task_id != task_id:
             raise ValueError(f"its task_id {state.task_id!r} is not {task_id!r}, the id in its file name")
         return state
@@ -504,6 +600,274 @@ class StateStore:
         """True when some process holds the loop's lock right now (the loop is alive). A probe: it
         never takes the lock, so it cannot make a concurrent `start` fail."""
         return locks.is_held(self.ws.lock_file(task_id))
+
+
+class LiveJournal:
+    """The journal of one loop running in this process (kiro.journal has the file formats).
+
+    `prepare(state)` works out what changed since the last save (on the caller's thread: the
+    loop's own task, the only writer of its state) and applies it to `shadow`, the state as
+    recorded (a JSON dict), and to `encoded`, the JSON text of each item of its long lists; the
+    call it returns appends the record and fdatasyncs, or writes a snapshot. A snapshot is made
+    from `shadow`, never from the live model, so it is always exactly some save, also when the
+    timer writes it while a step runs; its text is a join of cached pieces (no O(history)
+    encoding). Two locks: `shadow_lock` (held briefly, to change or copy out the shadow) and
+    `file_lock` (the journal and snapshot writes, in order)."""
+
+    def __init__(self, store: StateStore, state: LoopState) -> None:
+        self.store = store
+        self.state_file = store.path(state.task_id)
+        self.path = journal.journal_path(self.state_file)
+        self.summary = journal.SummaryWriter(journal.summary_path(self.state_file))
+        self.shadow_lock = threading.Lock()
+        self.file_lock = threading.Lock()
+        self.fd: int | None = None
+        self.shadow: dict[str, Any] | None = None
+        self.encoded: dict[str, list[str]] = {}  # long list -> JSON text of each item, as in shadow
+        self.tracked: dict[str, tuple[list[Any], int, Any]] = {}  # list -> (object, items recorded, last item)
+        self.seq = state.journal_seq
+        self.last_snapshot = 0.0
+        self.snapshot_seq = -1  # the journal_seq of the newest snapshot written
+        self.snapshot_bytes = 0
+        self.journal_bytes = 0
+        self.journal_last_seq = 0  # the newest record appended
+        self.backup_owed = False
+        self.snapshot_owed = False
+        self.pending: list[tuple[int, bytes]] = []  # records made, not yet appended: (seq, the line)
+        self.pending_bytes = 0
+        self.task_id = state.task_id
+        self.timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    # -- the record ------------------------------------------------------------------------
+
+    def _track(self, state: LoopState) -> None:
+        for name in journal.BIG_LISTS:
+            items = getattr(state, name)
+            self.tracked[name] = (items, len(items), items[-1] if items else None)
+
+    def _diff(self, state: LoopState, shadow: dict[str, Any]) -> dict[str, Any]:
+        small = state.model_dump(mode="json", by_alias=True, exclude=set(journal.BIG_LISTS))
+        changed = {k: v for k, v in small.items() if k not in shadow or shadow[k] != v}
+        add: dict[str, Any] = {}
+        keep: dict[str, int] = {}
+        for name in journal.BIG_LISTS:
+            items: list[Any] = getattr(state, name)
+            known, recorded, last = self.tracked[name]
+            new: list[Any] | None = None
+            if known is items:
+                if recorded == 0:
+                    new = items
+                else:
+                    at = next((j for j in range(len(items) - 1, -1, -1) if items[j] is last), None)
+                    if at is not None and at + 1 <= recorded:  # appended to, maybe trimmed at the front
+                        new = items[at + 1:]
+                        if at + 1 < recorded:
+                            keep[name] = len(items)
+            if new is None:  # replaced or rewritten: record it whole
+                changed[name] = [x.model_dump(mode="json", by_alias=True) for x in items]
+                keep.pop(name, None)
+            elif new:
+                add[name] = [x.model_dump(mode="json", by_alias=True) for x in new]
+            self.tracked[name] = (items, len(items), items[-1] if items else None)
+        record: dict[str, Any] = {"seq": 0, "set": changed}
+        if add:
+            record["add"] = add
+        if keep:
+            record["keep"] = keep
+        return record
+
+    def _encode_lists(self, record: dict[str, Any]) -> None:
+        """Keep `encoded` in step with `journal.apply(shadow, record)`."""
+        for name in journal.BIG_LISTS:
+            if name in record["set"]:
+                self.encoded[name] = [_item_json(x) for x in record["set"][name]]
+        for name, items in record.get("add", {}).items():
+            self.encoded.setdefault(name, []).extend(_item_json(x) for x in items)
+        for name, n in record.get("keep", {}).items():
+            pieces = self.encoded.get(name, [])
+            if len(pieces) > n:
+                del pieces[: len(pieces) - n]
+
+    def prepare(self, state: LoopState) -> Callable[[], None]:
+        """Make the record of what changed (or owe a snapshot) now; the returned job writes what
+        is pending. Any later job writes this record too: jobs are interchangeable."""
+        with self.shadow_lock:
+            state.bound()
+            state.updated_at = timeutil.iso()
+            if self.shadow is None:  # the first save: a snapshot, and a fresh journal after it
+                state.journal_seq = self.seq
+                self.shadow = json.loads(self.store.encode(state))
+                self.encoded = {name: [_item_json(x) for x in self.shadow.get(name, [])]
+                                for name in journal.BIG_LISTS}
+                self._track(state)
+                self.snapshot_owed = True
+                return self.drain
+            shadow = self.shadow
+            record = self._diff(state, shadow)
+            self.seq += 1
+            record["seq"] = state.journal_seq = self.seq
+            line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+            clean = self.store.redact.text(line)
+            if clean != line:
+                line, record = clean, json.loads(clean)
+            journal.apply(shadow, record)
+            self._encode_lists(record)
+            data = (line + "\n").encode("utf-8")
+            self.pending.append((self.seq, data))
+            self.pending_bytes += len(data)
+            if ("status" in record["set"] or time.monotonic() - self.last_snapshot >= journal.SNAPSHOT_SECONDS
+                    or self.journal_bytes + self.pending_bytes > max(journal.JOURNAL_MIN_BYTES, self.snapshot_bytes)):
+                self.snapshot_owed = True
+            else:
+                self._arm_timer()
+            return self.drain
+
+    def _snapshot_text(self) -> tuple[int, str, dict[str, Any]]:
+        """(seq, the state file's text, the summary) of the shadow as it is now. Under shadow_lock."""
+        shadow = self.shadow
+        assert shadow is not None
+        parts = []
+        for key, value in shadow.items():
+            if key in self.encoded and isinstance(value, list):
+                pieces = self.encoded[key]
+                text = "[\n    " + ",\n    ".join(pieces) + "\n  ]" if pieces else "[]"
+            else:
+                text = json.dumps(value, ensure_ascii=False)
+            parts.append(f"  {json.dumps(key)}: {text}")
+        return int(shadow.get("journal_seq", 0)), "{\n" + ",\n".join(parts) + "\n}\n", journal.summary_of(shadow)
+
+    # -- the writes ------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Write what is pending: a snapshot when one is owed (it holds every record made so far),
+        else the pending records in one append and one fdatasync."""
+        with self.file_lock:
+            if self.closed:
+                raise RuntimeError(f"the journal of {self.state_file.name} is closed")
+            pending: list[tuple[int, bytes]] = []
+            with self.shadow_lock:
+                owed = self.snapshot_owed  # an owed backup waits for the next snapshot (at most ~1 s)
+                self.snapshot_owed = False
+                if owed:
+                    seq, text, summary = self._snapshot_text()
+                    self.pending, self.pending_bytes = [], 0  # all in the snapshot
+                else:
+                    pending = [(n, data) for n, data in self.pending if n > self.snapshot_seq]
+                    self.pending, self.pending_bytes = [], 0
+                    summary = journal.summary_of(self.shadow) if self.shadow is not None else {}
+            if owed:
+                with journal.task_lock(self.task_id):
+                    self._write_snapshot(seq, text, summary)
+            elif pending:
+                self._append(pending, summary)
+
+    def _append(self, pending: list[tuple[int, bytes]], summary: dict[str, Any]) -> None:
+        fd = self.fd
+        assert fd is not None  # opened by the first snapshot
+        data = b"".join(d for _n, d in pending)
+        diskfull.retry(lambda: _append_all(fd, data), self.path.name)
+        os.fdatasync(fd)
+        diskfull.note_low_space(fd, self.path.name, max(LOW_SPACE_BYTES, 2 * self.snapshot_bytes))
+        journal.note_own_write(self.path, fd)
+        ownwrites.note_own_write(self.path)
+        self.journal_bytes += len(data)
+        self.journal_last_seq = pending[-1][0]
+        self._summary(summary)
+
+    def _write_snapshot(self, seq: int, text: str, summary: dict[str, Any]) -> None:
+        atomic_write(self.state_file, text)
+        if self.fd is None:  # the journal of this run starts empty: older records are in the snapshot
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                              | os.O_NOFOLLOW, 0o644)
+            fsync_dir(self.state_file.parent)  # the journal's own name must survive a power cut
+        elif self.journal_bytes and self.journal_last_seq <= seq:
+            os.ftruncate(self.fd, 0)  # every record is in the snapshot (a later one would be lost)
+            self.journal_bytes = 0
+        journal.note_own_write(self.state_file)
+        journal.note_own_write(self.path, self.fd)
+        ownwrites.note_own_write(self.path)
+        self.snapshot_seq = seq
+        self.snapshot_bytes = len(text)
+        self.last_snapshot = time.monotonic()
+        if self.backup_owed:
+            self.backup_owed = False
+            self.store._write_backup(self.task_id, summary.get("iteration") or 0, text)
+        self._summary(summary)
+
+    def _summary(self, summary: dict[str, Any]) -> None:
+        if summary:
+            with contextlib.suppress(OSError):  # a view: status falls back to the state file
+                self.summary.write(summary)
+                journal.note_own_write(self.summary.path, self.summary.fd)
+                ownwrites.note_own_write(self.summary.path)
+
+    # -- the timer and the end -------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        """While the journal holds what the snapshot does not, a snapshot follows within about
+        SNAPSHOT_SECONDS even when no save comes (a long step): readers of the bare JSON file."""
+        if self.timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        delay = max(0.05, journal.SNAPSHOT_SECONDS - (time.monotonic() - self.last_snapshot))
+        self.timer = loop.call_later(delay, self._timer_fired, loop)
+
+    def _timer_fired(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.timer = None
+        if not self.closed:
+            loop.run_in_executor(None, self.flush)
+
+    def flush(self) -> None:
+        """A snapshot now if the journal holds anything the last one does not (the timer's)."""
+        with self.shadow_lock:
+            if self.shadow is None or int(self.shadow.get("journal_seq", 0)) <= self.snapshot_seq:
+                return
+            self.snapshot_owed = True
+        with contextlib.suppress(OSError, RuntimeError):  # the journal has it all; the next snapshot tries again
+            self.drain()
+
+    def close(self, *, snapshot: bool = True) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        try:
+            if snapshot and self.shadow is not None:
+                with self.shadow_lock:
+                    self.snapshot_owed = (self.snapshot_owed or self.backup_owed
+                                          or int(self.shadow.get("journal_seq", 0)) > self.snapshot_seq)
+                self.drain()
+        finally:
+            with self.file_lock:
+                self.closed = True
+                if self.fd is not None:
+                    os.close(self.fd)
+                    self.fd = None
+                    with contextlib.suppress(FileNotFoundError):
+                        self.path.unlink()
+                    ownwrites.note_own_removal(self.path)
+                self.summary.close()
+
+
+def _append_all(fd: int, data: bytes) -> None:
+    """Append `data` whole, or not at all: a write cut short (a full disk) is taken back, so the
+    retry does not leave half a record in the middle of the journal."""
+    size = os.fstat(fd).st_size
+    try:
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise
+
+
+def _item_json(item: Any) -> str:
+    return json.dumps(item, ensure_ascii=False, separators=(", ", ": "))
 
 
 def effective_status(state: LoopState, alive: bool) -> Status:

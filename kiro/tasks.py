@@ -178,6 +178,7 @@ class TaskFile:
     # starts there instead of at the top.
     _open_from: int = field(default=0, repr=False, compare=False)
     _done_count: int | None = field(default=None, repr=False, compare=False)
+    _counts: TaskCounts | None = field(default=None, repr=False, compare=False)
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -195,13 +196,19 @@ class TaskFile:
         """The first leaf in document order that is not done. `[-]` and `[~]` are open; a parent's
         own box is not looked at (people check parents early and forget them late)."""
         steps = self.steps
+        first_open: int | None = None
+        found: Step | None = None
         for i in range(self._open_from, len(steps)):
             s = steps[i]
             if s.children or s.done:
                 continue
+            if first_open is None:
+                first_open = i
             if include_optional or not self.is_optional(s):
-                return s
-        return None
+                found = s
+                break
+        self._open_from = len(steps) if first_open is None else first_open  # the scan so far holds
+        return found
 
     @property
     def done_count(self) -> int:
@@ -244,14 +251,16 @@ class TaskFile:
         return None
 
     def counts(self) -> TaskCounts:
-        leaves = [s for s in self.steps if not s.children]
-        return TaskCounts(
-            total=len(self.steps),
-            done=self.done_count,
-            optional=sum(1 for s in self.steps if s.optional),
-            open=sum(1 for s in leaves if not s.done and not self.is_optional(s)),
-            leaves=len(leaves),
-        )
+        if self._counts is None:
+            leaves = [s for s in self.steps if not s.children]
+            self._counts = TaskCounts(
+                total=len(self.steps),
+                done=self.done_count,
+                optional=sum(1 for s in self.steps if s.optional),
+                open=sum(1 for s in leaves if not s.done and not self.is_optional(s)),
+                leaves=len(leaves),
+            )
+        return self._counts
 
     @property
     def title(self) -> str:
@@ -773,16 +782,22 @@ def _with_boxes(tf: TaskFile, marks: dict[int, str], old_raw: bytes) -> TaskFile
     raw = bytearray(old_raw)
     done = tf.done_count
     open_from = tf._open_from
+    counts = tf._counts
+    open_leaves = counts.open if counts is not None else 0
     for i, marker in marks.items():
         old = steps[i]
         raw[_byte_offset(tf, old.box_offset)] = ord(marker)
-        done += (marker in DONE_MARKERS) - old.done
-        if marker == " " or marker == "~":
+        now_done = marker in DONE_MARKERS
+        done += now_done - old.done
+        if not now_done:
             open_from = min(open_from, i)
+        if counts is not None and now_done != old.done and not old.children and not tf.is_optional(old):
+            open_leaves += -1 if now_done else 1
         steps[i] = dataclasses.replace(old, marker=marker)
     text = _with_markers(tf.text, {steps[i].box_offset: m for i, m in marks.items()})
-    new = dataclasses.replace(tf, text=text, steps=steps, _raw=bytes(raw), _open_from=open_from,
-                              _done_count=done, _by_key=tf._by_key)
+    new = dataclasses.replace(
+        tf, text=text, steps=steps, _raw=bytes(raw), _open_from=open_from, _done_count=done, _by_key=tf._by_key,
+        _counts=dataclasses.replace(counts, done=done, open=open_leaves) if counts is not None else None)
     return new
 
 

@@ -24,6 +24,7 @@ def test_a_box_edit_keeps_the_file_its_inode_and_every_other_byte(tmp_path: Path
     path = write(tmp_path, BASE)
     inode = path.stat().st_ino
     seen = tasks.load(path)
+    assert seen.counts().open == 3 and seen.current_step().id == "1.1"  # type: ignore[union-attr]
     after = tasks.set_marker(path, "1.1", "-", expected=seen)
     after, checked = tasks.mark_done(path, "1.1", expected=after)
     after, checked2 = tasks.mark_done(path, "1.2", expected=after)
@@ -35,6 +36,7 @@ def test_a_box_edit_keeps_the_file_its_inode_and_every_other_byte(tmp_path: Path
     fresh = tasks.parse(path.read_text(encoding="utf-8"), path)
     assert [(s.id, s.marker) for s in after.steps] == [(s.id, s.marker) for s in fresh.steps]
     assert after.done_count == fresh.done_count == 3
+    assert after.counts() == fresh.counts()
     assert after.current_step() is not None and after.current_step().id == "2"  # type: ignore[union-attr]
 
 

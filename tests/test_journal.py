@@ -1,0 +1,147 @@
+"""The state journal (issue #12, kiro.journal): every save of a running loop is one fdatasync'd
+append; the state read back (snapshot + journal replayed) is exactly the last save, whatever
+changed; a torn last append reads as the save before it; the bare JSON file follows within
+SNAPSHOT_SECONDS, and at once on a status change."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+
+from kiro import journal, timeutil
+from kiro.state import (FAILED_KEPT, HISTORY_KEPT, CompletedStep, CurrentStep, FailedStep, LoopState, StateStore,
+                        to_jsonable)
+from kiro.status import Status
+from kiro.workspace import Workspace
+
+
+def _store(tmp_path: Path) -> StateStore:
+    (tmp_path / ".state").mkdir()
+    return StateStore(Workspace(tmp_path))
+
+
+def _same(store: StateStore, state: LoopState) -> None:
+    assert to_jsonable(store.load(state.task_id).state) == to_jsonable(state)
+
+
+def _mutate(state: LoopState, rng: random.Random, i: int) -> str:
+    """One random change of the kinds the engine and `kiro loop rollback` make."""
+    kind = rng.choice(["complete", "fail", "transition", "current", "rollback", "usage", "steps"])
+    now = timeutil.iso()
+    if kind == "complete":
+        state.completed_steps.append(CompletedStep(step_id=f"s{i}", description=f"step {i} é", completed_at=now,
+                                                   duration_seconds=rng.random(), iteration=i, summary="ok"))
+        state.total_successes += 1
+    elif kind == "fail":
+        for _ in range(rng.randint(1, 30)):
+            state.failed_steps.append(FailedStep(step_id=f"s{i}", description="d", failed_at=now, error="boom\n",
+                                                 retry_count=1))
+        state.step_record(f"s{i}").attempts += 1
+        state.step_record(f"s{i}").last_error = "boom"
+    elif kind == "transition":
+        for _ in range(rng.randint(1, 80)):
+            state.transition(rng.choice([Status.RUNNING, Status.SLEEPING]), f"r{rng.random()}")
+    elif kind == "current":
+        state.current_step = CurrentStep(step_id=f"s{i}", description="x", status="in_progress", started_at=now)
+        state.iteration += 1
+    elif kind == "rollback" and state.completed_steps:
+        state.completed_steps = state.completed_steps[: rng.randint(0, len(state.completed_steps))]
+    elif kind == "usage":
+        state.usage.api_calls += 1
+        state.context.last_prompt = "p" * rng.randint(0, 5000)
+    elif kind == "steps":
+        state.steps.clear()
+    return kind
+
+
+def test_every_save_reads_back_exactly_through_the_journal(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    state = LoopState(task_id="j", task_path="Specs/j/tasks.md", status=Status.RUNNING)
+    store.open_journal(state)
+    store.save(state)
+    rng = random.Random(12)
+    kinds: dict[str, int] = {}
+    for i in range(400):
+        kind = _mutate(state, rng, i)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        store.save(state)
+        _same(store, state)
+    print(f"400 random saves read back exactly: {kinds}")
+    assert len(state.failed_steps) <= FAILED_KEPT and len(state.history) <= HISTORY_KEPT
+    assert len(state.steps) <= 200
+    store.close_journal("j")
+    assert not journal.journal_path(store.path("j")).exists()
+    assert json.loads(store.path("j").read_text()) == to_jsonable(state)  # the file alone is whole again
+
+
+def test_a_torn_last_append_reads_as_the_save_before(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    state = LoopState(task_id="t", task_path="Specs/t/tasks.md", status=Status.RUNNING)
+    store.open_journal(state)
+    store.save(state)
+    state.iteration = 1
+    store.save(state)
+    before = to_jsonable(state)
+    state.iteration = 2
+    state.completed_steps.append(CompletedStep(step_id="1", description="a", completed_at=timeutil.iso(),
+                                               duration_seconds=1.0))
+    store.save(state)
+    path = journal.journal_path(store.path("t"))
+    data = path.read_bytes()
+    assert data.count(b"\n") >= 2
+    path.write_bytes(data[:-7])  # a kill in the middle of the last append
+    assert to_jsonable(store.load("t").state) == before | {"journal_seq": before["journal_seq"]}
+    store.close_journal("t")
+
+
+def test_the_bare_state_file_follows_within_the_snapshot_interval_and_at_once_on_a_status_change(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    state = LoopState(task_id="b", task_path="Specs/b/tasks.md", status=Status.RUNNING)
+
+    def bare() -> dict[str, object]:
+        return json.loads(store.path("b").read_text())  # type: ignore[no-any-return]
+
+    async def run() -> tuple[int, int, float, str]:
+        store.open_journal(state)
+        store.save(state)
+        state.iteration = 7
+        await asyncio.to_thread(store.prepare(state))
+        at_once = bare()["iteration"]
+        started = time.monotonic()
+        while bare()["iteration"] != 7 and time.monotonic() - started < 10:  # no more saves: a long step
+            await asyncio.sleep(0.02)
+        later = bare()["iteration"]
+        waited = time.monotonic() - started
+        state.transition(Status.PAUSED, "stop_hook")
+        await asyncio.to_thread(store.prepare(state))
+        return at_once, later, waited, str(bare()["status"])
+
+    at_once, later, waited, status = asyncio.run(run())
+    print(f"bare JSON: iteration {at_once} right after the save, {later} after {waited:.2f} s; "
+          f"status {status} right after a transition")
+    assert (at_once, later, status) == (0, 7, "paused")
+    store.close_journal("b")
+
+
+def test_the_summary_says_what_status_shows_and_a_torn_one_is_refused(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    state = LoopState(task_id="s", task_path="Specs/s/tasks.md", status=Status.RUNNING, title="T")
+    store.open_journal(state)
+    store.save(state)
+    state.current_step = CurrentStep(step_id="2.1", description="Do it", status="in_progress")
+    state.iteration = 3
+    store.save(state)
+    found = journal.read_summary(store.path("s"))
+    assert found is not None
+    assert (found["status"], found["iteration"], found["title"], found["current_step"]["step_id"]) == (
+        "running", 3, "T", "2.1")
+    path = journal.summary_path(store.path("s"))
+    data = path.read_bytes()
+    torn = data[:40] + data[40:60].replace(b"3", b"4") + data[60:]
+    assert journal.decode_summary(torn.replace(b'"iteration":3', b'"iteration":4')) is None
+    store.close_journal("s")
