@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,47 @@ def journal_path(state_file: Path) -> Path:
 
 def summary_path(state_file: Path) -> Path:
     return state_file.with_suffix(SUMMARY_SUFFIX)
+
+
+# -- kiro's own writes while a step runs -----------------------------------------------------------
+
+_OWN_KEPT = 4096
+_own: OrderedDict[str, tuple[int, int] | None] = OrderedDict()
+_own_lock = threading.Lock()
+
+
+def note_own_write(path: Path | str, fd: int | None = None) -> None:
+    """Record that kiro itself just wrote `path` (or deleted it), so that the command executor's
+    check of kiro's control files (kiro.executors.control) does not take a snapshot or journal write
+    made while an agent runs (the timer's) for the agent's doing."""
+    key = os.path.normpath(os.fspath(path))
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(key)
+        seen: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        seen = None
+    with _own_lock:
+        _own[key] = seen
+        _own.move_to_end(key)
+        while len(_own) > _OWN_KEPT:
+            _own.popitem(last=False)
+
+
+_task_locks: dict[str, threading.Lock] = {}
+
+
+def task_lock(task_id: str) -> threading.Lock:
+    """Held by a loop's snapshot writes and by the command executor's check of the control files,
+    so that the check never sees a snapshot half made (its temp file, or the file before it is noted)."""
+    with _own_lock:
+        return _task_locks.setdefault(task_id, threading.Lock())
+
+
+def own_write(path: Path | str, now: tuple[int, int] | None) -> bool:
+    """True when `path` is as kiro's own last write (or deletion) of it left it."""
+    key = os.path.normpath(os.fspath(path))
+    with _own_lock:
+        return key in _own and _own[key] == now
 
 
 # -- replay --------------------------------------------------------------------------------------

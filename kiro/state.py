@@ -425,9 +425,11 @@ class StateStore:
         stamp = timeutil.now().strftime("%Y%m%dT%H%M%S%f")
         target = folder / f"autonomous_loop_{task_id}.{stamp}.i{iteration:06d}.json"
         atomic_write(target, text)
+        journal.note_own_write(target)  # a running loop's snapshot may make it while an agent runs
         for old in self._backups(task_id)[BACKUPS_KEPT:]:
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
+            journal.note_own_write(old)
         return target
 
     def _backups(self, task_id: str) -> list[Path]:

@@ -51,7 +51,11 @@ class Workspace:
         for p in (self.root / ".state" / f"autonomous_loop_{task_id}.json",
                   self.root / ".state" / "archive" / f"autonomous_loop_{task_id}.json"):
             if p.exists():
-                return json.loads(p.read_text())  # type: ignore[no-any-return]
+                # as kiro reads it: the state file with the loop's journal replayed (kiro.journal); the
+                # bare file alone may be up to a second behind a running loop
+                from kiro import journal
+
+                return journal.read_state_dict(p)
         raise AssertionError(f"no state file for {task_id}")
 
     def events(self, task_id: str) -> list[dict[str, Any]]:

@@ -12,8 +12,16 @@ import time
 from pathlib import Path
 
 from kiro import journal, timeutil
-from kiro.state import (FAILED_KEPT, HISTORY_KEPT, CompletedStep, CurrentStep, FailedStep, LoopState, StateStore,
-                        to_jsonable)
+from kiro.state import (
+    FAILED_KEPT,
+    HISTORY_KEPT,
+    CompletedStep,
+    CurrentStep,
+    FailedStep,
+    LoopState,
+    StateStore,
+    to_jsonable,
+)
 from kiro.status import Status
 from kiro.workspace import Workspace
 

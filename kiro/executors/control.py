@@ -8,7 +8,8 @@ went, was touched. Put back: the old bytes (or the file removed again); a file t
 kept is named as touched but not restored. Exceptions, because kiro or a person writes them while
 an agent runs: lock files, the files of other loops that
 are running now (their own lock is held), what `kiro serve` and `kiro loop watch` keep there (see
-STATE_KIRO_*), and stop hooks created or deleted in `.hooks/` (a stop or a `kiro loop resume` of
+STATE_KIRO_*), what this loop's own state journal wrote meanwhile (kiro.journal.own_write),
+and stop hooks created or deleted in `.hooks/` (a stop or a `kiro loop resume` of
 another loop, which a person may do while this agent runs; whoever asks for a stop gets it).
 """
 
@@ -19,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiro import locks
+from kiro import journal, locks
 from kiro.workspace import Workspace
 
 KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
@@ -118,6 +119,10 @@ class ControlSnapshot:
         """Put back what the agent changed; return what it touched, one phrase each. `step_line`
         (0-based) and `step_box` (the box's offset in the file) name the one change allowed in the
         task file: the current step's box."""
+        with journal.task_lock(self.task_id):  # no snapshot of this loop's state is half made meanwhile
+            return self._restore(step_line, step_box)
+
+    def _restore(self, step_line: int, step_box: int) -> list[str]:
         touched: list[str] = []
         now = self._walk()
         others: list[str] | None = None
@@ -126,6 +131,8 @@ class ControlSnapshot:
             stat = now.get(name)
             if old is not None and stat == (old.size, old.mtime_ns):
                 continue
+            if journal.own_write(name, stat):
+                continue  # kiro's own: this loop's state snapshot, journal, summary or backup (kiro.journal)
             path = Path(name)
             rel = self.ws.relative(path)
             if others is None:
