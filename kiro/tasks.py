@@ -36,7 +36,7 @@ from typing import Any, Final, TypeAlias
 
 import yaml
 
-from kiro import safeio
+from kiro import ownwrites, safeio
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.fsutil import atomic_write
 
@@ -851,6 +851,7 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
                 replaced = True
             if replaced:  # written into a file that was just swapped out: edit the new one
                 continue
+            ownwrites.note_own_write(real)  # kiro's own edit wakes no watcher (kiro.ownwrites)
             _remember(path, st, read_at, new._raw, new)
             return new
         finally:

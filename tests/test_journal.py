@@ -118,7 +118,7 @@ def test_the_bare_state_file_follows_within_the_snapshot_interval_and_at_once_on
         store.open_journal(state)
         store.save(state)
         state.iteration = 7
-        await asyncio.to_thread(store.prepare(state))
+        await asyncio.to_thread(store.save_job(state))
         at_once = bare()["iteration"]
         started = time.monotonic()
         while bare()["iteration"] != 7 and time.monotonic() - started < 10:  # no more saves: a long step
@@ -126,7 +126,7 @@ def test_the_bare_state_file_follows_within_the_snapshot_interval_and_at_once_on
         later = bare()["iteration"]
         waited = time.monotonic() - started
         state.transition(Status.PAUSED, "stop_hook")
-        await asyncio.to_thread(store.prepare(state))
+        await asyncio.to_thread(store.save_job(state))
         return at_once, later, waited, str(bare()["status"])
 
     at_once, later, waited, status = asyncio.run(run())
