@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import kiro.watch
-from kiro import tasks
+from kiro import journal, tasks
 from kiro.errors import KiroError
 from kiro.fsutil import atomic_write
 from kiro.runner import LoopIndex, prepare_start, run_loops
@@ -88,7 +88,7 @@ def test_the_state_is_on_disk_before_the_model_is_called(tmp_path: Path, monkeyp
     root = tmp_path / "ws"
 
     def respond(body: dict[str, Any]) -> dict[str, Any]:
-        st = json.loads((root / ".state/autonomous_loop_t00.json").read_text())
+        st = journal.read_state_dict(root / ".state/autonomous_loop_t00.json")  # on disk: snapshot + journal
         cur = st.get("current_step") or {}
         transcript = root / ".state/transcripts/t00.jsonl"
         started = transcript.exists() and '"attempt_started"' in transcript.read_text().splitlines()[-1]
