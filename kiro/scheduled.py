@@ -88,7 +88,8 @@ class ScheduleRunner:
     async def before_first_run(self) -> Stop | None:
         s, info = self.loop.state, self.info
         if info.phase == "running" and s.runs > 0:
-            return None  # resumed mid-run: go on with it
+            self._preamble_due = True  # resumed mid-run: go on with it, the earlier runs told again
+            return None
         now = timeutil.now()
         if s.next_run_at is None:  # never ran
             due, fires = schedule.first_fire(self.sched, now), 1

@@ -427,3 +427,46 @@ def test_a_restarted_watch_takes_the_schedule_up_again(ws: Workspace) -> None:
     finally:
         _stop(proc)
     assert ws.only_task_id() == tid  # the same loop, not a new one
+
+
+def test_a_run_killed_mid_step_resumes_without_rerunning_and_recalls_again(ws: Workspace) -> None:
+    """kill -9 during run 2's second step: `resume` continues run 2 at that step (step 1 is not done
+    again), its prompt carries run 1's summary again, and the schedule goes on."""
+
+    class SlowAgent(Agent):
+        def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+            reply = super().__call__(body)
+            with self.lock:
+                if "tools" in body and len(self.step_requests) == 5 and not getattr(self, "slowed", False):
+                    self.slowed = True  # run 2, step 2: the model takes long; kiro is killed meanwhile
+                    return {**reply, "delay": 60}
+            return reply
+
+    with FakeOpenAI() as fake:
+        agent = SlowAgent(ws, done_after=2)
+        fake.responder = agent
+        _openai_config(ws, fake)
+        ws.task(TWO_STEPS.replace("{every: 2s}", "{every: 1s}"), "Specs/nightly/tasks.md")
+        proc = ws.spawn("loop", "start", "--task", "Specs/nightly/tasks.md", "--task-id", "kill")
+        try:
+            ws.wait_for(lambda: getattr(agent, "slowed", False), timeout=60, what="run 2's slow step")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            _stop(proc)
+        assert ws.state("kill")["runs"] == 2
+        r = ws.kiro("loop", "resume", "--task-id", "kill", timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+    by_run: dict[int, list[str]] = {}
+    for run, text in agent.step_requests:
+        by_run.setdefault(run, []).append(text)
+    # run 1: memory_save + 2 steps; run 2: step 1, step 2 (killed), step 2 again after the resume
+    assert [len(by_run[1]), len(by_run[2])] == [3, 3]
+    def step_of(text: str) -> str:
+        return text.split("# Current step: ", 1)[1].split(" ", 1)[0]
+
+    assert [step_of(t) for t in by_run[2]] == ["1", "2", "2"]
+    assert "SUMMARY-OF-RUN-1" in by_run[2][2]
+    done = [c["step_id"] for c in ws.state("kill")["completed_steps"]]
+    assert done == ["1", "2", "1", "2"]  # nothing completed twice within a run
+    assert [e["run"] for e in _events(ws, "kill", "run_finished")] == [1, 2]
