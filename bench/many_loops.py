@@ -134,7 +134,7 @@ def main() -> int:
     server.start()
     port = q.get(timeout=30)
 
-    from kiro.runner import LoopIndex, prepare_start, run_loops
+    from kiro.runner import LoopIndex, StartBatch, prepare_start, run_loops
     from kiro.state import StateStore
     from kiro.workspace import Workspace
 
@@ -160,8 +160,9 @@ def main() -> int:
         before_start = counter.snapshot()
         t0 = time.perf_counter()
         index = LoopIndex(StateStore(ws))
-        runs = [prepare_start(ws, f"Specs/t{i:04d}/tasks.md", task_id=f"t{i:04d}", index=index)
-                for i in range(args.loops)]
+        with StartBatch() as batch:  # what `kiro loop start --task a --task b ...` does
+            runs = [prepare_start(ws, f"Specs/t{i:04d}/tasks.md", task_id=f"t{i:04d}", index=index, batch=batch)
+                    for i in range(args.loops)]
         prepared = time.perf_counter() - t0
         start_ops = counter.snapshot() - before_start
         before_run = counter.snapshot()

@@ -5,11 +5,12 @@ executor. The CLI calls these; the engine runs what they return.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,9 @@ from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
 from kiro.unbuilt import not_built_warnings
 from kiro.workspace import Workspace, check_task_id
+from kiro.writer import pool as write_pool
 
-__all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex"]
+__all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex", "StartBatch"]
 
 
 class AlreadyFinished(KiroError):
@@ -167,6 +169,63 @@ class LoopIndex:
         return [st for st in self._loops.values() if st.status != Status.COMPLETED]
 
 
+class StartBatch:
+    """Loops started together (`kiro loop start --task a --task b ...`): the start guard is taken
+    once and held until every new loop's state file and `kiro_task_id` are on disk; those durable
+    writes run side by side on worker threads (`kiro.writer`'s pool) instead of one after another,
+    and one look at the state files serves the whole batch (no other process creates a loop while
+    the guard is held; the batch's own loops are in the index). Use as a context manager: leaving
+    it waits for the writes (raising the first that failed) and lets go of the guard."""
+
+    def __init__(self) -> None:
+        self._guards: dict[Path, FileLock] = {}
+        self._looked: set[Path] = set()
+        self._pending: list[concurrent.futures.Future[object]] = []
+
+    @contextlib.contextmanager
+    def guard(self, store: StateStore) -> Iterator[None]:
+        path = store.ws.state_dir / ".start.lock"
+        if path not in self._guards:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            store.probe_lock_file(path)
+            lock = FileLock(str(path), timeout=30, thread_local=False, is_singleton=False)
+            lock.acquire()
+            self._guards[path] = lock
+        yield
+
+    def first_look(self, store: StateStore) -> bool:
+        """True once per state folder: the look at its state files under the guard."""
+        folder = store.ws.state_dir
+        if folder in self._looked:
+            return False
+        self._looked.add(folder)
+        return True
+
+    def write(self, job: Callable[[], object]) -> None:
+        self._pending.append(write_pool().submit(job))
+
+    def finish(self) -> None:
+        try:
+            first: BaseException | None = None
+            for future in self._pending:
+                exc = future.exception()
+                if exc is not None and first is None:
+                    first = exc
+            if first is not None:
+                raise first
+        finally:
+            self._pending.clear()
+            for lock in self._guards.values():
+                lock.release()
+            self._guards.clear()
+
+    def __enter__(self) -> StartBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()
+
+
 def _generation_file(store: StateStore) -> Path:
     return store.ws.state_dir / ".starts"
 
@@ -201,9 +260,11 @@ def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | N
 
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
                   overrides: Mapping[str, Any] | None = None, executor: Executor | None = None,
-                  index: LoopIndex | None = None) -> LoopRun:
+                  index: LoopIndex | None = None, batch: StartBatch | None = None) -> LoopRun:
     """Create a loop for a task file and take its lock. `executor` injects a ready executor
-    (embedding kiro, tests); otherwise one is chosen as SPEC §5 says."""
+    (embedding kiro, tests); otherwise one is chosen as SPEC §5 says. With `batch` (and an
+    `index`), the loop is one of several started together; its files are on disk when the
+    batch ends."""
     task_path = ws0.resolve_task(task_arg)
     task = tasks.load(task_path)
     loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
@@ -213,9 +274,10 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     checkpoints.preflight(cfg, ws.root / cfg.project_dir)
     schedule.of_task(task, ws.relative(task_path))  # a bad `schedule:` is one clear line, before anything starts
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
-    with _workspace_guard(store):
+    with _workspace_guard(store) if batch is None else batch.guard(store):
         hint = task.frontmatter.get("kiro_task_id")
-        existing = find_loop_for_task(store, task_path, hint if isinstance(hint, str) else None, index)
+        existing = find_loop_for_task(store, task_path, hint if isinstance(hint, str) else None, index,
+                                      refresh=batch is None or batch.first_look(store))
         if existing is not None:
             if store.is_locked(existing.task_id):
                 raise LockHeld(existing.task_id, store.holder_pid(existing.task_id))
@@ -250,9 +312,16 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                 executor=executor_name, title=task.title, pid=os.getpid(),
                 steps_total=len(task.steps), steps_done=sum(1 for s in task.steps if s.done),
             )
-            store.save(state)
-            tasks.set_frontmatter_key(task_path, "kiro_task_id", tid)
-            _count_start(store)
+
+            def create() -> None:
+                store.save(state)
+                tasks.set_frontmatter_key(task_path, "kiro_task_id", tid)
+                _count_start(store)
+
+            if batch is None:
+                create()
+            else:  # on disk before the batch lets go of the start guard
+                batch.write(create)
             if index is not None:
                 index.note(state)
         except BaseException:

@@ -18,7 +18,7 @@ import kiro.watch
 from kiro import journal, tasks
 from kiro.errors import KiroError
 from kiro.fsutil import atomic_write
-from kiro.runner import LoopIndex, prepare_start, run_loops
+from kiro.runner import LoopIndex, StartBatch, prepare_start, run_loops
 from kiro.state import StateStore
 from kiro.watch import acquire_hub, release_hub
 from kiro.workspace import Workspace as KiroWorkspace
@@ -186,3 +186,28 @@ def test_the_loop_index_sees_loops_started_elsewhere_between_its_own_starts(tmp_
             if r.release:
                 r.release()
     assert os.path.getsize(ws.state_dir / ".starts") == 3  # one byte per loop created
+
+
+def test_a_batch_start_writes_every_loop_before_it_ends_and_refuses_a_task_twice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    ws = _workspace(tmp_path / "ws", "http://127.0.0.1:9/v1", 5, 1)
+    index = LoopIndex(StateStore(ws))
+    runs = []
+    with pytest.raises(KiroError, match="already"), StartBatch() as batch:
+        for arg in ("Specs/t00/tasks.md", "Specs/t01/tasks.md", "Specs/t02/tasks.md", "Specs/t01/tasks.md"):
+            runs.append(prepare_start(ws, arg, index=index, batch=batch))
+    try:
+        ids = [r.state.task_id for r in runs]
+        assert len(set(ids)) == 3  # generated ids, all different
+        for r in runs:  # on disk: the state, and the id in the task file
+            assert json.loads(ws.state_file(r.state.task_id).read_text())["task_id"] == r.state.task_id
+            assert f"kiro_task_id: {r.state.task_id}" in r.task_path.read_text()
+    finally:
+        for r in runs:
+            if r.release:
+                r.release()
+    # the batch let go of the start guard: another start goes on at once
+    other = prepare_start(ws, "Specs/t03/tasks.md", task_id="t03")
+    if other.release:
+        other.release()

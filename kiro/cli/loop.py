@@ -197,13 +197,19 @@ def start(
         preflight(ws, config)  # the server is reachable, the project is in git: before any state is written
     runs = []
     index = None
+    batch = None
     if len(task) > 1:
-        from kiro.runner import LoopIndex
+        from kiro.runner import LoopIndex, StartBatch
 
         index = LoopIndex(_store(ws, lenient=False))
+        batch = StartBatch()  # one start guard, the new loops' files written side by side
+    from contextlib import nullcontext
+
     try:
-        for t in task:
-            runs.append(prepare_start(ws, t, task_id=task_id, config_file=config, overrides=overrides, index=index))
+        with batch if batch is not None else nullcontext():
+            for t in task:
+                runs.append(prepare_start(ws, t, task_id=task_id, config_file=config, overrides=overrides,
+                                          index=index, batch=batch))
     except BaseException:
         for r in runs:
             if r.release:
