@@ -479,8 +479,12 @@ def rollback(
     """Put the project's files back to a step's git checkpoint (as a new commit) and uncheck the
     boxes of the steps completed after it; then `kiro loop resume` does them again."""
     from kiro import checkpoints, console, views
+    from kiro.errors import UserError
 
     ws = _workspace(workspace)
+    if _temporal(ws, None):
+        raise UserError("kiro loop rollback is not built for backend: temporal yet (the loop's work is on branch "
+                        "kiro/<task_id> of the remote; docs/scale-out.md §12)")
     store = _store(ws, lenient=False)
     tid = views.resolve_task_id(ws, store, task_id, task)
     assert tid is not None

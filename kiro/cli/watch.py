@@ -39,6 +39,11 @@ def watch(
     if executor is not None and executor not in ("shell", "command", "openai"):
         raise UserError(f"--executor {executor!r}: choose shell, command or openai")
     ws = Workspace.find(workspace)
+    from kiro.cli.loop import _temporal
+
+    if _temporal(ws, config):
+        raise UserError("kiro loop watch is not built for backend: temporal yet (docs/scale-out.md §12): start each "
+                        "task with `kiro loop start`, or run watch with backend: local")
     if detach:
         check_watch_free(ws)
         out_path = ws.logs / "watch.out"

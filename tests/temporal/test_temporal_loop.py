@@ -59,3 +59,11 @@ def test_the_local_backend_never_imports_temporalio(ws: Workspace) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("CLEAN"), r.stdout
     assert ws.state("loc")["status"] == "completed"
+
+
+def test_commands_not_built_on_this_backend_say_so(tws: Workspace) -> None:
+    for args in (("loop", "watch"), ("loop", "rollback", "--task-id", "x", "--to-step", "1")):
+        r = tws.kiro(*args, timeout=60)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "not built for backend: temporal" in lines[0], lines
