@@ -67,3 +67,23 @@ def test_commands_not_built_on_this_backend_say_so(tws: Workspace) -> None:
         assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "not built for backend: temporal" in lines[0], lines
+
+
+def test_start_starts_the_workspace_worker_when_none_runs(tws: Workspace, project: Project, workers: Workers) -> None:
+    import os
+    import re
+    import signal
+
+    workers.start("w1")
+    tws.task(shell_task(2, cmd='echo "step $KIRO_STEP_ID" >> work.txt'))
+    r = tws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "auto", "--detach", timeout=120)
+    out = tws.root / "Logs" / "temporal_worker.out"
+    try:
+        assert r.returncode == 0 and r.stdout.strip() == "auto", (r.stdout, r.stderr)
+        tws.wait_for(lambda: tws.state("auto")["status"] == "completed", 60, "the detached loop to complete")
+        assert project.branch_file("auto", "work.txt") == "step 1\nstep 2\n"
+        assert "(workspace) ready" in out.read_text()
+    finally:
+        found = re.search(r"\(workspace\) ready: .* pid (\d+)", out.read_text() if out.exists() else "")
+        if found:
+            os.killpg(int(found.group(1)), signal.SIGTERM)
