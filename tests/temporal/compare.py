@@ -8,7 +8,8 @@ from typing import Any
 
 VOLATILE = {"started_at", "updated_at", "completed_at", "failed_at", "finished_at", "created", "at", "ts",
             "duration_seconds", "total_duration_seconds", "average_step_duration", "pid", "host", "workspace",
-            "checkpoint", "task_id", "sleep_until", "next_retry_at", "git", "history", "last_prompt", "runs"}
+            "checkpoint", "task_id", "sleep_until", "next_retry_at", "git", "history", "last_prompt", "runs",
+            "journal_seq"}  # journal_seq: how many journal records the saves took (more with a local worktree)
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+\d\d:\d\d")
 _SHA = re.compile(r"\b[0-9a-f]{40}\b|(?<=`)[0-9a-f]{12}(?=`)")
 _SECONDS = re.compile(r"\b\d+(\.\d+)?(s| seconds)\b")
