@@ -5,6 +5,7 @@ A task file whose frontmatter has `schedule:` runs again and again in one loop:
     schedule: "0 9 * * *"          # 5-field cron (local time), or @hourly @daily @weekly @monthly @yearly
     schedule: {cron: "0 9 * * *"}
     schedule: {every: 30m}         # s, m, h or d
+    schedule: {every: 1h, active_hours: {start: "09:00", end: "18:00"}}   # runs start only in the window
     stateful: false                # optional; true (the default) carries run summaries forward
 
 This module parses the value (one clear error naming the file and the fix), computes fires, and
@@ -43,6 +44,7 @@ from kiro.errors import UserError
 if TYPE_CHECKING:
     from kiro.tasks import TaskFile
 
+_HH_MM_RE = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")
 _EVERY_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd])\s*")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 ALIASES = ("@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually")
@@ -55,11 +57,20 @@ FIX = ('write a 5-field cron string in quotes (schedule: "0 9 * * *"), or a mapp
 
 
 @dataclass(frozen=True)
+class Window:
+    """Local times between which a run may start (a window may cross midnight)."""
+
+    start: str
+    end: str
+
+
+@dataclass(frozen=True)
 class Schedule:
     kind: Literal["cron", "every"]
     expression: str  # the cron string, or the interval as written ("2s")
     seconds: float | None = None  # for `every`
     stateful: bool = True
+    active_hours: Window | None = None  # this task's window for starting runs (else guardrails.active_hours)
 
     def describe(self) -> str:
         return f"every {self.expression}" if self.kind == "every" else f"cron {self.expression}"
@@ -103,19 +114,31 @@ def parse(value: Any, *, stateful: Any = None, where: str = "the task file") -> 
         return Schedule("cron", _cron(value, where), stateful=stateful)
     if isinstance(value, dict):
         keys = set(value)
-        unknown = keys - {"every", "cron"}
+        unknown = keys - {"every", "cron", "active_hours"}
         if unknown:
             raise UserError(f"{where}: schedule has unknown key(s) {', '.join(sorted(map(str, unknown)))}; {FIX}")
-        if len(keys) != 1:
+        if len(keys & {"every", "cron"}) != 1:
             raise UserError(f"{where}: schedule needs exactly one of 'every' or 'cron'; {FIX}")
+        window = _window(value["active_hours"], where) if value.get("active_hours") is not None else None
         if "cron" in value:
             if not isinstance(value["cron"], str):
                 raise UserError(f"{where}: schedule.cron must be a quoted cron string, not {value['cron']!r}; {FIX}")
-            return Schedule("cron", _cron(value["cron"], where), stateful=stateful)
-        return _every(value["every"], where, stateful)
+            return Schedule("cron", _cron(value["cron"], where), stateful=stateful, active_hours=window)
+        every = _every(value["every"], where, stateful)
+        return Schedule("every", every.expression, every.seconds, stateful, window)
     if isinstance(value, int | float) and not isinstance(value, bool):
         raise UserError(f"{where}: schedule {value!r} is a number (YAML reads 12:30 as one); {FIX}")
     raise UserError(f"{where}: schedule {value!r} is neither a cron string nor a mapping; {FIX}")
+
+
+def _window(raw: Any, where: str) -> Window:
+    fix = 'write it as {start: "09:00", end: "18:00"} (24-hour local times, in quotes)'
+    if not isinstance(raw, dict) or set(raw) != {"start", "end"}:
+        raise UserError(f"{where}: schedule.active_hours {raw!r} is not a window; {fix}")
+    for key in ("start", "end"):
+        if not isinstance(raw[key], str) or not _HH_MM_RE.fullmatch(raw[key]):
+            raise UserError(f"{where}: schedule.active_hours.{key} {raw[key]!r} is not a time like 09:00; {fix}")
+    return Window(raw["start"], raw["end"])
 
 
 def _cron(text: str, where: str) -> str:

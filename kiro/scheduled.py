@@ -66,6 +66,10 @@ class ScheduleRunner:
         else:
             s.schedule.expression, s.schedule.stateful = sched.describe(), sched.stateful
 
+    def window(self) -> Any:
+        """The window runs start in: the task's own `schedule.active_hours`, else the config's."""
+        return self.sched.active_hours or self.loop.cfg.guardrails.active_hours
+
     @property
     def info(self) -> ScheduleInfo:
         assert self.loop.state.schedule is not None
@@ -96,7 +100,7 @@ class ScheduleRunner:
         else:
             due = timeutil.parse(s.next_run_at)
             fires = 1 + (self.sched.fires_between(due, now) if due <= now else 0)
-        s.next_run_at = timeutil.iso(schedule.hold_for_active_hours(due, self.loop.cfg.guardrails.active_hours))
+        s.next_run_at = timeutil.iso(schedule.hold_for_active_hours(due, self.window()))
         return await self._wait_and_start(fires)
 
     def active(self, task: tasks.TaskFile) -> bool:
@@ -127,7 +131,7 @@ class ScheduleRunner:
         summary, source, memory_id, note = await self._summary(run, task, steps_text)
         s.last_run_at = timeutil.iso(finished)
         due, fires = schedule.next_fire(self.sched, started, finished)
-        due = schedule.hold_for_active_hours(due, loop.cfg.guardrails.active_hours)
+        due = schedule.hold_for_active_hours(due, self.window())
         s.next_run_at = timeutil.iso(due)
         info.phase = "waiting"
         s.current_step = None
@@ -223,7 +227,7 @@ class ScheduleRunner:
                     break
                 now = timeutil.now()
                 s.next_run_at = timeutil.iso(schedule.hold_for_active_hours(self.sched.next_after(now),
-                                                                            loop.cfg.guardrails.active_hours))
+                                                                            self.window()))
                 fires = 1
                 await loop.asave()
                 continue

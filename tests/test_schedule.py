@@ -92,6 +92,10 @@ def test_a_fire_outside_active_hours_waits_for_the_window() -> None:
     held = schedule.hold_for_active_hours(night, hours).astimezone()
     assert (held.day, held.hour, held.minute) == (11, 9, 0)
     assert schedule.hold_for_active_hours(night, None) == night
+    own = schedule.parse({"every": "1h", "active_hours": {"start": "22:00", "end": "06:00"}})
+    assert own.active_hours == schedule.Window("22:00", "06:00") and own.seconds == 3600
+    held = schedule.hold_for_active_hours(inside, own.active_hours).astimezone()  # 10:00 -> 22:00 that day
+    assert (held.day, held.hour) == (10, 22)
 
 
 BAD = [
@@ -105,6 +109,8 @@ BAD = [
     ("{every: 2s, cron: '0 9 * * *'}", "exactly one of 'every' or 'cron'"),
     ("{at: '09:00'}", "unknown key(s) at"),
     ("[0, 9]", "neither a cron string nor a mapping"),
+    ("{every: 1h, active_hours: {start: 9am, end: '17:00'}}", "active_hours.start '9am' is not a time like 09:00"),
+    ("{every: 1h, active_hours: '09:00-17:00'}", "schedule.active_hours '09:00-17:00' is not a window"),
 ]
 
 
@@ -306,13 +312,17 @@ def test_start_stays_between_runs_and_a_killed_loop_catches_up_once(ws: Workspac
     assert after_resume[0]["run"] == runs_before + 1 and all(not e["catch_up"] for e in after_resume[1:])
 
 
-def test_outside_active_hours_the_run_waits_and_status_shows_the_next_run(ws: Workspace) -> None:
+@pytest.mark.parametrize("where", ["config", "task"])
+def test_outside_active_hours_the_run_waits_and_status_shows_the_next_run(ws: Workspace, where: str) -> None:
     now = datetime.now().astimezone()
     start, end = now + timedelta(hours=2), now + timedelta(hours=3)
-    ws.write("config/autonomous_loop.yaml",
-             f"autonomous_loop:\n  backoff_base_seconds: 0.01\nguardrails:\n  active_hours: "
-             f"{{start: \"{start:%H:%M}\", end: \"{end:%H:%M}\"}}\n")
-    ws.task(shell_task(1, extra_frontmatter="schedule: {every: 1s}"))
+    window = f"{{start: \"{start:%H:%M}\", end: \"{end:%H:%M}\"}}"
+    if where == "config":  # guardrails.active_hours, for every loop
+        ws.write("config/autonomous_loop.yaml",
+                 f"autonomous_loop:\n  backoff_base_seconds: 0.01\nguardrails:\n  active_hours: {window}\n")
+        ws.task(shell_task(1, extra_frontmatter="schedule: {every: 1s}"))
+    else:  # the task's own window for starting runs
+        ws.task(shell_task(1, extra_frontmatter=f"schedule: {{every: 1s, active_hours: {window}}}"))
     proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ah")
     try:
         st = ws.wait_for(lambda: (lambda s: s if s["status"] == "sleeping" else None)(ws.state("ah")),
