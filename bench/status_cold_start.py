@@ -1,70 +1,173 @@
-"""`kiro loop status` cold start with 50 loops in the workspace, against `python -c pass`.
+"""`kiro loop status` cold start with 50 and 1,000 loops in the workspace, against `python -c pass`,
+side by side in one run; and `kiro loop logs --tail 10` on a 100,000-event log (time and peak RSS).
 
-    python bench/status_cold_start.py [--loops 50] [--runs 15]
+    python bench/status_cold_start.py [--loops 50,1000] [--runs 15] [--events 100000]
 
-Each figure is the median wall time of fresh processes. Also reports whether the command imported
-openai or watchfiles (it should not: reading status must stay cheap).
+Each time is the median wall time of fresh processes (after one warm-up run that writes the byte-code
+caches). `kiro` is timed the way the installed script runs it (`from kiro.fastread import entry`) and as
+`python -m kiro` (which also imports runpy). Every run's output is checked: the table lists every loop,
+the tail is the last 10 events. Also prints which heavy modules the commands imported (there should be
+none: no pydantic, yaml, asyncio, typer, filelock).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kiro import timeutil
-from kiro.state import CompletedStep, LoopState, StateStore
+from kiro.state import CompletedStep, CurrentStep, LoopState, StateStore
 from kiro.workspace import Workspace
 
 # Byte-code caching on, as in a normal install (some sandboxes set PYTHONDONTWRITEBYTECODE, which
-# makes every start compile kiro's sources again); one warm-up run writes the caches.
+# makes every start compile kiro's sources again).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+HEAVY = ("pydantic", "pydantic_core", "yaml", "asyncio", "typer", "click", "filelock", "openai", "watchfiles", "rich")
+SCRIPT = [sys.executable, "-c", "from kiro.fastread import entry; entry()"]  # what the `kiro` script does
+MODULE = [sys.executable, "-m", "kiro"]
 
 
-def median_time(argv: list[str], runs: int, cwd: Path) -> float:
-    subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=ENV)
+def run_once(argv: list[str], cwd: Path) -> tuple[float, str]:
+    """Wall seconds and stdout of one fresh process."""
+    started = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, env=ENV)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[-4:])} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
+    return wall, proc.stdout.decode()
+
+
+def rss_of(argv: list[str], cwd: Path) -> int:
+    """Peak RSS (KiB) of one run, from wait4."""
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    assert status == 0
+    return int(usage.ru_maxrss)
+
+
+def median_time(argv: list[str], runs: int, cwd: Path, check: Callable[[str], None] | None = None) -> float:
+    run_once(argv, cwd)
     times = []
     for _ in range(runs):
-        t = time.perf_counter()
-        subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=ENV)
-        times.append(time.perf_counter() - t)
+        wall, out = run_once(argv, cwd)
+        if check is not None:
+            check(out)
+        times.append(wall)
     return statistics.median(times)
+
+
+def heavy_imports(argv: list[str], cwd: Path) -> list[str]:
+    err = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], cwd=cwd, capture_output=True, text=True,
+                         env=ENV).stderr
+    names = {line.split("|")[-1].strip().split(".")[0] for line in err.splitlines() if line.startswith("import time")}
+    return sorted(names & set(HEAVY))
+
+
+def make_workspace(root: Path, loops: int) -> None:
+    for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        (root / name).mkdir()
+    store = StateStore(Workspace(root))
+    statuses = ["paused", "completed", "failed", "running", "max_iterations"]
+    for i in range(loops):
+        st = LoopState(task_id=f"task_{i:04d}", task_path=f"Specs/t{i}/tasks.md", status=statuses[i % 5],
+                       iteration=i % 97, steps_total=20, steps_done=i % 20, title=f"Task {i}")
+        st.completed_steps = [CompletedStep(step_id=str(j), description=f"step {j}", completed_at=timeutil.iso(),
+                                            duration_seconds=3.0) for j in range(i % 20)]
+        if i % 20 < 19:
+            st.current_step = CurrentStep(step_id=str(i % 20), description=f"step {i % 20}", status="in_progress")
+        st.total_successes = i % 20
+        st.refresh_metrics()
+        store.save(st, fsync=False)
+
+
+def lists_all(loops: int) -> Callable[[str], None]:
+    def check(out: str) -> None:
+        lines = out.splitlines()
+        ids = {line.split()[0] for line in lines[1:]}
+        assert lines[0].startswith("TASK ID") and len(lines) == loops + 1, f"{len(lines) - 1} rows, not {loops}"
+        assert ids == {f"task_{i:04d}" for i in range(loops)}, "the table misses loops"
+    return check
+
+
+def json_lists_all(loops: int) -> Callable[[str], None]:
+    def check(out: str) -> None:
+        rows = json.loads(out)
+        assert len(rows) == loops and {r["task_id"] for r in rows} == {f"task_{i:04d}" for i in range(loops)}
+    return check
+
+
+def make_log(root: Path, events: int) -> None:
+    for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        (root / name).mkdir()
+    st = LoopState(task_id="big", task_path="Specs/big/tasks.md", status="completed")
+    StateStore(Workspace(root)).save(st, fsync=False)
+    with open(root / "Logs" / "big.jsonl", "w", encoding="utf-8") as fh:
+        for i in range(events):
+            kind = ("step_started", "tool_called", "step_completed")[i % 3]
+            fh.write(json.dumps({"ts": "2026-11-22T10:00:00.000+00:00", "task_id": "big", "iteration": i // 3,
+                                 "event": kind, "step_id": str(i // 3), "description": f"step {i // 3}",
+                                 "duration_seconds": 1.5, "tool": "read_file", "arguments": {"path": "x.py"},
+                                 "seq": i}) + "\n")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--loops", type=int, default=50)
+    ap.add_argument("--loops", default="50,1000")
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--events", type=int, default=100_000)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
-            (root / name).mkdir()
-        store = StateStore(Workspace(root))
-        statuses = ["paused", "completed", "failed", "running", "max_iterations"]
-        for i in range(args.loops):
-            st = LoopState(task_id=f"task_{i:03d}", task_path=f"Specs/t{i}/tasks.md", status=statuses[i % 5],
-                           iteration=i, steps_total=20, steps_done=i % 20)
-            st.completed_steps = [CompletedStep(step_id=str(j), description=f"step {j}", completed_at=timeutil.iso(),
-                                                duration_seconds=3.0) for j in range(i % 20)]
-            store.save(st, fsync=False)
-        kiro = [sys.executable, "-m", "kiro", "loop", "status", "-w", str(root)]
-        base = median_time([sys.executable, "-c", "pass"], args.runs, root)
-        status = median_time(kiro, args.runs, root)
-        as_json = median_time([*kiro, "--json"], args.runs, root)
-        imports = subprocess.run([sys.executable, "-X", "importtime", *kiro[1:]], cwd=root, capture_output=True,
-                                 text=True, env=ENV).stderr
-        heavy = sorted({line.split("|")[-1].strip().split(".")[0] for line in imports.splitlines()
-                        if line.split("|")[-1].strip().split(".")[0] in ("openai", "watchfiles", "httpx2")})
-        print(f"kiro loop status, {args.loops} loops: median {status * 1000:.0f} ms "
-              f"(--json {as_json * 1000:.0f} ms); python -c pass: {base * 1000:.0f} ms; "
-              f"ratio {status / base:.1f}x")
-        print(f"heavy modules imported by status: {', '.join(heavy) if heavy else 'none (no openai, no watchfiles)'}")
+        base_dir = Path(tmp)
+        spaces = {}
+        for n in (int(x) for x in args.loops.split(",")):
+            root = base_dir / f"ws{n}"
+            root.mkdir()
+            make_workspace(root, n)
+            spaces[n] = root
+        logs = base_dir / "logs"
+        logs.mkdir()
+        make_log(logs, args.events)
+        # interleaved: python -c pass is timed right beside each kiro figure
+        base = median_time([sys.executable, "-c", "pass"], args.runs, base_dir)
+        lines = []
+        for n, root in spaces.items():
+            table = median_time([*SCRIPT, "loop", "status"], args.runs, root, lists_all(n))
+            as_module = median_time([*MODULE, "loop", "status"], args.runs, root, lists_all(n))
+            as_json = median_time([*SCRIPT, "loop", "status", "--json"], args.runs, root, json_lists_all(n))
+            lines.append(f"kiro loop status, {n:>4} loops: {table * 1000:5.1f} ms  (--json {as_json * 1000:5.1f} ms, "
+                         f"python -m kiro {as_module * 1000:5.1f} ms)  python -c pass {base * 1000:4.1f} ms  "
+                         f"ratio {table / base:.2f}x (-m: {as_module / base:.2f}x)")
+            heavy = heavy_imports([*MODULE, "loop", "status"], root)
+            lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
+
+        def last_ten(out: str) -> None:
+            seqs = [json.loads(line)["seq"] for line in out.splitlines()]
+            assert seqs == list(range(args.events - 10, args.events)), seqs
+
+        def last_ten_text(out: str) -> None:
+            last = (args.events - 1) // 3
+            assert len(out.splitlines()) == 10 and f"[{last}] " in out.splitlines()[-1], out
+
+        tail_json = median_time([*SCRIPT, "loop", "logs", "--tail", "10", "--json"], args.runs, logs, last_ten)
+        tail_text = median_time([*SCRIPT, "loop", "logs", "--tail", "10"], args.runs, logs, last_ten_text)
+        rss = rss_of([*SCRIPT, "loop", "logs", "--tail", "10"], logs)
+        rss_base = rss_of([sys.executable, "-c", "pass"], logs)
+        size = (logs / "Logs" / "big.jsonl").stat().st_size
+        lines.append(f"kiro loop logs --tail 10, {args.events} events ({size / 2**20:.0f} MiB): "
+                     f"{tail_text * 1000:.1f} ms "
+                     f"(--json {tail_json * 1000:.1f} ms), peak RSS {rss / 1024:.1f} MiB  "
+                     f"(python -c pass {base * 1000:.1f} ms, {rss_base / 1024:.1f} MiB)")
+        heavy = heavy_imports([*MODULE, "loop", "logs", "--tail", "10"], logs)
+        lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -1,3 +1,3 @@
-from kiro.cli import main
+from kiro.fastread import entry
 
-main()
+entry()

@@ -6,15 +6,15 @@ so that `kiro loop status` starts fast.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the read path does without it)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any
+
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -97,7 +97,7 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
-    room = shutil.get_terminal_size((160, 24)).columns - sum(widths[:-1]) - 2 * (len(headers) - 1)
+    room = _columns(160) - sum(widths[:-1]) - 2 * (len(headers) - 1)
     widths[-1] = max(12, min(widths[-1], room))
     lines = []
     for n, row in enumerate(table):
@@ -109,6 +109,21 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
             padded[1] = _paint(padded[1], _status_style(row[1]), sys.stdout)
         lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
+
+
+def _columns(fallback: int) -> int:
+    """shutil.get_terminal_size(...).columns without importing shutil (`kiro loop status` starts
+    faster): $COLUMNS, else the terminal on stdout, else `fallback`."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns or fallback  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = fallback
+    return columns
 
 
 def print_json(data: Any) -> None:
@@ -125,7 +140,7 @@ def _short(text: Any, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-class _Blank(dict[str, Any]):
+class _Blank(dict[str, "Any"]):
     def __missing__(self, key: str) -> str:
         return "?"
 
@@ -151,6 +166,35 @@ _GIT_LINES: dict[str, tuple[str, str]] = {
 
 def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
     """A human line for one event, or None for events not worth a line."""
+    parts = event_parts(e, with_task=with_task)
+    if parts is None:
+        return None
+    from rich.text import Text
+
+    t = Text(parts[0][0], style=parts[0][1])
+    for text, style in parts[1:]:
+        t.append(text, style=style)
+    return t
+
+
+# Control codes rich's Text drops (rich.control.STRIP_CONTROL_CODES): BEL, BS, VT, FF, CR.
+_RICH_STRIPS = {7: None, 8: None, 11: None, 12: None, 13: None}
+
+
+def event_plain(e: dict[str, Any], *, with_task: bool = False) -> str | None:
+    """`format_event` as the plain text rich prints of it when there is no terminal (no colour, soft
+    wrap), without importing rich; a ValueError for text with a tab (rich expands tabs by cell widths)."""
+    parts = event_parts(e, with_task=with_task)
+    if parts is None:
+        return None
+    text = "".join(p[0] for p in parts)
+    if "\t" in text:
+        raise ValueError("a tab: rich expands it")
+    return text.translate(_RICH_STRIPS)
+
+
+def event_parts(e: dict[str, Any], *, with_task: bool = False) -> list[tuple[str, str]] | None:
+    """The pieces of `format_event`'s line, each with its style."""
     kind = e.get("event")
     ts = str(e.get("ts", ""))[11:19]
     prefix = f"{ts} "
@@ -158,9 +202,7 @@ def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
         prefix += f"[{e.get('task_id')}] "
     it = e.get("iteration")
     sid = e.get("step_id")
-    from rich.text import Text
-
-    t = Text(prefix, style="dim")
+    t = _Parts(prefix, "dim")
     if kind in ("loop_started", "loop_resumed"):
         verb = "started" if kind == "loop_started" else "resumed"
         t.append(f"loop {e.get('task_id')} {verb}: {e.get('task_path')} (executor {e.get('executor')}, "
@@ -224,7 +266,17 @@ def format_event(e: dict[str, Any], *, with_task: bool = False) -> Text | None:
     else:
         rest = {k: v for k, v in e.items() if k not in ("ts", "task_id", "iteration", "event")}
         t.append(f"{kind} {_short(json.dumps(rest, default=str), 200)}", style="dim")
-    return t
+    return t.parts
+
+
+class _Parts:
+    """What format_event appends, kept as (text, style) pairs."""
+
+    def __init__(self, text: str, style: str) -> None:
+        self.parts = [(text, style)]
+
+    def append(self, text: str, style: str = "") -> None:
+        self.parts.append((text, style))
 
 
 class EventPrinter:
@@ -320,6 +372,8 @@ def watch(render: Callable[[], Any], ticks: Iterable[None], plain: Callable[[], 
     if not out.is_terminal:
         _watch_plain(render, ticks, plain)
         return
+    import contextlib
+
     from rich.live import Live
 
     with contextlib.suppress(KeyboardInterrupt), Live(render(), console=__getattr__("out"),
@@ -344,6 +398,8 @@ def _watch_plain(render: Callable[[], Any], ticks: Iterable[None], plain: Callab
             sys.stdout.flush()
             last = text
 
+    import contextlib
+
     with contextlib.suppress(KeyboardInterrupt):
         show()
         for _ in ticks:
@@ -352,6 +408,7 @@ def _watch_plain(render: Callable[[], Any], ticks: Iterable[None], plain: Callab
 
 def watch_json(data: Callable[[], Any], interval: float) -> None:
     """One compact JSON document per line every `interval` seconds until Ctrl-C (or a closed pipe)."""
+    import contextlib
     import time
 
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):

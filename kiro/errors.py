@@ -8,10 +8,9 @@ unless a subclass says otherwise. Messages are one line, for a person, naming th
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
 
 
 def raise_errors() -> bool:
@@ -21,16 +20,17 @@ def raise_errors() -> bool:
     return any(os.environ.get(name, "") not in ("", "0") for name in ("KIRO_RAISE_ERRORS", "KIRO_DEBUG"))
 
 
-@contextlib.contextmanager
-def contained() -> Iterator[None]:
+class contained:  # noqa: N801 - used as `with contained():`, like contextlib.suppress
     """`contextlib.suppress(Exception)` for clean-up that must not end the loop (closing an executor,
     releasing a lock, saving a memory row), except under KIRO_RAISE_ERRORS/KIRO_DEBUG, where a bug in
-    it surfaces."""
-    try:
-        yield
-    except Exception:
-        if raise_errors():
-            raise
+    it surfaces. (A class, not a @contextmanager: this module is on the read path, which does without
+    importing contextlib.)"""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        return kind is not None and issubclass(kind, Exception) and not raise_errors()
 
 
 class KiroError(Exception):

@@ -8,11 +8,14 @@ read commands show for a state that says running or sleeping whose process is go
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
 
-Group = Literal["Active", "Paused", "Completed", "Failed"]
-Tone = Literal["active", "waiting", "good", "bad", "neutral", "warn"]
-NotifyKind = Literal["completed", "failed", "paused", "limit"]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the read path does without it)
+if TYPE_CHECKING:
+    from typing import Literal
+
+    Group = Literal["Active", "Paused", "Completed", "Failed"]
+    Tone = Literal["active", "waiting", "good", "bad", "neutral", "warn"]
+    NotifyKind = Literal["completed", "failed", "paused", "limit"]
 
 
 class Status(StrEnum):

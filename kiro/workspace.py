@@ -11,7 +11,6 @@ import errno
 import os
 import re
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from kiro.errors import TaskNotFound, UserError
@@ -57,10 +56,35 @@ def _not_a_folder(path: Path) -> str | None:
     return "is a file" if stat.S_ISREG(mode) else f"is {file_kind(mode)}"
 
 
-@dataclass(frozen=True)
 class Workspace:
+    """A workspace folder and its state directory; immutable, compared and hashed by value. (A plain
+    class, not a frozen dataclass: the read path imports this module, and dataclasses costs ~10 ms.)"""
+
+    __slots__ = ("root", "state_directory")
     root: Path
-    state_directory: str = ".state"
+    state_directory: str
+
+    def __init__(self, root: Path, state_directory: str = ".state") -> None:
+        object.__setattr__(self, "root", root)
+        object.__setattr__(self, "state_directory", state_directory)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Workspace)
+        return (self.root, self.state_directory) == (other.root, other.state_directory)
+
+    def __hash__(self) -> int:
+        return hash((self.root, self.state_directory))
+
+    def __repr__(self) -> str:
+        return f"Workspace(root={self.root!r}, state_directory={self.state_directory!r})"
 
     # -- discovery -------------------------------------------------------------------------
 

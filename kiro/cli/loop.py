@@ -48,7 +48,7 @@ def _store(ws: Any, *, lenient: bool = True) -> Any:
     from kiro.settings import settings_for
 
     try:
-        return settings_for(ws).store
+        store = settings_for(ws).store
     except ConfigError as exc:
         if not lenient:
             raise
@@ -56,6 +56,10 @@ def _store(ws: Any, *, lenient: bool = True) -> Any:
 
         console.warning(f"{exc} (using defaults to read the state)")
         return StateStore(ws)
+    from kiro.fastread import record_config_checked
+
+    record_config_checked(ws.root, store.ws.state_directory)  # the next read command may skip yaml+pydantic
+    return store
 
 
 def _loaded(workspace: Path | None, task_id: str | None, task: str | None) -> Any:

@@ -1,0 +1,749 @@
+"""The fast read path: `kiro loop status`, `state` and `logs` with the standard library only.
+
+`python -m kiro` (and the `kiro` script) come here first. When the command line is one of those read
+commands, with options this module understands, and the workspace holds nothing it has doubts
+about, it prints the answer itself: no Typer (whose option validators import pydantic), no pydantic,
+no yaml, no asyncio, no filelock. Anything else, or any doubt (a state file that is not exactly what
+kiro writes, an error to report, a config not yet checked, a terminal that wants colour), and it
+returns None before printing a byte: the full CLI then runs and says what it always says. So the
+output is the full path's, byte for byte (tests/test_fastread.py compares them).
+
+- The config. Reading it needs yaml and pydantic; what a read command needs of it is
+  `state_directory`, and whether it is valid (a broken config is read with defaults, with a warning).
+  So the full path, after resolving the config for a read command, records what it found in
+  `.state/read_path.json` (the config file's size, mtime and inode; kiro's version; the state
+  directory). While the file and the config-changing environment (`KIRO_*` config variables,
+  `OPENAI_BASE_URL`) are as recorded, that answer holds; otherwise the full path runs once more.
+- The state. A state file is taken only when it has exactly the shape kiro writes (every field, in
+  order, each of its type: `state_shape_ok`); one that does not is left to pydantic and its backups.
+- The summary (`.state/summary/<task_id>.json`, written by the loop beside its state, see
+  `summary_of`): what `status` shows of a loop, a few hundred bytes. Used when it is at least as new
+  as the state file; else the state file is read.
+- `logs --tail N` reads the event log backwards from its end, a block at a time, until it has N
+  events: the cost is that of N events, not of the whole log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+READ_COMMANDS = ("status", "state", "logs")
+STAMP_NAME = "read_path.json"
+SUMMARY_DIR = "summary"
+
+
+class Fallback(Exception):
+    """The fast path will not answer this one: the full CLI does."""
+
+
+# -- entry -----------------------------------------------------------------------------------------
+
+
+def entry() -> None:
+    """`python -m kiro` and the `kiro` script."""
+    code = run(sys.argv[1:])
+    if code is None:
+        from kiro.cli import main
+
+        main()
+        return
+    sys.exit(code)
+
+
+def run(argv: list[str]) -> int | None:
+    """Answer a read command and return its exit code, or None (nothing printed) for the full CLI."""
+    if len(argv) < 2 or argv[0] != "loop" or argv[1] not in READ_COMMANDS or os.environ.get("KIRO_NO_FAST_READ"):
+        return None
+    try:
+        opts = _parse(argv[1], argv[2:])
+        render = _COMMANDS[argv[1]](opts)
+    except Fallback:
+        return None
+    except Exception:
+        if os.environ.get("KIRO_FAST_READ_STRICT"):  # tests: a bug here must not hide behind the full path
+            raise
+        return None
+    try:
+        render()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `kiro loop logs --json | head -1`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+_VALUED = {"--task-id": "task_id", "--task": "task", "--workspace": "workspace", "-w": "workspace",
+           "--tail": "tail", "-n": "tail"}
+_FLAGS = {"--json": "json"}
+_ALLOWED = {"status": {"task_id", "task", "workspace", "json"}, "state": {"task_id", "task", "workspace", "json"},
+            "logs": {"task_id", "task", "workspace", "json", "tail"}}
+
+
+def _parse(command: str, args: list[str]) -> dict[str, Any]:
+    """The options of a read command, as click would read them; anything unusual is a Fallback."""
+    opts: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name in _FLAGS and not eq:
+            key = _FLAGS[name]
+            opts[key] = True
+        elif name in _VALUED:
+            key = _VALUED[name]
+            if not eq:
+                if i + 1 >= len(args):
+                    raise Fallback
+                value = args[i + 1]
+                i += 1
+            if value.startswith("-") and key != "tail":
+                raise Fallback  # let click decide what `--task-id --json` means
+            opts[key] = value
+        else:
+            raise Fallback
+        if key not in _ALLOWED[command]:
+            raise Fallback
+        i += 1
+    if "tail" in opts:
+        try:
+            opts["tail"] = int(opts["tail"].strip())
+        except ValueError:
+            raise Fallback from None
+    return opts
+
+
+# -- the workspace ---------------------------------------------------------------------------------
+
+
+def _workspace(opts: dict[str, Any]) -> Any:
+    """The workspace with its state directory, when the full path's answer for it is on record."""
+    from kiro.errors import KiroError
+    from kiro.workspace import Workspace
+
+    try:
+        ws = Workspace.find(opts.get("workspace"))
+    except KiroError:
+        raise Fallback from None
+    if _config_env():
+        raise Fallback
+    config = ws.config_file
+    try:
+        st = os.stat(config)
+    except FileNotFoundError:
+        state_directory = ".state"
+    except OSError:
+        raise Fallback from None
+    else:
+        state_directory = _stamped_state_directory(ws.root, st)
+    ws = ws.with_state_directory(state_directory)
+    try:
+        ws.check_folders()
+    except KiroError:
+        raise Fallback from None
+    return ws
+
+
+# kiro.config.ENV_KEYS (tests/test_fastread.py keeps them equal)
+CONFIG_ENV_KEYS = frozenset({"KIRO_MAX_ITERATIONS", "KIRO_FAILURE_THRESHOLD", "KIRO_TIMEOUT_SECONDS", "KIRO_EXECUTOR",
+                             "KIRO_EXECUTOR_COMMAND", "KIRO_AGENT", "KIRO_MODEL", "KIRO_VERIFY", "KIRO_BASE_URL",
+                             "KIRO_PROJECT_DIR", "KIRO_INCLUDE_OPTIONAL"})
+
+
+def _config_env() -> bool:
+    """Whether the environment sets config (kiro.config._env_settings would read it)."""
+    for var, value in os.environ.items():
+        upper = var.upper()
+        if value != "" and upper.startswith("KIRO_") and ("__" in var or upper in CONFIG_ENV_KEYS):
+            return True
+    return "OPENAI_BASE_URL" in os.environ
+
+
+def _stamp_key(st: os.stat_result) -> list[Any]:
+    from kiro import __version__
+
+    return [__version__, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+
+
+def _stamped_state_directory(root: Path, st: os.stat_result) -> str:
+    try:
+        record = json.loads((root / ".state" / STAMP_NAME).read_bytes())
+    except (OSError, ValueError):
+        raise Fallback from None
+    if not isinstance(record, dict) or record.get("config") != _stamp_key(st):
+        raise Fallback
+    state_directory = record.get("state_directory")
+    if not isinstance(state_directory, str):
+        raise Fallback
+    return state_directory
+
+
+def record_config_checked(root: Path, state_directory: str) -> None:
+    """The full path resolved the config for a read command without complaint: note it, so that the
+    next read command may take the fast path while the config file stays as it is."""
+    if _config_env():
+        return
+    folder = root / ".state"
+    try:
+        st = os.stat(root / "config" / "autonomous_loop.yaml")
+        if not folder.is_dir():
+            return
+        record = {"config": _stamp_key(st), "state_directory": state_directory}
+        path = folder / STAMP_NAME
+        try:
+            if json.loads(path.read_bytes()) == record:
+                return
+        except (OSError, ValueError):
+            pass
+        tmp = folder / f".{STAMP_NAME}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+# -- state files -----------------------------------------------------------------------------------
+
+# The fields of kiro.state's models, in order, with their types (tests/test_fastread.py checks them
+# against the pydantic models). A file whose shape differs in any way is left to pydantic.
+# Types: int float bool str iso retry any; "?x" optional; "[x" list of; "{x" dict of str to; a tuple: literals.
+_MODELS: dict[str, tuple[tuple[str, Any], ...]] = {
+    "CurrentStep": (("step_id", "str"), ("description", "str"),
+                    ("status", ("pending", "in_progress", "completed", "failed", "waiting_retry", "interrupted")),
+                    ("started_at", "?iso")),
+    "CompletedStep": (("step_id", "str"), ("description", "str"), ("completed_at", "iso"),
+                      ("duration_seconds", "float"), ("iteration", "?int"), ("attempts", "int"), ("summary", "str"),
+                      ("checkpoint", "?str"), ("checkpoint_note", "?str")),
+    "FailedStep": (("step_id", "str"), ("description", "str"), ("failed_at", "iso"), ("error", "str"),
+                   ("retry_count", "int"), ("iteration", "?int")),
+    "Context": (("last_prompt", "str"), ("last_response", "str"), ("environment", "{str")),
+    "StopConditions": (("task_in_done", "bool"), ("max_iterations_reached", "bool"),
+                       ("failure_threshold_exceeded", "bool"), ("stop_hook_triggered", "bool"),
+                       ("manual_intervention", "bool")),
+    "Metrics": (("total_duration_seconds", "float"), ("average_step_duration", "float"), ("success_rate", "float")),
+    "Usage": (("prompt_tokens", "int"), ("completion_tokens", "int"), ("total_tokens", "int"), ("api_calls", "int"),
+              ("cost_usd", "float")),
+    "StepRecord": (("attempts", "int"), ("last_error", "?str"), ("next_retry_at", "?retry"),
+                   ("last_verify_output", "?str")),
+    "Transition": (("at", "str"), ("from", "str"), ("to", "str"), ("reason", "?str")),
+    "RollbackRecord": (("at", "str"), ("to_step", "str"), ("checkpoint", "?str"), ("commit", "?str"),
+                       ("method", ("restore", "revert")), ("undone", "[str"), ("unchecked", "[str")),
+    "GitInfo": (("checkpoints", "bool"), ("isolation", ("none", "worktree")), ("merge", ("manual", "auto")),
+                ("toplevel", "?str"), ("project_rel", "str"), ("worktree", "?str"), ("branch", "?str"),
+                ("base_branch", "?str"), ("base_commit", "?str"),
+                ("merge_status", ("merging", "merged", "conflict", "left", None)), ("merge_commit", "?str"),
+                ("conflict_files", "[str"), ("rollbacks", "[RollbackRecord")),
+    "LoopState": (("schema_version", "int"), ("task_id", "str"), ("task_path", "str"), ("status", "status"),
+                  ("started_at", "iso"), ("updated_at", "iso"), ("iteration", "int"), ("max_iterations", "int"),
+                  ("consecutive_failures", "int"), ("failure_threshold", "int"), ("total_failures", "int"),
+                  ("total_successes", "int"), ("current_step", "?CurrentStep"), ("completed_steps", "[CompletedStep"),
+                  ("failed_steps", "[FailedStep"), ("context", "Context"), ("stop_conditions", "StopConditions"),
+                  ("metrics", "Metrics"), ("workspace", "str"), ("pid", "?int"), ("host", "?str"),
+                  ("executor", "?str"), ("stop_reason", "?str"), ("sleep_until", "?str"), ("timeout_reached", "bool"),
+                  ("timeout_seconds", "?float"), ("title", "?str"), ("usage", "Usage"), ("steps", "{StepRecord"),
+                  ("history", "[Transition"), ("guardrails", "{any"), ("runs", "int"), ("finished_at", "?iso"),
+                  ("report_path", "?str"), ("steps_total", "?int"), ("steps_done", "?int"), ("git", "?GitInfo")),
+}
+RECORDED = frozenset({"pending", "running", "sleeping", "paused", "stopped", "completed", "failed", "max_iterations",
+                      "timed_out"})
+RETRY_HORIZON = timedelta(days=366)
+
+
+def _parse_time(text: str) -> datetime:
+    dt = datetime.fromisoformat(text)
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def _ok(value: Any, kind: Any) -> bool:
+    if isinstance(kind, tuple):
+        return value in kind and (value is None or isinstance(value, str))
+    if kind[0] == "?":
+        return value is None or _ok(value, kind[1:])
+    if kind[0] == "[":
+        return isinstance(value, list) and all(_ok(v, kind[1:]) for v in value)
+    if kind[0] == "{":
+        return isinstance(value, dict) and all(isinstance(k, str) and _ok(v, kind[1:]) for k, v in value.items())
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return type(value) is int
+    if kind == "float":
+        return type(value) is float and math.isfinite(value)
+    if kind == "bool":
+        return type(value) is bool
+    if kind == "any":
+        return True
+    if kind == "status":
+        return value in RECORDED and isinstance(value, str)
+    if kind in ("iso", "retry"):
+        if not isinstance(value, str):
+            return False
+        try:
+            when = _parse_time(value)
+        except (ValueError, TypeError):
+            return False
+        return kind == "iso" or when <= datetime.now(UTC) + RETRY_HORIZON
+    fields = _MODELS[kind]
+    if not isinstance(value, dict) or len(value) < len(fields):
+        return False
+    keys = iter(value)
+    for (name, sub), key in zip(fields, keys, strict=False):
+        if name != key or not _ok(value[name], sub):
+            return False
+    return True
+
+
+def state_shape_ok(data: Any, task_id: str) -> bool:
+    """Whether `data` is a state exactly as kiro writes it: pydantic would take it as it is, and dump
+    it back the same."""
+    from kiro.workspace import TASK_ID_RE
+
+    return (_ok(data, "LoopState") and data["task_id"] == task_id and bool(TASK_ID_RE.match(task_id))
+            and ".." not in task_id)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(name)  # NaN, Infinity: pydantic refuses them
+
+
+def _read_json(path: Path, limit: int) -> Any:
+    from kiro import safeio
+
+    try:
+        raw = safeio.read_bytes(path, limit=limit)
+        return json.loads(raw, parse_constant=_no_constants)
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError, safeio.UnreadableFile):
+        raise Fallback from None
+
+
+def _load_state(ws: Any, task_id: str) -> tuple[dict[str, Any], Path]:
+    """A loop's state, from its state file or the archive's (as StateStore.load)."""
+    from kiro import safeio
+
+    for path in (ws.state_file(task_id), ws.archived_state_file(task_id)):
+        if not path.exists():
+            continue
+        data = _read_json(path, safeio.STATE_MAX_BYTES)
+        if not state_shape_ok(data, task_id):
+            raise Fallback
+        return data, path
+    raise Fallback  # no such loop: the full path says so
+
+
+def _state_files(ws: Any) -> list[tuple[str, Path]]:
+    """(task id, path) of every state file, main folder first then the archive, as StateStore.all_states
+    walks them (unsorted)."""
+    seen: dict[str, Path] = {}
+    for folder in (ws.state_dir, ws.state_dir / "archive"):
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            raise Fallback from None
+        for entry in entries:
+            name = entry.name
+            if name.startswith("autonomous_loop_") and name.endswith(".json") and len(name) >= 21:
+                tid = name[len("autonomous_loop_"):-len(".json")]
+                if tid not in seen:
+                    seen[tid] = Path(entry.path)
+    return list(seen.items())
+
+
+# -- the summary: what `status` shows of a loop ------------------------------------------------------
+#
+# Written by the loop beside its state file (kiro.state.StateStore.save calls `write_summary`; the
+# journal's snapshots too), read here. One JSON object, `summary_of`'s keys. A summary older than the
+# state file (a person edited the state; an older kiro wrote it) is ignored.
+
+SUMMARY_VERSION = 1
+
+
+def summary_of(state: Any) -> dict[str, Any]:
+    """The summary of a LoopState (attribute access only: no pydantic needed, nothing O(history))."""
+    cur = state.current_step
+    metrics, usage = state.metrics, state.usage
+    return {
+        "summary_version": SUMMARY_VERSION, "task_id": state.task_id, "task_path": state.task_path,
+        "title": state.title, "status": str(state.status), "stop_reason": state.stop_reason,
+        "iteration": state.iteration, "max_iterations": state.max_iterations,
+        "consecutive_failures": state.consecutive_failures, "failure_threshold": state.failure_threshold,
+        "total_failures": state.total_failures, "steps_done": state.steps_done, "steps_total": state.steps_total,
+        "executor": state.executor, "pid": state.pid, "updated_at": state.updated_at,
+        "report_path": state.report_path,
+        "current_step": {"step_id": cur.step_id, "description": cur.description} if cur is not None else None,
+        "metrics": {"total_duration_seconds": metrics.total_duration_seconds,
+                    "average_step_duration": metrics.average_step_duration, "success_rate": metrics.success_rate},
+        "usage": usage.model_dump(),
+    }
+
+
+def summary_path(state_file: Path) -> Path:
+    """`.state/summary/<task_id>.json` for `.state/autonomous_loop_<task_id>.json` (and for the archive's)."""
+    folder = state_file.parent.parent if state_file.parent.name == "archive" else state_file.parent
+    return folder / SUMMARY_DIR / f"{state_file.name[len('autonomous_loop_'):]}"
+
+
+def write_summary(state_file: Path, text: str) -> None:
+    """Write a summary in place (no rename: it is a cache; a torn one fails to parse and the state
+    file is read instead). Never fails the caller."""
+    path = summary_path(state_file)
+    data = text.encode()
+    try:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+    except OSError:
+        return
+
+
+def _summary_ok(data: Any, task_id: str) -> bool:
+    """A summary kiro wrote for this loop (it wrote it from a checked state: the shape is enough)."""
+    return (type(data) is dict and data.get("summary_version") == SUMMARY_VERSION and data.get("task_id") == task_id
+            and data.get("status") in RECORDED and type(data.get("updated_at")) is str
+            and type(data.get("metrics")) is dict and type(data.get("usage")) is dict)
+
+
+def _status_sources(ws: Any) -> list[dict[str, Any]]:
+    """What `status` shows of every loop, in StateStore.all_states' order: per loop its summary when
+    that is at least as new as its state file, else the state file (plain strings, no Path: this
+    runs once per loop)."""
+    from kiro import safeio
+
+    state_dir = str(ws.state_dir)
+    summaries = os.path.join(state_dir, SUMMARY_DIR)
+    seen: set[str] = set()
+    out: list[dict[str, Any]] = []
+    stat, loads = os.stat, json.loads
+    for folder in (state_dir, os.path.join(state_dir, "archive")):
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            raise Fallback from None
+        for entry in entries:
+            name = entry.name
+            if not (name.startswith("autonomous_loop_") and name.endswith(".json")) or len(name) < 21:
+                continue
+            tid = name[16:-5]
+            if tid in seen:
+                continue
+            seen.add(tid)
+            spath = os.path.join(summaries, tid + ".json")
+            data = None
+            try:
+                if stat(spath).st_mtime_ns >= entry.stat().st_mtime_ns:
+                    with open(spath, "rb") as fh:
+                        data = loads(fh.read(), parse_constant=_no_constants)
+            except (OSError, ValueError):
+                data = None
+            if not _summary_ok(data, tid):
+                data = _read_json(Path(entry.path), safeio.STATE_MAX_BYTES)
+                if not state_shape_ok(data, tid):
+                    raise Fallback
+            out.append(data)  # type: ignore[arg-type]
+    return out
+
+
+# -- rows (kiro.views.loop_row on plain data) ----------------------------------------------------------
+
+
+class _Locks:
+    """Which lock files some process holds: /proc/locks read once (kiro.locks.is_held, batched)."""
+
+    def __init__(self) -> None:
+        self.table: set[tuple[int, int, int]] | None = None
+
+    def held(self, path: str) -> bool:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if self.table is None:
+            try:
+                text = Path("/proc/locks").read_text()
+            except OSError:
+                raise Fallback from None
+            table = set()
+            for line in text.splitlines():
+                fields = line.split()
+                if len(fields) < 6 or fields[1] != "FLOCK" or "->" in fields[:2]:
+                    continue
+                try:
+                    major, minor, ino = fields[5].split(":")
+                    table.add((int(major, 16), int(minor, 16), int(ino)))
+                except ValueError:
+                    continue
+            self.table = table
+        return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in self.table
+
+
+def _human_duration(seconds: float | None) -> str:
+    from kiro.timeutil import human_duration
+
+    return human_duration(seconds)
+
+
+def loop_row(ws: Any, s: dict[str, Any], locks: _Locks, global_hook: bool) -> dict[str, Any]:
+    """kiro.views.loop_row for a state (or summary) as plain data."""
+    from kiro.status import Status
+
+    recorded = Status(s["status"])
+    alive = locks.held(f"{ws.state_dir}/autonomous_loop_{s['task_id']}.lock") if recorded.may_be_alive else False
+    status = Status.INTERRUPTED if recorded.is_active and not alive else recorded
+    metrics = s["metrics"]
+    duration = metrics["total_duration_seconds"]
+    if alive and status.is_active:
+        duration += max(0.0, (datetime.now(UTC) - _parse_time(s["updated_at"])).total_seconds())
+    cur = s["current_step"]
+    eta = None
+    if status.is_active or status in (Status.PAUSED, Status.INTERRUPTED):
+        total, done, avg = s["steps_total"], s["steps_done"], metrics["average_step_duration"]
+        if total is not None and done is not None and avg and total - done > 0:
+            eta = _human_duration((total - done) * avg)
+    command = f"kiro loop resume --task-id {s['task_id']}"
+    if status.is_resumable:
+        hint: str | None = "kiro loop resume --all" if global_hook else command
+    else:
+        flag = status.resume_flag
+        hint = f"{command} {flag.format(more=s['max_iterations'] * 2)}" if flag else None
+    return {
+        "task_id": s["task_id"],
+        "task_path": s["task_path"],
+        "title": s["title"],
+        "status": str(status),
+        "recorded_status": str(recorded),
+        "stop_reason": s["stop_reason"],
+        "iteration": s["iteration"],
+        "max_iterations": s["max_iterations"],
+        "success_rate": metrics["success_rate"],
+        "current_step": f"{cur['step_id']} {cur['description']}" if cur else None,
+        "current_step_id": cur["step_id"] if cur else None,
+        "steps_done": s["steps_done"],
+        "steps_total": s["steps_total"],
+        "consecutive_failures": s["consecutive_failures"],
+        "failure_threshold": s["failure_threshold"],
+        "total_failures": s["total_failures"],
+        "duration_seconds": round(duration, 3),
+        "duration": _human_duration(duration),
+        "eta": eta,
+        "executor": s["executor"],
+        "pid": s["pid"] if alive else None,
+        "alive": alive,
+        "updated_at": s["updated_at"],
+        "usage": s["usage"],
+        "report_path": s["report_path"],
+        "hint": hint,
+    }
+
+
+def _resolve(ws: Any, opts: dict[str, Any], *, required: bool = True) -> str | None:
+    """kiro.views.resolve_task_id, for the cases that need no error and no task-file parsing."""
+    from kiro.workspace import TASK_ID_RE
+
+    tid = opts.get("task_id")
+    if tid:
+        if not TASK_ID_RE.match(tid) or ".." in tid:
+            raise Fallback
+        return str(tid)
+    if opts.get("task"):
+        from kiro.errors import KiroError
+
+        try:
+            rel = ws.relative(ws.resolve_task(opts["task"]))
+        except KiroError:
+            raise Fallback from None
+        found = []
+        for tid, path in _state_files(ws):
+            data = _read_json(path, 64 * 1024 * 1024)
+            if not state_shape_ok(data, tid):
+                raise Fallback
+            if data["task_path"] == rel:
+                found.append(data)
+        if not found:
+            raise Fallback  # the task file's frontmatter may name the loop: the full path looks
+        found.sort(key=lambda d: d["updated_at"], reverse=True)
+        return str(found[0]["task_id"])
+    if not required:
+        return None
+    files = _state_files(ws)
+    if len(files) != 1:
+        raise Fallback  # none, or several: an error the full path words
+    return files[0][0]
+
+
+def _plain_terminal() -> bool:
+    """Whether rich would print to stdout exactly the plain text (no colour, no terminal)."""
+    if sys.stdout.isatty():
+        return False
+    return not any(os.environ.get(v) for v in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"))
+
+
+# -- the commands ------------------------------------------------------------------------------------
+
+
+def _write_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def _status(opts: dict[str, Any]) -> Any:
+    ws = _workspace(opts)
+    tid = _resolve(ws, opts, required=False)
+    locks = _Locks()
+    global_hook = ws.global_hook_file.exists()
+    if tid is not None:
+        data, _path = _load_state(ws, tid)
+        row = loop_row(ws, data, locks, global_hook)
+
+        def detail() -> None:
+            from kiro import console
+
+            if opts.get("json"):
+                _write_json(row)
+            else:
+                console.print_table(console.detail_table(row))
+
+        return detail
+    sources = _status_sources(ws)
+    sources.sort(key=lambda d: d["updated_at"], reverse=True)
+    rows = [loop_row(ws, s, locks, global_hook) for s in sources]
+    if not rows and not opts.get("json"):
+        raise Fallback  # "no loops in ...": rich prints it
+
+    def table() -> None:
+        if opts.get("json"):
+            _write_json(rows)
+        else:
+            from kiro import console
+
+            sys.stdout.write(console.plain_table(rows) + "\n")
+
+    return table
+
+
+def _state(opts: dict[str, Any]) -> Any:
+    ws = _workspace(opts)
+    tid = _resolve(ws, opts)
+    assert tid is not None
+    data, _path = _load_state(ws, tid)
+    return lambda: _write_json(data)
+
+
+def _logs(opts: dict[str, Any]) -> Any:
+    ws = _workspace(opts)
+    tid = _resolve(ws, opts)
+    assert tid is not None
+    path = ws.event_log(tid)
+    if not path.exists():
+        raise Fallback  # no log (or no loop): the full path words it
+    tail = opts.get("tail")
+    as_json = bool(opts.get("json"))
+    if not as_json and not _plain_terminal():
+        raise Fallback
+    from kiro import safeio
+
+    try:
+        fd = safeio.open_regular(path, fix="move it away; kiro starts a new one")
+    except (OSError, safeio.UnreadableFile):
+        raise Fallback from None
+    try:
+        events = _tail_events(fd, tail) if tail is not None else _all_events(fd)
+    finally:
+        os.close(fd)
+    if as_json:
+        lines = [json.dumps(e, ensure_ascii=False) for e in events]
+    else:
+        from kiro.console import event_plain
+
+        try:
+            lines = [text for e in events if (text := event_plain(e)) is not None]
+        except ValueError:
+            raise Fallback from None
+
+    def show() -> None:
+        write = sys.stdout.write
+        for text in lines:
+            write(text + "\n")
+
+    return show
+
+
+def _all_events(fd: int) -> list[dict[str, Any]]:
+    with open(fd, "rb", closefd=False) as fh:
+        out = []
+        for raw in fh:
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
+
+
+TAIL_BLOCK = 64 * 1024
+
+
+def _tail_events(fd: int, n: int) -> list[dict[str, Any]]:
+    """The last `n` well-formed events (as kiro.events.read_events would end), read backwards from the
+    file's end a block at a time: a torn or broken line is skipped as there."""
+    if n <= 0:
+        return []
+    end = os.fstat(fd).st_size
+    found: list[dict[str, Any]] = []
+    carry = b""  # the start of a line whose beginning lies in an earlier block
+    pos = end
+    first = True
+    while pos > 0 and len(found) < n:
+        size = min(TAIL_BLOCK, pos)
+        pos -= size
+        block = os.pread(fd, size, pos) + carry
+        lines = block.split(b"\n")
+        carry = lines[0] if pos > 0 else b""
+        complete = lines[1:] if pos > 0 else lines
+        if first:
+            first = False
+            if complete and complete[-1] == b"":
+                complete.pop()  # the newline that ends the file
+        for raw in reversed(complete):
+            _take(raw, found)
+            if len(found) >= n:
+                break
+    if pos == 0 and carry and len(found) < n:
+        _take(carry, found)
+    found.reverse()
+    return found
+
+
+def _take(raw: bytes, found: list[dict[str, Any]]) -> None:
+    if not raw.strip():
+        return
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return
+    if isinstance(record, dict):
+        found.append(record)
+
+
+_COMMANDS = {"status": _status, "state": _state, "logs": _logs}

@@ -1,0 +1,229 @@
+"""The fast read path (issue #12 item 4): `kiro loop status`, `state` and `logs` answered with the
+standard library only, byte for byte what the full CLI prints, and the full CLI whenever the fast
+path has a doubt."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiro import fastread
+from tests.conftest import Workspace, shell_task
+
+TASK = "Specs/feature/tasks.md"
+FORBIDDEN = ("pydantic", "pydantic_core", "yaml", "asyncio", "typer", "click", "filelock")
+
+PROBE = """
+import json, sys
+from kiro.fastread import run
+code = run(sys.argv[1:])
+sys.stdout.flush()
+sys.stderr.write("\\n@@" + json.dumps({"code": code, "modules": sorted(sys.modules)}) + "\\n")
+"""
+
+
+def probe(ws: Workspace, *args: str, **env: str) -> tuple[int | None, list[str], str]:
+    """Run the fast path alone in a fresh interpreter: (its exit code or None, the modules it
+    imported, its stdout)."""
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=ws.root, env=ws.env(KIRO_FAST_READ_STRICT="1", **env),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stderr.rsplit("@@", 1)[1])
+    return report["code"], report["modules"], r.stdout
+
+
+def both(ws: Workspace, *args: str) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """The same command through the fast path and through the full CLI."""
+    fast = ws.kiro(*args, env=ws.env(KIRO_FAST_READ_STRICT="1"))
+    full = ws.kiro(*args, env=ws.env(KIRO_NO_FAST_READ="1"))
+    return fast, full
+
+
+def assert_same(ws: Workspace, *args: str) -> None:
+    fast, full = both(ws, *args)
+    assert (fast.returncode, fast.stdout, fast.stderr) == (full.returncode, full.stdout, full.stderr), args
+
+
+def checked(ws: Workspace) -> None:
+    """A read command through the full path first: it records the checked config for the fast path."""
+    r = ws.kiro("loop", "status", env=ws.env(KIRO_NO_FAST_READ="1"))
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture
+def loops(ws: Workspace) -> Workspace:
+    """Three loops: one completed (archived), one stopped at max_iterations, one paused by its hook."""
+    ws.task(shell_task(3))
+    assert ws.kiro("loop", "start", "--task", TASK, "--task-id", "done1").returncode == 0
+    ws.task(shell_task(3), rel="Specs/other/tasks.md")
+    assert ws.kiro("loop", "start", "--task", "Specs/other/tasks.md", "--task-id", "half",
+                   "--max-iterations", "1").returncode == 4
+    ws.task(shell_task(2, cmd="sleep 0.1"), rel="Specs/third/tasks.md")
+    (ws.root / ".hooks" / "stop_autonomous_loop_held.md").write_text("stop\n")
+    assert ws.kiro("loop", "start", "--task", "Specs/third/tasks.md", "--task-id", "held").returncode == 3
+    checked(ws)
+    return ws
+
+
+READS = [
+    ("loop", "status"), ("loop", "status", "--json"), ("loop", "status", "--task-id", "half"),
+    ("loop", "status", "--task-id", "done1", "--json"), ("loop", "status", "--task-id=held"),
+    ("loop", "state", "--task-id", "half"), ("loop", "state", "--task-id", "done1", "--json"),
+    ("loop", "state", "--task", "Specs/other/tasks.md"),
+    ("loop", "logs", "--task-id", "done1"), ("loop", "logs", "--task-id", "half", "--json"),
+    ("loop", "logs", "--task-id", "done1", "--tail", "3"), ("loop", "logs", "--task-id", "done1", "-n", "1", "--json"),
+    ("loop", "logs", "--task-id", "done1", "--tail", "0"), ("loop", "logs", "--task-id", "done1", "--tail=100000"),
+]
+
+
+def test_every_read_command_prints_what_the_full_cli_prints_byte_for_byte(loops: Workspace) -> None:
+    for args in READS:
+        code, modules, _out = probe(loops, *args)
+        assert code == 0, f"{args}: the fast path did not answer"
+        heavy = [m for m in modules if m.split(".")[0] in FORBIDDEN]
+        assert heavy == [], f"{args} imported {heavy[:5]}"
+        assert_same(loops, *args)
+    print(f"{len(READS)} read commands: fast path answered each, output identical, none imported "
+          f"{'/'.join(FORBIDDEN)}")
+
+
+def test_a_live_loop_and_an_interrupted_one_read_the_same(ws: Workspace) -> None:
+    ws.task(shell_task(2, cmd="sleep 30"))
+    proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", "live")
+    try:
+        ws.wait_for(lambda: (ws.state("live").get("current_step") or {}).get("status") == "in_progress",
+                    what="the step to start")
+        checked(ws)
+        for args in (("loop", "status", "--json"), ("loop", "status", "--task-id", "live", "--json")):
+            fast, full = both(ws, *args)
+            a, b = json.loads(fast.stdout), json.loads(full.stdout)
+            for row in (a if isinstance(a, list) else [a]) + (b if isinstance(b, list) else [b]):
+                assert row["status"] == "running" and row["alive"] is True
+                row.pop("duration_seconds")  # the clock moved between the two
+                row.pop("duration")
+            assert a == b
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert json.loads(both(ws, "loop", "status", "--json")[0].stdout)[0]["status"] == "interrupted"
+        assert_same(ws, "loop", "status")
+        assert_same(ws, "loop", "status", "--task-id", "live")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_doubts_go_to_the_full_cli(loops: Workspace) -> None:
+    """Whatever the fast path is unsure of, it leaves to the full CLI, before printing anything."""
+    ws = loops
+    state_file = ws.root / ".state" / "autonomous_loop_half.json"
+    tried = []
+
+    def falls_back(what: str, *args: str, **env: str) -> None:
+        code, _modules, out = probe(ws, *args, **env)
+        assert code is None and out == "", what
+        assert_same(ws, *args)
+        tried.append(what)
+
+    falls_back("config set from the environment", "loop", "status", KIRO_MAX_ITERATIONS="5")
+    falls_back("logs --follow", "loop", "logs", "--task-id", "done1", "--follow")
+    falls_back("an unknown loop", "loop", "state", "--task-id", "nope")
+    falls_back("several loops, none named", "loop", "state")
+    falls_back("--help", "loop", "status", "--help")
+    text = state_file.read_text()
+    state = json.loads(text)
+    state["iteration"] = "one"  # pydantic refuses it: the backup is shown, with a warning
+    state_file.write_text(json.dumps(state, indent=2))
+    falls_back("a state pydantic would refuse", "loop", "status", "--task-id", "half")
+    falls_back("a state pydantic would refuse, in the table", "loop", "status")
+    del state["iteration"]
+    state_file.write_text(json.dumps(state, indent=2))
+    falls_back("a state missing a field (pydantic fills the default)", "loop", "state", "--task-id", "half")
+    state_file.write_text(text[: len(text) // 2])
+    falls_back("a torn state file", "loop", "state", "--task-id", "half")
+    state_file.write_text(text)
+    config = ws.root / "config" / "autonomous_loop.yaml"
+    config.write_text(config.read_text() + "  failure_threshold: 4\n")
+    falls_back("a config changed since it was checked", "loop", "status")
+    assert probe(ws, "loop", "status")[0] == 0  # checked again by the full path: fast again
+    config.write_text("autonomous_loop: [\n")
+    falls_back("a broken config (the full path warns)", "loop", "status")
+    print(f"{len(tried)} doubtful cases left to the full CLI, identical output: {'; '.join(tried)}")
+
+
+def test_status_reads_the_summary_and_ignores_one_older_than_the_state(loops: Workspace) -> None:
+    ws = loops
+    summary = ws.root / ".state" / "summary" / "half.json"
+    assert json.loads(summary.read_text())["iteration"] == 1
+    data = json.loads(summary.read_text())
+    data["title"] = "FROM THE SUMMARY"
+    summary.write_text(json.dumps(data))
+    rows = json.loads(ws.kiro("loop", "status", "--json", env=ws.env(KIRO_FAST_READ_STRICT="1")).stdout)
+    assert [r["title"] for r in rows if r["task_id"] == "half"] == ["FROM THE SUMMARY"]
+    state_file = ws.root / ".state" / "autonomous_loop_half.json"
+    state_file.write_text(state_file.read_text())  # a person touched the state after the summary
+    os.utime(summary, ns=(1, 1))
+    assert_same(ws, "loop", "status", "--json")
+
+
+def test_logs_tail_reads_from_the_end_as_read_events_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torn lines, blank lines, a line longer than the block, JSON that is not an object, no final
+    newline: the last N events are those of kiro.events.read_events, at every block boundary."""
+    from kiro.events import read_events
+
+    lines = [json.dumps({"event": "e", "n": i}) for i in range(30)]
+    lines[5] = '{"event": "torn'
+    lines[9] = ""
+    lines[12] = json.dumps({"event": "long", "text": "x" * 200})
+    lines[15] = "[1, 2]"
+    lines[20] = "   "
+    cases = {"newline at the end": "\n".join(lines) + "\n", "no newline at the end": "\n".join(lines),
+             "torn tail": "\n".join(lines) + '\n{"event": "half', "empty": ""}
+    checked_count = 0
+    for block in (1, 7, 64, 65536):
+        monkeypatch.setattr(fastread, "TAIL_BLOCK", block)
+        for name, text in cases.items():
+            path = tmp_path / f"{block}_{name}.jsonl"
+            path.write_text(text)
+            every = list(read_events(path))
+            for n in (0, 1, 2, 5, 13, 26, 40):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    got = fastread._tail_events(fd, n)
+                finally:
+                    os.close(fd)
+                assert got == (every[-n:] if n else []), (block, name, n)
+                checked_count += 1
+    print(f"{checked_count} tails compared with read_events: all equal")
+
+
+def test_the_state_shape_is_the_pydantic_models(tmp_path: Path) -> None:
+    """The field lists the fast path checks a state against are kiro.state's models, in order."""
+    from pydantic import BaseModel
+
+    from kiro import config, state
+
+    for name, fields in fastread._MODELS.items():
+        if name.startswith("Summary"):
+            continue
+        model: type[BaseModel] = getattr(state, name)
+        want = [f.alias or n for n, f in model.model_fields.items()]
+        assert [f for f, _kind in fields] == want, name
+    assert fastread.CONFIG_ENV_KEYS == set(config.ENV_KEYS)
+
+
+def test_a_summary_is_written_beside_each_state(loops: Workspace) -> None:
+    from kiro.state import StateStore
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    store = StateStore(KiroWorkspace(loops.root))
+    for tid in ("done1", "half", "held"):
+        loaded = store.load(tid)
+        summary = json.loads((loops.root / ".state" / "summary" / f"{tid}.json").read_text())
+        assert summary == json.loads(json.dumps(fastread.summary_of(loaded.state)))
+        assert summary["updated_at"] == loaded.state.updated_at
