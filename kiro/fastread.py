@@ -252,7 +252,11 @@ _MODELS: dict[str, tuple[tuple[str, Any], ...]] = {
                   ("executor", "?str"), ("stop_reason", "?str"), ("sleep_until", "?str"), ("timeout_reached", "bool"),
                   ("timeout_seconds", "?float"), ("title", "?str"), ("usage", "Usage"), ("steps", "{StepRecord"),
                   ("history", "[Transition"), ("guardrails", "{any"), ("runs", "int"), ("finished_at", "?iso"),
-                  ("report_path", "?str"), ("steps_total", "?int"), ("steps_done", "?int"), ("git", "?GitInfo")),
+                  ("report_path", "?str"), ("steps_total", "?int"), ("steps_done", "?int"), ("git", "?GitInfo"),
+                  ("last_run_at", "?iso"), ("next_run_at", "?iso"), ("schedule", "?ScheduleInfo")),
+    "ScheduleInfo": (("expression", "str"), ("stateful", "bool"), ("phase", ("waiting", "running")),
+                     ("run_started_at", "?str"), ("run_iteration_base", "int"), ("run_elapsed_base", "float"),
+                     ("run_tokens_base", "int"), ("fires", "int")),
 }
 RECORDED = frozenset({"pending", "running", "sleeping", "paused", "stopped", "completed", "failed", "max_iterations",
                       "timed_out"})
@@ -387,6 +391,9 @@ def summary_of(state: Any) -> dict[str, Any]:
         "metrics": {"total_duration_seconds": metrics.total_duration_seconds,
                     "average_step_duration": metrics.average_step_duration, "success_rate": metrics.success_rate},
         "usage": usage.model_dump(),
+        "runs": state.runs, "last_run_at": state.last_run_at, "next_run_at": state.next_run_at,
+        "schedule": ({"expression": state.schedule.expression, "stateful": state.schedule.stateful}
+                     if state.schedule is not None else None),
     }
 
 
@@ -420,7 +427,7 @@ def _summary_ok(data: Any, task_id: str) -> bool:
     """A summary kiro wrote for this loop (it wrote it from a checked state: the shape is enough)."""
     return (type(data) is dict and data.get("summary_version") == SUMMARY_VERSION and data.get("task_id") == task_id
             and data.get("status") in RECORDED and type(data.get("updated_at")) is str
-            and type(data.get("metrics")) is dict and type(data.get("usage")) is dict)
+            and type(data.get("metrics")) is dict and type(data.get("usage")) is dict and "schedule" in data)
 
 
 def _status_sources(ws: Any) -> list[dict[str, Any]]:
@@ -553,8 +560,24 @@ def loop_row(ws: Any, s: dict[str, Any], locks: _Locks, global_hook: bool) -> di
         "updated_at": s["updated_at"],
         "usage": s["usage"],
         "report_path": s["report_path"],
+        **_schedule_fields(s),
         "hint": hint,
     }
+
+
+def _schedule_fields(s: dict[str, Any]) -> dict[str, Any]:
+    """kiro.views.schedule_fields: a recurring task's schedule, runs and next run; {} for a plain loop."""
+    sc = s["schedule"]
+    if sc is None:
+        return {}
+    next_run = None
+    if s["next_run_at"] and s["status"] != "completed":
+        at = _parse_time(s["next_run_at"])
+        left = (at - datetime.now(UTC)).total_seconds()
+        when = at.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+        next_run = f"in {_human_duration(left)} ({when})" if left > 0 else f"due now ({when})"
+    return {"schedule": sc["expression"], "stateful": sc["stateful"], "runs": s["runs"],
+            "last_run_at": s["last_run_at"], "next_run_at": s["next_run_at"], "next_run": next_run}
 
 
 def _resolve(ws: Any, opts: dict[str, Any], *, required: bool = True) -> str | None:

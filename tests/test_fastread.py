@@ -118,6 +118,28 @@ def test_a_live_loop_and_an_interrupted_one_read_the_same(ws: Workspace) -> None
         proc.wait()
 
 
+def test_a_scheduled_loop_reads_the_same(ws: Workspace) -> None:
+    """A recurring task's schedule, runs and next run (SPEC §11) in status and state."""
+    from datetime import timedelta
+
+    from kiro import timeutil
+    from kiro.state import LoopState, ScheduleInfo, StateStore
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    store = StateStore(KiroWorkspace(ws.root))
+    for tid, status, stateful in (("nightly", "paused", True), ("hourly", "sleeping", False),
+                                  ("ended", "completed", True)):
+        st = LoopState(task_id=tid, task_path=f"Specs/{tid}/tasks.md", status=status, runs=3,
+                       last_run_at=timeutil.iso(), next_run_at=timeutil.iso(timeutil.now() + timedelta(seconds=3630)),
+                       schedule=ScheduleInfo(expression="every 1h", stateful=stateful))
+        store.save(st, fsync=False)
+    checked(ws)
+    for args in (("loop", "status"), ("loop", "status", "--json"), ("loop", "status", "--task-id", "nightly"),
+                 ("loop", "status", "--task-id", "hourly", "--json"), ("loop", "state", "--task-id", "ended")):
+        assert probe(ws, *args)[0] == 0, args
+        assert_same(ws, *args)
+
+
 def test_doubts_go_to_the_full_cli(loops: Workspace) -> None:
     """Whatever the fast path is unsure of, it leaves to the full CLI, before printing anything."""
     ws = loops
