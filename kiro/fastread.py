@@ -392,6 +392,8 @@ def summary_of(state: Any) -> dict[str, Any]:
                     "average_step_duration": metrics.average_step_duration, "success_rate": metrics.success_rate},
         "usage": usage.model_dump(),
         "runs": state.runs, "last_run_at": state.last_run_at, "next_run_at": state.next_run_at,
+        "sleep_reason": _sleep_reason(state.history[-1].to, state.history[-1].reason) if state.history else None,
+        "sleep_until": state.sleep_until,
         "schedule": ({"expression": state.schedule.expression, "stateful": state.schedule.stateful}
                      if state.schedule is not None else None),
     }
@@ -427,7 +429,8 @@ def _summary_ok(data: Any, task_id: str) -> bool:
     """A summary kiro wrote for this loop (it wrote it from a checked state: the shape is enough)."""
     return (type(data) is dict and data.get("summary_version") == SUMMARY_VERSION and data.get("task_id") == task_id
             and data.get("status") in RECORDED and type(data.get("updated_at")) is str
-            and type(data.get("metrics")) is dict and type(data.get("usage")) is dict and "schedule" in data)
+            and type(data.get("metrics")) is dict and type(data.get("usage")) is dict and "schedule" in data
+            and "sleep_reason" in data)
 
 
 def _status_sources(ws: Any) -> list[dict[str, Any]]:
@@ -561,8 +564,26 @@ def loop_row(ws: Any, s: dict[str, Any], locks: _Locks, global_hook: bool) -> di
         "usage": s["usage"],
         "report_path": s["report_path"],
         **_schedule_fields(s),
+        **_sleep_fields(s, status),
         "hint": hint,
     }
+
+
+def _sleep_reason(to: str, reason: str | None) -> str | None:
+    """Why the loop sleeps, from its last transition (kiro.views.sleep_fields)."""
+    return reason if to == "sleeping" else None
+
+
+def _sleep_fields(s: dict[str, Any], status: Any) -> dict[str, Any]:
+    """kiro.views.sleep_fields: why a sleeping loop sleeps, and until when; {} otherwise."""
+    if status != "sleeping":
+        return {}
+    if "history" in s:  # a state file
+        last = s["history"][-1] if s["history"] else None
+        reason = _sleep_reason(last["to"], last["reason"]) if last is not None else None
+    else:  # a summary
+        reason = s["sleep_reason"]
+    return {"sleeping_because": reason, "sleep_until": s["sleep_until"]}
 
 
 def _schedule_fields(s: dict[str, Any]) -> dict[str, Any]:

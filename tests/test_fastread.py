@@ -140,6 +140,36 @@ def test_a_scheduled_loop_reads_the_same(ws: Workspace) -> None:
         assert_same(ws, *args)
 
 
+def test_a_sleeping_loop_says_why_the_same_way(ws: Workspace) -> None:
+    """A live loop sleeping (a backoff, a guardrail's wait): why and until when, from the state file
+    and from the summary alike."""
+    from kiro import timeutil
+    from kiro.state import LoopState, StateStore
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    store = StateStore(KiroWorkspace(ws.root))
+    st = LoopState(task_id="napping", task_path="Specs/n/tasks.md", status="running", sleep_until=timeutil.iso())
+    st.transition("sleeping", "max_cpu_percent")
+    store.save(st, fsync=False)
+    lock = store.acquire("napping")  # this process is the loop's live process
+    try:
+        checked(ws)
+        for summary in (True, False):
+            if not summary:
+                (ws.root / ".state" / "summary" / "napping.json").unlink()
+            for args in (("loop", "status", "--json"), ("loop", "status", "--task-id", "napping", "--json")):
+                fast, full = both(ws, *args)
+                assert probe(ws, *args)[0] == 0
+                a, b = json.loads(fast.stdout), json.loads(full.stdout)
+                for row in (a if isinstance(a, list) else [a]) + (b if isinstance(b, list) else [b]):
+                    assert row["sleeping_because"] == "max_cpu_percent" and row["alive"] is True
+                    row.pop("duration_seconds")
+                    row.pop("duration")
+                assert a == b
+    finally:
+        store.release("napping", lock)
+
+
 def test_doubts_go_to_the_full_cli(loops: Workspace) -> None:
     """Whatever the fast path is unsure of, it leaves to the full CLI, before printing anything."""
     ws = loops
