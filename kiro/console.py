@@ -46,6 +46,11 @@ _ANSI = {"red": "31", "yellow": "33", "green": "32", "bold": "1", "cyan": "36", 
          "bold green": "1;32", "bold red": "1;31", "dark_orange": "33"}
 
 
+def _colour(stream: Any) -> bool:
+    """Whether `_paint` colours for this stream: a terminal, and no NO_COLOR."""
+    return not os.environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
+
+
 def _paint(text: str, style: str | None, stream: Any) -> str:
     """ANSI colour for a terminal (not for pipes, not with NO_COLOR)."""
     code = _ANSI.get(style or "")
@@ -100,12 +105,13 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
     room = _columns(160) - sum(widths[:-1]) - 2 * (len(headers) - 1)
     widths[-1] = max(12, min(widths[-1], room))
     lines = []
+    colour = _colour(sys.stdout)  # once per table, not an isatty call per row
     for n, row in enumerate(table):
         cells = [c if len(c) <= w else c[: w - 1] + "…" for c, w in zip(row, widths, strict=True)]
         padded = [c.ljust(w) for c, w in zip(cells, widths, strict=True)]
-        if n == 0:
+        if colour and n == 0:
             padded = [_paint(c, "bold", sys.stdout) for c in padded]
-        else:
+        elif colour:
             padded[1] = _paint(padded[1], _status_style(row[1]), sys.stdout)
         lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)

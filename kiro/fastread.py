@@ -514,20 +514,30 @@ def _human_duration(seconds: float | None) -> str:
     return human_duration(seconds)
 
 
+_STATUSES: dict[str, Any] = {}
+
+
+def _status_of(value: str) -> Any:
+    """kiro.status.Status(value), from a table built once (the enum's lookup costs more, per row)."""
+    if not _STATUSES:
+        from kiro.status import Status
+
+        _STATUSES.update({s.value: s for s in Status})
+    return _STATUSES[value]
+
+
 def loop_row(ws: Any, s: dict[str, Any], locks: _Locks, global_hook: bool) -> dict[str, Any]:
     """kiro.views.loop_row for a state (or summary) as plain data."""
-    from kiro.status import Status
-
-    recorded = Status(s["status"])
+    recorded = _status_of(s["status"])
     alive = locks.held(f"{ws.state_dir}/autonomous_loop_{s['task_id']}.lock") if recorded.may_be_alive else False
-    status = Status.INTERRUPTED if recorded.is_active and not alive else recorded
+    status = _status_of("interrupted") if recorded.is_active and not alive else recorded
     metrics = s["metrics"]
     duration = metrics["total_duration_seconds"]
     if alive and status.is_active:
         duration += max(0.0, (datetime.now(UTC) - _parse_time(s["updated_at"])).total_seconds())
     cur = s["current_step"]
     eta = None
-    if status.is_active or status in (Status.PAUSED, Status.INTERRUPTED):
+    if status.is_active or status in ("paused", "interrupted"):
         total, done, avg = s["steps_total"], s["steps_done"], metrics["average_step_duration"]
         if total is not None and done is not None and avg and total - done > 0:
             eta = _human_duration((total - done) * avg)

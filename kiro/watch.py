@@ -54,7 +54,10 @@ class ChangeHub:
         one `stat` every few seconds), often when it could not start."""
         return POLL_FALLBACK if self.failed is not None or self._task is None else SAFETY_POLL
 
-    async def start(self) -> None:
+    async def start(self, *, wait_ready: bool = True) -> None:
+        """Start watching. With `wait_ready`, give the watcher up to 0.1 s to set up first (a
+        supervisor that lives long); a loop passes False: it re-checks its conditions at every
+        iteration anyway, and the wait would be a fixed cost of every run (bench/startup.py)."""
         if self._task is not None:
             return
         paths = []
@@ -67,6 +70,8 @@ class ChangeHub:
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
         self._task = asyncio.create_task(self._run(paths), name=f"kiro-watch:{self.root}")
+        if not wait_ready:
+            return
         # Give the watcher a moment to set up its inotify watches. A change it misses in this
         # window is still seen: every loop re-checks at each iteration, and waiters re-check at least
         # every SAFETY_POLL seconds.
@@ -105,10 +110,10 @@ class ChangeHub:
 _hubs: Registry[ChangeHub] = Registry()
 
 
-async def acquire_hub(root: Path) -> ChangeHub:
+async def acquire_hub(root: Path, *, wait_ready: bool = True) -> ChangeHub:
     """The workspace's hub for the running event loop, shared by every loop in this process."""
     hub = _hubs.acquire(root, lambda: ChangeHub(root))
-    await hub.start()
+    await hub.start(wait_ready=wait_ready)
     return hub
 
 

@@ -46,13 +46,15 @@ def task_with(command: str) -> str:
     )
 
 
-@pytest.mark.parametrize("how", ["background", "fork-without-setsid", "setsid"])
+@pytest.mark.parametrize("how", ["background", "fork-without-setsid", "setsid", "setsid-without-the-mark"])
 def test_kill_9_then_resume_leaves_no_grandchild_to_run_the_step_again(ws: Workspace, how: str) -> None:
     py = sys.executable
     if how == "background":
         command = f'{py} -c "{GRANDCHILD}" &'
     elif how == "setsid":
         command = f'setsid {py} -c "{GRANDCHILD}" &'
+    elif how == "setsid-without-the-mark":  # left the group and cleared the reaper's mark: the ledger finds it
+        command = f'env -u KIRO_REAPER setsid {py} -c "{GRANDCHILD}" &'
     else:
         (ws.root / "forker.py").write_text(FORKER)
         command = f"{py} forker.py;"
@@ -68,17 +70,18 @@ def test_kill_9_then_resume_leaves_no_grandchild_to_run_the_step_again(ws: Works
 
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
-    # The step's shell dies with kiro, and with it its whole process group (the guard's SIGKILL).
+    # The step's shell dies with kiro, and with it its whole process group (the reaper's SIGKILL), and
+    # what left the group but still carries kiro's mark in its environment.
     ws.wait_for(lambda: not alive(step_shell), timeout=10, what="the step's shell to die with kiro")
-    if how == "setsid":
-        assert alive(grandchild)  # it left the group: only the ledger's token finds it
+    if how == "setsid-without-the-mark":
+        assert alive(grandchild)  # only the ledger's token finds it now
     else:
         ws.wait_for(lambda: not alive(grandchild), timeout=10, what="the grandchild to die with kiro")
 
     r = ws.kiro("loop", "resume", "--task-id", tid)
     assert r.returncode == 0, r.stdout + r.stderr
     assert not alive(grandchild)
-    if how == "setsid":
+    if how == "setsid-without-the-mark":
         assert any("left behind" in e.get("message", "") for e in ws.events(tid))
     # Wait until the grandchild's effect would have happened (8 s after it started).
     time.sleep(max(0.0, (ws.root / "gc.pid").stat().st_mtime + 8.5 - time.time()))

@@ -47,7 +47,8 @@ STEP_IN_CHILD = """
 import asyncio, sys
 from pathlib import Path
 from kiro.executors.process import run_process
-asyncio.run(run_process(["sh", "-c", "sleep 60 & echo $! > gc.pid; echo $$ > step.pid; sleep 60"], cwd=Path(".")))
+asyncio.run(run_process(["sh", "-c", "sleep 60 & echo $! > gc.pid; setsid sleep 61 & echo $! > sid.pid; "
+                                      "echo $$ > step.pid; sleep 60"], cwd=Path(".")))
 """
 
 
@@ -55,14 +56,15 @@ def test_kill_9_of_the_parent_kills_the_step_and_its_background_grandchild(tmp_p
     env = {**os.environ, "PATH": "/usr/bin:/bin"}  # whether or not setpriv is there: not needed any more
     proc = subprocess.Popen([sys.executable, "-c", STEP_IN_CHILD], cwd=tmp_path, env=env)
     try:
-        assert wait_until(lambda: (tmp_path / "gc.pid").exists() and (tmp_path / "gc.pid").read_text().strip()
-                          and (tmp_path / "step.pid").exists() and (tmp_path / "step.pid").read_text().strip())
-        grandchild, step = int((tmp_path / "gc.pid").read_text()), int((tmp_path / "step.pid").read_text())
-        assert alive(grandchild) and alive(step)
+        files = [tmp_path / name for name in ("gc.pid", "sid.pid", "step.pid")]
+        assert wait_until(lambda: all(f.exists() and f.read_text().strip() for f in files))
+        grandchild, escaped, step = (int(f.read_text()) for f in files)
+        assert alive(grandchild) and alive(escaped) and alive(step)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         assert wait_until(lambda: not alive(step)), "the step outlived its kiro"
         assert wait_until(lambda: not alive(grandchild)), "the step's background child outlived kiro"
+        assert wait_until(lambda: not alive(escaped)), "a child that left the step's group (setsid) outlived kiro"
     finally:
         proc.kill()
         proc.wait()

@@ -7,11 +7,13 @@ reaper per kiro process: a `sh` started once, at the first step, that reads "+ <
 lines from a pipe only kiro holds the write end of (`register` / `unregister`). When kiro ends,
 even by `kill -9`, the kernel closes that pipe; the reaper reads end-of-file and SIGKILLs every
 group still registered: the command and everything it started in the background (`server &`, a
-fork whose parent exited). Cost per step: two short writes to a pipe, instead of a `setpriv
+fork whose parent exited); then every process that still carries this kiro's mark (`KIRO_REAPER`,
+set in each child's environment), which covers a child kiro died too early to register and one
+that left its group (`setsid`). Cost per step: two short writes to a pipe, instead of a `setpriv
 --pdeathsig` + `sh` guard pair per spawn (bench/step_spawn.py prints both).
 
-What leaves the group (`setsid`), or outlives a reaper that was itself killed, is caught at the
-next start: each loop keeps a ledger of its live groups, `.state/processes/<task_id>.json`, opened
+What leaves the group and clears the mark, or outlives a reaper that was itself killed, is caught
+at the next start: each loop keeps a ledger of its live groups, `.state/processes/<task_id>.json`, opened
 when a child starts; when the loop starts or resumes it kills every process still carrying that
 run's random token in its environment (`KIRO_PROCESS_GROUP`) before a step runs again, so a reused
 process id is never killed.
@@ -94,8 +96,13 @@ REAPER = (
     "+) g=\"$g$pg \";; "
     "-) case $g in *\" $pg \"*) g=\"${g%% $pg *} ${g#* $pg }\";; esac;; "
     "esac; done; "
-    "for pg in $g; do kill -s KILL -- \"-$pg\" 2>/dev/null; done"
+    "for pg in $g; do kill -s KILL -- \"-$pg\" 2>/dev/null; done; "
+    "for f in $(grep -lszxF \"$1=$2\" /proc/[0-9]*/environ); do p=${f#/proc/}; kill -s KILL \"${p%/environ}\"; done"
 )
+# The second pass: every process still carrying this kiro's mark in its environment (`REAPER_VAR`,
+# set on every child). It covers a child kiro died too early to register (between its fork and
+# `register`) and one that left its group (`setsid`) without clearing its environment.
+REAPER_VAR = "KIRO_REAPER"
 
 
 class _Reaper:
@@ -106,6 +113,7 @@ class _Reaper:
         self.fd: int | None = None
         self.owner: int | None = None  # the pid that started it: a forked child starts its own
         self.pid: int | None = None
+        self.mark = ""  # the value of REAPER_VAR in this kiro's children
 
     def _start(self) -> int | None:
         if self.pid is not None:  # a previous reaper died: collect it
@@ -113,8 +121,10 @@ class _Reaper:
                 os.waitpid(self.pid, os.WNOHANG)
         read_end, write_end = os.pipe()  # both close-on-exec: no step inherits the write end
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        mark = f"{os.getpid()}.{secrets.token_hex(8)}"
         try:
-            self.pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", REAPER, "kiro-reaper"], {"PATH": "/usr/bin:/bin"},
+            self.pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", REAPER, "kiro-reaper", REAPER_VAR, mark],
+                                      {"PATH": "/usr/bin:/bin"},
                                       file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0),
                                                     (os.POSIX_SPAWN_DUP2, devnull, 1),
                                                     (os.POSIX_SPAWN_DUP2, devnull, 2)],
@@ -125,7 +135,7 @@ class _Reaper:
         finally:
             os.close(read_end)
             os.close(devnull)
-        self.fd, self.owner = write_end, os.getpid()
+        self.fd, self.owner, self.mark = write_end, os.getpid(), mark
         return write_end
 
     def ready(self) -> int | None:
@@ -147,10 +157,12 @@ class _Reaper:
 _reaper = _Reaper()
 
 
-def start_reaper() -> None:
-    """Have the reaper running before a child is spawned, so that the child's group is known to it
-    the moment `register` returns (its pipe holds what it has not read yet)."""
-    _reaper.ready()
+def start_reaper() -> tuple[str, str] | None:
+    """Have the reaper running before a child is spawned; returns the (name, value) to put in the
+    child's environment, which marks it as this kiro's until `register` names its group."""
+    if _reaper.ready() is None:
+        return None
+    return REAPER_VAR, _reaper.mark
 
 
 def register(pgid: int) -> None:

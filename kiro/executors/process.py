@@ -78,7 +78,9 @@ async def run_process(
     ledger = groups.current_ledger.get()
     if ledger is not None:
         child_env[groups.TOKEN_VAR] = ledger.token
-    groups.start_reaper()
+    mark = groups.start_reaper()
+    if mark is not None:
+        child_env[mark[0]] = mark[1]
     proc = await asyncio.create_subprocess_exec(
         *groups.wrap(list(argv), confine=confine),
         cwd=str(cwd),

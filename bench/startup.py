@@ -1,0 +1,111 @@
+"""A run's fixed start-up + shutdown: `kiro loop start` on a one-step shell task (`true`), beside
+`python -c pass`, in one run.
+
+    python bench/startup.py [--runs 10]
+
+Prints, as medians over fresh processes:
+- the whole command's wall time, and what is left after `python -c pass` and the step itself;
+- the import of what `start` loads (typer, pydantic, the engine) alone;
+- the run itself in a process that has imported everything: prepare_start + run_loops, minus the
+  step's own duration (from its `step_completed` event): the fixed cost of a run.
+Each run is checked: exit 0, the step done, the task moved to Done/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+TASK = "---\ntitle: One step\nexecutor: shell\n---\n- [ ] 1. Quick\n  ```sh\n  true\n  ```\n"
+
+IN_PROCESS = """
+import asyncio, json, sys, time
+from pathlib import Path
+from kiro.cli import loop  # what `kiro loop start` imports, all of it, before the clock starts
+from kiro.runner import prepare_start, run_loops
+from kiro.workspace import Workspace
+root = Path(sys.argv[1])
+t0 = time.perf_counter()
+run = prepare_start(Workspace.find(root), "Specs/a/tasks.md", task_id="t1", config_file=None, overrides={})
+outcomes = asyncio.run(run_loops([run], []))
+t1 = time.perf_counter()
+assert outcomes[0].exit_code == 0, outcomes
+print(json.dumps({"run": t1 - t0}))
+"""
+
+
+def fresh(base: Path, n: int) -> Path:
+    root = base / f"ws{n}"
+    for name in ("Specs/a", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        (root / name).mkdir(parents=True)
+    (root / "Specs" / "a" / "tasks.md").write_text(TASK)
+    return root
+
+
+def step_seconds(root: Path, tid: str) -> float:
+    for line in (root / "Logs" / f"{tid}.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e.get("event") == "step_completed":
+            return float(e["duration_seconds"])
+    raise AssertionError("no step_completed event")
+
+
+def check(root: Path) -> None:
+    assert (root / "Done" / "a" / "tasks.md").read_text().count("[x]") == 1, "the step is not done"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10)
+    runs = ap.parse_args().runs
+    py = sys.executable
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        whole, rest, imports, inproc, passes = [], [], [], [], []
+        for i in range(runs + 1):  # the first round warms the byte-code caches
+            t = time.perf_counter()
+            subprocess.run([py, "-c", "pass"], check=True, env=ENV)
+            p = time.perf_counter() - t
+            root = fresh(base, 3 * i)
+            t = time.perf_counter()
+            r = subprocess.run([py, "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md", "--task-id", "t1",
+                                "-q"], cwd=root, capture_output=True, text=True, env=ENV)
+            w = time.perf_counter() - t
+            assert r.returncode == 0, r.stdout + r.stderr
+            check(root)
+            t = time.perf_counter()
+            subprocess.run([py, "-c", "import kiro.cli.loop, kiro.runner, kiro.engine"], check=True, env=ENV)
+            imp = time.perf_counter() - t
+            root2 = fresh(base, 3 * i + 1)
+            r2 = subprocess.run([py, "-c", IN_PROCESS, str(root2)], capture_output=True, text=True, env=ENV)
+            assert r2.returncode == 0, r2.stderr
+            check(root2)
+            fixed = json.loads(r2.stdout)["run"] - step_seconds(root2, "t1")
+            if i:
+                passes.append(p)
+                whole.append(w)
+                rest.append(w - p - step_seconds(root, "t1"))
+                imports.append(imp - p)
+                inproc.append(fixed)
+            shutil.rmtree(root)
+            shutil.rmtree(root2)
+        med = statistics.median
+        print(f"kiro loop start, one `true` step: {med(whole) * 1000:.0f} ms wall; "
+              f"python -c pass {med(passes) * 1000:.0f} ms; "
+              f"left after python and the step: {med(rest) * 1000:.0f} ms")
+        print(f"  of which importing typer, pydantic and the engine: {med(imports) * 1000:.0f} ms")
+        print(f"  a run's fixed start-up + shutdown (prepare_start + run_loops - the step), imports done: "
+              f"{med(inproc) * 1000:.1f} ms (min {min(inproc) * 1000:.1f} ms)")
+
+
+if __name__ == "__main__":
+    main()
