@@ -14,11 +14,11 @@ output is the full path's, byte for byte (tests/test_fastread.py compares them).
   `.state/read_path.json` (the config file's size, mtime and inode; kiro's version; the state
   directory). While the file and the config-changing environment (`KIRO_*` config variables,
   `OPENAI_BASE_URL`) are as recorded, that answer holds; otherwise the full path runs once more.
-- The state. A state file is taken only when it has exactly the shape kiro writes (every field, in
-  order, each of its type: `state_shape_ok`); one that does not is left to pydantic and its backups.
-- The summary (`.state/summary/<task_id>.json`, written by the loop beside its state, see
-  `summary_of`): what `status` shows of a loop, a few hundred bytes. Used when it is at least as new
-  as the state file; else the state file is read.
+- The state. A state file (its journal replayed, kiro.journal) is taken only when it has exactly the
+  shape kiro writes (every field, in order, each of its type: `state_shape_ok`); one that does not is
+  left to pydantic and its backups.
+- The summary (`.state/autonomous_loop_<task_id>.summary`, written by the loop on every save; format
+  in kiro.journal): what `status` shows of a loop, a few hundred bytes, read instead of the state.
 - `logs --tail N` reads the event log backwards from its end, a block at a time, until it has N
   events: the cost is that of N events, not of the whole log.
 """
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 READ_COMMANDS = ("status", "state", "logs")
 STAMP_NAME = "read_path.json"
-SUMMARY_DIR = "summary"
 
 
 class Fallback(Exception):
@@ -253,7 +252,8 @@ _MODELS: dict[str, tuple[tuple[str, Any], ...]] = {
                   ("timeout_seconds", "?float"), ("title", "?str"), ("usage", "Usage"), ("steps", "{StepRecord"),
                   ("history", "[Transition"), ("guardrails", "{any"), ("runs", "int"), ("finished_at", "?iso"),
                   ("report_path", "?str"), ("steps_total", "?int"), ("steps_done", "?int"), ("git", "?GitInfo"),
-                  ("last_run_at", "?iso"), ("next_run_at", "?iso"), ("schedule", "?ScheduleInfo")),
+                  ("last_run_at", "?iso"), ("next_run_at", "?iso"), ("schedule", "?ScheduleInfo"),
+                  ("journal_seq", "int")),
     "ScheduleInfo": (("expression", "str"), ("stateful", "bool"), ("phase", ("waiting", "running")),
                      ("run_started_at", "?str"), ("run_iteration_base", "int"), ("run_elapsed_base", "float"),
                      ("run_tokens_base", "int"), ("fires", "int")),
@@ -320,11 +320,20 @@ def _no_constants(name: str) -> Any:
     raise ValueError(name)  # NaN, Infinity: pydantic refuses them
 
 
-def _read_json(path: Path, limit: int) -> Any:
-    from kiro import safeio
+def _read_state(path: Path) -> Any:
+    """The state in `path` with its journal (if any) replayed, as StateStore._read reads it."""
+    from kiro import journal, safeio
+
+    def read() -> bytes:
+        return safeio.read_bytes(path, limit=safeio.STATE_MAX_BYTES)
 
     try:
-        raw = safeio.read_bytes(path, limit=limit)
+        raw = read()
+        if journal.journal_path(path).exists():
+            data = journal.with_journal(path, raw, read)
+            if not _finite(data):
+                raise Fallback
+            return data
         return json.loads(raw, parse_constant=_no_constants)
     except FileNotFoundError:
         raise
@@ -332,14 +341,23 @@ def _read_json(path: Path, limit: int) -> Any:
         raise Fallback from None
 
 
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere (pydantic refuses them in a state)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
 def _load_state(ws: Any, task_id: str) -> tuple[dict[str, Any], Path]:
     """A loop's state, from its state file or the archive's (as StateStore.load)."""
-    from kiro import safeio
-
     for path in (ws.state_file(task_id), ws.archived_state_file(task_id)):
         if not path.exists():
             continue
-        data = _read_json(path, safeio.STATE_MAX_BYTES)
+        data = _read_state(path)
         if not state_shape_ok(data, task_id):
             raise Fallback
         return data, path
@@ -368,82 +386,32 @@ def _state_files(ws: Any) -> list[tuple[str, Path]]:
 
 # -- the summary: what `status` shows of a loop ------------------------------------------------------
 #
-# Written by the loop beside its state file (kiro.state.StateStore.save calls `write_summary`; the
-# journal's snapshots too), read here. One JSON object, `summary_of`'s keys. A summary older than the
-# state file (a person edited the state; an older kiro wrote it) is ignored.
+# Written by the loop on every save, beside its state file (`autonomous_loop_<id>.summary`, format and
+# writer in kiro.journal, which owns it; this module reads it). It lacks the loop's history, so a
+# sleeping loop's row (which says why it sleeps) comes from the state.
 
-SUMMARY_VERSION = 1
-
-
-def summary_of(state: Any) -> dict[str, Any]:
-    """The summary of a LoopState (attribute access only: no pydantic needed, nothing O(history))."""
-    cur = state.current_step
-    metrics, usage = state.metrics, state.usage
-    return {
-        "summary_version": SUMMARY_VERSION, "task_id": state.task_id, "task_path": state.task_path,
-        "title": state.title, "status": str(state.status), "stop_reason": state.stop_reason,
-        "iteration": state.iteration, "max_iterations": state.max_iterations,
-        "consecutive_failures": state.consecutive_failures, "failure_threshold": state.failure_threshold,
-        "total_failures": state.total_failures, "steps_done": state.steps_done, "steps_total": state.steps_total,
-        "executor": state.executor, "pid": state.pid, "updated_at": state.updated_at,
-        "report_path": state.report_path,
-        "current_step": {"step_id": cur.step_id, "description": cur.description} if cur is not None else None,
-        "metrics": {"total_duration_seconds": metrics.total_duration_seconds,
-                    "average_step_duration": metrics.average_step_duration, "success_rate": metrics.success_rate},
-        "usage": usage.model_dump(),
-        "runs": state.runs, "last_run_at": state.last_run_at, "next_run_at": state.next_run_at,
-        "sleep_reason": _sleep_reason(state.history[-1].to, state.history[-1].reason) if state.history else None,
-        "sleep_until": state.sleep_until,
-        "schedule": ({"expression": state.schedule.expression, "stateful": state.schedule.stateful}
-                     if state.schedule is not None else None),
-    }
-
-
-def summary_path(state_file: Path) -> Path:
-    """`.state/summary/<task_id>.json` for `.state/autonomous_loop_<task_id>.json` (and for the archive's)."""
-    folder = state_file.parent.parent if state_file.parent.name == "archive" else state_file.parent
-    return folder / SUMMARY_DIR / f"{state_file.name[len('autonomous_loop_'):]}"
-
-
-def write_summary(state_file: Path, text: str) -> None:
-    """Write a summary in place (no rename: it is a cache; a torn one fails to parse and the state
-    file is read instead). Never fails the caller."""
-    path = summary_path(state_file)
-    data = text.encode()
-    try:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-        finally:
-            os.close(fd)
-    except OSError:
-        return
+SUMMARY_NEEDS = ("task_id", "task_path", "title", "status", "stop_reason", "updated_at", "iteration", "max_iterations",
+                 "consecutive_failures", "failure_threshold", "total_failures", "steps_done", "steps_total",
+                 "executor", "pid", "report_path", "sleep_until", "runs", "metrics", "usage", "current_step",
+                 "schedule", "last_run_at", "next_run_at")
 
 
 def _summary_ok(data: Any, task_id: str) -> bool:
-    """A summary kiro wrote for this loop (it wrote it from a checked state: the shape is enough)."""
-    return (type(data) is dict and data.get("summary_version") == SUMMARY_VERSION and data.get("task_id") == task_id
-            and data.get("status") in RECORDED and type(data.get("updated_at")) is str
-            and type(data.get("metrics")) is dict and type(data.get("usage")) is dict and "schedule" in data
-            and "sleep_reason" in data)
+    """A summary kiro wrote for this loop, with every field a status row needs (kiro wrote it from a
+    checked state: the shape is enough)."""
+    return (type(data) is dict and data.get("task_id") == task_id and data.get("status") in RECORDED
+            and data["status"] != "sleeping" and all(k in data for k in SUMMARY_NEEDS)
+            and type(data["updated_at"]) is str and type(data["metrics"]) is dict and type(data["usage"]) is dict)
 
 
 def _status_sources(ws: Any) -> list[dict[str, Any]]:
-    """What `status` shows of every loop, in StateStore.all_states' order: per loop its summary when
-    that is at least as new as its state file, else the state file (plain strings, no Path: this
-    runs once per loop)."""
-    from kiro import safeio
+    """What `status` shows of every loop, in StateStore.all_states' order: per loop its summary,
+    else its state (plain strings, no Path, where this runs once per loop)."""
+    from kiro.journal import decode_summary
 
     state_dir = str(ws.state_dir)
-    summaries = os.path.join(state_dir, SUMMARY_DIR)
     seen: set[str] = set()
     out: list[dict[str, Any]] = []
-    stat, loads = os.stat, json.loads
     for folder in (state_dir, os.path.join(state_dir, "archive")):
         try:
             entries = list(os.scandir(folder))
@@ -459,16 +427,17 @@ def _status_sources(ws: Any) -> list[dict[str, Any]]:
             if tid in seen:
                 continue
             seen.add(tid)
-            spath = os.path.join(summaries, tid + ".json")
             data = None
-            try:
-                if stat(spath).st_mtime_ns >= entry.stat().st_mtime_ns:
-                    with open(spath, "rb") as fh:
-                        data = loads(fh.read(), parse_constant=_no_constants)
-            except (OSError, ValueError):
-                data = None
+            for _ in range(3):  # a summary read while it is rewritten fails its CRC: read it again
+                try:
+                    with open(entry.path[:-5] + ".summary", "rb") as fh:
+                        data = decode_summary(fh.read())
+                except OSError:
+                    break
+                if data is not None:
+                    break
             if not _summary_ok(data, tid):
-                data = _read_json(Path(entry.path), safeio.STATE_MAX_BYTES)
+                data = _read_state(Path(entry.path))
                 if not state_shape_ok(data, tid):
                     raise Fallback
             out.append(data)  # type: ignore[arg-type]
@@ -629,7 +598,7 @@ def _resolve(ws: Any, opts: dict[str, Any], *, required: bool = True) -> str | N
             raise Fallback from None
         found = []
         for tid, path in _state_files(ws):
-            data = _read_json(path, 64 * 1024 * 1024)
+            data = _read_state(path)
             if not state_shape_ok(data, tid):
                 raise Fallback
             if data["task_path"] == rel:
