@@ -42,8 +42,13 @@ def watch(
     from kiro.cli.loop import _temporal
 
     if _temporal(ws, config):
-        raise UserError("kiro loop watch is not built for backend: temporal yet (docs/scale-out.md §12): start each "
-                        "task with `kiro loop start`, or run watch with backend: local")
+        if detach:
+            raise UserError("kiro loop watch --detach is not built for backend: temporal; run it in the foreground "
+                            "(the loops themselves run in the workspace worker)")
+        from kiro.temporal.watching import watch as watch_temporal
+
+        raise typer.Exit(watch_temporal(ws, config_file=config, overrides={"executor": executor},
+                                        max_parallel=max_parallel, quiet=quiet))
     if detach:
         check_watch_free(ws)
         out_path = ws.logs / "watch.out"

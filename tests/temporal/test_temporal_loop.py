@@ -62,11 +62,12 @@ def test_the_local_backend_never_imports_temporalio(ws: Workspace) -> None:
 
 
 def test_commands_not_built_on_this_backend_say_so(tws: Workspace) -> None:
-    for args in (("loop", "watch"), ("loop", "rollback", "--task-id", "x", "--to-step", "1")):
+    for args in (("loop", "watch", "--detach"), ("loop", "rollback", "--task-id", "x", "--to-step", "1")):
         r = tws.kiro(*args, timeout=60)
         assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "not built for backend: temporal" in lines[0], lines
+    assert not (tws.root / "Logs" / "watch.out").exists()
 
 
 def test_start_starts_the_workspace_worker_when_none_runs(tws: Workspace, project: Project, workers: Workers) -> None:

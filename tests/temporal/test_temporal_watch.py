@@ -1,0 +1,56 @@
+"""`kiro loop watch` on the temporal backend (SPEC §3): a task file dropped into Specs/ gets a loop; a loop
+paused by its hook file continues when the hook is deleted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import Workspace
+from tests.temporal.conftest import Project, Workers
+
+STEP = """\
+echo "step $KIRO_STEP_ID" >> work.txt
+if [ "$KIRO_STEP_ID" = 2 ]; then while [ ! -e "$RUNS/gate" ]; do sleep 0.05; done; fi
+"""
+
+
+def task_text(n: int) -> str:
+    lines = ["---", "title: Watched", "executor: shell", "---", "# Plan", ""]
+    for i in range(1, n + 1):
+        lines += [f"- [ ] {i}. Step number {i}", "  ```sh", *[f"  {line}" for line in STEP.splitlines()], "  ```"]
+    return "\n".join(lines) + "\n"
+
+
+def test_watch_starts_new_tasks_and_continues_when_the_hook_goes(tws: Workspace, project: Project,
+                                                                workers: Workers, tmp_path: Path) -> None:
+    rdir = tmp_path / "runs"
+    rdir.mkdir()
+    workers.env = {"RUNS": str(rdir)}
+    workers.start_workspace()
+    workers.start("w1")
+    with open(tmp_path / "watch.out", "w") as out:
+        watcher = subprocess.Popen([sys.executable, "-m", "kiro", "loop", "watch"], cwd=tws.root,
+                                   env=tws.env(RUNS=str(rdir)), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        tws.task(task_text(3), "Specs/w/tasks.md")  # dropped in while watch runs
+        tid = tws.wait_for(lambda: tws.only_task_id(), 60, "a loop for the new task")
+        tws.wait_for(lambda: (tws.state(tid)["current_step"] or {}).get("step_id") == "2", 60, "step 2 running")
+        tws.write(f".hooks/stop_autonomous_loop_{tid}.md", "---\ntype: stop_hook\n---\nby hand\n")
+        (rdir / "gate").write_text("open\n")
+        tws.wait_for(lambda: tws.state(tid)["status"] == "paused", 60, "paused by the hook")
+        assert [c["step_id"] for c in tws.state(tid)["completed_steps"]] == ["1", "2"]
+        (tws.root / f".hooks/stop_autonomous_loop_{tid}.md").unlink()  # the seed's "Resume Instructions"
+        tws.wait_for(lambda: tws.state(tid)["status"] == "completed", 60, "completed after the hook went")
+        assert project.branch_file(tid, "work.txt") == "step 1\nstep 2\nstep 3\n"
+        assert (tws.root / "Done/w/tasks.md").exists()
+        events = [e["event"] for e in tws.events(tid)]
+        assert events.count("loop_started") == 1 and events.count("loop_resumed") == 1
+    finally:
+        os.killpg(watcher.pid, signal.SIGTERM)
+        watcher.wait(30)
+    assert watcher.returncode == 0, (tmp_path / "watch.out").read_text()
