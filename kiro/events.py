@@ -558,8 +558,10 @@ class EventLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = safeio.open_regular(self.path, write=True, fix="move it away")  # never blocks on a FIFO
             self._repair_torn_tail()
-        record = clip_fields(record, EVENT_FIELD_CHARS)
-        line = self.redact.text(json.dumps(record, ensure_ascii=False, default=str)) + "\n"
+        text = json.dumps(record, ensure_ascii=False, default=str)
+        if len(text) > EVENT_FIELD_CHARS:  # no string in a shorter line can be longer than the cap
+            text = json.dumps(clip_fields(record, EVENT_FIELD_CHARS), ensure_ascii=False, default=str)
+        line = self.redact.text(text) + "\n"
         data = memoryview(line.encode("utf-8"))
         written = 0
 
