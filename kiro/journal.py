@@ -30,6 +30,12 @@ The summary file (for readers that must not import pydantic: `read_summary`):
 A reader that finds a CRC mismatch (it read during a write) reads again; after a few tries, or
 with no summary file, it reads the state file instead. This module imports only the standard
 library.
+
+Note for a reader without pydantic (`fast`'s kiro.fastread, issue #12): the bare `.json` of a running
+loop (or of one killed mid-run) may lack its last saves; `read_state_dict(state_file)` gives the
+state as kiro sees it, and `read_summary(state_file)` what `status` shows (written on every save by
+the journal and by whole-file saves). If status keeps its own summary format, write it from
+`LiveJournal._summary` (it gets the same dict, from the journal's shadow) and drop this one.
 """
 
 from __future__ import annotations
