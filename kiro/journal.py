@@ -16,8 +16,10 @@ The state of a loop is the snapshot with the journal records after its `journal_
 order (`replay`). Every kiro reader goes through `read_state_dict` (StateStore does), so it always
 sees the last save. The snapshot itself is rewritten (temp file, fsync, rename, fsync the folder)
 when the status changes, at the loop's first and last save, when the journal has grown as large
-as the snapshot, and otherwise at most every SNAPSHOT_SECONDS while there is something new: a
-reader of the bare JSON file is never more than about that far behind, and never sees a torn file.
+as the snapshot, and otherwise by a timer SNAPSHOT_SECONDS (longer for a large state, see
+SNAPSHOT_BYTES_PER_SECOND) after a save it does not hold yet, on a worker thread while the loop goes
+on: a reader of the bare JSON file is never more than about that far behind, and never sees a
+torn file.
 A kill can tear only the journal's last line; replay stops at the first line that is not a
 whole record, which was never acknowledged.
 
@@ -55,6 +57,9 @@ SUMMARY_MAGIC = b"kiro-summary 1 "
 SNAPSHOT_SECONDS = 1.0
 """How stale the bare JSON state file may get while a loop runs (kiro's own readers replay the
 journal and are never stale)."""
+SNAPSHOT_BYTES_PER_SECOND = 1024 * 1024
+"""...longer for a large state: at most this many bytes of snapshot a second (a 3 MB state, 10,000
+completed steps: one every 3 s), so that what snapshots cost per iteration does not grow with history."""
 JOURNAL_MIN_BYTES = 256 * 1024
 """The journal is folded into a new snapshot once it is larger than the snapshot and this."""
 BIG_LISTS = ("completed_steps", "failed_steps", "history")

@@ -613,8 +613,8 @@ class LiveJournal:
     call it returns appends the record and fdatasyncs, or writes a snapshot. A snapshot is made
     from `shadow`, never from the live model, so it is always exactly some save, also when the
     timer writes it while a step runs; its text is a join of cached pieces (no O(history)
-    encoding). Two locks: `shadow_lock` (held briefly, to change or copy out the shadow) and
-    `file_lock` (the journal and snapshot writes, in order)."""
+    encoding). Locks: `shadow_lock` (held briefly, to change or copy out the shadow), `file_lock`
+    (the journal's appends and truncation, the summary), `snap_lock` (one snapshot at a time)."""
 
     def __init__(self, store: StateStore, state: LoopState) -> None:
         self.store = store
@@ -623,6 +623,7 @@ class LiveJournal:
         self.summary = journal.SummaryWriter(journal.summary_path(self.state_file))
         self.shadow_lock = threading.Lock()
         self.file_lock = threading.Lock()
+        self.snap_lock = threading.Lock()
         self.fd: int | None = None
         self.shadow: dict[str, Any] | None = None
         self.encoded: dict[str, list[str]] = {}  # long list -> JSON text of each item, as in shadow
@@ -718,11 +719,11 @@ class LiveJournal:
             data = (line + "\n").encode("utf-8")
             self.pending.append((self.seq, data))
             self.pending_bytes += len(data)
-            if ("status" in record["set"] or time.monotonic() - self.last_snapshot >= journal.SNAPSHOT_SECONDS
+            if ("status" in record["set"]  # a status change is in the state file at once
                     or self.journal_bytes + self.pending_bytes > max(journal.JOURNAL_MIN_BYTES, self.snapshot_bytes)):
                 self.snapshot_owed = True
             else:
-                self._arm_timer()
+                self._arm_timer()  # otherwise within _interval(), off the loop's path
             return self.drain
 
     def _snapshot_text(self) -> tuple[int, str, dict[str, Any]]:
@@ -744,24 +745,20 @@ class LiveJournal:
     def drain(self) -> None:
         """Write what is pending: a snapshot when one is owed (it holds every record made so far),
         else the pending records in one append and one fdatasync."""
+        with self.shadow_lock:
+            owed = self.snapshot_owed  # an owed backup waits for the next snapshot
+            self.snapshot_owed = False
+        if owed:
+            self._snapshot()
+            return
         with self.file_lock:
             if self.closed:
                 raise RuntimeError(f"the journal of {self.state_file.name} is closed")
-            pending: list[tuple[int, bytes]] = []
             with self.shadow_lock:
-                owed = self.snapshot_owed  # an owed backup waits for the next snapshot (at most ~1 s)
-                self.snapshot_owed = False
-                if owed:
-                    seq, text, summary = self._snapshot_text()
-                    self.pending, self.pending_bytes = [], 0  # all in the snapshot
-                else:
-                    pending = [(n, data) for n, data in self.pending if n > self.snapshot_seq]
-                    self.pending, self.pending_bytes = [], 0
-                    summary = journal.summary_of(self.shadow) if self.shadow is not None else {}
-            if owed:
-                with journal.task_lock(self.task_id):
-                    self._write_snapshot(seq, text, summary)
-            elif pending:
+                pending = [(n, data) for n, data in self.pending if n > self.snapshot_seq]
+                self.pending, self.pending_bytes = [], 0
+                summary = journal.summary_of(self.shadow) if self.shadow is not None else {}
+            if pending:
                 self._append(pending, summary)
 
     def _append(self, pending: list[tuple[int, bytes]], summary: dict[str, Any]) -> None:
@@ -777,27 +774,40 @@ class LiveJournal:
         self.journal_last_seq = pending[-1][0]
         self._summary(summary)
 
-    def _write_snapshot(self, seq: int, text: str, summary: dict[str, Any]) -> None:
-        atomic_write(self.state_file, text)
-        if self.fd is None:  # the journal of this run starts empty: older records are in the snapshot
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-                              | os.O_NOFOLLOW, 0o644)
-            fsync_dir(self.state_file.parent)  # the journal's own name must survive a power cut
-        elif self.journal_bytes and self.journal_last_seq <= seq:
-            os.ftruncate(self.fd, 0)  # every record is in the snapshot (a later one would be lost)
-            self.journal_bytes = 0
-        journal.note_own_write(self.state_file)
-        journal.note_own_write(self.path, self.fd)
-        ownwrites.note_own_write(self.path)
-        self.snapshot_seq = seq
-        self.snapshot_bytes = len(text)
-        self.last_snapshot = time.monotonic()
-        if self.backup_owed:
-            self.backup_owed = False
-            self.store._write_backup(self.task_id, summary.get("iteration") or 0, text)
-        self._summary(summary)
+    def _snapshot(self) -> None:
+        """Write the shadow as the state file, then empty the journal if every record in it is in
+        the snapshot. Appends go on meanwhile (a timer's snapshot of a large state does not hold the
+        loop up); one snapshot at a time (`snap_lock`), so an older one never lands over a newer."""
+        with self.snap_lock:
+            if self.closed:
+                raise RuntimeError(f"the journal of {self.state_file.name} is closed")
+            with self.shadow_lock:
+                seq, text, summary = self._snapshot_text()
+                self.pending = [(n, data) for n, data in self.pending if n > seq]  # the rest is in the snapshot
+                self.pending_bytes = sum(len(data) for _n, data in self.pending)
+            with journal.task_lock(self.task_id):
+                atomic_write(self.state_file, text)
+                journal.note_own_write(self.state_file)
+            with self.file_lock:
+                if self.fd is None:  # the journal of this run starts empty: older records are in the snapshot
+                    self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+                                      | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+                    fsync_dir(self.state_file.parent)  # the journal's own name must survive a power cut
+                elif self.journal_bytes and self.journal_last_seq <= seq:
+                    os.ftruncate(self.fd, 0)  # every record is in the snapshot (a later one would be lost)
+                    self.journal_bytes = 0
+                journal.note_own_write(self.path, self.fd)
+                ownwrites.note_own_write(self.path)
+                self.snapshot_seq = max(self.snapshot_seq, seq)
+                self.snapshot_bytes = len(text)
+                self.last_snapshot = time.monotonic()
+                self._summary(summary)
+            if self.backup_owed:
+                self.backup_owed = False
+                self.store._write_backup(self.task_id, summary.get("iteration") or 0, text)
 
     def _summary(self, summary: dict[str, Any]) -> None:
+        """Under file_lock (the summary's writer is not shared between threads)."""
         if summary:
             with contextlib.suppress(OSError):  # a view: status falls back to the state file
                 self.summary.write(summary)
@@ -806,16 +816,21 @@ class LiveJournal:
 
     # -- the timer and the end -------------------------------------------------------------
 
+    def _interval(self) -> float:
+        """How long the bare state file may lag: SNAPSHOT_SECONDS, longer for a large state (at most
+        SNAPSHOT_BYTES_PER_SECOND of snapshots), so the snapshots' cost per iteration stays flat."""
+        return max(journal.SNAPSHOT_SECONDS, self.snapshot_bytes / journal.SNAPSHOT_BYTES_PER_SECOND)
+
     def _arm_timer(self) -> None:
         """While the journal holds what the snapshot does not, a snapshot follows within about
-        SNAPSHOT_SECONDS even when no save comes (a long step): readers of the bare JSON file."""
+        `_interval()` even when no save comes (a long step): readers of the bare JSON file."""
         if self.timer is not None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        delay = max(0.05, journal.SNAPSHOT_SECONDS - (time.monotonic() - self.last_snapshot))
+        delay = max(0.05, self._interval() - (time.monotonic() - self.last_snapshot))
         self.timer = loop.call_later(delay, self._timer_fired, loop)
 
     def _timer_fired(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -823,27 +838,30 @@ class LiveJournal:
         if not self.closed:
             loop.run_in_executor(None, self.flush)
 
+    def _behind(self) -> bool:
+        return self.shadow is not None and (int(self.shadow.get("journal_seq", 0)) > self.snapshot_seq
+                                            or self.backup_owed)
+
     def flush(self) -> None:
         """A snapshot now if the journal holds anything the last one does not (the timer's)."""
         with self.shadow_lock:
-            if self.shadow is None or int(self.shadow.get("journal_seq", 0)) <= self.snapshot_seq:
+            if not self._behind():
                 return
-            self.snapshot_owed = True
         with contextlib.suppress(OSError, RuntimeError):  # the journal has it all; the next snapshot tries again
-            self.drain()
+            self._snapshot()
 
     def close(self, *, snapshot: bool = True) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         try:
-            if snapshot and self.shadow is not None:
+            if snapshot:
                 with self.shadow_lock:
-                    self.snapshot_owed = (self.snapshot_owed or self.backup_owed
-                                          or int(self.shadow.get("journal_seq", 0)) > self.snapshot_seq)
-                self.drain()
+                    behind = self._behind()
+                if behind:
+                    self._snapshot()
         finally:
-            with self.file_lock:
+            with self.snap_lock, self.file_lock:
                 self.closed = True
                 if self.fd is not None:
                     os.close(self.fd)
