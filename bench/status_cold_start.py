@@ -35,33 +35,49 @@ SCRIPT = [sys.executable, "-c", "from kiro.fastread import entry; entry()"]  # w
 MODULE = [sys.executable, "-m", "kiro"]
 
 
-def run_once(argv: list[str], cwd: Path) -> tuple[float, str]:
-    """Wall seconds and stdout of one fresh process."""
-    started = time.perf_counter()
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, env=ENV)
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[-4:])} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
-    return wall, proc.stdout.decode()
+def run_once(argv: list[str], cwd: Path) -> tuple[float, float, str]:
+    """Wall seconds, CPU seconds (user+sys, from wait4) and stdout of one fresh process."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, env=ENV)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(argv[-4:])} failed ({proc.returncode}): {err.read().decode()[-500:]}")
+        return wall, usage.ru_utime + usage.ru_stime, out.read().decode()
 
 
 def rss_of(argv: list[str], cwd: Path) -> int:
-    """Peak RSS (KiB) of one run, from wait4."""
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    assert status == 0
-    return int(usage.ru_maxrss)
+    """Peak RSS (KiB) of one run, as GNU time measures it (from a small parent: a fork of this
+    benchmark would count its pages too)."""
+    with tempfile.NamedTemporaryFile("r") as report:
+        subprocess.run(["/usr/bin/time", "-o", report.name, "-f", "%M", *argv], cwd=cwd, env=ENV, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return int(report.read().split()[-1])
 
 
-def median_time(argv: list[str], runs: int, cwd: Path, check: Callable[[str], None] | None = None) -> float:
-    run_once(argv, cwd)
-    times = []
-    for _ in range(runs):
-        wall, out = run_once(argv, cwd)
+class Timer:
+    """Interleaved medians: each round runs every command once, so a busy machine weighs on all alike."""
+
+    def __init__(self) -> None:
+        self.walls: dict[str, list[float]] = {}
+        self.cpus: dict[str, list[float]] = {}
+
+    def run(self, name: str, argv: list[str], cwd: Path, check: Callable[[str], None] | None = None) -> None:
+        wall, cpu, out = run_once(argv, cwd)
         if check is not None:
             check(out)
-        times.append(wall)
-    return statistics.median(times)
+        self.walls.setdefault(name, []).append(wall)
+        self.cpus.setdefault(name, []).append(cpu)
+
+    def wall(self, name: str) -> float:
+        return statistics.median(self.walls[name])
+
+    def cpu(self, name: str) -> float:
+        return statistics.median(self.cpus[name])
 
 
 def heavy_imports(argv: list[str], cwd: Path) -> list[str]:
@@ -135,19 +151,6 @@ def main() -> None:
         logs = base_dir / "logs"
         logs.mkdir()
         make_log(logs, args.events)
-        # interleaved: python -c pass is timed right beside each kiro figure
-        base = median_time([sys.executable, "-c", "pass"], args.runs, base_dir)
-        lines = []
-        for n, root in spaces.items():
-            table = median_time([*SCRIPT, "loop", "status"], args.runs, root, lists_all(n))
-            as_module = median_time([*MODULE, "loop", "status"], args.runs, root, lists_all(n))
-            as_json = median_time([*SCRIPT, "loop", "status", "--json"], args.runs, root, json_lists_all(n))
-            lines.append(f"kiro loop status, {n:>4} loops: {table * 1000:5.1f} ms  (--json {as_json * 1000:5.1f} ms, "
-                         f"python -m kiro {as_module * 1000:5.1f} ms)  python -c pass {base * 1000:4.1f} ms  "
-                         f"ratio {table / base:.2f}x (-m: {as_module / base:.2f}x)")
-            heavy = heavy_imports([*MODULE, "loop", "status"], root)
-            lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
-
         def last_ten(out: str) -> None:
             seqs = [json.loads(line)["seq"] for line in out.splitlines()]
             assert seqs == list(range(args.events - 10, args.events)), seqs
@@ -156,15 +159,40 @@ def main() -> None:
             last = (args.events - 1) // 3
             assert len(out.splitlines()) == 10 and f"[{last}] " in out.splitlines()[-1], out
 
-        tail_json = median_time([*SCRIPT, "loop", "logs", "--tail", "10", "--json"], args.runs, logs, last_ten)
-        tail_text = median_time([*SCRIPT, "loop", "logs", "--tail", "10"], args.runs, logs, last_ten_text)
+        commands: list[tuple[str, list[str], Path, Callable[[str], None] | None]] = [
+            ("pass", [sys.executable, "-c", "pass"], base_dir, None)]
+        for n, root in spaces.items():
+            commands += [(f"status{n}", [*SCRIPT, "loop", "status"], root, lists_all(n)),
+                         (f"module{n}", [*MODULE, "loop", "status"], root, lists_all(n)),
+                         (f"json{n}", [*SCRIPT, "loop", "status", "--json"], root, json_lists_all(n))]
+        commands += [("tail", [*SCRIPT, "loop", "logs", "--tail", "10"], logs, last_ten_text),
+                     ("tailjson", [*SCRIPT, "loop", "logs", "--tail", "10", "--json"], logs, last_ten)]
+        timer = Timer()
+        for _name, argv, cwd, _check in commands:  # warm-up: byte-code caches
+            run_once(argv, cwd)
+        for _ in range(args.runs):
+            for name, argv, cwd, check in commands:
+                timer.run(name, argv, cwd, check)
+        base, base_cpu = timer.wall("pass"), timer.cpu("pass")
+        lines = [f"python -c pass: {base * 1000:.1f} ms wall, {base_cpu * 1000:.1f} ms CPU (medians of {args.runs}, "
+                 f"interleaved)"]
+        for n, root in spaces.items():
+            table, cpu = timer.wall(f"status{n}"), timer.cpu(f"status{n}")
+            lines.append(f"kiro loop status, {n:>4} loops: {table * 1000:6.1f} ms = {table / base:.2f}x python -c pass "
+                         f"(CPU {cpu * 1000:.1f} ms = {cpu / base_cpu:.2f}x); "
+                         f"--json {timer.wall(f'json{n}') * 1000:.1f} ms; "
+                         f"python -m kiro {timer.wall(f'module{n}') * 1000:.1f} ms = "
+                         f"{timer.wall(f'module{n}') / base:.2f}x")
+            heavy = heavy_imports([*MODULE, "loop", "status"], root)
+            lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
+        tail_text, tail_json = timer.wall("tail"), timer.wall("tailjson")
         rss = rss_of([*SCRIPT, "loop", "logs", "--tail", "10"], logs)
         rss_base = rss_of([sys.executable, "-c", "pass"], logs)
         size = (logs / "Logs" / "big.jsonl").stat().st_size
         lines.append(f"kiro loop logs --tail 10, {args.events} events ({size / 2**20:.0f} MiB): "
-                     f"{tail_text * 1000:.1f} ms "
-                     f"(--json {tail_json * 1000:.1f} ms), peak RSS {rss / 1024:.1f} MiB  "
-                     f"(python -c pass {base * 1000:.1f} ms, {rss_base / 1024:.1f} MiB)")
+                     f"{tail_text * 1000:.1f} ms = {tail_text / base:.2f}x python -c pass "
+                     f"(CPU {timer.cpu('tail') * 1000:.1f} ms; --json {tail_json * 1000:.1f} ms), "
+                     f"peak RSS {rss / 1024:.1f} MiB (python -c pass {rss_base / 1024:.1f} MiB)")
         heavy = heavy_imports([*MODULE, "loop", "logs", "--tail", "10"], logs)
         lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
         print("\n".join(lines))

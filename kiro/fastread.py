@@ -404,10 +404,35 @@ def _summary_ok(data: Any, task_id: str) -> bool:
             and type(data["updated_at"]) is str and type(data["metrics"]) is dict and type(data["usage"]) is dict)
 
 
+SUMMARY_MAGIC = b"kiro-summary 1 "  # kiro.journal.SUMMARY_MAGIC
+
+
+def decode_summary(data: bytes) -> dict[str, Any] | None:
+    """kiro.journal.decode_summary, without importing kiro.journal (typing, threading: ~5 ms of a
+    status that must cost little more than starting Python). tests/test_fastread.py compares them."""
+    if not data.startswith(SUMMARY_MAGIC):
+        return None
+    head, _, rest = data.partition(b"\n")
+    parts = head[len(SUMMARY_MAGIC):].split()
+    try:
+        crc, length = int(parts[0], 16), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+    body = rest[:length]
+    from zlib import crc32
+
+    if len(body) != length or crc32(body) != crc:
+        return None
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _status_sources(ws: Any) -> list[dict[str, Any]]:
     """What `status` shows of every loop, in StateStore.all_states' order: per loop its summary,
     else its state (plain strings, no Path, where this runs once per loop)."""
-    from kiro.journal import decode_summary
 
     state_dir = str(ws.state_dir)
     seen: set[str] = set()

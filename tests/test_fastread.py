@@ -227,6 +227,18 @@ def test_status_reads_the_summary_and_the_state_when_the_summary_is_torn(loops: 
     assert_same(ws, "loop", "status", "--json")
 
 
+def test_the_summary_decoder_is_the_journals() -> None:
+    from kiro import journal
+
+    good = journal.encode_summary({"task_id": "a", "status": "paused", "note": "é ⏎"})
+    samples = [good, good[:-3], good[:20], b"", b"kiro-summary 1 zz 5\n{}", good.replace(b"paused", b"pausex"),
+               journal.encode_summary({"x": 1}) + b"      ", b"kiro-summary 2 " + good[15:],
+               journal.SUMMARY_MAGIC + b"%08x 2\n[]" % __import__("zlib").crc32(b"[]")]
+    assert fastread.SUMMARY_MAGIC == journal.SUMMARY_MAGIC
+    for data in samples:
+        assert fastread.decode_summary(data) == journal.decode_summary(data), data
+
+
 def test_logs_tail_reads_from_the_end_as_read_events_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Torn lines, blank lines, a line longer than the block, JSON that is not an object, no final
     newline: the last N events are those of kiro.events.read_events, at every block boundary."""
