@@ -11,6 +11,7 @@ written.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -27,7 +28,8 @@ __all__ = ["REDACTED", "Redactor", "Transcript", "looks_secret", "read"]
 
 class Transcript:
     """Appends records to one loop's transcript. Lines are made where `write` is called and
-    appended by a worker thread (`kiro.writer`), in order, a batch at a time: the file is opened in
+    appended by a worker thread (`kiro.writer`) when `kick` or `flush` hands them over, in order, a
+    batch at a time: the file is opened in
     append mode (`O_APPEND`, one `write` per batch of whole lines), so a crash leaves at most a torn
     last line and two writers never interleave inside a line. `flush()` waits for what is queued;
     the openai executor flushes at the end of every attempt. Without a running event loop every
@@ -57,6 +59,18 @@ class Transcript:
         line = self.redact(text) + "\n"
         with self._lock:
             self._pending.append(line.encode("utf-8"))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no event loop: written at once
+            self._append()
+
+    def kick(self) -> None:
+        """Hand the lines made so far to the writer thread (the executor does before it waits for
+        the model, and `flush` at the end of an attempt): one wake-up of the event loop per batch,
+        not per line."""
+        with self._lock:
+            if not self._pending:
+                return
         self._queue.submit(self._append, key="append")  # one queued append takes every pending line
 
     def _append(self) -> None:
@@ -75,10 +89,12 @@ class Transcript:
             os.close(fd)
 
     async def flush(self) -> None:
+        self.kick()
         await self._queue.flush()
 
     def flush_sync(self) -> None:
         self._queue.flush_sync()
+        self._append()
 
 
 def read(path: Path) -> list[dict[str, Any]]:

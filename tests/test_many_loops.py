@@ -91,7 +91,7 @@ def test_the_state_is_on_disk_before_the_model_is_called(tmp_path: Path, monkeyp
         st = journal.read_state_dict(root / ".state/autonomous_loop_t00.json")  # on disk: snapshot + journal
         cur = st.get("current_step") or {}
         transcript = root / ".state/transcripts/t00.jsonl"
-        started = transcript.exists() and '"attempt_started"' in transcript.read_text().splitlines()[-1]
+        started = transcript.exists() and transcript.read_text().count('"attempt_started"') == len(seen) + 1
         seen.append((cur.get("step_id"), cur.get("status"), started))
         return _answer_current_step(body)
 

@@ -431,6 +431,7 @@ class _Attempt:
                     messages=[m for m in new if m.get("role") != "tool"],
                     tool_results=sum(1 for m in new if m.get("role") == "tool"))
         self.logged = len(self.messages)
+        self.ex.transcript.kick()  # written while the model thinks
         started = time.monotonic()
         # `client.post` (openai's documented way to call an endpoint directly) rather than
         # `chat.completions.create`: the same retries, errors and response model, without the
