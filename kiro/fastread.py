@@ -455,10 +455,15 @@ def _status_sources(ws: Any) -> list[dict[str, Any]]:
             data = None
             for _ in range(3):  # a summary read while it is rewritten fails its CRC: read it again
                 try:
-                    with open(entry.path[:-5] + ".summary", "rb") as fh:
-                        data = decode_summary(fh.read())
+                    fd = os.open(entry.path[:-5] + ".summary", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
                 except OSError:
                     break
+                try:
+                    data = decode_summary(os.read(fd, 1 << 20))
+                except OSError:
+                    break
+                finally:
+                    os.close(fd)
                 if data is not None:
                     break
             if not _summary_ok(data, tid):
@@ -503,8 +508,10 @@ class _Locks:
 
 
 def _human_duration(seconds: float | None) -> str:
+    global _human_duration  # noqa: PLW0603 - bind the real one on first use (no import per row)
     from kiro.timeutil import human_duration
 
+    _human_duration = human_duration
     return human_duration(seconds)
 
 
