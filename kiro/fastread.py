@@ -187,9 +187,24 @@ def _stamped_state_directory(root: Path, st: os.stat_result) -> str:
     return state_directory
 
 
+_checked: tuple[Path, str] | None = None
+
+
 def record_config_checked(root: Path, state_directory: str) -> None:
     """The full path resolved the config for a read command without complaint: note it, so that the
-    next read command may take the fast path while the config file stays as it is."""
+    next read command may take the fast path while the config file stays as it is. The note is
+    written when the command ends with exit 0 (`write_config_checked`): a command that fails changes
+    no file."""
+    global _checked
+    _checked = (root, state_directory)
+
+
+def write_config_checked() -> None:
+    global _checked
+    if _checked is None:
+        return
+    root, state_directory = _checked
+    _checked = None
     if _config_env():
         return
     folder = root / ".state"

@@ -39,7 +39,7 @@ def guarded(fn: F) -> F:
         from kiro.errors import KiroError, raise_errors
 
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except KiroError as exc:
             if os.environ.get("KIRO_DEBUG"):
                 raise
@@ -52,7 +52,11 @@ def guarded(fn: F) -> F:
             raise typer.Exit(exc.exit_code) from None
         except BrokenPipeError:
             _closed_pipe()  # `kiro loop logs --json | head -1`: for every command, here
-        except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
+        except typer.Exit as exc:
+            if exc.exit_code == 0:
+                _succeeded()
+            raise
+        except (typer.Abort, KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:
             if raise_errors():
@@ -62,8 +66,16 @@ def guarded(fn: F) -> F:
             console.error(f"internal error: {type(exc).__name__}: {exc} (run with KIRO_DEBUG=1 for the traceback, "
                           f"and please report it)")
             raise typer.Exit(1) from None
+        _succeeded()
+        return result
 
     return wrapper  # type: ignore[return-value]
+
+
+def _succeeded() -> None:
+    """A command ended with exit 0: what it may write only then (a command that fails changes no file)."""
+    if "kiro.fastread" in sys.modules:
+        sys.modules["kiro.fastread"].write_config_checked()
 
 
 def _version(value: bool) -> None:

@@ -230,10 +230,12 @@ def _temporal(ws: Any, config: Path | None) -> bool:
     """SPEC §12: does this workspace run its loops on the temporal backend? The config is resolved only when
     the word appears in the config file or a KIRO_BACKEND* variable is set, so the local path pays nothing."""
     path = config or ws.root / "config" / "autonomous_loop.yaml"
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
+    from kiro import safeio
+
+    try:  # the one safe reader: a FIFO, device or symlink loop in the config's place must not hang here
+        text = safeio.read_bytes(path, limit=safeio.CONFIG_MAX_BYTES).decode("utf-8", "replace")
+    except (OSError, safeio.UnreadableFile):
+        text = ""  # the local path reads the config again and names what is wrong with it
     if "temporal" not in text and not any(k.startswith("KIRO_BACKEND") for k in os.environ):
         return False
     from kiro.settings import settings_for
