@@ -309,6 +309,15 @@ def pathspec(project_rel: str, excludes: Sequence[str]) -> list[str]:
     return spec
 
 
+def _only_ignored(stderr: str, excludes: Sequence[str]) -> bool:
+    """Is `git add`'s complaint only that some of kiro's own (excluded) folders are ignored?"""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    if not lines or lines[0] != "The following paths are ignored by one of your .gitignore files:":
+        return False
+    ours = {e.rstrip("/") for e in excludes}
+    return all(ln.rstrip("/") in ours or ln.startswith("hint:") for ln in lines[1:])
+
+
 class LoopGit:
     """Checkpoints (and the worktree, with isolation) of one loop. Built by `attach`; all methods
     are blocking, for a worker thread."""
@@ -444,7 +453,17 @@ class LoopGit:
         return res
 
     def _add(self) -> None:
-        self._retry(lambda: self.git.run("add", "-A", "--", *self.spec))
+        self._retry(self._add_once)
+
+    def _add_once(self) -> None:
+        """`git add -A` of the project without kiro's folders. When the person's .gitignore lists one
+        of those folders (`.state/`, `Logs/`), git names it as an ignored path and exits 1 although it
+        staged everything else: that is no failure."""
+        proc = self.git.run("-c", "advice.addIgnoredFile=false", "add", "-A", "--", *self.spec, check=False)
+        if proc.returncode == 0 or _only_ignored(proc.stderr, self.excludes):
+            return
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise GitError(f"`git add -A` failed in {self.tree}: {detail[-1] if detail else f'exit {proc.returncode}'}")
 
     def _retry(self, action: Callable[[], Any], attempts: int = 5) -> Any:
         """git fails at once when another git holds a lock; wait for it and try again."""

@@ -259,6 +259,21 @@ def test_files_the_person_ignores_globally_stay_out_of_checkpoints(ws: Workspace
     assert git(ws.root, "log", "-1", "--format=%an", cp).strip() == "kiro"  # the global user.name is not used
 
 
+def test_a_gitignore_that_lists_kiros_folders_still_gets_checkpoints(ws: Workspace) -> None:
+    """Many projects ignore .state/ and Logs/; git then names them as ignored paths and exits 1 on
+    `git add -A` with kiro's excludes, although it staged the work: every step still gets its commit."""
+    init_repo(ws.root)
+    (ws.root / ".gitignore").write_text(".state/\nLogs/\nDashboard.md\n")
+    git(ws.root, "add", ".gitignore")
+    git(ws.root, "commit", "-q", "-m", "ignore kiro's files")
+    state = _run(ws, "gi")
+    done = {c["step_id"]: c for c in state["completed_steps"]}
+    assert [done[s]["checkpoint_note"] for s in ("1", "3", "4")] == [None, None, None], done
+    assert all(done[s]["checkpoint"] for s in ("1", "3", "4"))
+    assert changed_in(ws.root, done["1"]["checkpoint"]) == {"src/greet.txt", "src/blob.bin"}
+    assert "checkpoint_failed" not in [e["event"] for e in ws.events("gi")]
+
+
 def test_the_repositorys_hooks_do_not_run_for_kiros_commits(ws: Workspace) -> None:
     init_repo(ws.root)
     marker = ws.root.parent / "hook-ran"
