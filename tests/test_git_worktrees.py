@@ -35,7 +35,8 @@ def test_three_loops_under_watch_run_in_parallel_each_in_its_own_worktree(ws: Wo
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-    ids = sorted(p.name[len("autonomous_loop_"):-5] for p in (ws.root / ".state/archive").glob("autonomous_loop_*"))
+    archive = ws.root / ".state/archive"
+    ids = sorted(p.name[len("autonomous_loop_"):-5] for p in archive.glob("autonomous_loop_*.json"))
     assert len(ids) == 3
     for tid in ids:
         st = ws.state(tid)
