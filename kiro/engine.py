@@ -905,7 +905,7 @@ class Loop:
         await self.asave()
         n = self.settings.backup_state_every_n_iterations
         if n and s.iteration % n == 0:
-            self.writes.submit(self.store.backup_job(s))  # with the journal: taken at its next snapshot
+            self.writes.submit(self.store.backup_job(s))  # with the journal: a snapshot now, copied
 
     # -- the end ---------------------------------------------------------------------------
 

@@ -408,15 +408,14 @@ class StateStore:
 
     def backup(self, state: LoopState) -> Path | None:
         """Copy the current state to `.state/backups/`; keep the newest BACKUPS_KEPT per task. A loop
-        with a journal takes the copy at its next snapshot (None is returned)."""
+        with a journal takes a snapshot now and copies it (None is returned)."""
         return self.backup_job(state)()
 
     def backup_job(self, state: LoopState) -> Callable[[], Path | None]:
         """`backup` in two halves, as `save_job` (with a journal: nothing to encode now)."""
         live = self.journals.get(state.task_id)
         if live is not None:
-            live.backup_owed = True
-            return lambda: None
+            return live.backup_now
         task_id, iteration, text = state.task_id, state.iteration, self.encode(state)
         return lambda: self._write_backup(task_id, iteration, text)
 
@@ -725,6 +724,15 @@ class LiveJournal:
             else:
                 self._arm_timer()  # otherwise within _interval(), off the loop's path
             return self.drain
+
+    def backup_now(self) -> None:
+        """`backup_state_every_n_iterations`: the state as saved so far, written to `.state/backups/`
+        now, so each due iteration gets its own backup (the bare state file keeps its own cadence)."""
+        with self.shadow_lock:
+            if self.shadow is None:
+                return
+            _seq, text, summary = self._snapshot_text()
+        self.store._write_backup(self.task_id, summary.get("iteration") or 0, text)
 
     def _snapshot_text(self) -> tuple[int, str, dict[str, Any]]:
         """(seq, the state file's text, the summary) of the shadow as it is now. Under shadow_lock."""
