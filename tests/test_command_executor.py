@@ -283,3 +283,25 @@ def test_a_box_a_person_checks_while_a_shell_attempt_fails_is_honoured(ws: Works
     assert (ws.root / "two.txt").exists()
     st = ws.state(ws.only_task_id())
     assert st["total_failures"] == 1 and [c["step_id"] for c in st["completed_steps"]] == ["2"]
+
+
+def test_kiros_own_temp_files_that_come_and_go_during_a_step_are_not_the_agents(ws: Workspace) -> None:
+    """A snapshot or backup kiro's writer thread makes while the step runs shows as a `.kiro.tmp`
+    file in .state/ for a moment. One seen when the attempt started and gone at its end was once
+    "restored" and the attempt failed as if the agent had touched kiro's files."""
+    from kiro.executors.control import ControlSnapshot
+    from kiro.fsutil import temp_name
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    task = ws.task(agent_task(1))
+    kws = KiroWorkspace(ws.root)
+    tmp = ws.root / ".state" / temp_name("autonomous_loop_t.json")
+    tmp.write_text("{}")
+    snap = ControlSnapshot.take(kws, "t", task)
+    tmp.unlink()  # renamed into place by kiro's writer meanwhile
+    (ws.root / ".state" / temp_name("autonomous_loop_t.json")).write_text("{")  # the next one, half written
+    assert snap.restore(0, 0) == []
+    # what an agent does to kiro's files is still put back and named
+    (ws.root / "config/autonomous_loop.yaml").write_text("autonomous_loop:\n  max_iterations: 999999\n")
+    touched = snap.restore(0, 0)
+    assert touched == ["config/autonomous_loop.yaml (changed; restored)"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiro import journal, locks
+from kiro.ownwrites import TEMP_SUFFIX
 from kiro.workspace import Workspace
 
 KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
@@ -94,7 +95,10 @@ class ControlSnapshot:
 
     @staticmethod
     def _ignored(folder: str, name: str, state_dir: str) -> bool:
-        return (name.endswith(".lock") or name.endswith(".kiro-restore")
+        # kiro's own temp files (atomic_write's, of a snapshot or backup its writer thread makes
+        # while the step runs) come and go on their own: seen at the start and gone at the end, one
+        # was "restored" and the attempt failed as if the agent had touched kiro's files
+        return (name.endswith((".lock", ".kiro-restore", TEMP_SUFFIX))
                 or (folder == state_dir and name.startswith(STATE_KIRO_FILES)))
 
     def _live_others(self) -> list[str]:
