@@ -107,6 +107,11 @@ def test_the_ledger_kills_only_processes_that_carry_its_token(tmp_path: Path) ->
     stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
     ours = subprocess.Popen(["sleep", "30"], start_new_session=True, env={**os.environ, TOKEN_VAR: "t0ken"})
     try:
+        for proc in (stranger, ours):  # until exec: a forked child's environment is still the parent's
+            deadline = time.monotonic() + 10
+            while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"):
+                assert time.monotonic() < deadline, "sleep did not start"
+                time.sleep(0.01)
         path = tmp_path / "ledger.json"
         path.write_text(json.dumps({"groups": [{"pgid": stranger.pid, "token": "t0ken"},
                                                {"pgid": ours.pid, "token": "t0ken"}]}))
