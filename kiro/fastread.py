@@ -382,8 +382,14 @@ def _load_state(ws: Any, task_id: str) -> tuple[dict[str, Any], Path]:
 def _state_files(ws: Any) -> list[tuple[str, Path]]:
     """(task id, path) of every state file, main folder first then the archive, as StateStore.all_states
     walks them (unsorted)."""
-    seen: dict[str, Path] = {}
-    for folder in (ws.state_dir, ws.state_dir / "archive"):
+    return [(tid, Path(path)) for tid, path in _state_entries(str(ws.state_dir))]
+
+
+def _state_entries(state_dir: str) -> list[tuple[str, str]]:
+    """(task id, path) of every state file, main folder first then the archive; a task id once."""
+    seen: set[str] = set()
+    out: list[tuple[str, str]] = []
+    for folder in (state_dir, os.path.join(state_dir, "archive")):
         try:
             entries = list(os.scandir(folder))
         except (FileNotFoundError, NotADirectoryError):
@@ -392,11 +398,13 @@ def _state_files(ws: Any) -> list[tuple[str, Path]]:
             raise Fallback from None
         for entry in entries:
             name = entry.name
-            if name.startswith("autonomous_loop_") and name.endswith(".json") and len(name) >= 21:
-                tid = name[len("autonomous_loop_"):-len(".json")]
-                if tid not in seen:
-                    seen[tid] = Path(entry.path)
-    return list(seen.items())
+            if not (name.startswith("autonomous_loop_") and name.endswith(".json")) or len(name) < 21:
+                continue
+            tid = name[16:-5]
+            if tid not in seen:
+                seen.add(tid)
+                out.append((tid, entry.path))
+    return out
 
 
 # -- the summary: what `status` shows of a loop ------------------------------------------------------
@@ -448,44 +456,27 @@ def decode_summary(data: bytes) -> dict[str, Any] | None:
 def _status_sources(ws: Any) -> list[dict[str, Any]]:
     """What `status` shows of every loop, in StateStore.all_states' order: per loop its summary,
     else its state (plain strings, no Path, where this runs once per loop)."""
-
-    state_dir = str(ws.state_dir)
-    seen: set[str] = set()
     out: list[dict[str, Any]] = []
-    for folder in (state_dir, os.path.join(state_dir, "archive")):
-        try:
-            entries = list(os.scandir(folder))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        except OSError:
-            raise Fallback from None
-        for entry in entries:
-            name = entry.name
-            if not (name.startswith("autonomous_loop_") and name.endswith(".json")) or len(name) < 21:
-                continue
-            tid = name[16:-5]
-            if tid in seen:
-                continue
-            seen.add(tid)
-            data = None
-            for _ in range(3):  # a summary read while it is rewritten fails its CRC: read it again
-                try:
-                    fd = os.open(entry.path[:-5] + ".summary", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-                except OSError:
-                    break
-                try:
-                    data = decode_summary(os.read(fd, 1 << 20))
-                except OSError:
-                    break
-                finally:
-                    os.close(fd)
-                if data is not None:
-                    break
-            if not _summary_ok(data, tid):
-                data = _read_state(Path(entry.path))
-                if not state_shape_ok(data, tid):
-                    raise Fallback
-            out.append(data)  # type: ignore[arg-type]
+    for tid, path in _state_entries(str(ws.state_dir)):
+        data = None
+        for _ in range(3):  # a summary read while it is rewritten fails its CRC: read it again
+            try:
+                fd = os.open(path[:-5] + ".summary", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:
+                break
+            try:
+                data = decode_summary(os.read(fd, 1 << 20))
+            except OSError:
+                break
+            finally:
+                os.close(fd)
+            if data is not None:
+                break
+        if not _summary_ok(data, tid):
+            data = _read_state(Path(path))
+            if not state_shape_ok(data, tid):
+                raise Fallback
+        out.append(data)  # type: ignore[arg-type]
     return out
 
 

@@ -224,23 +224,11 @@ def encode_summary(summary: dict[str, Any]) -> bytes:
 
 
 def decode_summary(data: bytes) -> dict[str, Any] | None:
-    """The summary in `data`, or None when it is torn or not a summary."""
-    if not data.startswith(SUMMARY_MAGIC):
-        return None
-    head, _, rest = data.partition(b"\n")
-    parts = head[len(SUMMARY_MAGIC):].split()
-    try:
-        crc, length = int(parts[0], 16), int(parts[1])
-    except (IndexError, ValueError):
-        return None
-    body = rest[:length]
-    if len(body) != length or zlib.crc32(body) != crc:
-        return None
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    """The summary in `data`, or None when it is torn or not a summary (one decoder: kiro.fastread's,
+    which status uses without importing this module)."""
+    from kiro.fastread import decode_summary as decode
+
+    return decode(data)
 
 
 def read_summary(state_file: Path, tries: int = 3) -> dict[str, Any] | None:
