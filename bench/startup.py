@@ -43,6 +43,20 @@ print(json.dumps({"run": t1 - t0}))
 """
 
 
+def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float, str, str, int]:
+    """Wall seconds, CPU seconds (user+sys of the process and its children, from wait4), stdout, stderr,
+    exit code of one fresh process. CPU is the steadier figure on a busy machine."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, env=ENV)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        return (wall, usage.ru_utime + usage.ru_stime, out.read().decode(), err.read().decode(),
+                os.waitstatus_to_exitcode(status))
+
+
 def fresh(base: Path, n: int) -> Path:
     root = base / f"ws{n}"
     for name in ("Specs/a", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
@@ -71,20 +85,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         whole, rest, imports, inproc, passes = [], [], [], [], []
+        cpu_whole, cpu_imports, cpu_passes = [], [], []
         for i in range(runs + 1):  # the first round warms the byte-code caches
-            t = time.perf_counter()
-            subprocess.run([py, "-c", "pass"], check=True, env=ENV)
-            p = time.perf_counter() - t
+            p, pc, _o, _e, _c = timed([py, "-c", "pass"])
             root = fresh(base, 3 * i)
-            t = time.perf_counter()
-            r = subprocess.run([py, "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md", "--task-id", "t1",
-                                "-q"], cwd=root, capture_output=True, text=True, env=ENV)
-            w = time.perf_counter() - t
-            assert r.returncode == 0, r.stdout + r.stderr
+            w, wc, out, err, code = timed([py, "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md",
+                                           "--task-id", "t1", "-q"], cwd=root)
+            assert code == 0, out + err
             check(root)
-            t = time.perf_counter()
-            subprocess.run([py, "-c", "import kiro.cli.loop, kiro.runner, kiro.engine"], check=True, env=ENV)
-            imp = time.perf_counter() - t
+            imp, ic, _o, err, code = timed([py, "-c", "import kiro.cli.loop, kiro.runner, kiro.engine"])
+            assert code == 0, err
             root2 = fresh(base, 3 * i + 1)
             r2 = subprocess.run([py, "-c", IN_PROCESS, str(root2)], capture_output=True, text=True, env=ENV)
             assert r2.returncode == 0, r2.stderr
@@ -96,13 +106,22 @@ def main() -> None:
                 rest.append(w - p - step_seconds(root, "t1"))
                 imports.append(imp - p)
                 inproc.append(fixed)
+                cpu_passes.append(pc)
+                cpu_whole.append(wc)
+                cpu_imports.append(ic - pc)
             shutil.rmtree(root)
             shutil.rmtree(root2)
         med = statistics.median
+        load = os.getloadavg()
         print(f"kiro loop start, one `true` step: {med(whole) * 1000:.0f} ms wall; "
               f"python -c pass {med(passes) * 1000:.0f} ms; "
-              f"left after python and the step: {med(rest) * 1000:.0f} ms")
-        print(f"  of which importing typer, pydantic and the engine: {med(imports) * 1000:.0f} ms")
+              f"left after python and the step: {med(rest) * 1000:.0f} ms "
+              f"(medians of {runs}, load {load[0]:.2f})")
+        print(f"  CPU (user+sys, step included): kiro loop start {med(cpu_whole) * 1000:.0f} ms; "
+              f"python -c pass {med(cpu_passes) * 1000:.0f} ms; "
+              f"difference {(med(cpu_whole) - med(cpu_passes)) * 1000:.0f} ms")
+        print(f"  of which importing typer, pydantic and the engine: {med(imports) * 1000:.0f} ms wall, "
+              f"{med(cpu_imports) * 1000:.0f} ms CPU")
         print(f"  a run's fixed start-up + shutdown (prepare_start + run_loops - the step), imports done: "
               f"{med(inproc) * 1000:.1f} ms (min {min(inproc) * 1000:.1f} ms)")
 

@@ -1,7 +1,7 @@
 """The event log: `Logs/<task_id>.jsonl`, one JSON object per line, appended and flushed as it
 happens (SPEC §8), and the typed records it holds (SPEC §10).
 
-Every kind of event is one pydantic model with a `Literal` `event` tag; `EVENT_ADAPTER` reads any of
+Every kind of event is one pydantic model with a `Literal` `event` tag; `event_adapter()` reads any of
 them (a discriminated union). The engine emits typed records; listeners (the log, the terminal,
 Dashboard.md, reports, notifiers, a server) receive them. On disk a record is
 `{"ts", "task_id", "iteration", "event", ...the kind's fields}`, exactly the keys the call set.
@@ -28,7 +28,9 @@ from kiro.redact import Redactor
 class Event(BaseModel):
     """The envelope every event shares; subclasses add their fields and fix `event`."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False)
+    # defer_build: a kind's validator is built when it is first used, not at import (~50 kinds: most
+    # of the start-up cost of `kiro loop start`, issue #12)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False, defer_build=True)
 
     ts: str = Field(default_factory=timeutil.iso)
     task_id: str = ""
@@ -63,7 +65,7 @@ class Event(BaseModel):
 class GenericEvent(Event):
     """A record read from disk that no model here describes (an unknown or newer kind)."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
     ts: Any = ""
     task_id: Any = ""
@@ -498,7 +500,17 @@ AnyEvent: TypeAlias = Annotated[
     ],
     Field(discriminator="event"),
 ]
-EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
+_adapter: TypeAdapter[AnyEvent] | None = None
+
+
+def event_adapter() -> TypeAdapter[AnyEvent]:
+    """The reader of any kind (the discriminated union), built on first use: building it builds every
+    kind's validator, which a run that only writes events never needs."""
+    global _adapter
+    if _adapter is None:
+        _adapter = TypeAdapter(AnyEvent)
+    return _adapter
+
 
 MODELS: dict[str, type[Event]] = {
     get_args(cls.model_fields["event"].annotation)[0]: cls
@@ -524,7 +536,7 @@ def parse(record: dict[str, Any]) -> Event:
     kind = record.get("event")
     if isinstance(kind, str) and kind in EVENT_NAMES:
         try:
-            return EVENT_ADAPTER.validate_python(record)
+            return event_adapter().validate_python(record)
         except ValidationError:
             pass
     try:
