@@ -59,6 +59,9 @@ class Counters:
         self.first_cpu = 0.0
         self.last_end = 0.0
         self.last_cpu = 0.0
+        self.main_in_step = 0.0  # the event loop's thread alone (time.thread_time)
+        self.first_main = 0.0
+        self.last_main = 0.0
         self.steps = 0
 
     def install(self) -> None:
@@ -77,17 +80,18 @@ class Counters:
         real_run = ShellExecutor.run_step
 
         async def timed(executor: Any, ctx: Any) -> Any:
-            t, cpu = time.perf_counter(), time.process_time()
+            t, cpu, main = time.perf_counter(), time.process_time(), time.thread_time()
             if self.first_start is None:
-                self.first_start, self.first_cpu = t, cpu
+                self.first_start, self.first_cpu, self.first_main = t, cpu, main
                 self.counting = True
             try:
                 return await real_run(executor, ctx)
             finally:
-                end, cpu_end = time.perf_counter(), time.process_time()
+                end, cpu_end, main_end = time.perf_counter(), time.process_time(), time.thread_time()
                 self.in_step += end - t
                 self.cpu_in_step += cpu_end - cpu
-                self.last_end, self.last_cpu = end, cpu_end
+                self.main_in_step += main_end - main
+                self.last_end, self.last_cpu, self.last_main = end, cpu_end, main_end
                 self.steps += 1
 
         ShellExecutor.run_step = timed  # type: ignore[method-assign]
@@ -135,7 +139,9 @@ def one_run(label: str, steps: int, done_before: int, history: int) -> dict[str,
         # iterations inside the window: the first step's run_step starts it, the last one's ends it
         per_iter = (window - c.in_step) / max(ran - 1, 1)
         cpu = (c.last_cpu - c.first_cpu - c.cpu_in_step) / max(ran - 1, 1)
+        main_cpu = (c.last_main - c.first_main - c.main_in_step) / max(ran - 1, 1)
         return {"label": label, "iterations": ran, "ms": per_iter * 1000, "cpu_ms": cpu * 1000, "total_s": total,
+                "main_cpu_ms": main_cpu * 1000,
                 "step_ms": c.in_step / ran * 1000, "renames": c.renames / max(ran - 1, 1),
                 "fsyncs": c.fsyncs / max(ran - 1, 1), "completed": len(st.completed_steps)}
 

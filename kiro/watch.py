@@ -1,5 +1,6 @@
-"""Reacting to files without polling: one watchfiles (inotify) watcher per workspace per process,
-over the folders people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`).
+"""Reacting to files without polling: one watcher per workspace per process, over the folders
+people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`): inotify read on the event
+loop itself (kiro.inotify) on Linux, else a watchfiles watcher (a thread).
 
 Every change batch wakes every subscribed waiter; a waiter then re-checks its own conditions (a few
 `stat` calls). While nothing changes, waiting costs no CPU: the watcher blocks in the kernel.
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from kiro import ownwrites
 from kiro.shared import Registry
@@ -37,6 +39,7 @@ class ChangeHub:
         self._ready: asyncio.Event | None = None
         self.failed: str | None = None
         self.users = 0
+        self._inotify: Any = None  # kiro.inotify.Inotify, when it could start
 
     def subscribe_event(self, ev: asyncio.Event) -> None:
         self._waiters.add(ev)
@@ -52,13 +55,14 @@ class ChangeHub:
     def poll_interval(self) -> float:
         """How often a waiter re-checks on its own: rarely while the OS watcher runs (a safety net,
         one `stat` every few seconds), often when it could not start."""
-        return POLL_FALLBACK if self.failed is not None or self._task is None else SAFETY_POLL
+        running = self._task is not None or self._inotify is not None
+        return POLL_FALLBACK if self.failed is not None or not running else SAFETY_POLL
 
     async def start(self, *, wait_ready: bool = True) -> None:
         """Start watching. With `wait_ready`, give the watcher up to 0.1 s to set up first (a
         supervisor that lives long); a loop passes False: it re-checks its conditions at every
         iteration anyway, and the wait would be a fixed cost of every run (bench/startup.py)."""
-        if self._task is not None:
+        if self._task is not None or self._inotify is not None:
             return
         paths = []
         for name in WATCHED:
@@ -69,6 +73,8 @@ class ChangeHub:
                 paths.append(p)
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
+        if self._start_inotify(paths):
+            return
         self._task = asyncio.create_task(self._run(paths), name=f"kiro-watch:{self.root}")
         if not wait_ready:
             return
@@ -77,6 +83,22 @@ class ChangeHub:
         # every SAFETY_POLL seconds.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._ready.wait(), 0.1)
+
+    def _start_inotify(self, paths: list[Path]) -> bool:
+        """Watch with inotify on the event loop (kiro.inotify); False where it cannot start."""
+        from kiro.inotify import Inotify
+
+        try:
+            self._inotify = Inotify(paths, self._changed)
+        except OSError:
+            return False
+        self._inotify.start(asyncio.get_running_loop())
+        self._ready.set()  # type: ignore[union-attr]
+        return True
+
+    def _changed(self, paths: list[str]) -> None:
+        if any(not ownwrites.is_own_change(p) for p in set(paths)):
+            self.notify()
 
     async def _run(self, paths: list[Path]) -> None:
         try:
@@ -98,6 +120,9 @@ class ChangeHub:
                 self._ready.set()
 
     async def aclose(self) -> None:
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
         if self._task is None:
             return
         assert self._stop is not None

@@ -1,0 +1,88 @@
+"""The workspace watcher reads inotify on the event loop (kiro.inotify, issue #12): no watcher
+thread, folders made after the watch started are watched too, kiro's own edits wake nobody, and
+where inotify cannot start the watchfiles thread takes over."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+import kiro.inotify
+import kiro.watch
+from kiro import tasks
+from kiro.watch import acquire_hub, release_hub
+from tests.conftest import Workspace
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux only")
+
+
+async def _woken(ev: asyncio.Event, timeout: float = 10.0) -> bool:
+    try:
+        await asyncio.wait_for(ev.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_a_file_in_a_folder_made_after_the_watch_started_wakes_and_kiros_box_edits_do_not(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kiro.watch, "SAFETY_POLL", 600.0)
+
+    async def scenario() -> list[tuple[str, bool]]:
+        hub = await acquire_hub(ws.root)
+        woken = asyncio.Event()
+        hub.subscribe_event(woken)
+        seen: list[tuple[str, bool]] = []
+        try:
+            assert hub._inotify is not None and hub._task is None  # no watcher thread
+            nested = ws.root / "Specs/feature/deep"
+            nested.mkdir(parents=True)  # a new folder: a change, and watched from now on
+            seen.append(("new folder", await _woken(woken)))
+            await asyncio.sleep(0.2)
+            woken.clear()
+            task = ws.task("- [ ] 1. one\n- [ ] 2. two\n", "Specs/feature/deep/tasks.md")
+            seen.append(("a person's file in it", await _woken(woken)))
+            await asyncio.sleep(0.2)
+            woken.clear()
+            tf = tasks.load(task)
+            tf = tasks.set_marker(task, tf.steps[0].key, "-", expected=tf)
+            tasks.mark_done(task, tf.steps[0].key, expected=tf)
+            seen.append(("kiro's own box edits", await _woken(woken, 1.0)))
+            woken.clear()
+            Path(task).write_text("- [x] 1. one\n- [ ] 2. two, reworded\n")
+            seen.append(("a person's edit of it", await _woken(woken)))
+        finally:
+            hub.unsubscribe(woken)
+            await release_hub(hub)
+        return seen
+
+    seen = asyncio.run(scenario())
+    print(seen)
+    assert seen == [("new folder", True), ("a person's file in it", True), ("kiro's own box edits", False),
+                    ("a person's edit of it", True)]
+
+
+def test_without_inotify_the_watchfiles_thread_wakes_waiters(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_inotify(*_a: object, **_k: object) -> None:
+        raise OSError(28, "No space left on device (the inotify watch limit)")
+
+    monkeypatch.setattr(kiro.inotify.Inotify, "__init__", no_inotify)
+
+    async def scenario() -> bool:
+        hub = await acquire_hub(ws.root)
+        woken = asyncio.Event()
+        hub.subscribe_event(woken)
+        try:
+            assert hub._inotify is None and hub._task is not None
+            await asyncio.sleep(0.3)
+            woken.clear()
+            (ws.root / ".hooks/stop_autonomous_loop_x.md").write_text("stop\n")
+            return await _woken(woken)
+        finally:
+            hub.unsubscribe(woken)
+            await release_hub(hub)
+
+    assert asyncio.run(scenario())
