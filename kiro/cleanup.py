@@ -35,12 +35,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temp_files(ws: Workspace, task_path: Path | None = None) -> list[Path]:
+def remove_stale_temp_files(ws: Workspace, task_path: Path | None = None, *,
+                            workspace_folders: bool = True) -> list[Path]:
     """Remove the stale temp files in the folders kiro writes to (and the task file's folder);
-    return what was removed. Never raises: a folder it cannot read is skipped."""
+    return what was removed. Never raises: a folder it cannot read is skipped. `workspace_folders=False`:
+    only the task file's folder (loops started together: the workspace's were swept for the first)."""
     state = ws.state_dir
     folders = [ws.root, state, state / "backups", state / "archive", ws.logs, ws.logs / "completion_reports",
-               ws.logs / "progress_reports", ws.hooks, ws.needs_action]
+               ws.logs / "progress_reports", ws.hooks, ws.needs_action] if workspace_folders else []
     if task_path is not None:
         folders.append(task_path.parent)
     removed: list[Path] = []

@@ -16,6 +16,7 @@ connection per call keep them from tripping over each other.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -70,8 +71,9 @@ class Memory:
     created_at: str
 
 
+@functools.cache
 def fts5_available() -> bool:
-    """Whether this Python's SQLite was built with FTS5."""
+    """Whether this Python's SQLite was built with FTS5 (asked once per process)."""
     try:
         conn = sqlite3.connect(":memory:")
         try:

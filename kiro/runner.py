@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import math
 import os
 import time
@@ -17,13 +18,14 @@ from typing import Any
 from filelock import FileLock
 
 from kiro import checkpoints, cleanup, conditions, diskfull, executors, resolved, safeio, schedule, tasks, timeutil
-from kiro.config import Config
+from kiro.config import FRONTMATTER_KEYS, Config
 from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
 from kiro.events import Listener
 from kiro.executors.base import Executor
 from kiro.guardrails import SharedLimits
 from kiro.listeners import standard as standard_listeners
+from kiro.redact import Redactor
 from kiro.settings import Located, settings_for
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
@@ -107,6 +109,8 @@ class LoopIndex:
         self._loops: dict[Path, LoopState] = {}
         self._folder_stamp: tuple[int, int] | None = None
         self._full_at = -math.inf
+        self._by_task: dict[str, LoopState] | None = None  # task_path -> unfinished loop (built on demand)
+        self._by_id: dict[str, LoopState] | None = None
         self.refresh()
 
     def _stamp(self) -> tuple[int, int] | None:
@@ -152,21 +156,47 @@ class LoopIndex:
                 self._loops.pop(p, None)
             else:
                 self._loops[p] = st
+            self._by_task = self._by_id = None
         for gone in set(self._loops) - present:
             self._loops.pop(gone, None)
             self._seen.pop(gone, None)
+            self._by_task = self._by_id = None
 
-    def note(self, state: LoopState) -> None:
+    def note(self, state: LoopState, *, written: bool = True) -> None:
         """A loop this process just created (under the start guard): known without reading it back,
-        and the folder's change that its files made is not a reason for the next look."""
+        and the folder's change that its files made is not a reason for the next look. `written=False`:
+        its files are still being written (a `StartBatch`); the batch holds the guard until they are,
+        and the next look after it reads the state file (its mtime is not known yet)."""
         path = self.store.path(state.task_id)
         self._loops[path] = state
-        with contextlib.suppress(OSError):
-            self._seen[path] = path.stat().st_mtime_ns
-        self._folder_stamp = self._stamp()
+        if self._by_task is not None and self._by_id is not None and state.status != Status.COMPLETED:
+            self._by_task[state.task_path] = state
+            self._by_id[state.task_id] = state
+        if written:
+            with contextlib.suppress(OSError):
+                self._seen[path] = path.stat().st_mtime_ns
+            self._folder_stamp = self._stamp()
 
     def unfinished(self) -> list[LoopState]:
         return [st for st in self._loops.values() if st.status != Status.COMPLETED]
+
+    def lookup(self, task_path: str, task_id: str | None) -> LoopState | None:
+        """The unfinished loop of this task file (or with this task id): one dict look-up, not a scan
+        of every loop (a thousand loops started together)."""
+        if self._by_task is None or self._by_id is None:
+            by_task: dict[str, LoopState] = {}
+            by_id: dict[str, LoopState] = {}
+            for st in self.unfinished():
+                by_task.setdefault(st.task_path, st)
+                by_id.setdefault(st.task_id, st)
+            self._by_task, self._by_id = by_task, by_id
+        found = self._by_task.get(task_path)
+        if found is None and task_id:
+            found = self._by_id.get(task_id)
+        if found is not None and found.status == Status.COMPLETED:  # finished since (a loop run here)
+            self._by_task = self._by_id = None
+            return self.lookup(task_path, task_id)
+        return found
 
 
 class StartBatch:
@@ -181,6 +211,40 @@ class StartBatch:
         self._guards: dict[Path, FileLock] = {}
         self._looked: set[Path] = set()
         self._pending: list[concurrent.futures.Future[object]] = []
+        self._settings: dict[str, tuple[Config, Workspace, Redactor]] = {}
+        self._swept: set[Path] = set()
+
+    def settings(self, ws0: Workspace, *, config_file: Path | None, task: tasks.TaskFile,
+                 overrides: Mapping[str, Any] | None) -> Located:
+        """`settings_for`, resolved once for the loops of the batch that share a workspace, config
+        file, frontmatter and flags (the config is read-only once resolved; each loop still gets its
+        own StateStore); the checks of the folders the config names are made once with it. Errors
+        are not kept: a loop whose settings are bad raises as it would alone."""
+        try:
+            own = {k: v for k, v in task.frontmatter.items() if k in FRONTMATTER_KEYS}  # what the config reads
+            key = json.dumps([str(ws0.root), str(config_file), own, overrides or {}], sort_keys=True)
+        except (TypeError, ValueError):
+            key = None
+        cached = self._settings.get(key) if key is not None else None
+        if cached is None:
+            loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
+            _check_project_dir(loc.ws, loc.config)
+            loc.ws.ensure_folders()
+            checkpoints.preflight(loc.config, loc.ws.root / loc.config.project_dir)
+            cached = (loc.config, loc.ws, loc.store.redact)
+            if key is not None:
+                self._settings[key] = cached
+            return loc
+        cfg, ws, redact = cached
+        return Located(ws, StateStore(ws, redact), cfg)
+
+    def sweep(self, ws: Workspace, task_path: Path) -> None:
+        """`cleanup.remove_stale_temp_files`: the workspace's folders once per batch, each task's folder once."""
+        whole = ws.state_dir not in self._swept
+        self._swept.add(ws.state_dir)
+        if whole or task_path.parent not in self._swept:
+            self._swept.add(task_path.parent)
+            cleanup.remove_stale_temp_files(ws, task_path, workspace_folders=whole)
 
     @contextlib.contextmanager
     def guard(self, store: StateStore) -> Iterator[None]:
@@ -248,11 +312,9 @@ def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | N
         index = LoopIndex(store)
     elif refresh:
         index.refresh()
-    for st in index.unfinished():
-        if st.status == Status.COMPLETED:
-            continue
-        if st.task_path == rel or (task_id_hint and st.task_id == task_id_hint):
-            return st
+    found = index.lookup(rel, task_id_hint)
+    if found is not None:
+        return found
     if task_id_hint and store.path(task_id_hint).exists():
         store.load(task_id_hint)  # the task's own loop has a state nobody can read: say so, start nothing
     return None
@@ -267,11 +329,15 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     batch ends."""
     task_path = ws0.resolve_task(task_arg)
     task = tasks.load(task_path)
-    loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
-    ws, store, cfg = loc.ws, loc.store, loc.config
-    _check_project_dir(ws, cfg)
-    ws.ensure_folders()
-    checkpoints.preflight(cfg, ws.root / cfg.project_dir)
+    if batch is not None:
+        loc = batch.settings(ws0, config_file=config_file, task=task, overrides=overrides)
+        ws, store, cfg = loc.ws, loc.store, loc.config
+    else:
+        loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
+        ws, store, cfg = loc.ws, loc.store, loc.config
+        _check_project_dir(ws, cfg)
+        ws.ensure_folders()
+        checkpoints.preflight(cfg, ws.root / cfg.project_dir)
     schedule.of_task(task, ws.relative(task_path))  # a bad `schedule:` is one clear line, before anything starts
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
     with _workspace_guard(store) if batch is None else batch.guard(store):
@@ -300,10 +366,13 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             warnings += unused_command_warning(cfg, executor_name)
             executor = executors.create(executor_name, cfg, ws, tid)
         executor_name = executor.name
-        lock = store.acquire(tid)
+        lock = store.acquire(tid, write_role=batch is None)
         reserve = diskfull.reserve_path(ws.state_dir, tid)
         try:
-            cleanup.remove_stale_temp_files(ws, task_path)
+            if batch is None:
+                cleanup.remove_stale_temp_files(ws, task_path)
+            else:
+                batch.sweep(ws, task_path)
             diskfull.reserve(reserve, _reserve_bytes(task_path, None))
             state = LoopState(
                 task_id=tid, task_path=ws.relative(task_path), max_iterations=cfg.autonomous_loop.max_iterations,
@@ -314,6 +383,8 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             )
 
             def create() -> None:
+                if batch is not None:
+                    store.set_role(tid, "loop")
                 store.save(state)
                 tasks.set_frontmatter_key(task_path, "kiro_task_id", tid)
                 _count_start(store)
@@ -323,7 +394,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             else:  # on disk before the batch lets go of the start guard
                 batch.write(create)
             if index is not None:
-                index.note(state)
+                index.note(state, written=batch is None)
         except BaseException:
             diskfull.drop(reserve)
             store.release(tid, lock)

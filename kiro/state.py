@@ -550,9 +550,11 @@ class StateStore:
         finally:
             self.release(task_id, lock)
 
-    def acquire(self, task_id: str, *, wait_seconds: float = 0.0, role: str = "loop") -> FileLock:
+    def acquire(self, task_id: str, *, wait_seconds: float = 0.0, role: str = "loop",
+                write_role: bool = True) -> FileLock:
         """Take the loop's lock or raise LockHeld naming the holder. `role` is recorded beside the
-        pid: "watch" when a `kiro loop watch` supervisor keeps a paused loop."""
+        pid: "watch" when a `kiro loop watch` supervisor keeps a paused loop. `write_role=False`: the
+        caller writes it (`set_role`) itself, with the loop's other first writes (a `StartBatch`)."""
         path = self.ws.lock_file(task_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.probe_lock_file(path)
@@ -561,7 +563,8 @@ class StateStore:
             lock.acquire()
         except Timeout:
             raise LockHeld(task_id, self.holder_pid(task_id)) from None
-        self.set_role(task_id, role)
+        if write_role:
+            self.set_role(task_id, role)
         return lock
 
     def probe_lock_file(self, path: Path) -> None:

@@ -211,3 +211,36 @@ def test_a_batch_start_writes_every_loop_before_it_ends_and_refuses_a_task_twice
     other = prepare_start(ws, "Specs/t03/tasks.md", task_id="t03")
     if other.release:
         other.release()
+
+
+def test_a_batch_start_resolves_each_tasks_own_settings_sweeps_every_folder_and_records_the_holder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loops started together share what they can (one resolved config per distinct frontmatter,
+    one sweep of the workspace's folders) without losing what is per task: a task's frontmatter
+    still changes its config, each task folder's stale temp files go, each lock records its holder."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    ws = _workspace(tmp_path / "ws", "http://127.0.0.1:9/v1", 4, 1)
+    (ws.root / "Specs/t02/tasks.md").write_text("---\nmax_iterations: 7\n---\n- [ ] 1. Step 1\n")
+    dead = 2 ** 22 + 12345  # above pid_max's default: no such process
+    stale = [ws.state_dir / f".x.json.{dead}-00ff.kiro.tmp"] + [
+        ws.root / f"Specs/t{i:02d}/.tasks.md.{dead}-00ff.kiro.tmp" for i in range(4)]
+    for p in stale:
+        p.write_text("half")
+    index = LoopIndex(StateStore(ws))
+    with StartBatch() as batch:
+        runs = [prepare_start(ws, f"Specs/t{i:02d}/tasks.md", task_id=f"t{i:02d}", index=index, batch=batch)
+                for i in range(4)]
+    try:
+        assert [r.config.autonomous_loop.max_iterations for r in runs] == [
+            runs[0].config.autonomous_loop.max_iterations] * 2 + [7, runs[0].config.autonomous_loop.max_iterations]
+        assert runs[0].config.autonomous_loop.max_iterations != 7
+        assert [r.state.max_iterations for r in runs][2] == 7
+        assert [p for p in stale if p.exists()] == []
+        for r in runs:
+            assert r.store.holder_pid(r.state.task_id) == os.getpid()
+            assert r.store.is_locked(r.state.task_id)
+    finally:
+        for r in runs:
+            if r.release:
+                r.release()
+    assert not any(r.store.is_locked(r.state.task_id) for r in runs)

@@ -42,11 +42,12 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import openai
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolUnionParam
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
 from kiro import prompts
 from kiro.errors import ExecutorError, contained
 from kiro.events import ContextWrapped, Event, ModelCalled, ToolCalled
+from kiro.executors import chat_http
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.memory import MemoryStore
 from kiro.redact import Redactor
@@ -102,6 +103,46 @@ def _chars(messages: list[ChatCompletionMessageParam]) -> int:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+# A chat completion as the endpoint sent it (parsed JSON): read leniently, as the openai client's
+# models read a reply (a field that is missing or of another type counts as absent).
+Completion = dict[str, Any]
+
+
+def _completion(data: Any) -> Completion:
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _first_choice(response: Completion) -> dict[str, Any] | None:
+    choices = response.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    return None
+
+
+def _message(response: Completion) -> dict[str, Any]:
+    choice = _first_choice(response)
+    message = choice.get("message") if choice is not None else None
+    return message if isinstance(message, dict) else {}
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _usage(response: Completion) -> tuple[int, int, int] | None:
+    """(prompt, completion, total) tokens, or None when the reply has no usage."""
+    u = response.get("usage")
+    if not isinstance(u, dict):
+        return None
+    return _int(u.get("prompt_tokens")), _int(u.get("completion_tokens")), _int(u.get("total_tokens"))
 
 
 # Loops that share an endpoint and key share clients (their connection pools, and the TLS set-up
@@ -183,7 +224,15 @@ class OpenAIExecutor(ExecutorBase):
         self.redact = Redactor.for_run(config)
         self._client_key = (self.base_url, hashlib.sha256(api_key.encode()).hexdigest(), llm.max_retries,
                             llm.request_timeout_seconds)
-        self.client = _shared_client(self._client_key, api_key)
+        # kiro's own HTTP/1.1 client (chat_http: a fraction of the openai client's CPU per call), or the
+        # openai client where that one does not go (a proxy in the environment).
+        self.http: chat_http.ChatHTTP | None = None
+        self.client: openai.AsyncOpenAI | None = None
+        if chat_http.usable_for(self.base_url):
+            self.http = chat_http.ChatHTTP(self.base_url, api_key, max_retries=llm.max_retries,
+                                           timeout=llm.request_timeout_seconds, tls=_tls_context)
+        else:
+            self.client = _shared_client(self._client_key, api_key)
         del api_key
         self.transcript = Transcript(workspace.transcript_file(task_id), task_id, self.redact)
         self.memory = MemoryStore(workspace.memory_db())
@@ -220,7 +269,18 @@ class OpenAIExecutor(ExecutorBase):
         try:
             await self.transcript.flush()
         finally:
-            await _release_client(self._client_key, self.client)
+            if self.http is not None:
+                self.http.close()
+            if self.client is not None:
+                await _release_client(self._client_key, self.client)
+
+    async def post(self, body: dict[str, Any]) -> Completion:
+        """POST /chat/completions; the reply's JSON. openai's exceptions, or ValueError for a reply
+        that is not a JSON object."""
+        if self.http is not None:
+            return _completion(await self.http.post("/chat/completions", body))
+        assert self.client is not None
+        return _completion(await self.client.post("/chat/completions", body=body, cast_to=object))
 
     async def summarize(self, system: str, prompt: str, *, iteration: int) -> tuple[str | None, StepUsage, str | None]:
         """One model call without tools: a scheduled run's forced summary (SPEC §11, kiro.scheduled).
@@ -230,19 +290,15 @@ class OpenAIExecutor(ExecutorBase):
         self.transcript.write("run_summary_request", iteration=iteration, attempt=0, model=llm.model,
                               messages=messages)
         try:
-            response = await self.client.post("/chat/completions", body={"model": llm.model, "messages": messages},
-                                              cast_to=ChatCompletion)
+            response = await self.post({"model": llm.model, "messages": messages})
         except (openai.OpenAIError, ValueError) as exc:
             self.transcript.write("run_summary_response", iteration=iteration, attempt=0, error=str(exc))
             return None, StepUsage(), f"{type(exc).__name__}: {exc}"
-        u = response.usage
-        prompt_t = u.prompt_tokens if u is not None else 0
-        completion_t = u.completion_tokens if u is not None else 0
-        price = llm.prices.get(llm.model) or llm.prices.get(response.model or "")
+        prompt_t, completion_t, total_t = _usage(response) or (0, 0, 0)
+        price = llm.prices.get(llm.model) or llm.prices.get(_str(response.get("model")))
         cost = (prompt_t * price.input_per_1m + completion_t * price.output_per_1m) / 1_000_000 if price else 0.0
-        usage = StepUsage(prompt_t, completion_t, (u.total_tokens if u is not None else 0) or prompt_t + completion_t,
-                          1, cost)
-        text = (response.choices[0].message.content or "") if response.choices else ""
+        usage = StepUsage(prompt_t, completion_t, total_t or prompt_t + completion_t, 1, cost)
+        text = _str(_message(response).get("content"))
         text = self.redact(text)
         self.transcript.write("run_summary_response", iteration=iteration, attempt=0, content=text,
                               usage=vars(usage))
@@ -424,7 +480,7 @@ class _Attempt:
 
     # -- one model call --------------------------------------------------------------------
 
-    async def call_model(self) -> ChatCompletion | StepResult:
+    async def call_model(self) -> Completion | StepResult:
         ctx = self.ctx
         new = self.messages[self.logged:]
         self.record("request", turn=self.turns + 1, model=self.llm.model,
@@ -433,14 +489,12 @@ class _Attempt:
         self.logged = len(self.messages)
         self.ex.transcript.kick()  # written while the model thinks
         started = time.monotonic()
-        # `client.post` (openai's documented way to call an endpoint directly) rather than
-        # `chat.completions.create`: the same retries, errors and response model, without the
-        # per-call walk over every message and tool schema that the typed helper does (several
-        # milliseconds of CPU per call, which adds up with many loops in one process).
+        # The reply is read as JSON (no response models), through kiro's own HTTP client where it
+        # serves (`OpenAIExecutor.post`): the openai client's retries and errors, a fraction of its
+        # CPU per call, which adds up with many loops in one process.
         body = {"model": self.llm.model, "messages": self.messages, "tools": self.schemas}
         while True:
-            call = asyncio.ensure_future(self.ex.client.post("/chat/completions", body=body,
-                                                             cast_to=ChatCompletion))
+            call = asyncio.ensure_future(self.ex.post(body))
             stop = asyncio.ensure_future(ctx.cancel.wait())
             try:
                 done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -470,7 +524,8 @@ class _Attempt:
         usage = self.count(response)
         calls = self.tool_calls(response)
         text = self.text_of(response)
-        finish = response.choices[0].finish_reason if response.choices else None
+        choice = _first_choice(response)
+        finish = choice.get("finish_reason") if choice is not None else None
         self.record("response", turn=self.turns + 1, content=text,
                     tool_calls=[vars(c) for c in calls], finish_reason=finish,
                     usage=vars(usage), seconds=round(seconds, 3))
@@ -479,13 +534,12 @@ class _Attempt:
                               tool_calls=[c.name for c in calls]))
         return response
 
-    def count(self, response: ChatCompletion) -> StepUsage:
+    def count(self, response: Completion) -> StepUsage:
         """Add this response's usage to the attempt's, price it, tell the guard."""
-        u = response.usage
-        prompt = u.prompt_tokens if u is not None else 0
-        completion = u.completion_tokens if u is not None else 0
-        total = (u.total_tokens if u is not None else 0) or prompt + completion
-        price = self.llm.prices.get(self.llm.model) or self.llm.prices.get(response.model or "")
+        u = _usage(response)
+        prompt, completion, total = u or (0, 0, 0)
+        total = total or prompt + completion
+        price = self.llm.prices.get(self.llm.model) or self.llm.prices.get(_str(response.get("model")))
         cost = 0.0
         if price is not None:
             cost = (prompt * price.input_per_1m + completion * price.output_per_1m) / 1_000_000
@@ -498,24 +552,28 @@ class _Attempt:
             self.counted_tokens = None
         return usage
 
-    def tool_calls(self, response: ChatCompletion) -> list[_Call]:
+    def tool_calls(self, response: Completion) -> list[_Call]:
         """The response's tool calls, arguments redacted: a secret the model echoes is cut before it
         can reach a file, the transcript or the next request."""
-        if not response.choices:
-            return []
+        listed = _message(response).get("tool_calls")
         calls = []
-        for i, tc in enumerate(response.choices[0].message.tool_calls or []):
-            call_id = getattr(tc, "id", None) or f"call_{self.turns}_{i}"
-            if tc.type == "function":
-                calls.append(_Call(call_id, tc.function.name, self.ex.redact(tc.function.arguments or "")))
+        for i, tc in enumerate(listed if isinstance(listed, list) else []):
+            if not isinstance(tc, dict):
+                continue
+            call_id = _str(tc.get("id")) or f"call_{self.turns}_{i}"
+            kind = _str(tc.get("type")) or "function"
+            if kind == "function":
+                fn = tc.get("function")
+                fn = fn if isinstance(fn, dict) else {}
+                calls.append(_Call(call_id, _str(fn.get("name")), self.ex.redact(_str(fn.get("arguments")))))
             else:
-                calls.append(_Call(call_id, getattr(getattr(tc, "custom", None), "name", "?"), "", tc.type))
+                custom = tc.get("custom")
+                name = _str(custom.get("name")) if isinstance(custom, dict) else ""
+                calls.append(_Call(call_id, name or "?", "", kind))
         return calls
 
-    def text_of(self, response: ChatCompletion) -> str:
-        if not response.choices:
-            return ""
-        return self.ex.redact(response.choices[0].message.content or "")
+    def text_of(self, response: Completion) -> str:
+        return self.ex.redact(_str(_message(response).get("content")))
 
     async def wait_for_server(self, exc: openai.APIStatusError, seconds: float) -> str | None:
         """The endpoint said when to come back, later than the client waits by itself (a long
@@ -588,9 +646,9 @@ class _Attempt:
 
     # -- one response ----------------------------------------------------------------------
 
-    async def handle(self, response: ChatCompletion) -> StepResult | None:
+    async def handle(self, response: Completion) -> StepResult | None:
         """Append the assistant message, run its tool calls in order, and decide what comes next."""
-        choice = response.choices[0] if response.choices else None
+        choice = _first_choice(response)
         text = self.text_of(response)
         calls = self.tool_calls(response)
         if text.strip():
@@ -620,7 +678,7 @@ class _Attempt:
                 self.finish_wrap_up(None)
             return None
         if not calls:
-            cut = choice is not None and choice.finish_reason == "length"
+            cut = choice is not None and choice.get("finish_reason") == "length"
             self.messages.append({"role": "user", "content": NUDGE_CUT if cut else NUDGE})
         return None
 
