@@ -67,6 +67,8 @@ class Timer:
         self.cpus: dict[str, list[float]] = {}
 
     def run(self, name: str, argv: list[str], cwd: Path, check: Callable[[str], None] | None = None) -> None:
+        if name.startswith("cold"):  # no status index: the full scan of every loop's summary
+            (cwd / ".state" / "status_index").unlink(missing_ok=True)
         wall, cpu, out = run_once(argv, cwd)
         if check is not None:
             check(out)
@@ -163,6 +165,7 @@ def main() -> None:
             ("pass", [sys.executable, "-c", "pass"], base_dir, None)]
         for n, root in spaces.items():
             commands += [(f"status{n}", [*SCRIPT, "loop", "status"], root, lists_all(n)),
+                         (f"cold{n}", [*SCRIPT, "loop", "status"], root, lists_all(n)),
                          (f"module{n}", [*MODULE, "loop", "status"], root, lists_all(n)),
                          (f"json{n}", [*SCRIPT, "loop", "status", "--json"], root, json_lists_all(n))]
         commands += [("tail", [*SCRIPT, "loop", "logs", "--tail", "10"], logs, last_ten_text),
@@ -175,7 +178,7 @@ def main() -> None:
                 timer.run(name, argv, cwd, check)
         base, base_cpu = timer.wall("pass"), timer.cpu("pass")
         lines = [f"python -c pass: {base * 1000:.1f} ms wall, {base_cpu * 1000:.1f} ms CPU (medians of {args.runs}, "
-                 f"interleaved)"]
+                 f"interleaved; load {os.getloadavg()[0]:.2f})"]
         for n, root in spaces.items():
             table, cpu = timer.wall(f"status{n}"), timer.cpu(f"status{n}")
             lines.append(f"kiro loop status, {n:>4} loops: {table * 1000:6.1f} ms = {table / base:.2f}x python -c pass "
@@ -183,6 +186,9 @@ def main() -> None:
                          f"--json {timer.wall(f'json{n}') * 1000:.1f} ms; "
                          f"python -m kiro {timer.wall(f'module{n}') * 1000:.1f} ms = "
                          f"{timer.wall(f'module{n}') / base:.2f}x")
+            cold = timer.wall(f"cold{n}")
+            lines.append(f"    without the status index (removed before each run: every summary read): "
+                         f"{cold * 1000:.1f} ms = {cold / base:.2f}x (CPU {timer.cpu(f'cold{n}') * 1000:.1f} ms)")
             heavy = heavy_imports([*MODULE, "loop", "status"], root)
             lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
         tail_text, tail_json = timer.wall("tail"), timer.wall("tailjson")

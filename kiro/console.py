@@ -117,6 +117,11 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def table_key() -> str:
+    """What `plain_table` depends on beside its rows (kiro.statusindex keeps a table per key)."""
+    return f"{_columns(160)} {_colour(sys.stdout)}"
+
+
 def _columns(fallback: int) -> int:
     """shutil.get_terminal_size(...).columns without importing shutil (`kiro loop status` starts
     faster): $COLUMNS, else the terminal on stdout, else `fallback`."""

@@ -456,28 +456,48 @@ def decode_summary(data: bytes) -> dict[str, Any] | None:
 def _status_sources(ws: Any) -> list[dict[str, Any]]:
     """What `status` shows of every loop, in StateStore.all_states' order: per loop its summary,
     else its state (plain strings, no Path, where this runs once per loop)."""
-    out: list[dict[str, Any]] = []
-    for tid, path in _state_entries(str(ws.state_dir)):
-        data = None
-        for _ in range(3):  # a summary read while it is rewritten fails its CRC: read it again
-            try:
-                fd = os.open(path[:-5] + ".summary", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-            except OSError:
-                break
-            try:
-                data = decode_summary(os.read(fd, 1 << 20))
-            except OSError:
-                break
-            finally:
-                os.close(fd)
-            if data is not None:
-                break
-        if not _summary_ok(data, tid):
-            data = _read_state(Path(path))
-            if not state_shape_ok(data, tid):
-                raise Fallback
-        out.append(data)  # type: ignore[arg-type]
-    return out
+    return [_status_source(tid, path)[0] for tid, path in _state_entries(str(ws.state_dir))]
+
+
+def _status_source(tid: str, path: str) -> tuple[dict[str, Any], bool]:
+    """What `status` shows of one loop, and whether it came from its summary."""
+    data = None
+    for _ in range(3):  # a summary read while it is rewritten fails its CRC: read it again
+        try:
+            fd = os.open(path[:-5] + ".summary", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            break
+        try:
+            data = decode_summary(_read_fd(fd))
+        except OSError:
+            break
+        finally:
+            os.close(fd)
+        if data is not None:
+            break
+    if _summary_ok(data, tid):
+        return data, True  # type: ignore[return-value]
+    data = _read_state(Path(path))
+    if not state_shape_ok(data, tid):
+        raise Fallback
+    return data, False
+
+
+def _read_fd(fd: int, limit: int = 1 << 20) -> bytes:
+    """Up to `limit` bytes of a small file (a summary: a few hundred bytes), without allocating the
+    limit for each one."""
+    data = os.read(fd, 16384)
+    if len(data) < 16384:
+        return data
+    parts = [data]
+    size = len(data)
+    while size < limit:
+        more = os.read(fd, min(1 << 16, limit - size))
+        if not more:
+            break
+        parts.append(more)
+        size += len(more)
+    return b"".join(parts)
 
 
 # -- rows (kiro.views.loop_row on plain data) ----------------------------------------------------------
@@ -685,19 +705,38 @@ def _status(opts: dict[str, Any]) -> Any:
                 console.print_table(console.detail_table(row))
 
         return detail
-    sources = _status_sources(ws)
-    sources.sort(key=lambda d: d["updated_at"], reverse=True)
-    rows = [loop_row(ws, s, locks, global_hook) for s in sources]
+    from kiro import console
+    from kiro.statusindex import StatusIndex
+
+    state_dir = str(ws.state_dir)
+    index = StatusIndex(state_dir, global_hook)
+    entries = _state_entries(state_dir)
+    kind = "json" if opts.get("json") else f"table {console.table_key()}"
+
+    def lock_free(tid: str) -> bool:
+        return not locks.held(f"{state_dir}/autonomous_loop_{tid}.lock")
+
+    known = index.output(kind, entries, lock_free)
+    if known is not None:  # nothing changed since the last status: its answer (kiro.statusindex)
+        return lambda: sys.stdout.write(known)
+    rows = []
+    for tid, path in entries:
+        def make(tid: str = tid, path: str = path) -> tuple[dict[str, Any], bool]:
+            data, from_summary = _status_source(tid, path)
+            return loop_row(ws, data, locks, global_hook), from_summary
+
+        rows.append(index.row(tid, path, make, lambda tid=tid: lock_free(tid)))  # type: ignore[misc]
+    rows.sort(key=lambda r: r["updated_at"], reverse=True)  # the sources' order: each row has its updated_at
     if not rows and not opts.get("json"):
         raise Fallback  # "no loops in ...": rich prints it
 
     def table() -> None:
         if opts.get("json"):
-            _write_json(rows)
+            text = index.text(kind, lambda: json.dumps(rows, indent=2, ensure_ascii=False, default=str) + "\n")
         else:
-            from kiro import console
-
-            sys.stdout.write(console.plain_table(rows) + "\n")
+            text = index.text(kind, lambda: console.plain_table(rows) + "\n")
+        sys.stdout.write(text)
+        index.save()
 
     return table
 

@@ -30,6 +30,10 @@ KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control 
 # (live SQLite), the history index, step-proposal markers, the server token, the watcher's pid file. Not watched.
 STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox", "proposals"})
 STATE_KIRO_FILES = ("events.idx", "memory.db", "kiro.db", "serve.token", "watch.pid")
+# Caches a read command writes in .state/ (`kiro loop status` run by a person, or by the agent, during a step):
+# one that changed during the step is deleted, not restored and not counted against the agent (the next read
+# command makes it again; what an agent may have written there is never trusted).
+STATE_CACHES = frozenset({"read_path.json", "status_index"})
 
 
 @dataclass
@@ -51,9 +55,10 @@ class ControlSnapshot:
     def take(cls, ws: Workspace, task_id: str, task_path: Path) -> ControlSnapshot:
         snap = cls(ws, task_id, task_path)
         budget = KEEP_BYTES
+        state_dir = str(ws.state_dir)
         for path, (size, mtime_ns) in snap._walk().items():
             data = None
-            if size <= budget:
+            if size <= budget and not snap._is_cache(path, state_dir):
                 try:
                     with open(path, "rb") as fh:
                         data = fh.read()
@@ -101,6 +106,11 @@ class ControlSnapshot:
         return (name.endswith((".lock", ".kiro-restore", TEMP_SUFFIX))
                 or (folder == state_dir and name.startswith(STATE_KIRO_FILES)))
 
+    @staticmethod
+    def _is_cache(path: str, state_dir: str) -> bool:
+        folder, _, name = path.rpartition("/")
+        return folder == state_dir and name in STATE_CACHES
+
     def _live_others(self) -> list[str]:
         """The task ids of the other loops running now (their lock is held)."""
         found = []
@@ -137,6 +147,10 @@ class ControlSnapshot:
                 continue
             if journal.own_write(name, stat):
                 continue  # kiro's own: this loop's state snapshot, journal, summary or backup (kiro.journal)
+            if self._is_cache(name, str(self.ws.state_dir)):
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+                continue
             path = Path(name)
             rel = self.ws.relative(path)
             if others is None:
