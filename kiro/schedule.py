@@ -36,8 +36,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from croniter import croniter
-
 from kiro import timeutil
 from kiro.errors import UserError
 
@@ -81,6 +79,8 @@ class Schedule:
             assert self.seconds is not None
             return t + timedelta(seconds=self.seconds)
         local = t.astimezone()
+        from croniter import croniter  # only a cron schedule needs it (kiro loop start: ~10 ms less)
+
         nxt: datetime = croniter(self.expression, local).get_next(datetime)
         return nxt
 
@@ -148,6 +148,8 @@ def _cron(text: str, where: str) -> str:
     if len(expr.split()) != 5:
         raise UserError(f"{where}: schedule {text!r} is not a 5-field cron expression (minute hour day month "
                         f"weekday); {FIX}")
+    from croniter import croniter
+
     if not croniter.is_valid(expr):
         raise UserError(f"{where}: schedule {text!r} is not a valid cron expression (a field is out of range or "
                         f"misspelt); {FIX}")

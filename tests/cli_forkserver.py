@@ -50,7 +50,7 @@ def _child(cwd: str, args: list[str], env: dict[str, str], out: str, err: str) -
 
 
 def serve() -> None:
-    import kiro.cli  # noqa: F401 - imported once, before any fork
+    from kiro.cli import app  # noqa: F401 - every command imported and registered once, before any fork
 
     scratch = os.environ.get("TMPDIR", "/tmp")
     for raw in sys.stdin:

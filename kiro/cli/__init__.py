@@ -17,7 +17,7 @@ import typer
 
 from kiro import __version__
 
-app = typer.Typer(
+_app = typer.Typer(
     name="kiro",
     help="Run an AI agent through a Kiro-style tasks.md checklist, one verified step per iteration.\n\n"
          "Start a loop with `kiro loop start --task Specs/<feature>/tasks.md`; watch it with `kiro loop status`; "
@@ -84,30 +84,66 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
+@_app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """kiro: autonomous task loops."""
 
 
-def _register() -> None:
-    from kiro.cli import agents, init, loop, serve, watch, worker
+def _register(only: str | None = None) -> None:
+    """Add the commands; with `only` (the command line's first word, when it names one) just that one:
+    `kiro loop start` need not import what `kiro serve` or `kiro init` need. Help, an unknown command or
+    no command at all get every one (`main` decides)."""
+    from kiro.cli import loop
 
-    loop.app.command("watch")(watch.watch)
-    app.add_typer(loop.app, name="loop")
-    app.command("init")(init.init)
-    app.command("serve")(serve.serve)
-    app.command("agents")(agents.agents)
-    app.command("worker")(worker.worker)
+    if only in (None, "loop"):
+        from kiro.cli import watch
+
+        loop.app.command("watch")(watch.watch)
+        _app.add_typer(loop.app, name="loop")
+    if only in (None, "init"):
+        from kiro.cli import init
+
+        _app.command("init")(init.init)
+    if only in (None, "serve"):
+        from kiro.cli import serve
+
+        _app.command("serve")(serve.serve)
+    if only in (None, "agents"):
+        from kiro.cli import agents
+
+        _app.command("agents")(agents.agents)
+    if only in (None, "worker"):
+        from kiro.cli import worker
+
+        _app.command("worker")(worker.worker)
 
 
-_register()
+COMMANDS = ("loop", "init", "serve", "agents", "worker")
+
+
+def __getattr__(name: str) -> Any:
+    """`kiro.cli.app`: the Typer app with every command (tests drive it with CliRunner)."""
+    if name == "app":
+        _register_for([])
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_registered = False
+
+
+def _register_for(argv: list[str]) -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    _register(argv[0] if argv and argv[0] in COMMANDS else None)
 
 
 def main() -> None:
+    _register_for(sys.argv[1:])
     try:
-        app()
+        _app()
     except KeyboardInterrupt:  # pragma: no cover - interactive
         sys.exit(130)
     except BrokenPipeError:
