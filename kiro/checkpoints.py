@@ -140,10 +140,36 @@ class Git:
         return self.run(*args, check=False).returncode == 0
 
 
+TOPLEVEL_FRESH_SECONDS = 2.0
+_toplevels: dict[Path, tuple[float, tuple[Any, ...], Path | None]] = {}
+
+
+def _git_signature(path: Path) -> tuple[Any, ...]:
+    """What git's answer depends on that can change under a running kiro: which folders from `path`
+    up hold a `.git`, and the variables that point git elsewhere."""
+    marks = tuple(os.path.lexists(os.path.join(p, ".git")) for p in (path, *path.parents))
+    return marks, tuple(os.environ.get(v) for v in ("GIT_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES"))
+
+
 def toplevel(path: Path) -> Path | None:
-    """The work tree that holds `path`, or None when it is in none (or git is missing)."""
+    """The work tree that holds `path`, or None when it is in none (or git is missing). An answer
+    is reused for TOPLEVEL_FRESH_SECONDS while no `.git` appeared or went on the way up (a thousand
+    loops of one project started together ask git once, not once each)."""
     if not path.is_dir():
         return None
+    now = time.monotonic()
+    signature = _git_signature(path)
+    seen = _toplevels.get(path)
+    if seen is not None and now - seen[0] < TOPLEVEL_FRESH_SECONDS and seen[1] == signature:
+        return seen[2]
+    top = _toplevel(path)
+    if len(_toplevels) > 4096:
+        _toplevels.clear()
+    _toplevels[path] = (now, signature, top)
+    return top
+
+
+def _toplevel(path: Path) -> Path | None:
     try:
         proc = Git(path).run("rev-parse", "--show-toplevel", check=False, timeout=30)
     except GitError:

@@ -244,3 +244,45 @@ def test_a_batch_start_resolves_each_tasks_own_settings_sweeps_every_folder_and_
             if r.release:
                 r.release()
     assert not any(r.store.is_locked(r.state.task_id) for r in runs)
+
+
+def test_writes_still_queued_when_the_process_ends_are_written(tmp_path: Path) -> None:
+    """The writer threads are daemons; what an event loop queued and never awaited is still written
+    before the interpreter exits."""
+    out = tmp_path / "late.txt"
+    code = (
+        "import asyncio, time\n"
+        "from pathlib import Path\n"
+        "from kiro.writer import WriteQueue\n"
+        "q = WriteQueue()\n"
+        "def slow(n):\n"
+        "    time.sleep(0.2)\n"
+        f"    with open({str(out)!r}, 'a') as f: f.write(f'{{n}}\\n')\n"
+        "async def main():\n"
+        "    for n in range(3):\n"
+        "        q.submit(lambda n=n: slow(n))\n"
+        "asyncio.run(main())\n"
+    )
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert out.read_text() == "0\n1\n2\n"
+
+
+def test_a_work_tree_made_or_removed_between_two_looks_is_seen_at_once(tmp_path: Path) -> None:
+    """kiro asks git for the project's work tree once for many loops started together; a `git init`
+    (or a removed .git) in between is not hidden by that."""
+    import shutil
+    import subprocess
+
+    from kiro import checkpoints
+
+    project = tmp_path / "p"
+    project.mkdir()
+    if checkpoints.toplevel(project) is not None:
+        pytest.skip("the temp folder is inside a git work tree")
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    assert checkpoints.toplevel(project) == project.resolve()
+    shutil.rmtree(project / ".git")
+    assert checkpoints.toplevel(project) is None

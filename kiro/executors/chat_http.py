@@ -182,8 +182,10 @@ class ChatHTTP:
                       f"User-Agent: {USER_AGENT}\r\nConnection: keep-alive\r\n").encode("latin-1")
 
     async def post(self, path: str, body: Any) -> Any:
-        """The reply's JSON. Raises the openai exceptions the openai client raises, or ValueError."""
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        """The reply's JSON. Raises the openai exceptions the openai client raises, or ValueError.
+        `body`: the JSON value, or its encoding (bytes)."""
+        data = body if isinstance(body, bytes) else json.dumps(body, ensure_ascii=False,
+                                                              separators=(",", ":")).encode("utf-8")
         target = self.prefix + path
         retries_taken = 0
         while True:

@@ -238,6 +238,7 @@ class OpenAIExecutor(ExecutorBase):
         self.memory = MemoryStore(workspace.memory_db())
         self._tools: tuple[bool, dict[str, Tool[Any]], list[ChatCompletionToolUnionParam]] | None = None
         self._confinement: tuple[tuple[Any, ...], Confinement] | None = None
+        self._tools_json: tuple[Any, str] | None = None
 
     def tools_for(self, config: Config) -> tuple[dict[str, Tool[Any]], list[ChatCompletionToolUnionParam]]:
         """The attempt's tools and their schemas: built once per loop (they depend only on whether
@@ -278,9 +279,20 @@ class OpenAIExecutor(ExecutorBase):
         """POST /chat/completions; the reply's JSON. openai's exceptions, or ValueError for a reply
         that is not a JSON object."""
         if self.http is not None:
-            return _completion(await self.http.post("/chat/completions", body))
+            return _completion(await self.http.post("/chat/completions", self._encode(body)))
         assert self.client is not None
         return _completion(await self.client.post("/chat/completions", body=body, cast_to=object))
+
+    def _encode(self, body: dict[str, Any]) -> bytes:
+        """The request's JSON; the tool schemas (the same list every call of the loop) encoded once."""
+        tools = body.get("tools")
+        rest = json.dumps({k: v for k, v in body.items() if k != "tools"}, ensure_ascii=False,
+                          separators=(",", ":"))
+        if tools is None or rest == "{}":
+            return rest.encode("utf-8")
+        if self._tools_json is None or self._tools_json[0] is not tools:
+            self._tools_json = (tools, json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
+        return (rest[:-1] + ',"tools":' + self._tools_json[1] + "}").encode("utf-8")
 
     async def summarize(self, system: str, prompt: str, *, iteration: int) -> tuple[str | None, StepUsage, str | None]:
         """One model call without tools: a scheduled run's forced summary (SPEC §11, kiro.scheduled).
