@@ -409,9 +409,15 @@ class LoopGit:
             info.branch = name
             self.tree = wt
             self.git = Git(wt)
+            if self._half_added(wt):
+                events.append(("worktree_recreated", {"path": self.ws.relative(wt), "branch": name}))
             if not (wt / ".git").exists() or not Git(wt).ok("rev-parse", "--verify", "-q", "HEAD"):
                 common = str((self.main_top / main.out("rev-parse", "--git-common-dir")).resolve())
                 with _repo_lock(common):
+                    # a kill during `worktree add -b` can leave the new branch's ref lock behind
+                    for path in clear_stale_locks([Path(common) / "refs" / "heads" / f"{name}.lock",
+                                                   Path(common) / "packed-refs.lock"], [self.main_top, wt]):
+                        events.append(("git_lock_cleared", {"path": path}))
                     main.run("worktree", "prune", check=False)
                     if wt.exists() and not any(wt.iterdir()):
                         wt.rmdir()
@@ -433,6 +439,55 @@ class LoopGit:
         self._paths()
         self._clear_locks(events)
         return events
+
+    def _half_added(self, wt: Path) -> bool:
+        """A kill during `git worktree add` leaves a work tree whose HEAD reads but whose checkout
+        stopped part-way (a step committed there would record the missing files as deleted, and
+        the merge would delete them from main), or only git's record of a worktree that has no
+        HEAD or no folder yet (a later add is refused: "missing but locked worktree"). git marks a
+        worktree being added as locked with the reason "initializing" until its checkout is done;
+        such a one, once no git works in it, is removed for `open` to add it again. Nothing of the
+        agent's is in it: no step runs before the add finished."""
+        main = Git(self.main_top)
+        common = (self.main_top / main.out("rev-parse", "--git-common-dir")).resolve()
+        admins: set[Path] = set()
+        dotgit = wt / ".git"
+        with contextlib.suppress(OSError):
+            text = dotgit.read_text(errors="replace") if dotgit.is_file() else ""
+            if text.startswith("gitdir:"):
+                admins.add((wt / text.split(":", 1)[1].strip()).resolve())
+        with contextlib.suppress(OSError):
+            for entry in (common / "worktrees").iterdir():
+                with contextlib.suppress(OSError):
+                    if Path((entry / "gitdir").read_text(errors="replace").strip()).resolve() == dotgit.resolve():
+                        admins.add(entry.resolve())
+        torn = []
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        for admin in admins:
+            locked = admin / "locked"
+            while True:
+                try:
+                    reason = locked.read_text(errors="replace").strip()
+                except OSError:
+                    break  # not locked (or the add just finished)
+                if reason != "initializing":
+                    break  # a person's own `git worktree lock`: theirs to undo
+                if not _holders(locked, [wt, admin]):
+                    torn.append(locked)
+                    break
+                if time.monotonic() > deadline:
+                    raise GitError(f"a git has been adding the loop's worktree {wt} for more than "
+                                   f"{LOCK_WAIT_SECONDS:g} s; try again later")
+                time.sleep(0.05)
+        if not torn:
+            return False
+        import shutil
+
+        for locked in torn:
+            locked.unlink(missing_ok=True)
+        shutil.rmtree(wt, ignore_errors=True)
+        main.run("worktree", "prune", check=False)
+        return True
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -703,7 +758,7 @@ class LoopGit:
         except GitError:  # half removed by a kill (its .git file gone): remove the rest
             leftover = [] if not (self.tree / ".git").exists() else ["?"]
         if not leftover:
-            proc = main.run("worktree", "remove", "--force", str(self.tree), check=False)
+            proc = main.run("worktree", "remove", "--force", "--force", str(self.tree), check=False)
             if proc.returncode != 0 and self.tree.exists():
                 import shutil
 

@@ -164,6 +164,7 @@ _GIT_LINES: dict[str, tuple[str, str]] = {
     "checkpoint_failed": ("no checkpoint for step {step_id}: {error}", "yellow"),
     "git_lock_cleared": ("removed a stale git lock {path}", "cyan"),
     "worktree_created": ("worktree {path} on branch {branch}", "cyan"),
+    "worktree_recreated": ("worktree {path} was half made by a killed `git worktree add`: made again", "yellow"),
     "worktree_removed": ("worktree of {branch} removed (the branch stays)", "dim"),
     "branch_left": ("branch {branch} left for review (worktree {worktree})", "bold"),
     "merge_completed": ("merged {branch} into {into} as {commit}", "green"),

@@ -383,6 +383,14 @@ class WorktreeCreated(Event):
     branch: str
 
 
+class WorktreeRecreated(Event):
+    """A worktree a kill left half-added (its checkout unfinished) was removed, to be added again."""
+
+    event: Literal["worktree_recreated"] = "worktree_recreated"
+    path: str
+    branch: str
+
+
 class WorktreeRemoved(Event):
     event: Literal["worktree_removed"] = "worktree_removed"
     branch: str
@@ -494,7 +502,8 @@ AnyEvent: TypeAlias = Annotated[
         TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
         MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
         CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
-        WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed, RollbackResumed,
+        WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
+        RollbackResumed,
         RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
         PrecheckPassed, PrecheckSkipped, WorkerLost,
     ],

@@ -290,8 +290,16 @@ def run_merges(root: Path, *, loops: int, seed: int) -> Report:
         tid = f"m{n}"
         if merges[f"kiro/{tid}"] != 1:
             rep.problems.append(f"{tid}: {merges[f'kiro/{tid}']} merge commits on main")
-        if runs[tid] != 1:
-            rep.problems.append(f"{tid}: its step ran {runs[tid]} times")
+        # a step killed mid-run runs again on resume (SPEC §4); a step recorded completed never does
+        kinds = [json.loads(ln).get("event") for ln in (root / "Logs" / f"{tid}.jsonl").read_text().splitlines()
+                 if ln.strip()]
+        # (completed: by the run itself, or found by its commit's trailers after a kill: step_recovered)
+        done = [i for i, k in enumerate(kinds) if k in ("step_completed", "step_recovered")]
+        if len(done) != 1 or "step_started" in kinds[done[0]:]:
+            rep.problems.append(f"{tid}: completed {len(done)} times, started again after completing: "
+                                f"{bool(done) and 'step_started' in kinds[done[0]:]}")
+        if not 1 <= runs[tid] <= kinds.count("step_started"):
+            rep.problems.append(f"{tid}: its step ran {runs[tid]} times for {kinds.count('step_started')} starts")
         if not (root / f"out/{tid}/60.txt").exists() or f"{tid}\n" not in (root / "README.md").read_text():
             rep.problems.append(f"{tid}: its files are not in the main tree")
     status = git(root, "status", "--porcelain", "--untracked-files=no")

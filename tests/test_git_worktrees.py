@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 from pathlib import Path
 
 from tests.conftest import FAST_CONFIG, Workspace
-from tests.gitutil import fsck_problems, git, init_repo
+from tests.gitutil import files_in, fsck_problems, git, init_repo
 
 WORKTREE = FAST_CONFIG + "isolation: worktree\n"
 
@@ -226,3 +228,105 @@ def test_an_agent_in_a_worktree_is_given_the_workspaces_task_file_and_checks_its
     assert git(ws.root, "show", "kiro/ag:told.txt").strip() == str((ws.root / "Specs/feature/tasks.md").resolve())
     assert git(ws.root, "show", "kiro/ag:where.txt").strip().endswith(".kiro/worktrees/ag")
     assert "- [x] 1. Do the thing" in (ws.root / "Done/feature/tasks.md").read_text()
+
+
+def _kill_worktree_add_mid_checkout(root: Path, tid: str) -> Path:
+    """Run the `git worktree add` kiro runs for loop `tid` and SIGKILL it part-way through its
+    checkout: the work tree git leaves (HEAD readable, files missing, marked 'initializing')."""
+    import subprocess
+    import time
+
+    from tests.gitutil import git_env
+
+    wt = root / ".kiro/worktrees" / tid
+    wt.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(20):
+        proc = subprocess.Popen(["git", "worktree", "add", "-q", "-b", f"kiro/{tid}", str(wt), "HEAD"], cwd=root,
+                                env=git_env(), start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (wt / "d").is_dir() and len(os.listdir(wt / "d")) >= 20:
+                break
+            time.sleep(0.0005)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        admin = root / ".git/worktrees" / tid
+        missing = 3000 - len(os.listdir(wt / "d")) if (wt / "d").is_dir() else 3000
+        if (admin / "locked").exists() and missing > 0 and git(wt, "rev-parse", "HEAD", check=False).strip():
+            return wt
+        import shutil  # the add finished (or had not begun its checkout) before the kill: again
+
+        shutil.rmtree(wt, ignore_errors=True)
+        git(root, "worktree", "prune")
+        git(root, "branch", "-q", "-D", f"kiro/{tid}", check=False)
+    raise AssertionError("could not stop `git worktree add` part-way through its checkout in 20 tries")
+
+
+def test_a_worktree_whose_git_worktree_add_was_killed_mid_checkout_is_made_again_not_committed_as_deletions(
+        ws: Workspace) -> None:
+    """A kill during `git worktree add` leaves a work tree with HEAD set and its checkout part-done.
+    Committing a step there recorded the missing files as deleted, and `merge: auto` deleted them from
+    main (the auto-merge kill test's 'files are not in the main tree'). kiro makes such a worktree again."""
+    init_repo(ws.root)
+    for i in range(3000):
+        ws.write(f"d/{i}.txt", f"file {i}\n")
+    git(ws.root, "add", "d")
+    git(ws.root, "commit", "-qm", "3,000 files")
+    ws.write("config/autonomous_loop.yaml", WORKTREE + "merge: auto\n")
+    ws.task(_task("echo one > one.txt", "echo two > two.txt"), "Specs/torn/tasks.md")
+    wt = _kill_worktree_add_mid_checkout(ws.root, "torn")
+    r = ws.kiro("loop", "start", "--task", "Specs/torn/tasks.md", "--task-id", "torn")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = ws.state("torn")
+    assert st["status"] == "completed" and st["git"]["merge_status"] == "merged"
+    # nothing deleted: not on the loop's branch, not in main's tree or on disk
+    head_files = files_in(ws.root, "HEAD")
+    assert {f"d/{i}.txt" for i in range(3000)} <= head_files and {"one.txt", "two.txt"} <= head_files
+    assert len(os.listdir(ws.root / "d")) == 3000
+    assert not wt.exists() and fsck_problems(ws.root) == []
+    assert git(ws.root, "worktree", "list", "--porcelain").count("worktree ") == 1
+    events = [json.loads(ln)["event"] for ln in (ws.root / "Logs/torn.jsonl").read_text().splitlines()]
+    assert "worktree_recreated" in events
+
+
+def test_a_worktree_a_person_locked_is_not_taken_for_a_torn_one(ws: Workspace) -> None:
+    """Only git's own 'initializing' mark means a half-made worktree; a person's `git worktree lock`
+    leaves the worktree (and the lock) as they are."""
+    from kiro.checkpoints import LoopGit
+    from kiro.state import GitInfo
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    init_repo(ws.root)
+    wt = ws.root / ".kiro/worktrees/kept"
+    git(ws.root, "worktree", "add", "-q", "-b", "kiro/kept", str(wt), "HEAD")
+    git(ws.root, "worktree", "lock", "--reason", "reviewing this one", str(wt))
+    (wt / "notes.txt").write_text("a person's notes\n")
+    lg = LoopGit(KiroWorkspace(ws.root), GitInfo(checkpoints=True, isolation="worktree", merge="manual"), "kept",
+                 ws.root, ws.root)
+    events = lg.open(resumed=False)
+    assert [e for e, _ in events] == []
+    assert (wt / "notes.txt").read_text() == "a person's notes\n"
+    assert (ws.root / ".git/worktrees/kept/locked").read_text().strip() == "reviewing this one"
+
+
+def test_a_git_worktree_add_killed_before_its_checkout_began_does_not_block_the_loop(ws: Workspace) -> None:
+    """Killed earlier, `git worktree add` leaves only its record (.git/worktrees/<id> with `gitdir` and
+    `locked: initializing`, no HEAD), no folder, and perhaps the new branch's ref lock; a later add is
+    refused ("missing but locked worktree", "remove the file manually"), which stopped the loop with
+    exit 1 until a person ran `git worktree unlock` or removed the lock."""
+    init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", WORKTREE + "merge: auto\n")
+    ws.task(_task("echo one > one.txt", "echo two > two.txt"), "Specs/early/tasks.md")
+    admin = ws.root / ".git/worktrees/early"
+    admin.mkdir(parents=True)
+    (admin / "locked").write_text("initializing\n")  # what git writes first, in this order
+    (admin / "gitdir").write_text(f"{ws.root / '.kiro/worktrees/early/.git'}\n")
+    (ws.root / ".git/refs/heads/kiro").mkdir(parents=True)
+    (ws.root / ".git/refs/heads/kiro/early.lock").write_text("")  # `-b kiro/early` was making the branch
+    r = ws.kiro("loop", "start", "--task", "Specs/early/tasks.md", "--task-id", "early")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ws.state("early")["git"]["merge_status"] == "merged"
+    assert {"one.txt", "two.txt"} <= files_in(ws.root, "HEAD")
+    assert not admin.exists() and fsck_problems(ws.root) == []
