@@ -31,7 +31,6 @@ from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
 from kiro.unbuilt import not_built_warnings
 from kiro.workspace import Workspace, check_task_id
-from kiro.writer import pool as write_pool
 
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex", "StartBatch"]
 
@@ -199,11 +198,14 @@ class LoopIndex:
         return found
 
 
+START_WRITERS = 32  # concurrent fsyncs are committed together by ext4: more threads, fewer commits each
+
+
 class StartBatch:
     """Loops started together (`kiro loop start --task a --task b ...`): the start guard is taken
     once and held until every new loop's state file and `kiro_task_id` are on disk; those durable
-    writes run side by side on worker threads (`kiro.writer`'s pool) instead of one after another,
-    and one look at the state files serves the whole batch (no other process creates a loop while
+    writes run side by side on START_WRITERS threads once every loop is prepared, instead of one
+    after another, and one look at the state files serves the whole batch (no other process creates a loop while
     the guard is held; the batch's own loops are in the index). Use as a context manager: leaving
     it waits for the writes (raising the first that failed) and lets go of the guard."""
 
@@ -211,6 +213,7 @@ class StartBatch:
         self._guards: dict[Path, FileLock] = {}
         self._looked: set[Path] = set()
         self._pending: list[concurrent.futures.Future[object]] = []
+        self._jobs: list[Callable[[], object]] = []
         self._settings: dict[str, tuple[Config, Workspace, Redactor]] = {}
         self._swept: set[Path] = set()
 
@@ -266,10 +269,18 @@ class StartBatch:
         return True
 
     def write(self, job: Callable[[], object]) -> None:
-        self._pending.append(write_pool().submit(job))
+        """Queued now, run when the batch ends: run side by side with the preparing of the next
+        loops, the writer threads and the preparing thread take turns at the interpreter lock and
+        both go slower (start of 1,000 loops: 6.2 s so, 3.2 s this way, in one run)."""
+        self._jobs.append(job)
 
     def finish(self) -> None:
         try:
+            jobs, self._jobs = self._jobs, []
+            if jobs:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=min(START_WRITERS, len(jobs)),
+                                                           thread_name_prefix="kiro-start") as workers:
+                    self._pending.extend(workers.submit(job) for job in jobs)
             first: BaseException | None = None
             for future in self._pending:
                 exc = future.exception()

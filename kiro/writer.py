@@ -22,21 +22,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 Job = Callable[[], object]
 
 WORKERS = 8  # parallel fsyncs: ext4 commits concurrent ones together, so a few threads go further than one
-_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
-
-
-def pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="kiro-write")
-        return _pool
 
 
 class _Workers:
