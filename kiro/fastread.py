@@ -1,4 +1,5 @@
-"""The fast read path: `kiro loop status`, `state` and `logs` with the standard library only.
+"""The fast read path: `kiro loop status`, `state`, `logs` and `progress` with the standard library only
+(`progress` draws its table with rich, as the full CLI does).
 
 `python -m kiro` (and the `kiro` script) come here first. When the command line is one of those read
 commands, with options this module understands, and the workspace holds nothing it has doubts
@@ -36,7 +37,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-READ_COMMANDS = ("status", "state", "logs")
+READ_COMMANDS = ("status", "state", "logs", "progress")
 STAMP_NAME = "read_path.json"
 
 
@@ -86,7 +87,8 @@ _VALUED = {"--task-id": "task_id", "--task": "task", "--workspace": "workspace",
            "--tail": "tail", "-n": "tail"}
 _FLAGS = {"--json": "json"}
 _ALLOWED = {"status": {"task_id", "task", "workspace", "json"}, "state": {"task_id", "task", "workspace", "json"},
-            "logs": {"task_id", "task", "workspace", "json", "tail"}}
+            "logs": {"task_id", "task", "workspace", "json", "tail"},
+            "progress": {"task_id", "task", "workspace", "json"}}
 
 
 def _parse(command: str, args: list[str]) -> dict[str, Any]:
@@ -846,4 +848,135 @@ def _take(raw: bytes, found: list[dict[str, Any]]) -> None:
         found.append(record)
 
 
-_COMMANDS = {"status": _status, "state": _state, "logs": _logs}
+# -- progress ----------------------------------------------------------------------------------------
+#
+# kiro.views.progress on plain data. The task file is parsed by kiro.tasks (which imports PyYAML only
+# for frontmatter): frontmatter this module can vouch for without YAML (`_plain_frontmatter`) is
+# blanked out first (same lines, so the same steps); any other frontmatter goes to the full path.
+
+_FM_LINE = None  # compiled on first use
+_YAML_WORDS = frozenset({"yes", "no", "true", "false", "on", "off", "null"})  # YAML 1.1 non-strings, lowercased
+_STRING_KEYS = ("title", "instructions", "kiro_task_id")  # kiro.tasks.KIRO_STRING_KEYS (tests compare them)
+
+
+def _plain_frontmatter(lines: list[str]) -> int:
+    """The index of the closing `---` of frontmatter that PyYAML would read as a flat mapping of plain
+    words (and, outside kiro's text keys, whole numbers), which kiro.tasks accepts as is; 0 when there
+    is no frontmatter. Anything this cannot vouch for is a Fallback."""
+    global _FM_LINE
+    if not lines or lines[0].rstrip() != "---":
+        return 0
+    if _FM_LINE is None:
+        import re
+
+        _FM_LINE = re.compile(r"([a-z_][a-z0-9_]*): ([A-Za-z][A-Za-z0-9 _.,/()+-]*[A-Za-z0-9.)]|[A-Za-z]|[0-9]{1,9})")
+    for i in range(1, len(lines)):
+        line = lines[i]
+        if line.rstrip() in ("---", "..."):
+            return i
+        m = _FM_LINE.fullmatch(line)
+        if m is None:
+            raise Fallback
+        value = m.group(2)
+        if value.lower() in _YAML_WORDS or (value[0].isdigit() and m.group(1) in _STRING_KEYS):
+            raise Fallback
+    raise Fallback  # never closed: the full path words the error
+
+
+def _progress(opts: dict[str, Any]) -> Any:
+    if not _plain_terminal():
+        raise Fallback  # rich would colour the table
+    ws = _workspace(opts)
+    tid = _resolve(ws, opts)
+    assert tid is not None
+    state, _path = _load_state(ws, tid)
+    path = ws.absolute(state["task_path"])
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        raise Fallback from None  # moved, missing, a link: the full path finds it or says so
+    try:
+        import stat as stat_
+
+        st = os.fstat(fd)
+        if not stat_.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            raise Fallback
+        raw = _read_fd(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    from kiro import tasks
+    from kiro.errors import KiroError
+
+    try:
+        text, bom = tasks._decode(raw, path)
+    except KiroError:
+        raise Fallback from None
+    lines = text.split("\n")
+    close = _plain_frontmatter(lines)
+    if close:
+        text = "\n".join([""] * (close + 1) + lines[close + 1:])  # the same lines, the frontmatter's empty
+    tf = tasks._parse(text, path, bom, raw)
+    if not tf.steps:
+        raise Fallback  # the full path's error
+    data = _progress_data(state, tf)
+
+    def show() -> None:
+        from kiro import console
+
+        if opts.get("json"):
+            _write_json(data)
+            return
+        console.progress_view(f"{data['title']} ({data['task_path']})", data["steps"], data["steps_done"],
+                              data["steps_total"])
+        if data.get("schedule"):
+            console.line(f"schedule {data['schedule']}: {data.get('runs', 0)} run(s); "
+                         f"next run {data.get('next_run') or '-'}")
+
+    return show
+
+
+def _progress_data(state: dict[str, Any], task: Any) -> dict[str, Any]:
+    """kiro.views.progress for a state as plain data and a parsed task file that was found where the
+    state says."""
+    durations: dict[str, float] = {}
+    completed_attempts: dict[str, int] = {}
+    checkpoints: dict[str, str | None] = {}
+    for c in state["completed_steps"]:
+        durations[c["step_id"]] = c["duration_seconds"]
+        completed_attempts[c["step_id"]] = c["attempts"]
+        checkpoints[c["step_id"]] = c["checkpoint"] or (f"({c['checkpoint_note']})" if c["checkpoint_note"] else None)
+    rows: list[dict[str, Any]] = []
+    cur = state["current_step"]
+    depth: dict[int, int] = {}
+    for st in task.steps:
+        d = 0 if st.parent is None else depth.get(st.parent, 0) + 1
+        depth[st.index] = d
+        rec = state["steps"].get(st.id)
+        if st.done:
+            status = "done"
+        elif cur is not None and cur["step_id"] == st.id and cur["status"] in ("in_progress", "waiting_retry",
+                                                                                "failed"):
+            status = "in_progress" if cur["status"] == "in_progress" else "failed"
+        elif st.optional:
+            status = "optional"
+        else:
+            status = "todo"
+        rows.append({
+            "step_id": st.id, "description": st.title or st.text, "status": status, "optional": st.optional,
+            "depth": d, "leaf": st.is_leaf,
+            "attempts": (rec["attempts"] if rec and rec["attempts"] else
+                         completed_attempts.get(st.id, 0) if st.done else 0),
+            "last_error": rec["last_error"] if rec else None,
+            "duration_seconds": durations.get(st.id),
+            "duration": _human_duration(durations[st.id]) if st.id in durations else None,
+            "checkpoint": checkpoints.get(st.id) if st.done else None,
+        })
+    done = sum(1 for r in rows if r["status"] == "done")
+    git = state["git"]
+    branch = git["branch"] if git is not None and git["checkpoints"] else None
+    return {"task_id": state["task_id"], "task_path": state["task_path"], "title": state["title"] or state["task_path"],
+            "steps_done": done, "steps_total": len(rows), "steps": rows, "error": None, "branch": branch,
+            **_schedule_fields(state)}
+
+
+_COMMANDS = {"status": _status, "state": _state, "logs": _logs, "progress": _progress}

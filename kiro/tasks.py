@@ -34,16 +34,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
-import yaml
-
 from kiro import ownwrites, safeio
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.fsutil import atomic_write
 
-try:  # the C loader is several times faster; fall back when PyYAML was built without libyaml
-    from yaml import CSafeLoader as _YamlLoader
-except ImportError:  # pragma: no cover - depends on the PyYAML build
-    from yaml import SafeLoader as _YamlLoader  # type: ignore[assignment]
+
+def _yaml() -> tuple[Any, Any]:
+    """PyYAML and its fastest safe loader, imported on first use (the read path, `kiro loop progress`
+    on a file whose frontmatter it could check itself, never needs them: kiro.fastread)."""
+    import yaml
+
+    try:  # the C loader is several times faster; fall back when PyYAML was built without libyaml
+        loader: Any = yaml.CSafeLoader
+    except AttributeError:  # pragma: no cover - depends on the PyYAML build
+        loader = yaml.SafeLoader
+    return yaml, loader
 
 __all__ = [
     "MARKERS",
@@ -349,8 +354,9 @@ def _parse_frontmatter(
     shape = safeio.yaml_shape_problem(body)
     if shape is not None:
         raise TaskFileError(f"{where}:2: frontmatter YAML refused: {shape}")
+    yaml, loader = _yaml()
     try:
-        data = yaml.load(body, Loader=_YamlLoader) if body.strip() else None
+        data = yaml.load(body, Loader=loader) if body.strip() else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 2 if mark is not None else 2
@@ -990,7 +996,8 @@ def check_finished_parents(path: Path, *, include_optional: bool = False) -> tup
 
 def _yaml_scalar(value: str) -> str:
     """`value` as a YAML scalar that reads back as the same string."""
-    if _PLAIN_SCALAR_RE.fullmatch(value) and yaml.load(value, Loader=_YamlLoader) == value:
+    yaml, loader = _yaml()
+    if _PLAIN_SCALAR_RE.fullmatch(value) and yaml.load(value, Loader=loader) == value:
         return value
     return json.dumps(value, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
 

@@ -78,6 +78,8 @@ READS = [
     ("loop", "state", "--task", "Specs/other/tasks.md"),
     ("loop", "logs", "--task-id", "done1"), ("loop", "logs", "--task-id", "half", "--json"),
     ("loop", "logs", "--task-id", "done1", "--tail", "3"), ("loop", "logs", "--task-id", "done1", "-n", "1", "--json"),
+    ("loop", "progress", "--task-id", "half"), ("loop", "progress", "--task-id", "held", "--json"),
+    ("loop", "progress", "--task", "Specs/other/tasks.md"), ("loop", "progress", "--task-id", "done1"),
     ("loop", "logs", "--task-id", "done1", "--tail", "0"), ("loop", "logs", "--task-id", "done1", "--tail=100000"),
 ]
 
@@ -283,3 +285,49 @@ def test_the_state_shape_is_the_pydantic_models(tmp_path: Path) -> None:
         want = [f.alias or n for n, f in model.model_fields.items()]
         assert [f for f, _kind in fields] == want, name
     assert fastread.CONFIG_ENV_KEYS == set(config.ENV_KEYS)
+
+
+def test_progress_leaves_frontmatter_it_cannot_vouch_for_to_the_full_cli(loops: Workspace) -> None:
+    """`progress` parses the task file without PyYAML only when its frontmatter is plain `key: word`
+    lines (kiro.fastread._plain_frontmatter); anything YAML could read otherwise, or that kiro
+    refuses, goes to the full path, which prints the same or its warning."""
+    ws = loops
+    task = ws.root / "Specs/other/tasks.md"
+    body = task.read_text().split("---\n", 2)[2]
+    cases = [  # (frontmatter lines, whether the fast path answers)
+        ("title: Plain words here\nexecutor: shell\nmax_iterations: 5\n", True),
+        ("title: v1.2 (draft) - part/two\n", True),
+        ('title: "Quoted: with a colon"\n', False),
+        ("title: yes\n", False),  # YAML 1.1 reads a boolean: kiro refuses it, with a warning
+        ("title: 5\n", False),  # a number where kiro wants text
+        ("title: Off\n", False),
+        ("tags: [a, b]\n", False),
+        ("title: x # a comment\n", False),
+        ("title: Ünïcode\n", False),
+    ]
+    tried = []
+    for frontmatter, answers in cases:
+        task.write_text("---\n" + frontmatter + "---\n" + body)
+        for args in (("loop", "progress", "--task-id", "half"), ("loop", "progress", "--task-id", "half", "--json")):
+            code, modules, _out = probe(ws, *args)
+            assert (code == 0) == answers, (frontmatter, code)
+            if answers:
+                assert not [m for m in modules if m.split(".")[0] in FORBIDDEN], frontmatter
+            assert_same(ws, *args)
+        tried.append(f"{frontmatter.splitlines()[0]!r}: {'fast' if answers else 'full'}")
+    task.write_text("---\ntitle: never closed\n" + body)
+    assert probe(ws, "loop", "progress", "--task-id", "half")[0] is None
+    assert_same(ws, "loop", "progress", "--task-id", "half")
+    task.write_bytes(("---\ntitle: Windows\n---\n" + body).replace("\n", "\r\n").encode())
+    assert probe(ws, "loop", "progress", "--task-id", "half")[0] is None
+    assert_same(ws, "loop", "progress", "--task-id", "half")
+    task.rename(ws.root / "Done/other.md")  # not where the state says: the full path looks for it
+    assert probe(ws, "loop", "progress", "--task-id", "half")[0] is None
+    assert_same(ws, "loop", "progress", "--task-id", "half")
+    print(f"{len(cases) + 3} task files: {'; '.join(tried)}; unclosed, CRLF and moved: full")
+
+
+def test_progress_knows_kiros_text_keys() -> None:
+    from kiro import tasks
+
+    assert fastread._STRING_KEYS == tasks.KIRO_STRING_KEYS
