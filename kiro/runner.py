@@ -380,11 +380,12 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         lock = store.acquire(tid, write_role=batch is None)
         reserve = diskfull.reserve_path(ws.state_dir, tid)
         try:
+            reserve_bytes = _reserve_bytes(task_path, None)
             if batch is None:
                 cleanup.remove_stale_temp_files(ws, task_path)
+                diskfull.reserve(reserve, reserve_bytes)
             else:
                 batch.sweep(ws, task_path)
-            diskfull.reserve(reserve, _reserve_bytes(task_path, None))
             state = LoopState(
                 task_id=tid, task_path=ws.relative(task_path), max_iterations=cfg.autonomous_loop.max_iterations,
                 failure_threshold=cfg.autonomous_loop.failure_threshold,
@@ -394,7 +395,8 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             )
 
             def create() -> None:
-                if batch is not None:
+                if batch is not None:  # with the batch's other first writes, side by side
+                    diskfull.reserve(reserve, reserve_bytes)
                     store.set_role(tid, "loop")
                 store.save(state)
                 tasks.set_frontmatter_key(task_path, "kiro_task_id", tid)
