@@ -65,6 +65,7 @@ from kiro.usage import StepUsage
 from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
 from kiro.writer import WriteQueue
+from kiro.writer import call as write_call
 
 
 @dataclass
@@ -729,9 +730,9 @@ class Loop:
 
         if result.ok:
             try:
-                done_task, checked = await asyncio.to_thread(tasks.mark_done, self.task_path, step.key,
-                                                             expected=task,
-                                                             include_optional=self.cfg.include_optional)
+                done_task, checked = await write_call(  # kiro.writer's threads: cheaper than to_thread
+                    lambda: tasks.mark_done(self.task_path, step.key, expected=task,
+                                            include_optional=self.cfg.include_optional))
             except (TaskFileError, TaskNotFound) as exc:
                 if result.checked_by_executor:
                     checked = [step.id]

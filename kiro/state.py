@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from filelock import FileLock, Timeout
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil
+from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil, writer
 from kiro.errors import LockHeld, StateError, TaskNotFound
 from kiro.fsutil import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fsutil
 from kiro.fsutil import fsync_dir
@@ -847,7 +847,7 @@ class LiveJournal:
     def _timer_fired(self, loop: asyncio.AbstractEventLoop) -> None:
         self.timer = None
         if not self.closed:
-            loop.run_in_executor(None, self.flush)
+            writer.background(self.flush)  # not run_in_executor: its futures cost the event loop more
 
     def _behind(self) -> bool:
         return self.shadow is not None and (int(self.shadow.get("journal_seq", 0)) > self.snapshot_seq

@@ -286,3 +286,27 @@ def test_a_work_tree_made_or_removed_between_two_looks_is_seen_at_once(tmp_path:
     assert checkpoints.toplevel(project) == project.resolve()
     shutil.rmtree(project / ".git")
     assert checkpoints.toplevel(project) is None
+
+
+def test_a_blocking_write_awaited_through_the_writer_threads_returns_or_raises_in_the_loop(tmp_path: Path) -> None:
+    """`kiro.writer.call` (a box checked, off the event loop): the awaiting task gets the result, or
+    the exception; `background` (a timer's snapshot) runs with nobody waiting."""
+    from kiro import writer
+
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise OSError("disk on fire")
+
+    async def main() -> tuple[int, str]:
+        got = await writer.call(lambda: 6 * 7)
+        try:
+            await writer.call(boom)
+        except OSError as exc:
+            said = str(exc)
+        writer.background(lambda: ran.append("snapshot"))
+        return got, said
+
+    assert asyncio.run(main()) == (42, "disk on fire")
+    writer.workers()._wait_all()
+    assert ran == ["snapshot"]
