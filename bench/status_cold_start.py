@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -164,8 +165,10 @@ def main() -> None:
         commands: list[tuple[str, list[str], Path, Callable[[str], None] | None]] = [
             ("pass", [sys.executable, "-c", "pass"], base_dir, None)]
         for n, root in spaces.items():
+            cold = base_dir / f"cold{n}"  # a copy: removing its index leaves the other commands' alone
+            shutil.copytree(root, cold, symlinks=True)
             commands += [(f"status{n}", [*SCRIPT, "loop", "status"], root, lists_all(n)),
-                         (f"cold{n}", [*SCRIPT, "loop", "status"], root, lists_all(n)),
+                         (f"cold{n}", [*SCRIPT, "loop", "status"], cold, lists_all(n)),
                          (f"module{n}", [*MODULE, "loop", "status"], root, lists_all(n)),
                          (f"json{n}", [*SCRIPT, "loop", "status", "--json"], root, json_lists_all(n))]
         commands += [("tail", [*SCRIPT, "loop", "logs", "--tail", "10"], logs, last_ten_text),

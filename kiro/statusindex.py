@@ -60,7 +60,7 @@ def _file_key(st: os.stat_result) -> list[int]:
     return [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev]
 
 
-MAGIC = b"kiro-status-index 1"
+MAGIC = b"kiro-status-index 2"
 
 
 class StatusIndex:
@@ -68,8 +68,9 @@ class StatusIndex:
     `row` per loop and `text`, then `save`.
 
     The file: a first line MAGIC; a line of JSON {"head", "keys": {summary path: [key, may_be_alive]},
-    "out": {kind: [order, n]}}; a line of JSON {summary path: row}; then one JSON string per rendered
-    output (the n-th after the rows). A hit reads only the first two lines' worth of JSON and one text."""
+    "out": {kind: [order, start, end]}}; a line of JSON {summary path: row}; then the rendered outputs,
+    as they are printed, one after the other (`start`:`end` are byte offsets into that section). A hit
+    decodes only the first line of JSON and slices its text."""
 
     def __init__(self, state_dir: str, global_hook: bool) -> None:
         self.path = os.path.join(state_dir, NAME)
@@ -92,7 +93,7 @@ class StatusIndex:
         try:
             with open(self.path, "rb") as fh:
                 self.raw = fh.read()
-            self.lines = self.raw.split(b"\n")
+            self.lines = self.raw.split(b"\n", 3)
             meta = json.loads(self.lines[1]) if self.lines[0] == MAGIC else None
         except (OSError, ValueError, IndexError):
             return
@@ -120,18 +121,26 @@ class StatusIndex:
         if not self.meta or not entries:
             return None
         out = self.meta["out"].get(kind)
-        if type(out) is not list or len(out) != 2 or type(out[0]) is not list or len(out[0]) != len(entries):
+        if type(out) is not list or len(out) != 3 or type(out[0]) is not list or len(out[0]) != len(entries):
             return None
         keys = self.meta["keys"]
         for (tid, path), seen in zip(entries, out[0], strict=True):
             spath = path[:-5] + ".summary"
             if spath != seen or not self._key_holds(spath, keys.get(spath), partial(lock_free, tid)):
                 return None
-        try:
-            text = json.loads(self.lines[3 + out[1]])
-        except (ValueError, IndexError, TypeError):
+        return self._text(out)
+
+    def _text(self, out: list[Any]) -> str | None:
+        """A kept output: [order, start, end], bytes of the section after the rows."""
+        if len(out) != 3 or type(out[1]) is not int or type(out[2]) is not int or len(self.lines) != 4:
             return None
-        return text if type(text) is str else None
+        section = self.lines[3]
+        if not 0 <= out[1] <= out[2] <= len(section):
+            return None
+        try:
+            return section[out[1]:out[2]].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
 
     def row(self, tid: str, state_path: str, make: Callable[[], tuple[dict[str, Any], bool]],
             lock_free: Callable[[], bool]) -> dict[str, Any]:
@@ -179,17 +188,20 @@ class StatusIndex:
             return
         texts = dict(self.out)
         if self.all_cached and self.meta and len(self.rows) == len(self.order):  # the other kinds' texts still hold
-            for kind, (order, n) in self.meta["out"].items():
-                if kind not in texts and order == self.order:
-                    try:
-                        texts[kind] = json.loads(self.lines[3 + n])
-                    except (ValueError, IndexError, TypeError):
-                        continue
+            for kind, out in self.meta["out"].items():
+                if kind not in texts and type(out) is list and out and out[0] == self.order:
+                    text = self._text(out)
+                    if text is not None:
+                        texts[kind] = text
         kinds = sorted(texts)
-        meta = {"head": self.head, "keys": self.keys, "out": {k: [self.order, n] for n, k in enumerate(kinds)}}
+        section = [texts[k].encode("utf-8") for k in kinds]
+        spans, at = {}, 0
+        for kind, blob in zip(kinds, section, strict=True):
+            spans[kind] = [self.order, at, at + len(blob)]
+            at += len(blob)
+        meta = {"head": self.head, "keys": self.keys, "out": spans}
         dump = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-        data = b"\n".join([MAGIC, dump(meta).encode(), dump(self.rows).encode(),
-                           *(dump(texts[k]).encode() for k in kinds)]) + b"\n"
+        data = b"\n".join([MAGIC, dump(meta).encode(), dump(self.rows).encode(), b"".join(section)])
         if data == self.raw:
             return
         folder = os.path.dirname(self.path)

@@ -161,14 +161,17 @@ def test_loops_added_and_gone_and_a_global_hook_change_the_answer(loops: Workspa
     assert any(row["hint"] == "kiro loop resume --all" for row in rows(ws).values())
 
 
-@pytest.mark.parametrize("content", [b"", b"garbage\n", b"kiro-status-index 1\n{\"head\": 1}\n",
-                                     b"kiro-status-index 1\n[]\n[]\n", b"\xff\xfe\x00" * 100])
+@pytest.mark.parametrize("content", [b"", b"garbage\n", b"kiro-status-index 2\n{\"head\": 1}\n",
+                                     b"kiro-status-index 2\n[]\n[]\n", b"\xff\xfe\x00" * 100])
 def test_a_broken_or_foreign_index_costs_a_scan_never_a_wrong_answer(loops: Workspace, content: bytes) -> None:
     ws = loops
     assert_same(ws)
     (ws.root / INDEX).write_bytes(content)
     assert_same(ws)
     assert indexed(ws) == {"done1", "half", "held"}  # written again, whole
+    whole = (ws.root / INDEX).read_bytes()
+    (ws.root / INDEX).write_bytes(whole[:-40])  # the kept table cut short: its span no longer fits
+    assert_same(ws)
 
 
 def test_an_agent_running_status_in_its_step_is_not_blamed_and_its_index_is_not_kept(ws: Workspace) -> None:
