@@ -65,7 +65,6 @@ from kiro.usage import StepUsage
 from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
 from kiro.writer import WriteQueue
-from kiro.writer import call as write_call
 
 
 @dataclass
@@ -198,6 +197,7 @@ class Loop:
         self._area_key: tuple[Path, int, int] | None = None
         self._area: str | None = None
         self._write_problems: list[str] = []
+        self._hooks: tuple[str, tuple[Path, Path]] | None = None  # (task id, its stop hooks)
 
     def subscribe(self, *listeners: Listener) -> None:
         """Add listeners (after the event log and the caller's). A `LoopListener` is also told of
@@ -232,10 +232,15 @@ class Loop:
         clean = self.redact.data(record)
         if clean != record:  # what every listener sees (log, terminal, server) is clean
             event = type(event).model_validate(clean)
+            record = event.to_record()
         if self._finishing and isinstance(event, ev.ReportWritten):
             self._finish_report = event.path
+        log = self.log
         for listener in self.listeners:
-            listener(event)
+            if listener is log:
+                log.append_record(record)  # the record just made: not dumped again
+            else:
+                listener(event)
 
     def _saved(self) -> None:
         for listener in self.loop_listeners:
@@ -310,8 +315,12 @@ class Loop:
         if moved is not None:
             return moved
         if self.settings.check_stop_hook:
-            for hook in (self.ws.hook_file(self.state.task_id), self.ws.global_hook_file):
-                if hook.exists():
+            hooks = self._hooks
+            if hooks is None or hooks[0] != self.state.task_id:
+                hooks = self._hooks = (self.state.task_id, (self.ws.hook_file(self.state.task_id),
+                                                            self.ws.global_hook_file))
+            for hook in hooks[1]:
+                if os.path.exists(hook):
                     return conditions.stop_hook(hook, self.ws)
         limit = self.state.timeout_seconds or self.settings.timeout_seconds
         if self.run_elapsed() >= limit:
@@ -729,10 +738,12 @@ class Loop:
                                     error=f"verify `{verify_cmd}` failed:\n{tail(verify_output, 2000)}")
 
         if result.ok:
+            sync: list[int] = []
             try:
-                done_task, checked = await write_call(  # kiro.writer's threads: cheaper than to_thread
-                    lambda: tasks.mark_done(self.task_path, step.key, expected=task,
-                                            include_optional=self.cfg.include_optional))
+                # the box byte is written here; its fdatasync runs on the loop's writer thread before
+                # the state record of this step (or any snapshot holding it) is written (kiro.state)
+                done_task, checked = tasks.mark_done(self.task_path, step.key, expected=task,
+                                                     include_optional=self.cfg.include_optional, sync_later=sync)
             except (TaskFileError, TaskNotFound) as exc:
                 if result.checked_by_executor:
                     checked = [step.id]
@@ -742,6 +753,8 @@ class Loop:
             else:
                 s.steps_total = len(done_task.steps)
                 s.steps_done = done_task.done_count
+            for fd in sync:
+                self.store.sync_before_next_save(s.task_id, fd)
             if result.ok:
                 self.guardrails.activity()
                 self.guardrails.after_attempt(step.id, None)
@@ -902,8 +915,10 @@ class Loop:
             s.current_step.status = "waiting_retry" if delay > 0 else "failed"
 
     async def _after_iteration(self) -> None:
+        """Record the attempt. The save is queued, not awaited here: the next observable step
+        awaits it (the next step's own `asave`, or the run's end), so one wait covers both saves."""
         s = self.state
-        await self.asave()
+        self.save()
         n = self.settings.backup_state_every_n_iterations
         if n and s.iteration % n == 0:
             self.writes.submit(self.store.backup_job(s))  # with the journal: a snapshot now, copied

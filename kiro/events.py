@@ -574,7 +574,9 @@ class EventLog:
         self.append(event)
 
     def append(self, event: Event | dict[str, Any]) -> None:
-        record = event.to_record() if isinstance(event, Event) else event
+        self.append_record(event.to_record() if isinstance(event, Event) else event)
+
+    def append_record(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = safeio.open_regular(self.path, write=True, fix="move it away")  # never blocks on a FIFO

@@ -7,7 +7,10 @@ never fails on a missing placeholder (safe_substitute), so an override can drop 
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+import time
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -29,22 +32,54 @@ def _packaged(name: str) -> str:
     return resources.files("kiro").joinpath("prompts", name).read_text(encoding="utf-8")
 
 
+_RACY_NS = 100_000_000  # an mtime this recent may be shared by a later write (a coarse clock): read again
+_files: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+
+
+def _read_text(path: str, errors: str = "strict") -> str | None:
+    """The text of the file at `path`, or None when there is no file there. Read once per version
+    of the file (its inode, size and mtime, once that mtime is not too recent to tell edits apart):
+    a loop builds prompts every iteration, and a person may edit these files at any time."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    hit = _files.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    with open(path, encoding="utf-8", errors=errors) as fh:
+        text = fh.read()
+    if st.st_mtime_ns + _RACY_NS < time.time_ns():
+        if len(_files) > 256:
+            _files.clear()
+        _files[path] = (key, text)
+    return text
+
+
+@lru_cache(maxsize=64)
+def _template(text: str) -> Template:
+    return Template(text)
+
+
 def template(name: str, workspace: Workspace | None = None) -> Template:
     if workspace is not None:
-        override = workspace.root / "config" / "prompts" / name
-        if override.is_file():
-            return Template(override.read_text(encoding="utf-8"))
-    return Template(_packaged(name))
+        override = _read_text(os.path.join(workspace.root, "config", "prompts", name))
+        if override is not None:
+            return _template(override)
+    return _template(_packaged(name))
 
 
 def _rules(workspace: Workspace | None) -> str:
     """The workspace's own rules for agents: `config/rules.md`, or AGENTS.md at the root."""
     if workspace is None:
         return ""
-    for candidate in (workspace.root / "config" / "rules.md", workspace.root / "AGENTS.md"):
-        if candidate.is_file():
-            text = candidate.read_text(encoding="utf-8", errors="replace").strip()
-            return f"\n# Workspace rules\n{clip(text, 8000)}\n"
+    for candidate in (os.path.join(workspace.root, "config", "rules.md"), os.path.join(workspace.root, "AGENTS.md")):
+        text = _read_text(candidate, errors="replace")
+        if text is not None:
+            return f"\n# Workspace rules\n{clip(text.strip(), 8000)}\n"
     return ""
 
 

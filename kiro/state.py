@@ -9,6 +9,7 @@ Field names and meanings follow the source spec (seed 004, "State File Format");
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -396,6 +397,19 @@ class StateStore:
         if live is not None:
             live.close(snapshot=snapshot)
 
+    def sync_before_next_save(self, task_id: str, fd: int) -> None:
+        """`fd` holds bytes (a checked box) that must be on disk before the next state write that
+        may record them: the loop's journal fdatasyncs (and closes) it before its next append or
+        snapshot; without a journal it is synced now."""
+        live = self.journals.get(task_id)
+        if live is not None:
+            live.sync_first(fd)
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
     def _write_summary(self, state_file: Path, summary: dict[str, Any]) -> None:
         writer = journal.SummaryWriter(journal.summary_path(state_file))
         try:
@@ -415,21 +429,59 @@ class StateStore:
         """`backup` in two halves, as `save_job` (with a journal: nothing to encode now)."""
         live = self.journals.get(state.task_id)
         if live is not None:
-            return live.backup_now
+            upto, iteration = live.seq, state.iteration  # the record of the save just made
+            return lambda: live.backup_now(upto, iteration)
         task_id, iteration, text = state.task_id, state.iteration, self.encode(state)
         return lambda: self._write_backup(task_id, iteration, text)
 
-    def _write_backup(self, task_id: str, iteration: int, text: str) -> Path:
-        folder = self.ws.backups_dir()
+    def _backup_name(self, task_id: str, iteration: int) -> Path:
         stamp = timeutil.now().strftime("%Y%m%dT%H%M%S%f")
-        target = folder / f"autonomous_loop_{task_id}.{stamp}.i{iteration:06d}.json"
+        return self.ws.backups_dir() / f"autonomous_loop_{task_id}.{stamp}.i{iteration:06d}.json"
+
+    def _write_backup(self, task_id: str, iteration: int, text: str) -> Path:
+        target = self._backup_name(task_id, iteration)
         atomic_write(target, text)
         journal.note_own_write(target)  # a running loop's snapshot may make it while an agent runs
-        for old in self._backups(task_id)[BACKUPS_KEPT:]:
-            with contextlib.suppress(FileNotFoundError):
-                old.unlink()
-            journal.note_own_write(old)
+        self._prune_backups(task_id)
         return target
+
+    def _link_backup(self, task_id: str, iteration: int, snapshot: Path, records: bytes) -> Path:
+        """A backup of a running loop whose state is `snapshot` plus the journal `records` after it,
+        made without copying the snapshot (O(history) bytes): the records go to a journal file
+        beside the backup (written and synced first), then the backup's name is a hard link to the
+        snapshot's file, which kiro never writes in place (a new snapshot is a new file). Every kiro
+        reader replays a state file's journal (`StateStore._read`), backups included."""
+        target = self._backup_name(task_id, iteration)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        side = journal.journal_path(target)
+        if records:
+            atomic_write(side, records)
+            journal.note_own_write(side)
+        try:
+            os.link(snapshot, target)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                side.unlink()
+            raise
+        fsync_dir(target.parent)
+        journal.note_own_write(target)
+        self._prune_backups(task_id)
+        return target
+
+    def _prune_backups(self, task_id: str) -> None:
+        """Keep the newest BACKUPS_KEPT backups of `task_id`, with their journals; a journal left
+        without its backup (a kill between the two) goes too."""
+        kept = self._backups(task_id)
+        for old in kept[BACKUPS_KEPT:]:
+            for path in (old, journal.journal_path(old)):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                journal.note_own_write(path)
+        names = {p.name for p in kept[:BACKUPS_KEPT]}
+        for side in self.ws.backups_dir().glob(f"autonomous_loop_{task_id}.*{journal.JOURNAL_SUFFIX}"):
+            if side.with_suffix(".json").name not in names:
+                with contextlib.suppress(FileNotFoundError):
+                    side.unlink()
 
     def _backups(self, task_id: str) -> list[Path]:
         folder = self.ws.backups_dir()
@@ -643,6 +695,11 @@ class LiveJournal:
         self.task_id = state.task_id
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
+        self.sync_lock = threading.Lock()  # held while the files below are synced: no write overtakes them
+        self.sync_fds: list[int] = []  # written files (a checked box) to fdatasync before the next write
+        self.sync_error: OSError | None = None
+        self.appended_iteration = 0  # `iteration` as of the last record on disk (a backup's name)
+        self.ends: collections.deque[tuple[int, int]] = collections.deque(maxlen=256)  # (seq, journal size after it)
 
     # -- the record ------------------------------------------------------------------------
 
@@ -728,13 +785,54 @@ class LiveJournal:
                 self._arm_timer()  # otherwise within _interval(), off the loop's path
             return self.drain
 
-    def backup_now(self) -> None:
-        """`backup_state_every_n_iterations`: the state as saved so far, written to `.state/backups/`
-        now, so each due iteration gets its own backup (the bare state file keeps its own cadence)."""
+    def sync_first(self, fd: int) -> None:
+        """`fd` (closed here, later) must be synced before the next record or snapshot is written."""
         with self.shadow_lock:
-            if self.shadow is None:
-                return
-            _seq, text, summary = self._snapshot_text()
+            self.sync_fds.append(fd)
+
+    def _sync_first(self) -> None:
+        """fdatasync what `sync_first` queued, before any write that may record it. A failed sync
+        fails every later write of this journal: after an fsync error the bytes may be lost, and
+        a record of them must not reach the disk."""
+        with self.sync_lock:
+            with self.shadow_lock:
+                fds, self.sync_fds = self.sync_fds, []
+            for fd in fds:
+                try:
+                    if self.sync_error is None:
+                        os.fdatasync(fd)
+                except OSError as exc:
+                    self.sync_error = exc
+                finally:
+                    os.close(fd)
+            if self.sync_error is not None:
+                raise OSError(self.sync_error.errno, f"could not sync the task file: {self.sync_error.strerror}")
+
+    def backup_now(self, upto: int | None = None, iteration: int | None = None) -> None:
+        """`backup_state_every_n_iterations`: the state as saved up to record `upto` (the save of
+        the due iteration; None: so far), written to `.state/backups/` now, so each due iteration
+        gets its own backup (the bare state file keeps its own cadence). Records saved after
+        `upto` (the loop goes on while its writes are made) are left out of it, unless a snapshot
+        holds them already (then the backup is that newer state, named by its iteration)."""
+        self._sync_first()
+        with self.snap_lock:  # no snapshot replaces the state file meanwhile
+            if not self.closed and self.fd is not None and self.snapshot_seq >= 0:
+                with self.file_lock:
+                    size = self.journal_bytes
+                    if upto is not None and self.snapshot_seq <= upto < self.journal_last_seq:
+                        size = next((end for seq, end in self.ends if seq == upto), size)
+                    else:
+                        iteration = None
+                    records = _pread_all(self.path, size)
+                    if iteration is None or size == self.journal_bytes:
+                        iteration = self.appended_iteration
+                with contextlib.suppress(OSError):  # no hard links here: a copy, as below
+                    self.store._link_backup(self.task_id, iteration, self.state_file, records)
+                    return
+            with self.shadow_lock:
+                if self.shadow is None:
+                    return
+                _seq, text, summary = self._snapshot_text()
         self.store._write_backup(self.task_id, summary.get("iteration") or 0, text)
 
     def _snapshot_text(self) -> tuple[int, str, dict[str, Any]]:
@@ -756,6 +854,7 @@ class LiveJournal:
     def drain(self) -> None:
         """Write what is pending: a snapshot when one is owed (it holds every record made so far),
         else the pending records in one append and one fdatasync."""
+        self._sync_first()
         with self.shadow_lock:
             owed = self.snapshot_owed  # an owed backup waits for the next snapshot
             self.snapshot_owed = False
@@ -781,8 +880,13 @@ class LiveJournal:
         diskfull.note_low_space(fd, self.path.name, max(LOW_SPACE_BYTES, 2 * self.snapshot_bytes))
         journal.note_own_write(self.path, fd)
         ownwrites.note_own_write(self.path)
+        end = self.journal_bytes
+        for n, line in pending:
+            end += len(line)
+            self.ends.append((n, end))
         self.journal_bytes += len(data)
         self.journal_last_seq = pending[-1][0]
+        self.appended_iteration = summary.get("iteration") or 0
         self._summary(summary)
 
     def _snapshot(self) -> None:
@@ -792,6 +896,7 @@ class LiveJournal:
         with self.snap_lock:
             if self.closed:
                 raise RuntimeError(f"the journal of {self.state_file.name} is closed")
+            self._sync_first()
             with self.shadow_lock:
                 seq, text, summary = self._snapshot_text()
                 self.pending = [(n, data) for n, data in self.pending if n > seq]  # the rest is in the snapshot
@@ -807,8 +912,11 @@ class LiveJournal:
                 elif self.journal_bytes and self.journal_last_seq <= seq:
                     os.ftruncate(self.fd, 0)  # every record is in the snapshot (a later one would be lost)
                     self.journal_bytes = 0
+                    self.ends.clear()
                 journal.note_own_write(self.path, self.fd)
                 ownwrites.note_own_write(self.path)
+                if seq >= self.journal_last_seq:
+                    self.appended_iteration = summary.get("iteration") or 0
                 self.snapshot_seq = max(self.snapshot_seq, seq)
                 self.snapshot_bytes = len(text)
                 self.last_snapshot = time.monotonic()
@@ -861,6 +969,15 @@ class LiveJournal:
         with contextlib.suppress(OSError, RuntimeError):  # the journal has it all; the next snapshot tries again
             self._snapshot()
 
+    def _shared(self) -> bool:
+        """The state file is also a backup's file (`StateStore._link_backup`): a run ends with a
+        state file of its own, so that a later in-place write of it (a person, a tool) leaves the
+        backups whole."""
+        try:
+            return os.stat(self.state_file).st_nlink > 1
+        except OSError:
+            return False
+
     def close(self, *, snapshot: bool = True) -> None:
         if self.timer is not None:
             self.timer.cancel()
@@ -869,9 +986,15 @@ class LiveJournal:
             if snapshot:
                 with self.shadow_lock:
                     behind = self._behind()
-                if behind:
+                if behind or self._shared():
                     self._snapshot()
         finally:
+            with self.sync_lock, self.shadow_lock:
+                fds, self.sync_fds = self.sync_fds, []
+            for fd in fds:  # synced by the snapshot above when there was one
+                with contextlib.suppress(OSError):
+                    os.fdatasync(fd)
+                os.close(fd)
             with self.snap_lock, self.file_lock:
                 self.closed = True
                 if self.fd is not None:
@@ -895,6 +1018,24 @@ def _append_all(fd: int, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.ftruncate(fd, size)
         raise
+
+
+def _pread_all(path: Path, size: int) -> bytes:
+    """The first `size` bytes of the file at `path` (the journal's appended records)."""
+    if size <= 0:
+        return b""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        chunks, at = [], 0
+        while at < size:
+            chunk = os.pread(fd, size - at, at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            at += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _item_json(item: Any) -> str:

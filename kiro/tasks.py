@@ -813,11 +813,14 @@ def _open_rw(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
 
 
-def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: bool) -> TaskFile:
+def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: bool,
+                keep: list[int] | None = None) -> TaskFile:
     """Set checkbox markers as a compare-and-swap, in place: read the bytes through one open file,
     work out the edit against them, overwrite just the marker bytes (`pwrite`), fdatasync. A file
     replaced meanwhile (an editor's save by rename) is edited again under its new inode; a
-    change seen by the last look before the write re-runs the edit on the new bytes."""
+    change seen by the last look before the write re-runs the edit on the new bytes. With
+    `durable=False` and `keep`, a descriptor of the file written is appended to `keep`: the
+    caller syncs it later (and closes it)."""
     path = Path(path)
     real = Path(os.path.realpath(path))  # edit the file behind a symlink
     for attempt in range(_EDIT_ATTEMPTS):
@@ -859,6 +862,8 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
                 continue
             ownwrites.note_own_write(real)  # kiro's own edit wakes no watcher (kiro.ownwrites)
             _remember(path, st, read_at, new._raw, new)
+            if keep is not None and not durable:
+                keep.append(os.dup(fd))
             return new
         finally:
             os.close(fd)
@@ -949,9 +954,11 @@ def _parents_to_check(tf: TaskFile, done: dict[int, bool], candidates: Iterable[
 
 
 def mark_done(path: Path, key: KeyLike, *, expected: TaskFile | None = None,
-              include_optional: bool = False) -> tuple[TaskFile, list[str]]:
+              include_optional: bool = False, sync_later: list[int] | None = None) -> tuple[TaskFile, list[str]]:
     """Check the step, then every ancestor whose children are now all done, in one write.
-    Returns the new file and the ids whose boxes kiro checked (not those already checked)."""
+    Returns the new file and the ids whose boxes kiro checked (not those already checked).
+    With `sync_later`, the bytes are not synced here: a descriptor of the file is appended to
+    it for the caller to fdatasync (and close) before anything that depends on the box."""
     checked_ids: list[str] = []
 
     def change(tf: TaskFile) -> dict[int, str] | None:
@@ -973,7 +980,8 @@ def mark_done(path: Path, key: KeyLike, *, expected: TaskFile | None = None,
             return None
         return dict.fromkeys(changed, "x")
 
-    return _edit_boxes(Path(path), change, expected, durable=True), list(checked_ids)
+    return (_edit_boxes(Path(path), change, expected, durable=sync_later is None, keep=sync_later),
+            list(checked_ids))
 
 
 def check_finished_parents(path: Path, *, include_optional: bool = False) -> tuple[TaskFile, list[str]]:

@@ -1,0 +1,113 @@
+"""Backups of a running loop (backup_state_every_n_iterations, SPEC §4) with the journal (issue #12):
+each due iteration gets its own backup, made as a hard link to the current snapshot plus the
+journal records after it (no copy of a history-sized file), and each reads back as exactly the
+state saved at that iteration, also after the loop has written newer snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from kiro import journal
+from kiro.runner import prepare_start, run_loops
+from kiro.state import BACKUPS_KEPT, StateStore
+from kiro.workspace import Workspace
+
+
+def _workspace(root: Path, steps: int) -> Workspace:
+    for name in ("Specs/t", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    (root / "config/autonomous_loop.yaml").write_text(
+        "autonomous_loop:\n  backup_state_every_n_iterations: 1\n  max_iterations: 1000\n")
+    lines = ["---", "title: backups", "executor: shell", "---"]
+    for i in range(1, steps + 1):
+        lines += [f"- [ ] {i}. Step {i}", "  ```sh", "  true", "  ```"]
+    (root / "Specs/t/tasks.md").write_text("\n".join(lines) + "\n")
+    return Workspace(root)
+
+
+def test_each_due_iteration_gets_a_backup_that_reads_back_as_that_iterations_state(tmp_path: Path,
+                                                                                   monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # no timer snapshot overtakes a queued backup (then the backup would be that newer state)
+    monkeypatch.setattr(journal, "SNAPSHOT_SECONDS", 600.0)
+    ws = _workspace(tmp_path / "ws", 12)
+    store = StateStore(ws)
+    seen: dict[str, tuple[int, bytes, bytes | None]] = {}  # backup name -> (iteration read, its bytes, journal)
+    linked: list[str] = []
+    real_link, real_copy = StateStore._link_backup, StateStore._write_backup
+
+    def note(target: Path) -> Path:
+        side = journal.journal_path(target)
+        seen[target.name] = (store._read(target, "t").iteration, target.read_bytes(),
+                             side.read_bytes() if side.exists() else None)
+        return target
+
+    def link(self: StateStore, task_id: str, iteration: int, snapshot: Path, records: bytes) -> Path:
+        linked.append(task_id)
+        return note(real_link(self, task_id, iteration, snapshot, records))
+
+    def copy(self: StateStore, task_id: str, iteration: int, text: str) -> Path:
+        return note(real_copy(self, task_id, iteration, text))
+
+    monkeypatch.setattr(StateStore, "_link_backup", link)
+    monkeypatch.setattr(StateStore, "_write_backup", copy)
+    run = prepare_start(ws, "Specs/t/tasks.md", task_id="t")
+    [outcome] = asyncio.run(run_loops([run]))
+    assert outcome.exit_code == 0, outcome
+    print(f"{len(seen)} backups made ({len(linked)} linked): "
+          f"{sorted((n.rsplit('.i', 1)[1], v[0]) for n, v in seen.items())}")
+    assert sorted(i for i, _b, _j in seen.values()) == list(range(1, 13))
+    assert len(linked) >= 10  # a copy only where no snapshot was on disk yet
+    backups = store._backups("t")
+    assert len(backups) == BACKUPS_KEPT
+    for path in backups:
+        iteration, data, side = seen[path.name]
+        assert int(path.name.rsplit(".i", 1)[1].split(".")[0]) == iteration
+        assert path.read_bytes() == data, "a backup changed after it was made"
+        side_path = journal.journal_path(path)
+        assert (side_path.read_bytes() if side_path.exists() else None) == side
+        assert store._read(path, "t").iteration == iteration
+        assert store._read(path, "t").completed_steps[-1].step_id == str(iteration)
+    leftovers = [p.name for p in ws.backups_dir().iterdir()
+                 if p not in backups and journal.journal_path(p) not in [journal.journal_path(b) for b in backups]]
+    assert leftovers == []
+    # no copy of the state: each backup is the first snapshot's file (a hard link: the loop's own
+    # state file has been replaced by newer snapshots since) plus its journal of later saves
+    assert len({os.stat(p).st_ino for p in backups}) <= 2
+    assert sum(journal.journal_path(p).exists() for p in backups) >= BACKUPS_KEPT - 1
+    # the loop ends with a state file of its own: tearing it in place leaves every backup whole
+    main = ws.archived_state_file("t")  # completed: archived
+    assert os.stat(main).st_nlink == 1
+    main.write_text('{"task_id": "t", "status": "run')
+    assert [store._read(p, "t").iteration for p in backups] == sorted((seen[p.name][0] for p in backups), reverse=True)
+
+
+def test_a_step_is_never_recorded_completed_on_disk_before_its_checked_box_is_synced(
+        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The `[x]` byte is written on the event loop and fdatasync'd on the loop's writer thread
+    (kiro.state LiveJournal.sync_first), before any journal append or snapshot that records the step."""
+    ws = _workspace(tmp_path / "ws", 8)
+    task_file = (ws.root / "Specs/t/tasks.md").resolve()
+    state_file = StateStore(ws).path("t")
+    real_sync = os.fdatasync
+    synced_boxes = [0]
+    checks: list[tuple[int, int]] = []  # (steps recorded completed on disk, boxes synced) at each state sync
+
+    def sync(fd: int) -> None:
+        real_sync(fd)
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if target == str(task_file):
+            synced_boxes[0] = task_file.read_text().count("- [x]")
+        elif target.endswith(".journal") and "backups" not in target:
+            recorded = len(journal.read_state_dict(state_file).get("completed_steps") or [])
+            checks.append((recorded, synced_boxes[0]))
+
+    monkeypatch.setattr(os, "fdatasync", sync)
+    run = prepare_start(ws, "Specs/t/tasks.md", task_id="t")
+    [outcome] = asyncio.run(run_loops([run]))
+    assert outcome.exit_code == 0, outcome
+    print(f"{len(checks)} journal syncs checked: {checks}")
+    assert len(checks) >= 8
+    assert all(recorded <= boxes for recorded, boxes in checks)
+    assert checks[-1][0] >= 7
