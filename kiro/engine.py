@@ -198,6 +198,7 @@ class Loop:
         self._area: str | None = None
         self._write_problems: list[str] = []
         self._hooks: tuple[str, tuple[Path, Path]] | None = None  # (task id, its stop hooks)
+        self._decided: tuple[str, ...] | None = None  # Approved/ and Rejected/
 
     def subscribe(self, *listeners: Listener) -> None:
         """Add listeners (after the event log and the caller's). A `LoopListener` is also told of
@@ -590,6 +591,10 @@ class Loop:
 
     def _apply_decisions(self) -> None:
         """Proposals a person approved or rejected since the last look (SPEC §11, kiro.approval)."""
+        if self._decided is None:
+            self._decided = tuple(os.path.join(self.ws.root, area) for area in (approval.APPROVED, approval.REJECTED))
+        if not any(os.path.isdir(folder) for folder in self._decided):
+            return  # no decision folder: nothing to look at (asked every iteration)
         try:
             done = approval.apply_decisions(self.ws, self.state.task_id, self.task_path)
         except (TaskFileError, TaskNotFound, OSError) as exc:

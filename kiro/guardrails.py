@@ -153,11 +153,15 @@ def _normalise_error(error: str) -> str:
     return re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", first.lower())
 
 
+_statm: list[int] = []  # [pid, fd of /proc/self/statm], opened once per process (asked every iteration)
+
+
 def rss_mb() -> float | None:
     """This process's resident memory, from /proc (Linux); None elsewhere."""
     try:
-        with open("/proc/self/statm") as fh:
-            pages = int(fh.read().split()[1])
+        if not _statm or _statm[0] != os.getpid():  # a forked child has its own /proc/self
+            _statm[:] = [os.getpid(), os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)]
+        pages = int(os.pread(_statm[1], 128, 0).split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
     except (OSError, ValueError, IndexError):
         return None
