@@ -39,6 +39,7 @@ IN_CLOEXEC = os.O_CLOEXEC
 MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
         | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
 DEBOUNCE = 0.02
+WATCH_MAX_DEPTH = 4096  # deeper folders go unwatched (a path that deep is near PATH_MAX anyway)
 _HEADER = struct.Struct("iIII")
 _libc: ctypes.CDLL | None = None
 
@@ -82,8 +83,10 @@ class Inotify:
         self.dirs[wd] = path
 
     def _watch_tree(self, top: str, strict: bool = False) -> None:
+        from kiro.tools.walk import walk  # not os.walk: it recurses once per level, and a tree can be 1,500 deep
+
         self._add(top, strict)
-        for dirpath, dirnames, _files in os.walk(top, followlinks=False):
+        for dirpath, dirnames, _files in walk(top, max_depth=WATCH_MAX_DEPTH):
             for name in dirnames:
                 self._add(os.path.join(dirpath, name), False)
 

@@ -121,6 +121,9 @@ def _run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
     return combined_exit_code(outcomes)
 
 
+LOOP_OUTCOMES = (0, 3, 4, 5, 6)  # SPEC §6 exit codes of a loop that ran; 1 is kiro failing to run it
+
+
 def _detach(argv: list[str], ws: Any, task_id: str) -> None:
     """Run this same command again in the background, in its own session, output to Logs/<id>.out;
     wait until it has taken the loop's lock (or died) so that errors still reach the person."""
@@ -138,6 +141,9 @@ def _detach(argv: list[str], ws: Any, task_id: str) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = out_path.read_text(errors="replace").strip().splitlines()[-1:] if out_path.exists() else []
+            if proc.returncode in LOOP_OUTCOMES:  # it ran and ended before we saw its lock: a short loop
+                console.line(task_id)
+                return
             raise RunError(f"the background loop exited at once (exit {proc.returncode}): "
                            f"{tail[0] if tail else 'see ' + ws.relative(out_path)}")
         if store.is_locked(task_id):
@@ -293,6 +299,11 @@ def resume(
     assert tid is not None
     temporal = _temporal(ws, config)
     if detach and not temporal:
+        from kiro.runner import AlreadyFinished
+        from kiro.status import Status
+
+        if store.load(tid).state.status == Status.COMPLETED:  # as in the foreground, before a process is spent
+            raise AlreadyFinished(f"loop {tid!r} is already completed; nothing to resume")
         argv = [a for a in sys.argv[1:] if a != "--detach"]
         if not task_id:
             argv += ["--task-id", tid]

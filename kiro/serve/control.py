@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kiro.errors import KiroError
 from kiro.state import StateStore
+from kiro.status import Status
 from kiro.workspace import Workspace, check_task_id
 
 CLI_TIMEOUT = 60.0
@@ -95,6 +96,12 @@ class Controller:
             raise ControlError(404, f"no loop with task id {raw!r} in this workspace")
         return raw
 
+    def _completed(self, tid: str) -> bool:
+        try:
+            return self.store.load(tid).state.status == Status.COMPLETED
+        except KiroError:
+            return False  # unreadable or missing: the CLI says what is wrong
+
     # -- operations --------------------------------------------------------------------------
 
     async def start(self, task: Any, options: Any) -> dict[str, Any]:
@@ -143,6 +150,8 @@ class Controller:
 
     async def resume(self, raw_id: Any) -> dict[str, Any]:
         tid = self.task_id(raw_id)
+        if self._completed(tid):  # the CLI says so with exit 0 (nothing to do is no error for a script)
+            raise ControlError(409, f"loop {tid!r} is already completed; nothing to resume")
         code, out, err = await self._kiro("loop", "resume", "--task-id", tid, "--detach", "--quiet")
         if code != 0:
             raise ControlError(409, self._why(err, out))

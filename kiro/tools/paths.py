@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kiro.fsutil import atomic_write
 from kiro.tools.base import ToolError
+from kiro.tools.walk import walk
 
 CONTROL_FOLDERS = (".state", ".hooks", "config", ".git")
 # The workspace's records and task areas: readable, never written by the agent. A task file copied
@@ -134,7 +135,7 @@ class Confinement:
         read kiro's state, hooks or config. Only asked for files with more than one link."""
         seen = 0
         for f in self.forbidden:
-            for folder, dirs, files in os.walk(f.path):
+            for folder, dirs, files in walk(f.path):
                 if f.label == ".git":  # git's object store is large and holds nothing a link could abuse
                     dirs[:] = [d for d in dirs if d not in ("objects", "lfs")]
                 for name in files:
