@@ -186,3 +186,29 @@ def test_with_a_proxy_in_the_environment_the_openai_client_carries_the_calls(
     assert "OpenAI/Python" in fake_openai.chat_requests[0].headers.get("user-agent", "")
     monkeypatch.delenv("HTTP_PROXY")
     assert chat_http.usable_for(fake_openai.base_url)
+
+
+def test_hostile_replies_end_in_a_connection_error_not_a_hang_or_a_full_memory(
+        raw_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endpoint that answers with a body over kiro's limit (announced, chunked, or sent until the
+    connection ends) or with sizes that are no sizes: each call ends with openai's connection error."""
+    monkeypatch.setattr(chat_http, "BODY_LIMIT", 1 << 20)
+    big = b"x" * (600 << 10)
+    replies = {
+        "announced 10 GiB": (b"HTTP/1.1 200 OK\r\nContent-Length: 10737418240\r\n\r\n", False),
+        "negative length": (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", False),
+        "chunked past the limit": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                   + (b"%x\r\n%s\r\n" % (len(big), big)) * 2 + b"0\r\n\r\n", True),
+        "chunk size not hex": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", True),
+        "until close past the limit": (b"HTTP/1.1 200 OK\r\n\r\n" + big * 2, True),
+    }
+    held = 0
+    for what, reply in replies.items():
+        server = raw_server(lambda n, body, reply=reply: reply)
+        with pytest.raises(openai.APIConnectionError) as caught:
+            post_many(server.port, 1)
+        print(f"{what}: {type(caught.value.__cause__).__name__}: {caught.value.__cause__}")
+        held += 1
+    print(f"hostile replies: {held} of {len(replies)} ended in a connection error")
+    plain = raw_server(lambda n, body: (b"HTTP/1.1 200 OK\r\n\r\n" + completion(n), True))  # no headers at all
+    assert post_many(plain.port, 1)[0]["id"] == "c1"

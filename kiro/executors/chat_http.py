@@ -43,11 +43,20 @@ except ImportError:  # pragma: no cover - the values of the openai client this w
 PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
 IDLE_KEPT = 512  # idle connections kept per endpoint
 HEADER_LIMIT = 64 * 1024
+BODY_LIMIT = 64 * 1024 * 1024  # a reply bigger than this is an endpoint gone wrong, not a completion
 USER_AGENT = f"kiro (openai-compatible; openai-python {getattr(openai, '__version__', '?')})"
 
 
 class ProtocolError(Exception):
     """The server's reply is not HTTP/1.1 as kiro reads it."""
+
+
+def _check_size(n: int) -> int:
+    if n < 0:
+        raise ProtocolError(f"a negative body size ({n})")
+    if n > BODY_LIMIT:
+        raise ProtocolError(f"the reply's body is over {BODY_LIMIT // 2**20} MiB")
+    return n
 
 
 def usable_for(base_url: str | None, environ: Any = os.environ) -> bool:
@@ -261,10 +270,19 @@ class ChatHTTP:
             if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
                 raise ProtocolError(f"not an HTTP/1.1 status line: {first[:80]!r}")
             status = int(parts[1])
-            block = await reader.readuntil(b"\r\n\r\n") if first.endswith(b"\r\n") else b""
+            lines: list[bytes] = []
+            size = 0
+            while first.endswith(b"\n"):  # header lines up to the blank one (none at all is allowed)
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                size += len(line)
+                if size > HEADER_LIMIT:
+                    raise ProtocolError(f"the reply's headers are over {HEADER_LIMIT // 1024} KiB")
+                lines.append(line)
             headers: dict[str, str] = {}
-            for line in block.decode("latin-1").split("\r\n"):
-                name, sep, value = line.partition(":")
+            for text in b"".join(lines).decode("latin-1").splitlines():
+                name, sep, value = text.partition(":")
                 if sep:
                     key = name.strip().lower()
                     headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
@@ -275,9 +293,12 @@ class ChatHTTP:
         keep = parts[0] == b"HTTP/1.1" and "close" not in headers.get("connection", "").lower()
         if "chunked" in headers.get("transfer-encoding", "").lower():
             chunks = []
+            total = 0
             while True:
                 size_line = await reader.readline()
                 size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+                total += _check_size(size)
+                _check_size(total)
                 if size == 0:
                     while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                         pass  # trailers
@@ -286,11 +307,17 @@ class ChatHTTP:
                 await reader.readexactly(2)
             content = b"".join(chunks)
         elif "content-length" in headers:
-            content = await reader.readexactly(int(headers["content-length"]))
+            content = await reader.readexactly(_check_size(int(headers["content-length"])))
         elif status in (204, 304):
             content = b""
         else:
-            content = await reader.read()
+            parts_read: list[bytes] = []
+            total = 0
+            while block := await reader.read(65536):
+                total += len(block)
+                _check_size(total)
+                parts_read.append(block)
+            content = b"".join(parts_read)
             keep = False
         return status, headers, content, keep
 
