@@ -653,6 +653,7 @@ class Loop:
 
     async def _iterate(self, task: tasks.TaskFile, step: tasks.Step) -> Stop | None:
         s = self.state
+        before = s.current_step
         s.iteration += 1
         record = s.step_record(step.id)
         attempt = record.attempts + 1
@@ -671,6 +672,10 @@ class Loop:
         s.context.last_prompt = clip(prompts.recent_prompt(prompt, continuation))  # without messages: never repeated
         s.steps_total, s.steps_done = len(task.steps), task.done_count
         await self.asave()
+        if diskfull.hit() is not None:  # the last step's saves, written meanwhile, found the disk full
+            s.iteration -= 1  # this attempt never ran: the loop stops before it, as it would have
+            s.current_step = before
+            return self.limit_check()
         self._stale_since = s.updated_at
         self.emit(ev.IterationStarted(step_id=step.id))
         if reason:
