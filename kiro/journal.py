@@ -60,6 +60,10 @@ journal and are never stale)."""
 SNAPSHOT_BYTES_PER_SECOND = 1024 * 1024
 """...longer for a large state: at most this many bytes of snapshot a second (a 3 MB state, 10,000
 completed steps: one every 3 s), so that what snapshots cost per iteration does not grow with history."""
+SNAPSHOTS_PER_SECOND = 100.0
+"""...and longer with many loops in one process: the timer's snapshots of all the process's running
+loops together come at most this often a second (each is a temp file, an fsync, a rename and an fsync
+of the folder; 1,000 loops: a bare JSON file at most ~10 s behind, kiro's own readers never are)."""
 JOURNAL_MIN_BYTES = 256 * 1024
 """The journal is folded into a new snapshot once it is larger than the snapshot and this."""
 BIG_LISTS = ("completed_steps", "failed_steps", "history")

@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -658,6 +659,9 @@ class StateStore:
         return locks.is_held(self.ws.lock_file(task_id))
 
 
+_live_journals: weakref.WeakSet[LiveJournal] = weakref.WeakSet()  # the journals open in this process
+
+
 class LiveJournal:
     """The journal of one loop running in this process (kiro.journal has the file formats).
 
@@ -700,6 +704,7 @@ class LiveJournal:
         self.sync_error: OSError | None = None
         self.appended_iteration = 0  # `iteration` as of the last record on disk (a backup's name)
         self.ends: collections.deque[tuple[int, int]] = collections.deque(maxlen=256)  # (seq, journal size after it)
+        _live_journals.add(self)
 
     # -- the record ------------------------------------------------------------------------
 
@@ -937,8 +942,10 @@ class LiveJournal:
 
     def _interval(self) -> float:
         """How long the bare state file may lag: SNAPSHOT_SECONDS, longer for a large state (at most
-        SNAPSHOT_BYTES_PER_SECOND of snapshots), so the snapshots' cost per iteration stays flat."""
-        return max(journal.SNAPSHOT_SECONDS, self.snapshot_bytes / journal.SNAPSHOT_BYTES_PER_SECOND)
+        SNAPSHOT_BYTES_PER_SECOND of snapshots), so the snapshots' cost per iteration stays flat, and longer
+        with many loops running in this process (SNAPSHOTS_PER_SECOND for all of them together)."""
+        return max(journal.SNAPSHOT_SECONDS, self.snapshot_bytes / journal.SNAPSHOT_BYTES_PER_SECOND,
+                   len(_live_journals) / journal.SNAPSHOTS_PER_SECOND)
 
     def _arm_timer(self) -> None:
         """While the journal holds what the snapshot does not, a snapshot follows within about
@@ -995,6 +1002,7 @@ class LiveJournal:
                 with contextlib.suppress(OSError):
                     os.fdatasync(fd)
                 os.close(fd)
+            _live_journals.discard(self)
             with self.snap_lock, self.file_lock:
                 self.closed = True
                 if self.fd is not None:

@@ -310,3 +310,37 @@ def test_a_blocking_write_awaited_through_the_writer_threads_returns_or_raises_i
     assert asyncio.run(main()) == (42, "disk on fire")
     writer.workers()._wait_all()
     assert ran == ["snapshot"]
+
+
+def test_with_many_loops_in_one_process_the_timed_snapshots_share_one_budget_and_readers_see_every_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal's timer rewrites each running loop's bare JSON; with many loops in one process those
+    rewrites (temp file, fsync, rename, fsync the folder) together come at most SNAPSHOTS_PER_SECOND a
+    second: here 2 a second for 6 loops, so a loop's bare file may be ~3 s behind, never torn, while
+    kiro's readers (snapshot + journal) see every save at once, and the last save is in the file when
+    the loop stops."""
+    from kiro.state import LoopState
+    from kiro.status import Status
+
+    monkeypatch.setattr(journal, "SNAPSHOTS_PER_SECOND", 2.0)
+    (tmp_path / ".state").mkdir()
+    store = StateStore(KiroWorkspace(tmp_path))
+    states = [LoopState(task_id=f"j{i}", task_path=f"Specs/j{i}/tasks.md", status=Status.RUNNING) for i in range(6)]
+
+    async def run() -> list[tuple[int, int]]:
+        for st in states:
+            store.open_journal(st)
+            await asyncio.to_thread(store.save_job(st))  # the first save: a snapshot
+        for st in states:
+            st.iteration = 5
+            await asyncio.to_thread(store.save_job(st))
+        await asyncio.sleep(1.5)  # past the 1 s a lone loop's bare file may lag, within the shared budget's 3 s
+        return [(json.loads(store.path(st.task_id).read_text())["iteration"],
+                 store.load(st.task_id).state.iteration) for st in states]
+
+    seen = asyncio.run(run())
+    print(f"6 loops, 2 timed snapshots/s: (bare JSON, kiro's reader) iteration after 1.5 s: {seen}")
+    assert seen == [(0, 5)] * 6
+    for st in states:
+        store.close_journal(st.task_id)
+        assert json.loads(store.path(st.task_id).read_text())["iteration"] == 5
