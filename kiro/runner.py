@@ -216,6 +216,7 @@ class StartBatch:
         self._jobs: list[Callable[[], object]] = []
         self._settings: dict[str, tuple[Config, Workspace, Redactor]] = {}
         self._swept: set[Path] = set()
+        self._started: dict[Path, tuple[StateStore, int]] = {}  # state folder -> loops created there
 
     def settings(self, ws0: Workspace, *, config_file: Path | None, task: tasks.TaskFile,
                  overrides: Mapping[str, Any] | None) -> Located:
@@ -260,6 +261,12 @@ class StartBatch:
             self._guards[path] = lock
         yield
 
+    def count_start(self, store: StateStore) -> None:
+        """A loop created: `.state/.starts` gets its byte when the batch's writes are done, one write
+        for all of the folder's loops, before the guard is let go."""
+        folder = store.ws.state_dir
+        self._started[folder] = (store, self._started.get(folder, (store, 0))[1] + 1)
+
     def first_look(self, store: StateStore) -> bool:
         """True once per state folder: the look at its state files under the guard."""
         folder = store.ws.state_dir
@@ -290,9 +297,14 @@ class StartBatch:
                 raise first
         finally:
             self._pending.clear()
-            for lock in self._guards.values():
-                lock.release()
-            self._guards.clear()
+            started, self._started = self._started, {}
+            try:
+                for store, n in started.values():
+                    _count_start(store, n)
+            finally:
+                for lock in self._guards.values():
+                    lock.release()
+                self._guards.clear()
 
     def __enter__(self) -> StartBatch:
         return self
@@ -305,20 +317,23 @@ def _generation_file(store: StateStore) -> Path:
     return store.ws.state_dir / ".starts"
 
 
-def _count_start(store: StateStore) -> None:
+def _count_start(store: StateStore, n: int = 1) -> None:
     """One byte per loop created, so every `LoopIndex` (in any process) learns that it must look."""
     fd = os.open(_generation_file(store), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, b".")
+        os.write(fd, b"." * n)
     finally:
         os.close(fd)
 
 
 def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | None,
-                       index: LoopIndex | None = None, *, refresh: bool = True) -> LoopState | None:
+                       index: LoopIndex | None = None, *, refresh: bool = True,
+                       rel: str | None = None) -> LoopState | None:
     """The unfinished loop, if any, that already works on this task file. `refresh=False`: the
-    caller refreshed `index` itself, once for many look-ups (the watch supervisor's scan)."""
-    rel = store.ws.relative(task_path)
+    caller refreshed `index` itself, once for many look-ups (the watch supervisor's scan). `rel`:
+    the caller's `store.ws.relative(task_path)` (a realpath walk), when it has it."""
+    if rel is None:
+        rel = store.ws.relative(task_path)
     if index is None:
         index = LoopIndex(store)
     elif refresh:
@@ -349,18 +364,19 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         _check_project_dir(ws, cfg)
         ws.ensure_folders()
         checkpoints.preflight(cfg, ws.root / cfg.project_dir)
-    schedule.of_task(task, ws.relative(task_path))  # a bad `schedule:` is one clear line, before anything starts
+    rel = ws.relative(task_path)  # one realpath walk for the loop's three uses
+    schedule.of_task(task, rel)  # a bad `schedule:` is one clear line, before anything starts
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
     with _workspace_guard(store) if batch is None else batch.guard(store):
         hint = task.frontmatter.get("kiro_task_id")
         existing = find_loop_for_task(store, task_path, hint if isinstance(hint, str) else None, index,
-                                      refresh=batch is None or batch.first_look(store))
+                                      refresh=batch is None or batch.first_look(store), rel=rel)
         if existing is not None:
             if store.is_locked(existing.task_id):
                 raise LockHeld(existing.task_id, store.holder_pid(existing.task_id))
             eff = effective_status(existing, alive=False)
             raise UserError(
-                f"{ws.relative(task_path)} already has an unfinished loop {existing.task_id!r} ({eff}); continue it "
+                f"{rel} already has an unfinished loop {existing.task_id!r} ({eff}); continue it "
                 f"with `kiro loop resume --task-id {existing.task_id}`, or delete "
                 f"{ws.relative(store.path(existing.task_id))} to start afresh"
             )
@@ -387,7 +403,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             else:
                 batch.sweep(ws, task_path)
             state = LoopState(
-                task_id=tid, task_path=ws.relative(task_path), max_iterations=cfg.autonomous_loop.max_iterations,
+                task_id=tid, task_path=rel, max_iterations=cfg.autonomous_loop.max_iterations,
                 failure_threshold=cfg.autonomous_loop.failure_threshold,
                 timeout_seconds=cfg.autonomous_loop.timeout_seconds, workspace=str(ws.root),
                 executor=executor_name, title=task.title, pid=os.getpid(),
@@ -397,15 +413,17 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             def create() -> None:
                 if batch is not None:  # with the batch's other first writes, side by side
                     diskfull.reserve(reserve, reserve_bytes)
-                    store.set_role(tid, "loop")
+                    store.set_role(tid, "loop", fresh=True)
                 store.save(state)
-                tasks.set_frontmatter_key(task_path, "kiro_task_id", tid)
-                _count_start(store)
+                tasks.set_frontmatter_key(task_path, "kiro_task_id", tid, expected=task)
+                if batch is None:
+                    _count_start(store)
 
             if batch is None:
                 create()
             else:  # on disk before the batch lets go of the start guard
                 batch.write(create)
+                batch.count_start(store)
             if index is not None:
                 index.note(state, written=batch is None)
         except BaseException:

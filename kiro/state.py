@@ -630,9 +630,21 @@ class StateStore:
                              f"in the config chooses it)") from None
         os.close(fd)
 
-    def set_role(self, task_id: str, role: str) -> None:
-        atomic_write(self.ws.lock_file(task_id).with_suffix(".pid"),
-                     f"{os.getpid()}\n{socket.gethostname()}\n{role}\n", fsync=False)
+    def set_role(self, task_id: str, role: str, *, fresh: bool = False) -> None:
+        """`fresh`: the loop was just created under the start guard (a `StartBatch`), so no holder's
+        file is there to keep whole: written in place (no temp file and rename; a reader that comes
+        between the open and the write reads no pid, as before the file existed)."""
+        path = self.ws.lock_file(task_id).with_suffix(".pid")
+        text = f"{os.getpid()}\n{socket.gethostname()}\n{role}\n"
+        if not fresh:
+            atomic_write(path, text, fsync=False)
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        ownwrites.note_own_write(path)
 
     def holder_role(self, task_id: str) -> str | None:
         try:

@@ -1019,10 +1019,11 @@ def _line_starts(text: str) -> list[int]:
     return starts
 
 
-def set_frontmatter_key(path: Path, key: str, value: str) -> TaskFile:
+def set_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile | None = None) -> TaskFile:
     """Set one top-level frontmatter key (kiro uses it only for `kiro_task_id`): its line is
     replaced, or a line is added before the closing `---`, or, without frontmatter, a frontmatter
-    block is added at the top. Every other line stays as written, comments and order included."""
+    block is added at the top. Every other line stays as written, comments and order included.
+    `expected`: the file as the caller parsed it, used when the disk still holds its bytes."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", key):
         raise ValueError(f"not a simple frontmatter key: {key!r}")
     if "\n" in value or "\r" in value:
@@ -1057,7 +1058,7 @@ def set_frontmatter_key(path: Path, key: str, value: str) -> TaskFile:
             )
         return new
 
-    return _edit(Path(path), change)
+    return _edit(Path(path), change, expected)
 
 
 def add_steps(path: Path, titles: list[str], *, after: KeyLike | None = None) -> tuple[TaskFile, list[Step]]:
