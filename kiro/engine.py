@@ -199,6 +199,7 @@ class Loop:
         self._write_problems: list[str] = []
         self._hooks: tuple[str, tuple[Path, Path]] | None = None  # (task id, its stop hooks)
         self._decided: tuple[str, ...] | None = None  # Approved/ and Rejected/
+        self._save_owed = False  # `save_soon()` was called and no save has been made since
 
     def subscribe(self, *listeners: Listener) -> None:
         """Add listeners (after the event log and the caller's). A `LoopListener` is also told of
@@ -250,10 +251,25 @@ class Loop:
     def save(self) -> None:
         """Record the state: encoded now, written (fsync, rename) by `self.writes` on a worker
         thread, in order with the loop's other writes. The next observable step awaits `flush()`."""
+        self._save_owed = False
         self.state.metrics.total_duration_seconds = round(self.elapsed(), 3)
         self.state.refresh_metrics()
         self.writes.submit(self.store.save_job(self.state), key="state")
         self._saved()
+
+    def save_soon(self) -> None:
+        """`save()` when the loop's task next yields to the event loop, or at its next `save()`,
+        whichever comes first: an iteration's closing save and the next iteration's opening one
+        (with no wait between them) become one record, one append and one fdatasync (issue #12).
+        Nothing can observe the difference: no other code runs on the event loop before the task
+        yields, and the next observable step (`flush()`, a wait) comes after a yield or a save."""
+        if not self._save_owed:
+            self._save_owed = True
+            asyncio.get_running_loop().call_soon(self._owed_save)
+
+    def _owed_save(self) -> None:
+        if self._save_owed:
+            self.save()
 
     async def asave(self) -> None:
         """`save()`, then wait until it is on disk (without holding up the other loops)."""
@@ -262,6 +278,8 @@ class Loop:
 
     async def flush(self) -> None:
         """Wait until every write queued so far is done; raise the first that failed."""
+        if self._save_owed:
+            self.save()
         await self.writes.flush()
         self._report_problems()
 
@@ -925,13 +943,16 @@ class Loop:
             s.current_step.status = "waiting_retry" if delay > 0 else "failed"
 
     async def _after_iteration(self) -> None:
-        """Record the attempt. The save is queued, not awaited here: the next observable step
-        awaits it (the next step's own `asave`, or the run's end), so one wait covers both saves."""
+        """Record the attempt. The save is made when the loop next yields or saves (`save_soon`):
+        on the straight path that is the next step's own `asave`, so one record, one append and one
+        wait cover both saves; any wait, sleep or end of the run before it saves first."""
         s = self.state
-        self.save()
         n = self.settings.backup_state_every_n_iterations
         if n and s.iteration % n == 0:
+            self.save()  # the backup is of this iteration's save
             self.writes.submit(self.store.backup_job(s))  # with the journal: a snapshot now, copied
+        else:
+            self.save_soon()
 
     # -- the end ---------------------------------------------------------------------------
 

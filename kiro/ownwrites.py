@@ -36,10 +36,11 @@ def _remember(path: str, sig: tuple[int, int, int]) -> None:
             del _own[next(iter(_own))]
 
 
-def note_own_write(path: Path | str) -> None:
-    """kiro (this process) just wrote `path`."""
+def note_own_write(path: Path | str, st: os.stat_result | None = None) -> None:
+    """kiro (this process) just wrote `path`; `st`: its `os.stat` taken right after, if the
+    writer has one."""
     p = os.path.abspath(path)
-    _remember(p, _signature(p))
+    _remember(p, _signature(p) if st is None else (st.st_ino, st.st_mtime_ns, st.st_size))
 
 
 def note_own_removal(path: Path | str) -> None:

@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypeVar
 
 from kiro import ownwrites, safeio
 from kiro.errors import TaskFileError, TaskNotFound
@@ -624,7 +624,7 @@ def load(path: Path) -> TaskFile:
     that starts with the path (and the line, where there is one). A file whose bytes did not
     change since the last `load` (or kiro's own edit) is not parsed again: the same `TaskFile`
     comes back (treat it as read-only)."""
-    path = Path(path)
+    path = _as_path(path)
     tf = _cached_load(path)
     if not tf.steps:
         raise TaskFileError(_no_steps_message(tf, path))
@@ -696,9 +696,18 @@ def forget_cache() -> None:
 def _last_look(path: Path) -> bytes | None:
     """The file's bytes right before the replace (a seam the tests use to play a racing editor)."""
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    try:
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def _write_if_unchanged(path: Path, data: bytes, was: bytes, durable: bool = True) -> bool:
@@ -729,7 +738,7 @@ def _edit(path: Path, change: _Change, expected: TaskFile | None = None, durable
     the disk still holds exactly its bytes; otherwise the file is re-read and `change` re-run, so
     a person's edit made since kiro's read is kept and kiro's edit is re-applied on top of it.
     """
-    path = Path(path)
+    path = _as_path(path)
     real = Path(os.path.realpath(path))  # write through a symlink; do not replace the link itself
     for attempt in range(_EDIT_ATTEMPTS):
         raw = _read(path)
@@ -766,8 +775,10 @@ def _read_fd(fd: int, path: Path) -> bytes:
     chunks: list[bytes] = []
     at = 0
     while True:
-        chunk = os.pread(fd, max(st.st_size - at, 0) + 65536, at)
-        if not chunk:
+        want = max(st.st_size - at, 0) + 65536
+        chunk = os.pread(fd, want, at)
+        if len(chunk) < want:  # a short read of a regular file: its end
+            chunks.append(chunk)
             return b"".join(chunks)
         chunks.append(chunk)
         at += len(chunk)
@@ -779,6 +790,20 @@ def _byte_offset(tf: TaskFile, char_offset: int) -> int:
     if len(tf._raw) - head == len(tf.text):  # ASCII: a character is a byte
         return head + char_offset
     return head + len(tf.text[:char_offset].encode("utf-8"))
+
+
+_T = TypeVar("_T")
+
+
+def _as_path(path: Path | str) -> Path:
+    return path if isinstance(path, Path) else Path(path)
+
+
+def _clone(obj: _T) -> _T:
+    """A shallow copy of a dataclass instance (what `copy.copy` makes, without its protocol)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    return new
 
 
 def _with_boxes(tf: TaskFile, marks: dict[int, str], old_raw: bytes) -> TaskFile:
@@ -799,12 +824,34 @@ def _with_boxes(tf: TaskFile, marks: dict[int, str], old_raw: bytes) -> TaskFile
             open_from = min(open_from, i)
         if counts is not None and now_done != old.done and not old.children and not tf.is_optional(old):
             open_leaves += -1 if now_done else 1
-        steps[i] = dataclasses.replace(old, marker=marker)
-    text = _with_markers(tf.text, {steps[i].box_offset: m for i, m in marks.items()})
-    new = dataclasses.replace(
-        tf, text=text, steps=steps, _raw=bytes(raw), _open_from=open_from, _done_count=done, _by_key=tf._by_key,
-        _counts=dataclasses.replace(counts, done=done, open=open_leaves) if counts is not None else None)
+        step = _clone(old)  # keeps what the step worked out once (details, command): the box alone changed
+        step.marker = marker
+        steps[i] = step
+    new = _clone(tf)
+    new.text = _with_markers(tf.text, {steps[i].box_offset: m for i, m in marks.items()})
+    new.steps = steps
+    new._raw = bytes(raw)
+    new._open_from = open_from
+    new._done_count = done
+    new._counts = dataclasses.replace(counts, done=done, open=open_leaves) if counts is not None else None
     return new
+
+
+_reals: dict[str, tuple[int, int, Path]] = {}
+
+
+def _real_path(path: Path, st: os.stat_result) -> Path:
+    """`os.path.realpath(path)`, worked out again only when `path` names another file than last
+    time (`st`: the file opened through it)."""
+    key = str(path)
+    hit = _reals.get(key)
+    if hit is not None and hit[0] == st.st_dev and hit[1] == st.st_ino:
+        return hit[2]
+    real = Path(os.path.realpath(path))
+    if len(_reals) > _CACHE_KEPT:
+        _reals.clear()
+    _reals[key] = (st.st_dev, st.st_ino, real)
+    return real
 
 
 def _open_rw(path: Path) -> int:
@@ -821,11 +868,10 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
     change seen by the last look before the write re-runs the edit on the new bytes. With
     `durable=False` and `keep`, a descriptor of the file written is appended to `keep`: the
     caller syncs it later (and closes it)."""
-    path = Path(path)
-    real = Path(os.path.realpath(path))  # edit the file behind a symlink
+    path = _as_path(path)
     for attempt in range(_EDIT_ATTEMPTS):
         try:
-            fd = _open_rw(real)
+            fd = _open_rw(path)  # the file behind a symlink
         except FileNotFoundError:
             raise TaskNotFound(f"{path}: no such task file") from None
         except OSError as e:
@@ -833,6 +879,7 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
         try:
             read_at = time.time_ns()
             raw = _read_fd(fd, path)
+            real = _real_path(path, os.fstat(fd))
             if expected is not None and raw == expected._raw:
                 tf = expected
             else:
@@ -853,14 +900,15 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
                     os.fdatasync(fd)
             except OSError as e:  # overwriting a byte allocates nothing: not a full disk
                 raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
-            st = os.fstat(fd)
+            ino = os.fstat(fd).st_ino
             try:
-                replaced = os.stat(real).st_ino != st.st_ino
+                st = os.stat(real)
+                replaced = st.st_ino != ino
             except FileNotFoundError:
                 replaced = True
             if replaced:  # written into a file that was just swapped out: edit the new one
                 continue
-            ownwrites.note_own_write(real)  # kiro's own edit wakes no watcher (kiro.ownwrites)
+            ownwrites.note_own_write(real, st)  # kiro's own edit wakes no watcher (kiro.ownwrites)
             _remember(path, st, read_at, new._raw, new)
             if keep is not None and not durable:
                 keep.append(os.dup(fd))
@@ -902,12 +950,12 @@ def set_marker(path: Path, key: KeyLike, marker: str, *, expected: TaskFile | No
         raise ValueError(f"marker must be one of {list(MARKERS)!r}, not {marker!r}")
 
     def change(tf: TaskFile) -> dict[int, str] | None:
-        step = _require(tf, key, Path(path))
+        step = _require(tf, key, _as_path(path))
         if step.marker == marker or (step.done and marker in DONE_MARKERS):
             return None
         return {step.index: marker}
 
-    return _edit_boxes(Path(path), change, expected, durable)
+    return _edit_boxes(_as_path(path), change, expected, durable)
 
 
 class _DoneView(dict[int, bool]):
@@ -933,7 +981,7 @@ def uncheck_all(path: Path, *, expected: TaskFile | None = None) -> tuple[TaskFi
         ids.extend(s.id for s in tf.steps if s.done or s.marker == "-")
         return _with_markers(tf.text, edits) if edits else None
 
-    return _edit(Path(path), change, expected), list(ids)
+    return _edit(_as_path(path), change, expected), list(ids)
 
 
 def _parents_to_check(tf: TaskFile, done: dict[int, bool], candidates: Iterable[int],
@@ -963,7 +1011,7 @@ def mark_done(path: Path, key: KeyLike, *, expected: TaskFile | None = None,
 
     def change(tf: TaskFile) -> dict[int, str] | None:
         checked_ids.clear()
-        step = _require(tf, key, Path(path))
+        step = _require(tf, key, _as_path(path))
         done = _DoneView(tf)
         changed: list[int] = []
         if not step.done:
@@ -980,7 +1028,7 @@ def mark_done(path: Path, key: KeyLike, *, expected: TaskFile | None = None,
             return None
         return dict.fromkeys(changed, "x")
 
-    return (_edit_boxes(Path(path), change, expected, durable=sync_later is None, keep=sync_later),
+    return (_edit_boxes(_as_path(path), change, expected, durable=sync_later is None, keep=sync_later),
             list(checked_ids))
 
 
@@ -999,7 +1047,7 @@ def check_finished_parents(path: Path, *, include_optional: bool = False) -> tup
             return None
         return dict.fromkeys(changed, "x")
 
-    return _edit_boxes(Path(path), change, None, durable=True), list(checked_ids)
+    return _edit_boxes(_as_path(path), change, None, durable=True), list(checked_ids)
 
 
 def _yaml_scalar(value: str) -> str:
@@ -1058,7 +1106,7 @@ def set_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile 
             )
         return new
 
-    return _edit(Path(path), change, expected)
+    return _edit(_as_path(path), change, expected)
 
 
 def add_steps(path: Path, titles: list[str], *, after: KeyLike | None = None) -> tuple[TaskFile, list[Step]]:
@@ -1083,7 +1131,7 @@ def add_steps(path: Path, titles: list[str], *, after: KeyLike | None = None) ->
         lines = text.split("\n")
         anchor: Step | None
         if after is not None:
-            anchor = _require(tf, after, Path(path))
+            anchor = _require(tf, after, _as_path(path))
         elif tf.steps:
             anchor = tf.steps[-1]
             while anchor.parent is not None:
@@ -1116,6 +1164,6 @@ def add_steps(path: Path, titles: list[str], *, after: KeyLike | None = None) ->
             )
         return new
 
-    new_tf = _edit(Path(path), change)
+    new_tf = _edit(_as_path(path), change)
     by_line = {s.line: s for s in new_tf.steps}
     return new_tf, [by_line[i] for i in inserted if i in by_line]
