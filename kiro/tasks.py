@@ -700,12 +700,7 @@ def _last_look(path: Path) -> bytes | None:
     except FileNotFoundError:
         return None
     try:
-        chunks: list[bytes] = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+        return _read_fd(fd, path)
     finally:
         os.close(fd)
 

@@ -159,10 +159,11 @@ class ExecutorBase:
     def build_prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
                 previous_error: str | None, verify_output: str | None, verify_command: str | None,
                 continuation: str | None, task_path: str | None = None,
-                task_file: Path | None = None, system: bool = True) -> tuple[str, str]:
+                task_file: Path | None = None) -> tuple[str, str]:
         """(system prompt, step prompt) for one attempt at `step`. `task_path`: the task file as the
         agent must name it (absolute when the loop works in its own git worktree), else the state's;
-        `task_file`: where it is on disk. `system=False`: no system prompt ("")."""
+        `task_file`: where it is on disk. An executor whose agent reads no prompt (`reads_prompt`,
+        the shell executor) gets no system prompt ("")."""
         from kiro import prompts
 
         text = prompts.step_prompt(task, step, state, attempt=attempt, previous_error=previous_error,
@@ -170,7 +171,7 @@ class ExecutorBase:
                                    continuation=continuation, workspace=workspace,
                                    finish=self.finish_instruction(step, task_path or state.task_path, task=task,
                                                                   task_file=task_file))
-        if not system:
+        if not self.reads_prompt:
             return "", text
         return prompts.system_prompt(task, state, workspace, template_name=self.system_template), text
 

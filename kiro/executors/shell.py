@@ -4,17 +4,11 @@ Success is exit status 0 (SPEC §5)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kiro.config import Config
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.executors.process import last_line, run_process, tail
 from kiro.workspace import Workspace
-
-if TYPE_CHECKING:
-    from kiro.state import LoopState
-    from kiro.tasks import Step, TaskFile
 
 
 def step_env(ctx: StepContext) -> dict[str, str]:
@@ -35,23 +29,11 @@ class ShellExecutor(ExecutorBase):
     """Runs the step's own command; the prompts are recorded (`context.last_prompt`) but sent nowhere."""
 
     name = "shell"
-    system_template = "agent_cli.md"
     reads_prompt = False  # messages wait for an executor whose agent reads them
 
     def __init__(self, config: Config, workspace: Workspace) -> None:
         self.config = config
         self.workspace = workspace
-
-    def build_prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
-                      previous_error: str | None, verify_output: str | None, verify_command: str | None,
-                      continuation: str | None, task_path: str | None = None,
-                      task_file: Path | None = None, system: bool = False) -> tuple[str, str]:
-        """The step prompt only (recorded as `context.last_prompt`): a command reads no system prompt."""
-        _system, prompt = super().build_prompts(
-            task, step, state, workspace=workspace, attempt=attempt, previous_error=previous_error,
-            verify_output=verify_output, verify_command=verify_command, continuation=continuation,
-            task_path=task_path, task_file=task_file, system=False)
-        return "", prompt
 
     async def run_step(self, ctx: StepContext) -> StepResult:
         command = ctx.step.command
