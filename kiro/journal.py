@@ -114,8 +114,11 @@ _task_locks: dict[str, threading.Lock] = {}
 
 
 def task_lock(task_id: str) -> threading.Lock:
-    """Held by a loop's snapshot writes and by the command executor's check of the control files,
-    so that the check never sees a snapshot half made (its temp file, or the file before it is noted)."""
+    """Held by each write kiro makes to a loop's files in `.state/` (snapshot, append, truncation,
+    summary, backup) from the write to its `note_own_write`, and by the command executor's check of
+    the control files, so that the check never sees one of kiro's writes before it is noted (it
+    would take it for the agent's and write the file back). The innermost lock: nothing is taken
+    while it is held but the notes' own."""
     with _own_lock:
         return _task_locks.setdefault(task_id, threading.Lock())
 

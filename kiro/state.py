@@ -441,9 +441,10 @@ class StateStore:
 
     def _write_backup(self, task_id: str, iteration: int, text: str) -> Path:
         target = self._backup_name(task_id, iteration)
-        atomic_write(target, text)
-        journal.note_own_write(target)  # a running loop's snapshot may make it while an agent runs
-        self._prune_backups(task_id)
+        with journal.task_lock(task_id):  # a running loop's snapshot may make it while an agent runs
+            atomic_write(target, text)
+            journal.note_own_write(target)
+            self._prune_backups(task_id)
         return target
 
     def _link_backup(self, task_id: str, iteration: int, snapshot: Path, records: bytes) -> Path:
@@ -455,18 +456,20 @@ class StateStore:
         target = self._backup_name(task_id, iteration)
         target.parent.mkdir(parents=True, exist_ok=True)
         side = journal.journal_path(target)
-        if records:
-            atomic_write(side, records)
-            journal.note_own_write(side)
-        try:
-            os.link(snapshot, target)
-        except OSError:
-            with contextlib.suppress(FileNotFoundError):
-                side.unlink()
-            raise
-        fsync_dir(target.parent)
-        journal.note_own_write(target)
-        self._prune_backups(task_id)
+        with journal.task_lock(task_id):  # made while an agent may run: each write noted as kiro's own
+            if records:
+                atomic_write(side, records)
+                journal.note_own_write(side)
+            try:
+                os.link(snapshot, target)
+            except OSError:
+                with contextlib.suppress(FileNotFoundError):
+                    side.unlink()
+                journal.note_own_write(side)
+                raise
+            fsync_dir(target.parent)
+            journal.note_own_write(target)
+            self._prune_backups(task_id)
         return target
 
     def _prune_backups(self, task_id: str) -> None:
@@ -892,10 +895,11 @@ class LiveJournal:
         fd = self.fd
         assert fd is not None  # opened by the first snapshot
         data = b"".join(d for _n, d in pending)
-        diskfull.retry(lambda: _append_all(fd, data), self.path.name)
+        with journal.task_lock(self.task_id):  # the write and its note are one step for kiro.executors.control
+            diskfull.retry(lambda: _append_all(fd, data), self.path.name)
+            journal.note_own_write(self.path, fd)
         os.fdatasync(fd)
         diskfull.note_low_space(fd, self.path.name, max(LOW_SPACE_BYTES, 2 * self.snapshot_bytes))
-        journal.note_own_write(self.path, fd)
         ownwrites.note_own_write(self.path)
         end = self.journal_bytes
         for n, line in pending:
@@ -922,15 +926,16 @@ class LiveJournal:
                 atomic_write(self.state_file, text)
                 journal.note_own_write(self.state_file)
             with self.file_lock:
-                if self.fd is None:  # the journal of this run starts empty: older records are in the snapshot
-                    self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-                                      | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-                    fsync_dir(self.state_file.parent)  # the journal's own name must survive a power cut
-                elif self.journal_bytes and self.journal_last_seq <= seq:
-                    os.ftruncate(self.fd, 0)  # every record is in the snapshot (a later one would be lost)
-                    self.journal_bytes = 0
-                    self.ends.clear()
-                journal.note_own_write(self.path, self.fd)
+                with journal.task_lock(self.task_id):
+                    if self.fd is None:  # the journal of this run starts empty: older records are in the snapshot
+                        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+                                          | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+                        fsync_dir(self.state_file.parent)  # the journal's own name must survive a power cut
+                    elif self.journal_bytes and self.journal_last_seq <= seq:
+                        os.ftruncate(self.fd, 0)  # every record is in the snapshot (a later one would be lost)
+                        self.journal_bytes = 0
+                        self.ends.clear()
+                    journal.note_own_write(self.path, self.fd)
                 ownwrites.note_own_write(self.path)
                 if seq >= self.journal_last_seq:
                     self.appended_iteration = summary.get("iteration") or 0
@@ -945,8 +950,8 @@ class LiveJournal:
     def _summary(self, summary: dict[str, Any]) -> None:
         """Under file_lock (the summary's writer is not shared between threads)."""
         if summary:
-            with contextlib.suppress(OSError):  # a view: status falls back to the state file
-                self.summary.write(summary)
+            with contextlib.suppress(OSError), journal.task_lock(self.task_id):  # a view: status falls back
+                self.summary.write(summary)                                     # to the state file
                 journal.note_own_write(self.summary.path, self.summary.fd)
                 ownwrites.note_own_write(self.summary.path)
 

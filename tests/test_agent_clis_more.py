@@ -138,7 +138,8 @@ def test_a_usage_error_ends_the_run_with_exit_1_and_the_clis_own_line(ws: Worksp
     assert "usage error" in out
     tid = ws.only_task_id()
     logs = sorted(p.name for p in (ws.root / "Logs" / tid).iterdir())
-    assert logs == ["1-1.log"], logs  # one attempt: no retries of a command line that cannot work
+    first = (ws.root / "Logs" / tid / "1-1.log").read_text()[-3000:]
+    assert logs == ["1-1.log"], (logs, first)  # one attempt: no retries of a command line that cannot work
     assert "- [x]" not in (ws.root / TASK).read_text()
 
 

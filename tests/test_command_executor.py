@@ -305,3 +305,54 @@ def test_kiros_own_temp_files_that_come_and_go_during_a_step_are_not_the_agents(
     (ws.root / "config/autonomous_loop.yaml").write_text("autonomous_loop:\n  max_iterations: 999999\n")
     touched = snap.restore(0, 0)
     assert touched == ["config/autonomous_loop.yaml (changed; restored)"]
+
+
+def test_kiros_own_journal_write_caught_between_its_write_and_its_note_is_not_the_agents(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's writer thread appends a save to the state journal while the agent runs (a save
+    made as the step starts lands after the snapshot of kiro's files was taken). The check after the
+    attempt once ran between that append and its note as kiro's own write: it took the append for
+    the agent's, wrote the journal back to its old bytes (the save was lost) and failed the attempt
+    (CI: an opencode usage error ran twice). A write and its note are one step for the check."""
+    import threading
+
+    from kiro import journal as kjournal
+    from kiro.executors.control import ControlSnapshot
+    from kiro.state import LoopState, StateStore
+    from kiro.status import Status
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    task = ws.task(agent_task(1))
+    kws = KiroWorkspace(ws.root)
+    store = StateStore(kws)
+    state = LoopState(task_id="t", task_path=TASK, status=Status.RUNNING)
+    store.open_journal(state)
+    store.save(state)
+    state.iteration = 1
+    store.save(state)  # the journal has a record: the next save is an append
+    snap = ControlSnapshot.take(kws, "t", task)
+
+    written, go_on = threading.Event(), threading.Event()
+    note = kjournal.note_own_write
+
+    def slow_note(path: object, fd: int | None = None) -> None:
+        if str(path).endswith(kjournal.JOURNAL_SUFFIX) and not written.is_set():
+            written.set()  # the bytes are in the file; the note is not made yet
+            go_on.wait(5)
+        note(path, fd)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kjournal, "note_own_write", slow_note)
+    state.iteration = 2
+    saver = threading.Thread(target=store.save, args=(state,))
+    saver.start()
+    assert written.wait(5)
+    found: list[list[str]] = []
+    checker = threading.Thread(target=lambda: found.append(snap.restore(0, 0)))
+    checker.start()
+    checker.join(0.3)  # the check waits for the note (without it, it is done by now)
+    go_on.set()
+    saver.join(5)
+    checker.join(5)
+    assert found == [[]]
+    store.close_journal("t")
+    assert store.load("t").state.iteration == 2  # the save is kept
