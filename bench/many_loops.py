@@ -14,6 +14,13 @@ files (in Done/ by then) and the model calls the server answered, and exits 1 wh
 complete. It prints calls per second, peak RSS, the start time of all loops, and the renames and
 fsyncs per model call (os.rename/os.replace/os.fsync/os.fdatasync counted in this process, every
 thread).
+
+The start depends on what ran before it. This machine's ext4 is mounted without a journal, and
+there a new file's inode is found by a scan that steps over every inode deleted in the last minute
+(five while their inode-table block is not yet written back: `recently_deleted` in the kernel's
+ext4/ialloc.c). A start of 1,000 loops right after another run of this bench (whose temporary folder
+of ~10,000 files was just deleted) took 4.3-5.1 s; after a quiet minute, 2.4-2.7 s (2026-11-23).
+Wait a minute or more between runs for figures that compare.
 """
 
 from __future__ import annotations

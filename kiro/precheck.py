@@ -35,6 +35,7 @@ from kiro import events as ev
 from kiro import timeutil
 from kiro.fsutil import atomic_write
 from kiro.messages import Inbox
+from kiro.ownwrites import TEMP_SUFFIX
 from kiro.status import Status
 from kiro.usage import StepUsage
 
@@ -134,8 +135,8 @@ def _walk(root: Path, ws_root: Path) -> tuple[dict[str, list[int]], bool]:
         with it:
             for entry in it:
                 name = entry.name
-                if name in SKIP_NAMES or (name in KIRO_OWN and folder == own):
-                    continue
+                if name in SKIP_NAMES or (name in KIRO_OWN and folder == own) or name.endswith(TEMP_SUFFIX):
+                    continue  # (a temp file: kiro's atomic write of Dashboard.md or a task file, there a moment)
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)

@@ -949,9 +949,9 @@ class LiveJournal:
 
     def _summary(self, summary: dict[str, Any]) -> None:
         """Under file_lock (the summary's writer is not shared between threads)."""
-        if summary:
-            with contextlib.suppress(OSError), journal.task_lock(self.task_id):  # a view: status falls back
-                self.summary.write(summary)                                     # to the state file
+        if summary:  # a view: when it cannot be written, status falls back to the state file
+            with contextlib.suppress(OSError), journal.task_lock(self.task_id):
+                self.summary.write(summary)
                 journal.note_own_write(self.summary.path, self.summary.fd)
                 ownwrites.note_own_write(self.summary.path)
 

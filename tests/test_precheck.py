@@ -8,6 +8,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -252,3 +253,16 @@ def test_a_stop_hook_ends_the_wait_for_a_slow_precheck_answer(ws: Workspace, fak
     assert code == 3, ws.output(proc)
     assert ws.state("ai")["stop_reason"] == "stop_hook"
     assert not _named(ws, "precheck_skipped") and _models(fake) == [FULL, CHEAP]
+
+
+def test_kiros_own_temp_files_are_not_a_change_in_the_project(tmp_path: Path) -> None:
+    """Dashboard.md is written by a temp file and a rename; a walk that came between the two once put
+    `.Dashboard.md.<pid>-<rand>.kiro.tmp` in the digest as a file a person added (CI, 1 run in 4)."""
+    from kiro import precheck
+
+    (tmp_path / "Specs/feature").mkdir(parents=True)
+    (tmp_path / ".Dashboard.md.4987-03860711.kiro.tmp").write_text("x" * 405)
+    (tmp_path / "Specs/feature/.tasks.md.12-ab.kiro.tmp").write_text("- [x] 1. a\n")
+    (tmp_path / "incoming.patch").write_text("+ the fix\n")
+    files, capped = precheck._walk(tmp_path, tmp_path)
+    assert sorted(files) == ["incoming.patch"] and not capped
