@@ -93,9 +93,13 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tempor
 
 
 def temporal_config(server: TemporalServer, queue: str, extra: str = "") -> str:
+    """heartbeat_seconds 2: an attempt's heartbeat may be 6 s late before the server takes its worker for
+    lost. With 1 (3 s), a live worker's heartbeat came late once on the loaded 2-core CI machine (two
+    workers, the server and the other xdist process at once): its step ran again on the same worker,
+    which the five-loop kill test counts as a completed step run twice (CI on bd1e2e0)."""
     return (f"autonomous_loop:\n  backoff_base_seconds: 0.01\n  backoff_max_seconds: 0.05\n"
             f"backend:\n  kind: temporal\n  address: {server.address}\n  namespace: default\n"
-            f"  task_queue: {queue}\n  heartbeat_seconds: 1\n" + extra)
+            f"  task_queue: {queue}\n  heartbeat_seconds: 2\n" + extra)
 
 
 class Project:
