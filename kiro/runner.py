@@ -410,18 +410,21 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                 steps_total=len(task.steps), steps_done=sum(1 for s in task.steps if s.done),
             )
 
-            def create() -> None:
-                if batch is not None:  # with the batch's other first writes, side by side
-                    diskfull.reserve(reserve, reserve_bytes)
-                    store.set_role(tid, "loop", fresh=True)
+            if batch is None:
                 store.save(state)
                 tasks.set_frontmatter_key(task_path, "kiro_task_id", tid, expected=task)
-                if batch is None:
-                    _count_start(store)
-
-            if batch is None:
-                create()
+                _count_start(store)
             else:  # on disk before the batch lets go of the start guard
+                # the bytes made here, the writes (no Python work to speak of) on the batch's threads
+                save = store.save_job(state)
+                edit = tasks.set_frontmatter_key_job(task_path, "kiro_task_id", tid, expected=task)
+
+                def create() -> None:  # with the batch's other first writes, side by side
+                    diskfull.reserve(reserve, reserve_bytes)
+                    store.set_role(tid, "loop", fresh=True)
+                    save()
+                    edit()
+
                 batch.write(create)
                 batch.count_start(store)
             if index is not None:

@@ -1067,6 +1067,34 @@ def set_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile 
     replaced, or a line is added before the closing `---`, or, without frontmatter, a frontmatter
     block is added at the top. Every other line stays as written, comments and order included.
     `expected`: the file as the caller parsed it, used when the disk still holds its bytes."""
+    return _edit(_as_path(path), _frontmatter_change(key, value), expected)
+
+
+def set_frontmatter_key_job(path: Path, key: str, value: str, *, expected: TaskFile) -> Callable[[], object]:
+    """`set_frontmatter_key` in two halves, as `StateStore.save_job` (a batch start, kiro.runner):
+    the new bytes are made now, from `expected`, in the caller's thread; the returned function
+    writes them (in any thread) if the file still holds `expected`'s bytes, else makes the edit
+    again on what the file holds then (a person's edit meanwhile is kept)."""
+    path = _as_path(path)
+    change = _frontmatter_change(key, value)
+    new_text = change(expected)
+    if new_text is None or new_text == expected.text:
+        return lambda: None
+    data = (_BOM if expected._bom else b"") + new_text.encode("utf-8")
+    real = Path(os.path.realpath(path))
+
+    def write() -> None:
+        try:
+            written = _write_if_unchanged(real, data, expected._raw)
+        except OSError as e:
+            raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
+        if not written:
+            _edit(path, change)
+
+    return write
+
+
+def _frontmatter_change(key: str, value: str) -> _Change:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", key):
         raise ValueError(f"not a simple frontmatter key: {key!r}")
     if "\n" in value or "\r" in value:
@@ -1101,7 +1129,7 @@ def set_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile 
             )
         return new
 
-    return _edit(_as_path(path), change, expected)
+    return change
 
 
 def add_steps(path: Path, titles: list[str], *, after: KeyLike | None = None) -> tuple[TaskFile, list[Step]]:

@@ -62,6 +62,37 @@ def test_a_persons_edit_after_kiros_read_survives_kiros_write(tmp_path: Path, ed
 
 
 @pytest.mark.parametrize("edit", sorted(PERSON_EDITS))
+def test_a_persons_edit_between_a_batch_starts_read_and_its_write_survives(tmp_path: Path, edit: str) -> None:
+    """A batch start (`kiro loop start --task a --task b ...`) makes the `kiro_task_id` edit of
+    every task file while it prepares the loops and writes them all at its end: a person's edit in
+    between is kept, and the key is set on top of it."""
+    path = write(tmp_path, BASE)
+    seen = tasks.load(path)
+    job = tasks.set_frontmatter_key_job(path, "kiro_task_id", "t1", expected=seen)
+    assert path.read_bytes() == BASE.encode()  # nothing written yet
+
+    persons = PERSON_EDITS[edit](BASE)
+    path.write_bytes(persons.encode())
+    job()
+
+    after = tasks.load(path)
+    assert after.frontmatter == {"kiro_task_id": "t1"}
+    nl = "\r\n" if "\r\n" in persons else "\n"
+    assert path.read_bytes() == f"---{nl}kiro_task_id: t1{nl}---{nl}{persons}".encode()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_batch_starts_task_id_edit_of_an_unchanged_file_and_of_one_that_has_it(tmp_path: Path) -> None:
+    path = write(tmp_path, "---\ntitle: Plan  # mine\n---\n" + BASE)
+    job = tasks.set_frontmatter_key_job(path, "kiro_task_id", "t1", expected=tasks.load(path))
+    job()
+    assert path.read_text() == "---\ntitle: Plan  # mine\nkiro_task_id: t1\n---\n" + BASE
+    before = path.stat().st_mtime_ns, path.stat().st_ino
+    tasks.set_frontmatter_key_job(path, "kiro_task_id", "t1", expected=tasks.load(path))()
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == before  # the same value: nothing written
+
+
+@pytest.mark.parametrize("edit", sorted(PERSON_EDITS))
 def test_a_persons_edit_during_kiros_write_survives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str
 ) -> None:
