@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import os
 import socket
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +38,16 @@ from kiro.workspace import Workspace
 
 @dataclass
 class Clone:
-    """A worker's own clone of the project, and its per-loop worktrees under `.kiro/worktrees/`."""
+    """A worker's own clone of the project, and its per-loop worktrees under `.kiro/worktrees/`.
+
+    `lock`: held by what changes the clone's shared repository (fetch, worktree add and prune, push and
+    the remote-tracking ref it moves), so that the attempts running side by side on this worker never
+    meet on its refs. A fetch that lost such a meeting once made an attempt start from the loop's base
+    commit, not its branch: its push was refused and the step ran again."""
 
     path: Path
     name: str
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def git(self, cwd: Path | None = None) -> checkpoints.Git:
         return checkpoints.Git(cwd or self.path)
@@ -145,11 +153,14 @@ class Attempts:
     def _checkout(self, inp: dict[str, Any]) -> tuple[Path, str]:
         """The loop's worktree at the branch's tip on the remote (or the loop's base commit), with
         whatever an earlier attempt on this machine left there wiped."""
+        with self.clone.lock:
+            return self._checkout_locked(inp)
+
+    def _checkout_locked(self, inp: dict[str, Any]) -> tuple[Path, str]:
         tid, branch = inp["task_id"], f"kiro/{inp['task_id']}"
         main = self.clone.git()
         remote_ref = f"refs/remotes/origin/{branch}"
-        main.run("fetch", "-q", "origin", f"+refs/heads/{branch}:{remote_ref}", check=False, timeout=300)
-        if main.ok("rev-parse", "--verify", "-q", remote_ref):
+        if _fetch_branch(main, branch, remote_ref):
             start = main.out("rev-parse", remote_ref)
         else:
             base = inp["base_commit"]
@@ -184,6 +195,10 @@ class Attempts:
         if os.environ.get("KIRO_RAISE_ERRORS") and os.environ.get("KIRO_TEST_PAUSE_BEFORE_PUSH"):
             marker = Path(os.environ["KIRO_TEST_PAUSE_BEFORE_PUSH"])  # tests: a window to kill the worker here
             marker.write_text(f"{inp['task_id']} {inp['step_id']}\n")
+        with self.clone.lock:
+            return self._push_locked(inp, wt, sha)
+
+    def _push_locked(self, inp: dict[str, Any], wt: checkpoints.Git, sha: str) -> str:
         push = wt.run("push", "-q", "origin", f"HEAD:refs/heads/kiro/{inp['task_id']}", check=False, timeout=300)
         if push.returncode == 0:
             return sha
@@ -240,6 +255,20 @@ async def _heartbeat(seconds: float) -> None:
     while True:
         activity.heartbeat()
         await asyncio.sleep(seconds)
+
+
+def _fetch_branch(main: checkpoints.Git, branch: str, remote_ref: str) -> bool:
+    """Fetch the loop's branch into `remote_ref`: True when the remote has it, False when it does not
+    (the loop's first step: it starts from the base commit). Any other failure is tried again, then a
+    GitError: starting from the base commit when the branch exists would run the step on old files."""
+    for attempt in range(3):
+        r = main.run("fetch", "-q", "origin", f"+refs/heads/{branch}:{remote_ref}", check=False, timeout=300)
+        if r.returncode == 0:
+            return True
+        if "couldn't find remote ref" in (r.stderr or ""):
+            return False
+        time.sleep(0.2 * (attempt + 1))
+    raise checkpoints.GitError(f"fetch of {branch} failed: {(r.stderr or '').strip()[-300:]}")
 
 
 def _find_done(git: checkpoints.Git, inp: dict[str, Any], tip: str) -> str | None:

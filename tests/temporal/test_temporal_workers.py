@@ -63,6 +63,15 @@ def test_five_loops_two_workers_one_sigkilled_mid_step(tws: Workspace, project: 
 
     ran = runs(rdir / "runs.log")
     again: list[tuple[str, str]] = []
+
+    def diagnose(what: object, lost: object) -> str:
+        """What a failure needs to be understood (CI, 2026-11-23: a step of a loop the killed worker was not
+        running ran twice on the survivor, and nothing said why): every execution in order, the loop's
+        worker_lost events, and what the workers printed (an activity failure is logged there)."""
+        outs = "\n".join(f"--- worker {n}:\n{workers.output(n)[-3000:]}" for n in ("w1", "w2", "workspace"))
+        return (f"{what}\nvictim {victim}; worker_lost: {lost}\nexecutions in order:\n"
+                + "\n".join(" ".join(r) for r in ran) + f"\n{outs}\n--- kiro:\n{tws.output(proc)[-3000:]}")
+
     for name in names:
         tid = next(p.name[len("autonomous_loop_"):-5] for p in (tws.root / ".state" / "archive").glob("*.json")
                    if json.loads(p.read_text())["task_path"] == f"Done/{name}/tasks.md")
@@ -79,10 +88,10 @@ def test_five_loops_two_workers_one_sigkilled_mid_step(tws: Workspace, project: 
             execs = [w for t, s, w in ran if (t, s) == (name, step)]
             if len(execs) == 2:
                 again.append((name, step))
-                assert f"clone_{victim}" in execs[0] and f"clone_{survivor}" in execs[1], execs
-                assert lost[step]["tries"] == 2 and lost[step]["worker"] == survivor, lost
+                assert f"clone_{victim}" in execs[0] and f"clone_{survivor}" in execs[1], diagnose(execs, lost)
+                assert lost[step]["tries"] == 2 and lost[step]["worker"] == survivor, diagnose(execs, lost)
             else:
-                assert len(execs) == 1, (name, step, execs)
+                assert len(execs) == 1, diagnose((name, step, execs), lost)
         if name == "f1":
             f1 = tid
     print(f"{len(ran)} step executions for 20 steps; killed {victim} mid-step; ran again (lost mid-step): {again}")
