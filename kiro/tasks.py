@@ -705,11 +705,13 @@ def _last_look(path: Path) -> bytes | None:
         os.close(fd)
 
 
-def _write_if_unchanged(path: Path, data: bytes, was: bytes, durable: bool = True) -> bool:
+def _write_if_unchanged(path: Path, data: bytes, was: bytes, durable: bool = True, *, shown: Path) -> bool:
     """Write `data` over `path` atomically (`kiro.fsutil.atomic_write`: temp file, fsync, replace,
     fsync the folder), keeping the file's permission bits (and owner, where allowed), unless the
     file no longer holds `was`: the last look right before the replace then finds other bytes, and
-    nothing is written (returns False).
+    nothing is written (returns False). A write that fails is a TaskFileError naming `shown` (the
+    path as the caller gave it; `path` is the file behind a symlink); a full disk is DiskFull
+    (kiro.fsutil).
 
     Remaining race: a save that lands between the last look and `os.replace` (microseconds) is
     overwritten by kiro's version. Closing it would need a lock every editor honours, and editors
@@ -721,6 +723,8 @@ def _write_if_unchanged(path: Path, data: bytes, was: bytes, durable: bool = Tru
         return atomic_write(path, data, fsync=durable, keep_mode=True, unchanged=lambda: _last_look(path) == was)
     except FileNotFoundError:
         return False
+    except OSError as e:
+        raise TaskFileError(f"{shown}: cannot write the task file: {e.strerror or e}") from None
 
 
 _Change: TypeAlias = Callable[[TaskFile], "str | None"]
@@ -745,11 +749,7 @@ def _edit(path: Path, change: _Change, expected: TaskFile | None = None, durable
         if new_text is None or new_text == tf.text:
             return tf
         data = (_BOM if tf._bom else b"") + new_text.encode("utf-8")
-        try:
-            written = _write_if_unchanged(real, data, raw, durable)  # a full disk: DiskFull (kiro.fsutil)
-        except OSError as e:
-            raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
-        if written:
+        if _write_if_unchanged(real, data, raw, durable, shown=path):
             return _parse_bytes(data, path)
         time.sleep(0.01 * (attempt + 1))
     raise TaskFileError(
@@ -1084,11 +1084,7 @@ def set_frontmatter_key_job(path: Path, key: str, value: str, *, expected: TaskF
     real = Path(os.path.realpath(path))
 
     def write() -> None:
-        try:
-            written = _write_if_unchanged(real, data, expected._raw)
-        except OSError as e:
-            raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
-        if not written:
+        if not _write_if_unchanged(real, data, expected._raw, shown=path):
             _edit(path, change)
 
     return write

@@ -205,9 +205,10 @@ class Attempts:
         # Someone else moved the branch: another worker that ran this same attempt (this one was presumed
         # dead) pushed first. Its push is the step; ours is dropped.
         main = self.clone.git()
-        main.run("fetch", "-q", "origin", f"+refs/heads/kiro/{inp['task_id']}:refs/remotes/origin/kiro/"
-                 f"{inp['task_id']}", check=False, timeout=300)
-        found = _find_done(main, inp, f"refs/remotes/origin/kiro/{inp['task_id']}")
+        remote_ref = f"refs/remotes/origin/kiro/{inp['task_id']}"
+        with contextlib.suppress(checkpoints.GitError):  # then nothing is found: the push's own error says why
+            _fetch_branch(main, f"kiro/{inp['task_id']}", remote_ref)
+        found = _find_done(main, inp, remote_ref)
         if found:
             return "recovered:" + found
         raise checkpoints.GitError(f"push of kiro/{inp['task_id']} failed: {(push.stderr or '').strip()[-300:]}")
