@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from kiro import tasks, timeutil
+from kiro import safeio, tasks, timeutil
 from kiro.fsutil import atomic_write
 from kiro.messages import Inbox
 from kiro.workspace import Workspace
@@ -61,7 +61,7 @@ def _split(text: str) -> tuple[dict[str, Any], str]:
 
 
 def _join(meta: dict[str, Any], body: str) -> str:
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + body
+    return "---\n" + safeio.yaml_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + body
 
 
 def proposals(ws: Workspace, task_id: str, area: str) -> list[Path]:

@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import yaml
-
-from kiro import timeutil, views
+from kiro import safeio, timeutil, views
 from kiro.fsutil import atomic_write
 from kiro.shared import Registry
 from kiro.state import LoopState, StateStore, effective_status
@@ -161,7 +159,7 @@ def markdown(entries: list[Entry], now: datetime | None = None) -> str:
             failed.append(e)
         else:
             paused.append(e)
-    head = yaml.safe_dump({"type": "dashboard", "created": timeutil.iso(now)}, sort_keys=False)
+    head = safeio.yaml_dump({"type": "dashboard", "created": timeutil.iso(now)}, sort_keys=False)
     out = [f"---\n{head}---\n", "# Autonomous Loop Progress\n"]
     for title, items, key in (("Active Loops", active, "active"), ("Paused", paused, "paused"),
                               ("Completed Today", done_today, "completed"), ("Failed", failed, "failed")):

@@ -10,15 +10,13 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any
 
-import yaml
-
-from kiro import timeutil
+from kiro import safeio, timeutil
 from kiro.state import CompletedStep, FailedStep, LoopState
 
 
 def _frontmatter(fields: dict[str, Any]) -> str:
     fields = {k: v.value if isinstance(v, Enum) else v for k, v in fields.items()}  # Status -> its string
-    body = yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1000)
+    body = safeio.yaml_dump(fields, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1000)
     return f"---\n{body}---\n"
 
 

@@ -17,6 +17,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from kiro.errors import UserError
 
@@ -146,6 +147,17 @@ def check_file_or_absent(path: Path | str, *, name: str | None = None, fix: str 
         raise UnreadableFile(shown, reason, fix) from None
     if not stat.S_ISREG(mode):
         raise UnreadableFile(shown, f"is {file_kind(mode)}, not a file", fix)
+
+
+def yaml_dump(data: object, **options: Any) -> str:
+    """`yaml.safe_dump(data, **options)` through libyaml's emitter where PyYAML has it: about 5x
+    faster (a completion report's frontmatter was ~0.3 ms of each loop's end, issue #12), and its
+    text reads back as the same data where PyYAML's own emitter's may not (a string holding NEL,
+    U+0085, came back with a space in it)."""
+    import yaml
+
+    dumper: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return str(yaml.dump(data, Dumper=dumper, **options))
 
 
 def yaml_shape_problem(text: str) -> str | None:

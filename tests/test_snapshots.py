@@ -150,3 +150,17 @@ def test_report_snapshots() -> None:
     _check("progress_report.md", reports.progress_report(
         st, steps=[("1", "Set up project structure", True), ("2.1", "Create the User model", True),
                    ("2.2", "Implement login", False)]))
+
+
+def test_a_reports_frontmatter_reads_back_as_the_values_written() -> None:
+    """The frontmatter is YAML a program reads back: characters a file name may hold (a NEL, U+0085,
+    from a Windows-1252 name; a line separator; quotes; a colon; a leading dash) come back unchanged.
+    PyYAML's own emitter wrote NEL inside a quoted scalar, which read back as a space; kiro writes
+    through libyaml's (kiro.safeio.yaml_dump)."""
+    import yaml
+
+    for name in ("a\x85b", "\x85", "x\u2028y", "it's: \"quoted\"", "- leading dash", "trail ", "é\ufeff中"):
+        path = f"Done/{name}/tasks.md"
+        text = reports.completion_report(_report_state().model_copy(update={"task_path": path}), moved_to=path)
+        head = text.split("---\n")[1]
+        assert yaml.safe_load(head)["task_path"] == path, (name, head)
