@@ -128,8 +128,19 @@ class Redactor:
 
     @classmethod
     def for_run(cls, config: Config, environ: Mapping[str, str] | None = None) -> Redactor:
-        """Everything one run knows as secret (see the module docstring). Built once per loop."""
+        """Everything one run knows as secret (see the module docstring). Built once per loop; loops
+        of one config in one environment (a thousand started together) share the one built last."""
         env = os.environ if environ is None else environ
+        key = (_env_key(env), config.llm.api_key_env, tuple(config.secret_env), config.llm.base_url,
+               tuple(config.on_event.values()), config.executor_command, config.verify)
+        if _run_seen and _run_seen[0][0] == key:
+            return _run_seen[0][1]
+        made = cls._for_run(config, env)
+        _run_seen[:] = [(key, made)]
+        return made
+
+    @classmethod
+    def _for_run(cls, config: Config, env: Mapping[str, str]) -> Redactor:
         values, forms = _environment_secrets(env)
         key = env.get(config.llm.api_key_env)
         if key:
@@ -219,13 +230,21 @@ def _trie_pattern(words: Iterable[str]) -> str:
     return build(trie)
 
 
+_run_seen: list[tuple[tuple[Any, ...], Redactor]] = []  # the last run's redactor and what it was made of
 _env_seen: list[tuple[frozenset[tuple[str, str]], list[str], list[str]]] = []  # the last environment scanned
+
+
+def _env_key(env: Mapping[str, str]) -> frozenset[tuple[Any, Any]]:
+    """What an environment holds, to compare with another; `os.environ` by its bytes (no decoding of
+    every name and value: ~10x cheaper, paid per loop started)."""
+    data = getattr(env, "_data", None) if env is os.environ else None
+    return frozenset((data if isinstance(data, dict) else env).items())
 
 
 def _environment_secrets(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """The secrets in an environment; the same environment (a thousand loops started in one
     process) is scanned once."""
-    key = frozenset(env.items())
+    key = _env_key(env)
     if _env_seen and _env_seen[0][0] == key:
         return list(_env_seen[0][1]), list(_env_seen[0][2])
     values, forms = _scan_environment(env)

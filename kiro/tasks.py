@@ -1115,10 +1115,11 @@ def _frontmatter_change(key: str, value: str) -> _Change:
             else:
                 end = starts[at] + len(lines[at]) - (1 if lines[at].endswith("\r") else 0)
                 new = text[: starts[at]] + entry + text[end:]
-        after = parse(new, tf.path)  # refuse to write frontmatter that no longer says what it did
+        # refuse to write frontmatter that no longer says what it did (the frontmatter alone is read
+        # again: the steps below it are the same bytes)
+        after, _lines, _keys = _parse_frontmatter(new.split("\n"), tf.path)
         others = {k: v for k, v in tf.frontmatter.items() if k != key}
-        if after.frontmatter.get(key) != value or {k: v for k, v in after.frontmatter.items()
-                                                    if k != key} != others:
+        if after.get(key) != value or {k: v for k, v in after.items() if k != key} != others:
             raise TaskFileError(
                 f"{_where(tf.path)}: cannot set frontmatter key {key!r} without rewriting other keys; "
                 f"write '{entry}' into the frontmatter by hand"

@@ -15,6 +15,8 @@ import textwrap
 import uuid
 from pathlib import Path
 
+import pytest
+
 from kiro.config import Config
 from kiro.redact import REDACTED, Redactor
 from tests.conftest import FAST_CONFIG, Workspace, shell_task
@@ -162,6 +164,31 @@ def test_redactor_knows_env_names_formats_urls_commands_and_configured_names() -
         assert leaked not in out, (leaked, out)
     assert "abc" in out and "/root" in out  # short values and ordinary ones stay
     assert r.data({"a": ["ghp_" + "a" * 36, 3]}) == {"a": [REDACTED, 3]}
+
+
+def test_the_run_redactor_made_once_for_many_loops_still_learns_a_new_secret() -> None:
+    """Loops of one config in one environment share one redactor (1,000 loops started together);
+    a secret added to the environment or the config since is known to the next loop's."""
+    cfg = Config.model_validate({"secret_env": ["CUSTOM"]})
+    env = {"CUSTOM": "custom-secret-value-1"}
+    first = Redactor.for_run(cfg, env)
+    assert Redactor.for_run(cfg, dict(env)) is first  # the same facts: the same redactor
+    later = Redactor.for_run(cfg, {**env, "GITHUB_TOKEN": "ghp_" + "c" * 36})
+    assert REDACTED == later.text("ghp_" + "c" * 36)
+    cfg.secret_env.append("OTHER")
+    other = Redactor.for_run(cfg, {**env, "OTHER": "other-secret-value-2"})
+    assert other.text("custom-secret-value-1 other-secret-value-2") == f"{REDACTED} {REDACTED}"
+    assert first.text("other-secret-value-2") == "other-secret-value-2"
+
+
+def test_the_run_redactor_learns_a_secret_set_in_this_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = Config()
+    before = Redactor.for_run(cfg)
+    assert Redactor.for_run(cfg) is before
+    monkeypatch.setenv("DEPLOY_TOKEN", "deploy-token-value-3")
+    assert Redactor.for_run(cfg).text("deploy-token-value-3") == REDACTED
+    monkeypatch.delenv("DEPLOY_TOKEN")
+    assert Redactor.for_run(cfg).text("deploy-token-value-3") == "deploy-token-value-3"
 
 
 def test_a_failing_step_leaks_nothing_into_the_escalation_or_progress_reports(ws: Workspace) -> None:
