@@ -88,8 +88,11 @@ def _atomic_write(path: Path | str, raw: bytes, *, fsync: bool, mode: int | None
                   dir_fd: int | None, unchanged: Callable[[], bool] | None) -> bool:
     if dir_fd is None:
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # made on first need: a mkdir per write cost more than the write (#12)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
         name = target.name
     else:
         folder, name = dir_fd, str(path)

@@ -93,21 +93,24 @@ _own: OrderedDict[str, tuple[int, int] | None] = OrderedDict()
 _own_lock = threading.Lock()
 
 
-def note_own_write(path: Path | str, fd: int | None = None) -> None:
+def note_own_write(path: Path | str, fd: int | None = None) -> os.stat_result | None:
     """Record that kiro itself just wrote `path` (or deleted it), so that the command executor's
     check of kiro's control files (kiro.executors.control) does not take a snapshot or journal write
-    made while an agent runs (the timer's) for the agent's doing."""
+    made while an agent runs (the timer's) for the agent's doing. Returns the file's stat (None when
+    it is gone), for `ownwrites.note_own_write` to note the same write without another."""
     key = os.path.normpath(os.fspath(path))
+    st: os.stat_result | None
     try:
         st = os.fstat(fd) if fd is not None else os.stat(key)
         seen: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
     except FileNotFoundError:
-        seen = None
+        st = seen = None
     with _own_lock:
         _own[key] = seen
         _own.move_to_end(key)
         while len(_own) > _OWN_KEPT:
             _own.popitem(last=False)
+    return st
 
 
 _task_locks: dict[str, threading.Lock] = {}

@@ -897,10 +897,10 @@ class LiveJournal:
         data = b"".join(d for _n, d in pending)
         with journal.task_lock(self.task_id):  # the write and its note are one step for kiro.executors.control
             diskfull.retry(lambda: _append_all(fd, data), self.path.name)
-            journal.note_own_write(self.path, fd)
+            st = journal.note_own_write(self.path, fd)
         os.fdatasync(fd)
         diskfull.note_low_space(fd, self.path.name, max(LOW_SPACE_BYTES, 2 * self.snapshot_bytes))
-        ownwrites.note_own_write(self.path)
+        ownwrites.note_own_write(self.path, st)  # the same write, the same stat (the sync changes neither)
         end = self.journal_bytes
         for n, line in pending:
             end += len(line)
@@ -952,8 +952,8 @@ class LiveJournal:
         if summary:  # a view: when it cannot be written, status falls back to the state file
             with contextlib.suppress(OSError), journal.task_lock(self.task_id):
                 self.summary.write(summary)
-                journal.note_own_write(self.summary.path, self.summary.fd)
-                ownwrites.note_own_write(self.summary.path)
+                st = journal.note_own_write(self.summary.path, self.summary.fd)
+                ownwrites.note_own_write(self.summary.path, st)
 
     # -- the timer and the end -------------------------------------------------------------
 

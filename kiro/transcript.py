@@ -78,8 +78,11 @@ class Transcript:
             lines, self._pending = self._pending, []
         if not lines:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except FileNotFoundError:  # the folder is made on first need, not checked every append (#12)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             data = memoryview(b"".join(lines))
             while data:
