@@ -10,6 +10,8 @@ import contextlib
 import json
 import math
 import os
+import resource
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -393,7 +395,9 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             warnings += unused_command_warning(cfg, executor_name)
             executor = executors.create(executor_name, cfg, ws, tid)
         executor_name = executor.name
+        room_for_loops(1)
         lock = store.acquire(tid, write_role=batch is None)
+        _hold(ws, tid)
         reserve = diskfull.reserve_path(ws.state_dir, tid)
         try:
             reserve_bytes = _reserve_bytes(task_path, None)
@@ -430,11 +434,43 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             if index is not None:
                 index.note(state, written=batch is None)
         except BaseException:
-            diskfull.drop(reserve)
-            store.release(tid, lock)
+            _release(store, tid, lock, reserve)
             raise
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
                    release=lambda: _release(store, tid, lock, reserve), executor=executor, lock=lock)
+
+
+FILES_PER_LOOP = 8
+"""Open files one running loop may hold: its lock, event log, journal and summary, a connection to the
+model's server, a step's three pipes (5 measured for an openai loop between steps)."""
+FILES_SPARE = 64  # this process's own: the interpreter, the dashboard, a watcher, the server's clients
+
+_held: set[tuple[str, str]] = set()  # (state folder, task id) of the loops this process holds
+_held_lock = threading.Lock()
+
+
+def room_for_loops(more: int) -> None:
+    """Make sure this process may open the files of `more` loops beside the ones it holds: the soft
+    limit of open files (`ulimit -n`, often 1,024) is raised, up to the hard limit, when they would
+    not fit. A limit too low even so is one clear error before anything starts, not "Too many open
+    files" from the middle of a run (400 loops under `ulimit -n 1024` ended so)."""
+    with _held_lock:
+        need = FILES_PER_LOOP * (len(_held) + more) + FILES_SPARE
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < need:
+            if hard != resource.RLIM_INFINITY and hard < need:
+                raise UserError(
+                    f"{len(_held) + more} loops in one process need about {need} open files, and this process may "
+                    f"open at most {hard} (its hard limit); raise it (`ulimit -Hn`; LimitNOFILE= for a systemd "
+                    f"service) or run fewer loops per process")
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need * 2 if hard == resource.RLIM_INFINITY
+                                                        else min(hard, need * 2), hard))
+
+
+def _hold(ws: Workspace, task_id: str) -> None:
+    """The loop's lock is this process's until `_release`: its files count in `room_for_loops`."""
+    with _held_lock:
+        _held.add((str(ws.state_dir), task_id))
 
 
 def _reserve_bytes(task_path: Path, state_path: Path | None) -> int:
@@ -447,7 +483,13 @@ def _reserve_bytes(task_path: Path, state_path: Path | None) -> int:
     return size
 
 
+def _unhold(ws: Workspace, task_id: str) -> None:
+    with _held_lock:
+        _held.discard((str(ws.state_dir), task_id))
+
+
 def _release(store: StateStore, task_id: str, lock: FileLock, reserve: Path) -> None:
+    _unhold(store.ws, task_id)
     diskfull.drop(reserve)
     store.release(task_id, lock)
 
@@ -485,7 +527,9 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
                         f"pauses every loop; run `kiro loop resume --all` to remove it and continue every paused "
                         f"loop, or delete it and run this command again")
     _check_logs(ws, task_id)
+    room_for_loops(1)
     lock = held_lock or store.acquire(task_id)
+    _hold(ws, task_id)
     reserve = diskfull.reserve_path(ws.state_dir, task_id)
     try:
         loaded = store.load(task_id)  # re-read under the lock: the holder may just have finished
@@ -546,6 +590,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if loaded.archived:
             store.unarchive(task_id)
     except BaseException:
+        _unhold(ws, task_id)
         diskfull.drop(reserve)
         if held_lock is None:
             store.release(task_id, lock)

@@ -344,3 +344,51 @@ def test_with_many_loops_in_one_process_the_timed_snapshots_share_one_budget_and
     for st in states:
         store.close_journal(st.task_id)
         assert json.loads(store.path(st.task_id).read_text())["iteration"] == 5
+
+
+def _kiro_with_open_files(ws: Workspace, soft: int, hard: int, *args: str) -> Any:
+    """`kiro` in a process whose limit of open files is (soft, hard): `ulimit -Sn`/`-Hn` as a user sets it."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return subprocess.run([sys.executable, "-m", "kiro", *args], cwd=ws.root, env=ws.env(), capture_output=True,
+                          text=True, timeout=300, preexec_fn=limit)
+
+
+def _shell_tasks(ws: Workspace, n: int) -> list[str]:
+    args = []
+    text = "- [ ] 1. One\n  ```sh\n  true\n  ```\n- [ ] 2. Two\n  ```sh\n  true\n  ```\n"
+    for i in range(n):
+        ws.task(text, rel=f"Specs/t{i:02d}/tasks.md")
+        args += ["--task", f"Specs/t{i:02d}/tasks.md"]
+    return args
+
+
+def test_many_loops_run_under_a_low_soft_limit_of_open_files(ws: Workspace) -> None:
+    """`ulimit -n` is often 1,024 while the hard limit is far higher: 400 loops in one process then
+    ended with "Too many open files" and an internal error. kiro raises its soft limit, within the
+    hard one, to what its loops need (here 60 loops under a soft limit of 128)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit of open files here is {hard}")
+    proc = _kiro_with_open_files(ws, 128, hard, "loop", "start", *_shell_tasks(ws, 60), "--executor", "shell", "-q")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(list((ws.root / "Done").rglob("tasks.md"))) == 60
+
+
+def test_a_hard_limit_of_open_files_too_low_for_the_loops_is_one_line_before_anything_starts(ws: Workspace) -> None:
+    args = _shell_tasks(ws, 60)
+    before = {p: p.read_bytes() for p in (ws.root / "Specs").rglob("tasks.md")}
+    proc = _kiro_with_open_files(ws, 128, 128, "loop", "start", *args, "--executor", "shell", "-q")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "60 loops in one process need about" in lines[0] and "ulimit -Hn" in lines[0], lines
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert not list((ws.root / ".state").glob("autonomous_loop_*")), "a state file was written"
+    assert {p: p.read_bytes() for p in (ws.root / "Specs").rglob("tasks.md")} == before

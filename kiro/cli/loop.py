@@ -209,7 +209,9 @@ def start(
     index = None
     batch = None
     if len(task) > 1:
-        from kiro.runner import LoopIndex, StartBatch
+        from kiro.runner import LoopIndex, StartBatch, room_for_loops
+
+        room_for_loops(len(task))  # a limit of open files too low for them all: said before any state is written
 
         index = LoopIndex(_store(ws, lenient=False))
         batch = StartBatch()  # one start guard, the new loops' files written side by side
@@ -366,6 +368,9 @@ def _resume_all(ws0: Any, store: Any, *, config: Path | None, max_iterations: in
             _detach([*base, "--task-id", tid], ws, tid)
         return
     runs: list[Any] = []
+    from kiro.runner import room_for_loops
+
+    room_for_loops(len(targets))  # a limit of open files too low for them all: said before any loop moves
     try:
         for tid in targets:
             runs.append(prepare_resume(ws0, tid, config_file=config, overrides=overrides, max_iterations=max_iterations,
