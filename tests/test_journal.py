@@ -153,3 +153,74 @@ def test_the_summary_says_what_status_shows_and_a_torn_one_is_refused(tmp_path: 
     torn = data[:40] + data[40:60].replace(b"3", b"4") + data[60:]
     assert journal.decode_summary(torn.replace(b'"iteration":3', b'"iteration":4')) is None
     store.close_journal("s")
+
+
+def _steps_in_order(state: LoopState) -> list[tuple[str, dict[str, object]]]:
+    return [(k, r.model_dump(mode="json", by_alias=True)) for k, r in state.steps.items()]
+
+
+def test_steps_records_are_journaled_entry_by_entry_and_read_back_in_order(tmp_path: Path) -> None:
+    """steps{} (a record per step with attempts, up to STEPS_KEPT) is journaled by the entries that
+    changed, not whole at every save (~20 KB a save at 200 steps, issue #12). Read back, it holds the
+    same records in the same order (the oldest are the first dropped), whatever the engine, a rollback
+    or a scheduled run's reset did to it: records added, changed in place, removed, removed and added
+    again, replaced by new objects, the dict rebuilt in another order, extra keys of a newer kiro."""
+    from kiro.state import StepRecord
+
+    store = _store(tmp_path)
+    state = LoopState(task_id="p", task_path="Specs/p/tasks.md", status=Status.RUNNING)
+    store.open_journal(state)
+    store.save(state)
+    rng = random.Random(7)
+    kinds: dict[str, int] = {}
+    for i in range(600):
+        kind = rng.choice(["add", "add", "attempt", "error", "retry", "pop", "readd", "replace", "reorder",
+                           "clear", "extra", "none"])
+        keys = list(state.steps)
+        if kind == "add":
+            state.step_record(f"s{i}").attempts = 1
+        elif kind == "attempt" and keys:
+            state.steps[rng.choice(keys)].attempts += 1
+        elif kind == "error" and keys:
+            state.steps[rng.choice(keys)].last_error = rng.choice([None, "boom", f"e{i}"])
+        elif kind == "retry" and keys:
+            state.steps[rng.choice(keys)].next_retry_at = rng.choice([None, timeutil.iso()])
+        elif kind == "pop" and keys:
+            state.steps.pop(rng.choice(keys))
+        elif kind == "readd" and keys:
+            k = rng.choice(keys)
+            rec = state.steps.pop(k)
+            state.steps[k] = rec  # the same record, now last
+        elif kind == "replace" and keys:
+            state.steps[rng.choice(keys)] = StepRecord(attempts=rng.randint(1, 3))
+        elif kind == "reorder" and len(keys) > 1:
+            state.steps = dict(reversed(list(state.steps.items())))
+        elif kind == "clear" and rng.random() < 0.2:
+            state.steps = {}
+        elif kind == "extra" and keys:
+            rec = state.steps[rng.choice(keys)]
+            rec.__pydantic_extra__ = {**(rec.__pydantic_extra__ or {}), "newer": [i]}
+        kinds[kind] = kinds.get(kind, 0) + 1
+        store.save(state)
+        assert _steps_in_order(store.load(state.task_id).state) == _steps_in_order(state), (i, kind)
+    print(f"600 random changes of steps{{}} read back in order: {kinds}")
+
+
+def test_a_save_that_changes_one_steps_record_journals_that_record_only(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    state = LoopState(task_id="q", task_path="Specs/q/tasks.md", status=Status.RUNNING)
+    for i in range(200):
+        state.step_record(str(i)).attempts = 1
+    store.open_journal(state)
+    store.save(state)
+    path = journal.journal_path(store.path("q"))
+    before = path.stat().st_size
+    state.step_record("7").last_error = "boom"
+    state.iteration += 1
+    store.save(state)
+    line = path.read_bytes()[before:]
+    record = json.loads(line)
+    assert record["put"] == {"steps": {"7": {"attempts": 1, "last_error": "boom", "next_retry_at": None,
+                                             "last_verify_output": None}}}, record
+    assert "steps" not in record["set"] and len(line) < 400, line
+    assert store.load("q").state.steps["7"].last_error == "boom"
