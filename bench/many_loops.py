@@ -7,7 +7,8 @@ request with a `complete_step` call for the step the request is about (the promp
 <id>" line), a summary that differs per step: every step really completes, and loop detection (the
 same call with the same arguments three times in a row) has no reason to fire. kiro runs all the
 loops in one process (the engine behind `kiro loop start --task a --task b ...`), each with the
-openai executor and its own task file.
+openai executor and its own task file, and an API key in the environment as every real run has (so the
+redactor looks for it in everything kiro writes; since 2026-11-23, figures before had no secret).
 
 The bench CHECKS the work: it counts the loops that ended `completed`, the checked boxes in the task
 files (in Done/ by then) and the model calls the server answered, and exits 1 when any loop did not
@@ -159,7 +160,9 @@ def main() -> int:
             (root / f"Specs/t{i:04d}").mkdir()
             (root / f"Specs/t{i:04d}/tasks.md").write_text(task)
         ws = Workspace(root)
-        os.environ.pop("OPENAI_API_KEY", None)
+        # an API key, as every real run has one: the redactor then has a secret to look for in every
+        # event, transcript line and state record (without one it has no pattern and costs nothing)
+        os.environ["OPENAI_API_KEY"] = "sk-bench-" + "k" * 40
         # warm the imports and the config cache outside the timed start (a real `kiro loop start`
         # pays them once at process start-up, measured by bench/status_cold_start.py)
         import kiro.executors.openai_agent  # noqa: F401
@@ -189,6 +192,8 @@ def main() -> int:
         ops = counter.snapshot() - before_run
         ok = sum(1 for o in outcomes if o.exit_code == 0)
         boxes = checked_boxes(root)
+        key = os.environ["OPENAI_API_KEY"].encode()
+        leaked = [p for p in root.rglob("*") if p.is_file() and key in p.read_bytes()]
         calls = answered.value
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         renames = ops["rename"] + ops["replace"]
@@ -204,13 +209,15 @@ def main() -> int:
         print(f"  per model call: {renames / per:.2f} renames, {syncs / per:.2f} fsyncs "
               f"({ops['fsync']} fsync, {ops['fdatasync']} fdatasync, {renames} renames in all)")
         print(f"  peak resident memory of the kiro process: {peak:.0f} MB")
+        first = f" ({leaked[0]}, ...)" if leaked else ""
+        print(f"  files in the workspace holding the API key: {len(leaked)}{first}")
         if ok != args.loops or boxes != args.loops * args.steps:
             reasons = Counter(f"{o.status}/{o.reason}" for o in outcomes if o.exit_code != 0)
             print(f"  NOT ALL WORK DONE: {dict(reasons)}; first: "
                   f"{next((o.message for o in outcomes if o.exit_code != 0), '')}")
     server.terminate()
     print(f"(open-file limit raised from {soft} to {hard} for the run)", file=sys.stderr)
-    return 0 if ok == args.loops and boxes == args.loops * args.steps else 1
+    return 0 if ok == args.loops and boxes == args.loops * args.steps and not leaked else 1
 
 
 if __name__ == "__main__":

@@ -161,8 +161,14 @@ class Redactor:
         return cls(values, forms)
 
     def __or__(self, other: Redactor | None) -> Redactor:
-        if other is None:
+        """One redactor that cuts what either cuts; one of the two when it already knows everything
+        the other does (an attempt's `loop's | executor's`, the same every attempt: no new pattern)."""
+        if other is None or other is self:
             return self
+        if other.secrets <= self.secrets and other.literal_forms <= self.literal_forms:
+            return self
+        if self.secrets <= other.secrets and self.literal_forms <= other.literal_forms:
+            return other
         return Redactor(self.secrets | other.secrets, self.literal_forms | other.literal_forms)
 
     # -- using ---------------------------------------------------------------------------------

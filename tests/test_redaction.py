@@ -203,3 +203,12 @@ def test_a_failing_step_leaks_nothing_into_the_escalation_or_progress_reports(ws
     assert list((ws.root / "Logs" / "progress_reports").glob("*.md"))
     assert files_holding(ws.root, secret) == []
     assert secret not in r.stdout + r.stderr
+
+
+def test_the_union_of_two_redactors_cuts_what_either_cuts() -> None:
+    a = Redactor(["secret-aaaa-1111"], ["user:pw@"])
+    b = Redactor(["secret-bbbb-2222"])
+    both = a | b
+    assert both.text("secret-aaaa-1111 secret-bbbb-2222 user:pw@host") == f"{REDACTED} {REDACTED} {REDACTED}host"
+    assert (both | a) is both and (a | both) is both  # nothing new: no new pattern per attempt
+    assert (a | None) is a and (Redactor() | a) is a
