@@ -10,6 +10,7 @@ redirect the write, and the temp file is created with O_EXCL | O_NOFOLLOW.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import secrets
 import stat
@@ -21,9 +22,13 @@ from kiro import ownwrites
 TEMP_SUFFIX = ownwrites.TEMP_SUFFIX
 
 
+_temp_serial = itertools.count(secrets.randbits(32))  # unique per call in this process, no syscall each
+
+
 def temp_name(name: str) -> str:
-    """The temp file beside `name` (hidden, unique per process and call, recognisable for cleanup)."""
-    return f".{name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    """The temp file beside `name` (hidden, unique per process and call, recognisable for cleanup).
+    Created with O_EXCL: a name left by a process that had this pid before is never written into."""
+    return f".{name}.{os.getpid()}-{next(_temp_serial):x}{TEMP_SUFFIX}"
 
 
 def fsync_dir(folder: Path | str | int) -> None:
