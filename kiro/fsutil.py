@@ -64,11 +64,15 @@ def atomic_write(
     keep_mode: bool = False,
     dir_fd: int | None = None,
     unchanged: Callable[[], bool] | None = None,
+    sync_folder: bool = True,
 ) -> bool:
     """Replace (or create) `path` with `data`, atomically.
 
     - `fsync=False` skips both fsyncs (files that are rewritten often and cheap to lose: Dashboard.md,
       progress reports, hooks); the rename is still atomic.
+    - `sync_folder=False` (with `fsync`): the file's bytes are synced before the rename, the folder's
+      entry is not; the caller fsyncs the folder once for many files before anything depends on them
+      (a batch start's new state files, kiro.runner.StartBatch).
     - `mode` sets the file's permission bits exactly; otherwise a new file gets `new_mode` (less the
       umask) and, with `keep_mode`, an existing file keeps its bits (and its owner, where allowed).
     - `dir_fd`: `path` is a name inside that open folder (the agent's confined file tools).
@@ -82,7 +86,8 @@ def atomic_write(
     from kiro import diskfull
 
     written = diskfull.retry(lambda: _atomic_write(path, raw, fsync=fsync, mode=mode, new_mode=new_mode,
-                                                   keep_mode=keep_mode, dir_fd=dir_fd, unchanged=unchanged),
+                                                   keep_mode=keep_mode, dir_fd=dir_fd, unchanged=unchanged,
+                                                   sync_folder=sync_folder),
                              Path(path).name)
     if written and dir_fd is None:
         ownwrites.note_own_write(path)  # kiro's own watcher need not wake for it
@@ -90,7 +95,7 @@ def atomic_write(
 
 
 def _atomic_write(path: Path | str, raw: bytes, *, fsync: bool, mode: int | None, new_mode: int, keep_mode: bool,
-                  dir_fd: int | None, unchanged: Callable[[], bool] | None) -> bool:
+                  dir_fd: int | None, unchanged: Callable[[], bool] | None, sync_folder: bool = True) -> bool:
     if dir_fd is None:
         target = Path(path)
         try:
@@ -133,7 +138,7 @@ def _atomic_write(path: Path | str, raw: bytes, *, fsync: bool, mode: int | None
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=folder)
             raise
-        if fsync:
+        if fsync and sync_folder:
             fsync_dir(folder)
         return True
     finally:

@@ -25,6 +25,7 @@ from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
 from kiro.events import Listener
 from kiro.executors.base import Executor
+from kiro.fsutil import fsync_dir
 from kiro.guardrails import SharedLimits
 from kiro.listeners import standard as standard_listeners
 from kiro.redact import Redactor
@@ -297,6 +298,8 @@ class StartBatch:
                     first = exc
             if first is not None:
                 raise first
+            for store, _n in self._started.values():  # the new state files' names, one fsync for them all
+                fsync_dir(store.ws.state_dir)
         finally:
             self._pending.clear()
             started, self._started = self._started, {}
@@ -420,7 +423,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                 _count_start(store)
             else:  # on disk before the batch lets go of the start guard
                 # the bytes made here, the writes (no Python work to speak of) on the batch's threads
-                save = store.save_job(state)
+                save = store.save_job(state, sync_folder=False)  # .state/ is synced once, by the batch's end
                 edit = tasks.set_frontmatter_key_job(task_path, "kiro_task_id", tid, expected=task)
 
                 def create() -> None:  # with the batch's other first writes, side by side

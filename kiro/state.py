@@ -362,13 +362,14 @@ class StateStore:
     def save(self, state: LoopState, *, fsync: bool = True) -> None:
         self.save_job(state, fsync=fsync)()
 
-    def save_job(self, state: LoopState, *, fsync: bool = True) -> Callable[[], object]:
+    def save_job(self, state: LoopState, *, fsync: bool = True, sync_folder: bool = True) -> Callable[[], object]:
         """A save in two halves: the state is stamped and encoded now (in the caller's thread, the
         only one that touches it), the returned function writes it (in any thread: `kiro.writer`).
         With the loop's journal open (`open_journal`) the record of what changed is made now and the
         job writes every record not written yet, so a later job that replaces this one in the queue
         writes it too. Otherwise the job writes a whole new state file (and removes any journal
-        beside it: its records are in that file)."""
+        beside it: its records are in that file). `sync_folder=False`: the caller fsyncs `.state/`
+        itself, once for many new files (kiro.fsutil.atomic_write)."""
         live = self.journals.get(state.task_id)
         if live is not None:
             return live.prepare(state)
@@ -378,7 +379,7 @@ class StateStore:
         summary = journal.summary_of(state.model_dump(mode="json", by_alias=True, exclude=set(journal.BIG_LISTS)))
 
         def write() -> None:
-            atomic_write(path, data, fsync=fsync)
+            atomic_write(path, data, fsync=fsync, sync_folder=sync_folder)
             with contextlib.suppress(FileNotFoundError):
                 journal.journal_path(path).unlink()
             self._write_summary(path, summary)

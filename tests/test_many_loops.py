@@ -392,3 +392,39 @@ def test_a_hard_limit_of_open_files_too_low_for_the_loops_is_one_line_before_any
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     assert not list((ws.root / ".state").glob("autonomous_loop_*")), "a state file was written"
     assert {p: p.read_bytes() for p in (ws.root / "Specs").rglob("tasks.md")} == before
+
+
+def test_a_batch_start_syncs_the_state_folder_once_after_every_new_state_file_is_in_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new state file's bytes are fsynced before its rename; the folder's entries (the names)
+    are made durable by one fsync of `.state/` for the whole batch, after the last state file is in
+    place and before the batch counts its starts and lets go of the start guard (1,000 fsyncs of
+    one folder from 32 threads, before)."""
+    import kiro.fsutil
+    import kiro.runner
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    ws = _workspace(tmp_path / "ws", "http://127.0.0.1:9/v1", 6, 1)
+    synced: list[tuple[str, int, int]] = []  # (folder, state files in it then, .starts bytes then)
+    real = kiro.fsutil.fsync_dir
+
+    def record(folder: Path | str | int) -> None:
+        if not isinstance(folder, int) and Path(folder) == ws.state_dir:
+            starts = ws.state_dir / ".starts"
+            synced.append((str(folder), len(list(ws.state_dir.glob("autonomous_loop_*.json"))),
+                           starts.stat().st_size if starts.exists() else 0))
+        real(folder)
+
+    monkeypatch.setattr(kiro.fsutil, "fsync_dir", record)
+    monkeypatch.setattr(kiro.runner, "fsync_dir", record)
+    index = LoopIndex(StateStore(ws))
+    with StartBatch() as batch:
+        runs = [prepare_start(ws, f"Specs/t{i:02d}/tasks.md", task_id=f"t{i:02d}", index=index, batch=batch)
+                for i in range(6)]
+    try:
+        assert synced == [(str(ws.state_dir), 6, 0)], synced
+        assert os.path.getsize(ws.state_dir / ".starts") == 6
+    finally:
+        for r in runs:
+            if r.release:
+                r.release()
