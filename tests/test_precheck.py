@@ -55,7 +55,10 @@ def test_nothing_changed_skips_the_turn_and_a_message_passes_the_gate(ws: Worksp
     proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ai")
     try:
         ws.wait_for(lambda: _named(ws, "precheck_skipped"), what="precheck_skipped")
-        ws.wait_for(lambda: ws.state("ai")["status"] == "sleeping", what="the sleep after a skipped turn")
+        # the sleep of the skipped turn on disk: the status alone may still be the first attempt's backoff
+        # (its `backoff_over` is saved with the pre-check's own sleep, after `precheck_skipped` is logged)
+        ws.wait_for(lambda: (st := ws.state("ai"))["status"] == "sleeping"
+                    and st["history"][-1]["reason"] == "precheck_skipped", what="the sleep after a skipped turn")
         assert _models(fake) == [FULL, CHEAP]  # the skipped turn made no full-model call
         skipped = _named(ws, "precheck_skipped")
         assert len(skipped) == 1 and skipped[0]["scope"] == "iteration" and skipped[0]["model"] == CHEAP
