@@ -729,7 +729,7 @@ class LiveJournal:
         for name in journal.BIG_LISTS:
             items = getattr(state, name)
             self.tracked[name] = (items, len(items), items[-1] if items else None)
-        self.steps_seen = {k: _step_mark(r) for k, r in state.steps.items()}
+        self.steps_seen = _step_marks(state.steps)
 
     def _diff(self, state: LoopState, shadow: dict[str, Any]) -> dict[str, Any]:
         small = state.model_dump(mode="json", by_alias=True, exclude=_NOT_DUMPED_WHOLE)
@@ -770,14 +770,14 @@ class LiveJournal:
     def _steps_diff(self, state: LoopState, shadow: dict[str, Any]) -> dict[str, Any] | None:
         """steps{} entries added or changed since the last record (their JSON) and removed (None), in
         the order `journal.apply` puts them; None when the shadow could not follow entry by entry (a
-        dict rebuilt in another order). A completed step keeps its record (up to STEPS_KEPT): dumping
-        and journaling all of them at every save cost ~0.15 ms and ~20 KB per save at 200 steps, and a
-        snapshot every few iterations when the journal outgrew its limit (issue #12)."""
+        dict rebuilt in another order). A step's record is dropped when it succeeds, so a run that goes
+        well holds one or two; with many (failed steps waiting for a retry, up to STEPS_KEPT) dumping and
+        journaling all of them at every save cost ~0.15 ms and ~20 KB per save (issue #12)."""
         seen = self.steps_seen
         steps = state.steps
         old = shadow.get("steps")
         if not isinstance(old, dict) or len(old) != len(seen):
-            self.steps_seen = {k: _step_mark(r) for k, r in steps.items()}
+            self.steps_seen = _step_marks(steps)
             return None
         put: dict[str, Any] = {k: None for k in seen if k not in steps}
         for k, r in steps.items():
@@ -786,7 +786,7 @@ class LiveJournal:
                 put[k] = r.model_dump(mode="json", by_alias=True)
         order = [k for k in old if put.get(k, 0) is not None] + [k for k in put if k not in old and put[k] is not None]
         if order != list(steps):  # an entry removed and added again moves to the end: say it all
-            self.steps_seen = {k: _step_mark(r) for k, r in steps.items()}
+            self.steps_seen = _step_marks(steps)
             return None
         for k, v in put.items():
             if v is None:
@@ -1079,6 +1079,10 @@ def _step_mark(record: Any) -> tuple[Any, dict[str, Any], str | None]:
     """What LiveJournal._steps_diff compares a steps{} record by: the object, its fields (immutable
     values: ints and strings), its extra keys as text."""
     return record, dict(record.__dict__), _extra_text(record)
+
+
+def _step_marks(steps: dict[str, Any]) -> dict[str, tuple[Any, dict[str, Any], str | None]]:
+    return {k: _step_mark(r) for k, r in steps.items()}
 
 
 def _append_all(fd: int, data: bytes) -> None:

@@ -31,6 +31,15 @@ def _store(tmp_path: Path) -> StateStore:
     return StateStore(Workspace(tmp_path))
 
 
+def _running(tmp_path: Path, task_id: str) -> tuple[StateStore, LoopState]:
+    """A running loop's store and state, its journal open and its first save (the snapshot) made."""
+    store = _store(tmp_path)
+    state = LoopState(task_id=task_id, task_path=f"Specs/{task_id}/tasks.md", status=Status.RUNNING)
+    store.open_journal(state)
+    store.save(state)
+    return store, state
+
+
 def _same(store: StateStore, state: LoopState) -> None:
     assert to_jsonable(store.load(state.task_id).state) == to_jsonable(state)
 
@@ -66,10 +75,7 @@ def _mutate(state: LoopState, rng: random.Random, i: int) -> str:
 
 
 def test_every_save_reads_back_exactly_through_the_journal(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    state = LoopState(task_id="j", task_path="Specs/j/tasks.md", status=Status.RUNNING)
-    store.open_journal(state)
-    store.save(state)
+    store, state = _running(tmp_path, "j")
     rng = random.Random(12)
     kinds: dict[str, int] = {}
     for i in range(400):
@@ -167,10 +173,7 @@ def test_steps_records_are_journaled_entry_by_entry_and_read_back_in_order(tmp_p
     again, replaced by new objects, the dict rebuilt in another order, extra keys of a newer kiro."""
     from kiro.state import StepRecord
 
-    store = _store(tmp_path)
-    state = LoopState(task_id="p", task_path="Specs/p/tasks.md", status=Status.RUNNING)
-    store.open_journal(state)
-    store.save(state)
+    store, state = _running(tmp_path, "p")
     rng = random.Random(7)
     kinds: dict[str, int] = {}
     for i in range(600):
