@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 from kiro import ownwrites, safeio
 from kiro.errors import TaskFileError, TaskNotFound
@@ -168,8 +168,11 @@ class TaskFile:
     newline: str = "\n"
     frontmatter_lines: dict[str, int] = field(default_factory=dict)
     """1-based file line of each top-level frontmatter key, so a bad value can be shown as file:line."""
-    # The exact bytes this was parsed from: the compare-and-swap compares the disk against them.
-    _raw: bytes = field(default=b"", repr=False, compare=False)
+    # The exact bytes this was parsed from (`_raw`): the compare-and-swap compares the disk against
+    # them. A box edit's copy holds None and keeps (the bytes it was made from, offset -> byte) in
+    # `_bytes_from`, as `_text_from` for the text.
+    _bytes: bytes | None = field(default=b"", repr=False, compare=False)
+    _bytes_from: tuple[bytes, dict[int, int]] | None = field(default=None, repr=False, compare=False)
     _bom: bool = field(default=False, repr=False, compare=False)
     # (opening line, closing line) of the frontmatter delimiters, 0-based.
     _fm_lines: tuple[int, int] | None = field(default=None, repr=False, compare=False)
@@ -184,6 +187,56 @@ class TaskFile:
     _open_from: int = field(default=0, repr=False, compare=False)
     _done_count: int | None = field(default=None, repr=False, compare=False)
     _counts: TaskCounts | None = field(default=None, repr=False, compare=False)
+    # Per step index, the byte offset of its box in `_raw` (a file that is not ASCII only; built on
+    # first use, shared by the copies a box edit makes: an ASCII marker replaces an ASCII marker).
+    _box_bytes: list[int] | None = field(default=None, repr=False, compare=False)
+    # A box edit's copy leaves out `text` and keeps (the text it was made from, offset -> marker)
+    # here; `text` is built from them on first use (`__getattr__`). A loop's reads need the boxes,
+    # not the text: a 5,000-step file's text is not copied on every edit (issue #12).
+    _text_from: tuple[str, dict[int, str]] | None = field(default=None, repr=False, compare=False)
+
+    if not TYPE_CHECKING:  # (mypy would take any name for an attribute this makes)
+
+        def __getattr__(self, name: str) -> Any:
+            # Called only for an attribute the instance does not hold: `text` of a box edit's copy.
+            if name == "text":
+                pending = self.__dict__.get("_text_from")
+                if pending is not None:
+                    text = _with_markers(*pending)
+                    self.__dict__["text"] = text
+                    self._text_from = None
+                    return text
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def _raw(self) -> bytes:
+        if self._bytes is None:
+            assert self._bytes_from is not None
+            base, edits = self._bytes_from
+            raw = bytearray(base)
+            for at, byte in edits.items():
+                raw[at] = byte
+            self._bytes, self._bytes_from = bytes(raw), None
+        return self._bytes
+
+    def _holds(self, data: bytes | bytearray) -> bool:
+        """`data == self._raw`, without building a box edit's copy's bytes: `data` is compared with
+        the bytes the copy was made from, with the changed boxes put back for the moment."""
+        if self._bytes is not None:
+            return data == self._bytes
+        assert self._bytes_from is not None
+        base, edits = self._bytes_from
+        if not isinstance(data, bytearray):
+            data = bytearray(data)
+        if len(data) != len(base) or any(data[at] != byte for at, byte in edits.items()):
+            return False
+        for at in edits:
+            data[at] = base[at]
+        try:
+            return data == base
+        finally:
+            for at, byte in edits.items():
+                data[at] = byte
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -564,7 +617,7 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
     return TaskFile(
         path=path, text=text, frontmatter=frontmatter, steps=steps, newline=newline,
         frontmatter_lines=fm_key_lines,
-        _raw=raw, _bom=bom, _fm_lines=fm_lines, _heading=heading, _stray=stray, _subtree_end=last,
+        _bytes=raw, _bom=bom, _fm_lines=fm_lines, _heading=heading, _stray=stray, _subtree_end=last,
     )
 
 
@@ -643,8 +696,7 @@ the kernel's coarse clock): such a file's bytes are compared again on the next l
 class _Cached:
     stat_key: tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns) before the read
     trusted: bool  # the stat key alone proves the bytes unchanged
-    raw: bytes
-    tf: TaskFile
+    tf: TaskFile  # parsed from the bytes read (`tf._raw`)
 
 
 _cache: OrderedDict[str, _Cached] = OrderedDict()
@@ -655,8 +707,8 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _remember(path: Path, st: os.stat_result, read_at_ns: int, raw: bytes, tf: TaskFile) -> None:
-    entry = _Cached(_stat_key(st), st.st_mtime_ns + _RACY_NS < read_at_ns, raw, tf)
+def _remember(path: Path, st: os.stat_result, read_at_ns: int, tf: TaskFile) -> None:
+    entry = _Cached(_stat_key(st), st.st_mtime_ns + _RACY_NS < read_at_ns, tf)
     with _cache_lock:
         _cache[str(path)] = entry
         _cache.move_to_end(str(path))
@@ -674,14 +726,29 @@ def _cached_load(path: Path) -> TaskFile:
     if st is not None and hit is not None and hit.trusted and hit.stat_key == _stat_key(st):
         return hit.tf
     read_at = time.time_ns()
-    raw = _read(path)
-    if hit is not None and raw == hit.raw:
+    look = _look(path) if hit is not None else None  # most often the same bytes: read them into scratch
+    if look is not None and hit is not None and hit.tf._holds(look):
         tf = hit.tf
     else:
-        tf = _parse_bytes(raw, path)
+        tf = _parse_bytes(bytes(look) if look is not None else _read(path), path)
     if st is not None and stat_.S_ISREG(st.st_mode):
-        _remember(path, st, read_at, raw, tf)
+        _remember(path, st, read_at, tf)
     return tf
+
+
+def _look(path: Path) -> bytearray | None:
+    """The file's bytes in this thread's scratch buffer (`_read_scratch`), or None if they cannot
+    be read that way: `_read` then says why, as any read of a task file does."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return _read_scratch(fd, path)
+    except (OSError, TaskFileError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def forget_cache() -> None:
@@ -693,14 +760,15 @@ def forget_cache() -> None:
 # -- atomic, compare-and-swap edits --------------------------------------------------------------
 
 
-def _last_look(path: Path) -> bytes | None:
-    """The file's bytes right before the replace (a seam the tests use to play a racing editor)."""
+def _last_look(path: Path) -> bytes | bytearray | None:
+    """The file's bytes right before the write (a seam the tests use to play a racing editor), in
+    this thread's scratch buffer (`_read_scratch`): compare them at once."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     try:
-        return _read_fd(fd, path)
+        return _read_scratch(fd, path)
     finally:
         os.close(fd)
 
@@ -761,12 +829,34 @@ def _edit(path: Path, change: _Change, expected: TaskFile | None = None, durable
 _Marks: TypeAlias = Callable[[TaskFile], "dict[int, str] | None"]
 
 
-def _read_fd(fd: int, path: Path) -> bytes:
+_scratch = threading.local()
+
+
+def _read_scratch(fd: int, path: Path) -> bytearray:
+    """The file's bytes, read into this thread's scratch buffer, valid until the thread's next
+    read. A box edit reads the whole file twice and keeps none of it: a new buffer the size of a
+    5,000-step file costs more to map than to fill (issue #12). A file whose size changes while it
+    is read is read again into a buffer of its own."""
+    st = _check_fd(fd, path)
+    buf: bytearray | None = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) != st.st_size:
+        buf = _scratch.buf = bytearray(st.st_size)
+    if os.preadv(fd, [buf], 0) != len(buf) or os.pread(fd, 1, len(buf)):
+        return bytearray(_read_fd(fd, path))
+    return buf
+
+
+def _check_fd(fd: int, path: Path) -> os.stat_result:
     st = os.fstat(fd)
     if not stat_.S_ISREG(st.st_mode):
         raise TaskFileError(f"{path}: is {safeio.file_kind(st.st_mode)}, not a file")
     if st.st_size > safeio.TASK_MAX_BYTES:
         raise TaskFileError(f"{path}: is over the {safeio.TASK_MAX_BYTES // safeio.MIB} MiB kiro reads")
+    return st
+
+
+def _read_fd(fd: int, path: Path) -> bytes:
+    st = _check_fd(fd, path)
     chunks: list[bytes] = []
     at = 0
     while True:
@@ -779,12 +869,28 @@ def _read_fd(fd: int, path: Path) -> bytes:
         at += len(chunk)
 
 
-def _byte_offset(tf: TaskFile, char_offset: int) -> int:
-    """Where character `char_offset` of `tf.text` lies in the file's bytes."""
+def _box_byte(tf: TaskFile, i: int) -> int:
+    """Where step `i`'s box lies in the file's bytes."""
+    table = tf._box_bytes
+    if table is None:
+        table = tf._box_bytes = _box_byte_table(tf)
+    return table[i]
+
+
+def _box_byte_table(tf: TaskFile) -> list[int]:
+    """Each step's box offset in bytes, in one pass over the text (a character is a byte in an
+    ASCII file; otherwise the text between one box and the next is measured in UTF-8)."""
     head = len(_BOM) if tf._bom else 0
-    if len(tf._raw) - head == len(tf.text):  # ASCII: a character is a byte
-        return head + char_offset
-    return head + len(tf.text[:char_offset].encode("utf-8"))
+    text = tf.text
+    if len(tf._raw) - head == len(text):
+        return [head + s.box_offset for s in tf.steps]
+    table: list[int] = []
+    at_char, at_byte = 0, head
+    for s in tf.steps:  # in document order: box offsets only grow
+        at_byte += len(text[at_char:s.box_offset].encode("utf-8"))
+        at_char = s.box_offset
+        table.append(at_byte)
+    return table
 
 
 _T = TypeVar("_T")
@@ -801,18 +907,25 @@ def _clone(obj: _T) -> _T:
     return new
 
 
-def _with_boxes(tf: TaskFile, marks: dict[int, str], old_raw: bytes) -> TaskFile:
+_TEXT_EDITS_KEPT: Final = 1024
+"""Box edits a copy's text may wait for (`TaskFile._text_from`) before it is built anyway."""
+_BYTE_EDITS_KEPT: Final = 32
+"""The same for its bytes, fewer: each compare-and-swap walks the edits (`TaskFile._holds`)."""
+
+
+def _with_boxes(tf: TaskFile, marks: dict[int, str]) -> TaskFile:
     """`tf` with step `i`'s box holding `marks[i]`: a copy that shares the unchanged steps, the key
-    index and, when every change closes or claims a box, the first-open-leaf position."""
+    index and, when every change closes or claims a box, the first-open-leaf position; its text
+    and bytes are built when first asked for (`TaskFile._text_from`, `_bytes_from`)."""
     steps = list(tf.steps)
-    raw = bytearray(old_raw)
+    byte_edits: dict[int, int] = {}
     done = tf.done_count
     open_from = tf._open_from
     counts = tf._counts
     open_leaves = counts.open if counts is not None else 0
     for i, marker in marks.items():
         old = steps[i]
-        raw[_byte_offset(tf, old.box_offset)] = ord(marker)
+        byte_edits[_box_byte(tf, i)] = ord(marker)
         now_done = marker in DONE_MARKERS
         done += now_done - old.done
         if not now_done:
@@ -823,9 +936,25 @@ def _with_boxes(tf: TaskFile, marks: dict[int, str], old_raw: bytes) -> TaskFile
         step.marker = marker
         steps[i] = step
     new = _clone(tf)
-    new.text = _with_markers(tf.text, {steps[i].box_offset: m for i, m in marks.items()})
+    edits = {steps[i].box_offset: m for i, m in marks.items()}
+    if tf._text_from is not None:
+        base, pending = tf._text_from
+        edits = {**pending, **edits}
+    else:
+        base = tf.text
+    new.__dict__.pop("text", None)
+    new._text_from = (base, edits)
+    if tf._bytes_from is not None:
+        base_bytes, pending_bytes = tf._bytes_from
+        byte_edits = {**pending_bytes, **byte_edits}
+    else:
+        base_bytes = tf._raw
+    new._bytes, new._bytes_from = None, (base_bytes, byte_edits)
+    if len(edits) > _TEXT_EDITS_KEPT:  # build them now: the edits waiting cost memory, or time
+        new.text  # noqa: B018
+    if len(byte_edits) > _BYTE_EDITS_KEPT:
+        new._raw  # noqa: B018
     new.steps = steps
-    new._raw = bytes(raw)
     new._open_from = open_from
     new._done_count = done
     new._counts = dataclasses.replace(counts, done=done, open=open_leaves) if counts is not None else None
@@ -860,11 +989,15 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
     """Set checkbox markers as a compare-and-swap, in place: read the bytes through one open file,
     work out the edit against them, overwrite just the marker bytes (`pwrite`), fdatasync. A file
     replaced meanwhile (an editor's save by rename) is edited again under its new inode; a
-    change seen by the last look before the write re-runs the edit on the new bytes. With
-    `durable=False` and `keep`, a descriptor of the file written is appended to `keep`: the
-    caller syncs it later (and closes it)."""
+    change seen by the last look before the write re-runs the edit on the new bytes. The edit
+    is first worked out on `expected`, unread: the last look, which must find its bytes, is then
+    the only read of the file (a 5,000-step file is 200 KB: issue #12). With `durable=False` and
+    `keep`, a descriptor of the file written is appended to `keep`: the caller syncs it later
+    (and closes it)."""
     path = _as_path(path)
-    for attempt in range(_EDIT_ATTEMPTS):
+    unread = expected  # the caller's parse, not yet compared with the disk
+    attempt = 0
+    while attempt < _EDIT_ATTEMPTS:
         try:
             fd = _open_rw(path)  # the file behind a symlink
         except FileNotFoundError:
@@ -873,24 +1006,34 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
             raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
         try:
             read_at = time.time_ns()
-            raw = _read_fd(fd, path)
-            real = _real_path(path, os.fstat(fd))
-            if expected is not None and raw == expected._raw:
-                tf = expected
-            else:
-                with _cache_lock:
-                    hit = _cache.get(str(path))
-                tf = hit.tf if hit is not None and hit.raw == raw else _parse_bytes(raw, path)
-            wanted = marks(tf)
-            if not wanted:
-                return tf
-            new = _with_boxes(tf, wanted, raw)
-            if _last_look(real) != raw:  # changed since the read above: do it again on the new bytes
-                time.sleep(0.01 * (attempt + 1))
+            real = _real_path(path, _check_fd(fd, path))
+            wanted = marks(unread) if unread is not None else None
+            if wanted:
+                tf = unread
+            else:  # read the file (nothing to do on `expected` may not hold on the disk)
+                unread = None
+                buf = _read_scratch(fd, path)
+                if expected is not None and expected._holds(buf):
+                    tf = expected
+                else:
+                    with _cache_lock:
+                        hit = _cache.get(str(path))
+                    tf = hit.tf if hit is not None and hit.tf._holds(buf) else _parse_bytes(bytes(buf), path)
+                wanted = marks(tf)
+                if not wanted:
+                    return tf
+            assert tf is not None
+            new = _with_boxes(tf, wanted)
+            look = _last_look(real)
+            if look is None or not tf._holds(look):  # changed since `tf` was read: do it again on the new bytes
+                if unread is None:
+                    attempt += 1
+                    time.sleep(0.01 * attempt)
+                unread = None
                 continue
             try:
                 for i in wanted:  # the step's own box first, then its parents
-                    os.pwrite(fd, wanted[i].encode("ascii"), _byte_offset(tf, tf.steps[i].box_offset))
+                    os.pwrite(fd, wanted[i].encode("ascii"), _box_byte(tf, i))
                 if durable:
                     os.fdatasync(fd)
             except OSError as e:  # overwriting a byte allocates nothing: not a full disk
@@ -902,9 +1045,11 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
             except FileNotFoundError:
                 replaced = True
             if replaced:  # written into a file that was just swapped out: edit the new one
+                attempt += 1
+                unread = None
                 continue
             ownwrites.note_own_write(real, st)  # kiro's own edit wakes no watcher (kiro.ownwrites)
-            _remember(path, st, read_at, new._raw, new)
+            _remember(path, st, read_at, new)
             if keep is not None and not durable:
                 keep.append(os.dup(fd))
             return new

@@ -104,3 +104,41 @@ def test_a_persons_edit_right_after_kiros_read_is_seen_even_with_the_same_size_a
     path.write_text(BASE.replace("- [ ] 2.", "- [x] 2."), encoding="utf-8")
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the same stamp, as in one tick
     assert tasks.load(path).find("2").marker == "x"  # type: ignore[union-attr]
+
+
+def test_a_long_chain_of_edits_returns_what_the_disk_holds(tmp_path: Path) -> None:
+    """A box edit's copy builds its text and bytes only when asked (issue #12). Over a chain of
+    edits longer than the edits a copy keeps waiting, each returned file, read at any point of the
+    chain, is what a fresh parse of the disk says: text, bytes, boxes."""
+    lines = ["# Plan — ünïcode"] + [f"- [ ] {i}. Step {i} {'é' * (i % 3)}\n  détails {i}" for i in range(1, 121)]
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    tf = tasks.load(path)
+    for i in range(1, 121):
+        tf = tasks.set_marker(path, str(i), "-", expected=tf, durable=False)
+        tf, checked = tasks.mark_done(path, str(i), expected=tf)
+        assert checked == [str(i)]
+        if i % 7 == 0 or i > 110:
+            disk = path.read_bytes()
+            assert tf._raw == disk, i
+            assert tf.text == disk.decode("utf-8"), i
+            assert [s.marker for s in tf.steps] == [s.marker for s in tasks.parse(tf.text, path).steps]
+    assert path.read_text(encoding="utf-8") == "\n".join(lines).replace("- [ ]", "- [x]") + "\n"
+
+
+def test_an_edit_on_a_stale_expected_file_is_worked_out_again_on_the_disk(tmp_path: Path) -> None:
+    """The edit is first worked out on the caller's parse, unread; the last look before the write
+    must find its bytes. A person's edit since that parse is kept, and the box is set where the
+    step now is."""
+    path = write(tmp_path, BASE)
+    seen = tasks.load(path)
+    persons = BASE.replace("- [ ] 1. Parent é\n", "- [ ] 0. Added above ✓\n- [ ] 1. Parent é\n")
+    path.write_text(persons, encoding="utf-8")
+    after = tasks.set_marker(path, "1.1", "-", expected=seen)
+    assert path.read_text(encoding="utf-8") == persons.replace("- [ ] 1.1", "- [-] 1.1")
+    assert [s.id for s in after.steps] == ["0", "1", "1.1", "1.2", "2"]
+    # a box the stale parse already shows as set is still set on the disk
+    path.write_text(BASE, encoding="utf-8")
+    stale = tasks.parse(BASE.replace("- [ ] 2.", "- [x] 2."), path)
+    _, checked = tasks.mark_done(path, "2", expected=stale)
+    assert checked == ["2"]
+    assert path.read_text(encoding="utf-8") == BASE.replace("- [ ] 2.", "- [x] 2.")
