@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kiro import dashboard, events, ownwrites, reports, tasks, timeutil
 from kiro.errors import KiroError
@@ -125,10 +125,31 @@ class ReportWriter(LoopListener):
             task = tasks.load(loop.task_path)
         except KiroError:
             return
-        steps = [(st.id, st.title or st.text, st.done) for st in task.steps]
+        listed = _window(task)
+        steps = [(st.id, st.title or st.text, st.done) for st in task.steps[listed]]
+        text = reports.progress_report(s, steps=steps, done=task.done_count, total=len(task.steps),
+                                       before=listed.start, after=len(task.steps) - listed.stop)
         path = loop.ws.progress_report(s.task_id, s.iteration)
-        loop.write_report(path, reports.progress_report(s, steps=steps), fsync=False)
+        loop.write_report(path, text, fsync=False)
         loop.emit(events.ReportWritten(kind="progress_report", path=loop.ws.relative(path)))
+
+
+PROGRESS_STEPS_LISTED: Final = 300
+"""A progress report lists every step of a file up to this long; of a longer one, this many around
+the current step (reports every 25 iterations of a 5,000-step file would otherwise write 250 KB
+each, and take longer than the iterations between them: issue #12)."""
+
+
+def _window(task: tasks.TaskFile) -> slice:
+    """The steps a progress report lists: all of them, or PROGRESS_STEPS_LISTED from a third of
+    that above the current step (the first open one; the last ones when all are done)."""
+    n = len(task.steps)
+    if n <= PROGRESS_STEPS_LISTED:
+        return slice(0, n)
+    current = task.current_step(include_optional=True)
+    at = current.index if current is not None else n
+    start = max(0, min(at - PROGRESS_STEPS_LISTED // 3, n - PROGRESS_STEPS_LISTED))
+    return slice(start, start + PROGRESS_STEPS_LISTED)
 
 
 class Archiver(LoopListener):

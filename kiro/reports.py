@@ -316,9 +316,19 @@ To resume the loop:
 """
 
 
-def progress_report(state: LoopState, *, steps: Sequence[tuple[str, str, bool]]) -> str:
-    done = sum(1 for _, _, d in steps if d)
+def progress_report(state: LoopState, *, steps: Sequence[tuple[str, str, bool]], done: int | None = None,
+                    total: int | None = None, before: int = 0, after: int = 0) -> str:
+    """`steps`: (id, title, done) of the steps listed, which are all of them unless `before` and
+    `after` say how many are left out above and below (then `done` and `total` count them all)."""
+    if done is None:
+        done = sum(1 for _, _, d in steps if d)
+    if total is None:
+        total = len(steps)
     lines = "\n".join(f"- [{'x' if d else ' '}] {sid} {title}" for sid, title, d in steps)
+    if before:
+        lines = f"_{before:,} step{'s' if before != 1 else ''} above not listed_\n" + lines
+    if after:
+        lines += f"\n_{after:,} step{'s' if after != 1 else ''} below not listed_"
     return _frontmatter({
         "type": "progress_report",
         "task_id": state.task_id,
@@ -328,7 +338,7 @@ def progress_report(state: LoopState, *, steps: Sequence[tuple[str, str, bool]])
 # Progress Report: {state.title or state.task_path}
 
 **Iteration**: {state.iteration}/{state.max_iterations}
-**Steps done**: {done}/{len(steps)}
+**Steps done**: {done}/{total}
 **Success Rate**: {_pct(state.metrics.success_rate)}
 **Current Step**: {_current(state)}
 **Duration**: {timeutil.human_duration(state.metrics.total_duration_seconds)}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kiro import dashboard, reports
+from kiro import dashboard, reports, tasks
 from kiro.state import CompletedStep, CurrentStep, FailedStep, LoopState
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -164,3 +164,26 @@ def test_a_reports_frontmatter_reads_back_as_the_values_written() -> None:
         text = reports.completion_report(_report_state().model_copy(update={"task_path": path}), moved_to=path)
         head = text.split("---\n")[1]
         assert yaml.safe_load(head)["task_path"] == path, (name, head)
+
+
+def test_a_progress_report_of_a_long_file_lists_the_steps_around_the_current_one() -> None:
+    """Of a file longer than PROGRESS_STEPS_LISTED steps, a progress report lists that many around
+    the current step and says how many it leaves out; the counts are of the whole file."""
+    from kiro.listeners import PROGRESS_STEPS_LISTED, _window
+
+    n = PROGRESS_STEPS_LISTED * 4
+    text = "\n".join(f"- [{'x' if i <= 2 * PROGRESS_STEPS_LISTED else ' '}] {i}. Step {i}" for i in range(1, n + 1))
+    task = tasks.parse(text + "\n")
+    listed = _window(task)
+    assert listed.stop - listed.start == PROGRESS_STEPS_LISTED
+    assert listed.start < 2 * PROGRESS_STEPS_LISTED < listed.stop  # the current step (index 600) is listed
+    steps = [(s.id, s.title, s.done) for s in task.steps[listed]]
+    out = reports.progress_report(_report_state(), steps=steps, done=task.done_count, total=n,
+                                  before=listed.start, after=n - listed.stop)
+    assert f"**Steps done**: {2 * PROGRESS_STEPS_LISTED}/{n}" in out
+    assert f"_{listed.start:,} steps above not listed_" in out
+    assert f"_{n - listed.stop:,} steps below not listed_" in out
+    assert out.count("\n- [") == PROGRESS_STEPS_LISTED
+    done = tasks.parse(text.replace("[ ]", "[x]") + "\n")
+    assert _window(done) == slice(n - PROGRESS_STEPS_LISTED, n)  # all done: the last ones
+    assert _window(tasks.parse("- [ ] 1. One\n")) == slice(0, 1)
