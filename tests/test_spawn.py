@@ -122,3 +122,27 @@ def test_a_confined_command_still_runs_behind_setpriv_without_privileges(tmp_pat
     result = asyncio.run(run_process(["sh", "-c", "grep NoNewPrivs /proc/self/status"], cwd=tmp_path, confine=True))
     if groups.setpriv_path() is not None:
         assert result.output.split() == ["NoNewPrivs:", "1"]
+
+
+def test_a_step_is_waited_for_on_the_event_loop_not_by_a_thread_of_its_own(tmp_path: Path) -> None:
+    """Python 3.11's asyncio starts a thread per child to wait for it; kiro waits through a pidfd on
+    the event loop that spawned it (as 3.12 does). Loops in two threads spawning at once each get
+    their own step's exit status and output."""
+    import threading
+
+    async def one(code: int) -> tuple[int | None, str, list[str]]:
+        task = asyncio.ensure_future(run_process(["sh", "-c", f"sleep 0.3; echo out{code}; exit {code}"], cwd=tmp_path))
+        await asyncio.sleep(0.15)  # the step is running
+        waiters = [t.name for t in threading.enumerate() if "waitpid" in t.name]
+        result = await task
+        return result.returncode, result.output.strip(), waiters
+
+    results: dict[int, tuple[int | None, str, list[str]]] = {}
+    threads = [threading.Thread(target=lambda c=c: results.__setitem__(c, asyncio.run(one(c)))) for c in (3, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results[3][:2] == (3, "out3") and results[5][:2] == (5, "out5")
+    if sys.version_info < (3, 12):
+        assert results[3][2] == [] and results[5][2] == [], "a thread was started to wait for a step"
