@@ -231,7 +231,7 @@ class Loop:
         event.task_id = self.state.task_id
         event.iteration = self.state.iteration
         record = event.to_record()
-        clean = self.redact.data(record)
+        clean, line = self.redact.record(record)
         if clean != record:  # what every listener sees (log, terminal, server) is clean
             event = type(event).model_validate(clean)
             record = event.to_record()
@@ -239,8 +239,8 @@ class Loop:
             self._finish_report = event.path
         log = self.log
         for listener in self.listeners:
-            if listener is log:
-                log.append_record(record)  # the record just made: not dumped again
+            if listener is log:  # the record just made (and its JSON, when the redactor made it): not dumped again
+                log.append_record(record, clean_json=line if log.redact is self.redact else None)
             else:
                 listener(event)
 

@@ -576,15 +576,20 @@ class EventLog:
     def append(self, event: Event | dict[str, Any]) -> None:
         self.append_record(event.to_record() if isinstance(event, Event) else event)
 
-    def append_record(self, record: dict[str, Any]) -> None:
+    def append_record(self, record: dict[str, Any], *, clean_json: str | None = None) -> None:
+        """`clean_json`: the record's JSON as `Redactor.record` of this log's redactor returned it
+        (made and searched once for the loop's listeners and the log)."""
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = safeio.open_regular(self.path, write=True, fix="move it away")  # never blocks on a FIFO
             self._repair_torn_tail()
-        text = json.dumps(record, ensure_ascii=False, default=str)
-        if len(text) > EVENT_FIELD_CHARS:  # no string in a shorter line can be longer than the cap
-            text = json.dumps(clip_fields(record, EVENT_FIELD_CHARS), ensure_ascii=False, default=str)
-        line = self.redact.text(text) + "\n"
+        if clean_json is not None and len(clean_json) <= EVENT_FIELD_CHARS:
+            line = clean_json + "\n"
+        else:
+            text = json.dumps(record, ensure_ascii=False, default=str)
+            if len(text) > EVENT_FIELD_CHARS:  # no string in a shorter line can be longer than the cap
+                text = json.dumps(clip_fields(record, EVENT_FIELD_CHARS), ensure_ascii=False, default=str)
+            line = self.redact.text(text) + "\n"
         data = memoryview(line.encode("utf-8"))
         written = 0
 

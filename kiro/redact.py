@@ -193,6 +193,20 @@ class Redactor:
             return self._walk(value)
         return self._walk(value)
 
+    def record(self, record: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """(`data(record)`, the record's JSON line as `json.dumps(record, ensure_ascii=False,
+        default=str)` writes it, when that was made to look for a secret and holds none; else None):
+        an event is dumped once for the search and the log (kiro.events.EventLog.append_record)."""
+        if self._pattern is None:
+            return record, None
+        try:
+            text = json.dumps(record, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            return self._walk(record), None
+        if not self._pattern.search(text):
+            return record, text
+        return self._walk(record), None
+
     def _walk(self, value: Any) -> Any:
         if isinstance(value, str):
             return self.text(value)

@@ -212,3 +212,25 @@ def test_the_union_of_two_redactors_cuts_what_either_cuts() -> None:
     assert both.text("secret-aaaa-1111 secret-bbbb-2222 user:pw@host") == f"{REDACTED} {REDACTED} {REDACTED}host"
     assert (both | a) is both and (a | both) is both  # nothing new: no new pattern per attempt
     assert (a | None) is a and (Redactor() | a) is a
+
+
+def test_an_event_record_is_dumped_once_and_its_line_is_clean(tmp_path: Path) -> None:
+    """`Redactor.record` hands back the JSON it searched when it found no secret, and the event log
+    writes that line as is; a record that holds a secret (in a value or a key) is redacted, and the
+    log writes the redacted record."""
+    from kiro.events import EventLog, read_events
+
+    r = Redactor(["tok-123456789"])
+    record = {"event": "step_failed", "error": "é ok", "n": 3}
+    same, line = r.record(record)
+    assert same is record and line is not None and json.loads(line) == record
+    dirty = {"event": "step_failed", "error": "used tok-123456789", "tok-123456789": 1}
+    clean, none = r.record(dirty)
+    assert none is None and clean == {"event": "step_failed", "error": f"used {REDACTED}", REDACTED: 1}
+    assert Redactor().record(dirty) == (dirty, None)  # nothing to look for: nothing dumped
+    log = EventLog(tmp_path / "log.jsonl", r)
+    log.append_record(record, clean_json=line)
+    log.append_record(clean)
+    log.close()
+    assert list(read_events(tmp_path / "log.jsonl")) == [record, clean]
+    assert "tok-123456789" not in (tmp_path / "log.jsonl").read_text()
