@@ -331,3 +331,43 @@ def test_progress_knows_kiros_text_keys() -> None:
     from kiro import tasks
 
     assert fastread._STRING_KEYS == tasks.KIRO_STRING_KEYS
+
+
+def test_a_loop_run_into_a_pipe_prints_what_rich_prints_without_importing_it(ws: Workspace) -> None:
+    """`kiro loop start` whose output is not a terminal prints each event's line as rich would
+    (`console.event_plain`) and never imports rich (~30 ms of its start-up, issue #12)."""
+    import io
+
+    from rich.console import Console
+
+    from kiro import console
+
+    ws.write("Specs/a/tasks.md", shell_task(2, cmd="printf 'tab\\there \\a bell é ▶'"))
+    code = ("import runpy, sys\nsys.argv = ['kiro', 'loop', 'start', '--task', 'Specs/a/tasks.md']\n"
+            "try:\n    runpy.run_module('kiro', run_name='__main__')\n"
+            "except SystemExit as e:\n    print('exit', e.code, 'rich' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ws.root, env=ws.env(), capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.splitlines()[-1] == "exit 0 False", out.stdout + out.stderr
+    # the same lines as rich's, for every event of the run and a few awkward ones
+    task_id = ws.only_task_id()
+    records = ws.events(task_id) + [
+        {"event": "step_failed", "ts": "2026-11-23T07:00:00.000+00:00", "iteration": 3, "step_id": "2",
+         "attempt": 2, "error": "bell \a back\b ff\f cr\r vt\v [bold]not markup[/] é 漢 " + "x" * 300},
+        {"event": "step_started", "ts": "2026-11-23T07:00:00.000+00:00", "iteration": 4, "step_id": "[x]",
+         "description": "emoji 🎉 and :smile: and \x1b[31mansi\x1b[0m", "attempt": 1}]
+    for with_task in (False, True):
+        for e in records:
+            plain = console.event_plain(e, with_task=with_task)
+            rich_text = console.format_event(e, with_task=with_task)
+            assert (plain is None) == (rich_text is None), e
+            if rich_text is None:
+                continue
+            buf = io.StringIO()
+            Console(file=buf, highlight=False, soft_wrap=True).print(rich_text)
+            assert plain + "\n" == buf.getvalue(), e
+    printed = [line for line in out.stdout.splitlines()[:-1] if not line.startswith(task_id + ":")]
+    shown = [console.event_plain(e) for e in ws.events(task_id)
+             if e["event"] not in ("tool_called", "model_called", "iteration_started", "reinjected",
+                                   "report_written")]
+    assert printed == [s for s in shown if s is not None]
