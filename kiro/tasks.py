@@ -921,8 +921,8 @@ def _with_boxes(tf: TaskFile, marks: dict[int, str]) -> TaskFile:
     byte_edits: dict[int, int] = {}
     done = tf.done_count
     open_from = tf._open_from
-    counts = tf._counts
-    open_leaves = counts.open if counts is not None else 0
+    counts = tf.counts()  # worked out once, carried by every copy (a prompt asks for it each iteration)
+    open_leaves = counts.open
     for i, marker in marks.items():
         old = steps[i]
         byte_edits[_box_byte(tf, i)] = ord(marker)
@@ -930,7 +930,7 @@ def _with_boxes(tf: TaskFile, marks: dict[int, str]) -> TaskFile:
         done += now_done - old.done
         if not now_done:
             open_from = min(open_from, i)
-        if counts is not None and now_done != old.done and not old.children and not tf.is_optional(old):
+        if now_done != old.done and not old.children and not tf.is_optional(old):
             open_leaves += -1 if now_done else 1
         step = _clone(old)  # keeps what the step worked out once (details, command): the box alone changed
         step.marker = marker
@@ -957,7 +957,7 @@ def _with_boxes(tf: TaskFile, marks: dict[int, str]) -> TaskFile:
     new.steps = steps
     new._open_from = open_from
     new._done_count = done
-    new._counts = dataclasses.replace(counts, done=done, open=open_leaves) if counts is not None else None
+    new._counts = dataclasses.replace(counts, done=done, open=open_leaves)
     return new
 
 
