@@ -907,7 +907,7 @@ def _clone(obj: _T) -> _T:
     return new
 
 
-_TEXT_EDITS_KEPT: Final = 1024
+_TEXT_EDITS_KEPT: Final = 256
 """Box edits a copy's text may wait for (`TaskFile._text_from`) before it is built anyway."""
 _BYTE_EDITS_KEPT: Final = 32
 """The same for its bytes, fewer: each compare-and-swap walks the edits (`TaskFile._holds`)."""

@@ -110,14 +110,14 @@ def test_a_long_chain_of_edits_returns_what_the_disk_holds(tmp_path: Path) -> No
     """A box edit's copy builds its text and bytes only when asked (issue #12). Over a chain of
     edits longer than the edits a copy keeps waiting, each returned file, read at any point of the
     chain, is what a fresh parse of the disk says: text, bytes, boxes."""
-    lines = ["# Plan — ünïcode"] + [f"- [ ] {i}. Step {i} {'é' * (i % 3)}\n  détails {i}" for i in range(1, 121)]
+    lines = ["# Plan — ünïcode"] + [f"- [ ] {i}. Step {i} {'é' * (i % 3)}\n  détails {i}" for i in range(1, 151)]
     path = write(tmp_path, "\n".join(lines) + "\n")
     tf = tasks.load(path)
-    for i in range(1, 121):
+    for i in range(1, 151):
         tf = tasks.set_marker(path, str(i), "-", expected=tf, durable=False)
         tf, checked = tasks.mark_done(path, str(i), expected=tf)
         assert checked == [str(i)]
-        if i % 7 == 0 or i > 110:
+        if i == 3 or i > 140:  # in between, more edits wait than a copy keeps: built on the way
             disk = path.read_bytes()
             assert tf._raw == disk, i
             assert tf.text == disk.decode("utf-8"), i
