@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kiro.executors import groups
 from kiro.executors.process import run_process
 
@@ -72,6 +74,8 @@ def test_kill_9_of_the_parent_kills_the_step_and_its_background_grandchild(tmp_p
 
 FINISHED_GROUP = """
 import subprocess, sys
+import pytest
+
 from kiro.executors import groups
 p = subprocess.Popen(["sleep", "30"], start_new_session=True, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL)
@@ -146,3 +150,21 @@ def test_a_step_is_waited_for_on_the_event_loop_not_by_a_thread_of_its_own(tmp_p
     assert results[3][:2] == (3, "out3") and results[5][:2] == (5, "out5")
     if sys.version_info < (3, 12):
         assert results[3][2] == [] and results[5][2] == [], "a thread was started to wait for a step"
+
+
+def test_a_step_whose_pidfd_cannot_be_opened_is_waited_for_by_a_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No file descriptor left for the pidfd (EMFILE): the step still runs and its exit status
+    comes back, through a waiting thread as before."""
+    import errno
+
+    from kiro.executors import process
+
+    process.wait_by_pidfd()  # installed while pidfd_open works
+
+    def no_fd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "pidfd_open", no_fd)
+    result = asyncio.run(run_process(["sh", "-c", "echo fell back; exit 4"], cwd=tmp_path))
+    assert (result.returncode, result.output.strip()) == (4, "fell back")

@@ -57,13 +57,25 @@ def _check_program(program: str, cwd: Path, env: Mapping[str, str]) -> None:
 
 class _PidfdWatcher(asyncio.AbstractChildWatcher):
     """Waits for a child through a pidfd on the event loop that spawned it (Python 3.12's
-    PidfdChildWatcher; 3.11's is bound to one loop, so this one, ~20 lines, is kiro's own)."""
+    PidfdChildWatcher; 3.11's is bound to one loop, so this one, ~20 lines, is kiro's own). A child
+    whose pidfd cannot be opened (no file descriptor left) is waited for by a thread, as before."""
+
+    def __init__(self) -> None:
+        self._threads = asyncio.ThreadedChildWatcher()
 
     def add_child_handler(self, pid: int, callback: Callable[[int, int, *_Ts], object],
                           *args: *_Ts) -> None:
         loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(pid)
-        loop.add_reader(pidfd, self._reap, loop, pid, pidfd, callback, args)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            self._threads.add_child_handler(pid, callback, *args)
+            return
+        try:
+            loop.add_reader(pidfd, self._reap, loop, pid, pidfd, callback, args)
+        except BaseException:
+            os.close(pidfd)
+            raise
 
     @staticmethod
     def _reap(loop: asyncio.AbstractEventLoop, pid: int, pidfd: int, callback: Callable[..., object],
