@@ -24,6 +24,9 @@ counted in the same window, per iteration.
 The bench checks the work was done: exit 0, every box checked, every step recorded completed.
 With --previous-tree DIR (a checkout of kiro before the journal, e.g. `git worktree add /tmp/old
 <commit>`), the same three runs are made with that tree's kiro in a subprocess and printed beside.
+This machine's speed moves by a third from run to run; with --alternate N, N rounds are made, each
+a fresh process per tree with the trees taking turns, and the medians are printed (both trees then
+meet the same slow and fast minutes).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -169,6 +173,30 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def run_tree(args: argparse.Namespace, tree: Path) -> list[dict[str, Any]] | None:
+    """`measure` in a fresh process with `tree`'s kiro; None (and a line saying why) if it failed."""
+    env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
+    cmd = [sys.executable, str(HERE), "--json", "--steps", str(args.steps), "--big", str(args.big),
+           "--history", str(args.history), "--repeat", str(args.repeat)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        print(f"the run with {tree} failed: {r.stderr.strip().splitlines()[-1:]}")
+        return None
+    result: list[dict[str, Any]] = json.loads(r.stdout.strip().splitlines()[-1])
+    return result
+
+
+def medians(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per run (200 steps, 5,000 steps, 10,000 done), the median of each figure over the rounds."""
+    out = []
+    for i, first in enumerate(rounds[0]):
+        row = dict(first)
+        for key in ("ms", "cpu_ms", "main_cpu_ms", "step_ms", "renames", "fsyncs", "total_s"):
+            row[key] = statistics.median(r[i][key] for r in rounds)
+        out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -176,25 +204,34 @@ def main() -> None:
     ap.add_argument("--history", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=1, help="runs of each; the lowest is shown")
     ap.add_argument("--previous-tree", type=Path, default=None)
+    ap.add_argument("--alternate", type=int, default=0, metavar="N",
+                    help="with --previous-tree: N rounds, a fresh process per tree, the trees taking turns; "
+                         "medians are printed")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the subprocess's answer
     args = ap.parse_args()
     if args.json:
         print(json.dumps(measure(args)))
         return
+    if args.alternate and args.previous_tree is None:
+        ap.error("--alternate needs --previous-tree")
     print(f"python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}, load average "
           f"{os.getloadavg()[0]:.2f}; shell steps running `true`, durability on; per iteration = "
-          f"(window - time in run_step) / iterations")
+          f"(window - time in run_step) / iterations"
+          + (f"; medians of {args.alternate} rounds, the trees taking turns" if args.alternate else ""))
     previous = None
-    if args.previous_tree is not None:
-        env = dict(os.environ, PYTHONPATH=str(args.previous_tree.resolve()))
-        cmd = [sys.executable, str(HERE), "--json", "--steps", str(args.steps), "--big", str(args.big),
-               "--history", str(args.history), "--repeat", str(args.repeat)]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-        if r.returncode != 0:
-            print(f"previous tree failed: {r.stderr.strip().splitlines()[-1:]}")
-        else:
-            previous = json.loads(r.stdout.strip().splitlines()[-1])
-    now = measure(args)
+    if args.alternate:
+        rounds: dict[Path, list[list[dict[str, Any]]]] = {HERE.parent.parent: [], args.previous_tree: []}
+        for _ in range(args.alternate):
+            for tree, results in rounds.items():
+                r = run_tree(args, tree)
+                if r is None:
+                    sys.exit(1)
+                results.append(r)
+        now, previous = medians(rounds[HERE.parent.parent]), medians(rounds[args.previous_tree])
+    else:
+        if args.previous_tree is not None:
+            previous = run_tree(args, args.previous_tree)
+        now = measure(args)
     base = now[0]["ms"]
     for i, r in enumerate(now):
         line = (f"{r['label']:>12}: {r['ms']:.2f} ms per iteration (ratio {r['ms'] / base:.2f}), "
