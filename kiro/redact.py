@@ -185,12 +185,7 @@ class Redactor:
         if self._pattern is None:
             return value
         if isinstance(value, dict | list | tuple):
-            try:  # one search over the whole record: most records hold no secret
-                if not self._pattern.search(json.dumps(value, ensure_ascii=False, default=str)):
-                    return value
-            except (TypeError, ValueError):
-                pass
-            return self._walk(value)
+            return self._searched(value)[0]
         return self._walk(value)
 
     def record(self, record: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -199,13 +194,19 @@ class Redactor:
         an event is dumped once for the search and the log (kiro.events.EventLog.append_record)."""
         if self._pattern is None:
             return record, None
+        return self._searched(record)
+
+    def _searched(self, value: Any) -> tuple[Any, str | None]:
+        """One search over the whole value's JSON (most records hold no secret): (value, its JSON)
+        when it holds none, else (the value walked, None)."""
+        assert self._pattern is not None
         try:
-            text = json.dumps(record, ensure_ascii=False, default=str)
+            text = json.dumps(value, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
-            return self._walk(record), None
+            return self._walk(value), None
         if not self._pattern.search(text):
-            return record, text
-        return self._walk(record), None
+            return value, text
+        return self._walk(value), None
 
     def _walk(self, value: Any) -> Any:
         if isinstance(value, str):

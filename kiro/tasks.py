@@ -737,18 +737,12 @@ def _cached_load(path: Path) -> TaskFile:
 
 
 def _look(path: Path) -> bytearray | None:
-    """The file's bytes in this thread's scratch buffer (`_read_scratch`), or None if they cannot
-    be read that way: `_read` then says why, as any read of a task file does."""
+    """`_read_path_scratch`, or None if the file cannot be read that way: `_read` then says why, as
+    any read of a task file does."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        return _read_scratch(fd, path)
+        return _read_path_scratch(path)
     except (OSError, TaskFileError):
         return None
-    finally:
-        os.close(fd)
 
 
 def forget_cache() -> None:
@@ -763,14 +757,7 @@ def forget_cache() -> None:
 def _last_look(path: Path) -> bytes | bytearray | None:
     """The file's bytes right before the write (a seam the tests use to play a racing editor), in
     this thread's scratch buffer (`_read_scratch`): compare them at once."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    try:
-        return _read_scratch(fd, path)
-    finally:
-        os.close(fd)
+    return _read_path_scratch(path)
 
 
 def _write_if_unchanged(path: Path, data: bytes, was: bytes, durable: bool = True, *, shown: Path) -> bool:
@@ -844,6 +831,18 @@ def _read_scratch(fd: int, path: Path) -> bytearray:
     if os.preadv(fd, [buf], 0) != len(buf) or os.pread(fd, 1, len(buf)):
         return bytearray(_read_fd(fd, path))
     return buf
+
+
+def _read_path_scratch(path: Path) -> bytearray | None:
+    """`_read_scratch` of the file at `path`; None when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    try:
+        return _read_scratch(fd, path)
+    finally:
+        os.close(fd)
 
 
 def _check_fd(fd: int, path: Path) -> os.stat_result:
