@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -119,6 +120,26 @@ class SyscallCount:
             return Counter(self.counts)
 
 
+class CollectorTime:
+    """Collections of the cyclic garbage collector and the time they took (gc.callbacks), while on."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.runs = 0
+        self.full = 0
+        self.seconds = 0.0
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self.on:
+            self.runs += 1
+            self.full += info["generation"] == 2
+            self.seconds += time.perf_counter() - self._t0
+
+
 def checked_boxes(root: Path) -> int:
     n = 0
     for area in ("Specs", "Done", "Needs_Action"):
@@ -147,6 +168,7 @@ def main() -> int:
     from kiro.workspace import Workspace
 
     counter = SyscallCount()
+    collector = CollectorTime()
     with tempfile.TemporaryDirectory(dir=os.environ.get("KIRO_BENCH_DIR")) as tmp:
         root = Path(tmp)
         for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
@@ -183,7 +205,9 @@ def main() -> int:
             prof.enable()
         t1 = time.perf_counter()
         cpu0 = time.process_time()
+        collector.on = True
         outcomes = asyncio.run(run_loops(runs))
+        collector.on = False
         elapsed = time.perf_counter() - t1
         cpu = time.process_time() - cpu0
         if prof is not None:
@@ -208,6 +232,8 @@ def main() -> int:
               f"threads) {cpu * 1000 / per:.2f} ms per model call (the load of the machine: {os.getloadavg()[0]:.1f})")
         print(f"  per model call: {renames / per:.2f} renames, {syncs / per:.2f} fsyncs "
               f"({ops['fsync']} fsync, {ops['fdatasync']} fdatasync, {renames} renames in all)")
+        print(f"  the garbage collector: {collector.runs} collections ({collector.full} full), "
+              f"{collector.seconds:.2f} s of the run")
         print(f"  peak resident memory of the kiro process: {peak:.0f} MB")
         first = f" ({leaked[0]}, ...)" if leaked else ""
         print(f"  files in the workspace holding the API key: {len(leaked)}{first}")

@@ -19,7 +19,19 @@ from typing import Any
 
 from filelock import FileLock
 
-from kiro import checkpoints, cleanup, conditions, diskfull, executors, resolved, safeio, schedule, tasks, timeutil
+from kiro import (
+    checkpoints,
+    cleanup,
+    conditions,
+    diskfull,
+    executors,
+    heap,
+    resolved,
+    safeio,
+    schedule,
+    tasks,
+    timeutil,
+)
 from kiro.config import FRONTMATTER_KEYS, Config
 from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
@@ -642,7 +654,8 @@ async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None
         raise
     remove = install_signal_handlers(loops)
     try:
-        results = await asyncio.gather(*(lp.run() for lp in loops), return_exceptions=True)
+        with heap.long_lived():  # the collector leaves the run's long-lived objects alone (kiro.heap)
+            results = await asyncio.gather(*(lp.run() for lp in loops), return_exceptions=True)
     finally:
         remove()
         for lp in loops:

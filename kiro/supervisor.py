@@ -24,7 +24,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from kiro import conditions, executors, locks, resolved, tasks
+from kiro import conditions, executors, heap, locks, resolved, tasks
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.errors import KiroError, LockHeld, UserError, contained
@@ -110,6 +110,8 @@ class Supervisor:
         hub.subscribe_event(self._wake)
         self._poll = hub.poll_interval
         remove = on_signals(lambda _name: self.stop())
+        collector = contextlib.ExitStack()
+        collector.enter_context(heap.long_lived())  # loops for hours: kiro.heap
         try:
             while not self.stopping:
                 # A file event (a task file dropped into Specs/, a hook deleted, a task moved back)
@@ -124,6 +126,7 @@ class Supervisor:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), rescan)
         finally:
+            collector.close()
             remove()
             self.stop()
             running = [m.task for m in self.managed.values() if m.task is not None]

@@ -1,0 +1,84 @@
+"""The collector's pace while loops run (kiro.heap, issue #12): while loops run, the
+objects that existed before are left out of collections and young collections come less often;
+cycles are still collected; afterwards the process's collector is as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kiro import heap
+from kiro.executors.base import ExecutorBase, StepContext, StepResult
+from kiro.runner import prepare_start, run_loops
+from kiro.workspace import Workspace as KiroWorkspace
+from tests.conftest import Workspace, shell_task
+
+
+@pytest.fixture(autouse=True)
+def _collector_as_found() -> Iterator[None]:
+    """Each test starts from CPython's own settings and leaves them so (a failing test too)."""
+    before = gc.get_threshold()
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*before)
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+class Looker(ExecutorBase):
+    """Completes every step, noting how the collector is set while the step runs."""
+
+    name = "looker"
+    system_template = "agent_cli.md"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    async def run_step(self, ctx: StepContext) -> StepResult:
+        self.seen.append((gc.get_threshold()[0], gc.get_freeze_count()))
+        return StepResult("completed", summary="done")
+
+
+def test_while_loops_run_the_older_objects_are_left_alone_and_afterwards_all_is_as_it_was(ws: Workspace) -> None:
+    ws.task(shell_task(3))
+    young = gc.get_threshold()
+    looker = Looker()
+    run = prepare_start(KiroWorkspace(ws.root), "Specs/feature/tasks.md", task_id="g", executor=looker)
+    [outcome] = asyncio.run(run_loops([run]))
+    assert outcome.exit_code == 0, outcome.message
+    assert len(looker.seen) == 3
+    for threshold, frozen in looker.seen:
+        assert threshold == heap.YOUNG_THRESHOLD
+        assert frozen > 1000  # the imported modules, the loop's models: not walked by any collection
+    assert gc.get_threshold() == young and gc.get_freeze_count() == 0
+
+
+def test_a_cycle_made_while_loops_run_is_still_collected() -> None:
+    with heap.long_lived():
+        cycle: Any = _Cycle()
+        gone: list[bool] = []
+        ref = weakref.ref(cycle, lambda _r: gone.append(True))
+        del cycle
+        gc.collect()
+        assert ref() is None and gone == [True]
+
+
+def test_nested_use_changes_the_collector_once_and_leaves_a_freeze_made_before_it() -> None:
+    young = gc.get_threshold()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    with heap.long_lived():
+        with heap.long_lived():
+            pass
+        assert gc.get_threshold()[0] == heap.YOUNG_THRESHOLD  # the outer one still holds
+    assert gc.get_threshold() == young
+    assert gc.get_freeze_count() == frozen  # the caller's freeze is the caller's to undo
