@@ -170,42 +170,54 @@ def yaml_shape_problem(text: str) -> str | None:
     """
     import yaml
 
+    fast: type | None = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            return _yaml_shape_walk(text, fast)
+        except yaml.YAMLError:
+            # the libyaml of PyYAML 6.0.4 calls more than 1,000 levels a syntax error ("exceeded
+            # maximum nesting depth"); PyYAML's own loader, which reads the text next, would recurse
+            # until Python's stack runs out: PyYAML's own event parser (no recursion) tells which it is
+            pass
     try:
-        loader_cls: type = yaml.CSafeLoader
-    except AttributeError:  # pragma: no cover - PyYAML built without libyaml
-        loader_cls = yaml.SafeLoader
-    sizes: list[int] = [0]  # per open collection: nodes inside so far
-    anchors_open: list[str | None] = [None]
-    anchored: dict[str, int] = {}
-    try:
-        for event in yaml.parse(text, Loader=loader_cls):
-            if isinstance(event, yaml.CollectionStartEvent):
-                if len(sizes) > YAML_MAX_DEPTH:
-                    line = event.start_mark.line + 1 if event.start_mark else "?"
-                    return f"nested more than {YAML_MAX_DEPTH} levels deep (line {line})"
-                sizes.append(0)
-                anchors_open.append(event.anchor)
-            elif isinstance(event, yaml.CollectionEndEvent):
-                inner = sizes.pop() + 1
-                anchor = anchors_open.pop()
-                if anchor is not None:
-                    anchored[anchor] = inner
-                sizes[-1] += inner
-            elif isinstance(event, yaml.ScalarEvent):
-                sizes[-1] += 1
-                if event.anchor is not None:
-                    anchored[event.anchor] = 1
-            elif isinstance(event, yaml.AliasEvent):
-                if event.anchor in anchors_open:
-                    return f"the alias *{event.anchor} refers to a collection that contains it (a recursive alias)"
-                sizes[-1] += anchored.get(event.anchor or "", 1)
-            else:
-                continue
-            if sum(sizes) > YAML_MAX_NODES:
-                return (f"expands to more than {YAML_MAX_NODES:,} values through its aliases "
-                        f"(an alias bomb); write the values out")
+        return _yaml_shape_walk(text, yaml.SafeLoader)
     except yaml.YAMLError:
         return None
     except RecursionError:  # pragma: no cover - the event parser does not recurse; belt and braces
         return f"nested more than {YAML_MAX_DEPTH} levels deep"
+
+
+def _yaml_shape_walk(text: str, loader_cls: type) -> str | None:
+    """`yaml_shape_problem` through `loader_cls`'s event parser; its YAMLError is the caller's."""
+    import yaml
+
+    sizes: list[int] = [0]  # per open collection: nodes inside so far
+    anchors_open: list[str | None] = [None]
+    anchored: dict[str, int] = {}
+    for event in yaml.parse(text, Loader=loader_cls):
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(sizes) > YAML_MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                return f"nested more than {YAML_MAX_DEPTH} levels deep (line {line})"
+            sizes.append(0)
+            anchors_open.append(event.anchor)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            inner = sizes.pop() + 1
+            anchor = anchors_open.pop()
+            if anchor is not None:
+                anchored[anchor] = inner
+            sizes[-1] += inner
+        elif isinstance(event, yaml.ScalarEvent):
+            sizes[-1] += 1
+            if event.anchor is not None:
+                anchored[event.anchor] = 1
+        elif isinstance(event, yaml.AliasEvent):
+            if event.anchor in anchors_open:
+                return f"the alias *{event.anchor} refers to a collection that contains it (a recursive alias)"
+            sizes[-1] += anchored.get(event.anchor or "", 1)
+        else:
+            continue
+        if sum(sizes) > YAML_MAX_NODES:
+            return (f"expands to more than {YAML_MAX_NODES:,} values through its aliases "
+                    f"(an alias bomb); write the values out")
     return None

@@ -339,3 +339,20 @@ def test_bad_clock_time_is_explained(tmp_path: Path) -> None:
         "config/autonomous_loop.yaml:3: guardrails.active_hours.start: "
         "should be a 24-hour time like \"09:00\" (got '9')"
     )
+
+
+@pytest.mark.parametrize("depth", [1_001, 5_000])
+def test_yaml_nested_deeper_than_libyaml_allows_is_refused_in_one_line_not_a_recursion_error(
+        tmp_path: Path, depth: int) -> None:
+    """The libyaml of PyYAML 6.0.4 (not 6.0.3) calls more than 1,000 levels a syntax error, so kiro's
+    depth check found no depth; PyYAML's own loader, which kiro's config and frontmatter readers use
+    for line numbers, then recursed on the text until Python's stack ran out ("internal error")."""
+    from kiro import tasks
+    from kiro.errors import TaskFileError
+
+    deep = "a: " + "[" * depth + "]" * depth + "\n"
+    path = write_config(tmp_path, deep)
+    with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
+        load_config_file(path)
+    with pytest.raises(TaskFileError, match="nested more than 64 levels deep"):
+        tasks.parse("---\n" + deep + "---\n- [ ] 1. a\n", tmp_path / "tasks.md")
