@@ -52,8 +52,9 @@ def _split(text: str) -> tuple[dict[str, Any], str]:
     if text.startswith("---\n"):
         end = text.find("\n---", 4)
         if end != -1:
-            try:
-                meta = yaml.safe_load(text[4:end]) or {}
+            head = text[4:end]
+            try:  # too deep or an alias bomb: as unreadable (PyYAML's own loader recurses on depth)
+                meta = (yaml.safe_load(head) or {}) if safeio.yaml_shape_problem(head) is None else {}
             except yaml.YAMLError:
                 meta = {}
             return (meta if isinstance(meta, dict) else {}), text[end + 4:].lstrip("\n")

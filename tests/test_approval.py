@@ -117,3 +117,21 @@ def test_the_agent_cannot_approve_its_own_proposal(tmp_path: Path) -> None:
         assert not result.ok and "error" in result.text, result.text
         assert not (h.root / folder / "steps_t1_1.md").exists()
     print(f"self-approval attempts: {tried} tried, {tried} refused")
+
+
+def test_an_approved_proposal_with_frontmatter_nested_5000_deep_is_applied_without_it(tmp_path: Path) -> None:
+    """A person's hand-made proposal whose frontmatter is too deep to read: its steps are added (at the
+    end, as with frontmatter that is not YAML at all), not a RecursionError that ends the loop."""
+    from kiro import approval, tasks
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    root = tmp_path / "ws"
+    (root / "Specs/a").mkdir(parents=True)
+    (root / "Approved").mkdir()
+    task = root / "Specs/a/tasks.md"
+    task.write_text("- [ ] 1. First\n")
+    deep = "a: " + "[" * 5000 + "]" * 5000
+    (root / "Approved/steps_t1_1.md").write_text(f"---\n{deep}\n---\n## Steps\n- [ ] 1.1 Added by hand\n")
+    done = approval.apply_decisions(KiroWorkspace(root), "t1", task)
+    assert [d.kind for d in done] == ["approved"]
+    assert [s.title for s in tasks.load(task).steps][-1] == "Added by hand"
