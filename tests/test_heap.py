@@ -81,4 +81,6 @@ def test_nested_use_changes_the_collector_once_and_leaves_a_freeze_made_before_i
             pass
         assert gc.get_threshold()[0] == heap.YOUNG_THRESHOLD  # the outer one still holds
     assert gc.get_threshold() == young
-    assert gc.get_freeze_count() == frozen  # the caller's freeze is the caller's to undo
+    # the caller's freeze is the caller's to undo (an unfreeze would leave 0; objects frozen and freed
+    # meanwhile by reference counting leave the count a little lower)
+    assert gc.get_freeze_count() > frozen // 2
