@@ -16,6 +16,7 @@ import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from kiro import ownwrites
 
@@ -64,15 +65,11 @@ def atomic_write(
     keep_mode: bool = False,
     dir_fd: int | None = None,
     unchanged: Callable[[], bool] | None = None,
-    sync_folder: bool = True,
 ) -> bool:
     """Replace (or create) `path` with `data`, atomically.
 
     - `fsync=False` skips both fsyncs (files that are rewritten often and cheap to lose: Dashboard.md,
       progress reports, hooks); the rename is still atomic.
-    - `sync_folder=False` (with `fsync`): the file's bytes are synced before the rename, the folder's
-      entry is not; the caller fsyncs the folder once for many files before anything depends on them
-      (a batch start's new state files, kiro.runner.StartBatch).
     - `mode` sets the file's permission bits exactly; otherwise a new file gets `new_mode` (less the
       umask) and, with `keep_mode`, an existing file keeps its bits (and its owner, where allowed).
     - `dir_fd`: `path` is a name inside that open folder (the agent's confined file tools).
@@ -86,8 +83,7 @@ def atomic_write(
     from kiro import diskfull
 
     written = diskfull.retry(lambda: _atomic_write(path, raw, fsync=fsync, mode=mode, new_mode=new_mode,
-                                                   keep_mode=keep_mode, dir_fd=dir_fd, unchanged=unchanged,
-                                                   sync_folder=sync_folder),
+                                                   keep_mode=keep_mode, dir_fd=dir_fd, unchanged=unchanged),
                              Path(path).name)
     if written and dir_fd is None:
         ownwrites.note_own_write(path)  # kiro's own watcher need not wake for it
@@ -95,7 +91,7 @@ def atomic_write(
 
 
 def _atomic_write(path: Path | str, raw: bytes, *, fsync: bool, mode: int | None, new_mode: int, keep_mode: bool,
-                  dir_fd: int | None, unchanged: Callable[[], bool] | None, sync_folder: bool = True) -> bool:
+                  dir_fd: int | None, unchanged: Callable[[], bool] | None) -> bool:
     if dir_fd is None:
         target = Path(path)
         try:
@@ -138,9 +134,174 @@ def _atomic_write(path: Path | str, raw: bytes, *, fsync: bool, mode: int | None
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=folder)
             raise
-        if fsync and sync_folder:
+        if fsync:
             fsync_dir(folder)
         return True
     finally:
         if dir_fd is None:
             os.close(folder)
+
+
+class _StagedFile(NamedTuple):
+    tmp: str
+    target: str
+    unchanged: Callable[[], bool] | None
+    changed: Callable[[], object] | None
+    error: Callable[[OSError], Exception] | None
+
+
+class Staged:
+    """New files put in place together: each durable before its rename and every rename durable at
+    the end, as `atomic_write` promises, with one flush of each file system instead of an fsync of
+    every file and folder. A batch start's first writes (kiro.runner.StartBatch): 1,000 loops made
+    3,000 fsyncs, on 32 threads that took turns at the interpreter lock (issue #12).
+
+    `add` writes the bytes to a temp file beside the path now, unsynced. `commit` flushes the file
+    systems the temp files are on (syncfs), renames each over its path in the order added (after a
+    compare-and-swap, where one is given), flushes them again (the names), then runs what `then`
+    queued. `discard` removes the temp files not renamed; `commit` does it too when it fails. Where
+    the C library has no syncfs, each temp file is fsynced before its rename and each folder after."""
+
+    def __init__(self) -> None:
+        self._files: list[_StagedFile] = []
+        self._devices: dict[int, str] = {}  # st_dev -> a folder on that file system
+        self._then: list[Callable[[], object]] = []
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def add(self, path: Path | str, data: str | bytes, *, keep_mode: bool = False,
+            unchanged: Callable[[], bool] | None = None, changed: Callable[[], object] | None = None,
+            error: Callable[[OSError], Exception] | None = None) -> None:
+        """Stage `data` for `path` (a new file gets mode 0o644 less the umask; `keep_mode`: an existing
+        file's bits, and owner where allowed). `unchanged` is asked right before the rename: when it
+        says False the temp file is dropped and `changed()` runs instead (it writes on its own).
+        `error`: what an OSError writing or renaming this file is raised as (a full disk is DiskFull)."""
+        from kiro import diskfull
+
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        target = os.fspath(path)
+        folder, name = os.path.split(target)
+        tmp = os.path.join(folder, temp_name(name))
+
+        def write() -> None:
+            keep = None
+            if keep_mode:
+                with contextlib.suppress(FileNotFoundError):
+                    keep = os.stat(target)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                if keep is not None:
+                    os.fchmod(fd, stat.S_IMODE(keep.st_mode))
+                    with contextlib.suppress(OSError):
+                        os.fchown(fd, keep.st_uid, keep.st_gid)
+                view = memoryview(raw)
+                while view:
+                    view = view[os.write(fd, view):]
+                self._devices.setdefault(os.fstat(fd).st_dev, folder or ".")
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            finally:
+                os.close(fd)
+
+        try:
+            diskfull.retry(write, name)
+        except OSError as exc:
+            if error is None:
+                raise
+            raise error(exc) from None
+        self._files.append(_StagedFile(tmp, target, unchanged, changed, error))
+
+    def then(self, job: Callable[[], object]) -> None:
+        """Run `job` after the commit (a view written after the file it shows)."""
+        self._then.append(job)
+
+    def commit(self) -> None:
+        files, self._files = self._files, []
+        then, self._then = self._then, []
+        done = 0  # files whose temp file is renamed or removed
+        try:
+            flushed = self._flush()
+            folders: set[str] = set()
+            for f in files:
+                try:
+                    if not flushed:
+                        _fsync_path(f.tmp)
+                    if f.unchanged is not None and not f.unchanged():
+                        os.unlink(f.tmp)
+                        done += 1
+                        if f.changed is not None:
+                            f.changed()
+                        continue
+                    os.replace(f.tmp, f.target)
+                except OSError as exc:
+                    if f.error is None:
+                        raise
+                    raise f.error(exc) from None
+                done += 1
+                ownwrites.note_own_write(f.target)
+                folders.add(os.path.dirname(f.target) or ".")
+            if flushed:
+                self._flush()
+            else:
+                for folder in folders:
+                    fsync_dir(folder)
+        finally:
+            self._files = files[done:]
+            self.discard()
+        for job in then:
+            job()
+
+    def discard(self) -> None:
+        """Remove the temp files not put in place (and forget what `then` queued)."""
+        for f in self._files:
+            with contextlib.suppress(OSError):
+                os.unlink(f.tmp)
+        self._files.clear()
+        self._then.clear()
+
+    def _flush(self) -> bool:
+        """syncfs(2) each file system a temp file is on; False where the C library has none."""
+        syncfs = _syncfs()
+        if syncfs is None:
+            return False
+        for folder in self._devices.values():
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                if syncfs(fd) != 0:
+                    import ctypes
+
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"could not flush the file system of {folder}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+        return True
+
+
+_SYNCFS: list[Callable[[int], int] | None] = []
+
+
+def _syncfs() -> Callable[[int], int] | None:
+    """The C library's syncfs (Linux), looked up once; None where there is none."""
+    if not _SYNCFS:
+        fn = None
+        try:
+            import ctypes
+
+            fn = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+            if fn is not None:
+                fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+        except (ImportError, OSError):  # pragma: no cover - no ctypes, or no C library to open
+            fn = None
+        _SYNCFS.append(fn)
+    return _SYNCFS[0]
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

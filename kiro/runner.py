@@ -5,7 +5,6 @@ executor. The CLI calls these; the engine runs what they return.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import math
@@ -37,7 +36,7 @@ from kiro.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
 from kiro.events import Listener
 from kiro.executors.base import Executor
-from kiro.fsutil import fsync_dir
+from kiro.fsutil import Staged
 from kiro.guardrails import SharedLimits
 from kiro.listeners import standard as standard_listeners
 from kiro.redact import Redactor
@@ -213,25 +212,23 @@ class LoopIndex:
         return found
 
 
-START_WRITERS = 32  # concurrent fsyncs are committed together by ext4: more threads, fewer commits each
-
-
 class StartBatch:
     """Loops started together (`kiro loop start --task a --task b ...`): the start guard is taken
-    once and held until every new loop's state file and `kiro_task_id` are on disk; those durable
-    writes run side by side on START_WRITERS threads once every loop is prepared, instead of one
-    after another, and one look at the state files serves the whole batch (no other process creates a loop while
-    the guard is held; the batch's own loops are in the index). Use as a context manager: leaving
-    it waits for the writes (raising the first that failed) and lets go of the guard."""
+    once and held until every new loop's state file and `kiro_task_id` are on disk, and one look at
+    the state files serves the whole batch (no other process creates a loop while the guard is
+    held; the batch's own loops are in the index). The loops' first writes are made once every loop
+    is prepared, staged (kiro.fsutil.Staged): written unsynced, made durable by one flush of the file
+    system, renamed into place, the names made durable by one more. Use as a context manager:
+    leaving it makes the writes (raising the first that failed) and lets go of the guard."""
 
     def __init__(self) -> None:
         self._guards: dict[Path, FileLock] = {}
         self._looked: set[Path] = set()
-        self._pending: list[concurrent.futures.Future[object]] = []
-        self._jobs: list[Callable[[], object]] = []
+        self._jobs: list[Callable[[Staged], object]] = []
         self._settings: dict[str, tuple[Config, Workspace, Redactor]] = {}
         self._swept: set[Path] = set()
         self._started: dict[Path, tuple[StateStore, int]] = {}  # state folder -> loops created there
+        self._heap = contextlib.ExitStack()
 
     def settings(self, ws0: Workspace, *, config_file: Path | None, task: tasks.TaskFile,
                  overrides: Mapping[str, Any] | None) -> Located:
@@ -290,30 +287,20 @@ class StartBatch:
         self._looked.add(folder)
         return True
 
-    def write(self, job: Callable[[], object]) -> None:
-        """Queued now, run when the batch ends: run side by side with the preparing of the next
-        loops, the writer threads and the preparing thread take turns at the interpreter lock and
-        both go slower (start of 1,000 loops: 6.2 s so, 3.2 s this way, in one run)."""
+    def write(self, job: Callable[[Staged], object]) -> None:
+        """Queued now, made when the batch ends, after every loop is prepared (made side by side with
+        the preparing, the writes took turns with it at the interpreter lock and both went slower)."""
         self._jobs.append(job)
 
     def finish(self) -> None:
+        staged = Staged()
         try:
             jobs, self._jobs = self._jobs, []
-            if jobs:
-                with concurrent.futures.ThreadPoolExecutor(max_workers=min(START_WRITERS, len(jobs)),
-                                                           thread_name_prefix="kiro-start") as workers:
-                    self._pending.extend(workers.submit(job) for job in jobs)
-            first: BaseException | None = None
-            for future in self._pending:
-                exc = future.exception()
-                if exc is not None and first is None:
-                    first = exc
-            if first is not None:
-                raise first
-            for store, _n in self._started.values():  # the new state files' names, one fsync for them all
-                fsync_dir(store.ws.state_dir)
+            for job in jobs:
+                job(staged)
+            staged.commit()
         finally:
-            self._pending.clear()
+            staged.discard()  # what a failed job or commit left unplaced
             started, self._started = self._started, {}
             try:
                 for store, n in started.values():
@@ -322,8 +309,10 @@ class StartBatch:
                 for lock in self._guards.values():
                     lock.release()
                 self._guards.clear()
+                self._heap.close()
 
     def __enter__(self) -> StartBatch:
+        self._heap.enter_context(heap.long_lived())  # many loops' objects made at once (kiro.heap)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -434,15 +423,12 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                 tasks.set_frontmatter_key(task_path, "kiro_task_id", tid, expected=task)
                 _count_start(store)
             else:  # on disk before the batch lets go of the start guard
-                # the bytes made here, the writes (no Python work to speak of) on the batch's threads
-                save = store.save_job(state, sync_folder=False)  # .state/ is synced once, by the batch's end
-                edit = tasks.set_frontmatter_key_job(task_path, "kiro_task_id", tid, expected=task)
 
-                def create() -> None:  # with the batch's other first writes, side by side
+                def create(staged: Staged) -> None:
                     diskfull.reserve(reserve, reserve_bytes)
                     store.set_role(tid, "loop", fresh=True)
-                    save()
-                    edit()
+                    store.stage_new(state, staged)
+                    tasks.stage_frontmatter_key(task_path, "kiro_task_id", tid, expected=task, staged=staged)
 
                 batch.write(create)
                 batch.count_start(store)

@@ -27,8 +27,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil, writer
 from kiro.errors import LockHeld, StateError, TaskNotFound
+from kiro.fsutil import Staged, fsync_dir
 from kiro.fsutil import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fsutil
-from kiro.fsutil import fsync_dir
 from kiro.redact import Redactor
 from kiro.status import RECORDED, Status
 from kiro.usage import StepUsage
@@ -362,29 +362,44 @@ class StateStore:
     def save(self, state: LoopState, *, fsync: bool = True) -> None:
         self.save_job(state, fsync=fsync)()
 
-    def save_job(self, state: LoopState, *, fsync: bool = True, sync_folder: bool = True) -> Callable[[], object]:
+    def save_job(self, state: LoopState, *, fsync: bool = True) -> Callable[[], object]:
         """A save in two halves: the state is stamped and encoded now (in the caller's thread, the
         only one that touches it), the returned function writes it (in any thread: `kiro.writer`).
         With the loop's journal open (`open_journal`) the record of what changed is made now and the
         job writes every record not written yet, so a later job that replaces this one in the queue
         writes it too. Otherwise the job writes a whole new state file (and removes any journal
-        beside it: its records are in that file). `sync_folder=False`: the caller fsyncs `.state/`
-        itself, once for many new files (kiro.fsutil.atomic_write)."""
+        beside it: its records are in that file)."""
         live = self.journals.get(state.task_id)
         if live is not None:
             return live.prepare(state)
-        state.bound()
-        state.updated_at = timeutil.iso()
-        path, data = self.path(state.task_id), self.encode(state)
-        summary = journal.summary_of(state.model_dump(mode="json", by_alias=True, exclude=set(journal.BIG_LISTS)))
+        path, data, summary = self._whole(state)
 
         def write() -> None:
-            atomic_write(path, data, fsync=fsync, sync_folder=sync_folder)
-            with contextlib.suppress(FileNotFoundError):
-                journal.journal_path(path).unlink()
-            self._write_summary(path, summary)
+            atomic_write(path, data, fsync=fsync)
+            self._after_whole(path, summary)
 
         return write
+
+    def stage_new(self, state: LoopState, staged: Staged) -> None:
+        """The first save of a loop made by a batch start (kiro.runner.StartBatch): the state file
+        is staged in `staged`, put in place (durably) when the batch commits; its summary after it."""
+        path, data, summary = self._whole(state)
+        staged.add(path, data)
+        staged.then(lambda: self._after_whole(path, summary))
+
+    def _whole(self, state: LoopState) -> tuple[Path, str, dict[str, Any]]:
+        """A whole state file's path and text, and its summary: the state stamped and encoded now."""
+        state.bound()
+        state.updated_at = timeutil.iso()
+        summary = journal.summary_of(state.model_dump(mode="json", by_alias=True, exclude=set(journal.BIG_LISTS)))
+        return self.path(state.task_id), self.encode(state), summary
+
+    def _after_whole(self, path: Path, summary: dict[str, Any]) -> None:
+        """A whole state file is in place: any journal beside it is stale (its records are in the
+        file), and the summary shows the new state."""
+        with contextlib.suppress(FileNotFoundError):
+            journal.journal_path(path).unlink()
+        self._write_summary(path, summary)
 
     def open_journal(self, state: LoopState) -> None:
         """From now on `save(state)` appends to the loop's journal (kiro.journal); the next save

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 from kiro import ownwrites, safeio
 from kiro.errors import TaskFileError, TaskNotFound
-from kiro.fsutil import atomic_write
+from kiro.fsutil import Staged, atomic_write
 
 
 def _yaml() -> tuple[Any, Any]:
@@ -1214,24 +1214,24 @@ def set_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile 
     return _edit(_as_path(path), _frontmatter_change(key, value), expected)
 
 
-def set_frontmatter_key_job(path: Path, key: str, value: str, *, expected: TaskFile) -> Callable[[], object]:
-    """`set_frontmatter_key` in two halves, as `StateStore.save_job` (a batch start, kiro.runner):
-    the new bytes are made now, from `expected`, in the caller's thread; the returned function
-    writes them (in any thread) if the file still holds `expected`'s bytes, else makes the edit
-    again on what the file holds then (a person's edit meanwhile is kept)."""
+def stage_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile, staged: Staged) -> None:
+    """`set_frontmatter_key` for a batch start (kiro.runner.StartBatch): the new bytes are made now,
+    from `expected`, in the caller's thread, and staged in `staged`. When the batch commits they
+    replace the file if it still holds `expected`'s bytes (the last look, right before the rename);
+    otherwise the edit is made again on what the file holds then (a person's edit meanwhile is kept)."""
     path = _as_path(path)
     change = _frontmatter_change(key, value)
     new_text = change(expected)
     if new_text is None or new_text == expected.text:
-        return lambda: None
+        return
     data = (_BOM if expected._bom else b"") + new_text.encode("utf-8")
     real = Path(os.path.realpath(path))
 
-    def write() -> None:
-        if not _write_if_unchanged(real, data, expected._raw, shown=path):
-            _edit(path, change)
+    def error(exc: OSError) -> TaskFileError:
+        return TaskFileError(f"{path}: cannot write the task file: {exc.strerror or exc}")
 
-    return write
+    staged.add(real, data, keep_mode=True, unchanged=lambda: _last_look(real) == expected._raw,
+               changed=lambda: _edit(path, change), error=error)
 
 
 def _frontmatter_change(key: str, value: str) -> _Change:

@@ -1,4 +1,4 @@
-"""The collector's pace while loops run (kiro.heap, issue #12): while loops run, the
+"""The collector's pace while loops run (kiro.heap, issue #12): while loops start and run, the
 objects that existed before are left out of collections and young collections come less often;
 cycles are still collected; afterwards the process's collector is as it was."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from kiro import heap
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
-from kiro.runner import prepare_start, run_loops
+from kiro.runner import StartBatch, prepare_start, run_loops
 from kiro.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 
@@ -59,6 +59,23 @@ def test_while_loops_run_the_older_objects_are_left_alone_and_afterwards_all_is_
     for threshold, frozen in looker.seen:
         assert threshold == heap.YOUNG_THRESHOLD
         assert frozen > 1000  # the imported modules, the loop's models: not walked by any collection
+    assert gc.get_threshold() == young and gc.get_freeze_count() == 0
+
+
+def test_a_batch_start_prepares_its_loops_with_the_collector_slowed_and_puts_it_back(ws: Workspace) -> None:
+    for name in ("a", "b"):
+        ws.task(shell_task(1), rel=f"Specs/{name}/tasks.md")
+    young = gc.get_threshold()
+    seen: list[tuple[int, int]] = []
+    runs = []
+    with StartBatch() as batch:
+        for name in ("a", "b"):
+            runs.append(prepare_start(KiroWorkspace(ws.root), f"Specs/{name}/tasks.md", task_id=name, batch=batch))
+            seen.append((gc.get_threshold()[0], gc.get_freeze_count()))
+    for run in runs:
+        assert run.release is not None
+        run.release()
+    assert all(threshold == heap.YOUNG_THRESHOLD and frozen > 1000 for threshold, frozen in seen), seen
     assert gc.get_threshold() == young and gc.get_freeze_count() == 0
 
 

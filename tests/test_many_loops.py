@@ -394,37 +394,108 @@ def test_a_hard_limit_of_open_files_too_low_for_the_loops_is_one_line_before_any
     assert {p: p.read_bytes() for p in (ws.root / "Specs").rglob("tasks.md")} == before
 
 
-def test_a_batch_start_syncs_the_state_folder_once_after_every_new_state_file_is_in_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each new state file's bytes are fsynced before its rename; the folder's entries (the names)
-    are made durable by one fsync of `.state/` for the whole batch, after the last state file is in
-    place and before the batch counts its starts and lets go of the start guard (1,000 fsyncs of
-    one folder from 32 threads, before)."""
+def _flushes_seen(ws: KiroWorkspace, monkeypatch: pytest.MonkeyPatch, *,
+                  syncfs: bool) -> list[tuple[str, int, int, int]]:
+    """What the disk holds at each flush of a batch start's writes: (what, state files in .state/,
+    kiro temp files in the workspace, bytes in .state/.starts). With `syncfs=False` the C library is
+    played as one without syncfs: each temp file is fsynced before its rename, each folder after."""
     import kiro.fsutil
-    import kiro.runner
 
+    seen: list[tuple[str, int, int, int]] = []
+
+    def look(what: str) -> None:
+        starts = ws.state_dir / ".starts"
+        seen.append((what, len(list(ws.state_dir.glob("autonomous_loop_*.json"))),
+                     len(list(ws.root.rglob("*.kiro.tmp"))), starts.stat().st_size if starts.exists() else 0))
+
+    real_syncfs = kiro.fsutil._syncfs()
+    assert real_syncfs is not None  # Linux's C library has it
+
+    def recorded_syncfs(fd: int) -> int:
+        look("syncfs")
+        return real_syncfs(fd)
+
+    monkeypatch.setattr(kiro.fsutil, "_syncfs", lambda: recorded_syncfs if syncfs else None)
+    real_fsync_path, real_fsync_dir = kiro.fsutil._fsync_path, kiro.fsutil.fsync_dir
+
+    def fsync_path(path: str) -> None:
+        look("fsync file")
+        real_fsync_path(path)
+
+    def fsync_dir(folder: Path | str | int) -> None:
+        look("fsync folder")
+        real_fsync_dir(folder)
+
+    monkeypatch.setattr(kiro.fsutil, "_fsync_path", fsync_path)
+    monkeypatch.setattr(kiro.fsutil, "fsync_dir", fsync_dir)
+    return seen
+
+
+@pytest.mark.parametrize("syncfs", [True, False], ids=["syncfs", "no syncfs"])
+def test_a_batch_start_makes_every_new_file_durable_before_its_rename_and_every_name_before_it_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncfs: bool) -> None:
+    """The loops' first writes are staged: every state file and task file is written to a temp file,
+    one flush of the file system makes them all durable before any is renamed into place, one more
+    makes the names durable before the batch counts its starts and lets go of the start guard (3,000
+    fsyncs for 1,000 loops before, on 32 threads). Without syncfs: an fsync per file, then per folder."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    ws = _workspace(tmp_path / "ws", "http://127.0.0.1:9/v1", 6, 1)
-    synced: list[tuple[str, int, int]] = []  # (folder, state files in it then, .starts bytes then)
-    real = kiro.fsutil.fsync_dir
-
-    def record(folder: Path | str | int) -> None:
-        if not isinstance(folder, int) and Path(folder) == ws.state_dir:
-            starts = ws.state_dir / ".starts"
-            synced.append((str(folder), len(list(ws.state_dir.glob("autonomous_loop_*.json"))),
-                           starts.stat().st_size if starts.exists() else 0))
-        real(folder)
-
-    monkeypatch.setattr(kiro.fsutil, "fsync_dir", record)
-    monkeypatch.setattr(kiro.runner, "fsync_dir", record)
+    loops = 5
+    ws = _workspace(tmp_path / "ws", "http://127.0.0.1:9/v1", loops, 1)
+    seen = _flushes_seen(ws, monkeypatch, syncfs=syncfs)
     index = LoopIndex(StateStore(ws))
     with StartBatch() as batch:
         runs = [prepare_start(ws, f"Specs/t{i:02d}/tasks.md", task_id=f"t{i:02d}", index=index, batch=batch)
-                for i in range(6)]
+                for i in range(loops)]
+        assert seen == []  # nothing written while the loops are prepared
     try:
-        assert synced == [(str(ws.state_dir), 6, 0)], synced
-        assert os.path.getsize(ws.state_dir / ".starts") == 6
+        staged = 2 * loops  # a state file and a task file per loop
+        if syncfs:
+            assert seen == [("syncfs", 0, staged, 0), ("syncfs", loops, 0, 0)], seen
+        else:
+            files = [x for x in seen if x[0] == "fsync file"]
+            assert len(files) == staged and files[0] == ("fsync file", 0, staged, 0), seen
+            assert all(x[0] == "fsync folder" for x in seen[staged:]), seen
+            assert seen[staged] == ("fsync folder", loops, 0, 0), seen
+            assert len(seen) == staged + 1 + loops  # .state/ and each task's folder, once each
+        assert os.path.getsize(ws.state_dir / ".starts") == loops
+        for i in range(loops):
+            assert json.loads(ws.state_file(f"t{i:02d}").read_text())["status"] == "pending"
+            assert f"kiro_task_id: t{i:02d}" in (ws.root / f"Specs/t{i:02d}/tasks.md").read_text()
+            assert (ws.state_dir / f"autonomous_loop_t{i:02d}.summary").exists()
     finally:
         for r in runs:
             if r.release:
                 r.release()
+
+
+def test_a_batch_start_whose_writes_fail_leaves_no_loop_and_no_temp_file_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task file kiro cannot write (its folder read-only) fails the batch in one line, before any
+    file is renamed: no state file, no `kiro_task_id`, no temp file, every lock let go."""
+    import kiro.fsutil
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    ws = _workspace(tmp_path / "ws", "http://127.0.0.1:9/v1", 3, 1)
+    real_open = os.open
+
+    def refuse_t02(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if "Specs/t02/.tasks.md" in str(path) and flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(kiro.fsutil.os, "open", refuse_t02)
+    index = LoopIndex(StateStore(ws))
+    runs = []
+    with pytest.raises(KiroError, match=r"Specs/t02/tasks.md: cannot write the task file: Permission denied"):
+        with StartBatch() as batch:
+            for i in range(3):
+                runs.append(prepare_start(ws, f"Specs/t{i:02d}/tasks.md", task_id=f"t{i:02d}", index=index,
+                                          batch=batch))
+    for r in runs:
+        if r.release:
+            r.release()
+    monkeypatch.undo()
+    assert list(ws.state_dir.glob("autonomous_loop_*.json")) == []
+    assert list(ws.root.rglob("*.kiro.tmp")) == []
+    assert not any("kiro_task_id" in p.read_text() for p in ws.root.glob("Specs/*/tasks.md"))
+    assert not any(StateStore(ws).is_locked(f"t{i:02d}") for i in range(3))

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kiro import tasks
 from kiro.errors import TaskFileError
+from kiro.fsutil import Staged
 
 BASE = (
     "# Plan\n"
@@ -68,12 +69,13 @@ def test_a_persons_edit_between_a_batch_starts_read_and_its_write_survives(tmp_p
     between is kept, and the key is set on top of it."""
     path = write(tmp_path, BASE)
     seen = tasks.load(path)
-    job = tasks.set_frontmatter_key_job(path, "kiro_task_id", "t1", expected=seen)
-    assert path.read_bytes() == BASE.encode()  # nothing written yet
+    staged = Staged()
+    tasks.stage_frontmatter_key(path, "kiro_task_id", "t1", expected=seen, staged=staged)
+    assert path.read_bytes() == BASE.encode()  # nothing in place yet
 
     persons = PERSON_EDITS[edit](BASE)
     path.write_bytes(persons.encode())
-    job()
+    staged.commit()
 
     after = tasks.load(path)
     assert after.frontmatter == {"kiro_task_id": "t1"}
@@ -84,12 +86,18 @@ def test_a_persons_edit_between_a_batch_starts_read_and_its_write_survives(tmp_p
 
 def test_a_batch_starts_task_id_edit_of_an_unchanged_file_and_of_one_that_has_it(tmp_path: Path) -> None:
     path = write(tmp_path, "---\ntitle: Plan  # mine\n---\n" + BASE)
-    job = tasks.set_frontmatter_key_job(path, "kiro_task_id", "t1", expected=tasks.load(path))
-    job()
+    path.chmod(0o600)
+    staged = Staged()
+    tasks.stage_frontmatter_key(path, "kiro_task_id", "t1", expected=tasks.load(path), staged=staged)
+    staged.commit()
     assert path.read_text() == "---\ntitle: Plan  # mine\nkiro_task_id: t1\n---\n" + BASE
+    assert path.stat().st_mode & 0o777 == 0o600  # the file's own permission bits kept
     before = path.stat().st_mtime_ns, path.stat().st_ino
-    tasks.set_frontmatter_key_job(path, "kiro_task_id", "t1", expected=tasks.load(path))()
-    assert (path.stat().st_mtime_ns, path.stat().st_ino) == before  # the same value: nothing written
+    tasks.stage_frontmatter_key(path, "kiro_task_id", "t1", expected=tasks.load(path), staged=staged)
+    assert len(staged) == 0  # the same value: nothing to write
+    staged.commit()
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == before
+    assert leftovers(tmp_path) == []
 
 
 @pytest.mark.parametrize("edit", sorted(PERSON_EDITS))
