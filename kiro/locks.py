@@ -9,7 +9,10 @@ no /proc/locks (not Linux), the probe falls back to the try-and-release check.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import time
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -52,3 +55,46 @@ def _try_and_release(path: Path) -> bool:
         return True
     lock.release()
     return False
+
+
+class Flock:
+    """An exclusive flock on a file, held from `acquire()` until `release()` or the end of the
+    process, whatever way it ends: a loop's lock. What filelock's FileLock does for kiro, at a sixth
+    of its cost (about 100 us less per lock: a batch start of 1,000 loops spent 0.1 s in FileLock,
+    issue #12). Not re-entrant: kiro takes each lock once."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = os.fspath(path)
+        self._fd: int | None = None
+
+    @property
+    def is_locked(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, timeout: float = 0.0, poll: float = 0.05) -> None:
+        """Take the lock, waiting up to `timeout` seconds for its holder to let go; filelock.Timeout
+        when it is still held then. An OSError when the file cannot be opened (made if missing;
+        O_NONBLOCK: a FIFO in its place cannot hang the open)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise Timeout(self.path) from None
+                time.sleep(poll)
+                continue
+            self._fd = fd
+            return
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)

@@ -39,6 +39,7 @@ from kiro.executors.base import Executor
 from kiro.fsutil import Staged
 from kiro.guardrails import SharedLimits
 from kiro.listeners import standard as standard_listeners
+from kiro.locks import Flock
 from kiro.redact import Redactor
 from kiro.settings import Located, settings_for
 from kiro.state import LoopState, StateStore, effective_status
@@ -489,7 +490,7 @@ def _unhold(ws: Workspace, task_id: str) -> None:
         _held.discard((str(ws.state_dir), task_id))
 
 
-def _release(store: StateStore, task_id: str, lock: FileLock, reserve: Path) -> None:
+def _release(store: StateStore, task_id: str, lock: Flock, reserve: Path) -> None:
     _unhold(store.ws, task_id)
     diskfull.drop(reserve)
     store.release(task_id, lock)
@@ -513,7 +514,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
                    overrides: Mapping[str, Any] | None = None, max_iterations: int | None = None,
                    failure_threshold: int | None = None, timeout: float | None = None,
                    reset_failures: bool = False, executor: Executor | None = None,
-                   held_lock: FileLock | None = None, keep_hooks: bool = False) -> LoopRun:
+                   held_lock: Flock | None = None, keep_hooks: bool = False) -> LoopRun:
     """Load a loop's state under its lock and make it ready to continue. `held_lock`: the caller
     (the watch supervisor) already holds the lock and keeps owning it. `keep_hooks`: the temporal
     backend's workspace worker continuing a loop nobody asked to resume (its first run, a retry): stop

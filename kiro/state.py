@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from filelock import FileLock, Timeout
+from filelock import Timeout
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil, writer
@@ -623,18 +623,19 @@ class StateStore:
             self.release(task_id, lock)
 
     def acquire(self, task_id: str, *, wait_seconds: float = 0.0, role: str = "loop",
-                write_role: bool = True) -> FileLock:
+                write_role: bool = True) -> locks.Flock:
         """Take the loop's lock or raise LockHeld naming the holder. `role` is recorded beside the
         pid: "watch" when a `kiro loop watch` supervisor keeps a paused loop. `write_role=False`: the
         caller writes it (`set_role`) itself, with the loop's other first writes (a `StartBatch`)."""
         path = self.ws.lock_file(task_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.probe_lock_file(path)
-        lock = FileLock(str(path), timeout=wait_seconds, thread_local=False, is_singleton=False)
+        lock = locks.Flock(path)
         try:
-            lock.acquire()
+            lock.acquire(wait_seconds)
         except Timeout:
             raise LockHeld(task_id, self.holder_pid(task_id)) from None
+        except OSError as exc:
+            raise self._lock_file_error(path, exc) from None
         if write_role:
             self.set_role(task_id, role)
         return lock
@@ -644,10 +645,13 @@ class StateStore:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise StateError(f"cannot create the lock file {self.ws.relative(path)} ({exc.strerror}); make "
-                             f"{self.ws.relative(path.parent)} a writable folder (autonomous_loop.state_directory "
-                             f"in the config chooses it)") from None
+            raise self._lock_file_error(path, exc) from None
         os.close(fd)
+
+    def _lock_file_error(self, path: Path, exc: OSError) -> StateError:
+        return StateError(f"cannot create the lock file {self.ws.relative(path)} ({exc.strerror}); make "
+                          f"{self.ws.relative(path.parent)} a writable folder (autonomous_loop.state_directory "
+                          f"in the config chooses it)")
 
     def set_role(self, task_id: str, role: str, *, fresh: bool = False) -> None:
         """`fresh`: the loop was just created under the start guard (a `StartBatch`), so no holder's
@@ -672,7 +676,7 @@ class StateStore:
             return None
         return parts[2] if len(parts) > 2 else None
 
-    def release(self, task_id: str, lock: FileLock) -> None:
+    def release(self, task_id: str, lock: locks.Flock) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.ws.lock_file(task_id).with_suffix(".pid").unlink()
         lock.release()

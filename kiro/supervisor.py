@@ -48,7 +48,7 @@ def is_task_candidate(path: Path) -> bool:
 @dataclass
 class Managed:
     task_id: str
-    lock: FileLock
+    lock: locks.Flock
     task: asyncio.Task[None] | None = None
     status: Status = Status.PENDING
     outcome: Outcome | None = None

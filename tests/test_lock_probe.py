@@ -5,13 +5,16 @@ not fail with "already running"."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
 
+import pytest
 from filelock import FileLock, Timeout
 
-from kiro.errors import LockHeld, UserError
+from kiro.errors import LockHeld, StateError, UserError
 from kiro.state import StateStore
 from kiro.supervisor import check_watch_free
 from kiro.workspace import Workspace as KiroWorkspace
@@ -107,3 +110,50 @@ def test_watch_probe_does_not_take_the_watch_lock(ws: Workspace) -> None:
         stop.set()
         t.join()
     assert failures == 0
+
+
+def test_a_loops_lock_is_not_inherited_by_a_program_its_holder_started(ws: Workspace) -> None:
+    """The lock dies with kiro even when a program kiro started lives on (kiro.locks.Flock: the
+    file's descriptor closes on exec), or that program would keep the loop "running" forever."""
+    store = StateStore(KiroWorkspace(ws.root))
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import pathlib, subprocess, sys, time\nfrom kiro.state import StateStore\n"
+         "from kiro.workspace import Workspace\nlock = StateStore(Workspace(pathlib.Path(sys.argv[1]))).acquire('c')\n"
+         "child = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
+         "print(child.pid, flush=True)\ntime.sleep(60)\n", str(ws.root)],
+        stdout=subprocess.PIPE, text=True, env=ws.env())
+    try:
+        assert holder.stdout is not None
+        child = int(holder.stdout.readline())
+        assert store.is_locked("c")
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    try:
+        os.kill(child, 0)  # the program lives on
+        assert not store.is_locked("c")
+        store.release("c", store.acquire("c"))
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_acquire_waits_for_a_holder_that_lets_go_and_names_one_that_does_not(ws: Workspace) -> None:
+    store = StateStore(KiroWorkspace(ws.root))
+    first = store.acquire("w")
+    timer = threading.Timer(0.3, store.release, ("w", first))
+    timer.start()
+    try:
+        second = store.acquire("w", wait_seconds=10)  # waits about 0.3 s
+    finally:
+        timer.join()
+    try:
+        with pytest.raises(LockHeld, match=str(os.getpid())):
+            store.acquire("w", wait_seconds=0.2)
+    finally:
+        store.release("w", second)
+    (ws.root / ".state" / "autonomous_loop_d.lock").mkdir()
+    with pytest.raises(StateError, match=r"cannot create the lock file \.state/autonomous_loop_d\.lock"):
+        store.acquire("d")
