@@ -21,7 +21,10 @@ there a new file's inode is found by a scan that steps over every inode deleted 
 (five while their inode-table block is not yet written back: `recently_deleted` in the kernel's
 ext4/ialloc.c). A start of 1,000 loops right after another run of this bench (whose temporary folder
 of ~10,000 files was just deleted) took 4.3-5.1 s; after a quiet minute, 2.4-2.7 s (2026-11-23).
-Wait a minute or more between runs for figures that compare.
+Wait a minute or more between runs for figures that compare. So that a figure says what the file
+system was like, the bench first times the creation of 1,000 empty files beside the workspace and
+prints it with the start (on a fresh file system, or tmpfs, ~15-20 us a file; here, minutes after
+many deletes, up to ~700 us). KIRO_BENCH_DIR puts the workspace elsewhere (tmpfs, another file system).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import multiprocessing
 import os
 import re
 import resource
+import shutil
 import sys
 import tempfile
 import threading
@@ -97,16 +101,22 @@ def serve(port_queue: multiprocessing.Queue, count: Any) -> None:  # type: ignor
 
 
 class SyscallCount:
-    """Counts os.rename/os.replace/os.fsync/os.fdatasync calls made by this process (every thread)."""
+    """Counts os.rename/os.replace/os.fsync/os.fdatasync calls made by this process (every thread),
+    and the syncfs calls of a batch start (kiro.fsutil.Staged, through the C library)."""
 
     NAMES = ("rename", "replace", "fsync", "fdatasync")
 
     def __init__(self) -> None:
+        import kiro.fsutil
+
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._orig = {n: getattr(os, n) for n in self.NAMES}
         for name, fn in self._orig.items():
             setattr(os, name, self._wrap(name, fn))
+        syncfs = kiro.fsutil._syncfs() if hasattr(kiro.fsutil, "_syncfs") else None  # (kiro before it: none)
+        if syncfs is not None:
+            kiro.fsutil._SYNCFS[:] = [self._wrap("syncfs", syncfs)]
 
     def _wrap(self, name: str, fn: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -138,6 +148,17 @@ class CollectorTime:
             self.runs += 1
             self.full += info["generation"] == 2
             self.seconds += time.perf_counter() - self._t0
+
+
+def create_cost(folder: Path, n: int = 1000) -> float:
+    """Microseconds to create (and close) an empty file in a new folder under `folder`, over `n` files."""
+    probe = Path(tempfile.mkdtemp(prefix="create-probe-", dir=folder))
+    t = time.perf_counter()
+    for i in range(n):
+        os.close(os.open(probe / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    took = time.perf_counter() - t
+    shutil.rmtree(probe)
+    return took / n * 1e6
 
 
 def checked_boxes(root: Path) -> int:
@@ -189,6 +210,7 @@ def main() -> int:
         # pays them once at process start-up, measured by bench/status_cold_start.py)
         import kiro.executors.openai_agent  # noqa: F401
 
+        creating = create_cost(root.parent)
         before_start = counter.snapshot()
         t0 = time.perf_counter()
         index = LoopIndex(StateStore(ws))
@@ -225,7 +247,8 @@ def main() -> int:
         per = max(calls, 1)
         print(f"{args.loops} loops x {args.steps} steps in one process, openai executor, zero-latency loopback server")
         print(f"  start of {args.loops} loops: {prepared:.2f} s ({start_ops['rename'] + start_ops['replace']} renames, "
-              f"{start_ops['fsync'] + start_ops['fdatasync']} fsyncs)")
+              f"{start_ops['fsync'] + start_ops['fdatasync']} fsyncs, {start_ops['syncfs']} syncfs; creating a file "
+              f"here took {creating:.0f} us just before)")
         print(f"  loops completed: {ok}/{args.loops}; steps completed (boxes checked): {boxes}/"
               f"{args.loops * args.steps}; model calls: {calls}")
         print(f"  ran in {elapsed:.1f} s: {calls / elapsed:.0f} model calls per second; kiro's CPU (user+sys, all "
