@@ -230,3 +230,30 @@ def test_list_files_and_search_files_survive_a_1500_deep_tree(tmp_path: Path) ->
     found = asyncio.run(go("search_files", {"pattern": "needle", "path": "deep"}))
     assert "Recursion" not in found, found[:300]
     subprocess.run(["rm", "-rf", str(h.root / "deep")], check=True)
+
+
+def test_a_batch_start_on_a_full_disk_says_so_and_leaves_nothing_behind(small_disk: Path) -> None:
+    """`kiro loop start --task a --task b --task c` with room for little more than one loop's files:
+    one line that says the disk is full, exit 1; no loop, no temp file, every task file as it was."""
+    root = small_disk / "vault"
+    for name in ("Specs", ".state", "config"):
+        (root / name).mkdir(parents=True)
+    (root / "config/autonomous_loop.yaml").write_text(FAST_CONFIG)
+    ws = Workspace(root)
+    texts = {}
+    for name in ("a", "b", "c"):
+        texts[name] = FILL_TASK.replace("title: full", f"title: {name}")
+        ws.task(texts[name], rel=f"Specs/{name}/tasks.md")
+    _fill(small_disk / "more")
+    big = small_disk / "more-big"
+    os.truncate(big, big.stat().st_size - 180 * 1024)  # room for one loop's reserve (128 KiB), not three
+    r = ws.kiro("loop", "start", "--task", "Specs/a/tasks.md", "--task", "Specs/b/tasks.md",
+                "--task", "Specs/c/tasks.md")
+    both = r.stdout + r.stderr
+    assert r.returncode == 1, both
+    assert "disk full" in r.stderr and "internal error" not in both and "Traceback" not in both, both
+    assert list((root / ".state").glob("autonomous_loop_*.json")) == [], both
+    assert list(root.rglob("*.kiro.tmp")) == [] and list((root / ".state").glob(".kiro-reserve-*")) == []
+    print(r.stderr.strip())
+    for name, text in texts.items():
+        assert (root / f"Specs/{name}/tasks.md").read_text() == text
