@@ -49,6 +49,20 @@ def fsync_dir(folder: Path | str | int) -> None:
         os.close(fd)
 
 
+def _fill(fd: int, raw: bytes, mode: int | None, keep: os.stat_result | None) -> None:
+    """A new temp file's permission bits (`mode` exactly, or those of the file it replaces, `keep`,
+    with its owner where allowed), then its bytes."""
+    if mode is not None:
+        os.fchmod(fd, mode)
+    elif keep is not None:
+        os.fchmod(fd, stat.S_IMODE(keep.st_mode))
+        with contextlib.suppress(OSError):  # not root: the file becomes ours, as with any editor
+            os.fchown(fd, keep.st_uid, keep.st_gid)
+    view = memoryview(raw)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _open_temp(name: str, mode: int, folder: int) -> int:
     """Create the temp file (never through a symlink, never an existing file). A seam for tests
     that play a folder kiro may not write to (root ignores a chmod)."""
@@ -112,16 +126,7 @@ def _atomic_write(path: Path | str, raw: bytes, *, fsync: bool, mode: int | None
         fd = _open_temp(tmp, create_mode, folder)
         try:
             try:
-                if mode is not None:
-                    os.fchmod(fd, mode)
-                elif keep is not None:
-                    os.fchmod(fd, stat.S_IMODE(keep.st_mode))
-                    with contextlib.suppress(OSError):  # not root: the file becomes ours, as with any editor
-                        os.fchown(fd, keep.st_uid, keep.st_gid)
-                view = memoryview(raw)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
+                _fill(fd, raw, mode, keep)
                 if fsync:
                     os.fsync(fd)
             finally:
@@ -191,13 +196,7 @@ class Staged:
                     keep = os.stat(target)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
-                if keep is not None:
-                    os.fchmod(fd, stat.S_IMODE(keep.st_mode))
-                    with contextlib.suppress(OSError):
-                        os.fchown(fd, keep.st_uid, keep.st_gid)
-                view = memoryview(raw)
-                while view:
-                    view = view[os.write(fd, view):]
+                _fill(fd, raw, None, keep)
                 self._devices.setdefault(os.fstat(fd).st_dev, folder or ".")
             except BaseException:
                 with contextlib.suppress(OSError):
