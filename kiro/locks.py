@@ -67,10 +67,6 @@ class Flock:
         self.path = os.fspath(path)
         self._fd: int | None = None
 
-    @property
-    def is_locked(self) -> bool:
-        return self._fd is not None
-
     def acquire(self, timeout: float = 0.0, poll: float = 0.05) -> None:
         """Take the lock, waiting up to `timeout` seconds for its holder to let go; filelock.Timeout
         when it is still held then. An OSError when the file cannot be opened (made if missing;

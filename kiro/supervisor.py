@@ -110,33 +110,31 @@ class Supervisor:
         hub.subscribe_event(self._wake)
         self._poll = hub.poll_interval
         remove = on_signals(lambda _name: self.stop())
-        collector = contextlib.ExitStack()
-        collector.enter_context(heap.long_lived())  # loops for hours: kiro.heap
-        try:
-            while not self.stopping:
-                # A file event (a task file dropped into Specs/, a hook deleted, a task moved back)
-                # sets _wake: rescan at once and let every paused loop look again. The rescan timer
-                # is only a safety net (or the polling interval when the OS watcher could not start).
-                self._wake.clear()
-                self._scan()
-                self._wake_paused()
-                if until is not None and until():
-                    break
-                rescan = hub.poll_interval if hub.failed is not None else RESCAN_SECONDS
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), rescan)
-        finally:
-            collector.close()
-            remove()
-            self.stop()
-            running = [m.task for m in self.managed.values() if m.task is not None]
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
-            hub.unsubscribe(self._wake)
-            await release_hub(hub)
-            with contextlib.suppress(OSError):
-                (self.ws.state_dir / "watch.pid").unlink()
-            self._lock.release()
+        with heap.long_lived():  # loops for hours: kiro.heap
+            try:
+                while not self.stopping:
+                    # A file event (a task file dropped into Specs/, a hook deleted, a task moved back)
+                    # sets _wake: rescan at once and let every paused loop look again. The rescan timer
+                    # is only a safety net (or the polling interval when the OS watcher could not start).
+                    self._wake.clear()
+                    self._scan()
+                    self._wake_paused()
+                    if until is not None and until():
+                        break
+                    rescan = hub.poll_interval if hub.failed is not None else RESCAN_SECONDS
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), rescan)
+            finally:
+                remove()
+                self.stop()
+                running = [m.task for m in self.managed.values() if m.task is not None]
+                if running:
+                    await asyncio.gather(*running, return_exceptions=True)
+                hub.unsubscribe(self._wake)
+                await release_hub(hub)
+                with contextlib.suppress(OSError):
+                    (self.ws.state_dir / "watch.pid").unlink()
+                self._lock.release()
         return 0
 
     # -- discovery -------------------------------------------------------------------------
