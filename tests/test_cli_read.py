@@ -191,6 +191,35 @@ def test_logs_follow_a_running_loop_until_it_ends(ws: Workspace) -> None:
     assert names.count("step_completed") == 4 and names[-1] == "loop_finished"
 
 
+def test_logs_follow_shows_an_event_half_written_when_it_started(ws: Workspace, unfinished: str) -> None:
+    """`--follow` goes on from the last complete line it read. It once went on from the file's size
+    taken afterwards: the rest of a half-written line was then read as garbage and that event was
+    never shown (CI saw a step_completed go missing this way)."""
+    from kiro.locks import Flock
+
+    log = ws.root / f"Logs/{unfinished}.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert json.loads(lines[-1])["event"] == "loop_finished"
+    earlier, last = lines[:-2], lines[-2]
+    log.write_bytes(b"".join(earlier) + last[:10])  # the loop is writing its next event
+    lock_path = next(ws.root.rglob(f"autonomous_loop_{unfinished}.lock"))
+    lock = Flock(lock_path)
+    lock.acquire(0)  # the loop's process holds its lock: the loop runs
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "kiro", "loop", "logs", "--task-id", unfinished, "--follow",
+                                 "--json"], cwd=ws.root, env=ws.env(), stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        shown = [proc.stdout.readline() for _ in earlier]  # what was there to read has been read
+        with open(log, "ab") as fh:
+            fh.write(last[10:] + lines[-1])
+    finally:
+        lock.release()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    names = [json.loads(x)["event"] for x in [*shown, *out.splitlines()]]
+    assert names == [json.loads(x)["event"] for x in lines]
+
+
 # -- naming the loop and the workspace -------------------------------------------------------------
 
 

@@ -534,6 +534,7 @@ def logs(
     json_out: JsonOpt = False,
 ) -> None:
     """The loop's event log (Logs/<task_id>.jsonl), human-readable or as JSON lines."""
+    import collections
     import json
 
     from kiro import console, views
@@ -557,16 +558,27 @@ def logs(
             if text is not None:
                 console.out.print(text)
 
-    events = list(read_events(path))
     if tail is not None:
-        events = events[-tail:] if tail > 0 else []
-    for e in events:
-        show(e)
+        tail = max(tail, 0)
     if not follow:
+        events = list(read_events(path))
+        for e in events[len(events) - tail:] if tail is not None else events:
+            show(e)
         return
+    # Follow from the end of the last complete line read, not from the file's size taken afterwards:
+    # an event appended in between, or the rest of a line half-written when it was read, is shown.
+    kept: collections.deque[dict[str, Any]] = collections.deque(maxlen=tail)
+    offset, last = 0, None
+    while True:
+        new, after = read_new(path, offset)
+        if after == offset:
+            break
+        kept.extend(new)
+        offset, last = after, (new[-1] if new else last)
+    for e in kept:
+        show(e)
     sys.stdout.flush()
-    offset = path.stat().st_size if path.exists() else 0
-    finished = any(e.get("event") == "loop_finished" for e in events[-1:])
+    finished = last is not None and last.get("event") == "loop_finished"
     from kiro.watch import ticks
 
     for _ in ticks([path.parent], 1.0):  # wakes on each append to the log, and every second
