@@ -1,10 +1,11 @@
 """Probe an OS file lock without taking it.
 
-kiro's locks are `flock` locks (filelock's UnixFileLock). Asking "is it held?" by trying to take
-it and letting go again holds it for a moment, and a `kiro loop start` that arrives in that moment
-fails with "already running" (issue 7 item 8). So a probe reads the kernel's lock table
-(`/proc/locks`) instead: it lists every flock with the device and inode of its file. Where there is
-no /proc/locks (not Linux), the probe falls back to the try-and-release check.
+kiro's locks are `flock` locks (`Flock`, the same kernel lock as filelock's UnixFileLock). Asking
+"is it held?" by trying to take it and letting go again holds it for a moment, and a `kiro loop
+start` that arrives in that moment fails with "already running" (issue 7 item 8). So a probe reads
+the kernel's lock table (`/proc/locks`) instead: it lists every flock with the device and inode of
+its file. Where there is no /proc/locks (not Linux), the probe falls back to the try-and-release
+check.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import fcntl
 import os
 import time
 from pathlib import Path
-
-from filelock import FileLock, Timeout
 
 PROC_LOCKS = Path("/proc/locks")
 
@@ -47,8 +46,16 @@ def is_held(path: Path) -> bool:
     return False
 
 
+class Timeout(TimeoutError):
+    """The lock is still held by another holder when the wait ends (`Flock.acquire`)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"the lock {path} is held")
+        self.lock_file = path
+
+
 def _try_and_release(path: Path) -> bool:
-    lock = FileLock(str(path), timeout=0, thread_local=False, is_singleton=False)
+    lock = Flock(path)
     try:
         lock.acquire()
     except Timeout:
@@ -59,16 +66,17 @@ def _try_and_release(path: Path) -> bool:
 
 class Flock:
     """An exclusive flock on a file, held from `acquire()` until `release()` or the end of the
-    process, whatever way it ends: a loop's lock. What filelock's FileLock does for kiro, at a sixth
-    of its cost (about 100 us less per lock: a batch start of 1,000 loops spent 0.1 s in FileLock,
-    issue #12). Not re-entrant: kiro takes each lock once."""
+    process, whatever way it ends: a loop's lock, the start guard, watch.lock. What filelock's
+    FileLock did for kiro, at a sixth of its cost (about 100 us less per lock: a batch start of 1,000
+    loops spent 0.1 s in FileLock, issue #12) and without its import on the start path (12 ms). Not
+    re-entrant: kiro takes each lock once."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = os.fspath(path)
         self._fd: int | None = None
 
     def acquire(self, timeout: float = 0.0, poll: float = 0.05) -> None:
-        """Take the lock, waiting up to `timeout` seconds for its holder to let go; filelock.Timeout
+        """Take the lock, waiting up to `timeout` seconds for its holder to let go; `Timeout`
         when it is still held then. An OSError when the file cannot be opened (made if missing;
         O_NONBLOCK: a FIFO in its place cannot hang the open)."""
         deadline = time.monotonic() + timeout
@@ -94,3 +102,9 @@ class Flock:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 os.close(fd)
+
+    def __enter__(self) -> Flock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

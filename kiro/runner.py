@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from kiro import (
     checkpoints,
     cleanup,
@@ -106,7 +104,9 @@ def _workspace_guard(store: StateStore) -> Any:
     path = store.ws.state_dir / ".start.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     store.probe_lock_file(path)
-    with FileLock(str(path), timeout=30, thread_local=False, is_singleton=False):
+    lock = Flock(path)
+    lock.acquire(30)
+    with lock:
         yield
 
 
@@ -223,7 +223,7 @@ class StartBatch:
     leaving it makes the writes (raising the first that failed) and lets go of the guard."""
 
     def __init__(self) -> None:
-        self._guards: dict[Path, FileLock] = {}
+        self._guards: dict[Path, Flock] = {}
         self._looked: set[Path] = set()
         self._jobs: list[Callable[[Staged], object]] = []
         self._settings: dict[str, tuple[Config, Workspace, Redactor]] = {}
@@ -269,8 +269,8 @@ class StartBatch:
         if path not in self._guards:
             path.parent.mkdir(parents=True, exist_ok=True)
             store.probe_lock_file(path)
-            lock = FileLock(str(path), timeout=30, thread_local=False, is_singleton=False)
-            lock.acquire()
+            lock = Flock(path)
+            lock.acquire(30)
             self._guards[path] = lock
         yield
 

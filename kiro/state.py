@@ -22,7 +22,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from filelock import Timeout
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil, writer
@@ -632,7 +631,7 @@ class StateStore:
         lock = locks.Flock(path)
         try:
             lock.acquire(wait_seconds)
-        except Timeout:
+        except locks.Timeout:
             raise LockHeld(task_id, self.holder_pid(task_id)) from None
         except OSError as exc:
             raise self._lock_file_error(path, exc) from None
@@ -641,7 +640,7 @@ class StateStore:
         return lock
 
     def probe_lock_file(self, path: Path) -> None:
-        """A lock file kiro cannot create would make FileLock retry until its timeout: say so now."""
+        """A lock file kiro cannot create would make the wait for it last until its timeout: say so now."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as exc:

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from kiro import conditions, executors, heap, locks, resolved, tasks
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, on_signals
@@ -73,7 +71,7 @@ class Supervisor:
         self.stopping = False
         self._wake = asyncio.Event()
         self._sem: asyncio.Semaphore | None = None
-        self._lock: FileLock | None = None
+        self._lock: locks.Flock | None = None
         self._poll: float | None = None
         self.index = LoopIndex(self.store)
 
@@ -97,11 +95,10 @@ class Supervisor:
     async def run(self, *, until: Callable[[], bool] | None = None) -> int:
         """Supervise until stopped (SIGTERM/SIGINT, `stop()`, or `until()` turning true)."""
         self.ws.ensure_folders()
-        self._lock = FileLock(str(self.ws.state_dir / "watch.lock"), timeout=0, thread_local=False,
-                              is_singleton=False)
+        self._lock = locks.Flock(self.ws.state_dir / "watch.lock")
         try:
             self._lock.acquire()
-        except Timeout:
+        except locks.Timeout:
             pid = _read_pid(self.ws.state_dir / "watch.pid")
             raise LockHeld("watch", pid) from None
         (self.ws.state_dir / "watch.pid").write_text(f"{os.getpid()}\n")

@@ -18,7 +18,7 @@ from kiro.errors import LockHeld, StateError, UserError
 from kiro.state import StateStore
 from kiro.supervisor import check_watch_free
 from kiro.workspace import Workspace as KiroWorkspace
-from tests.conftest import Workspace
+from tests.conftest import Workspace, shell_task
 
 
 def test_a_tight_prober_never_makes_acquire_fail(ws: Workspace) -> None:
@@ -157,3 +157,23 @@ def test_acquire_waits_for_a_holder_that_lets_go_and_names_one_that_does_not(ws:
     (ws.root / ".state" / "autonomous_loop_d.lock").mkdir()
     with pytest.raises(StateError, match=r"cannot create the lock file \.state/autonomous_loop_d\.lock"):
         store.acquire("d")
+
+
+def test_a_start_waits_for_the_start_guard_held_by_another_kiro(ws: Workspace) -> None:
+    """The start guard (.state/.start.lock) is kiro's own flock now, not filelock's: a guard held by
+    another process (filelock, as an older kiro takes it) still makes `kiro loop start` wait for it,
+    and the start goes on once it is let go."""
+    ws.task(shell_task(1))
+    guard = ws.root / ".state" / ".start.lock"
+    guard.parent.mkdir(parents=True, exist_ok=True)
+    held = FileLock(str(guard), timeout=0, thread_local=False, is_singleton=False)
+    held.acquire()
+    try:
+        proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "guarded")
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=2)
+        assert not (ws.root / "Logs" / "guarded.jsonl").exists()  # no loop yet
+    finally:
+        held.release()
+    assert proc.wait(timeout=60) == 0, ws.output(proc)
+    assert "completed" in ws.output(proc) and (ws.root / "Logs" / "completion_reports" / "guarded.md").exists()
