@@ -185,12 +185,15 @@ def ensure_workspace_worker(ws: Workspace) -> None:
 
 
 class LogFollower:
-    """Prints the loop's new events (Logs/<id>.jsonl) with the console's renderer, as a local loop does."""
+    """Prints the loop's new events (Logs/<id>.jsonl) with the console's renderer, as a local loop does.
+    Made before the workflow is started or signalled, so that none of the run's events is written
+    before it looks; it goes on from the end of the last complete line, so that a line half-written
+    at that moment is printed whole once it is finished."""
 
     def __init__(self, ws: Workspace, task_id: str, printer: Any) -> None:
         self.path = ws.event_log(task_id)
         self.printer = printer
-        self.offset = self.path.stat().st_size if self.path.exists() else 0
+        self.offset = _after_last_line(self.path)
         self.buf = b""
 
     def poll(self) -> None:
@@ -205,3 +208,21 @@ class LogFollower:
         for line in lines:
             with contextlib.suppress(ValueError):
                 self.printer(json.loads(line))
+
+
+def _after_last_line(path: Path) -> int:
+    """The offset just after the file's last newline (0 when it has none or is missing)."""
+    try:
+        with open(path, "rb") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            pos = end
+            while pos > 0:
+                step = min(pos, 64 * 1024)
+                fh.seek(pos - step)
+                found = fh.read(step).rfind(b"\n")
+                if found >= 0:
+                    return pos - step + found + 1
+                pos -= step
+    except OSError:
+        pass
+    return 0

@@ -47,13 +47,14 @@ async def _start(runs: list[LoopRun], *, detach: bool, quiet: bool, verbose: boo
             if r.release:
                 r.release()  # the workspace worker takes the loop's lock when it runs it
     tc.ensure_workspace_worker(runs[0].ws)
+    followers = None if detach else _followers(runs[0].ws, [r.state.task_id for r in runs], quiet=quiet,
+                                                verbose=verbose)
     handles = [await tc.start(client, inp) for inp in inputs]
-    if detach:
+    if followers is None:
         for r in runs:
             console.line(r.state.task_id)
         return 0
-    return await _follow(runs[0].ws, [(r.state.task_id, h, 0) for r, h in zip(runs, handles, strict=True)],
-                         quiet=quiet, verbose=verbose)
+    return await _follow([(r.state.task_id, h, 0) for r, h in zip(runs, handles, strict=True)], followers)
 
 
 def resume_run(run: LoopRun, *, detach: bool, quiet: bool, verbose: bool) -> int:
@@ -73,25 +74,30 @@ async def _resume(run: LoopRun, *, detach: bool, quiet: bool, verbose: bool) -> 
         if run.release:
             run.release()
     tc.ensure_workspace_worker(run.ws)
+    followers = None if detach else _followers(run.ws, [tid], quiet=quiet, verbose=verbose)
     handle = await tc.open_handle(client, inp["workflow_id"])
     if handle is None:
         handle, after = await tc.start(client, inp), 0
     else:
         after = len(await tc.outcomes(handle))
         await handle.signal("resume")
-    if detach:
+    if followers is None:
         console.line(tid)
         return 0
-    return await _follow(run.ws, [(tid, handle, after)], quiet=quiet, verbose=verbose)
+    return await _follow([(tid, handle, after)], followers)
 
 
-async def _follow(ws: Workspace, loops: list[tuple[str, Any, int]], *, quiet: bool, verbose: bool) -> int:
+def _followers(ws: Workspace, tids: list[str], *, quiet: bool, verbose: bool) -> list[tc.LogFollower]:
+    """Made before the workflows start (or are signalled): they print every event of the run."""
+    printer = None if quiet else console.EventPrinter(with_task=len(tids) > 1, verbose=verbose)
+    return [tc.LogFollower(ws, tid, printer) for tid in tids]
+
+
+async def _follow(loops: list[tuple[str, Any, int]], followers: list[tc.LogFollower]) -> int:
     """Print each loop's events until its run ends; Ctrl-C / SIGTERM stop the loops (`stop --force`), as a
     local foreground loop stops on them."""
     from kiro.runner import combined_exit_code
 
-    printer = None if quiet else console.EventPrinter(with_task=len(loops) > 1, verbose=verbose)
-    followers = [tc.LogFollower(ws, tid, printer) for tid, _h, _a in loops]
     aloop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,6 +13,8 @@ def test_one_loop_on_one_worker(tws: Workspace, project: Project, workers: Worke
     tws.task(shell_task(3, cmd='echo "step $KIRO_STEP_ID" >> work.txt'))
     r = tws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "one", timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
+    # the foreground prints the whole run, as a local loop does: also what the worker wrote at once
+    assert "loop one started" in r.stdout and all(f"✓ {n} done" in r.stdout for n in (1, 2, 3)), r.stdout
     st = tws.state("one")
     assert st["status"] == "completed" and st["total_successes"] == 3 and st["total_failures"] == 0
     assert [c["step_id"] for c in st["completed_steps"]] == ["1", "2", "3"]
