@@ -74,6 +74,7 @@ class Supervisor:
         self._lock: locks.Flock | None = None
         self._poll: float | None = None
         self.index = LoopIndex(self.store)
+        self._preparing = asyncio.Lock()  # one scan or resume prepared at a time, on a worker thread
 
     # -- events ----------------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ class Supervisor:
                     # sets _wake: rescan at once and let every paused loop look again. The rescan timer
                     # is only a safety net (or the polling interval when the OS watcher could not start).
                     self._wake.clear()
-                    self._scan()
+                    await self._scan()
                     self._wake_paused()
                     if until is not None and until():
                         break
@@ -136,12 +137,44 @@ class Supervisor:
 
     # -- discovery -------------------------------------------------------------------------
 
-    def _scan(self) -> None:
-        """Start a loop for each task file in Specs/ that has none running."""
+    async def _scan(self) -> None:
+        """Start a loop for each task file in Specs/ that has none running, and look after each
+        unfinished loop nobody runs. The look at the files and the new loops' first writes (state
+        file, lock, the task file's `kiro_task_id`: fsyncs) are made on a worker thread, one scan or
+        resume at a time, so that the loops running here go on meanwhile (issue #12 item 5: task
+        files dropped in by the hundred held every running loop for the length of the scan)."""
+        async with self._preparing:
+            found = await asyncio.to_thread(self._look, frozenset(self.managed))
+        for action in found:
+            if isinstance(action, LoopWarning):
+                self._say("watch", action)
+            elif self.stopping:  # stopped meanwhile: let go of what the look took
+                with contained():
+                    if isinstance(action, LoopRun):
+                        if action.release:
+                            action.release()
+                    else:
+                        self.store.release(action[0], action[1])
+            elif isinstance(action, LoopRun):
+                m = Managed(action.state.task_id, action.lock)
+                self.managed[m.task_id] = m
+                m.task = asyncio.create_task(self._manage(m, action))
+            else:
+                task_id, lock = action
+                m = Managed(task_id, lock, status=Status.PAUSED)
+                self.managed[task_id] = m
+                m.task = asyncio.create_task(self._manage(m, None))
+
+    def _look(self, managed: frozenset[str]) -> list[LoopWarning | LoopRun | tuple[str, locks.Flock]]:
+        """On a worker thread (`_scan`): what to start, adopt or say. `managed`: the loops this
+        supervisor looks after as the scan begins (only a scan adds to them)."""
+        found: list[LoopWarning | LoopRun | tuple[str, locks.Flock]] = []
         if self.ws.global_hook_file.exists():
-            return  # every loop is to pause: start nothing new
+            return found  # every loop is to pause: start nothing new
         self.index.refresh()  # once per scan, not once per task file (a start refreshes it again, guarded)
         for path in sorted(self.ws.specs.rglob("*.md")):
+            if self.stopping:
+                break
             if not path.is_file() or not is_task_candidate(path):
                 continue
             try:
@@ -154,47 +187,31 @@ class Supervisor:
                 task = tasks.load(path)
             except KiroError as exc:
                 self.skipped[path] = mtime
-                self._say("watch", LoopWarning(message=f"skipped {self.ws.relative(path)}: {exc}"))
+                found.append(LoopWarning(message=f"skipped {self.ws.relative(path)}: {exc}"))
                 continue
             hint = task.frontmatter.get("kiro_task_id")
             existing = find_loop_for_task(self.store, path, hint if isinstance(hint, str) else None, self.index,
                                           refresh=False)
             if existing is not None:
-                if existing.task_id in self.managed or self.store.is_locked(existing.task_id):
+                if existing.task_id in managed or self.store.is_locked(existing.task_id):
                     continue  # runs (or waits) here or in another process
                 if existing.status.is_terminal:
                     continue  # a person decides: `kiro loop resume` with a raised cap or reset failures
-                self._adopt(existing.task_id)
+                with contextlib.suppress(LockHeld):  # an unfinished loop nobody runs: look after it
+                    found.append((existing.task_id, self.store.acquire(existing.task_id, role="watch")))
                 continue
             if task.is_complete(self.config.include_optional) and task.counts().total and all(
                     s.done for s in task.steps) and task.frontmatter.get("schedule") is None:
                 continue  # nothing to do; leave a finished file alone (a scheduled one runs again)
-            self._start_new(path)
-
-    def _start_new(self, path: Path) -> None:
-        try:
-            run = prepare_start(self.ws, str(path), config_file=self.config_file, overrides=self.overrides,
-                                index=self.index)
-        except LockHeld:
-            return
-        except KiroError as exc:
-            self.skipped[path] = path.stat().st_mtime if path.exists() else 0.0
-            self._say("watch", LoopWarning(message=f"could not start {self.ws.relative(path)}: {exc}"))
-            return
-        m = Managed(run.state.task_id, run.lock)
-        self.managed[m.task_id] = m
-        m.task = asyncio.create_task(self._manage(m, run))
-
-    def _adopt(self, task_id: str) -> None:
-        """An unfinished loop nobody runs (interrupted, stopped, paused by an earlier supervisor):
-        take its lock and look after it like our own paused loops."""
-        try:
-            lock = self.store.acquire(task_id, role="watch")
-        except LockHeld:
-            return
-        m = Managed(task_id, lock, status=Status.PAUSED)
-        self.managed[task_id] = m
-        m.task = asyncio.create_task(self._manage(m, None))
+            try:
+                found.append(prepare_start(self.ws, str(path), config_file=self.config_file,
+                                           overrides=self.overrides, index=self.index))
+            except LockHeld:
+                continue
+            except KiroError as exc:
+                self.skipped[path] = path.stat().st_mtime if path.exists() else 0.0
+                found.append(LoopWarning(message=f"could not start {self.ws.relative(path)}: {exc}"))
+        return found
 
     # -- one loop --------------------------------------------------------------------------
 
@@ -206,8 +223,10 @@ class Supervisor:
                     if not await self._wait_to_continue(m):
                         return
                     try:
-                        run = prepare_resume(self.ws, m.task_id, config_file=self.config_file,
-                                             overrides=self.overrides, held_lock=m.lock)
+                        async with self._preparing:  # off the event loop, as a scan's starts
+                            run = await asyncio.to_thread(prepare_resume, self.ws, m.task_id,
+                                                          config_file=self.config_file, overrides=self.overrides,
+                                                          held_lock=m.lock)
                     except KiroError as exc:
                         self._say(m.task_id, LoopWarning(message=f"could not continue: {exc}"))
                         return
@@ -217,7 +236,7 @@ class Supervisor:
                 try:
                     if self.stopping:
                         return
-                    self.store.set_role(m.task_id, "loop")
+                    await asyncio.to_thread(self.store.set_role, m.task_id, "loop")  # a file write
                     outcome = await self._run_once(m, run, slot)
                 finally:
                     slot.release()
@@ -226,7 +245,7 @@ class Supervisor:
                 m.status = outcome.status
                 if not _resumable(outcome):
                     return
-                self.store.set_role(m.task_id, "watch")
+                await asyncio.to_thread(self.store.set_role, m.task_id, "watch")
         finally:
             self.managed.pop(m.task_id, None)
             with contained():

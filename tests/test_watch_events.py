@@ -9,6 +9,8 @@ the reaction time itself are in bench/watch_reaction.py.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -86,3 +88,41 @@ def test_a_paused_loop_continues_on_the_deletion_of_its_hook(ws: Workspace) -> N
     asyncio.run(scenario())
     lines = (ws.root / "side_effects.log").read_text().split()
     assert sorted(lines) == [str(i) for i in range(1, 7)]  # every step once, none twice
+
+
+def test_a_slow_start_does_not_hold_the_loops_already_running(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new task file's first writes (state file, lock, its `kiro_task_id`) are made off the event loop
+    (issue #12 item 5): while its start waits on a slow disk, here until the loop already running has
+    done two more steps, that loop goes on. When the start ran on the event loop it held every loop."""
+    ws.task(shell_task(8, cmd='echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.1'), "Specs/alpha/tasks.md")
+    log = ws.root / "side_effects.log"
+    done = threading.Event()
+    real = kiro.supervisor.prepare_start
+
+    def slow_start(ws0: KiroWorkspace, task_arg: str, **kwargs: object) -> object:
+        if "beta" in task_arg:
+            before = len(log.read_text().split())
+            deadline = time.monotonic() + BOUND
+            while len(log.read_text().split()) < before + 2:
+                assert time.monotonic() < deadline, "the running loop stood still while a start waited"
+                time.sleep(0.02)
+            done.set()
+        return real(ws0, task_arg, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kiro.supervisor, "prepare_start", slow_start)
+
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=2)
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: log.exists(), 20, "the first loop's first step")
+            ws.task(shell_task(1, cmd="true"), "Specs/beta/tasks.md")
+            await until(lambda: (ws.root / "Done/beta/tasks.md").exists(), BOUND, "the slow start's loop")
+            await until(lambda: (ws.root / "Done/alpha/tasks.md").exists(), BOUND, "the first loop's end")
+        finally:
+            sup.stop()
+            await runner
+
+    asyncio.run(scenario())
+    assert done.is_set()
+    assert log.read_text().split() == [str(i) for i in range(1, 9)]
