@@ -6,6 +6,8 @@
 Prints, as medians over fresh processes:
 - the whole command's wall time, and what is left after `python -c pass` and the step itself;
 - the import of what `start` loads (typer, pydantic, the engine) alone;
+- a floor for comparison: importing only the standard library pieces and PyYAML that any run of
+  kiro's engine needs whatever its CLI and models are made of (asyncio, subprocess, json, yaml);
 - the run itself in a process that has imported everything: prepare_start + run_loops, minus the
   step's own duration (from its `step_completed` event): the fixed cost of a run.
 Each run is checked: exit 0, the step done, the task moved to Done/.
@@ -27,6 +29,7 @@ from pathlib import Path
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 TASK = "---\ntitle: One step\nexecutor: shell\n---\n- [ ] 1. Quick\n  ```sh\n  true\n  ```\n"
 
+FLOOR = "import asyncio, asyncio.subprocess, subprocess, json, yaml, threading, queue, fcntl, hashlib"
 IN_PROCESS = """
 import asyncio, json, sys, time
 from pathlib import Path
@@ -85,7 +88,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         whole, rest, imports, inproc, passes = [], [], [], [], []
-        cpu_whole, cpu_imports, cpu_passes = [], [], []
+        cpu_whole, cpu_imports, cpu_passes, floors, cpu_floors = [], [], [], [], []
         for i in range(runs + 1):  # the first round warms the byte-code caches
             p, pc, _o, _e, _c = timed([py, "-c", "pass"])
             root = fresh(base, 3 * i)
@@ -94,6 +97,8 @@ def main() -> None:
             assert code == 0, out + err
             check(root)
             imp, ic, _o, err, code = timed([py, "-c", "import kiro.cli.loop, kiro.runner, kiro.engine"])
+            assert code == 0, err
+            fl, flc, _o, err, code = timed([py, "-c", FLOOR])
             assert code == 0, err
             root2 = fresh(base, 3 * i + 1)
             r2 = subprocess.run([py, "-c", IN_PROCESS, str(root2)], capture_output=True, text=True, env=ENV)
@@ -109,6 +114,8 @@ def main() -> None:
                 cpu_passes.append(pc)
                 cpu_whole.append(wc)
                 cpu_imports.append(ic - pc)
+                floors.append(fl - p)
+                cpu_floors.append(flc - pc)
             shutil.rmtree(root)
             shutil.rmtree(root2)
         med = statistics.median
@@ -122,6 +129,9 @@ def main() -> None:
               f"difference {(med(cpu_whole) - med(cpu_passes)) * 1000:.0f} ms")
         print(f"  of which importing typer, pydantic and the engine: {med(imports) * 1000:.0f} ms wall, "
               f"{med(cpu_imports) * 1000:.0f} ms CPU")
+        print(f"  the floor, importing only asyncio, subprocess, json and yaml (what the engine needs whatever "
+              f"its CLI and models): {med(floors) * 1000:.0f} ms wall, {med(cpu_floors) * 1000:.0f} ms CPU "
+              f"beyond python -c pass")
         print(f"  a run's fixed start-up + shutdown (prepare_start + run_loops - the step), imports done: "
               f"{med(inproc) * 1000:.1f} ms (min {min(inproc) * 1000:.1f} ms)")
 
