@@ -26,7 +26,7 @@ from kiro import conditions, executors, heap, locks, resolved, tasks
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.errors import KiroError, LockHeld, UserError, contained
-from kiro.events import Event, Listener, LoopWarning
+from kiro.events import Event, Listener, LoopWarning, StepStarted
 from kiro.guardrails import SharedLimits
 from kiro.listeners import standard as standard_listeners
 from kiro.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for
@@ -37,6 +37,12 @@ from kiro.workspace import Workspace
 
 NOT_TASKS = frozenset({"requirements.md", "design.md", "readme.md"})
 RESCAN_SECONDS = 30.0  # a safety net; changes normally wake the supervisor at once
+STARTING_AT_ONCE = 4
+"""Loops between the start of their run and their first step's start (the run's first save, the task
+file's parse, the first prompt, the step's process): the rest wait their turn, so that 200 task files
+taken on at once under a high `max_parallel_loops` do not run all their starts in one turn of the event
+loop, while the loops already running wait (bench/watch_scan_stall.py --parallel)."""
+STARTING_AT_MOST = 0.1  # seconds a loop holds its turn at most (one that waits before its first step)
 
 
 def is_task_candidate(path: Path) -> bool:
@@ -75,6 +81,7 @@ class Supervisor:
         self._poll: float | None = None
         self.index = LoopIndex(self.store)
         self._preparing = asyncio.Lock()  # one scan or resume prepared at a time, on a worker thread
+        self._starting = asyncio.Semaphore(STARTING_AT_ONCE)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -253,18 +260,37 @@ class Supervisor:
             self._wake.set()  # the task file may be startable again, or a slot is free
 
     async def _run_once(self, m: Managed, run: LoopRun, slot: Slot | None = None) -> Outcome:
-        executor = run.executor or executors.create(run.executor_name, run.config, run.ws, run.state.task_id)
-        loop = Loop(run, executor, self.listeners, self.shared)
-        loop.slot = slot
-        loop.subscribe(*standard_listeners(loop))
-        m.loop = loop
-        m.status = Status.RUNNING
+        await self._starting.acquire()  # a few loops in their start at once: see STARTING_AT_ONCE
+        started = False
+
+        def done_starting() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                self._starting.release()
+
+        def begun(event: Event) -> None:
+            if isinstance(event, StepStarted):
+                done_starting()
+
+        # a loop that waits before its first step (a schedule, a stop hook) gives its turn back soon
+        timer = asyncio.get_running_loop().call_later(STARTING_AT_MOST, done_starting)
         try:
-            return await loop.run()
+            executor = run.executor or executors.create(run.executor_name, run.config, run.ws, run.state.task_id)
+            loop = Loop(run, executor, self.listeners, self.shared)
+            loop.slot = slot
+            loop.subscribe(*standard_listeners(loop), begun)
+            m.loop = loop
+            m.status = Status.RUNNING
+            try:
+                return await loop.run()
+            finally:
+                m.loop = None
+                with contained():
+                    await executor.aclose()
         finally:
-            m.loop = None
-            with contained():
-                await executor.aclose()
+            timer.cancel()
+            done_starting()
 
     def _resume_ready(self, m: Managed) -> bool:
         """The seed's "Resume Instructions": the hook deleted, or the task moved back to Specs/."""

@@ -17,6 +17,7 @@ import pytest
 
 import kiro.supervisor
 import kiro.watch
+from kiro.events import Event, LoopStarted, StepStarted
 from kiro.supervisor import Supervisor
 from kiro.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
@@ -126,3 +127,55 @@ def test_a_slow_start_does_not_hold_the_loops_already_running(ws: Workspace, mon
     asyncio.run(scenario())
     assert done.is_set()
     assert log.read_text().split() == [str(i) for i in range(1, 9)]
+
+
+def test_many_new_loops_start_a_few_at_a_time(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Task files taken on at once under a high `max_parallel_loops` start at most STARTING_AT_ONCE (here
+    3) at a time (from `loop_started` to their first `step_started`), so that their starts do not all run in one
+    turn of the event loop the running loops share; every one of them still runs."""
+    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_MOST", 60.0)  # only a step's start gives the turn back
+    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_ONCE", 3)  # without the turns, all ten were starting at once
+    for i in range(10):
+        ws.task(shell_task(1, cmd="true"), f"Specs/t{i}/tasks.md")
+    starting: set[str] = set()
+    most = 0
+
+    def listener(event: Event) -> None:
+        nonlocal most
+        if isinstance(event, LoopStarted):
+            starting.add(event.task_id or "")
+            most = max(most, len(starting))
+        elif isinstance(event, StepStarted):
+            starting.discard(event.task_id or "")
+
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=10, listeners=[listener])
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: len(list((ws.root / "Done").glob("t*/tasks.md"))) == 10, BOUND, "ten loops")
+        finally:
+            sup.stop()
+            await runner
+
+    asyncio.run(scenario())
+    assert 1 <= most <= 3, most
+
+
+def test_a_loop_waiting_before_its_first_step_does_not_hold_up_the_others(ws: Workspace,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduled task waits for its first fire inside its run, before any step: its turn among the
+    loops starting goes back after STARTING_AT_MOST, and the next task starts."""
+    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_ONCE", 1)
+    ws.task(shell_task(1, cmd="true", extra_frontmatter='schedule: "0 3 * * *"'), "Specs/a_nightly/tasks.md")
+    ws.task(shell_task(1, cmd="true"), "Specs/b_plain/tasks.md")
+
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=4)
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: (ws.root / "Done/b_plain/tasks.md").exists(), BOUND, "the plain task's loop")
+        finally:
+            sup.stop()
+            await runner
+
+    asyncio.run(scenario())
