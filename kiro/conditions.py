@@ -12,7 +12,7 @@ from typing import Any
 
 from kiro.state import LoopState
 from kiro.status import Status
-from kiro.workspace import Workspace
+from kiro.workspace import Workspace, markdown_files
 
 NEEDS_PERSON = 6  # exit code of a pause that waits for a person (Needs_Action/, request_human)
 
@@ -120,7 +120,7 @@ def find_by_task_id(folder: Path, task_id: str) -> Path | None:
     """A task file under `folder` whose frontmatter says `kiro_task_id: <task_id>`."""
     if not folder.is_dir():
         return None
-    for p in sorted(folder.rglob("*.md")):
+    for p in markdown_files(folder):
         if p.is_file() and _frontmatter_task_id(p) == task_id:
             return p
     return None

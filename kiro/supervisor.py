@@ -33,7 +33,7 @@ from kiro.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_s
 from kiro.state import StateStore, effective_status
 from kiro.status import Status
 from kiro.watch import acquire_hub, release_hub, wait_until
-from kiro.workspace import Workspace
+from kiro.workspace import Workspace, markdown_files
 
 NOT_TASKS = frozenset({"requirements.md", "design.md", "readme.md"})
 RESCAN_SECONDS = 30.0  # a safety net; changes normally wake the supervisor at once
@@ -179,7 +179,7 @@ class Supervisor:
         if self.ws.global_hook_file.exists():
             return found  # every loop is to pause: start nothing new
         self.index.refresh()  # once per scan, not once per task file (a start refreshes it again, guarded)
-        for path in sorted(self.ws.specs.rglob("*.md")):
+        for path in markdown_files(self.ws.specs):  # the loops move their task files meanwhile
             if self.stopping:
                 break
             if not path.is_file() or not is_task_candidate(path):
@@ -193,6 +193,8 @@ class Supervisor:
             try:
                 task = tasks.load(path)
             except KiroError as exc:
+                if not path.exists():
+                    continue  # moved away meanwhile (its loop moved it to Done/): nothing to say
                 self.skipped[path] = mtime
                 found.append(LoopWarning(message=f"skipped {self.ws.relative(path)}: {exc}"))
                 continue
@@ -216,7 +218,10 @@ class Supervisor:
             except LockHeld:
                 continue
             except KiroError as exc:
-                self.skipped[path] = path.stat().st_mtime if path.exists() else 0.0
+                if not path.exists():
+                    continue  # moved away meanwhile
+                with contextlib.suppress(OSError):
+                    self.skipped[path] = path.stat().st_mtime
                 found.append(LoopWarning(message=f"could not start {self.ws.relative(path)}: {exc}"))
         return found
 

@@ -20,6 +20,16 @@ FOLDERS = ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks")
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
+def markdown_files(folder: Path) -> list[Path]:
+    """Every `*.md` under `folder`, sorted, not through symlinked folders (as `Path.rglob`). A folder
+    that goes away meanwhile (a loop moving its task to Done/, in this process or another) is passed
+    over, where `rglob` raised FileNotFoundError and ended `kiro loop watch`."""
+    found: list[Path] = []
+    for top, _dirs, files in os.walk(folder):  # a folder that cannot be listed (gone) is skipped
+        found.extend(Path(top, name) for name in files if name.endswith(".md"))
+    return sorted(found)
+
+
 def check_task_id(task_id: str) -> str:
     """A task id names files, so it must be a plain name."""
     if not TASK_ID_RE.match(task_id) or ".." in task_id:

@@ -9,9 +9,13 @@ the reaction time itself are in bench/watch_reaction.py.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +24,7 @@ import kiro.watch
 from kiro.events import Event, LoopStarted, StepStarted
 from kiro.supervisor import Supervisor
 from kiro.workspace import Workspace as KiroWorkspace
+from kiro.workspace import markdown_files
 from tests.conftest import Workspace, shell_task
 
 BOUND = 30.0  # seconds: far below the 600 s timers, far above the tens of ms it takes (a busy CI box)
@@ -179,3 +184,49 @@ def test_a_loop_waiting_before_its_first_step_does_not_hold_up_the_others(ws: Wo
             await runner
 
     asyncio.run(scenario())
+
+
+def test_a_task_folder_that_goes_away_during_the_look_is_passed_over(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor looks at Specs/ on a worker thread while its loops move their finished tasks to
+    Done/ (folder and all). `Path.rglob` lists each folder twice (for its subfolders, then for its
+    files); a folder gone between the two raised FileNotFoundError, which ended `kiro loop watch` (seen
+    under load in the suite: test_git_worktrees.py's three loops under watch)."""
+    specs = tmp_path / "Specs"
+    for name in ("a", "b", "c"):
+        (specs / name).mkdir(parents=True)
+        (specs / name / "tasks.md").write_text("- [ ] 1. Step\n")
+    real = os.scandir
+
+    class Listed:  # what os.scandir had listed, as the iterator it returns
+        def __init__(self, entries: Any) -> None:
+            self.entries = iter(list(entries))
+
+        def __iter__(self) -> Listed:
+            return self
+
+        def __next__(self) -> Any:
+            return next(self.entries)
+
+        def __enter__(self) -> Listed:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    def scandir(path: Any = ".") -> Any:
+        it = real(path)
+        if isinstance(path, (str, os.PathLike)) and Path(path) == specs / "b":
+            with it:
+                entries = Listed(it)
+            shutil.rmtree(specs / "b")  # looked at once, then gone: b's loop moved its task away meanwhile
+            return entries
+        return it
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    found = markdown_files(specs)  # rglob: FileNotFoundError (it lists a folder twice)
+    assert {specs / "a" / "tasks.md", specs / "c" / "tasks.md"} <= set(found), found
+    assert all(p.parent.parent == specs for p in found), found

@@ -18,7 +18,7 @@ from kiro.settings import settings_for
 from kiro.status import Status
 from kiro.supervisor import is_task_candidate
 from kiro.temporal import client as tc
-from kiro.workspace import Workspace
+from kiro.workspace import Workspace, markdown_files
 
 POLL_SECONDS = 0.5
 
@@ -54,10 +54,13 @@ async def _watch(ws: Workspace, *, config_file: Path | None, overrides: dict[str
         if not ws.global_hook_file.exists():
             index.refresh()
             running = sum(1 for st in index.unfinished() if store.is_locked(st.task_id))
-            for path in sorted(ws.specs.rglob("*.md")):
+            for path in markdown_files(ws.specs):  # the workspace worker moves task files meanwhile
                 if not path.is_file() or not is_task_candidate(path):
                     continue
-                mtime = path.stat().st_mtime
+                try:
+                    mtime = path.stat().st_mtime
+                except OSError:
+                    continue  # moved away since
                 if skipped.get(path) == mtime:
                     continue
                 try:
