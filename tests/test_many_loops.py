@@ -501,6 +501,21 @@ def test_a_batch_start_whose_writes_fail_leaves_no_loop_and_no_temp_file_behind(
     assert not any(StateStore(ws).is_locked(f"t{i:02d}") for i in range(3))
 
 
+def _steps_alive(root: Path) -> list[int]:
+    """Processes of a step run in the workspace at `root` (kiro gives each step KIRO_WORKSPACE)."""
+    mark = b"\0KIRO_WORKSPACE=" + str(root).encode() + b"\0"
+    alive = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                environ = b"\0" + (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            if mark in environ:
+                alive.append(int(proc.name))
+    return alive
+
+
 def test_a_batch_start_killed_at_any_moment_loses_no_task_and_runs_no_step_twice(ws: Workspace) -> None:
     """`kiro loop start --task ... x20` SIGKILLed while it writes its loops' first files (when the
     first temp files appear, when some state files are in place) or at a random moment (then maybe
@@ -544,6 +559,9 @@ def test_a_batch_start_killed_at_any_moment_loses_no_task_and_runs_no_step_twice
                 break
             time.sleep(0.0005)
         proc.wait(timeout=60)
+        # a step the kill cut short may still write its line: wait until the reaper has ended it, so that
+        # the line counts as the run before the kill (CI once counted it as a second run after it)
+        ws.wait_for(lambda: not _steps_alive(ws.root), timeout=30, what="the killed start's steps to end")
         # what the kill left: everything reads, nothing torn
         ids_in_files = {}
         checked: set[str] = set()  # steps done before the kill (the loops may have been running)
