@@ -246,10 +246,15 @@ class Supervisor:
                 slot = Slot(self._sem)  # a scheduled loop gives it back while it waits between runs
                 await slot.acquire()
                 try:
-                    if self.stopping:
-                        return
-                    await asyncio.to_thread(self.store.set_role, m.task_id, "loop")  # a file write
-                    outcome = await self._run_once(m, run, slot)
+                    await self._starting.acquire()  # a few loops in their start at once: STARTING_AT_ONCE
+                    turn = _Turn(self._starting)
+                    try:
+                        await asyncio.to_thread(self.store.set_role, m.task_id, "loop")  # a file write
+                        if self.stopping:  # after the last wait: a stop meanwhile starts nothing
+                            return
+                        outcome = await self._run_once(m, run, slot, turn)
+                    finally:
+                        turn.give_back()
                 finally:
                     slot.release()
                 run = None
@@ -264,22 +269,13 @@ class Supervisor:
                 self.store.release(m.task_id, m.lock)
             self._wake.set()  # the task file may be startable again, or a slot is free
 
-    async def _run_once(self, m: Managed, run: LoopRun, slot: Slot | None = None) -> Outcome:
-        await self._starting.acquire()  # a few loops in their start at once: see STARTING_AT_ONCE
-        started = False
-
-        def done_starting() -> None:
-            nonlocal started
-            if not started:
-                started = True
-                self._starting.release()
-
+    async def _run_once(self, m: Managed, run: LoopRun, slot: Slot | None, turn: _Turn) -> Outcome:
         def begun(event: Event) -> None:
             if isinstance(event, StepStarted):
-                done_starting()
+                turn.give_back()
 
-        # a loop that waits before its first step (a schedule, a stop hook) gives its turn back soon
-        timer = asyncio.get_running_loop().call_later(STARTING_AT_MOST, done_starting)
+        # a loop that waits before its first step (a schedule) gives its turn back soon all the same
+        timer = asyncio.get_running_loop().call_later(STARTING_AT_MOST, turn.give_back)
         try:
             executor = run.executor or executors.create(run.executor_name, run.config, run.ws, run.state.task_id)
             loop = Loop(run, executor, self.listeners, self.shared)
@@ -295,7 +291,6 @@ class Supervisor:
                     await executor.aclose()
         finally:
             timer.cancel()
-            done_starting()
 
     def _resume_ready(self, m: Managed) -> bool:
         """The seed's "Resume Instructions": the hook deleted, or the task moved back to Specs/."""
@@ -322,6 +317,18 @@ class Supervisor:
     def _wake_paused(self) -> None:
         for m in self.managed.values():
             m.wake.set()
+
+
+class _Turn:
+    """A loop's turn among the loops starting (STARTING_AT_ONCE), given back once."""
+
+    def __init__(self, sem: asyncio.Semaphore) -> None:
+        self.sem: asyncio.Semaphore | None = sem
+
+    def give_back(self) -> None:
+        sem, self.sem = self.sem, None
+        if sem is not None:
+            sem.release()
 
 
 class Slot:

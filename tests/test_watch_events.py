@@ -230,3 +230,33 @@ def test_a_task_folder_that_goes_away_during_the_look_is_passed_over(tmp_path: P
     found = markdown_files(specs)  # rglob: FileNotFoundError (it lists a folder twice)
     assert {specs / "a" / "tasks.md", specs / "c" / "tasks.md"} <= set(found), found
     assert all(p.parent.parent == specs for p in found), found
+
+
+def test_a_loop_waiting_for_its_turn_to_start_starts_nothing_once_the_watch_stops(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopping `kiro loop watch` while a new loop waits for its turn to start: it does not start after
+    all when the turn comes (the loop holding the turn, a scheduled one waiting for its first fire, gives
+    it back as the watch stops)."""
+    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_ONCE", 1)
+    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_MOST", 600.0)  # the scheduled loop keeps its turn
+    ws.task(shell_task(1, cmd="true", extra_frontmatter='schedule: "0 3 * * *"'), "Specs/a_nightly/tasks.md")
+    waiting: list[str] = []
+
+    def listener(event: Event) -> None:
+        if isinstance(event, LoopStarted) and "a_nightly" in event.task_path:
+            ws.task(shell_task(1, cmd='echo ran >> side_effects.log'), "Specs/b_plain/tasks.md")
+            waiting.append("b")
+
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=4, listeners=[listener])
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: waiting and len(list((ws.root / ".state").glob("autonomous_loop_*.json"))) == 2,
+                        BOUND, "the second task's loop, waiting for its turn")
+            await asyncio.sleep(0.3)
+        finally:
+            sup.stop()
+            await asyncio.wait_for(runner, BOUND)
+
+    asyncio.run(scenario())
+    assert not (ws.root / "side_effects.log").exists(), "a loop started after the watch was stopped"
