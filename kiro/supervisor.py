@@ -163,14 +163,13 @@ class Supervisor:
                     else:
                         self.store.release(action[0], action[1])
             elif isinstance(action, LoopRun):
-                m = Managed(action.state.task_id, action.lock)
-                self.managed[m.task_id] = m
-                m.task = asyncio.create_task(self._manage(m, action))
-            else:
-                task_id, lock = action
-                m = Managed(task_id, lock, status=Status.PAUSED)
-                self.managed[task_id] = m
-                m.task = asyncio.create_task(self._manage(m, None))
+                self._look_after(Managed(action.state.task_id, action.lock), action)
+            else:  # an unfinished loop nobody ran: kept paused until it may continue
+                self._look_after(Managed(*action, status=Status.PAUSED), None)
+
+    def _look_after(self, m: Managed, first: LoopRun | None) -> None:
+        self.managed[m.task_id] = m
+        m.task = asyncio.create_task(self._manage(m, first))
 
     def _look(self, managed: frozenset[str]) -> list[LoopWarning | LoopRun | tuple[str, locks.Flock]]:
         """On a worker thread (`_scan`): what to start, adopt or say. `managed`: the loops this

@@ -196,14 +196,14 @@ def test_logs_follow_shows_an_event_half_written_when_it_started(ws: Workspace, 
     taken afterwards: the rest of a half-written line was then read as garbage and that event was
     never shown (CI saw a step_completed go missing this way)."""
     from kiro.locks import Flock
+    from kiro.workspace import Workspace as KiroWorkspace
 
     log = ws.root / f"Logs/{unfinished}.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)
     assert json.loads(lines[-1])["event"] == "loop_finished"
     earlier, last = lines[:-2], lines[-2]
     log.write_bytes(b"".join(earlier) + last[:10])  # the loop is writing its next event
-    lock_path = next(ws.root.rglob(f"autonomous_loop_{unfinished}.lock"))
-    lock = Flock(lock_path)
+    lock = Flock(KiroWorkspace(ws.root).lock_file(unfinished))
     lock.acquire(0)  # the loop's process holds its lock: the loop runs
     try:
         proc = subprocess.Popen([sys.executable, "-m", "kiro", "loop", "logs", "--task-id", unfinished, "--follow",

@@ -562,7 +562,9 @@ def logs(
         tail = max(tail, 0)
     if not follow:
         events = list(read_events(path))
-        for e in events[len(events) - tail:] if tail is not None else events:
+        if tail is not None:
+            events = events[-tail:] if tail else []
+        for e in events:
             show(e)
         return
     # Follow from the end of the last complete line read, not from the file's size taken afterwards:
