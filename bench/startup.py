@@ -5,7 +5,8 @@
 
 Prints, as medians over fresh processes:
 - the whole command's wall time, and what is left after `python -c pass` and the step itself;
-- the import of what `start` loads (typer, pydantic, the engine) alone;
+- the same command through Typer (KIRO_NO_FAST_START=1), as every start ran before kiro.faststart;
+- the import of what the fast path loads (pydantic, the engine) alone;
 - a floor for comparison: importing only the standard library pieces and PyYAML that any run of
   kiro's engine needs whatever its CLI and models are made of (asyncio, subprocess, json, yaml);
 - the run itself in a process that has imported everything: prepare_start + run_loops, minus the
@@ -33,7 +34,7 @@ FLOOR = "import asyncio, asyncio.subprocess, subprocess, json, yaml, threading, 
 IN_PROCESS = """
 import asyncio, json, sys, time
 from pathlib import Path
-from kiro.cli import loop  # what `kiro loop start` imports, all of it, before the clock starts
+from kiro import faststart, launch  # what `kiro loop start` imports, all of it, before the clock starts
 from kiro.runner import prepare_start, run_loops
 from kiro.workspace import Workspace
 root = Path(sys.argv[1])
@@ -46,12 +47,13 @@ print(json.dumps({"run": t1 - t0}))
 """
 
 
-def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float, str, str, int]:
+def timed(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+          ) -> tuple[float, float, str, str, int]:
     """Wall seconds, CPU seconds (user+sys of the process and its children, from wait4), stdout, stderr,
     exit code of one fresh process. CPU is the steadier figure on a busy machine."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, env=ENV)
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, env=env or ENV)
         _pid, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
         out.seek(0)
@@ -87,20 +89,24 @@ def main() -> None:
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        whole, rest, imports, inproc, passes = [], [], [], [], []
+        whole, rest, imports, inproc, passes, typer_whole, cpu_typer = [], [], [], [], [], [], []
         cpu_whole, cpu_imports, cpu_passes, floors, cpu_floors = [], [], [], [], []
         for i in range(runs + 1):  # the first round warms the byte-code caches
             p, pc, _o, _e, _c = timed([py, "-c", "pass"])
-            root = fresh(base, 3 * i)
-            w, wc, out, err, code = timed([py, "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md",
-                                           "--task-id", "t1", "-q"], cwd=root)
+            root = fresh(base, 4 * i)
+            start = [py, "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md", "--task-id", "t1", "-q"]
+            w, wc, out, err, code = timed(start, cwd=root)
             assert code == 0, out + err
             check(root)
-            imp, ic, _o, err, code = timed([py, "-c", "import kiro.cli.loop, kiro.runner, kiro.engine"])
+            root3 = fresh(base, 4 * i + 2)
+            tw, twc, out, err, code = timed(start, cwd=root3, env={**ENV, "KIRO_NO_FAST_START": "1"})
+            assert code == 0, out + err
+            check(root3)
+            imp, ic, _o, err, code = timed([py, "-c", "import kiro.faststart, kiro.launch, kiro.runner, kiro.engine"])
             assert code == 0, err
             fl, flc, _o, err, code = timed([py, "-c", FLOOR])
             assert code == 0, err
-            root2 = fresh(base, 3 * i + 1)
+            root2 = fresh(base, 4 * i + 1)
             r2 = subprocess.run([py, "-c", IN_PROCESS, str(root2)], capture_output=True, text=True, env=ENV)
             assert r2.returncode == 0, r2.stderr
             check(root2)
@@ -108,6 +114,8 @@ def main() -> None:
             if i:
                 passes.append(p)
                 whole.append(w)
+                typer_whole.append(tw)
+                cpu_typer.append(twc)
                 rest.append(w - p - step_seconds(root, "t1"))
                 imports.append(imp - p)
                 inproc.append(fixed)
@@ -116,8 +124,8 @@ def main() -> None:
                 cpu_imports.append(ic - pc)
                 floors.append(fl - p)
                 cpu_floors.append(flc - pc)
-            shutil.rmtree(root)
-            shutil.rmtree(root2)
+            for r in (root, root2, root3):
+                shutil.rmtree(r)
         med = statistics.median
         load = os.getloadavg()
         print(f"kiro loop start, one `true` step: {med(whole) * 1000:.0f} ms wall; "
@@ -127,8 +135,12 @@ def main() -> None:
         print(f"  CPU (user+sys, step included): kiro loop start {med(cpu_whole) * 1000:.0f} ms; "
               f"python -c pass {med(cpu_passes) * 1000:.0f} ms; "
               f"difference {(med(cpu_whole) - med(cpu_passes)) * 1000:.0f} ms")
-        print(f"  of which importing typer, pydantic and the engine: {med(imports) * 1000:.0f} ms wall, "
-              f"{med(cpu_imports) * 1000:.0f} ms CPU")
+        print(f"  the same through Typer (KIRO_NO_FAST_START=1): {med(typer_whole) * 1000:.0f} ms wall, "
+              f"CPU {med(cpu_typer) * 1000:.0f} ms; the fast path saves "
+              f"{(med(typer_whole) - med(whole)) * 1000:.0f} ms wall, "
+              f"{(med(cpu_typer) - med(cpu_whole)) * 1000:.0f} ms CPU")
+        print(f"  of which importing pydantic and the engine (the fast path's imports): {med(imports) * 1000:.0f} ms "
+              f"wall, {med(cpu_imports) * 1000:.0f} ms CPU")
         print(f"  the floor, importing only asyncio, subprocess, json and yaml (what the engine needs whatever "
               f"its CLI and models): {med(floors) * 1000:.0f} ms wall, {med(cpu_floors) * 1000:.0f} ms CPU "
               f"beyond python -c pass")

@@ -52,6 +52,10 @@ def entry() -> None:
     """`python -m kiro` and the `kiro` script."""
     code = run(sys.argv[1:])
     if code is None:
+        from kiro import faststart
+
+        code = faststart.run(sys.argv[1:])
+    if code is None:
         from kiro.cli import main
 
         main()

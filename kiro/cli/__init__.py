@@ -7,7 +7,6 @@ so real bugs surface.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -16,6 +15,10 @@ from typing import Any, TypeVar
 import typer
 
 from kiro import __version__
+from kiro.launch import closed_pipe as _closed_pipe
+from kiro.launch import exit_code_for
+from kiro.launch import exit_now as _exit_now
+from kiro.launch import succeeded as _succeeded
 
 _app = typer.Typer(
     name="kiro",
@@ -36,46 +39,25 @@ def guarded(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from kiro.errors import KiroError, raise_errors
-
         try:
             result = fn(*args, **kwargs)
-        except KiroError as exc:
-            if os.environ.get("KIRO_DEBUG"):
-                raise
-            from kiro import console
-
-            if exc.exit_code == 0:
-                console.line(str(exc))
-            else:
-                console.error(str(exc))
-            raise typer.Exit(exc.exit_code) from None
         except BrokenPipeError:
             _closed_pipe()  # `kiro loop logs --json | head -1`: for every command, here
         except typer.Exit as exc:
             if exc.exit_code == 0:
                 _succeeded()
             raise
-        except (typer.Abort, KeyboardInterrupt, SystemExit):
+        except typer.Abort:
             raise
         except Exception as exc:
-            if raise_errors():
+            code = exit_code_for(exc)
+            if code is None:
                 raise
-            from kiro import console
-
-            console.error(f"internal error: {type(exc).__name__}: {exc} (run with KIRO_DEBUG=1 for the traceback, "
-                          f"and please report it)")
-            raise typer.Exit(1) from None
+            raise typer.Exit(code) from None
         _succeeded()
         return result
 
     return wrapper  # type: ignore[return-value]
-
-
-def _succeeded() -> None:
-    """A command ended with exit 0: what it may write only then (a command that fails changes no file)."""
-    if "kiro.fastread" in sys.modules:
-        sys.modules["kiro.fastread"].write_config_checked()
 
 
 def _version(value: bool) -> None:
@@ -152,25 +134,3 @@ def main() -> None:
         if "temporalio" in sys.modules:
             _exit_now(exc.code)
         raise
-
-
-def _exit_now(code: object) -> None:
-    """The temporal backend's SDK keeps native threads that may call into Python while the interpreter shuts
-    down (a fatal error, exit -6, at random): a command that used it ends here, its output flushed."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
-
-
-def _closed_pipe() -> None:
-    """The reader of our output went away (`| head -1`): it had what it wanted; end quietly.
-
-    stdout is pointed at /dev/null so that the interpreter's final flush of what is still buffered
-    does not raise (and print) a second BrokenPipeError on the way out (Python docs, "Note on SIGPIPE").
-    """
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,9 @@ from typing import Annotated, Any
 import typer
 
 from kiro.cli import guarded
+from kiro.launch import store_of as _store
+from kiro.launch import uses_temporal as _temporal
+from kiro.launch import workspace as _workspace
 
 app = typer.Typer(
     help="Run, watch, stop and resume task loops.",
@@ -34,34 +36,6 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Use this confi
                                                                   "config/autonomous_loop.yaml.", show_default=False)]
 
 
-def _workspace(path: Path | None) -> Any:
-    from kiro.workspace import Workspace
-
-    return Workspace.find(path)
-
-
-def _store(ws: Any, *, lenient: bool = True) -> Any:
-    """The state store, honouring `state_directory` from the config. Read commands still work on a
-    broken config (with a warning), so a person can see what their loops are doing."""
-    from kiro import console
-    from kiro.errors import ConfigError
-    from kiro.settings import settings_for
-
-    try:
-        store = settings_for(ws).store
-    except ConfigError as exc:
-        if not lenient:
-            raise
-        from kiro.state import StateStore
-
-        console.warning(f"{exc} (using defaults to read the state)")
-        return StateStore(ws)
-    from kiro.fastread import record_config_checked
-
-    record_config_checked(ws.root, store.ws.state_directory)  # the next read command may skip yaml+pydantic
-    return store
-
-
 def _loaded(workspace: Path | None, task_id: str | None, task: str | None) -> Any:
     """The loop a read command names (by --task-id, --task, or the only one there is), loaded with
     the backup fallback; a fallback's warning goes to stderr."""
@@ -81,76 +55,10 @@ def _exit(code: int) -> None:
     raise typer.Exit(code)
 
 
-def _overrides(max_iterations: int | None, failure_threshold: int | None, timeout: float | None,
-               executor: str | None, model: str | None, agent: str | None = None) -> dict[str, Any]:
-    return {
-        "autonomous_loop.max_iterations": max_iterations,
-        "autonomous_loop.failure_threshold": failure_threshold,
-        "autonomous_loop.timeout_seconds": timeout,
-        "executor": executor,
-        "agent": agent,
-        "llm.model": model,
-    }
-
-
 AgentOpt = Annotated[str | None, typer.Option("--agent", help="Agent CLI preset for the command executor: claude | "
                                               "codex | aider | gemini | opencode (see `kiro agents`).",
                                               show_default=False)]
 
-
-def _run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
-    import asyncio
-
-    from kiro import console
-    from kiro.events import Listener
-    from kiro.runner import combined_exit_code, run_loops
-
-    listeners: list[Listener] = [] if quiet else [console.EventPrinter(with_task=len(runs) > 1, verbose=verbose)]
-    for r in runs:
-        for w in r.warnings:
-            console.warning(w)
-    outcomes = asyncio.run(run_loops(runs, listeners))
-    for o in outcomes:
-        msg = f"{o.task_id}: {o.status} ({o.reason}) - {o.message}"
-        if o.report:
-            msg += f"; see {o.report}"
-        if o.exit_code == 1:
-            console.error(msg)
-        else:
-            console.line(msg, style="bold")
-    return combined_exit_code(outcomes)
-
-
-LOOP_OUTCOMES = (0, 3, 4, 5, 6)  # SPEC §6 exit codes of a loop that ran; 1 is kiro failing to run it
-
-
-def _detach(argv: list[str], ws: Any, task_id: str) -> None:
-    """Run this same command again in the background, in its own session, output to Logs/<id>.out;
-    wait until it has taken the loop's lock (or died) so that errors still reach the person."""
-    from kiro import console
-    from kiro.errors import RunError
-    from kiro.state import StateStore
-
-    out_path = ws.detached_output(task_id)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=os.getcwd())
-    store = StateStore(ws)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = out_path.read_text(errors="replace").strip().splitlines()[-1:] if out_path.exists() else []
-            if proc.returncode in LOOP_OUTCOMES:  # it ran and ended before we saw its lock: a short loop
-                console.line(task_id)
-                return
-            raise RunError(f"the background loop exited at once (exit {proc.returncode}): "
-                           f"{tail[0] if tail else 'see ' + ws.relative(out_path)}")
-        if store.is_locked(task_id):
-            console.line(task_id)
-            return
-        time.sleep(0.05)
-    raise RunError(f"the background loop did not start within 30 s; see {ws.relative(out_path)}")
 
 
 @app.command()
@@ -178,86 +86,11 @@ def start(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
 ) -> None:
     """Start a loop on a task file, in the foreground. Exits with the loop's exit code: 0 completed, 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person, 1 kiro could not go on."""
-    from kiro.errors import UserError
-    from kiro.runner import new_task_id, prepare_start
+    from kiro import launch
 
-    if executor is not None and executor not in ("shell", "command", "openai"):
-        raise UserError(f"--executor {executor!r}: choose shell, command or openai")
-    ws = _workspace(workspace)
-    overrides = _overrides(max_iterations, failure_threshold, timeout, executor, model, agent)
-    if len(task) > 1 and task_id:
-        raise UserError("--task-id names one loop; with several --task, each gets its own id")
-    if detach and _temporal(ws, config):
-        detach, temporal_detach = False, True  # a workflow needs no process of ours in the background
-    else:
-        temporal_detach = False
-    if detach:
-        if len(task) > 1:
-            raise UserError("--detach starts one loop; run it once per task")
-        store = _store(ws, lenient=False)
-        tid = task_id or new_task_id(store)
-        argv = [a for a in sys.argv[1:] if a != "--detach"]
-        if not task_id:
-            argv += ["--task-id", tid]
-        _detach(argv, ws, tid)
-        return
-    if temporal_detach or (not detach and _temporal(ws, config)):
-        from kiro.temporal.commands import preflight
-
-        preflight(ws, config)  # the server is reachable, the project is in git: before any state is written
-    runs = []
-    index = None
-    batch = None
-    if len(task) > 1:
-        from kiro.runner import LoopIndex, StartBatch, room_for_loops
-
-        room_for_loops(len(task))  # a limit of open files too low for them all: said before any state is written
-
-        index = LoopIndex(_store(ws, lenient=False))
-        batch = StartBatch()  # one start guard, the new loops' files written side by side
-    from contextlib import nullcontext
-
-    try:
-        with batch if batch is not None else nullcontext():
-            for t in task:
-                runs.append(prepare_start(ws, t, task_id=task_id, config_file=config, overrides=overrides,
-                                          index=index, batch=batch))
-    except BaseException:
-        for r in runs:
-            if r.release:
-                r.release()
-        raise
-    if runs and runs[0].config.backend.kind == "temporal":
-        from kiro.temporal.commands import start_runs
-
-        _exit(start_runs(runs, detach=temporal_detach, quiet=quiet, verbose=verbose))
-    _exit(_run_foreground(runs, quiet, verbose))
-
-
-def _temporal(ws: Any, config: Path | None) -> bool:
-    """SPEC §12: does this workspace run its loops on the temporal backend? The config is resolved only when
-    the word appears in the config file or a KIRO_BACKEND* variable is set, so the local path pays nothing."""
-    path = config or ws.root / "config" / "autonomous_loop.yaml"
-    from kiro import safeio
-
-    try:  # the one safe reader: a FIFO, device or symlink loop in the config's place must not hang here
-        text = safeio.read_bytes(path, limit=safeio.CONFIG_MAX_BYTES).decode("utf-8", "replace")
-    except (OSError, safeio.UnreadableFile):
-        text = ""  # the local path reads the config again and names what is wrong with it
-    if "temporal" not in text and not any(k.startswith("KIRO_BACKEND") for k in os.environ):
-        return False
-    from kiro.settings import settings_for
-
-    if settings_for(ws, config_file=config).config.backend.kind != "temporal":
-        return False
-    try:
-        import temporalio  # noqa: F401
-    except ImportError:
-        from kiro.errors import UserError
-        from kiro.temporal import MISSING
-
-        raise UserError(MISSING) from None
-    return True
+    _exit(launch.start(task, workspace_path=workspace, config=config, max_iterations=max_iterations,
+                       failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
+                       agent=agent, task_id=task_id, detached=detach, quiet=quiet, verbose=verbose))
 
 
 @app.command()
@@ -286,102 +119,12 @@ def resume(
                                                           "continue every loop a stop hook paused.")] = False,
 ) -> None:
     """Remove the stop hook and continue a loop from its saved state, whatever its status (paused, stopped, interrupted by a crash, failed, out of iterations). Completed steps never run again."""
-    from kiro.runner import prepare_resume
-    from kiro.views import resolve_task_id
+    from kiro import launch
 
-    ws = _workspace(workspace)
-    store = _store(ws, lenient=False)
-    if all_loops:
-        _resume_all(ws, store, config=config, max_iterations=max_iterations, reset_failures=reset_failures,
-                    failure_threshold=failure_threshold, timeout=timeout,
-                    overrides=_overrides(None, None, None, executor, model), detach=detach, quiet=quiet,
-                    verbose=verbose, named=bool(task_id or task))
-        return
-    tid = resolve_task_id(ws, store, task_id, task)
-    assert tid is not None
-    temporal = _temporal(ws, config)
-    if detach and not temporal:
-        from kiro.runner import AlreadyFinished
-        from kiro.status import Status
-
-        if store.load(tid).state.status == Status.COMPLETED:  # as in the foreground, before a process is spent
-            raise AlreadyFinished(f"loop {tid!r} is already completed; nothing to resume")
-        argv = [a for a in sys.argv[1:] if a != "--detach"]
-        if not task_id:
-            argv += ["--task-id", tid]
-        _detach(argv, store.ws, tid)
-        return
-    overrides = _overrides(None, None, None, executor, model, agent)
-    from kiro.errors import LockHeld
-
-    try:
-        run = prepare_resume(ws, tid, config_file=config, overrides=overrides, max_iterations=max_iterations,
-                             failure_threshold=failure_threshold, timeout=timeout, reset_failures=reset_failures)
-    except LockHeld:
-        if store.holder_role(tid) != "watch":
-            raise
-        from kiro import console
-        from kiro.supervisor import hand_back_to_watch
-
-        for note in hand_back_to_watch(store, tid):
-            console.line(note)
-        console.line(f"loop {tid} is kept by `kiro loop watch` (process {store.holder_pid(tid)}); it continues there")
-        return
-    if temporal:
-        from kiro.temporal.commands import resume_run
-
-        _exit(resume_run(run, detach=detach, quiet=quiet, verbose=verbose))
-    _exit(_run_foreground([run], quiet, verbose))
-
-
-def _resume_all(ws0: Any, store: Any, *, config: Path | None, max_iterations: int | None, reset_failures: bool,
-                failure_threshold: int | None, timeout: float | None, overrides: dict[str, Any], detach: bool,
-                quiet: bool, verbose: bool, named: bool) -> None:
-    """`kiro loop resume --all`: remove the global hook, then continue every loop a stop hook paused, in
-    this process (or each in the background with --detach). Loops a `kiro loop watch` keeps continue there."""
-    from kiro import console
-    from kiro.errors import UserError
-    from kiro.runner import paused_by_hooks, prepare_resume
-    from kiro.supervisor import hand_back_to_watch
-
-    if named:
-        raise UserError("--all continues every paused loop; leave out --task-id/--task (or drop --all)")
-    ws = store.ws
-    if ws.global_hook_file.exists():
-        ws.global_hook_file.unlink()
-        console.line(f"removed the global stop hook {ws.relative(ws.global_hook_file)}")
-    targets: list[str] = []
-    for st in paused_by_hooks(store):
-        if store.is_locked(st.task_id):
-            if store.holder_role(st.task_id) == "watch":
-                for note in hand_back_to_watch(store, st.task_id):
-                    console.line(note)
-                console.line(f"loop {st.task_id} is kept by `kiro loop watch`; it continues there")
-            continue
-        targets.append(st.task_id)
-    if not targets:
-        console.line("no paused loop to continue")
-        return
-    if detach:
-        base = [a for a in sys.argv[1:] if a not in ("--detach", "--all")]
-        for tid in targets:
-            _detach([*base, "--task-id", tid], ws, tid)
-        return
-    runs: list[Any] = []
-    from kiro.runner import room_for_loops
-
-    room_for_loops(len(targets))  # a limit of open files too low for them all: said before any loop moves
-    try:
-        for tid in targets:
-            runs.append(prepare_resume(ws0, tid, config_file=config, overrides=overrides, max_iterations=max_iterations,
-                                       failure_threshold=failure_threshold, timeout=timeout,
-                                       reset_failures=reset_failures))
-    except BaseException:
-        for r in runs:
-            if r.release:
-                r.release()
-        raise
-    _exit(_run_foreground(runs, quiet, verbose))
+    _exit(launch.resume(task_id=task_id, task=task, workspace_path=workspace, config=config,
+                        max_iterations=max_iterations, reset_failures=reset_failures,
+                        failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
+                        agent=agent, detached=detach, quiet=quiet, verbose=verbose, all_loops=all_loops))
 
 
 @app.command()

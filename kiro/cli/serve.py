@@ -27,13 +27,12 @@ def serve(
         import uvicorn
     except ImportError:
         raise UserError("kiro serve needs the serve extra: pip install 'kiro[serve]'") from None
-    from kiro import console
-    from kiro.cli.loop import _store, _workspace
+    from kiro import console, launch
     from kiro.serve.app import create_app
     from kiro.serve.auth import TOKEN_ENV, resolve_token
 
-    ws = _workspace(workspace)
-    store = _store(ws)
+    ws = launch.workspace(workspace)
+    store = launch.store_of(ws)
     token, generated = resolve_token(host, store.ws.state_dir)
     app = create_app(store, token)
     sock = _listen(host, port)

@@ -39,9 +39,9 @@ def watch(
     if executor is not None and executor not in ("shell", "command", "openai"):
         raise UserError(f"--executor {executor!r}: choose shell, command or openai")
     ws = Workspace.find(workspace)
-    from kiro.cli.loop import _temporal
+    from kiro.launch import uses_temporal
 
-    if _temporal(ws, config):
+    if uses_temporal(ws, config):
         if detach:
             raise UserError("kiro loop watch --detach is not built for backend: temporal; run it in the foreground "
                             "(the loops themselves run in the workspace worker)")
