@@ -12,6 +12,15 @@ Prints, as medians over fresh processes:
 - the run itself in a process that has imported everything: prepare_start + run_loops, minus the
   step's own duration (from its `step_completed` event): the fixed cost of a run.
 Each run is checked: exit 0, the step done, the task moved to Done/.
+
+    python bench/startup.py --instructions [--previous-tree DIR]
+
+This machine's speed moves by a third from minute to minute, more than most changes to the start-up
+make. With --instructions the same runs are counted in instructions instead (valgrind's callgrind,
+Debian's `valgrind` package; PYTHONHASHSEED=0): the same count, to a fraction of a percent, run after
+run. Printed: `python -c pass`, the floor's imports, `kiro loop start` (the fast path, and through Typer)
+and, with --previous-tree (a checkout of an older kiro, e.g. `git worktree add /tmp/old <commit>`),
+that tree's `kiro loop start`, run the same way.
 """
 
 from __future__ import annotations
@@ -82,10 +91,62 @@ def check(root: Path) -> None:
     assert (root / "Done" / "a" / "tasks.md").read_text().count("[x]") == 1, "the step is not done"
 
 
+def instructions(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+    """Instructions one fresh process runs (callgrind's "Collected"), its children not counted."""
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out", *argv], cwd=cwd,
+                           env={**(env or ENV), "PYTHONHASHSEED": "0"}, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for line in r.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.rsplit(":", 1)[1])
+    raise AssertionError(f"no count from callgrind: {r.stderr[-500:]}")
+
+
+def count_instructions(previous: Path | None) -> None:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    py = sys.executable
+    start = [py, "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md", "--task-id", "t1", "-q"]
+    here = str(Path(__file__).resolve().parent.parent)
+    cases: list[tuple[str, list[str], dict[str, str], bool]] = [
+        ("python -c pass", [py, "-c", "pass"], {}, False),
+        ("the floor: " + FLOOR.removeprefix("import "), [py, "-c", FLOOR], {}, False),
+        ("kiro loop start", start, {"PYTHONPATH": here}, True),
+        ("kiro loop start through Typer (KIRO_NO_FAST_START=1)", start,
+         {"PYTHONPATH": here, "KIRO_NO_FAST_START": "1"}, True),
+    ]
+    if previous is not None:
+        cases.append((f"kiro loop start of {previous}", start, {"PYTHONPATH": str(previous.resolve())}, True))
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        counts: dict[str, int] = {}
+        for n, (label, argv, extra, is_start) in enumerate(cases):
+            for attempt in range(2):  # the first run of a tree may write its byte-code caches: not counted
+                root = fresh(base, 2 * n + attempt) if is_start else None
+                counts[label] = instructions(argv, cwd=root, env={**ENV, **extra})
+                if root is not None:
+                    check(root)
+                    shutil.rmtree(root)
+    floor = counts["python -c pass"]
+    mine = counts["kiro loop start"]
+    print("instructions (callgrind; one fresh process each, its children not counted):")
+    for label, count in counts.items():
+        ratio = f"; {count / mine:.2f}x kiro loop start" if label.startswith("kiro") and count != mine else ""
+        beyond = f", {(count - floor) / 1e6:.0f}M beyond python -c pass" if count != floor else ""
+        print(f"  {label}: {count / 1e6:.0f}M{beyond}{ratio}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
-    runs = ap.parse_args().runs
+    ap.add_argument("--instructions", action="store_true", help="count instructions with valgrind instead")
+    ap.add_argument("--previous-tree", type=Path, help="with --instructions: an older checkout, counted beside")
+    args = ap.parse_args()
+    if args.instructions:
+        count_instructions(args.previous_tree)
+        return
+    runs = args.runs
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
