@@ -168,3 +168,31 @@ def test_a_step_whose_pidfd_cannot_be_opened_is_waited_for_by_a_thread(
     monkeypatch.setattr(os, "pidfd_open", no_fd)
     result = asyncio.run(run_process(["sh", "-c", "echo fell back; exit 4"], cwd=tmp_path))
     assert (result.returncode, result.output.strip()) == (4, "fell back")
+
+
+def test_a_program_found_once_is_looked_up_again_when_it_is_gone(tmp_path: Path) -> None:
+    """Where a program was found in PATH is remembered (every shell step runs `bash`), and checked before
+    each spawn: removed, or no longer executable, the step's error is exec's, as without the memory."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "kiro-test-tool"
+    tool.write_text("#!/bin/sh\necho tool ran\n")
+    tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def run() -> str:
+        return asyncio.run(run_process(["kiro-test-tool"], cwd=tmp_path, env=env)).output.strip()
+
+    assert run() == "tool ran"
+    assert run() == "tool ran"
+    tool.chmod(0o644)
+    with pytest.raises(FileNotFoundError):  # no executable of that name left in PATH: exec's own error
+        run()
+    tool.chmod(0o755)
+    assert run() == "tool ran"
+    tool.unlink()
+    with pytest.raises(FileNotFoundError):
+        run()
+    (bin_dir / "kiro-test-tool").mkdir()  # a folder of that name is not a program either
+    with pytest.raises(FileNotFoundError):
+        run()

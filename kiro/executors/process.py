@@ -41,12 +41,23 @@ class ProcessResult:
         return self.returncode == 0 and not self.timed_out and not self.cancelled
 
 
+_found: dict[tuple[str, str], str] = {}  # (program, PATH) -> where `which` last found it
+
+
 def _check_program(program: str, cwd: Path, env: Mapping[str, str]) -> None:
     """The errors exec would give (FileNotFoundError, PermissionError), also when setpriv (`confine`)
     would hide them behind its own exit status."""
     if "/" not in program:
-        if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        search = env.get("PATH", os.defpath)
+        where = _found.get((program, search))
+        if where is not None and os.access(where, os.X_OK) and not os.path.isdir(where):
+            return  # still there: exec finds it, or one before it in PATH (every step runs `bash`; #12)
+        where = shutil.which(program, path=search)
+        if where is None:
             raise FileNotFoundError(2, "No such file or directory", program)
+        if len(_found) > 64:
+            _found.clear()
+        _found[(program, search)] = where
         return
     path = Path(program) if os.path.isabs(program) else cwd / program
     if not path.exists():
