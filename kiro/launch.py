@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 LOOP_OUTCOMES = (0, 3, 4, 5, 6)  # SPEC §6 exit codes of a loop that ran; 1 is kiro failing to run it
 
@@ -50,7 +50,7 @@ def succeeded() -> None:
         sys.modules["kiro.fastread"].write_config_checked()
 
 
-def closed_pipe() -> None:
+def closed_pipe() -> NoReturn:
     """The reader of our output went away (`| head -1`): it had what it wanted; end quietly.
 
     stdout is pointed at /dev/null so that the interpreter's final flush of what is still buffered
@@ -78,7 +78,6 @@ def guarded_run(command: Callable[..., int], **options: Any) -> int:
         code = command(**options)
     except BrokenPipeError:
         closed_pipe()
-        raise AssertionError("unreachable") from None
     except KeyboardInterrupt:
         code = 130  # Typer's own answer to Ctrl-C
     except Exception as exc:
