@@ -87,6 +87,16 @@ def line(text: str, style: str | None = None) -> None:
     sys.stdout.flush()
 
 
+def reader_gone(stream: Any) -> None:
+    """The reader of `stream` went away (`kiro loop start ... | head -1`): what is still to be written to it,
+    now or at exit, goes to /dev/null instead of raising BrokenPipeError again (Python's "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+
+
 def _current_or_next(r: dict[str, Any]) -> str:
     """The current step; between a scheduled task's runs, when the next run starts."""
     return str(r.get("current_step") or (f"next run {r['next_run']}" if r.get("next_run") else "-"))
@@ -305,6 +315,12 @@ class EventPrinter:
         if not self.verbose and e.get("event") in ("tool_called", "model_called", "iteration_started",
                                                     "reinjected", "report_written"):
             return
+        try:
+            self._print(e)
+        except BrokenPipeError:  # no one reads the output any more: the loop goes on, without printing
+            reader_gone(sys.stdout)
+
+    def _print(self, e: dict[str, Any]) -> None:
         if self.plain:
             try:
                 line = event_plain(e, with_task=self.with_task)

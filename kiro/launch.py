@@ -152,10 +152,14 @@ def run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
         msg = f"{o.task_id}: {o.status} ({o.reason}) - {o.message}"
         if o.report:
             msg += f"; see {o.report}"
-        if o.exit_code == 1:
-            console.error(msg)
-        else:
-            console.line(msg, style="bold")
+        stream = sys.stderr if o.exit_code == 1 else sys.stdout
+        try:
+            if o.exit_code == 1:
+                console.error(msg)
+            else:
+                console.line(msg, style="bold")
+        except BrokenPipeError:  # the reader went away: the exit code still says how the loop ended
+            console.reader_gone(stream)
     return combined_exit_code(outcomes)
 
 
