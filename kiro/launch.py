@@ -158,8 +158,8 @@ def run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
                 console.error(msg)
             else:
                 console.line(msg, style="bold")
-        except BrokenPipeError:  # the reader went away: the exit code still says how the loop ended
-            console.reader_gone(stream)
+        except OSError as exc:  # the reader went away, or a full disk: the exit code still says how the loop ended
+            console.cannot_write(stream, exc)
     return combined_exit_code(outcomes)
 
 

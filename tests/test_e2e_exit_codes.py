@@ -253,3 +253,22 @@ def test_a_foreground_loop_whose_reader_goes_away_goes_on_and_exits_with_its_own
     state = ws.state("t1")
     assert (state["status"], state["total_successes"]) == ("completed", 4)
     assert (ws.root / "side_effects.log").read_text().split() == ["1", "2", "3", "4"]
+
+
+def test_a_foreground_loop_whose_output_is_on_a_full_disk_goes_on_and_says_so_once(ws: Workspace) -> None:
+    """`kiro loop start ... > log` on a disk that fills up (here /dev/full): before, the first event's print
+    raised ENOSPC and kiro ended with "internal error", the loop left pending. Now one warning on stderr, and
+    the loop runs to its own exit code."""
+    import subprocess
+    import sys
+
+    ws.task(shell_task(3))
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "kiro", "loop", "start", "--task", "Specs/feature/tasks.md",
+                            "--task-id", "t1"], cwd=ws.root, env=ws.env(), stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("cannot write to standard output (No space left on device)") == 1, r.stderr
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+    state = ws.state("t1")
+    assert (state["status"], state["total_successes"]) == ("completed", 3)
