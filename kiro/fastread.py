@@ -82,6 +82,12 @@ def run(argv: list[str]) -> int | None:
     except BrokenPipeError:  # `kiro loop logs --json | head -1`
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+    except OSError as exc:
+        from kiro.errors import stdout_failed, stdout_full
+
+        if not stdout_full(exc):
+            raise
+        return stdout_failed(exc)  # `kiro loop status > /dev/full`
     return 0
 
 

@@ -27,8 +27,11 @@ def exit_code_for(exc: Exception) -> int | None:
     on stderr and its own code; anything else is an "internal error" line and exit 1. None: re-raise it
     (KIRO_DEBUG, or an unexpected error under KIRO_RAISE_ERRORS, so that a bug fails its test)."""
     from kiro import console
-    from kiro.errors import KiroError, raise_errors
+    from kiro.errors import KiroError, raise_errors, stdout_failed, stdout_full
 
+    if stdout_full(exc):  # `> /dev/full`: bad input, not a bug
+        assert isinstance(exc, OSError)
+        return stdout_failed(exc)
     if isinstance(exc, KiroError):
         if os.environ.get("KIRO_DEBUG"):
             return None

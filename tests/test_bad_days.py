@@ -257,3 +257,49 @@ def test_a_batch_start_on_a_full_disk_says_so_and_leaves_nothing_behind(small_di
     print(r.stderr.strip())
     for name, text in texts.items():
         assert (root / f"Specs/{name}/tasks.md").read_text() == text
+
+
+# -- standard output on a full disk ------------------------------------------------------------------------
+
+FULL_OUTPUT = [
+    ("loop", "status"), ("loop", "status", "--json"), ("loop", "state", "--task-id", "t1"),
+    ("loop", "logs", "--task-id", "t1"), ("loop", "logs", "--task-id", "t1", "--tail", "2"),
+    ("loop", "progress", "--task-id", "t1"), ("loop", "stats"), ("loop", "history", "--task-id", "t1"),
+    ("agents",), ("--version",), ("--help",), ("loop", "start", "--help"),
+]
+
+
+@pytest.fixture
+def one_loop(ws: Workspace) -> Workspace:
+    ws.task(shell_task(2))
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "t1").returncode == 0
+    return ws
+
+
+def _to(ws: Workspace, out: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    with open(out, "w") as fh:
+        return subprocess.run([sys.executable, "-m", "kiro", *args], cwd=ws.root, env=ws.env(**env), stdout=fh,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args", FULL_OUTPUT, ids=" ".join)
+@pytest.mark.parametrize("path", ["fast", "full"])
+def test_output_to_dev_full_is_one_line_and_exit_1(one_loop: Workspace, args: tuple[str, ...], path: str) -> None:
+    """`kiro ... > /dev/full`: before, a traceback (the fast read path) or "internal error" (the others)."""
+    env = {"KIRO_NO_FAST_READ": "1", "KIRO_NO_FAST_START": "1"} if path == "full" else {}
+    r = _to(one_loop, Path("/dev/full"), *args, **env)
+    assert (r.returncode, r.stderr) == (1, "kiro: cannot write to standard output: No space left on device\n")
+
+
+def test_output_to_a_file_on_a_full_disk_is_one_line_and_exit_1(one_loop: Workspace, small_disk: Path) -> None:
+    filler = small_disk / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb") as fh:
+        while True:
+            fh.write(b"x" * 65536)
+            fh.flush()
+    for args in (("loop", "status"), ("loop", "logs", "--task-id", "t1"), ("loop", "stats")):
+        r = _to(one_loop, small_disk / "out.txt", *args)
+        assert (r.returncode, r.stderr) == (1, "kiro: cannot write to standard output: No space left on device\n"), args
+    filler.unlink()  # room again: the same command writes its output
+    r = _to(one_loop, small_disk / "out.txt", "loop", "status")
+    assert r.returncode == 0 and "t1" in (small_disk / "out.txt").read_text()

@@ -130,6 +130,12 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError:
         _closed_pipe()
+    except OSError as exc:  # `kiro --version > /dev/full`: outside any command's guard
+        from kiro.errors import stdout_failed, stdout_full
+
+        if not stdout_full(exc):
+            raise
+        sys.exit(stdout_failed(exc))
     except SystemExit as exc:
         if "temporalio" in sys.modules:
             _exit_now(exc.code)
