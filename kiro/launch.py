@@ -172,12 +172,14 @@ def detach(argv: list[str], ws: Any, task_id: str) -> None:
     from kiro import console
     from kiro.errors import RunError
     from kiro.state import StateStore
+    from kiro.workspace import current_folder
 
     out_path = ws.detached_output(task_id)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=os.getcwd())
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=current_folder() or ws.root)
     store = StateStore(ws)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

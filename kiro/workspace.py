@@ -45,6 +45,14 @@ def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def current_folder() -> Path | None:
+    """The current directory, or None when it no longer exists (deleted under a shell that is still in it)."""
+    try:
+        return Path.cwd()
+    except FileNotFoundError:
+        return None
+
+
 def _not_a_folder(path: Path) -> str | None:
     """Why `path` cannot serve as a folder, or None when it is one or is absent."""
     try:
@@ -113,7 +121,11 @@ class Workspace:
             if not root.is_dir():
                 raise UserError(f"KIRO_WORKSPACE={env!r} is not a folder")
             return cls(root.resolve())
-        here = (cwd or Path.cwd()).resolve()
+        here = cwd or current_folder()
+        if here is None:
+            raise UserError("the current folder no longer exists (deleted?); cd into a workspace, or name one "
+                            "with --workspace")
+        here = here.resolve()
         for candidate in (here, *here.parents):
             if (candidate / CONFIG_RELPATH).is_file() or (candidate / ".state").is_dir():
                 return cls(candidate)
@@ -229,7 +241,9 @@ class Workspace:
             candidates.append(p)
             candidates.append(self.root / text.lstrip("/"))
         else:
-            candidates.append(Path.cwd() / p)
+            here = current_folder()  # None: deleted, so only the workspace is left to look in
+            if here is not None:
+                candidates.append(here / p)
             candidates.append(self.root / p)
         for c in candidates:
             if c.is_file():

@@ -303,3 +303,46 @@ def test_output_to_a_file_on_a_full_disk_is_one_line_and_exit_1(one_loop: Worksp
     filler.unlink()  # room again: the same command writes its output
     r = _to(one_loop, small_disk / "out.txt", "loop", "status")
     assert r.returncode == 0 and "t1" in (small_disk / "out.txt").read_text()
+
+
+# -- a current folder that was deleted; kiro init into a place it cannot create ---------------------------
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "start", "--task", "Specs/feature/tasks.md"),
+                                  ("loop", "stop", "--task-id", "t1"), ("loop", "resume", "--task-id", "t1"),
+                                  ("init",)], ids=" ".join)
+def test_a_deleted_current_folder_is_one_line(tmp_path: Path, ws: Workspace, args: tuple[str, ...]) -> None:
+    """A shell still in a folder someone deleted: before, "internal error: FileNotFoundError"."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); sys.argv = ['kiro', *{list(args)!r}]; " \
+           "from kiro.fastread import entry; entry()"
+    r = subprocess.run([sys.executable, "-c", code], env=ws.env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("kiro: the current folder no longer exists (deleted?)") and r.stderr.count("\n") == 1
+
+
+def test_a_deleted_current_folder_with_a_named_workspace_still_runs(tmp_path: Path, ws: Workspace) -> None:
+    ws.task(shell_task(1))
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); " \
+           f"sys.argv = ['kiro', 'loop', 'start', '-w', {str(ws.root)!r}, '--task', 'Specs/feature/tasks.md', " \
+           "'--task-id', 't1']; from kiro.fastread import entry; entry()"
+    r = subprocess.run([sys.executable, "-c", code], env=ws.env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert ws.state("t1")["status"] == "completed"
+
+
+@pytest.mark.parametrize(("where", "says"), [("a_file/ws", "Not a directory"), ("a_file", "File exists"),
+                                             ("no_write/ws", "Permission denied")])
+def test_init_where_it_cannot_create_is_one_line(tmp_path: Path, ws: Workspace, where: str, says: str) -> None:
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "no_write").mkdir(mode=0o500)
+    target = tmp_path / where
+    env = ws.env()
+    argv = [sys.executable, "-m", "kiro", "init", str(target)]
+    if where.startswith("no_write") and os.geteuid() == 0:  # root writes anywhere: drop to nobody for this one
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+    r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (1, f"kiro: cannot create the workspace {str(target)!r}: {says}\n")

@@ -21,33 +21,41 @@ def init(
     """Create a workspace: Specs/, Done/, Needs_Action/, Logs/, .state/, .hooks/ and a commented config/autonomous_loop.yaml showing every key and its default. Never overwrites an existing file."""
     from kiro import console
     from kiro.config import default_config_yaml
-    from kiro.workspace import Workspace
+    from kiro.errors import UserError
+    from kiro.workspace import Workspace, current_folder
 
     root = directory.expanduser()
-    root.mkdir(parents=True, exist_ok=True)
-    ws = Workspace(root.resolve())
-    created: list[str] = []
-    for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
-        p = ws.root / name
-        if not p.exists():
-            p.mkdir(parents=True)
-            created.append(name + "/")
-    if not ws.config_file.exists():
-        ws.config_file.write_text(default_config_yaml(), encoding="utf-8")
-        created.append(str(ws.config_file.relative_to(ws.root)))
-    if example:
-        source = resources.files("kiro").joinpath("examples", "hello")
-        with resources.as_file(source) as src:
-            for path in sorted(Path(src).rglob("*")):
-                if not path.is_file():
-                    continue
-                rel = path.relative_to(src)
-                target = ws.root / rel
-                if target.exists():
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, target)
-                created.append(rel.as_posix())
+    if not root.is_absolute() and current_folder() is None:
+        raise UserError("the current folder no longer exists (deleted?); name the new workspace's folder "
+                        "with an absolute path")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        ws = Workspace(root.resolve())
+        created: list[str] = []
+        for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+            p = ws.root / name
+            if not p.exists():
+                p.mkdir(parents=True)
+                created.append(name + "/")
+        if not ws.config_file.exists():
+            ws.config_file.write_text(default_config_yaml(), encoding="utf-8")
+            created.append(str(ws.config_file.relative_to(ws.root)))
+        if example:
+            source = resources.files("kiro").joinpath("examples", "hello")
+            with resources.as_file(source) as src:
+                for path in sorted(Path(src).rglob("*")):
+                    if not path.is_file():
+                        continue
+                    rel = path.relative_to(src)
+                    target = ws.root / rel
+                    if target.exists():
+                        continue
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, target)
+                    created.append(rel.as_posix())
+    except OSError as exc:  # a file in the way, no permission, a full disk: one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(root) else ""
+        raise UserError(f"cannot create the workspace {str(root)!r}: {exc.strerror or exc}{where}") from None
     if created:
         console.line(f"workspace {ws.root}: created {', '.join(created)}")
     else:

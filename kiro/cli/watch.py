@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ def watch(
     from kiro.errors import RunError, UserError
     from kiro.events import Listener
     from kiro.supervisor import Supervisor, check_watch_free
-    from kiro.workspace import Workspace
+    from kiro.workspace import Workspace, current_folder
 
     if executor is not None and executor not in ("shell", "command", "openai"):
         raise UserError(f"--executor {executor!r}: choose shell, command or openai")
@@ -56,7 +55,8 @@ def watch(
         argv = [a for a in sys.argv[1:] if a != "--detach"]
         with open(out_path, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=os.getcwd())
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    cwd=current_folder() or ws.root)
         pid_file = ws.state_dir / "watch.pid"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
