@@ -45,6 +45,17 @@ def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def _utf8(path: Path) -> Path:
+    """A task file's path must be text: kiro writes it in the state, events and reports (JSON, UTF-8). A
+    name of bytes that are not UTF-8 (made on another system, or by a script) is one clear line."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # the bad bytes as \xff
+        raise UserError(f"task file '{shown}': its path is not valid UTF-8; rename the file or its folder") from None
+    return path
+
+
 def current_folder() -> Path | None:
     """The current directory, or None when it no longer exists (deleted under a shell that is still in it)."""
     try:
@@ -247,10 +258,10 @@ class Workspace:
             candidates.append(self.root / p)
         for c in candidates:
             if c.is_file():
-                return c.resolve()
+                return _utf8(c.resolve())
         for c in candidates:
             if c.is_dir() and (c / "tasks.md").is_file():
-                return (c / "tasks.md").resolve()
+                return _utf8((c / "tasks.md").resolve())
         raise TaskNotFound(
             f"task file {text!r} not found (looked in {', '.join(repr(str(c)) for c in dict.fromkeys(candidates))})"
         )

@@ -346,3 +346,17 @@ def test_init_where_it_cannot_create_is_one_line(tmp_path: Path, ws: Workspace, 
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
     r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (1, f"kiro: cannot create the workspace {str(target)!r}: {says}\n")
+
+
+def test_a_task_path_that_is_not_utf8_is_one_line_and_leaves_no_state(ws: Workspace) -> None:
+    """A folder named with bytes that are not UTF-8: before, "internal error: PydanticSerializationError"
+    when the state was written (the path goes into the state, events and reports as JSON text)."""
+    folder = os.fsdecode(os.fsencode(str(ws.root / "Specs")) + b"/bad\xff")
+    os.makedirs(folder)
+    Path(folder, "tasks.md").write_text(shell_task(1))
+    r = subprocess.run([sys.executable, "-m", "kiro", "loop", "start", "--task", os.path.join(folder, "tasks.md")],
+                       cwd=ws.root, env=ws.env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.endswith("/Specs/bad\\xff/tasks.md': its path is not valid UTF-8; rename the file or its "
+                             "folder\n") and r.stderr.count("\n") == 1, r.stderr
+    assert not list((ws.root / ".state").glob("*.json"))
