@@ -6,7 +6,6 @@ so that `kiro loop status` starts fast.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -86,24 +85,6 @@ def warning(message: str) -> None:
 def line(text: str, style: str | None = None) -> None:
     sys.stdout.write(_paint(text, style, sys.stdout) + "\n")
     sys.stdout.flush()
-
-
-def cannot_write(stream: Any, exc: OSError) -> None:
-    """Writing to `stream` failed: its reader went away (`kiro loop start ... | head -1`), or the file it goes to
-    is on a full disk (`> /dev/full`). What is still to be written to it, now or at exit, goes to /dev/null
-    instead of failing again (Python's "Note on SIGPIPE"); a failure other than a closed pipe is said once
-    on the other stream, if it can be."""
-    if not isinstance(exc, BrokenPipeError):
-        other = sys.stderr if stream is sys.stdout else sys.stdout
-        with contextlib.suppress(OSError, ValueError):
-            other.write(f"kiro: warning: cannot write to standard {'output' if stream is sys.stdout else 'error'} "
-                        f"({exc.strerror or exc}); going on without it\n")
-            other.flush()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, stream.fileno())
-    finally:
-        os.close(devnull)
 
 
 def _current_or_next(r: dict[str, Any]) -> str:
@@ -327,7 +308,9 @@ class EventPrinter:
         try:
             self._print(e)
         except OSError as exc:  # no one reads the output any more, or it cannot be written: the loop goes on
-            cannot_write(sys.stdout, exc)
+            from kiro import output
+
+            output.cannot_write(sys.stdout, exc)
 
     def _print(self, e: dict[str, Any]) -> None:
         if self.plain:

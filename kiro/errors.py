@@ -8,10 +8,7 @@ unless a subclass says otherwise. Messages are one line, for a person, naming th
 
 from __future__ import annotations
 
-import contextlib
 import os
-import stat
-import sys
 from pathlib import Path
 from types import TracebackType
 
@@ -21,39 +18,6 @@ def raise_errors() -> bool:
     that kiro would otherwise turn into data (a failed attempt, a tool error the model reads, the CLI's
     "internal error" line) re-raises instead, so a bug fails the test that provoked it."""
     return any(os.environ.get(name, "") not in ("", "0") for name in ("KIRO_RAISE_ERRORS", "KIRO_DEBUG"))
-
-
-_DEV_FULL = (1, 7)  # Linux's /dev/full: every write fails with ENOSPC
-_FULL = {28, 27, 122}  # ENOSPC, EFBIG, EDQUOT
-
-
-def stdout_full(exc: BaseException) -> bool:
-    """Whether `exc` is a write that failed because standard output goes to a full disk (`kiro loop status >
-    out.txt` on a full file system, `> /dev/full`): bad input, said in one line (`stdout_failed`), not a bug.
-    Told by the error (no space, file too large, quota) and where file descriptor 1 goes: /dev/full, or a
-    file on a file system with no block left."""
-    if not isinstance(exc, OSError) or exc.errno not in _FULL:
-        return False
-    try:
-        st = os.fstat(1)
-        if stat.S_ISCHR(st.st_mode):
-            return (os.major(st.st_rdev), os.minor(st.st_rdev)) == _DEV_FULL
-        return stat.S_ISREG(st.st_mode) and (exc.errno != 28 or os.fstatvfs(1).f_bavail == 0)
-    except OSError:
-        return False
-
-
-def stdout_failed(exc: OSError) -> int:
-    """Say in one line on stderr that standard output could not be written, and send the rest of it to
-    /dev/null (nothing fails again at exit); exit code 1."""
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"kiro: cannot write to standard output: {exc.strerror or exc}\n")
-        sys.stderr.flush()
-    with contextlib.suppress(OSError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.close(devnull)
-    return 1
 
 
 class contained:  # noqa: N801 - used as `with contained():`, like contextlib.suppress

@@ -79,15 +79,15 @@ def run(argv: list[str]) -> int | None:
     try:
         render()
         sys.stdout.flush()
-    except BrokenPipeError:  # `kiro loop logs --json | head -1`
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
     except OSError as exc:
-        from kiro.errors import stdout_failed, stdout_full
+        from kiro import output
 
-        if not stdout_full(exc):
+        if isinstance(exc, BrokenPipeError):  # `kiro loop logs --json | head -1`
+            output.to_devnull(sys.stdout)
+        elif output.stdout_full(exc):  # `kiro loop status > /dev/full`
+            return output.stdout_failed(exc)
+        else:
             raise
-        return stdout_failed(exc)  # `kiro loop status > /dev/full`
     return 0
 
 

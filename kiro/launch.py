@@ -14,7 +14,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+
+from kiro import output
 
 LOOP_OUTCOMES = (0, 3, 4, 5, 6)  # SPEC §6 exit codes of a loop that ran; 1 is kiro failing to run it
 
@@ -27,11 +29,11 @@ def exit_code_for(exc: Exception) -> int | None:
     on stderr and its own code; anything else is an "internal error" line and exit 1. None: re-raise it
     (KIRO_DEBUG, or an unexpected error under KIRO_RAISE_ERRORS, so that a bug fails its test)."""
     from kiro import console
-    from kiro.errors import KiroError, raise_errors, stdout_failed, stdout_full
+    from kiro.errors import KiroError, raise_errors
 
-    if stdout_full(exc):  # `> /dev/full`: bad input, not a bug
+    if output.stdout_full(exc):  # `> /dev/full`: bad input, not a bug
         assert isinstance(exc, OSError)
-        return stdout_failed(exc)
+        return output.stdout_failed(exc)
     if isinstance(exc, KiroError):
         if os.environ.get("KIRO_DEBUG"):
             return None
@@ -53,17 +55,6 @@ def succeeded() -> None:
         sys.modules["kiro.fastread"].write_config_checked()
 
 
-def closed_pipe() -> NoReturn:
-    """The reader of our output went away (`| head -1`): it had what it wanted; end quietly.
-
-    stdout is pointed at /dev/null so that the interpreter's final flush of what is still buffered
-    does not raise (and print) a second BrokenPipeError on the way out (Python docs, "Note on SIGPIPE").
-    """
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(0)
-
-
 def exit_now(code: object) -> None:
     """The temporal backend's SDK keeps native threads that may call into Python while the interpreter shuts
     down (a fatal error, exit -6, at random): a command that used it ends here, its output flushed."""
@@ -80,7 +71,7 @@ def guarded_run(command: Callable[..., int], **options: Any) -> int:
     try:
         code = command(**options)
     except BrokenPipeError:
-        closed_pipe()
+        output.closed_pipe()
     except KeyboardInterrupt:
         code = 130  # Typer's own answer to Ctrl-C
     except Exception as exc:
@@ -155,14 +146,13 @@ def run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
         msg = f"{o.task_id}: {o.status} ({o.reason}) - {o.message}"
         if o.report:
             msg += f"; see {o.report}"
-        stream = sys.stderr if o.exit_code == 1 else sys.stdout
         try:
             if o.exit_code == 1:
                 console.error(msg)
             else:
                 console.line(msg, style="bold")
         except OSError as exc:  # the reader went away, or a full disk: the exit code still says how the loop ended
-            console.cannot_write(stream, exc)
+            output.cannot_write(sys.stderr if o.exit_code == 1 else sys.stdout, exc)
     return combined_exit_code(outcomes)
 
 

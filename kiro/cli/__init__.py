@@ -14,8 +14,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from kiro import __version__
-from kiro.launch import closed_pipe as _closed_pipe
+from kiro import __version__, output
 from kiro.launch import exit_code_for
 from kiro.launch import exit_now as _exit_now
 from kiro.launch import succeeded as _succeeded
@@ -42,7 +41,7 @@ def guarded(fn: F) -> F:
         try:
             result = fn(*args, **kwargs)
         except BrokenPipeError:
-            _closed_pipe()  # `kiro loop logs --json | head -1`: for every command, here
+            output.closed_pipe()  # `kiro loop logs --json | head -1`: for every command, here
         except typer.Exit as exc:
             if exc.exit_code == 0:
                 _succeeded()
@@ -129,13 +128,11 @@ def main() -> None:
     except KeyboardInterrupt:  # pragma: no cover - interactive
         sys.exit(130)
     except BrokenPipeError:
-        _closed_pipe()
+        output.closed_pipe()
     except OSError as exc:  # `kiro --version > /dev/full`: outside any command's guard
-        from kiro.errors import stdout_failed, stdout_full
-
-        if not stdout_full(exc):
+        if not output.stdout_full(exc):
             raise
-        sys.exit(stdout_failed(exc))
+        sys.exit(output.stdout_failed(exc))
     except SystemExit as exc:
         if "temporalio" in sys.modules:
             _exit_now(exc.code)
