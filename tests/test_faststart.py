@@ -112,8 +112,8 @@ def _files(root: Path) -> dict[str, str]:
         rel = str(p.relative_to(root))
         if p.is_file() and p.suffix == ".md" and rel.startswith(("Specs", "Done", "Needs_Action")):
             found[rel] = _scrub(p.read_text(), root)
-        elif p.is_file() and p.name == "side_effects.log":
-            found[rel] = p.read_text()
+        elif p.is_file() and p.name == "side_effects.log":  # sorted: two loops in one process interleave
+            found[rel] = "".join(sorted(p.read_text().splitlines(keepends=True)))
         elif p.is_file() and p.name == "read_path.json":  # kiro.fastread's stamp, written on success only
             found[rel] = "written"
     for tid in ("t1", "t2"):
