@@ -48,7 +48,7 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,41 @@ def task_lock(task_id: str) -> threading.Lock:
     while it is held but the notes' own."""
     with _own_lock:
         return _task_locks.setdefault(task_id, threading.Lock())
+
+
+_overwritten: set[str] = set()
+
+
+def note_replacing(path: Path | str) -> None:
+    """Called under the task's lock just before kiro replaces `path`, a file it wrote before (the
+    timer's snapshot of the state file while an agent runs). When the file is no longer as kiro's
+    last write left it, somebody else changed it meanwhile; kiro's write puts it back, and the
+    command executor's check (`take_overwritten`) still names the change. Without this an agent's
+    edit that the timer happened to write over went unsaid (found by a CI run under load)."""
+    key = os.path.normpath(os.fspath(path))
+    with _own_lock:
+        if key not in _own:
+            return
+        last = _own[key]
+    try:
+        st = os.stat(key)
+        now: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        now = None
+    if now != last:
+        with _own_lock:
+            _overwritten.add(key)
+
+
+def take_overwritten(paths: Iterable[str]) -> set[str]:
+    """Which of `paths` kiro wrote over after somebody else had changed them (`note_replacing`),
+    since the last call that named them; forgotten once said."""
+    with _own_lock:
+        if not _overwritten:
+            return set()
+        found = {os.path.normpath(p) for p in paths} & _overwritten
+        _overwritten.difference_update(found)
+        return found
 
 
 def own_write(path: Path | str, now: tuple[int, int] | None) -> bool:

@@ -696,6 +696,11 @@ class StateStore:
 _live_journals: weakref.WeakSet[LiveJournal] = weakref.WeakSet()  # the journals open in this process
 
 
+def live_journal(task_id: str) -> LiveJournal | None:
+    """The open journal of loop `task_id` in this process, if any."""
+    return next((j for j in list(_live_journals) if j.task_id == task_id and not j.closed), None)
+
+
 class LiveJournal:
     """The journal of one loop running in this process (kiro.journal has the file formats).
 
@@ -964,10 +969,19 @@ class LiveJournal:
         self.appended_iteration = summary.get("iteration") or 0
         self._summary(summary)
 
-    def _snapshot(self) -> None:
+    def rewrite(self) -> None:
+        """Somebody else (an agent) changed this loop's state file, journal or summary: write all
+        three again from the shadow, the state as kiro last saved it. A snapshot holding every
+        record, the journal started afresh at its path (the old one may be another file now, which
+        kiro's appends would never reach) and the summary's file opened anew."""
+        self._sync_first()
+        self._snapshot(fresh=True)
+
+    def _snapshot(self, *, fresh: bool = False) -> None:
         """Write the shadow as the state file, then empty the journal if every record in it is in
         the snapshot. Appends go on meanwhile (a timer's snapshot of a large state does not hold the
-        loop up); one snapshot at a time (`snap_lock`), so an older one never lands over a newer."""
+        loop up); one snapshot at a time (`snap_lock`), so an older one never lands over a newer.
+        `fresh`: the journal and summary files are made anew at their paths (`rewrite`)."""
         with self.snap_lock:
             if self.closed:
                 raise RuntimeError(f"the journal of {self.state_file.name} is closed")
@@ -977,10 +991,13 @@ class LiveJournal:
                 self.pending = [(n, data) for n, data in self.pending if n > seq]  # the rest is in the snapshot
                 self.pending_bytes = sum(len(data) for _n, data in self.pending)
             with journal.task_lock(self.task_id):
+                journal.note_replacing(self.state_file)
                 atomic_write(self.state_file, text)
                 journal.note_own_write(self.state_file)
             with self.file_lock:
                 with journal.task_lock(self.task_id):
+                    if fresh and self.journal_last_seq <= seq:  # else records after the snapshot are in it
+                        self._forget_files()
                     if self.fd is None:  # the journal of this run starts empty: older records are in the snapshot
                         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
                                           | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
@@ -1000,6 +1017,19 @@ class LiveJournal:
             if self.backup_owed:
                 self.backup_owed = False
                 self.store._write_backup(self.task_id, summary.get("iteration") or 0, text)
+
+    def _forget_files(self) -> None:
+        """Close the journal and the summary and remove them at their paths (whatever is there now),
+        so that the snapshot that follows makes both anew. Under file_lock and the task's lock."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.journal_bytes = 0
+        self.ends.clear()
+        self.summary.close()
+        for path in (self.path, self.summary.path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def _summary(self, summary: dict[str, Any]) -> None:
         """Under file_lock (the summary's writer is not shared between threads)."""

@@ -16,6 +16,7 @@ import signal
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -356,3 +357,86 @@ def test_kiros_own_journal_write_caught_between_its_write_and_its_note_is_not_th
     assert found == [[]]
     store.close_journal("t")
     assert store.load("t").state.iteration == 2  # the save is kept
+
+
+def _journaled_loop(ws: Workspace) -> tuple[Any, Any, Any, Path]:
+    """A running loop's store and state (journal open, a snapshot and one record made) and its task."""
+    from kiro.state import LoopState, StateStore
+    from kiro.status import Status
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    task = ws.task(agent_task(1))
+    kws = KiroWorkspace(ws.root)
+    store = StateStore(kws)
+    state = LoopState(task_id="t", task_path=TASK, status=Status.RUNNING)
+    store.open_journal(state)
+    store.save(state)
+    state.iteration = 1
+    store.save(state)  # a record in the journal, not in the snapshot
+    return kws, store, state, task
+
+
+def test_an_agents_change_to_the_state_after_the_timers_snapshot_is_undone_without_losing_saves(
+        ws: Workspace) -> None:
+    """The timer writes a snapshot while a long step runs, and empties the journal. An agent that
+    then changed the state file had it written back to its bytes from before the attempt: the
+    state on disk went back to before the records the emptied journal held (a kill -9 then lost
+    them). Now kiro writes it again from what it last saved."""
+    from kiro.executors.control import ControlSnapshot
+    from kiro.state import StateStore
+
+    kws, store, state, task = _journaled_loop(ws)
+    snap = ControlSnapshot.take(kws, "t", task)
+    state.iteration = 2
+    store.save(state)  # the step's start, saved while the agent runs
+    store.journals["t"].flush()  # the timer's snapshot: the journal is emptied
+    path = ws.root / ".state" / "autonomous_loop_t.json"
+    path.write_text(path.read_text().replace('"iteration": 2', '"iteration": 7'))
+    assert snap.restore(0, 0) == [".state/autonomous_loop_t.json (changed; restored)"]
+    assert StateStore(kws).load("t").state.iteration == 2  # as a reader (or a restart after kill -9) sees it
+    state.iteration = 3
+    store.save(state)
+    assert StateStore(kws).load("t").state.iteration == 3
+    store.close_journal("t")
+
+
+def test_an_agent_that_replaces_the_journal_and_summary_does_not_cut_kiro_off_from_them(ws: Workspace) -> None:
+    """Put back by rename, the journal was a new file and kiro's appends went on into the old one,
+    which nobody reads: every later save was lost to readers, and `status` (the summary) froze."""
+    from kiro import journal as kjournal
+    from kiro.executors.control import ControlSnapshot
+    from kiro.state import StateStore
+
+    kws, store, state, task = _journaled_loop(ws)
+    snap = ControlSnapshot.take(kws, "t", task)
+    state_file = ws.root / ".state" / "autonomous_loop_t.json"
+    for victim in (kjournal.journal_path(state_file), kjournal.summary_path(state_file)):
+        fake = victim.with_name("fake")
+        fake.write_bytes(victim.read_bytes() + b"\n")
+        os.replace(fake, victim)
+    touched = snap.restore(0, 0)
+    assert sorted(touched) == [f".state/autonomous_loop_t{suffix} (changed; restored)"
+                               for suffix in sorted((kjournal.JOURNAL_SUFFIX, kjournal.SUMMARY_SUFFIX))]
+    for i in (2, 3):
+        state.iteration = i
+        store.save(state)
+        assert StateStore(kws).load("t").state.iteration == i
+        summary = kjournal.read_summary(state_file)
+        assert summary is not None and summary["iteration"] == i
+    store.close_journal("t")
+
+
+def test_an_agents_change_the_timers_snapshot_wrote_over_is_still_named(ws: Workspace) -> None:
+    """The agent changed the state file, then the timer's snapshot replaced it with kiro's own
+    before the check: the change was gone and went unsaid (CI, under load)."""
+    from kiro.executors.control import ControlSnapshot
+
+    kws, store, state, task = _journaled_loop(ws)
+    snap = ControlSnapshot.take(kws, "t", task)
+    path = ws.root / ".state" / "autonomous_loop_t.json"
+    path.write_text(path.read_text().replace('"consecutive_failures": 0', '"consecutive_failures": 9'))
+    store.journals["t"].flush()  # the timer's snapshot, over the agent's change
+    assert '"consecutive_failures": 0' in path.read_text()
+    assert snap.restore(0, 0) == [".state/autonomous_loop_t.json (changed; restored)"]
+    assert ControlSnapshot.take(kws, "t", task).restore(0, 0) == []  # said once
+    store.close_journal("t")

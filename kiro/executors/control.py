@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiro import journal, locks
+from kiro import journal, locks, state
 from kiro.ownwrites import TEMP_SUFFIX
 from kiro.workspace import Workspace
 
@@ -68,6 +68,7 @@ class ControlSnapshot:
             snap.files[path] = _Entry(size, mtime_ns, data)
         with contextlib.suppress(OSError):
             snap.task_bytes = task_path.read_bytes()
+        journal.take_overwritten(snap.files.keys())  # changes from before this attempt are not the agent's
         return snap
 
     def _walk(self) -> dict[str, tuple[int, int]]:
@@ -133,20 +134,46 @@ class ControlSnapshot:
         """Put back what the agent changed; return what it touched, one phrase each. `step_line`
         (0-based) and `step_box` (the box's offset in the file) name the one change allowed in the
         task file: the current step's box."""
+        live = state.live_journal(self.task_id)
+        own = self._own_files() if live is not None else set()
         with journal.task_lock(self.task_id):  # no snapshot of this loop's state is half made meanwhile
-            return self._restore(step_line, step_box)
+            touched, rewrite = self._restore(step_line, step_box, own)
+        if rewrite and live is not None:
+            # written again from what kiro last saved, never from the bytes before the attempt: a snapshot
+            # the timer made meanwhile emptied the journal, and the old bytes would lose what it held
+            try:
+                live.rewrite()
+            except OSError as exc:
+                touched.append(f"{self.ws.relative_name(self.ws.state_file(self.task_id))} could not be "
+                               f"written again: {exc.strerror or exc}")
+        return touched + self._restore_task(step_line, step_box)
 
-    def _restore(self, step_line: int, step_box: int) -> list[str]:
+    def _own_files(self) -> set[str]:
+        """This loop's state file, journal and summary, which its open journal writes again (`rewrite`)."""
+        state_file = self.ws.state_file(self.task_id)
+        return {str(state_file), str(journal.journal_path(state_file)), str(journal.summary_path(state_file))}
+
+    def _restore(self, step_line: int, step_box: int, own: set[str]) -> tuple[list[str], bool]:
         touched: list[str] = []
+        rewrite = False
         now = self._walk()
+        written_over = journal.take_overwritten(now.keys() | self.files.keys())
         others: list[str] | None = None
         for name in sorted(now.keys() | self.files.keys()):
             old = self.files.get(name)
             stat = now.get(name)
+            if name in written_over:  # changed by the agent, then written over by kiro's own snapshot
+                touched.append(f"{self.ws.relative(Path(name))} (changed; restored)")
+                continue
             if old is not None and stat == (old.size, old.mtime_ns):
                 continue
             if journal.own_write(name, stat):
                 continue  # kiro's own: this loop's state snapshot, journal, summary or backup (kiro.journal)
+            if name in own:
+                verb = "created" if old is None else "deleted" if stat is None else "changed"
+                touched.append(f"{self.ws.relative(Path(name))} ({verb}; restored)")
+                rewrite = True
+                continue
             if self._is_cache(name, str(self.ws.state_dir)):
                 with contextlib.suppress(OSError):
                     os.unlink(name)
@@ -177,8 +204,7 @@ class ControlSnapshot:
                 touched.append(f"{rel} ({verb}; restored)")
             except OSError as exc:
                 touched.append(f"{rel} ({verb}; could not restore: {exc.strerror or exc})")
-        touched += self._restore_task(step_line, step_box)
-        return touched
+        return touched, rewrite
 
     def _restore_task(self, step_line: int, step_box: int) -> list[str]:
         before = self.task_bytes
