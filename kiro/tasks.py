@@ -1189,10 +1189,26 @@ def check_finished_parents(path: Path, *, include_optional: bool = False) -> tup
     return _edit_boxes(_as_path(path), change, None, durable=True), list(checked_ids)
 
 
+# A frontmatter line that is all of one top-level key and a one-line plain value, a comment or blank:
+# what follows it at column 0 starts a new key (a value in quotes, a flow collection, a block scalar,
+# an anchor, alias or tag may go on over lines, and a key without a value may open a nested block).
+_SIMPLE_FRONTMATTER_LINE: Final = re.compile(
+    r"(?:[A-Za-z_][A-Za-z0-9_\-]*:[ \t]+[^\s'\"\[\]{}&*!|>%@`#,?:-][^\r]*|#[^\r]*|[ \t]*)\r?")
+
+# The plain scalars starting with a letter that YAML 1.1 (PyYAML) reads as something else than a string:
+# its only implicit types whose first character may be a letter are bool and null.
+_NOT_STRINGS: Final = frozenset(
+    "yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF null Null NULL".split())
+
+
 def _yaml_scalar(value: str) -> str:
     """`value` as a YAML scalar that reads back as the same string."""
+    if not _PLAIN_SCALAR_RE.fullmatch(value):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
+    if (value[0].isalpha() or value[0] == "_") and value not in _NOT_STRINGS:
+        return value  # a task id, as kiro makes them: no parse (a loop's start made one, ~5 % of it)
     yaml, loader = _yaml()
-    if _PLAIN_SCALAR_RE.fullmatch(value) and yaml.load(value, Loader=loader) == value:
+    if yaml.load(value, Loader=loader) == value:
         return value
     return json.dumps(value, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
 
@@ -1214,18 +1230,20 @@ def set_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile 
     return _edit(_as_path(path), _frontmatter_change(key, value), expected)
 
 
-def stage_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile, staged: Staged) -> None:
+def stage_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile, staged: Staged,
+                          resolved: bool = False) -> None:
     """`set_frontmatter_key` for a batch start (kiro.runner.StartBatch): the new bytes are made now,
     from `expected`, in the caller's thread, and staged in `staged`. When the batch commits they
     replace the file if it still holds `expected`'s bytes (the last look, right before the rename);
-    otherwise the edit is made again on what the file holds then (a person's edit meanwhile is kept)."""
+    otherwise the edit is made again on what the file holds then (a person's edit meanwhile is kept).
+    `resolved`: `path` is a real path already (no symlink to keep: the edit goes to it)."""
     path = _as_path(path)
     change = _frontmatter_change(key, value)
     new_text = change(expected)
     if new_text is None or new_text == expected.text:
         return
     data = (_BOM if expected._bom else b"") + new_text.encode("utf-8")
-    real = Path(os.path.realpath(path))
+    real = path if resolved else Path(os.path.realpath(path))
 
     def error(exc: OSError) -> TaskFileError:
         return TaskFileError(f"{path}: cannot write the task file: {exc.strerror or exc}")
@@ -1247,8 +1265,8 @@ def _frontmatter_change(key: str, value: str) -> _Change:
             return None
         nl = tf.newline
         text = tf.text
-        if tf._fm_lines is None:
-            new = f"---{nl}{entry}{nl}---{nl}{text}"
+        if tf._fm_lines is None:  # a block of its own: it says `entry` and nothing else (no parse to check)
+            return f"---{nl}{entry}{nl}---{nl}{text}"
         else:
             starts = _line_starts(text)
             lines = text.split("\n")
@@ -1256,6 +1274,9 @@ def _frontmatter_change(key: str, value: str) -> _Change:
             at = next((i for i in range(1, close) if key_re.match(lines[i])), None)
             if at is None:
                 new = text[: starts[close]] + entry + nl + text[starts[close]:]
+                if entry == f"{key}: {value}" and tf.frontmatter and all(
+                        _SIMPLE_FRONTMATTER_LINE.fullmatch(line) for line in lines[1:close]):
+                    return new  # one `key: value` line after such lines is one key more: no parse to check
             else:
                 end = starts[at] + len(lines[at]) - (1 if lines[at].endswith("\r") else 0)
                 new = text[: starts[at]] + entry + text[end:]

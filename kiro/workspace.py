@@ -89,13 +89,16 @@ class Workspace:
     """A workspace folder and its state directory; immutable, compared and hashed by value. (A plain
     class, not a frozen dataclass: the read path imports this module, and dataclasses costs ~10 ms.)"""
 
-    __slots__ = ("root", "state_directory")
+    __slots__ = ("root", "state_directory", "state_dir")
     root: Path
     state_directory: str
+    state_dir: Path
+    """The state folder (`root / state_directory`), made once: a loop's start asks for it ~17 times."""
 
     def __init__(self, root: Path, state_directory: str = ".state") -> None:
         object.__setattr__(self, "root", root)
         object.__setattr__(self, "state_directory", state_directory)
+        object.__setattr__(self, "state_dir", root / state_directory)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"cannot assign to field {name!r}")
@@ -164,10 +167,6 @@ class Workspace:
         return self.root / "Logs"
 
     @property
-    def state_dir(self) -> Path:
-        return self.root / self.state_directory
-
-    @property
     def hooks(self) -> Path:
         return self.root / ".hooks"
 
@@ -229,10 +228,11 @@ class Workspace:
 
     # -- paths -----------------------------------------------------------------------------
 
-    def relative(self, path: Path) -> str:
-        """A workspace-relative POSIX path when `path` is inside the workspace, else the absolute path."""
+    def relative(self, path: Path, *, resolved: bool = False) -> str:
+        """A workspace-relative POSIX path when `path` is inside the workspace, else the absolute path.
+        `resolved`: `path` is a real path already (`resolve_task`'s), so no walk of it again."""
         try:
-            return _real(path).relative_to(self.root).as_posix()
+            return (path if resolved else _real(path)).relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
 
