@@ -13,6 +13,7 @@ import collections
 import contextlib
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -937,7 +938,7 @@ class LiveJournal:
         with self.shadow_lock:
             owed = self.snapshot_owed  # an owed backup waits for the next snapshot
             self.snapshot_owed = False
-        if owed:
+        if owed or self.fd is None:  # no journal file open: a rewrite (`rewrite`) that could not make it
             self._snapshot()
             return
         with self.file_lock:
@@ -1029,7 +1030,10 @@ class LiveJournal:
         self.summary.close()
         for path in (self.path, self.summary.path):
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                if os.path.isdir(path) and not os.path.islink(path):  # planted where kiro's file goes
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
 
     def _summary(self, summary: dict[str, Any]) -> None:
         """Under file_lock (the summary's writer is not shared between threads)."""
