@@ -976,6 +976,7 @@ class LiveJournal:
         record, the journal started afresh at its path (the old one may be another file now, which
         kiro's appends would never reach) and the summary's file opened anew."""
         self._sync_first()
+        _remove_folder(self.state_file)
         self._snapshot(fresh=True)
 
     def _snapshot(self, *, fresh: bool = False) -> None:
@@ -1029,10 +1030,8 @@ class LiveJournal:
         self.ends.clear()
         self.summary.close()
         for path in (self.path, self.summary.path):
-            with contextlib.suppress(FileNotFoundError):
-                if os.path.isdir(path) and not os.path.islink(path):  # planted where kiro's file goes
-                    shutil.rmtree(path)
-                else:
+            if not _remove_folder(path):
+                with contextlib.suppress(FileNotFoundError):
                     path.unlink()
 
     def _summary(self, summary: dict[str, Any]) -> None:
@@ -1120,6 +1119,14 @@ class LiveJournal:
 
 
 _NOT_DUMPED_WHOLE: set[str] = {*journal.BIG_LISTS, "steps"}  # LiveJournal._diff follows them piece by piece
+
+
+def _remove_folder(path: Path) -> bool:
+    """Remove a folder planted where one of kiro's own files goes (an agent's doing); True if there was one."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    return False
 
 
 def _extra_text(record: Any) -> str | None:

@@ -443,8 +443,8 @@ def test_an_agents_change_the_timers_snapshot_wrote_over_is_still_named(ws: Work
 
 
 def test_an_agent_that_puts_folders_where_the_journal_and_summary_go_does_not_break_the_loop(ws: Workspace) -> None:
-    """A folder in place of the loop's journal: once removed, the journal is made again, and every
-    later save still reaches readers."""
+    """Folders in place of the loop's state file, journal and summary: removed, the files are made
+    again, and every later save still reaches readers."""
     from kiro import journal as kjournal
     from kiro.executors.control import ControlSnapshot
     from kiro.state import StateStore
@@ -452,11 +452,11 @@ def test_an_agent_that_puts_folders_where_the_journal_and_summary_go_does_not_br
     kws, store, state, task = _journaled_loop(ws)
     snap = ControlSnapshot.take(kws, "t", task)
     state_file = ws.root / ".state" / "autonomous_loop_t.json"
-    for victim in (kjournal.journal_path(state_file), kjournal.summary_path(state_file)):
+    for victim in (state_file, kjournal.journal_path(state_file), kjournal.summary_path(state_file)):
         victim.unlink()
         (victim / "inside").mkdir(parents=True)
     touched = snap.restore(0, 0)
-    assert all("restored" in t for t in touched) and len(touched) == 2, touched
+    assert all("restored" in t for t in touched) and len(touched) == 3, touched
     for i in (2, 3):
         state.iteration = i
         store.save(state)
