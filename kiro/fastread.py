@@ -131,6 +131,8 @@ def _parse(command: str, args: list[str]) -> dict[str, Any]:
             opts["tail"] = int(opts["tail"].strip())
         except ValueError:
             raise Fallback from None
+        if opts["tail"] < 0:
+            raise Fallback  # the Typer path says what is wrong
     return opts
 
 

@@ -283,6 +283,10 @@ def logs(
     from kiro import console, views
     from kiro.events import read_events, read_new
 
+    if tail is not None and tail < 0:
+        from kiro.errors import UserError
+
+        raise UserError(f"--tail must be 0 or more (the number of last events to show), not {tail}")
     ws = _workspace(workspace)
     store = _store(ws)
     tid = views.resolve_task_id(ws, store, task_id, task)
@@ -301,8 +305,6 @@ def logs(
             if text is not None:
                 console.out.print(text)
 
-    if tail is not None:
-        tail = max(tail, 0)
     if not follow:
         events = list(read_events(path))
         if tail is not None:
