@@ -68,7 +68,8 @@ class ControlSnapshot:
             snap.files[path] = _Entry(size, mtime_ns, data)
         with contextlib.suppress(OSError):
             snap.task_bytes = task_path.read_bytes()
-        journal.take_overwritten(snap.files.keys())  # changes from before this attempt are not the agent's
+        # changes from before this attempt are not the agent's (this loop's own files too, present or not)
+        journal.take_overwritten(snap.files.keys() | snap._own_files())
         return snap
 
     def _walk(self) -> dict[str, tuple[int, int]]:
