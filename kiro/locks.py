@@ -10,6 +10,7 @@ check.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -21,6 +22,21 @@ PROC_LOCKS = Path("/proc/locks")
 
 def is_held(path: Path) -> bool:
     """True when some process holds the flock on `path` right now. Never takes the lock (on Linux)."""
+    found = _holder(path)
+    return _try_and_release(path) if found is None else found is not False
+
+
+def holder_pid(path: Path) -> int | None:
+    """The process that holds the flock on `path`, as the kernel's lock table names it (not a file
+    anyone may write): None when nobody holds it, or when the table cannot say (not Linux; a holder
+    outside this process's pid namespace shows as 0)."""
+    found = _holder(path)
+    return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
+
+
+def _holder(path: Path) -> int | bool | None:
+    """From /proc/locks: the holder's pid (0 when the table does not show it), False when nobody
+    holds the lock, None when there is no table to read."""
     try:
         st = os.stat(path)
     except OSError:
@@ -28,7 +44,7 @@ def is_held(path: Path) -> bool:
     try:
         table = PROC_LOCKS.read_text()
     except OSError:
-        return _try_and_release(path)
+        return None
     want_ino = str(st.st_ino)
     want_dev = (os.major(st.st_dev), os.minor(st.st_dev))
     for line in table.splitlines():
@@ -42,7 +58,10 @@ def is_held(path: Path) -> bool:
         except ValueError:
             continue
         if ino == want_ino and dev == want_dev:
-            return True
+            try:
+                return int(fields[4])
+            except ValueError:
+                return 0
     return False
 
 
@@ -94,6 +113,12 @@ class Flock:
                 continue
             self._fd = fd
             return
+
+    def clear(self) -> None:
+        """Empty the locked file (what its holder wrote in it), while the lock is still held."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

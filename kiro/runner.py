@@ -427,7 +427,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
 
                 def create(staged: Staged) -> None:
                     diskfull.reserve(reserve, reserve_bytes)
-                    store.set_role(tid, "loop", fresh=True)
+                    store.set_role(tid, "loop")
                     store.stage_new(state, staged)
                     tasks.stage_frontmatter_key(task_path, "kiro_task_id", tid, expected=task, staged=staged,
                                                 resolved=True)

@@ -653,39 +653,47 @@ class StateStore:
                           f"{self.ws.relative(path.parent)} a writable folder (autonomous_loop.state_directory "
                           f"in the config chooses it)")
 
-    def set_role(self, task_id: str, role: str, *, fresh: bool = False) -> None:
-        """`fresh`: the loop was just created under the start guard (a `StartBatch`), so no holder's
-        file is there to keep whole: written in place (no temp file and rename; a reader that comes
-        between the open and the write reads no pid, as before the file existed)."""
-        path = self.ws.lock_file(task_id).with_suffix(".pid")
-        text = f"{os.getpid()}\n{socket.gethostname()}\n{role}\n"
-        if not fresh:
-            atomic_write(path, text, fsync=False)
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    def set_role(self, task_id: str, role: str) -> None:
+        """Write who holds the loop's lock (pid, host, role: "watch" when a `kiro loop watch`
+        supervisor keeps a paused loop) into the lock file itself, in place: the holder's lock
+        makes it the only writer, and no file is created per start (a `.pid` file beside the lock
+        was one more new file per loop, the dearest thing a start does on a disk that scans for
+        free inodes). A reader that comes between the write and the truncation reads the new
+        lines first."""
+        data = f"{os.getpid()}\n{socket.gethostname()}\n{role}\n".encode()
+        path = self.ws.lock_file(task_id)
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            os.write(fd, text.encode())
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            ownwrites.note_own_write(path, os.fstat(fd))
         finally:
             os.close(fd)
-        ownwrites.note_own_write(path)
+
+    def _holder_lines(self, task_id: str) -> list[str]:
+        try:
+            return safeio.read_bytes(self.ws.lock_file(task_id), limit=4096).decode("utf-8", "replace").split()
+        except (OSError, safeio.UnreadableFile):
+            return []
 
     def holder_role(self, task_id: str) -> str | None:
-        try:
-            parts = self.ws.lock_file(task_id).with_suffix(".pid").read_text().split()
-        except OSError:
-            return None
+        parts = self._holder_lines(task_id)
         return parts[2] if len(parts) > 2 else None
 
     def release(self, task_id: str, lock: locks.Flock) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.ws.lock_file(task_id).with_suffix(".pid").unlink()
+        lock.clear()  # no holder named once it is let go
         lock.release()
 
     def holder_pid(self, task_id: str) -> int | None:
-        pid_file = self.ws.lock_file(task_id).with_suffix(".pid")
+        """The process holding the loop's lock. The kernel's lock table says (on Linux): a pid written
+        in a file could name any process, and `kiro loop stop --force` signals this one."""
+        pid = locks.holder_pid(self.ws.lock_file(task_id))
+        if pid is not None:
+            return pid
+        parts = self._holder_lines(task_id)
         try:
-            return int(pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+            return int(parts[0]) if parts else None
+        except ValueError:
             return None
 
     def is_locked(self, task_id: str) -> bool:

@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from kiro import locks
+
 TOKEN = "test-token-0123456789abcdef"
 
 
@@ -79,12 +81,19 @@ def start_server(ws: Any, *, token: str | None = TOKEN, extra_env: dict[str, str
 
 def stop_loops(root: Path) -> None:
     """End the background loops a test started in its workspace (by the pids in their lock files)."""
-    for pid_file in (root / ".state").glob("*.pid"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+    for lock in (root / ".state").glob("autonomous_loop_*.lock"):
+        pid = locks.holder_pid(lock)
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any((root / ".state").glob("*.pid")):
+    while time.monotonic() < deadline and loops_alive(root):
         time.sleep(0.05)
+
+
+def loops_alive(root: Path) -> bool:
+    """Some loop of the workspace is running: a process holds its lock."""
+    return any(locks.is_held(lock) for lock in (root / ".state").glob("autonomous_loop_*.lock"))
 
 
 @dataclass

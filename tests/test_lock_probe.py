@@ -82,6 +82,54 @@ def test_the_probe_sees_a_holder_in_another_process_and_its_death(ws: Workspace)
     store.release("q", store.acquire("q"))
 
 
+def test_the_holder_is_named_in_the_lock_file_and_the_kernel_has_the_last_word(ws: Workspace) -> None:
+    """A loop's holder (pid, host, role) is written into its lock file: no `.pid` file beside it (one
+    new file less per start). The pid `kiro loop stop --force` signals comes from the kernel's lock
+    table: one planted in the file names nobody. The file is emptied when the lock is let go."""
+    kws = KiroWorkspace(ws.root)
+    store = StateStore(kws)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import pathlib, sys, time\nfrom kiro.state import StateStore\nfrom kiro.workspace import Workspace\n"
+         "store = StateStore(Workspace(pathlib.Path(sys.argv[1])))\nlock = store.acquire('q', role='watch')\n"
+         "print('held', flush=True)\nsys.stdin.readline()\nstore.release('q', lock)\nprint('let go', flush=True)\n"
+         "time.sleep(60)\n", str(ws.root)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ws.env())
+    lock_file = ws.root / ".state" / "autonomous_loop_q.lock"
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "held"
+        assert not list((ws.root / ".state").glob("*.pid"))
+        assert lock_file.read_text().split()[0] == str(holder.pid)
+        assert store.holder_role("q") == "watch"
+        lock_file.write_text("1\nelsewhere\nloop\n")  # a pid planted by someone who may write there
+        assert store.holder_pid("q") == holder.pid
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "let go"
+        assert lock_file.read_bytes() == b""
+        assert store.holder_pid("q") is None and store.holder_role("q") is None
+    finally:
+        holder.kill()
+        holder.wait()
+        for stream in (holder.stdout, holder.stdin):
+            if stream is not None:
+                stream.close()
+
+
+def test_a_batch_start_writes_no_pid_file_and_names_the_holder(ws: Workspace) -> None:
+    seen = 'cat "$KIRO_WORKSPACE/.state/autonomous_loop_$KIRO_TASK_ID.lock" > "$KIRO_WORKSPACE/holder_$KIRO_TASK_ID"'
+    ws.task(shell_task(1, cmd=seen))
+    ws.task(shell_task(1, cmd=seen), rel="Specs/other/tasks.md")
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task", "Specs/other/tasks.md")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not list((ws.root / ".state").glob("*.pid"))
+    named = [p.read_text().split() for p in ws.root.glob("holder_*")]
+    assert len(named) == 2 and all(n[0].isdigit() and n[2] == "loop" for n in named), named  # while it ran
+    locks_left = list((ws.root / ".state").glob("autonomous_loop_*.lock"))
+    assert len(locks_left) == 2 and all(p.read_bytes() == b"" for p in locks_left)  # emptied at the end
+
+
 def test_watch_probe_does_not_take_the_watch_lock(ws: Workspace) -> None:
     """`start`/`resume` check that no `kiro loop watch` runs; that check must not block a watch that starts."""
     kws = KiroWorkspace(ws.root)

@@ -16,7 +16,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import Workspace, shell_task
-from tests.serve_helpers import TOKEN, Served, sse_stream, start_server, stop_loops
+from tests.serve_helpers import TOKEN, Served, loops_alive, sse_stream, start_server, stop_loops
 
 GATED = 'while [ ! -f "gate_$KIRO_STEP_ID" ]; do sleep 0.02; done'
 
@@ -305,7 +305,7 @@ def test_websocket_start_state_message_stop_resume_round_trips(ws: Workspace, se
         (ws.root / "gate_2").touch()
         fin = _wait_event(sock, events, lambda e: e["event"] == "loop_finished")
         assert fin["event"]["status"] == "paused" and fin["event"]["exit_code"] == 3
-        ws.wait_for(lambda: not list((ws.root / ".state").glob("*.pid")), what="the loop's process to end")
+        ws.wait_for(lambda: not loops_alive(ws.root), what="the loop's process to end")
         state = _ask(sock, {"type": "get_loop_state", "task_id": tid}, events)
         assert state["status"] == "paused"
         (ws.root / "gate_3").touch()
@@ -316,7 +316,7 @@ def test_websocket_start_state_message_stop_resume_round_trips(ws: Workspace, se
                            updates)
         assert ("running", "completed") in [(u["previous"], u["state"]) for u in updates if u["task_id"] == tid]
         assert fin2["event"]["exit_code"] == 0
-        ws.wait_for(lambda: not list((ws.root / ".state").glob("*.pid")), what="the loop's process to end")
+        ws.wait_for(lambda: not loops_alive(ws.root), what="the loop's process to end")
         assert _ask(sock, {"type": "get_loop_state", "task_id": tid}, events)["status"] == "completed"
     pushed = [e["event"] for e in events if e["task_id"] == tid]
     assert pushed == ws.events(tid), "the socket carried every event of the loop, once, in order"
