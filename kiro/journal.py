@@ -140,13 +140,12 @@ def note_replacing(path: Path | str) -> None:
     with _own_lock:
         if key not in _own:
             return
-        last = _own[key]
     try:
         st = os.stat(key)
         now: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
     except FileNotFoundError:
         now = None
-    if now != last:
+    if not own_write(key, now):
         with _own_lock:
             _overwritten.add(key)
 

@@ -31,7 +31,7 @@ def holder_pid(path: Path) -> int | None:
     anyone may write): None when nobody holds it, or when the table cannot say (not Linux; a holder
     outside this process's pid namespace shows as 0)."""
     found = _holder(path)
-    return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
+    return found if type(found) is int and found > 0 else None  # not False: bool is an int too
 
 
 def _holder(path: Path) -> int | bool | None:

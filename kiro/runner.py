@@ -371,7 +371,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         _check_project_dir(ws, cfg)
         ws.ensure_folders()
         checkpoints.preflight(cfg, ws.root / cfg.project_dir)
-    rel = ws.relative(task_path, resolved=True)  # resolve_task walked it: the loop's three uses need no walk
+    rel = ws.relative_name(task_path)  # resolve_task walked it (a real path): the loop's three uses need no walk
     schedule.of_task(task, rel)  # a bad `schedule:` is one clear line, before anything starts
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
     with _workspace_guard(store) if batch is None else batch.guard(store):

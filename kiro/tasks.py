@@ -1203,14 +1203,18 @@ _NOT_STRINGS: Final = frozenset(
 
 def _yaml_scalar(value: str) -> str:
     """`value` as a YAML scalar that reads back as the same string."""
-    if not _PLAIN_SCALAR_RE.fullmatch(value):
-        return json.dumps(value, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
-    if (value[0].isalpha() or value[0] == "_") and value not in _NOT_STRINGS:
-        return value  # a task id, as kiro makes them: no parse (a loop's start made one, ~5 % of it)
-    yaml, loader = _yaml()
-    if yaml.load(value, Loader=loader) == value:
+    if _PLAIN_SCALAR_RE.fullmatch(value) and _plain_reads_back(value):
         return value
     return json.dumps(value, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
+
+
+def _plain_reads_back(value: str) -> bool:
+    """A plain scalar reads back as this string. One starting with a letter (a task id, as kiro makes
+    them) needs no parse to say so: a loop's start made one, ~5 % of it."""
+    if (value[0].isalpha() or value[0] == "_") and value not in _NOT_STRINGS:
+        return True
+    yaml, loader = _yaml()
+    return bool(yaml.load(value, Loader=loader) == value)
 
 
 def _line_starts(text: str) -> list[int]:
@@ -1267,19 +1271,18 @@ def _frontmatter_change(key: str, value: str) -> _Change:
         text = tf.text
         if tf._fm_lines is None:  # a block of its own: it says `entry` and nothing else (no parse to check)
             return f"---{nl}{entry}{nl}---{nl}{text}"
+        starts = _line_starts(text)
+        lines = text.split("\n")
+        close = tf._fm_lines[1]
+        at = next((i for i in range(1, close) if key_re.match(lines[i])), None)
+        if at is None:
+            new = text[: starts[close]] + entry + nl + text[starts[close]:]
+            if entry == f"{key}: {value}" and tf.frontmatter and all(
+                    _SIMPLE_FRONTMATTER_LINE.fullmatch(line) for line in lines[1:close]):
+                return new  # one `key: value` line after such lines is one key more: no parse to check
         else:
-            starts = _line_starts(text)
-            lines = text.split("\n")
-            close = tf._fm_lines[1]
-            at = next((i for i in range(1, close) if key_re.match(lines[i])), None)
-            if at is None:
-                new = text[: starts[close]] + entry + nl + text[starts[close]:]
-                if entry == f"{key}: {value}" and tf.frontmatter and all(
-                        _SIMPLE_FRONTMATTER_LINE.fullmatch(line) for line in lines[1:close]):
-                    return new  # one `key: value` line after such lines is one key more: no parse to check
-            else:
-                end = starts[at] + len(lines[at]) - (1 if lines[at].endswith("\r") else 0)
-                new = text[: starts[at]] + entry + text[end:]
+            end = starts[at] + len(lines[at]) - (1 if lines[at].endswith("\r") else 0)
+            new = text[: starts[at]] + entry + text[end:]
         # refuse to write frontmatter that no longer says what it did (the frontmatter alone is read
         # again: the steps below it are the same bytes)
         after, _lines, _keys = _parse_frontmatter(new.split("\n"), tf.path)

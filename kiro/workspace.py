@@ -228,11 +228,10 @@ class Workspace:
 
     # -- paths -----------------------------------------------------------------------------
 
-    def relative(self, path: Path, *, resolved: bool = False) -> str:
-        """A workspace-relative POSIX path when `path` is inside the workspace, else the absolute path.
-        `resolved`: `path` is a real path already (`resolve_task`'s), so no walk of it again."""
+    def relative(self, path: Path) -> str:
+        """A workspace-relative POSIX path when `path` is inside the workspace, else the absolute path."""
         try:
-            return (path if resolved else _real(path)).relative_to(self.root).as_posix()
+            return _real(path).relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
 

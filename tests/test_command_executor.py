@@ -308,17 +308,8 @@ def test_kiros_own_temp_files_that_come_and_go_during_a_step_are_not_the_agents(
     assert touched == ["config/autonomous_loop.yaml (changed; restored)"]
 
 
-def test_kiros_own_journal_write_caught_between_its_write_and_its_note_is_not_the_agents(
-        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The loop's writer thread appends a save to the state journal while the agent runs (a save
-    made as the step starts lands after the snapshot of kiro's files was taken). The check after the
-    attempt once ran between that append and its note as kiro's own write: it took the append for
-    the agent's, wrote the journal back to its old bytes (the save was lost) and failed the attempt
-    (CI: an opencode usage error ran twice). A write and its note are one step for the check."""
-    import threading
-
-    from kiro import journal as kjournal
-    from kiro.executors.control import ControlSnapshot
+def _journaled_loop(ws: Workspace) -> tuple[Any, Any, Any, Path]:
+    """A running loop's store and state (journal open, a snapshot and one record made) and its task."""
     from kiro.state import LoopState, StateStore
     from kiro.status import Status
     from kiro.workspace import Workspace as KiroWorkspace
@@ -330,7 +321,23 @@ def test_kiros_own_journal_write_caught_between_its_write_and_its_note_is_not_th
     store.open_journal(state)
     store.save(state)
     state.iteration = 1
-    store.save(state)  # the journal has a record: the next save is an append
+    store.save(state)  # a record in the journal, not in the snapshot
+    return kws, store, state, task
+
+
+def test_kiros_own_journal_write_caught_between_its_write_and_its_note_is_not_the_agents(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's writer thread appends a save to the state journal while the agent runs (a save
+    made as the step starts lands after the snapshot of kiro's files was taken). The check after the
+    attempt once ran between that append and its note as kiro's own write: it took the append for
+    the agent's, wrote the journal back to its old bytes (the save was lost) and failed the attempt
+    (CI: an opencode usage error ran twice). A write and its note are one step for the check."""
+    import threading
+
+    from kiro import journal as kjournal
+    from kiro.executors.control import ControlSnapshot
+
+    kws, store, state, task = _journaled_loop(ws)  # the journal has a record: the next save is an append
     snap = ControlSnapshot.take(kws, "t", task)
 
     written, go_on = threading.Event(), threading.Event()
@@ -357,23 +364,6 @@ def test_kiros_own_journal_write_caught_between_its_write_and_its_note_is_not_th
     assert found == [[]]
     store.close_journal("t")
     assert store.load("t").state.iteration == 2  # the save is kept
-
-
-def _journaled_loop(ws: Workspace) -> tuple[Any, Any, Any, Path]:
-    """A running loop's store and state (journal open, a snapshot and one record made) and its task."""
-    from kiro.state import LoopState, StateStore
-    from kiro.status import Status
-    from kiro.workspace import Workspace as KiroWorkspace
-
-    task = ws.task(agent_task(1))
-    kws = KiroWorkspace(ws.root)
-    store = StateStore(kws)
-    state = LoopState(task_id="t", task_path=TASK, status=Status.RUNNING)
-    store.open_journal(state)
-    store.save(state)
-    state.iteration = 1
-    store.save(state)  # a record in the journal, not in the snapshot
-    return kws, store, state, task
 
 
 def test_an_agents_change_to_the_state_after_the_timers_snapshot_is_undone_without_losing_saves(

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 from filelock import FileLock, Timeout
@@ -19,6 +20,25 @@ from kiro.state import StateStore
 from kiro.supervisor import check_watch_free
 from kiro.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
+
+HOLDER_PRELUDE = ("import pathlib, subprocess, sys, time\nfrom kiro.state import StateStore\n"
+                  "from kiro.workspace import Workspace\nstore = StateStore(Workspace(pathlib.Path(sys.argv[1])))\n")
+
+
+@contextlib.contextmanager
+def holder_process(ws: Workspace, body: str, *, stdin: bool = False) -> Iterator[subprocess.Popen[str]]:
+    """Another process that runs `body` (after HOLDER_PRELUDE: `store` is the workspace's StateStore),
+    killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER_PRELUDE + body, str(ws.root)],
+                            stdin=subprocess.PIPE if stdin else None, stdout=subprocess.PIPE, text=True, env=ws.env())
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stdin):
+            if stream is not None:
+                stream.close()
 
 
 def test_a_tight_prober_never_makes_acquire_fail(ws: Workspace) -> None:
@@ -58,13 +78,7 @@ def test_the_probe_sees_a_holder_in_another_process_and_its_death(ws: Workspace)
     kws = KiroWorkspace(ws.root)
     store = StateStore(kws)
     assert not store.is_locked("q")  # no lock file at all
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import pathlib, sys, time\nfrom kiro.state import StateStore\nfrom kiro.workspace import Workspace\n"
-         "lock = StateStore(Workspace(pathlib.Path(sys.argv[1]))).acquire('q')\n"
-         "print('held', flush=True)\ntime.sleep(60)\n", str(ws.root)],
-        stdout=subprocess.PIPE, text=True, env=ws.env())
-    try:
+    with holder_process(ws, "lock = store.acquire('q')\nprint('held', flush=True)\ntime.sleep(60)\n") as holder:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         assert store.is_locked("q")
         assert store.holder_pid("q") == holder.pid
@@ -73,11 +87,6 @@ def test_the_probe_sees_a_holder_in_another_process_and_its_death(ws: Workspace)
             raise AssertionError("acquired a lock another process holds")
         except LockHeld as exc:
             assert str(holder.pid) in str(exc)
-    finally:
-        holder.kill()
-        holder.wait()
-        if holder.stdout is not None:
-            holder.stdout.close()
     assert not store.is_locked("q")  # the lock died with its process
     store.release("q", store.acquire("q"))
 
@@ -88,15 +97,10 @@ def test_the_holder_is_named_in_the_lock_file_and_the_kernel_has_the_last_word(w
     table: one planted in the file names nobody. The file is emptied when the lock is let go."""
     kws = KiroWorkspace(ws.root)
     store = StateStore(kws)
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import pathlib, sys, time\nfrom kiro.state import StateStore\nfrom kiro.workspace import Workspace\n"
-         "store = StateStore(Workspace(pathlib.Path(sys.argv[1])))\nlock = store.acquire('q', role='watch')\n"
-         "print('held', flush=True)\nsys.stdin.readline()\nstore.release('q', lock)\nprint('let go', flush=True)\n"
-         "time.sleep(60)\n", str(ws.root)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ws.env())
     lock_file = ws.root / ".state" / "autonomous_loop_q.lock"
-    try:
+    with holder_process(ws, "lock = store.acquire('q', role='watch')\nprint('held', flush=True)\n"
+                        "sys.stdin.readline()\nstore.release('q', lock)\nprint('let go', flush=True)\n"
+                        "time.sleep(60)\n", stdin=True) as holder:
         assert holder.stdout is not None and holder.stdin is not None
         assert holder.stdout.readline().strip() == "held"
         assert not list((ws.root / ".state").glob("*.pid"))
@@ -109,12 +113,6 @@ def test_the_holder_is_named_in_the_lock_file_and_the_kernel_has_the_last_word(w
         assert holder.stdout.readline().strip() == "let go"
         assert lock_file.read_bytes() == b""
         assert store.holder_pid("q") is None and store.holder_role("q") is None
-    finally:
-        holder.kill()
-        holder.wait()
-        for stream in (holder.stdout, holder.stdin):
-            if stream is not None:
-                stream.close()
 
 
 def test_a_batch_start_writes_no_pid_file_and_names_the_holder(ws: Workspace) -> None:
@@ -164,22 +162,11 @@ def test_a_loops_lock_is_not_inherited_by_a_program_its_holder_started(ws: Works
     """The lock dies with kiro even when a program kiro started lives on (kiro.locks.Flock: the
     file's descriptor closes on exec), or that program would keep the loop "running" forever."""
     store = StateStore(KiroWorkspace(ws.root))
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import pathlib, subprocess, sys, time\nfrom kiro.state import StateStore\n"
-         "from kiro.workspace import Workspace\nlock = StateStore(Workspace(pathlib.Path(sys.argv[1]))).acquire('c')\n"
-         "child = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
-         "print(child.pid, flush=True)\ntime.sleep(60)\n", str(ws.root)],
-        stdout=subprocess.PIPE, text=True, env=ws.env())
-    try:
+    with holder_process(ws, "lock = store.acquire('c')\nchild = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
+                            "print(child.pid, flush=True)\ntime.sleep(60)\n") as holder:
         assert holder.stdout is not None
         child = int(holder.stdout.readline())
         assert store.is_locked("c")
-    finally:
-        holder.kill()
-        holder.wait()
-        if holder.stdout is not None:
-            holder.stdout.close()
     try:
         os.kill(child, 0)  # the program lives on
         assert not store.is_locked("c")
