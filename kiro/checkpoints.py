@@ -151,6 +151,14 @@ def _git_signature(path: Path) -> tuple[Any, ...]:
     return marks, tuple(os.environ.get(v) for v in ("GIT_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES"))
 
 
+def _holds_git_mark(path: Path) -> bool:
+    """Whether a `.git` (a folder or a gitfile) is in `path`'s physical folder or one above it: the only
+    way git finds a work tree when GIT_DIR is not set, and kiro's git runs without it (git_env). Where
+    there is none, asking git (two processes, a few ms of every start) can only answer "none"."""
+    real = Path(os.path.realpath(path))
+    return any(os.path.lexists(os.path.join(p, ".git")) for p in (real, *real.parents))
+
+
 def toplevel(path: Path) -> Path | None:
     """The work tree that holds `path`, or None when it is in none (or git is missing). An answer
     is reused for TOPLEVEL_FRESH_SECONDS while no `.git` appeared or went on the way up (a thousand
@@ -170,6 +178,8 @@ def toplevel(path: Path) -> Path | None:
 
 
 def _toplevel(path: Path) -> Path | None:
+    if not _holds_git_mark(path):
+        return None
     try:
         proc = Git(path).run("rev-parse", "--show-toplevel", check=False, timeout=30)
     except GitError:

@@ -6,6 +6,8 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
+
 from kiro import tasks
 from tests.conftest import Workspace
 from tests.gitutil import changed_in, files_in, fsck_problems, git, init_repo, trailers
@@ -289,3 +291,38 @@ def test_the_repositorys_hooks_do_not_run_for_kiros_commits(ws: Workspace) -> No
     git(ws.root, "add", "x.txt")
     git(ws.root, "commit", "-qm", "person", check=False)
     assert marker.read_text().split() == ["pre-commit"]
+
+
+def test_a_project_with_no_git_folder_above_it_runs_no_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git finds a work tree only by a `.git` on the way up (kiro's git runs without GIT_DIR): where
+    there is none, kiro does not spawn git to hear "none" at every start. A project reached through a
+    symlink into a work tree is still seen in it (git starts from the physical folder)."""
+    import os
+    import shutil
+
+    from kiro import checkpoints
+
+    real_git = shutil.which("git")
+    assert real_git is not None
+    calls = tmp_path / "git-calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "git"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {real_git} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    plain = tmp_path / "plain" / "project"
+    plain.mkdir(parents=True)
+    if any((p / ".git").exists() for p in (plain, *plain.parents)):
+        pytest.skip("the temp folder is inside a git work tree")
+    assert checkpoints.toplevel(plain) is None
+    assert not calls.exists(), calls.read_text()
+
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    git(repo, "init", "-q")
+    link = tmp_path / "plain" / "link"
+    link.symlink_to(repo / "sub")
+    assert checkpoints.toplevel(link) == repo.resolve()
+    assert "rev-parse --show-toplevel" in calls.read_text()
