@@ -18,6 +18,7 @@ import ctypes.util
 import os
 import struct
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,7 +50,12 @@ def _lib() -> ctypes.CDLL:
     if _libc is None:
         if not sys.platform.startswith("linux"):
             raise OSError("inotify is Linux only")
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The C library python itself is linked with: no `find_library` (it runs `ldconfig -p`, a
+        # process of a few ms at every start), which stays the fallback for a static python
+        libc = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(libc, "inotify_init1"):
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc = libc
     return _libc
 
 
@@ -83,7 +89,7 @@ class Inotify:
         self.dirs[wd] = path
 
     def _watch_tree(self, top: str, strict: bool = False) -> None:
-        from kiro.tools.walk import walk  # not os.walk: it recurses once per level, and a tree can be 1,500 deep
+        from kiro.walk import walk  # not os.walk: it recurses once per level, and a tree can be 1,500 deep
 
         self._add(top, strict)
         for dirpath, dirnames, _files in walk(top, max_depth=WATCH_MAX_DEPTH):
@@ -149,5 +155,7 @@ class Inotify:
         if self.fd >= 0:
             if self.loop is not None and not self.loop.is_closed():
                 self.loop.remove_reader(self.fd)
-            os.close(self.fd)
+            # The kernel waits out a grace period when an inotify with watches is closed (5-20 ms
+            # here), which nobody needs to wait for: the close runs on a thread of its own
+            threading.Thread(target=os.close, args=(self.fd,), name="kiro-inotify-close", daemon=True).start()
             self.fd = -1

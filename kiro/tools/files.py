@@ -19,7 +19,7 @@ import regex as re
 from pydantic import Field
 
 from kiro.tools.base import Args, Tool, ToolEnv, ToolError, ToolResult
-from kiro.tools.walk import walk
+from kiro.walk import walk
 
 READ_LIMIT = 100_000  # bytes of a file read_file returns at once
 EDIT_LIMIT = 4_000_000  # bytes of a file edit_file will load

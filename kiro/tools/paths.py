@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kiro.fsutil import atomic_write
 from kiro.tools.base import ToolError
-from kiro.tools.walk import walk
+from kiro.walk import walk
 
 CONTROL_FOLDERS = (".state", ".hooks", "config", ".git")
 # The workspace's records and task areas: readable, never written by the agent. A task file copied
