@@ -141,7 +141,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--instructions", action="store_true", help="count instructions with valgrind instead")
-    ap.add_argument("--previous-tree", type=Path, help="with --instructions: an older checkout, counted beside")
+    ap.add_argument("--previous-tree", type=Path,
+                    help="an older checkout: its `kiro loop start` and fixed run cost, timed beside (taking turns)")
     args = ap.parse_args()
     if args.instructions:
         count_instructions(args.previous_tree)
@@ -152,6 +153,9 @@ def main() -> None:
         base = Path(tmp)
         whole, rest, imports, inproc, passes, typer_whole, cpu_typer = [], [], [], [], [], [], []
         cpu_whole, cpu_imports, cpu_passes, floors, cpu_floors = [], [], [], [], []
+        old_whole: list[float] = []
+        old_inproc: list[float] = []
+        old_env = {**ENV, "PYTHONPATH": str(args.previous_tree.resolve())} if args.previous_tree else None
         for i in range(runs + 1):  # the first round warms the byte-code caches
             p, pc, _o, _e, _c = timed([py, "-c", "pass"])
             root = fresh(base, 4 * i)
@@ -172,6 +176,21 @@ def main() -> None:
             assert r2.returncode == 0, r2.stderr
             check(root2)
             fixed = json.loads(r2.stdout)["run"] - step_seconds(root2, "t1")
+            if old_env is not None:  # the same two, with the older tree's kiro, in the same minute
+                root4 = fresh(base, 4 * i + 3)
+                ow, _owc, out, err, code = timed(start, cwd=root4, env=old_env)
+                assert code == 0, out + err
+                check(root4)
+                shutil.rmtree(root4)
+                root4 = fresh(base, 4 * i + 3)
+                r4 = subprocess.run([py, "-c", IN_PROCESS, str(root4)], capture_output=True, text=True, env=old_env,
+                                    cwd="/")
+                assert r4.returncode == 0, r4.stderr
+                check(root4)
+                if i:
+                    old_whole.append(ow)
+                    old_inproc.append(json.loads(r4.stdout)["run"] - step_seconds(root4, "t1"))
+                shutil.rmtree(root4)
             if i:
                 passes.append(p)
                 whole.append(w)
@@ -207,6 +226,11 @@ def main() -> None:
               f"beyond python -c pass")
         print(f"  a run's fixed start-up + shutdown (prepare_start + run_loops - the step), imports done: "
               f"{med(inproc) * 1000:.1f} ms (min {min(inproc) * 1000:.1f} ms)")
+        if old_env is not None:
+            print(f"  {args.previous_tree}, taking turns: kiro loop start {med(old_whole) * 1000:.0f} ms wall "
+                  f"(ratio {med(old_whole) / med(whole):.2f}); its fixed start-up + shutdown "
+                  f"{med(old_inproc) * 1000:.1f} ms (min {min(old_inproc) * 1000:.1f} ms; ratio "
+                  f"{med(old_inproc) / med(inproc):.2f})")
 
 
 if __name__ == "__main__":
