@@ -38,6 +38,7 @@ from kiro import (
     scheduled,
     tasks,
     timeutil,
+    writer,
 )
 from kiro import events as ev
 from kiro.conditions import Stop
@@ -473,6 +474,11 @@ class Loop:
         self.transition(Status.RUNNING, "resumed" if self.run_spec.resumed else "started")
         s.stop_reason = None
         self.store.open_journal(s)  # saves append to the loop's journal from here on (kiro.journal)
+        with writer.loop_running():  # the only loop in the process writes at once (kiro.writer)
+            return await self._run_opened()
+
+    async def _run_opened(self) -> Outcome:
+        s = self.state
         self.save()
         stop: Stop | None = None
         try:

@@ -9,7 +9,10 @@ step's process, a box checked, the run's end) the loop awaits `flush()`: SPEC §
 state on disk after every change and before anything that depends on it happens, stands; only the
 waiting moved off the event loop, where other loops can use it.
 
-Without a running event loop (tests, tools) `submit` writes at once, in the caller's thread.
+Without a running event loop (tests, tools) `submit` writes at once, in the caller's thread. So it
+does while one loop is all this process runs (`loop_running`): then nobody else waits for the event
+loop, and the hand-over costs more than the write it moves (the GIL passed back and forth between the
+loop and the writer thread: 0.25-0.4 ms of each iteration's 1.4-1.9 ms, bench/loop_overhead.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 Job = Callable[[], object]
@@ -30,6 +33,22 @@ T = TypeVar("T")
 
 WORKERS = 8  # parallel fsyncs: ext4 commits concurrent ones together, so a few threads go further than one
 _pool_lock = threading.Lock()
+_running_loops = 0  # loops running in this process (`loop_running`)
+
+
+@contextlib.contextmanager
+def loop_running() -> Iterator[None]:
+    """Count one loop as running in this process while the block lasts. While it is the only one, its
+    writes are made at once on the event loop (`WriteQueue.submit`); with two or more they go to the
+    writer threads, so that one loop's fsync never holds up another."""
+    global _running_loops
+    with _pool_lock:
+        _running_loops += 1
+    try:
+        yield
+    finally:
+        with _pool_lock:
+            _running_loops -= 1
 
 
 class _Workers:
@@ -154,14 +173,26 @@ class WriteQueue:
             self._run_inline(job)
             return
         with self._lock:
-            if key is not None and self._jobs and self._jobs[-1][0] == key:
-                self._jobs[-1] = (key, job)
-            else:
-                self._jobs.append((key, job))
-            start = not self._scheduled
-            self._scheduled = True
-        if start:
+            here = _running_loops <= 1 and not self._scheduled  # one loop, nothing of its own queued before
+            if not here:
+                if key is not None and self._jobs and self._jobs[-1][0] == key:
+                    self._jobs[-1] = (key, job)
+                else:
+                    self._jobs.append((key, job))
+                start = not self._scheduled
+                self._scheduled = True
+        if here:
+            self._run_here(job)
+        elif start:
             workers().schedule(self)
+
+    def _run_here(self, job: Job) -> None:
+        """Run `job` now, in the caller's thread; its error is kept for `flush()`, as a worker keeps it."""
+        try:
+            job()
+        except Exception as exc:  # noqa: BLE001 - surfaced by flush(), as from the writer thread
+            if self._error is None:
+                self._error = exc
 
     def _run_inline(self, job: Job) -> None:
         self._wait_idle()  # work queued from an event loop that ended without flushing: keep the order

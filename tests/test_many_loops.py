@@ -6,16 +6,18 @@ start that does not re-read every state file per loop. Figures: bench/many_loops
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import kiro.watch
-from kiro import journal, tasks
+from kiro import journal, tasks, writer
 from kiro.errors import KiroError
 from kiro.fsutil import atomic_write
 from kiro.runner import LoopIndex, StartBatch, prepare_resume, prepare_start, run_loops
@@ -105,13 +107,23 @@ def test_the_state_is_on_disk_before_the_model_is_called(tmp_path: Path, monkeyp
     print(f"transcript had the attempt's start before the request: {[x for _, _, x in seen]}")
 
 
-def test_a_failed_write_surfaces_at_the_next_flush_and_later_writes_keep_their_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loops", [1, 2])
+def test_a_failed_write_surfaces_at_the_next_flush_and_later_writes_keep_their_order(tmp_path: Path,
+                                                                                     loops: int) -> None:
+    """Both ways a loop's writes are made: at once on the event loop (the only loop in the process)
+    and on the writer threads (two loops)."""
     order: list[str] = []
 
     def fail() -> None:
         raise OSError("no room")
 
     async def scenario() -> None:
+        with contextlib.ExitStack() as running:
+            for _ in range(loops):
+                running.enter_context(writer.loop_running())
+            await queued()
+
+    async def queued() -> None:
         q = WriteQueue()
         q.submit(lambda: order.append("a"))
         q.submit(fail)
@@ -125,6 +137,8 @@ def test_a_failed_write_surfaces_at_the_next_flush_and_later_writes_keep_their_o
 
     asyncio.run(scenario())
     assert order[0] == "a" and order[-2:] == ["c", "d"] and set(order) <= {"a", "b", "c", "d"}
+    if loops == 1:
+        assert order == ["a", "b", "c", "d"]  # written at once: nothing queued to replace
     # without an event loop a write happens at once
     q = WriteQueue()
     q.submit(lambda: order.append("e"))
@@ -246,6 +260,42 @@ def test_a_batch_start_resolves_each_tasks_own_settings_sweeps_every_folder_and_
     assert not any(r.store.is_locked(r.state.task_id) for r in runs)
 
 
+def test_the_only_loop_in_a_process_writes_on_the_event_loop_and_two_loops_on_the_writer_threads() -> None:
+    """One loop: the hand-over to a writer thread costs more than the write (the GIL passed back and
+    forth), and no other loop waits for the event loop. Two: one loop's fsync must not hold up the
+    other, so writes go to the writer threads; when the second loop ends, the first one's next write
+    still comes after what it queued before (the order of a loop's writes is kept)."""
+    import threading
+
+    seen: list[tuple[str, str]] = []
+    release = threading.Event()
+
+    def job(name: str, wait: bool = False) -> Callable[[], None]:
+        def run() -> None:
+            if wait:
+                release.wait(10)
+            seen.append((name, threading.current_thread().name))
+        return run
+
+    async def scenario() -> None:
+        loop_thread = threading.current_thread().name
+        q = WriteQueue()
+        with writer.loop_running():
+            q.submit(job("alone"))
+            assert seen == [("alone", loop_thread)]  # done before submit returned
+            with writer.loop_running():
+                q.submit(job("beside another", wait=True))
+            q.submit(job("alone again"))  # the other loop ended; the queued write comes first
+            assert [name for name, _ in seen] == ["alone"]
+            release.set()
+            await q.flush()
+
+    asyncio.run(scenario())
+    names = [name for name, _ in seen]
+    assert names == ["alone", "beside another", "alone again"], seen
+    assert seen[1][1].startswith("kiro-write-") and seen[2][1].startswith("kiro-write-"), seen
+
+
 def test_writes_still_queued_when_the_process_ends_are_written(tmp_path: Path) -> None:
     """The writer threads are daemons; what an event loop queued and never awaited is still written
     before the interpreter exits."""
@@ -253,8 +303,9 @@ def test_writes_still_queued_when_the_process_ends_are_written(tmp_path: Path) -
     code = (
         "import asyncio, time\n"
         "from pathlib import Path\n"
-        "from kiro.writer import WriteQueue\n"
+        "from kiro.writer import WriteQueue, loop_running\n"
         "q = WriteQueue()\n"
+        "loop_running().__enter__(); loop_running().__enter__()\n"  # two loops: the writer threads write
         "def slow(n):\n"
         "    time.sleep(0.2)\n"
         f"    with open({str(out)!r}, 'a') as f: f.write(f'{{n}}\\n')\n"
