@@ -1,8 +1,9 @@
 """The event log: `Logs/<task_id>.jsonl`, one JSON object per line, appended and flushed as it
 happens (SPEC §8), and the typed records it holds (SPEC §10).
 
-Every kind of event is one pydantic model with a `Literal` `event` tag; `event_adapter()` reads any of
-them (a discriminated union). The engine emits typed records; listeners (the log, the terminal,
+Every kind of event is one class of typed fields with a `Literal` `event` tag (`Event`; type-checked
+as a dataclass is, checked again when built); `parse` reads any of them by that tag (`MODELS`). The
+engine emits typed records; listeners (the log, the terminal,
 Dashboard.md, reports, notifiers, a server) receive them. On disk a record is
 `{"ts", "task_id", "iteration", "event", ...the kind's fields}`, exactly the keys the call set.
 
@@ -14,41 +15,200 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, get_args
-
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from typing import Any, ClassVar, Literal, dataclass_transform
 
 from kiro import diskfull, safeio, timeutil
 from kiro.bounds import EVENT_FIELD_CHARS, clip_fields
 from kiro.redact import Redactor
 
+# -- the fields of a kind, read from its annotations ------------------------------------------
+#
+# Not pydantic (issue #12): building ~50 pydantic models was a tenth of `kiro loop start`'s
+# instructions, and each kind's validator was built again on first use in every run. The types
+# events use are few; each gets a check that takes what pydantic's lax mode took of them (a number
+# written as text, a StrEnum, a tuple for a list) and turns it into the plain value that is written.
 
-class Event(BaseModel):
-    """The envelope every event shares; subclasses add their fields and fix `event`."""
 
-    # defer_build: a kind's validator is built when it is first used, not at import (~50 kinds: most
-    # of the start-up cost of `kiro loop start`, issue #12)
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=False, defer_build=True)
+class FieldError(ValueError):
+    """A value an event's field does not take, a field the kind does not have, or one it needs."""
 
-    ts: str = Field(default_factory=timeutil.iso)
+
+def field(*, default: Any = None, default_factory: Callable[[], Any] | None = None, key: str | None = None) -> Any:
+    """A field's default made per event (`default_factory`), or its name in the record when that is
+    not a Python name (`key`: `from`). Only in a class body of an Event."""
+    return _Spec(default, default_factory, key)
+
+
+class _Spec:
+    __slots__ = ("default", "factory", "key")
+
+    def __init__(self, default: Any, factory: Callable[[], Any] | None, key: str | None) -> None:
+        self.default, self.factory, self.key = default, factory, key
+
+
+_REQUIRED = object()
+_INT_TEXT = re.compile(r"\s*[+-]?\d+\s*")
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def _str(v: Any) -> str:
+    if isinstance(v, str):
+        return v if type(v) is str else str.__str__(v)  # a StrEnum is written as its value
+    if isinstance(v, bytes | bytearray):
+        return bytes(v).decode("utf-8")
+    raise FieldError(f"a text is wanted, not {type(v).__name__}")
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, int):
+        return v if type(v) is int else int(v)
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str) and _INT_TEXT.fullmatch(v):
+        return int(v)
+    raise FieldError(f"a whole number is wanted, not {v!r}"[:200])
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            pass
+    raise FieldError(f"a number is wanted, not {v!r}"[:200])
+
+
+def _number(v: Any) -> int | float:
+    if isinstance(v, bool):
+        return int(v)
+    if type(v) is int or type(v) is float:
+        return v
+    if isinstance(v, str) and _INT_TEXT.fullmatch(v):
+        return int(v)
+    return _float(v)
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int | float) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
+        return v.strip().lower() in _TRUE
+    raise FieldError(f"true or false is wanted, not {v!r}"[:200])
+
+
+def _texts(v: Any) -> list[str]:
+    if isinstance(v, list | tuple | set | frozenset):
+        return [_str(x) for x in v]
+    raise FieldError(f"a list of texts is wanted, not {type(v).__name__}")
+
+
+def _any(v: Any) -> Any:
+    return v
+
+
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "str": _str, "int": _int, "float": _float, "bool": _bool, "Any": _any, "list[str]": _texts,
+    "int | float": _number,
+}
+_LITERAL = re.compile(r"Literal\[(['\"])(.*)\1\]")
+
+
+def _check_for(owner: str, name: str, annotation: str) -> Callable[[Any], Any]:
+    """The check of one annotation as written in a class body (a string: `from __future__ import
+    annotations`). An annotation this does not know is a bug in this file, said at import."""
+    if annotation in _CHECKS:
+        return _CHECKS[annotation]
+    if annotation.endswith(" | None") and annotation[:-7] in _CHECKS:
+        inner = _CHECKS[annotation[:-7]]
+        return lambda v: None if v is None else inner(v)
+    literal = _LITERAL.fullmatch(annotation)
+    if literal:
+        kind = literal.group(2)
+
+        def same(v: Any) -> str:
+            if v != kind:
+                raise FieldError(f"{kind!r} is wanted, not {v!r}"[:200])
+            return kind
+        return same
+    raise TypeError(f"{owner}.{name}: kiro.events has no check for the annotation {annotation!r}")
+
+
+@dataclass_transform(kw_only_default=True, field_specifiers=(field,))
+class Event:
+    """The envelope every event shares; subclasses add their fields and fix `event`.
+
+    Built from keyword fields (`StepStarted(step_id="1", attempt=2)`), each checked; a field the kind
+    does not have, or a required one missing, is a FieldError (a ValueError). `from_record` reads a
+    record (its keys as written: `from`, not `from_`)."""
+
+    ts: str = field(default_factory=timeutil.iso)
     task_id: str = ""
     iteration: int = 0
-    event: str
+    event: str = ""
 
     ENVELOPE: ClassVar[tuple[str, ...]] = ("ts", "task_id", "iteration", "event")
+    _FIELDS: ClassVar[dict[str, tuple[Callable[[Any], Any], Any, Callable[[], Any] | None, str]]] = {}
+    _BY_KEY: ClassVar[dict[str, str]] = {}  # a record's key (or the field's name) -> the field's name
+    _set: tuple[str, ...]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _collect_fields(cls)
+
+    def __init__(self, /, **values: Any) -> None:
+        fields, by_key = self._FIELDS, self._BY_KEY
+        given: set[str] = set()
+        for key, value in values.items():
+            name = by_key.get(key)
+            if name is None:
+                raise FieldError(f"{type(self).__name__} has no field {key!r} (a typo, or a newer kiro's field)")
+            try:
+                self.__dict__[name] = fields[name][0](value)
+            except FieldError as exc:
+                raise FieldError(f"{type(self).__name__}.{name}: {exc}") from None
+            given.add(name)
+        for name, (_check, default, factory, _key) in fields.items():
+            if name not in given:
+                if factory is not None:
+                    self.__dict__[name] = factory()
+                elif default is _REQUIRED:
+                    raise FieldError(f"{type(self).__name__} needs the field {name!r}")
+                else:
+                    self.__dict__[name] = default
+        self._set = tuple(name for name in fields if name in given)  # in the order the class names them
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Event:
+        """The event a record holds (keys as written on disk); FieldError if it does not fit."""
+        return cls(**record)
 
     def to_record(self) -> dict[str, Any]:
         """The JSON object written to the log: the envelope, then the fields the emitter set
         (a field left at its default is not written, as before events were typed)."""
         record: dict[str, Any] = {"ts": self.ts, "task_id": self.task_id, "iteration": self.iteration,
                                   "event": self.event}
-        data = self.model_dump(exclude_unset=True, by_alias=True)
-        for key, value in data.items():
+        fields = self._FIELDS
+        for name in self._set:
+            key = fields[name][3]
             if key not in record:
-                record[key] = value
+                record[key] = self.__dict__[name]
         return record
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.__dict__ == self.__dict__
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.to_record().items())})"
 
     # -- a thin read-only mapping view, for listeners written against the dict records ---------
 
@@ -62,18 +222,44 @@ class Event(BaseModel):
         return key in self.to_record()
 
 
-class GenericEvent(Event):
-    """A record read from disk that no model here describes (an unknown or newer kind)."""
+def _collect_fields(cls: type[Event]) -> None:
+    """`cls._FIELDS` (name -> check, default, default factory, key in the record), its base's first,
+    then its own annotations in the order written; `cls._BY_KEY`."""
+    fields = dict(cls._FIELDS)
+    for name, annotation in cls.__dict__.get("__annotations__", {}).items():
+        if annotation.startswith("ClassVar") or name.startswith("_"):
+            continue
+        value = cls.__dict__.get(name, _REQUIRED)
+        spec = value if isinstance(value, _Spec) else _Spec(value, None, None)
+        fields[name] = (_check_for(cls.__name__, name, annotation), spec.default, spec.factory, spec.key or name)
+        if isinstance(value, _Spec):
+            delattr(cls, name)  # the instance's own value is read, never the spec
+    cls._FIELDS = fields
+    cls._BY_KEY = {**{name: name for name in fields}, **{f[3]: name for name, f in fields.items()}}
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
+
+_collect_fields(Event)  # the envelope: the base's own fields
+
+
+class GenericEvent(Event):
+    """A record read from disk that no model here describes (an unknown or newer kind): every key
+    kept, as read."""
 
     ts: Any = ""
     task_id: Any = ""
     iteration: Any = 0
     event: str = "unknown"
 
+    def __init__(self, /, **values: Any) -> None:
+        self._record = dict(values)
+        for name in self.ENVELOPE:
+            self.__dict__[name] = values[name] if name in values else self._FIELDS[name][1]
+        self.event = str(self.event)
+        self._set = ()
+
     def to_record(self) -> dict[str, Any]:
-        return self.model_dump(exclude_unset=True, by_alias=True)  # exactly the keys that were read
+        first = {name: self._record[name] for name in self.ENVELOPE if name in self._record}
+        return {**first, **self._record}  # exactly the keys that were read, the envelope's first
 
 
 # -- the loop's life -------------------------------------------------------------------------
@@ -99,7 +285,7 @@ class LoopResumed(Event):
 
 class StateChanged(Event):
     event: Literal["state_changed"] = "state_changed"
-    from_: str = Field(alias="from")
+    from_: str = field(key="from")
     to: str
     reason: str | None = None
 
@@ -169,7 +355,7 @@ class ModelCalled(Event):
     seconds: float
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    tool_calls: list[str] = Field(default_factory=list)
+    tool_calls: list[str] = field(default_factory=list)
 
 
 class ContextWrapped(Event):
@@ -187,7 +373,7 @@ class StepCompleted(Event):
     description: str = ""
     duration_seconds: float = 0.0
     attempt: int = 1
-    checked: list[str] = Field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
 
 
 class StepFailed(Event):
@@ -246,7 +432,7 @@ class HumanRequested(Event):
 
 class TaskMoved(Event):
     event: Literal["task_moved"] = "task_moved"
-    from_: str = Field(alias="from")
+    from_: str = field(key="from")
     to: str
     area: str | None = None
 
@@ -281,7 +467,7 @@ class NotifierFailed(Event):
 class MessageReceived(Event):
     event: Literal["message_received"] = "message_received"
     message_id: str
-    from_: str = Field(alias="from")
+    from_: str = field(key="from")
     via: str | None = None
     queued_at: str | None = None
     chars: int = 0
@@ -290,7 +476,7 @@ class MessageReceived(Event):
 class MessageDelivered(Event):
     event: Literal["message_delivered"] = "message_delivered"
     message_id: str
-    from_: str = Field(alias="from")
+    from_: str = field(key="from")
     where: str | None = None
 
 
@@ -329,20 +515,20 @@ class PrecheckSkipped(Event):
 class StepsProposed(Event):
     event: Literal["steps_proposed"] = "steps_proposed"
     proposal: str
-    steps: list[str] = Field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
     after: str | None = None
 
 
 class ProposalApproved(Event):
     event: Literal["proposal_approved"] = "proposal_approved"
     proposal: str
-    steps: list[str] = Field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
 
 
 class ProposalRejected(Event):
     event: Literal["proposal_rejected"] = "proposal_rejected"
     proposal: str
-    steps: list[str] = Field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
 
 
 # -- git (SPEC §9, kiro.checkpoints) --------------------------------------------------------
@@ -413,26 +599,26 @@ class MergeConflict(Event):
     event: Literal["merge_conflict"] = "merge_conflict"
     branch: str
     into: str | None = None
-    files: list[str] = Field(default_factory=list)
+    files: list[str] = field(default_factory=list)
 
 
 class MergeFailed(Event):
     event: Literal["merge_failed"] = "merge_failed"
     branch: str
-    files: list[str] = Field(default_factory=list)
+    files: list[str] = field(default_factory=list)
     error: str = ""
 
 
 class MergeResumed(Event):
     event: Literal["merge_resumed"] = "merge_resumed"
     branch: str
-    files: list[str] = Field(default_factory=list)
+    files: list[str] = field(default_factory=list)
 
 
 class RollbackResumed(Event):
     event: Literal["rollback_resumed"] = "rollback_resumed"
     branch: str | None = None
-    files: list[str] = Field(default_factory=list)
+    files: list[str] = field(default_factory=list)
 
 
 class RolledBack(Event):
@@ -442,8 +628,8 @@ class RolledBack(Event):
     checkpoint: str | None = None
     commit: str | None = None
     method: str | None = None
-    undone: list[str] = Field(default_factory=list)
-    unchecked: list[str] = Field(default_factory=list)
+    undone: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
 
 
 # -- schedules (SPEC §11, kiro.schedule) ---------------------------------------------------------
@@ -494,37 +680,19 @@ class WorkerLost(Event):
     worker: str
 
 
-AnyEvent: TypeAlias = Annotated[
-    Union[  # noqa: UP007 - a discriminated union reads best spelled out
-        LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
-        IterationStarted, Reinjected, StepStarted, ToolCalled, ModelCalled, ContextWrapped, StepCompleted,
-        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, GuardrailTriggered, HumanRequested,
-        TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
-        MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
-        CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
-        WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
-        RollbackResumed,
-        RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
-        PrecheckPassed, PrecheckSkipped, WorkerLost,
-    ],
-    Field(discriminator="event"),
-]
-_adapter: TypeAdapter[AnyEvent] | None = None
-
-
-def event_adapter() -> TypeAdapter[AnyEvent]:
-    """The reader of any kind (the discriminated union), built on first use: building it builds every
-    kind's validator, which a run that only writes events never needs."""
-    global _adapter
-    if _adapter is None:
-        _adapter = TypeAdapter(AnyEvent)
-    return _adapter
-
-
-MODELS: dict[str, type[Event]] = {
-    get_args(cls.model_fields["event"].annotation)[0]: cls
-    for cls in get_args(get_args(AnyEvent)[0])
-}
+KINDS: tuple[type[Event], ...] = (
+    LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
+    IterationStarted, Reinjected, StepStarted, ToolCalled, ModelCalled, ContextWrapped, StepCompleted,
+    StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, GuardrailTriggered, HumanRequested,
+    TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
+    MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
+    CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
+    WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
+    RollbackResumed,
+    RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
+    PrecheckPassed, PrecheckSkipped, WorkerLost,
+)
+MODELS: dict[str, type[Event]] = {cls._FIELDS["event"][1]: cls for cls in KINDS}  # the name each kind fixes
 EVENT_NAMES: frozenset[str] = frozenset(MODELS)
 
 Listener = Callable[[Event], None]
@@ -536,21 +704,22 @@ def make(kind: str, /, **fields: Any) -> Event:
     model = MODELS.get(kind)
     if model is None:
         raise ValueError(f"unknown event {kind!r}; add a model for it to kiro/events.py")
-    return model.model_validate(fields)
+    return model.from_record(fields)
 
 
 def parse(record: dict[str, Any]) -> Event:
     """A record read from disk as its typed event; anything that does not fit (an unknown kind,
     a newer kiro's fields) as a `GenericEvent`. Never raises on a dict."""
     kind = record.get("event")
-    if isinstance(kind, str) and kind in EVENT_NAMES:
+    model = MODELS.get(kind) if isinstance(kind, str) else None
+    if model is not None:
         try:
-            return event_adapter().validate_python(record)
-        except ValidationError:
+            return model.from_record(record)
+        except (FieldError, TypeError):  # TypeError: a key that is not a text
             pass
     try:
-        return GenericEvent.model_validate({**record, "event": str(kind if kind is not None else "unknown")})
-    except (ValidationError, TypeError, ValueError):  # keys pydantic will not take as fields
+        return GenericEvent(**{**record, "event": str(kind if kind is not None else "unknown")})
+    except TypeError:  # a key that is not a text
         return GenericEvent(event=str(kind))
 
 

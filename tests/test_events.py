@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from kiro import events
-from kiro.events import EVENT_NAMES, GenericEvent, make, parse, read_typed
+from kiro.events import EVENT_NAMES, FieldError, GenericEvent, make, parse, read_typed
 from tests.conftest import Workspace, shell_task
 
 ENVELOPE = ["ts", "task_id", "iteration", "event"]
@@ -98,10 +97,12 @@ def test_the_name_and_fields_path_fails_loudly_on_a_typo() -> None:
     assert make("warning", message="x").to_record()["message"] == "x"
     with pytest.raises(ValueError, match="unknown event 'step_strated'"):
         make("step_strated", step_id="1")
-    with pytest.raises(ValidationError, match="Extra inputs"):
+    with pytest.raises(FieldError, match="StepStarted has no field 'atempt'"):
         make("step_started", step_id="1", atempt=2)
-    with pytest.raises(ValidationError):
+    with pytest.raises(FieldError, match="StepFailed needs the field 'attempt'"):
         make("step_failed", step_id="1")  # attempt and error are required
+    with pytest.raises(FieldError, match="StepFailed.attempt: a whole number is wanted, not 'many'"):
+        make("step_failed", step_id="1", attempt="many", error="x")
 
 
 def test_typed_events_read_like_the_dict_records_for_older_listeners() -> None:
@@ -131,3 +132,37 @@ def test_a_real_run_writes_the_same_keys_as_before(ws: Workspace) -> None:
         assert type(parse(record)) is events.MODELS[kind]
     assert {"loop_started", "step_started", "step_completed", "state_changed", "stop_condition",
             "task_moved", "report_written", "loop_finished"} <= seen
+
+
+def test_values_are_written_as_the_pydantic_models_wrote_them_and_misfits_are_refused() -> None:
+    """Events are checked by kiro.events itself since #12 (no pydantic at start-up). What the lax
+    pydantic models took is taken and written the same way; what they refused is refused."""
+    from kiro.status import Status
+
+    changed = events.StateChanged(from_=Status.RUNNING, to=Status.COMPLETED).to_record()
+    assert json.dumps([changed["from"], changed["to"]]) == '["running", "completed"]'  # a StrEnum: its value
+    assert events.Backoff(step_id="1", seconds=1).to_record()["seconds"] == 1.0
+    assert json.dumps(events.Backoff(step_id="1", seconds=1).to_record()["seconds"]) == "1.0"
+    assert json.dumps(events.ContextWrapped(tokens=1, threshold=5).threshold) == "5"
+    assert json.dumps(events.ContextWrapped(tokens=1, threshold=5.5).threshold) == "5.5"
+    assert events.StepStarted(step_id="1", attempt="3").attempt == 3
+    assert events.StepStarted(step_id="1", attempt=True).attempt == 1
+    assert events.StepStarted(step_id="1", attempt=2.0).attempt == 2
+    assert events.StepCompleted(step_id="1", checked=("a", "b")).checked == ["a", "b"]
+    assert events.ToolCalled(tool="x", ok="yes").ok is True and events.ToolCalled(tool="x", ok=0).ok is False
+    assert events.LoopFinished(status="completed", reason="r", exit_code=0, message="m", iterations=1).report is None
+    assert events.ModelCalled(turn=1, model="m", seconds=0.5).tool_calls == []  # a fresh list each time
+    misfits = [
+        (events.StepStarted, {"step_id": "1", "attempt": 3.5}),
+        (events.StepStarted, {"step_id": 1}),
+        (events.StepStarted, {"step_id": "1", "attempt": "many"}),
+        (events.StepCompleted, {"step_id": "1", "checked": "a"}),
+        (events.ToolCalled, {"tool": "x", "ok": "perhaps"}),
+        (events.StepStarted, {"step_id": "1", "event": "step_failed"}),
+        (events.Backoff, {"step_id": "1", "seconds": "soon"}),
+    ]
+    for kind, fields in misfits:
+        with pytest.raises(FieldError):
+            kind(**fields)
+        assert isinstance(parse({"event": kind._FIELDS["event"][1], **fields}), GenericEvent), fields
+    print(f"{len(misfits)} misfits refused, each read back as a GenericEvent")
