@@ -59,7 +59,10 @@ def _str(v: Any) -> str:
     if isinstance(v, str):
         return v if type(v) is str else str.__str__(v)  # a StrEnum is written as its value
     if isinstance(v, bytes | bytearray):
-        return bytes(v).decode("utf-8")
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            raise FieldError("a text is wanted, not bytes that are not UTF-8") from None
     raise FieldError(f"a text is wanted, not {type(v).__name__}")
 
 

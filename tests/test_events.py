@@ -160,6 +160,7 @@ def test_values_are_written_as_the_pydantic_models_wrote_them_and_misfits_are_re
         (events.ToolCalled, {"tool": "x", "ok": "perhaps"}),
         (events.StepStarted, {"step_id": "1", "event": "step_failed"}),
         (events.Backoff, {"step_id": "1", "seconds": "soon"}),
+        (events.StepStarted, {"step_id": b"\xff"}),
     ]
     for kind, fields in misfits:
         with pytest.raises(FieldError):
