@@ -25,7 +25,6 @@ import difflib
 import json
 import os
 import re
-import sqlite3
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -154,6 +153,8 @@ def _memory_max_id(loop: Loop) -> int:
     db = loop.ws.memory_db()
     if not db.exists():
         return 0
+    import sqlite3  # here: a run without the pre-check gate never needs it (a start's imports, issue #12)
+
     with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True,
                                                                                 timeout=5)) as conn:
         row = conn.execute("SELECT max(id) FROM memories").fetchone()
@@ -165,6 +166,8 @@ def _new_memories(loop: Loop, after: int) -> list[str]:
     db = loop.ws.memory_db()
     if not db.exists():
         return []
+    import sqlite3  # here: a run without the pre-check gate never needs it (a start's imports, issue #12)
+
     with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True,
                                                                                 timeout=5)) as conn:
         rows = conn.execute("SELECT source, content FROM memories WHERE id > ? ORDER BY id LIMIT ?",

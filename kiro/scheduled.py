@@ -20,7 +20,6 @@ from kiro import events as ev
 from kiro import precheck, reports, schedule, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.errors import KiroError, TaskFileError, TaskNotFound
-from kiro.memory import MemoryStore
 from kiro.schedule import Schedule
 from kiro.state import ScheduleInfo
 from kiro.status import Status
@@ -159,6 +158,8 @@ class ScheduleRunner:
         if not self.sched.stateful:
             return None
         try:
+            from kiro.memory import MemoryStore  # here: only a scheduled run reads it (a start's imports)
+
             found = MemoryStore(self.loop.ws.memory_db()).recent(source=self.tag, limit=schedule.RECALL_LIMIT)
         except Exception as exc:  # noqa: BLE001 - a broken memory file costs the recall, not the run
             self.loop.emit(ev.LoopWarning(message=f"could not read earlier runs' memories: {exc}"))
@@ -205,6 +206,8 @@ class ScheduleRunner:
         if self.sched.stateful:
             content = f"Run {run} summary ({timeutil.iso()[:19]}): {text}"
             try:
+                from kiro.memory import MemoryStore
+
                 memory_id = await asyncio.to_thread(MemoryStore(loop.ws.memory_db()).save, content, "run_summary",
                                                     0.8, self.tag)
             except Exception as exc:  # noqa: BLE001 - losing the memory row must not end the schedule
