@@ -47,8 +47,16 @@ def run(argv: list[str]) -> int | None:
         options = parse(argv[1], argv[2:])
     except Fallback:
         return None
-    from kiro import launch
+    import gc
 
+    enabled = gc.isenabled()
+    gc.disable()  # importing the engine makes ~200k objects that live as long as the run, and no garbage
+    try:
+        from kiro import launch, runner  # noqa: F401 - imported here to be left out of every collection
+    finally:
+        gc.freeze()  # what the imports made: never walked by a collection again
+        if enabled:
+            gc.enable()
     return launch.guarded_run(launch.start if argv[1] == "start" else launch.resume, **options)
 
 
