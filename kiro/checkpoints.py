@@ -145,18 +145,12 @@ _toplevels: dict[Path, tuple[float, tuple[Any, ...], Path | None]] = {}
 
 
 def _git_signature(path: Path) -> tuple[Any, ...]:
-    """What git's answer depends on that can change under a running kiro: which folders from `path`
-    up hold a `.git`, and the variables that point git elsewhere."""
-    marks = tuple(os.path.lexists(os.path.join(p, ".git")) for p in (path, *path.parents))
-    return marks, tuple(os.environ.get(v) for v in ("GIT_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES"))
-
-
-def _holds_git_mark(path: Path) -> bool:
-    """Whether a `.git` (a folder or a gitfile) is in `path`'s physical folder or one above it: the only
-    way git finds a work tree when GIT_DIR is not set, and kiro's git runs without it (git_env). Where
-    there is none, asking git (two processes, a few ms of every start) can only answer "none"."""
+    """What git's answer depends on that can change under a running kiro: which folders from `path`'s
+    physical folder up (git starts from there) hold a `.git` (a folder or a gitfile), and the variables
+    that point git elsewhere."""
     real = Path(os.path.realpath(path))
-    return any(os.path.lexists(os.path.join(p, ".git")) for p in (real, *real.parents))
+    marks = tuple(os.path.lexists(os.path.join(p, ".git")) for p in (real, *real.parents))
+    return marks, tuple(os.environ.get(v) for v in ("GIT_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES"))
 
 
 def toplevel(path: Path) -> Path | None:
@@ -170,7 +164,9 @@ def toplevel(path: Path) -> Path | None:
     seen = _toplevels.get(path)
     if seen is not None and now - seen[0] < TOPLEVEL_FRESH_SECONDS and seen[1] == signature:
         return seen[2]
-    top = _toplevel(path)
+    # a `.git` on the way up is the only way git finds a work tree when GIT_DIR is not set, and kiro's
+    # git runs without it (git_env): with none, asking git (two processes at every start) can only say "none"
+    top = _toplevel(path) if any(signature[0]) else None
     if len(_toplevels) > 4096:
         _toplevels.clear()
     _toplevels[path] = (now, signature, top)
@@ -178,8 +174,6 @@ def toplevel(path: Path) -> Path | None:
 
 
 def _toplevel(path: Path) -> Path | None:
-    if not _holds_git_mark(path):
-        return None
     try:
         proc = Git(path).run("rev-parse", "--show-toplevel", check=False, timeout=30)
     except GitError:

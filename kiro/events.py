@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Literal, dataclass_transform
+from typing import Any, ClassVar, Literal, NamedTuple, dataclass_transform
 
 from kiro import diskfull, safeio, timeutil
 from kiro.bounds import EVENT_FIELD_CHARS, clip_fields
@@ -36,17 +36,20 @@ class FieldError(ValueError):
     """A value an event's field does not take, a field the kind does not have, or one it needs."""
 
 
+class _Field(NamedTuple):
+    """One field of a kind: its check, its default (or a factory making one per event), its key in
+    the record. In a class body (`field()`) the check is not known yet, and the key is "" unless given."""
+
+    check: Callable[[Any], Any]
+    default: Any
+    factory: Callable[[], Any] | None
+    key: str
+
+
 def field(*, default: Any = None, default_factory: Callable[[], Any] | None = None, key: str | None = None) -> Any:
     """A field's default made per event (`default_factory`), or its name in the record when that is
     not a Python name (`key`: `from`). Only in a class body of an Event."""
-    return _Spec(default, default_factory, key)
-
-
-class _Spec:
-    __slots__ = ("default", "factory", "key")
-
-    def __init__(self, default: Any, factory: Callable[[], Any] | None, key: str | None) -> None:
-        self.default, self.factory, self.key = default, factory, key
+    return _Field(_any, default, default_factory, key or "")
 
 
 _REQUIRED = object()
@@ -158,7 +161,7 @@ class Event:
     event: str = ""
 
     ENVELOPE: ClassVar[tuple[str, ...]] = ("ts", "task_id", "iteration", "event")
-    _FIELDS: ClassVar[dict[str, tuple[Callable[[Any], Any], Any, Callable[[], Any] | None, str]]] = {}
+    _FIELDS: ClassVar[dict[str, _Field]] = {}  # every field, the base's first, each with its check and key
     _BY_KEY: ClassVar[dict[str, str]] = {}  # a record's key (or the field's name) -> the field's name
     _set: tuple[str, ...]
 
@@ -174,18 +177,18 @@ class Event:
             if name is None:
                 raise FieldError(f"{type(self).__name__} has no field {key!r} (a typo, or a newer kiro's field)")
             try:
-                self.__dict__[name] = fields[name][0](value)
+                self.__dict__[name] = fields[name].check(value)
             except FieldError as exc:
                 raise FieldError(f"{type(self).__name__}.{name}: {exc}") from None
             given.add(name)
-        for name, (_check, default, factory, _key) in fields.items():
+        for name, f in fields.items():
             if name not in given:
-                if factory is not None:
-                    self.__dict__[name] = factory()
-                elif default is _REQUIRED:
+                if f.factory is not None:
+                    self.__dict__[name] = f.factory()
+                elif f.default is _REQUIRED:
                     raise FieldError(f"{type(self).__name__} needs the field {name!r}")
                 else:
-                    self.__dict__[name] = default
+                    self.__dict__[name] = f.default
         self._set = tuple(name for name in fields if name in given)  # in the order the class names them
 
     @classmethod
@@ -200,7 +203,7 @@ class Event:
                                   "event": self.event}
         fields = self._FIELDS
         for name in self._set:
-            key = fields[name][3]
+            key = fields[name].key
             if key not in record:
                 record[key] = self.__dict__[name]
         return record
@@ -226,19 +229,18 @@ class Event:
 
 
 def _collect_fields(cls: type[Event]) -> None:
-    """`cls._FIELDS` (name -> check, default, default factory, key in the record), its base's first,
-    then its own annotations in the order written; `cls._BY_KEY`."""
+    """`cls._FIELDS`: its base's, then its own annotations in the order written; `cls._BY_KEY`."""
     fields = dict(cls._FIELDS)
     for name, annotation in cls.__dict__.get("__annotations__", {}).items():
         if annotation.startswith("ClassVar") or name.startswith("_"):
             continue
         value = cls.__dict__.get(name, _REQUIRED)
-        spec = value if isinstance(value, _Spec) else _Spec(value, None, None)
-        fields[name] = (_check_for(cls.__name__, name, annotation), spec.default, spec.factory, spec.key or name)
-        if isinstance(value, _Spec):
+        spec = value if isinstance(value, _Field) else _Field(_any, value, None, "")
+        fields[name] = _Field(_check_for(cls.__name__, name, annotation), spec.default, spec.factory, spec.key or name)
+        if isinstance(value, _Field):
             delattr(cls, name)  # the instance's own value is read, never the spec
     cls._FIELDS = fields
-    cls._BY_KEY = {**{name: name for name in fields}, **{f[3]: name for name, f in fields.items()}}
+    cls._BY_KEY = {**{name: name for name in fields}, **{f.key: name for name, f in fields.items()}}
 
 
 _collect_fields(Event)  # the envelope: the base's own fields
@@ -256,7 +258,7 @@ class GenericEvent(Event):
     def __init__(self, /, **values: Any) -> None:
         self._record = dict(values)
         for name in self.ENVELOPE:
-            self.__dict__[name] = values[name] if name in values else self._FIELDS[name][1]
+            self.__dict__[name] = values[name] if name in values else self._FIELDS[name].default
         self.event = str(self.event)
         self._set = ()
 
@@ -695,7 +697,7 @@ KINDS: tuple[type[Event], ...] = (
     RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
     PrecheckPassed, PrecheckSkipped, WorkerLost,
 )
-MODELS: dict[str, type[Event]] = {cls._FIELDS["event"][1]: cls for cls in KINDS}  # the name each kind fixes
+MODELS: dict[str, type[Event]] = {cls._FIELDS["event"].default: cls for cls in KINDS}  # the name each kind fixes
 EVENT_NAMES: frozenset[str] = frozenset(MODELS)
 
 Listener = Callable[[Event], None]

@@ -173,13 +173,13 @@ class WriteQueue:
             self._run_inline(job)
             return
         with self._lock:
-            here = _running_loops <= 1 and not self._scheduled  # one loop, nothing of its own queued before
+            start = not self._scheduled
+            here = start and _running_loops <= 1  # one loop, nothing of its own queued before
             if not here:
                 if key is not None and self._jobs and self._jobs[-1][0] == key:
                     self._jobs[-1] = (key, job)
                 else:
                     self._jobs.append((key, job))
-                start = not self._scheduled
                 self._scheduled = True
         if here:
             self._run_here(job)

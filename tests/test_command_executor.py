@@ -390,12 +390,25 @@ def test_an_agents_change_to_the_state_after_the_timers_snapshot_is_undone_witho
     store.close_journal("t")
 
 
+def _later_saves_reach_readers(kws: Any, store: Any, state: Any, state_file: Path) -> None:
+    """Two more saves, each read back whole by a reader and by the summary; then the journal closes."""
+    from kiro import journal as kjournal
+    from kiro.state import StateStore
+
+    for i in (2, 3):
+        state.iteration = i
+        store.save(state)
+        assert StateStore(kws).load("t").state.iteration == i
+        summary = kjournal.read_summary(state_file)
+        assert summary is not None and summary["iteration"] == i
+    store.close_journal("t")
+
+
 def test_an_agent_that_replaces_the_journal_and_summary_does_not_cut_kiro_off_from_them(ws: Workspace) -> None:
     """Put back by rename, the journal was a new file and kiro's appends went on into the old one,
     which nobody reads: every later save was lost to readers, and `status` (the summary) froze."""
     from kiro import journal as kjournal
     from kiro.executors.control import ControlSnapshot
-    from kiro.state import StateStore
 
     kws, store, state, task = _journaled_loop(ws)
     snap = ControlSnapshot.take(kws, "t", task)
@@ -407,13 +420,7 @@ def test_an_agent_that_replaces_the_journal_and_summary_does_not_cut_kiro_off_fr
     touched = snap.restore(0, 0)
     assert sorted(touched) == [f".state/autonomous_loop_t{suffix} (changed; restored)"
                                for suffix in sorted((kjournal.JOURNAL_SUFFIX, kjournal.SUMMARY_SUFFIX))]
-    for i in (2, 3):
-        state.iteration = i
-        store.save(state)
-        assert StateStore(kws).load("t").state.iteration == i
-        summary = kjournal.read_summary(state_file)
-        assert summary is not None and summary["iteration"] == i
-    store.close_journal("t")
+    _later_saves_reach_readers(kws, store, state, state_file)
 
 
 def test_an_agents_change_the_timers_snapshot_wrote_over_is_still_named(ws: Workspace) -> None:
@@ -437,7 +444,6 @@ def test_an_agent_that_puts_folders_where_the_journal_and_summary_go_does_not_br
     again, and every later save still reaches readers."""
     from kiro import journal as kjournal
     from kiro.executors.control import ControlSnapshot
-    from kiro.state import StateStore
 
     kws, store, state, task = _journaled_loop(ws)
     snap = ControlSnapshot.take(kws, "t", task)
@@ -447,10 +453,4 @@ def test_an_agent_that_puts_folders_where_the_journal_and_summary_go_does_not_br
         (victim / "inside").mkdir(parents=True)
     touched = snap.restore(0, 0)
     assert all("restored" in t for t in touched) and len(touched) == 3, touched
-    for i in (2, 3):
-        state.iteration = i
-        store.save(state)
-        assert StateStore(kws).load("t").state.iteration == i
-        summary = kjournal.read_summary(state_file)
-        assert summary is not None and summary["iteration"] == i
-    store.close_journal("t")
+    _later_saves_reach_readers(kws, store, state, state_file)
