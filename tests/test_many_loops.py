@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -567,6 +568,20 @@ def _steps_alive(root: Path) -> list[int]:
     return alive
 
 
+def _reaper_gone(kiro_pid: int) -> bool:
+    """Whether the reaper of the kiro process `kiro_pid` has ended (`kiro.executors.groups`:
+    its arguments end with the mark it looks for, which begins with kiro's pid)."""
+    tail = f"\0kiro-reaper\0KIRO_REAPER\0{kiro_pid}.".encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if tail in (proc / "cmdline").read_bytes():
+                    return False
+            except OSError:
+                continue
+    return True
+
+
 def test_a_batch_start_killed_at_any_moment_loses_no_task_and_runs_no_step_twice(ws: Workspace) -> None:
     """`kiro loop start --task ... x20` SIGKILLed while it writes its loops' first files (when the
     first temp files appear, when some state files are in place) or at a random moment (then maybe
@@ -611,7 +626,10 @@ def test_a_batch_start_killed_at_any_moment_loses_no_task_and_runs_no_step_twice
             time.sleep(0.0005)
         proc.wait(timeout=60)
         # a step the kill cut short may still write its line: wait until the reaper has ended it, so that
-        # the line counts as the run before the kill (CI once counted it as a second run after it)
+        # the line counts as the run before the kill (CI once counted it as a second run after it). A step
+        # the kill caught between fork and exec carries no KIRO_WORKSPACE yet, and holds kiro's files
+        # (the loop's lock) until its exec: the reaper ends after it has let go, and after its last look
+        ws.wait_for(functools.partial(_reaper_gone, proc.pid), timeout=30, what="the killed start's reaper to end")
         ws.wait_for(lambda: not _steps_alive(ws.root), timeout=30, what="the killed start's steps to end")
         # what the kill left: everything reads, nothing torn
         ids_in_files = {}

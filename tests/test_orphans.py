@@ -148,3 +148,40 @@ def test_without_setpriv_steps_run_but_run_command_is_refused_as_root(tmp_path: 
         assert "setpriv" in text and "unavailable" in text
     else:
         assert "hi" in text
+
+
+# A kiro whose child takes the reaper's mark only after kiro has died, as a child that kiro's death
+# caught between fork and exec does (until exec its environment reads as kiro's, and it has already let
+# go of the pipe that tells the reaper kiro is gone). The child waits for kiro's end on a pipe of its
+# own, then execs into a process that carries the mark.
+LATE_EXEC = """
+import os, subprocess, sys
+from kiro.executors import groups
+name, mark = groups.start_reaper()
+r, w = os.pipe()
+env = {"PATH": os.environ["PATH"]}
+child = subprocess.Popen(["sh", "-c", f"read x; sleep 0.05; exec env {name}={mark} sleep 30"],
+                         stdin=r, env=env, start_new_session=True)
+print(child.pid, flush=True)
+sys.stdin.read()  # the test's cue to end (and with it w, the child's cue to exec)
+"""
+
+
+def test_a_child_that_takes_the_mark_just_after_kiro_died_is_still_killed() -> None:
+    import contextlib
+    import subprocess
+
+    with subprocess.Popen([sys.executable, "-c", LATE_EXEC], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as kiro:
+        assert kiro.stdout is not None
+        child = int(kiro.stdout.readline())
+        try:
+            kiro.kill()
+            kiro.wait(timeout=10)
+            deadline = time.monotonic() + 10
+            while alive(child):  # the reaper looks again 0.1 s and 0.5 s after its first look
+                assert time.monotonic() < deadline, "the child that took kiro's mark after its death outlived it"
+                time.sleep(0.02)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)

@@ -91,17 +91,22 @@ def wrap(argv: list[str], *, confine: bool = False) -> list[str]:
 # ends its steps itself), keeps the set of live groups kiro tells it about, and at end-of-file
 # (kiro gone, however it went) SIGKILLs each group left. POSIX sh (dash): no subshell per line.
 REAPER = (
-    "trap '' INT TERM HUP QUIT; g=' '; "
+    "trap '' INT TERM HUP QUIT; g=' '; m=\"$1=$2\"; "
+    "k() { for f in $(grep -lszxF \"$m\" /proc/[0-9]*/environ); do "
+    "p=${f#/proc/}; kill -s KILL \"${p%/environ}\"; done; }; "
     "while read -r op pg; do case $op in "
     "+) g=\"$g$pg \";; "
     "-) case $g in *\" $pg \"*) g=\"${g%% $pg *} ${g#* $pg }\";; esac;; "
     "esac; done; "
     "for pg in $g; do kill -s KILL -- \"-$pg\" 2>/dev/null; done; "
-    "for f in $(grep -lszxF \"$1=$2\" /proc/[0-9]*/environ); do p=${f#/proc/}; kill -s KILL \"${p%/environ}\"; done"
+    "k; sleep 0.1; k; sleep 0.4; k"
 )
-# The second pass: every process still carrying this kiro's mark in its environment (`REAPER_VAR`,
-# set on every child). It covers a child kiro died too early to register (between its fork and
-# `register`) and one that left its group (`setsid`) without clearing its environment.
+# The second pass (`k`): every process still carrying this kiro's mark in its environment
+# (`REAPER_VAR`, set on every child). It covers a child kiro died too early to register (between its
+# fork and `register`) and one that left its group (`setsid`) without clearing its environment. It is
+# made three times, at once and 0.1 s and 0.5 s later: a child that kiro's death caught between its
+# fork and its exec lets go of the pipe before its new environment can be read (until exec, its
+# /proc/<pid>/environ is kiro's), so the first look can miss it.
 REAPER_VAR = "KIRO_REAPER"
 
 
