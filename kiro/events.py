@@ -22,6 +22,16 @@ from typing import Any, ClassVar, Literal, NamedTuple, dataclass_transform
 
 from kiro import diskfull, safeio, timeutil
 from kiro.bounds import EVENT_FIELD_CHARS, clip_fields
+from kiro.records import (
+    FieldError,
+    check_any,
+    check_bool,
+    check_float,
+    check_int,
+    check_number,
+    check_str,
+    check_texts,
+)
 from kiro.redact import Redactor
 
 # -- the fields of a kind, read from its annotations ------------------------------------------
@@ -30,10 +40,6 @@ from kiro.redact import Redactor
 # instructions, and each kind's validator was built again on first use in every run. The types
 # events use are few; each gets a check that takes what pydantic's lax mode took of them (a number
 # written as text, a StrEnum, a tuple for a list) and turns it into the plain value that is written.
-
-
-class FieldError(ValueError):
-    """A value an event's field does not take, a field the kind does not have, or one it needs."""
 
 
 class _Field(NamedTuple):
@@ -49,80 +55,15 @@ class _Field(NamedTuple):
 def field(*, default: Any = None, default_factory: Callable[[], Any] | None = None, key: str | None = None) -> Any:
     """A field's default made per event (`default_factory`), or its name in the record when that is
     not a Python name (`key`: `from`). Only in a class body of an Event."""
-    return _Field(_any, default, default_factory, key or "")
+    return _Field(check_any, default, default_factory, key or "")
 
 
 _REQUIRED = object()
-_INT_TEXT = re.compile(r"\s*[+-]?\d+\s*")
-_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-def _str(v: Any) -> str:
-    if isinstance(v, str):
-        return v if type(v) is str else str.__str__(v)  # a StrEnum is written as its value
-    if isinstance(v, bytes | bytearray):
-        try:
-            return bytes(v).decode("utf-8")
-        except UnicodeDecodeError:
-            raise FieldError("a text is wanted, not bytes that are not UTF-8") from None
-    raise FieldError(f"a text is wanted, not {type(v).__name__}")
-
-
-def _int(v: Any) -> int:
-    if isinstance(v, int):
-        return v if type(v) is int else int(v)
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str) and _INT_TEXT.fullmatch(v):
-        return int(v)
-    raise FieldError(f"a whole number is wanted, not {v!r}"[:200])
-
-
-def _float(v: Any) -> float:
-    if isinstance(v, int | float):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            pass
-    raise FieldError(f"a number is wanted, not {v!r}"[:200])
-
-
-def _number(v: Any) -> int | float:
-    if isinstance(v, bool):
-        return int(v)
-    if type(v) is int or type(v) is float:
-        return v
-    if isinstance(v, str) and _INT_TEXT.fullmatch(v):
-        return int(v)
-    return _float(v)
-
-
-def _bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, int | float) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
-        return v.strip().lower() in _TRUE
-    raise FieldError(f"true or false is wanted, not {v!r}"[:200])
-
-
-def _texts(v: Any) -> list[str]:
-    if isinstance(v, list | tuple | set | frozenset):
-        return [_str(x) for x in v]
-    raise FieldError(f"a list of texts is wanted, not {type(v).__name__}")
-
-
-def _any(v: Any) -> Any:
-    return v
 
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
-    "str": _str, "int": _int, "float": _float, "bool": _bool, "Any": _any, "list[str]": _texts,
-    "int | float": _number,
+    "str": check_str, "int": check_int, "float": check_float, "bool": check_bool, "Any": check_any,
+    "list[str]": check_texts, "int | float": check_number,
 }
 _LITERAL = re.compile(r"Literal\[(['\"])(.*)\1\]")
 
@@ -235,7 +176,7 @@ def _collect_fields(cls: type[Event]) -> None:
         if annotation.startswith("ClassVar") or name.startswith("_"):
             continue
         value = cls.__dict__.get(name, _REQUIRED)
-        spec = value if isinstance(value, _Field) else _Field(_any, value, None, "")
+        spec = value if isinstance(value, _Field) else _Field(check_any, value, None, "")
         fields[name] = _Field(_check_for(cls.__name__, name, annotation), spec.default, spec.factory, spec.key or name)
         if isinstance(value, _Field):
             delattr(cls, name)  # the instance's own value is read, never the spec

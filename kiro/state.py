@@ -19,16 +19,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
-
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil, writer
 from kiro.errors import LockHeld, StateError, TaskNotFound
 from kiro.fsutil import Staged, fsync_dir
 from kiro.fsutil import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fsutil
+from kiro.records import Record, field
 from kiro.redact import Redactor
 from kiro.status import RECORDED, Status
 from kiro.usage import StepUsage
@@ -53,10 +53,10 @@ def clip(text: str | None, limit: int = TEXT_KEPT) -> str:
     return text[:half] + f"\n[... {len(text) - limit} characters cut ...]\n" + text[-half:]
 
 
-class _Model(BaseModel):
-    # Forward compatible: a newer kiro's extra fields survive a round trip through an older one.
-    # No NaN or infinity: kiro never writes one, and one read back poisons every sum and average.
-    model_config = ConfigDict(extra="allow", validate_assignment=False, allow_inf_nan=False)
+class _Model(Record):
+    """A part of the state (kiro.records, not pydantic): forward compatible, a newer kiro's extra
+    fields survive a round trip through an older one; no NaN or infinity, as kiro never writes one
+    and one read back poisons every sum and average."""
 
 
 RETRY_HORIZON_DAYS = 366
@@ -79,8 +79,8 @@ def _retry_time(value: str) -> str:
     return value
 
 
-IsoTime = Annotated[str, AfterValidator(_iso_time)]
-RetryTime = Annotated[str, AfterValidator(_retry_time)]
+IsoTime = Annotated[str, _iso_time]
+RetryTime = Annotated[str, _retry_time]
 
 
 class CurrentStep(_Model):
@@ -114,7 +114,7 @@ class FailedStep(_Model):
 class Context(_Model):
     last_prompt: str = ""
     last_response: str = ""
-    environment: dict[str, str] = Field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
 
 
 class StopConditions(_Model):
@@ -156,11 +156,9 @@ class StepRecord(_Model):
 
 class Transition(_Model):
     at: str
-    from_status: str = Field(alias="from")
+    from_status: str = field(alias="from")
     to: str
     reason: str | None = None
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
 class RollbackRecord(_Model):
@@ -171,8 +169,8 @@ class RollbackRecord(_Model):
     checkpoint: str | None = None  # the commit whose files came back
     commit: str | None = None  # the rollback's own commit (None: the files already matched)
     method: Literal["restore", "revert"] = "restore"
-    undone: list[str] = Field(default_factory=list)  # steps no longer completed
-    unchecked: list[str] = Field(default_factory=list)  # boxes unchecked (parents included)
+    undone: list[str] = field(default_factory=list)  # steps no longer completed
+    unchecked: list[str] = field(default_factory=list)  # boxes unchecked (parents included)
 
 
 class GitInfo(_Model):
@@ -189,8 +187,8 @@ class GitInfo(_Model):
     base_commit: str | None = None  # HEAD when the loop started (None: no commit yet)
     merge_status: Literal["merging", "merged", "conflict", "left"] | None = None
     merge_commit: str | None = None
-    conflict_files: list[str] = Field(default_factory=list)
-    rollbacks: list[RollbackRecord] = Field(default_factory=list)
+    conflict_files: list[str] = field(default_factory=list)
+    rollbacks: list[RollbackRecord] = field(default_factory=list)
 
 
 class ScheduleInfo(_Model):
@@ -206,6 +204,12 @@ class ScheduleInfo(_Model):
     fires: int = 1  # fires the current run stands for (more than 1: a catch-up run)
 
 
+def _recorded_status(value: Status) -> Status:
+    if value not in RECORDED:
+        raise ValueError(f"{value!r} is shown by `status`, never recorded")
+    return value
+
+
 def _plain_task_id(value: str) -> str:
     """The task id names files (`.state/autonomous_loop_<id>.json`): a plain name, never a path."""
     if not TASK_ID_RE.match(value) or ".." in value:
@@ -215,11 +219,11 @@ def _plain_task_id(value: str) -> str:
 
 class LoopState(_Model):
     schema_version: int = SCHEMA_VERSION
-    task_id: Annotated[str, AfterValidator(_plain_task_id)]
+    task_id: Annotated[str, _plain_task_id]
     task_path: str
-    status: Status = Status.PENDING
-    started_at: IsoTime = Field(default_factory=timeutil.iso)
-    updated_at: IsoTime = Field(default_factory=timeutil.iso)
+    status: Annotated[Status, _recorded_status] = Status.PENDING
+    started_at: IsoTime = field(default_factory=timeutil.iso)
+    updated_at: IsoTime = field(default_factory=timeutil.iso)
     iteration: int = 0
     max_iterations: int = 100
     consecutive_failures: int = 0
@@ -227,11 +231,11 @@ class LoopState(_Model):
     total_failures: int = 0
     total_successes: int = 0
     current_step: CurrentStep | None = None
-    completed_steps: list[CompletedStep] = Field(default_factory=list)
-    failed_steps: list[FailedStep] = Field(default_factory=list)
-    context: Context = Field(default_factory=Context)
-    stop_conditions: StopConditions = Field(default_factory=StopConditions)
-    metrics: Metrics = Field(default_factory=Metrics)
+    completed_steps: list[CompletedStep] = field(default_factory=list)
+    failed_steps: list[FailedStep] = field(default_factory=list)
+    context: Context = field(default_factory=Context)
+    stop_conditions: StopConditions = field(default_factory=StopConditions)
+    metrics: Metrics = field(default_factory=Metrics)
     # added by kiro (SPEC §4)
     workspace: str = ""
     pid: int | None = None
@@ -242,10 +246,10 @@ class LoopState(_Model):
     timeout_reached: bool = False
     timeout_seconds: float | None = None
     title: str | None = None
-    usage: Usage = Field(default_factory=Usage)
-    steps: dict[str, StepRecord] = Field(default_factory=dict)
-    history: list[Transition] = Field(default_factory=list)
-    guardrails: dict[str, Any] = Field(default_factory=dict)  # budgets that survive a restart (kiro.guardrails)
+    usage: Usage = field(default_factory=Usage)
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+    history: list[Transition] = field(default_factory=list)
+    guardrails: dict[str, Any] = field(default_factory=dict)  # budgets that survive a restart (kiro.guardrails)
     runs: int = 0
     finished_at: IsoTime | None = None
     report_path: str | None = None
@@ -259,14 +263,7 @@ class LoopState(_Model):
     journal_seq: int = 0  # the last journal record this snapshot includes (kiro.journal)
     # (the completed_steps list, how many of its durations are summed, the sum): refresh_metrics
     # adds only the new ones
-    _durations: tuple[object, int, float] = PrivateAttr(default=(None, 0, 0.0))
-
-    @field_validator("status")
-    @classmethod
-    def _recorded_status(cls, value: Status) -> Status:
-        if value not in RECORDED:
-            raise ValueError(f"{value!r} is shown by `status`, never recorded")
-        return value
+    _durations: tuple[object, int, float] = (None, 0, 0.0)  # set on the instance by refresh_metrics
 
     # -- transitions -----------------------------------------------------------------------
 
@@ -322,10 +319,9 @@ class LoopState(_Model):
         return self.model_dump_json(indent=2, by_alias=True)
 
 
-class LoadResult(BaseModel):
+@dataclass
+class LoadResult:
     """A loaded state, with where it came from and any warning for a person."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     state: LoopState
     path: Path
@@ -567,7 +563,7 @@ class StateStore:
                 continue
             try:
                 return LoadResult(state=self._read(candidate, task_id), path=candidate, archived=is_archive)
-            except (ValidationError, ValueError, OSError, safeio.UnreadableFile) as exc:
+            except (ValueError, OSError, safeio.UnreadableFile) as exc:
                 problem = f"{self.ws.relative_name(candidate)} is unreadable ({_short(exc)})"
                 break
         else:
@@ -578,7 +574,7 @@ class StateStore:
         for backup in self._backups(task_id):
             try:
                 state = self._read(backup, task_id)
-            except (ValidationError, ValueError, OSError, safeio.UnreadableFile):
+            except (ValueError, OSError, safeio.UnreadableFile):
                 continue
             warning = (f"{problem}; using the newest good backup {self.ws.relative_name(backup)} "
                        f"(iteration {state.iteration})")
@@ -589,7 +585,7 @@ class StateStore:
     def try_read(self, path: Path) -> LoopState | None:
         try:
             return self._read(path)
-        except (ValidationError, ValueError, OSError, safeio.UnreadableFile):
+        except (ValueError, OSError, safeio.UnreadableFile):
             return None
 
     def all_states(self, *, include_archive: bool = True,
@@ -1143,7 +1139,7 @@ def _remove_folder(path: Path) -> bool:
 
 
 def _extra_text(record: Any) -> str | None:
-    extra = record.__pydantic_extra__
+    extra = record.__dict__.get("_extra")
     return json.dumps(extra, sort_keys=True, default=str) if extra else None
 
 
@@ -1203,17 +1199,10 @@ def effective_status(state: LoopState, alive: bool) -> Status:
 def _short(exc: BaseException) -> str:
     if isinstance(exc, safeio.UnreadableFile):
         return exc.reason
-    if isinstance(exc, ValidationError):
-        errors = exc.errors(include_url=False)
-        if errors:
-            first = errors[0]
-            where = ".".join(str(part) for part in first["loc"])
-            more = f"; and {len(errors) - 1} more" if len(errors) > 1 else ""
-            return f"{where}: {first['msg']}{more}"[:200] if where else str(first["msg"])[:200]
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__
 
 
 def to_jsonable(state: LoopState) -> dict[str, Any]:
-    return json.loads(state.dump_json())  # type: ignore[no-any-return]
+    return state.model_dump(mode="json", by_alias=True)
 
