@@ -6,7 +6,7 @@
 Prints, as medians over fresh processes:
 - the whole command's wall time, and what is left after `python -c pass` and the step itself;
 - the same command through Typer (KIRO_NO_FAST_START=1), as every start ran before kiro.faststart;
-- the import of what the fast path loads (pydantic, the engine) alone;
+- the import of what the fast path loads (the engine: no pydantic since kiro.records) alone;
 - a floor for comparison: importing only the standard library pieces and PyYAML that any run of
   kiro's engine needs whatever its CLI and models are made of (asyncio, subprocess, json, yaml);
 - the run itself in a process that has imported everything: prepare_start + run_loops, minus the
@@ -221,7 +221,7 @@ def main() -> None:
               f"CPU {med(cpu_typer) * 1000:.0f} ms; the fast path saves "
               f"{(med(typer_whole) - med(whole)) * 1000:.0f} ms wall, "
               f"{(med(cpu_typer) - med(cpu_whole)) * 1000:.0f} ms CPU")
-        print(f"  of which importing pydantic and the engine (the fast path's imports): {med(imports) * 1000:.0f} ms "
+        print(f"  of which importing the engine (the fast path's imports): {med(imports) * 1000:.0f} ms "
               f"wall, {med(cpu_imports) * 1000:.0f} ms CPU")
         print(f"  the floor, importing only asyncio, subprocess, json and yaml (what the engine needs whatever "
               f"its CLI and models): {med(floors) * 1000:.0f} ms wall, {med(cpu_floors) * 1000:.0f} ms CPU "
