@@ -26,6 +26,7 @@ import copy
 import enum
 import json
 import re
+import sys
 import types
 from collections.abc import Callable
 from typing import (
@@ -39,7 +40,6 @@ from typing import (
     dataclass_transform,
     get_args,
     get_origin,
-    get_type_hints,
 )
 
 _NO_INPUT: Any = object()
@@ -395,6 +395,21 @@ def _then(check: Callable[[Any], Any], afters: list[Any]) -> Callable[[Any], Any
     return checked
 
 
+_EVALUATED: dict[tuple[str, str], Any] = {}
+
+
+def _evaluate(annotation: Any, module: str, names: dict[str, Any]) -> Any:
+    """An annotation as written (a string: `from __future__ import annotations`) as the type it names
+    in its module; one evaluation per module and text (`str | None` is written many times), where
+    typing.get_type_hints compiles each annotation of a class and its bases again."""
+    if not isinstance(annotation, str):
+        return annotation
+    key = (module, annotation)
+    if key not in _EVALUATED:
+        _EVALUATED[key] = eval(annotation, names)  # noqa: S307 - a class body's own annotation, as get_type_hints does
+    return _EVALUATED[key]
+
+
 # -- the record ---------------------------------------------------------------------------------
 
 
@@ -416,11 +431,13 @@ class Record:
         if extra is not None:
             cls._FORBID = extra == "forbid"
         own = cls.__dict__.get("__annotations__", {})
-        hints = get_type_hints(cls, include_extras=True)
+        names = vars(sys.modules[cls.__module__])
         fields = dict(cls.model_fields)
-        for name in own:
-            tp = hints[name]
-            if name.startswith("_") or get_origin(tp) is ClassVar:
+        for name, annotation in own.items():
+            if name.startswith("_") or (isinstance(annotation, str) and annotation.startswith("ClassVar")):
+                continue
+            tp = _evaluate(annotation, cls.__module__, names)
+            if get_origin(tp) is ClassVar:
                 continue
             value = cls.__dict__.get(name, _REQUIRED)
             given = value if isinstance(value, _Field) else _Field(check_any, value, None, None, None)
