@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kiro import safeio, tasks, timeutil
 from kiro.fsutil import atomic_write
 from kiro.messages import Inbox
@@ -53,6 +51,8 @@ def _split(text: str) -> tuple[dict[str, Any], str]:
         end = text.find("\n---", 4)
         if end != -1:
             head = text[4:end]
+            import yaml  # here: a start that reads no proposal never imports PyYAML
+
             try:  # too deep or an alias bomb: as unreadable (PyYAML's own loader recurses on depth)
                 meta = (yaml.safe_load(head) or {}) if safeio.yaml_shape_problem(head) is None else {}
             except yaml.YAMLError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import os
 import re
 import types
@@ -16,14 +17,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
-import yaml
-
-from kiro import safeio
+from kiro import plainyaml, safeio
 from kiro.errors import ConfigError
 from kiro.records import FieldError, Record, field
 from kiro.workspace import CONFIG_RELPATH
+
+if TYPE_CHECKING:
+    import yaml
 
 
 def _none_is_empty(value: Any) -> Any:
@@ -291,20 +293,30 @@ ENV_KEYS: dict[str, str] = {
 # -- reading YAML ------------------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads `17:30` as the text "17:30".
+_BASE_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
+
+
+@functools.cache
+def _loader() -> type[yaml.SafeLoader]:
+    """PyYAML's SafeLoader, reading `17:30` as the text "17:30" (made, and PyYAML imported, on first
+    use: a plain config is read by kiro.plainyaml, and a start that reads only plain YAML never imports
+    PyYAML, a sixth of its instructions).
 
     YAML 1.1 (PyYAML) reads an unquoted `17:30` as the base-60 integer 1050, which would turn
     `active_hours: {start: 09:00, end: 17:30}` into a baffling type error.
     """
+    import yaml
 
+    class _Loader(yaml.SafeLoader):
+        pass
 
-_Loader.yaml_implicit_resolvers = {
-    first: list(resolvers) for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_BASE_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
-for _first in "-+0123456789":
-    _Loader.yaml_implicit_resolvers[_first].insert(0, ("tag:yaml.org,2002:str", _BASE_60))
+    _Loader.yaml_implicit_resolvers = {
+        first: list(resolvers) for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    for first in "-+0123456789":
+        _Loader.yaml_implicit_resolvers[first].insert(0, ("tag:yaml.org,2002:str", _BASE_60))
+    return _Loader
+
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -348,11 +360,16 @@ def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]
             f"not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8", file=name, line=line
         ) from None
 
+    plain = plainyaml.load(text)
+    if plain is not None:
+        return plain
     shape = safeio.yaml_shape_problem(text)
     if shape is not None:
         raise ConfigError(f"YAML refused: {shape}", file=name)
+    import yaml
+
     try:
-        loader = _Loader(text)  # the reader rejects control characters here
+        loader = _loader()(text)  # the reader rejects control characters here
         try:
             node = loader.get_single_node()
             if node is not None:
@@ -378,6 +395,8 @@ def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]
 
 
 def _yaml_error(exc: yaml.YAMLError, text: str, name: str) -> ConfigError:
+    import yaml
+
     """PyYAML's multi-line report, as one line that names the line number."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
@@ -394,6 +413,8 @@ def _yaml_error(exc: yaml.YAMLError, text: str, name: str) -> ConfigError:
 
 def _check_duplicate_keys(node: yaml.Node, name: str, active: frozenset[int] = frozenset()) -> None:
     """PyYAML keeps the last of two equal keys silently; a person almost always meant one of them."""
+    import yaml
+
     if id(node) in active:  # a recursive alias
         return
     active = active | {id(node)}
@@ -417,6 +438,8 @@ def _check_duplicate_keys(node: yaml.Node, name: str, active: frozenset[int] = f
 def _collect_lines(node: yaml.MappingNode, prefix: tuple[str, ...], lines: dict[str, int],
                    active: set[int]) -> None:
     """Record the line of each key under `node`; later keys win, as they do in the loaded mapping."""
+    import yaml
+
     active.add(id(node))
     for key_node, value_node in node.value:
         if not isinstance(key_node, yaml.ScalarNode):
@@ -626,8 +649,10 @@ def _env_value(var: str, dotted: str, text: str) -> Any:
     shape = safeio.yaml_shape_problem(text)
     if shape is not None:
         raise ConfigError(f"environment {var}: YAML refused: {shape}", key=dotted)
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_Loader)
+        return yaml.load(text, Loader=_loader())
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise ConfigError(f"environment {var}: not a valid value: {problem}", key=dotted) from None

@@ -154,6 +154,13 @@ def yaml_dump(data: object, **options: Any) -> str:
     faster (a completion report's frontmatter was ~0.3 ms of each loop's end, issue #12), and its
     text reads back as the same data where PyYAML's own emitter's may not (a string holding NEL,
     U+0085, came back with a space in it)."""
+    if isinstance(data, dict) and set(options) <= {"sort_keys", "allow_unicode", "default_flow_style", "width"} \
+            and not options.get("default_flow_style"):
+        from kiro import plainyaml  # a flat mapping of plain values (Dashboard.md's, a report's): no PyYAML
+
+        text = plainyaml.dump(data, sort_keys=options.get("sort_keys", True), width=options.get("width", 80))
+        if text is not None:
+            return text
     import yaml
 
     dumper: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

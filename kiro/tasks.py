@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
-from kiro import ownwrites, safeio
+from kiro import ownwrites, plainyaml, safeio
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.fsutil import Staged, atomic_write
 
@@ -404,19 +404,11 @@ def _parse_frontmatter(
             "add a '---' line after the YAML keys (or remove the first line)"
         )
     body = "\n".join(line.rstrip("\r") for line in lines[1:close])
-    shape = safeio.yaml_shape_problem(body)
-    if shape is not None:
-        raise TaskFileError(f"{where}:2: frontmatter YAML refused: {shape}")
-    yaml, loader = _yaml()
-    try:
-        data = yaml.load(body, Loader=loader) if body.strip() else None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 2 if mark is not None else 2
-        problem = getattr(e, "problem", None) or str(e)
-        raise TaskFileError(
-            f"{where}:{line}: frontmatter is not valid YAML: {_one_line(str(problem))}"
-        ) from e
+    plain = plainyaml.load(body)  # `title: Add login`, `executor: shell`: no PyYAML needed
+    if plain is not None:
+        data: Any = plain[0] or None
+    else:
+        data = _yaml_frontmatter(body, where)
     if data is None:
         return {}, (0, close), {}
     if not isinstance(data, dict):
@@ -434,6 +426,22 @@ def _parse_frontmatter(
                 f"put the value in quotes"
             )
     return fm, (0, close), key_lines
+
+
+def _yaml_frontmatter(body: str, where: str) -> Any:
+    shape = safeio.yaml_shape_problem(body)
+    if shape is not None:
+        raise TaskFileError(f"{where}:2: frontmatter YAML refused: {shape}")
+    yaml, loader = _yaml()
+    try:
+        return yaml.load(body, Loader=loader) if body.strip() else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 2 if mark is not None else 2
+        problem = getattr(e, "problem", None) or str(e)
+        raise TaskFileError(
+            f"{where}:{line}: frontmatter is not valid YAML: {_one_line(str(problem))}"
+        ) from e
 
 
 def _dedent(lines: list[str]) -> list[str]:
