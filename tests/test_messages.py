@@ -153,7 +153,10 @@ def test_send_message_from_loop_a_reaches_loop_b(ws: Workspace, fake: FakeOpenAI
     heading = f"## Message from loop {ids['alpha']}"
     assert sum(len(_with(r, heading)) for r in beta_reqs) == 1  # delivered once, in one request
     got = next(m for r in beta_reqs for m in _with(r, heading))
-    assert got["role"] == "user" and got["content"].startswith(f"{heading}\n{NEWS}")
+    # a message of its own while beta waits, or the end of beta's first prompt when alpha was quicker
+    # (one process, both loops starting together: CI saw both)
+    assert got["role"] == "user" and f"{heading}\n{NEWS}" in got["content"]
+    assert got["content"].startswith(heading) or got["content"].startswith("# Task Continuation Context")
     alpha_events = [e["event"] for e in ws.events(ids["alpha"])]
     assert "message_sent" in alpha_events
     assert [e["event"] for e in ws.events(ids["beta"])].count("message_delivered") == 1
