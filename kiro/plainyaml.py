@@ -34,7 +34,7 @@ _SCALAR = (r'"([^"\\\x00-\x08\x0a-\x1f\x7f]*)"|\'([^\'\x00-\x08\x0a-\x1f\x7f]*)\
            r"|(-?(?:0|[1-9][0-9]*)\.[0-9]+)|(-?(?:0|[1-9][0-9]{0,17}))"
            r"|(~|\.\.?(?:/[A-Za-z0-9_./-]*)?|" + _WORDS + r"[A-Za-z0-9.)])")
 _VALUE = re.compile(r"(?:" + _SCALAR + r")(?:[ ]+#.*)?")
-_ITEM = re.compile(r"[ ]*(?:" + _SCALAR.replace(" _.,/()+-", " _./()+-") + r")[ ]*")
+_ITEM = r"[ ]*(?:" + _SCALAR.replace(" _.,/()+-", " _./()+-") + r")[ ]*"  # a flow list's item (compiled on use)
 # what PyYAML's reader refuses (yaml/reader.py: all but \t \n \r, \x20-\x7e, \x85, \xa0-\ud7ff,
 # \ue000-\ufffd and beyond \uffff), and the line breaks of YAML 1.1 other than \n and \r (\x85,
 # \u2028, \u2029). Written as the few ranges it is, not as PyYAML's negated class: compiling that
@@ -74,7 +74,7 @@ def _value(text: str) -> tuple[bool, Any]:
             return True, []
         items = []
         for part in inner.split(","):
-            m = _ITEM.fullmatch(part)
+            m = re.fullmatch(_ITEM, part)
             if m is None:
                 return False, None
             items.append(_scalar(m))
