@@ -441,6 +441,9 @@ class Record:
                 continue
             value = cls.__dict__.get(name, _REQUIRED)
             given = value if isinstance(value, _Field) else _Field(check_any, value, None, None, None)
+            if isinstance(given.default, list | dict | set):
+                raise TypeError(f"{cls.__name__}.{name}: a list, dict or set default would be shared by every "
+                                f"record; use field(default_factory=...)")
             check, dump = _spec(f"{cls.__name__}.{name}", tp)
             if given.limits:
                 check = _limited(check, given.limits)
