@@ -92,9 +92,9 @@ def load(text: str) -> tuple[dict[str, Any], dict[str, int]] | None:
         return None  # PyYAML's reader refuses these characters and says where, or breaks the line at them
     root: dict[str, Any] = {}
     lines: dict[str, int] = {}
-    # the open mappings, innermost last: (indent of its keys or -1 until its first key, mapping, path)
+    # the open mappings, innermost last: (the indent of its keys, the mapping, the keys that lead to it)
     stack: list[tuple[int, dict[str, Any], tuple[str, ...]]] = [(0, root, ())]
-    pending: tuple[str, dict[str, Any], int] | None = None  # a `key:` with no value yet: (key, parent, line)
+    pending: tuple[str, dict[str, Any]] | None = None  # a `key:` with no value yet, and its mapping
     for number, raw in enumerate(text.split("\n"), 1):
         line = raw[:-1] if raw.endswith("\r") else raw
         stripped = line.strip(" ")
@@ -111,7 +111,7 @@ def load(text: str) -> tuple[dict[str, Any], dict[str, int]] | None:
         if pending is not None:
             parent_indent = stack[-1][0]
             if indent > parent_indent:  # the pending key opens a mapping
-                name, parent, _ = pending
+                name, parent = pending
                 child: dict[str, Any] = {}
                 parent[name] = child
                 stack.append((indent, child, (*stack[-1][2], name)))
@@ -130,7 +130,7 @@ def load(text: str) -> tuple[dict[str, Any], dict[str, int]] | None:
         lines[".".join((*path, key))] = number
         if rest is None or rest.startswith("#"):  # nothing, or a comment: null, or a mapping's first line
             mapping[key] = None
-            pending = (key, mapping, number)
+            pending = (key, mapping)
             continue
         understood, value = _value(rest)
         if not understood:
