@@ -245,7 +245,7 @@ def _limited(check: Callable[[Any], Any], limits: tuple[tuple[str, Any], ...]) -
     return bounded
 
 
-_PLAIN: dict[Any, Callable[[Any], Any]] = {
+_SCALARS: dict[Any, Callable[[Any], Any]] = {
     str: check_str, int: check_int, float: check_finite, bool: check_bool, Any: check_any,
 }
 _Dump = Callable[[Any, bool, bool], Any]
@@ -284,8 +284,8 @@ def _dump_record(v: Any, as_json: bool, by_alias: bool) -> dict[str, Any]:
 def _spec(owner: str, tp: Any) -> tuple[Callable[[Any], Any], _Dump | None]:
     """The check of a type and how a value of it is written (None: as it is)."""
     origin = get_origin(tp)
-    if tp in _PLAIN:
-        return _PLAIN[tp], _plain_copy if tp is Any else None
+    if tp in _SCALARS:
+        return _SCALARS[tp], _plain_copy if tp is Any else None
     if origin is Annotated:
         base, *afters = get_args(tp)
         inner, dump = _spec(owner, base)
