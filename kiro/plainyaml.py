@@ -43,9 +43,9 @@ _UNREADABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029\ud800
 _LINE = re.compile(r"( *)([A-Za-z_][A-Za-z0-9_.-]*):(?:[ ]+(.*?))?[ ]*")
 
 
-def _scalar(m: re.Match[str], first: int = 1) -> Any:
-    """The value of a matched `_SCALAR` (its groups from `first`)."""
-    double, single, decimal, whole, word = m.group(first, first + 1, first + 2, first + 3, first + 4)
+def _scalar(m: re.Match[str]) -> Any:
+    """The value of a matched `_SCALAR`."""
+    double, single, decimal, whole, word = m.group(1, 2, 3, 4, 5)
     if double is not None:
         return double
     if single is not None:

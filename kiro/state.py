@@ -1139,7 +1139,7 @@ def _remove_folder(path: Path) -> bool:
 
 
 def _extra_text(record: Any) -> str | None:
-    extra = record.__dict__.get("_extra")
+    extra = record.model_extra
     return json.dumps(extra, sort_keys=True, default=str) if extra else None
 
 
