@@ -1,24 +1,33 @@
 """A full disk stops the loop cleanly instead of blaming the step that happened to run.
 
-When a loop starts or resumes, kiro sets aside a small reserve file beside the state
-(`.state/.kiro-reserve-<task_id>`, allocated with fallocate, so the blocks are really taken). When a
-write of kiro's own (a checkbox, the state, the event log) then fails with ENOSPC or EDQUOT, kiro
-deletes the reserves this process holds and tries that write once more: the room freed is enough
-to check the box of the step that just succeeded, save the state and log why kiro stops. The loop
-then stops at its next safe point with status `stopped`, reason `disk_full`, exit code 1, and a
-message that says the disk is full. Nothing counts as a failed attempt; `kiro loop resume` continues
-once there is space again (it takes a new reserve first, and says so when it cannot).
+When a loop starts or resumes, kiro sets aside room beside the state: each process that runs loops
+holds one reserve file per state folder (`.state/.kiro-reserve-<pid>`, allocated with fallocate, so
+the blocks are really taken), grown by each loop's share as the loop starts and shrunk by it as the
+loop ends; the file is gone when the process holds no loop there. When a write of kiro's own (a
+checkbox, the state, the event log) then fails with ENOSPC or EDQUOT, kiro frees every reserve this
+process holds and tries that write once more: the room freed is enough to check the box of the step
+that just succeeded, save the state and log why kiro stops. The loop then stops at its next safe
+point with status `stopped`, reason `disk_full`, exit code 1, and a message that says the disk is
+full. Nothing counts as a failed attempt; `kiro loop resume` continues once there is space again (it
+takes a new reserve first, and says so when it cannot).
 
 When even the retried write fails, `DiskFull` is raised: one line on stderr, exit 1; the state then
 says what it said before the write (a loop left `running` by a process that is gone shows as
 `interrupted` and resumes).
+
+A process holds its reserve file's lock (flock) while it has the file: the first reserve a process
+takes in a state folder removes the reserve files of processes that are gone (killed), found by
+their lock being free. One file per process, not per loop: creating a file is the dearest thing a
+start does on a disk that scans for free inodes (1,000 loops started together made 1,000 of them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -27,9 +36,9 @@ from kiro.errors import RunError
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 RESERVE_MIN_BYTES = 128 * 1024
+RESERVE_PREFIX = ".kiro-reserve-"
 T = TypeVar("T")
 
-_reserves: set[Path] = set()  # reserve files this process holds
 _hit: list[str] = []  # the files whose writes found the disk full (the first one is named)
 
 
@@ -47,54 +56,164 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
 
-def reserve_path(state_dir: Path, task_id: str) -> Path:
-    return state_dir / f".kiro-reserve-{task_id}"
+class _Reserve:
+    """This process's reserve file in one state folder: its open, locked descriptor and each loop's share."""
 
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.shares: dict[str, int] = {}
 
-def reserve(path: Path, size: int) -> None:
-    """Take `size` bytes (at least RESERVE_MIN_BYTES) in a reserve file; DiskFull when the disk has
-    not even that much room (then nothing is left behind)."""
-    size = max(size, RESERVE_MIN_BYTES)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    @property
+    def size(self) -> int:
+        return sum(self.shares.values())
+
+    def resize(self, size: int) -> None:
+        """Make the file hold `size` bytes of really taken blocks (fewer: the rest freed)."""
+        have = os.fstat(self.fd).st_size
+        if size <= have:
+            os.ftruncate(self.fd, size)
+            return
         try:
             try:
-                os.posix_fallocate(fd, 0, size)
+                os.posix_fallocate(self.fd, have, size - have)
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
-                os.ftruncate(fd, 0)  # a filesystem without fallocate: write the bytes out
-                os.write(fd, b"\0" * size)
+                os.pwrite(self.fd, b"\0" * (size - have), have)  # a filesystem without fallocate
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, have)  # what a failed allocation took, given back
+            raise
+
+    def close(self) -> None:
+        """Free the blocks and remove the file (truncated first: an unlinked file keeps its blocks
+        while it is open)."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self.fd)
+
+
+_lock = threading.Lock()
+_held: dict[Path, _Reserve] = {}  # state folder -> this process's reserve there
+
+
+def reserve_path(state_dir: Path) -> Path:
+    """The name of this process's reserve file in `state_dir` (once it has one: `held_reserve`)."""
+    return state_dir / f"{RESERVE_PREFIX}{os.getpid()}"
+
+
+def held_reserve(state_dir: Path) -> Path | None:
+    found = _held.get(state_dir)
+    return found.path if found is not None else None
+
+
+def _open(state_dir: Path) -> _Reserve:
+    """This process's reserve file in `state_dir`, created empty and locked; the reserve files of
+    processes that are gone are removed first. A file left by a dead process of the same pid is
+    taken over; one locked by a live process of the same pid (another host sharing the folder) is
+    stepped around."""
+    sweep(state_dir)
+    base = reserve_path(state_dir)
+    for n in range(100):
+        path = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        return _Reserve(path, fd)
+    raise OSError(errno.EEXIST, "no free name for a reserve file", str(base))
+
+
+def sweep(state_dir: Path) -> None:
+    """Remove the reserve files in `state_dir` that no process holds: their process was killed.
+    (A reserve file of kiro before 2026-11-27, one per loop and unlocked, is removed too, even when
+    an older kiro still runs that loop: that loop then has no reserve.)"""
+    try:
+        names = [n for n in os.listdir(state_dir) if n.startswith(RESERVE_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = state_dir / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # free: a dead process's. (A process that created it a moment ago and has not locked it
+            # yet finds it unlinked: its reserve still holds its blocks, under no name.)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        except OSError:
+            pass  # held by a running process
         finally:
             os.close(fd)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        if is_disk_full(exc):
-            raise DiskFull(f"a {size // 1024} KiB reserve in {path.parent}", exc.strerror or "",
-                           then="run the command again") from None
-        raise
-    if not _reserves:
-        _hit.clear()  # no loop of this process is running and there is room again: an old full disk is past
-    _reserves.add(path)
 
 
-def drop(path: Path) -> None:
-    """Give a reserve back (the loop ended)."""
-    _reserves.discard(path)
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+def reserve(state_dir: Path, owner: str, size: int) -> None:
+    """Take `size` bytes (at least RESERVE_MIN_BYTES) for loop `owner` in this process's reserve in
+    `state_dir` (a loop that has a share already has it replaced); DiskFull when the disk has not even
+    that much room (then the reserve is as it was, and no file is left for a process with no share)."""
+    size = max(size, RESERVE_MIN_BYTES)
+    with _lock:
+        res = _held.get(state_dir)
+        try:
+            if res is None:
+                res = _open(state_dir)
+            before = res.shares.get(owner)
+            res.shares[owner] = size
+            try:
+                res.resize(res.size)
+            except BaseException:
+                if before is None:
+                    del res.shares[owner]
+                else:
+                    res.shares[owner] = before
+                raise
+        except OSError as exc:
+            if res is not None and not res.shares:
+                _held.pop(state_dir, None)
+                res.close()
+            if is_disk_full(exc):
+                raise DiskFull(f"a {size // 1024} KiB reserve in {state_dir}", exc.strerror or "",
+                               then="run the command again") from None
+            raise
+        _held[state_dir] = res
+        if len(_held) == 1 and len(res.shares) == 1:
+            _hit.clear()  # no other loop of this process is running and there is room again: an old full disk is past
+
+
+def drop(state_dir: Path, owner: str) -> None:
+    """Give loop `owner`'s share back (the loop ended); the file goes with the last share."""
+    with _lock:
+        res = _held.get(state_dir)
+        if res is None or res.shares.pop(owner, None) is None:
+            return
+        if res.shares:
+            with contextlib.suppress(OSError):
+                res.resize(res.size)
+            return
+        del _held[state_dir]
+        res.close()
 
 
 def release_all() -> bool:
-    """Delete every reserve this process holds, to make room; True when there was one."""
-    freed = False
-    for path in list(_reserves):
-        _reserves.discard(path)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-            freed = True
-    return freed
+    """Free every reserve this process holds, to make room; True when there was one."""
+    with _lock:
+        held = list(_held.values())
+        _held.clear()
+    for res in held:
+        res.close()
+    return bool(held)
 
 
 def note_low_space(fd: int, what: str | Path, needed: int) -> bool:

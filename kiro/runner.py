@@ -403,12 +403,11 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         room_for_loops(1)
         lock = store.acquire(tid, write_role=batch is None)
         _hold(ws, tid)
-        reserve = diskfull.reserve_path(ws.state_dir, tid)
         try:
             reserve_bytes = _reserve_bytes(task_path, None)
             if batch is None:
                 cleanup.remove_stale_temp_files(ws, task_path)
-                diskfull.reserve(reserve, reserve_bytes)
+                diskfull.reserve(ws.state_dir, tid, reserve_bytes)
             else:
                 batch.sweep(ws, task_path)
             state = LoopState(
@@ -426,7 +425,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             else:  # on disk before the batch lets go of the start guard
 
                 def create(staged: Staged) -> None:
-                    diskfull.reserve(reserve, reserve_bytes)
+                    diskfull.reserve(ws.state_dir, tid, reserve_bytes)
                     store.set_role(tid, "loop")
                     store.stage_new(state, staged)
                     tasks.stage_frontmatter_key(task_path, "kiro_task_id", tid, expected=task, staged=staged,
@@ -437,10 +436,10 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             if index is not None:
                 index.note(state, written=batch is None)
         except BaseException:
-            _release(store, tid, lock, reserve)
+            _release(store, tid, lock)
             raise
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
-                   release=lambda: _release(store, tid, lock, reserve), executor=executor, lock=lock)
+                   release=lambda: _release(store, tid, lock), executor=executor, lock=lock)
 
 
 FILES_PER_LOOP = 8
@@ -491,9 +490,9 @@ def _unhold(ws: Workspace, task_id: str) -> None:
         _held.discard((str(ws.state_dir), task_id))
 
 
-def _release(store: StateStore, task_id: str, lock: Flock, reserve: Path) -> None:
+def _release(store: StateStore, task_id: str, lock: Flock) -> None:
     _unhold(store.ws, task_id)
-    diskfull.drop(reserve)
+    diskfull.drop(store.ws.state_dir, task_id)
     store.release(task_id, lock)
 
 
@@ -533,7 +532,6 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
     room_for_loops(1)
     lock = held_lock or store.acquire(task_id)
     _hold(ws, task_id)
-    reserve = diskfull.reserve_path(ws.state_dir, task_id)
     try:
         loaded = store.load(task_id)  # re-read under the lock: the holder may just have finished
         state = loaded.state
@@ -556,7 +554,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             warnings += unused_command_warning(cfg, executor_name)
             executor = executors.create(executor_name, cfg, ws, task_id)
         cleanup.remove_stale_temp_files(ws, path)
-        diskfull.reserve(reserve, _reserve_bytes(path, store.path(task_id)))
+        diskfull.reserve(ws.state_dir, task_id, _reserve_bytes(path, store.path(task_id)))
         if where == "Needs_Action" or ws.area_of(path) == "Needs_Action":
             back = ws.counterpart(path, "Specs")
             back.parent.mkdir(parents=True, exist_ok=True)
@@ -594,12 +592,12 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             store.unarchive(task_id)
     except BaseException:
         _unhold(ws, task_id)
-        diskfull.drop(reserve)
+        diskfull.drop(ws.state_dir, task_id)
         if held_lock is None:
             store.release(task_id, lock)
         raise
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
-                   release=lambda: _release(store, task_id, lock, reserve), executor=executor, lock=lock)
+                   release=lambda: _release(store, task_id, lock), executor=executor, lock=lock)
 
 
 def paused_by_hooks(store: StateStore) -> list[LoopState]:

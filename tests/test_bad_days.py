@@ -259,6 +259,99 @@ def test_a_batch_start_on_a_full_disk_says_so_and_leaves_nothing_behind(small_di
         assert (root / f"Specs/{name}/tasks.md").read_text() == text
 
 
+def _reserves(state: Path) -> dict[str, int]:
+    """The reserve files in `state` and the bytes really taken by each."""
+    return {p.name: p.stat().st_blocks * 512 for p in state.glob(".kiro-reserve-*")}
+
+
+def test_loops_of_one_process_share_one_reserve_file_that_shrinks_as_they_end(tmp_path: Path) -> None:
+    """Three loops started together take one reserve file (one new file, not three), holding each
+    loop's share; a loop that ends gives its share back, and the last one removes the file."""
+    from kiro.runner import LoopIndex, StartBatch, prepare_start
+    from kiro.state import StateStore
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    root = tmp_path / "vault"
+    for name in ("Specs", ".state", "config"):
+        (root / name).mkdir(parents=True)
+    (root / "config/autonomous_loop.yaml").write_text(FAST_CONFIG)
+    for name in ("a", "b", "c"):
+        (root / f"Specs/{name}").mkdir()
+        (root / f"Specs/{name}/tasks.md").write_text(shell_task(1))
+    ws = KiroWorkspace(root)
+    with StartBatch() as batch:
+        runs = [prepare_start(ws, f"Specs/{n}/tasks.md", task_id=n, index=LoopIndex(StateStore(ws)), batch=batch)
+                for n in ("a", "b", "c")]
+    held = _reserves(root / ".state")
+    assert list(held) == [f".kiro-reserve-{os.getpid()}"], held
+    [three] = held.values()
+    assert three >= 3 * 128 * 1024, held
+    runs[0].release()
+    [two] = _reserves(root / ".state").values()
+    assert 2 * 128 * 1024 <= two < three
+    runs[1].release()
+    runs[2].release()
+    assert _reserves(root / ".state") == {}
+
+
+HOLD_A_RESERVE = """
+import os, sys, time
+from pathlib import Path
+from kiro import diskfull
+diskfull.reserve(Path(sys.argv[1]), "x", 0)
+print("held", flush=True)
+if sys.argv[2] == "die":
+    os.kill(os.getpid(), 9)
+time.sleep(60)
+"""
+
+
+def test_a_killed_process_reserve_is_removed_by_the_next_one_and_a_live_one_is_kept(tmp_path: Path) -> None:
+    from kiro import diskfull
+
+    state = tmp_path / ".state"
+    state.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    killed = subprocess.run([sys.executable, "-c", HOLD_A_RESERVE, str(state), "die"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL and killed.stdout == "held\n", killed.stderr
+    [old] = _reserves(state)
+    (state / ".kiro-reserve-t1").write_bytes(b"\0" * 4096)  # one per loop, as kiro before 2026-11-27 left them
+    with subprocess.Popen([sys.executable, "-c", HOLD_A_RESERVE, str(state), "live"], env=env,
+                          stdout=subprocess.PIPE, text=True) as live:
+        try:
+            assert live.stdout is not None and live.stdout.readline() == "held\n"
+            diskfull.reserve(state, "mine", 0)
+            try:
+                assert sorted(_reserves(state)) == sorted([f".kiro-reserve-{live.pid}", f".kiro-reserve-{os.getpid()}"])
+            finally:
+                diskfull.drop(state, "mine")
+            assert list(_reserves(state)) == [f".kiro-reserve-{live.pid}"]
+        finally:
+            live.kill()
+    assert old not in _reserves(state)
+
+
+def test_a_reserve_that_does_not_fit_leaves_the_others_as_they_were(small_disk: Path) -> None:
+    from kiro import diskfull
+
+    state = small_disk / ".state"
+    state.mkdir()
+    diskfull.reserve(state, "a", 0)
+    try:
+        [one] = _reserves(state).values()
+        _fill(small_disk / "more")
+        with pytest.raises(diskfull.DiskFull, match="disk full: could not write a 128 KiB reserve"):
+            diskfull.reserve(state, "b", 0)
+        assert list(_reserves(state).values()) == [one]
+    finally:
+        diskfull.drop(state, "a")
+    assert _reserves(state) == {}
+    with pytest.raises(diskfull.DiskFull):
+        diskfull.reserve(state, "c", 1024 * 1024)  # no room: and no file is left behind
+    assert _reserves(state) == {}
+
+
 # -- standard output on a full disk ------------------------------------------------------------------------
 
 FULL_OUTPUT = [
