@@ -8,14 +8,12 @@ line and the key, and suggest the closest known key.
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import os
 import re
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
@@ -461,6 +459,8 @@ def _kind(value: Any) -> str:
 
 def default_config_yaml() -> str:
     """The commented defaults that `kiro init` writes; the same text as `config/autonomous_loop.yaml`."""
+    from importlib import resources  # not for every run: it imports tempfile, random, ...
+
     return resources.files("kiro").joinpath("default_config.yaml").read_text(encoding="utf-8")
 
 
@@ -764,6 +764,8 @@ def _suggestion(loc: tuple[str, ...]) -> str:
     if not (isinstance(model, type) and issubclass(model, Record)):
         return ""
     valid = list(model.model_fields)
+    import difflib
+
     close = difflib.get_close_matches(loc[-1], valid, n=1)
     if close:
         return f" (did you mean {close[0]!r}?)"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import signal
 import socket
 import stat
@@ -24,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiro import (
     approval,
@@ -66,6 +65,9 @@ from kiro.usage import StepUsage
 from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.workspace import Workspace
 from kiro.writer import WriteQueue
+
+if TYPE_CHECKING:
+    import random
 
 
 @dataclass
@@ -177,7 +179,7 @@ class Loop:
         self._ledger: groups.Ledger | None = None  # this run's process groups (kiro.executors.groups)
         self._signal_stop: Stop | None = None
         self._pending_stop: Stop | None = None
-        self._rng = random.Random()
+        self._rng: random.Random | None = None  # made at the first backoff (random is not imported by every run)
         self._base_elapsed = self.state.metrics.total_duration_seconds
         self._run_started = time.monotonic()
         self._first_iteration_of_run = True
@@ -942,6 +944,10 @@ class Loop:
         rec.attempts = attempt
         rec.last_error = clip(error, 3000)
         rec.last_verify_output = clip(verify_output, 3000) if verify_output else None
+        if self._rng is None:
+            import random
+
+            self._rng = random.Random()
         delay = backoff_delay(attempt, self.settings.backoff_base_seconds, self.settings.backoff_max_seconds,
                               self.settings.exponential_backoff, self._rng)
         rec.next_retry_at = timeutil.iso(timeutil.now() + timedelta(seconds=delay)) if delay > 0 else None

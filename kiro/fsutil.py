@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from kiro import ownwrites
 TEMP_SUFFIX = ownwrites.TEMP_SUFFIX
 
 
-_temp_serial = itertools.count(secrets.randbits(32))  # unique per call in this process, no syscall each
+_temp_serial = itertools.count(int.from_bytes(os.urandom(4)))  # unique per call in this process, no syscall each
 
 
 def temp_name(name: str) -> str:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
+import errno
+import os
 from typing import TYPE_CHECKING, Final
 
 from kiro import dashboard, events, ownwrites, reports, tasks, timeutil
@@ -71,7 +72,14 @@ class DoneMover(LoopListener):
             stamp = timeutil.now().strftime("%Y%m%d_%H%M%S")
             target = target.with_name(f"{target.stem}_{loop.state.task_id}_{stamp}{target.suffix}")
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(source), str(target))
+        try:
+            os.rename(source, target)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            import shutil  # Done/ on another file system: copied (shutil is not imported by every run)
+
+            shutil.move(str(source), str(target))
         ownwrites.note_own_removal(source)  # kiro's own move wakes no watcher of this process
         ownwrites.note_own_write(target)
         with contextlib.suppress(OSError):  # leave no empty spec folder behind in Specs/

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,13 @@ from kiro.workspace import Workspace, check_task_id
 
 MESSAGE_MAX_CHARS = 20_000
 PERSON = "person"
+
+
+def _new_id() -> str:
+    """A message id: uuid4's hex (uuid imported only when a message is sent, not by every run)."""
+    import uuid
+
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ class Inbox:
         if len(content) > MESSAGE_MAX_CHARS:
             raise ValueError(f"the message is longer than {MESSAGE_MAX_CHARS} characters")
         self.folder.mkdir(parents=True, exist_ok=True)
-        msg = Message(msg_id or uuid.uuid4().hex, timeutil.iso(), sender, via, content)
+        msg = Message(msg_id or _new_id(), timeutil.iso(), sender, via, content)
         record = {"id": msg.id, "ts": msg.ts, "from": msg.sender, "via": msg.via, "content": msg.content}
         _append(self.path, json.dumps(record, ensure_ascii=False) + "\n")
         return msg

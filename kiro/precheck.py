@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import json
 import os
 import re
@@ -219,6 +218,8 @@ def describe(loop: Loop, before: Snapshot, now: Snapshot, step_line: str | None)
         lines.append("\nTask file: unchanged.")
         task_note = "task file unchanged"
     else:
+        import difflib
+
         diff = list(difflib.unified_diff(before.task_text.splitlines(), now.task_text.splitlines(), "before",
                                          "now", lineterm="", n=1))
         lines.append("\nTask file changed:")

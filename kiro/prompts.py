@@ -12,7 +12,6 @@ import re
 import stat
 import time
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING
@@ -29,6 +28,8 @@ TEMPLATE_NAMES = ("system.md", "agent_cli.md", "step.md", "continuation.md")
 
 @lru_cache(maxsize=32)
 def _packaged(name: str) -> str:
+    from importlib import resources  # imported by the agents' runs only: it imports tempfile, random, ...
+
     return resources.files("kiro").joinpath("prompts", name).read_text(encoding="utf-8")
 
 

@@ -13,7 +13,6 @@ import collections
 import contextlib
 import json
 import os
-import shutil
 import socket
 import threading
 import time
@@ -1133,6 +1132,8 @@ _NOT_DUMPED_WHOLE: set[str] = {*journal.BIG_LISTS, "steps"}  # LiveJournal._diff
 def _remove_folder(path: Path) -> bool:
     """Remove a folder planted where one of kiro's own files goes (an agent's doing); True if there was one."""
     if os.path.isdir(path) and not os.path.islink(path):
+        import shutil
+
         shutil.rmtree(path, ignore_errors=True)
         return True
     return False

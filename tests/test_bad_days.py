@@ -352,6 +352,29 @@ def test_a_reserve_that_does_not_fit_leaves_the_others_as_they_were(small_disk: 
     assert _reserves(state) == {}
 
 
+def test_a_finished_task_moves_to_a_done_folder_on_another_file_system(small_disk: Path, tmp_path: Path) -> None:
+    """Done/ mounted from elsewhere: the move cannot be a rename (EXDEV); the task is copied there
+    and removed from Specs/, as a rename would have left it."""
+    root = tmp_path / "vault"
+    for name in ("Specs/feature", ".state", "config"):
+        (root / name).mkdir(parents=True)
+    (root / "config/autonomous_loop.yaml").write_text(FAST_CONFIG)
+    ws = Workspace(root)
+    ws.task(shell_task(2))
+    done = root / "Done"
+    done.mkdir()
+    r = subprocess.run(["mount", "--bind", str(small_disk), str(done)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot bind-mount a folder: {r.stderr.strip()}")
+    try:
+        r2 = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "x")
+        assert r2.returncode == 0, r2.stdout + r2.stderr
+        assert not (root / "Specs/feature/tasks.md").exists()
+        assert (small_disk / "feature/tasks.md").read_text().count("- [x]") == 2
+    finally:
+        subprocess.run(["umount", "-l", str(done)], check=False)
+
+
 # -- standard output on a full disk ------------------------------------------------------------------------
 
 FULL_OUTPUT = [

@@ -196,3 +196,25 @@ def test_a_program_found_once_is_looked_up_again_when_it_is_gone(tmp_path: Path)
     (bin_dir / "kiro-test-tool").mkdir()  # a folder of that name is not a program either
     with pytest.raises(FileNotFoundError):
         run()
+
+
+def test_which_finds_what_shutil_which_finds(tmp_path: Path) -> None:
+    """kiro.executors.groups.which (kiro's runs do not import shutil) against shutil.which: a
+    program found, one missing, a folder and a file that is not executable named like it, an empty
+    PATH entry (the current folder)."""
+    import shutil
+
+    from kiro.executors.groups import which
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a/tool").mkdir()  # a folder named like the program
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b/tool").write_text("#!/bin/sh\n")  # not executable
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c/tool").write_text("#!/bin/sh\n")
+    (tmp_path / "c/tool").chmod(0o755)
+    search = os.pathsep.join(str(tmp_path / d) for d in ("a", "b", "c"))
+    for program, path in [("tool", search), ("tool", str(tmp_path / "a")), ("sh", os.defpath),
+                          ("no-such-program-here", os.defpath), ("bash", "/usr/bin:" + search)]:
+        assert which(program, path) == shutil.which(program, path=path), (program, path)
+    assert which("tool", search) == str(tmp_path / "c/tool")

@@ -32,8 +32,6 @@ import contextvars
 import ctypes
 import json
 import os
-import secrets
-import shutil
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -46,9 +44,19 @@ PR_SET_DUMPABLE = 4
 CAP_SETPCAP = 8
 
 
+def which(program: str, path: str | None = None) -> str | None:
+    """`shutil.which(program, path=path)` for a bare program name, without importing shutil (and the
+    compression modules it loads) into every run."""
+    for folder in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
+        found = os.path.join(folder or os.curdir, program)
+        if os.access(found, os.F_OK | os.X_OK) and not os.path.isdir(found):
+            return found
+    return None
+
+
 @cache
 def setpriv_path() -> str | None:
-    return shutil.which("setpriv")
+    return which("setpriv")
 
 
 @cache
@@ -126,7 +134,7 @@ class _Reaper:
                 os.waitpid(self.pid, os.WNOHANG)
         read_end, write_end = os.pipe()  # both close-on-exec: no step inherits the write end
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        mark = f"{os.getpid()}.{secrets.token_hex(8)}"
+        mark = f"{os.getpid()}.{os.urandom(8).hex()}"
         try:
             self.pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", REAPER, "kiro-reaper", REAPER_VAR, mark],
                                       {"PATH": "/usr/bin:/bin"},
@@ -202,7 +210,7 @@ class Ledger:
     still read."""
 
     path: Path
-    token: str = field(default_factory=lambda: secrets.token_hex(8))
+    token: str = field(default_factory=lambda: os.urandom(8).hex())
     groups: dict[int, str] = field(default_factory=dict)  # pgid -> token
     _fd: int | None = field(default=None, repr=False)
     _size: int = field(default=0, repr=False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import time
@@ -52,7 +51,7 @@ def _check_program(program: str, cwd: Path, env: Mapping[str, str]) -> None:
         where = _found.get((program, search))
         if where is not None and os.access(where, os.X_OK) and not os.path.isdir(where):
             return  # still there: exec finds it, or one before it in PATH (every step runs `bash`; #12)
-        where = shutil.which(program, path=search)
+        where = groups.which(program, search)
         if where is None:
             raise FileNotFoundError(2, "No such file or directory", program)
         if len(_found) > 64:
