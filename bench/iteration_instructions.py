@@ -1,6 +1,6 @@
 """What one loop iteration costs in instructions: a figure this machine's moods do not move.
 
-    python bench/iteration_instructions.py [--steps 20 120] [--previous-tree DIR]
+    python bench/iteration_instructions.py [--steps 20 120] [--done N] [--previous-tree DIR]
 
 bench/loop_overhead.py times iterations; on this machine their time moves by a third from minute to
 minute, more than most changes to the loop make. Here `kiro loop start` runs a task of shell steps
@@ -9,6 +9,9 @@ and once with more, durability on; the difference of the two counts divided by t
 steps is what an iteration costs kiro's process in instructions: reading the task file, the box edits,
 the state saves and events, and spawning the step (the `true` itself runs in a child, not counted).
 Start-up and shutdown cancel out. The count repeats to a fraction of a percent run after run.
+With --done N the task file begins with N steps already checked (a long task well under way: at
+--done 4900 the file is as big as bench/loop_overhead.py's 5,000 steps), so the figure shows what
+an iteration's cost grows with the size of the task file.
 
 With --previous-tree DIR (a checkout of an older kiro, e.g. `git worktree add /tmp/old <commit>`) the
 same runs are made with that tree, and the ratio is printed. Each run is checked: every box checked.
@@ -28,43 +31,47 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 HERE = Path(__file__).resolve().parent.parent
 
 
-def task(n: int) -> str:
+def task(n: int, done: int = 0) -> str:
     lines = ["---", "title: bench", "executor: shell", "---"]
+    for i in range(1, done + 1):
+        lines += [f"- [x] d{i}. Done {i}", "  ```sh", "  true", "  ```"]
     for i in range(1, n + 1):
         lines += [f"- [ ] {i}. Step {i}", "  ```sh", "  true", "  ```"]
     return "\n".join(lines) + "\n"
 
 
-def count(tree: Path, steps: int) -> int:
+def count(tree: Path, steps: int, done: int = 0) -> int:
     """Instructions of one `kiro loop start` of `steps` steps, with `tree`'s kiro."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "ws"
         for name in ("Specs/a", "config"):
             (root / name).mkdir(parents=True)
         (root / "config/autonomous_loop.yaml").write_text("autonomous_loop:\n  max_iterations: 100000\n")
-        (root / "Specs/a/tasks.md").write_text(task(steps))
+        (root / "Specs/a/tasks.md").write_text(task(steps, done))
         r = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out", sys.executable,
                             "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md", "-q"], cwd=root,
                            env={**ENV, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree)}, capture_output=True,
                            text=True)
         assert r.returncode == 0, r.stdout + r.stderr[-2000:]
-        done = (root / "Done/a/tasks.md").read_text()
-        assert done.count("- [x]") == steps, "not every step was done"
+        pre = done
+        done_text = (root / "Done/a/tasks.md").read_text()
+        assert done_text.count("- [x]") == steps + pre, "not every step was done"
         for line in r.stderr.splitlines():
             if "Collected :" in line:
                 return int(line.rsplit(":", 1)[1])
     raise AssertionError("no count from callgrind")
 
 
-def per_iteration(tree: Path, few: int, many: int) -> tuple[float, int, int]:
+def per_iteration(tree: Path, few: int, many: int, done: int) -> tuple[float, int, int]:
     count(tree, 1)  # byte-code caches written, not counted
-    a, b = count(tree, few), count(tree, many)
+    a, b = count(tree, few, done), count(tree, many, done)
     return (b - a) / (many - few), a, b
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, nargs=2, default=(20, 120), metavar=("FEW", "MANY"))
+    ap.add_argument("--done", type=int, default=0, metavar="N", help="steps already checked at the top of the task")
     ap.add_argument("--previous-tree", type=Path)
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
@@ -73,9 +80,9 @@ def main() -> None:
     trees = [("this tree", HERE)]
     if args.previous_tree is not None:
         trees.append((str(args.previous_tree), args.previous_tree.resolve()))
-    results = {label: per_iteration(tree, few, many) for label, tree in trees}
+    results = {label: per_iteration(tree, few, many, args.done) for label, tree in trees}
     print(f"instructions per loop iteration, shell steps running `true` (callgrind, kiro's process; "
-          f"runs of {few} and {many} steps):")
+          f"runs of {few} and {many} steps{f', after {args.done} steps already done' if args.done else ''}):")
     mine = results["this tree"][0]
     for label, (each, a, b) in results.items():
         ratio = f"; {each / mine:.2f}x this tree" if label != "this tree" else ""
