@@ -10,10 +10,11 @@ The subset: block mappings indented with spaces, comments (whole lines, or after
 space), blank lines; keys that are plain names; values that are a nested mapping, nothing (null),
 or one scalar whose meaning in YAML 1.1 is not in doubt: a whole number without leading zeros, a
 decimal like 0.8, PyYAML's true/false/null spellings, a word or words starting with a letter
-(letters, digits, spaces and `_ . , / ( ) + -`), a path starting with a dot (`.`, `./src`), a quoted
-text without escapes, `{}`, or a flow list `[a, "b c", 3]` of such scalars. A repeated key, a tab, a
-block list, an anchor, a `{...}` mapping, more than MAX_DEPTH levels: None. tests/test_plainyaml.py
-compares it with PyYAML on generated documents.
+(letters, digits, spaces and `_ . , / ( ) + -`), a path starting with a dot (`.`, `./src`), a URL
+(`http://127.0.0.1:8080/v1`, not in a flow list), a quoted text without escapes, `{}`, or a flow
+list `[a, "b c", 3]` of such scalars. A repeated key, a tab, a block list, an anchor, a `{...}`
+mapping, more than MAX_DEPTH levels: None. tests/test_plainyaml.py compares it with PyYAML on
+generated documents.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ _BOOL = {
 }
 _NULL = frozenset(("null", "Null", "NULL", "~"))
 _WORDS = r"[A-Za-z][A-Za-z0-9 _.,/()+-]*?"
+# a URL (`base_url: http://127.0.0.1:8080/v1`): a scheme, `://`, no space, comma, quote, bracket, brace
+# or `#`, and no `:` at the end (that would be YAML's `key: value`); a text to YAML 1.1
+_URL = r"[A-Za-z][A-Za-z0-9+.-]*://[A-Za-z0-9._~:/?@!$&'()*+;=%-]*[A-Za-z0-9._~/?@!$&'()*+;=%-]"
 # one scalar, then maybe a comment; the groups: double-quoted, single-quoted, decimal, whole, word
 _SCALAR = (r'"([^"\\\x00-\x08\x0a-\x1f\x7f]*)"|\'([^\'\x00-\x08\x0a-\x1f\x7f]*)\''
            r"|(-?(?:0|[1-9][0-9]*)\.[0-9]+)|(-?(?:0|[1-9][0-9]{0,17}))"
            r"|(~|\.\.?(?:/[A-Za-z0-9_./-]*)?|" + _WORDS + r"[A-Za-z0-9.)])")
-_VALUE = re.compile(r"(?:" + _SCALAR + r")(?:[ ]+#.*)?")
-_ITEM = r"[ ]*(?:" + _SCALAR.replace(" _.,/()+-", " _./()+-") + r")[ ]*"  # a flow list's item (compiled on use)
+_VALUE = re.compile(r"(?:" + _SCALAR.replace(r"|(~|", r"|(" + _URL + r"|~|") + r")(?:[ ]+#.*)?")
+_ITEM = r"[ ]*(?:" + _SCALAR.replace(" _.,/()+-", " _./()+-") + r")[ ]*"  # a flow list's item (compiled on use): no URL
 # what PyYAML's reader refuses (yaml/reader.py: all but \t \n \r, \x20-\x7e, \x85, \xa0-\ud7ff,
 # \ue000-\ufffd and beyond \uffff), and the line breaks of YAML 1.1 other than \n and \r (\x85,
 # \u2028, \u2029). Written as the few ranges it is, not as PyYAML's negated class: compiling that

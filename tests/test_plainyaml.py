@@ -28,7 +28,10 @@ SCALARS = ["word", "Add login page", "a  b", "yes", "Yes", "yES", "on", "OFF", "
            "../x", '"q # r"', "'s'", "'it''s'", '"a\\"b"', '"é"', "é", "[a, b]", "[]", "[a,]", "[ a , 3 ]",
            '["x, y"]', "[--no-git]", "{}", "{a: 1}", "- x", "&a x", "*a", "!!str 5", "|", "a: b", "-x", "e5",
            "0.1e5", "12345678901234567890123", "gpt-4o-mini", "pytest -q", "notify-send done", '"pytest -q"',
-           "# only a comment", "", "x\t", '"\x85"', "'\x07'"]
+           "# only a comment", "", "x\t", '"\x85"', "'\x07'", "http://127.0.0.1:8080/v1", "https://api.openai.com/v1",
+           "http://x:", "http://x::", "http://a b", "http://x/#y", "http://x/a#b", "[http://x]", "mailto:x@y",
+           "http://[::1]:8080/v1", "http://x?a=1&b=2", "h://x:80", "n://x", "on://x", "0://x", "http://x,y", "http://x'",
+           "s3://b/k", "git+ssh://g@h:r.git", "http://x/%20", "http://x:8080/ #c", "http://x/{a}", "a-b://x"]
 
 
 def _document(rng: random.Random) -> str:
@@ -143,10 +146,24 @@ def test_a_plain_start_imports_no_pyyaml(tmp_path: Path) -> None:
     (root / "Specs/a/tasks.md").write_text("---\ntitle: Two steps\nexecutor: shell\nmax_iterations: 5\n---\n" + steps)
     (root / "config").mkdir()
     (root / "config/autonomous_loop.yaml").write_text(
-        "# mine\nautonomous_loop:\n  failure_threshold: 2  # fewer\nllm:\n  model: gpt-4o-mini\nverify:\n")
+        "# mine\nautonomous_loop:\n  failure_threshold: 2  # fewer\nllm:\n  model: gpt-4o-mini\n"
+        "  base_url: http://127.0.0.1:8080/v1  # a server of my own\nverify:\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), *sys.path]), "KIRO_WORKSPACE": str(root)}
     r = subprocess.run([sys.executable, "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md"], cwd=root,
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (root / "Done/a/tasks.md").read_text().count("- [x]") == 2
     assert (root / "Dashboard.md").read_text().startswith("---\ntype: dashboard\ncreated: '")
+
+
+def test_a_url_is_read_as_pyyaml_reads_it() -> None:
+    """`base_url: http://...` is in nearly every config that names a server: read without PyYAML
+    (it cost a start PyYAML's import and two parses), and as PyYAML reads it."""
+    urls = ["http://127.0.0.1:8080/v1", "https://api.openai.com/v1", "s3://b/k", "git+ssh://g@h:r.git",
+            "http://x?a=1&b=2", "http://x/%20", "on://x", "n://x", "http://x'"]
+    for url in urls:
+        text = f"llm:\n  base_url: {url}\n"
+        got = plainyaml.load(text)
+        assert got is not None and got[0] == {"llm": {"base_url": url}} == _config_pyyaml(text)[0], url
+    for doubtful in ["http://x:", "[http://x]", "http://x/a#b", "http://[::1]:80/v1", "http://x,y"]:
+        assert plainyaml.load(f"u: {doubtful}\n") is None, doubtful
