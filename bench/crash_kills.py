@@ -10,6 +10,8 @@ journal replayed, kiro.journal) and records:
     unparsable states      the state file (or state file + journal) does not parse as a LoopState (must be 0)
     completed steps re-run a step the state recorded as completed ran again later (must be 0)
     boxes lost             a step the state recorded as completed whose box is not checked (must be 0)
+    reserves left          disk-full reserve files (.state/.kiro-reserve-*) left once every task is
+                           finished: a killed process's is removed by the next one (must be 0)
 
 When a task completes, a new one starts, until the number of kills is reached; every task is then
 finished with `resume` and checked whole. Prints the counts; asserts nothing (tests/test_properties.py
@@ -59,13 +61,14 @@ class Counts:
     completed_steps_rerun: int = 0
     boxes_lost: int = 0
     steps_recorded: int = 0
+    reserves_left: int = 0
     problems: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         return (f"SIGKILLs: {self.kills}; rounds: {self.rounds}; tasks: {self.tasks} "
                 f"({self.tasks_completed} completed); unparsable states: {self.unparsable_states}; "
                 f"completed steps re-run: {self.completed_steps_rerun}; boxes lost: {self.boxes_lost}; "
-                f"steps recorded completed: {self.steps_recorded}")
+                f"steps recorded completed: {self.steps_recorded}; reserves left: {self.reserves_left}")
 
 
 def _env() -> dict[str, str]:
@@ -193,6 +196,10 @@ def crash_run(base: Path, kills: int, *, seed: int = 20261122, steps: int = 60,
         if t.done and missing:
             counts.problems.append(f"{t.tid}: completed but steps never ran: {sorted(missing)[:5]}")
         counts.steps_recorded += len(t.frozen)
+        left = sorted(p.name for p in (t.root / ".state").glob(".kiro-reserve-*"))
+        if left:
+            counts.reserves_left += len(left)
+            counts.problems.append(f"{t.tid}: reserve files left: {left}")
     return counts
 
 
