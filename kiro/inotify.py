@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import struct
 import sys
@@ -54,7 +53,9 @@ def _lib() -> ctypes.CDLL:
         # process of a few ms at every start), which stays the fallback for a static python
         libc = ctypes.CDLL(None, use_errno=True)
         if not hasattr(libc, "inotify_init1"):
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            from ctypes import util  # imports shutil and its compression modules: not on every run's way
+
+            libc = ctypes.CDLL(util.find_library("c") or "libc.so.6", use_errno=True)
         _libc = libc
     return _libc
 
