@@ -100,6 +100,17 @@ _lock = threading.Lock()
 _held: dict[Path, _Reserve] = {}  # state folder -> this process's reserve there
 
 
+def _forget_after_fork() -> None:
+    """A forked child (a fork server's) holds no reserve of its own: its parent's are not its to shrink
+    or remove (and a lock another thread held at the fork is held by nobody in the child)."""
+    global _lock
+    _lock = threading.Lock()
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def reserve_path(state_dir: Path) -> Path:
     """The name of this process's reserve file in `state_dir` (once it has one: `held_reserve`)."""
     return state_dir / f"{RESERVE_PREFIX}{os.getpid()}"

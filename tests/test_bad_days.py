@@ -332,6 +332,32 @@ def test_a_killed_process_reserve_is_removed_by_the_next_one_and_a_live_one_is_k
     assert old not in _reserves(state)
 
 
+def test_a_forked_child_leaves_its_parents_reserve_alone(tmp_path: Path) -> None:
+    """A fork server's child runs its own loops: dropping a share or freeing every reserve there must
+    not shrink or remove the file its parent holds."""
+    from kiro import diskfull
+
+    state = tmp_path / ".state"
+    state.mkdir()
+    diskfull.reserve(state, "parent", 0)
+    try:
+        before = _reserves(state)
+        pid = os.fork()
+        if pid == 0:  # the child: what a loop of its own does when it ends, and on a full disk
+            code = 0
+            try:
+                diskfull.drop(state, "parent")
+                code = 3 if diskfull.release_all() else 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _reserves(state) == before
+    finally:
+        diskfull.drop(state, "parent")
+    assert _reserves(state) == {}
+
+
 def test_a_reserve_that_does_not_fit_leaves_the_others_as_they_were(small_disk: Path) -> None:
     from kiro import diskfull
 
