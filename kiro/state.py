@@ -344,6 +344,16 @@ class StateStore:
         """The state file's text: the state as JSON, redacted. Every state write goes through here."""
         return self.redact.text(state.dump_json())
 
+    def encode_with_summary(self, state: LoopState) -> tuple[str, dict[str, Any]]:
+        """`encode(state)` and the loop's summary (kiro.journal), both from one dump of the state and
+        both redacted: a secret in a task's title reached the summary file, which status reads."""
+        data = state.model_dump(mode="json", by_alias=True)
+        text = json.dumps(data, indent=2, ensure_ascii=False)  # LoopState.dump_json's text
+        clean = self.redact.text(text)
+        if clean != text:
+            data = json.loads(clean)
+        return clean, journal.summary_of(data)
+
     # -- paths -----------------------------------------------------------------------------
 
     def path(self, task_id: str) -> Path:
@@ -386,8 +396,8 @@ class StateStore:
         """A whole state file's path and text, and its summary: the state stamped and encoded now."""
         state.bound()
         state.updated_at = timeutil.iso()
-        summary = journal.summary_of(state.model_dump(mode="json", by_alias=True, exclude=set(journal.BIG_LISTS)))
-        return self.path(state.task_id), self.encode(state), summary
+        text, summary = self.encode_with_summary(state)
+        return self.path(state.task_id), text, summary
 
     def _after_whole(self, path: Path, summary: dict[str, Any]) -> None:
         """A whole state file is in place: any journal beside it is stale (its records are in the
@@ -511,8 +521,7 @@ class StateStore:
     def archive_job(self, state: LoopState) -> Callable[[], Path]:
         """`archive` in two halves, as `save_job`; the write also ends the loop's journal."""
         target = self.ws.archived_state_file(state.task_id)
-        data, main = self.encode(state), self.path(state.task_id)
-        summary = journal.summary_of(state.model_dump(mode="json", by_alias=True, exclude=set(journal.BIG_LISTS)))
+        (data, summary), main = self.encode_with_summary(state), self.path(state.task_id)
         task_id = state.task_id
 
         def write() -> Path:

@@ -234,3 +234,18 @@ def test_an_event_record_is_dumped_once_and_its_line_is_clean(tmp_path: Path) ->
     log.close()
     assert list(read_events(tmp_path / "log.jsonl")) == [record, clean]
     assert "tok-123456789" not in (tmp_path / "log.jsonl").read_text()
+
+
+def test_a_secret_in_the_task_title_reaches_no_summary_nor_state(ws: Workspace) -> None:
+    """A known secret in the title (the task file is the person's: kiro leaves it as written) is cut
+    from every file kiro writes: the state, and the summary `status` reads, also once the loop is
+    archived (its summary was made from the state before the redactor saw it)."""
+    secret = canary("sk")
+    ws.task(f"---\ntitle: Deploy with {secret}\nexecutor: shell\n---\n- [ ] 1. Quick\n  ```sh\n  true\n  ```\n",
+            rel="Specs/keyed/tasks.md")
+    r = ws.kiro("loop", "start", "--task", "Specs/keyed/tasks.md", "--task-id", "keyed",
+                env=ws.env(ACME_DEPLOY_TOKEN=secret))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert files_holding(ws.root, secret) == ["Done/keyed/tasks.md"]
+    [summary] = (ws.root / ".state").rglob("autonomous_loop_keyed.summary")
+    assert f"Deploy with {REDACTED}".encode() in summary.read_bytes()
