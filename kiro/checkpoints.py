@@ -191,14 +191,24 @@ def _one_line(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def step_message(task_id: str, step_id: str, title: str, iteration: int) -> str:
+def step_message(task_id: str, step_id: str, title: str, iteration: int,
+                 redact: Callable[[str], str] | None = None) -> str:
+    """A step's commit message; `redact` (the run's redactor): a secret in a step's title or text
+    reaches no commit."""
     sid = _one_line(step_id)
     head = f"kiro({task_id}): {sid}"
     t = _one_line(title)
     if t and t != sid:
         head += f" {t}"
-    return (f"{_one_line(head, 250)}\n\nKiro-Task-Id: {task_id}\nKiro-Step-Id: {sid}\n"
-            f"Kiro-Iteration: {iteration}\n")
+    msg = (f"{_one_line(head, 250)}\n\nKiro-Task-Id: {task_id}\nKiro-Step-Id: {sid}\n"
+           f"Kiro-Iteration: {iteration}\n")
+    return redact(msg) if redact is not None else msg
+
+
+def step_id_written(task_id: str, step_id: str, redact: Callable[[str], str] | None = None) -> str:
+    """The `Kiro-Step-Id` trailer `step_message` writes for this step (after `redact`): what a look for
+    the commit of a step compares."""
+    return trailers(step_message(task_id, step_id, "", 0, redact)).get("Kiro-Step-Id", "")
 
 
 def trailers(body: str) -> dict[str, str]:
@@ -364,6 +374,7 @@ class LoopGit:
         self.git = Git(self.tree)
         self._locks: list[Path] = []
         self._common = ""
+        self.redact: Callable[[str], str] | None = None  # the run's redactor (Engine._open_git): commit messages
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -502,7 +513,8 @@ class LoopGit:
         rng = f"{since}..HEAD" if since else "HEAD"
         for c in log(self.git, rng, grep=f"Kiro-Task-Id: {self.task_id}", limit=500):
             t = c.trailers
-            if (t.get("Kiro-Task-Id") == self.task_id and t.get("Kiro-Step-Id") == _one_line(step_id)
+            if (t.get("Kiro-Task-Id") == self.task_id
+                    and t.get("Kiro-Step-Id") == step_id_written(self.task_id, step_id, self.redact)
                     and t.get("Kiro-Iteration") == str(iteration)):
                 return c.sha
         return None
@@ -526,7 +538,7 @@ class LoopGit:
                     res.note = "no changes"
                     res.events.append(("checkpoint_skipped", {"step_id": step_id, "reason": "no_changes"}))
                     return res
-                msg = step_message(self.task_id, step_id, title, iteration)
+                msg = step_message(self.task_id, step_id, title, iteration, self.redact)
                 self._retry(lambda: self.git.run("commit", "-q", "--no-verify", "-F", "-", "--", *self.spec,
                                                  commit=True, input=msg))
                 res.commit = self._head_for(step_id, iteration)
@@ -902,8 +914,8 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         head = git.out("rev-parse", "HEAD")
         commits = log(git, f"{target}..HEAD")
         others = [c for c in commits if c.trailers.get("Kiro-Task-Id") != task_id]
-        msg = (f"kiro({task_id}): rollback to {_one_line(to_step)}\n\nKiro-Task-Id: {task_id}\n"
-               f"Kiro-Rollback-To: {_one_line(to_step)}\n")
+        msg = _redactor(ws).text(f"kiro({task_id}): rollback to {_one_line(to_step)}\n\nKiro-Task-Id: {task_id}\n"
+                                 f"Kiro-Rollback-To: {_one_line(to_step)}\n")
         tree = None
         if not others:  # the new tree is made first, in a private index; a kill cannot leave half of it
             tree = _restored_tree(lg, head, target)

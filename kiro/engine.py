@@ -874,6 +874,7 @@ class Loop:
         self.git = checkpoints.attach(self.ws, self.cfg, self.state, self.project_dir)
         if self.git is None:
             return
+        self.git.redact = self.redact.text
         await self.flush()
         events = await asyncio.to_thread(self.git.open, self.run_spec.resumed)
         for kind, fields in events:

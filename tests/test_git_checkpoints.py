@@ -326,3 +326,33 @@ def test_a_project_with_no_git_folder_above_it_runs_no_git(tmp_path: Path, monke
     link.symlink_to(repo / "sub")
     assert checkpoints.toplevel(link) == repo.resolve()
     assert "rev-parse --show-toplevel" in calls.read_text()
+
+
+def test_a_secret_in_a_steps_title_or_text_reaches_no_commit_and_the_commit_is_still_found(ws: Workspace) -> None:
+    """Commit messages pass through the run's redactor: a known secret in a step's title, or in the
+    text of a step with no number (its text is its id, written in the Kiro-Step-Id trailer), is cut;
+    the look for a step's commit after a kill compares the id as written."""
+    from kiro import checkpoints
+    from kiro.config import Config
+    from kiro.redact import Redactor
+    from kiro.state import LoopState
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    secret = "tok-" + "9" * 24
+    init_repo(ws.root)
+    ws.task(f"---\ntitle: Keyed\nexecutor: shell\n---\n- [ ] 1. Use {secret} for the greeting\n  ```sh\n"
+            f"  echo hi > a.txt\n  ```\n- [ ] Deploy with {secret}\n  ```sh\n  echo there > b.txt\n  ```\n")
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "k1",
+                env=ws.env(ACME_DEPLOY_TOKEN=secret))
+    assert r.returncode == 0, r.stdout + r.stderr
+    messages = git(ws.root, "log", "--format=%B", "--grep=Kiro-Task-Id: k1")
+    assert messages.count("Kiro-Task-Id: k1") == 2 and secret not in messages, messages
+    assert "kiro(k1): 1 Use [REDACTED] for the greeting" in messages
+    state = LoopState.model_validate(ws.state("k1"))
+    assert [c.step_id for c in state.completed_steps] == ["1", "Deploy with [REDACTED]"]  # the state is cut too
+    lg = checkpoints.attach(KiroWorkspace(ws.root), Config(), state, ws.root)
+    assert lg is not None
+    lg.redact = Redactor([secret]).text  # as Engine._open_git sets it
+    for step_id, c in zip(["1", f"Deploy with {secret}"], state.completed_steps, strict=True):
+        assert c.checkpoint and c.iteration is not None  # what a resume after a kill between commit and save looks for
+        assert lg.find(step_id, c.iteration) == c.checkpoint, step_id

@@ -89,12 +89,12 @@ class Attempts:
         beat = asyncio.create_task(_heartbeat(hb))
         try:
             tree, start = await asyncio.to_thread(self._checkout, inp)
-            found = await asyncio.to_thread(_find_done, self.clone.git(tree), inp, start)
+            cfg = Config.model_validate(inp["config"])
+            redact = Redactor.for_run(cfg)
+            found = await asyncio.to_thread(_find_done, self.clone.git(tree), inp, start, redact)
             if found:
                 return self._result(inp, "completed", summary="(recovered: a worker pushed this step, then died "
                                     "before reporting it)", commit=found, recovered=True)
-            cfg = Config.model_validate(inp["config"])
-            redact = Redactor.for_run(cfg)
             ctx, executor = self._context(inp, cfg, tree, redact)
             cancelled = False
             run = asyncio.create_task(executor.run_step(ctx))
@@ -121,7 +121,7 @@ class Attempts:
                                         error=f"verify `{verify}` failed:\n{tail(output, 2000)}")
             commit = None
             if result.ok:
-                commit = await asyncio.to_thread(self._commit_and_push, inp, tree)
+                commit = await asyncio.to_thread(self._commit_and_push, inp, tree, redact)
                 if commit.startswith("recovered:"):
                     return self._result(inp, "completed", summary=result.summary, commit=commit.split(":", 1)[1],
                                         recovered=True, events=events, usage=result.usage)
@@ -185,9 +185,10 @@ class Attempts:
         wt.run("clean", "-q", "-fd")
         return tree, start
 
-    def _commit_and_push(self, inp: dict[str, Any], tree: Path) -> str:
+    def _commit_and_push(self, inp: dict[str, Any], tree: Path, redact: Redactor) -> str:
         wt = self.clone.git(tree)
-        msg = checkpoints.step_message(inp["task_id"], inp["step_id"], inp["title"], int(inp["iteration"]))
+        msg = checkpoints.step_message(inp["task_id"], inp["step_id"], inp["title"], int(inp["iteration"]),
+                                       redact.text)
         msg += f"Kiro-Step-Run: {inp['step_run']}\n"
         wt.run("add", "-A", "--", ".")
         wt.run("commit", "-q", "--no-verify", "--allow-empty", "-F", "-", commit=True, input=msg)
@@ -196,9 +197,9 @@ class Attempts:
             marker = Path(os.environ["KIRO_TEST_PAUSE_BEFORE_PUSH"])  # tests: a window to kill the worker here
             marker.write_text(f"{inp['task_id']} {inp['step_id']}\n")
         with self.clone.lock:
-            return self._push_locked(inp, wt, sha)
+            return self._push_locked(inp, wt, sha, redact)
 
-    def _push_locked(self, inp: dict[str, Any], wt: checkpoints.Git, sha: str) -> str:
+    def _push_locked(self, inp: dict[str, Any], wt: checkpoints.Git, sha: str, redact: Redactor) -> str:
         push = wt.run("push", "-q", "origin", f"HEAD:refs/heads/kiro/{inp['task_id']}", check=False, timeout=300)
         if push.returncode == 0:
             return sha
@@ -208,7 +209,7 @@ class Attempts:
         remote_ref = f"refs/remotes/origin/kiro/{inp['task_id']}"
         with contextlib.suppress(checkpoints.GitError):  # then nothing is found: the push's own error says why
             _fetch_branch(main, f"kiro/{inp['task_id']}", remote_ref)
-        found = _find_done(main, inp, remote_ref)
+        found = _find_done(main, inp, remote_ref, redact)
         if found:
             return "recovered:" + found
         raise checkpoints.GitError(f"push of kiro/{inp['task_id']} failed: {(push.stderr or '').strip()[-300:]}")
@@ -272,7 +273,7 @@ def _fetch_branch(main: checkpoints.Git, branch: str, remote_ref: str) -> bool:
     raise checkpoints.GitError(f"fetch of {branch} failed: {(r.stderr or '').strip()[-300:]}")
 
 
-def _find_done(git: checkpoints.Git, inp: dict[str, Any], tip: str) -> str | None:
+def _find_done(git: checkpoints.Git, inp: dict[str, Any], tip: str, redact: Redactor) -> str | None:
     """The commit on `tip` that completed this run of this step, if a worker pushed it already."""
     base = inp["base_commit"]
     rng = [tip, f"^{base}"] if base and tip != base else [tip]
@@ -281,7 +282,8 @@ def _find_done(git: checkpoints.Git, inp: dict[str, Any], tip: str) -> str | Non
     for record in out.split("\x1e"):
         sha, _, body = record.strip().partition("\x1f")
         t = checkpoints.trailers(body)
-        if (t.get("Kiro-Task-Id") == inp["task_id"] and t.get("Kiro-Step-Id") == inp["step_id"].strip()
+        if (t.get("Kiro-Task-Id") == inp["task_id"]
+                and t.get("Kiro-Step-Id") == checkpoints.step_id_written(inp["task_id"], inp["step_id"], redact.text)
                 and t.get("Kiro-Step-Run") == str(inp["step_run"])):
             return sha.strip()
     return None
