@@ -521,3 +521,22 @@ def test_each_loop_has_its_own_transcript(tmp_path: Path, fake_openai: FakeOpenA
     two = transcript.read(h.ws.transcript_file("t2"))
     assert {r["task_id"] for r in one} == {"t1"} and {r["task_id"] for r in two} == {"t2"}
     assert one[-1]["summary"] == "one" and two[-1]["summary"] == "two"
+
+
+def test_a_secret_in_the_steps_title_reaches_no_memory_of_a_context_restart(
+        tmp_path: Path, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary a context restart saves as a memory names the step: its title (the person's text,
+    with the API key pasted in) is cut like the summary itself."""
+    secret = "sk-pasted-" + "7" * 32
+    monkeypatch.setenv(KEY_ENV, secret)
+    h = make_harness(tmp_path / "ws", task_text=f"---\ntitle: Demo\n---\n- [ ] 1. Call the API with {secret}\n",
+                     llm={"base_url": fake_openai.base_url, "api_key_env": KEY_ENV, "max_retries": 2,
+                          "request_timeout_seconds": 10, "context_window_tokens": 1000, "wrap_up_threshold": 0.8})
+    fake_openai.reply(call("list_files", {}), usage=usage(850, 20))
+    fake_openai.reply("Progress: looked around.", usage=usage(900, 20))
+    fake_openai.reply(call("complete_step", {"summary": "done"}), usage=usage(300, 10))
+
+    assert run(h).outcome == "completed"
+    [memory] = MemoryStore(h.ws.memory_db()).recent(source="loop:t1", type="summary")
+    assert "Call the API with [REDACTED]" in memory.content and secret not in memory.content
+    assert (h.ws.memory_db()).read_bytes().count(secret.encode()) == 0

@@ -480,3 +480,31 @@ def test_a_run_killed_mid_step_resumes_without_rerunning_and_recalls_again(ws: W
     done = [c["step_id"] for c in ws.state("kill")["completed_steps"]]
     assert done == ["1", "2", "1", "2"]  # nothing completed twice within a run
     assert [e["run"] for e in _events(ws, "kill", "run_finished")] == [1, 2]
+
+
+def test_a_secret_in_the_title_reaches_neither_the_run_summary_prompt_nor_its_memory(ws: Workspace) -> None:
+    """The forced run summary's prompt quotes the task's title and steps: a known secret there is cut
+    before the request leaves, as in every step's prompt."""
+    secret = "tok-" + "5" * 28
+    bodies: list[str] = []
+    with FakeOpenAI() as fake:
+        agent = Agent(ws, done_after=1)
+
+        def record(body: dict[str, Any]) -> dict[str, Any]:
+            bodies.append(json.dumps(body))
+            return agent(body)
+
+        fake.responder = record
+        _openai_config(ws, fake)
+        ws.task(TWO_STEPS.replace("title: Nightly inbox check", f"title: Nightly check with {secret}"),
+                "Specs/nightly/tasks.md")
+        proc = ws.spawn("loop", "start", "--task", "Specs/nightly/tasks.md", "--task-id", "keyed",
+                        env=ws.env(ACME_MAIL_TOKEN=secret))
+        try:
+            assert proc.wait(timeout=120) == 0
+        finally:
+            _stop(proc)
+    summary_requests = [b for b in bodies if '"tools"' not in b]
+    assert len(summary_requests) == 1 and "Nightly check with [REDACTED]" in summary_requests[0]
+    assert not [b for b in bodies if secret in b]
+    assert secret.encode() not in (ws.root / ".state/memory.db").read_bytes()

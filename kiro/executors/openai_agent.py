@@ -298,7 +298,9 @@ class OpenAIExecutor(ExecutorBase):
         """One model call without tools: a scheduled run's forced summary (SPEC §11, kiro.scheduled).
         Returns the reply's text, the call's usage, and what went wrong when it failed."""
         llm = self.config.llm
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        # the prompt quotes the task's title and steps: cut of secrets before it leaves, as every step's prompt is
+        messages = [{"role": "system", "content": self.redact(system)},
+                    {"role": "user", "content": self.redact(prompt)}]
         self.transcript.write("run_summary_request", iteration=iteration, attempt=0, model=llm.model,
                               messages=messages)
         try:
@@ -819,8 +821,8 @@ class _Attempt:
             source = "kiro"
         summary = self.ex.redact(_clip(summary, 8000))
         step = self.ctx.step
-        content = (f"Step {step.id} ({step.title or step.text}), iteration {self.ctx.iteration}, attempt "
-                   f"{self.ctx.attempt}, context restart {self.restarts + 1}:\n{summary}")
+        content = self.ex.redact(f"Step {step.id} ({step.title or step.text}), iteration {self.ctx.iteration}, "
+                                 f"attempt {self.ctx.attempt}, context restart {self.restarts + 1}:\n{summary}")
         with contained():  # losing the memory row must not lose the step
             self.ex.memory.save(content, "summary", 0.6, self.env.memory_source)
         self.record("summary", summary=summary, source=source, restart=self.restarts + 1)
