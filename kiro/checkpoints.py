@@ -878,6 +878,9 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         if info is None or not info.checkpoints or not info.toplevel:
             raise UserError(f"loop {task_id!r} has no git checkpoints (checkpoints: off, or the project is not in a "
                             f"git work tree); nothing to roll back to")
+        # the state holds step ids as the redactor left them: a step whose text holds a secret is found
+        # by its text as the person wrote it too
+        to_step = _redactor(ws).text(to_step)
         idx = next((i for i in range(len(state.completed_steps) - 1, -1, -1)
                     if state.completed_steps[i].step_id == to_step), None)
         if idx is None:
