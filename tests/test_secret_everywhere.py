@@ -13,7 +13,11 @@ every command's output is searched. The test prints what it searched; it fails o
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 from tests.conftest import Workspace
@@ -48,13 +52,16 @@ PERSONS = {"config/autonomous_loop.yaml"}  # the person's own files (and the tas
 
 
 def _files_holding(root: Path) -> tuple[int, list[str]]:
+    """The files whose name or bytes hold the secret."""
     needle = SECRET.encode()
     scanned, found = 0, []
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         if rel.startswith(".git/") or rel in PERSONS or rel.endswith("/loud/tasks.md"):
             continue
-        if p.is_file() and not p.is_symlink():
+        if SECRET in rel:
+            found.append(rel)
+        elif p.is_file() and not p.is_symlink():
             scanned += 1
             if needle in p.read_bytes():
                 found.append(rel)
@@ -105,3 +112,48 @@ def test_a_secret_planted_in_every_field_of_a_task_reaches_no_file_commit_or_out
           f"and {len(outputs)} command outputs: {len(in_files) + len(in_objects) + len(in_outputs)} held it")
     assert in_files == [] and in_objects == [] and in_outputs == []
     assert any("[REDACTED]" in subject for subject in commits), commits
+
+
+AGENT = """\
+import os, pathlib, re, sys
+seen = pathlib.Path(sys.argv[1])
+step, attempt = os.environ["KIRO_STEP_ID"], os.environ["KIRO_ATTEMPT"]
+(seen / f"prompt_{len(list(seen.iterdir()))}.txt").write_text(sys.stdin.read())
+print("working with", os.environ["ACME_SERVICE_TOKEN"])
+task = pathlib.Path(os.environ["KIRO_TASK_FILE"])
+task.write_text(re.sub(r"- \\[[ -]\\] " + re.escape(step), "- [x] " + step, task.read_text(), count=1))
+"""
+
+
+def test_an_agent_clis_prompt_attempt_logs_and_their_names_hold_no_planted_secret(ws: Workspace,
+                                                                                  tmp_path: Path) -> None:
+    """With an agent CLI (the command executor): the prompt it is sent, its attempt logs
+    (`Logs/<task_id>/<step_id>-<attempt>.log`, named by the step's id, which for a step with no number
+    is its text) and everything else kiro writes hold no planted secret."""
+    seen = tmp_path / "seen"  # outside the workspace: what the agent was sent
+    seen.mkdir()
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(agent))} {shlex.quote(str(seen))}"
+    ws.write("config/autonomous_loop.yaml", f"executor_command: {json.dumps(command)}\n")
+    ws.task(textwrap.dedent(f"""\
+        ---
+        title: Agent work for {SECRET}
+        executor: command
+        instructions: the token is {SECRET}
+        ---
+        - [ ] Deploy with {SECRET}
+        - [ ] Announce {SECRET} {"and more words " * 20}
+        """), rel="Specs/loud/tasks.md")
+    r = ws.kiro("loop", "start", "--task", "Specs/loud/tasks.md", "--task-id", "cli",
+                env=ws.env(ACME_SERVICE_TOKEN=SECRET))
+    assert r.returncode == 0, r.stdout + r.stderr
+    logs = sorted(p.name for p in (ws.root / "Logs/cli").iterdir())
+    assert len(logs) == 2 and logs[1] == "Deploy_with__REDACTED_-1.log", logs
+    assert logs[0].startswith("Announce__REDACTED__and_more_words_") and len(logs[0]) == 80 + 13 + len("-1.log"), logs
+    files, in_files = _files_holding(ws.root)
+    prompts = sorted(seen.iterdir())
+    in_prompts = [p.name for p in prompts if SECRET in p.read_text()]
+    print(f"agent CLI: searched {files} files and their names, {len(prompts)} prompts and the command's output: "
+          f"{len(in_files) + len(in_prompts) + (SECRET in r.stdout + r.stderr)} held it")
+    assert len(prompts) == 2 and in_files == [] and in_prompts == [] and SECRET not in r.stdout + r.stderr

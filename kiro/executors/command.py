@@ -13,6 +13,7 @@ lines are put back if the agent changed them (kiro.executors.control).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -32,10 +33,10 @@ from kiro.fsutil import atomic_write
 from kiro.workspace import Workspace
 
 LOG_KEPT = 256_000  # bytes of each stream kept for the attempt log (the tail)
+LOG_NAME_CHARS = 80  # of a step's id in its attempt log's name
 
 if TYPE_CHECKING:
     from kiro.tasks import Step, TaskFile
-
 
 
 class CommandExecutor(ExecutorBase):
@@ -75,7 +76,13 @@ class CommandExecutor(ExecutorBase):
             raise ExecutorError(f"executor_command program {prog!r} is not executable ({path})")
 
     def log_path(self, ctx: StepContext) -> Path:
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in ctx.step.id) or "step"
+        """`Logs/<task_id>/<step_id>-<attempt>.log`. The id of a step with no number is its text: it is
+        named as the redactor leaves it (a secret in it is no file name), and a long one is cut, with a
+        hash of the whole to keep names apart (a file name has at most 255 bytes)."""
+        shown = ctx.redact.text(ctx.step.id)
+        safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in shown) or "step"
+        if len(safe) > LOG_NAME_CHARS:
+            safe = f"{safe[:LOG_NAME_CHARS]}_{hashlib.sha256(shown.encode()).hexdigest()[:12]}"
         return self.workspace.logs / self.task_id / f"{safe}-{ctx.attempt}.log"
 
     async def run_step(self, ctx: StepContext) -> StepResult:
