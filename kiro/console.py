@@ -220,7 +220,9 @@ def event_parts(e: dict[str, Any], *, with_task: bool = False) -> list[tuple[str
         t.append(f"loop {e.get('task_id')} {verb}: {e.get('task_path')} (executor {e.get('executor')}, "
                  f"max {e.get('max_iterations')} iterations, pid {e.get('pid')})", style="bold")
     elif kind == "step_started":
-        t.append(f"[{it}] ▶ {sid} {_short(e.get('description'), 100)}")
+        desc = e.get("description")
+        # a step with no number has its text for id: shown once, not as "<text> <text>"
+        t.append(f"[{it}] ▶ {sid} {_short(desc, 100)}" if desc != sid else f"[{it}] ▶ {_short(sid, 100)}")
         if (e.get("attempt") or 1) > 1:
             t.append(f" (attempt {e.get('attempt')})", style="yellow")
     elif kind == "step_completed":

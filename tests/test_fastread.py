@@ -370,3 +370,13 @@ def test_a_loop_run_into_a_pipe_prints_what_rich_prints_without_importing_it(ws:
              if e["event"] not in ("tool_called", "model_called", "iteration_started", "reinjected",
                                    "report_written")]
     assert printed == [s for s in shown if s is not None]
+
+
+def test_a_step_with_no_number_is_named_once_when_it_starts() -> None:
+    """Its text is its id: `▶ Deploy it`, not `▶ Deploy it Deploy it`; a numbered step shows both."""
+    from kiro import console
+
+    base = {"event": "step_started", "ts": "2026-11-27T07:00:00.000+00:00", "iteration": 1, "attempt": 1}
+    once = console.event_plain({**base, "step_id": "Deploy it", "description": "Deploy it"})
+    assert once == "07:00:00 [1] ▶ Deploy it"
+    assert console.event_plain({**base, "step_id": "2", "description": "Deploy it"}) == "07:00:00 [1] ▶ 2 Deploy it"
