@@ -157,3 +157,17 @@ def test_an_agent_clis_prompt_attempt_logs_and_their_names_hold_no_planted_secre
     print(f"agent CLI: searched {files} files and their names, {len(prompts)} prompts and the command's output: "
           f"{len(in_files) + len(in_prompts) + (SECRET in r.stdout + r.stderr)} held it")
     assert len(prompts) == 2 and in_files == [] and in_prompts == [] and SECRET not in r.stdout + r.stderr
+
+
+def test_a_message_to_a_loop_is_cut_of_the_secrets_the_config_names(ws: Workspace) -> None:
+    """`kiro loop tell` stores the message in the loop's inbox: a value the config names as secret
+    (`secret_env`: a name the environment-wide rules would not take for a secret) is cut there too."""
+    ws.write("config/autonomous_loop.yaml", "secret_env: [DB_WORD]\n")
+    ws.task("---\ntitle: t\nexecutor: shell\n---\n- [ ] 1. one\n  ```sh\n  true\n  ```\n", rel="Specs/m/tasks.md")
+    env = ws.env(DB_WORD=SECRET)
+    assert ws.kiro("loop", "start", "--task", "Specs/m/tasks.md", "--task-id", "m", env=env).returncode == 0
+    r = ws.kiro("loop", "tell", "--task-id", "m", f"the database word is {SECRET}", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    files, found = _files_holding(ws.root)
+    inbox = [p for p in (ws.root / ".state").rglob("*") if p.is_file() and b"the database word is" in p.read_bytes()]
+    assert found == [] and len(inbox) == 1 and b"the database word is [REDACTED]" in inbox[0].read_bytes()

@@ -488,7 +488,8 @@ def tell(
         raise UserError("TEXT: the message is empty; give the text to tell the agent")
     inbox = Inbox(store.ws, tid)
     try:
-        msg = inbox.queue(Redactor.from_environment(None).text(text), via="kiro loop tell")
+        # the config's secrets too (`secret_env`, a password in `llm.base_url`), as every write of the loop's
+        msg = inbox.queue((store.redact | Redactor.from_environment(None)).text(text), via="kiro loop tell")
     except ValueError as exc:
         raise UserError(f"TEXT: {exc}") from None
     running = store.is_locked(tid)

@@ -168,7 +168,8 @@ class Controller:
             raise ControlError(400, "content: the message text (a non-empty string) is required")
         if len(content) > MESSAGE_MAX_CHARS:
             raise ControlError(413, f"content: at most {MESSAGE_MAX_CHARS} characters")
-        content = Redactor.from_environment(None).text(content)  # e.g. the server's own token, pasted by mistake
+        # e.g. the server's own token, pasted by mistake; and the config's secrets, as every write of the loop's
+        content = (self.store.redact | Redactor.from_environment(None)).text(content)
         inbox = Inbox(self.store.ws, tid)
         msg = inbox.queue(content, via="kiro serve")
         return {"task_id": tid, "id": msg.id, "queued": True, "delivered": False,
