@@ -27,6 +27,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -111,27 +112,25 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def reserve_path(state_dir: Path) -> Path:
-    """The name of this process's reserve file in `state_dir` (once it has one: `held_reserve`)."""
-    return state_dir / f"{RESERVE_PREFIX}{os.getpid()}"
-
-
-def held_reserve(state_dir: Path) -> Path | None:
-    found = _held.get(state_dir)
-    return found.path if found is not None else None
-
-
 def _open(state_dir: Path) -> _Reserve:
     """This process's reserve file in `state_dir`, created empty and locked; the reserve files of
     processes that are gone are removed first. A file left by a dead process of the same pid is
-    taken over; one locked by a live process of the same pid (another host sharing the folder) is
-    stepped around."""
+    taken over; one locked by a live process of the same pid (another host sharing the folder), or
+    something else in its place (a folder, a symlink: not followed), is stepped around."""
     sweep(state_dir)
-    base = reserve_path(state_dir)
+    base = f"{RESERVE_PREFIX}{os.getpid()}"
     for n in range(100):
-        path = base if n == 0 else base.with_name(f"{base.name}-{n}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        path = state_dir / (base if n == 0 else f"{base}-{n}")
         try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ETXTBSY):
+                continue  # not a file of ours in its place
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                continue
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
@@ -141,7 +140,7 @@ def _open(state_dir: Path) -> _Reserve:
             raise
         os.ftruncate(fd, 0)
         return _Reserve(path, fd)
-    raise OSError(errno.EEXIST, "no free name for a reserve file", str(base))
+    raise OSError(errno.EEXIST, "no free name for a reserve file", str(state_dir / base))
 
 
 def sweep(state_dir: Path) -> None:

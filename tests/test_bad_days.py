@@ -260,8 +260,10 @@ def test_a_batch_start_on_a_full_disk_says_so_and_leaves_nothing_behind(small_di
 
 
 def _reserves(state: Path) -> dict[str, int]:
-    """The reserve files in `state` and the bytes really taken by each."""
-    return {p.name: p.stat().st_blocks * 512 for p in state.glob(".kiro-reserve-*")}
+    """The reserve files in `state` (files, not what else may be planted there) and the bytes really
+    taken by each."""
+    return {p.name: p.stat().st_blocks * 512 for p in state.glob(".kiro-reserve-*")
+            if p.is_file() and not p.is_symlink()}
 
 
 def test_loops_of_one_process_share_one_reserve_file_that_shrinks_as_they_end(tmp_path: Path) -> None:
@@ -330,6 +332,26 @@ def test_a_killed_process_reserve_is_removed_by_the_next_one_and_a_live_one_is_k
         finally:
             live.kill()
     assert old not in _reserves(state)
+
+
+def test_a_folder_or_symlink_in_place_of_the_reserve_file_is_stepped_around(tmp_path: Path) -> None:
+    """Something planted where this process's reserve file goes (a folder, a symlink to a file of the
+    person's) is neither followed nor an error: the reserve takes the next name."""
+    from kiro import diskfull
+
+    state = tmp_path / ".state"
+    state.mkdir()
+    (state / f".kiro-reserve-{os.getpid()}").mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("mine\n")
+    (state / f".kiro-reserve-{os.getpid()}-1").symlink_to(target)
+    diskfull.reserve(state, "a", 0)
+    try:
+        assert list(_reserves(state)) == [f".kiro-reserve-{os.getpid()}-2"]
+    finally:
+        diskfull.drop(state, "a")
+    assert target.read_text() == "mine\n" and _reserves(state) == {}
+    assert (state / f".kiro-reserve-{os.getpid()}").is_dir() and (state / f".kiro-reserve-{os.getpid()}-1").is_symlink()
 
 
 def test_a_forked_child_leaves_its_parents_reserve_alone(tmp_path: Path) -> None:
