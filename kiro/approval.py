@@ -29,6 +29,7 @@ twice.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,9 +105,11 @@ class Decision:
     fields: dict[str, Any]
 
 
-def apply_decisions(ws: Workspace, task_id: str, task_path: Path) -> list[Decision]:
+def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
+                    redact: Callable[[str], str] | None = None) -> list[Decision]:
     """Handle every decided proposal of this loop not handled yet: insert approved steps, tell the
-    agent of rejected ones (a message in its inbox). Returns what was done, for the event log."""
+    agent of rejected ones (a message in its inbox, through `redact`: the loop's redactor). Returns
+    what was done, for the event log."""
     out: list[Decision] = []
     marks = ws.state_dir / "proposals"
     for path in proposals(ws, task_id, APPROVED):
@@ -137,7 +140,8 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path) -> list[Decisi
         why = _section(body, "Decision")
         text = (f"Your step proposal {path.name} was rejected; the steps were not added: "
                 + "; ".join(titles) + "." + (f"\nThe person's reason: {why}" if why else ""))
-        Inbox(ws, task_id).queue(text, via="approval", msg_id=f"rejected-{path.stem}")
+        Inbox(ws, task_id).queue(redact(text) if redact is not None else text, via="approval",
+                                 msg_id=f"rejected-{path.stem}")
         meta["status"] = "reported"
         atomic_write(path, _join(meta, body))
         out.append(Decision("rejected", path.name, {"proposal": path.name, "steps": titles}))

@@ -622,7 +622,7 @@ class Loop:
         if not any(os.path.isdir(folder) for folder in self._decided):
             return  # no decision folder: nothing to look at (asked every iteration)
         try:
-            done = approval.apply_decisions(self.ws, self.state.task_id, self.task_path)
+            done = approval.apply_decisions(self.ws, self.state.task_id, self.task_path, self.redact.text)
         except (TaskFileError, TaskNotFound, OSError) as exc:
             self.emit("warning", message=f"could not handle a step proposal: {exc}")
             return

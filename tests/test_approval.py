@@ -79,16 +79,21 @@ def test_a_rejected_proposal_is_reported_to_the_agent_once(ws: Workspace, fake: 
     assert r.returncode == 4, r.stdout + r.stderr
     proposal = ws.root / "Pending_Approval/steps_db_1.md"
     (ws.root / "Rejected").mkdir(exist_ok=True)
-    proposal.write_text(proposal.read_text().replace("## Decision\n", "## Decision\nNot tonight: the table is tiny.\n"))
+    secret = "tok-" + "4" * 28  # pasted into the reason: cut from the inbox and the prompt
+    proposal.write_text(proposal.read_text().replace(
+        "## Decision\n", f"## Decision\nNot tonight: the table is tiny. Ask with {secret}.\n"))
     shutil.move(str(proposal), ws.root / "Rejected/steps_db_1.md")
     fake.reply(call("complete_step", {"summary": "queries written"}))
-    r = ws.kiro("loop", "resume", "--task-id", "db", "--max-iterations", "5")
+    r = ws.kiro("loop", "resume", "--task-id", "db", "--max-iterations", "5", env=ws.env(ACME_DB_TOKEN=secret))
     assert r.returncode == 0, r.stdout + r.stderr
     step2 = fake.chat_requests[2]
     told = [m for m in step2.messages if "was rejected" in json.dumps(m.get("content") or "")]
     assert len(told) == 1 and told[0]["role"] == "user"
     assert "## Message from a person" in told[0]["content"] and "steps_db_1.md" in told[0]["content"]
     assert "Not tonight: the table is tiny." in told[0]["content"] and "1.1 Add an index" in told[0]["content"]
+    assert "Ask with [REDACTED]." in told[0]["content"] and secret not in json.dumps(step2.body)
+    inbox = (ws.root / ".state/inbox/db.jsonl").read_bytes()
+    assert b"was rejected" in inbox and secret.encode() not in inbox
     assert "1.1" not in (ws.root / "Done/feature/tasks.md").read_text()
     assert [e["event"] for e in ws.events("db")].count("proposal_rejected") == 1
 
