@@ -171,3 +171,38 @@ def test_a_message_to_a_loop_is_cut_of_the_secrets_the_config_names(ws: Workspac
     files, found = _files_holding(ws.root)
     inbox = [p for p in (ws.root / ".state").rglob("*") if p.is_file() and b"the database word is" in p.read_bytes()]
     assert found == [] and len(inbox) == 1 and b"the database word is [REDACTED]" in inbox[0].read_bytes()
+
+
+def test_the_openai_agent_is_sent_no_planted_secret_and_writes_none(ws: Workspace) -> None:
+    """With kiro's own agent against the scripted server: a secret in the task's title, `instructions`,
+    a step's title and details, and in a file the agent reads, reaches no request sent to the model (the
+    system and step prompts, tool results) and no file kiro writes (transcript, memory, state, events).
+    The model echoes it back in a summary and a memory: cut there too."""
+    from tests.fake_openai import FakeOpenAI, call
+
+    (ws.root / "notes.txt").write_text(f"the deploy token is {SECRET}\n")
+    ws.task(textwrap.dedent(f"""\
+        ---
+        title: Agent for {SECRET}
+        executor: openai
+        instructions: mention {SECRET} nowhere
+        ---
+        - [ ] 1. Read the notes about {SECRET}
+          - detail: {SECRET}
+        """), rel="Specs/loud/tasks.md")
+    with FakeOpenAI() as fake:
+        fake.reply(tool_calls=[call("read_file", {"path": "notes.txt"})])
+        fake.reply(tool_calls=[call("memory_save", {"content": f"token {SECRET}", "type": "fact"})])
+        fake.reply(tool_calls=[call("complete_step", {"summary": f"read it: {SECRET}"})])
+        ws.write("config/autonomous_loop.yaml", f"llm:\n  base_url: {json.dumps(fake.base_url)}\n")
+        r = ws.kiro("loop", "start", "--task", "Specs/loud/tasks.md", "--task-id", "agent",
+                    env=ws.env(ACME_SERVICE_TOKEN=SECRET))
+        assert r.returncode == 0, r.stdout + r.stderr
+        bodies = [json.dumps(req.body) for req in fake.chat_requests]
+    assert len(bodies) == 3 and "[REDACTED]" in bodies[0] and "the deploy token is [REDACTED]" in bodies[1]
+    files, in_files = _files_holding(ws.root)
+    in_files = [f for f in in_files if f != "notes.txt"]  # the person's own notes hold it, as they wrote it
+    in_requests = [i for i, b in enumerate(bodies) if SECRET in b]
+    held = len(in_files) + len(in_requests)
+    print(f"openai agent: searched {files} files and {len(bodies)} requests: {held} held it")
+    assert in_files == [] and in_requests == [] and SECRET not in r.stdout + r.stderr
