@@ -511,10 +511,10 @@ class LoopGit:
         and before the state recorded it)."""
         since = self.info.base_commit
         rng = f"{since}..HEAD" if since else "HEAD"
+        written = step_id_written(self.task_id, step_id, self.redact)
         for c in log(self.git, rng, grep=f"Kiro-Task-Id: {self.task_id}", limit=500):
             t = c.trailers
-            if (t.get("Kiro-Task-Id") == self.task_id
-                    and t.get("Kiro-Step-Id") == step_id_written(self.task_id, step_id, self.redact)
+            if (t.get("Kiro-Task-Id") == self.task_id and t.get("Kiro-Step-Id") == written
                     and t.get("Kiro-Iteration") == str(iteration)):
                 return c.sha
         return None
@@ -878,9 +878,10 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         if info is None or not info.checkpoints or not info.toplevel:
             raise UserError(f"loop {task_id!r} has no git checkpoints (checkpoints: off, or the project is not in a "
                             f"git work tree); nothing to roll back to")
+        redact = _redactor(ws)  # the commit message, the state and the events a rollback writes
         # the state holds step ids as the redactor left them: a step whose text holds a secret is found
         # by its text as the person wrote it too
-        to_step = _redactor(ws).text(to_step)
+        to_step = redact.text(to_step)
         idx = next((i for i in range(len(state.completed_steps) - 1, -1, -1)
                     if state.completed_steps[i].step_id == to_step), None)
         if idx is None:
@@ -917,8 +918,8 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         head = git.out("rev-parse", "HEAD")
         commits = log(git, f"{target}..HEAD")
         others = [c for c in commits if c.trailers.get("Kiro-Task-Id") != task_id]
-        msg = _redactor(ws).text(f"kiro({task_id}): rollback to {_one_line(to_step)}\n\nKiro-Task-Id: {task_id}\n"
-                                 f"Kiro-Rollback-To: {_one_line(to_step)}\n")
+        msg = redact.text(f"kiro({task_id}): rollback to {_one_line(to_step)}\n\nKiro-Task-Id: {task_id}\n"
+                          f"Kiro-Rollback-To: {_one_line(to_step)}\n")
         tree = None
         if not others:  # the new tree is made first, in a private index; a kill cannot leave half of it
             tree = _restored_tree(lg, head, target)
@@ -983,7 +984,6 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
             state.stop_reason = "rolled_back"
         if state.steps_done is not None:
             state.steps_done = max(0, state.steps_done - len(unchecked))
-        redact = _redactor(ws)
         store.use(redact)
         store.save(state)
         if loaded.archived:

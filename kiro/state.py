@@ -315,7 +315,12 @@ class LoopState(_Model):
                 del steps[k]
 
     def dump_json(self) -> str:
-        return self.model_dump_json(indent=2, by_alias=True)
+        return _state_text(self.model_dump(mode="json", by_alias=True))
+
+
+def _state_text(data: dict[str, Any]) -> str:
+    """A state file's text, from the state as `model_dump(mode="json", by_alias=True)` gives it."""
+    return json.dumps(data, indent=2, ensure_ascii=False)
 
 
 @dataclass
@@ -348,7 +353,7 @@ class StateStore:
         """`encode(state)` and the loop's summary (kiro.journal), both from one dump of the state and
         both redacted: a secret in a task's title reached the summary file, which status reads."""
         data = state.model_dump(mode="json", by_alias=True)
-        text = json.dumps(data, indent=2, ensure_ascii=False)  # LoopState.dump_json's text
+        text = _state_text(data)
         clean = self.redact.text(text)
         if clean != text:
             data = json.loads(clean)

@@ -279,11 +279,11 @@ def _find_done(git: checkpoints.Git, inp: dict[str, Any], tip: str, redact: Reda
     rng = [tip, f"^{base}"] if base and tip != base else [tip]
     out = git.run("log", "--format=%H%x1f%B%x1e", f"--grep=Kiro-Step-Run: {inp['step_run']}", *rng,
                   check=False).stdout
+    written = checkpoints.step_id_written(inp["task_id"], inp["step_id"], redact.text)
     for record in out.split("\x1e"):
         sha, _, body = record.strip().partition("\x1f")
         t = checkpoints.trailers(body)
-        if (t.get("Kiro-Task-Id") == inp["task_id"]
-                and t.get("Kiro-Step-Id") == checkpoints.step_id_written(inp["task_id"], inp["step_id"], redact.text)
+        if (t.get("Kiro-Task-Id") == inp["task_id"] and t.get("Kiro-Step-Id") == written
                 and t.get("Kiro-Step-Run") == str(inp["step_run"])):
             return sha.strip()
     return None
