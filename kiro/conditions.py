@@ -5,14 +5,15 @@ the loop ends in, its exit code, the limit and the figure that hit it.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiro import frontmatter, safeio
+from kiro.errors import UserError
 from kiro.state import LoopState
 from kiro.status import Status
-from kiro.workspace import Workspace, markdown_files
+from kiro.workspace import Workspace, check_task_id, markdown_files
 
 NEEDS_PERSON = 6  # exit code of a pause that waits for a person (Needs_Action/, request_human)
 
@@ -99,21 +100,15 @@ def step_retries(step_id: str, attempts: int, max_retries: int) -> Stop:
 
 # -- where is the task file? ---------------------------------------------------------------
 
-_TASK_ID_LINE = re.compile(rb"^kiro_task_id:\s*['\"]?([A-Za-z0-9_.-]+)['\"]?\s*$", re.MULTILINE)
-
-
 def _frontmatter_task_id(path: Path) -> str | None:
+    """The `kiro_task_id` a task file's frontmatter names, when it is a valid one; None for a file
+    kiro cannot read."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-    except OSError:
+        text = safeio.read_bytes(path, limit=safeio.TASK_MAX_BYTES).decode("utf-8-sig")
+        found = frontmatter.read(text).data.get("kiro_task_id")
+        return check_task_id(found) if isinstance(found, str) else None
+    except (OSError, UnicodeDecodeError, UserError, frontmatter.FrontmatterError):
         return None
-    if not head.startswith(b"---"):
-        return None
-    end = head.find(b"\n---", 3)
-    block = head[: end if end > 0 else len(head)]
-    m = _TASK_ID_LINE.search(block.replace(b"\r\n", b"\n"))
-    return m.group(1).decode() if m else None
 
 
 def find_by_task_id(folder: Path, task_id: str) -> Path | None:
