@@ -7,9 +7,8 @@ Prints, as medians over fresh processes:
 - the whole command's wall time, and what is left after `python -c pass` and the step itself;
 - the same command through Typer (KIRO_NO_FAST_START=1), as every start ran before kiro.faststart;
 - the import of what the fast path loads (the engine: no pydantic since kiro.records) alone;
-- a floor for comparison: importing only the standard library pieces that any run of kiro's engine
-  needs whatever its CLI and models are made of (asyncio, subprocess, json; PyYAML was in it until
-  kiro.plainyaml read plain YAML without it);
+- a floor for comparison: importing only the standard library pieces and PyYAML that any run of
+  kiro's engine needs whatever its CLI and models are made of (asyncio, subprocess, json, yaml);
 - the run itself in a process that has imported everything: prepare_start + run_loops, minus the
   step's own duration (from its `step_completed` event): the fixed cost of a run.
 Each run is checked: exit 0, the step done, the task moved to Done/.
@@ -40,7 +39,7 @@ from pathlib import Path
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 TASK = "---\ntitle: One step\nexecutor: shell\n---\n- [ ] 1. Quick\n  ```sh\n  true\n  ```\n"
 
-FLOOR = "import asyncio, asyncio.subprocess, subprocess, json, threading, queue, fcntl, hashlib"
+FLOOR = "import asyncio, asyncio.subprocess, subprocess, json, yaml, threading, queue, fcntl, hashlib"
 IN_PROCESS = """
 import asyncio, json, sys, time
 from pathlib import Path
@@ -224,7 +223,7 @@ def main() -> None:
               f"{(med(cpu_typer) - med(cpu_whole)) * 1000:.0f} ms CPU")
         print(f"  of which importing the engine (the fast path's imports): {med(imports) * 1000:.0f} ms "
               f"wall, {med(cpu_imports) * 1000:.0f} ms CPU")
-        print(f"  the floor, importing only asyncio, subprocess and json (what the engine needs whatever "
+        print(f"  the floor, importing only asyncio, subprocess, json and yaml (what the engine needs whatever "
               f"its CLI and models): {med(floors) * 1000:.0f} ms wall, {med(cpu_floors) * 1000:.0f} ms CPU "
               f"beyond python -c pass")
         print(f"  a run's fixed start-up + shutdown (prepare_start + run_loops - the step), imports done: "

@@ -5,8 +5,8 @@ built around two promises:
 
 * **Parsing is forgiving and positional.** Real files (see the corpus notes) mix tabs and spaces,
   CRLF, runs of blank lines, duplicate step lines, optional markers written `[ ]*` or `[ ]\\*`,
-  code blocks with checkbox-looking lines, and frontmatter. We parse by hand (not with
-  python-frontmatter) so that every step knows the exact character offset of its marker.
+  code blocks with checkbox-looking lines, and frontmatter (read and written by kiro.frontmatter).
+  The checklist is parsed by hand so that every step knows the exact character offset of its marker.
 * **Edits touch only what kiro owns.** kiro changes marker characters and the `kiro_task_id`
   frontmatter line, nothing else: every other byte (line endings, BOM, trailing whitespace, a
   missing final newline, the person's frontmatter) is written back as read. Each edit is a
