@@ -113,8 +113,8 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
     out: list[Decision] = []
     marks = ws.state_dir / "proposals"
     for path in proposals(ws, task_id, APPROVED):
-        text = path.read_text(encoding="utf-8")
-        meta, body = _split(text)
+        written = path.read_text(encoding="utf-8")
+        meta, body = _split(written)
         if meta.get("status") == "applied":
             continue
         titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := _BOX.match(line))]
@@ -128,12 +128,12 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
             if after is not None and tasks.load(task_path).find(after) is None:
                 after = None  # the step it followed is gone: at the end
             tasks.add_steps(task_path, titles, after=after)
-        atomic_write(path, _marked(text, {"status": "applied", "applied": timeutil.iso()}))
+        atomic_write(path, _marked(written, {"status": "applied", "applied": timeutil.iso()}))
         marker.unlink(missing_ok=True)
         out.append(Decision("approved", path.name, {"proposal": path.name, "steps": titles}))
     for path in proposals(ws, task_id, REJECTED):
-        text = path.read_text(encoding="utf-8")
-        meta, body = _split(text)
+        written = path.read_text(encoding="utf-8")
+        meta, body = _split(written)
         if meta.get("status") == "reported":
             continue
         titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := _BOX.match(line))]
@@ -142,6 +142,6 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
                 + "; ".join(titles) + "." + (f"\nThe person's reason: {why}" if why else ""))
         Inbox(ws, task_id).queue(redact(text) if redact is not None else text, via="approval",
                                  msg_id=f"rejected-{path.stem}")
-        atomic_write(path, _marked(text, {"status": "reported"}))
+        atomic_write(path, _marked(written, {"status": "reported"}))
         out.append(Decision("rejected", path.name, {"proposal": path.name, "steps": titles}))
     return out

@@ -91,6 +91,12 @@ def test_kiro_marks_a_proposal_handled_in_its_own_lines_and_keeps_the_persons(tm
     assert head == proposal[:proposal.index("status: pending")]
     assert rest[rest.index("'\n") + 2:] == proposal[proposal.index("---\n\n\n"):]
 
+    (root / "Rejected").mkdir()
+    rejected = proposal.replace("status: pending\n", "").replace("fine", "not now")
+    (root / "Rejected/steps_t1_2.md").write_text(rejected)
+    assert [d.kind for d in approval.apply_decisions(KiroWorkspace(root), "t1", task)] == ["rejected"]
+    assert (root / "Rejected/steps_t1_2.md").read_text() == rejected.replace("---\n\n", "status: reported\n---\n\n")
+
 
 def test_a_rejected_proposal_is_reported_to_the_agent_once(ws: Workspace, fake: FakeOpenAI) -> None:
     ws.task(TASK)
