@@ -121,11 +121,12 @@ def write(fields: Mapping[str, Any], text: str = "") -> str:
     found = read(text)
     if found.close is None:
         return f"---{newline}{_dump(fields, newline)}---{newline}{text}"
-    if all(key in found.data and found.data[key] == value for key, value in fields.items()):
+    changed = {key: value for key, value in fields.items() if key not in found.data or found.data[key] != value}
+    if not changed:
         return text
     lines = text[:found.rest].split("\n")
     added: list[str] = []
-    for key, value in fields.items():
+    for key, value in changed.items():
         entry = _dump({key: value}, newline).removesuffix("\n")  # a CRLF's "\r" stays: "\n" joins the lines
         at = found.lines.get(key)
         if at is None:
@@ -139,9 +140,9 @@ def write(fields: Mapping[str, Any], text: str = "") -> str:
     except FrontmatterError:
         after = None
     if after != {**found.data, **{str(k): v for k, v in fields.items()}}:
-        keys = ", ".join(repr(key) for key in fields)
-        entries = _dump(fields, "\n").strip().replace("\n", "; ")
-        raise FrontmatterError(min(found.lines.get(str(k), found.close + 1) for k in fields),
+        keys = ", ".join(repr(key) for key in changed)
+        entries = _dump(changed, "\n").strip().replace("\n", "; ")
+        raise FrontmatterError(min(found.lines.get(str(k), found.close + 1) for k in changed),
                                f"cannot set frontmatter key {keys} without rewriting other keys; "
                                f"write '{entries}' into the frontmatter by hand")
     return new
