@@ -55,7 +55,7 @@ def _split(text: str) -> tuple[str, int, int] | None:
         end = text.find("\n", start)
         line = text[start:] if end < 0 else text[start:end]
         if line.rstrip() in ("---", "..."):
-            return "\n".join(inner), index, len(text) if end < 0 else end + 1
+            return "".join(f"{line}\n" for line in inner), index, len(text) if end < 0 else end + 1
         inner.append(line.rstrip("\r"))
         index += 1
     raise FrontmatterError(1, _NEVER_CLOSED)

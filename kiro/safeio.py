@@ -184,6 +184,15 @@ def load_yaml(text: str, loader: type | None = None) -> tuple[Any, yaml.Node | N
     try:
         node = reader.get_single_node()
         return (reader.construct_document(node) if node is not None else None), node
+    except (yaml.scanner.ScannerError, yaml.parser.ParserError, yaml.composer.ComposerError):
+        if not isinstance(reader, yaml.SafeLoader):
+            # libyaml's words leave out what it found (a tab, an alias's name, an escape character):
+            # PyYAML's own parser words the same error with it (within the depth checked above)
+            try:
+                yaml.compose(text, Loader=yaml.SafeLoader)
+            except yaml.MarkedYAMLError as own:
+                raise own from None
+        raise
     finally:
         reader.dispose()
 

@@ -344,6 +344,17 @@ def test_comments_urls_and_yaml_spellings_read_as_a_person_means_them(tmp_path: 
                      "verify": 8, "project_dir": 9}
 
 
+@pytest.mark.parametrize(("text", "words"), [
+    ("llm:\n\tmodel: x\n", "2: invalid YAML: found character '\\t' that cannot start any token"),
+    ("llm: *models\n", "1: invalid YAML: found undefined alias 'models'"),
+])
+def test_a_yaml_mistake_is_named_with_what_was_found(tmp_path: Path, text: str, words: str) -> None:
+    """libyaml (the loader kiro uses) words these without the character or the name; the message
+    says them, as PyYAML's own parser does."""
+    write_config(tmp_path, text)
+    assert config_error(tmp_path).startswith(f"config/autonomous_loop.yaml:{words}")
+
+
 def test_a_control_character_names_its_line(tmp_path: Path) -> None:
     """libyaml counts the bytes up to it, not the characters: the line is right after text that is not ASCII."""
     write_config(tmp_path, "llm:\n  model: café\nverify: make\x07\n")
