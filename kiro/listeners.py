@@ -27,13 +27,13 @@ from kiro.state import LoopState
 from kiro.status import Status
 
 if TYPE_CHECKING:
-    from kiro.engine import Loop
+    from kiro.hooks import LoopHandle
 
 
 class LoopListener:
     """A listener that works for one loop. Subclasses override what they need."""
 
-    def __init__(self, loop: Loop) -> None:
+    def __init__(self, loop: LoopHandle) -> None:
         self.loop = loop
 
     def __call__(self, event: events.Event) -> None:
@@ -174,7 +174,7 @@ class Notifier(LoopListener):
     status's kind and `finished` when the loop ends. A notifier that fails is logged
     (`notifier_failed`) and never stops the loop; the run waits for running notifiers at its end."""
 
-    def __init__(self, loop: Loop) -> None:
+    def __init__(self, loop: LoopHandle) -> None:
         super().__init__(loop)
         self.running: set[asyncio.Task[None]] = set()
 
@@ -217,7 +217,7 @@ class DashboardFeed(LoopListener):
     """Hands the loop's live state to the workspace's Dashboard.md writer (one per process and
     workspace, at most one write a second); from the loop's end on, its state is read from disk."""
 
-    def __init__(self, loop: Loop) -> None:
+    def __init__(self, loop: LoopHandle) -> None:
         super().__init__(loop)
         self.service: dashboard.DashboardService | None = None
         self.closed = False
@@ -240,6 +240,6 @@ class DashboardFeed(LoopListener):
             await dashboard.release(service)
 
 
-def standard(loop: Loop) -> list[LoopListener]:
+def standard(loop: LoopHandle) -> list[LoopListener]:
     """The listeners every loop run by kiro gets, in the order they must hear an event."""
     return [DoneMover(loop), ReportWriter(loop), Archiver(loop), Notifier(loop), DashboardFeed(loop)]
