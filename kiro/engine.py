@@ -63,7 +63,7 @@ from kiro.state import (
 from kiro.status import Status
 from kiro.usage import StepUsage
 from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
-from kiro.workspace import Workspace
+from kiro.workspace import Workspace, locate_task
 from kiro.writer import WriteQueue
 
 if TYPE_CHECKING:
@@ -372,7 +372,7 @@ class Loop:
             if area == "Needs_Action" and self.settings.check_needs_action_folder:
                 return conditions.needs_action(f"task is in {self.ws.relative(self.task_path)}; waiting for a person")
             return None
-        where, path = conditions.locate_task(self.ws, self.task_path, self.state.task_id)
+        where, path = locate_task(self.ws, self.task_path, self.state.task_id)
         if path is not None and where in ("Done", "Needs_Action", "Specs"):
             self.relocate(path, area=where)
             return self._check_task_location()

@@ -19,7 +19,6 @@ from typing import Any
 from kiro import (
     checkpoints,
     cleanup,
-    conditions,
     diskfull,
     executors,
     heap,
@@ -43,7 +42,7 @@ from kiro.settings import Located, settings_for
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
 from kiro.unbuilt import not_built_warnings
-from kiro.workspace import Workspace, check_task_id
+from kiro.workspace import Workspace, check_task_id, locate_task
 
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex", "StartBatch"]
 
@@ -539,7 +538,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if state.status == Status.COMPLETED:
             raise AlreadyFinished(f"loop {task_id!r} is already completed ({state.task_path}); nothing to resume")
         recorded = ws.absolute(state.task_path)
-        where, path = conditions.locate_task(ws, recorded, task_id)
+        where, path = locate_task(ws, recorded, task_id)
         if path is None:
             raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} is gone (not in Specs/, Done/ or "
                                f"Needs_Action/); put it back and resume again")
