@@ -22,30 +22,13 @@ from typing import TYPE_CHECKING, Final
 
 from kiro import dashboard, events, ownwrites, reports, tasks, timeutil
 from kiro.errors import KiroError
+from kiro.hooks import LoopListener
 from kiro.notify import NOTIFIER_TIMEOUT, run_notifier
 from kiro.state import LoopState
 from kiro.status import Status
 
 if TYPE_CHECKING:
     from kiro.hooks import LoopHandle
-
-
-class LoopListener:
-    """A listener that works for one loop. Subclasses override what they need."""
-
-    def __init__(self, loop: LoopHandle) -> None:
-        self.loop = loop
-
-    def __call__(self, event: events.Event) -> None:
-        return None
-
-    def saved(self, state: LoopState) -> None:
-        """After every save of the loop's state."""
-        return None
-
-    async def aclose(self) -> None:
-        """The run is over (also after a crash): finish what is under way."""
-        return None
 
 
 class DoneMover(LoopListener):
@@ -96,6 +79,10 @@ class ReportWriter(LoopListener):
     def __call__(self, event: events.Event) -> None:
         if isinstance(event, events.StopCondition):
             self._final(event)
+        elif isinstance(event, events.HumanRequested):
+            loop = self.loop  # the agent asked a person (request_human): the file the pause names
+            text = reports.human_request(loop.state, question=event.question)
+            loop.write_report(loop.ws.human_request(loop.state.task_id), text)
         elif isinstance(event, (events.StepCompleted, events.StepFailed)):
             self._progress()
 

@@ -21,6 +21,7 @@ from kiro import (
     cleanup,
     diskfull,
     executors,
+    features,
     heap,
     resolved,
     safeio,
@@ -438,7 +439,8 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             _release(store, tid, lock)
             raise
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
-                   release=lambda: _release(store, tid, lock), executor=executor, lock=lock)
+                   release=lambda: _release(store, tid, lock), executor=executor, lock=lock,
+                   features=features.standard())
 
 
 FILES_PER_LOOP = 8
@@ -596,7 +598,8 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             store.release(task_id, lock)
         raise
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
-                   release=lambda: _release(store, task_id, lock), executor=executor, lock=lock)
+                   release=lambda: _release(store, task_id, lock), executor=executor, lock=lock,
+                   features=features.standard())
 
 
 def paused_by_hooks(store: StateStore) -> list[LoopState]:

@@ -21,7 +21,7 @@ from kiro import precheck, reports, schedule, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.errors import KiroError, TaskFileError, TaskNotFound
 from kiro.schedule import Schedule
-from kiro.state import ScheduleInfo
+from kiro.state import ScheduleInfo, first_line
 from kiro.status import Status
 from kiro.usage import StepUsage
 
@@ -125,7 +125,7 @@ class ScheduleRunner:
         started = timeutil.parse(info.run_started_at) if info.run_started_at else finished
         run = s.runs
         done = [c for c in s.completed_steps if c.iteration is None or c.iteration > info.run_iteration_base]
-        steps_text = "\n".join(f"- {c.step_id} {c.description}: {reports.first_line(c.summary, 300) or '(done)'}"
+        steps_text = "\n".join(f"- {c.step_id} {c.description}: {first_line(c.summary, 300) or '(done)'}"
                                for c in done) or "- (no step ran: every box was already checked)"
         summary, source, memory_id, note = await self._summary(run, task, steps_text)
         s.last_run_at = timeutil.iso(finished)
