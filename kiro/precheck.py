@@ -39,7 +39,7 @@ from kiro.usage import StepUsage
 
 if TYPE_CHECKING:
     from kiro.conditions import Stop
-    from kiro.engine import Loop
+    from kiro.hooks import LoopHandle
 
 Scope = Literal["run", "iteration"]
 
@@ -106,11 +106,11 @@ class Decision:
 # -- the baseline ----------------------------------------------------------------------------
 
 
-def _baseline_path(loop: Loop) -> Path:
+def _baseline_path(loop: LoopHandle) -> Path:
     return loop.ws.state_dir / "precheck" / f"{loop.state.task_id}.json"
 
 
-def load(loop: Loop) -> Snapshot | None:
+def load(loop: LoopHandle) -> Snapshot | None:
     try:
         raw = json.loads(_baseline_path(loop).read_text(encoding="utf-8"))
         return Snapshot(**{k: v for k, v in raw.items() if k in Snapshot.__dataclass_fields__})
@@ -148,7 +148,7 @@ def _walk(root: Path, ws_root: Path) -> tuple[dict[str, list[int]], bool]:
     return files, False
 
 
-def _memory_max_id(loop: Loop) -> int:
+def _memory_max_id(loop: LoopHandle) -> int:
     db = loop.ws.memory_db()
     if not db.exists():
         return 0
@@ -161,7 +161,7 @@ def _memory_max_id(loop: Loop) -> int:
     return 0
 
 
-def _new_memories(loop: Loop, after: int) -> list[str]:
+def _new_memories(loop: LoopHandle, after: int) -> list[str]:
     db = loop.ws.memory_db()
     if not db.exists():
         return []
@@ -175,7 +175,7 @@ def _new_memories(loop: Loop, after: int) -> list[str]:
     return []
 
 
-def take(loop: Loop, attempted_step: str | None = None) -> Snapshot:
+def take(loop: LoopHandle, attempted_step: str | None = None) -> Snapshot:
     try:
         task_text = loop.task_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -189,14 +189,14 @@ def take(loop: Loop, attempted_step: str | None = None) -> Snapshot:
                     attempted_step=attempted_step)
 
 
-def save(loop: Loop, snap: Snapshot) -> None:
+def save(loop: LoopHandle, snap: Snapshot) -> None:
     """Atomic but not fsync'd: a baseline lost in a crash only makes the next gate pass."""
     path = _baseline_path(loop)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(asdict(snap), ensure_ascii=False), fsync=False)
 
 
-async def remember(loop: Loop, attempted_step: str | None = None) -> None:
+async def remember(loop: LoopHandle, attempted_step: str | None = None) -> None:
     """Save the baseline the next check compares with: call it when a run (or iteration) ends."""
     if loop.cfg.llm.precheck_model is None:
         return
@@ -207,7 +207,8 @@ async def remember(loop: Loop, attempted_step: str | None = None) -> None:
 # -- the digest ------------------------------------------------------------------------------
 
 
-def describe(loop: Loop, before: Snapshot, now: Snapshot, step_line: str | None) -> tuple[str, str]:
+def describe(loop: LoopHandle, before: Snapshot, now: Snapshot,
+             step_line: str | None) -> tuple[str, str]:
     """(the digest for the pre-check model, a one-line summary for the event)."""
     s = loop.state
     lines = [f"Task {s.title or s.task_id!r} ({s.task_id}); the last check's baseline was taken {before.at} (when "
@@ -255,7 +256,7 @@ def describe(loop: Loop, before: Snapshot, now: Snapshot, step_line: str | None)
 # -- asking the pre-check model --------------------------------------------------------------
 
 
-async def ask(loop: Loop, digest: str) -> Decision:
+async def ask(loop: LoopHandle, digest: str) -> Decision:
     """One call to the pre-check model. Any failure passes (fails open)."""
     import openai
 
@@ -320,7 +321,8 @@ async def ask(loop: Loop, digest: str) -> Decision:
 # -- the gate --------------------------------------------------------------------------------
 
 
-async def decide(loop: Loop, scope: Scope, step_id: str | None = None, step_line: str | None = None) -> Decision:
+async def decide(loop: LoopHandle, scope: Scope, step_id: str | None = None,
+                 step_line: str | None = None) -> Decision:
     """Pass or skip, without side effects beyond the model call (its usage is in the decision)."""
     if Inbox(loop.ws, loop.state.task_id).has_pending():
         return Decision(True, "a message is waiting")
@@ -336,7 +338,7 @@ async def decide(loop: Loop, scope: Scope, step_id: str | None = None, step_line
     return decision
 
 
-async def check(loop: Loop, scope: Scope, step_id: str | None = None, step_line: str | None = None,
+async def check(loop: LoopHandle, scope: Scope, step_id: str | None = None, step_line: str | None = None,
                 next_check_seconds: float | None = None) -> bool:
     """Decide, count the call's usage, and log `precheck_passed` or `precheck_skipped`. True: run."""
     model = loop.cfg.llm.precheck_model
@@ -357,7 +359,7 @@ async def check(loop: Loop, scope: Scope, step_id: str | None = None, step_line:
     return False
 
 
-async def check_run(loop: Loop) -> bool:
+async def check_run(loop: LoopHandle) -> bool:
     """Before a scheduled run starts; False means skip this fire (the event `precheck_skipped` is
     logged). `remember(loop)` when a run that went ahead ends."""
     return await check(loop, "run")
@@ -366,11 +368,11 @@ async def check_run(loop: Loop) -> bool:
 # -- every_iteration: the engine's hooks -----------------------------------------------------
 
 
-def every_iteration(loop: Loop) -> bool:
+def every_iteration(loop: LoopHandle) -> bool:
     return loop.cfg.llm.precheck_model is not None and loop.cfg.llm.precheck == "every_iteration"
 
 
-async def before_iteration(loop: Loop, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
+async def before_iteration(loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
     """(a stop condition that ended the wait, go ahead?). A skipped iteration sleeps
     `llm.precheck_sleep_seconds` (status `sleeping`; a stop hook or a message ends it), then the
     loop looks again."""
@@ -395,5 +397,5 @@ async def before_iteration(loop: Loop, step_id: str, attempts: int) -> tuple[Sto
     return stop, False
 
 
-async def after_iteration(loop: Loop, step_id: str) -> None:
+async def after_iteration(loop: LoopHandle, step_id: str) -> None:
     await remember(loop, attempted_step=step_id)

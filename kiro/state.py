@@ -52,6 +52,14 @@ def clip(text: str | None, limit: int = TEXT_KEPT) -> str:
     return text[:half] + f"\n[... {len(text) - limit} characters cut ...]\n" + text[-half:]
 
 
+def first_line(text: str | None, limit: int = 200) -> str:
+    """The first line of a text (an error, a question), cut to `limit` characters with an ellipsis."""
+    if not text:
+        return ""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 class _Model(Record):
     """A part of the state (kiro.records, not pydantic): forward compatible, a newer kiro's extra
     fields survive a round trip through an older one; no NaN or infinity, as kiro never writes one

@@ -9,7 +9,7 @@ from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
-from kiro.workspace import Workspace, check_task_id
+from kiro.workspace import Workspace, check_task_id, frontmatter_task_id, locate_task
 
 
 def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task: str | None, *,
@@ -23,9 +23,8 @@ def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task:
         rel = ws.relative(path)
         found = [st for _p, st in store.all_states() if st is not None and st.task_path == rel]
         if not found:
-            from kiro import conditions
 
-            hint = conditions._frontmatter_task_id(path)
+            hint = frontmatter_task_id(path)
             if hint and store.exists(hint):
                 return hint
             raise TaskNotFound(f"no loop has worked on {rel} yet; start one with `kiro loop start --task {rel}`")
@@ -151,10 +150,10 @@ def all_rows(store: StateStore, warnings: list[str] | None = None) -> list[dict[
 
 def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
     """Every step of the task file with its status, attempts and duration."""
-    from kiro import conditions, tasks
+    from kiro import tasks
 
     path = ws.absolute(state.task_path)
-    where, found = conditions.locate_task(ws, path, state.task_id)
+    where, found = locate_task(ws, path, state.task_id)
     task: tasks.TaskFile | None = None
     error = None
     if found is not None:

@@ -324,3 +324,58 @@ class Workspace:
         for name in FOLDERS:
             (self.root / name).mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+
+
+# -- where a task file is now ------------------------------------------------------------------
+
+_TASK_ID_LINE = re.compile(rb"^kiro_task_id:\s*['\"]?([A-Za-z0-9_.-]+)['\"]?\s*$", re.MULTILINE)
+
+
+def frontmatter_task_id(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return None
+    if not head.startswith(b"---"):
+        return None
+    end = head.find(b"\n---", 3)
+    block = head[: end if end > 0 else len(head)]
+    m = _TASK_ID_LINE.search(block.replace(b"\r\n", b"\n"))
+    return m.group(1).decode() if m else None
+
+
+def find_by_task_id(folder: Path, task_id: str) -> Path | None:
+    """A task file under `folder` whose frontmatter says `kiro_task_id: <task_id>`."""
+    if not folder.is_dir():
+        return None
+    for p in markdown_files(folder):
+        if p.is_file() and frontmatter_task_id(p) == task_id:
+            return p
+    return None
+
+
+def locate_task(ws: Workspace, recorded: Path, task_id: str) -> tuple[str | None, Path | None]:
+    """Where a task file is now: ("here", path) when it is where the state says; else the area it
+    was moved to (Done, Needs_Action, Specs) and its new path, found by the same relative path or by
+    its `kiro_task_id`; (None, None) when it is nowhere."""
+    if recorded.is_file():
+        return "here", recorded
+    inside = ws.area_of(recorded) is not None or _inside(ws, recorded)
+    for area in ("Done", "Needs_Action", "Specs"):
+        if inside:
+            candidate = ws.counterpart(recorded, area)
+            if candidate.is_file() and candidate != recorded:
+                return area, candidate
+        found = find_by_task_id(ws.root / area, task_id)
+        if found is not None:
+            return area, found
+    return None, None
+
+
+def _inside(ws: Workspace, p: Path) -> bool:
+    try:
+        Path(os.path.realpath(p)).relative_to(ws.root)
+        return True
+    except ValueError:
+        return False
