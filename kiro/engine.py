@@ -475,7 +475,7 @@ class Loop:
         self.save()
         stop: Stop | None = None
         try:
-            self._hub = await acquire_hub(self.ws.root, wait_ready=False)  # no fixed 0.1 s per run
+            self._hub = await acquire_hub(self.ws.root)
             self._hub.subscribe_event(self._wake)
             if self._hub.failed:
                 self.emit(ev.LoopWarning(message=f"file watcher unavailable ({self._hub.failed}); checking every "
