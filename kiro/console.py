@@ -117,11 +117,6 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def table_key() -> str:
-    """What `plain_table` depends on beside its rows (kiro.statusindex keeps a table per key)."""
-    return f"{_columns(160)} {_colour(sys.stdout)}"
-
-
 def _columns(fallback: int) -> int:
     """shutil.get_terminal_size(...).columns without importing shutil (`kiro loop status` starts
     faster): $COLUMNS, else the terminal on stdout, else `fallback`."""
@@ -308,13 +303,14 @@ class EventPrinter:
                                                     "reinjected", "report_written"):
             return
         try:
-            self._print(e)
+            self.show(e)
         except OSError as exc:  # no one reads the output any more, or it cannot be written: the loop goes on
             from kiro import output
 
             output.cannot_write(sys.stdout, exc)
 
-    def _print(self, e: dict[str, Any]) -> None:
+    def show(self, e: dict[str, Any]) -> None:
+        """Print one event's line (an OSError is the caller's)."""
         if self.plain:
             try:
                 line = event_plain(e, with_task=self.with_task)

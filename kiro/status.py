@@ -37,6 +37,11 @@ class Status(StrEnum):
         that code travels on the `Stop`, not here."""
         return _EXIT[self]
 
+    def shown(self, alive: bool) -> Status:
+        """What `status` shows for a loop recorded as this: running or sleeping with no process
+        holding its lock is `interrupted`."""
+        return Status.INTERRUPTED if self.is_active and not alive else self
+
     @property
     def is_active(self) -> bool:
         """A process works on the loop (when the lock says it is alive)."""
