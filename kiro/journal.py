@@ -297,8 +297,15 @@ def decode_summary(data: bytes) -> dict[str, Any] | None:
 
 
 def read_summary(state_file: Path, tries: int = 3) -> dict[str, Any] | None:
-    """The summary beside `state_file`, or None (no summary, or torn on every try: read the state)."""
+    """The summary beside `state_file`, or None: read the state instead (no summary, torn on every
+    try, or older than the state file, which kiro writes before the summary: something else wrote
+    the state since)."""
     path = summary_path(state_file)
+    try:
+        if os.stat(path).st_mtime_ns < os.stat(state_file).st_mtime_ns:
+            return None
+    except OSError:
+        return None
     for _ in range(tries):
         try:
             data = _read(path)

@@ -8,7 +8,6 @@ Field names and meanings follow the source spec (seed 004, "State File Format");
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import json
@@ -21,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil, writer
 from kiro.errors import LockHeld, StateError, TaskNotFound
@@ -32,6 +31,9 @@ from kiro.redact import Redactor
 from kiro.status import RECORDED, Status
 from kiro.usage import StepUsage
 from kiro.workspace import TASK_ID_RE, Workspace
+
+if TYPE_CHECKING:
+    import asyncio  # a live journal's timer; imported where it runs (read commands do without it)
 
 SCHEMA_VERSION = 1
 BACKUPS_KEPT = 5
@@ -1081,6 +1083,8 @@ class LiveJournal:
         `_interval()` even when no save comes (a long step): readers of the bare JSON file."""
         if self.timer is not None:
             return
+        import asyncio
+
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

@@ -8,8 +8,8 @@ read commands show for a state that says running or sleeping whose process is go
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the read path does without it)
 if TYPE_CHECKING:
     from typing import Literal
 
