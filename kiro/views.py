@@ -32,7 +32,7 @@ def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task:
         return found[0].task_id  # newest first
     if not required:
         return None
-    ids = [_task_id_of(p) for p, _st in store.all_states()]  # unreadable ones too: load() falls back
+    ids = [tid for tid, _path in store.state_files()]  # unreadable ones too: load() falls back
     if len(ids) == 1:
         return ids[0]
     if not ids:
@@ -131,10 +131,6 @@ def _schedule_fields(s: dict[str, Any]) -> dict[str, Any]:
         next_run = f"in {timeutil.human_duration(left)} ({when})" if left > 0 else f"due now ({when})"
     return {"schedule": sc["expression"], "stateful": sc["stateful"], "runs": s["runs"],
             "last_run_at": s["last_run_at"], "next_run_at": s["next_run_at"], "next_run": next_run}
-
-
-def _task_id_of(state_file: Path) -> str:
-    return state_file.name[len("autonomous_loop_"):-len(".json")]
 
 
 def _summary(path: Path, task_id: str) -> dict[str, Any] | None:
