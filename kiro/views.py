@@ -139,7 +139,10 @@ def _summary(path: Path, task_id: str) -> dict[str, Any] | None:
     s = journal.read_summary(path)
     if s is None or s.get("task_id") != task_id or s.get("status") not in RECORDED or s["status"] == Status.SLEEPING:
         return None
-    if not all(k in s for k in journal.SUMMARY_FIELDS) or not isinstance(s.get("current_step", {}), dict | None):
+    if not all(k in s for k in (*journal.SUMMARY_FIELDS, "current_step")):
+        return None  # written by another version of kiro
+    if not (isinstance(s["metrics"], dict) and isinstance(s["usage"], dict) and isinstance(s["updated_at"], str)
+            and (s["current_step"] is None or isinstance(s["current_step"], dict))):
         return None
     return s
 
