@@ -40,8 +40,7 @@ from kiro.fsutil import Staged, atomic_write
 
 
 def _yaml() -> tuple[Any, Any]:
-    """PyYAML and its fastest safe loader, imported on first use (the read path, `kiro loop progress`
-    on a file whose frontmatter it could check itself, never needs them: kiro.fastread)."""
+    """PyYAML and its fastest safe loader, imported on first use."""
     import yaml
 
     try:  # the C loader is several times faster; fall back when PyYAML was built without libyaml

@@ -30,10 +30,6 @@ KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control 
 # (live SQLite), the history index, step-proposal markers, the server token, the watcher's pid file. Not watched.
 STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox", "proposals"})
 STATE_KIRO_FILES = ("events.idx", "memory.db", "kiro.db", "serve.token", "watch.pid")
-# Caches a read command writes in .state/ (`kiro loop status` run by a person, or by the agent, during a step):
-# one that changed during the step is deleted, not restored and not counted against the agent (the next read
-# command makes it again; what an agent may have written there is never trusted).
-STATE_CACHES = frozenset({"read_path.json", "status_index"})
 
 
 @dataclass
@@ -55,10 +51,9 @@ class ControlSnapshot:
     def take(cls, ws: Workspace, task_id: str, task_path: Path) -> ControlSnapshot:
         snap = cls(ws, task_id, task_path)
         budget = KEEP_BYTES
-        state_dir = str(ws.state_dir)
         for path, (size, mtime_ns) in snap._walk().items():
             data = None
-            if size <= budget and not snap._is_cache(path, state_dir):
+            if size <= budget:
                 try:
                     with open(path, "rb") as fh:
                         data = fh.read()
@@ -107,11 +102,6 @@ class ControlSnapshot:
         # was "restored" and the attempt failed as if the agent had touched kiro's files
         return (name.endswith((".lock", ".kiro-restore", TEMP_SUFFIX))
                 or (folder == state_dir and name.startswith(STATE_KIRO_FILES)))
-
-    @staticmethod
-    def _is_cache(path: str, state_dir: str) -> bool:
-        folder, _, name = path.rpartition("/")
-        return folder == state_dir and name in STATE_CACHES
 
     def _live_others(self) -> list[str]:
         """The task ids of the other loops running now (their lock is held)."""
@@ -174,10 +164,6 @@ class ControlSnapshot:
                 verb = "created" if old is None else "deleted" if stat is None else "changed"
                 touched.append(f"{self.ws.relative(Path(name))} ({verb}; restored)")
                 rewrite = True
-                continue
-            if self._is_cache(name, str(self.ws.state_dir)):
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
                 continue
             path = Path(name)
             rel = self.ws.relative(path)
