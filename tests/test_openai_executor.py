@@ -1,6 +1,5 @@
-"""The openai executor, driven through its HTTP client (kiro.executors.chat_http, which raises the
-`openai` client's exceptions) against the fake endpoint (tests/fake_openai.py): tool calls, turns,
-failures, usage, context wrap-up, secrets."""
+"""The openai executor, driven through the real `openai` client against the fake endpoint
+(tests/fake_openai.py): tool calls, turns, failures, usage, context wrap-up, secrets."""
 
 from __future__ import annotations
 
