@@ -8,7 +8,7 @@ errors and response parsing are the client's own, not a mock's. It serves
 
 and records every request (headers and body) for assertions.
 
-In a test (`fake_openai` fixture, or `with FakeOpenAI() as fake:`):
+In a test (the `fake` fixture of tests/conftest.py, or `with FakeOpenAI() as fake:`):
 
     fake.reply(tool_calls=[call("write_file", {"path": "a.txt", "content": "x"})],
                usage=usage(100, 20))
@@ -43,13 +43,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from kiro import prompts, tasks
 from kiro.config import Config
@@ -495,15 +493,6 @@ async def invoke(env: ToolEnv, name: str, arguments: Mapping[str, Any] | str) ->
     except ToolError as exc:
         return ToolResult.error(str(exc))
     return await execute(tool, args, env)
-
-
-@pytest.fixture(name="fake_openai")
-def fake_openai_fixture() -> Iterator[FakeOpenAI]:
-    """A started FakeOpenAI, closed after the test. Use it by importing this function into the
-    test module (`from tests.fake_openai import fake_openai_fixture`), or list the module in the
-    root conftest's `pytest_plugins`."""
-    with FakeOpenAI() as fake:
-        yield fake
 
 
 def main(argv: list[str]) -> int:
