@@ -38,6 +38,7 @@ import asyncio
 import itertools
 import json
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -108,9 +109,11 @@ class Item:
 
 
 class FakeOpenAI:
-    def __init__(self, *, known_models: Iterable[str] | None = None, require_key: str | None = None) -> None:
+    def __init__(self, *, known_models: Iterable[str] | None = None, require_key: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.known_models = list(known_models) if known_models is not None else None
         self.require_key = require_key
+        self.tls = tls  # serve HTTPS with this server context
         self.requests: list[Recorded] = []
         self.responder: Callable[[dict[str, Any]], Mapping[str, Any] | None] | None = None
         self._queue: deque[Item] = deque()
@@ -130,6 +133,8 @@ class FakeOpenAI:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        if self.tls is not None:  # a client that refuses the certificate fails the handshake in accept()
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
                                         name="fake-openai", daemon=True)
         self._thread.start()
@@ -156,7 +161,7 @@ class FakeOpenAI:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{'https' if self.tls is not None else 'http'}://127.0.0.1:{self.port}/v1"
 
     # -- scripting -------------------------------------------------------------------------
 

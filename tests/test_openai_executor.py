@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import ssl
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from kiro.errors import ExecutorError
 from kiro.executors.base import Guard, StepResult
 from kiro.executors.openai_agent import NUDGE, OpenAIExecutor
 from kiro.memory import MemoryStore
+from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, StepHarness, call, make_harness, usage
 
 KEY_ENV = "KIRO_TEST_OPENAI_KEY"
@@ -338,6 +342,39 @@ def test_unreachable_endpoint_is_a_failed_attempt(tmp_path: Path, fake: FakeOpen
     result = run(h)
     assert result.outcome == "failed"
     assert result.error is not None and "could not connect to http://127.0.0.1" in result.error
+
+
+def _certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (openssl)."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_an_https_endpoint_is_verified_against_the_trusted_certificates(tmp_path: Path, ws: Workspace) -> None:
+    """TLS is verified: a certificate nobody vouches for is a failed connection naming the cause,
+    never a call made anyway; trusted through SSL_CERT_FILE (a `kiro` process started with it), the
+    same endpoint does the step."""
+    cert, key = _certificate(tmp_path)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    with FakeOpenAI(tls=server) as fake:
+        h = harness(tmp_path, fake, llm={"max_retries": 0})
+        result = run(h)
+        assert result.outcome == "failed" and result.error is not None
+        assert "could not connect to https://127.0.0.1" in result.error and "CERTIFICATE_VERIFY_FAILED" in result.error
+        assert fake.chat_requests == []
+
+        ws.task("- [ ] 1. Write a\n")
+        openai_config(ws, fake)
+        fake.reply(call("complete_step", {"summary": "done over TLS"}))
+        r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "tls",
+                    env=ws.env(SSL_CERT_FILE=str(cert)))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len(fake.chat_requests) == 1
 
 
 def test_401_is_an_executor_error_without_a_retry_flood(tmp_path: Path, fake: FakeOpenAI,
