@@ -258,22 +258,20 @@ def describe(loop: LoopHandle, before: Snapshot, now: Snapshot,
 
 async def ask(loop: LoopHandle, digest: str) -> Decision:
     """One call to the pre-check model. Any failure passes (fails open)."""
-    import openai
+    import openai  # here: only a loop with a pre-check model loads the client
 
-    from kiro.executors.openai_agent import DUMMY_KEY, _is_local
+    from kiro.executors.openai_agent import SharedClient, endpoint, message_of, usage_of
 
     llm = loop.cfg.llm
     model = llm.precheck_model or ""
-    base_url = llm.base_url or os.environ.get("OPENAI_BASE_URL") or None
-    api_key = os.environ.get(llm.api_key_env) or (DUMMY_KEY if base_url and _is_local(base_url) else None)
+    base_url, api_key = endpoint(llm)
     if api_key is None:
         return Decision(True, f"the pre-check could not run: no API key in ${llm.api_key_env}", failed=True)
-    client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=llm.max_retries,
-                                timeout=llm.request_timeout_seconds)
+    shared = SharedClient(base_url, api_key, llm)
     del api_key
-    call = asyncio.ensure_future(client.chat.completions.create(
-        model=model, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": digest}],
-        tools=[TOOL], max_tokens=REPLY_TOKENS, temperature=0))  # type: ignore[list-item]
+    call = asyncio.ensure_future(shared.chat({
+        "model": model, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": digest}],
+        "tools": [TOOL], "max_tokens": REPLY_TOKENS, "temperature": 0}))
     # a stop hook, a moved task file or a signal ends the wait for the answer (SPEC §6: within 1 s)
     watch = asyncio.ensure_future(loop.wait(llm.request_timeout_seconds * (llm.max_retries + 1) + 5))
     try:
@@ -284,30 +282,30 @@ async def ask(loop: LoopHandle, digest: str) -> Decision:
             return Decision(True, "stopped while the pre-check model answered", asked=True, failed=True,
                             stopped=True)
         response = call.result()
-    except openai.OpenAIError as exc:
+    except (openai.OpenAIError, ValueError) as exc:  # ValueError: a reply that is not a JSON object
         status = getattr(exc, "status_code", None)
         what = f"HTTP {status}" if status else type(exc).__name__
         return Decision(True, f"the pre-check call failed ({what}); running anyway", asked=True, failed=True)
     finally:
         watch.cancel()
-        await client.close()
+        await shared.close()
     usage = StepUsage(api_calls=1)
-    if response.usage is not None:
-        usage.prompt_tokens = response.usage.prompt_tokens or 0
-        usage.completion_tokens = response.usage.completion_tokens or 0
-        usage.total_tokens = response.usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
+    counted = usage_of(response)
+    if counted is not None:
+        usage.prompt_tokens, usage.completion_tokens, total = counted
+        usage.total_tokens = total or usage.prompt_tokens + usage.completion_tokens
         price = llm.prices.get(model)
         if price is not None:
             usage.cost_usd = (usage.prompt_tokens * price.input_per_1m
                               + usage.completion_tokens * price.output_per_1m) / 1_000_000
-    message = response.choices[0].message if response.choices else None
-    for tc in (message.tool_calls or []) if message is not None else []:
-        fn = getattr(tc, "function", None)
-        if fn is None or fn.name != "precheck_result":
+    listed = message_of(response).get("tool_calls")
+    for tc in listed if isinstance(listed, list) else []:
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict) or fn.get("name") != "precheck_result":
             continue
         try:
-            args = json.loads(fn.arguments or "{}")
-        except ValueError:
+            args = json.loads(fn.get("arguments") or "{}")
+        except (TypeError, ValueError):
             args = None
         if not isinstance(args, dict) or not isinstance(args.get("material_change"), bool):
             return Decision(True, "the pre-check answer was malformed; running anyway", asked=True, failed=True,
