@@ -190,8 +190,9 @@ class CommandExecutor(ExecutorBase):
         lines += [f"# touched: {t}" for t in touched]
         if unchecked:  # a warning only: other loops write these while the agent runs (kiro.executors.control)
             named = ", ".join(unchecked[:UNCHECKED_NAMED]) + (", ..." if len(unchecked) > UNCHECKED_NAMED else "")
-            lines.append(f"# unchecked: {len(unchecked)} of kiro's files of other loops changed during the attempt, "
-                         f"by them or by the agent (kiro cannot tell without a sandbox), left as they are: {named}")
+            lines.append(f"# unchecked: {len(unchecked)} of kiro's files of other loops (or shared) changed during the "
+                         f"attempt; without a sandbox kiro cannot tell their writes from the agent's, so it left "
+                         f"them as they are: {named}")
         body = "\n".join(lines) + "\n\n## stdout\n" + result.output + "\n\n## stderr\n" + result.stderr + "\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, ctx.redact.text(clean_log(body)), fsync=False)

@@ -9,7 +9,7 @@ kept is named as touched but not restored.
 
 Checked: this loop's own files in `.state/` (its state, journal, summary, archive, backups,
 transcript, precheck record), `config/`, `.hooks/`, the task file, and any file in `.state/` whose
-name kiro never writes. Less what this loop's own state journal wrote meanwhile
+name kiro never writes. Except what this loop's own state journal wrote meanwhile
 (kiro.journal.own_write), and stop hooks created or deleted in `.hooks/` (a stop or a `kiro loop
 resume` of another loop, which a person may do while this agent runs; whoever asks for a stop gets it).
 
@@ -31,7 +31,9 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from kiro import journal, state
 from kiro.diskfull import RESERVE_PREFIX
@@ -58,6 +60,7 @@ LOOP_SUFFIXES = (".json", journal.JOURNAL_SUFFIX, journal.SUMMARY_SUFFIX, ".lock
 # a backup's name after its task id: `.<%Y%m%dT%H%M%S%f>.i<iteration>.json` (kiro.state), and its journal
 BACKUP_TAIL = re.compile(r"\.\d{8}T\d{12}\.i\d+\.json(?:" + re.escape(journal.JOURNAL_SUFFIX) + ")?")
 UNCHECKED_NAMED = 6  # of the other loops' files that changed during an attempt, named in its log
+Owner = Literal["loop", "kiro"]  # this loop's file in .state/; kiro's file of another loop, or shared
 
 
 @dataclass
@@ -141,7 +144,7 @@ class ControlSnapshot:
         folder, _, name = path.rpartition("/")
         return folder == state_dir and name in STATE_CACHES
 
-    def owner(self, path: str) -> str | None:
+    def owner(self, path: str) -> Owner | None:
         """Whose file `path` is, by its name: "loop", this loop's own file in `.state/` (checked: the
         agent must not touch it); "kiro", kiro's file of another loop or one every loop shares (not
         checked: see the module's doc); None, a file kiro never writes (`config/`, `.hooks/`, a
@@ -153,8 +156,7 @@ class ControlSnapshot:
         tid = self.task_id
         if folder in ("", "archive"):
             if name.startswith(LOOP_PREFIX):
-                mine = name[len(LOOP_PREFIX):] in {tid + suffix for suffix in LOOP_SUFFIXES}
-                return "loop" if mine else "kiro"
+                return "loop" if name in self._loop_names else "kiro"
             if folder == "archive":
                 return None
             shared = (name in STATE_SHARED_FILES or name in STATE_CACHES or name.startswith(RESERVE_PREFIX)
@@ -168,6 +170,11 @@ class ControlSnapshot:
         if suffix is not None and name.endswith(suffix):
             return "loop" if name == tid + suffix else "kiro"
         return None
+
+    @cached_property
+    def _loop_names(self) -> frozenset[str]:
+        """The names of this loop's state, journal, summary and lock (in `.state/` and `.state/archive/`)."""
+        return frozenset(f"{LOOP_PREFIX}{self.task_id}{suffix}" for suffix in LOOP_SUFFIXES)
 
     def _mine(self, paths: Iterable[str]) -> set[str]:
         return {p for p in paths if self.owner(p) == "loop"}
