@@ -5,8 +5,7 @@
 
 Prints, as medians over fresh processes:
 - the whole command's wall time, and what is left after `python -c pass` and the step itself;
-- the same command through Typer (KIRO_NO_FAST_START=1), as every start ran before kiro.faststart;
-- the import of what the fast path loads (the engine: no pydantic since kiro.records) alone;
+- the import of what the command loads (the Typer app, the loop commands, the engine) alone;
 - a floor for comparison: importing only the standard library pieces and PyYAML that any run of
   kiro's engine needs whatever its CLI and models are made of (asyncio, subprocess, json, yaml);
 - the run itself in a process that has imported everything: prepare_start + run_loops, minus the
@@ -18,9 +17,9 @@ Each run is checked: exit 0, the step done, the task moved to Done/.
 This machine's speed moves by a third from minute to minute, more than most changes to the start-up
 make. With --instructions the same runs are counted in instructions instead (valgrind's callgrind,
 Debian's `valgrind` package; PYTHONHASHSEED=0): the same count, to a fraction of a percent, run after
-run. Printed: `python -c pass`, the floor's imports, `kiro loop start` (the fast path, and through Typer)
-and, with --previous-tree (a checkout of an older kiro, e.g. `git worktree add /tmp/old <commit>`),
-that tree's `kiro loop start`, run the same way.
+run. Printed: `python -c pass`, the floor's imports, `kiro loop start` and, with --previous-tree (a
+checkout of an older kiro, e.g. `git worktree add /tmp/old <commit>`, or /work/main), that tree's
+`kiro loop start`, run the same way (with this venv's packages).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ FLOOR = "import asyncio, asyncio.subprocess, subprocess, json, yaml, threading, 
 IN_PROCESS = """
 import asyncio, json, sys, time
 from pathlib import Path
-from kiro import faststart, launch  # what `kiro loop start` imports, all of it, before the clock starts
+from kiro import launch  # what `kiro loop start` imports, all of it, before the clock starts
 from kiro.runner import prepare_start, run_loops
 from kiro.workspace import Workspace
 root = Path(sys.argv[1])
@@ -113,8 +112,6 @@ def count_instructions(previous: Path | None) -> None:
         ("python -c pass", [py, "-c", "pass"], {}, False),
         ("the floor: " + FLOOR.removeprefix("import "), [py, "-c", FLOOR], {}, False),
         ("kiro loop start", start, {"PYTHONPATH": here}, True),
-        ("kiro loop start through Typer (KIRO_NO_FAST_START=1)", start,
-         {"PYTHONPATH": here, "KIRO_NO_FAST_START": "1"}, True),
     ]
     if previous is not None:
         cases.append((f"kiro loop start of {previous}", start, {"PYTHONPATH": str(previous.resolve())}, True))
@@ -151,7 +148,7 @@ def main() -> None:
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        whole, rest, imports, inproc, passes, typer_whole, cpu_typer = [], [], [], [], [], [], []
+        whole, rest, imports, inproc, passes = [], [], [], [], []
         cpu_whole, cpu_imports, cpu_passes, floors, cpu_floors = [], [], [], [], []
         old_whole: list[float] = []
         old_inproc: list[float] = []
@@ -163,13 +160,8 @@ def main() -> None:
             w, wc, out, err, code = timed(start, cwd=root)
             assert code == 0, out + err
             check(root)
-            root3 = fresh(base, 4 * i + 2)
-            tw, twc, out, err, code = timed(start, cwd=root3, env={**ENV, "KIRO_NO_FAST_START": "1"})
-            assert code == 0, out + err
-            check(root3)
-            # ended as kiro ends (kiro.fastread.entry): what is held left out of the final collection
-            imp, ic, _o, err, code = timed([py, "-c", "import kiro.faststart, kiro.launch, kiro.runner, kiro.engine; "
-                                                      "import gc; gc.freeze()"])
+            imp, ic, _o, err, code = timed([py, "-c", "import kiro.cli, kiro.cli.loop, kiro.launch, kiro.runner, "
+                                                      "kiro.engine"])
             assert code == 0, err
             fl, flc, _o, err, code = timed([py, "-c", FLOOR])
             assert code == 0, err
@@ -196,8 +188,6 @@ def main() -> None:
             if i:
                 passes.append(p)
                 whole.append(w)
-                typer_whole.append(tw)
-                cpu_typer.append(twc)
                 rest.append(w - p - step_seconds(root, "t1"))
                 imports.append(imp - p)
                 inproc.append(fixed)
@@ -206,7 +196,7 @@ def main() -> None:
                 cpu_imports.append(ic - pc)
                 floors.append(fl - p)
                 cpu_floors.append(flc - pc)
-            for r in (root, root2, root3):
+            for r in (root, root2):
                 shutil.rmtree(r)
         med = statistics.median
         load = os.getloadavg()
@@ -217,11 +207,7 @@ def main() -> None:
         print(f"  CPU (user+sys, step included): kiro loop start {med(cpu_whole) * 1000:.0f} ms; "
               f"python -c pass {med(cpu_passes) * 1000:.0f} ms; "
               f"difference {(med(cpu_whole) - med(cpu_passes)) * 1000:.0f} ms")
-        print(f"  the same through Typer (KIRO_NO_FAST_START=1): {med(typer_whole) * 1000:.0f} ms wall, "
-              f"CPU {med(cpu_typer) * 1000:.0f} ms; the fast path saves "
-              f"{(med(typer_whole) - med(whole)) * 1000:.0f} ms wall, "
-              f"{(med(cpu_typer) - med(cpu_whole)) * 1000:.0f} ms CPU")
-        print(f"  of which importing the engine (the fast path's imports): {med(imports) * 1000:.0f} ms "
+        print(f"  of which importing the CLI and the engine: {med(imports) * 1000:.0f} ms "
               f"wall, {med(cpu_imports) * 1000:.0f} ms CPU")
         print(f"  the floor, importing only asyncio, subprocess, json and yaml (what the engine needs whatever "
               f"its CLI and models): {med(floors) * 1000:.0f} ms wall, {med(cpu_floors) * 1000:.0f} ms CPU "

@@ -1,13 +1,14 @@
-"""`kiro loop status` cold start with 50 and 1,000 loops in the workspace, against `python -c pass`,
-side by side in one run; and `kiro loop logs --tail 10` on a 100,000-event log (time and peak RSS).
+"""`kiro loop status` cold start with 50 and 1,000 loops in the workspace, against `python -c pass`; and
+`kiro loop logs --tail 10` on a 100,000-event log (time and peak RSS); this tree's kiro and, with
+--other, another checkout's, side by side in one run.
 
     python bench/status_cold_start.py [--loops 50,1000] [--runs 15] [--events 100000]
+                                      [--other /work/main/.venv/bin]
 
-Each time is the median wall time of fresh processes (after one warm-up run that writes the byte-code
-caches). `kiro` is timed the way the installed script runs it (`from kiro.fastread import entry`) and as
-`python -m kiro` (which also imports runpy). Every run's output is checked: the table lists every loop,
-the tail is the last 10 events. Also prints which heavy modules the commands imported (there should be
-none: no pydantic, yaml, asyncio, typer, filelock).
+Each time is the median wall time of fresh processes, run interleaved (after one warm-up run that
+writes the byte-code caches). `kiro` is timed as the installed script (`<venv>/bin/kiro`). Every run's
+output is checked: the table lists every loop, the tail is the last 10 events. Also prints which heavy
+modules `status` imports (STYLE 11: never openai or watchfiles).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -31,9 +31,7 @@ from kiro.workspace import Workspace
 # Byte-code caching on, as in a normal install (some sandboxes set PYTHONDONTWRITEBYTECODE, which
 # makes every start compile kiro's sources again).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-HEAVY = ("pydantic", "pydantic_core", "yaml", "asyncio", "typer", "click", "filelock", "openai", "watchfiles", "rich")
-SCRIPT = [sys.executable, "-c", "from kiro.fastread import entry; entry()"]  # what the `kiro` script does
-MODULE = [sys.executable, "-m", "kiro"]
+HEAVY = ("pydantic", "yaml", "asyncio", "typer", "rich", "openai", "watchfiles", "httpx", "temporalio")
 
 
 def run_once(argv: list[str], cwd: Path) -> tuple[float, float, str]:
@@ -68,7 +66,7 @@ class Timer:
         self.cpus: dict[str, list[float]] = {}
 
     def run(self, name: str, argv: list[str], cwd: Path, check: Callable[[str], None] | None = None) -> None:
-        if name.startswith("cold"):  # no status index: the full scan of every loop's summary
+        if "cold" in name:  # an older kiro's status cache removed: the full scan of every loop
             (cwd / ".state" / "status_index").unlink(missing_ok=True)
         wall, cpu, out = run_once(argv, cwd)
         if check is not None:
@@ -84,8 +82,8 @@ class Timer:
 
 
 def heavy_imports(argv: list[str], cwd: Path) -> list[str]:
-    err = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], cwd=cwd, capture_output=True, text=True,
-                         env=ENV).stderr
+    env = {**ENV, "PYTHONPROFILEIMPORTTIME": "1"}
+    err = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env).stderr
     names = {line.split("|")[-1].strip().split(".")[0] for line in err.splitlines() if line.startswith("import time")}
     return sorted(names & set(HEAVY))
 
@@ -142,18 +140,18 @@ def main() -> None:
     ap.add_argument("--loops", default="50,1000")
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--other", type=Path, help="the bin/ folder of another checkout's venv (e.g. main's)")
     args = ap.parse_args()
+    trees = {"this": Path(sys.executable).parent}
+    if args.other:
+        trees["other"] = args.other
     with tempfile.TemporaryDirectory() as tmp:
         base_dir = Path(tmp)
-        spaces = {}
-        for n in (int(x) for x in args.loops.split(",")):
-            root = base_dir / f"ws{n}"
-            root.mkdir()
-            make_workspace(root, n)
-            spaces[n] = root
+        loop_counts = [int(x) for x in args.loops.split(",")]
         logs = base_dir / "logs"
         logs.mkdir()
         make_log(logs, args.events)
+
         def last_ten(out: str) -> None:
             seqs = [json.loads(line)["seq"] for line in out.splitlines()]
             assert seqs == list(range(args.events - 10, args.events)), seqs
@@ -164,17 +162,20 @@ def main() -> None:
 
         commands: list[tuple[str, list[str], Path, Callable[[str], None] | None]] = [
             ("pass", [sys.executable, "-c", "pass"], base_dir, None)]
-        for n, root in spaces.items():
-            cold = base_dir / f"cold{n}"  # a copy: removing its index leaves the other commands' alone
-            shutil.copytree(root, cold, symlinks=True)
-            commands += [(f"status{n}", [*SCRIPT, "loop", "status"], root, lists_all(n)),
-                         (f"cold{n}", [*SCRIPT, "loop", "status"], cold, lists_all(n)),
-                         (f"module{n}", [*MODULE, "loop", "status"], root, lists_all(n)),
-                         (f"json{n}", [*SCRIPT, "loop", "status", "--json"], root, json_lists_all(n))]
-        commands += [("tail", [*SCRIPT, "loop", "logs", "--tail", "10"], logs, last_ten_text),
-                     ("tailjson", [*SCRIPT, "loop", "logs", "--tail", "10", "--json"], logs, last_ten)]
+        for tree, bin_dir in trees.items():
+            kiro = [str(bin_dir / "kiro")]
+            for n in loop_counts:
+                root = base_dir / f"{tree}{n}"  # a workspace per tree: an older kiro may write caches in it
+                root.mkdir()
+                make_workspace(root, n)
+                commands += [(f"{tree} status{n}", [*kiro, "loop", "status"], root, lists_all(n)),
+                             (f"{tree} json{n}", [*kiro, "loop", "status", "--json"], root, json_lists_all(n))]
+                if tree != "this":
+                    commands.append((f"{tree} cold{n}", [*kiro, "loop", "status"], root, lists_all(n)))
+            commands += [(f"{tree} tail", [*kiro, "loop", "logs", "--tail", "10"], logs, last_ten_text),
+                         (f"{tree} tailjson", [*kiro, "loop", "logs", "--tail", "10", "--json"], logs, last_ten)]
         timer = Timer()
-        for _name, argv, cwd, _check in commands:  # warm-up: byte-code caches
+        for _name, argv, cwd, _check in commands:  # warm-up: byte-code caches (and an older kiro's own caches)
             run_once(argv, cwd)
         for _ in range(args.runs):
             for name, argv, cwd, check in commands:
@@ -182,28 +183,29 @@ def main() -> None:
         base, base_cpu = timer.wall("pass"), timer.cpu("pass")
         lines = [f"python -c pass: {base * 1000:.1f} ms wall, {base_cpu * 1000:.1f} ms CPU (medians of {args.runs}, "
                  f"interleaved; load {os.getloadavg()[0]:.2f})"]
-        for n, root in spaces.items():
-            table, cpu = timer.wall(f"status{n}"), timer.cpu(f"status{n}")
-            lines.append(f"kiro loop status, {n:>4} loops: {table * 1000:6.1f} ms = {table / base:.2f}x python -c pass "
-                         f"(CPU {cpu * 1000:.1f} ms = {cpu / base_cpu:.2f}x); "
-                         f"--json {timer.wall(f'json{n}') * 1000:.1f} ms; "
-                         f"python -m kiro {timer.wall(f'module{n}') * 1000:.1f} ms = "
-                         f"{timer.wall(f'module{n}') / base:.2f}x")
-            cold = timer.wall(f"cold{n}")
-            lines.append(f"    without the status index (removed before each run: every summary read): "
-                         f"{cold * 1000:.1f} ms = {cold / base:.2f}x (CPU {timer.cpu(f'cold{n}') * 1000:.1f} ms)")
-            heavy = heavy_imports([*MODULE, "loop", "status"], root)
-            lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
-        tail_text, tail_json = timer.wall("tail"), timer.wall("tailjson")
-        rss = rss_of([*SCRIPT, "loop", "logs", "--tail", "10"], logs)
-        rss_base = rss_of([sys.executable, "-c", "pass"], logs)
         size = (logs / "Logs" / "big.jsonl").stat().st_size
-        lines.append(f"kiro loop logs --tail 10, {args.events} events ({size / 2**20:.0f} MiB): "
-                     f"{tail_text * 1000:.1f} ms = {tail_text / base:.2f}x python -c pass "
-                     f"(CPU {timer.cpu('tail') * 1000:.1f} ms; --json {tail_json * 1000:.1f} ms), "
-                     f"peak RSS {rss / 1024:.1f} MiB (python -c pass {rss_base / 1024:.1f} MiB)")
-        heavy = heavy_imports([*MODULE, "loop", "logs", "--tail", "10"], logs)
-        lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
+        for tree, bin_dir in trees.items():
+            kiro = [str(bin_dir / "kiro")]
+            lines.append(f"{tree} ({bin_dir}):")
+            for n in loop_counts:
+                table, cpu = timer.wall(f"{tree} status{n}"), timer.cpu(f"{tree} status{n}")
+                lines.append(f"  kiro loop status, {n:>4} loops: {table * 1000:6.1f} ms = {table / base:.2f}x "
+                             f"python -c pass (CPU {cpu * 1000:.1f} ms = {cpu / base_cpu:.2f}x); "
+                             f"--json {timer.wall(f'{tree} json{n}') * 1000:.1f} ms")
+                if f"{tree} cold{n}" in timer.walls:
+                    cold = timer.wall(f"{tree} cold{n}")
+                    lines.append(f"    without its status_index cache: {cold * 1000:.1f} ms = {cold / base:.2f}x")
+                heavy = heavy_imports([*kiro, "loop", "status"], base_dir / f"{tree}{n}")
+                lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
+            tail_text, tail_json = timer.wall(f"{tree} tail"), timer.wall(f"{tree} tailjson")
+            rss = rss_of([*kiro, "loop", "logs", "--tail", "10"], logs)
+            lines.append(f"  kiro loop logs --tail 10, {args.events} events ({size / 2**20:.0f} MiB): "
+                         f"{tail_text * 1000:.1f} ms = {tail_text / base:.2f}x python -c pass "
+                         f"(CPU {timer.cpu(f'{tree} tail') * 1000:.1f} ms; --json {tail_json * 1000:.1f} ms), "
+                         f"peak RSS {rss / 1024:.1f} MiB")
+            heavy = heavy_imports([*kiro, "loop", "logs", "--tail", "10"], logs)
+            lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
+        lines.append(f"python -c pass peak RSS {rss_of([sys.executable, '-c', 'pass'], logs) / 1024:.1f} MiB")
         print("\n".join(lines))
 
 

@@ -1,3 +1,3 @@
-from kiro.fastread import entry
+from kiro.cli import main
 
-entry()
+main()

@@ -30,6 +30,7 @@ from typing import Any
 
 from kiro import timeutil
 from kiro.errors import KiroError, UserError
+from kiro.workspace import locate_task
 
 KIRO_NAME = "kiro"
 KIRO_EMAIL = "kiro@localhost"
@@ -957,9 +958,8 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         # the boxes
         undone = [c.step_id for c in later]
         task_path = ws.absolute(state.task_path)
-        from kiro import conditions
 
-        _, found = conditions.locate_task(ws, task_path, task_id)
+        _, found = locate_task(ws, task_path, task_id)
         if found is not None and ws.area_of(found) == "Done":
             back = ws.counterpart(found, "Specs")
             back.parent.mkdir(parents=True, exist_ok=True)

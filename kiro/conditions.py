@@ -4,16 +4,13 @@ the loop ends in, its exit code, the limit and the figure that hit it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiro import frontmatter, safeio
-from kiro.errors import UserError
 from kiro.state import LoopState
 from kiro.status import Status
-from kiro.workspace import Workspace, check_task_id, markdown_files
+from kiro.workspace import Workspace
 
 NEEDS_PERSON = 6  # exit code of a pause that waits for a person (Needs_Action/, request_human)
 
@@ -96,52 +93,3 @@ def step_retries(step_id: str, attempts: int, max_retries: int) -> Stop:
     return Stop(Status.FAILED, "max_step_retries",
                 f"step {step_id} failed {attempts} times (max_step_retries {max_retries})", _code(Status.FAILED),
                 "max_step_retries", max_retries, attempts - 1)
-
-
-# -- where is the task file? ---------------------------------------------------------------
-
-def _frontmatter_task_id(path: Path) -> str | None:
-    """The `kiro_task_id` a task file's frontmatter names, when it is a valid one; None for a file
-    kiro cannot read."""
-    try:
-        text = safeio.read_bytes(path, limit=safeio.TASK_MAX_BYTES).decode("utf-8-sig")
-        found = frontmatter.read(text).data.get("kiro_task_id")
-        return check_task_id(found) if isinstance(found, str) else None
-    except (OSError, UnicodeDecodeError, UserError, frontmatter.FrontmatterError):
-        return None
-
-
-def find_by_task_id(folder: Path, task_id: str) -> Path | None:
-    """A task file under `folder` whose frontmatter says `kiro_task_id: <task_id>`."""
-    if not folder.is_dir():
-        return None
-    for p in markdown_files(folder):
-        if p.is_file() and _frontmatter_task_id(p) == task_id:
-            return p
-    return None
-
-
-def locate_task(ws: Workspace, recorded: Path, task_id: str) -> tuple[str | None, Path | None]:
-    """Where a task file is now: ("here", path) when it is where the state says; else the area it
-    was moved to (Done, Needs_Action, Specs) and its new path, found by the same relative path or by
-    its `kiro_task_id`; (None, None) when it is nowhere."""
-    if recorded.is_file():
-        return "here", recorded
-    inside = ws.area_of(recorded) is not None or _inside(ws, recorded)
-    for area in ("Done", "Needs_Action", "Specs"):
-        if inside:
-            candidate = ws.counterpart(recorded, area)
-            if candidate.is_file() and candidate != recorded:
-                return area, candidate
-        found = find_by_task_id(ws.root / area, task_id)
-        if found is not None:
-            return area, found
-    return None, None
-
-
-def _inside(ws: Workspace, p: Path) -> bool:
-    try:
-        Path(os.path.realpath(p)).relative_to(ws.root)
-        return True
-    except ValueError:
-        return False

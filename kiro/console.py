@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the read path does without it)
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Any
@@ -102,7 +103,7 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
-    room = _columns(160) - sum(widths[:-1]) - 2 * (len(headers) - 1)
+    room = shutil.get_terminal_size((160, 24)).columns - sum(widths[:-1]) - 2 * (len(headers) - 1)
     widths[-1] = max(12, min(widths[-1], room))
     lines = []
     colour = _colour(sys.stdout)  # once per table, not an isatty call per row
@@ -115,26 +116,6 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
             padded[1] = _paint(padded[1], _status_style(row[1]), sys.stdout)
         lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
-
-
-def table_key() -> str:
-    """What `plain_table` depends on beside its rows (kiro.statusindex keeps a table per key)."""
-    return f"{_columns(160)} {_colour(sys.stdout)}"
-
-
-def _columns(fallback: int) -> int:
-    """shutil.get_terminal_size(...).columns without importing shutil (`kiro loop status` starts
-    faster): $COLUMNS, else the terminal on stdout, else `fallback`."""
-    try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns or fallback  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            columns = fallback
-    return columns
 
 
 def print_json(data: Any) -> None:
@@ -308,13 +289,14 @@ class EventPrinter:
                                                     "reinjected", "report_written"):
             return
         try:
-            self._print(e)
+            self.show(e)
         except OSError as exc:  # no one reads the output any more, or it cannot be written: the loop goes on
             from kiro import output
 
             output.cannot_write(sys.stdout, exc)
 
-    def _print(self, e: dict[str, Any]) -> None:
+    def show(self, e: dict[str, Any]) -> None:
+        """Print one event's line (an OSError is the caller's)."""
         if self.plain:
             try:
                 line = event_plain(e, with_task=self.with_task)

@@ -21,7 +21,7 @@ from pathlib import Path
 from kiro import frontmatter, timeutil, views
 from kiro.fsutil import atomic_write
 from kiro.shared import Registry
-from kiro.state import LoopState, StateStore, effective_status
+from kiro.state import LoopState, StateStore, effective_status, first_line
 from kiro.status import Status
 from kiro.workspace import Workspace
 
@@ -60,11 +60,6 @@ def _reason(code: str | None) -> str:
     if not code:
         return ""
     return REASONS.get(code, code.replace("_", " ").title())
-
-
-def _first_line(text: str | None, limit: int = 200) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _duration(e: Entry, now: datetime) -> float:
@@ -123,7 +118,7 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
         if st.report_path:
             lines.append(f"**Report**: `{st.report_path}`")
     else:
-        detail = _first_line(st.failed_steps[-1].error) if st.failed_steps else ""
+        detail = first_line(st.failed_steps[-1].error) if st.failed_steps else ""
         lines += [f"**Status**: {badge} ({_reason(st.stop_reason) or 'failed'})", _iteration(st, "Iterations"),
                   f"**Consecutive Failures**: {st.consecutive_failures}",
                   f"**Reason**: {detail or _reason(st.stop_reason) or 'unknown'}"]

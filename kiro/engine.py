@@ -25,20 +25,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiro import (
-    approval,
-    checkpoints,
-    conditions,
-    diskfull,
-    precheck,
-    prompts,
-    reports,
-    resolved,
-    scheduled,
-    tasks,
-    timeutil,
-    writer,
-)
+from kiro import conditions, diskfull, prompts, resolved, tasks, timeutil, writer
 from kiro import events as ev
 from kiro.conditions import Stop
 from kiro.config import Config
@@ -49,7 +36,7 @@ from kiro.executors.base import Executor, Guard, StepContext, StepResult
 from kiro.executors.process import run_process, tail
 from kiro.fsutil import atomic_write
 from kiro.guardrails import LoopGuardrails, SharedLimits, Trigger
-from kiro.listeners import LoopListener
+from kiro.hooks import Checkpoint, Feature, LoopListener
 from kiro.messages import Inbox, render
 from kiro.redact import Redactor
 from kiro.state import (
@@ -59,11 +46,12 @@ from kiro.state import (
     LoopState,
     StateStore,
     clip,
+    first_line,
 )
 from kiro.status import Status
 from kiro.usage import StepUsage
 from kiro.watch import ChangeHub, acquire_hub, release_hub, wait_until
-from kiro.workspace import Workspace
+from kiro.workspace import Workspace, locate_task
 from kiro.writer import WriteQueue
 
 if TYPE_CHECKING:
@@ -95,6 +83,7 @@ class LoopRun:
     release: Callable[[], None] | None = None
     executor: Executor | None = None
     lock: Any = None  # the loop's FileLock, for a supervisor that keeps it across runs
+    features: list[Feature] = field(default_factory=list)  # git, approval, schedule, pre-check (kiro.features)
 
 
 def backoff_delay(attempts: int, base: float, cap: float, exponential: bool, rng: random.Random) -> float:
@@ -186,7 +175,7 @@ class Loop:
         self._stale_since = self.state.updated_at
         self.project_dir = (self.ws.root / self.cfg.project_dir).resolve()
         self.guardrails = LoopGuardrails(self.cfg, self.state, shared or SharedLimits(self.cfg))
-        self.git: checkpoints.LoopGit | None = None  # SPEC §9, set up by _open_git
+        self.features = run.features  # what plugs in beside the engine (kiro.hooks.Feature)
         self._in_progress: str | None = None  # the step whose box kiro marked `[-]`
         self.inbox = Inbox(self.ws, self.state.task_id)  # SPEC §11, kiro.messages
         # The shell executor reads no prompt: its messages stay queued and neither wake nor hurry it.
@@ -194,15 +183,17 @@ class Loop:
         self.loop_listeners: list[LoopListener] = []
         self._finishing = False
         self._finish_report: str | None = None
-        self.sched: scheduled.ScheduleRunner | None = None  # a recurring task (SPEC §11), set in _loop
         self.slot: Any = None  # the watch supervisor's place for this loop (supervisor.Slot), if any
         self.writes = WriteQueue()  # the loop's durable writes, in order, off the event loop (kiro.writer)
         self._area_key: tuple[Path, int, int] | None = None
         self._area: str | None = None
         self._write_problems: list[str] = []
         self._hooks: tuple[str, tuple[Path, Path]] | None = None  # (task id, its stop hooks)
-        self._decided: tuple[str, ...] | None = None  # Approved/ and Rejected/
         self._save_owed = False  # `save_soon()` was called and no save has been made since
+
+    @property
+    def resumed(self) -> bool:
+        return self.run_spec.resumed
 
     def subscribe(self, *listeners: Listener) -> None:
         """Add listeners (after the event log and the caller's). A `LoopListener` is also told of
@@ -316,7 +307,7 @@ class Loop:
 
     def run_elapsed(self) -> float:
         """The run time `timeout_seconds` limits: a scheduled task's counts from its run's start."""
-        return self.elapsed() - (self.sched.run_elapsed_base() if self.sched is not None else 0.0)
+        return self.elapsed() - sum(f.run_base()[0] for f in self.features)
 
     # -- control from outside --------------------------------------------------------------
 
@@ -372,7 +363,7 @@ class Loop:
             if area == "Needs_Action" and self.settings.check_needs_action_folder:
                 return conditions.needs_action(f"task is in {self.ws.relative(self.task_path)}; waiting for a person")
             return None
-        where, path = conditions.locate_task(self.ws, self.task_path, self.state.task_id)
+        where, path = locate_task(self.ws, self.task_path, self.state.task_id)
         if path is not None and where in ("Done", "Needs_Action", "Specs"):
             self.relocate(path, area=where)
             return self._check_task_location()
@@ -390,7 +381,7 @@ class Loop:
                         f"`kiro loop resume --task-id {s.task_id}`", 1)
         if s.consecutive_failures >= s.failure_threshold:
             return conditions.failure_threshold(s)
-        if s.iteration - (self.sched.run_iteration_base() if self.sched is not None else 0) >= s.max_iterations:
+        if s.iteration - sum(f.run_base()[1] for f in self.features) >= s.max_iterations:
             return conditions.max_iterations(s)
         return None
 
@@ -484,7 +475,7 @@ class Loop:
         self.save()
         stop: Stop | None = None
         try:
-            self._hub = await acquire_hub(self.ws.root, wait_ready=False)  # no fixed 0.1 s per run
+            self._hub = await acquire_hub(self.ws.root)
             self._hub.subscribe_event(self._wake)
             if self._hub.failed:
                 self.emit(ev.LoopWarning(message=f"file watcher unavailable ({self._hub.failed}); checking every "
@@ -541,35 +532,33 @@ class Loop:
         task = self._read_task()
         if isinstance(task, Stop):
             return task
-        await self._open_git()
-        self._reconcile(task)
-        self.sched = scheduled.attach(self, task)
-        if self.sched is not None:
-            stop = await self.sched.before_first_run()
+        for feature in self.features:
+            await feature.open(self)
+        await self._reconcile(task)
+        for feature in self.features:
+            stop = await feature.begin(self, task)
             if stop is not None:
                 return stop
         while True:
             stop = self.interrupt_check()
             if stop is not None:
                 return stop
-            self._apply_decisions()
+            for feature in self.features:
+                feature.each_round(self)
             task = self._read_task()
             if isinstance(task, Stop):
                 return task
             step = task.current_step(self.cfg.include_optional)
             if step is None:
-                waiting = approval.proposals(self.ws, self.state.task_id, approval.PENDING)
-                if waiting:
-                    return conditions.needs_action(
-                        f"every step is done but {len(waiting)} step proposal(s) wait for a person in "
-                        f"{approval.PENDING}/ ({', '.join(p.name for p in waiting)}): move each to Approved/ or "
-                        f"Rejected/, then `kiro loop resume --task-id {self.state.task_id}`", "approval_pending")
-                if self.sched is not None and self.sched.active(task):
-                    stop = await self.sched.after_run(task)  # the run's report and summary; wait; next run
-                    if stop is not None:
-                        return stop
-                    continue
-                return await self._git_finish(self._complete(task))
+                said = await self._all_done(task)
+                if isinstance(said, Stop):
+                    return said
+                if said:
+                    continue  # a recurring task's next run
+                stop = self._complete(task)
+                for feature in self.features:
+                    stop = await feature.completing(self, stop)
+                return stop
             stop = self.limit_check()
             if stop is not None:
                 return stop
@@ -598,16 +587,18 @@ class Loop:
                         return stop
                     self.transition(Status.RUNNING, "backoff_over")
                     continue  # re-read: a person may have changed the file meanwhile
-            gated = precheck.every_iteration(self)  # SPEC §11 pre-check gate (kiro.precheck)
-            if gated:
-                stop, go = await precheck.before_iteration(self, step.id, record.attempts if record else 0)
+            go = True
+            for feature in self.features:
+                stop, go = await feature.before_step(self, step.id, record.attempts if record else 0)
                 if stop is not None:
                     return stop
                 if not go:
-                    continue
+                    break
+            if not go:
+                continue
             stop = await self._iterate(task, step)
-            if gated:
-                await precheck.after_iteration(self, step.id)
+            for feature in self.features:
+                await feature.after_step(self, step.id)
             if stop is not None:
                 return stop
             if self.settings.iteration_delay_seconds:
@@ -615,19 +606,21 @@ class Loop:
                 if stop is not None:
                     return stop
 
-    def _apply_decisions(self) -> None:
-        """Proposals a person approved or rejected since the last look (SPEC §11, kiro.approval)."""
-        if self._decided is None:
-            self._decided = tuple(os.path.join(self.ws.root, area) for area in (approval.APPROVED, approval.REJECTED))
-        if not any(os.path.isdir(folder) for folder in self._decided):
-            return  # no decision folder: nothing to look at (asked every iteration)
-        try:
-            done = approval.apply_decisions(self.ws, self.state.task_id, self.task_path, self.redact.text)
-        except (TaskFileError, TaskNotFound, OSError) as exc:
-            self.emit("warning", message=f"could not handle a step proposal: {exc}")
-            return
-        for d in done:
-            self.emit("proposal_approved" if d.kind == "approved" else "proposal_rejected", **d.fields)
+    async def _all_done(self, task: tasks.TaskFile) -> Stop | bool | None:
+        """Every step is done: what the features say (a stop, or True to go round again), if any."""
+        for feature in self.features:
+            said = await feature.all_done(self, task)
+            if said is not None:
+                return said
+        return None
+
+    async def _step_done(self, step: tasks.Step, *, recovering: bool = False) -> Checkpoint | None:
+        """The step's box is checked and the state does not record the step yet: a checkpoint for
+        `completed_steps[].checkpoint`, from the feature that made one (git)."""
+        made = None
+        for feature in self.features:
+            made = await feature.step_done(self, step, recovering=recovering) or made
+        return made
 
     def _read_task(self) -> tasks.TaskFile | Stop:
         """Re-read the task file (a person may have edited it). Its location was just checked by
@@ -638,7 +631,7 @@ class Loop:
             stop = self._check_task_location()
             return stop or conditions.stopped("task_missing", f"task file {self.state.task_path} is gone")
 
-    def _reconcile(self, task: tasks.TaskFile) -> None:
+    async def _reconcile(self, task: tasks.TaskFile) -> None:
         """After a crash: a step the state shows in progress whose box is checked was finished
         (the crash fell between checking the box and saving the state). Record it."""
         cur = self.state.current_step
@@ -651,11 +644,7 @@ class Loop:
             self.save()
             return
         started = timeutil.parse(cur.started_at) if cur.started_at else timeutil.now()
-        checkpoint = None
-        if self.git is not None:  # the step succeeded; its checkpoint may be made already, or pending
-            checkpoint = self.git.step_completed(step.id, step.title or step.text, self.state.iteration,
-                                                 recovering=True)
-            self._emit_git(checkpoint)
+        checkpoint = await self._step_done(step, recovering=True)
         self._record_success(step, started, summary="(recovered after a restart: the box was checked)",
                              attempts=self.state.step_record(step.id).attempts or 1, checkpoint=checkpoint)
         self.emit(ev.StepRecovered(step_id=step.id, description=step.title))
@@ -726,9 +715,10 @@ class Loop:
         delivered = self.take_messages("prompt") if self.reads_messages else None
         if delivered:
             ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{delivered}"
-        earlier = self.sched.preamble() if self.sched is not None and self.reads_messages else None
-        if earlier:  # a scheduled run's first prompt: what earlier runs recorded (SPEC §11)
-            ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{earlier}"
+        for feature in self.features if self.reads_messages else ():
+            added = feature.prompt_addition(self)  # a scheduled run's first prompt: what earlier runs recorded
+            if added:
+                ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{added}"
         self._pending_stop = None
         try:
             result = await self.executor.run_step(ctx)
@@ -756,13 +746,11 @@ class Loop:
 
         if result.outcome == "request_human":
             question = result.question or "(no question given)"
-            path = self.ws.human_request(s.task_id)
-            self.write_report(path, reports.human_request(s, question=question))
-            s.report_path = self.ws.relative(path)
+            s.report_path = self.ws.relative(self.ws.human_request(s.task_id))
             s.current_step.status = "pending"
-            self.emit(ev.HumanRequested(step_id=step.id, question=question, path=s.report_path))
+            self.emit(ev.HumanRequested(step_id=step.id, question=question, path=s.report_path))  # the file: a listener
             self.save()
-            return conditions.needs_action(f"the agent asks a person: {reports.first_line(question)} "
+            return conditions.needs_action(f"the agent asks a person: {first_line(question)} "
                                            f"(see {s.report_path})", "request_human")
 
         verify_output = None
@@ -794,7 +782,7 @@ class Loop:
             if result.ok:
                 self.guardrails.activity()
                 self.guardrails.after_attempt(step.id, None)
-                checkpoint = await self._step_checkpoint(step) or result.checkpoint
+                checkpoint = await self._step_done(step) or result.checkpoint
                 self._in_progress = None  # checked
                 self._record_success(step, started, summary=result.summary, attempts=attempt, checkpoint=checkpoint)
                 self.emit(ev.StepCompleted(step_id=step.id, description=step.title or step.text,
@@ -867,55 +855,8 @@ class Loop:
             return False, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}"
         return result.ok, text
 
-    # -- git (SPEC §9): a narrow hook; the work is in kiro.checkpoints ------------------------
-
-    async def _open_git(self) -> None:
-        """Checkpoints on or off; with isolation, the loop's own worktree becomes the project dir."""
-        self.git = checkpoints.attach(self.ws, self.cfg, self.state, self.project_dir)
-        if self.git is None:
-            return
-        self.git.redact = self.redact.text
-        await self.flush()
-        events = await asyncio.to_thread(self.git.open, self.run_spec.resumed)
-        for kind, fields in events:
-            self.emit(kind, **fields)
-        self.project_dir = self.git.project_dir
-        self.save()
-
-    async def _step_checkpoint(self, step: tasks.Step) -> checkpoints.Result | None:
-        """Called after the step's box is checked and before the state records the step: commit
-        the step's changes and return the commit for `completed_steps[].checkpoint`."""
-        if self.git is None:
-            return None
-        result = await asyncio.to_thread(self.git.step_completed, step.id, step.title or step.text,
-                                         self.state.iteration)
-        self._emit_git(result)
-        return result
-
-    def _emit_git(self, result: checkpoints.Result) -> None:
-        for kind, fields in result.events:
-            self.emit(kind, **fields)
-
-    async def _git_finish(self, stop: Stop) -> Stop:
-        """Every step done: with isolation, leave the branch for review or merge it back; a merge
-        that needs a person pauses the loop (exit 6) with an intervention file."""
-        if self.git is None or stop.status != Status.COMPLETED:
-            return stop
-        await self.asave()  # merge_status "merging" etc. are recorded by finish(); a kill mid-merge resumes here
-        result = await asyncio.to_thread(self.git.finish)
-        self._emit_git(result)
-        if result.problem is None:
-            self.save()
-            return stop
-        s = self.state
-        path = self.ws.intervention_request(s.task_id)
-        self.write_report(path, reports.merge_intervention(s, problem=result.problem, files=result.files))
-        s.report_path = self.ws.relative(path)
-        self.save()
-        return conditions.needs_action(f"{result.problem}; see {s.report_path}", "merge_conflict")
-
     def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int,
-                        checkpoint: checkpoints.Result | None = None) -> None:
+                        checkpoint: Checkpoint | None = None) -> None:
         s = self.state
         finished = timeutil.now()
         s.completed_steps.append(CompletedStep(

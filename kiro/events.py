@@ -752,6 +752,58 @@ def read_events(path: Path, *, offset: int = 0) -> Iterator[dict[str, Any]]:
                 yield record
 
 
+TAIL_BLOCK = 64 * 1024
+
+
+def read_last(path: Path, n: int) -> list[dict[str, Any]]:
+    """The last `n` events of `read_events(path)`, read backwards from the file's end a block at a
+    time: the cost is that of `n` events, not of the whole log (`kiro loop logs --tail N`)."""
+    try:
+        fd = safeio.open_regular(path, fix="move it away; kiro starts a new one")
+    except FileNotFoundError:
+        return []
+    try:
+        return _last_events(fd, n)
+    finally:
+        os.close(fd)
+
+
+def _last_events(fd: int, n: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if n <= 0:
+        return found
+
+    def take(raw: bytes) -> None:
+        if not raw.strip():
+            return
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return  # a torn or broken line, skipped as read_events skips it
+        if isinstance(record, dict):
+            found.append(record)
+
+    pos = os.fstat(fd).st_size
+    carry = b""  # the start of a line whose beginning lies in an earlier block
+    first = True
+    while pos > 0 and len(found) < n:
+        size = min(TAIL_BLOCK, pos)
+        pos -= size
+        lines = (os.pread(fd, size, pos) + carry).split(b"\n")
+        carry = lines[0] if pos > 0 else b""
+        complete = lines[1:] if pos > 0 else lines
+        if first:
+            first = False
+            if complete and complete[-1] == b"":
+                complete.pop()  # the newline that ends the file
+        for raw in reversed(complete):
+            take(raw)
+            if len(found) >= n:
+                break
+    found.reverse()
+    return found
+
+
 def read_new(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     """Events appended since `offset` (complete lines only), and the new offset. For --follow."""
     try:

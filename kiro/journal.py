@@ -24,7 +24,7 @@ torn file.
 A kill can tear only the journal's last line; replay stops at the first line that is not a
 whole record, which was never acknowledged.
 
-The summary file (for readers that must not import pydantic: `read_summary`):
+The summary file (`read_summary`; `kiro loop status` reads it instead of each loop's whole state):
 
     line 1: "kiro-summary 1 <crc32 of the JSON, 8 hex digits> <length of the JSON in bytes>"
     line 2: the JSON object (SUMMARY_FIELDS of the state, `current_step` as {step_id, description,
@@ -34,11 +34,10 @@ A reader that finds a CRC mismatch (it read during a write) reads again; after a
 with no summary file, it reads the state file instead. This module imports only the standard
 library.
 
-Note for a reader without pydantic (`fast`'s kiro.fastread, issue #12): the bare `.json` of a running
-loop (or of one killed mid-run) may lack its last saves; `read_state_dict(state_file)` gives the
-state as kiro sees it, and `read_summary(state_file)` what `status` shows (written on every save by
-the journal and by whole-file saves). If status keeps its own summary format, write it from
-`LiveJournal._summary` (it gets the same dict, from the journal's shadow) and drop this one.
+The bare `.json` of a running loop (or of one killed mid-run) may lack its last saves;
+`read_state_dict(state_file)` gives the state as kiro sees it, and `read_summary(state_file)` what
+`kiro loop status` shows (written on every save by the journal and by whole-file saves; kiro.views
+reads it).
 """
 
 from __future__ import annotations
@@ -278,20 +277,39 @@ def encode_summary(summary: dict[str, Any]) -> bytes:
 
 
 def decode_summary(data: bytes) -> dict[str, Any] | None:
-    """The summary in `data`, or None when it is torn or not a summary (one decoder: kiro.fastread's,
-    which status uses without importing this module)."""
-    from kiro.fastread import decode_summary as decode
-
-    return decode(data)
+    """The summary in `data`, or None when it is torn (read during a write) or not a summary."""
+    if not data.startswith(SUMMARY_MAGIC):
+        return None
+    head, _, rest = data.partition(b"\n")
+    parts = head[len(SUMMARY_MAGIC):].split()
+    try:
+        crc, length = int(parts[0], 16), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+    body = rest[:length]
+    if len(body) != length or zlib.crc32(body) != crc:
+        return None
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def read_summary(state_file: Path, tries: int = 3) -> dict[str, Any] | None:
-    """The summary beside `state_file`, or None (no summary, or torn on every try: read the state)."""
+    """The summary beside `state_file`, or None: read the state instead (no summary, torn on every
+    try, or older than the state file, which kiro writes before the summary: something else wrote
+    the state since)."""
     path = summary_path(state_file)
+    try:
+        if os.stat(path).st_mtime_ns < os.stat(state_file).st_mtime_ns:
+            return None
+    except OSError:
+        return None
     for _ in range(tries):
         try:
             data = _read(path)
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):
             return None
         found = decode_summary(data)
         if found is not None:

@@ -1,9 +1,6 @@
-"""`kiro loop start` and `kiro loop resume`: what the two commands do once their options are read.
-
-Two front ends call these: the Typer commands in kiro.cli.loop, and kiro.faststart, which reads a
-plain start or resume command line itself so that a run does not pay for Typer (issue #12: a run's
-start-up). Nothing here imports Typer. Each command returns its exit code; `guarded_run` turns
-kiro's errors into one line on stderr and their exit code, as `kiro.cli.guarded` does for Typer.
+"""`kiro loop start` and `kiro loop resume`: what the two Typer commands (kiro.cli.loop) do once their
+options are read. Each command returns its exit code; kiro.cli turns an error into one line on stderr
+and its exit code.
 """
 
 from __future__ import annotations
@@ -12,79 +9,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kiro import output
 
 LOOP_OUTCOMES = (0, 3, 4, 5, 6)  # SPEC §6 exit codes of a loop that ran; 1 is kiro failing to run it
-
-
-# -- how a command ends ----------------------------------------------------------------------------
-
-
-def exit_code_for(exc: Exception) -> int | None:
-    """A command's exception as its exit code, after saying what went wrong: a `KiroError` is one line
-    on stderr and its own code; anything else is an "internal error" line and exit 1. None: re-raise it
-    (KIRO_DEBUG, or an unexpected error under KIRO_RAISE_ERRORS, so that a bug fails its test)."""
-    from kiro import console
-    from kiro.errors import KiroError, raise_errors
-
-    if output.stdout_full(exc):  # `> /dev/full`: bad input, not a bug
-        assert isinstance(exc, OSError)
-        return output.stdout_failed(exc)
-    if isinstance(exc, KiroError):
-        if os.environ.get("KIRO_DEBUG"):
-            return None
-        if exc.exit_code == 0:
-            console.line(str(exc))
-        else:
-            console.error(str(exc))
-        return exc.exit_code
-    if raise_errors():
-        return None
-    console.error(f"internal error: {type(exc).__name__}: {exc} (run with KIRO_DEBUG=1 for the traceback, "
-                  f"and please report it)")
-    return 1
-
-
-def succeeded() -> None:
-    """A command ended with exit 0: what it may write only then (a command that fails changes no file)."""
-    if "kiro.fastread" in sys.modules:
-        sys.modules["kiro.fastread"].write_config_checked()
-
-
-def exit_now(code: object) -> None:
-    """The temporal backend's SDK keeps native threads that may call into Python while the interpreter shuts
-    down (a fatal error, exit -6, at random): a command that used it ends here, its output flushed."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
-
-
-def guarded_run(command: Callable[..., int], **options: Any) -> int:
-    """Run a command without Typer, ending as the Typer command would (`kiro.cli.guarded`, `kiro.cli.main`)."""
-    try:
-        code = command(**options)
-    except BrokenPipeError:
-        output.closed_pipe()
-    except KeyboardInterrupt:
-        code = 130  # Typer's own answer to Ctrl-C
-    except Exception as exc:
-        failed = exit_code_for(exc)
-        if failed is None:
-            raise
-        code = failed
-    else:
-        if code == 0:
-            succeeded()
-    if "temporalio" in sys.modules:
-        exit_now(code)
-    return code
 
 
 # -- what start and resume share -------------------------------------------------------------------
@@ -112,9 +42,6 @@ def store_of(ws: Any, *, lenient: bool = True) -> Any:
 
         console.warning(f"{exc} (using defaults to read the state)")
         return StateStore(ws)
-    from kiro.fastread import record_config_checked
-
-    record_config_checked(ws.root, store.ws.state_directory)  # the next read command may skip yaml+pydantic
     return store
 
 

@@ -22,30 +22,13 @@ from typing import TYPE_CHECKING, Final
 
 from kiro import dashboard, events, ownwrites, reports, tasks, timeutil
 from kiro.errors import KiroError
+from kiro.hooks import LoopListener
 from kiro.notify import NOTIFIER_TIMEOUT, run_notifier
 from kiro.state import LoopState
 from kiro.status import Status
 
 if TYPE_CHECKING:
-    from kiro.engine import Loop
-
-
-class LoopListener:
-    """A listener that works for one loop. Subclasses override what they need."""
-
-    def __init__(self, loop: Loop) -> None:
-        self.loop = loop
-
-    def __call__(self, event: events.Event) -> None:
-        return None
-
-    def saved(self, state: LoopState) -> None:
-        """After every save of the loop's state."""
-        return None
-
-    async def aclose(self) -> None:
-        """The run is over (also after a crash): finish what is under way."""
-        return None
+    from kiro.hooks import LoopHandle
 
 
 class DoneMover(LoopListener):
@@ -96,6 +79,10 @@ class ReportWriter(LoopListener):
     def __call__(self, event: events.Event) -> None:
         if isinstance(event, events.StopCondition):
             self._final(event)
+        elif isinstance(event, events.HumanRequested):
+            loop = self.loop  # the agent asked a person (request_human): the file the pause names
+            text = reports.human_request(loop.state, question=event.question)
+            loop.write_report(loop.ws.human_request(loop.state.task_id), text)
         elif isinstance(event, (events.StepCompleted, events.StepFailed)):
             self._progress()
 
@@ -174,7 +161,7 @@ class Notifier(LoopListener):
     status's kind and `finished` when the loop ends. A notifier that fails is logged
     (`notifier_failed`) and never stops the loop; the run waits for running notifiers at its end."""
 
-    def __init__(self, loop: Loop) -> None:
+    def __init__(self, loop: LoopHandle) -> None:
         super().__init__(loop)
         self.running: set[asyncio.Task[None]] = set()
 
@@ -217,7 +204,7 @@ class DashboardFeed(LoopListener):
     """Hands the loop's live state to the workspace's Dashboard.md writer (one per process and
     workspace, at most one write a second); from the loop's end on, its state is read from disk."""
 
-    def __init__(self, loop: Loop) -> None:
+    def __init__(self, loop: LoopHandle) -> None:
         super().__init__(loop)
         self.service: dashboard.DashboardService | None = None
         self.closed = False
@@ -240,6 +227,6 @@ class DashboardFeed(LoopListener):
             await dashboard.release(service)
 
 
-def standard(loop: Loop) -> list[LoopListener]:
+def standard(loop: LoopHandle) -> list[LoopListener]:
     """The listeners every loop run by kiro gets, in the order they must hear an event."""
     return [DoneMover(loop), ReportWriter(loop), Archiver(loop), Notifier(loop), DashboardFeed(loop)]

@@ -1,6 +1,5 @@
 """When kiro's own output cannot be written: its reader went away (`kiro ... | head -1`), or it goes to a
-full disk (`kiro loop status > out.txt` on a full file system, `> /dev/full`). Standard library only: the
-fast read path uses it too.
+full disk (`kiro loop status > out.txt` on a full file system, `> /dev/full`).
 
 What is still to be written then, now or at exit, goes to /dev/null (`to_devnull`), so that it does not
 fail again, and the interpreter's final flush does not print a second error (Python docs, "Note on
@@ -12,8 +11,8 @@ import contextlib
 import os
 import stat
 import sys
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any, NoReturn
 

@@ -39,7 +39,7 @@ from kiro.usage import StepUsage
 
 if TYPE_CHECKING:
     from kiro.conditions import Stop
-    from kiro.engine import Loop
+    from kiro.hooks import LoopHandle
 
 Scope = Literal["run", "iteration"]
 
@@ -106,11 +106,11 @@ class Decision:
 # -- the baseline ----------------------------------------------------------------------------
 
 
-def _baseline_path(loop: Loop) -> Path:
+def _baseline_path(loop: LoopHandle) -> Path:
     return loop.ws.state_dir / "precheck" / f"{loop.state.task_id}.json"
 
 
-def load(loop: Loop) -> Snapshot | None:
+def load(loop: LoopHandle) -> Snapshot | None:
     try:
         raw = json.loads(_baseline_path(loop).read_text(encoding="utf-8"))
         return Snapshot(**{k: v for k, v in raw.items() if k in Snapshot.__dataclass_fields__})
@@ -148,7 +148,7 @@ def _walk(root: Path, ws_root: Path) -> tuple[dict[str, list[int]], bool]:
     return files, False
 
 
-def _memory_max_id(loop: Loop) -> int:
+def _memory_max_id(loop: LoopHandle) -> int:
     db = loop.ws.memory_db()
     if not db.exists():
         return 0
@@ -161,7 +161,7 @@ def _memory_max_id(loop: Loop) -> int:
     return 0
 
 
-def _new_memories(loop: Loop, after: int) -> list[str]:
+def _new_memories(loop: LoopHandle, after: int) -> list[str]:
     db = loop.ws.memory_db()
     if not db.exists():
         return []
@@ -175,7 +175,7 @@ def _new_memories(loop: Loop, after: int) -> list[str]:
     return []
 
 
-def take(loop: Loop, attempted_step: str | None = None) -> Snapshot:
+def take(loop: LoopHandle, attempted_step: str | None = None) -> Snapshot:
     try:
         task_text = loop.task_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -189,14 +189,14 @@ def take(loop: Loop, attempted_step: str | None = None) -> Snapshot:
                     attempted_step=attempted_step)
 
 
-def save(loop: Loop, snap: Snapshot) -> None:
+def save(loop: LoopHandle, snap: Snapshot) -> None:
     """Atomic but not fsync'd: a baseline lost in a crash only makes the next gate pass."""
     path = _baseline_path(loop)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(asdict(snap), ensure_ascii=False), fsync=False)
 
 
-async def remember(loop: Loop, attempted_step: str | None = None) -> None:
+async def remember(loop: LoopHandle, attempted_step: str | None = None) -> None:
     """Save the baseline the next check compares with: call it when a run (or iteration) ends."""
     if loop.cfg.llm.precheck_model is None:
         return
@@ -207,7 +207,8 @@ async def remember(loop: Loop, attempted_step: str | None = None) -> None:
 # -- the digest ------------------------------------------------------------------------------
 
 
-def describe(loop: Loop, before: Snapshot, now: Snapshot, step_line: str | None) -> tuple[str, str]:
+def describe(loop: LoopHandle, before: Snapshot, now: Snapshot,
+             step_line: str | None) -> tuple[str, str]:
     """(the digest for the pre-check model, a one-line summary for the event)."""
     s = loop.state
     lines = [f"Task {s.title or s.task_id!r} ({s.task_id}); the last check's baseline was taken {before.at} (when "
@@ -255,24 +256,22 @@ def describe(loop: Loop, before: Snapshot, now: Snapshot, step_line: str | None)
 # -- asking the pre-check model --------------------------------------------------------------
 
 
-async def ask(loop: Loop, digest: str) -> Decision:
+async def ask(loop: LoopHandle, digest: str) -> Decision:
     """One call to the pre-check model. Any failure passes (fails open)."""
-    import openai
+    import openai  # here: only a loop with a pre-check model loads the client
 
-    from kiro.executors.openai_agent import DUMMY_KEY, _is_local
+    from kiro.executors.openai_agent import SharedClient, endpoint, message_of, usage_of
 
     llm = loop.cfg.llm
     model = llm.precheck_model or ""
-    base_url = llm.base_url or os.environ.get("OPENAI_BASE_URL") or None
-    api_key = os.environ.get(llm.api_key_env) or (DUMMY_KEY if base_url and _is_local(base_url) else None)
+    base_url, api_key = endpoint(llm)
     if api_key is None:
         return Decision(True, f"the pre-check could not run: no API key in ${llm.api_key_env}", failed=True)
-    client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=llm.max_retries,
-                                timeout=llm.request_timeout_seconds)
+    shared = SharedClient(base_url, api_key, llm)
     del api_key
-    call = asyncio.ensure_future(client.chat.completions.create(
-        model=model, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": digest}],
-        tools=[TOOL], max_tokens=REPLY_TOKENS, temperature=0))  # type: ignore[list-item]
+    call = asyncio.ensure_future(shared.chat({
+        "model": model, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": digest}],
+        "tools": [TOOL], "max_tokens": REPLY_TOKENS, "temperature": 0}))
     # a stop hook, a moved task file or a signal ends the wait for the answer (SPEC §6: within 1 s)
     watch = asyncio.ensure_future(loop.wait(llm.request_timeout_seconds * (llm.max_retries + 1) + 5))
     try:
@@ -283,30 +282,30 @@ async def ask(loop: Loop, digest: str) -> Decision:
             return Decision(True, "stopped while the pre-check model answered", asked=True, failed=True,
                             stopped=True)
         response = call.result()
-    except openai.OpenAIError as exc:
+    except (openai.OpenAIError, ValueError) as exc:  # ValueError: a reply that is not a JSON object
         status = getattr(exc, "status_code", None)
         what = f"HTTP {status}" if status else type(exc).__name__
         return Decision(True, f"the pre-check call failed ({what}); running anyway", asked=True, failed=True)
     finally:
         watch.cancel()
-        await client.close()
+        await shared.close()
     usage = StepUsage(api_calls=1)
-    if response.usage is not None:
-        usage.prompt_tokens = response.usage.prompt_tokens or 0
-        usage.completion_tokens = response.usage.completion_tokens or 0
-        usage.total_tokens = response.usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
+    counted = usage_of(response)
+    if counted is not None:
+        usage.prompt_tokens, usage.completion_tokens, total = counted
+        usage.total_tokens = total or usage.prompt_tokens + usage.completion_tokens
         price = llm.prices.get(model)
         if price is not None:
             usage.cost_usd = (usage.prompt_tokens * price.input_per_1m
                               + usage.completion_tokens * price.output_per_1m) / 1_000_000
-    message = response.choices[0].message if response.choices else None
-    for tc in (message.tool_calls or []) if message is not None else []:
-        fn = getattr(tc, "function", None)
-        if fn is None or fn.name != "precheck_result":
+    listed = message_of(response).get("tool_calls")
+    for tc in listed if isinstance(listed, list) else []:
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict) or fn.get("name") != "precheck_result":
             continue
         try:
-            args = json.loads(fn.arguments or "{}")
-        except ValueError:
+            args = json.loads(fn.get("arguments") or "{}")
+        except (TypeError, ValueError):
             args = None
         if not isinstance(args, dict) or not isinstance(args.get("material_change"), bool):
             return Decision(True, "the pre-check answer was malformed; running anyway", asked=True, failed=True,
@@ -320,7 +319,8 @@ async def ask(loop: Loop, digest: str) -> Decision:
 # -- the gate --------------------------------------------------------------------------------
 
 
-async def decide(loop: Loop, scope: Scope, step_id: str | None = None, step_line: str | None = None) -> Decision:
+async def decide(loop: LoopHandle, scope: Scope, step_id: str | None = None,
+                 step_line: str | None = None) -> Decision:
     """Pass or skip, without side effects beyond the model call (its usage is in the decision)."""
     if Inbox(loop.ws, loop.state.task_id).has_pending():
         return Decision(True, "a message is waiting")
@@ -336,7 +336,7 @@ async def decide(loop: Loop, scope: Scope, step_id: str | None = None, step_line
     return decision
 
 
-async def check(loop: Loop, scope: Scope, step_id: str | None = None, step_line: str | None = None,
+async def check(loop: LoopHandle, scope: Scope, step_id: str | None = None, step_line: str | None = None,
                 next_check_seconds: float | None = None) -> bool:
     """Decide, count the call's usage, and log `precheck_passed` or `precheck_skipped`. True: run."""
     model = loop.cfg.llm.precheck_model
@@ -357,7 +357,7 @@ async def check(loop: Loop, scope: Scope, step_id: str | None = None, step_line:
     return False
 
 
-async def check_run(loop: Loop) -> bool:
+async def check_run(loop: LoopHandle) -> bool:
     """Before a scheduled run starts; False means skip this fire (the event `precheck_skipped` is
     logged). `remember(loop)` when a run that went ahead ends."""
     return await check(loop, "run")
@@ -366,11 +366,11 @@ async def check_run(loop: Loop) -> bool:
 # -- every_iteration: the engine's hooks -----------------------------------------------------
 
 
-def every_iteration(loop: Loop) -> bool:
+def every_iteration(loop: LoopHandle) -> bool:
     return loop.cfg.llm.precheck_model is not None and loop.cfg.llm.precheck == "every_iteration"
 
 
-async def before_iteration(loop: Loop, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
+async def before_iteration(loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
     """(a stop condition that ended the wait, go ahead?). A skipped iteration sleeps
     `llm.precheck_sleep_seconds` (status `sleeping`; a stop hook or a message ends it), then the
     loop looks again."""
@@ -395,5 +395,5 @@ async def before_iteration(loop: Loop, step_id: str, attempts: int) -> tuple[Sto
     return stop, False
 
 
-async def after_iteration(loop: Loop, step_id: str) -> None:
+async def after_iteration(loop: LoopHandle, step_id: str) -> None:
     await remember(loop, attempted_step=step_id)

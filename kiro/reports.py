@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any
 
 from kiro import frontmatter, timeutil
-from kiro.state import CompletedStep, FailedStep, LoopState
+from kiro.state import CompletedStep, FailedStep, LoopState, first_line
 
 
 def _frontmatter(fields: dict[str, Any]) -> str:
@@ -30,13 +30,6 @@ def _step_line(s: CompletedStep | FailedStep) -> str:
     if isinstance(s, CompletedStep):
         return f"- **{s.step_id}** {s.description} ({timeutil.human_duration(s.duration_seconds)})"
     return f"- **{s.step_id}** {s.description}: {first_line(s.error)} (attempt {s.retry_count + 1})"
-
-
-def first_line(text: str | None, limit: int = 200) -> str:
-    if not text:
-        return ""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _list(items: Sequence[CompletedStep | FailedStep]) -> str:

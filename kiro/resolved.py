@@ -12,17 +12,17 @@ import os
 from pathlib import Path
 
 from kiro import timeutil
-from kiro.workspace import Workspace
+from kiro.workspace import Workspace, locate_task
 
 
 def release_in_progress_box(ws: Workspace, task_path: Path, task_id: str, step_id: str) -> bool:
     """No step runs any more: kiro's `[-]` on `step_id` goes back to `[ ]`, wherever the task file
     is now. A box a step completed (`[x]`) or a person changed is left alone. True when changed."""
-    from kiro import conditions, tasks
+    from kiro import tasks
     from kiro.errors import TaskFileError, TaskNotFound
 
     try:
-        _where, path = conditions.locate_task(ws, task_path, task_id)
+        _where, path = locate_task(ws, task_path, task_id)
         if path is None:
             return False
         fresh = tasks.load(path)

@@ -19,9 +19,9 @@ from typing import Any
 from kiro import (
     checkpoints,
     cleanup,
-    conditions,
     diskfull,
     executors,
+    features,
     heap,
     resolved,
     safeio,
@@ -43,7 +43,7 @@ from kiro.settings import Located, settings_for
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import Status
 from kiro.unbuilt import not_built_warnings
-from kiro.workspace import Workspace, check_task_id
+from kiro.workspace import Workspace, check_task_id, locate_task
 
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex", "StartBatch"]
 
@@ -439,7 +439,8 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             _release(store, tid, lock)
             raise
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
-                   release=lambda: _release(store, tid, lock), executor=executor, lock=lock)
+                   release=lambda: _release(store, tid, lock), executor=executor, lock=lock,
+                   features=features.standard())
 
 
 FILES_PER_LOOP = 8
@@ -539,7 +540,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if state.status == Status.COMPLETED:
             raise AlreadyFinished(f"loop {task_id!r} is already completed ({state.task_path}); nothing to resume")
         recorded = ws.absolute(state.task_path)
-        where, path = conditions.locate_task(ws, recorded, task_id)
+        where, path = locate_task(ws, recorded, task_id)
         if path is None:
             raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} is gone (not in Specs/, Done/ or "
                                f"Needs_Action/); put it back and resume again")
@@ -597,7 +598,8 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             store.release(task_id, lock)
         raise
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
-                   release=lambda: _release(store, task_id, lock), executor=executor, lock=lock)
+                   release=lambda: _release(store, task_id, lock), executor=executor, lock=lock,
+                   features=features.standard())
 
 
 def paused_by_hooks(store: StateStore) -> list[LoopState]:

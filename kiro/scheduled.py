@@ -21,12 +21,12 @@ from kiro import precheck, reports, schedule, tasks, timeutil
 from kiro.conditions import Stop
 from kiro.errors import KiroError, TaskFileError, TaskNotFound
 from kiro.schedule import Schedule
-from kiro.state import ScheduleInfo
+from kiro.state import ScheduleInfo, first_line
 from kiro.status import Status
 from kiro.usage import StepUsage
 
 if TYPE_CHECKING:
-    from kiro.engine import Loop
+    from kiro.hooks import LoopHandle
 
 SUMMARY_SYSTEM = ("You write the summary of one finished run of a recurring task. The next run of the task starts "
                   "from your summary, with no other memory of this run.")
@@ -39,7 +39,7 @@ Write the run summary the next run will start from: what was done and checked, w
 was deferred or should be looked at next time. Plain text, at most 200 words. Reply with the summary only."""
 
 
-def attach(loop: Loop, task: tasks.TaskFile) -> ScheduleRunner | None:
+def attach(loop: LoopHandle, task: tasks.TaskFile) -> ScheduleRunner | None:
     """The runner for a scheduled task, None for a plain one. The value was checked when the loop
     was prepared; a value broken since then is said once and the task runs as a plain one."""
     try:
@@ -53,7 +53,7 @@ def attach(loop: Loop, task: tasks.TaskFile) -> ScheduleRunner | None:
 
 
 class ScheduleRunner:
-    def __init__(self, loop: Loop, sched: Schedule) -> None:
+    def __init__(self, loop: LoopHandle, sched: Schedule) -> None:
         self.loop = loop
         self.sched = sched
         self.tag = schedule.memory_source(loop.state.task_id)
@@ -125,7 +125,7 @@ class ScheduleRunner:
         started = timeutil.parse(info.run_started_at) if info.run_started_at else finished
         run = s.runs
         done = [c for c in s.completed_steps if c.iteration is None or c.iteration > info.run_iteration_base]
-        steps_text = "\n".join(f"- {c.step_id} {c.description}: {reports.first_line(c.summary, 300) or '(done)'}"
+        steps_text = "\n".join(f"- {c.step_id} {c.description}: {first_line(c.summary, 300) or '(done)'}"
                                for c in done) or "- (no step ran: every box was already checked)"
         summary, source, memory_id, note = await self._summary(run, task, steps_text)
         s.last_run_at = timeutil.iso(finished)

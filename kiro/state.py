@@ -8,7 +8,6 @@ Field names and meanings follow the source spec (seed 004, "State File Format");
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import json
@@ -21,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil, writer
 from kiro.errors import LockHeld, StateError, TaskNotFound
@@ -32,6 +31,9 @@ from kiro.redact import Redactor
 from kiro.status import RECORDED, Status
 from kiro.usage import StepUsage
 from kiro.workspace import TASK_ID_RE, Workspace
+
+if TYPE_CHECKING:
+    import asyncio  # a live journal's timer; imported where it runs (read commands do without it)
 
 SCHEMA_VERSION = 1
 BACKUPS_KEPT = 5
@@ -50,6 +52,14 @@ def clip(text: str | None, limit: int = TEXT_KEPT) -> str:
         return text
     half = limit // 2
     return text[:half] + f"\n[... {len(text) - limit} characters cut ...]\n" + text[-half:]
+
+
+def first_line(text: str | None, limit: int = 200) -> str:
+    """The first line of a text (an error, a question), cut to `limit` characters with an ellipsis."""
+    if not text:
+        return ""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 class _Model(Record):
@@ -605,19 +615,22 @@ class StateStore:
                    skip: set[str] | frozenset[str] = frozenset()) -> list[tuple[Path, LoopState | None]]:
         """Every state file in the workspace (unreadable ones as None), newest first; task ids in
         `skip` are not read at all."""
+        found = [(p, self.try_read(p)) for tid, p in self.state_files(include_archive=include_archive)
+                 if tid not in skip]
+        return sorted(found, key=lambda item: item[1].updated_at if item[1] else "", reverse=True)
+
+    def state_files(self, *, include_archive: bool = True) -> list[tuple[str, Path]]:
+        """(task id, path) of every state file, the state folder's before the archive's; a task id once."""
         folders = [self.ws.state_dir]
         if include_archive:
             folders.append(self.ws.state_dir / "archive")
-        seen: dict[str, tuple[Path, LoopState | None]] = {}
+        seen: dict[str, Path] = {}
         for folder in folders:
             if not folder.is_dir():
                 continue
             for p in folder.glob("autonomous_loop_*.json"):
-                tid = p.name[len("autonomous_loop_"):-len(".json")]
-                if tid in seen or tid in skip:
-                    continue
-                seen[tid] = (p, self.try_read(p))
-        return sorted(seen.values(), key=lambda item: item[1].updated_at if item[1] else "", reverse=True)
+                seen.setdefault(p.name[len("autonomous_loop_"):-len(".json")], p)
+        return list(seen.items())
 
     # -- locks -----------------------------------------------------------------------------
 
@@ -1078,6 +1091,8 @@ class LiveJournal:
         `_interval()` even when no save comes (a long step): readers of the bare JSON file."""
         if self.timer is not None:
             return
+        import asyncio
+
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -1206,9 +1221,7 @@ def _item_json(item: Any) -> str:
 
 def effective_status(state: LoopState, alive: bool) -> Status:
     """What `status` shows: a state that says running whose process is gone is `interrupted`."""
-    if state.status.is_active and not alive:
-        return Status.INTERRUPTED
-    return state.status
+    return state.status.shown(alive)
 
 
 def _short(exc: BaseException) -> str:

@@ -8,8 +8,8 @@ read commands show for a state that says running or sleeping whose process is go
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the read path does without it)
 if TYPE_CHECKING:
     from typing import Literal
 
@@ -36,6 +36,11 @@ class Status(StrEnum):
         loop has not ended. A pause because a person is needed (Needs_Action/, request_human) exits 6:
         that code travels on the `Stop`, not here."""
         return _EXIT[self]
+
+    def shown(self, alive: bool) -> Status:
+        """What `status` shows for a loop recorded as this: running or sleeping with no process
+        holding its lock is `interrupted`."""
+        return Status.INTERRUPTED if self.is_active and not alive else self
 
     @property
     def is_active(self) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiro import conditions, executors, heap, locks, resolved, tasks
+from kiro import executors, heap, locks, resolved, tasks
 from kiro.config import Config
 from kiro.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.errors import KiroError, LockHeld, UserError, contained
@@ -33,7 +33,7 @@ from kiro.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_s
 from kiro.state import StateStore, effective_status
 from kiro.status import Status
 from kiro.watch import acquire_hub, release_hub, wait_until
-from kiro.workspace import Workspace, markdown_files
+from kiro.workspace import Workspace, locate_task, markdown_files
 
 NOT_TASKS = frozenset({"requirements.md", "design.md", "readme.md"})
 RESCAN_SECONDS = 30.0  # a safety net; changes normally wake the supervisor at once
@@ -301,7 +301,7 @@ class Supervisor:
             return False
         if self.ws.hook_file(m.task_id).exists() or self.ws.global_hook_file.exists():
             return False
-        where, path = conditions.locate_task(self.ws, self.ws.absolute(state.task_path), m.task_id)
+        where, path = locate_task(self.ws, self.ws.absolute(state.task_path), m.task_id)
         if path is None or self.ws.area_of(path) != "Specs":
             return False
         if state.stop_reason == "request_human":
@@ -379,7 +379,7 @@ def hand_back_to_watch(store: StateStore, task_id: str) -> list[str]:
             done.append(f"removed {ws.relative(hook)}")
     done += resolved.archive_requests(ws, task_id)  # the request file among them: watch continues the loop
     state = store.load(task_id).state
-    where, path = conditions.locate_task(ws, ws.absolute(state.task_path), task_id)
+    where, path = locate_task(ws, ws.absolute(state.task_path), task_id)
     if path is not None and ws.area_of(path) == "Needs_Action":
         back = ws.counterpart(path, "Specs")
         back.parent.mkdir(parents=True, exist_ok=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiro import timeutil
+from kiro import journal, timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
-from kiro.state import LoopState, StateStore, effective_status
-from kiro.status import Status
-from kiro.workspace import Workspace, check_task_id
+from kiro.state import LoopState, StateStore, to_jsonable
+from kiro.status import RECORDED, Status
+from kiro.workspace import Workspace, check_task_id, frontmatter_task_id, locate_task
 
 
 def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task: str | None, *,
@@ -23,16 +23,15 @@ def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task:
         rel = ws.relative(path)
         found = [st for _p, st in store.all_states() if st is not None and st.task_path == rel]
         if not found:
-            from kiro import conditions
 
-            hint = conditions._frontmatter_task_id(path)
+            hint = frontmatter_task_id(path)
             if hint and store.exists(hint):
                 return hint
             raise TaskNotFound(f"no loop has worked on {rel} yet; start one with `kiro loop start --task {rel}`")
         return found[0].task_id  # newest first
     if not required:
         return None
-    ids = [_task_id_of(p) for p, _st in store.all_states()]  # unreadable ones too: load() falls back
+    ids = [tid for tid, _path in store.state_files()]  # unreadable ones too: load() falls back
     if len(ids) == 1:
         return ids[0]
     if not ids:
@@ -41,120 +40,143 @@ def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task:
                     f"(`kiro loop status` lists them)")
 
 
-def _eta(state: LoopState) -> str | None:
-    if state.steps_total is None or state.steps_done is None or not state.metrics.average_step_duration:
-        return None
-    left = state.steps_total - state.steps_done
-    if left <= 0:
-        return None
-    return timeutil.human_duration(left * state.metrics.average_step_duration)
-
-
 def hint(state: LoopState, status: Status | str) -> str | None:
     """The command that continues a loop shown with `status`, with the limit to raise if any."""
-    status = Status(status)
-    command = f"kiro loop resume --task-id {state.task_id}"
+    return _hint(state.task_id, state.max_iterations, Status(status), global_hook=False)
+
+
+def _hint(task_id: str, max_iterations: int, status: Status, *, global_hook: bool) -> str | None:
+    command = f"kiro loop resume --task-id {task_id}"
     if status.is_resumable:
-        return command
+        return "kiro loop resume --all" if global_hook else command  # `--task-id` refuses while it holds
     flag = status.resume_flag
-    return f"{command} {flag.format(more=state.max_iterations * 2)}" if flag else None
+    return f"{command} {flag.format(more=max_iterations * 2)}" if flag else None
 
 
 def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) -> dict[str, Any]:
+    """What `status` shows of one loop."""
+    shown = journal.summary_of(to_jsonable(state))
+    if state.status == Status.SLEEPING:  # why it sleeps: its last transition (not in the summary)
+        last = state.history[-1] if state.history else None
+        shown["sleeping_because"] = last.reason if last is not None and last.to == Status.SLEEPING else None
+    return row(store, shown, alive=alive, global_hook=store.ws.global_hook_file.exists())
+
+
+def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook: bool) -> dict[str, Any]:
+    """What `status` shows of a loop, from its summary (kiro.journal.summary_of: `status` reads the
+    summary the loop writes beside its state; `sleeping_because` added for a sleeping loop)."""
+    recorded = Status(s["status"])
     if alive is None:
-        alive = store.is_locked(state.task_id) if state.status.may_be_alive else False
-    status = effective_status(state, alive)
-    duration = state.metrics.total_duration_seconds
+        alive = store.is_locked(s["task_id"]) if recorded.may_be_alive else False
+    status = recorded.shown(alive)
+    metrics = s["metrics"]
+    duration = metrics["total_duration_seconds"]
     if alive and status.is_active:
-        duration += max(0.0, (timeutil.now() - timeutil.parse(state.updated_at)).total_seconds())
-    cur = state.current_step
+        duration += max(0.0, (timeutil.now() - timeutil.parse(s["updated_at"])).total_seconds())
+    cur = s["current_step"]
+    eta = None
+    if status.is_active or status in (Status.PAUSED, Status.INTERRUPTED):
+        total, done, avg = s["steps_total"], s["steps_done"], metrics["average_step_duration"]
+        if total is not None and done is not None and avg and total - done > 0:
+            eta = timeutil.human_duration((total - done) * avg)
+    sleep = ({"sleeping_because": s.get("sleeping_because"), "sleep_until": s["sleep_until"]}
+             if status == Status.SLEEPING else {})
     return {
-        "task_id": state.task_id,
-        "task_path": state.task_path,
-        "title": state.title,
+        "task_id": s["task_id"],
+        "task_path": s["task_path"],
+        "title": s["title"],
         "status": str(status),
-        "recorded_status": str(state.status),
-        "stop_reason": state.stop_reason,
-        "iteration": state.iteration,
-        "max_iterations": state.max_iterations,
-        "success_rate": state.metrics.success_rate,
-        "current_step": f"{cur.step_id} {cur.description}" if cur else None,
-        "current_step_id": cur.step_id if cur else None,
-        "steps_done": state.steps_done,
-        "steps_total": state.steps_total,
-        "consecutive_failures": state.consecutive_failures,
-        "failure_threshold": state.failure_threshold,
-        "total_failures": state.total_failures,
+        "recorded_status": str(recorded),
+        "stop_reason": s["stop_reason"],
+        "iteration": s["iteration"],
+        "max_iterations": s["max_iterations"],
+        "success_rate": metrics["success_rate"],
+        "current_step": f"{cur['step_id']} {cur['description']}" if cur else None,
+        "current_step_id": cur["step_id"] if cur else None,
+        "steps_done": s["steps_done"],
+        "steps_total": s["steps_total"],
+        "consecutive_failures": s["consecutive_failures"],
+        "failure_threshold": s["failure_threshold"],
+        "total_failures": s["total_failures"],
         "duration_seconds": round(duration, 3),
         "duration": timeutil.human_duration(duration),
-        "eta": _eta(state) if status.is_active or status in (Status.PAUSED, Status.INTERRUPTED) else None,
-        "executor": state.executor,
-        "pid": state.pid if alive else None,
+        "eta": eta,
+        "executor": s["executor"],
+        "pid": s["pid"] if alive else None,
         "alive": alive,
-        "updated_at": state.updated_at,
-        "usage": state.usage.model_dump(),
-        "report_path": state.report_path,
-        **schedule_fields(state),
-        **sleep_fields(state, status),
-        "hint": ("kiro loop resume --all" if status.is_resumable and store.ws.global_hook_file.exists()
-                 else hint(state, status)),  # `resume --task-id` refuses while the global hook holds
+        "updated_at": s["updated_at"],
+        "usage": s["usage"],
+        "report_path": s["report_path"],
+        **_schedule_fields(s),
+        **sleep,
+        "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook),
     }
-
-
-def sleep_fields(state: LoopState, status: Status) -> dict[str, Any]:
-    """Why a sleeping loop sleeps (the guardrail or wait that put it to sleep: a limit such as
-    `max_cpu_percent`, `backoff`, `precheck_skipped`, `schedule`) and until when; {} otherwise."""
-    if status != Status.SLEEPING:
-        return {}
-    last = state.history[-1] if state.history else None
-    reason = last.reason if last is not None and last.to == Status.SLEEPING else None
-    return {"sleeping_because": reason, "sleep_until": state.sleep_until}
 
 
 def schedule_fields(state: LoopState) -> dict[str, Any]:
     """A recurring task's schedule, runs and next run (SPEC §11); {} for a plain loop."""
-    sc = state.schedule
+    return _schedule_fields(journal.summary_of(to_jsonable(state)))
+
+
+def _schedule_fields(s: dict[str, Any]) -> dict[str, Any]:
+    sc = s["schedule"]
     if sc is None:
         return {}
     next_run = None
-    if state.next_run_at and state.status != Status.COMPLETED:
-        left = (timeutil.parse(state.next_run_at) - timeutil.now()).total_seconds()
-        when = timeutil.parse(state.next_run_at).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    if s["next_run_at"] and s["status"] != Status.COMPLETED:
+        at = timeutil.parse(s["next_run_at"])
+        left = (at - timeutil.now()).total_seconds()
+        when = at.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
         next_run = f"in {timeutil.human_duration(left)} ({when})" if left > 0 else f"due now ({when})"
-    return {"schedule": sc.expression, "stateful": sc.stateful, "runs": state.runs,
-            "last_run_at": state.last_run_at, "next_run_at": state.next_run_at, "next_run": next_run}
+    return {"schedule": sc["expression"], "stateful": sc["stateful"], "runs": s["runs"],
+            "last_run_at": s["last_run_at"], "next_run_at": s["next_run_at"], "next_run": next_run}
 
 
-def _task_id_of(state_file: Path) -> str:
-    return state_file.name[len("autonomous_loop_"):-len(".json")]
+def _summary(path: Path, task_id: str) -> dict[str, Any] | None:
+    """The summary the loop wrote beside its state file, when it has all a row needs; None: read the
+    state (no summary, torn on every try, or a sleeping loop, whose reason is in its history)."""
+    s = journal.read_summary(path)
+    if s is None or s.get("task_id") != task_id or s.get("status") not in RECORDED or s["status"] == Status.SLEEPING:
+        return None
+    if not all(k in s for k in (*journal.SUMMARY_FIELDS, "current_step")):
+        return None  # written by another version of kiro
+    if not (isinstance(s["metrics"], dict) and isinstance(s["usage"], dict) and isinstance(s["updated_at"], str)
+            and (s["current_step"] is None or isinstance(s["current_step"], dict))):
+        return None
+    return s
 
 
 def all_rows(store: StateStore, warnings: list[str] | None = None) -> list[dict[str, Any]]:
-    """A row per loop. An unreadable state file is shown from its newest good backup, as
-    `status --task-id` does, and `warnings` gets a line saying so (or that it cannot be read at all),
-    so a corrupt loop never silently drops out of the table."""
+    """A row per loop, newest first, each from the loop's summary (or its state when the summary will
+    not do). An unreadable state file is shown from its newest good backup, as `status --task-id`
+    does, and `warnings` gets a line saying so (or that it cannot be read at all), so a corrupt loop
+    never silently drops out of the table."""
+    global_hook = store.ws.global_hook_file.exists()
     rows = []
-    for path, st in store.all_states():
-        if st is None:
-            try:
-                loaded = store.load(_task_id_of(path))
-            except KiroError as exc:
-                if warnings is not None:
-                    warnings.append(str(exc))
-                continue
-            st = loaded.state
-            if loaded.warning and warnings is not None:
-                warnings.append(loaded.warning)
-        rows.append(loop_row(store, st))
+    for tid, path in store.state_files():
+        summary = _summary(path, tid)
+        if summary is not None:
+            rows.append(row(store, summary, alive=None, global_hook=global_hook))
+            continue
+        try:
+            loaded = store.load(tid)
+        except KiroError as exc:
+            if warnings is not None:
+                warnings.append(str(exc))
+            continue
+        if loaded.warning and warnings is not None:
+            warnings.append(loaded.warning)
+        rows.append(loop_row(store, loaded.state))
+    rows.sort(key=lambda r: r["updated_at"], reverse=True)
     return rows
 
 
 def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
     """Every step of the task file with its status, attempts and duration."""
-    from kiro import conditions, tasks
+    from kiro import tasks
 
     path = ws.absolute(state.task_path)
-    where, found = conditions.locate_task(ws, path, state.task_id)
+    where, found = locate_task(ws, path, state.task_id)
     task: tasks.TaskFile | None = None
     error = None
     if found is not None:

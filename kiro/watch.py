@@ -1,10 +1,10 @@
-"""Reacting to files without polling: one watcher per workspace per process, over the folders
-people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`): inotify read on the event
-loop itself (kiro.inotify) on Linux, else a watchfiles watcher (a thread).
+"""Reacting to files without polling: one watchfiles watcher per workspace per process, over the
+folders people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`, `.state/inbox/`).
 
 Every change batch wakes every subscribed waiter; a waiter then re-checks its own conditions (a few
-`stat` calls). While nothing changes, waiting costs no CPU: the watcher blocks in the kernel.
-If the OS watcher cannot start (inotify limits, an unsupported filesystem), waiters fall back to
+`stat` calls). kiro's own writes wake nobody (`kiro.ownwrites`, as watchfiles' filter). While nothing
+changes, waiting costs little CPU: watchfiles' thread looks at what inotify queued every STEP_MS.
+If the watcher cannot start (inotify limits, an unsupported filesystem), waiters fall back to
 checking every POLL_FALLBACK seconds and a warning says so.
 """
 
@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from kiro import ownwrites
 from kiro.shared import Registry
@@ -22,7 +21,11 @@ from kiro.shared import Registry
 POLL_FALLBACK = 0.25
 SAFETY_POLL = 5.0
 WATCHED = (".hooks", "Specs", "Done", "Needs_Action", ".state/inbox")  # inbox: messages wake waiting loops
-
+# watchfiles hands a batch over once STEP_MS pass without a new change, or DEBOUNCE_MS after its first:
+# a hook dropped is seen in one to two steps (bench/hook_reaction.py). Each step takes the GIL once.
+STEP_MS = 5
+DEBOUNCE_MS = 50
+RUST_TIMEOUT_MS = 5_000  # a watcher whose event loop went away unstopped ends its thread within this
 
 
 def _relevant(change: object, path: str) -> bool:
@@ -36,10 +39,8 @@ class ChangeHub:
         self._waiters: set[asyncio.Event] = set()
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
-        self._ready: asyncio.Event | None = None
         self.failed: str | None = None
         self.users = 0
-        self._inotify: Any = None  # kiro.inotify.Inotify, when it could start
 
     def subscribe_event(self, ev: asyncio.Event) -> None:
         self._waiters.add(ev)
@@ -53,16 +54,14 @@ class ChangeHub:
 
     @property
     def poll_interval(self) -> float:
-        """How often a waiter re-checks on its own: rarely while the OS watcher runs (a safety net,
+        """How often a waiter re-checks on its own: rarely while the watcher runs (a safety net,
         one `stat` every few seconds), often when it could not start."""
-        running = self._task is not None or self._inotify is not None
-        return POLL_FALLBACK if self.failed is not None or not running else SAFETY_POLL
+        return POLL_FALLBACK if self.failed is not None or self._task is None else SAFETY_POLL
 
-    async def start(self, *, wait_ready: bool = True) -> None:
-        """Start watching. With `wait_ready`, give the watcher up to 0.1 s to set up first (a
-        supervisor that lives long); a loop passes False: it re-checks its conditions at every
-        iteration anyway, and the wait would be a fixed cost of every run (bench/startup.py)."""
-        if self._task is not None or self._inotify is not None:
+    async def start(self) -> None:
+        """Start watching. Returns once the watcher has set up its watches, or failed to (`failed`):
+        watchfiles sets them up before its first wait, in the task's first turn."""
+        if self._task is not None:
             return
         paths = []
         for name in WATCHED:
@@ -72,57 +71,23 @@ class ChangeHub:
             if p.is_dir():
                 paths.append(p)
         self._stop = asyncio.Event()
-        self._ready = asyncio.Event()
-        if self._start_inotify(paths):
-            return
         self._task = asyncio.create_task(self._run(paths), name=f"kiro-watch:{self.root}")
-        if not wait_ready:
-            return
-        # Give the watcher a moment to set up its inotify watches. A change it misses in this
-        # window is still seen: every loop re-checks at each iteration, and waiters re-check at least
-        # every SAFETY_POLL seconds.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), 0.1)
-
-    def _start_inotify(self, paths: list[Path]) -> bool:
-        """Watch with inotify on the event loop (kiro.inotify); False where it cannot start."""
-        from kiro.inotify import Inotify
-
-        try:
-            self._inotify = Inotify(paths, self._changed)
-        except OSError:
-            return False
-        self._inotify.start(asyncio.get_running_loop())
-        self._ready.set()  # type: ignore[union-attr]
-        return True
-
-    def _changed(self, paths: list[str]) -> None:
-        if any(not ownwrites.is_own_change(p) for p in set(paths)):
-            self.notify()
+        await asyncio.sleep(0)
 
     async def _run(self, paths: list[Path]) -> None:
+        assert self._stop is not None
         try:
             from watchfiles import awatch
 
-            assert self._stop is not None and self._ready is not None
-            watcher = awatch(*paths, debounce=50, step=5, stop_event=self._stop, rust_timeout=1000,
-                             yield_on_timeout=True, watch_filter=_relevant, recursive=True,
-                             ignore_permission_denied=True)
-            async for changes in watcher:
-                self._ready.set()
-                if changes:
-                    self.notify()
+            async for _changes in awatch(*paths, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
+                                         stop_event=self._stop, rust_timeout=RUST_TIMEOUT_MS, recursive=True,
+                                         ignore_permission_denied=True):
+                self.notify()  # awatch yields only batches with a change the filter let through
         except Exception as exc:  # the watcher is an optimisation; waiters fall back to polling
             self.failed = f"{type(exc).__name__}: {exc}"
             self.notify()
-        finally:
-            if self._ready is not None:
-                self._ready.set()
 
     async def aclose(self) -> None:
-        if self._inotify is not None:
-            self._inotify.close()
-            self._inotify = None
         if self._task is None:
             return
         assert self._stop is not None
@@ -135,10 +100,10 @@ class ChangeHub:
 _hubs: Registry[ChangeHub] = Registry()
 
 
-async def acquire_hub(root: Path, *, wait_ready: bool = True) -> ChangeHub:
+async def acquire_hub(root: Path) -> ChangeHub:
     """The workspace's hub for the running event loop, shared by every loop in this process."""
     hub = _hubs.acquire(root, lambda: ChangeHub(root))
-    await hub.start(wait_ready=wait_ready)
+    await hub.start()
     return hub
 
 

@@ -13,6 +13,7 @@ import re
 import stat
 from pathlib import Path
 
+from kiro import frontmatter, safeio
 from kiro.errors import TaskNotFound, UserError
 
 CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
@@ -324,3 +325,52 @@ class Workspace:
         for name in FOLDERS:
             (self.root / name).mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+
+
+# -- where a task file is now ------------------------------------------------------------------
+
+def frontmatter_task_id(path: Path) -> str | None:
+    """The `kiro_task_id` a task file's frontmatter names (kiro.frontmatter), when it is a valid one;
+    None for a file kiro cannot read."""
+    try:
+        text = safeio.read_bytes(path, limit=safeio.TASK_MAX_BYTES).decode("utf-8-sig")
+        found = frontmatter.read(text).data.get("kiro_task_id")
+        return check_task_id(found) if isinstance(found, str) else None
+    except (OSError, UnicodeDecodeError, UserError, frontmatter.FrontmatterError):
+        return None
+
+
+def find_by_task_id(folder: Path, task_id: str) -> Path | None:
+    """A task file under `folder` whose frontmatter says `kiro_task_id: <task_id>`."""
+    if not folder.is_dir():
+        return None
+    for p in markdown_files(folder):
+        if p.is_file() and frontmatter_task_id(p) == task_id:
+            return p
+    return None
+
+
+def locate_task(ws: Workspace, recorded: Path, task_id: str) -> tuple[str | None, Path | None]:
+    """Where a task file is now: ("here", path) when it is where the state says; else the area it
+    was moved to (Done, Needs_Action, Specs) and its new path, found by the same relative path or by
+    its `kiro_task_id`; (None, None) when it is nowhere."""
+    if recorded.is_file():
+        return "here", recorded
+    inside = ws.area_of(recorded) is not None or _inside(ws, recorded)
+    for area in ("Done", "Needs_Action", "Specs"):
+        if inside:
+            candidate = ws.counterpart(recorded, area)
+            if candidate.is_file() and candidate != recorded:
+                return area, candidate
+        found = find_by_task_id(ws.root / area, task_id)
+        if found is not None:
+            return area, found
+    return None, None
+
+
+def _inside(ws: Workspace, p: Path) -> bool:
+    try:
+        Path(os.path.realpath(p)).relative_to(ws.root)
+        return True
+    except ValueError:
+        return False

@@ -17,7 +17,6 @@ loop and the writer thread: 0.25-0.4 ms of each iteration's 1.4-1.9 ms, bench/lo
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import collections
 import contextlib
@@ -26,7 +25,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio  # imported where a loop runs: read commands do without it
 
 Job = Callable[[], object]
 T = TypeVar("T")
@@ -123,6 +125,8 @@ def background(job: Job) -> None:
 async def call(fn: Callable[..., T], /, *args: Any) -> T:
     """`await asyncio.to_thread(fn, *args)` on a writer thread, with less work on the event loop (no
     context copy, no concurrent future): for a blocking durable write the loop waits for."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[T] = loop.create_future()
 
@@ -167,6 +171,8 @@ class WriteQueue:
         self._error: BaseException | None = None
 
     def submit(self, job: Job, *, key: object = None) -> None:
+        import asyncio
+
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -230,6 +236,8 @@ class WriteQueue:
 
     async def flush(self) -> None:
         """Wait until every job submitted so far has run; raise the first error one of them raised."""
+        import asyncio
+
         with self._lock:
             if self._scheduled:
                 fut: asyncio.Future[None] | None = asyncio.get_running_loop().create_future()

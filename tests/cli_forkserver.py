@@ -1,5 +1,5 @@
 """Run many `kiro` command lines fast: one Python process imports kiro once, then forks a fresh
-child per command line, which chdirs into its workspace and runs the real CLI (`kiro.fastread.entry`)
+child per command line, which chdirs into its workspace and runs the real CLI (`kiro.cli.main`)
 with its own stdout/stderr files. A child that runs longer than its timeout is killed (a hang).
 
 Used by the generated bad-input suite, which runs hundreds of cases: a cold `python -m kiro`
@@ -32,9 +32,9 @@ def _child(cwd: str, args: list[str], env: dict[str, str], out: str, err: str) -
     sys.argv = ["kiro", *args]
     code = 0
     try:
-        from kiro.fastread import entry
+        from kiro.cli import main
 
-        entry()  # what `python -m kiro` runs: the fast read and start paths, else Typer
+        main()  # what `python -m kiro` runs
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - report like the interpreter would, then exit 1

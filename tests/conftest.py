@@ -12,9 +12,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.fake_openai import FakeOpenAI
 
 # Every test runs with KIRO_RAISE_ERRORS=1: an unexpected exception in the engine, a tool or the CLI
 # re-raises instead of becoming a failed attempt, a tool error text or an "internal error" line, so a
@@ -127,3 +130,21 @@ def shell_task(n: int, *, cmd: str = 'echo "$KIRO_STEP_ID" >> side_effects.log',
     for i in range(1, n + 1):
         lines += [f"- [ ] {i}. Step number {i}", "  ```sh", f"  {cmd}", "  ```"]
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    """A scripted OpenAI-compatible server on 127.0.0.1 (tests/fake_openai.py), closed after the test."""
+    from tests.fake_openai import FakeOpenAI
+
+    with FakeOpenAI() as server:
+        yield server
+
+
+def openai_config(ws: Workspace, fake: FakeOpenAI, *, model: str = "fake-model", max_retries: int = 0,
+                  llm: str = "", loop: str = "", extra: str = "") -> None:
+    """The workspace's config for the openai executor against `fake`: `llm` and `loop` are more
+    lines of those sections (indented by two), `extra` more sections."""
+    ws.write("config/autonomous_loop.yaml",
+             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: {model}\n  max_retries: {max_retries}\n"
+             f"{llm}autonomous_loop:\n  backoff_base_seconds: 0.01\n{loop}{extra}")

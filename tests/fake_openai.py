@@ -8,7 +8,7 @@ errors and response parsing are the client's own, not a mock's. It serves
 
 and records every request (headers and body) for assertions.
 
-In a test (`fake_openai` fixture, or `with FakeOpenAI() as fake:`):
+In a test (the `fake` fixture of tests/conftest.py, or `with FakeOpenAI() as fake:`):
 
     fake.reply(tool_calls=[call("write_file", {"path": "a.txt", "content": "x"})],
                usage=usage(100, 20))
@@ -38,18 +38,17 @@ import asyncio
 import itertools
 import json
 import socket
+import ssl
 import struct
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from kiro import prompts, tasks
 from kiro.config import Config
@@ -110,9 +109,11 @@ class Item:
 
 
 class FakeOpenAI:
-    def __init__(self, *, known_models: Iterable[str] | None = None, require_key: str | None = None) -> None:
+    def __init__(self, *, known_models: Iterable[str] | None = None, require_key: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.known_models = list(known_models) if known_models is not None else None
         self.require_key = require_key
+        self.tls = tls  # serve HTTPS with this server context
         self.requests: list[Recorded] = []
         self.responder: Callable[[dict[str, Any]], Mapping[str, Any] | None] | None = None
         self._queue: deque[Item] = deque()
@@ -132,6 +133,8 @@ class FakeOpenAI:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        if self.tls is not None:  # a client that refuses the certificate fails the handshake in accept()
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
                                         name="fake-openai", daemon=True)
         self._thread.start()
@@ -158,7 +161,7 @@ class FakeOpenAI:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{'https' if self.tls is not None else 'http'}://127.0.0.1:{self.port}/v1"
 
     # -- scripting -------------------------------------------------------------------------
 
@@ -495,15 +498,6 @@ async def invoke(env: ToolEnv, name: str, arguments: Mapping[str, Any] | str) ->
     except ToolError as exc:
         return ToolResult.error(str(exc))
     return await execute(tool, args, env)
-
-
-@pytest.fixture(name="fake_openai")
-def fake_openai_fixture() -> Iterator[FakeOpenAI]:
-    """A started FakeOpenAI, closed after the test. Use it by importing this function into the
-    test module (`from tests.fake_openai import fake_openai_fixture`), or list the module in the
-    root conftest's `pytest_plugins`."""
-    with FakeOpenAI() as fake:
-        yield fake
 
 
 def main(argv: list[str]) -> int:

@@ -7,28 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import yaml
 
-from tests.conftest import Workspace
+from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, call, invoke, make_harness
 
 TASK = "---\ntitle: DB work\n---\n- [ ] 1. Add the users table\n- [ ] 2. Write the queries\n"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-def _config(ws: Workspace, fake: FakeOpenAI) -> None:
-    ws.write("config/autonomous_loop.yaml",
-             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 0\n"
-             f"autonomous_loop:\n  backoff_base_seconds: 0.01\n")
 
 
 PROPOSE = call("add_steps", {"steps": ["1.1 Add an index"], "after": "1", "reason": "lookups by email are slow"})
@@ -36,7 +22,7 @@ PROPOSE = call("add_steps", {"steps": ["1.1 Add an index"], "after": "1", "reaso
 
 def test_an_approved_proposal_inserts_the_steps_as_the_person_edited_them(ws: Workspace, fake: FakeOpenAI) -> None:
     task = ws.task(TASK)
-    _config(ws, fake)
+    openai_config(ws, fake)
     fake.reply(PROPOSE)
     fake.reply(call("complete_step", {"summary": "table added"}))
     fake.reply(call("complete_step", {"summary": "queries written"}))
@@ -100,7 +86,7 @@ def test_kiro_marks_a_proposal_handled_in_its_own_lines_and_keeps_the_persons(tm
 
 def test_a_rejected_proposal_is_reported_to_the_agent_once(ws: Workspace, fake: FakeOpenAI) -> None:
     ws.task(TASK)
-    _config(ws, fake)
+    openai_config(ws, fake)
     fake.reply(PROPOSE)
     fake.reply(call("complete_step", {"summary": "table added"}))
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "db", "--max-iterations", "1")
@@ -128,7 +114,7 @@ def test_a_rejected_proposal_is_reported_to_the_agent_once(ws: Workspace, fake: 
 
 def test_with_approval_off_add_steps_edits_the_task_file(ws: Workspace, fake: FakeOpenAI) -> None:
     task = ws.task(TASK)
-    _config(ws, fake)
+    openai_config(ws, fake)
     ws.write("config/autonomous_loop.yaml", (ws.root / "config/autonomous_loop.yaml").read_text()
              + "approval:\n  agent_steps: false\n")
     fake.reply(PROPOSE)

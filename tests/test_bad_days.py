@@ -447,11 +447,9 @@ def _to(ws: Workspace, out: Path, *args: str, **env: str) -> subprocess.Complete
 
 
 @pytest.mark.parametrize("args", FULL_OUTPUT, ids=" ".join)
-@pytest.mark.parametrize("path", ["fast", "full"])
-def test_output_to_dev_full_is_one_line_and_exit_1(one_loop: Workspace, args: tuple[str, ...], path: str) -> None:
-    """`kiro ... > /dev/full`: before, a traceback (the fast read path) or "internal error" (the others)."""
-    env = {"KIRO_NO_FAST_READ": "1", "KIRO_NO_FAST_START": "1"} if path == "full" else {}
-    r = _to(one_loop, Path("/dev/full"), *args, **env)
+def test_output_to_dev_full_is_one_line_and_exit_1(one_loop: Workspace, args: tuple[str, ...]) -> None:
+    """`kiro ... > /dev/full`: before, a traceback or "internal error"."""
+    r = _to(one_loop, Path("/dev/full"), *args)
     assert (r.returncode, r.stderr) == (1, "kiro: cannot write to standard output: No space left on device\n")
 
 
@@ -480,7 +478,7 @@ def test_a_deleted_current_folder_is_one_line(tmp_path: Path, ws: Workspace, arg
     gone = tmp_path / "gone"
     gone.mkdir()
     code = f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); sys.argv = ['kiro', *{list(args)!r}]; " \
-           "from kiro.fastread import entry; entry()"
+           "from kiro.cli import main; main()"
     r = subprocess.run([sys.executable, "-c", code], env=ws.env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stderr
     assert r.stderr.startswith("kiro: the current folder no longer exists (deleted?)") and r.stderr.count("\n") == 1
@@ -492,7 +490,7 @@ def test_a_deleted_current_folder_with_a_named_workspace_still_runs(tmp_path: Pa
     gone.mkdir()
     code = f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); " \
            f"sys.argv = ['kiro', 'loop', 'start', '-w', {str(ws.root)!r}, '--task', 'Specs/feature/tasks.md', " \
-           "'--task-id', 't1']; from kiro.fastread import entry; entry()"
+           "'--task-id', 't1']; from kiro.cli import main; main()"
     r = subprocess.run([sys.executable, "-c", code], env=ws.env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert ws.state("t1")["status"] == "completed"

@@ -317,3 +317,305 @@ def test_status_watch_json_streams_until_interrupted(ws: Workspace, finished: st
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and "Traceback" not in err
+
+
+# -- status reads each loop's summary --------------------------------------------------------------
+
+
+@pytest.fixture
+def loops(ws: Workspace) -> Workspace:
+    """Three loops: one completed (archived), one stopped at max_iterations, one paused by its hook."""
+    ws.task(shell_task(3))
+    assert ws.kiro("loop", "start", "--task", TASK, "--task-id", "done1").returncode == 0
+    ws.task(shell_task(3), rel="Specs/other/tasks.md")
+    assert ws.kiro("loop", "start", "--task", "Specs/other/tasks.md", "--task-id", "half",
+                   "--max-iterations", "1").returncode == 4
+    ws.task(shell_task(2), rel="Specs/third/tasks.md")
+    (ws.root / ".hooks" / "stop_autonomous_loop_held.md").write_text("stop\n")
+    assert ws.kiro("loop", "start", "--task", "Specs/third/tasks.md", "--task-id", "held").returncode == 3
+    return ws
+
+
+def rows_by_id(ws: Workspace) -> dict[str, dict[str, Any]]:
+    return {r["task_id"]: r for r in ok_json(ws.kiro("loop", "status", "--json"))}
+
+
+def timeless(row: dict[str, Any]) -> dict[str, Any]:
+    """A row without what the clock moves between two reads."""
+    return {k: v for k, v in row.items() if k not in ("duration_seconds", "duration", "next_run")}
+
+
+def test_a_loops_row_in_the_table_is_its_row_in_detail(ws: Workspace, loops: Workspace) -> None:
+    """The table reads each loop's summary, the detail its state file: the same row either way, for
+    plain, paused, archived and scheduled loops."""
+    from datetime import timedelta
+
+    from kiro import timeutil
+    from kiro.state import LoopState, ScheduleInfo, StateStore
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    store = StateStore(KiroWorkspace(ws.root))
+    for tid, status, stateful in (("nightly", "paused", True), ("ended", "completed", True)):
+        store.save(LoopState(task_id=tid, task_path=f"Specs/{tid}/tasks.md", status=status, runs=3,
+                             last_run_at=timeutil.iso(),
+                             next_run_at=timeutil.iso(timeutil.now() + timedelta(seconds=3630)),
+                             schedule=ScheduleInfo(expression="every 1h", stateful=stateful)), fsync=False)
+    table = rows_by_id(ws)
+    assert set(table) == {"done1", "half", "held", "nightly", "ended"}
+    assert table["nightly"]["schedule"] == "every 1h" and table["nightly"]["next_run"].startswith("in 1h")
+    assert table["half"]["hint"] == "kiro loop resume --task-id half --max-iterations 2"
+    for tid, row in table.items():
+        detail = ok_json(ws.kiro("loop", "status", "--task-id", tid, "--json"))
+        assert timeless(detail) == timeless(row), tid
+    updated = [r["updated_at"] for r in ok_json(ws.kiro("loop", "status", "--json"))]
+    assert updated == sorted(updated, reverse=True)  # newest first
+    text = ws.kiro("loop", "status")
+    assert text.returncode == 0 and text.stdout.splitlines()[0].startswith("TASK ID")
+    assert len(text.stdout.splitlines()) == 6
+
+
+def test_status_reads_the_summary_and_the_state_when_the_summary_is_torn(loops: Workspace) -> None:
+    from kiro import journal
+
+    ws = loops
+    summary = ws.root / ".state" / "autonomous_loop_half.summary"
+    data = journal.decode_summary(summary.read_bytes())
+    assert data is not None and data["iteration"] == 1
+    data["title"] = "FROM THE SUMMARY"
+    summary.write_bytes(journal.encode_summary(data))
+    assert rows_by_id(ws)["half"]["title"] == "FROM THE SUMMARY"
+    summary.write_bytes(summary.read_bytes()[:40])  # torn: its CRC fails, the state file is read
+    assert rows_by_id(ws)["half"]["title"] != "FROM THE SUMMARY"
+    assert rows_by_id(ws)["half"]["iteration"] == 1
+    summary.unlink()
+    assert rows_by_id(ws)["half"]["iteration"] == 1
+
+
+def test_the_summary_decoder_refuses_what_the_encoder_did_not_write() -> None:
+    from kiro import journal
+
+    good = journal.encode_summary({"task_id": "a", "status": "paused", "note": "é ⏎"})
+    assert journal.decode_summary(good) == {"task_id": "a", "status": "paused", "note": "é ⏎"}
+    assert journal.decode_summary(good + b"    ") is not None  # padded in place to a longer old one
+    a_list = journal.SUMMARY_MAGIC + b"%08x 2\n[]" % __import__("zlib").crc32(b"[]")
+    for bad in (good[:-3], good[:20], b"", b"kiro-summary 1 zz 5\n{}", good.replace(b"paused", b"pausex"),
+                b"kiro-summary 2 " + good[15:], a_list):
+        assert journal.decode_summary(bad) is None, bad
+
+
+def test_a_live_loop_then_killed_then_locked_by_another_process(ws: Workspace) -> None:
+    """Running and alive while its process holds the lock; interrupted once it is killed; running
+    again while some other process (here flock(1)) holds its lock."""
+    import os
+    import time
+
+    ws.task(shell_task(2, cmd="sleep 30"))
+    proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", "live")
+    try:
+        ws.wait_for(lambda: (ws.state("live").get("current_step") or {}).get("status") == "in_progress",
+                    what="the step to start")
+        row = rows_by_id(ws)["live"]
+        assert (row["status"], row["alive"], row["pid"]) == ("running", True, proc.pid)
+        detail = ok_json(ws.kiro("loop", "status", "--task-id", "live", "--json"))
+        assert timeless(detail) == timeless(row)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()
+    row = rows_by_id(ws)["live"]
+    assert (row["status"], row["alive"], row["hint"]) == ("interrupted", False, "kiro loop resume --task-id live")
+    lock = ws.root / ".state/autonomous_loop_live.lock"
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"], start_new_session=True)
+    try:
+        ws.wait_for(lambda: str(lock.stat().st_ino) in Path("/proc/locks").read_text(), what="flock holding the lock")
+        row = rows_by_id(ws)["live"]
+        assert row["status"] == "running" and row["alive"] is True
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # flock and its sleep, which holds the lock too
+        holder.wait()
+    deadline = time.monotonic() + 10
+    while str(lock.stat().st_ino) in Path("/proc/locks").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rows_by_id(ws)["live"]["status"] == "interrupted"
+
+
+def test_a_sleeping_loop_says_why_with_or_without_its_summary(ws: Workspace) -> None:
+    from kiro import timeutil
+    from kiro.state import LoopState, StateStore
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    store = StateStore(KiroWorkspace(ws.root))
+    st = LoopState(task_id="napping", task_path="Specs/n/tasks.md", status="running", sleep_until=timeutil.iso())
+    st.transition("sleeping", "max_cpu_percent")
+    store.save(st, fsync=False)
+    lock = store.acquire("napping")  # this process is the loop's live process
+    try:
+        for _ in range(2):
+            table = rows_by_id(ws)["napping"]
+            detail = ok_json(ws.kiro("loop", "status", "--task-id", "napping", "--json"))
+            for row in (table, detail):
+                assert (row["status"], row["sleeping_because"], row["alive"]) == ("sleeping", "max_cpu_percent", True)
+                assert row["sleep_until"] == st.sleep_until
+            assert timeless(table) == timeless(detail)
+            (ws.root / ".state" / "autonomous_loop_napping.summary").unlink(missing_ok=True)
+    finally:
+        store.release("napping", lock)
+
+
+def test_a_global_stop_hook_changes_the_hint_of_every_resumable_loop(loops: Workspace) -> None:
+    ws = loops
+    assert rows_by_id(ws)["held"]["hint"] == "kiro loop resume --task-id held"
+    (ws.root / ".hooks/stop_autonomous_loop.md").write_text("stop all\n")
+    rows = rows_by_id(ws)
+    assert rows["held"]["hint"] == "kiro loop resume --all"
+    assert rows["half"]["hint"] == "kiro loop resume --task-id half --max-iterations 2"  # a limit to raise
+    assert ok_json(ws.kiro("loop", "status", "--task-id", "held", "--json"))["hint"] == "kiro loop resume --all"
+
+
+def test_loops_added_and_gone_show_in_the_table(loops: Workspace) -> None:
+    ws = loops
+    ws.task(shell_task(1), rel="Specs/fourth/tasks.md")
+    assert ws.kiro("loop", "start", "--task", "Specs/fourth/tasks.md", "--task-id", "fourth").returncode == 0
+    assert set(rows_by_id(ws)) == {"done1", "half", "held", "fourth"}
+    gone = list((ws.root / ".state").rglob("autonomous_loop_fourth.*"))
+    assert gone
+    for p in gone:  # the loop's files, wherever they are (a completed loop's are archived)
+        p.unlink()
+    assert set(rows_by_id(ws)) == {"done1", "half", "held"}
+
+
+def test_an_agent_running_status_in_its_step_is_not_blamed(ws: Workspace) -> None:
+    """An agent that runs `kiro loop status` during its step writes nothing kiro blames on it."""
+    from tests.test_command_executor import agent_task, make_agent, runs
+
+    ws.task(agent_task(1))
+    out = make_agent(ws, """\
+        r = subprocess.run([sys.executable, "-m", "kiro", "loop", "status"], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "kiro", "loop", "status"], capture_output=True, text=True)
+        log("status.txt", r.stdout)
+        check_box()
+        """)
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "agent")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert runs(out) == ["1 1"]  # one attempt: nothing blamed on the agent
+    assert "agent" in (out / "status.txt").read_text()
+    assert ws.state("agent")["total_failures"] == 0
+
+
+PROBE = """
+import runpy, sys
+sys.argv = ["kiro", *sys.argv[1:]]
+try:
+    runpy.run_module("kiro", run_name="__main__")
+except SystemExit as e:
+    code = e.code
+sys.stdout.flush()
+sys.stderr.write("\\n@@" + " ".join([str(code), *sorted(sys.modules)]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "status", "--json"),
+                                  ("loop", "status", "--task-id", "half"), ("loop", "state", "--task-id", "half"),
+                                  ("loop", "logs", "--task-id", "done1", "--tail", "3"),
+                                  ("loop", "progress", "--task-id", "half")], ids=" ".join)
+def test_read_commands_import_no_agent_client_and_no_watcher(loops: Workspace, args: tuple[str, ...]) -> None:
+    """STYLE 11: a read command does not import openai or watchfiles."""
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=loops.root, env=loops.env(), capture_output=True,
+                       text=True, timeout=60)
+    code, *modules = r.stderr.rsplit("@@", 1)[1].split()
+    assert code in ("0", "None"), r.stderr
+    heavy = [m for m in modules if m.split(".")[0] in ("openai", "watchfiles", "httpx", "temporalio")]
+    assert heavy == []
+
+
+def test_logs_tail_reads_from_the_end_as_read_events_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torn lines, blank lines, a line longer than the block, JSON that is not an object, no final
+    newline: the last N events are those of kiro.events.read_events, at every block boundary."""
+    from kiro import events
+
+    lines = [json.dumps({"event": "e", "n": i}) for i in range(30)]
+    lines[5] = '{"event": "torn'
+    lines[9] = ""
+    lines[12] = json.dumps({"event": "long", "text": "x" * 200})
+    lines[15] = "[1, 2]"
+    lines[20] = "   "
+    cases = {"newline at the end": "\n".join(lines) + "\n", "no newline at the end": "\n".join(lines),
+             "torn tail": "\n".join(lines) + '\n{"event": "half', "empty": ""}
+    for block in (1, 7, 64, 65536):
+        monkeypatch.setattr(events, "TAIL_BLOCK", block)
+        for name, text in cases.items():
+            path = tmp_path / f"{block}_{name}.jsonl"
+            path.write_text(text)
+            every = list(events.read_events(path))
+            for n in (0, 1, 2, 5, 13, 26, 40):
+                assert events.read_last(path, n) == (every[-n:] if n else []), (block, name, n)
+    assert events.read_last(tmp_path / "missing.jsonl", 3) == []
+
+
+def test_logs_tail_prints_the_last_events(ws: Workspace, finished: str) -> None:
+    every = ok_json_lines(ws.kiro("loop", "logs", "--task-id", finished, "--json"))
+    assert ok_json_lines(ws.kiro("loop", "logs", "--task-id", finished, "--tail", "3", "--json")) == every[-3:]
+    assert ok_json_lines(ws.kiro("loop", "logs", "--task-id", finished, "-n", "0", "--json")) == []
+    assert ok_json_lines(ws.kiro("loop", "logs", "--task-id", finished, "--tail=100000", "--json")) == every
+    text = ws.kiro("loop", "logs", "--task-id", finished, "--tail", "2")
+    assert text.returncode == 0 and text.stdout.splitlines() == ws.kiro(
+        "loop", "logs", "--task-id", finished).stdout.splitlines()[-2:]
+
+
+def ok_json_lines(r: subprocess.CompletedProcess[str]) -> list[Any]:
+    assert r.returncode == 0, r.stdout + r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+# -- events printed into a pipe ---------------------------------------------------------------------
+
+
+def test_a_loop_run_into_a_pipe_prints_what_rich_prints_without_importing_it(ws: Workspace) -> None:
+    """`kiro loop start` whose output is not a terminal prints each event's line as rich would
+    (`console.event_plain`) and never imports rich (~30 ms of its start-up, issue #12)."""
+    import io
+
+    from rich.console import Console
+
+    from kiro import console
+
+    ws.write("Specs/a/tasks.md", shell_task(2, cmd="printf 'tab\\there \\a bell é ▶'"))
+    code = ("import runpy, sys\nsys.argv = ['kiro', 'loop', 'start', '--task', 'Specs/a/tasks.md']\n"
+            "try:\n    runpy.run_module('kiro', run_name='__main__')\n"
+            "except SystemExit as e:\n    print('exit', e.code, 'rich' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ws.root, env=ws.env(), capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.splitlines()[-1] == "exit 0 False", out.stdout + out.stderr
+    # the same lines as rich's, for every event of the run and a few awkward ones
+    task_id = ws.only_task_id()
+    records = ws.events(task_id) + [
+        {"event": "step_failed", "ts": "2026-11-23T07:00:00.000+00:00", "iteration": 3, "step_id": "2",
+         "attempt": 2, "error": "bell \a back\b ff\f cr\r vt\v [bold]not markup[/] é 漢 " + "x" * 300},
+        {"event": "step_started", "ts": "2026-11-23T07:00:00.000+00:00", "iteration": 4, "step_id": "[x]",
+         "description": "emoji 🎉 and :smile: and \x1b[31mansi\x1b[0m", "attempt": 1}]
+    for with_task in (False, True):
+        for e in records:
+            plain = console.event_plain(e, with_task=with_task)
+            rich_text = console.format_event(e, with_task=with_task)
+            assert (plain is None) == (rich_text is None), e
+            if rich_text is None:
+                continue
+            buf = io.StringIO()
+            Console(file=buf, highlight=False, soft_wrap=True).print(rich_text)
+            assert plain + "\n" == buf.getvalue(), e
+    printed = [line for line in out.stdout.splitlines()[:-1] if not line.startswith(task_id + ":")]
+    shown = [console.event_plain(e) for e in ws.events(task_id)
+             if e["event"] not in ("tool_called", "model_called", "iteration_started", "reinjected",
+                                   "report_written")]
+    assert printed == [s for s in shown if s is not None]
+
+
+def test_a_step_with_no_number_is_named_once_when_it_starts() -> None:
+    """Its text is its id: `▶ Deploy it`, not `▶ Deploy it Deploy it`; a numbered step shows both."""
+    from kiro import console
+
+    base = {"event": "step_started", "ts": "2026-11-27T07:00:00.000+00:00", "iteration": 1, "attempt": 1}
+    once = console.event_plain({**base, "step_id": "Deploy it", "description": "Deploy it"})
+    assert once == "07:00:00 [1] ▶ Deploy it"
+    assert console.event_plain({**base, "step_id": "2", "description": "Deploy it"}) == "07:00:00 [1] ▶ 2 Deploy it"

@@ -4,26 +4,15 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 
-import pytest
-
-from tests.conftest import Workspace
+from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, call
 
 TASK = "---\ntitle: Busy agent\n---\n- [ ] 1. Write files\n- [ ] 2. Write more\n"
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
 def _config(ws: Workspace, fake: FakeOpenAI, guardrails: str) -> None:
-    ws.write("config/autonomous_loop.yaml",
-             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 0\n"
-             f"autonomous_loop:\n  backoff_base_seconds: 0.01\nguardrails:\n{guardrails}")
+    openai_config(ws, fake, extra=f"guardrails:\n{guardrails}")
 
 
 def _write(n: int) -> dict[str, object]:

@@ -177,11 +177,10 @@ def test_resume_and_status_of_an_unknown_task_id(ws: Workspace, other: str) -> N
 
 
 @pytest.mark.parametrize("args", [("--tail", "-5"), ("-n", "-1"), ("--tail=-2", "--follow")])
-@pytest.mark.parametrize("fast", ["", "1"])
-def test_a_negative_tail_is_one_line(ws: Workspace, other: str, args: tuple[str, ...], fast: str) -> None:
-    """`logs --tail -5` printed nothing and exited 0 (both ways in: the fast read path and Typer)."""
+def test_a_negative_tail_is_one_line(ws: Workspace, other: str, args: tuple[str, ...]) -> None:
+    """`logs --tail -5` printed nothing and exited 0."""
     before = snapshot(ws)
-    one_line_error(ws.kiro("loop", "logs", "--task-id", other, *args, env=ws.env(KIRO_NO_FAST_READ=fast)),
+    one_line_error(ws.kiro("loop", "logs", "--task-id", other, *args),
                    "--tail must be 0 or more", args[-1] if args[-1] != "--follow" else "-2")
     assert snapshot(ws) == before
 

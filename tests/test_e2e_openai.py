@@ -4,11 +4,10 @@ OpenAI-compatible server on 127.0.0.1 that each test scripts."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import Workspace
+from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, call, usage
 
 THREE_STEPS = """\
@@ -25,17 +24,8 @@ title: Three files
 CANARY = "sk-canary-7f3a9c1e55d04b2a8e6f0c9d1b2a3c4d"
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-def _config(ws: Workspace, fake: FakeOpenAI, extra: str = "") -> None:
-    ws.write("config/autonomous_loop.yaml",
-             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 0\n"
-             f"  prices: {{fake-model: {{input_per_1m: 1000, output_per_1m: 2000}}}}\n"
-             f"autonomous_loop:\n  backoff_base_seconds: 0.01\n{extra}")
+def _config(ws: Workspace, fake: FakeOpenAI) -> None:
+    openai_config(ws, fake, llm="  prices: {fake-model: {input_per_1m: 1000, output_per_1m: 2000}}\n")
 
 
 def _start(ws: Workspace, *args: str, env: dict[str, str] | None = None) -> object:

@@ -9,7 +9,7 @@ from typing import Any
 from kiro import events
 from kiro.engine import Loop
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
-from kiro.listeners import LoopListener
+from kiro.hooks import LoopListener
 from kiro.runner import prepare_start, run_loops
 from kiro.state import LoopState
 from kiro.workspace import Workspace as KiroWorkspace

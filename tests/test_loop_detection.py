@@ -4,27 +4,15 @@ repeated on one step with nothing completed in between is still a loop."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
-from tests.conftest import Workspace
+from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, call
 from tests.test_guardrails import TokenSpender, _config, _run, _triggers
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 def test_three_steps_completed_with_the_same_summary_are_progress_not_a_loop(ws: Workspace,
                                                                             fake: FakeOpenAI) -> None:
     ws.task("- [ ] 1. Write a\n- [ ] 2. Write b\n- [ ] 3. Write c\n- [ ] 4. Write d\n")
-    ws.write("config/autonomous_loop.yaml",
-             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 0\n"
-             f"autonomous_loop:\n  backoff_base_seconds: 0.01\nguardrails:\n  loop_detection_repeats: 3\n")
+    openai_config(ws, fake, extra="guardrails:\n  loop_detection_repeats: 3\n")
     for _ in range(4):
         fake.reply(call("complete_step", {"summary": "Done."}))
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ld")

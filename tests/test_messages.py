@@ -7,12 +7,11 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.conftest import Workspace
+from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, call
 
 TWO_STEPS = """\
@@ -27,17 +26,9 @@ NOTE = "Use tabs, not spaces (note 7f3e)"
 PERSON = "## Message from a person"
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
 def _config(ws: Workspace, fake: FakeOpenAI) -> None:
     # reinjection on every iteration: a delivered message must still never come back
-    ws.write("config/autonomous_loop.yaml",
-             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 0\n"
-             f"autonomous_loop:\n  backoff_base_seconds: 0.01\n  reinject_every_n_iterations: 1\n")
+    openai_config(ws, fake, loop="  reinject_every_n_iterations: 1\n")
 
 
 def _with(request: Any, needle: str) -> list[dict[str, Any]]:

@@ -1,16 +1,18 @@
-"""The openai executor, driven through its HTTP client (kiro.executors.chat_http, which raises the
-`openai` client's exceptions) against the fake endpoint (tests/fake_openai.py): tool calls, turns,
-failures, usage, context wrap-up, secrets."""
+"""The openai executor, driven through the real `openai` client against the fake endpoint
+(tests/fake.py): tool calls, turns, failures, usage, context wrap-up, secrets."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
+import shutil
+import ssl
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from kiro import transcript
@@ -18,8 +20,8 @@ from kiro.errors import ExecutorError
 from kiro.executors.base import Guard, StepResult
 from kiro.executors.openai_agent import NUDGE, OpenAIExecutor
 from kiro.memory import MemoryStore
+from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, StepHarness, call, make_harness, usage
-from tests.fake_openai import fake_openai_fixture as fake_openai_fixture  # the `fake_openai` fixture
 
 KEY_ENV = "KIRO_TEST_OPENAI_KEY"
 
@@ -49,17 +51,17 @@ def tool_messages(body: Any) -> list[dict[str, Any]]:
 # -- doing a step -------------------------------------------------------------------------------
 
 
-def test_step_done_by_tool_calls(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(call("write_file", {"path": "hello.txt", "content": "hello\n"}))
-    fake_openai.reply(call("complete_step", {"summary": "created hello.txt"}))
+def test_step_done_by_tool_calls(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(call("write_file", {"path": "hello.txt", "content": "hello\n"}))
+    fake.reply(call("complete_step", {"summary": "created hello.txt"}))
 
     result = run(h)
 
     assert result.outcome == "completed"
     assert result.summary == "created hello.txt"
     assert (h.root / "hello.txt").read_text() == "hello\n"
-    first, second = (r.body for r in fake_openai.chat_requests)
+    first, second = (r.body for r in fake.chat_requests)
     assert first["messages"][0]["role"] == "system"
     assert "Create hello.txt" in first["messages"][1]["content"]
     offered = [t["function"]["name"] for t in first["tools"]]
@@ -77,32 +79,32 @@ def test_step_done_by_tool_calls(tmp_path: Path, fake_openai: FakeOpenAI) -> Non
                      "attempt_finished"]
 
 
-def test_parallel_tool_calls_run_in_order(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(tool_calls=[
+def test_parallel_tool_calls_run_in_order(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(tool_calls=[
         call("write_file", {"path": "a.txt", "content": "A"}, id="c1"),
         call("write_file", {"path": "a.txt", "content": "A2"}, id="c2"),
         call("read_file", {"path": "a.txt"}, id="c3"),
     ])
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+    fake.reply(call("complete_step", {"summary": "ok"}))
 
     assert run(h).outcome == "completed"
-    results = tool_messages(fake_openai.chat_requests[1].body)
+    results = tool_messages(fake.chat_requests[1].body)
     assert [m["tool_call_id"] for m in results] == ["c1", "c2", "c3"]
     assert results[0]["content"].startswith("created a.txt")
     assert results[1]["content"].startswith("replaced a.txt")
     assert results[2]["content"] == "A2"
 
 
-def test_malformed_arguments_get_a_correctable_error(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(call("write_file", '{"path": "a.txt", "content": '))  # torn JSON
-    fake_openai.reply(call("write_file", {"path": "a.txt", "contents": "x"}))  # misspelt, missing
-    fake_openai.reply(call("write_file", {"path": "a.txt", "content": "x"}))
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+def test_malformed_arguments_get_a_correctable_error(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(call("write_file", '{"path": "a.txt", "content": '))  # torn JSON
+    fake.reply(call("write_file", {"path": "a.txt", "contents": "x"}))  # misspelt, missing
+    fake.reply(call("write_file", {"path": "a.txt", "content": "x"}))
+    fake.reply(call("complete_step", {"summary": "ok"}))
 
     assert run(h).outcome == "completed"
-    reqs = fake_openai.chat_requests
+    reqs = fake.chat_requests
     torn = tool_messages(reqs[1].body)[-1]["content"]
     assert torn.startswith("error: the arguments of write_file are not valid JSON")
     assert "write_file(path: string, content: string)" in torn
@@ -114,36 +116,36 @@ def test_malformed_arguments_get_a_correctable_error(tmp_path: Path, fake_openai
 
 
 def test_turns_exhausted_without_complete_step_is_a_failed_attempt(tmp_path: Path,
-                                                                    fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai, llm={"max_turns_per_step": 3})
+                                                                    fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake, llm={"max_turns_per_step": 3})
     for _ in range(3):
-        fake_openai.reply(call("list_files", {}))
+        fake.reply(call("list_files", {}))
 
     result = run(h)
 
     assert result.outcome == "failed"
     assert result.error is not None and "3 turns used without complete_step" in result.error
-    assert len(fake_openai.chat_requests) == 3
+    assert len(fake.chat_requests) == 3
 
 
-def test_prose_claiming_completion_completes_nothing(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai, llm={"max_turns_per_step": 2})
-    fake_openai.reply("All steps COMPLETE!")
-    fake_openai.reply("I am done. COMPLETE.")
+def test_prose_claiming_completion_completes_nothing(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake, llm={"max_turns_per_step": 2})
+    fake.reply("All steps COMPLETE!")
+    fake.reply("I am done. COMPLETE.")
 
     result = run(h)
 
     assert result.outcome == "failed"
     assert result.error is not None and "without complete_step" in result.error
-    nudge = fake_openai.chat_requests[1].body["messages"][-1]
+    nudge = fake.chat_requests[1].body["messages"][-1]
     assert nudge == {"role": "user", "content": NUDGE}
     assert "tasks.md" in str(h.task_path) and "[ ] 1." in h.task_path.read_text()
 
 
-def test_other_step_outcomes(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(call("fail_step", {"error": "the API spec is missing"}))
-    fake_openai.reply(call("request_human", {"question": "Which database?"}))
+def test_other_step_outcomes(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(call("fail_step", {"error": "the API spec is missing"}))
+    fake.reply(call("request_human", {"question": "Which database?"}))
 
     failed = run(h)
     asked = run(h)
@@ -152,38 +154,38 @@ def test_other_step_outcomes(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     assert (asked.outcome, asked.question) == ("request_human", "Which database?")
 
 
-def test_calls_after_an_ending_call_are_not_run(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(tool_calls=[call("complete_step", {"summary": "done"}),
+def test_calls_after_an_ending_call_are_not_run(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(tool_calls=[call("complete_step", {"summary": "done"}),
                                   call("write_file", {"path": "late.txt", "content": "x"})])
     assert run(h).outcome == "completed"
     assert not (h.root / "late.txt").exists()
 
 
-def test_unknown_tool_and_disabled_run_command(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(tool_calls=[call("delete_everything", {}), call("run_command", {"command": "ls"})])
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+def test_unknown_tool_and_disabled_run_command(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(tool_calls=[call("delete_everything", {}), call("run_command", {"command": "ls"})])
+    fake.reply(call("complete_step", {"summary": "ok"}))
 
     assert run(h).outcome == "completed"
-    unknown, disabled = tool_messages(fake_openai.chat_requests[1].body)
+    unknown, disabled = tool_messages(fake.chat_requests[1].body)
     assert unknown["content"].startswith(
         "error: there is no tool 'delete_everything'; the tools are: read_file")
     assert "tools.shell.enabled is false" in disabled["content"]
 
 
-def test_add_steps_and_memory_tools(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai, approval={"agent_steps": False})  # proposals: tests/test_approval.py
-    fake_openai.reply(tool_calls=[
+def test_add_steps_and_memory_tools(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake, approval={"agent_steps": False})  # proposals: tests/test_approval.py
+    fake.reply(tool_calls=[
         call("add_steps", {"steps": ["1.1 Write the README"], "after": "1"}),
         call("memory_save", {"content": "the build uses make", "type": "fact", "importance": 0.9}),
         call("memory_recall", {"query": "build"}),
     ])
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+    fake.reply(call("complete_step", {"summary": "ok"}))
 
     assert run(h).outcome == "completed"
     assert "- [ ] 1.1 Write the README\n- [ ] 2. Write the notes" in h.task_path.read_text()
-    added, saved, recalled = tool_messages(fake_openai.chat_requests[1].body)
+    added, saved, recalled = tool_messages(fake.chat_requests[1].body)
     assert added["content"].startswith("added 1 unchecked step(s)")
     assert saved["content"].startswith("saved memory #1 (fact, source loop:t1)")
     assert "the build uses make" in recalled["content"]
@@ -206,9 +208,9 @@ class StopAtTool(Guard):
         return "stop_hook"
 
 
-def test_guard_stop_before_a_tool_interrupts(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(call("write_file", {"path": "x.txt", "content": "x"}))
+def test_guard_stop_before_a_tool_interrupts(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(call("write_file", {"path": "x.txt", "content": "x"}))
     guard = StopAtTool()
 
     result = run(h, guard=guard)
@@ -218,9 +220,9 @@ def test_guard_stop_before_a_tool_interrupts(tmp_path: Path, fake_openai: FakeOp
     assert not (h.root / "x.txt").exists()
 
 
-def test_sleep_interrupted_by_a_stop(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(call("sleep", {"seconds": 99999, "reason": "wait for CI"}))
+def test_sleep_interrupted_by_a_stop(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(call("sleep", {"seconds": 99999, "reason": "wait for CI"}))
     asked: list[float] = []
 
     async def stopped_sleep(seconds: float) -> str | None:
@@ -233,9 +235,9 @@ def test_sleep_interrupted_by_a_stop(tmp_path: Path, fake_openai: FakeOpenAI) ->
     assert asked and asked[0] <= 3600
 
 
-def test_cancel_during_a_slow_model_call(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(call("complete_step", {"summary": "late"}), delay=30)
+def test_cancel_during_a_slow_model_call(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(call("complete_step", {"summary": "late"}), delay=30)
 
     async def go() -> StepResult:
         ex = OpenAIExecutor(h.config, h.ws, h.task_id)
@@ -246,15 +248,13 @@ def test_cancel_during_a_slow_model_call(tmp_path: Path, fake_openai: FakeOpenAI
         finally:
             await ex.aclose()
 
-    started = time.monotonic()
     result = asyncio.run(go())
-    assert (result.outcome, result.stop_reason) == ("interrupted", "cancelled")
-    assert time.monotonic() - started < 20  # did not wait for the 30 s reply
+    assert (result.outcome, result.stop_reason) == ("interrupted", "cancelled")  # not the 30 s reply's "completed"
 
 
-def test_step_timeout_fails_the_attempt(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(call("complete_step", {"summary": "late"}), delay=30)
+def test_step_timeout_fails_the_attempt(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(call("complete_step", {"summary": "late"}), delay=30)
     result = run(h, timeout=0.5)
     assert result.outcome == "failed"
     assert result.error is not None and "ran out of time after 0.5 s" in result.error
@@ -263,33 +263,39 @@ def test_step_timeout_fails_the_attempt(tmp_path: Path, fake_openai: FakeOpenAI)
 # -- endpoint failures --------------------------------------------------------------------------
 
 
-def test_429_honours_retry_after_then_succeeds(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.error(429, "slow down", retry_after=1)
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+def test_429_honours_retry_after_then_succeeds(tmp_path: Path, fake: FakeOpenAI,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    h = harness(tmp_path, fake)
+    fake.error(429, "slow down", retry_after=1)
+    fake.reply(call("complete_step", {"summary": "ok"}))
+    waits: list[float] = []
+    sleep = anyio.sleep  # the openai client waits between tries with it
 
-    started = time.monotonic()
+    async def counted(seconds: float) -> None:
+        waits.append(seconds)
+        await sleep(seconds)
+
+    monkeypatch.setattr(anyio, "sleep", counted)
     result = run(h)
-    elapsed = time.monotonic() - started
 
     assert result.outcome == "completed"
-    assert len(fake_openai.chat_requests) == 2
-    assert fake_openai.chat_requests[1].headers["x-stainless-retry-count"] == "1"
-    assert elapsed >= 0.95  # Retry-After: 1 was waited out
+    assert len(fake.chat_requests) == 2
+    assert fake.chat_requests[1].headers["x-stainless-retry-count"] == "1"
+    assert waits == [1.0]  # Retry-After: 1 was waited out
     assert result.usage.api_calls == 1  # only the answered call counts
 
 
-def test_429_past_the_retries_is_a_failed_attempt(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai, llm={"max_retries": 1})
-    fake_openai.error(429, "slow down", retry_after_ms=10, times=2)
+def test_429_past_the_retries_is_a_failed_attempt(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake, llm={"max_retries": 1})
+    fake.error(429, "slow down", retry_after_ms=10, times=2)
     result = run(h)
     assert result.outcome == "failed"
     assert result.error is not None and "HTTP 429 after 1 retry;" in result.error
-    assert len(fake_openai.chat_requests) == 2
+    assert len(fake.chat_requests) == 2
 
 
 def test_retry_after_beyond_the_clients_limit_is_a_wait_through_the_guard(tmp_path: Path,
-                                                                         fake_openai: FakeOpenAI) -> None:
+                                                                         fake: FakeOpenAI) -> None:
     """The client gives up at once on a Retry-After it will not wait out; the executor asks the loop
     to sleep (a budget-style wait, issue 7 item 10) and tries again, without failing the attempt."""
     waits: list[tuple[str, float]] = []
@@ -299,38 +305,38 @@ def test_retry_after_beyond_the_clients_limit_is_a_wait_through_the_guard(tmp_pa
             waits.append((limit, seconds))
             return None  # the time has passed
 
-    h = harness(tmp_path, fake_openai)
-    fake_openai.error(429, "come back later", retry_after=600)
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+    h = harness(tmp_path, fake)
+    fake.error(429, "come back later", retry_after=600)
+    fake.reply(call("complete_step", {"summary": "ok"}))
     result = run(h, guard=Sleeper())
     assert result.outcome == "completed"
     assert waits == [("retry_after", 600.0)]
-    assert len(fake_openai.chat_requests) == 2
+    assert len(fake.chat_requests) == 2
 
 
-def test_a_run_of_500s_is_a_failed_attempt_naming_the_status(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.error(500, "upstream exploded", retry_after_ms=10, times=3)
+def test_a_run_of_500s_is_a_failed_attempt_naming_the_status(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.error(500, "upstream exploded", retry_after_ms=10, times=3)
 
     result = run(h)
 
     assert result.outcome == "failed"
     assert result.error is not None
     assert "HTTP 500" in result.error and "upstream exploded" in result.error
-    assert len(fake_openai.chat_requests) == 3  # the first try and max_retries=2
+    assert len(fake.chat_requests) == 3  # the first try and max_retries=2
 
 
-def test_request_timeout_is_a_failed_attempt(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai, llm={"request_timeout_seconds": 0.3, "max_retries": 0})
-    fake_openai.reply(call("complete_step", {"summary": "late"}), delay=30)
+def test_request_timeout_is_a_failed_attempt(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake, llm={"request_timeout_seconds": 0.3, "max_retries": 0})
+    fake.reply(call("complete_step", {"summary": "late"}), delay=30)
     result = run(h)
     assert result.outcome == "failed"
     assert result.error is not None and "timed out after 0.3 s" in result.error
 
 
-def test_unreachable_endpoint_is_a_failed_attempt(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    port = fake_openai.port
-    fake_openai.close()  # nothing listens there any more
+def test_unreachable_endpoint_is_a_failed_attempt(tmp_path: Path, fake: FakeOpenAI) -> None:
+    port = fake.port
+    fake.close()  # nothing listens there any more
     h = make_harness(tmp_path / "ws", llm={"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 0,
                                           "api_key_env": KEY_ENV})
     result = run(h)
@@ -338,30 +344,63 @@ def test_unreachable_endpoint_is_a_failed_attempt(tmp_path: Path, fake_openai: F
     assert result.error is not None and "could not connect to http://127.0.0.1" in result.error
 
 
-def test_401_is_an_executor_error_without_a_retry_flood(tmp_path: Path, fake_openai: FakeOpenAI,
+def _certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (openssl)."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_an_https_endpoint_is_verified_against_the_trusted_certificates(tmp_path: Path, ws: Workspace) -> None:
+    """TLS is verified: a certificate nobody vouches for is a failed connection naming the cause,
+    never a call made anyway; trusted through SSL_CERT_FILE (a `kiro` process started with it), the
+    same endpoint does the step."""
+    cert, key = _certificate(tmp_path)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    with FakeOpenAI(tls=server) as fake:
+        h = harness(tmp_path, fake, llm={"max_retries": 0})
+        result = run(h)
+        assert result.outcome == "failed" and result.error is not None
+        assert "could not connect to https://127.0.0.1" in result.error and "CERTIFICATE_VERIFY_FAILED" in result.error
+        assert fake.chat_requests == []
+
+        ws.task("- [ ] 1. Write a\n")
+        openai_config(ws, fake)
+        fake.reply(call("complete_step", {"summary": "done over TLS"}))
+        r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "tls",
+                    env=ws.env(SSL_CERT_FILE=str(cert)))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len(fake.chat_requests) == 1
+
+
+def test_401_is_an_executor_error_without_a_retry_flood(tmp_path: Path, fake: FakeOpenAI,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEY_ENV, "sk-wrong-key-0123456789")
-    h = harness(tmp_path, fake_openai)
-    fake_openai.error(401, "Incorrect API key provided", times=5)
+    h = harness(tmp_path, fake)
+    fake.error(401, "Incorrect API key provided", times=5)
 
     with pytest.raises(ExecutorError) as err:
         run(h)
 
     assert "HTTP 401" in str(err.value) and KEY_ENV in str(err.value)
     assert "sk-wrong-key" not in str(err.value)
-    assert len(fake_openai.chat_requests) <= 3
+    assert len(fake.chat_requests) <= 3
 
 
 @pytest.mark.parametrize("status", [403, 404])
-def test_403_and_404_name_the_model(tmp_path: Path, fake_openai: FakeOpenAI, status: int) -> None:
-    h = harness(tmp_path, fake_openai, llm={"model": "gpt-nonexistent"})
-    fake_openai.error(status, "The model `gpt-nonexistent` does not exist", code="model_not_found", times=5)
+def test_403_and_404_name_the_model(tmp_path: Path, fake: FakeOpenAI, status: int) -> None:
+    h = harness(tmp_path, fake, llm={"model": "gpt-nonexistent"})
+    fake.error(status, "The model `gpt-nonexistent` does not exist", code="model_not_found", times=5)
 
     with pytest.raises(ExecutorError) as err:
         run(h)
 
     assert "'gpt-nonexistent'" in str(err.value) and "llm.model" in str(err.value)
-    assert len(fake_openai.chat_requests) == 1
+    assert len(fake.chat_requests) == 1
 
 
 def test_unknown_model_against_a_server_that_checks(tmp_path: Path) -> None:
@@ -383,13 +422,13 @@ def test_missing_key_for_the_openai_api_is_a_clear_error(tmp_path: Path,
         OpenAIExecutor(h.config, h.ws, "t1")
 
 
-def test_missing_key_for_a_local_endpoint_uses_a_dummy(tmp_path: Path, fake_openai: FakeOpenAI,
+def test_missing_key_for_a_local_endpoint_uses_a_dummy(tmp_path: Path, fake: FakeOpenAI,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(KEY_ENV, raising=False)
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+    h = harness(tmp_path, fake)
+    fake.reply(call("complete_step", {"summary": "ok"}))
     assert run(h).outcome == "completed"
-    assert fake_openai.chat_requests[0].headers["authorization"] == "Bearer not-needed"
+    assert fake.chat_requests[0].headers["authorization"] == "Bearer not-needed"
 
 
 def test_canary_key_is_never_written_nor_sent_in_a_body(tmp_path: Path,
@@ -422,30 +461,30 @@ def test_canary_key_is_never_written_nor_sent_in_a_body(tmp_path: Path,
     assert (h.root / "leak.txt").read_text() == "KEY=[REDACTED]\n"
 
 
-def test_a_secret_read_from_a_file_does_not_reach_the_model(tmp_path: Path, fake_openai: FakeOpenAI,
+def test_a_secret_read_from_a_file_does_not_reach_the_model(tmp_path: Path, fake: FakeOpenAI,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     canary = "sk-canary-dotenv-93b1c7e2"
     monkeypatch.setenv(KEY_ENV, canary)
-    h = harness(tmp_path, fake_openai)
+    h = harness(tmp_path, fake)
     (h.root / ".env").write_text(f"OPENAI_API_KEY={canary}\n")
-    fake_openai.reply(call("read_file", {"path": ".env"}))
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+    fake.reply(call("read_file", {"path": ".env"}))
+    fake.reply(call("complete_step", {"summary": "ok"}))
 
     assert run(h).outcome == "completed"
-    assert tool_messages(fake_openai.chat_requests[1].body)[0]["content"] == "OPENAI_API_KEY=[REDACTED]\n"
-    assert canary.encode() not in fake_openai.all_bodies()
+    assert tool_messages(fake.chat_requests[1].body)[0]["content"] == "OPENAI_API_KEY=[REDACTED]\n"
+    assert canary.encode() not in fake.all_bodies()
     assert canary not in h.ws.transcript_file("t1").read_text()
 
 
 # -- usage and the context budget ---------------------------------------------------------------
 
 
-def test_usage_is_the_sum_of_every_response(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai, llm={"model": "priced", "prices": {
+def test_usage_is_the_sum_of_every_response(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake, llm={"model": "priced", "prices": {
         "priced": {"input_per_1m": 2.0, "output_per_1m": 10.0}}})
-    fake_openai.reply(call("list_files", {}), usage=usage(1000, 100))
-    fake_openai.reply("thinking out loud", usage=usage(1500, 250))
-    fake_openai.reply(call("complete_step", {"summary": "ok"}), usage=usage(2000, 50, total=2051))
+    fake.reply(call("list_files", {}), usage=usage(1000, 100))
+    fake.reply("thinking out loud", usage=usage(1500, 250))
+    fake.reply(call("complete_step", {"summary": "ok"}), usage=usage(2000, 50, total=2051))
 
     result = run(h)
 
@@ -455,19 +494,19 @@ def test_usage_is_the_sum_of_every_response(tmp_path: Path, fake_openai: FakeOpe
 
 
 def test_long_conversation_wraps_up_and_restarts_with_the_mission(tmp_path: Path,
-                                                                  fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai, llm={"context_window_tokens": 1000, "wrap_up_threshold": 0.8})
-    fake_openai.reply(call("write_file", {"path": "notes.txt", "content": "part 1"}), usage=usage(500, 20))
-    fake_openai.reply(call("read_file", {"path": "notes.txt"}), usage=usage(790, 20))  # 810 >= 800
-    fake_openai.reply(call("memory_save", {"content": "notes.txt holds part 1", "type": "finding"}),
+                                                                  fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake, llm={"context_window_tokens": 1000, "wrap_up_threshold": 0.8})
+    fake.reply(call("write_file", {"path": "notes.txt", "content": "part 1"}), usage=usage(500, 20))
+    fake.reply(call("read_file", {"path": "notes.txt"}), usage=usage(790, 20))  # 810 >= 800
+    fake.reply(call("memory_save", {"content": "notes.txt holds part 1", "type": "finding"}),
                       usage=usage(900, 20))
-    fake_openai.reply("Progress: notes.txt has part 1; next: write part 2.", usage=usage(950, 30))
-    fake_openai.reply(call("complete_step", {"summary": "notes written"}), usage=usage(300, 10))
+    fake.reply("Progress: notes.txt has part 1; next: write part 2.", usage=usage(950, 30))
+    fake.reply(call("complete_step", {"summary": "notes written"}), usage=usage(300, 10))
 
     result = run(h)
 
     assert result.outcome == "completed"
-    reqs = [r.body for r in fake_openai.chat_requests]
+    reqs = [r.body for r in fake.chat_requests]
     assert len(reqs) == 5
     assert "Context limit approaching" in reqs[2]["messages"][-1]["content"]
     assert not any("Context limit" in str(m.get("content")) for m in reqs[1]["messages"])
@@ -485,35 +524,35 @@ def test_long_conversation_wraps_up_and_restarts_with_the_mission(tmp_path: Path
 
 
 def test_wrap_up_without_a_summary_text_uses_the_saved_memory(tmp_path: Path,
-                                                               fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai, llm={"context_window_tokens": 1000, "wrap_up_threshold": 0.5})
-    fake_openai.reply(call("list_files", {}), usage=usage(600, 10))
+                                                               fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake, llm={"context_window_tokens": 1000, "wrap_up_threshold": 0.5})
+    fake.reply(call("list_files", {}), usage=usage(600, 10))
     for i in range(3):  # the model only saves, never writes the summary text
-        fake_openai.reply(call("memory_save", {"content": f"finding {i}"}), usage=usage(700, 10))
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+        fake.reply(call("memory_save", {"content": f"finding {i}"}), usage=usage(700, 10))
+    fake.reply(call("complete_step", {"summary": "ok"}))
 
     assert run(h).outcome == "completed"
-    fresh = fake_openai.chat_requests[4].body["messages"]
+    fresh = fake.chat_requests[4].body["messages"]
     assert len(fresh) == 2 and "finding 0" in fresh[1]["content"] and "finding 2" in fresh[1]["content"]
 
 
-def test_usage_less_endpoint_falls_back_to_an_estimate(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai, llm={"context_window_tokens": 3000, "wrap_up_threshold": 0.8})
+def test_usage_less_endpoint_falls_back_to_an_estimate(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake, llm={"context_window_tokens": 3000, "wrap_up_threshold": 0.8})
     big = "x" * 12_000  # ~3000 tokens once read back
     (h.root / "big.txt").write_text(big)
-    fake_openai.reply(call("read_file", {"path": "big.txt"}), usage=usage(0, 0))
-    fake_openai.reply("Summary: read big.txt", usage=usage(0, 0))
-    fake_openai.reply(call("complete_step", {"summary": "ok"}), usage=usage(0, 0))
+    fake.reply(call("read_file", {"path": "big.txt"}), usage=usage(0, 0))
+    fake.reply("Summary: read big.txt", usage=usage(0, 0))
+    fake.reply(call("complete_step", {"summary": "ok"}), usage=usage(0, 0))
 
     assert run(h).outcome == "completed"
-    assert "Context limit approaching" in fake_openai.chat_requests[1].body["messages"][-1]["content"]
-    assert len(fake_openai.chat_requests[2].body["messages"]) == 2
+    assert "Context limit approaching" in fake.chat_requests[1].body["messages"][-1]["content"]
+    assert len(fake.chat_requests[2].body["messages"]) == 2
 
 
-def test_each_loop_has_its_own_transcript(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.reply(call("complete_step", {"summary": "one"}))
-    fake_openai.reply(call("complete_step", {"summary": "two"}))
+def test_each_loop_has_its_own_transcript(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.reply(call("complete_step", {"summary": "one"}))
+    fake.reply(call("complete_step", {"summary": "two"}))
     run(h)
     h.task_id = "t2"
     run(h)
@@ -524,17 +563,17 @@ def test_each_loop_has_its_own_transcript(tmp_path: Path, fake_openai: FakeOpenA
 
 
 def test_a_secret_in_the_steps_title_reaches_no_memory_of_a_context_restart(
-        tmp_path: Path, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
     """The summary a context restart saves as a memory names the step: its title (the person's text,
     with the API key pasted in) is cut like the summary itself."""
     secret = "sk-pasted-" + "7" * 32
     monkeypatch.setenv(KEY_ENV, secret)
     h = make_harness(tmp_path / "ws", task_text=f"---\ntitle: Demo\n---\n- [ ] 1. Call the API with {secret}\n",
-                     llm={"base_url": fake_openai.base_url, "api_key_env": KEY_ENV, "max_retries": 2,
+                     llm={"base_url": fake.base_url, "api_key_env": KEY_ENV, "max_retries": 2,
                           "request_timeout_seconds": 10, "context_window_tokens": 1000, "wrap_up_threshold": 0.8})
-    fake_openai.reply(call("list_files", {}), usage=usage(850, 20))
-    fake_openai.reply("Progress: looked around.", usage=usage(900, 20))
-    fake_openai.reply(call("complete_step", {"summary": "done"}), usage=usage(300, 10))
+    fake.reply(call("list_files", {}), usage=usage(850, 20))
+    fake.reply("Progress: looked around.", usage=usage(900, 20))
+    fake.reply(call("complete_step", {"summary": "done"}), usage=usage(300, 10))
 
     assert run(h).outcome == "completed"
     [memory] = MemoryStore(h.ws.memory_db()).recent(source="loop:t1", type="summary")

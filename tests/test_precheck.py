@@ -7,30 +7,19 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.conftest import Workspace
+from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, call
 
 TASK = "---\ntitle: Nightly fixes\n---\n- [ ] 1. Fix the flaky build\n- [ ] 2. Write the notes\n"
 FULL, CHEAP = "full-model", "cheap-model"
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-def _config(ws: Workspace, fake: FakeOpenAI, extra: str = "") -> None:
-    ws.write("config/autonomous_loop.yaml",
-             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: {FULL}\n  max_retries: 0\n"
-             f"  precheck_model: {CHEAP}\n  precheck: every_iteration\n  precheck_sleep_seconds: 600\n{extra}"
-             f"autonomous_loop:\n  backoff_base_seconds: 0.01\n")
+def _config(ws: Workspace, fake: FakeOpenAI) -> None:
+    openai_config(ws, fake, model=FULL, llm=f"  precheck_model: {CHEAP}\n  precheck: every_iteration\n"
+                                            f"  precheck_sleep_seconds: 600\n")
 
 
 def _models(fake: FakeOpenAI) -> list[str]:
@@ -203,9 +192,7 @@ class ScheduledAgent:
 def test_a_scheduled_run_is_skipped_when_nothing_changed_until_a_message_arrives(ws: Workspace,
                                                                                  fake: FakeOpenAI) -> None:
     ws.task(SCHEDULED, "Specs/nightly/tasks.md")
-    ws.write("config/autonomous_loop.yaml",
-             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: {FULL}\n  max_retries: 0\n"
-             f"  precheck_model: {CHEAP}\nautonomous_loop:\n  backoff_base_seconds: 0.01\n")
+    openai_config(ws, fake, model=FULL, llm=f"  precheck_model: {CHEAP}\n")
     fake.responder = ScheduledAgent(ws, done_after=2)
     proc = ws.spawn("loop", "start", "--task", "Specs/nightly/tasks.md", "--task-id", "nightly")
     try:

@@ -6,30 +6,18 @@ the retries that really happened."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import Workspace
+from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, call
-from tests.fake_openai import fake_openai_fixture as fake_openai_fixture  # the `fake_openai` fixture
 from tests.test_openai_executor import harness, run
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 def test_an_hour_long_retry_after_is_a_wait_a_hook_ends_and_resume_just_works(ws: Workspace,
                                                                               fake: FakeOpenAI) -> None:
     ws.task("- [ ] 1. Write a\n- [ ] 2. Write b\n")
-    ws.write("config/autonomous_loop.yaml",
-             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 2\n"
-             f"autonomous_loop:\n  backoff_base_seconds: 0.01\n")
+    openai_config(ws, fake, max_retries=2)
     fake.error(429, "come back in an hour", retry_after=3600)
     fake.reply(call("complete_step", {"summary": "a"}))
     fake.reply(call("complete_step", {"summary": "b"}))
@@ -58,21 +46,21 @@ def test_an_hour_long_retry_after_is_a_wait_a_hook_ends_and_resume_just_works(ws
 
 
 def test_a_retry_after_the_client_honours_itself_is_still_retried_by_it(tmp_path: Path,
-                                                                        fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.error(429, "slow down", retry_after=1)
-    fake_openai.reply(call("complete_step", {"summary": "ok"}))
+                                                                        fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.error(429, "slow down", retry_after=1)
+    fake.reply(call("complete_step", {"summary": "ok"}))
     assert run(h).outcome == "completed"
-    assert len(fake_openai.chat_requests) == 2
+    assert len(fake.chat_requests) == 2
 
 
-def test_the_error_counts_the_retries_that_happened(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
-    h = harness(tmp_path, fake_openai)
-    fake_openai.error(429, "no", headers={"x-should-retry": "false"})  # the server forbids retrying
+def test_the_error_counts_the_retries_that_happened(tmp_path: Path, fake: FakeOpenAI) -> None:
+    h = harness(tmp_path, fake)
+    fake.error(429, "no", headers={"x-should-retry": "false"})  # the server forbids retrying
     result = run(h)
     assert result.error is not None and "HTTP 429 after 0 retries" in result.error
-    assert len(fake_openai.chat_requests) == 1
-    fake_openai.error(500, "boom", retry_after_ms=5, times=3)
+    assert len(fake.chat_requests) == 1
+    fake.error(500, "boom", retry_after_ms=5, times=3)
     result = run(h)
     assert result.error is not None and "HTTP 500" in result.error and "after 2 retries" in result.error
 

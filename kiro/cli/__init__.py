@@ -7,6 +7,7 @@ so real bugs surface.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -15,9 +16,6 @@ from typing import Any, TypeVar
 import typer
 
 from kiro import __version__, output
-from kiro.launch import exit_code_for
-from kiro.launch import exit_now as _exit_now
-from kiro.launch import succeeded as _succeeded
 
 _app = typer.Typer(
     name="kiro",
@@ -33,30 +31,60 @@ _app = typer.Typer(
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def exit_code_for(exc: Exception) -> int | None:
+    """A command's exception as its exit code, after saying what went wrong: a `KiroError` is one line
+    on stderr and its own code; anything else is an "internal error" line and exit 1. None: re-raise it
+    (KIRO_DEBUG, or an unexpected error under KIRO_RAISE_ERRORS, so that a bug fails its test)."""
+    from kiro import console
+    from kiro.errors import KiroError, raise_errors
+
+    if output.stdout_full(exc):  # `> /dev/full`: bad input, not a bug
+        assert isinstance(exc, OSError)
+        return output.stdout_failed(exc)
+    if isinstance(exc, KiroError):
+        if os.environ.get("KIRO_DEBUG"):
+            return None
+        if exc.exit_code == 0:
+            console.line(str(exc))
+        else:
+            console.error(str(exc))
+        return exc.exit_code
+    if raise_errors():
+        return None
+    console.error(f"internal error: {type(exc).__name__}: {exc} (run with KIRO_DEBUG=1 for the traceback, "
+                  f"and please report it)")
+    return 1
+
+
 def guarded(fn: F) -> F:
-    """Turn kiro's errors into one line on stderr and the error's exit code."""
+    """Turn kiro's errors into one line on stderr and the error's exit code (`exit_code_for`)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            result = fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         except BrokenPipeError:
             output.closed_pipe()  # `kiro loop logs --json | head -1`: for every command, here
-        except typer.Exit as exc:
-            if exc.exit_code == 0:
-                _succeeded()
-            raise
-        except typer.Abort:
+        except (typer.Exit, typer.Abort):
             raise
         except Exception as exc:
             code = exit_code_for(exc)
             if code is None:
                 raise
             raise typer.Exit(code) from None
-        _succeeded()
-        return result
 
     return wrapper  # type: ignore[return-value]
+
+
+def _exit_now(code: object) -> None:
+    """The temporal backend's SDK keeps native threads that may call into Python while the interpreter shuts
+    down (a fatal error, exit -6, at random): a command that used it ends here, its output flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
 def _version(value: bool) -> None:
@@ -110,6 +138,8 @@ def __getattr__(name: str) -> Any:
         _register_for([])
         return _app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _registered = False
 
 
@@ -122,6 +152,7 @@ def _register_for(argv: list[str]) -> None:
 
 
 def main() -> None:
+    """`kiro` (the script) and `python -m kiro`."""
     _register_for(sys.argv[1:])
     try:
         _app()

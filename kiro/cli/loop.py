@@ -281,7 +281,7 @@ def logs(
     import json
 
     from kiro import console, views
-    from kiro.events import read_events, read_new
+    from kiro.events import read_events, read_last, read_new
 
     if tail is not None and tail < 0:
         from kiro.errors import UserError
@@ -297,19 +297,16 @@ def logs(
 
         raise TaskNotFound(f"no loop with task id {tid!r} (no {store.ws.relative(path)})")
 
+    printer = console.EventPrinter(verbose=True)
+
     def show(e: dict[str, Any]) -> None:
         if json_out:
             sys.stdout.write(json.dumps(e, ensure_ascii=False) + "\n")
         else:
-            text = console.format_event(e)
-            if text is not None:
-                console.out.print(text)
+            printer.show(e)
 
     if not follow:
-        events = list(read_events(path))
-        if tail is not None:
-            events = events[-tail:] if tail else []
-        for e in events:
+        for e in read_events(path) if tail is None else read_last(path, tail):
             show(e)
         return
     # Follow from the end of the last complete line read, not from the file's size taken afterwards:

@@ -26,7 +26,7 @@ from kiro.errors import ExecutorError, KiroError
 from kiro.executors import agents
 from kiro.executors.agents import Failure, Invocation, clean
 from kiro.executors.base import ExecutorBase, StepContext, StepResult, StepUsage
-from kiro.executors.control import ControlSnapshot
+from kiro.executors.control import UNCHECKED_NAMED, ControlSnapshot
 from kiro.executors.process import ProcessResult, run_process
 from kiro.executors.shell import step_env
 from kiro.fsutil import atomic_write
@@ -119,7 +119,7 @@ class CommandExecutor(ExecutorBase):
         failure = watch.failure if result.aborted else None
         if not (result.cancelled or result.timed_out or result.idle_timed_out or result.aborted):
             failure = self.preset.classify_failure(result.returncode, result.output, result.stderr)
-        log = self._write_log(ctx, argv, result, failure, touched, time.monotonic() - started)
+        log = self._write_log(ctx, argv, result, failure, touched, snapshot.unchecked, time.monotonic() - started)
         summary = ctx.redact.text(self.preset.summary(result.output, result.stderr, text))
         outcome = self._outcome(ctx, result, failure, touched, summary, log)
         outcome.usage = usage
@@ -174,7 +174,7 @@ class CommandExecutor(ExecutorBase):
         )
 
     def _write_log(self, ctx: StepContext, argv: list[str], result: ProcessResult, failure: Failure | None,
-                   touched: list[str], seconds: float) -> Path:
+                   touched: list[str], unchecked: list[str], seconds: float) -> Path:
         path = self.log_path(ctx)
         how = ("cancelled" if result.cancelled else "idle timeout" if result.idle_timed_out
                else "timed out" if result.timed_out else f"exit {result.returncode}")
@@ -188,6 +188,11 @@ class CommandExecutor(ExecutorBase):
         if failure is not None:
             lines.append(f"# failure: {failure.kind}: {failure.line}")
         lines += [f"# touched: {t}" for t in touched]
+        if unchecked:  # a warning only: other loops write these while the agent runs (kiro.executors.control)
+            named = ", ".join(unchecked[:UNCHECKED_NAMED]) + (", ..." if len(unchecked) > UNCHECKED_NAMED else "")
+            lines.append(f"# unchecked: {len(unchecked)} of kiro's files of other loops (or shared) changed during the "
+                         f"attempt; without a sandbox kiro cannot tell their writes from the agent's, so it left "
+                         f"them as they are: {named}")
         body = "\n".join(lines) + "\n\n## stdout\n" + result.output + "\n\n## stderr\n" + result.stderr + "\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, ctx.redact.text(clean_log(body)), fsync=False)

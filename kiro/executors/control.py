@@ -5,22 +5,38 @@ attempt, put back, and named.
 Before the attempt: every file's size and mtime (and its bytes, within a budget) in the three
 folders, and the task file's bytes. After: a file whose size or mtime moved, or that appeared or
 went, was touched. Put back: the old bytes (or the file removed again); a file too big to have been
-kept is named as touched but not restored. Exceptions, because kiro or a person writes them while
-an agent runs: lock files, the files of other loops that
-are running now (their own lock is held), what `kiro serve` and `kiro loop watch` keep there (see
-STATE_KIRO_*), what this loop's own state journal wrote meanwhile (kiro.journal.own_write),
-and stop hooks created or deleted in `.hooks/` (a stop or a `kiro loop resume` of
-another loop, which a person may do while this agent runs; whoever asks for a stop gets it).
+kept is named as touched but not restored.
+
+Checked: this loop's own files in `.state/` (its state, journal, summary, archive, backups,
+transcript, precheck record), `config/`, `.hooks/`, the task file, and any file in `.state/` whose
+name kiro never writes. Except what this loop's own state journal wrote meanwhile
+(kiro.journal.own_write), and stop hooks created or deleted in `.hooks/` (a stop or a `kiro loop
+resume` of another loop, which a person may do while this agent runs; whoever asks for a stop gets it).
+
+Not checked, and never put back or removed: kiro's files of other loops and those all loops share
+(`.starts`, the start lock, disk reserves, the history and memory databases, what `kiro serve` and
+`kiro loop watch` keep; see `ControlSnapshot.owner`). Other loops, in this process or another, write
+them while this agent runs: a loop starting (`.starts`), saving, finishing (its archive appears and
+its state file goes), or killed and resumed. Nothing on disk tells those writes from the agent's,
+and "restoring" them deleted a finished loop's archive and failed this agent's good attempt. Only a
+sandbox that keeps the agent out of `.state/` can protect them; without one, what changed there is
+listed in the attempt log (`unchecked`), as a warning, and left as it is. Logs/ and Dashboard.md are
+not watched at all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
-from kiro import journal, locks, state
+from kiro import journal, state
+from kiro.diskfull import RESERVE_PREFIX
 from kiro.ownwrites import TEMP_SUFFIX
 from kiro.workspace import Workspace
 
@@ -30,10 +46,17 @@ KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control 
 # (live SQLite), the history index, step-proposal markers, the server token, the watcher's pid file. Not watched.
 STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox", "proposals"})
 STATE_KIRO_FILES = ("events.idx", "memory.db", "kiro.db", "serve.token", "watch.pid")
-# Caches a read command writes in .state/ (`kiro loop status` run by a person, or by the agent, during a step):
-# one that changed during the step is deleted, not restored and not counted against the agent (the next read
-# command makes it again; what an agent may have written there is never trusted).
-STATE_CACHES = frozenset({"read_path.json", "status_index"})
+# kiro's other files in .state/ that no loop owns: the start counter, the start lock, the watcher's lock, the
+# workspace's id and worker lock (temporal backend); disk reserves (RESERVE_PREFIX) and temp files go by prefix
+STATE_SHARED_FILES = frozenset({".starts", ".start.lock", "watch.lock", "workspace_id", "temporal_worker.lock"})
+# kiro's folders in .state/ that hold one file per loop, named by task id (`<task_id><suffix>`)
+STATE_LOOP_DIRS = {"transcripts": ".jsonl", "precheck": ".json"}
+LOOP_PREFIX = "autonomous_loop_"
+LOOP_SUFFIXES = (".json", journal.JOURNAL_SUFFIX, journal.SUMMARY_SUFFIX, ".lock")
+# a backup's name after its task id: `.<%Y%m%dT%H%M%S%f>.i<iteration>.json` (kiro.state), and its journal
+BACKUP_TAIL = re.compile(r"\.\d{8}T\d{12}\.i\d+\.json(?:" + re.escape(journal.JOURNAL_SUFFIX) + ")?")
+UNCHECKED_NAMED = 6  # of the other loops' files that changed during an attempt, named in its log
+Owner = Literal["loop", "kiro"]  # this loop's file in .state/; kiro's file of another loop, or shared
 
 
 @dataclass
@@ -50,15 +73,17 @@ class ControlSnapshot:
     task_path: Path
     files: dict[str, _Entry] = field(default_factory=dict)
     task_bytes: bytes | None = None
+    unchecked: list[str] = field(default_factory=list)
+    """After `restore`: kiro's files of other loops, or shared, that changed during the attempt (not
+    checked, left as they are: see the module's doc), for the attempt log."""
 
     @classmethod
     def take(cls, ws: Workspace, task_id: str, task_path: Path) -> ControlSnapshot:
         snap = cls(ws, task_id, task_path)
         budget = KEEP_BYTES
-        state_dir = str(ws.state_dir)
         for path, (size, mtime_ns) in snap._walk().items():
             data = None
-            if size <= budget and not snap._is_cache(path, state_dir):
+            if size <= budget and snap.owner(path) != "kiro":
                 try:
                     with open(path, "rb") as fh:
                         data = fh.read()
@@ -68,8 +93,9 @@ class ControlSnapshot:
             snap.files[path] = _Entry(size, mtime_ns, data)
         with contextlib.suppress(OSError):
             snap.task_bytes = task_path.read_bytes()
-        # changes from before this attempt are not the agent's (this loop's own files too, present or not)
-        journal.take_overwritten(snap.files.keys() | snap._own_files())
+        # changes from before this attempt are not the agent's (this loop's own files too, present or not);
+        # other loops' notes are theirs to take (one process runs many loops under `kiro loop watch`)
+        journal.take_overwritten(snap._mine(snap.files.keys()) | snap._own_files())
         return snap
 
     def _walk(self) -> dict[str, tuple[int, int]]:
@@ -108,24 +134,40 @@ class ControlSnapshot:
         return (name.endswith((".lock", ".kiro-restore", TEMP_SUFFIX))
                 or (folder == state_dir and name.startswith(STATE_KIRO_FILES)))
 
-    @staticmethod
-    def _is_cache(path: str, state_dir: str) -> bool:
-        folder, _, name = path.rpartition("/")
-        return folder == state_dir and name in STATE_CACHES
+    def owner(self, path: str) -> Owner | None:
+        """Whose file `path` is, by its name: "loop", this loop's own file in `.state/` (checked: the
+        agent must not touch it); "kiro", kiro's file of another loop or one every loop shares (not
+        checked: see the module's doc); None, a file kiro never writes (`config/`, `.hooks/`, a
+        stray file in `.state/`: checked)."""
+        state_dir = str(self.ws.state_dir) + os.sep
+        if not path.startswith(state_dir):
+            return None
+        folder, _, name = path[len(state_dir):].rpartition(os.sep)
+        tid = self.task_id
+        if folder in ("", "archive"):
+            if name.startswith(LOOP_PREFIX):
+                return "loop" if name in self._loop_names else "kiro"
+            if folder == "archive":
+                return None
+            shared = (name in STATE_SHARED_FILES or name.startswith(RESERVE_PREFIX)
+                      or name.startswith(STATE_KIRO_FILES) or (name.startswith(".") and name.endswith(".tmp")))
+            return "kiro" if shared else None
+        if folder == "backups" and name.startswith(LOOP_PREFIX):
+            head = LOOP_PREFIX + tid
+            mine = name.startswith(head) and BACKUP_TAIL.fullmatch(name, len(head)) is not None
+            return "loop" if mine else "kiro"
+        suffix = STATE_LOOP_DIRS.get(folder)
+        if suffix is not None and name.endswith(suffix):
+            return "loop" if name == tid + suffix else "kiro"
+        return None
 
-    def _live_others(self) -> list[str]:
-        """The task ids of the other loops running now (their lock is held)."""
-        found = []
-        for lock in self.ws.state_dir.glob("autonomous_loop_*.lock"):
-            tid = lock.name[len("autonomous_loop_"):-len(".lock")]
-            if tid != self.task_id and locks.is_held(lock):
-                found.append(tid)
-        return found
+    @cached_property
+    def _loop_names(self) -> frozenset[str]:
+        """The names of this loop's state, journal, summary and lock (in `.state/` and `.state/archive/`)."""
+        return frozenset(f"{LOOP_PREFIX}{self.task_id}{suffix}" for suffix in LOOP_SUFFIXES)
 
-    def _belongs_to(self, path: Path, tids: list[str]) -> bool:
-        """A file of one of the loops `tids` (its state, backups, archive, transcript)."""
-        name = path.name
-        return any(name.startswith(f"autonomous_loop_{tid}.") or name == f"{tid}.jsonl" for tid in tids)
+    def _mine(self, paths: Iterable[str]) -> set[str]:
+        return {p for p in paths if self.owner(p) == "loop"}
 
     def _is_stop_hook(self, path: Path) -> bool:
         return path in (self.ws.hook_file(self.task_id), self.ws.global_hook_file) or (
@@ -134,7 +176,8 @@ class ControlSnapshot:
     def restore(self, step_line: int, step_box: int) -> list[str]:
         """Put back what the agent changed; return what it touched, one phrase each. `step_line`
         (0-based) and `step_box` (the box's offset in the file) name the one change allowed in the
-        task file: the current step's box."""
+        task file: the current step's box. What changed among the files not checked is in
+        `unchecked` afterwards."""
         live = state.live_journal(self.task_id)
         own = self._own_files() if live is not None else set()
         with journal.task_lock(self.task_id):  # no snapshot of this loop's state is half made meanwhile
@@ -156,10 +199,10 @@ class ControlSnapshot:
 
     def _restore(self, step_line: int, step_box: int, own: set[str]) -> tuple[list[str], bool]:
         touched: list[str] = []
+        unchecked: list[str] = []
         rewrite = False
         now = self._walk()
-        written_over = journal.take_overwritten(now.keys() | self.files.keys())
-        others: list[str] | None = None
+        written_over = journal.take_overwritten(self._mine(now.keys() | self.files.keys()))
         for name in sorted(now.keys() | self.files.keys()):
             old = self.files.get(name)
             stat = now.get(name)
@@ -169,28 +212,27 @@ class ControlSnapshot:
             if old is not None and stat == (old.size, old.mtime_ns):
                 continue
             if journal.own_write(name, stat):
-                continue  # kiro's own: this loop's state snapshot, journal, summary or backup (kiro.journal)
+                continue  # kiro's own: a state snapshot, journal, summary or backup this process wrote (kiro.journal)
             if name in own:
                 verb = "created" if old is None else "deleted" if stat is None else "changed"
                 touched.append(f"{self.ws.relative(Path(name))} ({verb}; restored)")
                 rewrite = True
                 continue
-            if self._is_cache(name, str(self.ws.state_dir)):
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
-                continue
             path = Path(name)
             rel = self.ws.relative(path)
-            if others is None:
-                others = self._live_others()
+            if self.owner(name) == "kiro":
+                # another loop's (starting, saving, archiving, resumed after a kill, in any process) or
+                # shared: never blamed, never put back or removed (the module's doc says why)
+                unchecked.append(rel)
+                continue
             if old is None:
-                if self._is_stop_hook(path) or self._belongs_to(path, others):
+                if self._is_stop_hook(path):
                     continue
                 with contextlib.suppress(OSError):
                     path.unlink()
                 touched.append(f"{rel} (created; removed)")
                 continue
-            if self._belongs_to(path, others) or (stat is None and self._is_stop_hook(path)):
+            if stat is None and self._is_stop_hook(path):
                 continue  # a deleted stop hook is a resume: `kiro loop resume` of another loop
             if stat is not None and old.data is not None:
                 with contextlib.suppress(OSError):
@@ -205,6 +247,7 @@ class ControlSnapshot:
                 touched.append(f"{rel} ({verb}; restored)")
             except OSError as exc:
                 touched.append(f"{rel} ({verb}; could not restore: {exc.strerror or exc})")
+        self.unchecked = unchecked
         return touched, rewrite
 
     def _restore_task(self, step_line: int, step_box: int) -> list[str]:

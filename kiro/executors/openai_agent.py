@@ -47,7 +47,6 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnio
 from kiro import prompts
 from kiro.errors import ExecutorError, contained
 from kiro.events import ContextWrapped, Event, ModelCalled, ToolCalled
-from kiro.executors import chat_http
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.memory import MemoryStore
 from kiro.redact import Redactor
@@ -111,6 +110,8 @@ Completion = dict[str, Any]
 
 
 def _completion(data: Any) -> Completion:
+    """The reply's JSON as a chat completion; ValueError when it is no JSON object (for a reply
+    that is not JSON the openai client hands back its text)."""
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, got {type(data).__name__}")
     return data
@@ -123,7 +124,7 @@ def _first_choice(response: Completion) -> dict[str, Any] | None:
     return None
 
 
-def _message(response: Completion) -> dict[str, Any]:
+def message_of(response: Completion) -> dict[str, Any]:
     choice = _first_choice(response)
     message = choice.get("message") if choice is not None else None
     return message if isinstance(message, dict) else {}
@@ -137,7 +138,7 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _usage(response: Completion) -> tuple[int, int, int] | None:
+def usage_of(response: Completion) -> tuple[int, int, int] | None:
     """(prompt, completion, total) tokens, or None when the reply has no usage."""
     u = response.get("usage")
     if not isinstance(u, dict):
@@ -145,55 +146,85 @@ def _usage(response: Completion) -> tuple[int, int, int] | None:
     return _int(u.get("prompt_tokens")), _int(u.get("completion_tokens")), _int(u.get("total_tokens"))
 
 
-# Loops that share an endpoint and key share clients (their connection pools, and the TLS set-up
-# that costs tens of milliseconds per client), at most LOOPS_PER_CLIENT loops on one client: the
-# HTTP pool scans its connections on every request, so one pool for a thousand loops gets slow.
-LOOPS_PER_CLIENT = 8
+def endpoint(llm: LLMSettings) -> tuple[str | None, str | None]:
+    """(base URL, API key) of the `llm:` endpoint: `llm.base_url`, else $OPENAI_BASE_URL, else None
+    (the OpenAI API); the key from the variable `llm.api_key_env` names, else a dummy for a local
+    endpoint (they want some key but check none), else None. For the agent and the pre-check."""
+    base_url = llm.base_url or os.environ.get("OPENAI_BASE_URL") or None
+    api_key = os.environ.get(llm.api_key_env) or None
+    if api_key is None and base_url is not None and _is_local(base_url):
+        api_key = DUMMY_KEY
+    return base_url, api_key
+
+
 # The openai client waits out a Retry-After up to this long by itself (and retries); beyond it, it
 # gives up at once and kiro sleeps (see `_Attempt.wait_for_server`).
 try:
     from openai._constants import MAX_RETRY_AFTER_DELAY as CLIENT_RETRY_AFTER_LIMIT
 except ImportError:  # pragma: no cover - older clients waited up to 60 s
     CLIENT_RETRY_AFTER_LIMIT = 60
-_clients: dict[tuple[Any, ...], list[list[Any]]] = {}  # key -> [[client, users], ...]
+LOOPS_PER_CLIENT = 8
 
 
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
-    """The TLS context the openai client would build for itself (the system's CAs, SSL_CERT_FILE /
-    SSL_CERT_DIR honoured), built once."""
+    """The TLS context the openai client builds for itself (the system's CAs, SSL_CERT_FILE and
+    SSL_CERT_DIR honoured), built once for every client of the process: it costs ~20 ms a client."""
     import httpx2  # the openai client's HTTP library
 
     return httpx2.create_ssl_context()
 
 
-def _shared_client(key: tuple[Any, ...], api_key: str) -> openai.AsyncOpenAI:
-    pool = _clients.setdefault(key, [])
-    for entry in pool:
-        if entry[1] < LOOPS_PER_CLIENT:
-            entry[1] += 1
-            return cast(openai.AsyncOpenAI, entry[0])
-    base_url, _digest, max_retries, timeout = key
-    # One TLS context for every client of the process: building one loads the CA bundle (~40 ms).
-    http = openai.DefaultAsyncHttpxClient(base_url=base_url or "https://api.openai.com/v1", timeout=timeout,
-                                          verify=_tls_context())
-    client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout,
-                                http_client=http)
-    pool.append([client, 1])
-    return client
+class SharedClient:
+    """An `openai.AsyncOpenAI` client for one endpoint, key and options, shared by up to
+    LOOPS_PER_CLIENT loops (and pre-checks) of the process: the client's connection pool looks at
+    each of its connections on every request, so one pool for a thousand loops is slow, and one per
+    loop costs a TLS set-up each. The client does the retries (`llm.max_retries`: its backoff, a
+    Retry-After up to its limit, its retry count header). `close()` when done; the last user of a
+    client closes it."""
 
+    _open: dict[tuple[Any, ...], list[list[Any]]] = {}  # key -> [[client, users], ...]
 
-async def _release_client(key: tuple[Any, ...], client: openai.AsyncOpenAI) -> None:
-    pool = _clients.get(key, [])
-    for entry in pool:
-        if entry[0] is client:
-            entry[1] -= 1
-            if entry[1] <= 0:
-                pool.remove(entry)
-                if not pool:
-                    _clients.pop(key, None)
-                await client.close()
+    def __init__(self, base_url: str | None, api_key: str, llm: LLMSettings) -> None:
+        self.key = (base_url, hashlib.sha256(api_key.encode()).hexdigest(), llm.max_retries,
+                    llm.request_timeout_seconds)
+        entries = self._open.setdefault(self.key, [])
+        entry = next((e for e in entries if e[1] < LOOPS_PER_CLIENT), None)
+        if entry is None:
+            http = openai.DefaultAsyncHttpxClient(verify=_tls_context())
+            client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=llm.max_retries,
+                                        timeout=llm.request_timeout_seconds, http_client=http)
+            entry = [client, 0]
+            entries.append(entry)
+        entry[1] += 1
+        self.client: openai.AsyncOpenAI = entry[0]
+        self.closed = False
+
+    async def chat(self, body: dict[str, Any]) -> Completion:
+        """POST /chat/completions: the reply's JSON. openai's exceptions, or ValueError for a reply
+        that is not a JSON object.
+
+        `client.post` (the openai client's documented way to call an endpoint directly) rather than
+        `chat.completions.create`, and the reply as parsed JSON rather than response models: the same
+        retries and errors, without the typed helper's walk over every message and tool schema and
+        the models built from the reply on each call (about 1 ms of CPU per call, which adds up with
+        many loops in one process)."""
+        return _completion(await self.client.post("/chat/completions", body=body, cast_to=object))
+
+    async def close(self) -> None:
+        if self.closed:
             return
+        self.closed = True
+        entries = self._open.get(self.key, [])
+        for entry in entries:
+            if entry[0] is self.client:
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    entries.remove(entry)
+                    if not entries:
+                        del self._open[self.key]
+                    await self.client.close()
+                return
 
 
 class OpenAIExecutor(ExecutorBase):
@@ -206,14 +237,11 @@ class OpenAIExecutor(ExecutorBase):
         self.workspace = workspace
         self.task_id = task_id
         llm = config.llm
-        self.base_url: str | None = llm.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self.base_url, api_key = endpoint(llm)
         self.endpoint = self.base_url or "the OpenAI API (https://api.openai.com/v1)"
         self.api_key_env = llm.api_key_env
-        api_key = os.environ.get(llm.api_key_env) or None
         if api_key is None:
-            if self.base_url is not None and _is_local(self.base_url):
-                api_key = DUMMY_KEY
-            elif _is_openai(self.base_url):
+            if _is_openai(self.base_url):
                 raise ExecutorError(
                     f"no API key for {self.endpoint}: set the environment variable {llm.api_key_env} "
                     f"(llm.api_key_env names it), or point llm.base_url at another endpoint")
@@ -222,23 +250,12 @@ class OpenAIExecutor(ExecutorBase):
                     f"no API key for {self.endpoint}: set the environment variable {llm.api_key_env} "
                     f"(llm.api_key_env names it); if the endpoint needs no key, set it to any value")
         self.redact = Redactor.for_run(config)
-        self._client_key = (self.base_url, hashlib.sha256(api_key.encode()).hexdigest(), llm.max_retries,
-                            llm.request_timeout_seconds)
-        # kiro's own HTTP/1.1 client (chat_http: a fraction of the openai client's CPU per call), or the
-        # openai client where that one does not go (a proxy in the environment).
-        self.http: chat_http.ChatHTTP | None = None
-        self.client: openai.AsyncOpenAI | None = None
-        if chat_http.usable_for(self.base_url):
-            self.http = chat_http.ChatHTTP(self.base_url, api_key, max_retries=llm.max_retries,
-                                           timeout=llm.request_timeout_seconds, tls=_tls_context)
-        else:
-            self.client = _shared_client(self._client_key, api_key)
+        self.shared = SharedClient(self.base_url, api_key, llm)
         del api_key
         self.transcript = Transcript(workspace.transcript_file(task_id), task_id, self.redact)
         self.memory = MemoryStore(workspace.memory_db())
         self._tools: tuple[bool, dict[str, Tool[Any]], list[ChatCompletionToolUnionParam]] | None = None
         self._confinement: tuple[tuple[Any, ...], Confinement] | None = None
-        self._tools_json: tuple[Any, str] | None = None
 
     def tools_for(self, config: Config) -> tuple[dict[str, Tool[Any]], list[ChatCompletionToolUnionParam]]:
         """The attempt's tools and their schemas: built once per loop (they depend only on whether
@@ -270,50 +287,35 @@ class OpenAIExecutor(ExecutorBase):
         try:
             await self.transcript.flush()
         finally:
-            if self.http is not None:
-                self.http.close()
-            if self.client is not None:
-                await _release_client(self._client_key, self.client)
+            await self.shared.close()
 
-    async def post(self, body: dict[str, Any]) -> Completion:
-        """POST /chat/completions; the reply's JSON. openai's exceptions, or ValueError for a reply
-        that is not a JSON object."""
-        if self.http is not None:
-            return _completion(await self.http.post("/chat/completions", self._encode(body)))
-        assert self.client is not None
-        return _completion(await self.client.post("/chat/completions", body=body, cast_to=object))
-
-    def _encode(self, body: dict[str, Any]) -> bytes:
-        """The request's JSON; the tool schemas (the same list every call of the loop) encoded once."""
-        tools = body.get("tools")
-        rest = json.dumps({k: v for k, v in body.items() if k != "tools"}, ensure_ascii=False,
-                          separators=(",", ":"))
-        if tools is None or rest == "{}":
-            return rest.encode("utf-8")
-        if self._tools_json is None or self._tools_json[0] is not tools:
-            self._tools_json = (tools, json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
-        return (rest[:-1] + ',"tools":' + self._tools_json[1] + "}").encode("utf-8")
+    async def create(self, messages: list[ChatCompletionMessageParam],
+                     tools: list[ChatCompletionToolUnionParam] | None = None) -> Completion:
+        """One call of the loop's model (`SharedClient.chat`)."""
+        body: dict[str, Any] = {"model": self.config.llm.model, "messages": messages}
+        if tools is not None:
+            body["tools"] = tools
+        return await self.shared.chat(body)
 
     async def summarize(self, system: str, prompt: str, *, iteration: int) -> tuple[str | None, StepUsage, str | None]:
         """One model call without tools: a scheduled run's forced summary (SPEC §11, kiro.scheduled).
         Returns the reply's text, the call's usage, and what went wrong when it failed."""
         llm = self.config.llm
         # the prompt quotes the task's title and steps: cut of secrets before it leaves, as every step's prompt is
-        messages = [{"role": "system", "content": self.redact(system)},
-                    {"role": "user", "content": self.redact(prompt)}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": self.redact(system)},
+                                                      {"role": "user", "content": self.redact(prompt)}]
         self.transcript.write("run_summary_request", iteration=iteration, attempt=0, model=llm.model,
                               messages=messages)
         try:
-            response = await self.post({"model": llm.model, "messages": messages})
+            response = await self.create(messages)
         except (openai.OpenAIError, ValueError) as exc:
             self.transcript.write("run_summary_response", iteration=iteration, attempt=0, error=str(exc))
             return None, StepUsage(), f"{type(exc).__name__}: {exc}"
-        prompt_t, completion_t, total_t = _usage(response) or (0, 0, 0)
+        prompt_t, completion_t, total_t = usage_of(response) or (0, 0, 0)
         price = llm.prices.get(llm.model) or llm.prices.get(_str(response.get("model")))
         cost = (prompt_t * price.input_per_1m + completion_t * price.output_per_1m) / 1_000_000 if price else 0.0
         usage = StepUsage(prompt_t, completion_t, total_t or prompt_t + completion_t, 1, cost)
-        text = _str(_message(response).get("content"))
-        text = self.redact(text)
+        text = self.redact(_str(message_of(response).get("content")))
         self.transcript.write("run_summary_response", iteration=iteration, attempt=0, content=text,
                               usage=vars(usage))
         return text, usage, None
@@ -503,12 +505,8 @@ class _Attempt:
         self.logged = len(self.messages)
         self.ex.transcript.kick()  # written while the model thinks
         started = time.monotonic()
-        # The reply is read as JSON (no response models), through kiro's own HTTP client where it
-        # serves (`OpenAIExecutor.post`): the openai client's retries and errors, a fraction of its
-        # CPU per call, which adds up with many loops in one process.
-        body = {"model": self.llm.model, "messages": self.messages, "tools": self.schemas}
         while True:
-            call = asyncio.ensure_future(self.ex.post(body))
+            call = asyncio.ensure_future(self.ex.create(self.messages, self.schemas))
             stop = asyncio.ensure_future(ctx.cancel.wait())
             try:
                 done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -550,7 +548,7 @@ class _Attempt:
 
     def count(self, response: Completion) -> StepUsage:
         """Add this response's usage to the attempt's, price it, tell the guard."""
-        u = _usage(response)
+        u = usage_of(response)
         prompt, completion, total = u or (0, 0, 0)
         total = total or prompt + completion
         price = self.llm.prices.get(self.llm.model) or self.llm.prices.get(_str(response.get("model")))
@@ -569,7 +567,7 @@ class _Attempt:
     def tool_calls(self, response: Completion) -> list[_Call]:
         """The response's tool calls, arguments redacted: a secret the model echoes is cut before it
         can reach a file, the transcript or the next request."""
-        listed = _message(response).get("tool_calls")
+        listed = message_of(response).get("tool_calls")
         calls = []
         for i, tc in enumerate(listed if isinstance(listed, list) else []):
             if not isinstance(tc, dict):
@@ -587,7 +585,7 @@ class _Attempt:
         return calls
 
     def text_of(self, response: Completion) -> str:
-        return self.ex.redact(_str(_message(response).get("content")))
+        return self.ex.redact(_str(message_of(response).get("content")))
 
     async def wait_for_server(self, exc: openai.APIStatusError, seconds: float) -> str | None:
         """The endpoint said when to come back, later than the client waits by itself (a long

@@ -17,7 +17,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from kiro import checkpoints
+from kiro import checkpoints, features
 from kiro import events as ev
 from kiro.config import Config
 from kiro.engine import Loop
@@ -130,13 +130,6 @@ async def _retrying(call: Any) -> Any:
             delay = min(delay * 2, 2.0)
 
 
-class _RemoteLoop(Loop):
-    """The engine, minus its own git: each step's commit is made and pushed by the worker that ran it."""
-
-    async def _open_git(self) -> None:
-        self.git = None
-
-
 class Segments:
     """The `run_segment` activity, bound to the workspace worker's Temporal client."""
 
@@ -177,10 +170,11 @@ class Segments:
             st.git = GitInfo(checkpoints=True, isolation="worktree", merge="manual", toplevel=str(project),
                              branch=f"kiro/{tid}", base_branch=base_branch, base_commit=inp["base_commit"])
         assert run.executor is not None
+        run.features = features.standard(git=False)  # each step's commit is made and pushed by the worker that ran it
         executor = RemoteExecutor(run.executor, self.client, inp, cfg)
         cancelled = False
         try:
-            loop = _RemoteLoop(run, executor, None, SharedLimits(run.config))
+            loop = Loop(run, executor, None, SharedLimits(run.config))
             loop.subscribe(*standard_listeners(loop))
             self.loops[tid] = loop
             task = asyncio.create_task(loop.run())

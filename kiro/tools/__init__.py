@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kiro.tools.base import Ending, Tool, ToolEnv, ToolError, ToolResult
+from kiro.tools.base import Ending, Tool, ToolEnv, ToolResult
+from kiro.tools.errors import ToolError
 
 if TYPE_CHECKING:
     from kiro.config import Config

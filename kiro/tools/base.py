@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kiro.errors import raise_errors
 from kiro.executors.base import Outcome
+from kiro.tools.errors import ToolError
 
 if TYPE_CHECKING:
     from kiro.executors.base import StepContext
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
     from kiro.tools.paths import Confinement
 
 OUTPUT_LIMIT = 100_000  # characters of any one tool result the model sees
-
-
-class ToolError(Exception):
-    """A refusal or failure the model should read: becomes the result text "error: <message>"."""
 
 
 class Args(BaseModel):

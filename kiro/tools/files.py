@@ -18,7 +18,8 @@ from typing import Any
 import regex as re
 from pydantic import Field
 
-from kiro.tools.base import Args, Tool, ToolEnv, ToolError, ToolResult
+from kiro.tools.base import Args, Tool, ToolEnv, ToolResult
+from kiro.tools.errors import ToolError
 from kiro.walk import walk
 
 READ_LIMIT = 100_000  # bytes of a file read_file returns at once

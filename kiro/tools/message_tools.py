@@ -15,7 +15,8 @@ from pydantic import Field
 
 from kiro.errors import KiroError
 from kiro.messages import MESSAGE_MAX_CHARS, Inbox, known_loops
-from kiro.tools.base import Args, Tool, ToolEnv, ToolError, ToolResult
+from kiro.tools.base import Args, Tool, ToolEnv, ToolResult
+from kiro.tools.errors import ToolError
 
 READ_LAST = 10
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiro.fsutil import atomic_write
-from kiro.tools.base import ToolError
+from kiro.tools.errors import ToolError
 from kiro.walk import walk
 
 CONTROL_FOLDERS = (".state", ".hooks", "config", ".git")

@@ -30,7 +30,8 @@ from kiro import programs
 from kiro.executors import groups
 from kiro.executors.process import run_process
 from kiro.redact import looks_secret
-from kiro.tools.base import Args, Tool, ToolEnv, ToolError, ToolResult
+from kiro.tools.base import Args, Tool, ToolEnv, ToolResult
+from kiro.tools.errors import ToolError
 
 SHELL_OPERATORS = frozenset({"|", "||", "&", "&&", ";", ";;", ">", ">>", "<", "<<", "<<<", ">&", "<&", "&>",
                              "|&", "(", ")"})

@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from kiro.tools.base import Args, Ending, Tool, ToolEnv, ToolError, ToolResult
+from kiro.tools.base import Args, Ending, Tool, ToolEnv, ToolResult
+from kiro.tools.errors import ToolError
 
 SLEEP_MAX_SECONDS = 3600.0
 TEXT_LIMIT = 8000

@@ -1,0 +1,166 @@
+"""The workspace watcher (kiro.watch, watchfiles): folders made after the watch started are watched
+too, kiro's own edits wake nobody, a very deep folder does not stop it, a loop whose watcher cannot
+start says so and still sees a hook (it checks often instead), and a released watcher leaves no
+inotify descriptor behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kiro.watch
+from kiro import tasks
+from kiro.runner import prepare_start, run_loops
+from kiro.watch import acquire_hub, release_hub
+from kiro.workspace import Workspace as KiroWorkspace
+from tests.conftest import Workspace
+
+
+async def _woken(ev: asyncio.Event, timeout: float = 10.0) -> bool:
+    try:
+        await asyncio.wait_for(ev.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_a_file_in_a_folder_made_after_the_watch_started_wakes_and_kiros_box_edits_do_not(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kiro.watch, "SAFETY_POLL", 600.0)
+
+    async def scenario() -> list[tuple[str, bool]]:
+        hub = await acquire_hub(ws.root)
+        woken = asyncio.Event()
+        hub.subscribe_event(woken)
+        seen: list[tuple[str, bool]] = []
+        try:
+            assert hub.failed is None, hub.failed
+            nested = ws.root / "Specs/feature/deep"
+            nested.mkdir(parents=True)  # a new folder: a change, and watched from now on
+            seen.append(("new folder", await _woken(woken)))
+            await asyncio.sleep(0.2)
+            woken.clear()
+            task = ws.task("- [ ] 1. one\n- [ ] 2. two\n", "Specs/feature/deep/tasks.md")
+            seen.append(("a person's file in it", await _woken(woken)))
+            await asyncio.sleep(0.2)
+            woken.clear()
+            tf = tasks.load(task)
+            tf = tasks.set_marker(task, tf.steps[0].key, "-", expected=tf)
+            tasks.mark_done(task, tf.steps[0].key, expected=tf)
+            seen.append(("kiro's own box edits", await _woken(woken, 1.0)))
+            woken.clear()
+            Path(task).write_text("- [x] 1. one\n- [ ] 2. two, reworded\n")
+            seen.append(("a person's edit of it", await _woken(woken)))
+        finally:
+            hub.unsubscribe(woken)
+            await release_hub(hub)
+        return seen
+
+    seen = asyncio.run(scenario())
+    print(seen)
+    assert seen == [("new folder", True), ("a person's file in it", True), ("kiro's own box edits", False),
+                    ("a person's edit of it", True)]
+
+
+def _deep(root: Path, depth: int) -> None:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    os.close(fd)
+
+
+def test_a_1500_deep_folder_in_specs_does_not_stop_the_watcher(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kiro.watch, "SAFETY_POLL", 600.0)
+    (ws.root / "Specs/deep").mkdir()
+    _deep(ws.root / "Specs/deep", 1500)  # deeper than PATH_MAX allows a path to name
+
+    async def scenario() -> bool:
+        hub = await acquire_hub(ws.root)
+        woken = asyncio.Event()
+        hub.subscribe_event(woken)
+        try:
+            assert hub.failed is None, hub.failed
+            await asyncio.sleep(0.2)
+            woken.clear()
+            (ws.root / ".hooks/stop_autonomous_loop_x.md").write_text("stop\n")
+            return await _woken(woken)
+        finally:
+            hub.unsubscribe(woken)
+            await release_hub(hub)
+
+    try:
+        assert asyncio.run(scenario())
+    finally:
+        subprocess.run(["rm", "-rf", str(ws.root / "Specs/deep")], check=True)
+
+
+def test_a_loop_whose_watcher_cannot_start_says_so_and_still_sees_a_hook(ws: Workspace,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import watchfiles.main
+
+    def no_watch(*_a: object, **_k: object) -> None:
+        raise OSError("OS file watch limit reached.")  # what watchfiles raises at the inotify watch limit
+
+    monkeypatch.setattr(watchfiles.main, "RustNotify", no_watch)
+    ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  backoff_base_seconds: 36000\n"
+                                             "  backoff_max_seconds: 36000\n  failure_threshold: 100\n")
+    ws.task("---\nexecutor: shell\n---\n- [ ] 1. Fails\n  ```sh\n  exit 1\n  ```\n")
+    run = prepare_start(KiroWorkspace(ws.root), "Specs/feature/tasks.md", task_id="w")
+    events: list[dict[str, Any]] = []
+    waiting = threading.Event()
+
+    def listener(e: dict[str, Any]) -> None:
+        events.append(e)
+        if e["event"] == "backoff":
+            waiting.set()
+
+    def person() -> None:
+        assert waiting.wait(60)
+        (ws.root / ".hooks/stop_autonomous_loop_w.md").write_text("---\ntype: stop_hook\n---\nstop\n")
+
+    helper = threading.Thread(target=person)
+    helper.start()
+    [outcome] = asyncio.run(asyncio.wait_for(run_loops([run], [listener]), 60))
+    helper.join()
+    assert outcome.reason == "stop_hook", outcome
+    warnings = [e["message"] for e in events if e["event"] == "warning"]
+    assert any("file watcher unavailable (OSError: OS file watch limit reached.); checking every 0.25s" in w
+               for w in warnings), warnings
+
+
+def _inotify_fds() -> int:
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{name}") == "anon_inode:inotify"
+        except OSError:
+            continue
+    return count
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts inotify descriptors")
+def test_a_released_hub_leaves_no_inotify_descriptor_open(ws: Workspace) -> None:
+    before = _inotify_fds()
+
+    async def scenario() -> None:
+        hub = await acquire_hub(ws.root)
+        assert hub.failed is None, hub.failed
+        assert _inotify_fds() == before + 1
+        await release_hub(hub)
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + 10
+    while _inotify_fds() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _inotify_fds() == before, "the inotify descriptor was left open"
