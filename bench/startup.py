@@ -6,7 +6,7 @@
 Prints, as medians over fresh processes:
 - the whole command's wall time, and what is left after `python -c pass` and the step itself;
 - the same command through Typer (KIRO_NO_FAST_START=1), as every start ran before kiro.faststart;
-- the import of what the fast path loads (the engine: no pydantic since kiro.records) alone;
+- the import of what the fast path loads (the engine, with its pydantic models) alone;
 - a floor for comparison: importing only the standard library pieces that any run of kiro's engine
   needs whatever its CLI and models are made of (asyncio, subprocess, json; PyYAML was in it until
   kiro.plainyaml read plain YAML without it);

@@ -56,8 +56,9 @@ def clip(text: str | None, limit: int = TEXT_KEPT) -> str:
 class _Model(BaseModel):
     # Forward compatible: a newer kiro's extra fields survive a round trip through an older one.
     # No NaN or infinity: kiro never writes one, and one read back poisons every sum and average.
-    # An assignment is not checked: kiro's own code sets the fields as it runs.
-    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
+    # An assignment is not checked: kiro's own code sets the fields as it runs. defer_build: the
+    # validators are built when a state is first read or made, not at import.
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False, defer_build=True)
 
 
 RETRY_HORIZON_DAYS = 366
