@@ -48,10 +48,10 @@ class LoopSettings(_Strict):
 
     max_iterations: int = Field(100, ge=1)
     failure_threshold: int = Field(3, ge=1)
-    timeout_seconds: float = Field(3600, gt=0)
+    timeout_seconds: float = Field(3600.0, gt=0)
     reinject_every_n_iterations: int = Field(10, ge=0)
     reinject_after_failure: bool = True
-    reinject_if_stale_seconds: float = Field(300, ge=0)
+    reinject_if_stale_seconds: float = Field(300.0, ge=0)
     state_directory: str = ".state"
     save_state_every_iteration: bool = True  # only true: see _state_every_iteration
     backup_state_every_n_iterations: int = Field(10, ge=0)
@@ -107,12 +107,12 @@ class LLMSettings(_Strict):
     api_key_env: str = "OPENAI_API_KEY"
     max_turns_per_step: int = Field(15, ge=1)
     max_retries: int = Field(2, ge=0)
-    request_timeout_seconds: float = Field(120, gt=0)
+    request_timeout_seconds: float = Field(120.0, gt=0)
     context_window_tokens: int = Field(128000, ge=1)
     wrap_up_threshold: float = Field(0.8, gt=0, le=1)
     precheck_model: str | None = None  # SPEC §11 pre-check gate (kiro.precheck)
     precheck: Literal["scheduled_runs", "every_iteration"] = "scheduled_runs"
-    precheck_sleep_seconds: float = Field(300, gt=0)  # every_iteration: the wait after a skipped iteration
+    precheck_sleep_seconds: float = Field(300.0, gt=0)  # every_iteration: the wait after a skipped iteration
     prices: dict[str, Price] = Field(default_factory=dict)
 
     _empty_prices = field_validator("prices", mode="before")(_none_is_empty)
@@ -122,7 +122,7 @@ class ShellToolSettings(_Strict):
     enabled: bool = False
     trust_agent_code: bool = False
     allow: list[str] = Field(default_factory=list)
-    timeout_seconds: float = Field(120, gt=0)
+    timeout_seconds: float = Field(120.0, gt=0)
     max_output_chars: int = Field(20000, ge=100)
 
 
@@ -166,7 +166,7 @@ class Guardrails(_Strict):
     active_hours: ActiveHours | None = None
     loop_detection_repeats: int = Field(3, ge=2)
     max_consecutive_turns: int | None = Field(None, ge=1)  # SPEC §11: model turns without a `sleep` call
-    forced_sleep_seconds: float = Field(60, gt=0)
+    forced_sleep_seconds: float = Field(60.0, gt=0)
 
 
 class Approval(_Strict):
@@ -187,7 +187,7 @@ class TemporalBackend(_Strict):
     address: str = "127.0.0.1:7233"  # the Temporal frontend, HOST:PORT
     namespace: str = "default"
     task_queue: str = "kiro"  # the queue `kiro worker` processes poll for step attempts
-    heartbeat_seconds: float = Field(5, gt=0, le=60)  # a worker's step heartbeats; lost after 3 missed
+    heartbeat_seconds: float = Field(5.0, gt=0, le=60)  # a worker's step heartbeats; lost after 3 missed
 
 
 class Config(_Strict):
@@ -200,7 +200,7 @@ class Config(_Strict):
     agent: Literal["claude", "codex", "aider", "gemini", "opencode"] | None = None
     agent_args: list[str] = Field(default_factory=list)
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
-    step_timeout_seconds: float = Field(1800, gt=0)
+    step_timeout_seconds: float = Field(1800.0, gt=0)
     step_idle_timeout_seconds: float | None = Field(None, gt=0)
     project_dir: str = "."
     verify: str | None = None

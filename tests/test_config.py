@@ -560,3 +560,4 @@ def test_lax_values_are_taken() -> None:
     # a number field's default is written with a point
     assert Config().model_dump(mode="json")["autonomous_loop"]["timeout_seconds"] == 3600.0
     assert isinstance(Config().model_dump(mode="json")["autonomous_loop"]["timeout_seconds"], float)
+    assert isinstance(Config().autonomous_loop.timeout_seconds, float)  # what a message or an event shows
