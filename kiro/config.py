@@ -1,4 +1,4 @@
-"""Configuration: the typed records of `config/autonomous_loop.yaml` (kiro.records), and the layered resolve.
+"""Configuration: pydantic models for `config/autonomous_loop.yaml`, and the layered resolve.
 
 Precedence, lowest first: defaults < config file < task frontmatter < environment (`KIRO_*`)
 < command-line flags (SPEC §7). Every model forbids unknown keys; errors name the file, the
@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import ErrorDetails
+
 from kiro import safeio
 from kiro.errors import ConfigError
-from kiro.records import FieldError, Record, field
 from kiro.workspace import CONFIG_RELPATH
 
 if TYPE_CHECKING:
@@ -35,63 +37,66 @@ def _none_is_empty(value: Any) -> Any:
 ON_EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")
 
 
-class _Strict(Record, extra="forbid"):
-    """A config section (kiro.records, not pydantic): an unknown key is an error, as is NaN or infinity."""
-
-
-def _state_every_iteration(value: bool, data: dict[str, Any]) -> bool:
-    """kiro saves the state at every step boundary; its crash safety (a resumed loop never reruns
-    a completed step) rests on that, so `false` is refused rather than accepted and ignored."""
-    if value is not True:
-        raise ValueError("false is not supported: kiro saves the state at every step boundary, which its "
-                         "crash safety depends on; set it to true or remove the key")
-    return value
+class _Strict(BaseModel):
+    # defer_build: a model's validator is built when a config is first resolved, not at import (a read
+    # command that never resolves one never builds it)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class LoopSettings(_Strict):
     """`autonomous_loop:` — the source spec's keys (seed 004), same names and defaults, plus kiro's few."""
 
-    max_iterations: int = field(default=100, ge=1)
-    failure_threshold: int = field(default=3, ge=1)
-    timeout_seconds: float = field(default=3600, gt=0)
-    reinject_every_n_iterations: int = field(default=10, ge=0)
+    max_iterations: int = Field(100, ge=1)
+    failure_threshold: int = Field(3, ge=1)
+    timeout_seconds: float = Field(3600.0, gt=0)
+    reinject_every_n_iterations: int = Field(10, ge=0)
     reinject_after_failure: bool = True
-    reinject_if_stale_seconds: float = field(default=300, ge=0)
+    reinject_if_stale_seconds: float = Field(300.0, ge=0)
     state_directory: str = ".state"
-    save_state_every_iteration: bool = field(default=True, after=_state_every_iteration)  # only true
-    backup_state_every_n_iterations: int = field(default=10, ge=0)
+    save_state_every_iteration: bool = True  # only true: see _state_every_iteration
+    backup_state_every_n_iterations: int = Field(10, ge=0)
     check_done_folder: bool = True
     check_needs_action_folder: bool = True
     check_stop_hook: bool = True
     log_every_iteration: bool = True
     create_progress_reports: bool = True
-    progress_report_every_n_iterations: int = field(default=25, ge=1)
+    progress_report_every_n_iterations: int = Field(25, ge=1)
     retry_failed_steps: bool = True
-    max_step_retries: int = field(default=3, ge=0)
+    max_step_retries: int = Field(3, ge=0)
     exponential_backoff: bool = True
     auto_move_to_done: bool = True
     create_completion_report: bool = True
     archive_state_file: bool = True
     # kiro's own additions
-    backoff_base_seconds: float = field(default=2.0, ge=0)
-    backoff_max_seconds: float = field(default=300.0, ge=0)
-    iteration_delay_seconds: float = field(default=0.0, ge=0)
+    backoff_base_seconds: float = Field(2.0, ge=0)
+    backoff_max_seconds: float = Field(300.0, ge=0)
+    iteration_delay_seconds: float = Field(0.0, ge=0)
+
+    @field_validator("save_state_every_iteration")
+    @classmethod
+    def _state_every_iteration(cls, value: bool) -> bool:
+        """kiro saves the state at every step boundary; its crash safety (a resumed loop never reruns
+        a completed step) rests on that, so `false` is refused rather than accepted and ignored."""
+        if value is not True:
+            raise ValueError("false is not supported: kiro saves the state at every step boundary, which its "
+                             "crash safety depends on; set it to true or remove the key")
+        return value
 
 
 class ResourceLimits(_Strict):
     """`resource_limits:` (seed 004, "Resource Limits")."""
 
-    max_memory_mb: int | None = field(default=1024, ge=1)
+    max_memory_mb: int | None = Field(1024, ge=1)
     # Waits (kiro.guardrails.resource_wait); null by default, not the seed's 80 and 100 (README "Where kiro
     # differs"): kiro's own bookkeeping would hit 100 writes a minute in a fast loop.
-    max_cpu_percent: float | None = field(default=None, gt=0)
-    max_disk_writes_per_minute: int | None = field(default=None, ge=1)
-    max_api_calls_per_minute: int | None = field(default=60, ge=1)
+    max_cpu_percent: float | None = Field(None, gt=0)
+    max_disk_writes_per_minute: int | None = Field(None, ge=1)
+    max_api_calls_per_minute: int | None = Field(60, ge=1)
 
 
 class Price(_Strict):
-    input_per_1m: float = field(ge=0)
-    output_per_1m: float = field(ge=0)
+    input_per_1m: float = Field(ge=0)
+    output_per_1m: float = Field(ge=0)
 
 
 class LLMSettings(_Strict):
@@ -100,63 +105,68 @@ class LLMSettings(_Strict):
     base_url: str | None = None
     model: str = "gpt-4o-mini"
     api_key_env: str = "OPENAI_API_KEY"
-    max_turns_per_step: int = field(default=15, ge=1)
-    max_retries: int = field(default=2, ge=0)
-    request_timeout_seconds: float = field(default=120, gt=0)
-    context_window_tokens: int = field(default=128000, ge=1)
-    wrap_up_threshold: float = field(default=0.8, gt=0, le=1)
+    max_turns_per_step: int = Field(15, ge=1)
+    max_retries: int = Field(2, ge=0)
+    request_timeout_seconds: float = Field(120.0, gt=0)
+    context_window_tokens: int = Field(128000, ge=1)
+    wrap_up_threshold: float = Field(0.8, gt=0, le=1)
     precheck_model: str | None = None  # SPEC §11 pre-check gate (kiro.precheck)
     precheck: Literal["scheduled_runs", "every_iteration"] = "scheduled_runs"
-    precheck_sleep_seconds: float = field(default=300, gt=0)  # every_iteration: the wait after a skipped iteration
-    prices: dict[str, Price] = field(default_factory=dict, before=_none_is_empty)
+    precheck_sleep_seconds: float = Field(300.0, gt=0)  # every_iteration: the wait after a skipped iteration
+    prices: dict[str, Price] = Field(default_factory=dict)
 
-
-def _refuse_code_runners(allow: list[str], data: dict[str, Any]) -> list[str]:
-    """Programs that run code the agent can write are refused (kiro.programs), unless the person
-    says they trust that code."""
-    from kiro.programs import refusal
-
-    if data.get("trust_agent_code"):
-        return allow
-    for entry in allow:
-        why = refusal(entry)
-        if why is not None:
-            raise ValueError(f"{why}; remove it, or set tools.shell.trust_agent_code: true to accept that "
-                             f"the agent runs code of its own")
-    return allow
+    _empty_prices = field_validator("prices", mode="before")(_none_is_empty)
 
 
 class ShellToolSettings(_Strict):
     enabled: bool = False
     trust_agent_code: bool = False
-    allow: list[str] = field(default_factory=list, after=_refuse_code_runners)
-    timeout_seconds: float = field(default=120, gt=0)
-    max_output_chars: int = field(default=20000, ge=100)
+    allow: list[str] = Field(default_factory=list)
+    timeout_seconds: float = Field(120.0, gt=0)
+    max_output_chars: int = Field(20000, ge=100)
 
+
+    @field_validator("allow")
+    @classmethod
+    def _refuse_code_runners(cls, allow: list[str], info: ValidationInfo) -> list[str]:
+        """Programs that run code the agent can write are refused (kiro.programs), unless the person
+        says they trust that code."""
+        from kiro.programs import refusal
+
+        if info.data.get("trust_agent_code"):
+            return allow
+        for entry in allow:
+            why = refusal(entry)
+            if why is not None:
+                raise ValueError(f"{why}; remove it, or set tools.shell.trust_agent_code: true to accept that "
+                                 f"the agent runs code of its own")
+        return allow
 
 
 class ToolsSettings(_Strict):
-    shell: ShellToolSettings = field(default_factory=ShellToolSettings, before=_none_is_empty)
+    shell: ShellToolSettings = Field(default_factory=ShellToolSettings)
+
+    _empty_shell = field_validator("shell", mode="before")(_none_is_empty)
 
 
 _HH_MM = r"^([01]\d|2[0-3]):[0-5]\d$"
 
 
 class ActiveHours(_Strict):
-    start: str = field(pattern=_HH_MM)
-    end: str = field(pattern=_HH_MM)
+    start: str = Field(pattern=_HH_MM)
+    end: str = Field(pattern=_HH_MM)
 
 
 class Guardrails(_Strict):
-    token_budget_per_hour: int | None = field(default=None, ge=1)
-    max_total_tokens: int | None = field(default=None, ge=1)
-    max_cost_usd: float | None = field(default=None, gt=0)
-    max_actions_per_minute: int | None = field(default=None, ge=1)
-    idle_timeout_seconds: float | None = field(default=None, gt=0)
+    token_budget_per_hour: int | None = Field(None, ge=1)
+    max_total_tokens: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_actions_per_minute: int | None = Field(None, ge=1)
+    idle_timeout_seconds: float | None = Field(None, gt=0)
     active_hours: ActiveHours | None = None
-    loop_detection_repeats: int = field(default=3, ge=2)
-    max_consecutive_turns: int | None = field(default=None, ge=1)  # SPEC §11: model turns without a `sleep` call
-    forced_sleep_seconds: float = field(default=60, gt=0)
+    loop_detection_repeats: int = Field(3, ge=2)
+    max_consecutive_turns: int | None = Field(None, ge=1)  # SPEC §11: model turns without a `sleep` call
+    forced_sleep_seconds: float = Field(60.0, gt=0)
 
 
 class Approval(_Strict):
@@ -177,75 +187,80 @@ class TemporalBackend(_Strict):
     address: str = "127.0.0.1:7233"  # the Temporal frontend, HOST:PORT
     namespace: str = "default"
     task_queue: str = "kiro"  # the queue `kiro worker` processes poll for step attempts
-    heartbeat_seconds: float = field(default=5, gt=0, le=60)  # a worker's step heartbeats; lost after 3 missed
-
-
-def _backend_by_name(value: Any) -> Any:
-    """`backend: local` / `backend: temporal` name the kind with its defaults."""
-    if isinstance(value, str):
-        return {"kind": value}
-    return value
-
-
-def _temporal_needs_git(value: LocalBackend | TemporalBackend, data: dict[str, Any]) -> Any:
-    """The temporal backend moves a loop's work between machines on its git branch (docs/scale-out.md §7)."""
-    if value.kind == "temporal":
-        if data.get("checkpoints") == "off":
-            raise ValueError("the temporal backend needs git checkpoints (each step's work travels as a commit on "
-                             "branch kiro/<task_id>); remove checkpoints: off, or use backend: local")
-        if data.get("merge") == "auto":
-            raise ValueError("the temporal backend leaves branch kiro/<task_id> for review; merge: auto is not "
-                             "built on it (docs/scale-out.md §12); use merge: manual or backend: local")
-    return value
-
-
-def _known_events(value: dict[str, str], data: dict[str, Any]) -> dict[str, str]:
-    unknown = [k for k in value if k not in ON_EVENT_KINDS]
-    if unknown:
-        raise ValueError(f"unknown event {unknown[0]!r}: use one of {', '.join(ON_EVENT_KINDS)} (a loop's "
-                         f"every event is in Logs/<task_id>.jsonl; `kiro loop logs --follow --json` streams "
-                         f"them)")
-    return value
-
-
-def _yaml_off(value: Any) -> Any:
-    """YAML 1.1 reads a bare `off` as false (and `on` as true): `checkpoints: off` means "off"."""
-    if value is False:
-        return "off"
-    if value is True:
-        return "git"
-    return value
+    heartbeat_seconds: float = Field(5.0, gt=0, le=60)  # a worker's step heartbeats; lost after 3 missed
 
 
 class Config(_Strict):
-    """The whole of `config/autonomous_loop.yaml`; every key has a default. A section written with
-    every child commented out (YAML null) is all defaults (`_none_is_empty`)."""
+    """The whole of `config/autonomous_loop.yaml`; every key has a default."""
 
-    autonomous_loop: LoopSettings = field(default_factory=LoopSettings, before=_none_is_empty)
-    resource_limits: ResourceLimits = field(default_factory=ResourceLimits, before=_none_is_empty)
+    autonomous_loop: LoopSettings = Field(default_factory=LoopSettings)
+    resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
     executor: Literal["openai", "command", "shell"] | None = None
     executor_command: str | None = None
     agent: Literal["claude", "codex", "aider", "gemini", "opencode"] | None = None
-    agent_args: list[str] = field(default_factory=list)
+    agent_args: list[str] = Field(default_factory=list)
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
-    step_timeout_seconds: float = field(default=1800, gt=0)
-    step_idle_timeout_seconds: float | None = field(default=None, gt=0)
+    step_timeout_seconds: float = Field(1800.0, gt=0)
+    step_idle_timeout_seconds: float | None = Field(None, gt=0)
     project_dir: str = "."
     verify: str | None = None
-    llm: LLMSettings = field(default_factory=LLMSettings, before=_none_is_empty)
-    tools: ToolsSettings = field(default_factory=ToolsSettings, before=_none_is_empty)
-    guardrails: Guardrails = field(default_factory=Guardrails, before=_none_is_empty)
-    approval: Approval = field(default_factory=Approval, before=_none_is_empty)
-    max_parallel_loops: int = field(default=4, ge=1)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    guardrails: Guardrails = Field(default_factory=Guardrails)
+    approval: Approval = Field(default_factory=Approval)
+    max_parallel_loops: int = Field(4, ge=1)
     include_optional: bool = False
-    on_event: dict[str, str] = field(default_factory=dict, before=_none_is_empty, after=_known_events)
-    secret_env: list[str] = field(default_factory=list)
-    # None: git inside a git work tree (kiro.checkpoints)
-    checkpoints: Literal["git", "off"] | None = field(default=None, before=_yaml_off)
+    on_event: dict[str, str] = Field(default_factory=dict)
+    secret_env: list[str] = Field(default_factory=list)
+    checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.checkpoints)
     isolation: Literal["none", "worktree"] = "none"
     merge: Literal["manual", "auto"] = "manual"
-    backend: LocalBackend | TemporalBackend = field(default_factory=LocalBackend, before=_backend_by_name,
-                                                    after=_temporal_needs_git)
+    backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
+
+    _empty_sections = field_validator(
+        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", mode="before"
+    )(_none_is_empty)
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_by_name(cls, value: Any) -> Any:
+        """`backend: local` / `backend: temporal` name the kind with its defaults."""
+        if isinstance(value, str):
+            return {"kind": value}
+        return value
+
+    @field_validator("backend", mode="after")
+    @classmethod
+    def _temporal_needs_git(cls, value: LocalBackend | TemporalBackend, info: ValidationInfo) -> Any:
+        """The temporal backend moves a loop's work between machines on its git branch (docs/scale-out.md §7)."""
+        if value.kind == "temporal":
+            if info.data.get("checkpoints") == "off":
+                raise ValueError("the temporal backend needs git checkpoints (each step's work travels as a commit on "
+                                 "branch kiro/<task_id>); remove checkpoints: off, or use backend: local")
+            if info.data.get("merge") == "auto":
+                raise ValueError("the temporal backend leaves branch kiro/<task_id> for review; merge: auto is not "
+                                 "built on it (docs/scale-out.md §12); use merge: manual or backend: local")
+        return value
+
+    @field_validator("on_event")
+    @classmethod
+    def _known_events(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = [k for k in value if k not in ON_EVENT_KINDS]
+        if unknown:
+            raise ValueError(f"unknown event {unknown[0]!r}: use one of {', '.join(ON_EVENT_KINDS)} (a loop's "
+                             f"every event is in Logs/<task_id>.jsonl; `kiro loop logs --follow --json` streams "
+                             f"them)")
+        return value
+
+    @field_validator("checkpoints", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads a bare `off` as false (and `on` as true): `checkpoints: off` means "off"."""
+        if value is False:
+            return "off"
+        if value is True:
+            return "git"
+        return value
 
 
 # Task frontmatter keys that set config values, and the dotted config path each one sets.
@@ -502,7 +517,7 @@ def resolve_config(
 
     try:
         return Config.model_validate(merged)
-    except FieldError as exc:
+    except ValidationError as exc:
         raise _validation_error(exc, origins) from None
 
 
@@ -626,7 +641,7 @@ def _annotation_at(path: Sequence[str]) -> Any:
     annotation: Any = Config
     for part in path:
         annotation = _without_none(annotation)
-        if isinstance(annotation, type) and issubclass(annotation, Record):
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             field = annotation.model_fields.get(part)
             if field is None:
                 return None
@@ -656,9 +671,8 @@ def _accepts_text(annotation: Any) -> bool:
 # -- errors ------------------------------------------------------------------------------------
 
 
-def _validation_error(exc: FieldError, origins: Mapping[str, _Origin]) -> ConfigError:
-    """The errors (in pydantic's words: kiro.records) as one line: the first in full, naming its source;
-    the others by key."""
+def _validation_error(exc: ValidationError, origins: Mapping[str, _Origin]) -> ConfigError:
+    """pydantic's errors as one line: the first in full, naming its source; the others by key."""
     errors = exc.errors(include_url=False)
     more = ""
     if len(errors) > 1:
@@ -667,7 +681,7 @@ def _validation_error(exc: FieldError, origins: Mapping[str, _Origin]) -> Config
     return _describe(errors[0], origins, more)
 
 
-def _describe(error: dict[str, Any], origins: Mapping[str, _Origin], more: str) -> ConfigError:
+def _describe(error: ErrorDetails, origins: Mapping[str, _Origin], more: str) -> ConfigError:
     loc = tuple(str(part) for part in error["loc"])
     if loc[:1] == ("backend",) and loc[1:2] in (("local",), ("temporal",)):
         loc = loc[:1] + loc[2:]  # the union's tag is not a key
@@ -702,8 +716,8 @@ def _origin_of(loc: tuple[str, ...], origins: Mapping[str, _Origin]) -> _Origin 
     return None
 
 
-def _message(error: dict[str, Any]) -> str:
-    """The message (pydantic's words), minus its internals, plus the value it could not accept."""
+def _message(error: ErrorDetails) -> str:
+    """pydantic's message, minus its internals, plus the value it could not accept."""
     kind = error["type"]
     if kind == "missing":
         return "required key missing"
@@ -724,7 +738,7 @@ def _clip(value: Any, limit: int = 60) -> str:
 def _suggestion(loc: tuple[str, ...]) -> str:
     """" (did you mean 'x'?)" from the keys valid where the unknown one stands, else those keys."""
     model = _without_none(_annotation_at(loc[:-1]))
-    if not (isinstance(model, type) and issubclass(model, Record)):
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return ""
     valid = list(model.model_fields)
     import difflib
@@ -739,10 +753,10 @@ def _suggestion(loc: tuple[str, ...]) -> str:
     return f" (valid keys here: {shown})"
 
 
-def _all_keys(model: type[Record], prefix: str = "") -> Iterator[str]:
+def _all_keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
     for name, spec in model.model_fields.items():
         dotted = prefix + name
         yield dotted
         inner = _without_none(spec.annotation)
-        if isinstance(inner, type) and issubclass(inner, Record):
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
             yield from _all_keys(inner, dotted + ".")

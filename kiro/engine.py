@@ -227,7 +227,7 @@ class Loop:
         record = event.to_record()
         clean, line = self.redact.record(record)
         if clean != record:  # what every listener sees (log, terminal, server) is clean
-            event = type(event).from_record(clean)
+            event = type(event).model_validate(clean)
             record = event.to_record()
         if self._finishing and isinstance(event, ev.ReportWritten):
             self._finish_report = event.path

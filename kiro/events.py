@@ -1,9 +1,8 @@
 """The event log: `Logs/<task_id>.jsonl`, one JSON object per line, appended and flushed as it
 happens (SPEC §8), and the typed records it holds (SPEC §10).
 
-Every kind of event is one class of typed fields with a `Literal` `event` tag (`Event`; type-checked
-as a dataclass is, checked again when built); `parse` reads any of them by that tag (`MODELS`). The
-engine emits typed records; listeners (the log, the terminal,
+Every kind of event is one pydantic model with a `Literal` `event` tag; `event_adapter()` reads any of
+them (a discriminated union). The engine emits typed records; listeners (the log, the terminal,
 Dashboard.md, reports, notifiers, a server) receive them. On disk a record is
 `{"ts", "task_id", "iteration", "event", ...the kind's fields}`, exactly the keys the call set.
 
@@ -13,149 +12,44 @@ or a record that does not fit its model reads as `GenericEvent` with every key k
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Literal, NamedTuple, dataclass_transform
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from kiro import diskfull, safeio, timeutil
 from kiro.bounds import EVENT_FIELD_CHARS, clip_fields
-from kiro.records import (
-    FieldError,
-    check_any,
-    check_bool,
-    check_float,
-    check_int,
-    check_number,
-    check_str,
-    check_texts,
-)
 from kiro.redact import Redactor
 
-# -- the fields of a kind, read from its annotations ------------------------------------------
-#
-# Not pydantic (issue #12): building ~50 pydantic models was a tenth of `kiro loop start`'s
-# instructions, and each kind's validator was built again on first use in every run. The types
-# events use are few; each gets a check that takes what pydantic's lax mode took of them (a number
-# written as text, a StrEnum, a tuple for a list) and turns it into the plain value that is written.
 
+class Event(BaseModel):
+    """The envelope every event shares; subclasses add their fields and fix `event`. Built from
+    keyword fields (`StepStarted(step_id="1", attempt=2)`), each checked in pydantic's lax mode; a
+    field the kind does not have, or a required one missing, is a ValidationError."""
 
-class _Field(NamedTuple):
-    """One field of a kind: its check, its default (or a factory making one per event), its key in
-    the record. In a class body (`field()`) the check is not known yet, and the key is "" unless given."""
+    # defer_build: a kind's validator is built when it is first used, not at import (~50 kinds)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, defer_build=True)
 
-    check: Callable[[Any], Any]
-    default: Any
-    factory: Callable[[], Any] | None
-    key: str
-
-
-def field(*, default: Any = None, default_factory: Callable[[], Any] | None = None, key: str | None = None) -> Any:
-    """A field's default made per event (`default_factory`), or its name in the record when that is
-    not a Python name (`key`: `from`). Only in a class body of an Event."""
-    return _Field(check_any, default, default_factory, key or "")
-
-
-_REQUIRED = object()
-
-
-_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "str": check_str, "int": check_int, "float": check_float, "bool": check_bool, "Any": check_any,
-    "list[str]": check_texts, "int | float": check_number,
-}
-_LITERAL = re.compile(r"Literal\[(['\"])(.*)\1\]")
-
-
-def _check_for(owner: str, name: str, annotation: str) -> Callable[[Any], Any]:
-    """The check of one annotation as written in a class body (a string: `from __future__ import
-    annotations`). An annotation this does not know is a bug in this file, said at import."""
-    if annotation in _CHECKS:
-        return _CHECKS[annotation]
-    if annotation.endswith(" | None") and annotation[:-7] in _CHECKS:
-        inner = _CHECKS[annotation[:-7]]
-        return lambda v: None if v is None else inner(v)
-    literal = _LITERAL.fullmatch(annotation)
-    if literal:
-        kind = literal.group(2)
-
-        def same(v: Any) -> str:
-            if v != kind:
-                raise FieldError(f"{kind!r} is wanted, not {v!r}"[:200])
-            return kind
-        return same
-    raise TypeError(f"{owner}.{name}: kiro.events has no check for the annotation {annotation!r}")
-
-
-@dataclass_transform(kw_only_default=True, field_specifiers=(field,))
-class Event:
-    """The envelope every event shares; subclasses add their fields and fix `event`.
-
-    Built from keyword fields (`StepStarted(step_id="1", attempt=2)`), each checked; a field the kind
-    does not have, or a required one missing, is a FieldError (a ValueError). `from_record` reads a
-    record (its keys as written: `from`, not `from_`)."""
-
-    ts: str = field(default_factory=timeutil.iso)
+    ts: str = Field(default_factory=timeutil.iso)
     task_id: str = ""
     iteration: int = 0
-    event: str = ""
+    event: str
 
     ENVELOPE: ClassVar[tuple[str, ...]] = ("ts", "task_id", "iteration", "event")
-    _FIELDS: ClassVar[dict[str, _Field]] = {}  # every field, the base's first, each with its check and key
-    _BY_KEY: ClassVar[dict[str, str]] = {}  # a record's key (or the field's name) -> the field's name
-    _set: tuple[str, ...]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        _collect_fields(cls)
-
-    def __init__(self, /, **values: Any) -> None:
-        fields, by_key = self._FIELDS, self._BY_KEY
-        given: set[str] = set()
-        for key, value in values.items():
-            name = by_key.get(key)
-            if name is None:
-                raise FieldError(f"{type(self).__name__} has no field {key!r} (a typo, or a newer kiro's field)")
-            try:
-                self.__dict__[name] = fields[name].check(value)
-            except FieldError as exc:
-                raise FieldError(f"{type(self).__name__}.{name}: {exc}") from None
-            given.add(name)
-        for name, f in fields.items():
-            if name not in given:
-                if f.factory is not None:
-                    self.__dict__[name] = f.factory()
-                elif f.default is _REQUIRED:
-                    raise FieldError(f"{type(self).__name__} needs the field {name!r}")
-                else:
-                    self.__dict__[name] = f.default
-        self._set = tuple(name for name in fields if name in given)  # in the order the class names them
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Event:
-        """The event a record holds (keys as written on disk); FieldError if it does not fit."""
-        return cls(**record)
 
     def to_record(self) -> dict[str, Any]:
         """The JSON object written to the log: the envelope, then the fields the emitter set
         (a field left at its default is not written, as before events were typed)."""
         record: dict[str, Any] = {"ts": self.ts, "task_id": self.task_id, "iteration": self.iteration,
                                   "event": self.event}
-        fields = self._FIELDS
-        for name in self._set:
-            key = fields[name].key
+        for key, value in self.model_dump(exclude_unset=True, by_alias=True).items():
             if key not in record:
-                record[key] = self.__dict__[name]
+                record[key] = value
         return record
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.__dict__ == self.__dict__
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.to_record().items())})"
 
     # -- a thin read-only mapping view, for listeners written against the dict records ---------
 
@@ -169,44 +63,19 @@ class Event:
         return key in self.to_record()
 
 
-def _collect_fields(cls: type[Event]) -> None:
-    """`cls._FIELDS`: its base's, then its own annotations in the order written; `cls._BY_KEY`."""
-    fields = dict(cls._FIELDS)
-    for name, annotation in cls.__dict__.get("__annotations__", {}).items():
-        if annotation.startswith("ClassVar") or name.startswith("_"):
-            continue
-        value = cls.__dict__.get(name, _REQUIRED)
-        spec = value if isinstance(value, _Field) else _Field(check_any, value, None, "")
-        fields[name] = _Field(_check_for(cls.__name__, name, annotation), spec.default, spec.factory, spec.key or name)
-        if isinstance(value, _Field):
-            delattr(cls, name)  # the instance's own value is read, never the spec
-    cls._FIELDS = fields
-    cls._BY_KEY = {**{name: name for name in fields}, **{f.key: name for name, f in fields.items()}}
-
-
-_collect_fields(Event)  # the envelope: the base's own fields
-
-
 class GenericEvent(Event):
     """A record read from disk that no model here describes (an unknown or newer kind): every key
     kept, as read."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
     ts: Any = ""
     task_id: Any = ""
     iteration: Any = 0
     event: str = "unknown"
 
-    def __init__(self, /, **values: Any) -> None:
-        self._record = dict(values)
-        for name in self.ENVELOPE:
-            self.__dict__[name] = values[name] if name in values else self._FIELDS[name].default
-        self.event = str(self.event)
-        self._set = ()
-
     def to_record(self) -> dict[str, Any]:
-        first = {name: self._record[name] for name in self.ENVELOPE if name in self._record}
-        return {**first, **self._record}  # exactly the keys that were read, the envelope's first
-
+        return self.model_dump(exclude_unset=True, by_alias=True)  # exactly the keys that were read
 
 # -- the loop's life -------------------------------------------------------------------------
 
@@ -231,7 +100,7 @@ class LoopResumed(Event):
 
 class StateChanged(Event):
     event: Literal["state_changed"] = "state_changed"
-    from_: str = field(key="from")
+    from_: str = Field(alias="from")
     to: str
     reason: str | None = None
 
@@ -301,7 +170,7 @@ class ModelCalled(Event):
     seconds: float
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    tool_calls: list[str] = field(default_factory=list)
+    tool_calls: list[str] = Field(default_factory=list)
 
 
 class ContextWrapped(Event):
@@ -319,7 +188,7 @@ class StepCompleted(Event):
     description: str = ""
     duration_seconds: float = 0.0
     attempt: int = 1
-    checked: list[str] = field(default_factory=list)
+    checked: list[str] = Field(default_factory=list)
 
 
 class StepFailed(Event):
@@ -378,7 +247,7 @@ class HumanRequested(Event):
 
 class TaskMoved(Event):
     event: Literal["task_moved"] = "task_moved"
-    from_: str = field(key="from")
+    from_: str = Field(alias="from")
     to: str
     area: str | None = None
 
@@ -413,7 +282,7 @@ class NotifierFailed(Event):
 class MessageReceived(Event):
     event: Literal["message_received"] = "message_received"
     message_id: str
-    from_: str = field(key="from")
+    from_: str = Field(alias="from")
     via: str | None = None
     queued_at: str | None = None
     chars: int = 0
@@ -422,7 +291,7 @@ class MessageReceived(Event):
 class MessageDelivered(Event):
     event: Literal["message_delivered"] = "message_delivered"
     message_id: str
-    from_: str = field(key="from")
+    from_: str = Field(alias="from")
     where: str | None = None
 
 
@@ -461,20 +330,20 @@ class PrecheckSkipped(Event):
 class StepsProposed(Event):
     event: Literal["steps_proposed"] = "steps_proposed"
     proposal: str
-    steps: list[str] = field(default_factory=list)
+    steps: list[str] = Field(default_factory=list)
     after: str | None = None
 
 
 class ProposalApproved(Event):
     event: Literal["proposal_approved"] = "proposal_approved"
     proposal: str
-    steps: list[str] = field(default_factory=list)
+    steps: list[str] = Field(default_factory=list)
 
 
 class ProposalRejected(Event):
     event: Literal["proposal_rejected"] = "proposal_rejected"
     proposal: str
-    steps: list[str] = field(default_factory=list)
+    steps: list[str] = Field(default_factory=list)
 
 
 # -- git (SPEC §9, kiro.checkpoints) --------------------------------------------------------
@@ -545,26 +414,26 @@ class MergeConflict(Event):
     event: Literal["merge_conflict"] = "merge_conflict"
     branch: str
     into: str | None = None
-    files: list[str] = field(default_factory=list)
+    files: list[str] = Field(default_factory=list)
 
 
 class MergeFailed(Event):
     event: Literal["merge_failed"] = "merge_failed"
     branch: str
-    files: list[str] = field(default_factory=list)
+    files: list[str] = Field(default_factory=list)
     error: str = ""
 
 
 class MergeResumed(Event):
     event: Literal["merge_resumed"] = "merge_resumed"
     branch: str
-    files: list[str] = field(default_factory=list)
+    files: list[str] = Field(default_factory=list)
 
 
 class RollbackResumed(Event):
     event: Literal["rollback_resumed"] = "rollback_resumed"
     branch: str | None = None
-    files: list[str] = field(default_factory=list)
+    files: list[str] = Field(default_factory=list)
 
 
 class RolledBack(Event):
@@ -574,8 +443,8 @@ class RolledBack(Event):
     checkpoint: str | None = None
     commit: str | None = None
     method: str | None = None
-    undone: list[str] = field(default_factory=list)
-    unchecked: list[str] = field(default_factory=list)
+    undone: list[str] = Field(default_factory=list)
+    unchecked: list[str] = Field(default_factory=list)
 
 
 # -- schedules (SPEC §11, kiro.schedule) ---------------------------------------------------------
@@ -626,19 +495,33 @@ class WorkerLost(Event):
     worker: str
 
 
-KINDS: tuple[type[Event], ...] = (
-    LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
-    IterationStarted, Reinjected, StepStarted, ToolCalled, ModelCalled, ContextWrapped, StepCompleted,
-    StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, GuardrailTriggered, HumanRequested,
-    TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
-    MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
-    CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
-    WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
-    RollbackResumed,
-    RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
-    PrecheckPassed, PrecheckSkipped, WorkerLost,
-)
-MODELS: dict[str, type[Event]] = {cls._FIELDS["event"].default: cls for cls in KINDS}  # the name each kind fixes
+
+AnyEvent: TypeAlias = Annotated[
+    Union[  # noqa: UP007 - a discriminated union reads best spelled out
+        LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
+        IterationStarted, Reinjected, StepStarted, ToolCalled, ModelCalled, ContextWrapped, StepCompleted,
+        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, GuardrailTriggered, HumanRequested,
+        TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
+        MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
+        CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
+        WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
+        RollbackResumed,
+        RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
+        PrecheckPassed, PrecheckSkipped, WorkerLost,
+    ],
+    Field(discriminator="event"),
+]
+
+
+@functools.cache
+def event_adapter() -> TypeAdapter[AnyEvent]:
+    """The reader of any kind (the discriminated union), built on first use: building it builds every
+    kind's validator, which a run that only writes events never needs."""
+    return TypeAdapter(AnyEvent)
+
+
+KINDS: tuple[type[Event], ...] = get_args(get_args(AnyEvent)[0])
+MODELS: dict[str, type[Event]] = {cls.model_fields["event"].default: cls for cls in KINDS}  # the tag each kind fixes
 EVENT_NAMES: frozenset[str] = frozenset(MODELS)
 
 Listener = Callable[[Event], None]
@@ -650,22 +533,21 @@ def make(kind: str, /, **fields: Any) -> Event:
     model = MODELS.get(kind)
     if model is None:
         raise ValueError(f"unknown event {kind!r}; add a model for it to kiro/events.py")
-    return model.from_record(fields)
+    return model.model_validate(fields)
 
 
 def parse(record: dict[str, Any]) -> Event:
     """A record read from disk as its typed event; anything that does not fit (an unknown kind,
     a newer kiro's fields) as a `GenericEvent`. Never raises on a dict."""
     kind = record.get("event")
-    model = MODELS.get(kind) if isinstance(kind, str) else None
-    if model is not None:
+    if isinstance(kind, str) and kind in EVENT_NAMES:
         try:
-            return model.from_record(record)
-        except (FieldError, TypeError):  # TypeError: a key that is not a text
+            return event_adapter().validate_python(record)
+        except ValidationError:
             pass
     try:
-        return GenericEvent(**{**record, "event": str(kind if kind is not None else "unknown")})
-    except TypeError:  # a key that is not a text
+        return GenericEvent.model_validate({**record, "event": str(kind if kind is not None else "unknown")})
+    except (ValidationError, TypeError, ValueError):  # keys pydantic will not take as fields
         return GenericEvent(event=str(kind))
 
 

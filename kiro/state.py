@@ -22,11 +22,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
 from kiro import diskfull, journal, locks, ownwrites, safeio, timeutil, writer
 from kiro.errors import LockHeld, StateError, TaskNotFound
 from kiro.fsutil import Staged, fsync_dir
 from kiro.fsutil import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fsutil
-from kiro.records import Record, field
 from kiro.redact import Redactor
 from kiro.status import RECORDED, Status
 from kiro.usage import StepUsage
@@ -62,10 +63,12 @@ def first_line(text: str | None, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-class _Model(Record):
-    """A part of the state (kiro.records, not pydantic): forward compatible, a newer kiro's extra
-    fields survive a round trip through an older one; no NaN or infinity, as kiro never writes one
-    and one read back poisons every sum and average."""
+class _Model(BaseModel):
+    # Forward compatible: a newer kiro's extra fields survive a round trip through an older one.
+    # No NaN or infinity: kiro never writes one, and one read back poisons every sum and average.
+    # An assignment is not checked: kiro's own code sets the fields as it runs. defer_build: the
+    # validators are built when a state is first read or made, not at import.
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False, defer_build=True)
 
 
 RETRY_HORIZON_DAYS = 366
@@ -88,8 +91,8 @@ def _retry_time(value: str) -> str:
     return value
 
 
-IsoTime = Annotated[str, _iso_time]
-RetryTime = Annotated[str, _retry_time]
+IsoTime = Annotated[str, AfterValidator(_iso_time)]
+RetryTime = Annotated[str, AfterValidator(_retry_time)]
 
 
 class CurrentStep(_Model):
@@ -123,7 +126,7 @@ class FailedStep(_Model):
 class Context(_Model):
     last_prompt: str = ""
     last_response: str = ""
-    environment: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, str] = Field(default_factory=dict)
 
 
 class StopConditions(_Model):
@@ -165,7 +168,7 @@ class StepRecord(_Model):
 
 class Transition(_Model):
     at: str
-    from_status: str = field(alias="from")
+    from_status: str = Field(alias="from")
     to: str
     reason: str | None = None
 
@@ -178,8 +181,8 @@ class RollbackRecord(_Model):
     checkpoint: str | None = None  # the commit whose files came back
     commit: str | None = None  # the rollback's own commit (None: the files already matched)
     method: Literal["restore", "revert"] = "restore"
-    undone: list[str] = field(default_factory=list)  # steps no longer completed
-    unchecked: list[str] = field(default_factory=list)  # boxes unchecked (parents included)
+    undone: list[str] = Field(default_factory=list)  # steps no longer completed
+    unchecked: list[str] = Field(default_factory=list)  # boxes unchecked (parents included)
 
 
 class GitInfo(_Model):
@@ -196,8 +199,8 @@ class GitInfo(_Model):
     base_commit: str | None = None  # HEAD when the loop started (None: no commit yet)
     merge_status: Literal["merging", "merged", "conflict", "left"] | None = None
     merge_commit: str | None = None
-    conflict_files: list[str] = field(default_factory=list)
-    rollbacks: list[RollbackRecord] = field(default_factory=list)
+    conflict_files: list[str] = Field(default_factory=list)
+    rollbacks: list[RollbackRecord] = Field(default_factory=list)
 
 
 class ScheduleInfo(_Model):
@@ -228,11 +231,11 @@ def _plain_task_id(value: str) -> str:
 
 class LoopState(_Model):
     schema_version: int = SCHEMA_VERSION
-    task_id: Annotated[str, _plain_task_id]
+    task_id: Annotated[str, AfterValidator(_plain_task_id)]
     task_path: str
-    status: Annotated[Status, _recorded_status] = Status.PENDING
-    started_at: IsoTime = field(default_factory=timeutil.iso)
-    updated_at: IsoTime = field(default_factory=timeutil.iso)
+    status: Annotated[Status, AfterValidator(_recorded_status)] = Status.PENDING
+    started_at: IsoTime = Field(default_factory=timeutil.iso)
+    updated_at: IsoTime = Field(default_factory=timeutil.iso)
     iteration: int = 0
     max_iterations: int = 100
     consecutive_failures: int = 0
@@ -240,11 +243,11 @@ class LoopState(_Model):
     total_failures: int = 0
     total_successes: int = 0
     current_step: CurrentStep | None = None
-    completed_steps: list[CompletedStep] = field(default_factory=list)
-    failed_steps: list[FailedStep] = field(default_factory=list)
-    context: Context = field(default_factory=Context)
-    stop_conditions: StopConditions = field(default_factory=StopConditions)
-    metrics: Metrics = field(default_factory=Metrics)
+    completed_steps: list[CompletedStep] = Field(default_factory=list)
+    failed_steps: list[FailedStep] = Field(default_factory=list)
+    context: Context = Field(default_factory=Context)
+    stop_conditions: StopConditions = Field(default_factory=StopConditions)
+    metrics: Metrics = Field(default_factory=Metrics)
     # added by kiro (SPEC §4)
     workspace: str = ""
     pid: int | None = None
@@ -255,10 +258,10 @@ class LoopState(_Model):
     timeout_reached: bool = False
     timeout_seconds: float | None = None
     title: str | None = None
-    usage: Usage = field(default_factory=Usage)
-    steps: dict[str, StepRecord] = field(default_factory=dict)
-    history: list[Transition] = field(default_factory=list)
-    guardrails: dict[str, Any] = field(default_factory=dict)  # budgets that survive a restart (kiro.guardrails)
+    usage: Usage = Field(default_factory=Usage)
+    steps: dict[str, StepRecord] = Field(default_factory=dict)
+    history: list[Transition] = Field(default_factory=list)
+    guardrails: dict[str, Any] = Field(default_factory=dict)  # budgets that survive a restart (kiro.guardrails)
     runs: int = 0
     finished_at: IsoTime | None = None
     report_path: str | None = None
@@ -272,7 +275,7 @@ class LoopState(_Model):
     journal_seq: int = 0  # the last journal record this snapshot includes (kiro.journal)
     # (the completed_steps list, how many of its durations are summed, the sum): refresh_metrics
     # adds only the new ones
-    _durations: tuple[object, int, float] = (None, 0, 0.0)  # set on the instance by refresh_metrics
+    _durations: tuple[object, int, float] = PrivateAttr(default=(None, 0, 0.0))
 
     # -- transitions -----------------------------------------------------------------------
 
@@ -1227,6 +1230,13 @@ def effective_status(state: LoopState, alive: bool) -> Status:
 def _short(exc: BaseException) -> str:
     if isinstance(exc, safeio.UnreadableFile):
         return exc.reason
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False)
+        if errors:
+            first = errors[0]
+            where = ".".join(str(part) for part in first["loc"])
+            more = f"; and {len(errors) - 1} more" if len(errors) > 1 else ""
+            return f"{where}: {first['msg']}{more}"[:200] if where else str(first["msg"])[:200]
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__
 

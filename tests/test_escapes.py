@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from kiro.config import Config
-from kiro.records import FieldError
 from kiro.tools import ToolResult
 from tests.fake_openai import StepHarness, invoke, make_harness
 from tests.test_tools_confinement import ESCAPES as FILE_ESCAPES
@@ -187,7 +187,7 @@ def config_rows() -> list[Row]:
     for entry in REFUSED_ENTRIES:
         try:
             Config.model_validate({"tools": {"shell": {"enabled": True, "allow": [entry]}}})
-        except FieldError as exc:
+        except ValidationError as exc:
             rows.append(Row("allow-list", f"tools.shell.allow: [{entry!r}]", "trust_agent_code" in str(exc)))
         else:
             rows.append(Row("allow-list", f"tools.shell.allow: [{entry!r}]", False, "accepted"))
