@@ -6,9 +6,8 @@
 Prints, as medians over fresh processes:
 - the whole command's wall time, and what is left after `python -c pass` and the step itself;
 - the import of what the command loads (the Typer app, the loop commands, the engine) alone;
-- a floor for comparison: importing only the standard library pieces that any run of kiro's engine
-  needs whatever its CLI and models are made of (asyncio, subprocess, json; PyYAML was in it until
-  kiro.plainyaml read plain YAML without it);
+- a floor for comparison: importing only the standard library pieces and PyYAML that any run of
+  kiro's engine needs whatever its CLI and models are made of (asyncio, subprocess, json, yaml);
 - the run itself in a process that has imported everything: prepare_start + run_loops, minus the
   step's own duration (from its `step_completed` event): the fixed cost of a run.
 Each run is checked: exit 0, the step done, the task moved to Done/.
@@ -39,7 +38,7 @@ from pathlib import Path
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 TASK = "---\ntitle: One step\nexecutor: shell\n---\n- [ ] 1. Quick\n  ```sh\n  true\n  ```\n"
 
-FLOOR = "import asyncio, asyncio.subprocess, subprocess, json, threading, queue, fcntl, hashlib"
+FLOOR = "import asyncio, asyncio.subprocess, subprocess, json, yaml, threading, queue, fcntl, hashlib"
 IN_PROCESS = """
 import asyncio, json, sys, time
 from pathlib import Path
@@ -210,7 +209,7 @@ def main() -> None:
               f"difference {(med(cpu_whole) - med(cpu_passes)) * 1000:.0f} ms")
         print(f"  of which importing the CLI and the engine: {med(imports) * 1000:.0f} ms "
               f"wall, {med(cpu_imports) * 1000:.0f} ms CPU")
-        print(f"  the floor, importing only asyncio, subprocess and json (what the engine needs whatever "
+        print(f"  the floor, importing only asyncio, subprocess, json and yaml (what the engine needs whatever "
               f"its CLI and models): {med(floors) * 1000:.0f} ms wall, {med(cpu_floors) * 1000:.0f} ms CPU "
               f"beyond python -c pass")
         print(f"  a run's fixed start-up + shutdown (prepare_start + run_loops - the step), imports done: "

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiro import safeio, tasks, timeutil
+from kiro import frontmatter, tasks, timeutil
 from kiro.fsutil import atomic_write
 from kiro.messages import Inbox
 from kiro.workspace import Workspace
@@ -48,22 +48,22 @@ def _name_re(task_id: str) -> re.Pattern[str]:
 
 
 def _split(text: str) -> tuple[dict[str, Any], str]:
-    if text.startswith("---\n"):
-        end = text.find("\n---", 4)
-        if end != -1:
-            head = text[4:end]
-            import yaml  # here: a start that reads no proposal never imports PyYAML
-
-            try:  # too deep or an alias bomb: as unreadable (PyYAML's own loader recurses on depth)
-                meta = (yaml.safe_load(head) or {}) if safeio.yaml_shape_problem(head) is None else {}
-            except yaml.YAMLError:
-                meta = {}
-            return (meta if isinstance(meta, dict) else {}), text[end + 4:].lstrip("\n")
-    return {}, text
+    """A proposal's frontmatter and what follows it; frontmatter kiro cannot read (not YAML, too deep,
+    an alias bomb) is as none."""
+    try:
+        found = frontmatter.read(text)
+    except frontmatter.FrontmatterError:
+        return {}, frontmatter.body(text)
+    return found.data, text[found.rest:]
 
 
-def _join(meta: dict[str, Any], body: str) -> str:
-    return "---\n" + safeio.yaml_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + body
+def _marked(text: str, fields: dict[str, Any]) -> str:
+    """The proposal `text` with `fields` set in its frontmatter, the person's other bytes kept; a
+    frontmatter kiro cannot read or edit is replaced by one of `fields`."""
+    try:
+        return frontmatter.write(fields, text)
+    except frontmatter.FrontmatterError:
+        return frontmatter.write(fields) + frontmatter.body(text)
 
 
 def proposals(ws: Workspace, task_id: str, area: str) -> list[Path]:
@@ -89,7 +89,7 @@ def propose(ws: Workspace, task_id: str, task_path: str, titles: list[str], afte
             f"first if you like) or to `Rejected/` to refuse them; write why under `## Decision` if you want the "
             f"agent to know.\n\n## Reason\n{reason.strip() or '(none given)'}\n\n## Steps\n{steps}\n\n## Decision\n")
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, _join(meta, body))
+    atomic_write(path, frontmatter.write(meta) + body)
     return path
 
 
@@ -113,7 +113,8 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
     out: list[Decision] = []
     marks = ws.state_dir / "proposals"
     for path in proposals(ws, task_id, APPROVED):
-        meta, body = _split(path.read_text(encoding="utf-8"))
+        written = path.read_text(encoding="utf-8")
+        meta, body = _split(written)
         if meta.get("status") == "applied":
             continue
         titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := _BOX.match(line))]
@@ -127,13 +128,12 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
             if after is not None and tasks.load(task_path).find(after) is None:
                 after = None  # the step it followed is gone: at the end
             tasks.add_steps(task_path, titles, after=after)
-        meta["status"] = "applied"
-        meta["applied"] = timeutil.iso()
-        atomic_write(path, _join(meta, body))
+        atomic_write(path, _marked(written, {"status": "applied", "applied": timeutil.iso()}))
         marker.unlink(missing_ok=True)
         out.append(Decision("approved", path.name, {"proposal": path.name, "steps": titles}))
     for path in proposals(ws, task_id, REJECTED):
-        meta, body = _split(path.read_text(encoding="utf-8"))
+        written = path.read_text(encoding="utf-8")
+        meta, body = _split(written)
         if meta.get("status") == "reported":
             continue
         titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := _BOX.match(line))]
@@ -142,7 +142,6 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
                 + "; ".join(titles) + "." + (f"\nThe person's reason: {why}" if why else ""))
         Inbox(ws, task_id).queue(redact(text) if redact is not None else text, via="approval",
                                  msg_id=f"rejected-{path.stem}")
-        meta["status"] = "reported"
-        atomic_write(path, _join(meta, body))
+        atomic_write(path, _marked(written, {"status": "reported"}))
         out.append(Decision("rejected", path.name, {"proposal": path.name, "steps": titles}))
     return out

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
 
-from kiro import plainyaml, safeio
+from kiro import safeio
 from kiro.errors import ConfigError
 from kiro.workspace import CONFIG_RELPATH
 
@@ -310,25 +310,17 @@ _BASE_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
 
 
 @functools.cache
-def _loader() -> type[yaml.SafeLoader]:
-    """PyYAML's SafeLoader, reading `17:30` as the text "17:30" (made, and PyYAML imported, on first
-    use: a plain config is read by kiro.plainyaml, and a start that reads only plain YAML never imports
-    PyYAML, a sixth of its instructions).
+def _loader() -> type:
+    """PyYAML's safe loader (safeio.yaml_loader), reading `17:30` as the text "17:30".
 
     YAML 1.1 (PyYAML) reads an unquoted `17:30` as the base-60 integer 1050, which would turn
     `active_hours: {start: 09:00, end: 17:30}` into a baffling type error.
     """
-    import yaml
-
-    class _Loader(yaml.SafeLoader):
-        pass
-
-    _Loader.yaml_implicit_resolvers = {
-        first: list(resolvers) for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
+    base: Any = safeio.yaml_loader()
+    resolvers = {first: list(found) for first, found in base.yaml_implicit_resolvers.items()}
     for first in "-+0123456789":
-        _Loader.yaml_implicit_resolvers[first].insert(0, ("tag:yaml.org,2002:str", _BASE_60))
-    return _Loader
+        resolvers[first].insert(0, ("tag:yaml.org,2002:str", _BASE_60))
+    return type("ConfigLoader", (base,), {"yaml_implicit_resolvers": resolvers})
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -373,25 +365,16 @@ def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]
             f"not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8", file=name, line=line
         ) from None
 
-    plain = plainyaml.load(text)
-    if plain is not None:
-        return plain
-    shape = safeio.yaml_shape_problem(text)
-    if shape is not None:
-        raise ConfigError(f"YAML refused: {shape}", file=name)
     import yaml
 
     try:
-        loader = _loader()(text)  # the reader rejects control characters here
-        try:
-            node = loader.get_single_node()
-            if node is not None:
-                _check_duplicate_keys(node, name)
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
+        data, node = safeio.load_yaml(text, _loader())
+    except safeio.YamlRefused as exc:
+        raise ConfigError(f"YAML refused: {exc}", file=name) from None
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, text, name) from None
+    if node is not None:
+        _check_duplicate_keys(node, name)
 
     if data is None:  # empty, only comments, or an explicit `null`
         return {}, {}
@@ -401,24 +384,21 @@ def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]
             f"the top level must be a mapping of keys (like `autonomous_loop:`), not {_kind(data)}",
             file=name, line=node.start_mark.line + 1,
         )
-    lines: dict[str, int] = {}
-    assert isinstance(node, yaml.MappingNode)
-    _collect_lines(node, (), lines, set())
-    return data, lines
+    return data, safeio.yaml_key_lines(node)
 
 
 def _yaml_error(exc: yaml.YAMLError, text: str, name: str) -> ConfigError:
+    """PyYAML's multi-line report, as one line that names the line number."""
     import yaml
 
-    """PyYAML's multi-line report, as one line that names the line number."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
         detail = f"{exc.problem} (column {mark.column + 1}"
         if exc.context and exc.context_mark is not None:
             detail += f", {exc.context} on line {exc.context_mark.line + 1}"
         return ConfigError(f"invalid YAML: {detail})", file=name, line=mark.line + 1)
-    if isinstance(exc, yaml.reader.ReaderError):
-        line = text[: exc.position].count("\n") + 1
+    if isinstance(exc, yaml.reader.ReaderError):  # (libyaml's position counts bytes: find the character)
+        line = text[: max(text.find(chr(exc.character)), 0)].count("\n") + 1
         problem = f"unacceptable character #x{exc.character:04x}"
         return ConfigError(f"invalid YAML: {problem}", file=name, line=line)
     return ConfigError(f"invalid YAML: {' '.join(str(exc).split())}", file=name)
@@ -446,22 +426,6 @@ def _check_duplicate_keys(node: yaml.Node, name: str, active: frozenset[int] = f
     elif isinstance(node, yaml.SequenceNode):
         for item in node.value:
             _check_duplicate_keys(item, name, active)
-
-
-def _collect_lines(node: yaml.MappingNode, prefix: tuple[str, ...], lines: dict[str, int],
-                   active: set[int]) -> None:
-    """Record the line of each key under `node`; later keys win, as they do in the loaded mapping."""
-    import yaml
-
-    active.add(id(node))
-    for key_node, value_node in node.value:
-        if not isinstance(key_node, yaml.ScalarNode):
-            continue
-        path = (*prefix, str(key_node.value))
-        lines[".".join(path)] = key_node.start_mark.line + 1
-        if isinstance(value_node, yaml.MappingNode) and id(value_node) not in active:
-            _collect_lines(value_node, path, lines, active)
-    active.discard(id(node))
 
 
 def _kind(value: Any) -> str:
@@ -661,13 +625,12 @@ def _env_value(var: str, dotted: str, text: str) -> Any:
     annotation = _annotation_at(_split(dotted))
     if annotation is not None and _accepts_text(annotation):
         return None if text.strip() in _YAML_NULLS and _is_optional(annotation) else text
-    shape = safeio.yaml_shape_problem(text)
-    if shape is not None:
-        raise ConfigError(f"environment {var}: YAML refused: {shape}", key=dotted)
     import yaml
 
     try:
-        return yaml.load(text, Loader=_loader())
+        return safeio.load_yaml(text, _loader())[0]
+    except safeio.YamlRefused as exc:
+        raise ConfigError(f"environment {var}: YAML refused: {exc}", key=dotted) from None
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise ConfigError(f"environment {var}: not a valid value: {problem}", key=dotted) from None

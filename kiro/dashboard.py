@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from kiro import safeio, timeutil, views
+from kiro import frontmatter, timeutil, views
 from kiro.fsutil import atomic_write
 from kiro.shared import Registry
 from kiro.state import LoopState, StateStore, effective_status, first_line
@@ -154,8 +154,7 @@ def markdown(entries: list[Entry], now: datetime | None = None) -> str:
             failed.append(e)
         else:
             paused.append(e)
-    head = safeio.yaml_dump({"type": "dashboard", "created": timeutil.iso(now)}, sort_keys=False)
-    out = [f"---\n{head}---\n", "# Autonomous Loop Progress\n"]
+    out = [frontmatter.write({"type": "dashboard", "created": timeutil.iso(now)}), "# Autonomous Loop Progress\n"]
     for title, items, key in (("Active Loops", active, "active"), ("Paused", paused, "paused"),
                               ("Completed Today", done_today, "completed"), ("Failed", failed, "failed")):
         out.append(f"\n## {title} ({len(items)})\n")

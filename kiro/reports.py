@@ -10,14 +10,13 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any
 
-from kiro import safeio, timeutil
+from kiro import frontmatter, timeutil
 from kiro.state import CompletedStep, FailedStep, LoopState, first_line
 
 
 def _frontmatter(fields: dict[str, Any]) -> str:
     fields = {k: v.value if isinstance(v, Enum) else v for k, v in fields.items()}  # Status -> its string
-    body = safeio.yaml_dump(fields, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1000)
-    return f"---\n{body}---\n"
+    return frontmatter.write(fields)
 
 
 frontmatter_block = _frontmatter  # for reports written elsewhere (kiro.scheduled)

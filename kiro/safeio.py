@@ -2,9 +2,10 @@
 
 One reader for config, state, task and hook files: it opens without blocking (a FIFO in place of a
 file does not wait for a writer), takes only regular files (no folder, FIFO, device or socket), caps
-the size (a symlink to /dev/zero is not read forever), and names a symlink loop as one. One check for
-YAML before it is loaded: nesting depth and alias expansion are bounded (a 5,000-deep document or a
-"billion laughs" alias bomb is refused in milliseconds instead of recursing or expanding).
+the size (a symlink to /dev/zero is not read forever), and names a symlink loop as one. One loader
+for the YAML in them (`load_yaml`, PyYAML's safe loader): nesting depth and alias expansion are
+bounded before it loads (a 5,000-deep document or a "billion laughs" alias bomb is refused in
+milliseconds instead of recursing or expanding).
 
 Errors are `UnreadableFile` (a `UserError`): one line naming the file, what is wrong with it and the
 fix; callers that own a more specific error type (ConfigError, TaskFileError, StateError) re-raise it
@@ -17,9 +18,12 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiro.errors import UserError
+
+if TYPE_CHECKING:
+    import yaml
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -149,22 +153,72 @@ def check_file_or_absent(path: Path | str, *, name: str | None = None, fix: str 
         raise UnreadableFile(shown, f"is {file_kind(mode)}, not a file", fix)
 
 
-def yaml_dump(data: object, **options: Any) -> str:
-    """`yaml.safe_dump(data, **options)` through libyaml's emitter where PyYAML has it: about 5x
-    faster (a completion report's frontmatter was ~0.3 ms of each loop's end, issue #12), and its
-    text reads back as the same data where PyYAML's own emitter's may not (a string holding NEL,
-    U+0085, came back with a space in it)."""
-    if isinstance(data, dict) and set(options) <= {"sort_keys", "allow_unicode", "default_flow_style", "width"} \
-            and not options.get("default_flow_style"):
-        from kiro import plainyaml  # a flat mapping of plain values (Dashboard.md's, a report's): no PyYAML
+class YamlRefused(ValueError):
+    """YAML too deep or expanding too far to load; the message says which, and where."""
 
-        text = plainyaml.dump(data, sort_keys=options.get("sort_keys", True), width=options.get("width", 80))
-        if text is not None:
-            return text
+
+def yaml_loader() -> type:
+    """PyYAML's safe loader: libyaml's (CSafeLoader) where PyYAML has it, else its own."""
     import yaml
 
-    dumper: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return str(yaml.dump(data, Dumper=dumper, **options))
+    loader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return loader
+
+
+def load_yaml(text: str, loader: type | None = None) -> tuple[Any, yaml.Node | None]:
+    """(the data, the node it was built from) of a YAML text a person or an agent wrote, through
+    `loader` (a subclass of `yaml_loader()`; default: that). The one place kiro loads such YAML:
+    a text too deep or expanding too far is refused first (YamlRefused), before the loader
+    recurses or expands it. A syntax error is PyYAML's YAMLError, with the line in its mark."""
+    import yaml
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate (an environment value's undecodable byte)
+        raise yaml.reader.ReaderError("<unicode string>", exc.start, ord(text[exc.start]), "utf-8",
+                                      "special characters are not allowed") from None
+    shape = yaml_shape_problem(text)
+    if shape is not None:
+        raise YamlRefused(shape)
+    reader = (loader or yaml_loader())(text)
+    try:
+        node = reader.get_single_node()
+        return (reader.construct_document(node) if node is not None else None), node
+    except (yaml.scanner.ScannerError, yaml.parser.ParserError, yaml.composer.ComposerError):
+        if not isinstance(reader, yaml.SafeLoader):
+            # libyaml's words leave out what it found (a tab, an alias's name, an escape character):
+            # PyYAML's own parser words the same error with it (within the depth checked above)
+            try:
+                yaml.compose(text, Loader=yaml.SafeLoader)
+            except yaml.MarkedYAMLError as own:
+                raise own from None
+        raise
+    finally:
+        reader.dispose()
+
+
+def yaml_key_lines(node: yaml.Node | None, *, nested: bool = True) -> dict[str, int]:
+    """The 1-based line of each key of a loaded mapping, by dotted path (`llm.model`; only the
+    top-level keys unless `nested`); of two equal keys the later, as in the loaded mapping."""
+    import yaml
+
+    lines: dict[str, int] = {}
+    active: set[int] = set()
+
+    def walk(node: yaml.MappingNode, prefix: tuple[str, ...]) -> None:
+        active.add(id(node))
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue
+            path = (*prefix, str(key_node.value))
+            lines[".".join(path)] = key_node.start_mark.line + 1
+            if nested and isinstance(value_node, yaml.MappingNode) and id(value_node) not in active:
+                walk(value_node, path)  # (an alias to a mapping still open is a recursive one: not again)
+        active.discard(id(node))
+
+    if isinstance(node, yaml.MappingNode):
+        walk(node, ())
+    return lines
 
 
 def yaml_shape_problem(text: str) -> str | None:

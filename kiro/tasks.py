@@ -5,8 +5,8 @@ built around two promises:
 
 * **Parsing is forgiving and positional.** Real files (see the corpus notes) mix tabs and spaces,
   CRLF, runs of blank lines, duplicate step lines, optional markers written `[ ]*` or `[ ]\\*`,
-  code blocks with checkbox-looking lines, and frontmatter. We parse by hand (not with
-  python-frontmatter) so that every step knows the exact character offset of its marker.
+  code blocks with checkbox-looking lines, and frontmatter (read and written by kiro.frontmatter).
+  The checklist is parsed by hand so that every step knows the exact character offset of its marker.
 * **Edits touch only what kiro owns.** kiro changes marker characters and the `kiro_task_id`
   frontmatter line, nothing else: every other byte (line endings, BOM, trailing whitespace, a
   missing final newline, the person's frontmatter) is written back as read. Each edit is a
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import re
 import stat as stat_
@@ -34,20 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
-from kiro import ownwrites, plainyaml, safeio
+from kiro import frontmatter, ownwrites, safeio
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.fsutil import Staged, atomic_write
-
-
-def _yaml() -> tuple[Any, Any]:
-    """PyYAML and its fastest safe loader, imported on first use."""
-    import yaml
-
-    try:  # the C loader is several times faster; fall back when PyYAML was built without libyaml
-        loader: Any = yaml.CSafeLoader
-    except AttributeError:  # pragma: no cover - depends on the PyYAML build
-        loader = yaml.SafeLoader
-    return yaml, loader
 
 __all__ = [
     "MARKERS",
@@ -91,8 +79,6 @@ _STRAY_RE: Final = re.compile(r"[ \t]*(?:[-*+]|[0-9]{1,9}[.)])?[ \t]*\[[ xX~-]\]
 _ID_RE: Final = re.compile(r"([0-9]+(?:\.[0-9]+)*)(?:[.:](?![0-9])|(?=\s)|$)")
 _FENCE_RE: Final = re.compile(r"[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>.*)")
 _HEADING_RE: Final = re.compile(r" {0,3}#{1,6}[ \t]+(?P<text>.*?)(?:[ \t]+#+)?[ \t]*")
-_FM_KEY_RE: Final = re.compile(r"""(?P<key>"[^"]*"|'[^']*'|[^\s#'"?:-][^:#]*?|-[^\s:#][^:#]*?)[ \t]*:(?:[ \t]|$)""")
-_PLAIN_SCALAR_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 _SHELL_TAGS: Final = frozenset({"sh", "bash", "shell"})
 _GENERIC_HEADINGS: Final = frozenset(
     {"implementation plan", "implementation tasks", "tasks", "task list", "todo", "to do", "checklist"}
@@ -374,73 +360,20 @@ def _where(path: Path | None) -> str:
     return str(path) if path is not None else "<task text>"
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _frontmatter_key_lines(lines: list[str], close: int) -> dict[str, int]:
-    """Top-level keys (written at column 0) -> 1-based line; for a repeated key the last one,
-    which is the one YAML keeps."""
-    found: dict[str, int] = {}
-    for i in range(1, close):
-        m = _FM_KEY_RE.match(lines[i].rstrip("\r"))
-        if m is not None:
-            found[m["key"].strip("\"'")] = i + 1
-    return found
-
-
-def _parse_frontmatter(
-    lines: list[str], path: Path | None
-) -> tuple[dict[str, Any], tuple[int, int] | None, dict[str, int]]:
-    """Frontmatter is a `---` first line, YAML, and a `---` (or `...`) line. Errors name file:line."""
-    if not lines or lines[0].rstrip() != "---":
-        return {}, None, {}
-    where = _where(path)
-    close = next((i for i in range(1, len(lines)) if lines[i].rstrip() in ("---", "...")), None)
-    if close is None:
-        raise TaskFileError(
-            f"{where}:1: frontmatter opened with '---' on line 1 is never closed; "
-            "add a '---' line after the YAML keys (or remove the first line)"
-        )
-    body = "\n".join(line.rstrip("\r") for line in lines[1:close])
-    plain = plainyaml.load(body)  # `title: Add login`, `executor: shell`: no PyYAML needed
-    if plain is not None:
-        data: Any = plain[0] or None
-    else:
-        data = _yaml_frontmatter(body, where)
-    if data is None:
-        return {}, (0, close), {}
-    if not isinstance(data, dict):
-        raise TaskFileError(
-            f"{where}:2: frontmatter must be YAML keys like 'title: My task', not a {type(data).__name__}"
-        )
-    fm = {str(k): v for k, v in data.items()}
-    key_lines = _frontmatter_key_lines(lines, close)
-    for key in KIRO_STRING_KEYS:
-        value = fm.get(key)
-        if value is not None and not isinstance(value, str):
-            line = key_lines.get(key, 2)
-            raise TaskFileError(
-                f"{where}:{line}: frontmatter key {key!r} must be text, not a {type(value).__name__}; "
-                f"put the value in quotes"
-            )
-    return fm, (0, close), key_lines
-
-
-def _yaml_frontmatter(body: str, where: str) -> Any:
-    shape = safeio.yaml_shape_problem(body)
-    if shape is not None:
-        raise TaskFileError(f"{where}:2: frontmatter YAML refused: {shape}")
-    yaml, loader = _yaml()
+def _parse_frontmatter(text: str, path: Path | None) -> frontmatter.Frontmatter:
+    """The frontmatter (kiro.frontmatter), and the keys kiro reads as text checked. Errors name file:line."""
     try:
-        return yaml.load(body, Loader=loader) if body.strip() else None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 2 if mark is not None else 2
-        problem = getattr(e, "problem", None) or str(e)
-        raise TaskFileError(
-            f"{where}:{line}: frontmatter is not valid YAML: {_one_line(str(problem))}"
-        ) from e
+        found = frontmatter.read(text)
+    except frontmatter.FrontmatterError as e:
+        raise TaskFileError(f"{_where(path)}:{e.line}: {e.problem}") from None
+    for key in KIRO_STRING_KEYS:
+        value = found.data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise TaskFileError(
+                f"{_where(path)}:{found.lines.get(key, 2)}: frontmatter key {key!r} must be text, "
+                f"not a {type(value).__name__}; put the value in quotes"
+            )
+    return found
 
 
 def _dedent(lines: list[str]) -> list[str]:
@@ -515,7 +448,8 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
     lines = text.split("\n")  # not splitlines(): it also splits on \x0c, \u2028 ..., and offsets must hold
     crlf = text.count("\r\n")
     newline = "\r\n" if crlf and crlf * 2 >= text.count("\n") else "\n"
-    frontmatter, fm_lines, fm_key_lines = _parse_frontmatter(lines, path)
+    head = _parse_frontmatter(text, path)
+    fm_lines = (0, head.close) if head.close is not None else None
 
     steps: list[Step] = []
     owned: list[list[str]] = []  # per step: the non-step lines that belong to it ("\r" stripped)
@@ -622,8 +556,8 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
             last[s.parent] = last[s.index]
 
     return TaskFile(
-        path=path, text=text, frontmatter=frontmatter, steps=steps, newline=newline,
-        frontmatter_lines=fm_key_lines,
+        path=path, text=text, frontmatter=head.data, steps=steps, newline=newline,
+        frontmatter_lines=head.lines,
         _bytes=raw, _bom=bom, _fm_lines=fm_lines, _heading=heading, _stray=stray, _subtree_end=last,
     )
 
@@ -1196,43 +1130,6 @@ def check_finished_parents(path: Path, *, include_optional: bool = False) -> tup
     return _edit_boxes(_as_path(path), change, None, durable=True), list(checked_ids)
 
 
-# A frontmatter line that is all of one top-level key and a one-line plain value, a comment or blank:
-# what follows it at column 0 starts a new key (a value in quotes, a flow collection, a block scalar,
-# an anchor, alias or tag may go on over lines, and a key without a value may open a nested block).
-_SIMPLE_FRONTMATTER_LINE: Final = re.compile(
-    r"(?:[A-Za-z_][A-Za-z0-9_\-]*:[ \t]+[^\s'\"\[\]{}&*!|>%@`#,?:-][^\r]*|#[^\r]*|[ \t]*)\r?")
-
-# The plain scalars starting with a letter that YAML 1.1 (PyYAML) reads as something else than a string:
-# its only implicit types whose first character may be a letter are bool and null.
-_NOT_STRINGS: Final = frozenset(
-    "yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF null Null NULL".split())
-
-
-def _yaml_scalar(value: str) -> str:
-    """`value` as a YAML scalar that reads back as the same string."""
-    if _PLAIN_SCALAR_RE.fullmatch(value) and _plain_reads_back(value):
-        return value
-    return json.dumps(value, ensure_ascii=False)  # a JSON string is a YAML double-quoted scalar
-
-
-def _plain_reads_back(value: str) -> bool:
-    """A plain scalar reads back as this string. One starting with a letter (a task id, as kiro makes
-    them) needs no parse to say so: a loop's start made one, ~5 % of it."""
-    if (value[0].isalpha() or value[0] == "_") and value not in _NOT_STRINGS:
-        return True
-    yaml, loader = _yaml()
-    return bool(yaml.load(value, Loader=loader) == value)
-
-
-def _line_starts(text: str) -> list[int]:
-    starts = [0]
-    at = text.find("\n")
-    while at != -1:
-        starts.append(at + 1)
-        at = text.find("\n", at + 1)
-    return starts
-
-
 def set_frontmatter_key(path: Path, key: str, value: str, *, expected: TaskFile | None = None) -> TaskFile:
     """Set one top-level frontmatter key (kiro uses it only for `kiro_task_id`): its line is
     replaced, or a line is added before the closing `---`, or, without frontmatter, a frontmatter
@@ -1268,38 +1165,14 @@ def _frontmatter_change(key: str, value: str) -> _Change:
         raise ValueError(f"not a simple frontmatter key: {key!r}")
     if "\n" in value or "\r" in value:
         raise ValueError(f"frontmatter value for {key!r} must be one line")
-    entry = f"{key}: {_yaml_scalar(value)}"
-    key_re = re.compile(re.escape(key) + r"[ \t]*:(?:[ \t]|$)")
 
     def change(tf: TaskFile) -> str | None:
         if tf.frontmatter.get(key) == value:
             return None
-        nl = tf.newline
-        text = tf.text
-        if tf._fm_lines is None:  # a block of its own: it says `entry` and nothing else (no parse to check)
-            return f"---{nl}{entry}{nl}---{nl}{text}"
-        starts = _line_starts(text)
-        lines = text.split("\n")
-        close = tf._fm_lines[1]
-        at = next((i for i in range(1, close) if key_re.match(lines[i])), None)
-        if at is None:
-            new = text[: starts[close]] + entry + nl + text[starts[close]:]
-            if entry == f"{key}: {value}" and tf.frontmatter and all(
-                    _SIMPLE_FRONTMATTER_LINE.fullmatch(line) for line in lines[1:close]):
-                return new  # one `key: value` line after such lines is one key more: no parse to check
-        else:
-            end = starts[at] + len(lines[at]) - (1 if lines[at].endswith("\r") else 0)
-            new = text[: starts[at]] + entry + text[end:]
-        # refuse to write frontmatter that no longer says what it did (the frontmatter alone is read
-        # again: the steps below it are the same bytes)
-        after, _lines, _keys = _parse_frontmatter(new.split("\n"), tf.path)
-        others = {k: v for k, v in tf.frontmatter.items() if k != key}
-        if after.get(key) != value or {k: v for k, v in after.items() if k != key} != others:
-            raise TaskFileError(
-                f"{_where(tf.path)}: cannot set frontmatter key {key!r} without rewriting other keys; "
-                f"write '{entry}' into the frontmatter by hand"
-            )
-        return new
+        try:
+            return frontmatter.write({key: value}, tf.text)
+        except frontmatter.FrontmatterError as e:
+            raise TaskFileError(f"{_where(tf.path)}:{e.line}: {e.problem}") from None
 
     return change
 

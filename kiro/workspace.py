@@ -13,6 +13,7 @@ import re
 import stat
 from pathlib import Path
 
+from kiro import frontmatter, safeio
 from kiro.errors import TaskNotFound, UserError
 
 CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
@@ -328,21 +329,15 @@ class Workspace:
 
 # -- where a task file is now ------------------------------------------------------------------
 
-_TASK_ID_LINE = re.compile(rb"^kiro_task_id:\s*['\"]?([A-Za-z0-9_.-]+)['\"]?\s*$", re.MULTILINE)
-
-
 def frontmatter_task_id(path: Path) -> str | None:
+    """The `kiro_task_id` a task file's frontmatter names (kiro.frontmatter), when it is a valid one;
+    None for a file kiro cannot read."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-    except OSError:
+        text = safeio.read_bytes(path, limit=safeio.TASK_MAX_BYTES).decode("utf-8-sig")
+        found = frontmatter.read(text).data.get("kiro_task_id")
+        return check_task_id(found) if isinstance(found, str) else None
+    except (OSError, UnicodeDecodeError, UserError, frontmatter.FrontmatterError):
         return None
-    if not head.startswith(b"---"):
-        return None
-    end = head.find(b"\n---", 3)
-    block = head[: end if end > 0 else len(head)]
-    m = _TASK_ID_LINE.search(block.replace(b"\r\n", b"\n"))
-    return m.group(1).decode() if m else None
 
 
 def find_by_task_id(folder: Path, task_id: str) -> Path | None:

@@ -56,6 +56,34 @@ def test_an_approved_proposal_inserts_the_steps_as_the_person_edited_them(ws: Wo
     assert "status: applied" in (ws.root / "Approved/steps_db_1.md").read_text()
 
 
+def test_kiro_marks_a_proposal_handled_in_its_own_lines_and_keeps_the_persons(tmp_path: Path) -> None:
+    """`status: applied` replaces the `status:` line and `applied:` is a line added before the closing
+    `---`: a person's comment, quoting and the text below stay byte for byte."""
+    from kiro import approval, tasks
+    from kiro.workspace import Workspace as KiroWorkspace
+
+    root = tmp_path / "ws"
+    (root / "Specs/a").mkdir(parents=True)
+    (root / "Approved").mkdir()
+    task = root / "Specs/a/tasks.md"
+    task.write_text("- [ ] 1. First\n")
+    proposal = ("---\ntype: step_proposal\ntask_id: t1   # mine\nafter: '1'\nstatus: pending\n---\n\n\n"
+                "## Steps\n- [ ] 1.1 Second\n\n## Decision\nfine  \n")
+    (root / "Approved/steps_t1_1.md").write_text(proposal)
+    assert [d.kind for d in approval.apply_decisions(KiroWorkspace(root), "t1", task)] == ["approved"]
+    assert [s.title for s in tasks.load(task).steps] == ["First", "Second"]
+    text = (root / "Approved/steps_t1_1.md").read_text()
+    head, applied, rest = text.partition("status: applied\napplied: '")
+    assert head == proposal[:proposal.index("status: pending")]
+    assert rest[rest.index("'\n") + 2:] == proposal[proposal.index("---\n\n\n"):]
+
+    (root / "Rejected").mkdir()
+    rejected = proposal.replace("status: pending\n", "").replace("fine", "not now")
+    (root / "Rejected/steps_t1_2.md").write_text(rejected)
+    assert [d.kind for d in approval.apply_decisions(KiroWorkspace(root), "t1", task)] == ["rejected"]
+    assert (root / "Rejected/steps_t1_2.md").read_text() == rejected.replace("---\n\n", "status: reported\n---\n\n")
+
+
 def test_a_rejected_proposal_is_reported_to_the_agent_once(ws: Workspace, fake: FakeOpenAI) -> None:
     ws.task(TASK)
     openai_config(ws, fake)

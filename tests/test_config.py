@@ -327,6 +327,49 @@ def test_line_map_uses_dotted_paths(tmp_path: Path) -> None:
     }
 
 
+def test_comments_urls_and_yaml_spellings_read_as_a_person_means_them(tmp_path: Path) -> None:
+    """What used to be read by a hand-written YAML subset (kiro.plainyaml) reads the same through
+    PyYAML's safe loader: comments after values, a URL with a port, YAML 1.1's yes/null spellings."""
+    path = write_config(
+        tmp_path,
+        "# mine\nautonomous_loop:\n  failure_threshold: 2  # fewer\n  retry_failed_steps: yes\nllm:\n"
+        "  model: gpt-4.1\n  base_url: http://127.0.0.1:8080/v1  # a server of my own\nverify:\n"
+        "project_dir: ./src\n",
+    )
+    data, lines = load_config_file(path)
+    assert data == {"autonomous_loop": {"failure_threshold": 2, "retry_failed_steps": True},
+                    "llm": {"model": "gpt-4.1", "base_url": "http://127.0.0.1:8080/v1"}, "verify": None,
+                    "project_dir": "./src"}
+    assert lines == {"autonomous_loop": 2, "autonomous_loop.failure_threshold": 3,
+                     "autonomous_loop.retry_failed_steps": 4, "llm": 5, "llm.model": 6, "llm.base_url": 7,
+                     "verify": 8, "project_dir": 9}
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("llm:\n\tmodel: x\n", "2: invalid YAML: found character '\\t' that cannot start any token"),
+    ("llm: *models\n", "1: invalid YAML: found undefined alias 'models'"),
+])
+def test_a_yaml_mistake_is_named_with_what_was_found(tmp_path: Path, text: str, words: str) -> None:
+    """libyaml (the loader kiro uses) words these without the character or the name; the message
+    says them, as PyYAML's own parser does."""
+    write_config(tmp_path, text)
+    assert config_error(tmp_path).startswith(f"config/autonomous_loop.yaml:{words}")
+
+
+def test_a_control_character_names_its_line(tmp_path: Path) -> None:
+    """libyaml counts the bytes up to it, not the characters: the line is right after text that is not ASCII."""
+    write_config(tmp_path, "llm:\n  model: café\nverify: make\x07\n")
+    message = config_error(tmp_path)
+    assert message.startswith("config/autonomous_loop.yaml:3: invalid YAML: unacceptable character #x0007")
+
+
+def test_an_environment_value_with_an_undecodable_byte_is_a_config_error(tmp_path: Path) -> None:
+    """A byte that is not UTF-8 in a `KIRO_*` value reaches kiro as a lone surrogate: refused in one
+    line naming the variable, not an internal error."""
+    message = config_error(tmp_path, env={"KIRO_MAX_ITERATIONS": "5\udcff"})
+    assert "KIRO_MAX_ITERATIONS" in message and "not a valid value" in message
+
+
 def test_clock_times_need_no_quotes(tmp_path: Path) -> None:
     # YAML 1.1 reads an unquoted 17:30 as the base-60 number 1050.
     write_config(tmp_path, "guardrails:\n  active_hours: {start: 09:00, end: 17:30}\n")

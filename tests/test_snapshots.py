@@ -156,7 +156,7 @@ def test_a_reports_frontmatter_reads_back_as_the_values_written() -> None:
     """The frontmatter is YAML a program reads back: characters a file name may hold (a NEL, U+0085,
     from a Windows-1252 name; a line separator; quotes; a colon; a leading dash) come back unchanged.
     PyYAML's own emitter wrote NEL inside a quoted scalar, which read back as a space; kiro writes
-    through libyaml's (kiro.safeio.yaml_dump)."""
+    through libyaml's (kiro.frontmatter.write)."""
     import yaml
 
     for name in ("a\x85b", "\x85", "x\u2028y", "it's: \"quoted\"", "- leading dash", "trail ", "é\ufeff中"):

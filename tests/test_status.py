@@ -12,7 +12,7 @@ from kiro import conditions, dashboard, views
 from kiro.errors import StateError
 from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import RECORDED, Status
-from kiro.workspace import Workspace
+from kiro.workspace import Workspace, locate_task
 
 # SPEC §6: the code `start`/`resume` exit with, by the status the loop ends in
 SPEC_EXIT = {"completed": 0, "paused": 3, "stopped": 3, "max_iterations": 4, "timed_out": 4, "failed": 5}
@@ -113,3 +113,18 @@ def test_dashboard_puts_each_status_in_its_section() -> None:
             found[line.removeprefix("### Task: task ").split(" ")[0]] = section
     assert found == expected
     assert "🟠 INTERRUPTED" in text and "🛑 MAX ITERATIONS" in text
+
+
+def test_a_moved_and_renamed_task_file_is_found_by_the_kiro_task_id_in_its_frontmatter(tmp_path: Path) -> None:
+    """kiro.workspace.locate_task reads frontmatter with the one reader (kiro.frontmatter): CRLF lines, a
+    quoted id and a long frontmatter are read; a broken one, or an id kiro would not make, is no match."""
+    ws = Workspace(tmp_path)
+    ws.ensure_folders()
+    (ws.root / "Done/other").mkdir(parents=True)
+    (ws.root / "Done/other/broken.md").write_text("---\nkiro_task_id: t1\nbad: [\n---\n- [x] 1. a\n")
+    (ws.root / "Done/other/wrong.md").write_text("---\nkiro_task_id: ../t1\n---\n- [x] 1. a\n")
+    assert locate_task(ws, ws.root / "Specs/gone/tasks.md", "t1") == (None, None)
+    notes = "".join(f"note_{i}: {'x' * 60}\r\n" for i in range(100))  # past the first 4 KiB
+    moved = ws.root / "Done/other/renamed.md"
+    moved.write_bytes(f"---\r\ntitle: T\r\n{notes}kiro_task_id: 't1'\r\n---\r\n- [x] 1. a\r\n".encode())
+    assert locate_task(ws, ws.root / "Specs/gone/tasks.md", "t1") == ("Done", moved)

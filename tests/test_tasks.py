@@ -585,27 +585,24 @@ def test_set_frontmatter_key_quotes_values_that_yaml_would_change(tmp_path: Path
     assert tasks.load(path).frontmatter == {"kiro_task_id": value}
 
 
-def test_yaml_scalar_reads_back_as_the_same_string_without_a_parse_for_task_ids() -> None:
-    """`_yaml_scalar` no longer parses a value that starts with a letter (a loop's start spent ~5 %
-    of its time there): what it writes must still read back as the same string, for every value."""
+def test_a_frontmatter_value_kiro_writes_reads_back_as_the_same_string(tmp_path: Path) -> None:
+    """Whatever the value (YAML 1.1's yes/no/null spellings, numbers, times, colons), the line kiro
+    writes reads back as the same string."""
     import random
-
-    import yaml
 
     rng = random.Random(7)
     words = ("yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF null Null NULL y n "
              "~ t0000 task_20250101_120000 a.b a-b _x x/y 1e3 0x1f 1_000 .inf .nan 2026-11-26 1:20 a:b").split()
-    words += ["".join(rng.choice("aeyonNTfulL_.-/019xX:E ") for _ in range(rng.randint(1, 6))) for _ in range(5000)]
-    wrong = [w for w in words if yaml.safe_load(f"k: {tasks._yaml_scalar(w)}")["k"] != w]
-    print(f"yaml scalars: {len(words)} values written, {len(words) - len(wrong)} read back the same")
+    words += ["".join(rng.choice("aeyonNTfulL_.-/019xX:E ") for _ in range(rng.randint(1, 6))) for _ in range(500)]
+    tf = tasks.parse("---\ntitle: x\n---\n- [ ] a\n")
+    wrong = [w for w in words if tasks._parse_bytes(
+        (tasks._frontmatter_change("kiro_task_id", w)(tf) or "").encode(), None).frontmatter.get("kiro_task_id") != w]
     assert wrong == []
 
 
-def test_a_key_added_after_simple_frontmatter_lines_reads_back_without_the_check_parse() -> None:
-    """After lines of `key: plain value`, comments and blanks, kiro adds `kiro_task_id: <id>` without
-    parsing the frontmatter again to check it. Generated frontmatters, simple or not (quotes over
-    lines, block scalars, nested maps, flow collections): every edit kiro makes reads back as the old
-    keys plus the new one, or is refused."""
+def test_a_key_kiro_adds_reads_back_as_the_old_keys_and_the_new_one() -> None:
+    """Generated frontmatters, simple or not (quotes over lines, block scalars, nested maps, flow
+    collections): every edit kiro makes reads back as the old keys plus the new one, or is refused."""
     import random
 
     rng = random.Random(11)
@@ -613,9 +610,9 @@ def test_a_key_added_after_simple_frontmatter_lines_reads_back_without_the_check
               "note: it's fine", "x: 1 # trailing", "url: http://x.y/z?a=1", "flag: yes", "when: 2026-11-26"]
     tricky = ['quote: "over', 'still quoted"', "block: |", "  text", "nested:", "  k: v", "flow: [a,", "  b]",
               "folded: >", "  more", "alias: &a v", "ref: *a", "- item", "plain: a", "  continued", "key:",
-              "? complex", ": value", "tab:	v", "emptyq: ''"]
-    fast = made = 0
-    for _ in range(3000):
+              "? complex", ": value", "tab:	 v", "emptyq: ''", "kiro_task_id: >", "  old"]
+    made = refused = 0
+    for _ in range(1500):
         pool = simple if rng.random() < 0.5 else simple + tricky
         lines = [rng.choice(pool) for _ in range(rng.randint(1, 6))]
         text = "---\n" + "\n".join(lines) + "\n---\n- [ ] 1. a\n"
@@ -623,19 +620,17 @@ def test_a_key_added_after_simple_frontmatter_lines_reads_back_without_the_check
             tf = tasks._parse_bytes(text.encode(), None)
         except TaskFileError:
             continue  # kiro refuses the file as it is
-        if "kiro_task_id" in tf.frontmatter:
-            continue
         try:
             new = tasks._frontmatter_change("kiro_task_id", "t0001")(tf)
         except TaskFileError:
+            refused += 1
             continue  # refused, the person's to do by hand
         assert new is not None
         made += 1
-        fast += all(tasks._SIMPLE_FRONTMATTER_LINE.fullmatch(line) for line in lines) and bool(tf.frontmatter)
         after = tasks._parse_bytes(new.encode(), None)
         assert after.frontmatter == {**tf.frontmatter, "kiro_task_id": "t0001"}, text
-    print(f"frontmatter edits: {made} made and read back, {fast} of them without the check's parse")
-    assert fast > 500 and made > fast
+        assert new.replace("kiro_task_id: t0001\n", "", 1) == text or "kiro_task_id" in tf.frontmatter, text
+    assert made > 500
 
 
 def test_set_frontmatter_key_with_the_same_value_writes_nothing(tmp_path: Path) -> None:
