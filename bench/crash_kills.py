@@ -5,7 +5,7 @@
 Each round starts (or resumes) a loop on a task of shell steps whose command appends its step id
 to side_effects.log, then SIGKILLs the process at a random moment: during start-up, or at a random
 point while it runs its steps. After each kill it reads the state as kiro does (the state file with its
-journal replayed, kiro.journal) and records:
+journal replayed, kiro.store.journal) and records:
 
     unparsable states      the state file (or state file + journal) does not parse as a LoopState (must be 0)
     completed steps re-run a step the state recorded as completed ran again later (must be 0)
@@ -36,8 +36,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiro import journal, tasks
-from kiro.state import LoopState
+from kiro.store import journal, tasks
+from kiro.store.state import LoopState
 
 CONFIG = """\
 autonomous_loop:

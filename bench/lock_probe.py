@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kiro import locks
 from kiro.errors import LockHeld
-from kiro.state import StateStore
-from kiro.workspace import Workspace
+from kiro.fs import locks
+from kiro.store.state import StateStore
+from kiro.store.workspace import Workspace
 
 
 def trial(store: StateStore, probe: Callable[[Path], bool], starts: int) -> tuple[int, int, float]:

@@ -107,10 +107,11 @@ class Counters:
 
 
 def one_run(label: str, steps: int, done_before: int, history: int) -> dict[str, Any]:
-    from kiro import tasks, timeutil
-    from kiro.runner import prepare_start, run_loops
-    from kiro.state import CompletedStep, StateStore
-    from kiro.workspace import Workspace
+    from kiro import timeutil
+    from kiro.core.runner import prepare_start, run_loops
+    from kiro.store import tasks
+    from kiro.store.state import CompletedStep, StateStore
+    from kiro.store.workspace import Workspace
 
     c = Counters()
     c.install()

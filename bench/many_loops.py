@@ -102,21 +102,21 @@ def serve(port_queue: multiprocessing.Queue, count: Any) -> None:  # type: ignor
 
 class SyscallCount:
     """Counts os.rename/os.replace/os.fsync/os.fdatasync calls made by this process (every thread),
-    and the syncfs calls of a batch start (kiro.fsutil.Staged, through the C library)."""
+    and the syncfs calls of a batch start (kiro.fs.atomic.Staged, through the C library)."""
 
     NAMES = ("rename", "replace", "fsync", "fdatasync")
 
     def __init__(self) -> None:
-        import kiro.fsutil
+        import kiro.fs.atomic
 
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._orig = {n: getattr(os, n) for n in self.NAMES}
         for name, fn in self._orig.items():
             setattr(os, name, self._wrap(name, fn))
-        syncfs = kiro.fsutil._syncfs() if hasattr(kiro.fsutil, "_syncfs") else None  # (kiro before it: none)
+        syncfs = kiro.fs.atomic._syncfs() if hasattr(kiro.fs.atomic, "_syncfs") else None  # (kiro before it: none)
         if syncfs is not None:
-            kiro.fsutil._SYNCFS[:] = [self._wrap("syncfs", syncfs)]
+            kiro.fs.atomic._SYNCFS[:] = [self._wrap("syncfs", syncfs)]
 
     def _wrap(self, name: str, fn: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -184,9 +184,9 @@ def main() -> int:
     server.start()
     port = q.get(timeout=30)
 
-    from kiro.runner import LoopIndex, StartBatch, prepare_start, run_loops
-    from kiro.state import StateStore
-    from kiro.workspace import Workspace
+    from kiro.core.runner import LoopIndex, StartBatch, prepare_start, run_loops
+    from kiro.store.state import StateStore
+    from kiro.store.workspace import Workspace
 
     counter = SyscallCount()
     collector = CollectorTime()

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiro.messages import Inbox
-from kiro.runner import prepare_start, run_loops
-from kiro.workspace import Workspace
+from kiro.core.runner import prepare_start, run_loops
+from kiro.store.messages import Inbox
+from kiro.store.workspace import Workspace
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     python bench/precheck_gate.py [--files 1000 --files 10000] [--repeat 5]
 
-For a project of N files: the snapshot (`kiro.precheck.take`: the task file, a walk of the project with
+For a project of N files: the snapshot (`kiro.core.precheck.take`: the task file, a walk of the project with
 one stat per file, the memory and inbox counts; taken after every turn with `every_iteration`, after
 every run of a scheduled task) and the digest of 10 changed files (`describe`), median of --repeat runs;
 the baseline's size on disk. Then one `resource_wait()` check with both CPU and disk limits on (two
@@ -22,12 +22,12 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiro import precheck  # noqa: E402
-from kiro.config import Config  # noqa: E402
-from kiro.guardrails import LoopGuardrails, SharedLimits  # noqa: E402
-from kiro.redact import Redactor  # noqa: E402
-from kiro.state import LoopState  # noqa: E402
-from kiro.workspace import Workspace  # noqa: E402
+from kiro.core import precheck  # noqa: E402
+from kiro.core.guardrails import LoopGuardrails, SharedLimits  # noqa: E402
+from kiro.store.config import Config  # noqa: E402
+from kiro.store.redact import Redactor  # noqa: E402
+from kiro.store.state import LoopState  # noqa: E402
+from kiro.store.workspace import Workspace  # noqa: E402
 
 
 def make_project(root: Path, files: int) -> None:

@@ -15,8 +15,8 @@ import json
 import time
 import uuid
 
-from kiro.config import Config
-from kiro.redact import Redactor
+from kiro.store.config import Config
+from kiro.store.redact import Redactor
 
 
 def per_call(fn: object, arg: object, n: int) -> float:

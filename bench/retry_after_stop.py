@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiro.runner import prepare_resume, prepare_start, run_loops
-from kiro.workspace import Workspace
+from kiro.core.runner import prepare_resume, prepare_start, run_loops
+from kiro.store.workspace import Workspace
 from tests.fake_openai import FakeOpenAI
 
 

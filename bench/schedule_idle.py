@@ -5,7 +5,7 @@
 1. A `kiro loop start` of a task with a far-away cron schedule (it waits for its first fire): the CPU
    time the waiting process uses over `--seconds`, from /proc/<pid>/stat. The schedule's own wait is
    one timer; what the process spends is its file watcher's (watchfiles' Rust loop, `step=5` ms in
-   kiro/watch.py, so that hooks and messages are seen within tens of milliseconds) and state timers,
+   kiro/core/watch.py, so that hooks and messages are seen within tens of milliseconds) and state timers,
    the same as any waiting or paused kiro loop.
 2. A shell task `schedule: {every: 1s}` of one `true` step run `--runs` times: per run, the time from
    `schedule_fired` to `run_finished` (uncheck the boxes, one step, the report, the summary memory).

@@ -4,7 +4,7 @@
 
 `kiro loop start --task a --task b ...` prepares every loop (its task file read, its state, lock,
 reserve and summary made, `kiro_task_id` written into the task file) and writes them together
-(kiro.runner.StartBatch). Here that start of FEW and of MANY loops (openai executor, task files of
+(kiro.core.runner.StartBatch). Here that start of FEW and of MANY loops (openai executor, task files of
 ten steps with a `title:` frontmatter, on tmpfs: /dev/shm) runs under valgrind's callgrind
 (Debian's `valgrind` package; PYTHONHASHSEED=0), and so does the same script stopped before the
 start (the workspace made, the imports done); the start's count at MANY minus the one at FEW,
@@ -32,9 +32,9 @@ SCRIPT = r'''
 import os, sys, tempfile
 from pathlib import Path
 n, frontmatter, start = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
-from kiro.runner import LoopIndex, StartBatch, prepare_start
-from kiro.state import StateStore
-from kiro.workspace import Workspace
+from kiro.core.runner import LoopIndex, StartBatch, prepare_start
+from kiro.store.state import StateStore
+from kiro.store.workspace import Workspace
 import kiro.executors.openai_agent  # noqa: F401 - imported by a real start before its loops
 with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
     root = Path(tmp)

@@ -42,9 +42,9 @@ FLOOR = "import asyncio, asyncio.subprocess, subprocess, json, yaml, threading, 
 IN_PROCESS = """
 import asyncio, json, sys, time
 from pathlib import Path
-from kiro import launch  # what `kiro loop start` imports, all of it, before the clock starts
-from kiro.runner import prepare_start, run_loops
-from kiro.workspace import Workspace
+from kiro.cli import launch  # what `kiro loop start` imports, all of it, before the clock starts
+from kiro.core.runner import prepare_start, run_loops
+from kiro.store.workspace import Workspace
 root = Path(sys.argv[1])
 t0 = time.perf_counter()
 run = prepare_start(Workspace.find(root), "Specs/a/tasks.md", task_id="t1", config_file=None, overrides={})
@@ -160,8 +160,8 @@ def main() -> None:
             w, wc, out, err, code = timed(start, cwd=root)
             assert code == 0, out + err
             check(root)
-            imp, ic, _o, err, code = timed([py, "-c", "import kiro.cli, kiro.cli.loop, kiro.launch, kiro.runner, "
-                                                      "kiro.engine"])
+            imp, ic, _o, err, code = timed([py, "-c", "import kiro.cli, kiro.cli.loop, kiro.cli.launch, "
+                                                      "kiro.core.runner, kiro.core.engine"])
             assert code == 0, err
             fl, flc, _o, err, code = timed([py, "-c", FLOOR])
             assert code == 0, err

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kiro import timeutil
-from kiro.state import CompletedStep, CurrentStep, LoopState, StateStore
-from kiro.workspace import Workspace
+from kiro.store.state import CompletedStep, CurrentStep, LoopState, StateStore
+from kiro.store.workspace import Workspace
 
 # Byte-code caching on, as in a normal install (some sandboxes set PYTHONDONTWRITEBYTECODE, which
 # makes every start compile kiro's sources again).

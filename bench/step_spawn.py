@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from kiro.executors import groups
-from kiro.executors.process import run_process
-from kiro.fsutil import atomic_write
+from kiro.fs.atomic import atomic_write
+from kiro.processes import groups
+from kiro.processes.spawn import run_process
 
 OLD_GUARD = ('exec 3<&0; trap "kill -KILL 0" USR2; trap : TERM INT HUP; "$@" <&3 3<&- & pid=$!; exec 3<&-; '
              'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done; exit "$rc"')
@@ -86,7 +86,7 @@ def measure(name: str, n: int, cwd: Path) -> list[float]:
 CHILD = """
 import asyncio, sys
 from pathlib import Path
-from kiro.executors.process import run_process
+from kiro.processes.spawn import run_process
 asyncio.run(run_process(["sh", "-c", "sleep 60 & echo $! > " + sys.argv[1] + "; sleep 60"], cwd=Path(".")))
 """
 

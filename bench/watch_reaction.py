@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiro.supervisor import Supervisor
-from kiro.workspace import Workspace
+from kiro.core.supervisor import Supervisor
+from kiro.store.workspace import Workspace
 
 TASK = "---\nexecutor: shell\n---\n" + "".join(f"- [ ] {i}. Wait\n  ```sh\n  sleep 0.3\n  ```\n" for i in (1, 2))
 

@@ -43,8 +43,8 @@ NEW = "---\nexecutor: shell\n---\n- [ ] 1. Quick\n  ```sh\n  true\n  ```\n"
 
 
 async def bench(root: Path, files: int, running: int, parallel: int) -> dict[str, Any]:
-    from kiro.supervisor import Supervisor
-    from kiro.workspace import Workspace
+    from kiro.core.supervisor import Supervisor
+    from kiro.store.workspace import Workspace
 
     started: dict[str, str] = {}
     busy_events = 0

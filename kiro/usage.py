@@ -1,5 +1,5 @@
 """What model calls cost: one attempt's `StepUsage`. Executors fill it, the guardrails count it,
-the state adds it to the loop's `usage`; a module of its own so that storage (`kiro.state`) does
+the state adds it to the loop's `usage`; a module of its own so that storage (`kiro.store.state`) does
 not import the executors."""
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiro import tasks
-from kiro.state import LoopState
+from kiro.store import tasks
+from kiro.store.state import LoopState
 from tests.gitutil import changed_in, files_in, fsck_problems, git, git_env, init_repo, trailers
 
 STEP = ('mkdir -p files; echo "$KIRO_STEP_ID" >> "$KIRO_WORKSPACE/Logs/side_effects.log"; '

@@ -50,17 +50,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from kiro import prompts, tasks
-from kiro.config import Config
-from kiro.events import Event, make
+from kiro.executors import prompts
 from kiro.executors.base import Guard, StepContext
-from kiro.memory import MemoryStore
-from kiro.state import LoopState
-from kiro.tools import ToolEnv, ToolError, ToolResult, toolset
-from kiro.tools.base import execute
-from kiro.tools.paths import Confinement
-from kiro.transcript import Redactor
-from kiro.workspace import Workspace as KiroWorkspace
+from kiro.executors.tools import ToolEnv, ToolError, ToolResult, toolset
+from kiro.executors.tools.base import execute
+from kiro.executors.tools.paths import Confinement
+from kiro.store import tasks
+from kiro.store.config import Config
+from kiro.store.events import Event, make
+from kiro.store.memory import MemoryStore
+from kiro.store.state import LoopState
+from kiro.store.transcript import Redactor
+from kiro.store.workspace import Workspace as KiroWorkspace
 
 DEFAULT_USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from kiro import locks
+from kiro.fs import locks
 
 TOKEN = "test-token-0123456789abcdef"
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from kiro.config import default_config_yaml
+from kiro.store.config import default_config_yaml
 from tests.conftest import FAST_CONFIG, Workspace, shell_task
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kiro.config import Config
 from kiro.errors import ExecutorError
 from kiro.executors.agents import Invocation, get
 from kiro.executors.agents.aider import AiderPreset
 from kiro.executors.agents.gemini import GeminiPreset
 from kiro.executors.agents.opencode import OpencodePreset
+from kiro.store.config import Config
 
 PRICES = Config.model_validate({"llm": {"prices": {"gemini-2.5-flash": {"input_per_1m": 2, "output_per_1m": 10},
                                                    "fake-coder": {"input_per_1m": 1, "output_per_1m": 4}}}})

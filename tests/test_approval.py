@@ -59,8 +59,8 @@ def test_an_approved_proposal_inserts_the_steps_as_the_person_edited_them(ws: Wo
 def test_kiro_marks_a_proposal_handled_in_its_own_lines_and_keeps_the_persons(tmp_path: Path) -> None:
     """`status: applied` replaces the `status:` line and `applied:` is a line added before the closing
     `---`: a person's comment, quoting and the text below stay byte for byte."""
-    from kiro import approval, tasks
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.store import approval, tasks
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     root = tmp_path / "ws"
     (root / "Specs/a").mkdir(parents=True)
@@ -141,8 +141,8 @@ def test_the_agent_cannot_approve_its_own_proposal(tmp_path: Path) -> None:
 def test_an_approved_proposal_with_frontmatter_nested_5000_deep_is_applied_without_it(tmp_path: Path) -> None:
     """A person's hand-made proposal whose frontmatter is too deep to read: its steps are added (at the
     end, as with frontmatter that is not YAML at all), not a RecursionError that ends the loop."""
-    from kiro import approval, tasks
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.store import approval, tasks
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     root = tmp_path / "ws"
     (root / "Specs/a").mkdir(parents=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kiro.bounds import EVENT_FIELD_CHARS, TRANSCRIPT_FIELD_CHARS
-from kiro.events import EventLog, read_events
-from kiro.transcript import Transcript
+from kiro.fs.bounds import EVENT_FIELD_CHARS, TRANSCRIPT_FIELD_CHARS
+from kiro.store.events import EventLog, read_events
+from kiro.store.transcript import Transcript
 from tests.conftest import FAST_CONFIG, Workspace, shell_task
 from tests.fake_openai import invoke, make_harness
 
@@ -269,9 +269,9 @@ def _reserves(state: Path) -> dict[str, int]:
 def test_loops_of_one_process_share_one_reserve_file_that_shrinks_as_they_end(tmp_path: Path) -> None:
     """Three loops started together take one reserve file (one new file, not three), holding each
     loop's share; a loop that ends gives its share back, and the last one removes the file."""
-    from kiro.runner import LoopIndex, StartBatch, prepare_start
-    from kiro.state import StateStore
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.core.runner import LoopIndex, StartBatch, prepare_start
+    from kiro.store.state import StateStore
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     root = tmp_path / "vault"
     for name in ("Specs", ".state", "config"):
@@ -299,7 +299,7 @@ def test_loops_of_one_process_share_one_reserve_file_that_shrinks_as_they_end(tm
 HOLD_A_RESERVE = """
 import os, sys, time
 from pathlib import Path
-from kiro import diskfull
+from kiro.fs import diskfull
 diskfull.reserve(Path(sys.argv[1]), "x", 0)
 print("held", flush=True)
 if sys.argv[2] == "die":
@@ -309,7 +309,7 @@ time.sleep(60)
 
 
 def test_a_killed_process_reserve_is_removed_by_the_next_one_and_a_live_one_is_kept(tmp_path: Path) -> None:
-    from kiro import diskfull
+    from kiro.fs import diskfull
 
     state = tmp_path / ".state"
     state.mkdir()
@@ -337,7 +337,7 @@ def test_a_killed_process_reserve_is_removed_by_the_next_one_and_a_live_one_is_k
 def test_a_folder_or_symlink_in_place_of_the_reserve_file_is_stepped_around(tmp_path: Path) -> None:
     """Something planted where this process's reserve file goes (a folder, a symlink to a file of the
     person's) is neither followed nor an error: the reserve takes the next name."""
-    from kiro import diskfull
+    from kiro.fs import diskfull
 
     state = tmp_path / ".state"
     state.mkdir()
@@ -357,7 +357,7 @@ def test_a_folder_or_symlink_in_place_of_the_reserve_file_is_stepped_around(tmp_
 def test_a_forked_child_leaves_its_parents_reserve_alone(tmp_path: Path) -> None:
     """A fork server's child runs its own loops: dropping a share or freeing every reserve there must
     not shrink or remove the file its parent holds."""
-    from kiro import diskfull
+    from kiro.fs import diskfull
 
     state = tmp_path / ".state"
     state.mkdir()
@@ -381,7 +381,7 @@ def test_a_forked_child_leaves_its_parents_reserve_alone(tmp_path: Path) -> None
 
 
 def test_a_reserve_that_does_not_fit_leaves_the_others_as_they_were(small_disk: Path) -> None:
-    from kiro import diskfull
+    from kiro.fs import diskfull
 
     state = small_disk / ".state"
     state.mkdir()

@@ -195,8 +195,8 @@ def test_logs_follow_shows_an_event_half_written_when_it_started(ws: Workspace, 
     """`--follow` goes on from the last complete line it read. It once went on from the file's size
     taken afterwards: the rest of a half-written line was then read as garbage and that event was
     never shown (CI saw a step_completed go missing this way)."""
-    from kiro.locks import Flock
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.fs.locks import Flock
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     log = ws.root / f"Logs/{unfinished}.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)
@@ -351,8 +351,8 @@ def test_a_loops_row_in_the_table_is_its_row_in_detail(ws: Workspace, loops: Wor
     from datetime import timedelta
 
     from kiro import timeutil
-    from kiro.state import LoopState, ScheduleInfo, StateStore
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.store.state import LoopState, ScheduleInfo, StateStore
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     store = StateStore(KiroWorkspace(ws.root))
     for tid, status, stateful in (("nightly", "paused", True), ("ended", "completed", True)):
@@ -375,7 +375,7 @@ def test_a_loops_row_in_the_table_is_its_row_in_detail(ws: Workspace, loops: Wor
 
 
 def test_status_reads_the_summary_and_the_state_when_the_summary_is_torn(loops: Workspace) -> None:
-    from kiro import journal
+    from kiro.store import journal
 
     ws = loops
     summary = ws.root / ".state" / "autonomous_loop_half.summary"
@@ -392,7 +392,7 @@ def test_status_reads_the_summary_and_the_state_when_the_summary_is_torn(loops: 
 
 
 def test_the_summary_decoder_refuses_what_the_encoder_did_not_write() -> None:
-    from kiro import journal
+    from kiro.store import journal
 
     good = journal.encode_summary({"task_id": "a", "status": "paused", "note": "é ⏎"})
     assert journal.decode_summary(good) == {"task_id": "a", "status": "paused", "note": "é ⏎"}
@@ -442,8 +442,8 @@ def test_a_live_loop_then_killed_then_locked_by_another_process(ws: Workspace) -
 
 def test_a_sleeping_loop_says_why_with_or_without_its_summary(ws: Workspace) -> None:
     from kiro import timeutil
-    from kiro.state import LoopState, StateStore
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.store.state import LoopState, StateStore
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     store = StateStore(KiroWorkspace(ws.root))
     st = LoopState(task_id="napping", task_path="Specs/n/tasks.md", status="running", sleep_until=timeutil.iso())
@@ -531,8 +531,8 @@ def test_read_commands_import_no_agent_client_and_no_watcher(loops: Workspace, a
 
 def test_logs_tail_reads_from_the_end_as_read_events_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Torn lines, blank lines, a line longer than the block, JSON that is not an object, no final
-    newline: the last N events are those of kiro.events.read_events, at every block boundary."""
-    from kiro import events
+    newline: the last N events are those of kiro.store.events.read_events, at every block boundary."""
+    from kiro.store import events
 
     lines = [json.dumps({"event": "e", "n": i}) for i in range(30)]
     lines[5] = '{"event": "torn'
@@ -578,7 +578,7 @@ def test_a_loop_run_into_a_pipe_prints_what_rich_prints_without_importing_it(ws:
 
     from rich.console import Console
 
-    from kiro import console
+    from kiro.views import console
 
     ws.write("Specs/a/tasks.md", shell_task(2, cmd="printf 'tab\\there \\a bell é ▶'"))
     code = ("import runpy, sys\nsys.argv = ['kiro', 'loop', 'start', '--task', 'Specs/a/tasks.md']\n"
@@ -613,7 +613,7 @@ def test_a_loop_run_into_a_pipe_prints_what_rich_prints_without_importing_it(ws:
 
 def test_a_step_with_no_number_is_named_once_when_it_starts() -> None:
     """Its text is its id: `▶ Deploy it`, not `▶ Deploy it Deploy it`; a numbered step shows both."""
-    from kiro import console
+    from kiro.views import console
 
     base = {"event": "step_started", "ts": "2026-11-27T07:00:00.000+00:00", "iteration": 1, "attempt": 1}
     once = console.event_plain({**base, "step_id": "Deploy it", "description": "Deploy it"})

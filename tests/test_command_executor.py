@@ -291,8 +291,8 @@ def test_kiros_own_temp_files_that_come_and_go_during_a_step_are_not_the_agents(
     file in .state/ for a moment. One seen when the attempt started and gone at its end was once
     "restored" and the attempt failed as if the agent had touched kiro's files."""
     from kiro.executors.control import ControlSnapshot
-    from kiro.fsutil import temp_name
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.fs.atomic import temp_name
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     task = ws.task(agent_task(1))
     kws = KiroWorkspace(ws.root)
@@ -310,9 +310,9 @@ def test_kiros_own_temp_files_that_come_and_go_during_a_step_are_not_the_agents(
 
 def _journaled_loop(ws: Workspace) -> tuple[Any, Any, Any, Path]:
     """A running loop's store and state (journal open, a snapshot and one record made) and its task."""
-    from kiro.state import LoopState, StateStore
     from kiro.status import Status
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.store.state import LoopState, StateStore
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     task = ws.task(agent_task(1))
     kws = KiroWorkspace(ws.root)
@@ -334,8 +334,8 @@ def test_kiros_own_journal_write_caught_between_its_write_and_its_note_is_not_th
     (CI: an opencode usage error ran twice). A write and its note are one step for the check."""
     import threading
 
-    from kiro import journal as kjournal
     from kiro.executors.control import ControlSnapshot
+    from kiro.store import journal as kjournal
 
     kws, store, state, task = _journaled_loop(ws)  # the journal has a record: the next save is an append
     snap = ControlSnapshot.take(kws, "t", task)
@@ -373,7 +373,7 @@ def test_an_agents_change_to_the_state_after_the_timers_snapshot_is_undone_witho
     state on disk went back to before the records the emptied journal held (a kill -9 then lost
     them). Now kiro writes it again from what it last saved."""
     from kiro.executors.control import ControlSnapshot
-    from kiro.state import StateStore
+    from kiro.store.state import StateStore
 
     kws, store, state, task = _journaled_loop(ws)
     snap = ControlSnapshot.take(kws, "t", task)
@@ -392,8 +392,8 @@ def test_an_agents_change_to_the_state_after_the_timers_snapshot_is_undone_witho
 
 def _later_saves_reach_readers(kws: Any, store: Any, state: Any, state_file: Path) -> None:
     """Two more saves, each read back whole by a reader and by the summary; then the journal closes."""
-    from kiro import journal as kjournal
-    from kiro.state import StateStore
+    from kiro.store import journal as kjournal
+    from kiro.store.state import StateStore
 
     for i in (2, 3):
         state.iteration = i
@@ -407,8 +407,8 @@ def _later_saves_reach_readers(kws: Any, store: Any, state: Any, state_file: Pat
 def test_an_agent_that_replaces_the_journal_and_summary_does_not_cut_kiro_off_from_them(ws: Workspace) -> None:
     """Put back by rename, the journal was a new file and kiro's appends went on into the old one,
     which nobody reads: every later save was lost to readers, and `status` (the summary) froze."""
-    from kiro import journal as kjournal
     from kiro.executors.control import ControlSnapshot
+    from kiro.store import journal as kjournal
 
     kws, store, state, task = _journaled_loop(ws)
     snap = ControlSnapshot.take(kws, "t", task)
@@ -442,8 +442,8 @@ def test_an_agents_change_the_timers_snapshot_wrote_over_is_still_named(ws: Work
 def test_an_agent_that_puts_folders_where_the_journal_and_summary_go_does_not_break_the_loop(ws: Workspace) -> None:
     """Folders in place of the loop's state file, journal and summary: removed, the files are made
     again, and every later save still reaches readers."""
-    from kiro import journal as kjournal
     from kiro.executors.control import ControlSnapshot
+    from kiro.store import journal as kjournal
 
     kws, store, state, task = _journaled_loop(ws)
     snap = ControlSnapshot.take(kws, "t", task)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kiro.config import Config, _validation_error, default_config_yaml, load_config_file, resolve_config
 from kiro.errors import ConfigError
+from kiro.store.config import Config, _validation_error, default_config_yaml, load_config_file, resolve_config
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "config" / "autonomous_loop.yaml"
@@ -391,8 +391,8 @@ def test_yaml_nested_deeper_than_libyaml_allows_is_refused_in_one_line_not_a_rec
     """The libyaml of PyYAML 6.0.4 (not 6.0.3) calls more than 1,000 levels a syntax error, so kiro's
     depth check found no depth; PyYAML's own loader, which kiro's config and frontmatter readers use
     for line numbers, then recursed on the text until Python's stack ran out ("internal error")."""
-    from kiro import tasks
     from kiro.errors import TaskFileError
+    from kiro.store import tasks
 
     deep = "a: " + "[" * depth + "]" * depth + "\n"
     path = write_config(tmp_path, deep)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kiro.config import Config, LocalBackend, TemporalBackend, resolve_config
 from kiro.errors import ConfigError
+from kiro.store.config import Config, LocalBackend, TemporalBackend, resolve_config
 
 
 def refusal(root: Path, env: dict[str, str] | None = None) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiro import prompts
+from kiro.executors import prompts
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
-from kiro.state import LoopState
+from kiro.store.state import LoopState
 from tests.conftest import Workspace
 from tests.test_guardrails import _config, _run
 

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kiro.config import Config
-from kiro.tools import ToolResult
+from kiro.executors.tools import ToolResult
+from kiro.store.config import Config
 from tests.fake_openai import StepHarness, invoke, make_harness
 from tests.test_tools_confinement import ESCAPES as FILE_ESCAPES
 from tests.test_tools_confinement import SECRET, snapshot
@@ -117,7 +117,7 @@ def test_issue_7_item_1_planted_repository_does_not_run_fsmonitor(tmp_path: Path
 PROBE = textwrap.dedent("""\
     import asyncio, json, os, sys
     from pathlib import Path
-    from kiro.executors import groups
+    from kiro.processes import groups
     from tests.fake_openai import invoke, make_harness
     groups.make_undumpable()  # what the engine does when a loop starts
     h = make_harness(Path(sys.argv[1]), tools={"shell": {"enabled": True, "allow": json.loads(sys.argv[2])}})

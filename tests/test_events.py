@@ -1,4 +1,4 @@
-"""Typed events (kiro.events): one model per kind, one adapter for reading, the JSONL format on disk
+"""Typed events (kiro.store.events): one model per kind, one adapter for reading, the JSONL format on disk
 unchanged, and readers that never crash on what they find in a log."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kiro import events
-from kiro.events import EVENT_NAMES, GenericEvent, make, parse, read_typed
+from kiro.store import events
+from kiro.store.events import EVENT_NAMES, GenericEvent, make, parse, read_typed
 from tests.conftest import Workspace, shell_task
 
 ENVELOPE = ["ts", "task_id", "iteration", "event"]

@@ -1,4 +1,4 @@
-"""kiro.fsutil.atomic_write, the one crash-safe write behind state files, task files, reports, hooks
+"""kiro.fs.atomic.atomic_write, the one crash-safe write behind state files, task files, reports, hooks
 and the agent's file tools; and storage that loads without the executors."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kiro.diskfull import DiskFull
-from kiro.fsutil import TEMP_SUFFIX, atomic_write
+from kiro.fs.atomic import TEMP_SUFFIX, atomic_write
+from kiro.fs.diskfull import DiskFull
 
 
 def _temps(folder: Path) -> list[str]:
@@ -78,8 +78,8 @@ def test_through_an_open_folder(tmp_path: Path) -> None:
 
 def test_storage_loads_without_the_executors() -> None:
     """Storage (state, tasks, events) knows nothing of executors (STYLE: the house this round)."""
-    code = ("import sys, kiro.state, kiro.tasks, kiro.events, kiro.reports\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('kiro.executors', 'kiro.engine', 'openai'))))")
+    code = ("import sys, kiro.store.state, kiro.store.tasks, kiro.store.events, kiro.views.reports\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('kiro.executors', 'kiro.core.engine', 'openai'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.stdout.strip() == "[]"

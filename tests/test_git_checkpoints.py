@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiro import tasks
+from kiro.store import tasks
 from tests.conftest import Workspace
 from tests.gitutil import changed_in, files_in, fsck_problems, git, init_repo, trailers
 
@@ -300,7 +300,7 @@ def test_a_project_with_no_git_folder_above_it_runs_no_git(tmp_path: Path, monke
     import os
     import shutil
 
-    from kiro import checkpoints
+    from kiro.git import checkpoints
 
     real_git = shutil.which("git")
     assert real_git is not None
@@ -332,11 +332,11 @@ def test_a_secret_in_a_steps_title_or_text_reaches_no_commit_and_the_commit_is_s
     """Commit messages pass through the run's redactor: a known secret in a step's title, or in the
     text of a step with no number (its text is its id, written in the Kiro-Step-Id trailer), is cut;
     the look for a step's commit after a kill compares the id as written."""
-    from kiro import checkpoints
-    from kiro.config import Config
-    from kiro.redact import Redactor
-    from kiro.state import LoopState
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.git import checkpoints
+    from kiro.store.config import Config
+    from kiro.store.redact import Redactor
+    from kiro.store.state import LoopState
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     secret = "tok-" + "9" * 24
     init_repo(ws.root)

@@ -138,9 +138,9 @@ def test_a_merge_torn_by_a_kill_mid_checkout_is_finished_and_a_persons_edit_is_n
     """The state a kill leaves when git was moving the main tree to the merge: some files already as
     the merge has them, index and HEAD not. `finish()` puts those back and merges; a file a person
     changed differently stops the merge, named."""
-    from kiro.checkpoints import LoopGit
-    from kiro.state import GitInfo
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.git.checkpoints import LoopGit
+    from kiro.store.state import GitInfo
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     root = tmp_path / "repo"
     root.mkdir()
@@ -294,9 +294,9 @@ def test_a_worktree_whose_git_worktree_add_was_killed_mid_checkout_is_made_again
 def test_a_worktree_a_person_locked_is_not_taken_for_a_torn_one(ws: Workspace) -> None:
     """Only git's own 'initializing' mark means a half-made worktree; a person's `git worktree lock`
     leaves the worktree (and the lock) as they are."""
-    from kiro.checkpoints import LoopGit
-    from kiro.state import GitInfo
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.git.checkpoints import LoopGit
+    from kiro.store.state import GitInfo
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     init_repo(ws.root)
     wt = ws.root / ".kiro/worktrees/kept"

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from kiro.config import Config, Guardrails
+from kiro.core.guardrails import LoopGuardrails, RateLimiter, SharedLimits, seconds_until_active
+from kiro.core.runner import prepare_resume, prepare_start, run_loops
 from kiro.executors.base import ExecutorBase, StepContext, StepResult, StepUsage
-from kiro.guardrails import LoopGuardrails, RateLimiter, SharedLimits, seconds_until_active
-from kiro.runner import prepare_resume, prepare_start, run_loops
-from kiro.state import LoopState
-from kiro.workspace import Workspace as KiroWorkspace
+from kiro.store.config import Config, Guardrails
+from kiro.store.state import LoopState
+from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 
 

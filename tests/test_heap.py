@@ -1,4 +1,4 @@
-"""The collector's pace while loops run (kiro.heap, issue #12): while loops start and run, the
+"""The collector's pace while loops run (kiro.core.heap, issue #12): while loops start and run, the
 objects that existed before are left out of collections and young collections come less often;
 cycles are still collected; afterwards the process's collector is as it was."""
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from kiro import heap
+from kiro.core import heap
+from kiro.core.runner import StartBatch, prepare_start, run_loops
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
-from kiro.runner import StartBatch, prepare_start, run_loops
-from kiro.workspace import Workspace as KiroWorkspace
+from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 
 

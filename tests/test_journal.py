@@ -1,4 +1,4 @@
-"""The state journal (issue #12, kiro.journal): every save of a running loop is one fdatasync'd
+"""The state journal (issue #12, kiro.store.journal): every save of a running loop is one fdatasync'd
 append; the state read back (snapshot + journal replayed) is exactly the last save, whatever
 changed; a torn last append reads as the save before it; the bare JSON file follows within
 SNAPSHOT_SECONDS, and at once on a status change."""
@@ -11,8 +11,10 @@ import random
 import time
 from pathlib import Path
 
-from kiro import journal, timeutil
-from kiro.state import (
+from kiro import timeutil
+from kiro.status import Status
+from kiro.store import journal
+from kiro.store.state import (
     FAILED_KEPT,
     HISTORY_KEPT,
     CompletedStep,
@@ -22,8 +24,7 @@ from kiro.state import (
     StateStore,
     to_jsonable,
 )
-from kiro.status import Status
-from kiro.workspace import Workspace
+from kiro.store.workspace import Workspace
 
 
 def _store(tmp_path: Path) -> StateStore:
@@ -171,7 +172,7 @@ def test_steps_records_are_journaled_entry_by_entry_and_read_back_in_order(tmp_p
     same records in the same order (the oldest are the first dropped), whatever the engine, a rollback
     or a scheduled run's reset did to it: records added, changed in place, removed, removed and added
     again, replaced by new objects, the dict rebuilt in another order, extra keys of a newer kiro."""
-    from kiro.state import StepRecord
+    from kiro.store.state import StepRecord
 
     store, state = _running(tmp_path, "p")
     rng = random.Random(7)

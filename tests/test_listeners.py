@@ -1,4 +1,4 @@
-"""The engine emits; listeners act (kiro.listeners): the task moved to Done/, reports, the archive,
+"""The engine emits; listeners act (kiro.core.listeners): the task moved to Done/, reports, the archive,
 notifiers, Dashboard.md. And executors own their prompts and their idea of done (STYLE 13, 15)."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kiro import events
-from kiro.engine import Loop
+from kiro.core.engine import Loop
+from kiro.core.hooks import LoopListener
+from kiro.core.runner import prepare_start, run_loops
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
-from kiro.hooks import LoopListener
-from kiro.runner import prepare_start, run_loops
-from kiro.state import LoopState
-from kiro.workspace import Workspace as KiroWorkspace
+from kiro.store import events
+from kiro.store.state import LoopState
+from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 
 
@@ -71,7 +71,7 @@ def test_the_end_of_a_loop_is_listeners_reacting_in_order(ws: Workspace) -> None
 
     async def go() -> Any:
         from kiro import executors
-        from kiro.listeners import standard
+        from kiro.core.listeners import standard
 
         loop = Loop(run, executors.create("shell", run.config, run.ws, "e"), [seen.append])
         loop.subscribe(*standard(loop))

@@ -119,9 +119,9 @@ def test_detach_takes_a_loop_that_ended_before_its_lock_was_seen_as_started(
         ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
     """A one-step loop can run and complete between two looks for its lock (seen from `kiro serve`'s
     resume); its exit 0 is the loop's outcome, not a failure to start. Exit 1 still is one."""
+    from kiro.cli.launch import detach
     from kiro.errors import RunError
-    from kiro.launch import detach
-    from kiro.workspace import Workspace as KiroWorkspace
+    from kiro.store.workspace import Workspace as KiroWorkspace
 
     kws = KiroWorkspace(ws.root)
     detach(["--version"], kws, "quick")  # a child that exits 0 at once and never locks, as such a loop does

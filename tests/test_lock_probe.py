@@ -15,14 +15,15 @@ from collections.abc import Iterator
 import pytest
 from filelock import FileLock, Timeout
 
+from kiro.core.supervisor import check_watch_free
 from kiro.errors import LockHeld, StateError, UserError
-from kiro.state import StateStore
-from kiro.supervisor import check_watch_free
-from kiro.workspace import Workspace as KiroWorkspace
+from kiro.store.state import StateStore
+from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 
-HOLDER_PRELUDE = ("import pathlib, subprocess, sys, time\nfrom kiro.state import StateStore\n"
-                  "from kiro.workspace import Workspace\nstore = StateStore(Workspace(pathlib.Path(sys.argv[1])))\n")
+HOLDER_PRELUDE = ("import pathlib, subprocess, sys, time\nfrom kiro.store.state import StateStore\n"
+                  "from kiro.store.workspace import Workspace\n"
+                  "store = StateStore(Workspace(pathlib.Path(sys.argv[1])))\n")
 
 
 @contextlib.contextmanager
@@ -159,7 +160,7 @@ def test_watch_probe_does_not_take_the_watch_lock(ws: Workspace) -> None:
 
 
 def test_a_loops_lock_is_not_inherited_by_a_program_its_holder_started(ws: Workspace) -> None:
-    """The lock dies with kiro even when a program kiro started lives on (kiro.locks.Flock: the
+    """The lock dies with kiro even when a program kiro started lives on (kiro.fs.locks.Flock: the
     file's descriptor closes on exec), or that program would keep the loop "running" forever."""
     store = StateStore(KiroWorkspace(ws.root))
     with holder_process(ws, "lock = store.acquire('c')\nchild = subprocess.Popen(['sleep', '60'], close_fds=False)\n"

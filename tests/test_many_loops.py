@@ -17,15 +17,16 @@ from typing import Any
 
 import pytest
 
-import kiro.watch
-from kiro import journal, tasks, writer
+import kiro.core.watch
+from kiro.core.runner import LoopIndex, StartBatch, prepare_resume, prepare_start, run_loops
+from kiro.core.watch import acquire_hub, release_hub
 from kiro.errors import KiroError
-from kiro.fsutil import atomic_write
-from kiro.runner import LoopIndex, StartBatch, prepare_resume, prepare_start, run_loops
-from kiro.state import StateStore
-from kiro.watch import acquire_hub, release_hub
-from kiro.workspace import Workspace as KiroWorkspace
-from kiro.writer import WriteQueue
+from kiro.fs import writer
+from kiro.fs.atomic import atomic_write
+from kiro.fs.writer import WriteQueue
+from kiro.store import journal, tasks
+from kiro.store.state import StateStore
+from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 from tests.fake_openai import FakeOpenAI
 
@@ -148,7 +149,7 @@ def test_a_failed_write_surfaces_at_the_next_flush_and_later_writes_keep_their_o
 
 def test_kiros_own_writes_do_not_wake_its_watcher_but_a_persons_do(ws: Workspace,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kiro.watch, "SAFETY_POLL", 600.0)
+    monkeypatch.setattr(kiro.core.watch, "SAFETY_POLL", 600.0)
     task = ws.task("- [ ] 1. one\n- [ ] 2. two\n", "Specs/a/tasks.md")
 
     async def scenario() -> tuple[bool, bool]:
@@ -304,7 +305,7 @@ def test_writes_still_queued_when_the_process_ends_are_written(tmp_path: Path) -
     code = (
         "import asyncio, time\n"
         "from pathlib import Path\n"
-        "from kiro.writer import WriteQueue, loop_running\n"
+        "from kiro.fs.writer import WriteQueue, loop_running\n"
         "q = WriteQueue()\n"
         "loop_running().__enter__(); loop_running().__enter__()\n"  # two loops: the writer threads write
         "def slow(n):\n"
@@ -328,7 +329,7 @@ def test_a_work_tree_made_or_removed_between_two_looks_is_seen_at_once(tmp_path:
     import shutil
     import subprocess
 
-    from kiro import checkpoints
+    from kiro.git import checkpoints
 
     project = tmp_path / "p"
     project.mkdir()
@@ -341,9 +342,9 @@ def test_a_work_tree_made_or_removed_between_two_looks_is_seen_at_once(tmp_path:
 
 
 def test_a_blocking_write_awaited_through_the_writer_threads_returns_or_raises_in_the_loop(tmp_path: Path) -> None:
-    """`kiro.writer.call` (a box checked, off the event loop): the awaiting task gets the result, or
+    """`kiro.fs.writer.call` (a box checked, off the event loop): the awaiting task gets the result, or
     the exception; `background` (a timer's snapshot) runs with nobody waiting."""
-    from kiro import writer
+    from kiro.fs import writer
 
     ran: list[str] = []
 
@@ -371,8 +372,8 @@ def test_with_many_loops_in_one_process_the_timed_snapshots_share_one_budget_and
     second: here 2 a second for 6 loops, so a loop's bare file may be ~3 s behind, never torn, while
     kiro's readers (snapshot + journal) see every save at once, and the last save is in the file when
     the loop stops."""
-    from kiro.state import LoopState
     from kiro.status import Status
+    from kiro.store.state import LoopState
 
     monkeypatch.setattr(journal, "SNAPSHOTS_PER_SECOND", 2.0)
     (tmp_path / ".state").mkdir()
@@ -451,7 +452,7 @@ def _flushes_seen(ws: KiroWorkspace, monkeypatch: pytest.MonkeyPatch, *,
     """What the disk holds at each flush of a batch start's writes: (what, state files in .state/,
     kiro temp files in the workspace, bytes in .state/.starts). With `syncfs=False` the C library is
     played as one without syncfs: each temp file is fsynced before its rename, each folder after."""
-    import kiro.fsutil
+    import kiro.fs.atomic
 
     seen: list[tuple[str, int, int, int]] = []
 
@@ -460,15 +461,15 @@ def _flushes_seen(ws: KiroWorkspace, monkeypatch: pytest.MonkeyPatch, *,
         seen.append((what, len(list(ws.state_dir.glob("autonomous_loop_*.json"))),
                      len(list(ws.root.rglob("*.kiro.tmp"))), starts.stat().st_size if starts.exists() else 0))
 
-    real_syncfs = kiro.fsutil._syncfs()
+    real_syncfs = kiro.fs.atomic._syncfs()
     assert real_syncfs is not None  # Linux's C library has it
 
     def recorded_syncfs(fd: int) -> int:
         look("syncfs")
         return real_syncfs(fd)
 
-    monkeypatch.setattr(kiro.fsutil, "_syncfs", lambda: recorded_syncfs if syncfs else None)
-    real_fsync_path, real_fsync_dir = kiro.fsutil._fsync_path, kiro.fsutil.fsync_dir
+    monkeypatch.setattr(kiro.fs.atomic, "_syncfs", lambda: recorded_syncfs if syncfs else None)
+    real_fsync_path, real_fsync_dir = kiro.fs.atomic._fsync_path, kiro.fs.atomic.fsync_dir
 
     def fsync_path(path: str) -> None:
         look("fsync file")
@@ -478,8 +479,8 @@ def _flushes_seen(ws: KiroWorkspace, monkeypatch: pytest.MonkeyPatch, *,
         look("fsync folder")
         real_fsync_dir(folder)
 
-    monkeypatch.setattr(kiro.fsutil, "_fsync_path", fsync_path)
-    monkeypatch.setattr(kiro.fsutil, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(kiro.fs.atomic, "_fsync_path", fsync_path)
+    monkeypatch.setattr(kiro.fs.atomic, "fsync_dir", fsync_dir)
     return seen
 
 
@@ -524,7 +525,7 @@ def test_a_batch_start_whose_writes_fail_leaves_no_loop_and_no_temp_file_behind(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A task file kiro cannot write (its folder read-only) fails the batch in one line, before any
     file is renamed: no state file, no `kiro_task_id`, no temp file, every lock let go."""
-    import kiro.fsutil
+    import kiro.fs.atomic
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     ws = _workspace(tmp_path / "ws", "http://127.0.0.1:9/v1", 3, 1)
@@ -535,7 +536,7 @@ def test_a_batch_start_whose_writes_fail_leaves_no_loop_and_no_temp_file_behind(
             raise PermissionError(13, "Permission denied")
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(kiro.fsutil.os, "open", refuse_t02)
+    monkeypatch.setattr(kiro.fs.atomic.os, "open", refuse_t02)
     index = LoopIndex(StateStore(ws))
     runs = []
     with pytest.raises(KiroError, match=r"Specs/t02/tasks.md: cannot write the task file: Permission denied"):
@@ -569,7 +570,7 @@ def _steps_alive(root: Path) -> list[int]:
 
 
 def _reaper_gone(kiro_pid: int) -> bool:
-    """Whether the reaper of the kiro process `kiro_pid` has ended (`kiro.executors.groups`:
+    """Whether the reaper of the kiro process `kiro_pid` has ended (`kiro.processes.groups`:
     its arguments end with the mark it looks for, which begins with kiro's pid)."""
     tail = f"\0kiro-reaper\0KIRO_REAPER\0{kiro_pid}.".encode()
     for proc in Path("/proc").iterdir():

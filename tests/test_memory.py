@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kiro.memory import MAX_CONTENT_CHARS, MemoryStore, fts5_available
+from kiro.store.memory import MAX_CONTENT_CHARS, MemoryStore, fts5_available
 
 
 @pytest.fixture(params=["fts5", "keywords"])

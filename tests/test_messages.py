@@ -170,7 +170,7 @@ def test_a_message_to_a_shell_loop_stays_queued_and_does_not_cut_its_backoff(ws:
 def test_send_message_to_every_other_loop_and_bad_targets(tmp_path: Any) -> None:
     import asyncio
 
-    from kiro.messages import Inbox
+    from kiro.store.messages import Inbox
     from tests.fake_openai import invoke, make_harness
 
     h = make_harness(tmp_path / "ws")

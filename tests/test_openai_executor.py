@@ -15,11 +15,11 @@ from typing import Any
 import anyio
 import pytest
 
-from kiro import transcript
 from kiro.errors import ExecutorError
 from kiro.executors.base import Guard, StepResult
 from kiro.executors.openai_agent import NUDGE, OpenAIExecutor
-from kiro.memory import MemoryStore
+from kiro.store import transcript
+from kiro.store.memory import MemoryStore
 from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, StepHarness, call, make_harness, usage
 

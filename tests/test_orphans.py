@@ -102,7 +102,7 @@ def test_the_ledger_kills_only_processes_that_carry_its_token(tmp_path: Path) ->
     import json
     import subprocess
 
-    from kiro.executors.groups import TOKEN_VAR, Ledger
+    from kiro.processes.groups import TOKEN_VAR, Ledger
 
     stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
     ours = subprocess.Popen(["sleep", "30"], start_new_session=True, env={**os.environ, TOKEN_VAR: "t0ken"})
@@ -131,8 +131,8 @@ def test_without_setpriv_steps_run_but_run_command_is_refused_as_root(tmp_path: 
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from kiro.executors import groups
-    from kiro.executors.process import run_process
+    from kiro.processes import groups
+    from kiro.processes.spawn import run_process
     from tests.fake_openai import invoke, make_harness
 
     monkeypatch.setattr(groups, "setpriv_path", lambda: None)
@@ -156,7 +156,7 @@ def test_without_setpriv_steps_run_but_run_command_is_refused_as_root(tmp_path: 
 # own, then execs into a process that carries the mark.
 LATE_EXEC = """
 import os, subprocess, sys
-from kiro.executors import groups
+from kiro.processes import groups
 name, mark = groups.start_reaper()
 r, w = os.pipe()
 env = {"PATH": os.environ["PATH"]}

@@ -248,7 +248,7 @@ def test_a_stop_hook_ends_the_wait_for_a_slow_precheck_answer(ws: Workspace, fak
 def test_kiros_own_temp_files_are_not_a_change_in_the_project(tmp_path: Path) -> None:
     """Dashboard.md is written by a temp file and a rename; a walk that came between the two once put
     `.Dashboard.md.<pid>-<rand>.kiro.tmp` in the digest as a file a person added (CI, 1 run in 4)."""
-    from kiro import precheck
+    from kiro.core import precheck
 
     (tmp_path / "Specs/feature").mkdir(parents=True)
     (tmp_path / ".Dashboard.md.4987-03860711.kiro.tmp").write_text("x" * 405)

@@ -15,11 +15,11 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from kiro.cli import app
+from kiro.core.runner import prepare_start, run_loops
 from kiro.errors import raise_errors
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
-from kiro.runner import prepare_start, run_loops
-from kiro.tools.base import Tool, ToolEnv, ToolResult, execute
-from kiro.workspace import Workspace as KiroWorkspace
+from kiro.executors.tools.base import Tool, ToolEnv, ToolResult, execute
+from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 from tests.fake_openai import make_harness
 
@@ -101,7 +101,7 @@ def test_a_cli_bug_raises_instead_of_printing_internal_error(ws: Workspace, monk
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise TypeError("a bug in the status view")
 
-    monkeypatch.setattr("kiro.views.all_rows", broken)
+    monkeypatch.setattr("kiro.views.loops.all_rows", broken)
     monkeypatch.chdir(ws.root)
     ws.task(shell_task(1))
     r = CliRunner().invoke(app, ["loop", "status"])

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kiro.config import Config
-from kiro.redact import REDACTED, Redactor
+from kiro.store.config import Config
+from kiro.store.redact import REDACTED, Redactor
 from tests.conftest import FAST_CONFIG, Workspace, shell_task
 from tests.fake_openai import FakeOpenAI, call
 
@@ -218,7 +218,7 @@ def test_an_event_record_is_dumped_once_and_its_line_is_clean(tmp_path: Path) ->
     """`Redactor.record` hands back the JSON it searched when it found no secret, and the event log
     writes that line as is; a record that holds a secret (in a value or a key) is redacted, and the
     log writes the redacted record."""
-    from kiro.events import EventLog, read_events
+    from kiro.store.events import EventLog, read_events
 
     r = Redactor(["tok-123456789"])
     record = {"event": "step_failed", "error": "é ok", "n": 3}

@@ -14,7 +14,7 @@ import signal
 import time
 from pathlib import Path
 
-from kiro.tools import ToolResult
+from kiro.executors.tools import ToolResult
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fake_openai import FakeOpenAI, call, invoke, make_harness
 

@@ -12,9 +12,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from kiro.config import Config
-from kiro.guardrails import LoopGuardrails, SharedLimits, UsageMeter, cpu_seconds, disk_writes
-from kiro.state import LoopState
+from kiro.core.guardrails import LoopGuardrails, SharedLimits, UsageMeter, cpu_seconds, disk_writes
+from kiro.store.config import Config
+from kiro.store.state import LoopState
 from tests.conftest import FAST_CONFIG, Workspace, shell_task
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from kiro import schedule
-from kiro.config import ActiveHours
+from kiro.core import schedule
 from kiro.errors import UserError
+from kiro.store.config import ActiveHours
 from tests.conftest import Workspace, shell_task
 from tests.fake_openai import FakeOpenAI
 

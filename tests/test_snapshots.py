@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from kiro import dashboard, reports, tasks
-from kiro.state import CompletedStep, CurrentStep, FailedStep, LoopState
+from kiro.store import tasks
+from kiro.store.state import CompletedStep, CurrentStep, FailedStep, LoopState
+from kiro.views import dashboard, reports
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
@@ -107,8 +108,8 @@ def test_empty_dashboard_snapshot() -> None:
 
 def test_dashboard_of_a_real_workspace_shows_a_dead_process_as_interrupted(tmp_path: Path) -> None:
     """The state says running, but no process holds its lock: interrupted, under Paused."""
-    from kiro.state import StateStore
-    from kiro.workspace import Workspace
+    from kiro.store.state import StateStore
+    from kiro.store.workspace import Workspace
 
     ws = Workspace(tmp_path)
     store = StateStore(ws)
@@ -156,7 +157,7 @@ def test_a_reports_frontmatter_reads_back_as_the_values_written() -> None:
     """The frontmatter is YAML a program reads back: characters a file name may hold (a NEL, U+0085,
     from a Windows-1252 name; a line separator; quotes; a colon; a leading dash) come back unchanged.
     PyYAML's own emitter wrote NEL inside a quoted scalar, which read back as a space; kiro writes
-    through libyaml's (kiro.frontmatter.write)."""
+    through libyaml's (kiro.store.frontmatter.write)."""
     import yaml
 
     for name in ("a\x85b", "\x85", "x\u2028y", "it's: \"quoted\"", "- leading dash", "trail ", "é\ufeff中"):
@@ -169,7 +170,7 @@ def test_a_reports_frontmatter_reads_back_as_the_values_written() -> None:
 def test_a_progress_report_of_a_long_file_lists_the_steps_around_the_current_one() -> None:
     """Of a file longer than PROGRESS_STEPS_LISTED steps, a progress report lists that many around
     the current step and says how many it leaves out; the counts are of the whole file."""
-    from kiro.listeners import PROGRESS_STEPS_LISTED, _window
+    from kiro.core.listeners import PROGRESS_STEPS_LISTED, _window
 
     n = PROGRESS_STEPS_LISTED * 4
     text = "\n".join(f"- [{'x' if i <= 2 * PROGRESS_STEPS_LISTED else ' '}] {i}. Step {i}" for i in range(1, n + 1))

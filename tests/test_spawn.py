@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kiro.executors import groups
-from kiro.executors.process import run_process
+from kiro.processes import groups
+from kiro.processes.spawn import run_process
 
 
 def alive(pid: int) -> bool:
@@ -48,7 +48,7 @@ def test_a_step_is_a_direct_child_of_kiro_in_its_own_group(tmp_path: Path) -> No
 STEP_IN_CHILD = """
 import asyncio, sys
 from pathlib import Path
-from kiro.executors.process import run_process
+from kiro.processes.spawn import run_process
 asyncio.run(run_process(["sh", "-c", "sleep 60 & echo $! > gc.pid; setsid sleep 61 & echo $! > sid.pid; "
                                       "echo $$ > step.pid; sleep 60"], cwd=Path(".")))
 """
@@ -76,7 +76,7 @@ FINISHED_GROUP = """
 import subprocess, sys
 import pytest
 
-from kiro.executors import groups
+from kiro.processes import groups
 p = subprocess.Popen(["sleep", "30"], start_new_session=True, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL)
 groups.register(p.pid)
@@ -158,9 +158,9 @@ def test_a_step_whose_pidfd_cannot_be_opened_is_waited_for_by_a_thread(
     comes back, through a waiting thread as before."""
     import errno
 
-    from kiro.executors import process
+    from kiro.processes import spawn
 
-    process.wait_by_pidfd()  # installed while pidfd_open works
+    spawn.wait_by_pidfd()  # installed while pidfd_open works
 
     def no_fd(pid: int, flags: int = 0) -> int:
         raise OSError(errno.EMFILE, "Too many open files")
@@ -199,12 +199,12 @@ def test_a_program_found_once_is_looked_up_again_when_it_is_gone(tmp_path: Path)
 
 
 def test_which_finds_what_shutil_which_finds(tmp_path: Path) -> None:
-    """kiro.executors.groups.which (kiro's runs do not import shutil) against shutil.which: a
+    """kiro.processes.groups.which (kiro's runs do not import shutil) against shutil.which: a
     program found, one missing, a folder and a file that is not executable named like it, an empty
     PATH entry (the current folder)."""
     import shutil
 
-    from kiro.executors.groups import which
+    from kiro.processes.groups import which
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a/tool").mkdir()  # a folder named like the program

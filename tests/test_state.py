@@ -1,4 +1,4 @@
-"""The state's models (kiro.state): what a state file holds is read as kiro wrote it, a newer kiro's keys
+"""The state's models (kiro.store.state): what a state file holds is read as kiro wrote it, a newer kiro's keys
 survive a round trip, and a state kiro never writes is refused with where it is wrong."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kiro.state import CompletedStep, LoopState, Transition, _short
+from kiro.store.state import CompletedStep, LoopState, Transition, _short
 
 
 def test_the_state_keeps_what_it_does_not_know_and_writes_what_it_read() -> None:

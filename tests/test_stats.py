@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kiro.stats import percentile
+from kiro.views.stats import percentile
 from tests.conftest import Workspace, shell_task
 
 FLAKY = 'if [ -f "tried_$KIRO_STEP_ID" ]; then exit 0; fi; touch "tried_$KIRO_STEP_ID"; exit 1'

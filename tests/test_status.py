@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kiro import conditions, dashboard, views
+from kiro.core import conditions
 from kiro.errors import StateError
-from kiro.state import LoopState, StateStore, effective_status
 from kiro.status import RECORDED, Status
-from kiro.workspace import Workspace, locate_task
+from kiro.store.state import LoopState, StateStore, effective_status
+from kiro.store.workspace import Workspace, locate_task
+from kiro.views import dashboard, loops
 
 # SPEC §6: the code `start`/`resume` exit with, by the status the loop ends in
 SPEC_EXIT = {"completed": 0, "paused": 3, "stopped": 3, "max_iterations": 4, "timed_out": 4, "failed": 5}
@@ -78,7 +79,7 @@ def test_a_running_state_without_its_process_shows_interrupted_with_a_resume_hin
     st.transition(Status.RUNNING)
     store.save(st)
     assert effective_status(st, alive=False) is Status.INTERRUPTED
-    row = views.loop_row(store, st)  # nobody holds the lock
+    row = loops.loop_row(store, st)  # nobody holds the lock
     assert (row["status"], row["recorded_status"]) == ("interrupted", "running")
     assert row["hint"] == "kiro loop resume --task-id t"
 
@@ -93,7 +94,7 @@ def test_a_running_state_without_its_process_shows_interrupted_with_a_resume_hin
 def test_the_status_row_hint_names_the_limit_to_raise(tmp_path: Path, status: str, hint: str | None) -> None:
     st = LoopState(task_id="t", task_path="Specs/t.md", max_iterations=10)
     st.transition(status)
-    assert views.loop_row(_store(tmp_path), st, alive=False)["hint"] == hint
+    assert loops.loop_row(_store(tmp_path), st, alive=False)["hint"] == hint
 
 
 def test_dashboard_puts_each_status_in_its_section() -> None:
@@ -116,7 +117,7 @@ def test_dashboard_puts_each_status_in_its_section() -> None:
 
 
 def test_a_moved_and_renamed_task_file_is_found_by_the_kiro_task_id_in_its_frontmatter(tmp_path: Path) -> None:
-    """kiro.workspace.locate_task reads frontmatter with the one reader (kiro.frontmatter): CRLF lines, a
+    """kiro.store.workspace.locate_task reads frontmatter with the one reader (kiro.store.frontmatter): CRLF lines, a
     quoted id and a long frontmatter are read; a broken one, or an id kiro would not make, is no match."""
     ws = Workspace(tmp_path)
     ws.ensure_folders()

@@ -1,4 +1,4 @@
-"""Unit tests for kiro.tasks: what a person writing a tasks.md sees kiro make of it."""
+"""Unit tests for kiro.store.tasks: what a person writing a tasks.md sees kiro make of it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kiro import fsutil, tasks
 from kiro.errors import TaskFileError, TaskNotFound
+from kiro.fs import atomic
+from kiro.store import tasks
 
 BOM = b"\xef\xbb\xbf"
 
@@ -417,7 +418,7 @@ def test_a_folder_kiro_cannot_write_to_is_a_one_line_error(
     def read_only_folder(*args: object, **kwargs: object) -> int:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(fsutil, "_open_temp", read_only_folder)  # root would ignore a chmod 500 folder
+    monkeypatch.setattr(atomic, "_open_temp", read_only_folder)  # root would ignore a chmod 500 folder
     with pytest.raises(TaskFileError) as info:
         tasks.set_frontmatter_key(path, "kiro_task_id", "t1")
     assert str(info.value) == f"{path}: cannot write the task file: Permission denied"

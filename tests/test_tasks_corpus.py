@@ -1,4 +1,4 @@
-"""kiro.tasks against real Kiro task files (the shared corpus, see its SOURCES.md): the counts
+"""kiro.store.tasks against real Kiro task files (the shared corpus, see its SOURCES.md): the counts
 people expect, and edits that leave every byte kiro does not own exactly as committed."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kiro import tasks
 from kiro.errors import TaskFileError
+from kiro.store import tasks
 
 
 def _corpus_dir() -> Path:

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiro import tasks
 from kiro.errors import TaskFileError
-from kiro.fsutil import Staged
+from kiro.fs.atomic import Staged
+from kiro.store import tasks
 
 BASE = (
     "# Plan\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiro import tasks
+from kiro.store import tasks
 
 BASE = "---\ntitle: t\n---\n- [ ] 1. Parent é\n  - [ ] 1.1 a\n  - [ ] 1.2 b\n- [ ] 2. Next 漢字\n"
 

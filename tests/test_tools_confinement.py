@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kiro.tools import ToolResult
+from kiro.executors.tools import ToolResult
 from tests.fake_openai import StepHarness, invoke, make_harness
 
 SECRET = "top secret outside the project"

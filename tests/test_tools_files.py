@@ -7,8 +7,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from kiro.tools import ToolResult, toolset
-from kiro.tools.files import READ_LIMIT
+from kiro.executors.tools import ToolResult, toolset
+from kiro.executors.tools.files import READ_LIMIT
 from tests.fake_openai import StepHarness, invoke, make_harness
 
 

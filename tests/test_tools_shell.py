@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from kiro.tools import ToolResult, toolset
-from kiro.tools.shell import allowed, clean_environment, split_command
+from kiro.executors.tools import ToolResult, toolset
+from kiro.executors.tools.shell import allowed, clean_environment, split_command
 from tests.fake_openai import StepHarness, invoke, make_harness
 
 KEY_ENV = "KIRO_TEST_OPENAI_KEY"
@@ -35,10 +35,10 @@ def test_off_by_default_and_not_offered(tmp_path: Path) -> None:
     h = make_harness(tmp_path / "ws")
     assert "run_command" not in toolset(h.config)
     env = h.tool_env()
-    from kiro.tools import shell  # called directly, as a model could not
+    from kiro.executors.tools import shell  # called directly, as a model could not
 
     async def go() -> ToolResult:
-        from kiro.tools.base import execute
+        from kiro.executors.tools.base import execute
         return await execute(shell.TOOLS[0], shell.RunCommandArgs(command="echo hi"), env)
 
     result = asyncio.run(go())

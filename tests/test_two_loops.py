@@ -23,10 +23,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from kiro import locks
 from kiro.executors.control import ControlSnapshot
-from kiro.state import StateStore
-from kiro.workspace import Workspace as KiroWorkspace
+from kiro.fs import locks
+from kiro.store.state import StateStore
+from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import FAST_CONFIG, Workspace, shell_task
 from tests.test_command_executor import PRELUDE, agent_task
 
@@ -224,10 +224,10 @@ def test_other_loops_files_are_never_undone_and_this_loops_still_are(ws: Workspa
 def test_in_one_process_a_change_written_over_in_another_loops_state_is_that_loops_to_name(
         ws: Workspace) -> None:
     """Under `kiro loop watch` loops share a process, and kiro's note of an agent's change that the
-    timer's snapshot wrote over (kiro.journal.take_overwritten). Loop a's check took loop b's note:
+    timer's snapshot wrote over (kiro.store.journal.take_overwritten). Loop a's check took loop b's note:
     a's attempt was failed for b's agent's change, and b's check no longer saw it."""
-    from kiro.state import LoopState
     from kiro.status import Status
+    from kiro.store.state import LoopState
 
     kws = KiroWorkspace(ws.root)
     store = StateStore(kws)

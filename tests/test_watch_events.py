@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-import kiro.supervisor
-import kiro.watch
-from kiro.events import Event, LoopStarted, StepStarted
-from kiro.supervisor import Supervisor
-from kiro.workspace import Workspace as KiroWorkspace
-from kiro.workspace import markdown_files
+import kiro.core.supervisor
+import kiro.core.watch
+from kiro.core.supervisor import Supervisor
+from kiro.store.events import Event, LoopStarted, StepStarted
+from kiro.store.workspace import Workspace as KiroWorkspace
+from kiro.store.workspace import markdown_files
 from tests.conftest import Workspace, shell_task
 
 BOUND = 30.0  # seconds: far below the 600 s timers, far above the tens of ms it takes (a busy CI box)
@@ -32,8 +32,8 @@ BOUND = 30.0  # seconds: far below the 600 s timers, far above the tens of ms it
 
 @pytest.fixture(autouse=True)
 def no_timers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kiro.supervisor, "RESCAN_SECONDS", 600.0)
-    monkeypatch.setattr(kiro.watch, "SAFETY_POLL", 600.0)
+    monkeypatch.setattr(kiro.core.supervisor, "RESCAN_SECONDS", 600.0)
+    monkeypatch.setattr(kiro.core.watch, "SAFETY_POLL", 600.0)
 
 
 async def until(check: Callable[[], object], timeout: float, what: str) -> None:
@@ -103,7 +103,7 @@ def test_a_slow_start_does_not_hold_the_loops_already_running(ws: Workspace, mon
     ws.task(shell_task(8, cmd='echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.1'), "Specs/alpha/tasks.md")
     log = ws.root / "side_effects.log"
     done = threading.Event()
-    real = kiro.supervisor.prepare_start
+    real = kiro.core.supervisor.prepare_start
 
     def slow_start(ws0: KiroWorkspace, task_arg: str, **kwargs: object) -> object:
         if "beta" in task_arg:
@@ -115,7 +115,7 @@ def test_a_slow_start_does_not_hold_the_loops_already_running(ws: Workspace, mon
             done.set()
         return real(ws0, task_arg, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(kiro.supervisor, "prepare_start", slow_start)
+    monkeypatch.setattr(kiro.core.supervisor, "prepare_start", slow_start)
 
     async def scenario() -> None:
         sup = Supervisor(KiroWorkspace(ws.root), max_parallel=2)
@@ -138,8 +138,8 @@ def test_many_new_loops_start_a_few_at_a_time(ws: Workspace, monkeypatch: pytest
     """Task files taken on at once under a high `max_parallel_loops` start at most STARTING_AT_ONCE (here
     3) at a time (from `loop_started` to their first `step_started`), so that their starts do not all run in one
     turn of the event loop the running loops share; every one of them still runs."""
-    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_MOST", 60.0)  # only a step's start gives the turn back
-    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_ONCE", 3)  # without the turns, all ten were starting at once
+    monkeypatch.setattr(kiro.core.supervisor, "STARTING_AT_MOST", 60.0)  # only a step's start gives the turn back
+    monkeypatch.setattr(kiro.core.supervisor, "STARTING_AT_ONCE", 3)  # without the turns, all ten were starting at once
     for i in range(10):
         ws.task(shell_task(1, cmd="true"), f"Specs/t{i}/tasks.md")
     starting: set[str] = set()
@@ -170,7 +170,7 @@ def test_a_loop_waiting_before_its_first_step_does_not_hold_up_the_others(ws: Wo
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A scheduled task waits for its first fire inside its run, before any step: its turn among the
     loops starting goes back after STARTING_AT_MOST, and the next task starts."""
-    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_ONCE", 1)
+    monkeypatch.setattr(kiro.core.supervisor, "STARTING_AT_ONCE", 1)
     ws.task(shell_task(1, cmd="true", extra_frontmatter='schedule: "0 3 * * *"'), "Specs/a_nightly/tasks.md")
     ws.task(shell_task(1, cmd="true"), "Specs/b_plain/tasks.md")
 
@@ -237,8 +237,8 @@ def test_a_loop_waiting_for_its_turn_to_start_starts_nothing_once_the_watch_stop
     """Stopping `kiro loop watch` while a new loop waits for its turn to start: it does not start after
     all when the turn comes (the loop holding the turn, a scheduled one waiting for its first fire, gives
     it back as the watch stops)."""
-    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_ONCE", 1)
-    monkeypatch.setattr(kiro.supervisor, "STARTING_AT_MOST", 600.0)  # the scheduled loop keeps its turn
+    monkeypatch.setattr(kiro.core.supervisor, "STARTING_AT_ONCE", 1)
+    monkeypatch.setattr(kiro.core.supervisor, "STARTING_AT_MOST", 600.0)  # the scheduled loop keeps its turn
     ws.task(shell_task(1, cmd="true", extra_frontmatter='schedule: "0 3 * * *"'), "Specs/a_nightly/tasks.md")
     waiting: list[str] = []
 

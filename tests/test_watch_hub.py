@@ -1,4 +1,4 @@
-"""The workspace watcher (kiro.watch, watchfiles): folders made after the watch started are watched
+"""The workspace watcher (kiro.core.watch, watchfiles): folders made after the watch started are watched
 too, kiro's own edits wake nobody, a very deep folder does not stop it, a loop whose watcher cannot
 start says so and still sees a hook (it checks often instead), and a released watcher leaves no
 inotify descriptor behind."""
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-import kiro.watch
-from kiro import tasks
-from kiro.runner import prepare_start, run_loops
-from kiro.watch import acquire_hub, release_hub
-from kiro.workspace import Workspace as KiroWorkspace
+import kiro.core.watch
+from kiro.core.runner import prepare_start, run_loops
+from kiro.core.watch import acquire_hub, release_hub
+from kiro.store import tasks
+from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace
 
 
@@ -34,7 +34,7 @@ async def _woken(ev: asyncio.Event, timeout: float = 10.0) -> bool:
 
 def test_a_file_in_a_folder_made_after_the_watch_started_wakes_and_kiros_box_edits_do_not(
         ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kiro.watch, "SAFETY_POLL", 600.0)
+    monkeypatch.setattr(kiro.core.watch, "SAFETY_POLL", 600.0)
 
     async def scenario() -> list[tuple[str, bool]]:
         hub = await acquire_hub(ws.root)
@@ -81,7 +81,7 @@ def _deep(root: Path, depth: int) -> None:
 
 
 def test_a_1500_deep_folder_in_specs_does_not_stop_the_watcher(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kiro.watch, "SAFETY_POLL", 600.0)
+    monkeypatch.setattr(kiro.core.watch, "SAFETY_POLL", 600.0)
     (ws.root / "Specs/deep").mkdir()
     _deep(ws.root / "Specs/deep", 1500)  # deeper than PATH_MAX allows a path to name
 

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import typer
 
-from kiro import __version__, output
+from kiro import __version__
+from kiro.views import output
 
 _app = typer.Typer(
     name="kiro",
@@ -35,8 +36,8 @@ def exit_code_for(exc: Exception) -> int | None:
     """A command's exception as its exit code, after saying what went wrong: a `KiroError` is one line
     on stderr and its own code; anything else is an "internal error" line and exit 1. None: re-raise it
     (KIRO_DEBUG, or an unexpected error under KIRO_RAISE_ERRORS, so that a bug fails its test)."""
-    from kiro import console
     from kiro.errors import KiroError, raise_errors
+    from kiro.views import console
 
     if output.stdout_full(exc):  # `> /dev/full`: bad input, not a bug
         assert isinstance(exc, OSError)

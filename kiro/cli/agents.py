@@ -18,10 +18,10 @@ def agents(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the agent CLI presets (`agent:` / --agent): installed or not, version, and the exact command line."""
-    from kiro import console
     from kiro.executors.agents import describe
-    from kiro.settings import settings_for
-    from kiro.workspace import Workspace
+    from kiro.store.settings import settings_for
+    from kiro.store.workspace import Workspace
+    from kiro.views import console
 
     ws = Workspace.find(workspace)
     rows = describe(settings_for(ws).config)

@@ -19,10 +19,10 @@ def init(
                                           "Specs/hello/tasks.md, which the shell executor can run.")] = False,
 ) -> None:
     """Create a workspace: Specs/, Done/, Needs_Action/, Logs/, .state/, .hooks/ and a commented config/autonomous_loop.yaml showing every key and its default. Never overwrites an existing file."""
-    from kiro import console
-    from kiro.config import default_config_yaml
     from kiro.errors import UserError
-    from kiro.workspace import Workspace, current_folder
+    from kiro.store.config import default_config_yaml
+    from kiro.store.workspace import Workspace, current_folder
+    from kiro.views import console
 
     root = directory.expanduser()
     if not root.is_absolute() and current_folder() is None:

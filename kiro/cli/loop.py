@@ -12,9 +12,9 @@ from typing import Annotated, Any
 import typer
 
 from kiro.cli import guarded
-from kiro.launch import store_of as _store
-from kiro.launch import uses_temporal as _temporal
-from kiro.launch import workspace as _workspace
+from kiro.cli.launch import store_of as _store
+from kiro.cli.launch import uses_temporal as _temporal
+from kiro.cli.launch import workspace as _workspace
 
 app = typer.Typer(
     help="Run, watch, stop and resume task loops.",
@@ -39,11 +39,11 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Use this confi
 def _loaded(workspace: Path | None, task_id: str | None, task: str | None) -> Any:
     """The loop a read command names (by --task-id, --task, or the only one there is), loaded with
     the backup fallback; a fallback's warning goes to stderr."""
-    from kiro import console, views
+    from kiro.views import console, loops
 
     ws = _workspace(workspace)
     store = _store(ws)
-    tid = views.resolve_task_id(ws, store, task_id, task)
+    tid = loops.resolve_task_id(ws, store, task_id, task)
     assert tid is not None
     loaded = store.load(tid)
     if loaded.warning:
@@ -86,7 +86,7 @@ def start(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
 ) -> None:
     """Start a loop on a task file, in the foreground. Exits with the loop's exit code: 0 completed, 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person, 1 kiro could not go on."""
-    from kiro import launch
+    from kiro.cli import launch
 
     _exit(launch.start(task, workspace_path=workspace, config=config, max_iterations=max_iterations,
                        failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
@@ -119,7 +119,7 @@ def resume(
                                                           "continue every loop a stop hook paused.")] = False,
 ) -> None:
     """Remove the stop hook and continue a loop from its saved state, whatever its status (paused, stopped, interrupted by a crash, failed, out of iterations). Completed steps never run again."""
-    from kiro import launch
+    from kiro.cli import launch
 
     _exit(launch.resume(task_id=task_id, task=task, workspace_path=workspace, config=config,
                         max_iterations=max_iterations, reset_failures=reset_failures,
@@ -140,11 +140,11 @@ def status(
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between --watch refreshes.")] = 1.0,
 ) -> None:
     """One loop in detail, or a table of every loop in the workspace: status, iteration/max, success rate, current step, duration, ETA. A loop whose state says running but whose process is gone shows as `interrupted`."""
-    from kiro import console, views
+    from kiro.views import console, loops
 
     ws = _workspace(workspace)
     store = _store(ws)
-    tid = views.resolve_task_id(ws, store, task_id, task, required=False)
+    tid = loops.resolve_task_id(ws, store, task_id, task, required=False)
     warned: set[str] = set()
 
     def data() -> Any:
@@ -152,9 +152,9 @@ def status(
         if tid is not None:
             loaded = store.load(tid)
             warnings += [loaded.warning] if loaded.warning else []
-            result: Any = views.loop_row(store, loaded.state)
+            result: Any = loops.loop_row(store, loaded.state)
         else:
-            result = views.all_rows(store, warnings)
+            result = loops.all_rows(store, warnings)
         for w in warnings:
             if w not in warned:  # once, also under --watch
                 warned.add(w)
@@ -173,7 +173,7 @@ def status(
         if json_out:
             console.watch_json(data, interval)
         else:
-            from kiro.watch import ticks
+            from kiro.core.watch import ticks
 
             def plain() -> str | None:  # not on a terminal: the same plain table `status` prints
                 result = data()
@@ -200,8 +200,8 @@ def state_cmd(
                                                           "is always printed as JSON.")] = True,
 ) -> None:
     """Print the loop's state file as JSON (falling back to the newest good backup if it is corrupt)."""
-    from kiro import console
-    from kiro.state import to_jsonable
+    from kiro.store.state import to_jsonable
+    from kiro.views import console
 
     _, loaded = _loaded(workspace, task_id, task)
     console.print_json(to_jsonable(loaded.state))
@@ -216,10 +216,10 @@ def progress(
     json_out: JsonOpt = False,
 ) -> None:
     """Every step with its status, attempts and duration, and a progress bar."""
-    from kiro import console, views
+    from kiro.views import console, loops
 
     store, loaded = _loaded(workspace, task_id, task)
-    data = views.progress(store.ws, loaded.state)
+    data = loops.progress(store.ws, loaded.state)
     if json_out:
         console.print_json(data)
         return
@@ -243,15 +243,16 @@ def rollback(
 ) -> None:
     """Put the project's files back to a step's git checkpoint (as a new commit) and uncheck the
     boxes of the steps completed after it; then `kiro loop resume` does them again."""
-    from kiro import checkpoints, console, views
     from kiro.errors import UserError
+    from kiro.git import checkpoints
+    from kiro.views import console, loops
 
     ws = _workspace(workspace)
     if _temporal(ws, None):
         raise UserError("kiro loop rollback is not built for backend: temporal yet (the loop's work is on branch "
                         "kiro/<task_id> of the remote; docs/scale-out.md §12)")
     store = _store(ws, lenient=False)
-    tid = views.resolve_task_id(ws, store, task_id, task)
+    tid = loops.resolve_task_id(ws, store, task_id, task)
     assert tid is not None
     done = checkpoints.rollback(ws, store, tid, to_step)
     if json_out:
@@ -280,8 +281,8 @@ def logs(
     import collections
     import json
 
-    from kiro import console, views
-    from kiro.events import read_events, read_last, read_new
+    from kiro.store.events import read_events, read_last, read_new
+    from kiro.views import console, loops
 
     if tail is not None and tail < 0:
         from kiro.errors import UserError
@@ -289,7 +290,7 @@ def logs(
         raise UserError(f"--tail must be 0 or more (the number of last events to show), not {tail}")
     ws = _workspace(workspace)
     store = _store(ws)
-    tid = views.resolve_task_id(ws, store, task_id, task)
+    tid = loops.resolve_task_id(ws, store, task_id, task)
     assert tid is not None
     path = store.ws.event_log(tid)
     if not path.exists() and not store.exists(tid):
@@ -323,7 +324,7 @@ def logs(
         show(e)
     sys.stdout.flush()
     finished = last is not None and last.get("event") == "loop_finished"
-    from kiro.watch import ticks
+    from kiro.core.watch import ticks
 
     for _ in ticks([path.parent], 1.0):  # wakes on each append to the log, and every second
         if finished:
@@ -359,8 +360,8 @@ def stop(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the loop has stopped.")] = False,
 ) -> None:
     """Create the stop hook: the loop stops at its next safe point (paused, exit 3) and stays paused until the hook is deleted or `kiro loop resume` runs."""
-    from kiro import console, reports, views
-    from kiro.fsutil import atomic_write
+    from kiro.fs.atomic import atomic_write
+    from kiro.views import console, loops, reports
 
     ws = _workspace(workspace)
     store = _store(ws)
@@ -372,7 +373,7 @@ def stop(
         targets = [st.task_id for _p, st in store.all_states(include_archive=False)
                    if st is not None and store.is_locked(st.task_id)]
     else:
-        tid = views.resolve_task_id(ws, store, task_id, task)
+        tid = loops.resolve_task_id(ws, store, task_id, task)
         assert tid is not None
         loaded = store.load(tid)
         hook = ws.hook_file(tid)
@@ -383,11 +384,11 @@ def stop(
             console.line(f"wrote {ws.relative(hook)}: loop {tid} pauses at its next safe point")
         else:
             console.line(f"wrote {ws.relative(hook)}; loop {tid} is not running (status "
-                         f"{views.loop_row(store, loaded.state, alive=False)['status']}); the hook keeps it paused "
+                         f"{loops.loop_row(store, loaded.state, alive=False)['status']}); the hook keeps it paused "
                          f"until it is deleted or the loop is resumed")
         targets = [tid] if alive else []
     if force and targets and _temporal(ws, None):
-        from kiro.settings import settings_for
+        from kiro.store.settings import settings_for
         from kiro.temporal.commands import force_stop
 
         for tid in targets:  # the loop runs in the workspace worker beside others: signal its workflow
@@ -412,8 +413,8 @@ def _wait_unlocked(store: Any, tid: str, seconds: float) -> bool:
 
 
 def _force_stop(store: Any, tid: str) -> None:
-    from kiro import console
     from kiro.errors import RunError
+    from kiro.views import console
 
     pid = store.holder_pid(tid)
     if pid is None:
@@ -432,7 +433,7 @@ def _force_stop(store: Any, tid: str) -> None:
         return
     if not _wait_unlocked(store, tid, 5):
         raise RunError(f"loop {tid}: process {pid} did not stop after SIGKILL")
-    from kiro.resolved import release_in_progress_box
+    from kiro.core.resolved import release_in_progress_box
 
     state = store.load(tid).state
     if state.current_step is not None:  # the killed loop could not take its `[-]` back itself
@@ -449,8 +450,8 @@ def stats(
     json_out: JsonOpt = False,
 ) -> None:
     """Analytics across every loop in the workspace, from the state files and event logs: loops and runs, steps (attempts, retries, success rate), step durations p50/p95, tokens and cost per step, time spent waiting (backoff, budgets, active hours, rate limits), stop reasons."""
-    from kiro import console
-    from kiro import stats as loop_stats
+    from kiro.views import console
+    from kiro.views import stats as loop_stats
 
     ws = _workspace(workspace)
     store = _store(ws)
@@ -470,14 +471,14 @@ def tell(
     workspace: WorkspaceOpt = None,
 ) -> None:
     """Queue a message for a loop: its agent reads it in its next prompt, under "## Message from a person", once. Durable: a loop that is not running (or is killed) gets it when it runs again; a waiting loop wakes for it."""
-    from kiro import console, views
     from kiro.errors import UserError
-    from kiro.messages import Inbox
-    from kiro.redact import Redactor
+    from kiro.store.messages import Inbox
+    from kiro.store.redact import Redactor
+    from kiro.views import console, loops
 
     ws = _workspace(workspace)
     store = _store(ws)
-    tid = views.resolve_task_id(ws, store, task_id, task)
+    tid = loops.resolve_task_id(ws, store, task_id, task)
     assert tid is not None
     if not store.exists(tid):
         raise UserError(f"--task-id: no loop {tid!r} in {ws.root}; `kiro loop status` lists the loops")
@@ -503,10 +504,10 @@ def history(
     json_out: JsonOpt = False,
 ) -> None:
     """What every loop did, in order: state transitions, runs, step attempts, messages. From the index .state/kiro.db (SQLite), brought up to date from the event logs first, and rebuilt from them when missing or broken."""
-    from kiro import console
-    from kiro import history as hist
     from kiro.errors import UserError
-    from kiro.workspace import check_task_id
+    from kiro.store import history as hist
+    from kiro.store.workspace import check_task_id
+    from kiro.views import console
 
     ws = _workspace(workspace)
     store = _store(ws)

@@ -27,9 +27,10 @@ def serve(
         import uvicorn
     except ImportError:
         raise UserError("kiro serve needs the serve extra: pip install 'kiro[serve]'") from None
-    from kiro import console, launch
+    from kiro.cli import launch
     from kiro.serve.app import create_app
     from kiro.serve.auth import TOKEN_ENV, resolve_token
+    from kiro.views import console
 
     ws = launch.workspace(workspace)
     store = launch.store_of(ws)

@@ -29,16 +29,16 @@ def watch(
     """Supervise the workspace: start a loop for every task file that appears in Specs/ (at most max_parallel_loops at once), keep paused loops alive at no CPU cost, and continue them when their hook file is deleted or their task is moved back to Specs/. Stop it with Ctrl-C or SIGTERM: running loops save their state and are continued by the next `kiro loop watch`."""
     import asyncio
 
-    from kiro import console
+    from kiro.core.supervisor import Supervisor, check_watch_free
     from kiro.errors import RunError, UserError
-    from kiro.events import Listener
-    from kiro.supervisor import Supervisor, check_watch_free
-    from kiro.workspace import Workspace, current_folder
+    from kiro.store.events import Listener
+    from kiro.store.workspace import Workspace, current_folder
+    from kiro.views import console
 
     if executor is not None and executor not in ("shell", "command", "openai"):
         raise UserError(f"--executor {executor!r}: choose shell, command or openai")
     ws = Workspace.find(workspace)
-    from kiro.launch import uses_temporal
+    from kiro.cli.launch import uses_temporal
 
     if uses_temporal(ws, config):
         if detach:

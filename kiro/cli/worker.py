@@ -33,8 +33,8 @@ def worker(
 ) -> None:
     """Run a Temporal worker for `backend: temporal`. Step role (default): runs step attempts of any workspace's loops in its own clone of the project and pushes each completed step to branch kiro/<task_id>. Workspace role: runs this workspace's loops (the engine, which writes the state files, logs and reports). SIGTERM stops it."""
     from kiro.errors import UserError
-    from kiro.settings import settings_for
-    from kiro.workspace import Workspace
+    from kiro.store.settings import settings_for
+    from kiro.store.workspace import Workspace
 
     if role not in ("step", "workspace"):
         raise UserError(f"--role {role!r}: choose step or workspace")

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 from kiro.errors import ExecutorError
 
 if TYPE_CHECKING:
-    from kiro.config import Config
     from kiro.executors.base import Executor
-    from kiro.workspace import Workspace
+    from kiro.store.config import Config
+    from kiro.store.workspace import Workspace
 
 NAMES = ("shell", "command", "openai")
 

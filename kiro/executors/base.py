@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from kiro.redact import Redactor
+from kiro.store.redact import Redactor
 from kiro.usage import StepUsage
 
 if TYPE_CHECKING:
-    from kiro.config import Config
-    from kiro.state import LoopState
-    from kiro.tasks import Step, TaskFile
-    from kiro.workspace import Workspace
+    from kiro.store.config import Config
+    from kiro.store.state import LoopState
+    from kiro.store.tasks import Step, TaskFile
+    from kiro.store.workspace import Workspace
 
 __all__ = ["Executor", "Guard", "Outcome", "StepContext", "StepResult", "StepUsage"]
 
@@ -92,8 +92,8 @@ class StepContext:
     step: Step
     iteration: int
     attempt: int  # 1 for the first attempt at this step
-    prompt: str  # the step prompt (kiro.prompts.step_prompt), with the continuation context when reinjected
-    system_prompt: str  # kiro.prompts.system_prompt for this task
+    prompt: str  # the step prompt (kiro.executors.prompts.step_prompt), with the continuation context when reinjected
+    system_prompt: str  # kiro.executors.prompts.system_prompt for this task
     reinjected: bool  # the reinjection policy fired for this iteration (seed 004)
     continuation: str | None  # the seed's "Task Continuation Context" when reinjected
     previous_error: str | None
@@ -105,7 +105,7 @@ class StepContext:
     emit: Callable[..., None]  # emit(events.SomeEvent(...)) -> every listener (the log, the terminal, ...)
     sleep: Callable[[float], Awaitable[str | None]]  # interruptible wait; returns a stop reason if cut short
     guard: Guard = field(default_factory=Guard)
-    # The loop's redactor (kiro.redact): pass every text an executor writes to disk or sends
+    # The loop's redactor (kiro.store.redact): pass every text an executor writes to disk or sends
     # (attempt logs, transcripts, prompt files, requests) through `ctx.redact.text(...)`.
     redact: Redactor = field(default_factory=Redactor)
     # Messages queued for the loop since the prompt was made (SPEC §11): returns them as prompt text
@@ -152,7 +152,7 @@ class ExecutorBase:
     def finish_instruction(self, step: Step, task_path: str, *, task: TaskFile | None = None,
                            task_file: Path | None = None) -> str:
         """How the agent reports the step done (the end of the step prompt)."""
-        from kiro import prompts
+        from kiro.executors import prompts
 
         return prompts.finish_instruction("openai", step, task_path, "exit_code")
 
@@ -164,7 +164,7 @@ class ExecutorBase:
         agent must name it (absolute when the loop works in its own git worktree), else the state's;
         `task_file`: where it is on disk. An executor whose agent reads no prompt (`reads_prompt`,
         the shell executor) gets no system prompt ("")."""
-        from kiro import prompts
+        from kiro.executors import prompts
 
         text = prompts.step_prompt(task, step, state, attempt=attempt, previous_error=previous_error,
                                    verify_output=verify_output, verify_command=verify_command,

@@ -20,23 +20,23 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kiro import prompts, tasks
-from kiro.config import Config
 from kiro.errors import ExecutorError, KiroError
-from kiro.executors import agents
+from kiro.executors import agents, prompts
 from kiro.executors.agents import Failure, Invocation, clean
 from kiro.executors.base import ExecutorBase, StepContext, StepResult, StepUsage
 from kiro.executors.control import UNCHECKED_NAMED, ControlSnapshot
-from kiro.executors.process import ProcessResult, run_process
 from kiro.executors.shell import step_env
-from kiro.fsutil import atomic_write
-from kiro.workspace import Workspace
+from kiro.fs.atomic import atomic_write
+from kiro.processes.spawn import ProcessResult, run_process
+from kiro.store import tasks
+from kiro.store.config import Config
+from kiro.store.workspace import Workspace
 
 LOG_KEPT = 256_000  # bytes of each stream kept for the attempt log (the tail)
 LOG_NAME_CHARS = 80  # of a step's id in its attempt log's name
 
 if TYPE_CHECKING:
-    from kiro.tasks import Step, TaskFile
+    from kiro.store.tasks import Step, TaskFile
 
 
 class CommandExecutor(ExecutorBase):

@@ -10,7 +10,7 @@ kept is named as touched but not restored.
 Checked: this loop's own files in `.state/` (its state, journal, summary, archive, backups,
 transcript, precheck record), `config/`, `.hooks/`, the task file, and any file in `.state/` whose
 name kiro never writes. Except what this loop's own state journal wrote meanwhile
-(kiro.journal.own_write), and stop hooks created or deleted in `.hooks/` (a stop or a `kiro loop
+(kiro.store.journal.own_write), and stop hooks created or deleted in `.hooks/` (a stop or a `kiro loop
 resume` of another loop, which a person may do while this agent runs; whoever asks for a stop gets it).
 
 Not checked, and never put back or removed: kiro's files of other loops and those all loops share
@@ -35,10 +35,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from kiro import journal, state
-from kiro.diskfull import RESERVE_PREFIX
-from kiro.ownwrites import TEMP_SUFFIX
-from kiro.workspace import Workspace
+from kiro.fs.diskfull import RESERVE_PREFIX
+from kiro.fs.ownwrites import TEMP_SUFFIX
+from kiro.store import journal, state
+from kiro.store.workspace import Workspace
 
 KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
 # What kiro itself (this loop, other loops, `kiro serve`, `kiro loop watch`) may write in .state/ while an
@@ -53,7 +53,7 @@ STATE_SHARED_FILES = frozenset({".starts", ".start.lock", "watch.lock", "workspa
 STATE_LOOP_DIRS = {"transcripts": ".jsonl", "precheck": ".json"}
 LOOP_PREFIX = "autonomous_loop_"
 LOOP_SUFFIXES = (".json", journal.JOURNAL_SUFFIX, journal.SUMMARY_SUFFIX, ".lock")
-# a backup's name after its task id: `.<%Y%m%dT%H%M%S%f>.i<iteration>.json` (kiro.state), and its journal
+# a backup's name after its task id: `.<%Y%m%dT%H%M%S%f>.i<iteration>.json` (kiro.store.state), and its journal
 BACKUP_TAIL = re.compile(r"\.\d{8}T\d{12}\.i\d+\.json(?:" + re.escape(journal.JOURNAL_SUFFIX) + ")?")
 UNCHECKED_NAMED = 6  # of the other loops' files that changed during an attempt, named in its log
 Owner = Literal["loop", "kiro"]  # this loop's file in .state/; kiro's file of another loop, or shared
@@ -212,7 +212,8 @@ class ControlSnapshot:
             if old is not None and stat == (old.size, old.mtime_ns):
                 continue
             if journal.own_write(name, stat):
-                continue  # kiro's own: a state snapshot, journal, summary or backup this process wrote (kiro.journal)
+                # kiro's own: a state snapshot, journal, summary or backup this process wrote (kiro.store.journal)
+                continue
             if name in own:
                 verb = "created" if old is None else "deleted" if stat is None else "changed"
                 touched.append(f"{self.ws.relative(Path(name))} ({verb}; restored)")

@@ -1,7 +1,7 @@
 """The openai executor: a tool-calling agent on any OpenAI-compatible Chat Completions endpoint.
 
 Each attempt at a step is a conversation of at most `llm.max_turns_per_step` model calls: the
-system prompt, the step prompt, then turns in which the model calls tools (`kiro.tools`). Only
+system prompt, the step prompt, then turns in which the model calls tools (`kiro.executors.tools`). Only
 the step tools end an attempt: `complete_step`, `fail_step`, `request_human`, or an interrupted
 `sleep`. A reply without a tool call is "continue" and gets a nudge; prose that claims the work is
 done completes nothing.
@@ -44,21 +44,21 @@ from urllib.parse import urlsplit
 import openai
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
-from kiro import prompts
 from kiro.errors import ExecutorError, contained
-from kiro.events import ContextWrapped, Event, ModelCalled, ToolCalled
+from kiro.executors import prompts
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
-from kiro.memory import MemoryStore
-from kiro.redact import Redactor
-from kiro.tools import Tool, ToolEnv, ToolError, ToolResult, toolset
-from kiro.tools.base import clip_output, execute
-from kiro.tools.paths import Confinement
-from kiro.transcript import Transcript
+from kiro.executors.tools import Tool, ToolEnv, ToolError, ToolResult, toolset
+from kiro.executors.tools.base import clip_output, execute
+from kiro.executors.tools.paths import Confinement
+from kiro.store.events import ContextWrapped, Event, ModelCalled, ToolCalled
+from kiro.store.memory import MemoryStore
+from kiro.store.redact import Redactor
+from kiro.store.transcript import Transcript
 from kiro.usage import StepUsage
 
 if TYPE_CHECKING:
-    from kiro.config import Config, LLMSettings
-    from kiro.workspace import Workspace
+    from kiro.store.config import Config, LLMSettings
+    from kiro.store.workspace import Workspace
 
 DUMMY_KEY = "not-needed"  # local endpoints (llama.cpp, vLLM, Ollama) want some key but check none
 WRAP_UP_TURNS = 3  # replies the model gets to save findings and summarise before the restart
@@ -298,7 +298,7 @@ class OpenAIExecutor(ExecutorBase):
         return await self.shared.chat(body)
 
     async def summarize(self, system: str, prompt: str, *, iteration: int) -> tuple[str | None, StepUsage, str | None]:
-        """One model call without tools: a scheduled run's forced summary (SPEC §11, kiro.scheduled).
+        """One model call without tools: a scheduled run's forced summary (SPEC §11, kiro.core.scheduled).
         Returns the reply's text, the call's usage, and what went wrong when it failed."""
         llm = self.config.llm
         # the prompt quotes the task's title and steps: cut of secrets before it leaves, as every step's prompt is
@@ -373,7 +373,7 @@ def _server_wait(exc: openai.OpenAIError) -> float | None:
 
 def _memory_source(ctx: StepContext) -> str:
     """What the agent saves is tagged `loop:<task_id>`; in a stateful scheduled task
-    `schedule:<task_id>`, so that later runs are given it (SPEC §11, kiro.scheduled)."""
+    `schedule:<task_id>`, so that later runs are given it (SPEC §11, kiro.core.scheduled)."""
     sched = getattr(ctx.state, "schedule", None)
     if sched is not None and sched.stateful:
         return f"schedule:{ctx.task_id}"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 
-from kiro.config import Config
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
-from kiro.executors.process import last_line, run_process, tail
-from kiro.workspace import Workspace
+from kiro.processes.spawn import last_line, run_process, tail
+from kiro.store.config import Config
+from kiro.store.workspace import Workspace
 
 
 def step_env(ctx: StepContext) -> dict[str, str]:

@@ -30,13 +30,13 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from kiro import dashboard, views
 from kiro.errors import KiroError, raise_errors
-from kiro.events import read_events
 from kiro.serve.auth import TokenAuth
 from kiro.serve.control import ControlError, Controller
 from kiro.serve.index import EventIndex
-from kiro.state import StateStore, effective_status, to_jsonable
+from kiro.store.events import read_events
+from kiro.store.state import StateStore, effective_status, to_jsonable
+from kiro.views import dashboard, loops
 
 KEEPALIVE_SECONDS = 15.0
 EVENTS_PAGE = 1000
@@ -85,7 +85,7 @@ class Server:
 
     async def loops(self, request: Request) -> Response:
         warnings: list[str] = []
-        rows = views.all_rows(self.store, warnings)
+        rows = loops.all_rows(self.store, warnings)
         return JSONResponse(rows, headers={"X-Kiro-Warnings": str(len(warnings))})
 
     def _tid(self, request: Request) -> str:
@@ -99,7 +99,7 @@ class Server:
         except KiroError as exc:
             return _error(404, str(exc))
         body = to_jsonable(loaded.state)
-        body["effective_status"] = views.loop_row(self.store, loaded.state)["status"]
+        body["effective_status"] = loops.loop_row(self.store, loaded.state)["status"]
         return JSONResponse(body)
 
     async def progress(self, request: Request) -> Response:
@@ -109,7 +109,7 @@ class Server:
             return _error(exc.status, exc.message)
         except KiroError as exc:
             return _error(404, str(exc))
-        return JSONResponse(views.progress(self.ws, loaded.state))
+        return JSONResponse(loops.progress(self.ws, loaded.state))
 
     async def loop_events(self, request: Request) -> Response:
         """A loop's events, each with `n` (its position in the log, from 1): `?after=N` those after the
@@ -259,11 +259,11 @@ class Server:
             if kind == "get_loop_state":
                 tid = self.control.task_id(msg.get("task_id"))
                 loaded = self.store.load(tid)
-                row = views.loop_row(self.store, loaded.state)
+                row = loops.loop_row(self.store, loaded.state)
                 return {"type": "loop_state", **rid, "task_id": tid, "status": row["status"], "row": row,
                         "state": to_jsonable(loaded.state)}
             if kind == "list_loops":
-                return {"type": "loops", **rid, "loops": views.all_rows(self.store)}
+                return {"type": "loops", **rid, "loops": loops.all_rows(self.store)}
         except ControlError as exc:
             return {"type": "error", **rid, "status": exc.status, "message": exc.message}
         except KiroError as exc:

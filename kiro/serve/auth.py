@@ -16,7 +16,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kiro.errors import UserError
-from kiro.fsutil import atomic_write
+from kiro.fs.atomic import atomic_write
 
 TOKEN_ENV = "KIRO_SERVE_TOKEN"
 LOGIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>kiro · token needed</title>

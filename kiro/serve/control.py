@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kiro.errors import KiroError
-from kiro.state import StateStore
 from kiro.status import Status
-from kiro.workspace import Workspace, check_task_id
+from kiro.store.state import StateStore
+from kiro.store.workspace import Workspace, check_task_id
 
 CLI_TIMEOUT = 60.0
 MESSAGE_MAX_CHARS = 20_000
@@ -158,10 +158,10 @@ class Controller:
         return {"task_id": tid, "message": out.splitlines()[-1] if out else ""}
 
     def message(self, raw_id: Any, content: Any) -> dict[str, Any]:
-        """Queue a message in the loop's inbox (`kiro.messages`, the same one `kiro loop tell` uses): the
+        """Queue a message in the loop's inbox (`kiro.store.messages`, the same one `kiro loop tell` uses): the
         agent reads it in its next prompt, once."""
-        from kiro.messages import Inbox
-        from kiro.redact import Redactor
+        from kiro.store.messages import Inbox
+        from kiro.store.redact import Redactor
 
         tid = self.task_id(raw_id)
         if not isinstance(content, str) or not content.strip():

@@ -25,15 +25,17 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from kiro import checkpoints, executors, tasks
-from kiro.config import Config
+from kiro import executors
 from kiro.errors import ConfigError, ExecutorError, UserError
 from kiro.executors.base import StepContext, StepResult
-from kiro.executors.process import run_process, tail
-from kiro.redact import Redactor
-from kiro.state import LoopState
+from kiro.git import checkpoints
+from kiro.processes.spawn import run_process, tail
+from kiro.store import tasks
+from kiro.store.config import Config
+from kiro.store.redact import Redactor
+from kiro.store.state import LoopState
+from kiro.store.workspace import Workspace
 from kiro.usage import StepUsage
-from kiro.workspace import Workspace
 
 
 @dataclass

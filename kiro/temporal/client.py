@@ -21,9 +21,9 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from kiro.config import Config, TemporalBackend
 from kiro.errors import RunError, UserError
-from kiro.workspace import Workspace
+from kiro.store.config import Config, TemporalBackend
+from kiro.store.workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ async def connect(cfg: Config) -> Client:
 
 def base_commit(ws: Workspace, cfg: Config) -> str:
     """The commit the loop's branch starts from: the project's HEAD, which must be on the remote."""
-    from kiro import checkpoints
+    from kiro.git import checkpoints
 
     project = (ws.root / cfg.project_dir).resolve()
     git = checkpoints.Git(project)

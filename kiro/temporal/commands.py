@@ -1,5 +1,5 @@
 """`kiro loop start|resume|stop --force` on the temporal backend: the same checks and files as locally
-(`kiro.runner.prepare_start` / `prepare_resume` run here, in the CLI), then a workflow is started or
+(`kiro.core.runner.prepare_start` / `prepare_resume` run here, in the CLI), then a workflow is started or
 signalled; in the foreground the CLI prints the loop's events and exits with its exit code."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import asyncio
 import signal
 from typing import Any
 
-from kiro import console
-from kiro.engine import LoopRun
+from kiro.core.engine import LoopRun
+from kiro.store.workspace import Workspace
 from kiro.temporal import client as tc
-from kiro.workspace import Workspace
+from kiro.views import console
 
 
 def preflight(ws: Workspace, config_file: Any) -> None:
     """Before `prepare_start` writes anything: the server answers and the project has a commit to branch from."""
-    from kiro.settings import settings_for
+    from kiro.store.settings import settings_for
 
     cfg = settings_for(ws, config_file=config_file).config
     tc.base_commit(ws, cfg)
@@ -96,7 +96,7 @@ def _followers(ws: Workspace, tids: list[str], *, quiet: bool, verbose: bool) ->
 async def _follow(loops: list[tuple[str, Any, int]], followers: list[tc.LogFollower]) -> int:
     """Print each loop's events until its run ends; Ctrl-C / SIGTERM stop the loops (`stop --force`), as a
     local foreground loop stops on them."""
-    from kiro.runner import combined_exit_code
+    from kiro.core.runner import combined_exit_code
 
     aloop = asyncio.get_running_loop()
     stopping = asyncio.Event()

@@ -13,10 +13,10 @@ from typing import Any
 
 from temporalio.worker import Worker
 
-from kiro.config import Config
 from kiro.errors import UserError
+from kiro.store.config import Config
+from kiro.store.workspace import Workspace
 from kiro.temporal import client as tc
-from kiro.workspace import Workspace
 
 # Heartbeats reach the server at least every second: a cancellation (`kiro loop stop --force`) arrives with the
 # answer to one, so this bounds how long a force stop takes to reach a running step.

@@ -17,19 +17,20 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from kiro import checkpoints, features
-from kiro import events as ev
-from kiro.config import Config
-from kiro.engine import Loop
+from kiro.core import features
+from kiro.core.engine import Loop
+from kiro.core.guardrails import SharedLimits
+from kiro.core.listeners import standard as standard_listeners
+from kiro.core.runner import AlreadyFinished, prepare_resume
 from kiro.errors import ExecutorError, KiroError, LockHeld
 from kiro.executors.base import Executor, StepContext, StepResult
-from kiro.guardrails import SharedLimits
-from kiro.listeners import standard as standard_listeners
-from kiro.runner import AlreadyFinished, prepare_resume
-from kiro.state import GitInfo, LoopState
-from kiro.tasks import Step, TaskFile
+from kiro.git import checkpoints
+from kiro.store import events as ev
+from kiro.store.config import Config
+from kiro.store.state import GitInfo, LoopState
+from kiro.store.tasks import Step, TaskFile
+from kiro.store.workspace import Workspace
 from kiro.usage import StepUsage
-from kiro.workspace import Workspace
 
 
 class RemoteExecutor:

@@ -11,14 +11,15 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from kiro import console, tasks
+from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start
+from kiro.core.supervisor import is_task_candidate
 from kiro.errors import KiroError, LockHeld
-from kiro.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start
-from kiro.settings import settings_for
 from kiro.status import Status
-from kiro.supervisor import is_task_candidate
+from kiro.store import tasks
+from kiro.store.settings import settings_for
+from kiro.store.workspace import Workspace, markdown_files
 from kiro.temporal import client as tc
-from kiro.workspace import Workspace, markdown_files
+from kiro.views import console
 
 POLL_SECONDS = 0.5
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiro import checkpoints
+from kiro.git import checkpoints
 from kiro.temporal.attempt import _fetch_branch
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+from kiro.store.workspace import Workspace as KiroWorkspace
 from kiro.temporal.client import LogFollower
-from kiro.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace
 
 

@@ -31,7 +31,7 @@ from kiro.errors import ExecutorError
 from kiro.executors.base import StepUsage
 
 if TYPE_CHECKING:
-    from kiro.config import Config
+    from kiro.store.config import Config
 
 FailureKind = Literal["usage_error", "auth_error", "rate_limit", "failure"]
 
@@ -161,7 +161,7 @@ class Preset:
 
     def __init__(self, config: Config | None = None) -> None:
         if config is None:
-            from kiro.config import Config
+            from kiro.store.config import Config
 
             config = Config()
         self.config = config

@@ -39,7 +39,7 @@ from kiro.executors.base import StepUsage
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from kiro.config import Config
+    from kiro.store.config import Config
 
 _TOKENS = re.compile(r"^Tokens: (?P<body>.*?)\."
                      r"(?: Cost: \$(?P<msg>[\d.]+) message, \$(?P<session>[\d.]+) session\.)?\s*$")

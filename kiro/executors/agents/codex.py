@@ -22,7 +22,7 @@ from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line
 from kiro.executors.base import StepUsage
 
 if TYPE_CHECKING:
-    from kiro.config import Config
+    from kiro.store.config import Config
 
 
 class CodexPreset(Preset):

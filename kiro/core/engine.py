@@ -1,0 +1,995 @@
+"""The loop: observe -> pick the step -> execute -> verify -> record -> decide, until a stop
+condition holds (SPEC §6, seed 004). No rich, no typer: the engine emits events; the CLI renders
+them, the event log appends them, the dashboard recomputes from the state.
+
+Ordering that makes a crash at any instant safe (P-1):
+  1. the state is saved with the step "in_progress" before the step runs;
+  2. the step's box is checked in the task file (atomically) before the state records it completed;
+so a state that records a step completed implies its box is checked, and a resumed loop never runs
+a completed step again. A crash between 2 and the state save is reconciled on resume (the box is
+checked, so the step is recorded as completed, `step_recovered`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiro import timeutil
+from kiro.core import conditions, resolved
+from kiro.core.conditions import Stop
+from kiro.core.guardrails import LoopGuardrails, SharedLimits, Trigger
+from kiro.core.hooks import Checkpoint, Feature, LoopListener
+from kiro.core.watch import ChangeHub, acquire_hub, release_hub, wait_until
+from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
+from kiro.executors import prompts
+from kiro.executors.base import Executor, Guard, StepContext, StepResult
+from kiro.fs import diskfull, writer
+from kiro.fs.atomic import atomic_write
+from kiro.fs.writer import WriteQueue
+from kiro.processes import groups
+from kiro.processes.spawn import run_process, tail
+from kiro.status import Status
+from kiro.store import events as ev
+from kiro.store import tasks
+from kiro.store.config import Config
+from kiro.store.events import Event, EventLog, Listener
+from kiro.store.messages import Inbox, render
+from kiro.store.redact import Redactor
+from kiro.store.state import (
+    CompletedStep,
+    CurrentStep,
+    FailedStep,
+    LoopState,
+    StateStore,
+    clip,
+    first_line,
+)
+from kiro.store.workspace import Workspace, locate_task
+from kiro.usage import StepUsage
+
+if TYPE_CHECKING:
+    import random
+
+
+@dataclass
+class Outcome:
+    task_id: str
+    status: Status
+    reason: str
+    message: str
+    exit_code: int
+    report: str | None = None
+
+
+@dataclass
+class LoopRun:
+    """Everything one loop needs, prepared by `kiro.core.runner` (config resolved, lock held)."""
+
+    ws: Workspace
+    store: StateStore
+    config: Config
+    state: LoopState
+    task_path: Path
+    executor_name: str
+    resumed: bool = False
+    warnings: list[str] = field(default_factory=list)
+    release: Callable[[], None] | None = None
+    executor: Executor | None = None
+    lock: Any = None  # the loop's FileLock, for a supervisor that keeps it across runs
+    features: list[Feature] = field(default_factory=list)  # git, approval, schedule, pre-check (kiro.core.features)
+
+
+def backoff_delay(attempts: int, base: float, cap: float, exponential: bool, rng: random.Random) -> float:
+    """Exponential backoff with jitter: base * 2^(attempts-1), capped, then a random factor in
+    [0.5, 1.0] so that many loops failing together do not retry in lockstep."""
+    if base <= 0:
+        return 0.0
+    raw = base * (2 ** max(attempts - 1, 0)) if exponential else base
+    return min(raw, cap) * (0.5 + rng.random() / 2)
+
+
+class _LoopGuard(Guard):
+    """Mid-step checks the executor makes before each model call and tool call."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+
+    async def _gate(self, check: Callable[[], Trigger | None]) -> str | None:
+        """Stop conditions first, then guardrails: sleep through waits (a hook still ends them at
+        once), turn hard limits into the loop's stop."""
+        loop = self.loop
+        while True:
+            stop = loop.interrupt_check()
+            if stop is not None:
+                loop._pending_stop = stop
+                return stop.reason
+            trigger = check()
+            if trigger is None:
+                return None
+            if trigger.action == "wait":
+                stop = await loop.guardrail_wait(trigger)
+                if stop is not None:
+                    loop._pending_stop = stop
+                    return stop.reason
+                continue
+            loop._pending_stop = loop.guardrail_stop(trigger)
+            return trigger.limit
+
+    async def before_model_call(self) -> str | None:
+        return await self._gate(self.loop.guardrails.before_model_call)
+
+    async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
+        return await self._gate(lambda: self.loop.guardrails.before_tool_call(name, arguments))
+
+    async def wait(self, limit: str, seconds: float, message: str, *, figure: Any = None) -> str | None:
+        loop = self.loop
+        stop = await loop.guardrail_wait(Trigger(limit, round(seconds, 3), figure, message, "wait", seconds))
+        if stop is not None:
+            loop._pending_stop = stop
+            return stop.reason
+        return None
+
+    def after_model_call(self, usage: StepUsage) -> None:
+        self.loop.guardrails.record_model_call(usage)
+
+    def after_tool_call(self, name: str, arguments: Mapping[str, Any], error: str | None) -> None:
+        self.loop.guardrails.record_tool_call(name, arguments)
+
+
+class Loop:
+    def __init__(self, run: LoopRun, executor: Executor, listeners: list[Listener] | None = None,
+                 shared: SharedLimits | None = None) -> None:
+        self.run_spec = run
+        self.ws = run.ws
+        self.store = run.store
+        self.cfg = run.config
+        self.settings = run.config.autonomous_loop
+        self.state = run.state
+        self.task_path = run.task_path
+        if not callable(getattr(executor, "build_prompts", None)) or not hasattr(executor, "checks_boxes"):
+            raise TypeError(f"executor {getattr(executor, 'name', executor)!r} does not say what it sends and when a "
+                            f"step is done: subclass kiro.executors.base.ExecutorBase")
+        self.executor = executor
+        # The one redactor of this run: every event, state, report and prompt passes through it.
+        self.redact = Redactor.for_run(self.cfg)
+        self.store.use(self.redact)
+        self.log = EventLog(self.ws.event_log(self.state.task_id), self.redact)
+        self.listeners: list[Listener] = [self.log, *(listeners or [])]
+        self.cancel = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._hub: ChangeHub | None = None
+        self._ledger: groups.Ledger | None = None  # this run's process groups (kiro.processes.groups)
+        self._signal_stop: Stop | None = None
+        self._pending_stop: Stop | None = None
+        self._rng: random.Random | None = None  # made at the first backoff (random is not imported by every run)
+        self._base_elapsed = self.state.metrics.total_duration_seconds
+        self._run_started = time.monotonic()
+        self._first_iteration_of_run = True
+        self._stale_since = self.state.updated_at
+        self.project_dir = (self.ws.root / self.cfg.project_dir).resolve()
+        self.guardrails = LoopGuardrails(self.cfg, self.state, shared or SharedLimits(self.cfg))
+        self.features = run.features  # what plugs in beside the engine (kiro.core.hooks.Feature)
+        self._in_progress: str | None = None  # the step whose box kiro marked `[-]`
+        self.inbox = Inbox(self.ws, self.state.task_id)  # SPEC §11, kiro.store.messages
+        # The shell executor reads no prompt: its messages stay queued and neither wake nor hurry it.
+        self.reads_messages = executor.reads_prompt
+        self.loop_listeners: list[LoopListener] = []
+        self._finishing = False
+        self._finish_report: str | None = None
+        self.slot: Any = None  # the watch supervisor's place for this loop (supervisor.Slot), if any
+        self.writes = WriteQueue()  # the loop's durable writes, in order, off the event loop (kiro.fs.writer)
+        self._area_key: tuple[Path, int, int] | None = None
+        self._area: str | None = None
+        self._write_problems: list[str] = []
+        self._hooks: tuple[str, tuple[Path, Path]] | None = None  # (task id, its stop hooks)
+        self._save_owed = False  # `save_soon()` was called and no save has been made since
+
+    @property
+    def resumed(self) -> bool:
+        return self.run_spec.resumed
+
+    def subscribe(self, *listeners: Listener) -> None:
+        """Add listeners (after the event log and the caller's). A `LoopListener` is also told of
+        every state save and awaited when the run ends."""
+        for listener in listeners:
+            self.listeners.append(listener)
+            if isinstance(listener, LoopListener):
+                self.loop_listeners.append(listener)
+
+    def relocate(self, path: Path, *, area: str | None = None) -> None:
+        """The task file is now at `path` (moved by a person, or by a listener): follow it."""
+        old = self.ws.relative(self.task_path)
+        self.task_path = path
+        self.state.task_path = self.ws.relative(path)
+        self.emit(ev.TaskMoved(from_=old, to=self.state.task_path, area=area))
+
+    # -- events ----------------------------------------------------------------------------
+
+    def emit(self, event: Event | str, /, **fields: Any) -> None:
+        """Stamp a typed event with the loop's task id and iteration and hand it to every listener.
+        `emit("name", **fields)` (executors written before events were typed) builds the record
+        through `events.make`, which raises on an unknown name or field."""
+        if isinstance(event, str):
+            event = ev.make(event, **fields)
+        elif fields:
+            raise TypeError("emit(event) takes a typed event, or a name and its fields")
+        if not self.settings.log_every_iteration and event.event in ("iteration_started", "step_started"):
+            return
+        event.task_id = self.state.task_id
+        event.iteration = self.state.iteration
+        record = event.to_record()
+        clean, line = self.redact.record(record)
+        if clean != record:  # what every listener sees (log, terminal, server) is clean
+            event = type(event).model_validate(clean)
+            record = event.to_record()
+        if self._finishing and isinstance(event, ev.ReportWritten):
+            self._finish_report = event.path
+        log = self.log
+        for listener in self.listeners:
+            if listener is log:  # the record just made (and its JSON, when the redactor made it): not dumped again
+                log.append_record(record, clean_json=line if log.redact is self.redact else None)
+            else:
+                listener(event)
+
+    def _saved(self) -> None:
+        for listener in self.loop_listeners:
+            listener.saved(self.state)
+
+    def save(self) -> None:
+        """Record the state: encoded now, written (fsync, rename) by `self.writes` on a worker
+        thread, in order with the loop's other writes. The next observable step awaits `flush()`."""
+        self._save_owed = False
+        self.state.metrics.total_duration_seconds = round(self.elapsed(), 3)
+        self.state.refresh_metrics()
+        self.writes.submit(self.store.save_job(self.state), key="state")
+        self._saved()
+
+    def save_soon(self) -> None:
+        """`save()` when the loop's task next yields to the event loop, or at its next `save()`,
+        whichever comes first: an iteration's closing save and the next iteration's opening one
+        (with no wait between them) become one record, one append and one fdatasync (issue #12).
+        Nothing can observe the difference: no other code runs on the event loop before the task
+        yields, and the next observable step (`flush()`, a wait) comes after a yield or a save."""
+        if not self._save_owed:
+            self._save_owed = True
+            asyncio.get_running_loop().call_soon(self._owed_save)
+
+    def _owed_save(self) -> None:
+        if self._save_owed:
+            self.save()
+
+    async def asave(self) -> None:
+        """`save()`, then wait until it is on disk (without holding up the other loops)."""
+        self.save()
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Wait until every write queued so far is done; raise the first that failed."""
+        if self._save_owed:
+            self.save()
+        await self.writes.flush()
+        self._report_problems()
+
+    def write_report(self, path: Path, text: str, *, fsync: bool = True) -> None:
+        """The one way the loop writes a report (completion, progress, escalation, intervention,
+        request): atomically, through the redactor, queued behind the loop's earlier writes. A
+        report that cannot be written is a warning, not the loop's end."""
+        data = self.redact.text(text)
+
+        def write() -> None:
+            try:
+                atomic_write(path, data, fsync=fsync)
+            except OSError as exc:
+                if diskfull.is_disk_full(exc):
+                    raise
+                self._write_problems.append(f"could not write the report {self.ws.relative(path)}: {exc}")
+
+        self.writes.submit(write)
+
+    def _report_problems(self) -> None:
+        while self._write_problems:
+            self.emit(ev.LoopWarning(message=self._write_problems.pop(0)))
+
+    def transition(self, to: Status, reason: str | None = None) -> None:
+        before = self.state.status
+        if self.state.transition(to, reason):
+            self.emit(ev.StateChanged(from_=before, to=self.state.status, reason=reason))
+
+    def elapsed(self) -> float:
+        return self._base_elapsed + (time.monotonic() - self._run_started)
+
+    def run_elapsed(self) -> float:
+        """The run time `timeout_seconds` limits: a scheduled task's counts from its run's start."""
+        return self.elapsed() - sum(f.run_base()[0] for f in self.features)
+
+    # -- control from outside --------------------------------------------------------------
+
+    def request_stop(self, reason: str = "signal", message: str = "stopped by a signal") -> None:
+        """SIGTERM/SIGINT or `stop --force`: end the current step now, save, exit 3."""
+        self._signal_stop = conditions.stopped(reason, message)
+        self.cancel.set()
+        self._wake.set()
+
+    # -- stop conditions -------------------------------------------------------------------
+
+    def interrupt_check(self) -> Stop | None:
+        """Conditions that may end the loop at any safe point, also mid-step: a signal, the task
+        moved or gone, a stop hook, the wall-time limit. Cheap: a few stat calls."""
+        if self._signal_stop is not None:
+            return self._signal_stop
+        moved = self._check_task_location()
+        if moved is not None:
+            return moved
+        if self.settings.check_stop_hook:
+            hooks = self._hooks
+            if hooks is None or hooks[0] != self.state.task_id:
+                hooks = self._hooks = (self.state.task_id, (self.ws.hook_file(self.state.task_id),
+                                                            self.ws.global_hook_file))
+            for hook in hooks[1]:
+                if os.path.exists(hook):
+                    return conditions.stop_hook(hook, self.ws)
+        limit = self.state.timeout_seconds or self.settings.timeout_seconds
+        if self.run_elapsed() >= limit:
+            return conditions.timed_out(limit, self.run_elapsed())
+        return None
+
+    def _task_area(self) -> str | None | bool:
+        """The area the task file is in; False when it is not a file at `task_path`. Asked before
+        every model and tool call: the area (a realpath) is worked out again only when the file
+        there is another one (a move, a rewrite)."""
+        try:
+            st = os.stat(self.task_path)
+        except (OSError, ValueError):
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        key = (self.task_path, st.st_dev, st.st_ino)
+        if self._area_key != key:
+            self._area_key, self._area = key, self.ws.area_of(self.task_path)
+        return self._area
+
+    def _check_task_location(self) -> Stop | None:
+        area = self._task_area()
+        if area is not False:
+            if area == "Done" and self.settings.check_done_folder:
+                return conditions.completed(f"task is in {self.ws.relative(self.task_path)}", "task_in_done")
+            if area == "Needs_Action" and self.settings.check_needs_action_folder:
+                return conditions.needs_action(f"task is in {self.ws.relative(self.task_path)}; waiting for a person")
+            return None
+        where, path = locate_task(self.ws, self.task_path, self.state.task_id)
+        if path is not None and where in ("Done", "Needs_Action", "Specs"):
+            self.relocate(path, area=where)
+            return self._check_task_location()
+        return conditions.stopped(
+            "task_missing",
+            f"task file {self.state.task_path} is gone and is in neither Done/ nor Needs_Action/; put it back "
+            f"and run `kiro loop resume --task-id {self.state.task_id}`",
+        )
+
+    def limit_check(self) -> Stop | None:
+        s = self.state
+        full = diskfull.hit()
+        if full is not None:  # a write found the disk full; the reserve made room to record it
+            return Stop(Status.STOPPED, "disk_full", f"disk full (writing {full}); free some space, then run "
+                        f"`kiro loop resume --task-id {s.task_id}`", 1)
+        if s.consecutive_failures >= s.failure_threshold:
+            return conditions.failure_threshold(s)
+        if s.iteration - sum(f.run_base()[1] for f in self.features) >= s.max_iterations:
+            return conditions.max_iterations(s)
+        return None
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    async def wait(self, seconds: float, *, messages: bool = False) -> Stop | None:
+        """Wait, but come back as soon as a stop condition holds (a hook dropped, the task moved,
+        a signal): the change hub wakes us on every file change in the folders that steer loops.
+        Returns that condition, or None when the time is up. With `messages`, a message queued
+        for this loop (SPEC §11) also ends the wait (returning None)."""
+        limit = self.state.timeout_seconds or self.settings.timeout_seconds
+        seconds = min(seconds, max(limit - self.run_elapsed(), 0.0) + 0.001)
+        poll = self._hub.poll_interval if self._hub is not None else 0.25
+
+        messages = messages and self.reads_messages
+
+        def check() -> object:
+            return self.interrupt_check() or (messages and self.inbox.has_pending())
+
+        found = await wait_until(check, self._wake, seconds, poll)
+        return found if isinstance(found, Stop) else None
+
+    def take_messages(self, where: str) -> str | None:
+        """The messages queued for this loop and not yet handed to the agent, as prompt text under
+        their headings; recorded as delivered (fsync'd) before the caller sends them, so none is
+        ever given twice."""
+        pending = self.inbox.pending()
+        if not pending:
+            return None
+        self.inbox.mark_delivered(pending)
+        for m in pending:
+            self.emit("message_received", **m.fields())
+            self.emit("message_delivered", message_id=m.id, **{"from": m.sender}, where=where)
+        return self.redact.text(render(pending))
+
+    async def guardrail_wait(self, trigger: Trigger) -> Stop | None:
+        """Sleep because a guardrail asks for it (status `sleeping`); a stop condition ends it."""
+        self.emit(ev.GuardrailTriggered(**trigger.fields()))
+        previous = self.state.status
+        self.transition(Status.SLEEPING, trigger.limit)
+        self.state.sleep_until = timeutil.iso(timeutil.now() + timedelta(seconds=trigger.seconds))
+        self.save()
+        try:  # a forced rest (max_consecutive_turns) also ends for a message (SPEC §11)
+            stop = await self.wait(trigger.seconds, messages=trigger.limit == "max_consecutive_turns")
+        finally:
+            self.state.sleep_until = None
+        if stop is None:
+            self.guardrails.waited(trigger)
+            self.transition(Status.RUNNING if previous == Status.SLEEPING else previous, f"{trigger.limit}_over")
+        return stop
+
+    def guardrail_stop(self, trigger: Trigger) -> Stop:
+        self.emit(ev.GuardrailTriggered(**trigger.fields()))
+        if trigger.action == "escalate":
+            return Stop(Status.FAILED, trigger.limit, trigger.message, conditions._code(Status.FAILED), trigger.limit,
+                        trigger.value, trigger.figure)
+        return conditions.guardrail(trigger.limit, trigger.value, trigger.figure, trigger.message)
+
+    async def _sleep_for_executor(self, seconds: float) -> str | None:
+        stop = await self.wait(seconds, messages=True)
+        if stop is not None:
+            self._pending_stop = stop
+            return stop.reason
+        return None
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> Outcome:
+        s = self.state
+        s.pid = os.getpid()
+        s.host = socket.gethostname()
+        if s.schedule is None:  # a scheduled task counts its scheduled runs (kiro.core.scheduled)
+            s.runs += 1
+        s.finished_at = None
+        s.stop_conditions = type(s.stop_conditions)()
+        s.executor = self.executor.name
+        begun = ev.LoopResumed if self.run_spec.resumed else ev.LoopStarted
+        self.emit(begun(task_path=s.task_path, executor=self.executor.name, max_iterations=s.max_iterations,
+                        pid=s.pid, workspace=str(self.ws.root)))
+        for warning in self.run_spec.warnings:
+            self.emit(ev.LoopWarning(message=warning))
+        self._take_over_processes()
+        self.transition(Status.RUNNING, "resumed" if self.run_spec.resumed else "started")
+        s.stop_reason = None
+        self.store.open_journal(s)  # saves append to the loop's journal from here on (kiro.store.journal)
+        with writer.loop_running():  # the only loop in the process writes at once (kiro.fs.writer)
+            return await self._run_opened()
+
+    async def _run_opened(self) -> Outcome:
+        s = self.state
+        self.save()
+        stop: Stop | None = None
+        try:
+            self._hub = await acquire_hub(self.ws.root)
+            self._hub.subscribe_event(self._wake)
+            if self._hub.failed:
+                self.emit(ev.LoopWarning(message=f"file watcher unavailable ({self._hub.failed}); checking every "
+                                                 f"{self._hub.poll_interval}s instead"))
+            stop = await self._loop()
+        except ExecutorError as exc:
+            stop = Stop(Status.STOPPED, "executor_error", str(exc), 1)
+        except KiroError as exc:
+            stop = Stop(Status.STOPPED, "error", str(exc), exc.exit_code)
+        except BaseException as exc:  # an unexpected bug: save what we have, then let it surface
+            stop = Stop(Status.STOPPED, "crash", f"kiro crashed: {type(exc).__name__}: {exc}", 1)
+            self._finish(stop)
+            with contextlib.suppress(Exception):
+                await self.flush()
+            self.store.close_journal(s.task_id)
+            await self._close_listeners()
+            self.log.close()
+            raise
+        finally:
+            if self._hub is not None:
+                self._hub.unsubscribe(self._wake)
+                await release_hub(self._hub)
+                self._hub = None
+            if self._ledger is not None:
+                self._ledger.close()  # its file goes when no step's group is left
+        outcome = self._finish(stop)
+        await self.flush()  # the end is observable (exit code, outcome, the dashboard): on disk first
+        self.store.close_journal(s.task_id)  # a last snapshot if one is owed; the journal goes
+        await self._close_listeners()
+        self.log.close()
+        return outcome
+
+    async def _close_listeners(self) -> None:
+        for listener in self.loop_listeners:
+            await listener.aclose()
+
+    def _take_over_processes(self) -> None:
+        """Before any step runs: kill what a killed kiro's steps left running (a background child
+        would otherwise do the step's work beside the step run again), then record this run's
+        groups in the same ledger. Also make kiro unreadable to its children (/proc/<pid>/environ)."""
+        groups.make_undumpable()
+        ledger = groups.Ledger(self.ws.state_dir / "processes" / f"{self.state.task_id}.json")
+        killed = ledger.reap()
+        if killed:
+            self.emit(ev.LoopWarning(message=f"killed {len(killed)} process(es) a previous run's steps left "
+                                             f"behind (pids {', '.join(map(str, killed))})"))
+        groups.current_ledger.set(ledger)
+        self._ledger = ledger
+
+    async def _loop(self) -> Stop:
+        stop = self._check_task_location()
+        if stop is not None:
+            return stop
+        task = self._read_task()
+        if isinstance(task, Stop):
+            return task
+        for feature in self.features:
+            await feature.open(self)
+        await self._reconcile(task)
+        for feature in self.features:
+            stop = await feature.begin(self, task)
+            if stop is not None:
+                return stop
+        while True:
+            stop = self.interrupt_check()
+            if stop is not None:
+                return stop
+            for feature in self.features:
+                feature.each_round(self)
+            task = self._read_task()
+            if isinstance(task, Stop):
+                return task
+            step = task.current_step(self.cfg.include_optional)
+            if step is None:
+                said = await self._all_done(task)
+                if isinstance(said, Stop):
+                    return said
+                if said:
+                    continue  # a recurring task's next run
+                stop = self._complete(task)
+                for feature in self.features:
+                    stop = await feature.completing(self, stop)
+                return stop
+            stop = self.limit_check()
+            if stop is not None:
+                return stop
+            trigger = self.guardrails.hard_stop() or self.guardrails.wait_needed()
+            if trigger is not None:
+                if trigger.action != "wait":
+                    return self.guardrail_stop(trigger)
+                stop = await self.guardrail_wait(trigger)
+                if stop is not None:
+                    return stop
+                continue
+            record = self.state.steps.get(step.id)
+            if record is not None and record.next_retry_at:
+                delay = (timeutil.parse(record.next_retry_at) - timeutil.now()).total_seconds()
+                # a message is answered without the backoff (by an executor that reads prompts)
+                if delay > 0 and not (self.reads_messages and self.inbox.has_pending()):
+                    self.transition(Status.SLEEPING, "backoff")
+                    self.state.sleep_until = record.next_retry_at
+                    self.save()
+                    self.emit(ev.Backoff(step_id=step.id, seconds=round(delay, 3), attempts=record.attempts))
+                    try:
+                        stop = await self.wait(delay, messages=True)
+                    finally:
+                        self.state.sleep_until = None
+                    if stop is not None:
+                        return stop
+                    self.transition(Status.RUNNING, "backoff_over")
+                    continue  # re-read: a person may have changed the file meanwhile
+            go = True
+            for feature in self.features:
+                stop, go = await feature.before_step(self, step.id, record.attempts if record else 0)
+                if stop is not None:
+                    return stop
+                if not go:
+                    break
+            if not go:
+                continue
+            stop = await self._iterate(task, step)
+            for feature in self.features:
+                await feature.after_step(self, step.id)
+            if stop is not None:
+                return stop
+            if self.settings.iteration_delay_seconds:
+                stop = await self.wait(self.settings.iteration_delay_seconds, messages=True)
+                if stop is not None:
+                    return stop
+
+    async def _all_done(self, task: tasks.TaskFile) -> Stop | bool | None:
+        """Every step is done: what the features say (a stop, or True to go round again), if any."""
+        for feature in self.features:
+            said = await feature.all_done(self, task)
+            if said is not None:
+                return said
+        return None
+
+    async def _step_done(self, step: tasks.Step, *, recovering: bool = False) -> Checkpoint | None:
+        """The step's box is checked and the state does not record the step yet: a checkpoint for
+        `completed_steps[].checkpoint`, from the feature that made one (git)."""
+        made = None
+        for feature in self.features:
+            made = await feature.step_done(self, step, recovering=recovering) or made
+        return made
+
+    def _read_task(self) -> tasks.TaskFile | Stop:
+        """Re-read the task file (a person may have edited it). Its location was just checked by
+        `interrupt_check` (or, on the first read, by `_loop`)."""
+        try:
+            return tasks.load(self.task_path)
+        except TaskNotFound:
+            stop = self._check_task_location()
+            return stop or conditions.stopped("task_missing", f"task file {self.state.task_path} is gone")
+
+    async def _reconcile(self, task: tasks.TaskFile) -> None:
+        """After a crash: a step the state shows in progress whose box is checked was finished
+        (the crash fell between checking the box and saving the state). Record it."""
+        cur = self.state.current_step
+        if cur is None or cur.status != "in_progress":
+            return
+        step = next((st for st in task.steps if st.id == cur.step_id and st.done), None)
+        open_same = next((st for st in task.steps if st.id == cur.step_id and not st.done), None)
+        if step is None or open_same is not None:
+            cur.status = "interrupted"
+            self.save()
+            return
+        started = timeutil.parse(cur.started_at) if cur.started_at else timeutil.now()
+        checkpoint = await self._step_done(step, recovering=True)
+        self._record_success(step, started, summary="(recovered after a restart: the box was checked)",
+                             attempts=self.state.step_record(step.id).attempts or 1, checkpoint=checkpoint)
+        self.emit(ev.StepRecovered(step_id=step.id, description=step.title))
+        self.save()
+
+    # -- one iteration ---------------------------------------------------------------------
+
+    def _reinjection_reason(self) -> str | None:
+        s, cfg = self.state, self.settings
+        if self._first_iteration_of_run and self.run_spec.resumed:
+            return "resumed"
+        if cfg.reinject_every_n_iterations and s.iteration % cfg.reinject_every_n_iterations == 0:
+            return "every_n_iterations"
+        if cfg.reinject_after_failure and s.consecutive_failures > 0:
+            return "after_failure"
+        if cfg.reinject_if_stale_seconds and self._stale_since:
+            age = (timeutil.now() - timeutil.parse(self._stale_since)).total_seconds()
+            if age > cfg.reinject_if_stale_seconds:
+                return "stale"
+        return None
+
+    async def _iterate(self, task: tasks.TaskFile, step: tasks.Step) -> Stop | None:
+        s = self.state
+        before = s.current_step
+        s.iteration += 1
+        record = s.step_record(step.id)
+        attempt = record.attempts + 1
+        started = timeutil.now()
+        s.current_step = CurrentStep(step_id=step.id, description=step.title or step.text,
+                                     status="in_progress", started_at=timeutil.iso(started))
+        reason = self._reinjection_reason()
+        self._first_iteration_of_run = False
+        continuation = prompts.continuation_context(s, step) if reason else None
+        verify_cmd = self._verify_command(task)
+        system, prompt = self.executor.build_prompts(  # the executor's own prompts and idea of "done"
+            task, step, s, workspace=self.ws, attempt=attempt, previous_error=record.last_error,
+            verify_output=record.last_verify_output, verify_command=verify_cmd, continuation=continuation,
+            task_file=self.task_path,
+        )
+        s.context.last_prompt = clip(prompts.recent_prompt(prompt, continuation))  # without messages: never repeated
+        s.steps_total, s.steps_done = len(task.steps), task.done_count
+        await self.asave()
+        if diskfull.hit() is not None:  # the last step's saves, written meanwhile, found the disk full
+            s.iteration -= 1  # this attempt never ran: the loop stops before it, as it would have
+            s.current_step = before
+            return self.limit_check()
+        self._stale_since = s.updated_at
+        self.emit(ev.IterationStarted(step_id=step.id))
+        if reason:
+            self.emit(ev.Reinjected(reason=reason, step_id=step.id, chars=len(continuation or "")))
+        self.emit(ev.StepStarted(step_id=step.id, description=step.title or step.text, attempt=attempt))
+        self._in_progress = step.id  # `[-]` is kiro's while the step runs; taken back when the loop ends
+        if step.marker != "-":
+            with contextlib.suppress(TaskFileError, TaskNotFound):
+                # one byte overwritten in place, no fsync (kiro.store.tasks): cheaper here than a thread hop
+                task = tasks.set_marker(self.task_path, step.key, "-", expected=task, durable=False)
+
+        remaining = (s.timeout_seconds or self.settings.timeout_seconds) - self.run_elapsed()
+        ctx = StepContext(
+            task_id=s.task_id, workspace=self.ws, project_dir=self.project_dir, task_path=self.task_path,
+            task=task, step=step, iteration=s.iteration, attempt=attempt, prompt=prompt, system_prompt=system,
+            reinjected=reason is not None, continuation=continuation, previous_error=record.last_error,
+            verify_output=record.last_verify_output,
+            timeout_seconds=max(0.1, min(self.cfg.step_timeout_seconds, remaining)),
+            config=self.cfg, state=s, cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor,
+            guard=_LoopGuard(self), redact=self.redact, messages=lambda: self.take_messages("turn"),
+        ).redacted()
+        delivered = self.take_messages("prompt") if self.reads_messages else None
+        if delivered:
+            ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{delivered}"
+        for feature in self.features if self.reads_messages else ():
+            added = feature.prompt_addition(self)  # a scheduled run's first prompt: what earlier runs recorded
+            if added:
+                ctx.prompt = f"{ctx.prompt.rstrip()}\n\n{added}"
+        self._pending_stop = None
+        try:
+            result = await self.executor.run_step(ctx)
+        except ExecutorError:
+            raise
+        except Exception as exc:  # an executor bug is one failed attempt, not the end of the night
+            if raise_errors():
+                raise
+            result = StepResult("failed", error=f"executor error: {type(exc).__name__}: {exc}")
+        result.redact(self.redact)  # what an agent or a step printed enters the state, reports and prompts clean
+        self.state.usage.add(result.usage)
+        self.guardrails.attempt_done()
+        s.context.last_response = clip(result.summary or result.error or "")
+        cut = self._cut_short(result)
+        if cut is not None:
+            self._pending_stop = self._pending_stop or cut
+            result = StepResult("interrupted", summary=result.summary, usage=result.usage, stop_reason=cut.reason)
+
+        if result.outcome == "interrupted":
+            s.current_step.status = "interrupted"
+            self.emit(ev.StepInterrupted(step_id=step.id, reason=result.stop_reason or "stop"))
+            self.save()
+            return self._pending_stop or self.interrupt_check() or conditions.stopped(
+                result.stop_reason or "interrupted", "the step was interrupted")
+
+        if result.outcome == "request_human":
+            question = result.question or "(no question given)"
+            s.report_path = self.ws.relative(self.ws.human_request(s.task_id))
+            s.current_step.status = "pending"
+            self.emit(ev.HumanRequested(step_id=step.id, question=question, path=s.report_path))  # the file: a listener
+            self.save()
+            return conditions.needs_action(f"the agent asks a person: {first_line(question)} "
+                                           f"(see {s.report_path})", "request_human")
+
+        verify_output = None
+        if result.ok and verify_cmd:
+            passed, verify_output = await self._verify(verify_cmd, ctx)
+            if not passed:
+                self.emit(ev.VerifyFailed(step_id=step.id, command=verify_cmd, output=tail(verify_output, 1000)))
+                result = StepResult("failed", summary=result.summary, usage=StepUsage(),
+                                    error=f"verify `{verify_cmd}` failed:\n{tail(verify_output, 2000)}")
+
+        if result.ok:
+            sync: list[int] = []
+            try:
+                # the box byte is written here; its fdatasync runs on the loop's writer thread before
+                # the state record of this step (or any snapshot holding it) is written (kiro.store.state)
+                done_task, checked = tasks.mark_done(self.task_path, step.key, expected=task,
+                                                     include_optional=self.cfg.include_optional, sync_later=sync)
+            except (TaskFileError, TaskNotFound) as exc:
+                if result.checked_by_executor:
+                    checked = [step.id]
+                else:
+                    result = StepResult("failed", error=f"could not check the box of step {step.id}: {exc}")
+                    checked = []
+            else:
+                s.steps_total = len(done_task.steps)
+                s.steps_done = done_task.done_count
+            for fd in sync:
+                self.store.sync_before_next_save(s.task_id, fd)
+            if result.ok:
+                self.guardrails.activity()
+                self.guardrails.after_attempt(step.id, None)
+                checkpoint = await self._step_done(step) or result.checkpoint
+                self._in_progress = None  # checked
+                self._record_success(step, started, summary=result.summary, attempts=attempt, checkpoint=checkpoint)
+                self.emit(ev.StepCompleted(step_id=step.id, description=step.title or step.text,
+                                           duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
+                                           attempt=attempt, checked=checked))
+                await self._after_iteration()
+                return None
+
+        self._take_back_box(step)
+        self._record_failure(step, result.error or "failed", attempt, verify_output)
+        self.emit(ev.StepFailed(step_id=step.id, attempt=attempt, error=tail(result.error or "", 1500),
+                                consecutive_failures=s.consecutive_failures))
+        stop = None
+        allowed = 1 + (self.settings.max_step_retries if self.settings.retry_failed_steps else 0)
+        repeated = self.guardrails.after_attempt(step.id, result.error or "failed")
+        if repeated is not None and s.consecutive_failures < s.failure_threshold:
+            stop = self.guardrail_stop(repeated)
+        elif attempt >= allowed and s.consecutive_failures < s.failure_threshold:
+            stop = conditions.step_retries(step.id, attempt, self.settings.max_step_retries)
+        await self._after_iteration()
+        return stop
+
+    def _cut_short(self, result: StepResult) -> Stop | None:
+        """What ended the attempt when it was not the step's doing: a person moved (or removed) the
+        task file while it ran, or the loop's run-time limit cut it. Such an attempt is interrupted,
+        not failed. The location check also follows a moved file, so that a step that did succeed
+        gets its box checked where the file is now."""
+        moved = self._check_task_location()
+        if result.outcome in ("interrupted", "request_human"):
+            return None
+        if moved is not None and (not result.ok or moved.reason == "task_missing"):
+            return moved
+        limit = self.state.timeout_seconds or self.settings.timeout_seconds
+        if not result.ok and self.run_elapsed() >= limit:
+            return conditions.timed_out(limit, self.run_elapsed())
+        return None
+
+    def _release_in_progress_box(self) -> None:
+        """The loop ends (any way but a kill): no step runs any more, so kiro's `[-]` goes back to
+        `[ ]` wherever the task file is now. A step that completed was checked already."""
+        step_id, self._in_progress = self._in_progress, None
+        if step_id is not None:
+            resolved.release_in_progress_box(self.ws, self.task_path, self.state.task_id, step_id)
+
+    def _take_back_box(self, step: tasks.Step) -> None:
+        """A failed attempt of an executor whose agent checks boxes (`checks_boxes`: the command
+        executor's agent CLIs) never counts as done: kiro puts a box it checked back to `[-]`. With
+        the other executors only a person checks boxes, and a box a person checks means "skip this
+        step", even while an attempt at it is failing."""
+        if not self.executor.checks_boxes:
+            return
+        with contextlib.suppress(TaskFileError, TaskNotFound):
+            fresh = tasks.load(self.task_path)
+            again = fresh.find(step.key) or next((x for x in fresh.steps if x.id == step.id), None)
+            if again is not None and again.done:
+                tasks.set_marker(self.task_path, again.key, "-", expected=fresh)
+                self.emit(ev.LoopWarning(message=f"step {step.id} failed but its box was checked; unchecked it"))
+
+    def _verify_command(self, task: tasks.TaskFile) -> str | None:
+        v = self.cfg.verify
+        return v if isinstance(v, str) and v.strip() else None
+
+    async def _verify(self, command: str, ctx: StepContext) -> tuple[bool, str]:
+        from kiro.executors.shell import step_env
+
+        result = await run_process(["bash", "-e", "-c", command], cwd=self.project_dir, env=step_env(ctx),
+                                   timeout=self.cfg.step_timeout_seconds, cancel=self.cancel)
+        text = self.redact.text(tail(result.output, 4000))
+        if result.timed_out:
+            return False, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}"
+        return result.ok, text
+
+    def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int,
+                        checkpoint: Checkpoint | None = None) -> None:
+        s = self.state
+        finished = timeutil.now()
+        s.completed_steps.append(CompletedStep(
+            step_id=step.id, description=step.title or step.text, completed_at=timeutil.iso(finished),
+            duration_seconds=round(max((finished - started).total_seconds(), 0.0), 3), iteration=s.iteration,
+            attempts=attempts, summary=clip(summary, 500),
+            checkpoint=checkpoint.commit if checkpoint else None,
+            checkpoint_note=checkpoint.note if checkpoint else None))
+        s.total_successes += 1
+        s.consecutive_failures = 0
+        rec = s.step_record(step.id)
+        rec.attempts = 0
+        rec.last_error = None
+        rec.next_retry_at = None
+        rec.last_verify_output = None
+        if s.current_step is not None:
+            s.current_step.status = "completed"
+
+    def _record_failure(self, step: tasks.Step, error: str, attempt: int, verify_output: str | None) -> None:
+        s = self.state
+        s.total_failures += 1
+        s.consecutive_failures += 1
+        s.failed_steps.append(FailedStep(step_id=step.id, description=step.title or step.text,
+                                         failed_at=timeutil.iso(), error=clip(error, 2000), retry_count=attempt - 1,
+                                         iteration=s.iteration))
+        rec = s.step_record(step.id)
+        rec.attempts = attempt
+        rec.last_error = clip(error, 3000)
+        rec.last_verify_output = clip(verify_output, 3000) if verify_output else None
+        if self._rng is None:
+            import random
+
+            self._rng = random.Random()
+        delay = backoff_delay(attempt, self.settings.backoff_base_seconds, self.settings.backoff_max_seconds,
+                              self.settings.exponential_backoff, self._rng)
+        rec.next_retry_at = timeutil.iso(timeutil.now() + timedelta(seconds=delay)) if delay > 0 else None
+        if s.current_step is not None:
+            s.current_step.status = "waiting_retry" if delay > 0 else "failed"
+
+    async def _after_iteration(self) -> None:
+        """Record the attempt. The save is made when the loop next yields or saves (`save_soon`):
+        on the straight path that is the next step's own `asave`, so one record, one append and one
+        wait cover both saves; any wait, sleep or end of the run before it saves first."""
+        s = self.state
+        n = self.settings.backup_state_every_n_iterations
+        if n and s.iteration % n == 0:
+            self.save()  # the backup is of this iteration's save
+            self.writes.submit(self.store.backup_job(s))  # with the journal: a snapshot now, copied
+        else:
+            self.save_soon()
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def _complete(self, task: tasks.TaskFile) -> Stop:
+        with contextlib.suppress(TaskFileError, TaskNotFound):
+            task, _ = tasks.check_finished_parents(self.task_path, include_optional=self.cfg.include_optional)
+        self.state.steps_total = len(task.steps)
+        self.state.steps_done = task.done_count
+        return conditions.completed(f"all {len(task.steps)} steps done")
+
+    def _finish(self, stop: Stop) -> Outcome:
+        """Record how the loop ended, then tell the listeners: on `stop_condition` the task moves to
+        Done/ and the report is written, on `loop_finished` the state is archived and notifiers run
+        (kiro.core.listeners)."""
+        s = self.state
+        self._release_in_progress_box()
+        flags = s.stop_conditions
+        if stop.status == Status.COMPLETED:
+            flags.task_in_done = True
+        elif stop.reason == "stop_hook":
+            flags.stop_hook_triggered = True
+        elif stop.status == Status.PAUSED:
+            flags.manual_intervention = True
+        elif stop.reason == "max_iterations":
+            flags.max_iterations_reached = True
+        elif stop.status == Status.FAILED:
+            flags.failure_threshold_exceeded = True
+        if stop.status == Status.TIMED_OUT:
+            s.timeout_reached = True
+        s.stop_reason = stop.reason
+        self.transition(stop.status, stop.reason)
+        if not stop.status.is_active:
+            s.finished_at = timeutil.iso()
+        s.pid = None
+        if s.current_step is not None and stop.status == Status.COMPLETED:
+            s.current_step = None
+        if s.schedule is not None and stop.status == Status.COMPLETED:
+            s.next_run_at = None  # the schedule ends with the task in Done/
+        if stop.status == Status.COMPLETED:
+            for note in resolved.archive_requests(self.ws, s.task_id):
+                self.emit(ev.LoopWarning(message=note))
+        self._finishing, self._finish_report = True, None
+        try:
+            self.emit(ev.StopCondition(**stop.fields()))
+        finally:
+            self._finishing = False
+        report = self._finish_report
+        self.save()
+        self.emit(ev.LoopFinished(status=stop.status, reason=stop.reason, exit_code=stop.exit_code,
+                                  message=stop.message, iterations=s.iteration, report=report))
+        if report is None and stop.reason == "request_human":
+            report = s.report_path  # the request file, written when the agent asked
+        return Outcome(s.task_id, stop.status, stop.reason, stop.message, stop.exit_code, report)
+
+
+def on_signals(callback: Callable[[str], None]) -> Callable[[], None]:
+    """Call `callback(signal name)` on SIGTERM and SIGINT in the running event loop; returns the
+    function that removes the handlers again."""
+    aloop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            aloop.add_signal_handler(sig, callback, signal.Signals(sig).name)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+    def remove() -> None:
+        for sig in installed:
+            aloop.remove_signal_handler(sig)
+
+    return remove
+
+
+def install_signal_handlers(loops: list[Loop]) -> Callable[[], None]:
+    """SIGTERM / SIGINT stop every loop of this process at once (state saved, exit 3)."""
+
+    def stop_all(name: str) -> None:
+        for lp in loops:
+            lp.request_stop("signal", f"stopped by {name}")
+
+    return on_signals(stop_all)

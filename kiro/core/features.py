@@ -1,0 +1,148 @@
+"""The features a loop runs with, plugged in beside the engine (kiro.core.hooks.Feature): git checkpoints
+(SPEC §9, kiro.git.checkpoints), the approval of steps an agent proposed (SPEC §11, kiro.store.approval), a
+recurring task's runs (SPEC §11, kiro.core.scheduled) and the pre-check gate (SPEC §11, kiro.core.precheck).
+`standard()` is what kiro.core.runner hands every loop it prepares."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from kiro.core import conditions, precheck, scheduled
+from kiro.core.conditions import Stop
+from kiro.core.hooks import Feature, LoopHandle
+from kiro.errors import TaskFileError, TaskNotFound
+from kiro.git import checkpoints
+from kiro.status import Status
+from kiro.store import approval
+from kiro.store.tasks import Step, TaskFile
+from kiro.views import reports
+
+
+class Git(Feature):
+    """A commit per step done; with isolation, the loop's own worktree, and its merge at the end (a
+    merge that needs a person pauses the loop, exit 6, with an intervention file)."""
+
+    def __init__(self) -> None:
+        self.git: checkpoints.LoopGit | None = None
+
+    async def open(self, loop: LoopHandle) -> None:
+        self.git = git = checkpoints.attach(loop.ws, loop.cfg, loop.state, loop.project_dir)
+        if git is None:
+            return
+        git.redact = loop.redact.text
+        await loop.flush()
+        events = await asyncio.to_thread(git.open, loop.resumed)
+        for kind, fields in events:
+            loop.emit(kind, **fields)
+        loop.project_dir = git.project_dir  # with isolation: the loop's worktree
+        loop.save()
+
+    async def step_done(self, loop: LoopHandle, step: Step, *, recovering: bool = False) -> checkpoints.Result | None:
+        if self.git is None:
+            return None
+        title = step.title or step.text
+        if recovering:  # the step succeeded before a crash; its checkpoint may be made already, or pending
+            result = self.git.step_completed(step.id, title, loop.state.iteration, recovering=True)
+        else:
+            result = await asyncio.to_thread(self.git.step_completed, step.id, title, loop.state.iteration)
+        for kind, fields in result.events:
+            loop.emit(kind, **fields)
+        return result
+
+    async def completing(self, loop: LoopHandle, stop: Stop) -> Stop:
+        if self.git is None or stop.status != Status.COMPLETED:
+            return stop
+        await loop.asave()  # merge_status "merging" etc. are recorded by finish(); a kill mid-merge resumes here
+        result = await asyncio.to_thread(self.git.finish)
+        for kind, fields in result.events:
+            loop.emit(kind, **fields)
+        if result.problem is None:
+            loop.save()
+            return stop
+        s = loop.state
+        path = loop.ws.intervention_request(s.task_id)
+        loop.write_report(path, reports.merge_intervention(s, problem=result.problem, files=result.files))
+        s.report_path = loop.ws.relative(path)
+        loop.save()
+        return conditions.needs_action(f"{result.problem}; see {s.report_path}", "merge_conflict")
+
+
+class Approval(Feature):
+    """Proposals a person moved to Approved/ or Rejected/ are applied each time round; a task whose
+    steps are all done while proposals still wait pauses for the person."""
+
+    def __init__(self) -> None:
+        self._decided: tuple[str, ...] | None = None  # the Approved/ and Rejected/ folders
+
+    def each_round(self, loop: LoopHandle) -> None:
+        if self._decided is None:
+            self._decided = tuple(os.path.join(loop.ws.root, area) for area in (approval.APPROVED, approval.REJECTED))
+        if not any(os.path.isdir(folder) for folder in self._decided):
+            return  # no decision folder: nothing to look at (asked every iteration)
+        try:
+            done = approval.apply_decisions(loop.ws, loop.state.task_id, loop.task_path, loop.redact.text)
+        except (TaskFileError, TaskNotFound, OSError) as exc:
+            loop.emit("warning", message=f"could not handle a step proposal: {exc}")
+            return
+        for d in done:
+            loop.emit("proposal_approved" if d.kind == "approved" else "proposal_rejected", **d.fields)
+
+    async def all_done(self, loop: LoopHandle, task: TaskFile) -> Stop | bool | None:
+        waiting = approval.proposals(loop.ws, loop.state.task_id, approval.PENDING)
+        if not waiting:
+            return None
+        return conditions.needs_action(
+            f"every step is done but {len(waiting)} step proposal(s) wait for a person in "
+            f"{approval.PENDING}/ ({', '.join(p.name for p in waiting)}): move each to Approved/ or "
+            f"Rejected/, then `kiro loop resume --task-id {loop.state.task_id}`", "approval_pending")
+
+
+class Schedule(Feature):
+    """A recurring task (`schedule:`): waits for its first run, starts the next run when a run's
+    steps are done, and tells the agent what earlier runs recorded."""
+
+    def __init__(self) -> None:
+        self.runner: scheduled.ScheduleRunner | None = None
+
+    async def begin(self, loop: LoopHandle, task: TaskFile) -> Stop | None:
+        self.runner = scheduled.attach(loop, task)
+        return await self.runner.before_first_run() if self.runner is not None else None
+
+    async def all_done(self, loop: LoopHandle, task: TaskFile) -> Stop | bool | None:
+        if self.runner is None or not self.runner.active(task):
+            return None
+        stop = await self.runner.after_run(task)  # the run's report and summary; wait; next run
+        return stop if stop is not None else True
+
+    def prompt_addition(self, loop: LoopHandle) -> str | None:
+        return self.runner.preamble() if self.runner is not None else None
+
+    def run_base(self) -> tuple[float, int]:
+        if self.runner is None:
+            return 0.0, 0
+        return self.runner.run_elapsed_base(), self.runner.run_iteration_base()
+
+
+class PreCheck(Feature):
+    """`llm.precheck: every_iteration`: a cheap model decides before each attempt whether anything
+    changed that is worth a full one."""
+
+    def __init__(self) -> None:
+        self._gated = False
+
+    async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
+        self._gated = precheck.every_iteration(loop)
+        if not self._gated:
+            return None, True
+        return await precheck.before_iteration(loop, step_id, attempts)
+
+    async def after_step(self, loop: LoopHandle, step_id: str) -> None:
+        if self._gated:
+            await precheck.after_iteration(loop, step_id)
+
+
+def standard(*, git: bool = True) -> list[Feature]:
+    """Every feature of a loop, in the order the engine asks them (`git=False`: the temporal
+    backend's workspace side, where each step's worker makes the commit)."""
+    return [*([Git()] if git else []), Approval(), Schedule(), PreCheck()]

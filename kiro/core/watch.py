@@ -1,0 +1,150 @@
+"""Reacting to files without polling: one watchfiles watcher per workspace per process, over the
+folders people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`, `.state/inbox/`).
+
+Every change batch wakes every subscribed waiter; a waiter then re-checks its own conditions (a few
+`stat` calls). kiro's own writes wake nobody (`kiro.fs.ownwrites`, as watchfiles' filter). While nothing
+changes, waiting costs little CPU: watchfiles' thread looks at what inotify queued every STEP_MS.
+If the watcher cannot start (inotify limits, an unsupported filesystem), waiters fall back to
+checking every POLL_FALLBACK seconds and a warning says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from kiro.fs import ownwrites
+from kiro.shared import Registry
+
+POLL_FALLBACK = 0.25
+SAFETY_POLL = 5.0
+WATCHED = (".hooks", "Specs", "Done", "Needs_Action", ".state/inbox")  # inbox: messages wake waiting loops
+# watchfiles hands a batch over once STEP_MS pass without a new change, or DEBOUNCE_MS after its first:
+# a hook dropped is seen in one to two steps (bench/hook_reaction.py). Each step takes the GIL once.
+STEP_MS = 5
+DEBOUNCE_MS = 50
+RUST_TIMEOUT_MS = 5_000  # a watcher whose event loop went away unstopped ends its thread within this
+
+
+def _relevant(change: object, path: str) -> bool:
+    """watchfiles' filter: a change that is not kiro's own (`kiro.fs.ownwrites`)."""
+    return not ownwrites.is_own_change(path)
+
+
+class ChangeHub:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._waiters: set[asyncio.Event] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self.failed: str | None = None
+        self.users = 0
+
+    def subscribe_event(self, ev: asyncio.Event) -> None:
+        self._waiters.add(ev)
+
+    def unsubscribe(self, ev: asyncio.Event) -> None:
+        self._waiters.discard(ev)
+
+    def notify(self) -> None:
+        for ev in list(self._waiters):
+            ev.set()
+
+    @property
+    def poll_interval(self) -> float:
+        """How often a waiter re-checks on its own: rarely while the watcher runs (a safety net,
+        one `stat` every few seconds), often when it could not start."""
+        return POLL_FALLBACK if self.failed is not None or self._task is None else SAFETY_POLL
+
+    async def start(self) -> None:
+        """Start watching. Returns once the watcher has set up its watches, or failed to (`failed`):
+        watchfiles sets them up before its first wait, in the task's first turn."""
+        if self._task is not None:
+            return
+        paths = []
+        for name in WATCHED:
+            p = self.root / name
+            with contextlib.suppress(OSError):
+                p.mkdir(parents=True, exist_ok=True)
+            if p.is_dir():
+                paths.append(p)
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._run(paths), name=f"kiro-watch:{self.root}")
+        await asyncio.sleep(0)
+
+    async def _run(self, paths: list[Path]) -> None:
+        assert self._stop is not None
+        try:
+            from watchfiles import awatch
+
+            async for _changes in awatch(*paths, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
+                                         stop_event=self._stop, rust_timeout=RUST_TIMEOUT_MS, recursive=True,
+                                         ignore_permission_denied=True):
+                self.notify()  # awatch yields only batches with a change the filter let through
+        except Exception as exc:  # the watcher is an optimisation; waiters fall back to polling
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self.notify()
+
+    async def aclose(self) -> None:
+        if self._task is None:
+            return
+        assert self._stop is not None
+        self._stop.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self._task, 2)
+        self._task = None
+
+
+_hubs: Registry[ChangeHub] = Registry()
+
+
+async def acquire_hub(root: Path) -> ChangeHub:
+    """The workspace's hub for the running event loop, shared by every loop in this process."""
+    hub = _hubs.acquire(root, lambda: ChangeHub(root))
+    await hub.start()
+    return hub
+
+
+async def release_hub(hub: ChangeHub) -> None:
+    await _hubs.release(hub)
+
+
+async def wait_until(check: Callable[[], object], wake: asyncio.Event, timeout: float | None,
+                     poll: float | None) -> object:
+    """Wait until `check()` returns something truthy (returned) or the timeout passes (None).
+    `wake` is set by the hub on every file change (and by whoever wants the waiter to look again)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while True:
+        wake.clear()
+        result = check()
+        if result:
+            return result
+        remaining = None if deadline is None else deadline - loop.time()
+        if remaining is not None and remaining <= 0:
+            return None
+        step = remaining if poll is None else (poll if remaining is None else min(poll, remaining))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), step)
+
+
+def ticks(paths: list[Path], interval: float) -> Iterator[None]:
+    """For a live view in the foreground: yield when something changes under `paths`, and at least
+    every `interval` seconds (durations move on). Falls back to sleeping when the watcher cannot run."""
+    import time
+
+    try:
+        from watchfiles import watch
+
+        existing = [p for p in paths if p.exists()]
+        if not existing:
+            raise FileNotFoundError(paths)
+        for _changes in watch(*existing, debounce=50, step=20, rust_timeout=int(interval * 1000),
+                              yield_on_timeout=True, watch_filter=None, raise_interrupt=False):
+            yield
+    except (OSError, RuntimeError):
+        while True:
+            time.sleep(interval)
+            yield

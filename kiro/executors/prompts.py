@@ -1,0 +1,207 @@
+"""The prompts kiro sends to agents, rendered from package data that a workspace can override.
+
+Templates are `string.Template` files (`$name` placeholders) in `kiro/prompts/`; a workspace
+overrides one by putting a file of the same name in `<workspace>/config/prompts/`. Rendering
+never fails on a missing placeholder (safe_substitute), so an override can drop what it does not want.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from functools import lru_cache
+from pathlib import Path
+from string import Template
+from typing import TYPE_CHECKING
+
+from kiro.store.state import clip
+
+if TYPE_CHECKING:
+    from kiro.store.state import LoopState
+    from kiro.store.tasks import Step, TaskFile
+    from kiro.store.workspace import Workspace
+
+TEMPLATE_NAMES = ("system.md", "agent_cli.md", "step.md", "continuation.md")
+
+
+@lru_cache(maxsize=32)
+def _packaged(name: str) -> str:
+    from importlib import resources  # imported by the agents' runs only: it imports tempfile, random, ...
+
+    return resources.files("kiro").joinpath("prompts", name).read_text(encoding="utf-8")
+
+
+_RACY_NS = 100_000_000  # an mtime this recent may be shared by a later write (a coarse clock): read again
+_files: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+
+
+def _read_text(path: str, errors: str = "strict") -> str | None:
+    """The text of the file at `path`, or None when there is no file there. Read once per version
+    of the file (its inode, size and mtime, once that mtime is not too recent to tell edits apart):
+    a loop builds prompts every iteration, and a person may edit these files at any time."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    hit = _files.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    with open(path, encoding="utf-8", errors=errors) as fh:
+        text = fh.read()
+    if st.st_mtime_ns + _RACY_NS < time.time_ns():
+        if len(_files) > 256:
+            _files.clear()
+        _files[path] = (key, text)
+    return text
+
+
+@lru_cache(maxsize=64)
+def _template(text: str) -> Template:
+    return Template(text)
+
+
+def template(name: str, workspace: Workspace | None = None) -> Template:
+    if workspace is not None:
+        override = _read_text(os.path.join(workspace.root, "config", "prompts", name))
+        if override is not None:
+            return _template(override)
+    return _template(_packaged(name))
+
+
+def _rules(workspace: Workspace | None) -> str:
+    """The workspace's own rules for agents: `config/rules.md`, or AGENTS.md at the root."""
+    if workspace is None:
+        return ""
+    for candidate in (os.path.join(workspace.root, "config", "rules.md"), os.path.join(workspace.root, "AGENTS.md")):
+        text = _read_text(candidate, errors="replace")
+        if text is not None:
+            return f"\n# Workspace rules\n{clip(text.strip(), 8000)}\n"
+    return ""
+
+
+def system_prompt(task: TaskFile, state: LoopState, workspace: Workspace | None = None,
+                  *, executor: str = "openai", template_name: str | None = None) -> str:
+    """The standing instructions from `template_name` (the executor's `system_template`): tool-calling
+    agents get `system.md`, external agent CLIs `agent_cli.md`, which speaks of checkboxes instead
+    of tools. Without a template, chosen by executor name (callers from before executors chose)."""
+    instructions = task.frontmatter.get("instructions")
+    text = f"# Instructions for this task\n{instructions}\n" if isinstance(instructions, str) and instructions else ""
+    name = template_name or ("system.md" if executor == "openai" else "agent_cli.md")
+    return template(name, workspace).safe_substitute(
+        title=task.title, task_path=state.task_path, task_id=state.task_id,
+        instructions=text, rules=_rules(workspace),
+    )
+
+
+_NESTED = re.compile(r"# Task Continuation Context\n.*?Please continue from where you left off\.\n*", re.S)
+
+
+def recent_prompt(prompt: str, continuation: str | None) -> str:
+    """The prompt as "Recent Context" keeps it: without the continuation context it carried, so the
+    next continuation does not nest this one (and that one the one before)."""
+    if continuation:
+        prompt = prompt.replace(continuation + "\n", "", 1).replace(continuation, "", 1)
+    return _NESTED.sub("", prompt)  # also what a state saved by an older kiro may hold
+
+
+def continuation_context(state: LoopState, step: Step | None = None) -> str:
+    """Seed 004's "Task Continuation Context", from the state as it is now (P-6)."""
+    cur = state.current_step
+    return template("continuation.md").safe_substitute(
+        task_path=state.task_path,
+        iteration=state.iteration,
+        max_iterations=state.max_iterations,
+        status=state.status,
+        completed_count=len(state.completed_steps),
+        failed_count=len(state.failed_steps),
+        success_rate=f"{state.metrics.success_rate:.0%}",
+        step_id=(step.id if step else cur.step_id if cur else "-"),
+        step_description=(step.title if step else cur.description if cur else "-"),
+        step_status=(cur.status if cur else "pending"),
+        last_prompt=clip(recent_prompt(state.context.last_prompt, None), 1500) or "(none yet)",
+        last_response=clip(state.context.last_response, 1500) or "(none yet)",
+    )
+
+
+def step_prompt(
+    task: TaskFile,
+    step: Step,
+    state: LoopState,
+    *,
+    attempt: int,
+    previous_error: str | None = None,
+    verify_output: str | None = None,
+    verify_command: str | None = None,
+    continuation: str | None = None,
+    workspace: Workspace | None = None,
+    finish: str | None = None,
+) -> str:
+    """The prompt for one attempt at one step. `finish` says how to report the step done; the
+    default is the tool-calling agent's `complete_step`."""
+    counts = task.counts()
+    details = [d for d in step.details if not d.strip().startswith("_Requirements")]
+    requirements = [d for d in step.details if d.strip().startswith("_Requirements")]
+    details_text = "## Details\n" + "\n".join(details) + "\n\n" if details else ""
+    req_text = "## Requirements\n" + "\n".join(r.strip().strip("-").strip() for r in requirements) + "\n\n" \
+        if requirements else ""
+    previous = f"## The previous attempt failed\n{clip(previous_error, 3000)}\n\n" if previous_error else ""
+    verify_block = ""
+    if verify_command:
+        verify_block = f"## Verification\nThe step counts as done only when `{verify_command}` exits 0.\n"
+        if verify_output:
+            verify_block += f"Its output last time:\n```\n{clip(verify_output, 3000)}\n```\n"
+        verify_block += "\n"
+    return template("step.md", workspace).safe_substitute(
+        continuation=(continuation + "\n") if continuation else "",
+        step_id=step.id,
+        step_title=step.title or step.text,
+        iteration=state.iteration,
+        max_iterations=state.max_iterations,
+        attempt=attempt,
+        task_path=state.task_path,
+        steps_done=counts.done,
+        steps_total=counts.total,
+        details=details_text,
+        requirements=req_text,
+        previous=previous,
+        verify_block=verify_block,
+        finish=finish or "When the step is done, call `complete_step` with a one-paragraph summary.",
+    )
+
+
+def finish_instruction(executor: str, step: Step, task_path: str, command_success: str, *,
+                       task: TaskFile | None = None, task_file: Path | None = None) -> str:
+    """How an agent reports the step done, by executor. An agent CLI is told the task file's full
+    path and the exact line to change (`- [-] 2.1 Title` -> `- [x] 2.1 Title`)."""
+    if executor == "command":
+        if command_success == "exit_code":
+            return "When the step is done, exit with status 0; exit non-zero if you could not do it."
+        where = str(task_file) if task_file is not None else task_path
+        line = step_line(task, step) if task is not None else None
+        if line is not None:
+            done = line[: line.index("[") + 1] + "x" + line[line.index("[") + 2:]
+            change = f"change this line:\n\n    {line}\n\nto\n\n    {done}\n\n"
+        else:
+            change = f"change `[-]` to `[x]` on the line of step {step.id} "
+        return (f"When step {step.id} is done, check its box in the task file `{where}`: {change}and change nothing "
+                f"else in that file. kiro counts the step done only when that box is checked and you exit with "
+                f"status 0.")
+    return "When the step is done, call `complete_step` with a one-paragraph summary."
+
+
+def step_line(task: TaskFile, step: Step) -> str | None:
+    """The step's line in the task file as the agent will see it while the step runs (box `[-]`)."""
+    lines = task.text.splitlines()
+    if not 0 <= step.line < len(lines):
+        return None
+    line = lines[step.line].rstrip()
+    start = line.find("[")
+    if start < 0 or start + 2 >= len(line) or line[start + 2] != "]":
+        return None
+    return line[: start + 1] + "-" + line[start + 2:]
+

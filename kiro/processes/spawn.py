@@ -1,0 +1,292 @@
+"""Run a child process for a step: its own process group, output captured and bounded, the whole
+group ended on timeout or when the loop must stop now. It dies with kiro (the process's reaper,
+`groups.register`) and its group is in the loop's ledger until it ends (see kiro.processes.groups).
+Spawned without `preexec_fn` or a wrapper per step, so the interpreter may use vfork."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVarTuple
+
+from kiro.processes import groups
+
+_Ts = TypeVarTuple("_Ts")
+
+OUTPUT_KEPT = 64_000  # bytes of combined stdout+stderr kept (the tail)
+KILL_GRACE_SECONDS = 3.0
+
+
+@dataclass
+class ProcessResult:
+    returncode: int | None
+    output: str
+    duration: float
+    timed_out: bool = False
+    cancelled: bool = False
+    stderr: str = ""  # only with separate_stderr=True; else stderr is in `output`
+    idle_timed_out: bool = False  # ended because it printed nothing for `idle_timeout` seconds
+    aborted: bool = False  # ended because `on_stdout` said so (an agent CLI reported a fatal error)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.cancelled
+
+
+_found: dict[tuple[str, str], str] = {}  # (program, PATH) -> where `which` last found it
+
+
+def _check_program(program: str, cwd: Path, env: Mapping[str, str]) -> None:
+    """The errors exec would give (FileNotFoundError, PermissionError), also when setpriv (`confine`)
+    would hide them behind its own exit status."""
+    if "/" not in program:
+        search = env.get("PATH", os.defpath)
+        where = _found.get((program, search))
+        if where is not None and os.access(where, os.X_OK) and not os.path.isdir(where):
+            return  # still there: exec finds it, or one before it in PATH (every step runs `bash`; #12)
+        where = groups.which(program, search)
+        if where is None:
+            raise FileNotFoundError(2, "No such file or directory", program)
+        if len(_found) > 64:
+            _found.clear()
+        _found[(program, search)] = where
+        return
+    path = Path(program) if os.path.isabs(program) else cwd / program
+    if not path.exists():
+        raise FileNotFoundError(2, "No such file or directory", program)
+    if path.is_dir() or not os.access(path, os.X_OK):
+        raise PermissionError(13, "Permission denied", program)
+
+
+class _PidfdWatcher(asyncio.AbstractChildWatcher):
+    """Waits for a child through a pidfd on the event loop that spawned it (Python 3.12's
+    PidfdChildWatcher; 3.11's is bound to one loop, so this one, ~20 lines, is kiro's own). A child
+    whose pidfd cannot be opened (no file descriptor left) is waited for by a thread, as before."""
+
+    def __init__(self) -> None:
+        self._threads = asyncio.ThreadedChildWatcher()
+
+    def add_child_handler(self, pid: int, callback: Callable[[int, int, *_Ts], object],
+                          *args: *_Ts) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            self._threads.add_child_handler(pid, callback, *args)
+            return
+        try:
+            loop.add_reader(pidfd, self._reap, loop, pid, pidfd, callback, args)
+        except BaseException:
+            os.close(pidfd)
+            raise
+
+    @staticmethod
+    def _reap(loop: asyncio.AbstractEventLoop, pid: int, pidfd: int, callback: Callable[..., object],
+              args: tuple[Any, ...]) -> None:
+        loop.remove_reader(pidfd)
+        try:
+            _, status = os.waitpid(pid, 0)
+            returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped by someone else: its status is lost
+            returncode = 255
+        finally:
+            os.close(pidfd)
+        callback(pid, returncode, *args)
+
+    def remove_child_handler(self, pid: int) -> bool:
+        return True  # the reader goes when the child ends
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def is_active(self) -> bool:
+        return True
+
+    def __enter__(self) -> _PidfdWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+_watcher_chosen = False
+
+
+def wait_by_pidfd() -> None:
+    """On Python 3.11, asyncio waits for each child on a thread started for it (ThreadedChildWatcher);
+    with a pidfd (Linux 5.3+) the event loop waits for it instead, as Python 3.12 does by default: a
+    thread less per step process (bench/step_spawn.py). Called before a spawn; acts once per process."""
+    global _watcher_chosen
+    if _watcher_chosen or sys.version_info >= (3, 12):
+        return
+    _watcher_chosen = True
+    if type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
+        return  # another event loop (uvloop) waits for children its own way
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):  # not Linux, a kernel before 5.3, or a seccomp filter that refuses it
+        return
+    asyncio.set_child_watcher(_PidfdWatcher())
+
+
+def kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    stdin_data: bytes | None = None,
+    timeout: float | None = None,
+    cancel: asyncio.Event | None = None,
+    output_limit: int = OUTPUT_KEPT,
+    confine: bool = False,
+    separate_stderr: bool = False,
+    idle_timeout: float | None = None,
+    on_stdout: Callable[[bytes], bool] | None = None,
+) -> ProcessResult:
+    """`confine`: the command is the agent's choice: no capabilities, no new privileges."""
+    started = time.monotonic()
+    child_env = dict(os.environ if env is None else env)
+    _check_program(argv[0], cwd, child_env)
+    ledger = groups.current_ledger.get()
+    if ledger is not None:
+        child_env[groups.TOKEN_VAR] = ledger.token
+    mark = groups.start_reaper()
+    if mark is not None:
+        child_env[mark[0]] = mark[1]
+    wait_by_pidfd()
+    proc = await asyncio.create_subprocess_exec(
+        *groups.wrap(list(argv), confine=confine),
+        cwd=str(cwd),
+        env=child_env,
+        stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE if separate_stderr else asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    groups.register(proc.pid)
+    if ledger is not None:
+        ledger.add(proc.pid)
+    chunks = bytearray()
+    err_chunks = bytearray()
+    last_output = time.monotonic()
+    abort = asyncio.Event()
+
+    async def pump(stream: asyncio.StreamReader | None, into: bytearray) -> None:
+        nonlocal last_output
+        assert stream is not None
+        while True:
+            data = await stream.read(65536)
+            if not data:
+                return
+            last_output = time.monotonic()
+            if on_stdout is not None and into is chunks and on_stdout(data):
+                abort.set()
+            into.extend(data)
+            if len(into) > output_limit * 2:
+                del into[: len(into) - output_limit]
+
+    async def silence() -> None:
+        assert idle_timeout is not None
+        while (quiet := time.monotonic() - last_output) < idle_timeout:
+            await asyncio.sleep(idle_timeout - quiet)
+
+    async def feed() -> None:
+        if stdin_data is None or proc.stdin is None:
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(stdin_data)
+            await proc.stdin.drain()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.close()
+
+    pumps = [pump(proc.stdout, chunks)] + ([pump(proc.stderr, err_chunks)] if separate_stderr else [])
+    work = asyncio.ensure_future(asyncio.gather(*pumps, feed(), proc.wait()))
+    waiters: set[asyncio.Future[Any]] = {work}
+    cancel_wait: asyncio.Future[Any] | None = None
+    if cancel is not None:
+        cancel_wait = asyncio.ensure_future(cancel.wait())
+        waiters.add(cancel_wait)
+    idle_wait = asyncio.ensure_future(silence()) if idle_timeout is not None else None
+    if idle_wait is not None:
+        waiters.add(idle_wait)
+    abort_wait = asyncio.ensure_future(abort.wait()) if on_stdout is not None else None
+    if abort_wait is not None:
+        waiters.add(abort_wait)
+    timed_out = cancelled = idle_timed_out = aborted = False
+    try:
+        done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done:
+            if cancel_wait is not None and cancel_wait in done:
+                cancelled = True
+            elif idle_wait is not None and idle_wait in done:
+                idle_timed_out = True
+            elif abort_wait is not None and abort_wait in done:
+                aborted = True
+            else:
+                timed_out = True
+            await _end(proc)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(work, KILL_GRACE_SECONDS)
+    except asyncio.CancelledError:
+        await _end(proc)
+        kill_group(proc.pid, signal.SIGKILL)
+        groups.unregister(proc.pid)
+        if ledger is not None:
+            ledger.discard(proc.pid)
+        raise
+    finally:
+        if cancel_wait is not None:
+            cancel_wait.cancel()
+        for extra in (idle_wait, abort_wait):
+            if extra is not None:
+                extra.cancel()
+        if not work.done():
+            work.cancel()
+    # A step that exits may leave children behind in its group (a background server): end them too.
+    kill_group(proc.pid, signal.SIGKILL)
+    groups.unregister(proc.pid)
+    if ledger is not None:
+        ledger.discard(proc.pid)
+    text = bytes(chunks[-output_limit:]).decode("utf-8", errors="replace")
+    err = bytes(err_chunks[-output_limit:]).decode("utf-8", errors="replace")
+    return ProcessResult(proc.returncode, text, time.monotonic() - started, timed_out, cancelled, err, idle_timed_out,
+                         aborted)
+
+
+async def _end(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the whole group, then SIGKILL after a grace period."""
+    kill_group(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), KILL_GRACE_SECONDS)
+    except TimeoutError:
+        kill_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), KILL_GRACE_SECONDS)
+
+
+def tail(text: str, limit: int = 2000) -> str:
+    text = text.rstrip()
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of some output: usually the error that matters."""
+    for raw in reversed(text.splitlines()):
+        if raw.strip():
+            return raw.strip()[:300]
+    return "(no output)"

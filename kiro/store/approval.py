@@ -1,0 +1,148 @@
+"""Approval of agent-proposed steps (SPEC §11, seed 001's pending_approval).
+
+With `approval.agent_steps: true` (the default) the agent's `add_steps` writes a proposal
+`Pending_Approval/steps_<task_id>_<n>.md` instead of editing the task file:
+
+    ---
+    type: step_proposal
+    task_id: nightly
+    task_path: Specs/feature/tasks.md
+    after: '2'            # the step it goes after; null: at the end
+    created: 2026-11-22T09:00:00+00:00
+    ---
+    ## Reason
+    <the agent's reason>
+
+    ## Steps
+    - [ ] 2.1 Add the index
+
+A person moves it to `Approved/` (kiro inserts the `- [ ]` lines of `## Steps`, as the person left them)
+or `Rejected/` (the agent is told in its next prompt, through the loop's inbox). The loop looks at
+both folders before every iteration. A handled proposal gets `status: applied` / `status: reported` in
+its frontmatter and stays where the person put it.
+
+Crash safety: before inserting, kiro writes `.state/proposals/<name>.applying`; a proposal found
+with that marker whose steps are all in the task file already is only marked applied, never inserted
+twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiro import timeutil
+from kiro.fs.atomic import atomic_write
+from kiro.store import frontmatter, tasks
+from kiro.store.messages import Inbox
+from kiro.store.workspace import Workspace
+
+PENDING, APPROVED, REJECTED = "Pending_Approval", "Approved", "Rejected"
+_BOX = re.compile(r"^\s*[-*]\s+\[[ xX-]\]\s+(.+?)\s*$")
+
+
+def _name_re(task_id: str) -> re.Pattern[str]:
+    return re.compile(rf"^steps_{re.escape(task_id)}_(\d+)\.md$")
+
+
+def _split(text: str) -> tuple[dict[str, Any], str]:
+    """A proposal's frontmatter and what follows it; frontmatter kiro cannot read (not YAML, too deep,
+    an alias bomb) is as none."""
+    try:
+        found = frontmatter.read(text)
+    except frontmatter.FrontmatterError:
+        return {}, frontmatter.body(text)
+    return found.data, text[found.rest:]
+
+
+def _marked(text: str, fields: dict[str, Any]) -> str:
+    """The proposal `text` with `fields` set in its frontmatter, the person's other bytes kept; a
+    frontmatter kiro cannot read or edit is replaced by one of `fields`."""
+    try:
+        return frontmatter.write(fields, text)
+    except frontmatter.FrontmatterError:
+        return frontmatter.write(fields) + frontmatter.body(text)
+
+
+def proposals(ws: Workspace, task_id: str, area: str) -> list[Path]:
+    folder = ws.root / area
+    rx = _name_re(task_id)
+    if not folder.is_dir():
+        return []
+    return sorted((p for p in folder.iterdir() if rx.match(p.name)), key=lambda p: int(rx.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def propose(ws: Workspace, task_id: str, task_path: str, titles: list[str], after: str | None,
+            reason: str) -> Path:
+    """Write the next proposal of this loop into Pending_Approval/."""
+    rx = _name_re(task_id)
+    numbers = [int(m.group(1)) for area in (PENDING, APPROVED, REJECTED) if (ws.root / area).is_dir()
+               for p in (ws.root / area).iterdir() if (m := rx.match(p.name))]
+    n = max(numbers, default=0) + 1
+    path = ws.root / PENDING / f"steps_{task_id}_{n}.md"
+    meta = {"type": "step_proposal", "task_id": task_id, "task_path": task_path, "after": after,
+            "created": timeutil.iso(), "status": "pending"}
+    steps = "\n".join(f"- [ ] {t}" for t in titles)
+    body = (f"# Steps proposed by loop {task_id}\n\nMove this file to `Approved/` to add the steps (edit them "
+            f"first if you like) or to `Rejected/` to refuse them; write why under `## Decision` if you want the "
+            f"agent to know.\n\n## Reason\n{reason.strip() or '(none given)'}\n\n## Steps\n{steps}\n\n## Decision\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, frontmatter.write(meta) + body)
+    return path
+
+
+def _section(body: str, name: str) -> str:
+    m = re.search(rf"^## {re.escape(name)}\s*$(.*?)(?=^## |\Z)", body, re.M | re.S)
+    return m.group(1).strip() if m else ""
+
+
+@dataclass
+class Decision:
+    kind: str  # "approved" | "rejected"
+    name: str
+    fields: dict[str, Any]
+
+
+def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
+                    redact: Callable[[str], str] | None = None) -> list[Decision]:
+    """Handle every decided proposal of this loop not handled yet: insert approved steps, tell the
+    agent of rejected ones (a message in its inbox, through `redact`: the loop's redactor). Returns
+    what was done, for the event log."""
+    out: list[Decision] = []
+    marks = ws.state_dir / "proposals"
+    for path in proposals(ws, task_id, APPROVED):
+        written = path.read_text(encoding="utf-8")
+        meta, body = _split(written)
+        if meta.get("status") == "applied":
+            continue
+        titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := _BOX.match(line))]
+        after = meta.get("after")
+        after = str(after) if after is not None else None
+        marker = marks / f"{path.stem}.applying"
+        current = {x for s in tasks.load(task_path).steps for x in (s.text, s.title, f"{s.id} {s.title}")}
+        if titles and not (marker.exists() and all(t in current for t in titles)):
+            marks.mkdir(parents=True, exist_ok=True)
+            atomic_write(marker, timeutil.iso())
+            if after is not None and tasks.load(task_path).find(after) is None:
+                after = None  # the step it followed is gone: at the end
+            tasks.add_steps(task_path, titles, after=after)
+        atomic_write(path, _marked(written, {"status": "applied", "applied": timeutil.iso()}))
+        marker.unlink(missing_ok=True)
+        out.append(Decision("approved", path.name, {"proposal": path.name, "steps": titles}))
+    for path in proposals(ws, task_id, REJECTED):
+        written = path.read_text(encoding="utf-8")
+        meta, body = _split(written)
+        if meta.get("status") == "reported":
+            continue
+        titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := _BOX.match(line))]
+        why = _section(body, "Decision")
+        text = (f"Your step proposal {path.name} was rejected; the steps were not added: "
+                + "; ".join(titles) + "." + (f"\nThe person's reason: {why}" if why else ""))
+        Inbox(ws, task_id).queue(redact(text) if redact is not None else text, via="approval",
+                                 msg_id=f"rejected-{path.stem}")
+        atomic_write(path, _marked(written, {"status": "reported"}))
+        out.append(Decision("rejected", path.name, {"proposal": path.name, "steps": titles}))
+    return out

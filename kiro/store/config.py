@@ -1,0 +1,762 @@
+"""Configuration: pydantic models for `config/autonomous_loop.yaml`, and the layered resolve.
+
+Precedence, lowest first: defaults < config file < task frontmatter < environment (`KIRO_*`)
+< command-line flags (SPEC §7). Every model forbids unknown keys; errors name the file, the
+line and the key, and suggest the closest known key.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import types
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import ErrorDetails
+
+from kiro.errors import ConfigError
+from kiro.fs import safeio
+from kiro.store.workspace import CONFIG_RELPATH
+
+if TYPE_CHECKING:
+    import yaml
+
+
+def _none_is_empty(value: Any) -> Any:
+    """`llm:` with every child commented out is YAML null; a person means "all defaults", not an error."""
+    return {} if value is None else value
+
+
+# The `on_event` keys: a loop that completed, failed, paused, hit a limit, and any end at all.
+ON_EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")
+
+
+class _Strict(BaseModel):
+    # defer_build: a model's validator is built when a config is first resolved, not at import (a read
+    # command that never resolves one never builds it)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
+
+
+class LoopSettings(_Strict):
+    """`autonomous_loop:` — the source spec's keys (seed 004), same names and defaults, plus kiro's few."""
+
+    max_iterations: int = Field(100, ge=1)
+    failure_threshold: int = Field(3, ge=1)
+    timeout_seconds: float = Field(3600.0, gt=0)
+    reinject_every_n_iterations: int = Field(10, ge=0)
+    reinject_after_failure: bool = True
+    reinject_if_stale_seconds: float = Field(300.0, ge=0)
+    state_directory: str = ".state"
+    save_state_every_iteration: bool = True  # only true: see _state_every_iteration
+    backup_state_every_n_iterations: int = Field(10, ge=0)
+    check_done_folder: bool = True
+    check_needs_action_folder: bool = True
+    check_stop_hook: bool = True
+    log_every_iteration: bool = True
+    create_progress_reports: bool = True
+    progress_report_every_n_iterations: int = Field(25, ge=1)
+    retry_failed_steps: bool = True
+    max_step_retries: int = Field(3, ge=0)
+    exponential_backoff: bool = True
+    auto_move_to_done: bool = True
+    create_completion_report: bool = True
+    archive_state_file: bool = True
+    # kiro's own additions
+    backoff_base_seconds: float = Field(2.0, ge=0)
+    backoff_max_seconds: float = Field(300.0, ge=0)
+    iteration_delay_seconds: float = Field(0.0, ge=0)
+
+    @field_validator("save_state_every_iteration")
+    @classmethod
+    def _state_every_iteration(cls, value: bool) -> bool:
+        """kiro saves the state at every step boundary; its crash safety (a resumed loop never reruns
+        a completed step) rests on that, so `false` is refused rather than accepted and ignored."""
+        if value is not True:
+            raise ValueError("false is not supported: kiro saves the state at every step boundary, which its "
+                             "crash safety depends on; set it to true or remove the key")
+        return value
+
+
+class ResourceLimits(_Strict):
+    """`resource_limits:` (seed 004, "Resource Limits")."""
+
+    max_memory_mb: int | None = Field(1024, ge=1)
+    # Waits (kiro.core.guardrails.resource_wait); null by default, not the seed's 80 and 100 (README "Where kiro
+    # differs"): kiro's own bookkeeping would hit 100 writes a minute in a fast loop.
+    max_cpu_percent: float | None = Field(None, gt=0)
+    max_disk_writes_per_minute: int | None = Field(None, ge=1)
+    max_api_calls_per_minute: int | None = Field(60, ge=1)
+
+
+class Price(_Strict):
+    input_per_1m: float = Field(ge=0)
+    output_per_1m: float = Field(ge=0)
+
+
+class LLMSettings(_Strict):
+    """`llm:` — the OpenAI-compatible endpoint the `openai` executor talks to."""
+
+    base_url: str | None = None
+    model: str = "gpt-4o-mini"
+    api_key_env: str = "OPENAI_API_KEY"
+    max_turns_per_step: int = Field(15, ge=1)
+    max_retries: int = Field(2, ge=0)
+    request_timeout_seconds: float = Field(120.0, gt=0)
+    context_window_tokens: int = Field(128000, ge=1)
+    wrap_up_threshold: float = Field(0.8, gt=0, le=1)
+    precheck_model: str | None = None  # SPEC §11 pre-check gate (kiro.core.precheck)
+    precheck: Literal["scheduled_runs", "every_iteration"] = "scheduled_runs"
+    precheck_sleep_seconds: float = Field(300.0, gt=0)  # every_iteration: the wait after a skipped iteration
+    prices: dict[str, Price] = Field(default_factory=dict)
+
+    _empty_prices = field_validator("prices", mode="before")(_none_is_empty)
+
+
+class ShellToolSettings(_Strict):
+    enabled: bool = False
+    trust_agent_code: bool = False
+    allow: list[str] = Field(default_factory=list)
+    timeout_seconds: float = Field(120.0, gt=0)
+    max_output_chars: int = Field(20000, ge=100)
+
+
+    @field_validator("allow")
+    @classmethod
+    def _refuse_code_runners(cls, allow: list[str], info: ValidationInfo) -> list[str]:
+        """Programs that run code the agent can write are refused (kiro.processes.programs), unless the person
+        says they trust that code."""
+        from kiro.processes.programs import refusal
+
+        if info.data.get("trust_agent_code"):
+            return allow
+        for entry in allow:
+            why = refusal(entry)
+            if why is not None:
+                raise ValueError(f"{why}; remove it, or set tools.shell.trust_agent_code: true to accept that "
+                                 f"the agent runs code of its own")
+        return allow
+
+
+class ToolsSettings(_Strict):
+    shell: ShellToolSettings = Field(default_factory=ShellToolSettings)
+
+    _empty_shell = field_validator("shell", mode="before")(_none_is_empty)
+
+
+_HH_MM = r"^([01]\d|2[0-3]):[0-5]\d$"
+
+
+class ActiveHours(_Strict):
+    start: str = Field(pattern=_HH_MM)
+    end: str = Field(pattern=_HH_MM)
+
+
+class Guardrails(_Strict):
+    token_budget_per_hour: int | None = Field(None, ge=1)
+    max_total_tokens: int | None = Field(None, ge=1)
+    max_cost_usd: float | None = Field(None, gt=0)
+    max_actions_per_minute: int | None = Field(None, ge=1)
+    idle_timeout_seconds: float | None = Field(None, gt=0)
+    active_hours: ActiveHours | None = None
+    loop_detection_repeats: int = Field(3, ge=2)
+    max_consecutive_turns: int | None = Field(None, ge=1)  # SPEC §11: model turns without a `sleep` call
+    forced_sleep_seconds: float = Field(60.0, gt=0)
+
+
+class Approval(_Strict):
+    agent_steps: bool = True  # SPEC §11: add_steps proposes (Pending_Approval/) instead of editing the task file
+
+
+class LocalBackend(_Strict):
+    """SPEC §12's default: loops run in kiro's own processes."""
+
+    kind: Literal["local"] = "local"
+
+
+class TemporalBackend(_Strict):
+    """SPEC §12: each loop a Temporal workflow, each step attempt an activity on a `kiro worker`
+    (docs/scale-out.md). Read only by kiro/temporal/ and the CLI; the local path never imports temporalio."""
+
+    kind: Literal["temporal"]
+    address: str = "127.0.0.1:7233"  # the Temporal frontend, HOST:PORT
+    namespace: str = "default"
+    task_queue: str = "kiro"  # the queue `kiro worker` processes poll for step attempts
+    heartbeat_seconds: float = Field(5.0, gt=0, le=60)  # a worker's step heartbeats; lost after 3 missed
+
+
+class Config(_Strict):
+    """The whole of `config/autonomous_loop.yaml`; every key has a default."""
+
+    autonomous_loop: LoopSettings = Field(default_factory=LoopSettings)
+    resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    executor: Literal["openai", "command", "shell"] | None = None
+    executor_command: str | None = None
+    agent: Literal["claude", "codex", "aider", "gemini", "opencode"] | None = None
+    agent_args: list[str] = Field(default_factory=list)
+    command_success: Literal["checkbox", "exit_code"] = "checkbox"
+    step_timeout_seconds: float = Field(1800.0, gt=0)
+    step_idle_timeout_seconds: float | None = Field(None, gt=0)
+    project_dir: str = "."
+    verify: str | None = None
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    guardrails: Guardrails = Field(default_factory=Guardrails)
+    approval: Approval = Field(default_factory=Approval)
+    max_parallel_loops: int = Field(4, ge=1)
+    include_optional: bool = False
+    on_event: dict[str, str] = Field(default_factory=dict)
+    secret_env: list[str] = Field(default_factory=list)
+    checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
+    isolation: Literal["none", "worktree"] = "none"
+    merge: Literal["manual", "auto"] = "manual"
+    backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
+
+    _empty_sections = field_validator(
+        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", mode="before"
+    )(_none_is_empty)
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_by_name(cls, value: Any) -> Any:
+        """`backend: local` / `backend: temporal` name the kind with its defaults."""
+        if isinstance(value, str):
+            return {"kind": value}
+        return value
+
+    @field_validator("backend", mode="after")
+    @classmethod
+    def _temporal_needs_git(cls, value: LocalBackend | TemporalBackend, info: ValidationInfo) -> Any:
+        """The temporal backend moves a loop's work between machines on its git branch (docs/scale-out.md §7)."""
+        if value.kind == "temporal":
+            if info.data.get("checkpoints") == "off":
+                raise ValueError("the temporal backend needs git checkpoints (each step's work travels as a commit on "
+                                 "branch kiro/<task_id>); remove checkpoints: off, or use backend: local")
+            if info.data.get("merge") == "auto":
+                raise ValueError("the temporal backend leaves branch kiro/<task_id> for review; merge: auto is not "
+                                 "built on it (docs/scale-out.md §12); use merge: manual or backend: local")
+        return value
+
+    @field_validator("on_event")
+    @classmethod
+    def _known_events(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = [k for k in value if k not in ON_EVENT_KINDS]
+        if unknown:
+            raise ValueError(f"unknown event {unknown[0]!r}: use one of {', '.join(ON_EVENT_KINDS)} (a loop's "
+                             f"every event is in Logs/<task_id>.jsonl; `kiro loop logs --follow --json` streams "
+                             f"them)")
+        return value
+
+    @field_validator("checkpoints", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads a bare `off` as false (and `on` as true): `checkpoints: off` means "off"."""
+        if value is False:
+            return "off"
+        if value is True:
+            return "git"
+        return value
+
+
+# Task frontmatter keys that set config values, and the dotted config path each one sets.
+FRONTMATTER_KEYS: dict[str, str] = {
+    "executor": "executor",
+    "agent": "agent",
+    "verify": "verify",
+    "max_iterations": "autonomous_loop.max_iterations",
+    "failure_threshold": "autonomous_loop.failure_threshold",
+    "timeout_seconds": "autonomous_loop.timeout_seconds",
+    "model": "llm.model",
+    "include_optional": "include_optional",
+}
+
+# Command-line flags that set config values, by the dotted path they set; names errors in a flag's value.
+# A path missing here is named `--<last-key-with-dashes>`, which is how Typer spells a parameter.
+FLAG_NAMES: dict[str, str] = {
+    "autonomous_loop.max_iterations": "--max-iterations",
+    "autonomous_loop.failure_threshold": "--failure-threshold",
+    "autonomous_loop.timeout_seconds": "--timeout",
+    "executor": "--executor",
+    "agent": "--agent",
+    "llm.model": "--model",
+}
+
+# The documented `KIRO_*` variables and the dotted path each sets. Any other key is reachable as
+# `KIRO_<SECTION>__<KEY>`; other `KIRO_*` names (KIRO_WORKSPACE, KIRO_DEBUG, ...) are not config.
+ENV_KEYS: dict[str, str] = {
+    "KIRO_MAX_ITERATIONS": "autonomous_loop.max_iterations",
+    "KIRO_FAILURE_THRESHOLD": "autonomous_loop.failure_threshold",
+    "KIRO_TIMEOUT_SECONDS": "autonomous_loop.timeout_seconds",
+    "KIRO_EXECUTOR": "executor",
+    "KIRO_EXECUTOR_COMMAND": "executor_command",
+    "KIRO_AGENT": "agent",
+    "KIRO_MODEL": "llm.model",
+    "KIRO_VERIFY": "verify",
+    "KIRO_BASE_URL": "llm.base_url",
+    "KIRO_PROJECT_DIR": "project_dir",
+    "KIRO_INCLUDE_OPTIONAL": "include_optional",
+}
+
+
+# -- reading YAML ------------------------------------------------------------------------------
+
+
+_BASE_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
+
+
+@functools.cache
+def _loader() -> type:
+    """PyYAML's safe loader (safeio.yaml_loader), reading `17:30` as the text "17:30".
+
+    YAML 1.1 (PyYAML) reads an unquoted `17:30` as the base-60 integer 1050, which would turn
+    `active_hours: {start: 09:00, end: 17:30}` into a baffling type error.
+    """
+    base: Any = safeio.yaml_loader()
+    resolvers = {first: list(found) for first, found in base.yaml_implicit_resolvers.items()}
+    for first in "-+0123456789":
+        resolvers[first].insert(0, ("tag:yaml.org,2002:str", _BASE_60))
+    return type("ConfigLoader", (base,), {"yaml_implicit_resolvers": resolvers})
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def load_config_file(path: Path, *, display: str | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+    """Read a config file: its mapping, and the 1-based line of every dotted key in it.
+
+    The line map lets a validation error reported by key path point at the line to
+    edit. `display` is how the file is named in errors (default: `path` as given). An empty file
+    is `{}`. Unreadable, non-UTF-8 or malformed YAML, a duplicated key, or a top level that is not
+    a mapping raise `ConfigError` naming the file and line.
+    """
+    name = display if display is not None else str(path)
+    try:
+        raw = safeio.read_bytes(path, limit=safeio.CONFIG_MAX_BYTES, name=name)
+    except FileNotFoundError:
+        raise ConfigError("config file not found", file=name) from None
+    except safeio.UnreadableFile as exc:
+        raise ConfigError(f"the config file {exc.reason}; replace it with a YAML file "
+                          f"(`kiro init` writes the commented defaults)", file=name) from None
+    # Starting a thousand loops reads the same file a thousand times: parse each text once.
+    cached = _parsed.get((name, raw))
+    if cached is not None:
+        return copy.deepcopy(cached[0]), dict(cached[1])
+    data, lines = _parse_config(raw, name)
+    if len(_parsed) >= 16:
+        _parsed.pop(next(iter(_parsed)))
+    _parsed[(name, raw)] = (copy.deepcopy(data), dict(lines))
+    return data, lines
+
+
+_parsed: dict[tuple[str, bytes], tuple[dict[str, Any], dict[str, int]]] = {}
+
+
+def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]]:
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8", file=name, line=line
+        ) from None
+
+    import yaml
+
+    try:
+        data, node = safeio.load_yaml(text, _loader())
+    except safeio.YamlRefused as exc:
+        raise ConfigError(f"YAML refused: {exc}", file=name) from None
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc, text, name) from None
+    if node is not None:
+        _check_duplicate_keys(node, name)
+
+    if data is None:  # empty, only comments, or an explicit `null`
+        return {}, {}
+    if not isinstance(data, dict):
+        assert node is not None
+        raise ConfigError(
+            f"the top level must be a mapping of keys (like `autonomous_loop:`), not {_kind(data)}",
+            file=name, line=node.start_mark.line + 1,
+        )
+    return data, safeio.yaml_key_lines(node)
+
+
+def _yaml_error(exc: yaml.YAMLError, text: str, name: str) -> ConfigError:
+    """PyYAML's multi-line report, as one line that names the line number."""
+    import yaml
+
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        detail = f"{exc.problem} (column {mark.column + 1}"
+        if exc.context and exc.context_mark is not None:
+            detail += f", {exc.context} on line {exc.context_mark.line + 1}"
+        return ConfigError(f"invalid YAML: {detail})", file=name, line=mark.line + 1)
+    if isinstance(exc, yaml.reader.ReaderError):  # (libyaml's position counts bytes: find the character)
+        line = text[: max(text.find(chr(exc.character)), 0)].count("\n") + 1
+        problem = f"unacceptable character #x{exc.character:04x}"
+        return ConfigError(f"invalid YAML: {problem}", file=name, line=line)
+    return ConfigError(f"invalid YAML: {' '.join(str(exc).split())}", file=name)
+
+
+def _check_duplicate_keys(node: yaml.Node, name: str, active: frozenset[int] = frozenset()) -> None:
+    """PyYAML keeps the last of two equal keys silently; a person almost always meant one of them."""
+    import yaml
+
+    if id(node) in active:  # a recursive alias
+        return
+    active = active | {id(node)}
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                line = key_node.start_mark.line + 1
+                if key_node.value in seen:
+                    raise ConfigError(
+                        f"duplicate key {key_node.value!r} (first on line {seen[key_node.value]})",
+                        file=name, line=line,
+                    )
+                seen[key_node.value] = line
+            _check_duplicate_keys(value_node, name, active)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_duplicate_keys(item, name, active)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the text {_clip(value)}"
+    return f"the value {_clip(value)}"
+
+
+def default_config_yaml() -> str:
+    """The commented defaults that `kiro init` writes; the same text as `config/autonomous_loop.yaml`."""
+    from importlib import resources  # not for every run: it imports tempfile, random, ...
+
+    return resources.files("kiro").joinpath("default_config.yaml").read_text(encoding="utf-8")
+
+
+# -- resolving the layers ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Where a value came from, so that an error sends the person to the right place to fix it.
+
+    A config file has a line per key (`lines`); a frontmatter key has one `line`; an environment
+    variable or a flag has neither and is named by `label`.
+    """
+
+    path: str = ""
+    label: str | None = None
+    file: str | None = None
+    line: int | None = None
+    lines: Mapping[str, int] | None = None
+
+
+def resolve_config(
+    *,
+    workspace_root: Path,
+    config_file: Path | None = None,
+    frontmatter: Mapping[str, Any] | None = None,
+    task_path: Path | None = None,
+    frontmatter_lines: Mapping[str, int] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """The effective config: defaults < config file < task frontmatter < environment < flags.
+
+    `config_file` (`--config`) must exist; without it `<workspace>/config/autonomous_loop.yaml` is
+    read if present. Only the frontmatter keys in `FRONTMATTER_KEYS` count; the rest are the
+    person's. `frontmatter_lines` maps a frontmatter key to its line in `task_path`. `env` defaults
+    to `os.environ`. `overrides` are dotted paths set by flags; a None value means "not given".
+
+    The layers are merged as plain mappings and validated once, so a bad value is reported with
+    where it came from, as one `ConfigError` line.
+    """
+    environ: Mapping[str, str] = os.environ if env is None else env
+    merged: dict[str, Any] = {}
+    origins: dict[str, _Origin] = {}
+
+    path = config_file
+    if path is None and os.path.lexists(workspace_root / CONFIG_RELPATH):  # a symlink loop is an error, not "none"
+        path = workspace_root / CONFIG_RELPATH
+    if path is not None:
+        name = _display(path, workspace_root)
+        data, lines = load_config_file(path, display=name)
+        _assign(merged, origins, (), data, _Origin(file=name, lines=lines))
+
+    task_name = _display(task_path, workspace_root) if task_path is not None else None
+    for key, value in (frontmatter or {}).items():
+        if key in FRONTMATTER_KEYS:
+            line = (frontmatter_lines or {}).get(key)
+            dotted = FRONTMATTER_KEYS[key]
+            origin = _Origin(dotted, label=f"frontmatter key {key!r}", file=task_name, line=line)
+            _assign(merged, origins, _split(dotted), value, origin)
+
+    for var, dotted, value in _env_settings(environ):
+        _assign(merged, origins, _split(dotted), value, _Origin(dotted, f"environment {var}"))
+
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            flag = FLAG_NAMES.get(dotted) or "--" + dotted.rsplit(".", 1)[-1].replace("_", "-")
+            _assign(merged, origins, _split(dotted), value, _Origin(dotted, flag))
+
+    llm = merged.get("llm")
+    openai_base_url = environ.get("OPENAI_BASE_URL")
+    if openai_base_url and (llm is None or (isinstance(llm, dict) and llm.get("base_url") is None)):
+        _assign(merged, origins, ("llm", "base_url"), openai_base_url,
+                _Origin("llm.base_url", "environment OPENAI_BASE_URL"))
+
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as exc:
+        raise _validation_error(exc, origins) from None
+
+
+def _display(path: Path, workspace_root: Path) -> str:
+    """A path as a person reads it in an error: relative to the workspace when inside it."""
+    for candidate in (path, Path(os.path.realpath(path))):  # as given first: a symlink is named, not its target
+        try:
+            return candidate.relative_to(os.path.realpath(workspace_root)).as_posix()
+        except ValueError:
+            continue
+    return str(path)
+
+
+def _split(dotted: str) -> tuple[str, ...]:
+    return tuple(dotted.split("."))
+
+
+def _assign(merged: dict[str, Any], origins: dict[str, _Origin], path: tuple[str, ...], value: Any,
+            origin: _Origin) -> None:
+    """Set `value` at `path` in `merged`, merging mappings key by key, and remember who set what."""
+    target = merged
+    for depth, key in enumerate(path[:-1]):
+        if not isinstance(target.get(key), dict):
+            target[key] = {}
+            _forget(origins, ".".join(path[: depth + 1]))
+        origins.setdefault(".".join(path[: depth + 1]), origin)
+        target = target[key]
+    if not path:
+        _merge_into(target, value, (), origins, origin)
+        return
+    last = path[-1]
+    if isinstance(value, Mapping) and isinstance(target.get(last), dict):
+        _merge_into(target[last], value, path, origins, origin)
+    else:
+        _forget(origins, ".".join(path))
+        target[last] = _plain(value)
+        _remember(origins, path, value, origin)
+
+
+def _merge_into(target: dict[Any, Any], value: Mapping[Any, Any], prefix: tuple[str, ...],
+                origins: dict[str, _Origin], origin: _Origin) -> None:
+    if prefix:
+        origins[".".join(prefix)] = origin
+    for key, sub in value.items():
+        path = (*prefix, str(key))
+        if isinstance(sub, Mapping) and isinstance(target.get(key), dict):
+            _merge_into(target[key], sub, path, origins, origin)
+        else:
+            _forget(origins, ".".join(path))
+            target[key] = _plain(sub)
+            _remember(origins, path, sub, origin)
+
+
+def _plain(value: Any) -> Any:
+    """A copy of mappings, so that merging a later layer never edits an earlier layer's data."""
+    if isinstance(value, Mapping):
+        return {key: _plain(sub) for key, sub in value.items()}
+    return value
+
+
+def _remember(origins: dict[str, _Origin], path: tuple[str, ...], value: Any, origin: _Origin) -> None:
+    origins[".".join(path)] = origin
+    if isinstance(value, Mapping):
+        for key, sub in value.items():
+            _remember(origins, (*path, str(key)), sub, origin)
+
+
+def _forget(origins: dict[str, _Origin], dotted: str) -> None:
+    """Drop what an earlier layer set under `dotted`: the new value replaces it whole."""
+    for key in [key for key in origins if key.startswith(dotted + ".")]:
+        del origins[key]
+
+
+# -- the environment ---------------------------------------------------------------------------
+
+
+def _env_settings(environ: Mapping[str, str]) -> Iterator[tuple[str, str, Any]]:
+    """(variable, dotted path, value) for each `KIRO_*` variable that sets config.
+
+    The general `KIRO_<SECTION>__<KEY>` form comes first so that a documented short name, the
+    more deliberate spelling, wins when both are set. An empty variable counts as unset.
+    """
+    general = sorted(var for var in environ if var.upper().startswith("KIRO_") and "__" in var)
+    short = [var for var in environ if var.upper() in ENV_KEYS]
+    for var in general:
+        if environ[var] != "":
+            dotted = ".".join(part.lower() for part in var[len("KIRO_"):].split("__"))
+            yield var, dotted, _env_value(var, dotted, environ[var])
+    for var in short:
+        if environ[var] != "":
+            dotted = ENV_KEYS[var.upper()]
+            yield var, dotted, _env_value(var, dotted, environ[var])
+
+
+_YAML_NULLS = frozenset({"null", "Null", "NULL", "~"})
+
+
+def _env_value(var: str, dotted: str, text: str) -> Any:
+    """An environment value is text; read it as a YAML value ("5", "true", "[a, b]", "null").
+
+    A key that holds text (a command, a model, a URL) keeps the text as given, so that
+    `KIRO_VERIFY="pytest -k 'a: b'"` is not mistaken for a mapping; only a YAML null spelling
+    clears a key that may be null.
+    """
+    annotation = _annotation_at(_split(dotted))
+    if annotation is not None and _accepts_text(annotation):
+        return None if text.strip() in _YAML_NULLS and _is_optional(annotation) else text
+    import yaml
+
+    try:
+        return safeio.load_yaml(text, _loader())[0]
+    except safeio.YamlRefused as exc:
+        raise ConfigError(f"environment {var}: YAML refused: {exc}", key=dotted) from None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise ConfigError(f"environment {var}: not a valid value: {problem}", key=dotted) from None
+
+
+def _annotation_at(path: Sequence[str]) -> Any:
+    """The declared type at a dotted path of `Config`, or None where no such key exists."""
+    annotation: Any = Config
+    for part in path:
+        annotation = _without_none(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(part)
+            if field is None:
+                return None
+            annotation = field.annotation
+        elif get_origin(annotation) is dict:
+            annotation = get_args(annotation)[1]
+        else:
+            return None
+    return annotation
+
+
+def _is_optional(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
+
+
+def _without_none(annotation: Any) -> Any:
+    if _is_optional(annotation):
+        rest = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return rest[0] if len(rest) == 1 else annotation
+    return annotation
+
+
+def _accepts_text(annotation: Any) -> bool:
+    return _without_none(annotation) is str
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _validation_error(exc: ValidationError, origins: Mapping[str, _Origin]) -> ConfigError:
+    """pydantic's errors as one line: the first in full, naming its source; the others by key."""
+    errors = exc.errors(include_url=False)
+    more = ""
+    if len(errors) > 1:
+        others = [".".join(str(part) for part in error["loc"]) for error in errors[1:]]
+        more = f" (and {len(others)} more: " + ", ".join(others[:3]) + (", ...)" if len(others) > 3 else ")")
+    return _describe(errors[0], origins, more)
+
+
+def _describe(error: ErrorDetails, origins: Mapping[str, _Origin], more: str) -> ConfigError:
+    loc = tuple(str(part) for part in error["loc"])
+    if loc[:1] == ("backend",) and loc[1:2] in (("local",), ("temporal",)):
+        loc = loc[:1] + loc[2:]  # the union's tag is not a key
+    key = ".".join(loc)
+    origin = _origin_of(loc, origins)
+
+    if error["type"] == "extra_forbidden":
+        text = f"unknown key {key!r}{_suggestion(loc)}{more}"
+    else:
+        text = f"{key}: {_message(error)}{more}"
+
+    if origin is None:
+        return ConfigError(text, key=key)
+    if origin.lines is not None:  # a config file: the line of the key, or of its nearest parent
+        line = next((origin.lines[p] for p in _prefixes(loc) if p in origin.lines), None)
+        return ConfigError(text, file=origin.file, line=line, key=key)
+    if error["type"] != "extra_forbidden" and key == origin.path:
+        text = _message(error) + more  # the label already says which key
+    return ConfigError(f"{origin.label}: {text}", file=origin.file, line=origin.line, key=key)
+
+
+def _prefixes(loc: tuple[str, ...]) -> Iterator[str]:
+    """`a.b.c`, `a.b`, `a`: the key, then each parent, nearest first."""
+    for end in range(len(loc), 0, -1):
+        yield ".".join(loc[:end])
+
+
+def _origin_of(loc: tuple[str, ...], origins: Mapping[str, _Origin]) -> _Origin | None:
+    for dotted in _prefixes(loc):
+        if dotted in origins:
+            return origins[dotted]
+    return None
+
+
+def _message(error: ErrorDetails) -> str:
+    """pydantic's message, minus its internals, plus the value it could not accept."""
+    kind = error["type"]
+    if kind == "missing":
+        return "required key missing"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        message = "should be a mapping of keys"
+    elif kind == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == _HH_MM:
+        message = 'should be a 24-hour time like "09:00"'
+    else:
+        message = error["msg"].removeprefix("Value error, ").split(", unable to")[0]
+    return f"{message} (got {_clip(error.get('input'))})"
+
+
+def _clip(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _suggestion(loc: tuple[str, ...]) -> str:
+    """" (did you mean 'x'?)" from the keys valid where the unknown one stands, else those keys."""
+    model = _without_none(_annotation_at(loc[:-1]))
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    valid = list(model.model_fields)
+    import difflib
+
+    close = difflib.get_close_matches(loc[-1], valid, n=1)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    elsewhere = [dotted for dotted in _all_keys(Config) if dotted.rsplit(".", 1)[-1] == loc[-1]]
+    if elsewhere:
+        return f" (did you mean {elsewhere[0]!r}?)"
+    shown = ", ".join(valid[:16]) + (", ..." if len(valid) > 16 else "")
+    return f" (valid keys here: {shown})"
+
+
+def _all_keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    for name, spec in model.model_fields.items():
+        dotted = prefix + name
+        yield dotted
+        inner = _without_none(spec.annotation)
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            yield from _all_keys(inner, dotted + ".")

@@ -1,0 +1,715 @@
+"""The event log: `Logs/<task_id>.jsonl`, one JSON object per line, appended and flushed as it
+happens (SPEC §8), and the typed records it holds (SPEC §10).
+
+Every kind of event is one pydantic model with a `Literal` `event` tag; `event_adapter()` reads any of
+them (a discriminated union). The engine emits typed records; listeners (the log, the terminal,
+Dashboard.md, reports, notifiers, a server) receive them. On disk a record is
+`{"ts", "task_id", "iteration", "event", ...the kind's fields}`, exactly the keys the call set.
+
+Readers never crash on what they find: a torn last line is skipped, an unknown kind (a newer kiro's)
+or a record that does not fit its model reads as `GenericEvent` with every key kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from kiro import timeutil
+from kiro.fs import diskfull, safeio
+from kiro.fs.bounds import EVENT_FIELD_CHARS, clip_fields
+from kiro.store.redact import Redactor
+
+
+class Event(BaseModel):
+    """The envelope every event shares; subclasses add their fields and fix `event`. Built from
+    keyword fields (`StepStarted(step_id="1", attempt=2)`), each checked in pydantic's lax mode; a
+    field the kind does not have, or a required one missing, is a ValidationError."""
+
+    # defer_build: a kind's validator is built when it is first used, not at import (~50 kinds)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, defer_build=True)
+
+    ts: str = Field(default_factory=timeutil.iso)
+    task_id: str = ""
+    iteration: int = 0
+    event: str
+
+    ENVELOPE: ClassVar[tuple[str, ...]] = ("ts", "task_id", "iteration", "event")
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON object written to the log: the envelope, then the fields the emitter set
+        (a field left at its default is not written, as before events were typed)."""
+        record: dict[str, Any] = {"ts": self.ts, "task_id": self.task_id, "iteration": self.iteration,
+                                  "event": self.event}
+        for key, value in self.model_dump(exclude_unset=True, by_alias=True).items():
+            if key not in record:
+                record[key] = value
+        return record
+
+    # -- a thin read-only mapping view, for listeners written against the dict records ---------
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_record().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_record()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_record()
+
+
+class GenericEvent(Event):
+    """A record read from disk that no model here describes (an unknown or newer kind): every key
+    kept, as read."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
+
+    ts: Any = ""
+    task_id: Any = ""
+    iteration: Any = 0
+    event: str = "unknown"
+
+    def to_record(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True, by_alias=True)  # exactly the keys that were read
+
+# -- the loop's life -------------------------------------------------------------------------
+
+
+class LoopStarted(Event):
+    event: Literal["loop_started"] = "loop_started"
+    task_path: str
+    executor: str
+    max_iterations: int
+    pid: int | None = None
+    workspace: str = ""
+
+
+class LoopResumed(Event):
+    event: Literal["loop_resumed"] = "loop_resumed"
+    task_path: str
+    executor: str
+    max_iterations: int
+    pid: int | None = None
+    workspace: str = ""
+
+
+class StateChanged(Event):
+    event: Literal["state_changed"] = "state_changed"
+    from_: str = Field(alias="from")
+    to: str
+    reason: str | None = None
+
+
+class StateRecovered(Event):
+    event: Literal["state_recovered"] = "state_recovered"
+    message: str = ""
+    path: str | None = None
+
+
+class StopCondition(Event):
+    event: Literal["stop_condition"] = "stop_condition"
+    status: str
+    reason: str
+    message: str
+    exit_code: int
+    limit: str | None = None
+    value: Any = None
+    figure: Any = None
+
+
+class LoopFinished(Event):
+    event: Literal["loop_finished"] = "loop_finished"
+    status: str
+    reason: str
+    exit_code: int
+    message: str
+    iterations: int
+    report: str | None = None
+
+
+# -- one iteration ---------------------------------------------------------------------------
+
+
+class IterationStarted(Event):
+    event: Literal["iteration_started"] = "iteration_started"
+    step_id: str
+
+
+class Reinjected(Event):
+    event: Literal["reinjected"] = "reinjected"
+    reason: str
+    step_id: str
+    chars: int = 0
+
+
+class StepStarted(Event):
+    event: Literal["step_started"] = "step_started"
+    step_id: str
+    description: str = ""
+    attempt: int = 1
+
+
+class ToolCalled(Event):
+    event: Literal["tool_called"] = "tool_called"
+    tool: str
+    arguments: Any = None
+    ok: bool = True
+    seconds: float | None = None
+    error: str | None = None
+
+
+class ModelCalled(Event):
+    event: Literal["model_called"] = "model_called"
+    turn: int
+    model: str
+    seconds: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_calls: list[str] = Field(default_factory=list)
+
+
+class ContextWrapped(Event):
+    event: Literal["context_wrapped"] = "context_wrapped"
+    tokens: int
+    threshold: int | float
+    window: int | None = None
+    turn: int = 0
+    restart: int = 0
+
+
+class StepCompleted(Event):
+    event: Literal["step_completed"] = "step_completed"
+    step_id: str
+    description: str = ""
+    duration_seconds: float = 0.0
+    attempt: int = 1
+    checked: list[str] = Field(default_factory=list)
+
+
+class StepFailed(Event):
+    event: Literal["step_failed"] = "step_failed"
+    step_id: str
+    attempt: int
+    error: str
+    consecutive_failures: int = 0
+
+
+class StepInterrupted(Event):
+    event: Literal["step_interrupted"] = "step_interrupted"
+    step_id: str
+    reason: str
+
+
+class StepRecovered(Event):
+    event: Literal["step_recovered"] = "step_recovered"
+    step_id: str
+    description: str | None = None
+
+
+class VerifyFailed(Event):
+    event: Literal["verify_failed"] = "verify_failed"
+    step_id: str
+    command: str
+    output: str = ""
+
+
+class Backoff(Event):
+    event: Literal["backoff"] = "backoff"
+    step_id: str
+    seconds: float
+    attempts: int = 0
+
+
+class GuardrailTriggered(Event):
+    event: Literal["guardrail_triggered"] = "guardrail_triggered"
+    limit: str
+    value: Any = None
+    figure: Any = None
+    action: str = ""
+    message: str = ""
+    seconds: float | None = None
+
+
+class HumanRequested(Event):
+    event: Literal["human_requested"] = "human_requested"
+    step_id: str
+    question: str
+    path: str | None = None
+
+
+# -- around the loop -------------------------------------------------------------------------
+
+
+class TaskMoved(Event):
+    event: Literal["task_moved"] = "task_moved"
+    from_: str = Field(alias="from")
+    to: str
+    area: str | None = None
+
+
+class TaskEdited(Event):
+    event: Literal["task_edited"] = "task_edited"
+    path: str | None = None
+    message: str = ""
+
+
+class LoopWarning(Event):
+    event: Literal["warning"] = "warning"
+    message: str
+
+
+class ReportWritten(Event):
+    event: Literal["report_written"] = "report_written"
+    kind: str
+    path: str | None = None
+
+
+class NotifierFailed(Event):
+    event: Literal["notifier_failed"] = "notifier_failed"
+    kind: str
+    error: str
+    command: str | None = None  # logs before redaction landed; no longer written (it may hold a token)
+
+
+# -- messages (SPEC §11, kiro.store.messages) ------------------------------------------------------
+
+
+class MessageReceived(Event):
+    event: Literal["message_received"] = "message_received"
+    message_id: str
+    from_: str = Field(alias="from")
+    via: str | None = None
+    queued_at: str | None = None
+    chars: int = 0
+
+
+class MessageDelivered(Event):
+    event: Literal["message_delivered"] = "message_delivered"
+    message_id: str
+    from_: str = Field(alias="from")
+    where: str | None = None
+
+
+class MessageSent(Event):
+    event: Literal["message_sent"] = "message_sent"
+    message_id: str
+    to: str
+    chars: int = 0
+
+
+# -- the pre-check gate (SPEC §11, kiro.core.precheck) --------------------------------------------
+
+
+class PrecheckPassed(Event):
+    event: Literal["precheck_passed"] = "precheck_passed"
+    model: str
+    scope: str  # "run" | "iteration"
+    reason: str
+    asked: bool = False  # the pre-check model was called (else: a message waits, no baseline, new work)
+    failed: bool = False  # the call failed or gave no answer: the gate failed open
+    changes: str | None = None
+
+
+class PrecheckSkipped(Event):
+    event: Literal["precheck_skipped"] = "precheck_skipped"
+    model: str
+    scope: str
+    reason: str  # the pre-check model's
+    changes: str = ""  # what the digest held, in one line
+    next_check_seconds: float | None = None  # every_iteration: how long the loop sleeps before it looks again
+
+
+# -- approval of agent-proposed steps (SPEC §11, kiro.store.approval) ----------------------------
+
+
+class StepsProposed(Event):
+    event: Literal["steps_proposed"] = "steps_proposed"
+    proposal: str
+    steps: list[str] = Field(default_factory=list)
+    after: str | None = None
+
+
+class ProposalApproved(Event):
+    event: Literal["proposal_approved"] = "proposal_approved"
+    proposal: str
+    steps: list[str] = Field(default_factory=list)
+
+
+class ProposalRejected(Event):
+    event: Literal["proposal_rejected"] = "proposal_rejected"
+    proposal: str
+    steps: list[str] = Field(default_factory=list)
+
+
+# -- git (SPEC §9, kiro.git.checkpoints) --------------------------------------------------------
+
+
+class CheckpointCreated(Event):
+    event: Literal["checkpoint_created"] = "checkpoint_created"
+    step_id: str
+    commit: str | None = None
+
+
+class CheckpointSkipped(Event):
+    event: Literal["checkpoint_skipped"] = "checkpoint_skipped"
+    step_id: str
+    reason: str
+
+
+class CheckpointFailed(Event):
+    event: Literal["checkpoint_failed"] = "checkpoint_failed"
+    step_id: str
+    error: str
+
+
+class CheckpointRecovered(Event):
+    event: Literal["checkpoint_recovered"] = "checkpoint_recovered"
+    step_id: str
+    commit: str | None = None
+
+
+class GitLockCleared(Event):
+    event: Literal["git_lock_cleared"] = "git_lock_cleared"
+    path: str
+
+
+class WorktreeCreated(Event):
+    event: Literal["worktree_created"] = "worktree_created"
+    path: str
+    branch: str
+
+
+class WorktreeRecreated(Event):
+    """A worktree a kill left half-added (its checkout unfinished) was removed, to be added again."""
+
+    event: Literal["worktree_recreated"] = "worktree_recreated"
+    path: str
+    branch: str
+
+
+class WorktreeRemoved(Event):
+    event: Literal["worktree_removed"] = "worktree_removed"
+    branch: str
+
+
+class BranchLeft(Event):
+    event: Literal["branch_left"] = "branch_left"
+    branch: str
+    worktree: str | None = None
+
+
+class MergeCompleted(Event):
+    event: Literal["merge_completed"] = "merge_completed"
+    branch: str
+    into: str | None = None
+    commit: str | None = None
+
+
+class MergeConflict(Event):
+    event: Literal["merge_conflict"] = "merge_conflict"
+    branch: str
+    into: str | None = None
+    files: list[str] = Field(default_factory=list)
+
+
+class MergeFailed(Event):
+    event: Literal["merge_failed"] = "merge_failed"
+    branch: str
+    files: list[str] = Field(default_factory=list)
+    error: str = ""
+
+
+class MergeResumed(Event):
+    event: Literal["merge_resumed"] = "merge_resumed"
+    branch: str
+    files: list[str] = Field(default_factory=list)
+
+
+class RollbackResumed(Event):
+    event: Literal["rollback_resumed"] = "rollback_resumed"
+    branch: str | None = None
+    files: list[str] = Field(default_factory=list)
+
+
+class RolledBack(Event):
+    event: Literal["rolled_back"] = "rolled_back"
+    at: str
+    to_step: str
+    checkpoint: str | None = None
+    commit: str | None = None
+    method: str | None = None
+    undone: list[str] = Field(default_factory=list)
+    unchecked: list[str] = Field(default_factory=list)
+
+
+# -- schedules (SPEC §11, kiro.core.schedule) ---------------------------------------------------------
+
+
+class ScheduleFired(Event):
+    """A scheduled task's run starts: its boxes were unchecked."""
+
+    event: Literal["schedule_fired"] = "schedule_fired"
+    run: int
+    schedule: str
+    catch_up: bool = False
+    missed: int = 0  # fires missed while nothing ran, made up by this one run
+    unchecked: int = 0  # boxes kiro unchecked for this run
+
+
+class RunSummarySaved(Event):
+    """The summary of a finished run, saved as a memory tagged `schedule:<task_id>`."""
+
+    event: Literal["run_summary_saved"] = "run_summary_saved"
+    run: int
+    source: str  # "model" (the agent wrote it) or "kiro" (made from the steps' summaries)
+    memory_id: int | None = None
+    chars: int = 0
+    note: str | None = None  # why kiro wrote it, when the model did not
+
+
+class RunFinished(Event):
+    """A scheduled task's run is done; the loop waits for the next fire."""
+
+    event: Literal["run_finished"] = "run_finished"
+    run: int
+    report: str
+    next_run_at: str | None = None
+    duration_seconds: float = 0.0
+
+
+# -- the temporal backend (SPEC §12, docs/scale-out.md) ----------------------------------------
+
+
+class WorkerLost(Event):
+    """A `kiro worker` died (or went silent) during this step's attempt; Temporal ran it again elsewhere.
+    `tries`: the try that finished (1 = nothing was lost); `worker`: the one that finished it."""
+
+    event: Literal["worker_lost"] = "worker_lost"
+    step_id: str
+    tries: int
+    worker: str
+
+
+
+AnyEvent: TypeAlias = Annotated[
+    Union[  # noqa: UP007 - a discriminated union reads best spelled out
+        LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
+        IterationStarted, Reinjected, StepStarted, ToolCalled, ModelCalled, ContextWrapped, StepCompleted,
+        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, GuardrailTriggered, HumanRequested,
+        TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
+        MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
+        CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
+        WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
+        RollbackResumed,
+        RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
+        PrecheckPassed, PrecheckSkipped, WorkerLost,
+    ],
+    Field(discriminator="event"),
+]
+
+
+@functools.cache
+def event_adapter() -> TypeAdapter[AnyEvent]:
+    """The reader of any kind (the discriminated union), built on first use: building it builds every
+    kind's validator, which a run that only writes events never needs."""
+    return TypeAdapter(AnyEvent)
+
+
+KINDS: tuple[type[Event], ...] = get_args(get_args(AnyEvent)[0])
+MODELS: dict[str, type[Event]] = {cls.model_fields["event"].default: cls for cls in KINDS}  # the tag each kind fixes
+EVENT_NAMES: frozenset[str] = frozenset(MODELS)
+
+Listener = Callable[[Event], None]
+
+
+def make(kind: str, /, **fields: Any) -> Event:
+    """The compatibility path: an event from its name and keyword fields (`emit("name", **fields)`).
+    An unknown name or a field the kind does not have raises: a typo is a bug, not a new event."""
+    model = MODELS.get(kind)
+    if model is None:
+        raise ValueError(f"unknown event {kind!r}; add a model for it to kiro/store/events.py")
+    return model.model_validate(fields)
+
+
+def parse(record: dict[str, Any]) -> Event:
+    """A record read from disk as its typed event; anything that does not fit (an unknown kind,
+    a newer kiro's fields) as a `GenericEvent`. Never raises on a dict."""
+    kind = record.get("event")
+    if isinstance(kind, str) and kind in EVENT_NAMES:
+        try:
+            return event_adapter().validate_python(record)
+        except ValidationError:
+            pass
+    try:
+        return GenericEvent.model_validate({**record, "event": str(kind if kind is not None else "unknown")})
+    except (ValidationError, TypeError, ValueError):  # keys pydantic will not take as fields
+        return GenericEvent(event=str(kind))
+
+
+def make_event(task_id: str, iteration: int, event: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """One event record as a dict (validated by its model). Kept for callers that build records by hand."""
+    ev = make(event, **fields)
+    ev.task_id, ev.iteration = task_id, iteration
+    return ev.to_record()
+
+
+class EventLog:
+    """Appends events to one JSONL file. Opened lazily, kept open, flushed per line. Every line
+    passes through the loop's redactor on its way to disk."""
+
+    def __init__(self, path: Path, redact: Redactor | None = None) -> None:
+        self.path = path
+        self.redact = redact or Redactor()
+        self._fh: Any = None
+
+    def __call__(self, event: Event | dict[str, Any]) -> None:
+        self.append(event)
+
+    def append(self, event: Event | dict[str, Any]) -> None:
+        self.append_record(event.to_record() if isinstance(event, Event) else event)
+
+    def append_record(self, record: dict[str, Any], *, clean_json: str | None = None) -> None:
+        """`clean_json`: the record's JSON as `Redactor.record` of this log's redactor returned it
+        (made and searched once for the loop's listeners and the log)."""
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = safeio.open_regular(self.path, write=True, fix="move it away")  # never blocks on a FIFO
+            self._repair_torn_tail()
+        if clean_json is not None and len(clean_json) <= EVENT_FIELD_CHARS:
+            line = clean_json + "\n"
+        else:
+            text = json.dumps(record, ensure_ascii=False, default=str)
+            if len(text) > EVENT_FIELD_CHARS:  # no string in a shorter line can be longer than the cap
+                text = json.dumps(clip_fields(record, EVENT_FIELD_CHARS), ensure_ascii=False, default=str)
+            line = self.redact.text(text) + "\n"
+        data = memoryview(line.encode("utf-8"))
+        written = 0
+
+        def write_rest() -> None:  # one line, written whole even across a retry after a full disk
+            nonlocal written
+            while written < len(data):
+                written += os.write(self._fh, data[written:])
+
+        diskfull.retry(write_rest, self.path.name)
+
+    def _repair_torn_tail(self) -> None:
+        """After a crash the file may end mid-line: start the next record on a line of its own."""
+        try:
+            size = os.path.getsize(self.path)
+            if size == 0:
+                return
+            with open(self.path, "rb") as fh:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    os.write(self._fh, b"\n")
+        except OSError:
+            return
+
+    def close(self) -> None:
+        if self._fh is not None:
+            os.close(self._fh)
+            self._fh = None
+
+
+def read_events(path: Path, *, offset: int = 0) -> Iterator[dict[str, Any]]:
+    """Every well-formed event in the file; broken lines (a torn tail) are skipped."""
+    try:
+        fh = open(safeio.open_regular(path, fix="move it away; kiro starts a new one"), "rb")  # noqa: SIM115
+    except FileNotFoundError:
+        return
+    with fh:
+        if offset:
+            fh.seek(offset)
+        for raw in fh:
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+TAIL_BLOCK = 64 * 1024
+
+
+def read_last(path: Path, n: int) -> list[dict[str, Any]]:
+    """The last `n` events of `read_events(path)`, read backwards from the file's end a block at a
+    time: the cost is that of `n` events, not of the whole log (`kiro loop logs --tail N`)."""
+    try:
+        fd = safeio.open_regular(path, fix="move it away; kiro starts a new one")
+    except FileNotFoundError:
+        return []
+    try:
+        return _last_events(fd, n)
+    finally:
+        os.close(fd)
+
+
+def _last_events(fd: int, n: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if n <= 0:
+        return found
+
+    def take(raw: bytes) -> None:
+        if not raw.strip():
+            return
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return  # a torn or broken line, skipped as read_events skips it
+        if isinstance(record, dict):
+            found.append(record)
+
+    pos = os.fstat(fd).st_size
+    carry = b""  # the start of a line whose beginning lies in an earlier block
+    first = True
+    while pos > 0 and len(found) < n:
+        size = min(TAIL_BLOCK, pos)
+        pos -= size
+        lines = (os.pread(fd, size, pos) + carry).split(b"\n")
+        carry = lines[0] if pos > 0 else b""
+        complete = lines[1:] if pos > 0 else lines
+        if first:
+            first = False
+            if complete and complete[-1] == b"":
+                complete.pop()  # the newline that ends the file
+        for raw in reversed(complete):
+            take(raw)
+            if len(found) >= n:
+                break
+    found.reverse()
+    return found
+
+
+def read_new(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Events appended since `offset` (complete lines only), and the new offset. For --follow."""
+    try:
+        with open(safeio.open_regular(path, fix="move it away; kiro starts a new one"), "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(64 * 1024 * 1024)
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    out: list[dict[str, Any]] = []
+    for raw in data[: end + 1].splitlines():
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out, offset + end + 1
+
+
+def read_typed(path: Path, *, offset: int = 0) -> Iterator[Event]:
+    """Every well-formed event in the file as its typed record (`parse`)."""
+    for record in read_events(path, offset=offset):
+        yield parse(record)

@@ -1,0 +1,288 @@
+"""The one redactor: every byte kiro writes or sends passes through it first.
+
+A loop builds one `Redactor` when it starts (`Redactor.for_run(config)`) and owns it:
+`Loop.redact`, and `StepContext.redact` for executors. Use `redact.text(s) -> str` on any text
+and `redact.data(obj)` on JSON-like data before it reaches a file, a log, a prompt, a report, a
+transcript or a network peer. The shared write points already do (the event log, the state store,
+reports, the prompt file, transcripts); new writers (attempt logs, servers) call it too.
+
+What it knows as secret, collected once per run:
+  * the value of every environment variable whose NAME looks like a credential (`..._KEY`,
+    `..._TOKEN`, `..._SECRET`, `PASSWORD`, `CREDENTIAL`, `AUTH`, ...);
+  * every environment value that LOOKS like a credential whatever its name (`sk-...`, `ghp_...`,
+    `github_pat_...`, `xoxb-...`, `AKIA...`, `glpat-...`, `AIza...`, JWTs);
+  * the value of the variable `llm.api_key_env` names, whatever that name is;
+  * passwords in URLs (`llm.base_url`, `OPENAI_BASE_URL`, any `scheme://user:pass@host` value in
+    the environment or the config's commands), and `?token=`/`?key=`-like query values;
+  * credentials written into configured commands (`on_event`, `executor_command`, `verify`):
+    `Authorization: Bearer X`, `--token X`, `--password=X`, `API_KEY=X`;
+  * the values of the variables the config lists under `secret_env`.
+
+Values shorter than 8 characters are skipped (they would mangle ordinary text), except that a
+short URL password is still cut in its `user:password@` form. Each secret is also matched in its
+JSON-escaped and URL-encoded forms. Matching is one compiled alternation, longest first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+if TYPE_CHECKING:
+    from kiro.store.config import Config
+
+REDACTED = "[REDACTED]"
+MIN_SECRET_LENGTH = 8  # shorter values ("", "1", "true") would mangle ordinary text if redacted
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "AUTH",
+                     "PRIVATE", "COOKIE", "SESSION")
+
+# Well-known credential formats: a value like this is a secret under any variable name.
+_TOKEN_FORMATS = re.compile(
+    r"^(?:sk-[A-Za-z0-9_\-]{16,}|sk_(?:live|test)_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
+    r"|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_\-]{16,}"
+    r"|AIza[0-9A-Za-z_\-]{30,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})$"
+)
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+_SECRET_QUERY = re.compile(r"(?i)(token|key|secret|password|passwd|sig|signature|auth|credential)")
+# Credentials written into a command line: `Bearer X`, `--token X`, `--password=X`, `API_KEY=X`.
+_IN_COMMAND = re.compile(
+    r"(?i)(?:\bbearer\s+|\bbasic\s+"
+    r"|--?[a-z0-9_\-]*(?:token|key|secret|password|passwd|pass|auth)[a-z0-9_\-]*[=\s]+"
+    r"|\b[a-z0-9_]*(?:token|key|secret|password|passwd|auth)[a-z0-9_]*=)"
+    r"['\"]?([^\s'\"&;|]+)"
+)
+
+
+def looks_secret(name: str) -> bool:
+    """True for an environment variable name that by convention holds a credential."""
+    upper = name.upper()
+    return any(part in upper for part in SECRET_NAME_PARTS)
+
+
+def looks_like_token(value: str) -> bool:
+    """True for a value in a well-known credential format (OpenAI, GitHub, Slack, AWS, GitLab, Google, JWT)."""
+    return bool(_TOKEN_FORMATS.match(value.strip()))
+
+
+def url_secrets(text: str) -> tuple[list[str], list[str]]:
+    """Credentials inside the URLs of `text`: (secret values, literal `user:password@` forms)."""
+    values: list[str] = []
+    forms: list[str] = []
+    for match in _URL.finditer(text):
+        try:
+            parts = urlsplit(match.group(0))
+            password = parts.password
+            query = parse_qsl(parts.query, keep_blank_values=False)
+        except ValueError:
+            continue
+        if password:
+            values.extend({password, unquote(password)})
+            userinfo = parts.netloc.rpartition("@")[0]
+            if userinfo:
+                forms.append(userinfo + "@")
+        for key, value in query:
+            if _SECRET_QUERY.search(key):
+                values.append(value)
+    return values, forms
+
+
+def command_secrets(text: str) -> list[str]:
+    """Credentials written into a command line (`Authorization: Bearer X`, `--token X`, `KEY=X`)."""
+    found = [m.group(1) for m in _IN_COMMAND.finditer(text)]
+    return found + url_secrets(text)[0]
+
+
+class Redactor:
+    """Replaces known secret values with `[REDACTED]` in text kiro is about to write or send.
+
+    `text(s)` (also `redactor(s)`) returns `s` with every secret cut; `data(obj)` does the same to
+    every string inside dicts, lists and tuples; `contains_secret(s)` tells whether there is one.
+    Cheap when there is nothing to cut: one search of one compiled pattern.
+    """
+
+    def __init__(self, secrets: Iterable[str] = (), literal_forms: Iterable[str] = ()) -> None:
+        self.secrets: frozenset[str] = frozenset(s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH)
+        self.literal_forms: frozenset[str] = frozenset(f for f in literal_forms if f and len(f) >= 4)
+        forms: set[str] = set(self.literal_forms)
+        for s in self.secrets:
+            forms.add(s)
+            forms.add(json.dumps(s)[1:-1])
+            forms.add(json.dumps(s, ensure_ascii=False)[1:-1])
+            forms.add(quote(s, safe=""))
+        self._pattern = re.compile(_trie_pattern(forms)) if forms else None
+
+    # -- building ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_environment(cls, api_key: str | None, environ: Mapping[str, str] | None = None) -> Redactor:
+        """The environment's secrets (by name and by format) plus `api_key`."""
+        env = os.environ if environ is None else environ
+        values, forms = _environment_secrets(env)
+        if api_key:
+            values.append(api_key)
+        return cls(values, forms)
+
+    @classmethod
+    def for_run(cls, config: Config, environ: Mapping[str, str] | None = None) -> Redactor:
+        """Everything one run knows as secret (see the module docstring). Built once per loop; loops
+        of one config in one environment (a thousand started together) share the one built last."""
+        env = os.environ if environ is None else environ
+        key = (_env_key(env), config.llm.api_key_env, tuple(config.secret_env), config.llm.base_url,
+               tuple(config.on_event.values()), config.executor_command, config.verify)
+        if _run_seen and _run_seen[0][0] == key:
+            return _run_seen[0][1]
+        made = cls._for_run(config, env)
+        _run_seen[:] = [(key, made)]
+        return made
+
+    @classmethod
+    def _for_run(cls, config: Config, env: Mapping[str, str]) -> Redactor:
+        values, forms = _environment_secrets(env)
+        key = env.get(config.llm.api_key_env)
+        if key:
+            values.append(key)
+        for name in config.secret_env:
+            value = env.get(name)
+            if value:
+                values.append(value)
+        for url in (config.llm.base_url, env.get("OPENAI_BASE_URL")):
+            if url:
+                found, literal = url_secrets(url)
+                values.extend(found)
+                forms.extend(literal)
+        for command in (*config.on_event.values(), config.executor_command, config.verify):
+            if command:
+                values.extend(command_secrets(command))
+                forms.extend(url_secrets(command)[1])
+        return cls(values, forms)
+
+    def __or__(self, other: Redactor | None) -> Redactor:
+        """One redactor that cuts what either cuts; one of the two when it already knows everything
+        the other does (an attempt's `loop's | executor's`, the same every attempt: no new pattern)."""
+        if other is None or other is self:
+            return self
+        if other.secrets <= self.secrets and other.literal_forms <= self.literal_forms:
+            return self
+        if self.secrets <= other.secrets and self.literal_forms <= other.literal_forms:
+            return other
+        return Redactor(self.secrets | other.secrets, self.literal_forms | other.literal_forms)
+
+    # -- using ---------------------------------------------------------------------------------
+
+    def text(self, text: str) -> str:
+        if self._pattern is None or not text:
+            return text
+        return self._pattern.sub(REDACTED, text)
+
+    __call__ = text
+
+    def data(self, value: Any) -> Any:
+        """`value` with every string inside it (keys too) redacted; other values unchanged."""
+        if self._pattern is None:
+            return value
+        if isinstance(value, dict | list | tuple):
+            return self._searched(value)[0]
+        return self._walk(value)
+
+    def record(self, record: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """(`data(record)`, the record's JSON line as `json.dumps(record, ensure_ascii=False,
+        default=str)` writes it, when that was made to look for a secret and holds none; else None):
+        an event is dumped once for the search and the log (kiro.store.events.EventLog.append_record)."""
+        if self._pattern is None:
+            return record, None
+        return self._searched(record)
+
+    def _searched(self, value: Any) -> tuple[Any, str | None]:
+        """One search over the whole value's JSON (most records hold no secret): (value, its JSON)
+        when it holds none, else (the value walked, None)."""
+        assert self._pattern is not None
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            return self._walk(value), None
+        if not self._pattern.search(text):
+            return value, text
+        return self._walk(value), None
+
+    def _walk(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self._walk(k): self._walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self._walk(v) for v in value)
+        return value
+
+    def contains_secret(self, text: str) -> bool:
+        return bool(self._pattern and self._pattern.search(text))
+
+
+def _trie_pattern(words: Iterable[str]) -> str:
+    """One regex for a set of literals, as a trie (`tok-(?:a1|b2)`), so a position that starts no
+    secret is rejected after one character instead of after trying every secret in turn. Longer
+    matches win: at each node the branches are tried before the end of a shorter secret."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        # A run of single-child nodes is one literal (no recursion per character: a long secret,
+        # a private key, stays shallow).
+        prefix = ""
+        while len(node) == 1 and "" not in node:
+            ch, node = next(iter(node.items()))
+            prefix += re.escape(ch)
+        ends = "" in node
+        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return prefix
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if ends:
+            body = "(?:" + body + ")?"
+        return prefix + body
+
+    return build(trie)
+
+
+_run_seen: list[tuple[tuple[Any, ...], Redactor]] = []  # the last run's redactor and what it was made of
+_env_seen: list[tuple[frozenset[tuple[str, str]], list[str], list[str]]] = []  # the last environment scanned
+
+
+def _env_key(env: Mapping[str, str]) -> frozenset[tuple[Any, Any]]:
+    """What an environment holds, to compare with another; `os.environ` by its bytes (no decoding of
+    every name and value: ~10x cheaper, paid per loop started)."""
+    data = getattr(env, "_data", None) if env is os.environ else None
+    return frozenset((data if isinstance(data, dict) else env).items())
+
+
+def _environment_secrets(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """The secrets in an environment; the same environment (a thousand loops started in one
+    process) is scanned once."""
+    key = _env_key(env)
+    if _env_seen and _env_seen[0][0] == key:
+        return list(_env_seen[0][1]), list(_env_seen[0][2])
+    values, forms = _scan_environment(env)
+    _env_seen[:] = [(key, list(values), list(forms))]
+    return values, forms
+
+
+def _scan_environment(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    values: list[str] = []
+    forms: list[str] = []
+    for name, value in env.items():
+        if not value:
+            continue
+        if looks_secret(name) or looks_like_token(value):
+            values.append(value)
+        if "://" in value and "@" in value:
+            found, literal = url_secrets(value)
+            values.extend(found)
+            forms.extend(literal)
+    return values, forms

@@ -1,0 +1,377 @@
+"""The workspace: its folders, where each file lives, and how a path a person typed is resolved.
+
+Layout (SPEC §1):
+
+    config/autonomous_loop.yaml   Specs/   Done/   Needs_Action/   Logs/   .state/   .hooks/   Dashboard.md
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from pathlib import Path
+
+from kiro.errors import TaskNotFound, UserError
+from kiro.fs import safeio
+from kiro.store import frontmatter
+
+CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
+FOLDERS = ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks")
+TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def markdown_files(folder: Path) -> list[Path]:
+    """Every `*.md` under `folder`, sorted, not through symlinked folders (as `Path.rglob`). A folder
+    that goes away meanwhile (a loop moving its task to Done/, in this process or another) is passed
+    over, where `rglob` raised FileNotFoundError and ended `kiro loop watch`."""
+    found: list[Path] = []
+    for top, _dirs, files in os.walk(folder):  # a folder that cannot be listed (gone) is skipped
+        found.extend(Path(top, name) for name in files if name.endswith(".md"))
+    return sorted(found)
+
+
+def check_task_id(task_id: str) -> str:
+    """A task id names files, so it must be a plain name."""
+    if not TASK_ID_RE.match(task_id) or ".." in task_id:
+        raise UserError(
+            f"invalid task id {task_id!r}: use letters, digits, '_', '-' and '.' (at most 128 characters)"
+        )
+    return task_id
+
+
+def _real(path: Path) -> Path:
+    """`path.resolve()` that never raises: a symlink loop stays as it is (Path.resolve raises
+    RuntimeError on one in Python 3.11)."""
+    return Path(os.path.realpath(path))
+
+
+def _utf8(path: Path) -> Path:
+    """A task file's path must be text: kiro writes it in the state, events and reports (JSON, UTF-8). A
+    name of bytes that are not UTF-8 (made on another system, or by a script) is one clear line."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # the bad bytes as \xff
+        raise UserError(f"task file '{shown}': its path is not valid UTF-8; rename the file or its folder") from None
+    return path
+
+
+def current_folder() -> Path | None:
+    """The current directory, or None when it no longer exists (deleted under a shell that is still in it)."""
+    try:
+        return Path.cwd()
+    except FileNotFoundError:
+        return None
+
+
+def _not_a_folder(path: Path) -> str | None:
+    """Why `path` cannot serve as a folder, or None when it is one or is absent."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be examined ({exc.strerror})"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "is a symlink to something missing"
+    except OSError as exc:
+        return "is a symlink loop" if exc.errno == errno.ELOOP else f"cannot be examined ({exc.strerror})"
+    if stat.S_ISDIR(mode):
+        return None
+    from kiro.fs.safeio import file_kind
+
+    return "is a file" if stat.S_ISREG(mode) else f"is {file_kind(mode)}"
+
+
+class Workspace:
+    """A workspace folder and its state directory; immutable, compared and hashed by value. (A plain
+    class, not a frozen dataclass: the read path imports this module, and dataclasses costs ~10 ms.)"""
+
+    __slots__ = ("root", "state_directory", "state_dir")
+    root: Path
+    state_directory: str
+    state_dir: Path
+    """The state folder (`root / state_directory`), made once: a loop's start asks for it ~17 times."""
+
+    def __init__(self, root: Path, state_directory: str = ".state") -> None:
+        object.__setattr__(self, "root", root)
+        object.__setattr__(self, "state_directory", state_directory)
+        object.__setattr__(self, "state_dir", root / state_directory)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Workspace)
+        return (self.root, self.state_directory) == (other.root, other.state_directory)
+
+    def __hash__(self) -> int:
+        return hash((self.root, self.state_directory))
+
+    def __repr__(self) -> str:
+        return f"Workspace(root={self.root!r}, state_directory={self.state_directory!r})"
+
+    # -- discovery -------------------------------------------------------------------------
+
+    @classmethod
+    def find(cls, explicit: Path | str | None = None, *, cwd: Path | None = None) -> Workspace:
+        """`--workspace`, else `$KIRO_WORKSPACE`, else the nearest ancestor with a config or
+        `.state/`, else the current directory."""
+        if explicit:
+            root = Path(explicit).expanduser()
+            if not root.is_dir():
+                raise UserError(f"workspace {str(root)!r} is not a folder; create it with `kiro init {root}`")
+            return cls(root.resolve())
+        env = os.environ.get("KIRO_WORKSPACE")
+        if env:
+            root = Path(env).expanduser()
+            if not root.is_dir():
+                raise UserError(f"KIRO_WORKSPACE={env!r} is not a folder")
+            return cls(root.resolve())
+        here = cwd or current_folder()
+        if here is None:
+            raise UserError("the current folder no longer exists (deleted?); cd into a workspace, or name one "
+                            "with --workspace")
+        here = here.resolve()
+        for candidate in (here, *here.parents):
+            if (candidate / CONFIG_RELPATH).is_file() or (candidate / ".state").is_dir():
+                return cls(candidate)
+        return cls(here)
+
+    def with_state_directory(self, state_directory: str) -> Workspace:
+        return Workspace(self.root, state_directory)
+
+    # -- folders ---------------------------------------------------------------------------
+
+    @property
+    def specs(self) -> Path:
+        return self.root / "Specs"
+
+    @property
+    def done(self) -> Path:
+        return self.root / "Done"
+
+    @property
+    def needs_action(self) -> Path:
+        return self.root / "Needs_Action"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "Logs"
+
+    @property
+    def hooks(self) -> Path:
+        return self.root / ".hooks"
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / CONFIG_RELPATH
+
+    @property
+    def dashboard(self) -> Path:
+        return self.root / "Dashboard.md"
+
+    # -- files -----------------------------------------------------------------------------
+
+    def state_file(self, task_id: str) -> Path:
+        return self.state_dir / f"autonomous_loop_{task_id}.json"
+
+    def archived_state_file(self, task_id: str) -> Path:
+        return self.state_dir / "archive" / f"autonomous_loop_{task_id}.json"
+
+    def backups_dir(self) -> Path:
+        return self.state_dir / "backups"
+
+    def lock_file(self, task_id: str) -> Path:
+        return self.state_dir / f"autonomous_loop_{task_id}.lock"
+
+    def transcript_file(self, task_id: str) -> Path:
+        return self.state_dir / "transcripts" / f"{task_id}.jsonl"
+
+    def memory_db(self) -> Path:
+        return self.state_dir / "memory.db"
+
+    def hook_file(self, task_id: str) -> Path:
+        return self.hooks / f"stop_autonomous_loop_{task_id}.md"
+
+    @property
+    def global_hook_file(self) -> Path:
+        return self.hooks / "stop_autonomous_loop.md"
+
+    def event_log(self, task_id: str) -> Path:
+        return self.logs / f"{task_id}.jsonl"
+
+    def completion_report(self, task_id: str) -> Path:
+        return self.logs / "completion_reports" / f"{task_id}.md"
+
+    def progress_report(self, task_id: str, iteration: int) -> Path:
+        return self.logs / "progress_reports" / f"{task_id}_{iteration:04d}.md"
+
+    def intervention_request(self, task_id: str) -> Path:
+        return self.needs_action / f"intervention_{task_id}.md"
+
+    def escalation(self, task_id: str) -> Path:
+        return self.needs_action / f"escalation_{task_id}.md"
+
+    def human_request(self, task_id: str) -> Path:
+        return self.needs_action / f"request_{task_id}.md"
+
+    def detached_output(self, task_id: str) -> Path:
+        return self.logs / f"{task_id}.out"
+
+    # -- paths -----------------------------------------------------------------------------
+
+    def relative(self, path: Path) -> str:
+        """A workspace-relative POSIX path when `path` is inside the workspace, else the absolute path."""
+        try:
+            return _real(path).relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
+
+    def absolute(self, stored: str) -> Path:
+        """The inverse of `relative`."""
+        p = Path(stored)
+        return p if p.is_absolute() else self.root / p
+
+    def resolve_task(self, raw: str | Path) -> Path:
+        """A `--task` argument as a real file. `/Specs/x.md` means workspace-relative when no such
+        absolute path exists (SPEC §1); a relative path is tried against the current directory,
+        then the workspace."""
+        text = str(raw)
+        candidates: list[Path] = []
+        p = Path(text).expanduser()
+        if p.is_absolute():
+            candidates.append(p)
+            candidates.append(self.root / text.lstrip("/"))
+        else:
+            here = current_folder()  # None: deleted, so only the workspace is left to look in
+            if here is not None:
+                candidates.append(here / p)
+            candidates.append(self.root / p)
+        for c in candidates:
+            if c.is_file():
+                return _utf8(c.resolve())
+        for c in candidates:
+            if c.is_dir() and (c / "tasks.md").is_file():
+                return _utf8((c / "tasks.md").resolve())
+        raise TaskNotFound(
+            f"task file {text!r} not found (looked in {', '.join(repr(str(c)) for c in dict.fromkeys(candidates))})"
+        )
+
+    def area_of(self, path: Path) -> str | None:
+        """Which of Specs / Done / Needs_Action a path lies in, if any."""
+        try:
+            rel = _real(path).relative_to(self.root)
+        except ValueError:
+            return None
+        first = rel.parts[0] if rel.parts else ""
+        return first if first in ("Specs", "Done", "Needs_Action") else None
+
+    def counterpart(self, path: Path, area: str) -> Path:
+        """The same relative path under another area: Specs/a/tasks.md -> Done/a/tasks.md."""
+        rel = _real(path).relative_to(self.root)
+        if rel.parts and rel.parts[0] in ("Specs", "Done", "Needs_Action"):
+            rel = Path(*rel.parts[1:])
+        return self.root / area / rel
+
+    def check_folders(self) -> None:
+        """Each folder kiro uses is a folder or absent (kiro creates it): not a file, a FIFO, a
+        dangling symlink or a symlink loop; and the global stop hook is not a folder. Raises a
+        UserError naming the first that is wrong and the fix."""
+        state = self.state_dir
+        folders = [self.root / name for name in FOLDERS] + [
+            self.root / "config", state, state / "backups", state / "archive", state / "transcripts",
+            state / "prompts", self.logs / "completion_reports", self.logs / "progress_reports",
+        ]
+        for folder in folders:
+            problem = _not_a_folder(folder)
+            if problem:
+                raise UserError(f"{self.relative_name(folder)} {problem}, not a folder (in {self.root}); "
+                                f"move it away and kiro creates the folder")
+        self.check_hook(self.global_hook_file)
+
+    def check_hook(self, hook: Path) -> None:
+        """A stop hook is a file kiro may delete or write: a folder (or worse) in its place is an error."""
+        try:
+            mode = os.lstat(hook).st_mode
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise UserError(f"stop hook {self.relative_name(hook)} cannot be examined ({exc.strerror}); "
+                            f"remove it") from None
+        if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+            return
+        from kiro.fs.safeio import file_kind
+
+        raise UserError(f"stop hook {self.relative_name(hook)} is {file_kind(mode)}, not a file; remove it "
+                        f"(a stop hook is a plain file, e.g. `touch {self.relative_name(hook)}`)")
+
+    def relative_name(self, path: Path) -> str:
+        """`path` relative to the workspace without resolving symlinks (which may loop)."""
+        try:
+            return path.relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
+
+    def ensure_folders(self) -> None:
+        for name in FOLDERS:
+            (self.root / name).mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+
+
+# -- where a task file is now ------------------------------------------------------------------
+
+def frontmatter_task_id(path: Path) -> str | None:
+    """The `kiro_task_id` a task file's frontmatter names (kiro.store.frontmatter), when it is a valid one;
+    None for a file kiro cannot read."""
+    try:
+        text = safeio.read_bytes(path, limit=safeio.TASK_MAX_BYTES).decode("utf-8-sig")
+        found = frontmatter.read(text).data.get("kiro_task_id")
+        return check_task_id(found) if isinstance(found, str) else None
+    except (OSError, UnicodeDecodeError, UserError, frontmatter.FrontmatterError):
+        return None
+
+
+def find_by_task_id(folder: Path, task_id: str) -> Path | None:
+    """A task file under `folder` whose frontmatter says `kiro_task_id: <task_id>`."""
+    if not folder.is_dir():
+        return None
+    for p in markdown_files(folder):
+        if p.is_file() and frontmatter_task_id(p) == task_id:
+            return p
+    return None
+
+
+def locate_task(ws: Workspace, recorded: Path, task_id: str) -> tuple[str | None, Path | None]:
+    """Where a task file is now: ("here", path) when it is where the state says; else the area it
+    was moved to (Done, Needs_Action, Specs) and its new path, found by the same relative path or by
+    its `kiro_task_id`; (None, None) when it is nowhere."""
+    if recorded.is_file():
+        return "here", recorded
+    inside = ws.area_of(recorded) is not None or _inside(ws, recorded)
+    for area in ("Done", "Needs_Action", "Specs"):
+        if inside:
+            candidate = ws.counterpart(recorded, area)
+            if candidate.is_file() and candidate != recorded:
+                return area, candidate
+        found = find_by_task_id(ws.root / area, task_id)
+        if found is not None:
+            return area, found
+    return None, None
+
+
+def _inside(ws: Workspace, p: Path) -> bool:
+    try:
+        Path(os.path.realpath(p)).relative_to(ws.root)
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,229 @@
+"""What the read commands show, as plain data (the CLI renders it, `--json` prints it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kiro import timeutil
+from kiro.errors import KiroError, TaskNotFound, UserError
+from kiro.status import RECORDED, Status
+from kiro.store import journal
+from kiro.store.state import LoopState, StateStore, to_jsonable
+from kiro.store.workspace import Workspace, check_task_id, frontmatter_task_id, locate_task
+
+
+def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task: str | None, *,
+                    required: bool = True) -> str | None:
+    """`--task-id` and `--task` name a loop interchangeably. With neither, the only loop in the
+    workspace, if there is exactly one."""
+    if task_id:
+        return check_task_id(task_id)
+    if task:
+        path = ws.resolve_task(task)
+        rel = ws.relative(path)
+        found = [st for _p, st in store.all_states() if st is not None and st.task_path == rel]
+        if not found:
+
+            hint = frontmatter_task_id(path)
+            if hint and store.exists(hint):
+                return hint
+            raise TaskNotFound(f"no loop has worked on {rel} yet; start one with `kiro loop start --task {rel}`")
+        return found[0].task_id  # newest first
+    if not required:
+        return None
+    ids = [tid for tid, _path in store.state_files()]  # unreadable ones too: load() falls back
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
+        raise TaskNotFound(f"no loops in {ws.root}; start one with `kiro loop start --task PATH`")
+    raise UserError(f"{len(ids)} loops in this workspace: name one with --task-id "
+                    f"(`kiro loop status` lists them)")
+
+
+def hint(state: LoopState, status: Status | str) -> str | None:
+    """The command that continues a loop shown with `status`, with the limit to raise if any."""
+    return _hint(state.task_id, state.max_iterations, Status(status), global_hook=False)
+
+
+def _hint(task_id: str, max_iterations: int, status: Status, *, global_hook: bool) -> str | None:
+    command = f"kiro loop resume --task-id {task_id}"
+    if status.is_resumable:
+        return "kiro loop resume --all" if global_hook else command  # `--task-id` refuses while it holds
+    flag = status.resume_flag
+    return f"{command} {flag.format(more=max_iterations * 2)}" if flag else None
+
+
+def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) -> dict[str, Any]:
+    """What `status` shows of one loop."""
+    shown = journal.summary_of(to_jsonable(state))
+    if state.status == Status.SLEEPING:  # why it sleeps: its last transition (not in the summary)
+        last = state.history[-1] if state.history else None
+        shown["sleeping_because"] = last.reason if last is not None and last.to == Status.SLEEPING else None
+    return row(store, shown, alive=alive, global_hook=store.ws.global_hook_file.exists())
+
+
+def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook: bool) -> dict[str, Any]:
+    """What `status` shows of a loop, from its summary (kiro.store.journal.summary_of: `status` reads the
+    summary the loop writes beside its state; `sleeping_because` added for a sleeping loop)."""
+    recorded = Status(s["status"])
+    if alive is None:
+        alive = store.is_locked(s["task_id"]) if recorded.may_be_alive else False
+    status = recorded.shown(alive)
+    metrics = s["metrics"]
+    duration = metrics["total_duration_seconds"]
+    if alive and status.is_active:
+        duration += max(0.0, (timeutil.now() - timeutil.parse(s["updated_at"])).total_seconds())
+    cur = s["current_step"]
+    eta = None
+    if status.is_active or status in (Status.PAUSED, Status.INTERRUPTED):
+        total, done, avg = s["steps_total"], s["steps_done"], metrics["average_step_duration"]
+        if total is not None and done is not None and avg and total - done > 0:
+            eta = timeutil.human_duration((total - done) * avg)
+    sleep = ({"sleeping_because": s.get("sleeping_because"), "sleep_until": s["sleep_until"]}
+             if status == Status.SLEEPING else {})
+    return {
+        "task_id": s["task_id"],
+        "task_path": s["task_path"],
+        "title": s["title"],
+        "status": str(status),
+        "recorded_status": str(recorded),
+        "stop_reason": s["stop_reason"],
+        "iteration": s["iteration"],
+        "max_iterations": s["max_iterations"],
+        "success_rate": metrics["success_rate"],
+        "current_step": f"{cur['step_id']} {cur['description']}" if cur else None,
+        "current_step_id": cur["step_id"] if cur else None,
+        "steps_done": s["steps_done"],
+        "steps_total": s["steps_total"],
+        "consecutive_failures": s["consecutive_failures"],
+        "failure_threshold": s["failure_threshold"],
+        "total_failures": s["total_failures"],
+        "duration_seconds": round(duration, 3),
+        "duration": timeutil.human_duration(duration),
+        "eta": eta,
+        "executor": s["executor"],
+        "pid": s["pid"] if alive else None,
+        "alive": alive,
+        "updated_at": s["updated_at"],
+        "usage": s["usage"],
+        "report_path": s["report_path"],
+        **_schedule_fields(s),
+        **sleep,
+        "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook),
+    }
+
+
+def schedule_fields(state: LoopState) -> dict[str, Any]:
+    """A recurring task's schedule, runs and next run (SPEC §11); {} for a plain loop."""
+    return _schedule_fields(journal.summary_of(to_jsonable(state)))
+
+
+def _schedule_fields(s: dict[str, Any]) -> dict[str, Any]:
+    sc = s["schedule"]
+    if sc is None:
+        return {}
+    next_run = None
+    if s["next_run_at"] and s["status"] != Status.COMPLETED:
+        at = timeutil.parse(s["next_run_at"])
+        left = (at - timeutil.now()).total_seconds()
+        when = at.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+        next_run = f"in {timeutil.human_duration(left)} ({when})" if left > 0 else f"due now ({when})"
+    return {"schedule": sc["expression"], "stateful": sc["stateful"], "runs": s["runs"],
+            "last_run_at": s["last_run_at"], "next_run_at": s["next_run_at"], "next_run": next_run}
+
+
+def _summary(path: Path, task_id: str) -> dict[str, Any] | None:
+    """The summary the loop wrote beside its state file, when it has all a row needs; None: read the
+    state (no summary, torn on every try, or a sleeping loop, whose reason is in its history)."""
+    s = journal.read_summary(path)
+    if s is None or s.get("task_id") != task_id or s.get("status") not in RECORDED or s["status"] == Status.SLEEPING:
+        return None
+    if not all(k in s for k in (*journal.SUMMARY_FIELDS, "current_step")):
+        return None  # written by another version of kiro
+    if not (isinstance(s["metrics"], dict) and isinstance(s["usage"], dict) and isinstance(s["updated_at"], str)
+            and (s["current_step"] is None or isinstance(s["current_step"], dict))):
+        return None
+    return s
+
+
+def all_rows(store: StateStore, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """A row per loop, newest first, each from the loop's summary (or its state when the summary will
+    not do). An unreadable state file is shown from its newest good backup, as `status --task-id`
+    does, and `warnings` gets a line saying so (or that it cannot be read at all), so a corrupt loop
+    never silently drops out of the table."""
+    global_hook = store.ws.global_hook_file.exists()
+    rows = []
+    for tid, path in store.state_files():
+        summary = _summary(path, tid)
+        if summary is not None:
+            rows.append(row(store, summary, alive=None, global_hook=global_hook))
+            continue
+        try:
+            loaded = store.load(tid)
+        except KiroError as exc:
+            if warnings is not None:
+                warnings.append(str(exc))
+            continue
+        if loaded.warning and warnings is not None:
+            warnings.append(loaded.warning)
+        rows.append(loop_row(store, loaded.state))
+    rows.sort(key=lambda r: r["updated_at"], reverse=True)
+    return rows
+
+
+def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
+    """Every step of the task file with its status, attempts and duration."""
+    from kiro.store import tasks
+
+    path = ws.absolute(state.task_path)
+    where, found = locate_task(ws, path, state.task_id)
+    task: tasks.TaskFile | None = None
+    error = None
+    if found is not None:
+        try:
+            task = tasks.load(found)
+        except KiroError as exc:
+            error = str(exc)
+    else:
+        error = f"task file {state.task_path} not found"
+    durations: dict[str, float] = {}
+    completed_attempts: dict[str, int] = {}  # the engine zeroes a step's attempt count when it succeeds
+    checkpoints: dict[str, str | None] = {}  # SPEC §9: each done step's commit, or why there is none
+    for c in state.completed_steps:
+        durations[c.step_id] = c.duration_seconds
+        completed_attempts[c.step_id] = c.attempts
+        checkpoints[c.step_id] = c.checkpoint or (f"({c.checkpoint_note})" if c.checkpoint_note else None)
+    rows: list[dict[str, Any]] = []
+    cur = state.current_step
+    if task is not None:
+        depth: dict[int, int] = {}
+        for st in task.steps:
+            d = 0 if st.parent is None else depth.get(st.parent, 0) + 1
+            depth[st.index] = d
+            rec = state.steps.get(st.id)
+            if st.done:
+                status = "done"
+            elif cur is not None and cur.step_id == st.id and cur.status in ("in_progress", "waiting_retry", "failed"):
+                status = "in_progress" if cur.status == "in_progress" else "failed"
+            elif st.optional:
+                status = "optional"
+            else:
+                status = "todo"
+            rows.append({
+                "step_id": st.id, "description": st.title or st.text, "status": status, "optional": st.optional,
+                "depth": d, "leaf": st.is_leaf,
+                "attempts": (rec.attempts if rec and rec.attempts else
+                             completed_attempts.get(st.id, 0) if st.done else 0),
+                "last_error": rec.last_error if rec else None,
+                "duration_seconds": durations.get(st.id),
+                "duration": timeutil.human_duration(durations[st.id]) if st.id in durations else None,
+                "checkpoint": checkpoints.get(st.id) if st.done else None,
+            })
+    done = sum(1 for r in rows if r["status"] == "done")
+    git = state.git
+    branch = git.branch if git is not None and git.checkpoints else None
+    return {"task_id": state.task_id, "task_path": state.task_path, "title": state.title or state.task_path,
+            "steps_done": done, "steps_total": len(rows), "steps": rows, "error": error, "branch": branch,
+            **schedule_fields(state)}
+

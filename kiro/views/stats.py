@@ -1,0 +1,205 @@
+"""`kiro loop stats`: analytics across every loop of the workspace (SPEC §10, seed 004's "loop
+analytics"), computed from the state files and the event logs, nothing else.
+
+- loops and runs (a run is one process working on a loop: `loop_started` or `loop_resumed`), loops by status;
+- steps: attempts, completed, failed, retries (attempts after a step's first), verify failures, success rate;
+- step durations (`step_completed.duration_seconds`): p50, p95, mean, max;
+- usage: tokens, API calls and cost from the states, per completed step; and the spread of tokens per
+  completed step (p50/p95) from the model calls logged while it ran (every attempt counts);
+- time spent waiting: backoff, budgets (token/cost budgets), active hours, rate limits, other guardrail waits;
+- stop reasons (`loop_finished`: status and reason).
+
+`since` keeps events at or after that time, and the states of loops updated since then (usage is a
+loop's running total: a loop active in the window counts whole).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kiro import timeutil
+from kiro.errors import UserError
+from kiro.store.events import read_events
+from kiro.store.state import StateStore, Usage, effective_status
+
+WAIT_KINDS = {
+    "token_budget_per_hour": "budgets",
+    "max_total_tokens": "budgets",
+    "max_cost_usd": "budgets",
+    "active_hours": "hours",
+    "max_api_calls_per_minute": "rate_limits",
+    "max_actions_per_minute": "rate_limits",
+    "max_cpu_percent": "rate_limits",
+    "max_disk_writes_per_minute": "rate_limits",
+}
+
+
+def parse_since(text: str) -> datetime:
+    """`2026-11-22` (midnight, local time) or an ISO 8601 time; a bad one is the person's mistake."""
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UserError(f"--since {text!r}: use a date (2026-11-22) or an ISO 8601 time (2026-11-22T09:00)") from None
+    return dt if dt.tzinfo else dt.astimezone()
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return round(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo), 3)
+
+
+def _ts(record: dict[str, Any]) -> datetime | None:
+    raw = record.get("ts")
+    if not isinstance(raw, str):
+        return None
+    try:
+        return timeutil.parse(raw)
+    except ValueError:
+        return None
+
+
+def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
+    ws = store.ws
+    by_status: Counter[str] = Counter()
+    total = Usage()
+    loops = 0
+    iterations = 0
+    for _path, st in store.all_states():
+        if st is None:
+            continue
+        if since is not None and timeutil.parse(st.updated_at) < since:
+            continue
+        loops += 1
+        iterations += st.iteration
+        alive = store.is_locked(st.task_id) if st.status.may_be_alive else False
+        by_status[str(effective_status(st, alive))] += 1
+        total.add(st.usage)
+
+    runs = attempts = completed = failed = retries = verify_failed = 0
+    durations: list[float] = []
+    waits: dict[str, float] = {}
+    stops: Counter[str] = Counter()
+    logs = sorted(ws.logs.glob("*.jsonl")) if ws.logs.is_dir() else []
+    step_tokens: list[int] = []  # per completed step, from model_called events since its first attempt
+    for log in logs:
+        current: dict[str, int] = {}  # step id -> tokens spent on it so far (all attempts)
+        step_of: str | None = None
+        for e in read_events(Path(log)):
+            if since is not None:
+                when = _ts(e)
+                if when is None or when < since:
+                    continue
+            kind = e.get("event")
+            if kind in ("loop_started", "loop_resumed"):
+                runs += 1
+            elif kind == "model_called":
+                if step_of is not None:
+                    used = sum(int(e.get(k) or 0) for k in ("prompt_tokens", "completion_tokens")
+                               if isinstance(e.get(k), int))
+                    current[step_of] = current.get(step_of, 0) + used
+            elif kind == "step_started":
+                step_of = str(e.get("step_id"))
+                attempts += 1
+                if isinstance(e.get("attempt"), int) and e["attempt"] > 1:
+                    retries += 1
+            elif kind == "step_completed":
+                completed += 1
+                if str(e.get("step_id")) in current:
+                    step_tokens.append(current.pop(str(e.get("step_id"))))
+                if isinstance(e.get("duration_seconds"), int | float):
+                    durations.append(float(e["duration_seconds"]))
+            elif kind == "step_failed":
+                failed += 1
+            elif kind == "verify_failed":
+                verify_failed += 1
+            elif kind == "backoff" and isinstance(e.get("seconds"), int | float):
+                waits["backoff"] = waits.get("backoff", 0.0) + float(e["seconds"])
+            elif kind == "guardrail_triggered" and e.get("action") == "wait" \
+                    and isinstance(e.get("seconds"), int | float):
+                key = WAIT_KINDS.get(str(e.get("limit")), "other")
+                waits[key] = waits.get(key, 0.0) + float(e["seconds"])
+            elif kind == "loop_finished":
+                stops[f"{e.get('status')}: {e.get('reason')}"] += 1
+    per_step = completed or None
+    usage = total.model_dump()
+    waiting = {k: round(waits.get(k, 0.0), 3) for k in ("backoff", "budgets", "hours", "rate_limits", "other")}
+    waiting["total"] = round(sum(waits.values()), 3)
+    return {
+        "since": since.isoformat() if since else None,
+        "workspace": str(ws.root),
+        "loops": loops,
+        "runs": runs,
+        "iterations": iterations,
+        "by_status": dict(sorted(by_status.items())),
+        "steps": {
+            "attempts": attempts, "completed": completed, "failed": failed, "retries": retries,
+            "verify_failed": verify_failed,
+            "success_rate": round(completed / attempts, 4) if attempts else None,
+        },
+        "step_seconds": {
+            "count": len(durations), "p50": percentile(durations, 0.5), "p95": percentile(durations, 0.95),
+            "mean": round(sum(durations) / len(durations), 3) if durations else None,
+            "max": round(max(durations), 3) if durations else None,
+        },
+        "usage": {
+            **usage,
+            "tokens_per_step": round(total.total_tokens / per_step, 1) if per_step else None,
+            "tokens_per_step_p50": percentile([float(t) for t in step_tokens], 0.5),
+            "tokens_per_step_p95": percentile([float(t) for t in step_tokens], 0.95),
+            "cost_per_step_usd": round(total.cost_usd / per_step, 6) if per_step else None,
+        },
+        "waiting_seconds": waiting,
+        "stop_reasons": dict(stops.most_common()),
+    }
+
+
+def _num(x: Any, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.2f}{unit}" if x < 100 else f"{x:.0f}{unit}"
+    return f"{x}{unit}"
+
+
+def render(s: dict[str, Any]) -> str:
+    """The human-readable view: aligned `label  value` lines in sections."""
+    steps, secs, u, w = s["steps"], s["step_seconds"], s["usage"], s["waiting_seconds"]
+    rate = "-" if steps["success_rate"] is None else f"{steps['success_rate']:.0%}"
+    status = ", ".join(f"{k} {v}" for k, v in s["by_status"].items()) or "-"
+    sections: list[tuple[str, list[tuple[str, str]]]] = [
+        ("Loops" + (f" since {s['since']}" if s["since"] else ""), [
+            ("loops", str(s["loops"])), ("runs", str(s["runs"])), ("iterations", str(s["iterations"])),
+            ("by status", status)]),
+        ("Steps", [
+            ("attempts", str(steps["attempts"])), ("completed", str(steps["completed"])),
+            ("failed", str(steps["failed"])), ("retries", str(steps["retries"])),
+            ("verify failed", str(steps["verify_failed"])), ("success rate", rate)]),
+        ("Step duration", [
+            ("p50", timeutil.human_duration(secs["p50"])), ("p95", timeutil.human_duration(secs["p95"])),
+            ("mean", timeutil.human_duration(secs["mean"])), ("max", timeutil.human_duration(secs["max"]))]),
+        ("Usage", [
+            ("tokens", f"{u['total_tokens']} ({u['prompt_tokens']} prompt, {u['completion_tokens']} completion)"),
+            ("API calls", str(u["api_calls"])), ("cost", f"${u['cost_usd']:.4f}"),
+            ("tokens per step", ("-" if u["tokens_per_step"] is None else f"{u['tokens_per_step']:.0f}") + (
+                "" if u["tokens_per_step_p50"] is None else
+                f" (p50 {u['tokens_per_step_p50']:.0f}, p95 {u['tokens_per_step_p95']:.0f})")),
+            ("cost per step", "-" if u["cost_per_step_usd"] is None else f"${u['cost_per_step_usd']:.4f}")]),
+        ("Time spent waiting", [(k.replace("_", " "), timeutil.human_duration(v)) for k, v in w.items()]),
+        ("Stop reasons", [(k, str(v)) for k, v in s["stop_reasons"].items()] or [("-", "")]),
+    ]
+    out: list[str] = []
+    for title, rows in sections:
+        out.append(title)
+        width = max(len(k) for k, _ in rows)
+        out += [f"  {k.ljust(width)}  {v}".rstrip() for k, v in rows]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
