@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -54,9 +56,9 @@ class Workspace:
         for p in (self.root / ".state" / f"autonomous_loop_{task_id}.json",
                   self.root / ".state" / "archive" / f"autonomous_loop_{task_id}.json"):
             if p.exists():
-                # as kiro reads it: the state file with the loop's journal replayed (kiro.journal); the
+                # as kiro reads it: the state file with the loop's journal replayed (kiro.store.journal); the
                 # bare file alone may be up to a second behind a running loop
-                from kiro import journal
+                from kiro.store import journal
 
                 return journal.read_state_dict(p)
         raise AssertionError(f"no state file for {task_id}")
@@ -130,6 +132,18 @@ def shell_task(n: int, *, cmd: str = 'echo "$KIRO_STEP_ID" >> side_effects.log',
     for i in range(1, n + 1):
         lines += [f"- [ ] {i}. Step number {i}", "  ```sh", f"  {cmd}", "  ```"]
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def cli_home() -> Iterator[Path]:
+    """A folder for an agent CLI's HOME and config files, outside the temp directory: codex refuses to
+    make its sandbox helper under it, and its sandboxed commands then fail (`bwrap: execvp
+    codex-linux-sandbox`) wherever bubblewrap is installed. `$KIRO_TEST_HOMES` moves it."""
+    base = Path(os.environ.get("KIRO_TEST_HOMES") or Path.home() / ".cache" / "kiro-test-homes")
+    base.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(dir=base))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ TASK = "Specs/feature/tasks.md"
 
 
 @pytest.fixture(params=sorted(CLIS))
-def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cli]:
-    agent = CLIS[request.param](tmp_path)
+def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[Cli]:
+    agent = CLIS[request.param](cli_home)
     if not agent.installed:
         pytest.skip(agent.skip_reason())
     agent.start()

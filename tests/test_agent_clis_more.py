@@ -25,8 +25,8 @@ TASK = "Specs/feature/tasks.md"
 
 
 @pytest.fixture(params=sorted(MORE_CLIS))
-def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cli]:
-    agent = MORE_CLIS[request.param](tmp_path)
+def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[Cli]:
+    agent = MORE_CLIS[request.param](cli_home)
     if not agent.installed:
         pytest.skip(agent.skip_reason())
     agent.start()
@@ -205,10 +205,10 @@ def test_kiro_agents_lists_installed_cli_version_and_command(ws: Workspace, cli:
     assert Path(row["path"]).name == cli.program
 
 
-def test_aider_outside_a_git_repository_is_refused_saying_how_to_fix_it(ws: Workspace, tmp_path: Path) -> None:
+def test_aider_outside_a_git_repository_is_refused_saying_how_to_fix_it(ws: Workspace, cli_home: Path) -> None:
     """Without a repository aider roots itself at the task file's folder (Specs/feature/), so the
     agent's files would land there; kiro does not start it and says what to do."""
-    cli = MORE_CLIS["aider"](tmp_path)
+    cli = MORE_CLIS["aider"](cli_home)
     if not cli.installed:
         pytest.skip(cli.skip_reason())
     cli.start()
@@ -225,10 +225,10 @@ def test_aider_outside_a_git_repository_is_refused_saying_how_to_fix_it(ws: Work
     assert "- [x]" not in (ws.root / TASK).read_text()
 
 
-def test_aider_retries_a_server_error_itself_and_the_step_still_counts(ws: Workspace, tmp_path: Path) -> None:
+def test_aider_retries_a_server_error_itself_and_the_step_still_counts(ws: Workspace, cli_home: Path) -> None:
     """aider prints an API error and retries it; when a later call answers, the attempt is not a failure
     (aider exits 0 either way, so kiro reads which came last)."""
-    cli = MORE_CLIS["aider"](tmp_path)
+    cli = MORE_CLIS["aider"](cli_home)
     if not cli.installed:
         pytest.skip(cli.skip_reason())
     server = cli.start()
