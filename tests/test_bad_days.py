@@ -522,3 +522,32 @@ def test_a_task_path_that_is_not_utf8_is_one_line_and_leaves_no_state(ws: Worksp
     assert r.stderr.endswith("/Specs/bad\\xff/tasks.md': its path is not valid UTF-8; rename the file or its "
                              "folder\n") and r.stderr.count("\n") == 1, r.stderr
     assert not list((ws.root / ".state").glob("*.json"))
+
+
+def test_a_line_nested_100000_deep_in_an_event_log_is_skipped_by_every_reader(ws: Workspace) -> None:
+    """An agent CLI or a shell step can write Logs/: a JSON line 100,000 brackets deep makes Python's
+    parser raise RecursionError (not ValueError). Every reader skips it and shows the rest."""
+    ws.task(shell_task(2))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "t")
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = ws.root / "Logs" / "t.jsonl"
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write("[" * 100_000 + "]" * 100_000 + "\n")
+        fh.write('{"event": "' + "{" * 50_000 + '"}\n')  # deep-looking text inside a string: a fine record
+    tried = {
+        "logs": ("loop", "logs", "--task-id", "t"),
+        "logs --json": ("loop", "logs", "--task-id", "t", "--json"),
+        "logs --tail": ("loop", "logs", "--task-id", "t", "--tail", "3"),
+        "stats": ("loop", "stats"),
+        "history": ("loop", "history"),
+    }
+    held = []
+    for name, args in tried.items():
+        r = ws.kiro(*args)
+        if r.returncode == 0 and "internal error" not in r.stdout + r.stderr and "Traceback" not in r.stderr:
+            held.append(name)
+        else:
+            print(f"  {name}: exit {r.returncode}: {(r.stdout + r.stderr)[-300:]}")
+    print(f"a hostile line in an event log: {len(held)} of {len(tried)} readers held ({', '.join(held)})")
+    assert len(held) == len(tried)
+    assert '"loop_finished"' in ws.kiro("loop", "logs", "--task-id", "t", "--json").stdout  # the rest is shown

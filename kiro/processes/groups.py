@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from kiro import jsonl
+
 TOKEN_VAR = "KIRO_PROCESS_GROUP"
 LEDGER_TRIM = 64_000  # bytes: an idle ledger past this size is emptied
 PR_SET_DUMPABLE = 4
@@ -259,13 +261,7 @@ class Ledger:
         except (OSError, ValueError):
             return []
         live: dict[int, str] = {}
-        for raw in text.splitlines():
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue  # a torn line
-            if not isinstance(entry, dict):
-                continue
+        for entry in jsonl.records(text.splitlines()):  # a torn line is skipped
             for one in entry.get("groups", []) if isinstance(entry.get("groups"), list) else [entry]:
                 try:
                     if isinstance(one, dict) and "ended" in one:

@@ -30,6 +30,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from kiro import jsonl
 from kiro.errors import KiroError, raise_errors
 from kiro.serve.auth import TokenAuth
 from kiro.serve.control import ControlError, Controller
@@ -224,7 +225,9 @@ class Server:
                 continue
             last = self.index.last
             for seq in range(cursor + 1, last + 1):
-                record = json.loads(self.index.line(seq))
+                record = jsonl.record(self.index.line(seq))
+                if record is None:  # the line changed since it was indexed (a log moved away and rewritten)
+                    continue
                 await send({"type": "loop_event", "id": seq, "task_id": record.get("task_id"), "event": record})
                 if record.get("event") == "state_changed":  # seed 003's state broadcast, for clients that only draw
                     await send({"type": "loop_state_update", "id": seq, "task_id": record.get("task_id"),

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from kiro import jsonl
+
 CACHE_LINES = 20_000
 SAFETY_SCAN_SECONDS = 1.0
 
@@ -144,11 +146,7 @@ class EventIndex:
                 for raw in data[: end + 1].splitlines(keepends=True):
                     line_start, pos = pos, pos + len(raw)
                     body = raw.rstrip(b"\r\n")
-                    try:
-                        record = json.loads(body)
-                    except ValueError:
-                        continue
-                    if isinstance(record, dict):
+                    if jsonl.record(body) is not None:
                         found.append((tid, line_start, pos, body))
                 self._indexed[tid] = start + end + 1
             if not found:

@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from kiro import timeutil
+from kiro import jsonl, timeutil
 from kiro.fs import diskfull, safeio
 from kiro.fs.bounds import EVENT_FIELD_CHARS, clip_fields
 from kiro.store.redact import Redactor
@@ -626,13 +626,7 @@ def read_events(path: Path, *, offset: int = 0) -> Iterator[dict[str, Any]]:
     with fh:
         if offset:
             fh.seek(offset)
-        for raw in fh:
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                yield record
+        yield from jsonl.records(fh)
 
 
 TAIL_BLOCK = 64 * 1024
@@ -657,13 +651,8 @@ def _last_events(fd: int, n: int) -> list[dict[str, Any]]:
         return found
 
     def take(raw: bytes) -> None:
-        if not raw.strip():
-            return
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            return  # a torn or broken line, skipped as read_events skips it
-        if isinstance(record, dict):
+        record = jsonl.record(raw) if raw.strip() else None
+        if record is not None:  # a torn or broken line is skipped, as read_events skips it
             found.append(record)
 
     pos = os.fstat(fd).st_size
@@ -698,15 +687,7 @@ def read_new(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     end = data.rfind(b"\n")
     if end < 0:
         return [], offset
-    out: list[dict[str, Any]] = []
-    for raw in data[: end + 1].splitlines():
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out, offset + end + 1
+    return list(jsonl.records(data[: end + 1].splitlines())), offset + end + 1
 
 
 def read_typed(path: Path, *, offset: int = 0) -> Iterator[Event]:

@@ -51,6 +51,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from kiro import jsonl
+
 JOURNAL_SUFFIX = ".journal"
 SUMMARY_SUFFIX = ".summary"
 SUMMARY_MAGIC = b"kiro-summary 1 "
@@ -204,11 +206,8 @@ def replay(state: dict[str, Any], journal: bytes) -> bool:
     seq = base if isinstance(base, int) else 0
     lines = journal.split(b"\n")
     for line in lines[:-1]:  # what follows the last newline is an unfinished append
-        try:
-            record = json.loads(line)
-        except ValueError:
-            break
-        if not isinstance(record, dict) or not isinstance(record.get("seq"), int):
+        record = jsonl.record(line)
+        if record is None or not isinstance(record.get("seq"), int):
             break
         if record["seq"] <= seq:
             continue  # already in the snapshot

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiro import timeutil
+from kiro import jsonl, timeutil
 from kiro.fs.atomic import fsync_dir
 from kiro.store.workspace import Workspace, check_task_id
 
@@ -101,13 +101,12 @@ class Inbox:
         except FileNotFoundError:
             return []
         out = []
-        for line in text.splitlines():
+        for r in jsonl.records(text.splitlines()):
             try:
-                r = json.loads(line)
                 out.append(Message(str(r["id"]), str(r.get("ts", "")), str(r.get("from", PERSON)),
                                    str(r.get("via", "")), str(r["content"])))
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn last line (a crash mid-write) is skipped
+            except KeyError:
+                continue  # not a message of kiro's
         return out
 
     def delivered(self) -> set[str]:

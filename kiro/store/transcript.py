@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kiro import timeutil
+from kiro import jsonl, timeutil
 from kiro.fs.bounds import TRANSCRIPT_FIELD_CHARS, clip_fields
 from kiro.fs.writer import WriteQueue
 from kiro.store.redact import REDACTED, Redactor, looks_secret
@@ -107,13 +107,5 @@ def read(path: Path) -> list[dict[str, Any]]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return records
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            records.append(value)
+    records.extend(jsonl.records(line for line in text.splitlines() if line.strip()))
     return records

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from kiro import jsonl
 from kiro.errors import RunError, UserError
 from kiro.store.config import Config, TemporalBackend
 from kiro.store.workspace import Workspace
@@ -205,9 +205,8 @@ class LogFollower:
         self.offset += len(data)
         self.buf += data
         *lines, self.buf = self.buf.split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                self.printer(json.loads(line))
+        for record in jsonl.records(lines):
+            self.printer(record)
 
 
 def _after_last_line(path: Path) -> int:
