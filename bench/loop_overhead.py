@@ -177,8 +177,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 def run_tree(args: argparse.Namespace, tree: Path) -> list[dict[str, Any]] | None:
     """`measure` in a fresh process with `tree`'s kiro; None (and a line saying why) if it failed."""
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
-    cmd = [sys.executable, str(HERE), "--json", "--steps", str(args.steps), "--big", str(args.big),
-           "--history", str(args.history), "--repeat", str(args.repeat)]
+    own = tree.resolve() / "bench" / HERE.name  # that tree's copy knows its module names (they moved: One house)
+    cmd = [sys.executable, str(own if own.is_file() else HERE), "--json", "--steps", str(args.steps),
+           "--big", str(args.big), "--history", str(args.history), "--repeat", str(args.repeat)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         print(f"the run with {tree} failed: {r.stderr.strip().splitlines()[-1:]}")

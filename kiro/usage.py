@@ -1,23 +1,28 @@
-"""What model calls cost: one attempt's `StepUsage`. Executors fill it, the guardrails count it,
-the state adds it to the loop's `usage`; a module of its own so that storage (`kiro.store.state`) does
-not import the executors."""
+"""What model calls cost: `Usage`, one tally of tokens, API calls and dollars. An attempt's (an
+executor fills it, the guardrails count it) and a loop's (`LoopState.usage`, which adds up its
+attempts') are the same record; a leaf module, so that storage (`kiro.store.state`) does not import
+the executors."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import BaseModel, ConfigDict
 
 
-@dataclass
-class StepUsage:
+class Usage(BaseModel):
+    # Kept in the state: a newer kiro's extra fields survive a round trip; no NaN or infinity (kiro
+    # never writes one, and one read back poisons every sum). Validators are built on first use.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, defer_build=True)
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     api_calls: int = 0
     cost_usd: float = 0.0
 
-    def add(self, other: StepUsage) -> None:
+    def add(self, other: Usage) -> None:
+        """Add another tally (an attempt's to a loop's, a model call's to an attempt's)."""
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.total_tokens += other.total_tokens
         self.api_calls += other.api_calls
-        self.cost_usd += other.cost_usd
+        self.cost_usd = round(self.cost_usd + other.cost_usd, 8)

@@ -16,7 +16,7 @@ import pytest
 
 from kiro.core.guardrails import LoopGuardrails, RateLimiter, SharedLimits, seconds_until_active
 from kiro.core.runner import prepare_resume, prepare_start, run_loops
-from kiro.executors.base import ExecutorBase, StepContext, StepResult, StepUsage
+from kiro.executors.base import ExecutorBase, StepContext, StepResult, Usage
 from kiro.store.config import Config, Guardrails
 from kiro.store.state import LoopState
 from kiro.store.workspace import Workspace as KiroWorkspace
@@ -34,12 +34,12 @@ class TokenSpender(ExecutorBase):
         self.model_calls = 0
 
     async def run_step(self, ctx: StepContext) -> StepResult:
-        usage = StepUsage()
+        usage = Usage()
         for _ in range(self.calls):
             reason = await ctx.guard.before_model_call()
             if reason:
                 return StepResult("interrupted", usage=usage, stop_reason=reason)
-            one = StepUsage(prompt_tokens=self.tokens // 2, completion_tokens=self.tokens - self.tokens // 2,
+            one = Usage(prompt_tokens=self.tokens // 2, completion_tokens=self.tokens - self.tokens // 2,
                             total_tokens=self.tokens, api_calls=1, cost_usd=self.cost)
             self.model_calls += 1
             usage.add(one)
@@ -250,9 +250,9 @@ def test_token_window_is_sliding_and_lives_in_the_state() -> None:
     st = LoopState(task_id="t", task_path="x")
     clock = [1000.0]
     g = LoopGuardrails(cfg, st, SharedLimits(cfg), clock=lambda: clock[0])
-    g.record_model_call(StepUsage(total_tokens=60))
+    g.record_model_call(Usage(total_tokens=60))
     clock[0] += 1800
-    g.record_model_call(StepUsage(total_tokens=60))
+    g.record_model_call(Usage(total_tokens=60))
     t = g.wait_needed()
     assert t is not None and t.figure == 120 and t.seconds == pytest.approx(1800)
     again = LoopGuardrails(cfg, LoopState.model_validate_json(st.model_dump_json()), SharedLimits(cfg),

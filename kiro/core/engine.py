@@ -56,7 +56,7 @@ from kiro.store.state import (
     first_line,
 )
 from kiro.store.workspace import Workspace, locate_task
-from kiro.usage import StepUsage
+from kiro.usage import Usage
 
 if TYPE_CHECKING:
     import random
@@ -140,7 +140,7 @@ class _LoopGuard(Guard):
             return stop.reason
         return None
 
-    def after_model_call(self, usage: StepUsage) -> None:
+    def after_model_call(self, usage: Usage) -> None:
         self.loop.guardrails.record_model_call(usage)
 
     def after_tool_call(self, name: str, arguments: Mapping[str, Any], error: str | None) -> None:
@@ -762,7 +762,7 @@ class Loop:
             passed, verify_output = await self._verify(verify_cmd, ctx)
             if not passed:
                 self.emit(ev.VerifyFailed(step_id=step.id, command=verify_cmd, output=tail(verify_output, 1000)))
-                result = StepResult("failed", summary=result.summary, usage=StepUsage(),
+                result = StepResult("failed", summary=result.summary, usage=Usage(),
                                     error=f"verify `{verify_cmd}` failed:\n{tail(verify_output, 2000)}")
 
         if result.ok:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from kiro.store.config import Config
 from kiro.store.state import LoopState
-from kiro.usage import StepUsage
+from kiro.usage import Usage
 
 SIDE_EFFECT_TOOLS = frozenset({"write_file", "edit_file", "run_command", "add_steps", "memory_save"})
 WINDOW_SECONDS = 3600.0
@@ -193,7 +193,7 @@ class LoopGuardrails:
         self.clock = clock
         self.local_now = local_now
         self.last_activity = time.monotonic()
-        self.pending = StepUsage()  # usage of the attempt under way, not yet in the state
+        self.pending = Usage()  # usage of the attempt under way, not yet in the state
         self._call_fp: str | None = None
         self._call_streak = 0
         self._rested_while_stopped()
@@ -245,7 +245,7 @@ class LoopGuardrails:
     def activity(self) -> None:
         self.last_activity = time.monotonic()
 
-    def record_model_call(self, usage: StepUsage) -> None:
+    def record_model_call(self, usage: Usage) -> None:
         if self.shared.api is not None:
             self.shared.api.record()
         self.pending.add(usage)
@@ -253,7 +253,7 @@ class LoopGuardrails:
         if usage.total_tokens:
             self._book["token_window"].append([round(self.clock(), 3), int(usage.total_tokens)])
 
-    def record_side_call(self, usage: StepUsage) -> None:
+    def record_side_call(self, usage: Usage) -> None:
         """A model call that is not an agent turn (the pre-check gate): it counts against the rate
         limit and the token budget, not against max_consecutive_turns."""
         if self.shared.api is not None:
@@ -263,7 +263,7 @@ class LoopGuardrails:
 
     def attempt_done(self) -> None:
         """The attempt's usage has been added to the state."""
-        self.pending = StepUsage()
+        self.pending = Usage()
 
     def record_tool_call(self, name: str, arguments: Mapping[str, Any]) -> None:
         if name == "sleep":

@@ -35,7 +35,7 @@ from kiro.fs.ownwrites import TEMP_SUFFIX
 from kiro.status import Status
 from kiro.store import events as ev
 from kiro.store.messages import Inbox
-from kiro.usage import StepUsage
+from kiro.usage import Usage
 
 if TYPE_CHECKING:
     from kiro.core.conditions import Stop
@@ -100,7 +100,7 @@ class Decision:
     failed: bool = False  # the call failed or gave no answer: passed by failing open
     stopped: bool = False  # a stop condition ended the wait for the answer: the caller stops, no event
     changes: str = ""
-    usage: StepUsage = field(default_factory=StepUsage)
+    usage: Usage = field(default_factory=Usage)
 
 
 # -- the baseline ----------------------------------------------------------------------------
@@ -289,7 +289,7 @@ async def ask(loop: LoopHandle, digest: str) -> Decision:
     finally:
         watch.cancel()
         await shared.close()
-    usage = StepUsage(api_calls=1)
+    usage = Usage(api_calls=1)
     counted = usage_of(response)
     if counted is not None:
         usage.prompt_tokens, usage.completion_tokens, total = counted

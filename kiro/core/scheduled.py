@@ -25,7 +25,7 @@ from kiro.status import Status
 from kiro.store import events as ev
 from kiro.store import tasks
 from kiro.store.state import ScheduleInfo, first_line
-from kiro.usage import StepUsage
+from kiro.usage import Usage
 from kiro.views import reports
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ class ScheduleRunner:
                 prompt = SUMMARY_PROMPT.format(run=run, title=task.title, schedule=self.sched.describe(),
                                                steps=steps_text)
                 reply, usage, error = await ask(SUMMARY_SYSTEM, prompt, iteration=loop.state.iteration)
-                if isinstance(usage, StepUsage) and usage.api_calls:
+                if isinstance(usage, Usage) and usage.api_calls:
                     loop.state.usage.add(usage)
                     loop.guardrails.record_model_call(usage)
                 if reply and reply.strip():

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kiro.store.redact import Redactor
-from kiro.usage import StepUsage
+from kiro.usage import Usage
 
 if TYPE_CHECKING:
     from kiro.store.config import Config
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kiro.store.tasks import Step, TaskFile
     from kiro.store.workspace import Workspace
 
-__all__ = ["Executor", "Guard", "Outcome", "StepContext", "StepResult", "StepUsage"]
+__all__ = ["Executor", "Guard", "Outcome", "StepContext", "StepResult", "Usage"]
 
 Outcome = Literal["completed", "failed", "request_human", "interrupted"]
 
@@ -37,7 +37,7 @@ class StepResult:
     summary: str = ""  # what was done (complete_step's summary, or the output's tail); -> context.last_response
     error: str | None = None  # why the attempt failed, for the next attempt's prompt and the state
     question: str | None = None  # request_human's question
-    usage: StepUsage = field(default_factory=StepUsage)
+    usage: Usage = field(default_factory=Usage)
     checked_by_executor: bool = False  # the external agent checked the step's box itself
     stop_reason: str | None = None  # for "interrupted": which stop condition cut the attempt short
     checkpoint: Any = None  # a checkpoints.Result made elsewhere (temporal backend: the worker's pushed commit)
@@ -75,7 +75,7 @@ class Guard:
         await asyncio.sleep(seconds)
         return None
 
-    def after_model_call(self, usage: StepUsage) -> None:
+    def after_model_call(self, usage: Usage) -> None:
         return None
 
     def after_tool_call(self, name: str, arguments: Mapping[str, Any], error: str | None) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from kiro.errors import ExecutorError, KiroError
 from kiro.executors import agents, prompts
 from kiro.executors.agents import Failure, Invocation, clean
-from kiro.executors.base import ExecutorBase, StepContext, StepResult, StepUsage
+from kiro.executors.base import ExecutorBase, StepContext, StepResult, Usage
 from kiro.executors.control import UNCHECKED_NAMED, ControlSnapshot
 from kiro.executors.shell import step_env
 from kiro.fs.atomic import atomic_write
@@ -113,7 +113,7 @@ class CommandExecutor(ExecutorBase):
         except PermissionError:
             raise ExecutorError(f"agent program {self.argv[0]!r} is not executable") from None
         touched = snapshot.restore(ctx.step.line, ctx.step.box_offset)
-        usage = self.preset.parse_usage(result.output) or StepUsage()
+        usage = self.preset.parse_usage(result.output) or Usage()
         if usage.total_tokens or usage.cost_usd:
             ctx.guard.after_model_call(usage)  # into the token window that token_budget_per_hour reads
         failure = watch.failure if result.aborted else None

@@ -54,7 +54,7 @@ from kiro.store.events import ContextWrapped, Event, ModelCalled, ToolCalled
 from kiro.store.memory import MemoryStore
 from kiro.store.redact import Redactor
 from kiro.store.transcript import Transcript
-from kiro.usage import StepUsage
+from kiro.usage import Usage
 
 if TYPE_CHECKING:
     from kiro.store.config import Config, LLMSettings
@@ -297,7 +297,7 @@ class OpenAIExecutor(ExecutorBase):
             body["tools"] = tools
         return await self.shared.chat(body)
 
-    async def summarize(self, system: str, prompt: str, *, iteration: int) -> tuple[str | None, StepUsage, str | None]:
+    async def summarize(self, system: str, prompt: str, *, iteration: int) -> tuple[str | None, Usage, str | None]:
         """One model call without tools: a scheduled run's forced summary (SPEC §11, kiro.core.scheduled).
         Returns the reply's text, the call's usage, and what went wrong when it failed."""
         llm = self.config.llm
@@ -310,11 +310,12 @@ class OpenAIExecutor(ExecutorBase):
             response = await self.create(messages)
         except (openai.OpenAIError, ValueError) as exc:
             self.transcript.write("run_summary_response", iteration=iteration, attempt=0, error=str(exc))
-            return None, StepUsage(), f"{type(exc).__name__}: {exc}"
+            return None, Usage(), f"{type(exc).__name__}: {exc}"
         prompt_t, completion_t, total_t = usage_of(response) or (0, 0, 0)
         price = llm.prices.get(llm.model) or llm.prices.get(_str(response.get("model")))
         cost = (prompt_t * price.input_per_1m + completion_t * price.output_per_1m) / 1_000_000 if price else 0.0
-        usage = StepUsage(prompt_t, completion_t, total_t or prompt_t + completion_t, 1, cost)
+        usage = Usage(prompt_tokens=prompt_t, completion_tokens=completion_t,
+                           total_tokens=total_t or prompt_t + completion_t, api_calls=1, cost_usd=cost)
         text = self.redact(_str(message_of(response).get("content")))
         self.transcript.write("run_summary_response", iteration=iteration, attempt=0, content=text,
                               usage=vars(usage))
@@ -390,7 +391,7 @@ class _Attempt:
         self.ex = executor
         self.ctx = ctx
         self.llm: LLMSettings = ctx.config.llm
-        self.usage = StepUsage()
+        self.usage = Usage()
         self.tools, self.schemas = executor.tools_for(ctx.config)
         self.env = ToolEnv(
             ctx=ctx,
@@ -546,7 +547,7 @@ class _Attempt:
                               tool_calls=[c.name for c in calls]))
         return response
 
-    def count(self, response: Completion) -> StepUsage:
+    def count(self, response: Completion) -> Usage:
         """Add this response's usage to the attempt's, price it, tell the guard."""
         u = usage_of(response)
         prompt, completion, total = u or (0, 0, 0)
@@ -555,7 +556,8 @@ class _Attempt:
         cost = 0.0
         if price is not None:
             cost = (prompt * price.input_per_1m + completion * price.output_per_1m) / 1_000_000
-        usage = StepUsage(prompt, completion, total, 1, cost)
+        usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, api_calls=1,
+                           cost_usd=cost)
         self.usage.add(usage)
         self.ctx.guard.after_model_call(usage)
         if u is not None and (prompt or completion):

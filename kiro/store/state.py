@@ -33,7 +33,7 @@ from kiro.status import RECORDED, Status
 from kiro.store import journal
 from kiro.store.redact import Redactor
 from kiro.store.workspace import TASK_ID_RE, Workspace
-from kiro.usage import StepUsage
+from kiro.usage import Usage
 
 if TYPE_CHECKING:
     import asyncio  # a live journal's timer; imported where it runs (read commands do without it)
@@ -143,22 +143,6 @@ class Metrics(_Model):
     total_duration_seconds: float = 0.0
     average_step_duration: float = 0.0
     success_rate: float = 0.0
-
-
-class Usage(_Model):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    api_calls: int = 0
-    cost_usd: float = 0.0
-
-    def add(self, other: Usage | StepUsage) -> None:
-        """Add another tally: a state's, or an executor's StepUsage for one attempt."""
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.total_tokens += other.total_tokens
-        self.api_calls += other.api_calls
-        self.cost_usd = round(self.cost_usd + other.cost_usd, 8)
 
 
 class StepRecord(_Model):

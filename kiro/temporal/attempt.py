@@ -35,7 +35,7 @@ from kiro.store.config import Config
 from kiro.store.redact import Redactor
 from kiro.store.state import LoopState
 from kiro.store.workspace import Workspace
-from kiro.usage import StepUsage
+from kiro.usage import Usage
 
 
 @dataclass
@@ -139,10 +139,10 @@ class Attempts:
             beat.cancel()
 
     def _result(self, inp: dict[str, Any], outcome: str, *, summary: str = "", error: str | None = None,
-                question: str | None = None, usage: StepUsage | None = None, stop_reason: str | None = None,
+                question: str | None = None, usage: Usage | None = None, stop_reason: str | None = None,
                 checked: bool = False, commit: str | None = None, recovered: bool = False,
                 events: list[dict[str, Any]] | None = None, attempt: int | None = None) -> dict[str, Any]:
-        u = usage or StepUsage()
+        u = usage or Usage()
         return {"outcome": outcome, "summary": summary, "error": error, "question": question,
                 "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
                           "total_tokens": u.total_tokens, "api_calls": u.api_calls, "cost_usd": u.cost_usd},

@@ -30,7 +30,7 @@ from kiro.store.config import Config
 from kiro.store.state import GitInfo, LoopState
 from kiro.store.tasks import Step, TaskFile
 from kiro.store.workspace import Workspace
-from kiro.usage import StepUsage
+from kiro.usage import Usage
 
 
 class RemoteExecutor:
@@ -115,7 +115,7 @@ class RemoteExecutor:
             checkpoint = checkpoints.Result(commit=commit)
         usage = res.get("usage") or {}
         return StepResult(res.get("outcome", "failed"), summary=res.get("summary") or "", error=res.get("error"),
-                          question=res.get("question"), usage=StepUsage(**usage),
+                          question=res.get("question"), usage=Usage(**usage),
                           checked_by_executor=bool(res.get("checked_by_executor")),
                           stop_reason=res.get("stop_reason"), checkpoint=checkpoint)
 

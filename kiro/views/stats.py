@@ -24,7 +24,8 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import UserError
 from kiro.store.events import read_events
-from kiro.store.state import StateStore, Usage, effective_status
+from kiro.store.state import StateStore, effective_status
+from kiro.usage import Usage
 
 WAIT_KINDS = {
     "token_budget_per_hour": "budgets",

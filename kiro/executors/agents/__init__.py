@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from kiro.errors import ExecutorError
-from kiro.executors.base import StepUsage
+from kiro.executors.base import Usage
 
 if TYPE_CHECKING:
     from kiro.store.config import Config
@@ -188,7 +188,7 @@ class Preset:
 
     # -- what came out ---------------------------------------------------------------------
 
-    def parse_usage(self, stdout: str) -> StepUsage | None:
+    def parse_usage(self, stdout: str) -> Usage | None:
         """Tokens and cost from the CLI's machine-readable output; None when it reported none."""
         return None
 

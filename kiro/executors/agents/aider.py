@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from kiro.errors import ExecutorError
 from kiro.executors.agents import Failure, FailureKind, Invocation, Preset, clean, last_line, tail
-from kiro.executors.base import StepUsage
+from kiro.executors.base import Usage
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -107,8 +107,8 @@ class AiderPreset(Preset):
                 return arg.split("=", 1)[1]
         return os.environ.get("AIDER_MODEL")
 
-    def parse_usage(self, stdout: str) -> StepUsage | None:
-        total = StepUsage()
+    def parse_usage(self, stdout: str) -> Usage | None:
+        total = Usage()
         found = priced = False
         for line in clean(stdout).splitlines():
             m = _TOKENS.match(line.strip())
@@ -126,7 +126,7 @@ class AiderPreset(Preset):
             if m["msg"] is not None:
                 priced = True
                 cost = float(m["msg"])
-            total.add(StepUsage(prompt_tokens=sent, completion_tokens=received, total_tokens=sent + received,
+            total.add(Usage(prompt_tokens=sent, completion_tokens=received, total_tokens=sent + received,
                                 api_calls=1, cost_usd=cost))
         if not found:
             return None

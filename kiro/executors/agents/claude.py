@@ -26,7 +26,7 @@ from kiro.executors.agents import (
     last_line,
     tail,
 )
-from kiro.executors.base import StepUsage
+from kiro.executors.base import Usage
 
 FILE_TOOLS = ("Read", "Edit", "MultiEdit", "Write", "Glob", "Grep", "LS")
 
@@ -64,7 +64,7 @@ class ClaudePreset(Preset):
     def _result(stdout: str) -> dict[str, Any] | None:
         return last_event(stdout, "result")
 
-    def parse_usage(self, stdout: str) -> StepUsage | None:
+    def parse_usage(self, stdout: str) -> Usage | None:
         result = self._result(stdout)
         if result is None:
             return None
@@ -79,7 +79,7 @@ class ClaudePreset(Preset):
         completion = n("output_tokens")
         cost = result.get("total_cost_usd")
         turns = result.get("num_turns")
-        return StepUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                          api_calls=int(turns) if isinstance(turns, int) else 0,
                          cost_usd=float(cost) if isinstance(cost, int | float) else 0.0)
 

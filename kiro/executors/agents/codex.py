@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
-from kiro.executors.base import StepUsage
+from kiro.executors.base import Usage
 
 if TYPE_CHECKING:
     from kiro.store.config import Config
@@ -69,9 +69,9 @@ class CodexPreset(Preset):
         model = data.get("model")
         return str(model) if isinstance(model, str) else None
 
-    def parse_usage(self, stdout: str) -> StepUsage | None:
+    def parse_usage(self, stdout: str) -> Usage | None:
         found = False
-        total = StepUsage()
+        total = Usage()
         for event in json_lines(stdout):
             if event.get("type") != "turn.completed" or not isinstance(event.get("usage"), dict):
                 continue
@@ -79,7 +79,7 @@ class CodexPreset(Preset):
             usage: dict[str, Any] = event["usage"]
             prompt = int(usage.get("input_tokens") or 0)
             completion = int(usage.get("output_tokens") or 0)
-            total.add(StepUsage(prompt_tokens=prompt, completion_tokens=completion,
+            total.add(Usage(prompt_tokens=prompt, completion_tokens=completion,
                                 total_tokens=prompt + completion, api_calls=1))
         if not found:
             return None

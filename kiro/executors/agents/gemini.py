@@ -33,7 +33,7 @@ from kiro.executors.agents import (
     last_line,
     tail,
 )
-from kiro.executors.base import StepUsage
+from kiro.executors.base import Usage
 
 _UNKNOWN = re.compile(r"^(Unknown arguments?|Not enough arguments|Invalid values|Missing required argument)\b.*",
                       re.M)
@@ -59,13 +59,13 @@ class GeminiPreset(Preset):
     def _result(stdout: str) -> dict[str, Any] | None:
         return last_event(stdout, "result")
 
-    def parse_usage(self, stdout: str) -> StepUsage | None:
+    def parse_usage(self, stdout: str) -> Usage | None:
         result = self._result(stdout)
         stats = result.get("stats") if result else None
         if not isinstance(stats, dict):
             return None
         models = stats.get("models") if isinstance(stats.get("models"), dict) else {}
-        total = StepUsage()
+        total = Usage()
         rows = [(name, row) for name, row in models.items() if isinstance(row, dict)] if models else [(None, stats)]
         for name, row in rows:
             prompt = int(row.get("input_tokens") or 0)
@@ -75,7 +75,7 @@ class GeminiPreset(Preset):
             price = self.config.llm.prices.get(name) if name else None
             if price is not None:
                 cost = (prompt * price.input_per_1m + completion * price.output_per_1m) / 1_000_000
-            total.add(StepUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=tokens,
+            total.add(Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=tokens,
                                 api_calls=0, cost_usd=cost))
         total.api_calls = self._model_calls(stdout)
         return total

@@ -29,7 +29,7 @@ from kiro.executors.agents import (
     last_line,
     tail,
 )
-from kiro.executors.base import StepUsage
+from kiro.executors.base import Usage
 
 _AUTH = re.compile(r"\b401\b|\b403\b|api key|unauthori[sz]ed|authentication|not authenticated|credentials", re.I)
 _RATE = re.compile(r"\b429\b|rate[ _-]?limit|too many requests|quota|overloaded", re.I)
@@ -50,8 +50,8 @@ class OpencodePreset(Preset):
     def env(self, inv: Invocation) -> dict[str, str]:
         return {"NO_COLOR": "1", "OPENCODE_DISABLE_AUTOUPDATE": "true"}
 
-    def parse_usage(self, stdout: str) -> StepUsage | None:
-        total = StepUsage()
+    def parse_usage(self, stdout: str) -> Usage | None:
+        total = Usage()
         found = priced = False
         model = None
         for event in json_lines(stdout):
@@ -67,7 +67,7 @@ class OpencodePreset(Preset):
             completion = int(tokens.get("output") or 0) + int(tokens.get("reasoning") or 0)
             cost = float(part.get("cost") or 0.0)
             priced = priced or cost > 0
-            total.add(StepUsage(prompt_tokens=prompt, completion_tokens=completion,
+            total.add(Usage(prompt_tokens=prompt, completion_tokens=completion,
                                 total_tokens=int(tokens.get("total") or prompt + completion), api_calls=1,
                                 cost_usd=cost))
             model = model or part.get("modelID")
