@@ -22,7 +22,7 @@ import pytest
 from kiro.core import schedule
 from kiro.errors import UserError
 from kiro.store.config import ActiveHours
-from tests.conftest import Workspace, shell_task
+from tests.conftest import Workspace, openai_config, shell_task
 from tests.fake_openai import FakeOpenAI
 
 TWO_STEPS = """\
@@ -189,17 +189,11 @@ class Agent:
                                                                                       f"{self.summaries + 1}"}}]}
 
 
-def _openai_config(ws: Workspace, fake: FakeOpenAI, extra: str = "") -> None:
-    ws.write("config/autonomous_loop.yaml",
-             f"executor: openai\nllm:\n  base_url: {fake.base_url}\n  model: fake-model\n  max_retries: 0\n"
-             f"autonomous_loop:\n  backoff_base_seconds: 0.01\n{extra}")
-
-
 def test_every_2s_under_watch_runs_three_times_with_recall_and_ends_in_done(ws: Workspace) -> None:
     with FakeOpenAI() as fake:
         agent = Agent(ws, done_after=3)
         fake.responder = agent
-        _openai_config(ws, fake)
+        openai_config(ws, fake)
         proc = ws.spawn("loop", "watch")
         try:
             ws.task(TWO_STEPS, "Specs/nightly/tasks.md")
@@ -261,7 +255,7 @@ def test_stateful_false_carries_nothing_forward(ws: Workspace) -> None:
     with FakeOpenAI() as fake:
         agent = Agent(ws, done_after=99)
         fake.responder = agent
-        _openai_config(ws, fake)
+        openai_config(ws, fake)
         ws.task(TWO_STEPS.replace("schedule: {every: 2s}", "schedule: {every: 1s}\nstateful: false"),
                 "Specs/nightly/tasks.md")
         proc = ws.spawn("loop", "start", "--task", "Specs/nightly/tasks.md", "--task-id", "nostate")
@@ -455,7 +449,7 @@ def test_a_run_killed_mid_step_resumes_without_rerunning_and_recalls_again(ws: W
     with FakeOpenAI() as fake:
         agent = SlowAgent(ws, done_after=2)
         fake.responder = agent
-        _openai_config(ws, fake)
+        openai_config(ws, fake)
         ws.task(TWO_STEPS.replace("{every: 2s}", "{every: 1s}"), "Specs/nightly/tasks.md")
         proc = ws.spawn("loop", "start", "--task", "Specs/nightly/tasks.md", "--task-id", "kill")
         try:
@@ -495,7 +489,7 @@ def test_a_secret_in_the_title_reaches_neither_the_run_summary_prompt_nor_its_me
             return agent(body)
 
         fake.responder = record
-        _openai_config(ws, fake)
+        openai_config(ws, fake)
         ws.task(TWO_STEPS.replace("title: Nightly inbox check", f"title: Nightly check with {secret}"),
                 "Specs/nightly/tasks.md")
         proc = ws.spawn("loop", "start", "--task", "Specs/nightly/tasks.md", "--task-id", "keyed",
