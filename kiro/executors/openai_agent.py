@@ -37,7 +37,7 @@ import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
@@ -209,7 +209,11 @@ class SharedClient:
         retries and errors, without the typed helper's walk over every message and tool schema and
         the models built from the reply on each call (about 1 ms of CPU per call, which adds up with
         many loops in one process)."""
-        return _completion(await self.client.post("/chat/completions", body=body, cast_to=object))
+        try:
+            data = await self.client.post("/chat/completions", body=body, cast_to=object)
+        except RecursionError as exc:  # json.loads on a body nested deeper than Python's parser goes
+            raise ValueError("its JSON is nested too deeply to read") from exc
+        return _completion(data)
 
     async def close(self) -> None:
         if self.closed:
@@ -345,30 +349,42 @@ def _retries(exc: openai.OpenAIError) -> str:
     return f"{n} {'retry' if n == 1 else 'retries'}"
 
 
-def _server_wait(exc: openai.OpenAIError) -> float | None:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """The wait a reply asks for, in seconds: `retry-after-ms`, else `Retry-After` as seconds or as
+    an HTTP date; None when absent or unreadable. Not a number (NaN) is unreadable; a value too large
+    for a float, "inf" or a date beyond what the platform can represent is infinite (the caller caps it)."""
+    ms = headers.get("retry-after-ms")
+    with contextlib.suppress(ValueError):
+        if ms is not None and not math.isnan(float(ms)):
+            return float(ms) / 1000
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        except OverflowError:
+            return math.inf
+        return (when - datetime.now(when.tzinfo or UTC)).total_seconds()
+    return None if math.isnan(seconds) else seconds
+
+
+def _server_wait(exc: openai.OpenAIError, limit: float) -> float | None:
     """Seconds a rate-limited or overloaded endpoint asks us to wait when that is longer than the
-    openai client waits on its own (it then gives up at once); None otherwise."""
+    openai client waits on its own (it then gives up at once), at most `limit`
+    (`llm.max_retry_after_seconds`); None otherwise."""
     if not isinstance(exc, openai.APIStatusError) or exc.status_code not in (429, 503):
         return None
     if exc.code == "insufficient_quota" or "insufficient_quota" in str(getattr(exc, "message", "")):
         return None  # waiting will not help: ExecutorError in failure()
-    headers = exc.response.headers
-    seconds: float | None = None
-    with contextlib.suppress(ValueError, TypeError):
-        ms = headers.get("retry-after-ms")
-        if ms is not None:
-            seconds = float(ms) / 1000
-    raw = headers.get("retry-after")
-    if seconds is None and raw is not None:
-        try:
-            seconds = float(raw)
-        except ValueError:
-            with contextlib.suppress(TypeError, ValueError, IndexError):
-                when = email.utils.parsedate_to_datetime(raw)
-                seconds = (when - datetime.now(when.tzinfo)).total_seconds()
-    if seconds is None or not math.isfinite(seconds) or seconds <= CLIENT_RETRY_AFTER_LIMIT:
+    seconds = _retry_after(exc.response.headers)
+    if seconds is None or seconds <= CLIENT_RETRY_AFTER_LIMIT:
         return None
-    return seconds
+    return min(seconds, limit)
 
 
 def _memory_source(ctx: StepContext) -> str:
@@ -523,7 +539,7 @@ class _Attempt:
             except ValueError as exc:  # a 200 whose body is not JSON (a proxy's page, an empty or cut body)
                 return self.failure(exc, time.monotonic() - started)
             except openai.OpenAIError as exc:
-                wait = _server_wait(exc)
+                wait = _server_wait(exc, self.llm.max_retry_after_seconds)
                 if wait is None or not isinstance(exc, openai.APIStatusError):
                     return self.failure(exc, time.monotonic() - started)
                 reason = await self.wait_for_server(exc, wait)
@@ -595,8 +611,13 @@ class _Attempt:
         detail = self.ex.redact(_clip(getattr(exc, "message", None) or str(exc), 200))
         self.record("response", turn=self.turns + 1, error=f"{type(exc).__name__}: {detail}",
                     retry_after_seconds=seconds)
-        message = (f"{self.ex.endpoint} asks to wait {seconds:.0f} s (HTTP {exc.status_code} with Retry-After); "
-                   f"sleeping until then")
+        asked = _retry_after(exc.response.headers)
+        if asked is not None and asked > seconds:
+            message = (f"{self.ex.endpoint} asks to wait {asked:.3g} s (HTTP {exc.status_code} with Retry-After); "
+                       f"sleeping {seconds:.0f} s, the most llm.max_retry_after_seconds allows, then trying again")
+        else:
+            message = (f"{self.ex.endpoint} asks to wait {seconds:.0f} s (HTTP {exc.status_code} with "
+                       f"Retry-After); sleeping until then")
         began = time.monotonic()
         deadline = self.timer.when() if self.timer is not None else None
         if self.timer is not None and deadline is not None:  # the step timeout stands still meanwhile
@@ -637,7 +658,7 @@ class _Attempt:
                 raise ExecutorError(f"{where} says the quota of the key in {self.ex.api_key_env} is used up "
                                     f"(HTTP 429 insufficient_quota): check the plan and billing; {detail}")
             after = exc.response.headers.get("retry-after")
-            wait = f" (Retry-After: {after} s)" if after else ""
+            wait = f" (Retry-After: {_clip(after, 40)})" if after else ""
             error = (f"rate limited by {where}: HTTP 429 after {_retries(exc)}{wait}; "
                      f"the endpoint said: {detail}")
         elif isinstance(exc, openai.APITimeoutError):
