@@ -143,7 +143,8 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         "report_path": s["report_path"],
         **_schedule_fields(s),
         **sleep,
-        "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook),
+        "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook,
+                      stop_reason=s.get("stop_reason")),
     }
 
 
