@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import Workspace
 from tests.fake_openai import FakeOpenAI, call
+from tests.test_openai_executor import harness, run
 
 TASK = """\
 ---
@@ -62,6 +64,8 @@ FAULTS = [
     # hostile replies (issue "Hold against the attacks that still work", item 13)
     Fault("JSON nested 100000 deep (200)", lambda f: f.raw(200, NESTED), True),
     Fault("HTTP 401, JSON nested 100000 deep", lambda f: f.raw(401, NESTED), False, "401"),
+    Fault("80 MiB reply body, announced", lambda f: f.reply("x" * (80 << 20)), True),
+    Fault("80 MiB reply body, unannounced", lambda f: f.fault("unbounded"), True),
     Fault("HTTP 429 Retry-After: nan", lambda f: f.error(429, "later", retry_after="nan"), True),
     Fault("HTTP 429 Retry-After: -5", lambda f: f.error(429, "later", retry_after="-5"), True),
     Fault("HTTP 429 Retry-After: a date in 1900", lambda f: f.error(429, "later", retry_after=PAST), True),
@@ -166,3 +170,19 @@ def test_a_long_retry_after_is_a_capped_wait_a_stop_hook_ends(ws: Workspace, ask
     assert "internal error" not in out and "Traceback" not in out, out
     st = ws.state("ra")
     assert st["status"] == "paused" and st["consecutive_failures"] == 0 and not st["failed_steps"]
+
+
+@pytest.mark.parametrize("how", ["announced", "unannounced"])
+def test_a_reply_past_64_mib_is_a_failed_attempt_not_read_into_memory(tmp_path: Path, fake: FakeOpenAI,
+                                                                     how: str) -> None:
+    """The openai client reads a whole reply with no limit (and httpx has none); kiro's response hook
+    ends the read past 64 MiB, announced by Content-Length or as the bytes arrive, without a retry."""
+    h = harness(tmp_path, fake)
+    if how == "announced":
+        fake.reply("x" * (80 << 20))
+    else:
+        fake.fault("unbounded")
+    result = run(h)
+    assert result.outcome == "failed"
+    assert result.error is not None and "larger than kiro reads (64 MiB)" in result.error, result.error
+    assert len(fake.chat_requests) == 1  # not retried

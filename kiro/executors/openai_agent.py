@@ -35,12 +35,13 @@ import math
 import os
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
+import httpx2  # the openai client's HTTP library
 import openai
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
@@ -164,14 +165,48 @@ try:
 except ImportError:  # pragma: no cover - older clients waited up to 60 s
     CLIENT_RETRY_AFTER_LIMIT = 60
 LOOPS_PER_CLIENT = 8
+MAX_REPLY_BYTES = 64 * 1024 * 1024  # a reply body longer than this is refused, not read into memory
+
+
+class ReplyTooLarge(openai.APIConnectionError):
+    """A reply body past MAX_REPLY_BYTES (announced or as it arrives). An OpenAIError, so the client
+    passes it on as it is, without retrying the request."""
+
+
+class _BoundedBody(httpx2.AsyncByteStream):
+    """A reply body read through a counter that ends the read past MAX_REPLY_BYTES (bytes as they
+    arrive, before any content decoding)."""
+
+    def __init__(self, stream: httpx2.AsyncByteStream, request: httpx2.Request) -> None:
+        self.stream = stream
+        self.request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self.stream:
+            seen += len(chunk)
+            if seen > MAX_REPLY_BYTES:
+                raise ReplyTooLarge(message=f"the reply went on past {MAX_REPLY_BYTES} bytes", request=self.request)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def _bound_reply(response: httpx2.Response) -> None:
+    """The HTTP client's response hook (httpx has no limit of its own on a body): a reply that
+    announces more than MAX_REPLY_BYTES is refused at once, any other is read through `_BoundedBody`."""
+    announced = response.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > MAX_REPLY_BYTES:
+        raise ReplyTooLarge(message=f"the reply announces {int(announced)} bytes", request=response.request)
+    if isinstance(response.stream, httpx2.AsyncByteStream):  # always, on an async client
+        response.stream = _BoundedBody(response.stream, response.request)
 
 
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """The TLS context the openai client builds for itself (the system's CAs, SSL_CERT_FILE and
     SSL_CERT_DIR honoured), built once for every client of the process: it costs ~20 ms a client."""
-    import httpx2  # the openai client's HTTP library
-
     return httpx2.create_ssl_context()
 
 
@@ -191,7 +226,7 @@ class SharedClient:
         entries = self._open.setdefault(self.key, [])
         entry = next((e for e in entries if e[1] < LOOPS_PER_CLIENT), None)
         if entry is None:
-            http = openai.DefaultAsyncHttpxClient(verify=_tls_context())
+            http = openai.DefaultAsyncHttpxClient(verify=_tls_context(), event_hooks={"response": [_bound_reply]})
             client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=llm.max_retries,
                                         timeout=llm.request_timeout_seconds, http_client=http)
             entry = [client, 0]
@@ -664,6 +699,9 @@ class _Attempt:
         elif isinstance(exc, openai.APITimeoutError):
             error = (f"the model request to {where} timed out after {llm.request_timeout_seconds:g} s "
                      f"(llm.request_timeout_seconds) and {_retries(exc)}")
+        elif isinstance(exc, ReplyTooLarge):
+            error = (f"{where} sent a reply larger than kiro reads ({MAX_REPLY_BYTES // 2**20} MiB): "
+                     f"{exc.message}")
         elif isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
             why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
