@@ -35,6 +35,7 @@ the way the executor does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import socket
@@ -188,9 +189,10 @@ class FakeOpenAI:
         self._push(Item(status=status, raw_body=body, headers=dict(headers or {})))
 
     def fault(self, kind: str, *, times: int = 1, content: str = "ok") -> None:
-        """Queue a transport fault: "reset" (TCP RST instead of an answer) or "truncate" (a reply
-        whose body stops half-way, then the connection closes)."""
-        assert kind in ("reset", "truncate"), kind
+        """Queue a transport fault: "reset" (TCP RST instead of an answer), "truncate" (a reply
+        whose body stops half-way, then the connection closes) or "unbounded" (a reply without a
+        Content-Length whose body, a JSON string, runs on for 80 MiB until the connection closes)."""
+        assert kind in ("reset", "truncate", "unbounded"), kind
         for _ in range(times):
             self._push(replace(_reply(content), fault=kind))
 
@@ -391,6 +393,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if item.fault == "unbounded":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client stopped reading
+                self.wfile.write(b'"')
+                for _ in range(80):
+                    self.wfile.write(b"x" * (1 << 20))
+                self.wfile.write(b'"')
             return
         if item.raw_body is not None:
             self._send(item.status, item.raw_body, item.headers)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import Workspace
 from tests.fake_openai import FakeOpenAI, call
+from tests.test_openai_executor import harness, run
 
 TASK = """\
 ---
@@ -23,6 +26,9 @@ executor: openai
 - [ ] 1. Write a.txt
 """
 
+NESTED = b"[" * 100_000 + b"]" * 100_000
+FAR = "Fri, 31 Dec 9999 23:59:59 GMT"
+PAST = "Mon, 01 Jan 1900 00:00:00 GMT"
 DONE = [call("write_file", {"path": "a.txt", "content": "alpha\n"}), call("complete_step", {"summary": "done"})]
 
 
@@ -55,6 +61,14 @@ FAULTS = [
     Fault("connection reset every time", lambda f: f.fault("reset", times=60), False),
     Fault("HTTP 401 bad key", lambda f: f.error(401, "Incorrect API key provided.", code="invalid_api_key"),
           False, "401"),
+    # hostile replies (issue "Hold against the attacks that still work", item 13)
+    Fault("JSON nested 100000 deep (200)", lambda f: f.raw(200, NESTED), True),
+    Fault("HTTP 401, JSON nested 100000 deep", lambda f: f.raw(401, NESTED), False, "401"),
+    Fault("80 MiB reply body, announced", lambda f: f.reply("x" * (80 << 20)), True),
+    Fault("80 MiB reply body, unannounced", lambda f: f.fault("unbounded"), True),
+    Fault("HTTP 429 Retry-After: nan", lambda f: f.error(429, "later", retry_after="nan"), True),
+    Fault("HTTP 429 Retry-After: -5", lambda f: f.error(429, "later", retry_after="-5"), True),
+    Fault("HTTP 429 Retry-After: a date in 1900", lambda f: f.error(429, "later", retry_after=PAST), True),
 ]
 
 
@@ -113,3 +127,62 @@ def test_api_faults_table(tmp_path_factory: pytest.TempPathFactory) -> None:
             held += 1
     print(f"API faults tried: {len(rows)}; held: {held}")
     assert not problems, problems
+
+
+# A Retry-After past what the openai client waits out by itself is a `sleeping` wait of kiro's (a stop
+# hook ends it); however long the endpoint asks for, the wait is at most llm.max_retry_after_seconds
+# (6 h by default). On 9da8a5a 1e10 s slept until the year 2343, and 1e12 s or 1e300 ms were
+# OverflowError failed attempts.
+LONG_ASKS = {
+    "Retry-After: 1e10": {"retry_after": "1e10"},
+    "Retry-After: 1e12": {"retry_after": "1e12"},
+    "retry-after-ms: 1e300": {"headers": {"retry-after-ms": "1e300"}},
+    "Retry-After: 1e400": {"retry_after": "1e400"},
+    "Retry-After: inf": {"retry_after": "inf"},
+    "Retry-After: a date in 9999": {"retry_after": FAR},
+}
+
+
+@pytest.mark.parametrize("ask", list(LONG_ASKS))
+def test_a_long_retry_after_is_a_capped_wait_a_stop_hook_ends(ws: Workspace, ask: str) -> None:
+    with FakeOpenAI() as fake:
+        ws.task(TASK)
+        ws.write("config/autonomous_loop.yaml", f"llm:\n  base_url: {fake.base_url}\n  model: fake-model\n"
+                 f"  max_retries: 1\nautonomous_loop:\n  backoff_base_seconds: 0.01\n")
+        fake.error(429, "come back much later", times=2, **LONG_ASKS[ask])  # type: ignore[arg-type]
+        proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ra")
+        try:
+            ws.wait_for(lambda: proc.poll() is not None or ws.state("ra")["status"] == "sleeping", what="sleeping")
+            st = ws.state("ra")
+            assert st["status"] == "sleeping", (st["status"], st.get("last_error"), Workspace.output(proc))
+            until = datetime.fromisoformat(st["sleep_until"])
+            assert until - datetime.now(UTC) <= timedelta(hours=6), until
+            [t] = [e for e in ws.events("ra") if e["event"] == "guardrail_triggered"]
+            assert t["limit"] == "retry_after" and t["seconds"] == 21600
+            assert "llm.max_retry_after_seconds" in t["message"]
+            (ws.root / ".hooks/stop_autonomous_loop_ra.md").write_text("stop\n")
+            assert proc.wait(timeout=30) == 3, Workspace.output(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out = Workspace.output(proc)
+    assert "internal error" not in out and "Traceback" not in out, out
+    st = ws.state("ra")
+    assert st["status"] == "paused" and st["consecutive_failures"] == 0 and not st["failed_steps"]
+
+
+@pytest.mark.parametrize("how", ["announced", "unannounced"])
+def test_a_reply_past_64_mib_is_a_failed_attempt_not_read_into_memory(tmp_path: Path, fake: FakeOpenAI,
+                                                                     how: str) -> None:
+    """The openai client reads a whole reply with no limit (and httpx has none); kiro's response hook
+    ends the read past 64 MiB, announced by Content-Length or as the bytes arrive, without a retry."""
+    h = harness(tmp_path, fake)
+    if how == "announced":
+        fake.reply("x" * (80 << 20))
+    else:
+        fake.fault("unbounded")
+    result = run(h)
+    assert result.outcome == "failed"
+    assert result.error is not None and "larger than kiro reads (64 MiB)" in result.error, result.error
+    assert len(fake.chat_requests) == 1  # not retried

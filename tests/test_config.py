@@ -601,6 +601,6 @@ def test_lax_values_are_taken() -> None:
     assert cfg.checkpoints == "off" and cfg.backend.kind == "local" and cfg.include_optional is True
     assert cfg.on_event == {}
     # a number field's default is written with a point
-    assert Config().model_dump(mode="json")["autonomous_loop"]["timeout_seconds"] == 3600.0
+    assert Config().model_dump(mode="json")["autonomous_loop"]["timeout_seconds"] == 43200.0  # 12 h, a night
     assert isinstance(Config().model_dump(mode="json")["autonomous_loop"]["timeout_seconds"], float)
     assert isinstance(Config().autonomous_loop.timeout_seconds, float)  # what a message or an event shows

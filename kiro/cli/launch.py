@@ -219,7 +219,7 @@ def resume(task_id: str | None = None, task: str | None = None, workspace_path: 
     if all_loops:
         return resume_all(ws, store, config=config, max_iterations=max_iterations, reset_failures=reset_failures,
                           failure_threshold=failure_threshold, timeout=timeout,
-                          changes=overrides(None, None, None, executor, model), detached=detached, quiet=quiet,
+                          changes=overrides(None, None, None, executor, model, agent), detached=detached, quiet=quiet,
                           verbose=verbose, named=bool(task_id or task))
     tid = resolve_task_id(ws, store, task_id, task)
     assert tid is not None

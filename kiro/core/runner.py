@@ -345,6 +345,12 @@ def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | N
     return None
 
 
+def kept_overrides(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The command-line settings a loop keeps for its resumes (executor, agent, model): those given.
+    The loop's limits are fields of its state already."""
+    return {k: v for k, v in (overrides or {}).items() if v is not None and not k.startswith("autonomous_loop.")}
+
+
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
                   overrides: Mapping[str, Any] | None = None, executor: Executor | None = None,
                   index: LoopIndex | None = None, batch: StartBatch | None = None) -> LoopRun:
@@ -406,7 +412,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                 task_id=tid, task_path=rel, max_iterations=cfg.autonomous_loop.max_iterations,
                 failure_threshold=cfg.autonomous_loop.failure_threshold,
                 timeout_seconds=cfg.autonomous_loop.timeout_seconds, workspace=str(ws.root),
-                executor=executor_name, title=task.title, pid=os.getpid(),
+                executor=executor_name, overrides=kept_overrides(overrides), title=task.title, pid=os.getpid(),
                 steps_total=len(task.steps), steps_done=sum(1 for s in task.steps if s.done),
             )
 
@@ -538,7 +544,8 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
                                f"Needs_Action/); put it back and resume again")
         task = tasks.load(path)
         schedule.of_task(task, ws.relative(path))
-        loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
+        state.overrides = {**state.overrides, **kept_overrides(overrides)}  # what resume names wins
+        loc = settings_for(ws0, config_file=config_file, task=task, overrides=state.overrides)
         cfg = loc.config
         warnings += not_built_warnings(cfg, task, ws)
         _check_project_dir(ws, cfg)

@@ -35,12 +35,13 @@ import math
 import os
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
+import httpx2  # the openai client's HTTP library
 import openai
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
@@ -164,14 +165,48 @@ try:
 except ImportError:  # pragma: no cover - older clients waited up to 60 s
     CLIENT_RETRY_AFTER_LIMIT = 60
 LOOPS_PER_CLIENT = 8
+MAX_REPLY_BYTES = 64 * 1024 * 1024  # a reply body longer than this is refused, not read into memory
+
+
+class ReplyTooLarge(openai.APIConnectionError):
+    """A reply body past MAX_REPLY_BYTES (announced or as it arrives). An OpenAIError, so the client
+    passes it on as it is, without retrying the request."""
+
+
+class _BoundedBody(httpx2.AsyncByteStream):
+    """A reply body read through a counter that ends the read past MAX_REPLY_BYTES (bytes as they
+    arrive, before any content decoding)."""
+
+    def __init__(self, stream: httpx2.AsyncByteStream, request: httpx2.Request) -> None:
+        self.stream = stream
+        self.request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self.stream:
+            seen += len(chunk)
+            if seen > MAX_REPLY_BYTES:
+                raise ReplyTooLarge(message=f"the reply went on past {MAX_REPLY_BYTES} bytes", request=self.request)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def _bound_reply(response: httpx2.Response) -> None:
+    """The HTTP client's response hook (httpx has no limit of its own on a body): a reply that
+    announces more than MAX_REPLY_BYTES is refused at once, any other is read through `_BoundedBody`."""
+    announced = response.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > MAX_REPLY_BYTES:
+        raise ReplyTooLarge(message=f"the reply announces {int(announced)} bytes", request=response.request)
+    if isinstance(response.stream, httpx2.AsyncByteStream):  # always, on an async client
+        response.stream = _BoundedBody(response.stream, response.request)
 
 
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """The TLS context the openai client builds for itself (the system's CAs, SSL_CERT_FILE and
     SSL_CERT_DIR honoured), built once for every client of the process: it costs ~20 ms a client."""
-    import httpx2  # the openai client's HTTP library
-
     return httpx2.create_ssl_context()
 
 
@@ -191,7 +226,7 @@ class SharedClient:
         entries = self._open.setdefault(self.key, [])
         entry = next((e for e in entries if e[1] < LOOPS_PER_CLIENT), None)
         if entry is None:
-            http = openai.DefaultAsyncHttpxClient(verify=_tls_context())
+            http = openai.DefaultAsyncHttpxClient(verify=_tls_context(), event_hooks={"response": [_bound_reply]})
             client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=llm.max_retries,
                                         timeout=llm.request_timeout_seconds, http_client=http)
             entry = [client, 0]
@@ -209,7 +244,11 @@ class SharedClient:
         retries and errors, without the typed helper's walk over every message and tool schema and
         the models built from the reply on each call (about 1 ms of CPU per call, which adds up with
         many loops in one process)."""
-        return _completion(await self.client.post("/chat/completions", body=body, cast_to=object))
+        try:
+            data = await self.client.post("/chat/completions", body=body, cast_to=object)
+        except RecursionError as exc:  # json.loads on a body nested deeper than Python's parser goes
+            raise ValueError("its JSON is nested too deeply to read") from exc
+        return _completion(data)
 
     async def close(self) -> None:
         if self.closed:
@@ -346,30 +385,42 @@ def _retries(exc: openai.OpenAIError) -> str:
     return f"{n} {'retry' if n == 1 else 'retries'}"
 
 
-def _server_wait(exc: openai.OpenAIError) -> float | None:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """The wait a reply asks for, in seconds: `retry-after-ms`, else `Retry-After` as seconds or as
+    an HTTP date; None when absent or unreadable. Not a number (NaN) is unreadable; a value too large
+    for a float, "inf" or a date beyond what the platform can represent is infinite (the caller caps it)."""
+    ms = headers.get("retry-after-ms")
+    with contextlib.suppress(ValueError):
+        if ms is not None and not math.isnan(float(ms)):
+            return float(ms) / 1000
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        except OverflowError:
+            return math.inf
+        return (when - datetime.now(when.tzinfo or UTC)).total_seconds()
+    return None if math.isnan(seconds) else seconds
+
+
+def _server_wait(exc: openai.OpenAIError, limit: float) -> float | None:
     """Seconds a rate-limited or overloaded endpoint asks us to wait when that is longer than the
-    openai client waits on its own (it then gives up at once); None otherwise."""
+    openai client waits on its own (it then gives up at once), at most `limit`
+    (`llm.max_retry_after_seconds`); None otherwise."""
     if not isinstance(exc, openai.APIStatusError) or exc.status_code not in (429, 503):
         return None
     if exc.code == "insufficient_quota" or "insufficient_quota" in str(getattr(exc, "message", "")):
         return None  # waiting will not help: ExecutorError in failure()
-    headers = exc.response.headers
-    seconds: float | None = None
-    with contextlib.suppress(ValueError, TypeError):
-        ms = headers.get("retry-after-ms")
-        if ms is not None:
-            seconds = float(ms) / 1000
-    raw = headers.get("retry-after")
-    if seconds is None and raw is not None:
-        try:
-            seconds = float(raw)
-        except ValueError:
-            with contextlib.suppress(TypeError, ValueError, IndexError):
-                when = email.utils.parsedate_to_datetime(raw)
-                seconds = (when - datetime.now(when.tzinfo)).total_seconds()
-    if seconds is None or not math.isfinite(seconds) or seconds <= CLIENT_RETRY_AFTER_LIMIT:
+    seconds = _retry_after(exc.response.headers)
+    if seconds is None or seconds <= CLIENT_RETRY_AFTER_LIMIT:
         return None
-    return seconds
+    return min(seconds, limit)
 
 
 def _memory_source(ctx: StepContext) -> str:
@@ -524,7 +575,7 @@ class _Attempt:
             except ValueError as exc:  # a 200 whose body is not JSON (a proxy's page, an empty or cut body)
                 return self.failure(exc, time.monotonic() - started)
             except openai.OpenAIError as exc:
-                wait = _server_wait(exc)
+                wait = _server_wait(exc, self.llm.max_retry_after_seconds)
                 if wait is None or not isinstance(exc, openai.APIStatusError):
                     return self.failure(exc, time.monotonic() - started)
                 reason = await self.wait_for_server(exc, wait)
@@ -597,8 +648,13 @@ class _Attempt:
         detail = self.ex.redact(_clip(getattr(exc, "message", None) or str(exc), 200))
         self.record("response", turn=self.turns + 1, error=f"{type(exc).__name__}: {detail}",
                     retry_after_seconds=seconds)
-        message = (f"{self.ex.endpoint} asks to wait {seconds:.0f} s (HTTP {exc.status_code} with Retry-After); "
-                   f"sleeping until then")
+        asked = _retry_after(exc.response.headers)
+        if asked is not None and asked > seconds:
+            message = (f"{self.ex.endpoint} asks to wait {asked:.3g} s (HTTP {exc.status_code} with Retry-After); "
+                       f"sleeping {seconds:.0f} s, the most llm.max_retry_after_seconds allows, then trying again")
+        else:
+            message = (f"{self.ex.endpoint} asks to wait {seconds:.0f} s (HTTP {exc.status_code} with "
+                       f"Retry-After); sleeping until then")
         began = time.monotonic()
         deadline = self.timer.when() if self.timer is not None else None
         if self.timer is not None and deadline is not None:  # the step timeout stands still meanwhile
@@ -639,12 +695,15 @@ class _Attempt:
                 raise ExecutorError(f"{where} says the quota of the key in {self.ex.api_key_env} is used up "
                                     f"(HTTP 429 insufficient_quota): check the plan and billing; {detail}")
             after = exc.response.headers.get("retry-after")
-            wait = f" (Retry-After: {after} s)" if after else ""
+            wait = f" (Retry-After: {_clip(after, 40)})" if after else ""
             error = (f"rate limited by {where}: HTTP 429 after {_retries(exc)}{wait}; "
                      f"the endpoint said: {detail}")
         elif isinstance(exc, openai.APITimeoutError):
             error = (f"the model request to {where} timed out after {llm.request_timeout_seconds:g} s "
                      f"(llm.request_timeout_seconds) and {_retries(exc)}")
+        elif isinstance(exc, ReplyTooLarge):
+            error = (f"{where} sent a reply larger than kiro reads ({MAX_REPLY_BYTES // 2**20} MiB): "
+                     f"{exc.message}")
         elif isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
             why = f": {type(cause).__name__}: {cause}" if cause is not None else ""

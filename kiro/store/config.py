@@ -48,7 +48,7 @@ class LoopSettings(_Strict):
 
     max_iterations: int = Field(100, ge=1)
     failure_threshold: int = Field(3, ge=1)
-    timeout_seconds: float = Field(3600.0, gt=0)
+    timeout_seconds: float = Field(43200.0, gt=0)  # 12 h: a night (SPEC §7 says 3600)
     reinject_every_n_iterations: int = Field(10, ge=0)
     reinject_after_failure: bool = True
     reinject_if_stale_seconds: float = Field(300.0, ge=0)
@@ -108,6 +108,8 @@ class LLMSettings(_Strict):
     max_turns_per_step: int = Field(15, ge=1)
     max_retries: int = Field(2, ge=0)
     request_timeout_seconds: float = Field(120.0, gt=0)
+    # the longest kiro sleeps on an endpoint's Retry-After (longer asks are cut to this; at most 30 days)
+    max_retry_after_seconds: float = Field(21600.0, gt=0, le=30 * 86400)
     context_window_tokens: int = Field(128000, ge=1)
     wrap_up_threshold: float = Field(0.8, gt=0, le=1)
     precheck_model: str | None = None  # SPEC §11 pre-check gate (kiro.core.precheck)

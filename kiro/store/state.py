@@ -239,6 +239,9 @@ class LoopState(_Model):
     pid: int | None = None
     host: str | None = None
     executor: str | None = None
+    # the settings `start` was given on its command line (dotted paths: executor, agent, llm.model);
+    # `resume` applies them again unless it names its own (kiro.core.runner.prepare_resume)
+    overrides: dict[str, Any] = Field(default_factory=dict)
     stop_reason: str | None = None
     sleep_until: str | None = None  # while `sleeping`: when the wait ends (backoff, a budget, Retry-After)
     timeout_reached: bool = False

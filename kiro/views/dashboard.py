@@ -112,7 +112,10 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
         lines += [f"**Last Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}"]
         if e.status in (Status.MAX_ITERATIONS, Status.TIMED_OUT) and st.report_path:
             lines.append(f"**Action**: Intervention requested (`{st.report_path}`)")
-        lines.append(f"**Resume**: `{loops.hint(st, e.status) or f'kiro loop resume --task-id {st.task_id}'}`")
+        if loops.guardrail_limit(e.status, st.stop_reason) is not None:  # a config key to raise, not a flag
+            lines.append(f"**Resume**: {loops.limit_advice(st, e.status)}")
+        else:
+            lines.append(f"**Resume**: `{loops.hint(st, e.status) or f'kiro loop resume --task-id {st.task_id}'}`")
     elif section == "completed":
         lines += [f"**Status**: {badge}", _iteration(st, "Iterations"),
                   f"**Success Rate**: {st.metrics.success_rate:.0%}",

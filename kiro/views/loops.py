@@ -41,17 +41,50 @@ def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task:
                     f"(`kiro loop status` lists them)")
 
 
-def hint(state: LoopState, status: Status | str) -> str | None:
-    """The command that continues a loop shown with `status`, with the limit to raise if any."""
-    return _hint(state.task_id, state.max_iterations, Status(status), global_hook=False)
+def hint(state: LoopState, status: Status | str, stop_reason: str | None = None) -> str | None:
+    """The command that continues a loop shown with `status`, with the limit to raise if any (the
+    one `stop_reason`, by default the state's, names)."""
+    return _hint(state.task_id, state.max_iterations, Status(status), global_hook=False,
+                 stop_reason=stop_reason or state.stop_reason, timeout=state.timeout_seconds)
 
 
-def _hint(task_id: str, max_iterations: int, status: Status, *, global_hook: bool) -> str | None:
+def _hint(task_id: str, max_iterations: int, status: Status, *, global_hook: bool,
+          stop_reason: str | None = None, timeout: float | None = None) -> str | None:
     command = f"kiro loop resume --task-id {task_id}"
     if status.is_resumable:
         return "kiro loop resume --all" if global_hook else command  # `--task-id` refuses while it holds
+    if guardrail_limit(status, stop_reason) is not None:
+        return command  # the limit is in the config, not a flag of resume (`limit_advice`)
+    if status == Status.TIMED_OUT and timeout:
+        return f"{command} --timeout {timeout * 2:g}"
     flag = status.resume_flag
     return f"{command} {flag.format(more=max_iterations * 2)}" if flag else None
+
+
+def guardrail_limit(status: Status, stop_reason: str | None) -> str | None:
+    """The `guardrails:` key that ended a loop out of budget or time (max_total_tokens, max_cost_usd,
+    idle_timeout_seconds, ...), or None when it was max_iterations or timeout_seconds."""
+    if status in (Status.MAX_ITERATIONS, Status.TIMED_OUT) and stop_reason not in (
+            None, "max_iterations", "timeout_seconds"):
+        return stop_reason
+    return None
+
+
+def limit_advice(state: LoopState, status: Status | str, stop_reason: str | None = None) -> str | None:
+    """For a loop that ran out of iterations, time or a budget: what to raise, and the command that
+    resumes it; None for other statuses."""
+    status = Status(status)
+    stop_reason = stop_reason or state.stop_reason
+    command = hint(state, status, stop_reason)
+    limit = guardrail_limit(status, stop_reason)
+    if limit is not None:
+        return (f"Raise `guardrails.{limit}` in config/autonomous_loop.yaml (or "
+                f"KIRO_GUARDRAILS__{limit.upper()}), then resume: `{command}`")
+    if status == Status.TIMED_OUT:
+        return f"Raise the run-time limit and resume: `{command}`"
+    if status == Status.MAX_ITERATIONS:
+        return f"Increase max iterations and resume: `{command}`"
+    return None
 
 
 def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) -> dict[str, Any]:
@@ -110,7 +143,8 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         "report_path": s["report_path"],
         **_schedule_fields(s),
         **sleep,
-        "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook),
+        "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook,
+                      stop_reason=s.get("stop_reason")),
     }
 
 

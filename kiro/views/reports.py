@@ -13,6 +13,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.store import frontmatter
 from kiro.store.state import CompletedStep, FailedStep, LoopState, first_line
+from kiro.views import loops
 
 
 def _frontmatter(fields: dict[str, Any]) -> str:
@@ -150,7 +151,6 @@ def merge_intervention(state: LoopState, *, problem: str, files: Sequence[str]) 
 
 def intervention_request(state: LoopState, *, reason: str, detail: str) -> str:
     tid = state.task_id
-    more = max(state.max_iterations * 2, state.max_iterations + 10)
     return _frontmatter({
         "type": "intervention_request",
         "task_id": tid,
@@ -171,7 +171,7 @@ def intervention_request(state: LoopState, *, reason: str, detail: str) -> str:
 **Steps done**: {state.steps_done if state.steps_done is not None else '-'} of {state.steps_total or '-'}
 {_usage(state)}
 ## Options
-- [ ] Increase max iterations and resume: `kiro loop resume --task-id {tid} --max-iterations {more}`
+- [ ] {loops.limit_advice(state, state.status, reason)}
 - [ ] Review progress and provide guidance (edit the task file, then resume)
 - [ ] Mark task as complete (move the task file to `Done/`)
 - [ ] Cancel task
