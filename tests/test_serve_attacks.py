@@ -17,6 +17,7 @@ import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
+from websockets.typing import Origin
 
 from tests.conftest import Workspace, shell_task
 from tests.fake_openai import FakeOpenAI, call
@@ -244,7 +245,7 @@ def test_a_cross_origin_websocket_or_post_with_the_token_is_refused(ws: Workspac
     for origin in foreign:
         tried += 1
         try:
-            with connect(served.ws_url + f"?token={TOKEN}", origin=origin, open_timeout=10) as sock:  # type: ignore[arg-type]
+            with connect(served.ws_url + f"?token={TOKEN}", origin=Origin(origin), open_timeout=10) as sock:
                 sock.recv(10)
         except InvalidStatus as exc:
             held += exc.response.status_code == 403
@@ -257,7 +258,7 @@ def test_a_cross_origin_websocket_or_post_with_the_token_is_refused(ws: Workspac
     print(f"cross-origin requests with the token tried: {tried}, refused with 403: {held}")
     assert held == tried
     # the server's own page (same origin) still opens the socket and posts
-    with connect(served.ws_url + f"?token={TOKEN}", origin=served.base, open_timeout=10) as sock:  # type: ignore[arg-type]
+    with connect(served.ws_url + f"?token={TOKEN}", origin=Origin(served.base), open_timeout=10) as sock:
         assert json.loads(sock.recv(10))["type"] == "hello"
     r = c.post("/api/loops", json={}, headers={**served.auth, "Origin": served.base})
     assert r.status_code == 400 and "task" in r.json()["error"]

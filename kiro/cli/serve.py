@@ -17,13 +17,13 @@ def serve(
                                                      "$KIRO_SERVE_TOKEN.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free port).")] = 8765,
     allow_host: Annotated[list[str] | None, typer.Option(
-        "--allow-host", help="A further name the server may be reached by (repeat for more). A request's Host "
+        "--allow-host", metavar="<str>", help="A further name the server may be reached by (repeat for more). A request's Host "
                              "must name the --host address (any loopback name for a loopback one) or one of "
                              "these; others are refused, against DNS rebinding.", show_default=False)] = None,
     workspace: Annotated[Path | None, typer.Option("--workspace", "-w", help="The workspace folder.",
                                                    show_default=False)] = None,
 ) -> None:
-    """Serve the workspace over HTTP: a live dashboard at /, REST routes under /api/loops, every loop's events as Server-Sent Events (/api/events) and over a WebSocket (/api/ws) with start/stop/resume/message control. Every route but /healthz needs the token ($KIRO_SERVE_TOKEN, else one generated now, printed once and kept in .state/serve.token). Needs the serve extra: pip install 'kiro\\[serve]'."""
+    """Serve the workspace over HTTP: a live dashboard at /, REST routes under /api/loops, every loop's events as Server-Sent Events (/api/events) and over a WebSocket (/api/ws) with start/stop/resume/message control. Every route but /healthz needs the token ($KIRO_SERVE_TOKEN, else one generated now, printed once and kept in .state/serve.token). A request must name this server in its Host (--allow-host adds names), a WebSocket or POST from a browser must come from the server's own page, and a request must arrive whole within 10 s. Needs the serve extra: pip install 'kiro\\[serve]'."""
     from kiro.errors import UserError
 
     try:
