@@ -58,7 +58,7 @@ def decode(raw: str | bytes) -> dict[str, Any]:
         why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
         raise ControlError(400, f"not JSON: {why}") from None
     if not isinstance(body, dict):
-        raise ControlError(400, "the body must be a JSON object")
+        raise ControlError(400, "a request must be a JSON object")
     try:
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
