@@ -16,10 +16,14 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on. Anything but a loopback address needs "
                                                      "$KIRO_SERVE_TOKEN.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free port).")] = 8765,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", metavar="<str>", help="A further name the server may be reached by (repeat for more). A request's Host "
+                             "must name the --host address (any loopback name for a loopback one) or one of "
+                             "these; others are refused, against DNS rebinding.", show_default=False)] = None,
     workspace: Annotated[Path | None, typer.Option("--workspace", "-w", help="The workspace folder.",
                                                    show_default=False)] = None,
 ) -> None:
-    """Serve the workspace over HTTP: a live dashboard at /, REST routes under /api/loops, every loop's events as Server-Sent Events (/api/events) and over a WebSocket (/api/ws) with start/stop/resume/message control. Every route but /healthz needs the token ($KIRO_SERVE_TOKEN, else one generated now, printed once and kept in .state/serve.token). Needs the serve extra: pip install 'kiro\\[serve]'."""
+    """Serve the workspace over HTTP: a live dashboard at /, REST routes under /api/loops, every loop's events as Server-Sent Events (/api/events) and over a WebSocket (/api/ws) with start/stop/resume/message control. Every route but /healthz needs the token ($KIRO_SERVE_TOKEN, else one generated now, printed once and kept in .state/serve.token). A request must name this server in its Host (--allow-host adds names), a WebSocket or POST from a browser must come from the server's own page, and a request must arrive whole within 10 s. Needs the serve extra: pip install 'kiro\\[serve]'."""
     from kiro.errors import UserError
 
     try:
@@ -29,17 +33,19 @@ def serve(
         raise UserError("kiro serve needs the serve extra: pip install 'kiro[serve]'") from None
     from kiro.cli import launch
     from kiro.serve.app import create_app
-    from kiro.serve.auth import TOKEN_ENV, resolve_token
+    from kiro.serve.auth import TOKEN_ENV, allowed_hosts, resolve_token
+    from kiro.serve.protocol import BoundedH11Protocol
     from kiro.views import console
 
     ws = launch.workspace(workspace)
     store = launch.store_of(ws)
     token, generated = resolve_token(host, store.ws.state_dir)
-    app = create_app(store, token)
+    app = create_app(store, token, allowed_hosts(host, allow_host or []))
     sock = _listen(host, port)
     bound = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", ws="websockets-sansio",
-                            ws_ping_interval=20, timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http=BoundedH11Protocol,
+                            ws="websockets-sansio", ws_max_size=1 << 20, ws_ping_interval=20,
+                            timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
 
     async def run() -> None:

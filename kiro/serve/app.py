@@ -25,7 +25,7 @@ from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -41,11 +41,31 @@ from kiro.views import dashboard, loops
 
 KEEPALIVE_SECONDS = 15.0
 EVENTS_PAGE = 1000
+BODY_MAX_BYTES = 1_000_000  # a control request is a few hundred bytes; a message at most MESSAGE_MAX_CHARS
 DASHBOARD_CHECK_SECONDS = 2.0
 
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def decode(raw: str | bytes) -> dict[str, Any]:
+    """A control request's JSON object, or ControlError(400): not JSON, nested deeper than the parser
+    goes, not an object, or holding a lone surrogate (text no file or socket can carry)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise ControlError(400, f"not JSON: {why}") from None
+    if not isinstance(body, dict):
+        raise ControlError(400, "a request must be a JSON object")
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ControlError(400, "a string holds a lone surrogate (\\ud800-\\udfff): not Unicode text") from None
+    except RecursionError:
+        raise ControlError(400, "not JSON: nested too deep") from None
+    return body
 
 
 def _cursor(raw: str | None) -> int | None:
@@ -59,11 +79,11 @@ def _cursor(raw: str | None) -> int | None:
 
 
 class Server:
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateStore, token: str) -> None:
         self.store = store
         self.ws = store.ws
         self.index = EventIndex(self.ws.logs, self.ws.state_dir)
-        self.control = Controller(self.ws, store)
+        self.control = Controller(self.ws, store, token)
         self._chunk: tuple[tuple[int, int], bytes] | None = None
 
     # -- reads -------------------------------------------------------------------------------
@@ -238,10 +258,10 @@ class Server:
     async def _handle(self, text: str) -> dict[str, Any]:
         """One control message in, one answer out; a bad message answers `error`, the socket stays."""
         try:
-            msg = json.loads(text)
-        except ValueError as exc:
-            return {"type": "error", "message": f"not JSON: {exc}"}
-        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            msg = decode(text)
+        except ControlError as exc:
+            return {"type": "error", "status": exc.status, "message": exc.message}
+        if not isinstance(msg.get("type"), str):
             return {"type": "error", "message": "a message is a JSON object with a string \"type\""}
         kind = msg["type"]
         rid = {"request_id": msg["request_id"]} if "request_id" in msg else {}
@@ -278,16 +298,17 @@ class Server:
 
     @staticmethod
     async def _body(request: Request) -> dict[str, Any]:
-        raw = await request.body()
+        raw = bytearray()
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > BODY_MAX_BYTES:
+                    raise ControlError(413, f"the body is larger than {BODY_MAX_BYTES} bytes")
+        except ClientDisconnect:
+            raise ControlError(400, "the client went away before its body was sent") from None
         if not raw.strip():
             return {}
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise ControlError(400, f"the body is not JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise ControlError(400, "the body must be a JSON object")
-        return body
+        return decode(bytes(raw))
 
     async def post_loop(self, request: Request) -> Response:
         try:
@@ -361,8 +382,9 @@ class Server:
             await self.index.aclose()
 
 
-def create_app(store: StateStore, token: str) -> TokenAuth:
-    s = Server(store)
+def create_app(store: StateStore, token: str, hosts: frozenset[str]) -> TokenAuth:
+    """The app behind its gate: `hosts` are the names a request's Host may carry (auth.allowed_hosts)."""
+    s = Server(store, token)
     routes = [
         Route("/healthz", s.healthz),
         Route("/", s.page),
@@ -379,4 +401,4 @@ def create_app(store: StateStore, token: str) -> TokenAuth:
         WebSocketRoute("/api/ws", s.websocket),
     ]
     app = Starlette(routes=routes, lifespan=s.lifespan)
-    return TokenAuth(app, token)
+    return TokenAuth(app, token, hosts)

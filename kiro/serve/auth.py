@@ -1,7 +1,13 @@
-"""The server's token (SPEC §10): `$KIRO_SERVE_TOKEN`, else one generated at start, printed once and
-kept in `.state/serve.token` (mode 0600). Every route but `GET /healthz` needs it, as
+"""The server's gate. The token (SPEC §10): `$KIRO_SERVE_TOKEN`, else one generated at start, printed
+once and kept in `.state/serve.token` (mode 0600). Every route but `GET /healthz` needs it, as
 `Authorization: Bearer <token>` or `?token=<token>` (a browser's EventSource and WebSocket cannot set
-headers)."""
+headers).
+
+Before the token, what a browser needs: every request, /healthz too, must name in its Host the
+address the server is bound to (or a name the person allowed with --allow-host), so that a page of
+another site whose name was rebound to this address (DNS rebinding) is refused; and a WebSocket or a
+state-changing request that a browser sends with an Origin must come from the server's own origin,
+so that another site's page that knows the token cannot steer loops."""
 
 from __future__ import annotations
 
@@ -10,8 +16,9 @@ import ipaddress
 import os
 import secrets
 from pathlib import Path
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
+from starlette.datastructures import Headers
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -30,6 +37,8 @@ the token: it is in <code>.state/serve.token</code>, or in <code>$KIRO_SERVE_TOK
 <button type="submit">Open the dashboard</button></form></body></html>
 """
 OPEN_PATHS = frozenset({"/healthz"})
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def is_loopback(host: str) -> bool:
@@ -45,6 +54,9 @@ def resolve_token(host: str, state_dir: Path) -> tuple[str, bool]:
     """(token, generated). A non-loopback host needs the token from the environment: a generated one
     would be printed on a terminal and sit in a file while the server listens to the network."""
     env = os.environ.get(TOKEN_ENV, "")
+    if env and not env.strip():
+        raise UserError(f"${TOKEN_ENV} is blank (only white space); set a long random token, or unset it "
+                        f"to have one generated")
     if env:
         if len(env) < 16:
             raise UserError(f"${TOKEN_ENV} is too short ({len(env)} characters); use at least 16, e.g. "
@@ -56,6 +68,47 @@ def resolve_token(host: str, state_dir: Path) -> tuple[str, bool]:
     token = secrets.token_urlsafe(32)
     atomic_write(state_dir / "serve.token", token + "\n", fsync=False, mode=0o600)
     return token, True
+
+
+def _hostname(netloc: str) -> str | None:
+    """`host[:port]` -> its host in lower case, IPv6 without brackets; None when it is no host at all."""
+    try:
+        parts = urlsplit("//" + netloc)
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        return None
+    return parts.hostname or None
+
+
+def allowed_hosts(host: str, extra: list[str]) -> frozenset[str]:
+    """The names a request's Host may carry: the bound address, every loopback name when it is a
+    loopback one, and the names the person allows (--allow-host). Bound to every interface (0.0.0.0,
+    ::), any address written as an IP is the server's own: rebinding needs a name."""
+    names = {_hostname(host if ":" not in host else f"[{host}]") or host.lower()}
+    if is_loopback(host):
+        names |= LOOPBACK_NAMES
+    names |= {name.strip().lower().strip("[]") for name in extra if name.strip()}
+    return frozenset(names)
+
+
+def _host_allowed(name: str | None, hosts: frozenset[str]) -> bool:
+    if name is None:
+        return False
+    if name in hosts:
+        return True
+    if not {"0.0.0.0", "::"} & hosts:
+        return False
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _refusal(scope: Scope, status: int, body: dict[str, str], headers: dict[str, str] | None = None) -> Response:
+    if scope["type"] == "http" and scope.get("path") == "/" and scope.get("method") == "GET" and status == 401:
+        return HTMLResponse(LOGIN_PAGE, status_code=401, headers=headers)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _presented(scope: Scope) -> str | None:
@@ -70,34 +123,53 @@ def _presented(scope: Scope) -> str | None:
 
 
 class TokenAuth:
-    """ASGI middleware: 401 for HTTP, a 401 handshake denial for WebSockets, unless the token matches."""
+    """ASGI middleware: a Host that is not this server's is refused (403), then a cross-origin WebSocket
+    or state-changing request (403), then a missing or wrong token (401: for a WebSocket, a refused
+    handshake)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, hosts: frozenset[str]) -> None:
         self.app = app
         self.token = token.encode()
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope.get("path") in OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        host = headers.get("host", "")
+        if not _host_allowed(_hostname(host), self.hosts):
+            await self._refuse(scope, receive, send, 403, {
+                "error": "forbidden", "message": f"Host {host!r} is not this server's; start it with "
+                                                 f"--allow-host NAME to be reached by that name"})
+            return
+        origin = headers.get("origin")
+        if origin is not None and (scope["type"] == "websocket" or scope.get("method") not in SAFE_METHODS):
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or parts.netloc.lower() != host.lower():
+                await self._refuse(scope, receive, send, 403, {
+                    "error": "forbidden", "message": f"Origin {origin!r} is not this server's own page"})
+                return
+        if scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = _presented(scope)
         if given is not None and hmac.compare_digest(given.encode(), self.token):
             await self.app(scope, receive, send)
             return
-        body = {"error": "unauthorized", "message": "this route needs the server's token: "
-                                                    "`Authorization: Bearer <token>` or `?token=<token>`"}
-        if scope["type"] == "http" and scope.get("path") == "/" and scope.get("method") == "GET":
-            response: Response = HTMLResponse(LOGIN_PAGE, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-            await response(scope, receive, send)
-            return
+        await self._refuse(scope, receive, send, 401, {
+            "error": "unauthorized", "message": "this route needs the server's token: "
+                                                "`Authorization: Bearer <token>` or `?token=<token>`"})
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, body: dict[str, str]) -> None:
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if scope["type"] == "http":
-            response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-            await response(scope, receive, send)
+            await _refusal(scope, status, body, headers)(scope, receive, send)
             return
-        # WebSocket: refuse the handshake with an HTTP 401 where the server supports denial responses.
+        # WebSocket: refuse the handshake with an HTTP answer where the server supports denial responses.
         await receive()  # websocket.connect
         if "websocket.http.response" in scope.get("extensions", {}):
-            response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-            await response(scope, receive, send)  # Starlette prefixes the messages with "websocket."
+            await _refusal(scope, status, body, headers)(scope, receive, send)  # Starlette prefixes "websocket."
         else:
-            await send({"type": "websocket.close", "code": 1008, "reason": "unauthorized"})
+            await send({"type": "websocket.close", "code": 1008, "reason": body["error"]})

@@ -21,6 +21,7 @@ from kiro.store.workspace import Workspace, check_task_id
 
 CLI_TIMEOUT = 60.0
 MESSAGE_MAX_CHARS = 20_000
+TASK_PATH_MAX_CHARS = 1024
 
 
 class ControlError(Exception):
@@ -55,9 +56,12 @@ def _first_error(exc: ValidationError, where: str) -> str:
 
 
 class Controller:
-    def __init__(self, ws: Workspace, store: StateStore) -> None:
+    def __init__(self, ws: Workspace, store: StateStore, token: str) -> None:
+        from kiro.store.redact import Redactor
+
         self.ws = ws
         self.store = store
+        self.token = Redactor([token])  # the server's token, from $KIRO_SERVE_TOKEN or generated: never stored
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -111,14 +115,19 @@ class Controller:
             opts = StartOptions.model_validate(options or {})
         except ValidationError as exc:
             raise ControlError(400, _first_error(exc, "options")) from None
+        if "\x00" in task:
+            raise ControlError(400, "task: a path holds no NUL character")
+        if len(task) > TASK_PATH_MAX_CHARS:
+            raise ControlError(400, f"task: a path of at most {TASK_PATH_MAX_CHARS} characters")
         try:
             path = self.ws.resolve_task(task)
+            path.resolve().relative_to(self.ws.root.resolve())
         except KiroError as exc:
             raise ControlError(404, str(exc)) from None
-        try:
-            path.resolve().relative_to(self.ws.root.resolve())
         except ValueError:
             raise ControlError(400, f"task {task!r} is outside the workspace {self.ws.root}") from None
+        except (OSError, RuntimeError) as exc:  # a name too long for the file system; `~nobody/...`
+            raise ControlError(400, f"task: {getattr(exc, 'strerror', None) or exc}") from None
         args = ["loop", "start", "--task", self.ws.relative(path), "--detach", "--quiet"]
         if opts.task_id:
             args += ["--task-id", opts.task_id]
@@ -169,7 +178,7 @@ class Controller:
         if len(content) > MESSAGE_MAX_CHARS:
             raise ControlError(413, f"content: at most {MESSAGE_MAX_CHARS} characters")
         # e.g. the server's own token, pasted by mistake; and the config's secrets, as every write of the loop's
-        content = (self.store.redact | Redactor.from_environment(None)).text(content)
+        content = (self.store.redact | Redactor.from_environment(None) | self.token).text(content)
         inbox = Inbox(self.store.ws, tid)
         msg = inbox.queue(content, via="kiro serve")
         return {"task_id": tid, "id": msg.id, "queued": True, "delivered": False,
