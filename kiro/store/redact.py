@@ -46,15 +46,22 @@ _TOKEN_FORMATS = re.compile(
     r"|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_\-]{16,}"
     r"|AIza[0-9A-Za-z_\-]{30,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})$"
 )
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+# Every pattern here is linear in its input (issue #27 item 12: a 40 KB value cost seconds on every
+# command): a match may start only where a run of its characters starts (the lookbehinds), and the
+# run is taken whole (`*+`, `++`), never given back a character at a time.
+# A URL: the first letter of a run of scheme characters, the run, `://`, the rest up to a space or quote.
+_URL = re.compile(r"(?<![A-Za-z0-9+.\-])[0-9+.\-]*+([A-Za-z][A-Za-z0-9+.\-]*+://[^\s'\"<>]++)")
 _SECRET_QUERY = re.compile(r"(?i)(token|key|secret|password|passwd|sig|signature|auth|credential)")
-# Credentials written into a command line: `Bearer X`, `--token X`, `--password=X`, `API_KEY=X`.
+# Credentials written into a command line: `Bearer X`, `--token X`, `--password=X`, `API_KEY=X`. The
+# name is found first (`_IN_COMMAND`), then its value (`_COMMAND_VALUE`) when the name says secret.
 _IN_COMMAND = re.compile(
-    r"(?i)(?:\bbearer\s+|\bbasic\s+"
-    r"|--?[a-z0-9_\-]*(?:token|key|secret|password|passwd|pass|auth)[a-z0-9_\-]*[=\s]+"
-    r"|\b[a-z0-9_]*(?:token|key|secret|password|passwd|auth)[a-z0-9_]*=)"
-    r"['\"]?([^\s'\"&;|]+)"
+    r"(?i)\b(?:bearer|basic)\s++"
+    r"|(?<![\w\-])(--?[a-z0-9_\-]*+)(?:=|\s++)"
+    r"|(?<!\w)([a-z0-9_]++)="
 )
+_OPTION_SAYS_SECRET = re.compile(r"(?i)token|key|secret|pass|auth")
+_ASSIGNMENT_SAYS_SECRET = re.compile(r"(?i)token|key|secret|password|passwd|auth")
+_COMMAND_VALUE = re.compile(r"['\"]?([^\s'\"&;|]+)")
 
 
 def looks_secret(name: str) -> bool:
@@ -74,7 +81,7 @@ def url_secrets(text: str) -> tuple[list[str], list[str]]:
     forms: list[str] = []
     for match in _URL.finditer(text):
         try:
-            parts = urlsplit(match.group(0))
+            parts = urlsplit(match.group(1))
             password = parts.password
             query = parse_qsl(parts.query, keep_blank_values=False)
         except ValueError:
@@ -92,7 +99,19 @@ def url_secrets(text: str) -> tuple[list[str], list[str]]:
 
 def command_secrets(text: str) -> list[str]:
     """Credentials written into a command line (`Authorization: Bearer X`, `--token X`, `KEY=X`)."""
-    found = [m.group(1) for m in _IN_COMMAND.finditer(text)]
+    found: list[str] = []
+    pos = 0
+    while (name := _IN_COMMAND.search(text, pos)) is not None:
+        pos = name.end()
+        option, assigned = name.group(1), name.group(2)
+        if option is not None and not _OPTION_SAYS_SECRET.search(option):
+            continue
+        if assigned is not None and not _ASSIGNMENT_SAYS_SECRET.search(assigned):
+            continue
+        value = _COMMAND_VALUE.match(text, pos)
+        if value is not None:
+            found.append(value.group(1))
+            pos = value.end()
     return found + url_secrets(text)[0]
 
 
