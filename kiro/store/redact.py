@@ -64,6 +64,14 @@ _ASSIGNMENT_SAYS_SECRET = re.compile(r"(?i)token|key|secret|password|passwd|auth
 _COMMAND_VALUE = re.compile(r"['\"]?([^\s'\"&;|]+)")
 
 
+# The same formats inside a line of text, as whole words.
+_TOKEN_WORDS = re.compile(
+    r"(?<![A-Za-z0-9_\-])(?:sk-[A-Za-z0-9_\-]{16,}+|sk_(?:live|test)_[A-Za-z0-9]{16,}+|gh[pousr]_[A-Za-z0-9]{20,}+"
+    r"|github_pat_[A-Za-z0-9_]{20,}+|xox[abposr]-[A-Za-z0-9\-]{10,}+|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_\-]{16,}+"
+    r"|AIza[0-9A-Za-z_\-]{30,}+|eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+)(?![A-Za-z0-9_\-])"
+)
+
+
 def looks_secret(name: str) -> bool:
     """True for an environment variable name that by convention holds a credential."""
     upper = name.upper()
@@ -113,6 +121,18 @@ def command_secrets(text: str) -> list[str]:
             found.append(value.group(1))
             pos = value.end()
     return found + url_secrets(text)[0]
+
+
+def written_in(text: str) -> Redactor | None:
+    """A redactor for the secrets `text` itself shows to be secrets: the password of a URL in it
+    (`scheme://user:password@host`) and words in a well-known credential format; None when there is
+    none. For lines printed before, or without, a run's redactor (a config error echoing a value)."""
+    values = [m.group(0) for m in _TOKEN_WORDS.finditer(text)]
+    forms: list[str] = []
+    if "://" in text and "@" in text:
+        found, forms = url_secrets(text)
+        values += found
+    return Redactor(values, forms) if values or forms else None
 
 
 class Redactor:
@@ -271,6 +291,12 @@ def _trie_pattern(words: Iterable[str]) -> str:
 
 
 _run_seen: list[tuple[tuple[Any, ...], Redactor]] = []  # the last run's redactor and what it was made of
+
+
+def last_run() -> Redactor | None:
+    """The redactor `Redactor.for_run` made last in this process (of the config resolved last), if any."""
+    return _run_seen[0][1] if _run_seen else None
+
 _env_seen: list[tuple[frozenset[tuple[str, str]], list[str], list[str]]] = []  # the last environment scanned
 
 
