@@ -2,7 +2,8 @@
 a password in `llm.base_url` with an endpoint answering 401, 403 and 404, the same URL with no API key,
 an `executor_command` holding a token that cannot be split into words, and a config error that echoes a
 secret value. Each runs in the foreground and with `--detach` (whose lines go to `Logs/<id>.out`); its
-stdout, stderr and every file of the workspace (but the person's config) are searched for the secret.
+stdout, stderr, those of `kiro loop status` and `kiro loop logs` afterwards, and every file of the
+workspace (but the person's config) are searched for the secret.
 The test prints what was tried and how many held; before 2026-11-27 the outcome line and the config
 error printed them (10 leaks, 6 into files).
 
@@ -44,6 +45,9 @@ def _try(ws: Workspace, secret: str, *, detach: bool, env: dict[str, str]) -> li
         out = ws.root / "Logs" / f"{tid}.out"
         ws.wait_for(lambda: f"{tid}: " in out.read_text(), what="the loop's last line")
     found = [where for where, text in (("stdout", r.stdout), ("stderr", r.stderr)) if secret in text]
+    for read in (("loop", "status"), ("loop", "logs", "--task-id", tid)):  # and what a person reads afterwards
+        out = ws.kiro(*read, env=env)
+        found += [" ".join(read)] if secret in out.stdout + out.stderr else []
     return found + _files_holding(ws.root, secret)
 
 

@@ -127,6 +127,13 @@ def line(text: str, style: str | None = None) -> None:
     sys.stdout.flush()
 
 
+def write(text: str, *, flush: bool = True) -> None:
+    """`text` (whole lines: a table, a JSON document, an event) on stdout, cleaned."""
+    sys.stdout.write(clean(text))
+    if flush:
+        sys.stdout.flush()
+
+
 def _current_or_next(r: dict[str, Any]) -> str:
     """The current step; between a scheduled task's runs, when the next run starts."""
     return str(r.get("current_step") or (f"next run {r['next_run']}" if r.get("next_run") else "-"))
@@ -158,8 +165,7 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
-    sys.stdout.flush()
+    write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def status_text(status: str) -> Text:
@@ -343,8 +349,7 @@ class EventPrinter:
                 pass
             else:
                 if line is not None:
-                    sys.stdout.write(line + "\n")
-                    sys.stdout.flush()
+                    write(line + "\n")
                 return
         text = format_event(e, with_task=self.with_task)
         if text is not None:
@@ -449,8 +454,7 @@ def _watch_plain(render: Callable[[], Any], ticks: Iterable[None], plain: Callab
                 out.print(render())
             text = captured.get()
         if text != last:
-            sys.stdout.write(text + "\n")  # a blank line between two views
-            sys.stdout.flush()
+            write(text + "\n")  # a blank line between two views
             last = text
 
     import contextlib
@@ -468,8 +472,7 @@ def watch_json(data: Callable[[], Any], interval: float) -> None:
 
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
         while True:
-            sys.stdout.write(json.dumps(data(), ensure_ascii=False, default=str) + "\n")
-            sys.stdout.flush()
+            write(json.dumps(data(), ensure_ascii=False, default=str) + "\n")
             time.sleep(interval)
 
 
