@@ -36,19 +36,21 @@ def _files_holding(root: Path, secret: str) -> list[str]:
             and secret.encode() in p.read_bytes()]
 
 
-def _try(ws: Workspace, secret: str, *, detach: bool, env: dict[str, str]) -> list[str]:
-    """Run one loop; where the secret was found (stdout, stderr, files)."""
+def _try(ws: Workspace, secret: str, *, detach: bool, env: dict[str, str]) -> tuple[list[str], bool]:
+    """Run one loop: where the secret was found (stdout, stderr, files), and whether its lines showed
+    the secret's place cut (the message that echoes it was printed)."""
     tid = "bg" if detach else "fg"
     r = ws.kiro("loop", "start", "--task", "Specs/s/tasks.md", "--task-id", tid, *(["--detach"] if detach else []),
                 env=env)
+    out = ws.root / "Logs" / f"{tid}.out"
     if detach and r.returncode == 0:
-        out = ws.root / "Logs" / f"{tid}.out"
         ws.wait_for(lambda: f"{tid}: " in out.read_text(), what="the loop's last line")
+    printed = r.stdout + r.stderr + (out.read_text() if out.exists() else "")
     found = [where for where, text in (("stdout", r.stdout), ("stderr", r.stderr)) if secret in text]
     for read in (("loop", "status"), ("loop", "logs", "--task-id", tid)):  # and what a person reads afterwards
-        out = ws.kiro(*read, env=env)
-        found += [" ".join(read)] if secret in out.stdout + out.stderr else []
-    return found + _files_holding(ws.root, secret)
+        shown = ws.kiro(*read, env=env)
+        found += [" ".join(read)] if secret in shown.stdout + shown.stderr else []
+    return found + _files_holding(ws.root, secret), "[REDACTED]" in printed
 
 
 def _cases(port: int) -> list[tuple[str, str, str, dict[str, str]]]:
@@ -59,7 +61,8 @@ def _cases(port: int) -> list[tuple[str, str, str, dict[str, str]]]:
            f"executor: openai\nllm:\n  base_url: {_url(port)}\n  max_retries: 0\n", PASSWORD, key)
           for status in (401, 403, 404)],
         ("password in llm.base_url, no API key",
-         f"executor: openai\nllm:\n  base_url: {_url(port)}\n  api_key_env: KIRO_TEST_NO_SUCH_KEY\n", PASSWORD, {}),
+         f"executor: openai\nllm:\n  base_url: http://kiro:{PASSWORD}@llm.invalid/v1\n"  # not local: a key is needed
+         "  api_key_env: KIRO_TEST_NO_SUCH_KEY\n", PASSWORD, {}),
         ("executor_command --token that cannot be split",
          f"executor: command\nexecutor_command: {json.dumps(f'agent --token {TOKEN} ' + chr(39))}\n", TOKEN, {}),
         ("config error echoing a secret value",
@@ -84,8 +87,9 @@ def test_no_line_kiro_prints_in_the_foreground_or_detached_echoes_a_known_secret
                 ws = Workspace(root)
                 ws.write("config/autonomous_loop.yaml", FAST_CONFIG + config)
                 ws.task(TASK, rel="Specs/s/tasks.md")
-                found = _try(ws, secret, detach=detach, env=ws.env(**extra))
+                found, cut = _try(ws, secret, detach=detach, env=ws.env(**extra))
                 tried += 1
+                assert cut or found, f"{what}: the message that echoes the secret was not printed"
                 if found:
                     leaks.append(f"{what} ({'detached' if detach else 'foreground'}): {', '.join(found)}")
     print(f"tried {tried} (6 plantings, foreground and detached): {tried - len(leaks)} held; leaks: {leaks}")
