@@ -4,7 +4,9 @@ A loop builds one `Redactor` when it starts (`Redactor.for_run(config)`) and own
 `Loop.redact`, and `StepContext.redact` for executors. Use `redact.text(s) -> str` on any text
 and `redact.data(obj)` on JSON-like data before it reaches a file, a log, a prompt, a report, a
 transcript or a network peer. The shared write points already do (the event log, the state store,
-reports, the prompt file, transcripts); new writers (attempt logs, servers) call it too.
+reports, the prompt file, transcripts); new writers (attempt logs, servers) call it too. Every line
+printed for a person passes `kiro.views.console.clean` (the environment's secrets, the loops', the
+config resolved last in the process, and `written_in` the line itself).
 
 What it knows as secret, collected once per run:
   * the value of every environment variable whose NAME looks like a credential (`..._KEY`,
@@ -20,7 +22,8 @@ What it knows as secret, collected once per run:
 
 Values shorter than 8 characters are skipped (they would mangle ordinary text), except that a
 short URL password is still cut in its `user:password@` form. Each secret is also matched in its
-JSON-escaped and URL-encoded forms. Matching is one compiled alternation, longest first.
+JSON-escaped and URL-encoded forms. Matching is one compiled alternation, longest first. Every scan
+is linear in its input: a megabyte-long command or environment value costs milliseconds.
 """
 
 from __future__ import annotations
