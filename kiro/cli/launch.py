@@ -62,8 +62,11 @@ def run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
 
     from kiro.core.runner import combined_exit_code, run_loops
     from kiro.store.events import Listener
+    from kiro.store.redact import Redactor
     from kiro.views import console
 
+    for r in runs:  # what a loop knows as secret (its llm.base_url's password, its commands' tokens) is cut
+        console.redact_with(Redactor.for_run(r.config))  # from every line printed from here on
     listeners: list[Listener] = [] if quiet else [console.EventPrinter(with_task=len(runs) > 1, verbose=verbose)]
     for r in runs:
         for w in r.warnings:

@@ -185,7 +185,7 @@ def status(
     if json_out:
         console.print_json(result)
     elif tid is None and result:
-        sys.stdout.write(console.plain_table(result) + "\n")
+        console.write(console.plain_table(result) + "\n")
     else:
         console.print_table(render(result))
 
@@ -302,7 +302,7 @@ def logs(
 
     def show(e: dict[str, Any]) -> None:
         if json_out:
-            sys.stdout.write(json.dumps(e, ensure_ascii=False) + "\n")
+            console.write(json.dumps(e, ensure_ascii=False) + "\n", flush=False)
         else:
             printer.show(e)
 
@@ -459,7 +459,7 @@ def stats(
     if json_out:
         console.print_json(result)
     else:
-        sys.stdout.write(loop_stats.render(result))
+        console.write(loop_stats.render(result))
 
 
 @app.command()
@@ -521,4 +521,4 @@ def history(
     if json_out:
         console.print_json(records)
     else:
-        sys.stdout.write(hist.render(records))
+        console.write(hist.render(records))

@@ -4,7 +4,9 @@ A loop builds one `Redactor` when it starts (`Redactor.for_run(config)`) and own
 `Loop.redact`, and `StepContext.redact` for executors. Use `redact.text(s) -> str` on any text
 and `redact.data(obj)` on JSON-like data before it reaches a file, a log, a prompt, a report, a
 transcript or a network peer. The shared write points already do (the event log, the state store,
-reports, the prompt file, transcripts); new writers (attempt logs, servers) call it too.
+reports, the prompt file, transcripts); new writers (attempt logs, servers) call it too. Every line
+printed for a person passes `kiro.views.console.clean` (the environment's secrets, the loops', the
+config resolved last in the process, and `written_in` the line itself).
 
 What it knows as secret, collected once per run:
   * the value of every environment variable whose NAME looks like a credential (`..._KEY`,
@@ -20,7 +22,8 @@ What it knows as secret, collected once per run:
 
 Values shorter than 8 characters are skipped (they would mangle ordinary text), except that a
 short URL password is still cut in its `user:password@` form. Each secret is also matched in its
-JSON-escaped and URL-encoded forms. Matching is one compiled alternation, longest first.
+JSON-escaped and URL-encoded forms. Matching is one compiled alternation, longest first. Every scan
+is linear in its input: a megabyte-long command or environment value costs milliseconds.
 """
 
 from __future__ import annotations
@@ -46,14 +49,29 @@ _TOKEN_FORMATS = re.compile(
     r"|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_\-]{16,}"
     r"|AIza[0-9A-Za-z_\-]{30,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})$"
 )
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+# Every pattern here is linear in its input (issue #27 item 12: a 40 KB value cost seconds on every
+# command): a match may start only where a run of its characters starts (the lookbehinds), and the
+# run is taken whole (`*+`, `++`), never given back a character at a time.
+# A URL: the first letter of a run of scheme characters, the run, `://`, the rest up to a space or quote.
+_URL = re.compile(r"(?<![A-Za-z0-9+.\-])[0-9+.\-]*+([A-Za-z][A-Za-z0-9+.\-]*+://[^\s'\"<>]++)")
 _SECRET_QUERY = re.compile(r"(?i)(token|key|secret|password|passwd|sig|signature|auth|credential)")
-# Credentials written into a command line: `Bearer X`, `--token X`, `--password=X`, `API_KEY=X`.
+# Credentials written into a command line: `Bearer X`, `--token X`, `--password=X`, `API_KEY=X`. The
+# name is found first (`_IN_COMMAND`), then its value (`_COMMAND_VALUE`) when the name says secret.
 _IN_COMMAND = re.compile(
-    r"(?i)(?:\bbearer\s+|\bbasic\s+"
-    r"|--?[a-z0-9_\-]*(?:token|key|secret|password|passwd|pass|auth)[a-z0-9_\-]*[=\s]+"
-    r"|\b[a-z0-9_]*(?:token|key|secret|password|passwd|auth)[a-z0-9_]*=)"
-    r"['\"]?([^\s'\"&;|]+)"
+    r"(?i)\b(?:bearer|basic)\s++"
+    r"|(?<![\w\-])(--?[a-z0-9_\-]*+)(?:=|\s++)"
+    r"|(?<!\w)([a-z0-9_]++)="
+)
+_OPTION_SAYS_SECRET = re.compile(r"(?i)token|key|secret|pass|auth")
+_ASSIGNMENT_SAYS_SECRET = re.compile(r"(?i)token|key|secret|password|passwd|auth")
+_COMMAND_VALUE = re.compile(r"['\"]?([^\s'\"&;|]+)")
+
+
+# The same formats inside a line of text, as whole words.
+_TOKEN_WORDS = re.compile(
+    r"(?<![A-Za-z0-9_\-])(?:sk-[A-Za-z0-9_\-]{16,}+|sk_(?:live|test)_[A-Za-z0-9]{16,}+|gh[pousr]_[A-Za-z0-9]{20,}+"
+    r"|github_pat_[A-Za-z0-9_]{20,}+|xox[abposr]-[A-Za-z0-9\-]{10,}+|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_\-]{16,}+"
+    r"|AIza[0-9A-Za-z_\-]{30,}+|eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+)(?![A-Za-z0-9_\-])"
 )
 
 
@@ -74,7 +92,7 @@ def url_secrets(text: str) -> tuple[list[str], list[str]]:
     forms: list[str] = []
     for match in _URL.finditer(text):
         try:
-            parts = urlsplit(match.group(0))
+            parts = urlsplit(match.group(1))
             password = parts.password
             query = parse_qsl(parts.query, keep_blank_values=False)
         except ValueError:
@@ -92,8 +110,32 @@ def url_secrets(text: str) -> tuple[list[str], list[str]]:
 
 def command_secrets(text: str) -> list[str]:
     """Credentials written into a command line (`Authorization: Bearer X`, `--token X`, `KEY=X`)."""
-    found = [m.group(1) for m in _IN_COMMAND.finditer(text)]
+    found: list[str] = []
+    pos = 0
+    while (name := _IN_COMMAND.search(text, pos)) is not None:
+        pos = name.end()
+        option, assigned = name.group(1), name.group(2)
+        if option is not None and not _OPTION_SAYS_SECRET.search(option):
+            continue
+        if assigned is not None and not _ASSIGNMENT_SAYS_SECRET.search(assigned):
+            continue
+        value = _COMMAND_VALUE.match(text, pos)
+        if value is not None:
+            found.append(value.group(1))
+            pos = value.end()
     return found + url_secrets(text)[0]
+
+
+def written_in(text: str) -> Redactor | None:
+    """A redactor for the secrets `text` itself shows to be secrets: the password of a URL in it
+    (`scheme://user:password@host`) and words in a well-known credential format; None when there is
+    none. For lines printed before, or without, a run's redactor (a config error echoing a value)."""
+    values = [m.group(0) for m in _TOKEN_WORDS.finditer(text)]
+    forms: list[str] = []
+    if "://" in text and "@" in text:
+        found, forms = url_secrets(text)
+        values += found
+    return Redactor(values, forms) if values or forms else None
 
 
 class Redactor:
@@ -252,6 +294,12 @@ def _trie_pattern(words: Iterable[str]) -> str:
 
 
 _run_seen: list[tuple[tuple[Any, ...], Redactor]] = []  # the last run's redactor and what it was made of
+
+
+def last_run() -> Redactor | None:
+    """The redactor `Redactor.for_run` made last in this process (of the config resolved last), if any."""
+    return _run_seen[0][1] if _run_seen else None
+
 _env_seen: list[tuple[frozenset[tuple[str, str]], list[str], list[str]]] = []  # the last environment scanned
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from rich.text import Text
 
     from kiro.store.events import Event
+    from kiro.store.redact import Redactor
 
 _consoles: dict[str, Console] = {}
 
@@ -72,20 +73,65 @@ def _status_style(status: str, default: str = "") -> str:
         return default
 
 
+# -- the one door out: every line below passes `clean` -----------------------------------------------
+
+_redactor: list[Redactor] = []  # the one every line passes: the environment's secrets, then each loop's
+
+
+def redact_with(redactor: Redactor) -> None:
+    """Every later line also passes `redactor` (a loop's own, `Redactor.for_run`, before its outcome)."""
+    _redactor[:] = [_known() | redactor]
+
+
+def _known() -> Redactor:
+    """The environment's secrets, the loops' given to `redact_with`, and those of the config resolved last
+    in this process (its error, or its executor's, is printed before any loop runs)."""
+    from kiro.store.redact import Redactor, last_run
+
+    if not _redactor:
+        _redactor.append(Redactor.from_environment(None))
+    latest = last_run()
+    if latest is not None and latest is not _merged[0]:
+        _merged[0] = latest
+        _redactor[0] = _redactor[0] | latest
+    return _redactor[0]
+
+
+_merged: list[Redactor | None] = [None]  # the last run's redactor, once merged into `_redactor`
+
+
+def clean(text: str) -> str:
+    """`text` with every secret kiro knows of cut: the environment's, the running loops' (`redact_with`),
+    and what the text itself shows to be one (a URL's password, a word in a credential format: a config
+    error that echoes a value)."""
+    from kiro.store.redact import written_in
+
+    text = _known().text(text)
+    own = written_in(text)
+    return own.text(text) if own is not None else text
+
+
 def error(message: str) -> None:
     """One line on stderr: `kiro: <message>`. Printed as is (paths may hold brackets)."""
-    sys.stderr.write(_paint(f"kiro: {message}", "red", sys.stderr) + "\n")
+    sys.stderr.write(_paint(clean(f"kiro: {message}"), "red", sys.stderr) + "\n")
     sys.stderr.flush()
 
 
 def warning(message: str) -> None:
-    sys.stderr.write(_paint(f"kiro: warning: {message}", "yellow", sys.stderr) + "\n")
+    sys.stderr.write(_paint(clean(f"kiro: warning: {message}"), "yellow", sys.stderr) + "\n")
     sys.stderr.flush()
 
 
 def line(text: str, style: str | None = None) -> None:
-    sys.stdout.write(_paint(text, style, sys.stdout) + "\n")
+    sys.stdout.write(_paint(clean(text), style, sys.stdout) + "\n")
     sys.stdout.flush()
+
+
+def write(text: str, *, flush: bool = True) -> None:
+    """`text` (whole lines: a table, a JSON document, an event) on stdout, cleaned."""
+    sys.stdout.write(clean(text))
+    if flush:
+        sys.stdout.flush()
 
 
 def _current_or_next(r: dict[str, Any]) -> str:
@@ -119,8 +165,7 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
-    sys.stdout.flush()
+    write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def status_text(status: str) -> Text:
@@ -304,8 +349,7 @@ class EventPrinter:
                 pass
             else:
                 if line is not None:
-                    sys.stdout.write(line + "\n")
-                    sys.stdout.flush()
+                    write(line + "\n")
                 return
         text = format_event(e, with_task=self.with_task)
         if text is not None:
@@ -410,8 +454,7 @@ def _watch_plain(render: Callable[[], Any], ticks: Iterable[None], plain: Callab
                 out.print(render())
             text = captured.get()
         if text != last:
-            sys.stdout.write(text + "\n")  # a blank line between two views
-            sys.stdout.flush()
+            write(text + "\n")  # a blank line between two views
             last = text
 
     import contextlib
@@ -429,8 +472,7 @@ def watch_json(data: Callable[[], Any], interval: float) -> None:
 
     with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
         while True:
-            sys.stdout.write(json.dumps(data(), ensure_ascii=False, default=str) + "\n")
-            sys.stdout.flush()
+            write(json.dumps(data(), ensure_ascii=False, default=str) + "\n")
             time.sleep(interval)
 
 

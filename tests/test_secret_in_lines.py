@@ -1,0 +1,111 @@
+"""Secrets kiro knows of, planted where the lines it prints for a person echo them (issue #27 item 3):
+a password in `llm.base_url` with an endpoint answering 401, 403 and 404, the same URL with no API key,
+an `executor_command` holding a token that cannot be split into words, and a config error that echoes a
+secret value. Each runs in the foreground and with `--detach` (whose lines go to `Logs/<id>.out`); its
+stdout, stderr, those of `kiro loop status` and `kiro loop logs` afterwards, and every file of the
+workspace (but the person's config) are searched for the secret.
+The test prints what was tried and how many held; before 2026-11-27 the outcome line and the config
+error printed them (10 leaks, 6 into files).
+
+And the redactor's scans are linear in their input (item 12): a 1 MB value is scanned and cut at once
+(an 80 KB `executor_command` once made `kiro loop status` take 15 s).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Workspace
+
+PASSWORD = "pw-planted-" + "7" * 12
+TOKEN = "planted-opaque-" + "4" * 16  # in no well-known format: known only from where the config puts it
+ENV_SECRET = "acme-planted-" + "5" * 16
+TASK = "---\ntitle: t\n---\n- [ ] 1. one\n"
+
+
+def _url(port: int) -> str:
+    return f"http://kiro:{PASSWORD}@127.0.0.1:{port}/v1"
+
+
+def _files_holding(root: Path, secret: str) -> list[str]:
+    return [p.relative_to(root).as_posix() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.relative_to(root).as_posix() != "config/autonomous_loop.yaml"
+            and secret.encode() in p.read_bytes()]
+
+
+def _try(ws: Workspace, secret: str, *, detach: bool, env: dict[str, str]) -> tuple[list[str], bool]:
+    """Run one loop: where the secret was found (stdout, stderr, files), and whether its lines showed
+    the secret's place cut (the message that echoes it was printed)."""
+    tid = "bg" if detach else "fg"
+    r = ws.kiro("loop", "start", "--task", "Specs/s/tasks.md", "--task-id", tid, *(["--detach"] if detach else []),
+                env=env)
+    out = ws.root / "Logs" / f"{tid}.out"
+    if detach and r.returncode == 0:
+        ws.wait_for(lambda: f"{tid}: " in out.read_text(), what="the loop's last line")
+    printed = r.stdout + r.stderr + (out.read_text() if out.exists() else "")
+    found = [where for where, text in (("stdout", r.stdout), ("stderr", r.stderr)) if secret in text]
+    for read in (("loop", "status"), ("loop", "logs", "--task-id", tid)):  # and what a person reads afterwards
+        shown = ws.kiro(*read, env=env)
+        found += [" ".join(read)] if secret in shown.stdout + shown.stderr else []
+    return found + _files_holding(ws.root, secret), "[REDACTED]" in printed
+
+
+def _cases(port: int) -> list[tuple[str, str, str, dict[str, str]]]:
+    """(what, config, secret, environment)."""
+    key = {"OPENAI_API_KEY": "k" * 12}
+    return [
+        *[(f"password in llm.base_url, endpoint answers {status}",
+           f"executor: openai\nllm:\n  base_url: {_url(port)}\n  max_retries: 0\n", PASSWORD, key)
+          for status in (401, 403, 404)],
+        ("password in llm.base_url, no API key",
+         f"executor: openai\nllm:\n  base_url: http://kiro:{PASSWORD}@llm.invalid/v1\n"  # not local: a key is needed
+         "  api_key_env: KIRO_TEST_NO_SUCH_KEY\n", PASSWORD, {}),
+        ("executor_command --token that cannot be split",
+         f"executor: command\nexecutor_command: {json.dumps(f'agent --token {TOKEN} ' + chr(39))}\n", TOKEN, {}),
+        ("config error echoing a secret value",
+         f"executor: command\nllm:\n  max_retries: {ENV_SECRET}\n", ENV_SECRET,
+         {"ACME_DEPLOY_TOKEN": ENV_SECRET}),
+    ]
+
+
+def test_no_line_kiro_prints_in_the_foreground_or_detached_echoes_a_known_secret(tmp_path: Path) -> None:
+    from tests.conftest import FAST_CONFIG
+    from tests.fake_openai import FakeOpenAI
+
+    tried, leaks = 0, []
+    with FakeOpenAI() as fake:
+        for n, (what, config, secret, extra) in enumerate(_cases(fake.port)):
+            for detach in (False, True):
+                status = (401, 403, 404)[n] if n < 3 else 200
+                fake.responder = lambda body, status=status: {"status": status, "message": f"fake error {status}"}
+                root = tmp_path / f"case{n}{'d' if detach else 'f'}" / "vault"
+                for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+                    (root / name).mkdir(parents=True)
+                ws = Workspace(root)
+                ws.write("config/autonomous_loop.yaml", FAST_CONFIG + config)
+                ws.task(TASK, rel="Specs/s/tasks.md")
+                found, cut = _try(ws, secret, detach=detach, env=ws.env(**extra))
+                tried += 1
+                assert cut or found, f"{what}: the message that echoes the secret was not printed"
+                if found:
+                    leaks.append(f"{what} ({'detached' if detach else 'foreground'}): {', '.join(found)}")
+    print(f"tried {tried} (6 plantings, foreground and detached): {tried - len(leaks)} held; leaks: {leaks}")
+    assert leaks == []
+
+
+@pytest.mark.timeout(60)
+def test_a_one_megabyte_value_is_scanned_and_cut_in_linear_time() -> None:
+    """Values that made the old scans quadratic or worse (a run of scheme characters with no `://`, a run of
+    dashes, `token` repeated), 1 MB each, in a command and the environment: the scans end, and the
+    credential after them is still found and cut."""
+    from kiro.store.redact import Redactor, command_secrets, url_secrets
+
+    size = 1_000_000
+    for filler in ("a" * size, "-" * size, "token" * (size // 5), "a@" * (size // 2), "ab:/" * (size // 4)):
+        value = f"{filler} --token {TOKEN} https://kiro:{PASSWORD}@example.com/"
+        assert TOKEN in command_secrets(value) and PASSWORD in url_secrets(value)[0]
+        redactor = Redactor.from_environment(None, {"ACME_HOOK": value, "ACME_DEPLOY_TOKEN": ENV_SECRET})
+        assert PASSWORD not in redactor.text(value) and redactor.text(ENV_SECRET) == "[REDACTED]"
