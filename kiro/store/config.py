@@ -37,10 +37,23 @@ def _none_is_empty(value: Any) -> Any:
 ON_EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")
 
 
+_QUIET = "kiro_value_not_shown"  # a validation error whose value is not echoed: it may hold a secret
+
+
 class _Strict(BaseModel):
     # defer_build: a model's validator is built when a config is first resolved, not at import (a read
     # command that never resolves one never builds it)
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        """No text in the config may hold a NUL character: no path, command, argument or URL can, and the
+        first file call on it would end kiro with an internal error."""
+        texts = value if isinstance(value, list) else value.values() if isinstance(value, dict) else [value]
+        if any(isinstance(text, str) and "\0" in text for text in texts):
+            raise ValueError("holds a NUL character (\\0), which no path, command or name can hold")
+        return value
 
 
 class LoopSettings(_Strict):
@@ -116,6 +129,27 @@ class LLMSettings(_Strict):
     prices: dict[str, Price] = Field(default_factory=dict)
 
     _empty_prices = field_validator("prices", mode="before")(_none_is_empty)
+
+    @field_validator("base_url")
+    @classmethod
+    def _usable_url(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host and a port in range, or one line now rather than an internal error at
+        the loop's first request. The value is not echoed: a base_url may hold a password."""
+        if value is None:
+            return value
+        from urllib.parse import urlsplit
+
+        from pydantic_core import PydanticCustomError
+
+        fix = "write it like http://127.0.0.1:8080/v1"
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError as exc:
+            raise PydanticCustomError(_QUIET, f"is not a URL kiro can use ({exc}); {fix}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PydanticCustomError(_QUIET, f"should be an http:// or https:// URL with a host; {fix}")
+        return value
 
 
 class ShellToolSettings(_Strict):
@@ -721,6 +755,8 @@ def _message(error: ErrorDetails) -> str:
     kind = error["type"]
     if kind == "missing":
         return "required key missing"
+    if kind == _QUIET:
+        return error["msg"]
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         message = "should be a mapping of keys"
     elif kind == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == _HH_MM:
