@@ -47,12 +47,20 @@ class _Strict(BaseModel):
 
     @field_validator("*")
     @classmethod
-    def _no_nul(cls, value: Any) -> Any:
-        """No text in the config may hold a NUL character: no path, command, argument or URL can, and the
-        first file call on it would end kiro with an internal error."""
+    def _plain_text(cls, value: Any) -> Any:
+        """No text in the config may hold a NUL character (no path, command, argument or URL can) or a byte
+        that is not UTF-8 (from a `KIRO_*` variable or a flag; no state file can): the first file call on it
+        would end kiro with an internal error, in a loop already started."""
         texts = value if isinstance(value, list) else value.values() if isinstance(value, dict) else [value]
-        if any(isinstance(text, str) and "\0" in text for text in texts):
-            raise ValueError("holds a NUL character (\\0), which no path, command or name can hold")
+        for text in texts:
+            if not isinstance(text, str):
+                continue
+            if "\0" in text:
+                raise ValueError("holds a NUL character (\\0), which no path, command or name can hold")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: Python's stand-in for a byte that is not UTF-8
+                raise ValueError("holds a byte that is not UTF-8 (shown as \\udc..); give it as UTF-8 text") from None
         return value
 
 
