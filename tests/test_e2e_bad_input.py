@@ -342,6 +342,8 @@ ATTACKS: dict[str, tuple[Callable[[Path], None] | None, str, tuple[str, ...], tu
                                ("config/autonomous_loop.yaml:4:", "state_directory", "NUL")),
     "--task of 5,000 characters": (None, "vault", ("loop", "start", "--task", "t" * 5000),
                                    ("task file", "5000 characters")),
+    "--workspace of 5,000 characters": (None, "vault", ("loop", "status", "--workspace", "w" * 5000),
+                                        ("workspace", "5000 characters", "File name too long")),
     "kiro_task_id of 300 characters": (kiro_task_id("k" * 300), "vault", START,
                                        (f"{TASK}:4:", "kiro_task_id", "300 characters")),
     "stop --reason not UTF-8": (None, "vault", ("loop", "stop", "--task-id", "other", "--reason", "bad\udcffbyte"),

@@ -52,6 +52,14 @@ def _clip(text: str, width: int = 60) -> str:
     return repr(text) if len(text) <= width else f"{text[:width]!r}... ({len(text)} characters)"
 
 
+def _not_a_dir(path: Path) -> str | None:
+    """Why `path` is no folder to work in, or None when it is one."""
+    try:
+        return None if path.is_dir() else "is not a folder"
+    except OSError as exc:  # a name longer than the file system allows (ENAMETOOLONG), ...
+        return f"cannot be a folder ({exc.strerror or exc})"
+
+
 def _real(path: Path) -> Path:
     """`path.resolve()` that never raises: a symlink loop stays as it is (Path.resolve raises
     RuntimeError on one in Python 3.11)."""
@@ -139,14 +147,18 @@ class Workspace:
         `.state/`, else the current directory."""
         if explicit:
             root = Path(explicit).expanduser()
-            if not root.is_dir():
+            why = _not_a_dir(root)
+            if why == "is not a folder":
                 raise UserError(f"workspace {str(root)!r} is not a folder; create it with `kiro init {root}`")
+            if why:
+                raise UserError(f"workspace {_clip(str(root))} {why}")
             return cls(root.resolve())
         env = os.environ.get("KIRO_WORKSPACE")
         if env:
             root = Path(env).expanduser()
-            if not root.is_dir():
-                raise UserError(f"KIRO_WORKSPACE={env!r} is not a folder")
+            why = _not_a_dir(root)
+            if why:
+                raise UserError(f"KIRO_WORKSPACE={_clip(env)} {why}")
             return cls(root.resolve())
         here = cwd or current_folder()
         if here is None:
