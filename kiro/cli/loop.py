@@ -379,7 +379,7 @@ def stop(
     _utf8("--reason", reason)  # it is written into the hook file
     ws = _workspace(workspace)
     if all_loops:
-        ws.check_is_one()
+        ws.check_is_workspace()
     store = _store(ws)
     if all_loops:
         ws.check_hook(ws.global_hook_file)

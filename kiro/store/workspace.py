@@ -52,10 +52,13 @@ def _clip(text: str, width: int = 60) -> str:
     return repr(text) if len(text) <= width else f"{text[:width]!r}... ({len(text)} characters)"
 
 
+NOT_A_FOLDER = "is not a folder"
+
+
 def _not_a_dir(path: Path) -> str | None:
     """Why `path` is no folder to work in, or None when it is one."""
     try:
-        return None if path.is_dir() else "is not a folder"
+        return None if path.is_dir() else NOT_A_FOLDER
     except OSError as exc:  # a name longer than the file system allows (ENAMETOOLONG), ...
         return f"cannot be a folder ({exc.strerror or exc})"
 
@@ -148,17 +151,16 @@ class Workspace:
         if explicit:
             root = Path(explicit).expanduser()
             why = _not_a_dir(root)
-            if why == "is not a folder":
-                raise UserError(f"workspace {str(root)!r} is not a folder; create it with `kiro init {root}`")
             if why:
-                raise UserError(f"workspace {_clip(str(root))} {why}")
+                fix = f"; create it with `kiro init {root}`" if why == NOT_A_FOLDER else ""
+                raise UserError(f"workspace {_clip(str(root), 200)} {why}{fix}")
             return cls(root.resolve())
         env = os.environ.get("KIRO_WORKSPACE")
         if env:
             root = Path(env).expanduser()
             why = _not_a_dir(root)
             if why:
-                raise UserError(f"KIRO_WORKSPACE={_clip(env)} {why}")
+                raise UserError(f"KIRO_WORKSPACE={_clip(env, 200)} {why}")
             return cls(root.resolve())
         here = cwd or current_folder()
         if here is None:
@@ -170,7 +172,7 @@ class Workspace:
                 return cls(candidate)
         return cls(here)
 
-    def check_is_one(self) -> None:
+    def check_is_workspace(self) -> None:
         """For a command that makes no sense where no loop can have run (`stop --all`, `watch --detach`): a
         folder without config/autonomous_loop.yaml or .state/ is one line, not a workspace made in passing."""
         if (self.root / CONFIG_RELPATH).is_file() or (self.root / ".state").is_dir():
@@ -299,7 +301,7 @@ class Workspace:
                 if c.is_dir() and (c / "tasks.md").is_file():
                     return _utf8((c / "tasks.md").resolve())
         except OSError as exc:  # a name longer than the file system allows (ENAMETOOLONG), ...
-            raise TaskNotFound(f"task file {_clip(text)}: {exc.strerror or exc}") from None
+            raise TaskNotFound(f"task file {_clip(text, 200)}: {exc.strerror or exc}") from None
         raise TaskNotFound(
             f"task file {text!r} not found (looked in {', '.join(repr(str(c)) for c in dict.fromkeys(candidates))})"
         )
