@@ -48,6 +48,7 @@ STATE_CMD = ("state", ["loop", "state", "--task-id", "other"])
 LOGS = ("logs", ["loop", "logs", "--task-id", "other"])
 LOGS_JSON = ("logs-json", ["loop", "logs", "--json", "--task-id", "other"])
 STOP = ("stop", ["loop", "stop", "--task-id", "other"])
+START_DETACH = ("start-detach", ["loop", "start", "--task", FEATURE, "--task-id", "feat", "--detach"])
 
 
 # -- corruptions -------------------------------------------------------------------------------------
@@ -294,10 +295,12 @@ def cases() -> Iterator[Case]:
     for folder in ("Specs", "Done", "Needs_Action"):
         yield from make(folder, CONTENT_KINDS, [START, STATUS], folder)
     for kind, tid in TASK_IDS.items():
-        for cmd, args in (START, RESUME, STATE_CMD, STOP):
+        for cmd, args in (START, RESUME, STATE_CMD, STOP, START_DETACH):
             args = [tid if a in ("feat", "other") else a for a in args]
+            # --detach named Logs/<id>.out after the id before checking it (issue "Hold against the attacks
+            # that still work", item 7): every one of these ids must be refused there
             yield Case("--task-id", kind, cmd, tuple(args), None, "task id",
-                       must_fail=(kind == "300-character task id"))
+                       must_fail=kind == "300-character task id" or cmd == "start-detach")
 
 
 ALL = list(cases())

@@ -604,3 +604,44 @@ def test_lax_values_are_taken() -> None:
     assert Config().model_dump(mode="json")["autonomous_loop"]["timeout_seconds"] == 43200.0  # 12 h, a night
     assert isinstance(Config().model_dump(mode="json")["autonomous_loop"]["timeout_seconds"], float)
     assert isinstance(Config().autonomous_loop.timeout_seconds, float)  # what a message or an event shows
+
+
+def test_text_with_a_nul_or_a_byte_that_is_not_utf8_is_refused_by_key(tmp_path: Path) -> None:
+    """A NUL in `state_directory` (YAML "\\0") or a byte that is not UTF-8 in a `KIRO_*` text variable passed
+    the check, then ended a started loop with an internal error."""
+    write_config(tmp_path, 'autonomous_loop:\n  state_directory: "st\\0ate"\n')
+    message = config_error(tmp_path)
+    assert message.startswith("config/autonomous_loop.yaml:2: autonomous_loop.state_directory: holds a NUL"), message
+    write_config(tmp_path, 'agent_args: ["--yes", "a\\0b"]\n')
+    assert config_error(tmp_path).startswith("config/autonomous_loop.yaml:1: agent_args: holds a NUL")
+    write_config(tmp_path, "")
+    for var in ("KIRO_VERIFY", "KIRO_MODEL", "KIRO_LLM__API_KEY_ENV"):
+        message = config_error(tmp_path, env={var: "x\udcff"})
+        assert message.startswith(f"environment {var}: holds a byte that is not UTF-8"), message
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("http://127.0.0.1:99999/v1", "Port out of range 0-65535"),
+    ("http://127.0.0.1:port/v1", "could not be cast to integer"),
+    ("http://[::1/v1", "Invalid IPv6 URL"),
+    ("127.0.0.1:8080/v1", "http:// or https://"),
+    ("http:///v1", "with a host"),
+])
+def test_an_llm_base_url_kiro_cannot_use_is_refused_without_echoing_it(tmp_path: Path, url: str,
+                                                                       words: str) -> None:
+    """Port 99999 passed the check and ended the loop's first request with an internal error. The URL is
+    not shown: a base_url may hold a password."""
+    secret = url.replace("://", "://me:hunter2@", 1) if "://" in url else url
+    write_config(tmp_path, f"llm:\n  base_url: {secret!r}\n")
+    message = config_error(tmp_path)
+    assert message.startswith("config/autonomous_loop.yaml:2: llm.base_url: "), message
+    assert words in message and "hunter2" not in message, message
+    message = config_error(tmp_path / "none", env={"KIRO_BASE_URL": secret})
+    assert message.startswith("environment KIRO_BASE_URL: ") and "hunter2" not in message, message
+
+
+def test_an_llm_base_url_kiro_can_use_is_kept_as_written(tmp_path: Path) -> None:
+    for url in ("http://127.0.0.1:8080/v1", "https://me:pw@proxy.example/v1?api_key=x", "http://[::1]:65535/",
+                "https://api.openai.com/v1"):
+        write_config(tmp_path, f"llm:\n  base_url: {url!r}\n")
+        assert resolve(tmp_path).llm.base_url == url

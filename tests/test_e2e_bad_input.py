@@ -8,9 +8,15 @@ no state file rewritten, no half-created loop left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -288,3 +294,122 @@ def test_start_refuses_a_task_whose_unfinished_loop_has_a_corrupt_state(ws: Work
     r = ws.kiro("loop", "start", "--task", TASK)
     one_line_error(r, "kiro loop resume --task-id t")
     assert snapshot(ws) == before
+
+
+# -- the attacks that still worked -------------------------------------------------------------------
+# Issue "Hold against the attacks that still work", items 7 and 11, and "What a new user hit", item 8: each
+# case runs on its own copy of a workspace that holds an unfinished loop, beside an empty folder; the
+# whole folder around both is compared before and after, so a file made outside the workspace counts.
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and folder (None) under `root`; lock files (empty flock targets) left out."""
+    return {p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes()
+            for p in sorted(root.rglob("*")) if not p.name.endswith(".lock")}
+
+
+def scheduled(value: str) -> Callable[[Path], None]:
+    def write(root: Path) -> None:
+        (root / TASK).write_text(shell_task(2, extra_frontmatter=f"schedule: {value}"))
+    return write
+
+
+def configured(extra: str) -> Callable[[Path], None]:
+    def write(root: Path) -> None:
+        (root / "config/autonomous_loop.yaml").write_text(FAST_CONFIG + extra)
+    return write
+
+
+def kiro_task_id(value: str) -> Callable[[Path], None]:
+    def write(root: Path) -> None:
+        (root / TASK).write_text(shell_task(2, extra_frontmatter=f"kiro_task_id: {value}"))
+    return write
+
+
+START = ("loop", "start", "--task", TASK)
+ATTACKS: dict[str, tuple[Callable[[Path], None] | None, str, tuple[str, ...], tuple[str, ...]]] = {
+    # name: (what to write in the workspace first, where kiro runs: "vault" or the empty folder "bare",
+    #        the command ({here} is the case's folder), what the one error line must say)
+    "--detach --task-id ../../X": (None, "vault", (*START, "--detach", "--task-id", "../../X"),
+                                   ("invalid task id", "'../../X'")),
+    "--detach --task-id /abs/X": (None, "vault", (*START, "--detach", "--task-id", "{here}/abs/X"),
+                                  ("invalid task id",)),
+    "--detach --task-id of 300 characters": (None, "vault", (*START, "--detach", "--task-id", "d" * 300),
+                                             ("invalid task id", "300 characters")),
+    "resume --detach --task-id ../../X": (None, "vault", ("loop", "resume", "--detach", "--task-id", "../../X"),
+                                          ("invalid task id", "'../../X'")),
+    "NUL in state_directory": (configured('  state_directory: "st\\0ate"\n'), "vault", START,
+                               ("config/autonomous_loop.yaml:4:", "state_directory", "NUL")),
+    "--task of 5,000 characters": (None, "vault", ("loop", "start", "--task", "t" * 5000),
+                                   ("task file", "5000 characters")),
+    "--workspace of 5,000 characters": (None, "vault", ("loop", "status", "--workspace", "w" * 5000),
+                                        ("workspace", "5000 characters", "File name too long")),
+    "kiro_task_id of 300 characters": (kiro_task_id("k" * 300), "vault", START,
+                                       (f"{TASK}:4:", "kiro_task_id", "300 characters")),
+    "stop --reason not UTF-8": (None, "vault", ("loop", "stop", "--task-id", "other", "--reason", "bad\udcffbyte"),
+                                ("--reason", "UTF-8", "0xff")),
+    "llm.base_url port 99999": (configured("llm:\n  base_url: http://127.0.0.1:99999/v1\n"), "vault",
+                                (*START, "--executor", "openai"), ("llm.base_url", "65535")),
+    'schedule "0 0 31 2 *"': (scheduled('"0 0 31 2 *"'), "vault", START, (f"{TASK}:4:", "never fires")),
+    'schedule "0 0 31 4,6,9,11 *"': (scheduled('"0 0 31 4,6,9,11 *"'), "vault", START,
+                                     (f"{TASK}:4:", "never fires")),
+    "schedule {every: 99999999999d}": (scheduled("{every: 99999999999d}"), "vault", START,
+                                       (f"{TASK}:4:", "schedule.every", "100 years")),
+    "stop --all in a folder that is no workspace": (None, "bare", ("loop", "stop", "--all"),
+                                                   ("is not a kiro workspace", "kiro init")),
+    "watch --detach in a folder that is no workspace": (None, "bare", ("loop", "watch", "--detach"),
+                                                       ("is not a kiro workspace", "kiro init")),
+}
+
+
+def _end_background(here: Path) -> None:
+    """A supervisor a failing case left running in the background (the previous release's watch --detach)."""
+    for pid_file in here.rglob("watch.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+
+
+def test_the_attacks_that_still_worked_are_one_line_and_change_nothing(ws: Workspace, other: str,
+                                                                      tmp_path: Path) -> None:
+    held, failed = 0, []
+    for n, (name, (setup, where, args, needles)) in enumerate(ATTACKS.items()):
+        here = tmp_path / f"case{n}"
+        shutil.copytree(ws.root, here / "vault", symlinks=True)
+        (here / "bare").mkdir()
+        if setup is not None:
+            setup(here / "vault")
+        before = tree(here)
+        r = subprocess.run([sys.executable, "-m", "kiro", *(a.replace("{here}", str(here)) for a in args)],
+                           cwd=here / where, env=ws.env(), capture_output=True, text=True, timeout=120)
+        _end_background(here)
+        try:
+            one_line_error(r, *needles)
+            made = sorted(tree(here).keys() ^ before.keys())
+            assert not made, f"made or removed {made[:3]}"
+            assert tree(here) == before, "changed a file"
+        except AssertionError as exc:
+            failed.append(f"{name}: {' '.join(str(exc).split())[:300]}")
+            print(f"broke  {name}")
+        else:
+            held += 1
+            print(f"held   {name}: {r.stderr.strip()[:160]}")
+    print(f"attacks that still worked: tried {len(ATTACKS)}, held {held}")
+    assert not failed, "\n".join(failed)
+
+
+def test_post_api_loops_with_a_task_id_out_of_the_workspace_makes_no_file(ws: Workspace, other: str,
+                                                                          tmp_path: Path) -> None:
+    from tests.serve_helpers import start_server, stop_loops
+
+    served = start_server(ws)
+    try:
+        before = snapshot(ws)
+        for bad in ("../../X", f"{tmp_path}/abs/X", "d" * 300):
+            r = served.post("/api/loops", {"task": TASK, "options": {"task_id": bad}})
+            assert r.status_code == 400, (bad, r.status_code, r.text)
+            assert "invalid task id" in r.text, r.text
+        assert snapshot(ws) == before
+        assert not (tmp_path / "X.out").exists() and not (tmp_path / "abs").exists()
+    finally:
+        served.stop()
+        stop_loops(ws.root)

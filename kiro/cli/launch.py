@@ -91,10 +91,10 @@ def detach(argv: list[str], ws: Any, task_id: str) -> None:
     wait until it has taken the loop's lock (or died) so that errors still reach the person."""
     from kiro.errors import RunError
     from kiro.store.state import StateStore
-    from kiro.store.workspace import current_folder
+    from kiro.store.workspace import check_task_id, current_folder
     from kiro.views import console
 
-    out_path = ws.detached_output(task_id)
+    out_path = ws.detached_output(check_task_id(task_id))  # the id names the file: checked before it is made
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=out, stderr=subprocess.STDOUT,
@@ -153,9 +153,12 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
     """`kiro loop start`: the loop's exit code (SPEC §6), or 0 for a loop started in the background."""
     from kiro.core.runner import new_task_id, prepare_start
     from kiro.errors import UserError
+    from kiro.store.workspace import check_task_id
 
     if executor is not None and executor not in ("shell", "command", "openai"):
         raise UserError(f"--executor {executor!r}: choose shell, command or openai")
+    if task_id:
+        check_task_id(task_id)  # before anything is made: with --detach the id names Logs/<id>.out
     ws = workspace(workspace_path)
     changes = overrides(max_iterations, failure_threshold, timeout, executor, model, agent)
     if len(task) > 1 and task_id:

@@ -55,6 +55,19 @@ def _exit(code: int) -> None:
     raise typer.Exit(code)
 
 
+def _utf8(name: str, value: str) -> None:
+    """A text argument kiro writes into a file must be UTF-8: a byte that is not arrives as a lone surrogate
+    (Python's surrogateescape), which no UTF-8 file can hold."""
+    from kiro.errors import UserError
+
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = ord(value[exc.start]) - 0xDC00
+        shown = f"byte 0x{byte:02x}" if 0x80 <= byte <= 0xFF else f"character {value[exc.start]!r}"
+        raise UserError(f"{name}: not UTF-8 text ({shown} at position {exc.start + 1}); type it again as UTF-8") from None
+
+
 AgentOpt = Annotated[str | None, typer.Option("--agent", help="Agent CLI preset for the command executor: claude | "
                                               "codex | aider | gemini | opencode (see `kiro agents`).",
                                               show_default=False)]
@@ -363,7 +376,10 @@ def stop(
     from kiro.fs.atomic import atomic_write
     from kiro.views import console, loops, reports
 
+    _utf8("--reason", reason)  # it is written into the hook file
     ws = _workspace(workspace)
+    if all_loops:
+        ws.check_is_workspace()
     store = _store(ws)
     if all_loops:
         ws.check_hook(ws.global_hook_file)
@@ -476,6 +492,7 @@ def tell(
     from kiro.store.redact import Redactor
     from kiro.views import console, loops
 
+    _utf8("TEXT", text)
     ws = _workspace(workspace)
     store = _store(ws)
     tid = loops.resolve_task_id(ws, store, task_id, task)

@@ -49,6 +49,7 @@ def watch(
         raise typer.Exit(watch_temporal(ws, config_file=config, overrides={"executor": executor},
                                         max_parallel=max_parallel, quiet=quiet))
     if detach:
+        ws.check_is_workspace()  # a supervisor in the background, out of sight, in a folder made a workspace by mistake
         check_watch_free(ws)
         out_path = ws.logs / "watch.out"
         out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ from kiro.store.redact import Redactor
 from kiro.store.settings import Located, settings_for
 from kiro.store.state import LoopState, StateStore, effective_status
 from kiro.store.unbuilt import not_built_warnings
-from kiro.store.workspace import Workspace, check_task_id, locate_task
+from kiro.store.workspace import Workspace, check_task_id, is_task_id, locate_task
 
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex", "StartBatch"]
 
@@ -337,6 +337,8 @@ def find_loop_for_task(store: StateStore, task_path: Path, task_id_hint: str | N
         index = LoopIndex(store)
     elif refresh:
         index.refresh()
+    if task_id_hint is not None and not is_task_id(task_id_hint):
+        task_id_hint = None  # not an id kiro made (prepare_start refuses it): it names no loop
     found = index.lookup(rel, task_id_hint)
     if found is not None:
         return found
@@ -351,6 +353,20 @@ def kept_overrides(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (overrides or {}).items() if v is not None and not k.startswith("autonomous_loop.")}
 
 
+def _check_kiro_task_id(ws: Workspace, path: Path, task: tasks.TaskFile) -> None:
+    """The `kiro_task_id` a task file names is a task id (it names the loop's files), or one clear line
+    naming the file and line: before anything is made."""
+    hint = task.frontmatter.get("kiro_task_id")
+    if hint is None:
+        return
+    try:
+        check_task_id(hint)
+    except UserError as exc:
+        line = task.frontmatter_lines.get("kiro_task_id", 2)
+        raise UserError(f"{ws.relative_name(path)}:{line}: frontmatter key 'kiro_task_id': {exc}; delete that "
+                        f"line and kiro writes a new one") from None
+
+
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
                   overrides: Mapping[str, Any] | None = None, executor: Executor | None = None,
                   index: LoopIndex | None = None, batch: StartBatch | None = None) -> LoopRun:
@@ -360,6 +376,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     batch ends."""
     task_path = ws0.resolve_task(task_arg)
     task = tasks.load(task_path)
+    _check_kiro_task_id(ws0, task_path, task)
     if batch is not None:
         loc = batch.settings(ws0, config_file=config_file, task=task, overrides=overrides)
         ws, store, cfg = loc.ws, loc.store, loc.config

@@ -47,6 +47,7 @@ _EVERY_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd])\s*")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 ALIASES = ("@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually")
 MIN_EVERY_SECONDS = 1.0
+MAX_EVERY_DAYS = 36500  # 100 years: a next fire is then always a date Python can hold
 RECALL_LIMIT = 15  # memories of earlier runs carried into a run's first prompt (seed 001: "10-15")
 MISSED_COUNT_CAP = 10_000  # fires counted for the catch-up event; beyond that "10000+"
 
@@ -153,6 +154,13 @@ def _cron(text: str, where: str) -> str:
     if not croniter.is_valid(expr):
         raise UserError(f"{where}: schedule {text!r} is not a valid cron expression (a field is out of range or "
                         f"misspelt); {FIX}")
+    from croniter import CroniterBadDateError
+
+    try:  # "0 0 31 2 *" is valid field by field, yet no date has it
+        croniter(expr, timeutil.now().astimezone()).get_next(datetime)
+    except CroniterBadDateError:
+        raise UserError(f"{where}: schedule {text!r} never fires (no date has that day in those months); "
+                        f"{FIX}") from None
     return expr
 
 
@@ -167,6 +175,9 @@ def _every(raw: Any, where: str, stateful: bool) -> Schedule:
     seconds = float(m.group(1)) * _UNITS[m.group(2)]
     if seconds < MIN_EVERY_SECONDS:
         raise UserError(f"{where}: schedule.every {raw!r} is shorter than {MIN_EVERY_SECONDS:g} s; use 1s or more")
+    if seconds > MAX_EVERY_DAYS * _UNITS["d"]:
+        raise UserError(f"{where}: schedule.every {raw!r} is longer than {MAX_EVERY_DAYS}d (100 years); use a "
+                        f"shorter interval")
     return Schedule("every", f"{m.group(1)}{m.group(2)}", seconds=seconds, stateful=stateful)
 
 

@@ -37,10 +37,31 @@ def _none_is_empty(value: Any) -> Any:
 ON_EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")
 
 
+_QUIET = "kiro_value_not_shown"  # a validation error whose value is not echoed: it may hold a secret
+
+
 class _Strict(BaseModel):
     # defer_build: a model's validator is built when a config is first resolved, not at import (a read
     # command that never resolves one never builds it)
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
+
+    @field_validator("*")
+    @classmethod
+    def _plain_text(cls, value: Any) -> Any:
+        """No text in the config may hold a NUL character (no path, command, argument or URL can) or a byte
+        that is not UTF-8 (from a `KIRO_*` variable or a flag; no state file can): the first file call on it
+        would end kiro with an internal error, in a loop already started."""
+        texts = value if isinstance(value, list) else value.values() if isinstance(value, dict) else [value]
+        for text in texts:
+            if not isinstance(text, str):
+                continue
+            if "\0" in text:
+                raise ValueError("holds a NUL character (\\0), which no path, command or name can hold")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: Python's stand-in for a byte that is not UTF-8
+                raise ValueError("holds a byte that is not UTF-8 (shown as \\udc..); give it as UTF-8 text") from None
+        return value
 
 
 class LoopSettings(_Strict):
@@ -118,6 +139,27 @@ class LLMSettings(_Strict):
     prices: dict[str, Price] = Field(default_factory=dict)
 
     _empty_prices = field_validator("prices", mode="before")(_none_is_empty)
+
+    @field_validator("base_url")
+    @classmethod
+    def _usable_url(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host and a port in range, or one line now rather than an internal error at
+        the loop's first request. The value is not echoed: a base_url may hold a password."""
+        if value is None:
+            return value
+        from urllib.parse import urlsplit
+
+        from pydantic_core import PydanticCustomError
+
+        fix = "write it like http://127.0.0.1:8080/v1"
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError as exc:
+            raise PydanticCustomError(_QUIET, f"is not a URL kiro can use ({exc}); {fix}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PydanticCustomError(_QUIET, f"should be an http:// or https:// URL with a host; {fix}")
+        return value
 
 
 class ShellToolSettings(_Strict):
@@ -723,6 +765,8 @@ def _message(error: ErrorDetails) -> str:
     kind = error["type"]
     if kind == "missing":
         return "required key missing"
+    if kind == _QUIET:
+        return error["msg"]
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         message = "should be a mapping of keys"
     elif kind == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == _HH_MM:

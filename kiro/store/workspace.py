@@ -32,13 +32,35 @@ def markdown_files(folder: Path) -> list[Path]:
     return sorted(found)
 
 
+def is_task_id(value: object) -> bool:
+    """A task id names files, so it must be a plain name: no folder, no way out of the workspace."""
+    return isinstance(value, str) and TASK_ID_RE.fullmatch(value) is not None and ".." not in value
+
+
 def check_task_id(task_id: str) -> str:
-    """A task id names files, so it must be a plain name."""
-    if not TASK_ID_RE.match(task_id) or ".." in task_id:
+    """`task_id`, or UserError when it is not a plain name (`is_task_id`)."""
+    if not is_task_id(task_id):
         raise UserError(
-            f"invalid task id {task_id!r}: use letters, digits, '_', '-' and '.' (at most 128 characters)"
+            f"invalid task id {_clip(task_id)}: use letters, digits, '_', '-' and '.' (at most 128 characters)"
         )
     return task_id
+
+
+def _clip(text: str, width: int = 60) -> str:
+    """`text` quoted for an error line, cut to `width` characters (a 5,000-character argument is named, not
+    printed)."""
+    return repr(text) if len(text) <= width else f"{text[:width]!r}... ({len(text)} characters)"
+
+
+NOT_A_FOLDER = "is not a folder"
+
+
+def _not_a_dir(path: Path) -> str | None:
+    """Why `path` is no folder to work in, or None when it is one."""
+    try:
+        return None if path.is_dir() else NOT_A_FOLDER
+    except OSError as exc:  # a name longer than the file system allows (ENAMETOOLONG), ...
+        return f"cannot be a folder ({exc.strerror or exc})"
 
 
 def _real(path: Path) -> Path:
@@ -128,14 +150,17 @@ class Workspace:
         `.state/`, else the current directory."""
         if explicit:
             root = Path(explicit).expanduser()
-            if not root.is_dir():
-                raise UserError(f"workspace {str(root)!r} is not a folder; create it with `kiro init {root}`")
+            why = _not_a_dir(root)
+            if why:
+                fix = f"; create it with `kiro init {root}`" if why == NOT_A_FOLDER else ""
+                raise UserError(f"workspace {_clip(str(root), 200)} {why}{fix}")
             return cls(root.resolve())
         env = os.environ.get("KIRO_WORKSPACE")
         if env:
             root = Path(env).expanduser()
-            if not root.is_dir():
-                raise UserError(f"KIRO_WORKSPACE={env!r} is not a folder")
+            why = _not_a_dir(root)
+            if why:
+                raise UserError(f"KIRO_WORKSPACE={_clip(env, 200)} {why}")
             return cls(root.resolve())
         here = cwd or current_folder()
         if here is None:
@@ -146,6 +171,17 @@ class Workspace:
             if (candidate / CONFIG_RELPATH).is_file() or (candidate / ".state").is_dir():
                 return cls(candidate)
         return cls(here)
+
+    def check_is_workspace(self) -> None:
+        """For a command that makes no sense where no loop can have run (`stop --all`, `watch --detach`): a
+        folder without config/autonomous_loop.yaml or .state/ is one line, not a workspace made in passing."""
+        if (self.root / CONFIG_RELPATH).is_file() or (self.root / ".state").is_dir():
+            return
+        import shlex
+
+        raise UserError(f"{self.root} is not a kiro workspace (it has no config/autonomous_loop.yaml or .state/); "
+                        f"make it one with `kiro init {shlex.quote(str(self.root))}`, or name another with "
+                        f"--workspace")
 
     def with_state_directory(self, state_directory: str) -> Workspace:
         return Workspace(self.root, state_directory)
@@ -257,12 +293,15 @@ class Workspace:
             if here is not None:
                 candidates.append(here / p)
             candidates.append(self.root / p)
-        for c in candidates:
-            if c.is_file():
-                return _utf8(c.resolve())
-        for c in candidates:
-            if c.is_dir() and (c / "tasks.md").is_file():
-                return _utf8((c / "tasks.md").resolve())
+        try:
+            for c in candidates:
+                if c.is_file():
+                    return _utf8(c.resolve())
+            for c in candidates:
+                if c.is_dir() and (c / "tasks.md").is_file():
+                    return _utf8((c / "tasks.md").resolve())
+        except OSError as exc:  # a name longer than the file system allows (ENAMETOOLONG), ...
+            raise TaskNotFound(f"task file {_clip(text, 200)}: {exc.strerror or exc}") from None
         raise TaskNotFound(
             f"task file {text!r} not found (looked in {', '.join(repr(str(c)) for c in dict.fromkeys(candidates))})"
         )
