@@ -45,12 +45,19 @@ class Message:
 
     @property
     def heading(self) -> str:
+        if self.sender == PERSON:
+            return "## Message from a person"
         if self.sender.startswith("loop:"):
             return f"## Message from loop {self.sender[len('loop:'):]}"
-        return "## Message from a person"
+        return f"## Message from {self.sender!r}"
 
     def block(self) -> str:
-        return f"{self.heading}\n{self.content.strip()}\n"
+        text = self.content.strip()
+        if self.sender != PERSON:
+            # Another loop's words (an agent's), quoted line by line: no line of them can pass for a
+            # heading of kiro's, such as `## Message from a person`, whatever the sending agent wrote.
+            text = "\n".join(f"> {line}" for line in text.splitlines())
+        return f"{self.heading}\n{text}\n"
 
     def fields(self) -> dict[str, Any]:
         return {"message_id": self.id, "from": self.sender, "via": self.via, "queued_at": self.ts,
