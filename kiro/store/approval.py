@@ -11,7 +11,7 @@ With `approval.agent_steps: true` (the default) the agent's `add_steps` writes a
     created: 2026-11-22T09:00:00+00:00
     ---
     ## Reason
-    <the agent's reason>
+    > <the agent's reason, quoted line by line>
 
     ## Steps
     - [ ] 2.1 Add the index
@@ -85,13 +85,21 @@ def propose(ws: Workspace, task_id: str, task_path: str, titles: list[str], afte
     path = ws.root / PENDING / f"steps_{task_id}_{n}.md"
     meta = {"type": "step_proposal", "task_id": task_id, "task_path": task_path, "after": after,
             "created": timeutil.iso(), "status": "pending"}
-    steps = "\n".join(f"- [ ] {t}" for t in titles)
+    steps = "\n".join(f"- [ ] {' '.join(t.split())}" for t in titles)
     body = (f"# Steps proposed by loop {task_id}\n\nMove this file to `Approved/` to add the steps (edit them "
             f"first if you like) or to `Rejected/` to refuse them; write why under `## Decision` if you want the "
-            f"agent to know.\n\n## Reason\n{reason.strip() or '(none given)'}\n\n## Steps\n{steps}\n\n## Decision\n")
+            f"agent to know.\n\n## Reason\n{_quoted(reason)}\n\n## Steps\n{steps}\n\n## Decision\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, frontmatter.write(meta) + body)
     return path
+
+
+def _quoted(reason: str) -> str:
+    """The agent's reason as a quote, every line of it (whatever breaks a line) behind `> `: no line
+    of it is a heading or a box kiro reads, so the `## Steps` kiro applies is the one it wrote below,
+    in plain sight. An HTML comment the reason opens ends with the quote."""
+    lines = reason.strip().splitlines() or ["(none given)"]
+    return "\n".join(f"> {line}" for line in lines)
 
 
 def _section(body: str, name: str) -> str:
