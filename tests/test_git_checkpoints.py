@@ -356,3 +356,31 @@ def test_a_secret_in_a_steps_title_or_text_reaches_no_commit_and_the_commit_is_s
     for step_id, c in zip(["1", f"Deploy with {secret}"], state.completed_steps, strict=True):
         assert c.checkpoint and c.iteration is not None  # what a resume after a kill between commit and save looks for
         assert lg.find(step_id, c.iteration) == c.checkpoint, step_id
+
+
+def test_kiros_git_runs_no_program_a_step_wrote_into_the_repository(ws: Workspace, tmp_path: Path) -> None:
+    """A step (or an agent CLI) can write .git/config, .gitattributes and .git/hooks: kiro's own git
+    (the checkpoint's add, diff and commit) must run none of the programs named there (issue #27 item 2)."""
+    init_repo(ws.root)
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    planted = {
+        "filter clean": f"git config filter.x.clean 'touch {ran}/clean; cat'",
+        "filter process": f"git config filter.y.process 'touch {ran}/process' && git config filter.y.required true",
+        "diff textconv": f"git config diff.d.textconv 'touch {ran}/textconv; cat'",
+        "diff command": f"git config diff.d.command 'touch {ran}/command'",
+        "post-index-change hook": (f"printf '#!/bin/sh\\ntouch {ran}/hook\\n' > .git/hooks/post-index-change && "
+                                   "chmod +x .git/hooks/post-index-change"),
+    }
+    task = ("---\ntitle: Hostile\nexecutor: shell\n---\n- [ ] 1. Plant\n  ```sh\n  "
+            + " && ".join(planted.values())
+            + " && printf '*.txt filter=x diff=d\\n*.md filter=y\\n' > .gitattributes"
+              " && echo hi > a.txt && echo hi > b.md\n  ```\n"
+            + "- [ ] 2. Change them\n  ```sh\n  echo more >> a.txt && echo more >> b.md\n  ```\n")
+    state = _run(ws, "hostile", task)
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2"]
+    fired = sorted(p.name for p in ran.iterdir())
+    held = [name for name in planted if name.split()[-1] not in fired]
+    print(f"programs planted in the repository for kiro's git: {len(planted)} tried, {len(held)} held; ran: {fired}")
+    assert fired == []
+    assert {"a.txt", "b.md"} <= files_in(ws.root, state["completed_steps"][1]["checkpoint"])

@@ -48,8 +48,15 @@ _DROP_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY
 
 # `-c` settings for every git kiro runs, and for the commits kiro makes.
 _SAFE = ("-c", "core.fsmonitor=false", "-c", "core.pager=cat", "-c", "core.editor=true", "-c", "gc.auto=0",
-         "-c", "maintenance.auto=false", "-c", "advice.detachedHead=false", "-c", "color.ui=false")
-_COMMIT = ("-c", "core.hooksPath=/dev/null", "-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false",
+         "-c", "maintenance.auto=false", "-c", "advice.detachedHead=false", "-c", "color.ui=false",
+         "-c", "core.hooksPath=/dev/null", "-c", "core.sshCommand=ssh", "-c", "core.askPass=",
+         "-c", "credential.helper=", "-c", "diff.external=", "-c", "core.gitProxy=")
+# A program the repository's own config names for a driver: an agent can write .git/config and
+# .gitattributes, so each one found is switched off for kiro's git (an empty command runs nothing;
+# a merge driver becomes `false`, a conflict for a person).
+_DRIVER = re.compile(r"^(filter|diff|merge)\.(.+)\.(clean|smudge|process|command|textconv|driver)$")
+_OFF = {"clean": "", "smudge": "", "process": "", "command": "", "textconv": "", "driver": "false"}
+_COMMIT = ("-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false",
            "-c", f"user.name={KIRO_NAME}", "-c", f"user.email={KIRO_EMAIL}", "-c", "merge.ff=false",
            "-c", "merge.autoStash=false", "-c", "rerere.enabled=false")
 
@@ -119,7 +126,7 @@ class Git:
 
     def run(self, *args: str, check: bool = True, commit: bool = False, input: str | None = None,
             timeout: float = GIT_TIMEOUT) -> subprocess.CompletedProcess[str]:
-        argv = ["git", *_SAFE, *_person_excludes(), *(_COMMIT if commit else ()), *args]
+        argv = ["git", *_SAFE, *self.drivers_off(), *_person_excludes(), *(_COMMIT if commit else ()), *args]
         try:
             proc = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, input=input,
                                   timeout=timeout, errors="replace")
@@ -133,6 +140,23 @@ class Git:
             last = detail[-1] if detail else f"exit {proc.returncode}"
             raise GitError(f"`git {' '.join(args[:2])}` failed in {self.cwd}: {last}")
         return proc
+
+    def drivers_off(self) -> list[str]:
+        """`-c` overrides that switch off every filter, diff and merge driver the repository's config
+        (with what it includes) names. Listing the config's names runs no program."""
+        try:
+            proc = subprocess.run(["git", "config", "--null", "--name-only", "--list"], cwd=self.cwd,
+                                  env=self.env, capture_output=True, timeout=GIT_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        off: list[str] = []
+        for name in proc.stdout.decode("utf-8", "replace").split("\0"):
+            m = _DRIVER.match(name.strip())
+            if m is not None:
+                off += ["-c", f"{m.group(1)}.{m.group(2)}.{m.group(3)}={_OFF[m.group(3)]}"]
+                if m.group(1) == "filter":
+                    off += ["-c", f"filter.{m.group(2)}.required=false"]
+        return off
 
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
