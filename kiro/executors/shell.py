@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from kiro.errors import ExecutorError
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.processes.spawn import last_line, run_process, tail
 from kiro.store.config import Config
@@ -37,12 +38,10 @@ class ShellExecutor(ExecutorBase):
 
     async def run_step(self, ctx: StepContext) -> StepResult:
         command = ctx.step.command
-        if not command:
-            return StepResult(
-                "failed",
-                error=(f"step {ctx.step.id} has no ```sh block for the shell executor to run; add one under the "
-                       f"step, or run this task with --executor command or openai"),
-            )
+        if not command:  # no retry can fix this: the loop ends at once (exit 1), saying how to
+            raise ExecutorError(f"step {ctx.step.id} has no ```sh block for the shell executor to run; add one "
+                                f"under the step, or run this task with an agent (--agent claude, or "
+                                f"--executor openai), then `kiro loop resume`")
         result = await run_process(["bash", "-e", "-c", command], cwd=ctx.project_dir, env=step_env(ctx),
                                    timeout=ctx.timeout_seconds, cancel=ctx.cancel)
         output = tail(result.output)
