@@ -134,6 +134,19 @@ def shell_task(n: int, *, cmd: str = 'echo "$KIRO_STEP_ID" >> side_effects.log',
     return "\n".join(lines) + "\n"
 
 
+def deep_tree(root: Path, depth: int) -> None:
+    """`depth` nested folders `d/d/...` under `root`, made through descriptors (deeper than PATH_MAX
+    lets a path name), with `leaf.txt` ("needle") at the bottom."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    with open(os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as fh:
+        fh.write("needle\n")
+
+
 @pytest.fixture
 def cli_home() -> Iterator[Path]:
     """A folder for an agent CLI's HOME and config files, outside the temp directory: codex refuses to

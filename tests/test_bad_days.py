@@ -18,7 +18,7 @@ import pytest
 from kiro.fs.bounds import EVENT_FIELD_CHARS, TRANSCRIPT_FIELD_CHARS
 from kiro.store.events import EventLog, read_events
 from kiro.store.transcript import Transcript
-from tests.conftest import FAST_CONFIG, Workspace, shell_task
+from tests.conftest import FAST_CONFIG, Workspace, deep_tree, shell_task
 from tests.fake_openai import invoke, make_harness
 
 # -- item 12: a full disk ------------------------------------------------------------------------------
@@ -206,21 +206,10 @@ def test_status_watch_prints_when_not_on_a_terminal(ws: Workspace) -> None:
 # -- item 13: a very deep tree --------------------------------------------------------------------
 
 
-def _deep(root: Path, depth: int) -> None:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(depth):
-        os.mkdir("d", dir_fd=fd)
-        nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = nfd
-    with open(os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as fh:
-        fh.write("needle\n")
-
-
 def test_list_files_and_search_files_survive_a_1500_deep_tree(tmp_path: Path) -> None:
     h = make_harness(tmp_path / "ws")
     (h.root / "deep").mkdir()
-    _deep(h.root / "deep", 1500)
+    deep_tree(h.root / "deep", 1500)
 
     async def go(tool: str, args: dict[str, str]) -> str:
         return (await invoke(h.tool_env(), tool, args)).text

@@ -21,7 +21,7 @@ from kiro.core.runner import prepare_start, run_loops
 from kiro.core.watch import acquire_hub, release_hub
 from kiro.store import tasks
 from kiro.store.workspace import Workspace as KiroWorkspace
-from tests.conftest import Workspace
+from tests.conftest import Workspace, deep_tree
 
 
 async def _woken(ev: asyncio.Event, timeout: float = 10.0) -> bool:
@@ -70,20 +70,10 @@ def test_a_file_in_a_folder_made_after_the_watch_started_wakes_and_kiros_box_edi
                     ("a person's edit of it", True)]
 
 
-def _deep(root: Path, depth: int) -> None:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(depth):
-        os.mkdir("d", dir_fd=fd)
-        nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = nfd
-    os.close(fd)
-
-
 def test_a_1500_deep_folder_in_specs_does_not_stop_the_watcher(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kiro.core.watch, "SAFETY_POLL", 600.0)
     (ws.root / "Specs/deep").mkdir()
-    _deep(ws.root / "Specs/deep", 1500)  # deeper than PATH_MAX allows a path to name
+    deep_tree(ws.root / "Specs/deep", 1500)  # deeper than PATH_MAX allows a path to name
 
     async def scenario() -> bool:
         hub = await acquire_hub(ws.root)

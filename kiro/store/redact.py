@@ -43,12 +43,14 @@ MIN_SECRET_LENGTH = 8  # shorter values ("", "1", "true") would mangle ordinary 
 SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "AUTH",
                      "PRIVATE", "COOKIE", "SESSION")
 
-# Well-known credential formats: a value like this is a secret under any variable name.
-_TOKEN_FORMATS = re.compile(
-    r"^(?:sk-[A-Za-z0-9_\-]{16,}|sk_(?:live|test)_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}"
-    r"|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9\-]{10,}|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_\-]{16,}"
-    r"|AIza[0-9A-Za-z_\-]{30,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})$"
-)
+# Well-known credential formats: a value like this is a secret under any variable name. One list for
+# the two patterns below: a whole value, and a whole word inside a line of text.
+_FORMATS = (r"sk-[A-Za-z0-9_\-]{16,}+", r"sk_(?:live|test)_[A-Za-z0-9]{16,}+", r"gh[pousr]_[A-Za-z0-9]{20,}+",
+            r"github_pat_[A-Za-z0-9_]{20,}+", r"xox[abposr]-[A-Za-z0-9\-]{10,}+", r"AKIA[0-9A-Z]{16}",
+            r"glpat-[A-Za-z0-9_\-]{16,}+", r"AIza[0-9A-Za-z_\-]{30,}+",
+            r"eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+")
+_TOKEN_FORMATS = re.compile(r"^(?:" + "|".join(_FORMATS) + r")$")
+_TOKEN_WORDS = re.compile(r"(?<![A-Za-z0-9_\-])(?:" + "|".join(_FORMATS) + r")(?![A-Za-z0-9_\-])")
 # Every pattern here is linear in its input (issue #27 item 12: a 40 KB value cost seconds on every
 # command): a match may start only where a run of its characters starts (the lookbehinds), and the
 # run is taken whole (`*+`, `++`), never given back a character at a time.
@@ -65,14 +67,6 @@ _IN_COMMAND = re.compile(
 _OPTION_SAYS_SECRET = re.compile(r"(?i)token|key|secret|pass|auth")
 _ASSIGNMENT_SAYS_SECRET = re.compile(r"(?i)token|key|secret|password|passwd|auth")
 _COMMAND_VALUE = re.compile(r"['\"]?([^\s'\"&;|]+)")
-
-
-# The same formats inside a line of text, as whole words.
-_TOKEN_WORDS = re.compile(
-    r"(?<![A-Za-z0-9_\-])(?:sk-[A-Za-z0-9_\-]{16,}+|sk_(?:live|test)_[A-Za-z0-9]{16,}+|gh[pousr]_[A-Za-z0-9]{20,}+"
-    r"|github_pat_[A-Za-z0-9_]{20,}+|xox[abposr]-[A-Za-z0-9\-]{10,}+|AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_\-]{16,}+"
-    r"|AIza[0-9A-Za-z_\-]{30,}+|eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+)(?![A-Za-z0-9_\-])"
-)
 
 
 def looks_secret(name: str) -> bool:
