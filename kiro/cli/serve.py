@@ -30,7 +30,8 @@ def serve(
         import starlette  # noqa: F401
         import uvicorn
     except ImportError:
-        raise UserError("kiro serve needs the serve extra: pip install 'kiro[serve]'") from None
+        raise UserError("kiro serve needs the serve extra: pip install 'kiro-loop[serve]' (in a checkout of kiro: "
+                        "pip install -e '.[serve]')") from None
     from kiro.cli import launch
     from kiro.serve.app import create_app
     from kiro.serve.auth import TOKEN_ENV, allowed_hosts, resolve_token

@@ -4,4 +4,5 @@ path never loads temporalio."""
 
 from __future__ import annotations
 
-MISSING = "backend: temporal needs the temporal extra: pip install 'kiro[temporal]'"
+MISSING = ("backend: temporal needs the temporal extra: pip install 'kiro-loop[temporal]' (in a checkout of kiro: "
+           "pip install -e '.[temporal]')")

