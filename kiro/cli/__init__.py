@@ -14,18 +14,44 @@ from functools import wraps
 from typing import Any, TypeVar
 
 import typer
+from typer.core import TyperGroup, TyperOption
 
 from kiro import __version__
 from kiro.views import output
 
+
+class HelpGroup(TyperGroup):
+    """A command group whose `--help` pages show a flag as a flag. Typer 0.29 prints every option's type,
+    a yes/no flag's too (`--detach <bool>`, even `--help <bool>`), as if it took a value; here a flag shows
+    no type, on the group's page and on each of its commands'. An option that takes a value names it in
+    its declaration (`metavar="PATH"`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_shown_bare(super().get_params(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and not isinstance(command, HelpGroup):
+            _flags_shown_bare(command.get_params(ctx))
+        return command
+
+
+def _flags_shown_bare(params: list[Any]) -> list[Any]:
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""  # Typer shows the metavar, when there is one, instead of the type
+    return params
+
+
 _app = typer.Typer(
+    cls=HelpGroup,
     name="kiro",
     help="Run an AI agent through a Kiro-style tasks.md checklist, one verified step per iteration.\n\n"
          "Start a loop with `kiro loop start --task Specs/<feature>/tasks.md`; watch it with `kiro loop status`; "
          "stop it with `kiro loop stop` or by dropping a file in .hooks/; continue it with `kiro loop resume`.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
-    add_completion=False,
+    add_completion=True,  # `kiro --install-completion`, `kiro --show-completion`: for the shell kiro runs in
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

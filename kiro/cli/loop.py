@@ -11,12 +11,13 @@ from typing import Annotated, Any
 
 import typer
 
-from kiro.cli import guarded
+from kiro.cli import HelpGroup, guarded
 from kiro.cli.launch import store_of as _store
 from kiro.cli.launch import uses_temporal as _temporal
 from kiro.cli.launch import workspace as _workspace
 
 app = typer.Typer(
+    cls=HelpGroup,
     help="Run, watch, stop and resume task loops.",
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -77,7 +78,7 @@ AgentOpt = Annotated[str | None, typer.Option("--agent", help="Agent CLI preset 
 @app.command()
 @guarded
 def start(
-    task: Annotated[list[str], typer.Option("--task", "-t", help="The task file (repeat to run several loops in "
+    task: Annotated[list[str], typer.Option("--task", "-t", metavar="PATH", help="The task file (repeat to run several loops in "
                                                                  "one process). `/Specs/x.md` is workspace-relative.")],
     workspace: WorkspaceOpt = None,
     config: ConfigOpt = None,

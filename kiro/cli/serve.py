@@ -23,7 +23,7 @@ def serve(
     workspace: Annotated[Path | None, typer.Option("--workspace", "-w", help="The workspace folder.",
                                                    show_default=False)] = None,
 ) -> None:
-    """Serve the workspace over HTTP: a live dashboard at /, REST routes under /api/loops, every loop's events as Server-Sent Events (/api/events) and over a WebSocket (/api/ws) with start/stop/resume/message control. Every route but /healthz needs the token ($KIRO_SERVE_TOKEN, else one generated now, printed once and kept in .state/serve.token). A request must name this server in its Host (--allow-host adds names), a WebSocket or POST from a browser must come from the server's own page, and a request must arrive whole within 10 s. Needs the serve extra: pip install 'kiro\\[serve]'."""
+    """Serve the workspace over HTTP: a live dashboard at /, REST routes under /api/loops, every loop's events as Server-Sent Events (/api/events) and over a WebSocket (/api/ws) with start/stop/resume/message control. Every route but /healthz needs the token ($KIRO_SERVE_TOKEN, else one generated now, printed once and kept in .state/serve.token). A request must name this server in its Host (--allow-host adds names), a WebSocket or POST from a browser must come from the server's own page, and a request must arrive whole within 10 s. Needs the serve extra: pip install 'kiro-loop\\[serve]'."""
     from kiro.errors import UserError
 
     try:
