@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -175,3 +176,69 @@ def test_setting_kiro_task_id_adds_one_line_and_nothing_else(name: str, tmp_path
         assert edited[at + len(line):].startswith(b"---")
     assert after.frontmatter == {**before.frontmatter, "kiro_task_id": "task_20250101_120000"}
     assert [s.key for s in after.steps] == [s.key for s in before.steps]
+
+
+# -- flat layouts: the numbering is the hierarchy ------------------------------------------------------------
+
+FLAT = {"08_": 1, "14_": 38, "18_": 19}  # the files whose `x.y` sub-steps are not indented: how many such steps
+NUMBERED = re.compile(r"(?P<ws>[ \t]*)[-*+][ \t]+\[[ xX~-]\](?:\\?\*)?[ \t]+(?P<id>[0-9]+(?:\.[0-9]+)*)")
+
+
+def indented(text: str) -> str:
+    """`text` laid out as Kiro writes it: each numbered step indented two spaces per earlier step whose
+    number it continues (`2.1` under `2.`), the lines indented under it moved with it. Lines at column 0
+    that are not steps (headings, `---`, prose) stay where they are: they end a step's details either way."""
+    seen: set[str] = set()
+    shift = ""
+    out = []
+    for line in text.split("\n"):
+        m = NUMBERED.match(line)
+        if m is not None and not m["ws"]:
+            sid = m["id"]
+            shift = "  " * sum(1 for known in seen if sid.startswith(known + "."))
+            seen.add(sid)
+            out.append(shift + line)
+        elif line[:1] in (" ", "\t"):
+            out.append(shift + line)
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def structure(tf: tasks.TaskFile) -> list[tuple[object, ...]]:
+    def parent(s: tasks.Step) -> str | None:
+        return tf.steps[s.parent].id if s.parent is not None else None
+
+    return [(s.id, s.text, s.marker, s.optional, parent(s), [tf.steps[c].id for c in s.children], s.details,
+             s.command) for s in tf.steps]
+
+
+@pytest.mark.parametrize("prefix", sorted(FLAT))
+def test_a_flat_file_has_the_steps_of_its_indented_layout(prefix: str) -> None:
+    path = corpus_file(prefix)
+    flat_text = path.read_text(encoding="utf-8-sig")
+    flat, nested = tasks.parse(flat_text, path), tasks.parse(indented(flat_text), path)
+    moved = sum(1 for a, b in zip(flat.steps, nested.steps, strict=True) if a.indent != b.indent)
+    print(f"{path.name}: {len(flat.steps)} steps, {moved} written flat")
+    assert moved == FLAT[prefix]  # the layouts differ...
+    assert structure(flat) == structure(nested)  # ...and kiro reads the same plan from both
+    assert flat.counts() == nested.counts()
+    for include in (False, True):
+        a, b = flat.current_step(include), nested.current_step(include)
+        assert (a and a.id) == (b and b.id)
+
+
+def test_a_flat_parent_is_not_a_step_of_its_own() -> None:
+    tf = tasks.load(corpus_file("14_"))
+    two = next(s for s in tf.steps if s.id == "2")
+    assert [tf.steps[c].id for c in two.children] == ["2.1", "2.2", "2.3", "2.4", "2.5", "2.5", "2.6", "2.7", "2.8",
+                                                      "2.9", "2.10"]  # 2.10 is not under 2.1
+    assert not two.is_leaf and all(tf.steps[c].parent == two.index for c in two.children)
+
+
+def test_numbers_do_not_override_an_indentation_that_says_otherwise() -> None:
+    tf = tasks.parse("- [ ] 1. A\n  - [ ] 1.1 B\n- [ ] 2. C\n  - [ ] 1.2 D, filed under C on purpose\n"
+                     "- [ ] 3. E\n- [ ] 4. F\n- [ ] 4 G, not 4.x\n")
+    by_id = {s.id: s for s in tf.steps}
+    assert tf.steps[by_id["1.2"].parent].id == "2"  # type: ignore[index]
+    assert by_id["4"].children == [] and by_id["3"].children == []

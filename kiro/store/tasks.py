@@ -5,7 +5,9 @@ built around two promises:
 
 * **Parsing is forgiving and positional.** Real files (see the corpus notes) mix tabs and spaces,
   CRLF, runs of blank lines, duplicate step lines, optional markers written `[ ]*` or `[ ]\\*`,
-  code blocks with checkbox-looking lines, and frontmatter (read and written by kiro.store.frontmatter).
+  code blocks with checkbox-looking lines, frontmatter (read and written by kiro.store.frontmatter), and
+  flat lists whose sub-steps are not indented (`- [ ] 2.1` right under `- [ ] 2.`: the numbers say it is a
+  sub-step, so `2.` is its parent, as if it were indented).
   The checklist is parsed by hand so that every step knows the exact character offset of its marker.
 * **Edits touch only what kiro owns.** kiro changes marker characters and the `kiro_task_id`
   frontmatter line, nothing else: every other byte (line endings, BOM, trailing whitespace, a
@@ -78,6 +80,7 @@ _STEP_RE: Final = re.compile(
 _STRAY_RE: Final = re.compile(r"[ \t]*(?:[-*+]|[0-9]{1,9}[.)])?[ \t]*\[[ xX~-]\](?:[ \t\\*]|$)")
 # Leading step number: "1.", "2.1", "10.3.2", "1.1.1:"; "1.Setup" too, but not "1.5x" or "2024-01".
 _ID_RE: Final = re.compile(r"([0-9]+(?:\.[0-9]+)*)(?:[.:](?![0-9])|(?=\s)|$)")
+_NUMBER_RE: Final = re.compile(r"[0-9]+(?:\.[0-9]+)*")
 _FENCE_RE: Final = re.compile(r"[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>.*)")
 _HEADING_RE: Final = re.compile(r" {0,3}#{1,6}[ \t]+(?P<text>.*?)(?:[ \t]+#+)?[ \t]*")
 _SHELL_TAGS: Final = frozenset({"sh", "bash", "shell"})
@@ -357,6 +360,13 @@ def _split_id(text: str) -> tuple[str, str]:
     return m.group(1), text[m.end():].strip()
 
 
+def _flat_child(sid: str, earlier: Step, col: int) -> bool:
+    """A step written at the same indentation as an earlier step whose number its own continues (`2.1`
+    under `2.`): a flat Kiro layout, where the numbering is the hierarchy the indentation does not show."""
+    return (earlier.indent == col and sid.startswith(earlier.id + ".")
+            and _NUMBER_RE.fullmatch(sid) is not None and _NUMBER_RE.fullmatch(earlier.id) is not None)
+
+
 def _where(path: Path | None) -> str:
     return str(path) if path is not None else "<task text>"
 
@@ -457,8 +467,10 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
     last: list[int] = []  # per step: its last non-blank line (for inserting after it)
     # Two stacks of open steps, innermost last. `nest` is the step hierarchy and only steps move
     # it (the parent is the nearest earlier step indented less, whatever prose lies between, so
-    # a note or comment at column 0 does not orphan the next child). `stack` decides who owns a
-    # non-step line: a line indented no deeper than a step ends that step's details.
+    # a note or comment at column 0 does not orphan the next child; or, in a flat layout, the
+    # earlier step at the same indentation whose number this one continues: `2.1` under `2.`).
+    # `stack` decides who owns a non-step line: a line indented no deeper than a step ends that
+    # step's details.
     nest: list[int] = []
     stack: list[int] = []
     stray: list[int] = []
@@ -507,11 +519,11 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
 
         m = _STEP_RE.fullmatch(line) if body[0] in "-*+" else None  # cheap pre-check: most lines are prose
         if m is not None:
-            while nest and steps[nest[-1]].indent >= col:
-                nest.pop()
-            parent = nest[-1] if nest else None
             text_ = m["text"].strip()
             sid, title = _split_id(text_)
+            while nest and steps[nest[-1]].indent >= col and not _flat_child(sid, steps[nest[-1]], col):
+                nest.pop()
+            parent = nest[-1] if nest else None
             occurrence = seen.get((sid, text_), 0)
             seen[(sid, text_)] = occurrence + 1
             index = len(steps)
