@@ -35,3 +35,32 @@ def test_a_flat_kiro_list_runs_its_sub_steps_and_checks_their_parent(ws: Workspa
     done = (ws.root / "Done" / "feature" / "tasks.md").read_text()
     assert "- [x] 2. Implement the feature" in done and "- [ ]" not in done
     assert ws.state("flat")["steps_total"] == 5
+
+
+def test_a_frontmatter_typo_gets_a_did_you_mean_line_and_the_loop_still_runs(ws: Workspace) -> None:
+    path = ws.task("---\ntitle: Typos\nmax_iteration: 1\nagnet: claude\nstatus: draft\ntags: [a, b]\nModel: x\n"
+                   "executor: shell\n---\n- [ ] 1. One\n" + sh("1") + "- [ ] 2. Two\n" + sh("2"))
+    before = path.read_text()
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "typo")
+    assert r.returncode == 0, r.stdout + r.stderr  # max_iteration: 1 set nothing: both steps ran
+    assert ran(ws) == ["1", "2"]
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "did you mean" in line]
+    print("\n".join(said))
+    assert any(f"{TASK}:3: frontmatter key 'max_iteration' is not one kiro reads (did you mean 'max_iterations'?)"
+               in line for line in said)
+    assert any("'agnet'" in line and "(did you mean 'agent'?)" in line for line in said)
+    assert any("'Model'" in line and "(did you mean 'model'?)" in line for line in said)
+    assert {line.split("frontmatter key ")[1].split()[0] for line in said} == {"'max_iteration'", "'agnet'",
+                                                                                "'Model'"}  # not status, tags
+    after = (ws.root / "Done" / "feature" / "tasks.md").read_text()
+    assert after.replace("[x]", "[ ]").replace("kiro_task_id: typo\n", "") == before  # the person's keys stay
+    warned = [e["message"] for e in ws.events("typo") if e["event"] == "warning"]
+    assert sum("did you mean" in m for m in warned) == 3  # in the loop's log too, once each
+
+
+def test_a_config_key_typo_is_still_an_error(ws: Workspace) -> None:
+    ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  max_iteration: 5\n")
+    ws.task(FLAT)
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 1
+    assert "unknown key 'autonomous_loop.max_iteration' (did you mean 'max_iterations'?)" in r.stderr

@@ -12,7 +12,7 @@ import functools
 import os
 import re
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
@@ -318,6 +318,11 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "model": "llm.model",
     "include_optional": "include_optional",
 }
+
+# Every top-level task frontmatter key kiro reads: the ones above, and the task's own (kiro.store.tasks:
+# title, instructions, kiro_task_id; kiro.core.schedule: schedule, stateful). Any other key is the person's.
+TASK_KEYS: frozenset[str] = frozenset({*FRONTMATTER_KEYS, "title", "instructions", "kiro_task_id", "schedule",
+                                       "stateful"})
 
 # Command-line flags that set config values, by the dotted path they set; names errors in a flag's value.
 # A path missing here is named `--<last-key-with-dashes>`, which is how Typer spells a parameter.
@@ -787,16 +792,40 @@ def _suggestion(loc: tuple[str, ...]) -> str:
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return ""
     valid = list(model.model_fields)
-    import difflib
-
-    close = difflib.get_close_matches(loc[-1], valid, n=1)
+    close = did_you_mean(loc[-1], valid)
     if close:
-        return f" (did you mean {close[0]!r}?)"
+        return f" (did you mean {close!r}?)"
     elsewhere = [dotted for dotted in _all_keys(Config) if dotted.rsplit(".", 1)[-1] == loc[-1]]
     if elsewhere:
         return f" (did you mean {elsewhere[0]!r}?)"
     shown = ", ".join(valid[:16]) + (", ..." if len(valid) > 16 else "")
     return f" (valid keys here: {shown})"
+
+
+def did_you_mean(word: str, known: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The known word closest to `word`, when one is close enough (difflib's ratio at least `cutoff`):
+    what every "did you mean" of kiro suggests."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def frontmatter_typos(frontmatter: Mapping[str, Any], lines: Mapping[str, int], where: str) -> list[str]:
+    """One warning line for each frontmatter key that kiro does not read but that is a typo of one it
+    does (`max_iteration`, `agnet`): such a key is the person's and stays as written, but it sets nothing.
+    The bar is higher than for config keys, where any unknown key is an error: a task file's own keys
+    (`status`, `tags`, `modified`) must not be taken for typos."""
+    out = []
+    for key in frontmatter:
+        if key in TASK_KEYS:
+            continue
+        close = did_you_mean(key, sorted(TASK_KEYS), cutoff=0.8)
+        if close is not None:
+            at = f"{where}:{lines[key]}" if key in lines else where
+            out.append(f"{at}: frontmatter key {key!r} is not one kiro reads (did you mean {close!r}?); "
+                       f"kiro leaves it as it is and it sets nothing")
+    return out
 
 
 def _all_keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
