@@ -64,3 +64,96 @@ def test_a_config_key_typo_is_still_an_error(ws: Workspace) -> None:
     r = ws.kiro("loop", "start", "--task", TASK)
     assert r.returncode == 1
     assert "unknown key 'autonomous_loop.max_iteration' (did you mean 'max_iterations'?)" in r.stderr
+
+
+# -- --step: one chosen step -----------------------------------------------------------------------------------
+
+
+def boxes(ws: Workspace, rel: str = TASK) -> dict[str, str]:
+    return {line.split("] ")[1].split()[0]: line[3] for line in (ws.root / rel).read_text().splitlines()
+            if line.startswith("- [")}
+
+
+def test_step_does_the_chosen_step_only_then_exits_0_and_resume_does_the_rest(ws: Workspace) -> None:
+    ws.task(FLAT)
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "one", "--step", "2.1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ran(ws) == ["2.1"]  # not 1, which is open before it
+    assert boxes(ws) == {"1.": " ", "2.": " ", "2.1": "x", "2.2": " ", "3.": " "}
+    state = ws.state("one")
+    assert (state["status"], state["stop_reason"]) == ("stopped", "step_done")
+    assert "one: stopped (step_done) - step 2.1 is done; `kiro loop resume --task-id one`" in r.stdout
+    r = ws.kiro("loop", "resume", "--task-id", "one")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ran(ws) == ["2.1", "1", "2.2", "3"] and ws.state("one")["status"] == "completed"
+
+
+def test_step_naming_a_parent_does_its_open_sub_steps_and_the_last_open_step_completes_the_task(
+        ws: Workspace) -> None:
+    ws.task(FLAT.replace("- [ ] 1. Set up", "- [x] 1. Set up").replace("- [ ] 3. Document", "- [x] 3. Document"))
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "two", "--step", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ran(ws) == ["2.1", "2.2"]
+    assert ws.state("two")["status"] == "completed"  # nothing was left: the task is done, and in Done/
+    assert (ws.root / "Done" / "feature" / "tasks.md").exists()
+
+
+def test_a_step_that_is_not_there_or_is_done_is_one_line_and_nothing_is_made(ws: Workspace) -> None:
+    path = ws.task(FLAT.replace("- [ ] 2.2 The view", "- [x] 2.2 The view"))
+    before = path.read_bytes()
+    tried = {"9.9": "--step '9.9': Specs/feature/tasks.md has no step with that id; its steps are 1, 2, 2.1, 2.2, 3",
+             "2.2": "--step 2.2: step 2.2 of Specs/feature/tasks.md is already done (its box is checked)",
+             "": "--step '': Specs/feature/tasks.md has no step with that id"}
+    for step, said in tried.items():
+        for extra in ((), ("--detach",)):
+            r = ws.kiro("loop", "start", "--task", TASK, "--step", step, *extra)
+            print(f"--step {step!r} {' '.join(extra)}: exit {r.returncode}: {r.stderr.strip()}")
+            assert r.returncode == 1 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert "Traceback" not in r.stderr
+    assert path.read_bytes() == before and not list((ws.root / ".state").glob("autonomous_loop_*.json"))
+    assert not list((ws.root / "Logs").glob("*.out")) and ran(ws) == []
+    r = ws.kiro("loop", "start", "--task", TASK, "--task", TASK, "--step", "1")
+    assert r.returncode == 1 and "--step names a step of one task file" in r.stderr
+
+
+# -- --fresh: a clean restart -----------------------------------------------------------------------------------
+
+
+def test_fresh_sets_the_unfinished_loop_aside_and_starts_anew_keeping_the_checked_boxes(ws: Workspace) -> None:
+    ws.task(FLAT)
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "old", "--max-iterations", "1")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert (ws.root / "Needs_Action" / "intervention_old.md").exists()
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 1
+    assert "start it afresh with `kiro loop start --fresh --task Specs/feature/tasks.md`" in r.stderr
+
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "new", "--fresh")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "set aside the unfinished loop 'old' (max_iterations) in .state/archive/autonomous_loop_old.json" in r.stderr
+    assert ran(ws) == ["1", "2.1", "2.2", "3"]  # step 1, checked by the old loop, is not done again
+    old = ws.state("old")  # archived, not lost: every command still finds it
+    assert (old["status"], old["stop_reason"], old["iteration"]) == ("stopped", "restarted", 1)
+    assert (ws.root / ".state" / "archive" / "autonomous_loop_old.json").exists()
+    assert not (ws.root / ".state" / "autonomous_loop_old.json").exists()
+    assert not (ws.root / "Needs_Action" / "intervention_old.md").exists()
+    assert list((ws.root / "Logs" / "resolved").glob("intervention_old_*.md"))
+    status = ws.kiro("loop", "status", "--task-id", "old", "--json")
+    assert status.returncode == 0 and '"restarted"' in status.stdout
+    r = ws.kiro("loop", "resume", "--task-id", "old")  # two loops on one task file: refused
+    assert r.returncode == 1 and "was set aside by `kiro loop start --fresh`" in r.stderr
+    assert ws.state("new")["status"] == "completed"
+
+
+def test_fresh_does_not_touch_a_loop_that_is_running(ws: Workspace) -> None:
+    ws.task("---\nexecutor: shell\n---\n- [ ] 1. Wait\n  ```sh\n  while [ ! -f go ]; do sleep 0.05; done\n  ```\n")
+    running = ws.spawn("loop", "start", "--task", TASK, "--task-id", "busy")
+    try:
+        ws.wait_for(lambda: ws.state("busy")["status"] == "running", what="the loop to run")
+        r = ws.kiro("loop", "start", "--task", TASK, "--fresh")
+        assert r.returncode == 1 and "busy" in r.stderr and "Traceback" not in r.stderr
+        assert (ws.root / ".state" / "autonomous_loop_busy.json").exists()
+    finally:
+        (ws.root / "go").touch()
+        assert running.wait(60) == 0, ws.output(running)
+    assert ws.state("busy")["status"] == "completed"

@@ -149,8 +149,11 @@ def uses_temporal(ws: Any, config: Path | None) -> bool:
 def start(task: list[str], workspace_path: Path | None = None, config: Path | None = None,
           max_iterations: int | None = None, failure_threshold: int | None = None, timeout: float | None = None,
           executor: str | None = None, model: str | None = None, agent: str | None = None,
-          task_id: str | None = None, detached: bool = False, quiet: bool = False, verbose: bool = False) -> int:
-    """`kiro loop start`: the loop's exit code (SPEC §6), or 0 for a loop started in the background."""
+          task_id: str | None = None, detached: bool = False, quiet: bool = False, verbose: bool = False,
+          step: str | None = None, fresh: bool = False) -> int:
+    """`kiro loop start`: the loop's exit code (SPEC §6), or 0 for a loop started in the background. `step`:
+    only that step (kiro.core.features.OneStep). `fresh`: set the task's unfinished loop aside first
+    (kiro.core.runner.set_aside)."""
     from kiro.core.runner import new_task_id, prepare_start
     from kiro.errors import UserError
     from kiro.store.workspace import check_task_id
@@ -163,6 +166,17 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
     changes = overrides(max_iterations, failure_threshold, timeout, executor, model, agent)
     if len(task) > 1 and task_id:
         raise UserError("--task-id names one loop; with several --task, each gets its own id")
+    one_step = None
+    if step is not None:
+        if len(task) > 1:
+            raise UserError("--step names a step of one task file; give one --task")
+        from kiro.core.features import OneStep
+        from kiro.store import tasks
+
+        path = ws.resolve_task(task[0])
+        one_step = OneStep.for_task(tasks.load(path), step, ws.relative(path))  # before anything is made
+    if (step is not None or fresh) and uses_temporal(ws, config):
+        raise UserError(f"{'--step' if step is not None else '--fresh'} is not built for backend: temporal yet")
     if detached and uses_temporal(ws, config):
         detached, temporal_detach = False, True  # a workflow needs no process of ours in the background
     else:
@@ -197,12 +211,14 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
         with batch if batch is not None else nullcontext():
             for t in task:
                 runs.append(prepare_start(ws, t, task_id=task_id, config_file=config, overrides=changes,
-                                          index=index, batch=batch))
+                                          index=index, batch=batch, fresh=fresh))
     except BaseException:
         for r in runs:
             if r.release:
                 r.release()
         raise
+    if one_step is not None:
+        runs[0].features.append(one_step)
     if runs and runs[0].config.backend.kind == "temporal":
         from kiro.temporal.commands import start_runs
 

@@ -98,13 +98,22 @@ def start(
                                          help="Run in the background; print the task id and exit 0.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
+    step: Annotated[str | None, typer.Option("--step", metavar="ID", show_default=False,
+                                             help="Do only this step (e.g. 2.1; a parent: its sub-steps), whatever is "
+                                                  "open before it, then stop: exit 0 once it is done, the loop "
+                                                  "`stopped` (step_done) for `kiro loop resume` to do the rest.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start afresh when the task already has an unfinished loop: "
+                                                        "that loop's state goes to .state/archive/ (still shown by "
+                                                        "status), its requests to Logs/resolved/; the task file's "
+                                                        "checked boxes stay checked.")] = False,
 ) -> None:
-    """Start a loop on a task file, in the foreground. Exits with the loop's exit code: 0 completed, 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person, 1 kiro could not go on."""
+    """Start a loop on a task file, in the foreground. Exits with the loop's exit code: 0 completed (or, with --step, that step done), 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person, 1 kiro could not go on."""
     from kiro.cli import launch
 
     _exit(launch.start(task, workspace_path=workspace, config=config, max_iterations=max_iterations,
                        failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
-                       agent=agent, task_id=task_id, detached=detach, quiet=quiet, verbose=verbose))
+                       agent=agent, task_id=task_id, detached=detach, quiet=quiet, verbose=verbose, step=step,
+                       fresh=fresh))
 
 
 @app.command()

@@ -19,7 +19,7 @@ class Stop:
     status: Status  # the state's final status
     reason: str  # stop_reason: stop_hook, task_in_done, max_iterations, ...
     message: str  # one line for a person
-    exit_code: int  # status.exit_code, or 6 (a person is needed), or 1 (kiro could not go on)
+    exit_code: int  # status.exit_code, or 6 (a person is needed), 1 (kiro could not go on), 0 (`--step`'s step done)
     limit: str | None = None
     value: Any = None
     figure: Any = None
@@ -93,3 +93,10 @@ def step_retries(step_id: str, attempts: int, max_retries: int) -> Stop:
     return Stop(Status.FAILED, "max_step_retries",
                 f"step {step_id} failed {attempts} times (max_step_retries {max_retries})", _code(Status.FAILED),
                 "max_step_retries", max_retries, attempts - 1)
+
+
+def step_done(step_id: str, task_id: str) -> Stop:
+    """`kiro loop start --step ID`: the step asked for is done, and other steps are still open. Exit 0 (what was
+    asked is done); the loop is `stopped`, so a plain `kiro loop resume` goes on with the rest."""
+    return Stop(Status.STOPPED, "step_done", f"step {step_id} is done; `kiro loop resume --task-id {task_id}` does "
+                                             f"the steps still open", 0)

@@ -553,6 +553,11 @@ class Loop:
             if isinstance(task, Stop):
                 return task
             step = task.current_step(self.cfg.include_optional)
+            for feature in self.features:
+                chosen = feature.choose_step(self, task, step)
+                if isinstance(chosen, Stop):
+                    return chosen
+                step = chosen
             if step is None:
                 said = await self._all_done(task)
                 if isinstance(said, Stop):

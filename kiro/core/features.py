@@ -142,6 +142,52 @@ class PreCheck(Feature):
             await precheck.after_iteration(loop, step_id)
 
 
+class OneStep(Feature):
+    """`kiro loop start --step ID`: the loop does that step (a parent: its open sub-steps, in order), optional
+    or not, whatever comes before it, and ends once it is done: `stopped` with stop_reason `step_done`, exit 0
+    (conditions.step_done), or `completed` when it was the last open step of the task."""
+
+    def __init__(self, step_id: str) -> None:
+        self.step_id = step_id
+
+    @classmethod
+    def for_task(cls, task: TaskFile, step_id: str, where: str) -> OneStep:
+        """The feature, once `step_id` is known to name a step of `task` with something still to do; else a
+        UserError (one line: the ids there are, or that the step is done)."""
+        from kiro.errors import UserError
+
+        step = task.find(step_id)
+        if step is None:
+            ids = list(dict.fromkeys(s.id for s in task.steps if len(s.id) <= 24))
+            shown = ", ".join(ids[:40]) + (", ..." if len(ids) > 40 else "")
+            raise UserError(f"--step {step_id!r}: {where} has no step with that id; its steps are {shown}")
+        if _open_leaf(task, step) is None:
+            raise UserError(f"--step {step_id}: step {step_id} of {where} is already done (its box is checked); "
+                            f"uncheck it to do it again")
+        return cls(step_id)
+
+    def choose_step(self, loop: LoopHandle, task: TaskFile, step: Step | None) -> Step | Stop | None:
+        chosen = task.find(self.step_id)
+        if chosen is None:
+            return Stop(Status.STOPPED, "step_missing", f"step {self.step_id} is no longer in "
+                                                        f"{loop.state.task_path}", 1)
+        leaf = _open_leaf(task, chosen)
+        if leaf is not None:
+            return leaf
+        return None if step is None else conditions.step_done(self.step_id, loop.state.task_id)
+
+
+def _open_leaf(task: TaskFile, step: Step) -> Step | None:
+    """The first step in `step` and under it, in document order, that has no sub-steps and is not done."""
+    if not step.children:
+        return None if step.done else step
+    for child in step.children:
+        found = _open_leaf(task, task.steps[child])
+        if found is not None:
+            return found
+    return None
+
+
 def standard(*, git: bool = True) -> list[Feature]:
     """Every feature of a loop, in the order the engine asks them (`git=False`: the temporal
     backend's workspace side, where each step's worker makes the commit)."""

@@ -105,6 +105,11 @@ class Feature:
     def each_round(self, loop: LoopHandle) -> None:
         """Each time round the loop, after the stop conditions, before the task file is read again."""
 
+    def choose_step(self, loop: LoopHandle, task: TaskFile, step: Step | None) -> Step | Stop | None:
+        """The step to do next, given the one the engine found (the first open step; None: every step is
+        done): another step, or a stop that ends the run there."""
+        return step
+
     async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
         """Before an attempt: (a stop that ends the run, go ahead with the attempt?)."""
         return None, True

@@ -369,11 +369,13 @@ def _check_kiro_task_id(ws: Workspace, path: Path, task: tasks.TaskFile) -> None
 
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
                   overrides: Mapping[str, Any] | None = None, executor: Executor | None = None,
-                  index: LoopIndex | None = None, batch: StartBatch | None = None) -> LoopRun:
+                  index: LoopIndex | None = None, batch: StartBatch | None = None, fresh: bool = False) -> LoopRun:
     """Create a loop for a task file and take its lock. `executor` injects a ready executor
     (embedding kiro, tests); otherwise one is chosen as SPEC §5 says. With `batch` (and an
     `index`), the loop is one of several started together; its files are on disk when the
-    batch ends."""
+    batch ends. `fresh`: an unfinished loop of the task file that no process runs is set aside
+    (`set_aside`) instead of refusing the start; a loop that did the one step `--step` asked for is
+    set aside without it."""
     task_path = ws0.resolve_task(task_arg)
     task = tasks.load(task_path)
     _check_kiro_task_id(ws0, task_path, task)
@@ -397,11 +399,13 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             if store.is_locked(existing.task_id):
                 raise LockHeld(existing.task_id, store.holder_pid(existing.task_id))
             eff = effective_status(existing, alive=False)
-            raise UserError(
-                f"{rel} already has an unfinished loop {existing.task_id!r} ({eff}); continue it "
-                f"with `kiro loop resume --task-id {existing.task_id}`, or delete "
-                f"{ws.relative(store.path(existing.task_id))} to start afresh"
-            )
+            if not fresh and existing.stop_reason != "step_done":  # `--step` asked for one step, and got it
+                raise UserError(
+                    f"{rel} already has an unfinished loop {existing.task_id!r} ({eff}); continue it "
+                    f"with `kiro loop resume --task-id {existing.task_id}`, or start it afresh with "
+                    f"`kiro loop start --fresh --task {rel}`"
+                )
+            warnings += set_aside(store, existing.task_id)
         if task_id:
             tid = check_task_id(task_id)
             if store.exists(tid):
@@ -456,6 +460,30 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
                    release=lambda: _release(store, tid, lock), executor=executor, lock=lock,
                    features=features.standard())
+
+
+RESTARTED = "restarted"  # stop_reason of a loop set aside by `kiro loop start --fresh`
+
+
+def set_aside(store: StateStore, task_id: str) -> list[str]:
+    """`kiro loop start --fresh`: the task file's unfinished loop, which no process runs, is over: its state
+    is recorded `stopped` (`restarted`) and moved to .state/archive/ (every command still finds it there), and
+    the requests it left in Needs_Action/ go to Logs/resolved/. The task file is not touched: its checked
+    boxes stay checked, and the new loop does what is still open. What happened, as lines for the person."""
+    lock = store.acquire(task_id)  # LockHeld when a resume took it meanwhile: nothing is set aside
+    try:
+        state = store.load(task_id).state
+        was = effective_status(state, alive=False)
+        state.transition(Status.STOPPED, RESTARTED)
+        state.stop_reason, state.pid, state.current_step = RESTARTED, None, None
+        state.finished_at = timeutil.iso()
+        archived = store.archive(state)
+    finally:
+        store.release(task_id, lock)
+    ws = store.ws
+    return [f"set aside the unfinished loop {task_id!r} ({was}) in {ws.relative(archived)} (`kiro loop status "
+            f"--task-id {task_id}` still shows it); the task file's boxes stay as they are: checked steps are "
+            f"not done again", *resolved.archive_requests(ws, task_id)]
 
 
 FILES_PER_LOOP = 8
@@ -554,6 +582,9 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         warnings = [loaded.warning] if loaded.warning else []
         if state.status == Status.COMPLETED:
             raise AlreadyFinished(f"loop {task_id!r} is already completed ({state.task_path}); nothing to resume")
+        if state.stop_reason == RESTARTED:  # its task file has a newer loop: two would work on one file
+            raise UserError(f"loop {task_id!r} was set aside by `kiro loop start --fresh` ({state.task_path} has a "
+                            f"newer loop); `kiro loop status` lists the loops")
         recorded = ws.absolute(state.task_path)
         where, path = locate_task(ws, recorded, task_id)
         if path is None:
