@@ -158,9 +158,13 @@ class OneStep(Feature):
 
         step = task.find(step_id)
         if step is None:
-            ids = list(dict.fromkeys(s.id for s in task.steps if len(s.id) <= 24))
+            ids = list(dict.fromkeys(s.id for s in task.steps if s.id[:1].isdigit() and len(s.id) <= 24))
             shown = ", ".join(ids[:40]) + (", ..." if len(ids) > 40 else "")
-            raise UserError(f"--step {step_id!r}: {where} has no step with that id; its steps are {shown}")
+            unnumbered = sum(1 for s in task.steps if not s.id[:1].isdigit())
+            if unnumbered:
+                shown += f"{' and ' if ids else ''}{unnumbered} without a number, each named by its whole text"
+            named = step_id if len(step_id) <= 60 else step_id[:57] + "..."
+            raise UserError(f"--step {named!r}: {where} has no step with that id; its steps are {shown}")
         if _open_leaf(task, step) is None:
             raise UserError(f"--step {step_id}: step {step_id} of {where} is already done (its box is checked); "
                             f"uncheck it to do it again")
