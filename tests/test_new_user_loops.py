@@ -88,6 +88,16 @@ def test_step_does_the_chosen_step_only_then_exits_0_and_resume_does_the_rest(ws
     assert ran(ws) == ["2.1", "1", "2.2", "3"] and ws.state("one")["status"] == "completed"
 
 
+def test_step_after_step_needs_no_resume(ws: Workspace) -> None:
+    ws.task(FLAT)
+    for tid, step in (("a", "2.2"), ("b", "1")):
+        r = ws.kiro("loop", "start", "--task", TASK, "--task-id", tid, "--step", step)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert ran(ws) == ["2.2", "1"]
+    assert "set aside the unfinished loop 'a' (stopped)" in r.stderr  # it did what it was started for
+    assert (ws.state("a")["stop_reason"], ws.state("b")["stop_reason"]) == ("restarted", "step_done")
+
+
 def test_step_naming_a_parent_does_its_open_sub_steps_and_the_last_open_step_completes_the_task(
         ws: Workspace) -> None:
     ws.task(FLAT.replace("- [ ] 1. Set up", "- [x] 1. Set up").replace("- [ ] 3. Document", "- [x] 3. Document"))

@@ -95,8 +95,11 @@ def step_retries(step_id: str, attempts: int, max_retries: int) -> Stop:
                 "max_step_retries", max_retries, attempts - 1)
 
 
+STEP_DONE = "step_done"  # stop_reason of a `--step` loop whose step is done
+
+
 def step_done(step_id: str, task_id: str) -> Stop:
     """`kiro loop start --step ID`: the step asked for is done, and other steps are still open. Exit 0 (what was
     asked is done); the loop is `stopped`, so a plain `kiro loop resume` goes on with the rest."""
-    return Stop(Status.STOPPED, "step_done", f"step {step_id} is done; `kiro loop resume --task-id {task_id}` does "
+    return Stop(Status.STOPPED, STEP_DONE, f"step {step_id} is done; `kiro loop resume --task-id {task_id}` does "
                                              f"the steps still open", 0)

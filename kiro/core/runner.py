@@ -18,6 +18,7 @@ from typing import Any
 
 from kiro import executors, timeutil
 from kiro.core import features, heap, resolved, schedule
+from kiro.core.conditions import STEP_DONE
 from kiro.core.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.core.guardrails import SharedLimits
 from kiro.core.listeners import standard as standard_listeners
@@ -399,7 +400,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             if store.is_locked(existing.task_id):
                 raise LockHeld(existing.task_id, store.holder_pid(existing.task_id))
             eff = effective_status(existing, alive=False)
-            if not fresh and existing.stop_reason != "step_done":  # `--step` asked for one step, and got it
+            if not fresh and existing.stop_reason != STEP_DONE:  # `--step` asked for one step, and got it
                 raise UserError(
                     f"{rel} already has an unfinished loop {existing.task_id!r} ({eff}); continue it "
                     f"with `kiro loop resume --task-id {existing.task_id}`, or start it afresh with "
