@@ -58,6 +58,15 @@ def test_a_frontmatter_typo_gets_a_did_you_mean_line_and_the_loop_still_runs(ws:
     assert sum("did you mean" in m for m in warned) == 3  # in the loop's log too, once each
 
 
+def test_a_thousand_typo_like_keys_are_six_lines_not_a_thousand() -> None:
+    from kiro.store.config import frontmatter_typos
+
+    said = frontmatter_typos({f"model{i}": i for i in range(1000)} | {"x" * 100_000: 1}, {"model0": 2}, "t.md")
+    print(f"1,001 odd keys: {len(said)} lines")
+    assert len(said) == 6 and said[0].startswith("t.md:2: frontmatter key 'model0'")
+    assert said[-1] == "t.md: 95 more frontmatter keys look like typos of keys kiro reads"  # model0..model99
+
+
 def test_a_config_key_typo_is_still_an_error(ws: Workspace) -> None:
     ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  max_iteration: 5\n")
     ws.task(FLAT)
@@ -137,6 +146,14 @@ def test_fresh_sets_the_unfinished_loop_aside_and_starts_anew_keeping_the_checke
     r = ws.kiro("loop", "start", "--task", TASK)
     assert r.returncode == 1
     assert "start it afresh with `kiro loop start --fresh --task Specs/feature/tasks.md`" in r.stderr
+
+    state_file = ws.root / ".state" / "autonomous_loop_old.json"
+    before = state_file.read_bytes()
+    for bad in (("--task-id", "old"), ("--executor", "command"), ("--task-id", "../x")):  # refused: nothing set aside
+        r = ws.kiro("loop", "start", "--task", TASK, "--fresh", *bad)
+        print(f"--fresh {' '.join(bad)}: exit {r.returncode}: {r.stderr.strip()}")
+        assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert state_file.read_bytes() == before and (ws.root / "Needs_Action" / "intervention_old.md").exists()
 
     r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "new", "--fresh")
     assert r.returncode == 0, r.stdout + r.stderr

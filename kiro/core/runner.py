@@ -406,7 +406,6 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                     f"with `kiro loop resume --task-id {existing.task_id}`, or start it afresh with "
                     f"`kiro loop start --fresh --task {rel}`"
                 )
-            warnings += set_aside(store, existing.task_id)
         if task_id:
             tid = check_task_id(task_id)
             if store.exists(tid):
@@ -421,6 +420,8 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             executor = executors.create(executor_name, cfg, ws, tid)
         executor_name = executor.name
         room_for_loops(1)
+        if existing is not None:  # set aside once nothing else can refuse the start
+            warnings += set_aside(store, existing.task_id)
         lock = store.acquire(tid, write_role=batch is None)
         _hold(ws, tid)
         try:

@@ -825,7 +825,13 @@ def frontmatter_typos(frontmatter: Mapping[str, Any], lines: Mapping[str, int], 
             at = f"{where}:{lines[key]}" if key in lines else where
             out.append(f"{at}: frontmatter key {key!r} is not one kiro reads (did you mean {close!r}?); "
                        f"kiro leaves it as it is and it sets nothing")
+    if len(out) > TYPOS_SHOWN:  # a file of a thousand `model1:` keys: not a thousand lines
+        out[TYPOS_SHOWN:] = [f"{where}: {len(out) - TYPOS_SHOWN} more frontmatter keys look like typos of keys kiro "
+                             f"reads"]
     return out
+
+
+TYPOS_SHOWN = 5
 
 
 def _all_keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
