@@ -184,6 +184,22 @@ def test_checkpoint_commits_carry_the_spec_boxes_and_kiros_folders_stay_out_of_g
     assert exclude.count("# >>> kiro") == 1 and "/.state/" in exclude and "/Logs/" in exclude
     r = ws.kiro("init", ".")  # says nothing new, writes the block no second time
     assert (root / ".git/info/exclude").read_text() == exclude, r.stdout
+    assert "info/exclude" not in r.stdout
+
+
+def test_kiro_init_in_a_repository_keeps_its_folders_out_and_says_so(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src/main.py").write_text("print(1)\n")
+    git_project(repo)
+    r = Workspace(repo).kiro("init", "vault")  # a workspace in a subfolder of the project
+    assert r.returncode == 0 and "kept kiro's own folders out of git commits" in r.stdout, r.stdout + r.stderr
+    (repo / "vault/.state/x.json").write_text("{}")
+    (repo / "vault/Logs/a.jsonl").write_text("{}")
+    (repo / "vault/Dashboard.md").write_text("# d")
+    status = git(repo, "status", "--porcelain", "--untracked-files=all").split("\n")
+    assert not [ln for ln in status if ".state" in ln or "Logs" in ln or "Dashboard" in ln], status
+    assert not (repo / ".gitignore").exists() and not (repo / "vault/.gitignore").exists()  # no file of theirs
 
 
 def test_a_refused_start_creates_nothing_and_an_unknown_spec_lists_the_specs(tmp_path: Path) -> None:
@@ -344,3 +360,31 @@ def test_long_or_many_quotes_are_capped(tmp_path: Path) -> None:
     assert "1.1" in text and "words " * 100 not in text  # too long to quote: named only
     assert len(text) < kirospec.QUOTES_MAX + 1500
     assert "not quoted here" in text
+
+
+def test_spec_files_on_a_bad_day_never_hang_or_break_a_prompt(tmp_path: Path) -> None:
+    from kiro.store import kirospec
+
+    spec = tmp_path / ".kiro/specs/x"
+    steer = tmp_path / ".kiro/steering"
+    spec.mkdir(parents=True)
+    steer.mkdir(parents=True)
+    (spec / "tasks.md").write_text("- [ ] 1. x\n")
+    tried = {
+        "requirements.md is a FIFO": lambda: os.mkfifo(spec / "requirements.md"),
+        "design.md is a folder": lambda: (spec / "design.md").mkdir(),
+        "a steering FIFO": lambda: os.mkfifo(steer / "fifo.md"),
+        "a steering folder named .md": lambda: (steer / "dir.md").mkdir(),
+        "steering YAML never closed": lambda: (steer / "open.md").write_text("---\ninclusion: manual\n"),
+        "steering YAML alias bomb": lambda: (steer / "bomb.md").write_text("---\na: &a [*a]\n---\n"),
+        "steering inclusion of a wrong type": lambda: (steer / "odd.md").write_text("---\ninclusion: [1]\n---\n"),
+        "fileMatchPattern of a wrong type": lambda: (steer / "pat.md").write_text(
+            "---\ninclusion: fileMatch\nfileMatchPattern: {a: 1}\n---\n"),
+    }
+    for make in tried.values():
+        make()
+    text = kirospec.context(spec / "tasks.md", "x", ["- _Requirements: 1.1_"]) or ""
+    assert "requirements.md" not in text and "design.md" not in text and "fifo.md" not in text
+    assert "Requirements this step cites: 1.1" in text
+    assert ".kiro/steering/pat.md" not in text  # a fileMatch without a usable pattern matches nothing
+    print(f"{len(tried)} bad spec files tried; the prompt section was made without waiting or failing")

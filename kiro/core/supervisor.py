@@ -211,7 +211,7 @@ class Supervisor:
                 self.skipped[path] = mtime
                 found.append(LoopWarning(message=f"skipped {self.ws.relative(path)}: {exc}"))
                 continue
-            existing = find_loop_for_task(self.store, path, task_id_hint(self.ws, path, task), self.index,
+            existing = find_loop_for_task(self.store, path, task_id_hint(self.ws, Path(real), task), self.index,
                                           refresh=False)
             if existing is not None:
                 if existing.task_id in managed or self.store.is_locked(existing.task_id):

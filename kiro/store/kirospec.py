@@ -42,13 +42,14 @@ class Spec:
 
 
 def spec_of(task_path: Path | str) -> Spec | None:
-    """The Kiro spec a task file belongs to: `<project>/.kiro/specs/<feature>/tasks.md` (by its real
-    path, so a symlinked folder names the spec it points into)."""
-    real = Path(os.path.realpath(task_path))
-    parts = real.parts
-    if len(parts) < 5 or parts[-4:-2] != (".kiro", "specs") or real.name.lower() != "tasks.md":
+    """The Kiro spec a task file belongs to: `<project>/.kiro/specs/<feature>/tasks.md`. By the path as
+    given (asked on every step prompt): kiro's task paths are real paths already (Workspace.resolve_task),
+    so a task reached through a symlinked folder names the spec it points into."""
+    path = Path(task_path)
+    parts = path.parts
+    if len(parts) < 5 or parts[-4:-2] != (".kiro", "specs") or path.name.lower() != "tasks.md":
         return None
-    return Spec(project=real.parents[3], folder=real.parent)
+    return Spec(project=path.parents[3], folder=path.parent)
 
 
 def in_spec_folder(task_path: Path | str) -> bool:
@@ -232,13 +233,14 @@ def context(task_path: Path | str | None, step_text: str, details: list[str]) ->
     if spec is None:
         return None
     ids = cited_ids(details)
-    out = [f"## Kiro spec `{spec.name}`",
-           "This step is part of a Kiro spec. Read these before you start, and keep to them:"]
-    for doc in SPEC_DOCS:
-        path = spec.folder / doc
-        if path.is_file():
-            what = "the requirements" + (f" (this step cites {', '.join(ids)})" if ids and doc == SPEC_DOCS[0] else "")
-            out.append(f"- `{spec.rel(path)}`: {what if doc == SPEC_DOCS[0] else 'the design'}")
+    out = [f"## Kiro spec `{spec.name}`"]
+    docs = [(doc, spec.folder / doc) for doc in SPEC_DOCS if (spec.folder / doc).is_file()]
+    if docs:
+        out.append("This step is part of a Kiro spec. Read these before you start, and keep to them:")
+    cites = f" (this step cites {', '.join(ids)})" if ids else ""
+    for doc, path in docs:
+        what = f"the requirements{cites}" if doc == "requirements.md" else "the design"
+        out.append(f"- `{spec.rel(path)}`: {what}")
     quotes = _quotes(spec, ids)
     if quotes:
         out += ["", "The requirements this step cites, quoted from requirements.md:", *quotes]
