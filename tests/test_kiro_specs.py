@@ -388,3 +388,23 @@ def test_spec_files_on_a_bad_day_never_hang_or_break_a_prompt(tmp_path: Path) ->
     assert "Requirements this step cites: 1.1" in text
     assert ".kiro/steering/pat.md" not in text  # a fileMatch without a usable pattern matches nothing
     print(f"{len(tried)} bad spec files tried; the prompt section was made without waiting or failing")
+
+
+def test_under_watch_a_review_point_goes_on_when_the_person_deletes_the_note(ws: Workspace) -> None:
+    ws.task("---\nexecutor: shell\npause_at_checkpoints: true\n---\n"
+            "- [ ] 1. Build\n  ```sh\n  echo 1 >> runs.log\n  ```\n"
+            "- [ ] 2. Checkpoint - Ensure all tests pass\n  ```sh\n  echo 2 >> runs.log\n  ```\n"
+            "- [ ] 3. Ship\n  ```sh\n  echo 3 >> runs.log\n  ```\n")
+    proc = ws.spawn("loop", "watch")
+    try:
+        note = ws.wait_for(lambda: next((ws.root / "Needs_Action").glob("review_*.md"), None), what="review note")
+        tid = note.stem[len("review_"):]
+        ws.wait_for(lambda: ws.state(tid)["status"] == "paused", what="paused")
+        assert ws.state(tid)["stop_reason"] == "checkpoint"
+        assert (ws.root / "runs.log").read_text().split() == ["1", "2"]  # step 3 waits for the person
+        note.unlink()
+        ws.wait_for(lambda: (ws.root / "Done/feature/tasks.md").exists(), timeout=60, what="done after the review")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert (ws.root / "runs.log").read_text().split() == ["1", "2", "3"]
