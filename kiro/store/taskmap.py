@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +66,14 @@ def task_id_for(state_dir: Path, path: Path) -> str | None:
     return None
 
 
-def find_moved(state_dir: Path, task_id: str, files: Iterable[Path]) -> Path | None:
-    """Of `files`, the recorded task file of `task_id`, moved there (the same inode)."""
+def find_moved(state_dir: Path, task_id: str, files: Callable[[], Iterable[Path]]) -> Path | None:
+    """Of `files()` (listed only for a task file recorded here), the recorded task file of `task_id`,
+    moved there (the same inode)."""
     entry = _load(state_dir).get(task_id)
     if entry is None:
         return None
     want = (entry.get("dev"), entry.get("ino"))
-    for p in files:
+    for p in files():
         try:
             st = os.stat(p)
         except OSError:

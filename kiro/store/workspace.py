@@ -413,7 +413,7 @@ def locate_task(ws: Workspace, recorded: Path, task_id: str) -> tuple[str | None
 
 def _moved(ws: Workspace, task_id: str, folder: Path) -> Path | None:
     """A task file kiro writes nothing into, moved under `folder` (kiro.store.taskmap)."""
-    return taskmap.find_moved(ws.state_dir, task_id, markdown_files(folder)) if folder.is_dir() else None
+    return taskmap.find_moved(ws.state_dir, task_id, lambda: markdown_files(folder)) if folder.is_dir() else None
 
 
 def _inside(ws: Workspace, p: Path) -> bool:
