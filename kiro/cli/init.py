@@ -56,9 +56,14 @@ def init(
     except OSError as exc:  # a file in the way, no permission, a full disk: one line, not a traceback
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(root) else ""
         raise UserError(f"cannot create the workspace {str(root)!r}: {exc.strerror or exc}{where}") from None
+    from kiro.git import ignore
+
+    kept_out = ignore.keep_out(ws)  # inside a git work tree: kiro's folders stay out of the person's commits
     if created:
         console.line(f"workspace {ws.root}: created {', '.join(created)}")
-    else:
+    elif not kept_out:
         console.line(f"workspace {ws.root} is already set up; nothing changed")
+    if kept_out:
+        console.line(kept_out)
     if example:
         console.line(f"run the example: kiro loop start -w {ws.root} --task Specs/hello/tasks.md")

@@ -146,11 +146,30 @@ def uses_temporal(ws: Any, config: Path | None) -> bool:
 # -- the commands ----------------------------------------------------------------------------------
 
 
+def spec_task(ws: Any, name: str) -> str:
+    """`--spec NAME`: the task file `.kiro/specs/NAME/tasks.md` of the workspace (or of the current
+    folder), or one line listing the specs there are."""
+    from kiro.errors import UserError
+    from kiro.store import kirospec
+
+    try:
+        projects = list(dict.fromkeys([ws.root, Path.cwd()]))
+    except OSError:  # the current folder was deleted
+        projects = [ws.root]
+    for project in projects:
+        found = kirospec.find_spec(project, name)
+        if found is not None:
+            return str(found)
+    names = next((found for found in map(kirospec.spec_names, projects) if found), [])
+    there = f"the specs here: {', '.join(names)}" if names else "there is no .kiro/specs/*/tasks.md here"
+    raise UserError(f"no Kiro spec {name!r} (no .kiro/specs/{name}/tasks.md); {there}")
+
+
 def start(task: list[str], workspace_path: Path | None = None, config: Path | None = None,
           max_iterations: int | None = None, failure_threshold: int | None = None, timeout: float | None = None,
           executor: str | None = None, model: str | None = None, agent: str | None = None,
           task_id: str | None = None, detached: bool = False, quiet: bool = False, verbose: bool = False,
-          step: str | None = None, fresh: bool = False) -> int:
+          step: str | None = None, fresh: bool = False, spec: list[str] | None = None) -> int:
     """`kiro loop start`: the loop's exit code (SPEC §6), or 0 for a loop started in the background. `step`:
     only that step (kiro.core.features.OneStep). `fresh`: set the task's unfinished loop aside first
     (kiro.core.runner.set_aside)."""
@@ -163,6 +182,9 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
     if task_id:
         check_task_id(task_id)  # before anything is made: with --detach the id names Logs/<id>.out
     ws = workspace(workspace_path)
+    task = [*task, *(spec_task(ws, name) for name in spec or ())]
+    if not task:
+        raise UserError("name what to run: --task PATH (a task file) or --spec NAME (a Kiro spec in .kiro/specs/)")
     changes = overrides(max_iterations, failure_threshold, timeout, executor, model, agent)
     if len(task) > 1 and task_id:
         raise UserError("--task-id names one loop; with several --task, each gets its own id")

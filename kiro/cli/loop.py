@@ -78,8 +78,12 @@ AgentOpt = Annotated[str | None, typer.Option("--agent", help="Agent CLI preset 
 @app.command()
 @guarded
 def start(
-    task: Annotated[list[str], typer.Option("--task", "-t", metavar="PATH", help="The task file (repeat to run several loops in "
-                                                                 "one process). `/Specs/x.md` is workspace-relative.")],
+    task: Annotated[list[str] | None, typer.Option("--task", "-t", metavar="PATH", help="The task file (repeat to run several loops "
+                                                                 "in one process). `/Specs/x.md` is workspace-relative.",
+                                                   show_default=False)] = None,
+    spec: Annotated[list[str] | None, typer.Option("--spec", metavar="NAME", help="A Kiro spec by name: runs "
+                                                   "`.kiro/specs/NAME/tasks.md` in place (repeatable).",
+                                                   show_default=False)] = None,
     workspace: WorkspaceOpt = None,
     config: ConfigOpt = None,
     max_iterations: Annotated[int | None, typer.Option("--max-iterations", help="Stop after N iterations (exit 4).",
@@ -110,7 +114,7 @@ def start(
     """Start a loop on a task file, in the foreground. Exits with the loop's exit code: 0 completed (or, with --step, that step done), 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person, 1 kiro could not go on."""
     from kiro.cli import launch
 
-    _exit(launch.start(task, workspace_path=workspace, config=config, max_iterations=max_iterations,
+    _exit(launch.start(task or [], workspace_path=workspace, spec=spec or [], config=config, max_iterations=max_iterations,
                        failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
                        agent=agent, task_id=task_id, detached=detach, quiet=quiet, verbose=verbose, step=step,
                        fresh=fresh))

@@ -1,12 +1,15 @@
 """The features a loop runs with, plugged in beside the engine (kiro.core.hooks.Feature): git checkpoints
 (SPEC §9, kiro.git.checkpoints), the approval of steps an agent proposed (SPEC §11, kiro.store.approval), a
-recurring task's runs (SPEC §11, kiro.core.scheduled) and the pre-check gate (SPEC §11, kiro.core.precheck).
+recurring task's runs (SPEC §11, kiro.core.scheduled), the pre-check gate (SPEC §11, kiro.core.precheck) and
+the review points a person asked for (`pause_at_checkpoints`, `pause_every`).
 `standard()` is what kiro.core.runner hands every loop it prepares."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
+from pathlib import Path
 
 from kiro.core import conditions, precheck, scheduled
 from kiro.core.conditions import Stop
@@ -15,6 +18,7 @@ from kiro.errors import TaskFileError, TaskNotFound
 from kiro.git import checkpoints
 from kiro.status import Status
 from kiro.store import approval
+from kiro.store.state import CompletedStep, LoopState
 from kiro.store.tasks import Step, TaskFile
 from kiro.views import reports
 
@@ -192,7 +196,74 @@ def _open_leaf(task: TaskFile, step: Step) -> Step | None:
     return None
 
 
+CHECKPOINT_TITLE = re.compile(r"^\W*(?:final\s+)?checkpoint\b", re.I)
+"""A Kiro plan's review step: "Checkpoint - Ensure all tests pass", "Final Checkpoint - ...", "Checkpoint — ..."."""
+
+
+def is_checkpoint(title: str) -> bool:
+    return CHECKPOINT_TITLE.match(title) is not None
+
+
+class ReviewPoints(Feature):
+    """`pause_at_checkpoints: true`: after a Kiro "Checkpoint" step is done, the loop pauses for a person
+    (status paused, `stop_reason: checkpoint`, exit 6) with a review note in Needs_Action/: the steps done
+    and the diff stat since the last review, and how verify went. `pause_every: N` does the same after
+    every N completed steps. `kiro loop resume` goes on: the state counts the steps a person was shown
+    (`reviewed_steps`), so a resumed loop does not pause again for them."""
+
+    async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
+        stop = await self._review(loop)
+        return stop, stop is None
+
+    async def all_done(self, loop: LoopHandle, task: TaskFile) -> Stop | bool | None:
+        return await self._review(loop)  # the plan's last step was its final checkpoint
+
+    async def _review(self, loop: LoopHandle) -> Stop | None:
+        cfg, s = loop.cfg, loop.state
+        if not (cfg.pause_at_checkpoints or cfg.pause_every):
+            return None
+        done = s.completed_steps
+        if s.reviewed_steps > len(done):  # a recurring task's next run began afresh
+            s.reviewed_steps = 0
+        new = done[s.reviewed_steps:]
+        if not new:
+            return None
+        if cfg.pause_at_checkpoints and any(is_checkpoint(c.description) for c in new):
+            last = next(c for c in reversed(new) if is_checkpoint(c.description))
+            why = f"checkpoint step {last.step_id} ({last.description}) is done"
+        elif cfg.pause_every and len(new) >= cfg.pause_every:
+            why = f"{len(new)} steps done since the last review (pause_every: {cfg.pause_every})"
+        else:
+            return None
+        diff_stat = await asyncio.to_thread(_diff_stat, s, done[: s.reviewed_steps])
+        verify = (f"`{cfg.verify}` passed after each of these steps (a step counts as done only when it passes)"
+                  if cfg.verify else "no `verify` command is set: nothing checked these steps")
+        path = loop.ws.review_note(s.task_id)
+        loop.write_report(path, reports.review_note(s, why=why, steps=new, diff_stat=diff_stat, verify=verify))
+        s.reviewed_steps = len(done)
+        s.report_path = loop.ws.relative(path)
+        loop.save()
+        return conditions.needs_action(f"review point: {why}; see {s.report_path}, then `kiro loop resume "
+                                       f"--task-id {s.task_id}`", "checkpoint")
+
+
+def _diff_stat(state: LoopState, reviewed: list[CompletedStep]) -> str:
+    """`git diff --stat` of the loop's work since the last review (its last checkpoint commit then, or the
+    commit the loop started from), to the loop's latest commit."""
+    g = state.git
+    if g is None or not g.checkpoints or not g.toplevel:
+        return "(no git checkpoints: checkpoints are off)"
+    base = next((c.checkpoint for c in reversed(reviewed) if c.checkpoint), None) or g.base_commit
+    if base is None:
+        return "(no commit to compare with)"
+    tree = checkpoints.Git(Path(g.worktree or g.toplevel))
+    try:
+        return tree.run("diff", "--stat", "--no-ext-diff", "--no-color", base, "HEAD").stdout.rstrip() or "(no changes)"
+    except checkpoints.GitError as exc:
+        return f"(git could not tell: {exc})"
+
+
 def standard(*, git: bool = True) -> list[Feature]:
     """Every feature of a loop, in the order the engine asks them (`git=False`: the temporal
     backend's workspace side, where each step's worker makes the commit)."""
-    return [*([Git()] if git else []), Approval(), Schedule(), PreCheck()]
+    return [*([Git()] if git else []), Approval(), Schedule(), ReviewPoints(), PreCheck()]

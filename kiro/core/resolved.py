@@ -1,7 +1,7 @@
 """What a loop leaves behind once it is over, put right.
 
 Requests a loop left for a person in `Needs_Action/` (`intervention_<id>.md`, `escalation_<id>.md`,
-`request_<id>.md`) are answered once the loop resumes or completes. They then move to
+`request_<id>.md`, `review_<id>.md`) are answered once the loop resumes or completes. They then move to
 `Logs/resolved/<name>_<UTC time>.md`, so `Needs_Action/` lists only what still waits for someone and
 the history stays readable. And kiro's in-progress marker `[-]` goes back to `[ ]` when no step runs
 (the loop ended, or `stop --force` had to kill it)."""
@@ -43,7 +43,8 @@ def archive_requests(ws: Workspace, task_id: str) -> list[str]:
     """Move this loop's open requests to Logs/resolved/; one line per file moved, for the person."""
     notes: list[str] = []
     stamp = timeutil.now().strftime("%Y%m%dT%H%M%SZ")
-    for path in (ws.intervention_request(task_id), ws.escalation(task_id), ws.human_request(task_id)):
+    for path in (ws.intervention_request(task_id), ws.escalation(task_id), ws.human_request(task_id),
+                 ws.review_note(task_id)):
         if not path.is_file():
             continue
         dest = resolved_dir(ws) / f"{path.stem}_{stamp}{path.suffix}"

@@ -27,9 +27,9 @@ from kiro.executors.base import Executor
 from kiro.fs import diskfull, safeio
 from kiro.fs.atomic import Staged
 from kiro.fs.locks import Flock
-from kiro.git import checkpoints
+from kiro.git import checkpoints, ignore
 from kiro.status import Status
-from kiro.store import cleanup, tasks
+from kiro.store import cleanup, kirospec, taskmap, tasks
 from kiro.store.config import FRONTMATTER_KEYS, Config
 from kiro.store.events import Listener
 from kiro.store.redact import Redactor
@@ -368,6 +368,29 @@ def _check_kiro_task_id(ws: Workspace, path: Path, task: tasks.TaskFile) -> None
                         f"line and kiro writes a new one") from None
 
 
+def task_id_hint(ws: Workspace, path: Path, task: tasks.TaskFile) -> str | None:
+    """The loop a task file says it belongs to: the `kiro_task_id` of its frontmatter, else, for a file
+    kiro writes nothing into (a Kiro spec's tasks.md), the one kiro's state records (kiro.store.taskmap)."""
+    hint = task.frontmatter.get("kiro_task_id")
+    if isinstance(hint, str):
+        return hint
+    return taskmap.task_id_for(ws.state_dir, path) if kirospec.in_spec_folder(path) else None
+
+
+def _in_state(path: Path, task: tasks.TaskFile) -> bool:
+    return "kiro_task_id" not in task.frontmatter and kirospec.in_spec_folder(path)
+
+
+def _remember_task_id(ws: Workspace, path: Path, task: tasks.TaskFile, tid: str) -> None:
+    """A Kiro spec's tasks.md stays as Kiro wrote it, plus box characters: its loop is recorded in
+    kiro's state (unless the person wrote a `kiro_task_id` there). Any other task file gets
+    `kiro_task_id` in its frontmatter (SPEC §2)."""
+    if _in_state(path, task):
+        taskmap.remember(ws.state_dir, tid, path)
+    else:
+        tasks.set_frontmatter_key(path, "kiro_task_id", tid, expected=task)
+
+
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
                   overrides: Mapping[str, Any] | None = None, executor: Executor | None = None,
                   index: LoopIndex | None = None, batch: StartBatch | None = None, fresh: bool = False) -> LoopRun:
@@ -387,14 +410,15 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
         ws, store, cfg = loc.ws, loc.store, loc.config
         _check_project_dir(ws, cfg)
-        ws.ensure_folders()
         checkpoints.preflight(cfg, ws.root / cfg.project_dir)
     rel = ws.relative_name(task_path)  # resolve_task walked it (a real path): the loop's three uses need no walk
     schedule.of_task(task, rel)  # a bad `schedule:` is one clear line, before anything starts
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
+    chosen = choose_executor(cfg, task) if executor is None else executor.name  # refused before anything is made
+    first = batch is None and not ws.state_dir.exists()  # the workspace's first start
     with _workspace_guard(store) if batch is None else batch.guard(store):
-        hint = task.frontmatter.get("kiro_task_id")
-        existing = find_loop_for_task(store, task_path, hint if isinstance(hint, str) else None, index,
+        hint = task_id_hint(ws, task_path, task)
+        existing = find_loop_for_task(store, task_path, hint, index,
                                       refresh=batch is None or batch.first_look(store), rel=rel)
         if existing is not None:
             if store.is_locked(existing.task_id):
@@ -415,10 +439,14 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             tid = new_task_id(store)
         _check_logs(ws, tid)
         if executor is None:
-            executor_name = choose_executor(cfg, task)
-            warnings += unused_command_warning(cfg, executor_name)
-            executor = executors.create(executor_name, cfg, ws, tid)
+            warnings += unused_command_warning(cfg, chosen)
+            executor = executors.create(chosen, cfg, ws, tid)
         executor_name = executor.name
+        if batch is None:
+            ws.ensure_folders()  # once nothing refused the start: a refused start creates nothing
+            said = ignore.keep_out(ws) if first else None  # kiro's folders stay out of the person's commits
+            if said:
+                warnings.append(said)
         room_for_loops(1)
         if existing is not None:  # set aside once nothing else can refuse the start
             warnings += set_aside(store, existing.task_id)
@@ -441,7 +469,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
 
             if batch is None:
                 store.save(state)
-                tasks.set_frontmatter_key(task_path, "kiro_task_id", tid, expected=task)
+                _remember_task_id(ws, task_path, task, tid)
                 _count_start(store)
             else:  # on disk before the batch lets go of the start guard
 
@@ -449,8 +477,11 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                     diskfull.reserve(ws.state_dir, tid, reserve_bytes)
                     store.set_role(tid, "loop")
                     store.stage_new(state, staged)
-                    tasks.stage_frontmatter_key(task_path, "kiro_task_id", tid, expected=task, staged=staged,
-                                                resolved=True)
+                    if _in_state(task_path, task):
+                        taskmap.remember(ws.state_dir, tid, task_path)
+                    else:
+                        tasks.stage_frontmatter_key(task_path, "kiro_task_id", tid, expected=task, staged=staged,
+                                                    resolved=True)
 
                 batch.write(create)
                 batch.count_start(store)

@@ -27,12 +27,12 @@ from kiro.core import heap, resolved
 from kiro.core.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.core.guardrails import SharedLimits
 from kiro.core.listeners import standard as standard_listeners
-from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for
+from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for, task_id_hint
 from kiro.core.watch import acquire_hub, release_hub, wait_until
 from kiro.errors import KiroError, LockHeld, UserError, contained
 from kiro.fs import locks
 from kiro.status import Status
-from kiro.store import tasks
+from kiro.store import kirospec, tasks
 from kiro.store.config import Config
 from kiro.store.events import Event, Listener, LoopWarning, StepStarted
 from kiro.store.state import StateStore, effective_status
@@ -50,6 +50,11 @@ STARTING_AT_MOST = 0.1  # seconds a loop holds its turn at most (one that waits 
 
 def is_task_candidate(path: Path) -> bool:
     return path.suffix == ".md" and path.name.lower() not in NOT_TASKS and not path.name.startswith(".")
+
+
+def kiro_specs(root: Path) -> list[Path]:
+    """The Kiro specs' task files of the project at `root`: `.kiro/specs/*/tasks.md`, run in place."""
+    return [kirospec.specs_folder(root) / name / "tasks.md" for name in kirospec.spec_names(root)]
 
 
 @dataclass
@@ -181,11 +186,17 @@ class Supervisor:
         if self.ws.global_hook_file.exists():
             return found  # every loop is to pause: start nothing new
         self.index.refresh()  # once per scan, not once per task file (a start refreshes it again, guarded)
-        for path in markdown_files(self.ws.specs):  # the loops move their task files meanwhile
+        seen: set[str] = set()  # real paths: a symlinked folder (`ln -s .kiro/specs Specs`) is one file once
+        for path in [*markdown_files(self.ws.specs), *kiro_specs(self.ws.root)]:  # moved by their loops meanwhile
             if self.stopping:
                 break
             if not path.is_file() or not is_task_candidate(path):
                 continue
+            real = os.path.realpath(path)
+            if real in seen:
+                continue
+            seen.add(real)
+            in_spec = kirospec.in_spec_folder(real)
             try:
                 mtime = path.stat().st_mtime
             except OSError:
@@ -200,8 +211,7 @@ class Supervisor:
                 self.skipped[path] = mtime
                 found.append(LoopWarning(message=f"skipped {self.ws.relative(path)}: {exc}"))
                 continue
-            hint = task.frontmatter.get("kiro_task_id")
-            existing = find_loop_for_task(self.store, path, hint if isinstance(hint, str) else None, self.index,
+            existing = find_loop_for_task(self.store, path, task_id_hint(self.ws, Path(real), task), self.index,
                                           refresh=False)
             if existing is not None:
                 if existing.task_id in managed or self.store.is_locked(existing.task_id):
@@ -211,9 +221,9 @@ class Supervisor:
                 with contextlib.suppress(LockHeld):  # an unfinished loop nobody runs: look after it
                     found.append((existing.task_id, self.store.acquire(existing.task_id, role="watch")))
                 continue
-            if task.is_complete(self.config.include_optional) and task.counts().total and all(
-                    s.done for s in task.steps) and task.frontmatter.get("schedule") is None:
-                continue  # nothing to do; leave a finished file alone (a scheduled one runs again)
+            if task.is_complete(self.config.include_optional) and task.counts().total and (in_spec or all(
+                    s.done for s in task.steps)) and task.frontmatter.get("schedule") is None:
+                continue  # nothing to do; leave a finished file alone (a scheduled one runs again; a spec stays put)
             try:
                 found.append(prepare_start(self.ws, str(path), config_file=self.config_file,
                                            overrides=self.overrides, index=self.index))
@@ -295,7 +305,8 @@ class Supervisor:
             timer.cancel()
 
     def _resume_ready(self, m: Managed) -> bool:
-        """The seed's "Resume Instructions": the hook deleted, or the task moved back to Specs/."""
+        """The seed's "Resume Instructions": the hook deleted, or the task moved back to Specs/ (a Kiro
+        spec's tasks.md stays where it is); a request or review note in Needs_Action/ deleted."""
         try:
             state = self.store.load(m.task_id).state
         except KiroError:
@@ -305,10 +316,12 @@ class Supervisor:
         if self.ws.hook_file(m.task_id).exists() or self.ws.global_hook_file.exists():
             return False
         where, path = locate_task(self.ws, self.ws.absolute(state.task_path), m.task_id)
-        if path is None or self.ws.area_of(path) != "Specs":
-            return False
+        if path is None or (self.ws.area_of(path) != "Specs" and not kirospec.in_spec_folder(path)):
+            return False  # a Kiro spec's tasks.md runs where it is
         if state.stop_reason == "request_human":
             return not self.ws.human_request(m.task_id).exists()
+        if state.stop_reason == "checkpoint":  # a review point: the person deletes the note when done
+            return not self.ws.review_note(m.task_id).exists()
         return effective_status(state, alive=False).is_resumable  # we hold its lock: nobody runs it
 
     async def _wait_to_continue(self, m: Managed) -> bool:

@@ -1,5 +1,6 @@
 """Reacting to files without polling: one watchfiles watcher per workspace per process, over the
-folders people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`, `.state/inbox/`).
+folders people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`, `.state/inbox/`, and
+a project's `.kiro/specs/` when it has one).
 
 Every change batch wakes every subscribed waiter; a waiter then re-checks its own conditions (a few
 `stat` calls). kiro's own writes wake nobody (`kiro.fs.ownwrites`, as watchfiles' filter). While nothing
@@ -21,6 +22,7 @@ from kiro.shared import Registry
 POLL_FALLBACK = 0.25
 SAFETY_POLL = 5.0
 WATCHED = (".hooks", "Specs", "Done", "Needs_Action", ".state/inbox")  # inbox: messages wake waiting loops
+WATCHED_IF_THERE = (".kiro/specs",)  # Kiro's spec folders (kiro.store.kirospec)
 # watchfiles hands a batch over once STEP_MS pass without a new change, or DEBOUNCE_MS after its first:
 # a hook dropped is seen in one to two steps (bench/hook_reaction.py). Each step takes the GIL once.
 STEP_MS = 5
@@ -69,6 +71,10 @@ class ChangeHub:
             with contextlib.suppress(OSError):
                 p.mkdir(parents=True, exist_ok=True)
             if p.is_dir():
+                paths.append(p)
+        for name in WATCHED_IF_THERE:  # a project's own folders: watched, never made
+            p = self.root / name
+            if p.is_dir() and p.resolve() not in {q.resolve() for q in paths}:
                 paths.append(p)
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._run(paths), name=f"kiro-watch:{self.root}")

@@ -16,6 +16,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING
 
+from kiro.store import kirospec
 from kiro.store.state import clip
 
 if TYPE_CHECKING:
@@ -149,6 +150,9 @@ def step_prompt(
     details_text = "## Details\n" + "\n".join(details) + "\n\n" if details else ""
     req_text = "## Requirements\n" + "\n".join(r.strip().strip("-").strip() for r in requirements) + "\n\n" \
         if requirements else ""
+    spec = kirospec.context(task.path, step.title or step.text, step.details)  # a task file in .kiro/specs/
+    if spec is not None:
+        req_text = spec  # names requirements.md, design.md and steering, and quotes what the step cites
     previous = f"## The previous attempt failed\n{clip(previous_error, 3000)}\n\n" if previous_error else ""
     verify_block = ""
     if verify_command:

@@ -60,8 +60,11 @@ _COMMIT = ("-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false",
            "-c", f"user.name={KIRO_NAME}", "-c", f"user.email={KIRO_EMAIL}", "-c", "merge.ff=false",
            "-c", "merge.autoStash=false", "-c", "rerere.enabled=false")
 
-# Folders of the workspace kiro owns or a person steers loops with; never in a checkpoint.
-_KIRO_NAMES = ("Specs", "Done", "Needs_Action", "Pending_Approval", "Approved", "Rejected", "Logs", ".hooks", ".kiro",
+# Folders of the workspace kiro owns or a person steers loops with; never in a checkpoint. Of `.kiro/`, only the
+# loops' worktrees are kiro's: a Kiro spec's files (`.kiro/specs/`, `.kiro/steering/`) are the project's, and a
+# checkpoint carries the boxes kiro checked in a spec's tasks.md.
+_KIRO_NAMES = ("Specs", "Done", "Needs_Action", "Pending_Approval", "Approved", "Rejected", "Logs", ".hooks",
+               ".kiro/worktrees",
                "Dashboard.md")
 
 _lock = threading.Lock()

@@ -254,6 +254,8 @@ class Config(_Strict):
     approval: Approval = Field(default_factory=Approval)
     max_parallel_loops: int = Field(4, ge=1)
     include_optional: bool = False
+    pause_at_checkpoints: bool = False  # pause for a person after a Kiro "Checkpoint" step (kiro.core.features)
+    pause_every: int | None = Field(None, ge=1)  # pause for a person after every N completed steps
     on_event: dict[str, str] = Field(default_factory=dict)
     secret_env: list[str] = Field(default_factory=list)
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
@@ -317,6 +319,8 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "timeout_seconds": "autonomous_loop.timeout_seconds",
     "model": "llm.model",
     "include_optional": "include_optional",
+    "pause_at_checkpoints": "pause_at_checkpoints",
+    "pause_every": "pause_every",
 }
 
 # Every top-level task frontmatter key kiro reads: the ones above, and the task's own (kiro.store.tasks:

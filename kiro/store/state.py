@@ -261,6 +261,7 @@ class LoopState(_Model):
     last_run_at: IsoTime | None = None
     next_run_at: IsoTime | None = None
     schedule: ScheduleInfo | None = None
+    reviewed_steps: int = 0  # completed steps a person was shown at a review pause (kiro.core.features.ReviewPoints)
     journal_seq: int = 0  # the last journal record this snapshot includes (kiro.store.journal)
     # (the completed_steps list, how many of its durations are summed, the sum): refresh_metrics
     # adds only the new ones

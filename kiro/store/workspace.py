@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kiro.errors import TaskNotFound, UserError
 from kiro.fs import safeio
-from kiro.store import frontmatter
+from kiro.store import frontmatter, taskmap
 
 CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
 FOLDERS = ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks")
@@ -258,6 +258,9 @@ class Workspace:
     def escalation(self, task_id: str) -> Path:
         return self.needs_action / f"escalation_{task_id}.md"
 
+    def review_note(self, task_id: str) -> Path:
+        return self.needs_action / f"review_{task_id}.md"
+
     def human_request(self, task_id: str) -> Path:
         return self.needs_action / f"request_{task_id}.md"
 
@@ -402,10 +405,15 @@ def locate_task(ws: Workspace, recorded: Path, task_id: str) -> tuple[str | None
             candidate = ws.counterpart(recorded, area)
             if candidate.is_file() and candidate != recorded:
                 return area, candidate
-        found = find_by_task_id(ws.root / area, task_id)
+        found = find_by_task_id(ws.root / area, task_id) or _moved(ws, task_id, ws.root / area)
         if found is not None:
             return area, found
     return None, None
+
+
+def _moved(ws: Workspace, task_id: str, folder: Path) -> Path | None:
+    """A task file kiro writes nothing into, moved under `folder` (kiro.store.taskmap)."""
+    return taskmap.find_moved(ws.state_dir, task_id, lambda: markdown_files(folder)) if folder.is_dir() else None
 
 
 def _inside(ws: Workspace, p: Path) -> bool:

@@ -229,6 +229,36 @@ def escalation(state: LoopState, *, reason: str, detail: str, recent: Iterable[F
 """
 
 
+def review_note(state: LoopState, *, why: str, steps: Sequence[CompletedStep], diff_stat: str,
+                verify: str) -> str:
+    """A review point (`pause_at_checkpoints`, `pause_every`): what was done since the last one, for a person."""
+    tid = state.task_id
+    return _frontmatter({
+        "type": "review",
+        "task_id": tid,
+        "created": timeutil.iso(),
+        "reason": "checkpoint",
+        "task_path": state.task_path,
+    }) + f"""
+# Review point: {why}
+
+## Steps done since the last review
+{_list(steps)}
+
+## Changes since the last review
+```
+{diff_stat.rstrip() or "(no changes)"}
+```
+
+## Verify
+{verify}
+
+## What to Do
+- [ ] Review the changes (`git log`, `git diff`), fix or edit the task file as you see fit
+- [ ] Go on: `kiro loop resume --task-id {tid}` (or delete this note while `kiro loop watch` runs)
+"""
+
+
 def human_request(state: LoopState, *, question: str) -> str:
     tid = state.task_id
     return _frontmatter({

@@ -64,9 +64,11 @@ class Confinement:
         candidates += [(self.root / name, name) for name in CONTROL_FOLDERS]
         if state_dir is not None:
             candidates.append((state_dir, state_dir.name))
-        kiro_dir = _real(ws / ".kiro")  # loops' own worktrees (SPEC §9); a loop isolated in one works inside it
+        # loops' own worktrees (SPEC §9); a loop isolated in one works inside it. The rest of `.kiro/` is a Kiro
+        # project's specs and steering, which the agent reads (kiro.store.kirospec)
+        kiro_dir = _real(ws / ".kiro" / "worktrees")
         if not _within(self.root, kiro_dir):
-            candidates.append((kiro_dir, ".kiro"))
+            candidates.append((kiro_dir, ".kiro/worktrees"))
         for folder, label in candidates:
             real = _real(folder)
             if real in forbidden:
