@@ -12,6 +12,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 BACKUPS_KEPT = 5
+# A backup's name (`_backup_name`), its journal's too; the task id may hold dots, the stamp never does.
+_BACKUP_NAME = re.compile(rf"^autonomous_loop_(?P<task_id>.+)\.\d{{8}}T\d+\.i\d+"
+                          rf"(?P<suffix>\.json|{re.escape(journal.JOURNAL_SUFFIX)})$")
 HISTORY_KEPT = 200
 FAILED_KEPT = 100  # failed_steps: the newest attempts (total_failures counts them all)
 LOW_SPACE_BYTES = 256 * 1024  # free space under which a journal append notes the disk as full (kiro.fs.diskfull)
@@ -510,16 +514,19 @@ class StateStore:
                     path.unlink()
                 journal.note_own_write(path)
         names = {p.name for p in kept[:BACKUPS_KEPT]}
-        for side in self.ws.backups_dir().glob(f"autonomous_loop_{task_id}.*{journal.JOURNAL_SUFFIX}"):
+        for side in self._backups(task_id, journal.JOURNAL_SUFFIX):
             if side.with_suffix(".json").name not in names:
                 with contextlib.suppress(FileNotFoundError):
                     side.unlink()
 
-    def _backups(self, task_id: str) -> list[Path]:
+    def _backups(self, task_id: str, suffix: str = ".json") -> list[Path]:
+        """`task_id`'s backups (or their journals, by `suffix`), newest first. Matched by the whole id:
+        the prefix `autonomous_loop_a.` is also that of loop `a.b`'s backups."""
         folder = self.ws.backups_dir()
         if not folder.is_dir():
             return []
-        found = list(folder.glob(f"autonomous_loop_{task_id}.*.json"))
+        found = [p for p in folder.glob(f"autonomous_loop_{task_id}.*{suffix}")
+                 if (m := _BACKUP_NAME.match(p.name)) and m["task_id"] == task_id and m["suffix"] == suffix]
         return sorted(found, key=lambda p: p.name, reverse=True)  # newest first: the stamp sorts
 
     def archive(self, state: LoopState) -> Path:
