@@ -70,8 +70,10 @@ class History:
         self.path = ws.state_dir / "kiro.db"
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=30)
+        """The index; in memory when the workspace has no state folder yet: a read command in a folder
+        that is not (yet) a workspace creates nothing there."""
+        where = self.path if self.path.parent.is_dir() else ":memory:"
+        db = sqlite3.connect(where, timeout=30)
         db.executescript(_SCHEMA)
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         if row is None:
