@@ -109,3 +109,37 @@ def test_a_one_megabyte_value_is_scanned_and_cut_in_linear_time() -> None:
         assert TOKEN in command_secrets(value) and PASSWORD in url_secrets(value)[0]
         redactor = Redactor.from_environment(None, {"ACME_HOOK": value, "ACME_DEPLOY_TOKEN": ENV_SECRET})
         assert PASSWORD not in redactor.text(value) and redactor.text(ENV_SECRET) == "[REDACTED]"
+
+
+FORMAT_TOKEN = "sk-ant-planted" + "6" * 20  # a credential format: known as secret wherever it is written
+USAGE_ERRORS = [  # (what, arguments): each a complaint of the command line's parser that quotes what was typed
+    ("an unknown option that is a token", ("loop", "start", "-t", "x", f"--{FORMAT_TOKEN}")),
+    ("an unknown option with a token value", ("loop", "status", f"--{FORMAT_TOKEN}=1")),
+    ("an extra argument that is a token", ("loop", "start", "-t", "x", FORMAT_TOKEN)),
+    ("an extra argument that is the environment's key", ("loop", "status", ENV_SECRET)),
+    ("a bad value that is a token", ("loop", "start", "-t", "x", "--max-iterations", FORMAT_TOKEN)),
+    ("a bad value that is the environment's key", ("serve", "--port", ENV_SECRET)),
+    ("an unknown command that is a token", ("loop", FORMAT_TOKEN)),
+    ("a token after an unknown --token", ("loop", "stop", "--token", TOKEN, "--password", TOKEN)),
+]
+
+
+def test_a_usage_error_is_one_line_without_the_secret_it_quotes(ws: Workspace) -> None:
+    """Typer printed its parser's complaints in a box of several lines (exit 2), quoting what was typed
+    as it was: a token typed as an option, an extra argument or a bad value reached the terminal. A
+    usage error is now one line through the redactor, exit 1 (SPEC §6: 1 for bad input)."""
+    env = ws.env(OPENAI_API_KEY=ENV_SECRET)
+    held = 0
+    for what, args in USAGE_ERRORS:
+        r = ws.kiro(*args, env=env)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        leaked = [s for s in (FORMAT_TOKEN, ENV_SECRET, TOKEN) if s in r.stdout + r.stderr]
+        ok = r.returncode == 1 and len(lines) == 1 and lines[0].startswith("kiro: ") and not leaked
+        held += ok
+        print(f"{'held' if ok else 'LEAKED' if leaked else 'FAILED'}: {what} -> exit {r.returncode}, "
+              f"{len(lines)} line(s): {lines[:1]}")
+    print(f"usage errors: {held} of {len(USAGE_ERRORS)} held")
+    assert held == len(USAGE_ERRORS)
+    r = ws.kiro("loop", "rollback", "--task-id", "x")
+    assert r.returncode == 1 and r.stderr.startswith("kiro: Missing option '--to-step'; `"), r.stderr
+    assert r.stderr.endswith(" loop rollback -h` shows the usage\n"), r.stderr
