@@ -166,6 +166,46 @@ def test_the_generated_token_reaches_no_inbox_and_no_prompt(ws: Workspace) -> No
     assert all(checks.values()), checks
 
 
+def test_the_generated_token_typed_at_a_terminal_or_read_by_a_step_is_cut(ws: Workspace) -> None:
+    """The generated token was cut only from what the server itself queued: `kiro loop tell` with the
+    token (a person pasting it) put it in the inbox and the agent's prompt; a command line holding it
+    (a task id, an extra argument) printed it back; a step that read `.state/serve.token` logged it.
+    kiro knows the token from its file, as it knows `$KIRO_SERVE_TOKEN`."""
+    ws.task(shell_task(1))
+    served = start_server(ws, token=None)
+    try:
+        token = served.token
+        assert token and token != TOKEN and (ws.root / ".state/serve.token").read_text().strip() == token
+        ws.task(shell_task(1, cmd="cat .state/serve.token; echo \"token=$(cat .state/serve.token)\" >&2"),
+                "Specs/reads/tasks.md")
+        ran = ws.kiro("loop", "start", "--task", "Specs/reads/tasks.md", "--task-id", "reads")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        tries = {
+            "kiro loop tell with the token": ws.kiro("loop", "tell", f"the server's token is {token}", "--task-id",
+                                                     "reads"),
+            "the token as a task id": ws.kiro("loop", "status", "--task-id", token),
+            "the token as an extra argument": ws.kiro("loop", "status", token),
+            "the token as a --token value": ws.kiro("loop", "stop", "--token", token),
+            "a step that read the token file": ran,
+        }
+    finally:
+        served.stop()
+        stop_loops(ws.root)
+    files = [p.relative_to(ws.root).as_posix() for p in ws.root.rglob("*")
+             if p.is_file() and p.name != "serve.token" and token.encode() in p.read_bytes()]
+    held = 0
+    for what, r in tries.items():
+        ok = token not in r.stdout + r.stderr and "Traceback" not in r.stderr
+        held += ok
+        print(f"{'held' if ok else 'LEAKED'}: {what} -> exit {r.returncode}")
+    inbox = "\n".join(p.read_text() for p in (ws.root / ".state/inbox").rglob("*") if p.is_file())
+    print(f"files holding the token: {files}; generated-token checks: {held} of {len(tries)} held")
+    assert "the server's token is [REDACTED]" in inbox
+    assert held == len(tries) and files == []
+    [done] = ws.state("reads")["completed_steps"]
+    assert done["summary"] == "[REDACTED]\ntoken=[REDACTED]"  # the step's output is kept, cut
+
+
 def test_a_blank_token_is_refused_at_start(ws: Workspace) -> None:
     held = 0
     blanks = (" " * 16, "\t" * 20, " \n " * 8)

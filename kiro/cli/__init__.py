@@ -156,8 +156,12 @@ def usage_error(exc: typer.TyperException) -> int:
     """A complaint of the command line's parser (an unknown option, a bad value, a missing argument) as
     one line through the redactor, exit 1: Typer's own box echoed what was typed, a secret too. Besides
     what every line is cleaned of, the line is cut of the credentials the command line shows: values
-    of `--token X`-like options and words in a credential format, also as an option (`--sk-...`)."""
+    of `--token X`-like options and words in a credential format, also as an option (`--sk-...`), and
+    the token `kiro serve` generated for the workspace."""
+    from kiro.errors import UserError
     from kiro.store.redact import Redactor, command_secrets, looks_like_token
+    from kiro.store.state import serve_token
+    from kiro.store.workspace import Workspace
     from kiro.views import console
 
     message = " ".join(exc.format_message().split()).rstrip(".")
@@ -167,6 +171,10 @@ def usage_error(exc: typer.TyperException) -> int:
     hint = f"; `{ctx.command_path} -h` shows the usage" if ctx is not None else ""
     words = [part for arg in sys.argv[1:] for part in arg.lstrip("-").split("=")]
     typed = Redactor([*command_secrets(" ".join(sys.argv[1:])), *filter(looks_like_token, words)])
+    try:  # and the serve token of the workspace found without the (unparsed) --workspace
+        typed |= serve_token(Workspace.find(None))
+    except UserError:
+        pass
     console.error(typed.text(message + hint))
     return 1
 

@@ -41,7 +41,8 @@ def store_of(ws: Any, *, lenient: bool = True) -> Any:
         from kiro.store.state import StateStore
 
         console.warning(f"{exc} (using defaults to read the state)")
-        return StateStore(ws)
+        store = StateStore(ws)
+    console.redact_with(store.redact)  # what the store knows (the serve token) is cut from every line too
     return store
 
 

@@ -339,12 +339,27 @@ class LoadResult:
     warning: str | None = None
 
 
+SERVE_TOKEN = "serve.token"  # in the state folder: the token `kiro serve` generated (kiro.serve.auth)
+
+
+def serve_token(ws: Workspace) -> Redactor:
+    """The token `kiro serve` generated for this workspace, as a secret kiro knows of: a message, a prompt,
+    an agent's output or a line that holds it is cut like one holding `$KIRO_SERVE_TOKEN`. What is in the
+    file when it is no such token (an agent may write there) is nothing to cut."""
+    try:
+        text = safeio.read_bytes(ws.state_dir / SERVE_TOKEN, limit=safeio.SMALL_MAX_BYTES).decode().strip()
+    except (OSError, UnicodeDecodeError, safeio.UnreadableFile):
+        return Redactor()
+    return Redactor([text]) if len(text) >= 16 and not any(c.isspace() for c in text) else Redactor()
+
+
 class StateStore:
     """Reads and writes the state files of one workspace."""
 
     def __init__(self, workspace: Workspace, redact: Redactor | None = None) -> None:
         self.ws = workspace
-        self.redact = redact or Redactor()  # a loop adds its own (`use`): no secret reaches a state file
+        # a loop adds its own (`use`): no secret reaches a state file; nor the server's generated token
+        self.redact = (redact or Redactor()) | serve_token(workspace)
         self.journals: dict[str, LiveJournal] = {}  # task id -> the journal of a loop running here
 
     def use(self, redact: Redactor) -> None:
