@@ -208,3 +208,15 @@ def test_a_proposal_comes_with_the_folders_it_says_to_move_it_to(tmp_path: Path)
     assert path.parent.name == "Pending_Approval"
     assert "Move this file to `Approved/`" in path.read_text() and "`Rejected/`" in path.read_text()
     assert (root / "Approved").is_dir() and (root / "Rejected").is_dir()
+
+
+def test_a_file_where_approved_belongs_does_not_stop_a_proposal(tmp_path: Path) -> None:
+    """The proposal makes the folders it names when it can; a person's file in the way is theirs."""
+    from kiro.store import approval
+    from kiro.store.workspace import Workspace as Folders
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "Approved").write_text("my notes\n")
+    path = approval.propose(Folders(root), "t1", "Specs/t/tasks.md", ["1.1 Add an index"], "1", "slow lookups")
+    assert path.is_file() and (root / "Approved").read_text() == "my notes\n" and (root / "Rejected").is_dir()

@@ -143,3 +143,46 @@ def test_a_usage_error_is_one_line_without_the_secret_it_quotes(ws: Workspace) -
     r = ws.kiro("loop", "rollback", "--task-id", "x")
     assert r.returncode == 1 and r.stderr.startswith("kiro: Missing option '--to-step'; `"), r.stderr
     assert r.stderr.endswith(" loop rollback -h` shows the usage\n"), r.stderr
+
+
+def _holding(root: Path, secret: str) -> list[str]:
+    """Files of the workspace whose name or bytes hold `secret` (the task files are the person's)."""
+    return [p.relative_to(root).as_posix() for p in sorted(root.rglob("*"))
+            if secret in p.name or (p.is_file() and "tasks.md" not in p.name and secret.encode() in p.read_bytes())]
+
+
+def test_a_secret_a_person_types_or_a_task_file_holds_reaches_no_file_or_line(ws: Workspace) -> None:
+    """Three ways past the redactor found on 06884f8: `loop stop --reason` wrote the reason into the hook
+    file as typed; `loop progress` printed the task file's step titles as they are (a step naming a
+    token); and a `--task-id` holding a secret was cut inside the loop's own state file, which then named
+    another id and could not be read again (the loop was lost). Now the reason is cut, the progress view
+    is cleaned, and such an id is refused in one line before anything is made."""
+    env = ws.env(ACME_DEPLOY_TOKEN=ENV_SECRET, COLUMNS="300")  # wide: no line folded in the secret's middle
+    ws.write("Specs/s/tasks.md", f"---\ntitle: t\nexecutor: shell\n---\n- [ ] 1. Deploy with {ENV_SECRET}\n"
+             f"  ```sh\n  exit 1\n  ```\n")
+    ran = ws.kiro("loop", "start", "--task", "Specs/s/tasks.md", "--task-id", "s", "--failure-threshold", "1",
+                  env=env)
+    assert ran.returncode == 5, ran.stdout + ran.stderr
+    ws.write("Specs/o/tasks.md", "---\ntitle: o\nexecutor: shell\n---\n- [ ] 1. One\n  ```sh\n  true\n  ```\n")
+    tries = {
+        "stop --reason": ws.kiro("loop", "stop", "--task-id", "s", "--reason", f"rotating {ENV_SECRET}", env=env),
+        "progress": ws.kiro("loop", "progress", "--task-id", "s", env=env),
+        "start --task-id <secret>": ws.kiro("loop", "start", "--task", "Specs/o/tasks.md", "--task-id",
+                                            f"x-{ENV_SECRET}", env=env),
+        "start --detach --task-id <secret>": ws.kiro("loop", "start", "--task", "Specs/o/tasks.md", "--detach",
+                                                     "--task-id", ENV_SECRET, env=env),
+    }
+    held = 0
+    for what, r in tries.items():
+        ok = ENV_SECRET not in r.stdout + r.stderr and "Traceback" not in r.stderr
+        held += ok
+        print(f"{'held' if ok else 'LEAKED'}: {what} -> exit {r.returncode}")
+    files = _holding(ws.root, ENV_SECRET)
+    print(f"typed or written secrets: {held} of {len(tries)} commands held; files holding it: {files}")
+    assert held == len(tries) and files == []
+    assert "rotating [REDACTED]" in (ws.root / ".hooks/stop_autonomous_loop_s.md").read_text()
+    assert "Deploy with [REDACTED]" in tries["progress"].stdout
+    for what in ("start --task-id <secret>", "start --detach --task-id <secret>"):
+        r = tries[what]
+        assert r.returncode == 1 and "holds a secret kiro knows of" in r.stderr, (what, r.stdout, r.stderr)
+    assert ws.kiro("loop", "status", "--json", env=env).stdout.count('"task_id"') == 1  # only the loop `s`

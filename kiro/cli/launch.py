@@ -152,7 +152,7 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
           executor: str | None = None, model: str | None = None, agent: str | None = None,
           task_id: str | None = None, detached: bool = False, quiet: bool = False, verbose: bool = False) -> int:
     """`kiro loop start`: the loop's exit code (SPEC §6), or 0 for a loop started in the background."""
-    from kiro.core.runner import new_task_id, prepare_start
+    from kiro.core.runner import check_new_task_id, new_task_id, prepare_start
     from kiro.errors import UserError
     from kiro.store.workspace import check_task_id
 
@@ -172,7 +172,7 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
         if len(task) > 1:
             raise UserError("--detach starts one loop; run it once per task")
         store = store_of(ws, lenient=False)
-        tid = task_id or new_task_id(store)
+        tid = check_new_task_id(store, task_id) if task_id else new_task_id(store)
         argv = [a for a in sys.argv[1:] if a != "--detach"]
         if not task_id:
             argv += ["--task-id", tid]

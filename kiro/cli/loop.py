@@ -374,6 +374,7 @@ def stop(
 ) -> None:
     """Create the stop hook: the loop stops at its next safe point (paused, exit 3) and stays paused until the hook is deleted or `kiro loop resume` runs."""
     from kiro.fs.atomic import atomic_write
+    from kiro.store.redact import Redactor
     from kiro.views import console, loops, reports
 
     _utf8("--reason", reason)  # it is written into the hook file
@@ -381,6 +382,7 @@ def stop(
     if all_loops:
         ws.check_is_workspace()
     store = _store(ws)
+    reason = (store.redact | Redactor.from_environment(None)).text(reason)  # as `tell`'s text: it is written
     if all_loops:
         ws.check_hook(ws.global_hook_file)
         atomic_write(ws.global_hook_file, reports.stop_hook(None, task_id="*", reason=reason), fsync=False)

@@ -367,6 +367,16 @@ def _check_kiro_task_id(ws: Workspace, path: Path, task: tasks.TaskFile) -> None
                         f"line and kiro writes a new one") from None
 
 
+def check_new_task_id(store: StateStore, task_id: str) -> str:
+    """A new loop's `--task-id`: a plain name (`check_task_id`) that holds no secret kiro knows of. Every file
+    of the loop holds its id, cut like any secret: its state would name another id, and be unreadable."""
+    tid = check_task_id(task_id)
+    if store.redact.text(tid) != tid:
+        raise UserError(f"--task-id {store.redact.text(tid)!r} holds a secret kiro knows of (an API key, a "
+                        f"token); every file of the loop names its id: choose another")
+    return tid
+
+
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
                   overrides: Mapping[str, Any] | None = None, executor: Executor | None = None,
                   index: LoopIndex | None = None, batch: StartBatch | None = None) -> LoopRun:
@@ -403,7 +413,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                 f"{ws.relative(store.path(existing.task_id))} to start afresh"
             )
         if task_id:
-            tid = check_task_id(task_id)
+            tid = check_new_task_id(store, task_id)
             if store.exists(tid):
                 raise UserError(f"a loop with task id {tid!r} already exists; resume it with "
                                 f"`kiro loop resume --task-id {tid}` or choose another --task-id")

@@ -66,7 +66,7 @@ def resolve_token(host: str, state_dir: Path) -> tuple[str, bool]:
     if not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: set ${TOKEN_ENV} to a long random token "
                         f"first, or serve on 127.0.0.1")
-    token = secrets.token_urlsafe(32)
+    token = secrets.token_urlsafe(32)  # kiro.store.state.serve_token knows it by this shape: 43 URL-safe characters
     atomic_write(state_dir / SERVE_TOKEN, token + "\n", fsync=False, mode=0o600)
     return token, True
 

@@ -16,6 +16,7 @@ import json
 import sqlite3
 from typing import Any
 
+from kiro.errors import UserError
 from kiro.store.events import read_new
 from kiro.store.workspace import TASK_ID_RE, Workspace
 
@@ -93,7 +94,11 @@ class History:
             with contextlib.suppress(OSError):
                 for p in (self.path, self.path.with_name("kiro.db-journal"), self.path.with_name("kiro.db-wal")):
                     p.unlink(missing_ok=True)
-            db = self._connect()
+            try:
+                db = self._connect()
+            except sqlite3.DatabaseError as again:  # not a file kiro may delete: a folder in its place
+                raise UserError(f"the history index {self.ws.relative(self.path)} cannot be opened ({again}); "
+                                f"move it away and kiro builds it again from the event logs") from None
             self.refresh(db)
             note = f"the index {self.ws.relative(self.path)} was unreadable ({exc}); rebuilt it from the event logs"
         return db, note

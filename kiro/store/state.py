@@ -340,17 +340,18 @@ class LoadResult:
 
 
 SERVE_TOKEN = "serve.token"  # in the state folder: the token `kiro serve` generated (kiro.serve.auth)
+_GENERATED_TOKEN = re.compile(r"[A-Za-z0-9_\-]{43}")  # what secrets.token_urlsafe(32) makes
 
 
 def serve_token(ws: Workspace) -> Redactor:
     """The token `kiro serve` generated for this workspace, as a secret kiro knows of: a message, a prompt,
     an agent's output or a line that holds it is cut like one holding `$KIRO_SERVE_TOKEN`. What is in the
-    file when it is no such token (an agent may write there) is nothing to cut."""
+    file when it is no such token (`secrets.token_urlsafe(32)`: an agent may write there) is nothing to cut."""
     try:
         text = safeio.read_bytes(ws.state_dir / SERVE_TOKEN, limit=safeio.SMALL_MAX_BYTES).decode().strip()
     except (OSError, UnicodeDecodeError, safeio.UnreadableFile):
         return Redactor()
-    return Redactor([text]) if len(text) >= 16 and not any(c.isspace() for c in text) else Redactor()
+    return Redactor([text]) if _GENERATED_TOKEN.fullmatch(text) else Redactor()
 
 
 class StateStore:

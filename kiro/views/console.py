@@ -482,7 +482,7 @@ def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total:
     from rich.text import Text
 
     out = __getattr__("out")
-    out.print(Text(title, style="bold"))
+    out.print(Text(clean(title), style="bold"))  # the task file's words, as it is now: not through a loop's redactor
     bar = ProgressBar(total=max(total, 1), completed=done, width=40)
     t = Table.grid(padding=(0, 1))
     t.add_row(bar, Text(f"{done}/{total} steps ({(done / total if total else 0):.0%})"))
@@ -494,9 +494,9 @@ def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total:
     for s in steps:
         style = {"done": "green", "in_progress": "yellow", "failed": "red", "optional": "dim"}.get(s["status"], "")
         cp = s.get("checkpoint") or "-"
-        cells = [("  " * s.get("depth", 0)) + s["step_id"], Text(s["status"], style=style),
+        cells = [("  " * s.get("depth", 0)) + clean(s["step_id"]), Text(s["status"], style=style),
                  str(s.get("attempts") or "-"), s.get("duration") or "-"]
         if with_git:
             cells.append(cp if cp.startswith("(") else cp[:12])
-        table.add_row(*cells, _short(s["description"], 70))
+        table.add_row(*cells, _short(clean(s["description"]), 70))
     out.print(table)
