@@ -175,6 +175,7 @@ def status(
         return result
 
     def render(result: Any) -> Any:
+        result = console.printable_data(result)  # a terminal shows rich's text as it is
         if tid is not None:
             return console.detail_table(result)
         if not result:
