@@ -435,11 +435,13 @@ def test_a_task_file_or_steps_output_sends_no_control_sequence_to_the_terminal(w
 
     words = "".join(ESCAPES.values())
     printed = words.replace("\\", "\\\\").replace("\x1b", "\\033").replace("\x07", "\\007").replace("\r", "\\r")
-    ws.task(f"---\ntitle: t\n---\n- [ ] 1. Build {words} now\n  ```sh\n  printf '{printed}\\n'; exit 1\n  ```\n")
+    markup = "[link=https://evil.example]docs[/link]"  # rich markup: on a terminal, a hyperlink (OSC 8)
+    ws.task(f"---\ntitle: t\n---\n- [ ] 1. {markup} {words} now\n  ```sh\n  printf '{printed}\\n'; exit 1\n"
+            f"  ```\n")
     runs = {"start": ws.kiro("loop", "start", "--task", TASK, "--task-id", "esc", "--failure-threshold", "1")}
     for args in (("status",), ("status", "--task-id", "esc"), ("progress", "--task-id", "esc"),
                  ("logs", "--task-id", "esc"), ("history",)):
-        runs[" ".join(args)] = ws.kiro("loop", *args)
+        runs[" ".join(args)] = ws.kiro("loop", *args, env=ws.env(COLUMNS="400"))
     assert runs["start"].returncode == 5, runs["start"].stderr
     held = 0
     for what, r in runs.items():
@@ -454,3 +456,4 @@ def test_a_task_file_or_steps_output_sends_no_control_sequence_to_the_terminal(w
     print(f"terminal escapes: {len(ESCAPES)} kinds in a title and an output; {held} of {len(runs)} commands held")
     assert held == len(runs)
     assert "^[]52;c;ZXZpbA==^G" in runs["start"].stdout  # shown, not obeyed
+    assert markup in runs["progress --task-id esc"].stdout  # shown as written, not rendered

@@ -392,9 +392,9 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
         table.add_row(
             r["task_id"], status_text(r["status"]), f"{r['iteration']}/{r['max_iterations']}",
             f"{r['success_rate']:.0%}",
-            _short(_current_or_next(r), 50),
+            _text(_short(_current_or_next(r), 50)),  # Text: a str cell is rich markup
             r["duration"], r.get("eta") or "-",
-            r["task_path"],
+            _text(r["task_path"]),
         )
     return table
 
@@ -520,9 +520,10 @@ def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total:
     for s in steps:
         style = {"done": "green", "in_progress": "yellow", "failed": "red", "optional": "dim"}.get(s["status"], "")
         cp = s.get("checkpoint") or "-"
-        cells = [("  " * s.get("depth", 0)) + clean(s["step_id"]), Text(s["status"], style=style),
+        # the task file's words as Text: a str cell is rich markup (`[link=...]` would make a hyperlink)
+        cells = [Text(("  " * s.get("depth", 0)) + clean(s["step_id"])), Text(s["status"], style=style),
                  str(s.get("attempts") or "-"), s.get("duration") or "-"]
         if with_git:
             cells.append(cp if cp.startswith("(") else cp[:12])
-        table.add_row(*cells, _short(clean(s["description"]), 70))
+        table.add_row(*cells, Text(_short(clean(s["description"]), 70)))
     out.print(table)
