@@ -206,6 +206,54 @@ def test_the_generated_token_typed_at_a_terminal_or_read_by_a_step_is_cut(ws: Wo
     assert done["summary"] == "[REDACTED]\ntoken=[REDACTED]"  # the step's output is kept, cut
 
 
+PLANTED = "acme-served-" + "8" * 20  # an environment value named like a token: a secret kiro knows of
+
+
+def test_what_an_agent_writes_into_the_served_files_reaches_no_client_with_a_secret(ws: Workspace) -> None:
+    """The server sent the event logs, the state and the task file as they are on disk. kiro writes no
+    secret there, but an agent or a step may append to `Logs/<id>.jsonl` (an event with the environment's
+    token in it) and the task file is the person's: the REST routes, the SSE stream and the WebSocket
+    passed the token to every client. Everything sent is cut as `kiro loop logs` cuts what it prints."""
+    ws.task(f"---\ntitle: t\n---\n- [ ] 1. Deploy with {PLANTED}\n  ```sh\n  true\n  ```\n"
+            f"- [ ] 2. Then\n  ```sh\n  sleep 600\n  ```\n")
+    served = start_server(ws, extra_env={"ACME_DEPLOY_TOKEN": PLANTED})
+    try:
+        proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "leak",
+                        env=ws.env(ACME_DEPLOY_TOKEN=PLANTED))
+        ws.wait_for(lambda: any(e["event"] == "step_completed" for e in ws.events("leak")), what="step 1 done")
+        hostile = {"ts": "2026-11-27T00:00:00+00:00", "task_id": "leak", "event": "warning",
+                   "message": f"the agent says {PLANTED}"}
+        with open(ws.root / "Logs/leak.jsonl", "a") as fh:
+            fh.write(json.dumps(hostile) + "\n")
+        answers = {route: served.get(route).text for route in (
+            "/api/loops", "/api/loops/leak", "/api/loops/leak/progress", "/api/loops/leak/events")}
+        with httpx.stream("GET", f"{served.base}/api/events?after=0", headers=served.auth, timeout=30) as r:
+            got = ""
+            for chunk in r.iter_text():
+                got += chunk
+                if "the agent says" in got:
+                    break
+        answers["/api/events (SSE)"] = got
+        with connect(f"{served.ws_url}?token={served.token}&last_event_id=0", open_timeout=10) as sock:
+            frames = ""
+            while "the agent says" not in frames:
+                frames += str(sock.recv(timeout=30))
+        answers["/api/ws"] = frames
+    finally:
+        served.stop()
+        stop_loops(ws.root)
+    assert proc.wait(timeout=60) is not None
+    held = 0
+    for route, text in answers.items():
+        ok = PLANTED not in text
+        held += ok
+        print(f"{'held' if ok else 'LEAKED'}: {route}")
+    print(f"served routes holding a planted secret: {len(answers) - held} of {len(answers)}")
+    assert held == len(answers)
+    assert all("the agent says [REDACTED]" in answers[r] for r in ("/api/loops/leak/events", "/api/events (SSE)",
+                                                                   "/api/ws"))
+
+
 def test_a_blank_token_is_refused_at_start(ws: Workspace) -> None:
     held = 0
     blanks = (" " * 16, "\t" * 20, " \n " * 8)
