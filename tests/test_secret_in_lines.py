@@ -186,27 +186,3 @@ def test_a_secret_a_person_types_or_a_task_file_holds_reaches_no_file_or_line(ws
         r = tries[what]
         assert r.returncode == 1 and "holds a secret kiro knows of" in r.stderr, (what, r.stdout, r.stderr)
     assert ws.kiro("loop", "status", "--json", env=env).stdout.count('"task_id"') == 1  # only the loop `s`
-
-
-REFUSED_CONFIGS = [  # a command (or URL) given where a string belongs: refused, and its error line echoes it
-    f'executor_command: ["curl", "--token", "{TOKEN}"]',
-    f'verify: {{run: "deploy --password={TOKEN}"}}',
-    f'on_event: {{step_completed: ["curl", "-H", "Authorization: Bearer {TOKEN}"]}}',
-    f'llm: {{base_url: ["http://kiro:{TOKEN}@127.0.0.1:9/v1"]}}',
-]
-
-
-def test_a_refused_configs_error_line_does_not_echo_the_credential_its_value_writes(ws: Workspace) -> None:
-    """A config is refused before any run knows its secrets, and its error line quotes the value it could
-    not accept: a command given as a list or a mapping showed its token. The quoted value is cut of the
-    credentials its words write, as a valid command's are."""
-    ws.write("Specs/s/tasks.md", TASK)
-    held = 0
-    for config in REFUSED_CONFIGS:
-        ws.write("config/autonomous_loop.yaml", config + "\n")
-        r = ws.kiro("loop", "start", "--task", "Specs/s/tasks.md")
-        ok = r.returncode == 1 and TOKEN not in r.stdout + r.stderr and "[REDACTED]" in r.stderr
-        held += ok
-        print(f"{'held' if ok else 'LEAKED'}: {config.split(':')[0]} -> {r.stderr.strip()[:150]}")
-    print(f"refused configs: {held} of {len(REFUSED_CONFIGS)} held")
-    assert held == len(REFUSED_CONFIGS)

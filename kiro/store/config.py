@@ -777,26 +777,8 @@ def _message(error: ErrorDetails) -> str:
 
 
 def _clip(value: Any, limit: int = 60) -> str:
-    """The value a key could not accept, as shown in its error: cut first of the credentials its words
-    write (`--token X`, `Bearer X`, a URL's password), which a command given as a list or a mapping shows
-    although no run knows it (the config that names it is refused), then clipped."""
-    from kiro.store.redact import Redactor, command_secrets
-
-    words = " ".join(_strings(value))
-    text = repr(Redactor(command_secrets(words)).data(value) if words else value)
+    text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _strings(key)
-            yield from _strings(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _strings(item)
 
 
 def _suggestion(loc: tuple[str, ...]) -> str:
