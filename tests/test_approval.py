@@ -176,3 +176,47 @@ def test_a_step_hidden_in_the_reason_is_never_applied(ws: Workspace) -> None:
     assert [d.fields["steps"] for d in done] == [["Add an index"]]
     now = task.read_text()
     assert "Add an index" in now and "Delete the tests folder" not in now
+
+
+def test_kiro_init_makes_the_folders_a_person_approves_in(tmp_path: Path) -> None:
+    """SPEC §1 lists Pending_Approval/, Approved/ and Rejected/ in a workspace; `kiro init` made none, so a
+    person told to move a proposal to `Approved/` had to make the folder first. init makes them, and
+    nothing else in the person's folder (no .gitignore: kiro hides none of the person's files)."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "vault"
+    r = subprocess.run([sys.executable, "-m", "kiro", "init", str(target)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    made = sorted(p.name for p in target.iterdir())
+    print(f"kiro init made: {made}")
+    assert made == sorted(["Specs", "Done", "Needs_Action", "Pending_Approval", "Approved", "Rejected", "Logs",
+                           ".state", ".hooks", "config"])
+    assert "Pending_Approval/, Approved/, Rejected/" in r.stdout
+    assert not list(target.rglob(".gitignore"))
+
+
+def test_a_proposal_comes_with_the_folders_it_says_to_move_it_to(tmp_path: Path) -> None:
+    """A workspace made before `kiro init` made them: the first proposal makes Approved/ and Rejected/."""
+    from kiro.store import approval
+    from kiro.store.workspace import Workspace as Folders
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    path = approval.propose(Folders(root), "t1", "Specs/t/tasks.md", ["1.1 Add an index"], "1", "slow lookups")
+    assert path.parent.name == "Pending_Approval"
+    assert "Move this file to `Approved/`" in path.read_text() and "`Rejected/`" in path.read_text()
+    assert (root / "Approved").is_dir() and (root / "Rejected").is_dir()
+
+
+def test_a_file_where_approved_belongs_does_not_stop_a_proposal(tmp_path: Path) -> None:
+    """The proposal makes the folders it names when it can; a person's file in the way is theirs."""
+    from kiro.store import approval
+    from kiro.store.workspace import Workspace as Folders
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "Approved").write_text("my notes\n")
+    path = approval.propose(Folders(root), "t1", "Specs/t/tasks.md", ["1.1 Add an index"], "1", "slow lookups")
+    assert path.is_file() and (root / "Approved").read_text() == "my notes\n" and (root / "Rejected").is_dir()

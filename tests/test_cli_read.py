@@ -619,3 +619,33 @@ def test_a_step_with_no_number_is_named_once_when_it_starts() -> None:
     once = console.event_plain({**base, "step_id": "Deploy it", "description": "Deploy it"})
     assert once == "07:00:00 [1] ▶ Deploy it"
     assert console.event_plain({**base, "step_id": "2", "description": "Deploy it"}) == "07:00:00 [1] ▶ 2 Deploy it"
+
+
+READS = [("loop", "status"), ("loop", "status", "--json"), ("loop", "status", "--task-id", "x"),
+         ("loop", "state", "--task-id", "x"), ("loop", "progress"), ("loop", "logs"), ("loop", "logs", "--json"),
+         ("loop", "stats"), ("loop", "stats", "--json"), ("loop", "history"), ("loop", "history", "--json"),
+         ("loop", "history", "--task-id", "x")]
+
+
+def test_a_read_command_in_a_folder_that_is_no_workspace_creates_nothing(ws: Workspace, tmp_path: Path) -> None:
+    """`kiro loop history` in a folder that was never a workspace made `.state/kiro.db` (a person who typed
+    it in the wrong folder found a `.state/` there). A read command creates nothing: it says there is
+    nothing (exit 0), or names what is missing (exit 1), in one line."""
+    plain = tmp_path / "not_a_workspace"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("mine\n")
+    failed = []
+    for args in READS:
+        r = kiro_from(plain, ws, *args, "-w", str(plain))
+        made = sorted(p.relative_to(plain).as_posix() for p in plain.rglob("*") if p.name != "notes.txt")
+        ok = r.returncode in (0, 1) and "Traceback" not in r.stderr and not made
+        print(f"{'held' if ok else 'FAILED'}: kiro {' '.join(args)} -> exit {r.returncode}, made {made or 'nothing'}")
+        if not ok:
+            failed.append((args, r.returncode, made, r.stderr))
+            for p in sorted(plain.rglob("*"), reverse=True):
+                if p.name != "notes.txt":
+                    p.unlink() if p.is_file() else p.rmdir()
+    print(f"{len(READS) - len(failed)} of {len(READS)} read commands created nothing")
+    assert failed == []
+    r = kiro_from(plain, ws, "loop", "history", "-w", str(plain))
+    assert (r.returncode, r.stdout.strip()) == (0, "no history yet"), r.stderr

@@ -413,3 +413,47 @@ def test_post_api_loops_with_a_task_id_out_of_the_workspace_makes_no_file(ws: Wo
     finally:
         served.stop()
         stop_loops(ws.root)
+
+
+# -- words a terminal would obey ---------------------------------------------------------------------
+
+ESCAPES = {  # what a hostile task file or agent writes, and what it would do to the person's terminal
+    "OSC 52 (write the clipboard)": "\x1b]52;c;ZXZpbA==\x07",
+    "OSC 0 (set the title), ST-ended": "\x1b]0;pwned\x1b\\",
+    "clear the screen": "\x1b[2J",
+    "hide what follows": "\x1b[8m",
+    "carriage return (overwrite the line)": "\r",
+}
+
+
+def test_a_task_file_or_steps_output_sends_no_control_sequence_to_the_terminal(ws: Workspace) -> None:
+    """A step title and a step's output holding terminal escapes reached every line kiro printed of them
+    (the event lines, the status table, the detail view, progress, logs, history) as they were: a task
+    file or an agent could write the person's clipboard, set the window's title, clear the screen or hide
+    text. They are shown as `cat -v` shows them (^[), on a terminal's path (rich) too."""
+    from kiro.views import console
+
+    words = "".join(ESCAPES.values())
+    printed = words.replace("\\", "\\\\").replace("\x1b", "\\033").replace("\x07", "\\007").replace("\r", "\\r")
+    markup = "[link=https://evil.example]docs[/link]"  # rich markup: on a terminal, a hyperlink (OSC 8)
+    ws.task(f"---\ntitle: t\n---\n- [ ] 1. {markup} {words} now\n  ```sh\n  printf '{printed}\\n'; exit 1\n"
+            f"  ```\n")
+    runs = {"start": ws.kiro("loop", "start", "--task", TASK, "--task-id", "esc", "--failure-threshold", "1")}
+    for args in (("status",), ("status", "--task-id", "esc"), ("progress", "--task-id", "esc"),
+                 ("logs", "--task-id", "esc"), ("history",)):
+        runs[" ".join(args)] = ws.kiro("loop", *args, env=ws.env(COLUMNS="400"))
+    assert runs["start"].returncode == 5, runs["start"].stderr
+    held = 0
+    for what, r in runs.items():
+        out = r.stdout + r.stderr
+        ok = "Traceback" not in out and not any(c in out for c in ("\x1b", "\x07", "\r"))
+        held += ok
+        print(f"{'held' if ok else 'OBEYED'}: kiro loop {what}")
+    event = {"event": "step_failed", "ts": "2026-11-27T00:00:00", "iteration": 1, "step_id": "1", "attempt": 1,
+             "error": words}
+    rich_line = console.format_event(event)
+    assert rich_line is not None and not any(c in rich_line.plain for c in ("\x1b", "\x07", "\r"))
+    print(f"terminal escapes: {len(ESCAPES)} kinds in a title and an output; {held} of {len(runs)} commands held")
+    assert held == len(runs)
+    assert "^[]52;c;ZXZpbA==^G" in runs["start"].stdout  # shown, not obeyed
+    assert markup in runs["progress --task-id esc"].stdout  # shown as written, not rendered

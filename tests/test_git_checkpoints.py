@@ -276,6 +276,40 @@ def test_a_gitignore_that_lists_kiros_folders_still_gets_checkpoints(ws: Workspa
     assert "checkpoint_failed" not in [e["event"] for e in ws.events("gi")]
 
 
+IGNORE_ALL = """\
+---
+title: t
+executor: shell
+---
+- [ ] 1. Ignore everything, change a tracked file
+  ```sh
+  printf '*\\n' > .gitignore && echo edited >> README.md && echo new > new.txt
+  ```
+- [ ] 2. Change it again
+  ```sh
+  echo again >> README.md
+  ```
+"""
+
+
+def test_an_agents_gitignore_of_everything_still_gets_checkpoints_and_a_rollback(ws: Workspace) -> None:
+    """An agent writes a `.gitignore` of `*`: git then names kiro's `config` folder (whose one file kiro
+    leaves out) among the ignored paths, and `git add -A` exits 1 although it staged the tracked file's
+    change; kiro took that for a failed checkpoint, left the change staged, and rollback refused it as
+    a change kiro did not make. Each step gets its checkpoint of what git still tracks."""
+    init_repo(ws.root)
+    state = _run(ws, "ia", IGNORE_ALL)
+    done = {c["step_id"]: c for c in state["completed_steps"]}
+    notes = {s: done[s]["checkpoint_note"] for s in done}
+    print(f"checkpoints: {[(s, bool(done[s]['checkpoint']), notes[s]) for s in done]}")
+    assert notes == {"1": None, "2": None}, notes
+    assert changed_in(ws.root, done["1"]["checkpoint"]) == {"README.md"}
+    assert "checkpoint_failed" not in [e["event"] for e in ws.events("ia")]
+    assert git(ws.root, "status", "--porcelain", "--untracked-files=no") == ""
+    _kiro_ok(ws, "loop", "rollback", "--task-id", "ia", "--to-step", "1")
+    assert (ws.root / "README.md").read_text() == "# project\nedited\n"
+
+
 def test_the_repositorys_hooks_do_not_run_for_kiros_commits(ws: Workspace) -> None:
     init_repo(ws.root)
     marker = ws.root.parent / "hook-ran"

@@ -75,3 +75,17 @@ def test_history_answers_after_a_crash_and_catches_up(ws: Workspace) -> None:
 def test_history_refuses_an_unknown_loop(ws: Workspace) -> None:
     r = ws.kiro("loop", "history", "--task-id", "ghost")
     assert r.returncode == 1 and "ghost" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_index_kiro_cannot_open_or_delete_is_one_line(ws: Workspace) -> None:
+    """A folder where `.state/kiro.db` belongs: sqlite cannot open it and kiro cannot delete it to rebuild
+    the index; `kiro loop history` ended with an internal error. Now one line naming it and the fix."""
+    ws.task(shell_task(1))
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "one").returncode == 0
+    (ws.root / ".state/kiro.db").unlink(missing_ok=True)
+    (ws.root / ".state/kiro.db").mkdir()
+    r = ws.kiro("loop", "history")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert r.stderr.startswith("kiro: the history index .state/kiro.db cannot be opened") and "move it away" in r.stderr
+    (ws.root / ".state/kiro.db").rmdir()
+    assert [x["kind"] for x in _history(ws, "--task-id", "one")].count("attempt") == 1  # moved away: rebuilt

@@ -120,3 +120,26 @@ def test_a_step_is_never_recorded_completed_on_disk_before_its_checked_box_is_sy
     assert len(checks) >= 8
     assert all(recorded <= boxes for recorded, boxes in checks)
     assert checks[-1][0] >= 7
+
+
+def test_pruning_one_loops_backups_leaves_another_loops_whose_id_starts_with_its_own(tmp_path: Path) -> None:
+    """Loops `a` and `a.b`: `a`'s backups were found by the prefix `autonomous_loop_a.`, which `a.b`'s
+    files share too, so pruning `a` to its newest BACKUPS_KEPT deleted `a.b`'s (and a corrupt `a` fell
+    back on `a.b`'s backup). Each loop's backups are its own, matched by the whole id."""
+    from kiro.store.state import LoopState
+
+    ws = _workspace(tmp_path / "ws", 1)
+    store = StateStore(ws)
+    for iteration in range(1, BACKUPS_KEPT + 1):
+        store.backup(LoopState(task_id="a.b", task_path="Specs/t/tasks.md", iteration=iteration))
+    for iteration in range(1, BACKUPS_KEPT + 3):
+        store.backup(LoopState(task_id="a", task_path="Specs/t/tasks.md", iteration=iteration))
+    ab = [store._read(p).task_id for p in store._backups("a.b")]
+    a = [store._read(p).task_id for p in store._backups("a")]
+    print(f"backups of a.b: {len(ab)} of {BACKUPS_KEPT} kept; backups listed as a's: {a}")
+    assert ab == ["a.b"] * BACKUPS_KEPT
+    assert a == ["a"] * BACKUPS_KEPT
+    # the newest of `a`'s, not of `a.b`'s, is what a corrupt `a` falls back on
+    store.save(LoopState(task_id="a", task_path="Specs/t/tasks.md", iteration=9))
+    store.path("a").write_text('{"task_id": "a", "stat')
+    assert store.load("a").state.iteration == BACKUPS_KEPT + 2

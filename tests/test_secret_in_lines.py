@@ -109,3 +109,80 @@ def test_a_one_megabyte_value_is_scanned_and_cut_in_linear_time() -> None:
         assert TOKEN in command_secrets(value) and PASSWORD in url_secrets(value)[0]
         redactor = Redactor.from_environment(None, {"ACME_HOOK": value, "ACME_DEPLOY_TOKEN": ENV_SECRET})
         assert PASSWORD not in redactor.text(value) and redactor.text(ENV_SECRET) == "[REDACTED]"
+
+
+FORMAT_TOKEN = "sk-ant-planted" + "6" * 20  # a credential format: known as secret wherever it is written
+USAGE_ERRORS = [  # (what, arguments): each a complaint of the command line's parser that quotes what was typed
+    ("an unknown option that is a token", ("loop", "start", "-t", "x", f"--{FORMAT_TOKEN}")),
+    ("an unknown option with a token value", ("loop", "status", f"--{FORMAT_TOKEN}=1")),
+    ("an extra argument that is a token", ("loop", "start", "-t", "x", FORMAT_TOKEN)),
+    ("an extra argument that is the environment's key", ("loop", "status", ENV_SECRET)),
+    ("a bad value that is a token", ("loop", "start", "-t", "x", "--max-iterations", FORMAT_TOKEN)),
+    ("a bad value that is the environment's key", ("serve", "--port", ENV_SECRET)),
+    ("an unknown command that is a token", ("loop", FORMAT_TOKEN)),
+    ("a token after an unknown --token", ("loop", "stop", "--token", TOKEN, "--password", TOKEN)),
+]
+
+
+def test_a_usage_error_is_one_line_without_the_secret_it_quotes(ws: Workspace) -> None:
+    """Typer printed its parser's complaints in a box of several lines (exit 2), quoting what was typed
+    as it was: a token typed as an option, an extra argument or a bad value reached the terminal. A
+    usage error is now one line through the redactor, exit 1 (SPEC §6: 1 for bad input)."""
+    env = ws.env(OPENAI_API_KEY=ENV_SECRET)
+    held = 0
+    for what, args in USAGE_ERRORS:
+        r = ws.kiro(*args, env=env)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        leaked = [s for s in (FORMAT_TOKEN, ENV_SECRET, TOKEN) if s in r.stdout + r.stderr]
+        ok = r.returncode == 1 and len(lines) == 1 and lines[0].startswith("kiro: ") and not leaked
+        held += ok
+        print(f"{'held' if ok else 'LEAKED' if leaked else 'FAILED'}: {what} -> exit {r.returncode}, "
+              f"{len(lines)} line(s): {lines[:1]}")
+    print(f"usage errors: {held} of {len(USAGE_ERRORS)} held")
+    assert held == len(USAGE_ERRORS)
+    r = ws.kiro("loop", "rollback", "--task-id", "x")
+    assert r.returncode == 1 and r.stderr.startswith("kiro: Missing option '--to-step'; `"), r.stderr
+    assert r.stderr.endswith(" loop rollback -h` shows the usage\n"), r.stderr
+
+
+def _holding(root: Path, secret: str) -> list[str]:
+    """Files of the workspace whose name or bytes hold `secret` (the task files are the person's)."""
+    return [p.relative_to(root).as_posix() for p in sorted(root.rglob("*"))
+            if secret in p.name or (p.is_file() and "tasks.md" not in p.name and secret.encode() in p.read_bytes())]
+
+
+def test_a_secret_a_person_types_or_a_task_file_holds_reaches_no_file_or_line(ws: Workspace) -> None:
+    """Three ways past the redactor found on 06884f8: `loop stop --reason` wrote the reason into the hook
+    file as typed; `loop progress` printed the task file's step titles as they are (a step naming a
+    token); and a `--task-id` holding a secret was cut inside the loop's own state file, which then named
+    another id and could not be read again (the loop was lost). Now the reason is cut, the progress view
+    is cleaned, and such an id is refused in one line before anything is made."""
+    env = ws.env(ACME_DEPLOY_TOKEN=ENV_SECRET, COLUMNS="300")  # wide: no line folded in the secret's middle
+    ws.write("Specs/s/tasks.md", f"---\ntitle: t\nexecutor: shell\n---\n- [ ] 1. Deploy with {ENV_SECRET}\n"
+             f"  ```sh\n  exit 1\n  ```\n")
+    ran = ws.kiro("loop", "start", "--task", "Specs/s/tasks.md", "--task-id", "s", "--failure-threshold", "1",
+                  env=env)
+    assert ran.returncode == 5, ran.stdout + ran.stderr
+    ws.write("Specs/o/tasks.md", "---\ntitle: o\nexecutor: shell\n---\n- [ ] 1. One\n  ```sh\n  true\n  ```\n")
+    tries = {
+        "stop --reason": ws.kiro("loop", "stop", "--task-id", "s", "--reason", f"rotating {ENV_SECRET}", env=env),
+        "progress": ws.kiro("loop", "progress", "--task-id", "s", env=env),
+        "start --task-id <secret>": ws.kiro("loop", "start", "--task", "Specs/o/tasks.md", "--task-id",
+                                            f"x-{ENV_SECRET}", env=env),
+        "start --detach --task-id <secret>": ws.kiro("loop", "start", "--task", "Specs/o/tasks.md", "--detach",
+                                                     "--task-id", ENV_SECRET, env=env),
+    }
+    held = 0
+    for what, r in tries.items():
+        ok = ENV_SECRET not in r.stdout + r.stderr and "Traceback" not in r.stderr
+        held += ok
+        print(f"{'held' if ok else 'LEAKED'}: {what} -> exit {r.returncode}")
+    files = _holding(ws.root, ENV_SECRET)
+    print(f"typed or written secrets: {held} of {len(tries)} commands held; files holding it: {files}")
+    assert held == len(tries) and files == []
+    assert "rotating [REDACTED]" in (ws.root / ".hooks/stop_autonomous_loop_s.md").read_text()
+    assert "Deploy with [REDACTED]" in tries["progress"].stdout
+    for what in ("start --task-id <secret>", "start --detach --task-id <secret>"):
+        r = tries[what]
+        assert r.returncode == 1 and "holds a secret kiro knows of" in r.stderr, (what, r.stdout, r.stderr)
+    assert ws.kiro("loop", "status", "--json", env=env).stdout.count('"task_id"') == 1  # only the loop `s`

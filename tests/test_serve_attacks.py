@@ -166,6 +166,94 @@ def test_the_generated_token_reaches_no_inbox_and_no_prompt(ws: Workspace) -> No
     assert all(checks.values()), checks
 
 
+def test_the_generated_token_typed_at_a_terminal_or_read_by_a_step_is_cut(ws: Workspace) -> None:
+    """The generated token was cut only from what the server itself queued: `kiro loop tell` with the
+    token (a person pasting it) put it in the inbox and the agent's prompt; a command line holding it
+    (a task id, an extra argument) printed it back; a step that read `.state/serve.token` logged it.
+    kiro knows the token from its file, as it knows `$KIRO_SERVE_TOKEN`."""
+    ws.task(shell_task(1))
+    served = start_server(ws, token=None)
+    try:
+        token = served.token
+        assert token and token != TOKEN and (ws.root / ".state/serve.token").read_text().strip() == token
+        ws.task(shell_task(1, cmd="cat .state/serve.token; echo \"token=$(cat .state/serve.token)\" >&2"),
+                "Specs/reads/tasks.md")
+        ran = ws.kiro("loop", "start", "--task", "Specs/reads/tasks.md", "--task-id", "reads")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        tries = {
+            "kiro loop tell with the token": ws.kiro("loop", "tell", f"the server's token is {token}", "--task-id",
+                                                     "reads"),
+            "the token as a task id": ws.kiro("loop", "status", "--task-id", token),
+            "the token as an extra argument": ws.kiro("loop", "status", token),
+            "the token as a --token value": ws.kiro("loop", "stop", "--token", token),
+            "a step that read the token file": ran,
+        }
+    finally:
+        served.stop()
+        stop_loops(ws.root)
+    files = [p.relative_to(ws.root).as_posix() for p in ws.root.rglob("*")
+             if p.is_file() and p.name != "serve.token" and token.encode() in p.read_bytes()]
+    held = 0
+    for what, r in tries.items():
+        ok = token not in r.stdout + r.stderr and "Traceback" not in r.stderr
+        held += ok
+        print(f"{'held' if ok else 'LEAKED'}: {what} -> exit {r.returncode}")
+    inbox = "\n".join(p.read_text() for p in (ws.root / ".state/inbox").rglob("*") if p.is_file())
+    print(f"files holding the token: {files}; generated-token checks: {held} of {len(tries)} held")
+    assert "the server's token is [REDACTED]" in inbox
+    assert held == len(tries) and files == []
+    [done] = ws.state("reads")["completed_steps"]
+    assert done["summary"] == "[REDACTED]\ntoken=[REDACTED]"  # the step's output is kept, cut
+
+
+PLANTED = "acme-served-" + "8" * 20  # an environment value named like a token: a secret kiro knows of
+
+
+def test_what_an_agent_writes_into_the_served_files_reaches_no_client_with_a_secret(ws: Workspace) -> None:
+    """The server sent the event logs, the state and the task file as they are on disk. kiro writes no
+    secret there, but an agent or a step may append to `Logs/<id>.jsonl` (an event with the environment's
+    token in it) and the task file is the person's: the REST routes, the SSE stream and the WebSocket
+    passed the token to every client. Everything sent is cut as `kiro loop logs` cuts what it prints."""
+    ws.task(f"---\ntitle: t\n---\n- [ ] 1. Deploy with {PLANTED}\n  ```sh\n  true\n  ```\n"
+            f"- [ ] 2. Then\n  ```sh\n  sleep 600\n  ```\n")
+    served = start_server(ws, extra_env={"ACME_DEPLOY_TOKEN": PLANTED})
+    try:
+        proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "leak",
+                        env=ws.env(ACME_DEPLOY_TOKEN=PLANTED))
+        ws.wait_for(lambda: any(e["event"] == "step_completed" for e in ws.events("leak")), what="step 1 done")
+        hostile = {"ts": "2026-11-27T00:00:00+00:00", "task_id": "leak", "event": "warning",
+                   "message": f"the agent says {PLANTED}"}
+        with open(ws.root / "Logs/leak.jsonl", "a") as fh:
+            fh.write(json.dumps(hostile) + "\n")
+        answers = {route: served.get(route).text for route in (
+            "/api/loops", "/api/loops/leak", "/api/loops/leak/progress", "/api/loops/leak/events")}
+        with httpx.stream("GET", f"{served.base}/api/events?after=0", headers=served.auth, timeout=30) as r:
+            got = ""
+            for chunk in r.iter_text():
+                got += chunk
+                if "the agent says" in got:
+                    break
+        answers["/api/events (SSE)"] = got
+        with connect(f"{served.ws_url}?token={served.token}&last_event_id=0", open_timeout=10) as sock:
+            frames = ""
+            while "the agent says" not in frames:
+                frames += str(sock.recv(timeout=30))
+        answers["/api/ws"] = frames
+    finally:
+        served.stop()
+        stop_loops(ws.root)
+    assert proc.wait(timeout=60) is not None
+    held = 0
+    for route, text in answers.items():
+        ok = PLANTED not in text
+        held += ok
+        print(f"{'held' if ok else 'LEAKED'}: {route}")
+    print(f"served routes holding a planted secret: {len(answers) - held} of {len(answers)}")
+    assert held == len(answers)
+    assert all("the agent says [REDACTED]" in answers[r] for r in ("/api/loops/leak/events", "/api/events (SSE)",
+                                                                   "/api/ws"))
+
+
 def test_a_blank_token_is_refused_at_start(ws: Workspace) -> None:
     held = 0
     blanks = (" " * 16, "\t" * 20, " \n " * 8)

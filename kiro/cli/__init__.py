@@ -178,11 +178,46 @@ def _register_for(argv: list[str]) -> None:
     _register(argv[0] if argv and argv[0] in COMMANDS else None)
 
 
+def usage_error(exc: typer.TyperException) -> int:
+    """A complaint of the command line's parser (an unknown option, a bad value, a missing argument) as
+    one line through the redactor, exit 1: Typer's own box echoed what was typed, a secret too. Besides
+    what every line is cleaned of, the line is cut of the credentials the command line shows: values
+    of `--token X`-like options and words in a credential format, also as an option (`--sk-...`), and
+    the token `kiro serve` generated for the workspace."""
+    from kiro.errors import UserError
+    from kiro.store.redact import Redactor, command_secrets, looks_like_token
+    from kiro.store.state import serve_token
+    from kiro.store.workspace import Workspace
+    from kiro.views import console
+
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    if len(message) > 300:
+        message = message[:299] + "…"
+    ctx = getattr(exc, "ctx", None)
+    hint = f"; `{ctx.command_path} -h` shows the usage" if ctx is not None else ""
+    words = [part for arg in sys.argv[1:] for part in arg.lstrip("-").split("=")]
+    typed = Redactor([*command_secrets(" ".join(sys.argv[1:])), *filter(looks_like_token, words)])
+    try:  # and the serve token of the workspace found without the (unparsed) --workspace
+        typed |= serve_token(Workspace.find(None))
+    except UserError:
+        pass
+    console.error(typed.text(message + hint))
+    return 1
+
+
 def main() -> None:
     """`kiro` (the script) and `python -m kiro`."""
     _register_for(sys.argv[1:])
     try:
-        _app()
+        # not standalone: the parser's errors come here (`usage_error`), and `typer.Exit(n)` is returned
+        code = _app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except typer.TyperException as exc:  # the parser's (Typer's own click): the base of its errors
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `kiro`, `kiro loop`: the help, printed already
+            sys.exit(exc.exit_code)
+        sys.exit(usage_error(exc))
+    except typer.Abort:  # pragma: no cover - interactive (Ctrl-D at a prompt)
+        sys.exit(1)
     except KeyboardInterrupt:  # pragma: no cover - interactive
         sys.exit(130)
     except BrokenPipeError:

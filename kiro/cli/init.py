@@ -18,8 +18,9 @@ def init(
     example: Annotated[bool, typer.Option("--example", help="Also add the bundled example task, "
                                           "Specs/hello/tasks.md, which the shell executor can run.")] = False,
 ) -> None:
-    """Create a workspace: Specs/, Done/, Needs_Action/, Logs/, .state/, .hooks/ and a commented config/autonomous_loop.yaml showing every key and its default. Never overwrites an existing file."""
+    """Create a workspace: Specs/, Done/, Needs_Action/, Pending_Approval/, Approved/, Rejected/, Logs/, .state/, .hooks/ and a commented config/autonomous_loop.yaml showing every key and its default. Never overwrites an existing file."""
     from kiro.errors import UserError
+    from kiro.store.approval import APPROVED, PENDING, REJECTED
     from kiro.store.config import default_config_yaml
     from kiro.store.workspace import Workspace, current_folder
     from kiro.views import console
@@ -32,7 +33,7 @@ def init(
         root.mkdir(parents=True, exist_ok=True)
         ws = Workspace(root.resolve())
         created: list[str] = []
-        for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
+        for name in ("Specs", "Done", "Needs_Action", PENDING, APPROVED, REJECTED, "Logs", ".state", ".hooks", "config"):
             p = ws.root / name
             if not p.exists():
                 p.mkdir(parents=True)

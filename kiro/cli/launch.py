@@ -41,7 +41,8 @@ def store_of(ws: Any, *, lenient: bool = True) -> Any:
         from kiro.store.state import StateStore
 
         console.warning(f"{exc} (using defaults to read the state)")
-        return StateStore(ws)
+        store = StateStore(ws)
+    console.redact_with(store.redact)  # what the store knows (the serve token) is cut from every line too
     return store
 
 
@@ -173,7 +174,7 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
     """`kiro loop start`: the loop's exit code (SPEC §6), or 0 for a loop started in the background. `step`:
     only that step (kiro.core.features.OneStep). `fresh`: set the task's unfinished loop aside first
     (kiro.core.runner.set_aside)."""
-    from kiro.core.runner import new_task_id, prepare_start
+    from kiro.core.runner import check_new_task_id, new_task_id, prepare_start
     from kiro.errors import UserError
     from kiro.store.workspace import check_task_id
 
@@ -207,7 +208,7 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
         if len(task) > 1:
             raise UserError("--detach starts one loop; run it once per task")
         store = store_of(ws, lenient=False)
-        tid = task_id or new_task_id(store)
+        tid = check_new_task_id(store, task_id) if task_id else new_task_id(store)
         argv = [a for a in sys.argv[1:] if a != "--detach"]
         if not task_id:
             argv += ["--task-id", tid]

@@ -189,6 +189,7 @@ def status(
         return result
 
     def render(result: Any) -> Any:
+        result = console.printable_data(result)  # a terminal shows rich's text as it is
         if tid is not None:
             return console.detail_table(result)
         if not result:
@@ -388,6 +389,7 @@ def stop(
 ) -> None:
     """Create the stop hook: the loop stops at its next safe point (paused, exit 3) and stays paused until the hook is deleted or `kiro loop resume` runs."""
     from kiro.fs.atomic import atomic_write
+    from kiro.store.redact import Redactor
     from kiro.views import console, loops, reports
 
     _utf8("--reason", reason)  # it is written into the hook file
@@ -395,6 +397,7 @@ def stop(
     if all_loops:
         ws.check_is_workspace()
     store = _store(ws)
+    reason = (store.redact | Redactor.from_environment(None)).text(reason)  # as `tell`'s text: it is written
     if all_loops:
         ws.check_hook(ws.global_hook_file)
         atomic_write(ws.global_hook_file, reports.stop_hook(None, task_id="*", reason=reason), fsync=False)

@@ -162,7 +162,7 @@ class Loop:
                             f"step is done: subclass kiro.executors.base.ExecutorBase")
         self.executor = executor
         # The one redactor of this run: every event, state, report and prompt passes through it.
-        self.redact = Redactor.for_run(self.cfg)
+        self.redact = Redactor.for_run(self.cfg) | self.store.redact  # the store's: the serve token
         self.store.use(self.redact)
         self.log = EventLog(self.ws.event_log(self.state.task_id), self.redact)
         self.listeners: list[Listener] = [self.log, *(listeners or [])]

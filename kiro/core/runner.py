@@ -391,6 +391,16 @@ def _remember_task_id(ws: Workspace, path: Path, task: tasks.TaskFile, tid: str)
         tasks.set_frontmatter_key(path, "kiro_task_id", tid, expected=task)
 
 
+def check_new_task_id(store: StateStore, task_id: str) -> str:
+    """A new loop's `--task-id`: a plain name (`check_task_id`) that holds no secret kiro knows of. Every file
+    of the loop holds its id, cut like any secret: its state would name another id, and be unreadable."""
+    tid = check_task_id(task_id)
+    if store.redact.text(tid) != tid:
+        raise UserError(f"--task-id {store.redact.text(tid)!r} holds a secret kiro knows of (an API key, a "
+                        f"token); every file of the loop names its id: choose another")
+    return tid
+
+
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
                   overrides: Mapping[str, Any] | None = None, executor: Executor | None = None,
                   index: LoopIndex | None = None, batch: StartBatch | None = None, fresh: bool = False) -> LoopRun:
@@ -431,7 +441,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                     f"`kiro loop start --fresh --task {rel}`"
                 )
         if task_id:
-            tid = check_task_id(task_id)
+            tid = check_new_task_id(store, task_id)
             if store.exists(tid):
                 raise UserError(f"a loop with task id {tid!r} already exists; resume it with "
                                 f"`kiro loop resume --task-id {tid}` or choose another --task-id")

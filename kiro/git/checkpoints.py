@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kiro import timeutil
@@ -378,11 +378,13 @@ def pathspec(project_rel: str, excludes: Sequence[str]) -> list[str]:
 
 
 def _only_ignored(stderr: str, excludes: Sequence[str]) -> bool:
-    """Is `git add`'s complaint only that some of kiro's own (excluded) folders are ignored?"""
+    """Is `git add`'s complaint only that some of kiro's own (excluded) paths are ignored? Ignored whole,
+    a folder is named for the excluded file in it (`config` for config/autonomous_loop.yaml)."""
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
     if not lines or lines[0] != "The following paths are ignored by one of your .gitignore files:":
         return False
     ours = {e.rstrip("/") for e in excludes}
+    ours |= {parent.as_posix() for e in ours for parent in PurePosixPath(e).parents if parent.name}
     return all(ln.rstrip("/") in ours or ln.startswith("hint:") for ln in lines[1:])
 
 

@@ -36,6 +36,7 @@ from kiro.serve.auth import TokenAuth
 from kiro.serve.control import ControlError, Controller
 from kiro.serve.index import EventIndex
 from kiro.store.events import read_events
+from kiro.store.redact import Redactor
 from kiro.store.state import StateStore, effective_status, to_jsonable
 from kiro.views import dashboard, loops
 
@@ -82,8 +83,11 @@ class Server:
     def __init__(self, store: StateStore, token: str) -> None:
         self.store = store
         self.ws = store.ws
-        self.index = EventIndex(self.ws.logs, self.ws.state_dir)
         self.control = Controller(self.ws, store, token)
+        # every secret kiro knows of (the environment's, the config's, the token) is cut from what is sent:
+        # the files served are kiro's, but an agent or a step may write into Logs/ or a task file
+        self.redact = store.redact | Redactor.from_environment(None) | self.control.token
+        self.index = EventIndex(self.ws.logs, self.ws.state_dir, self.redact.text)
         self._chunk: tuple[tuple[int, int], bytes] | None = None
 
     # -- reads -------------------------------------------------------------------------------
@@ -107,7 +111,7 @@ class Server:
     async def loops(self, request: Request) -> Response:
         warnings: list[str] = []
         rows = loops.all_rows(self.store, warnings)
-        return JSONResponse(rows, headers={"X-Kiro-Warnings": str(len(warnings))})
+        return JSONResponse(self.redact.data(rows), headers={"X-Kiro-Warnings": str(len(warnings))})
 
     def _tid(self, request: Request) -> str:
         return self.control.task_id(request.path_params["task_id"])
@@ -121,7 +125,7 @@ class Server:
             return _error(404, str(exc))
         body = to_jsonable(loaded.state)
         body["effective_status"] = loops.loop_row(self.store, loaded.state)["status"]
-        return JSONResponse(body)
+        return JSONResponse(self.redact.data(body))
 
     async def progress(self, request: Request) -> Response:
         try:
@@ -130,7 +134,7 @@ class Server:
             return _error(exc.status, exc.message)
         except KiroError as exc:
             return _error(404, str(exc))
-        return JSONResponse(loops.progress(self.ws, loaded.state))
+        return JSONResponse(self.redact.data(loops.progress(self.ws, loaded.state)))  # the task file, as it is
 
     async def loop_events(self, request: Request) -> Response:
         """A loop's events, each with `n` (its position in the log, from 1): `?after=N` those after the
@@ -151,7 +155,7 @@ class Server:
         more = len(out) > EVENTS_PAGE
         out = out[:EVENTS_PAGE]
         nxt = out[-1]["n"] if out else after
-        return JSONResponse({"task_id": tid, "events": out, "next": nxt, "more": more})
+        return JSONResponse(self.redact.data({"task_id": tid, "events": out, "next": nxt, "more": more}))
 
     # -- the event stream --------------------------------------------------------------------
 

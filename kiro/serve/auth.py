@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kiro.errors import UserError
 from kiro.fs.atomic import atomic_write
+from kiro.store.state import SERVE_TOKEN
 
 TOKEN_ENV = "KIRO_SERVE_TOKEN"
 LOGIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>kiro · token needed</title>
@@ -65,8 +66,8 @@ def resolve_token(host: str, state_dir: Path) -> tuple[str, bool]:
     if not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: set ${TOKEN_ENV} to a long random token "
                         f"first, or serve on 127.0.0.1")
-    token = secrets.token_urlsafe(32)
-    atomic_write(state_dir / "serve.token", token + "\n", fsync=False, mode=0o600)
+    token = secrets.token_urlsafe(32)  # kiro.store.state.serve_token knows it by this shape: 43 URL-safe characters
+    atomic_write(state_dir / SERVE_TOKEN, token + "\n", fsync=False, mode=0o600)
     return token, True
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,8 +42,10 @@ class Entry:
 class EventIndex:
     """The sequence. `sync()` indexes what was appended since the last look; waiters are woken."""
 
-    def __init__(self, logs: Path, state_dir: Path) -> None:
+    def __init__(self, logs: Path, state_dir: Path, redact: Callable[[str], str] | None = None) -> None:
         self.logs = logs
+        # what the server knows as secret, cut from each line it sends: an agent may write into Logs/
+        self._redact = redact
         self.path = state_dir / "events.idx"
         self._lock_path = state_dir / "events.idx.lock"
         self.entries: list[Entry] = []
@@ -73,10 +76,18 @@ class EventIndex:
         except OSError:
             raw = json.dumps({"task_id": e.task_id, "event": "warning",
                               "message": "this event's log is gone"}).encode()
-        return raw
+        return self._cut(raw)
+
+    def _cut(self, raw: bytes) -> bytes:
+        """`raw` without a secret the server knows (`[REDACTED]` keeps the line JSON)."""
+        if self._redact is None:
+            return raw
+        text = raw.decode("utf-8", "surrogateescape")
+        cut = self._redact(text)
+        return raw if cut == text else cut.encode("utf-8", "surrogateescape")
 
     def _remember(self, seq: int, raw: bytes) -> None:
-        self._cache[seq] = raw
+        self._cache[seq] = self._cut(raw)
         while len(self._cache) > CACHE_LINES:
             self._cache.popitem(last=False)
 

@@ -28,6 +28,7 @@ twice.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,9 @@ def propose(ws: Workspace, task_id: str, task_path: str, titles: list[str], afte
     body = (f"# Steps proposed by loop {task_id}\n\nMove this file to `Approved/` to add the steps (edit them "
             f"first if you like) or to `Rejected/` to refuse them; write why under `## Decision` if you want the "
             f"agent to know.\n\n## Reason\n{_quoted(reason)}\n\n## Steps\n{steps}\n\n## Decision\n")
+    for area in (APPROVED, REJECTED):  # the folders the proposal says to move it to (a file in the way: the
+        with contextlib.suppress(OSError):  # person's, which the proposal does not need)
+            (ws.root / area).mkdir(exist_ok=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, frontmatter.write(meta) + body)
     return path

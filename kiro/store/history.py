@@ -16,6 +16,7 @@ import json
 import sqlite3
 from typing import Any
 
+from kiro.errors import UserError
 from kiro.store.events import read_new
 from kiro.store.workspace import TASK_ID_RE, Workspace
 
@@ -70,8 +71,10 @@ class History:
         self.path = ws.state_dir / "kiro.db"
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=30)
+        """The index; in memory when the workspace has no state folder yet: a read command in a folder
+        that is not (yet) a workspace creates nothing there."""
+        where = self.path if self.path.parent.is_dir() else ":memory:"
+        db = sqlite3.connect(where, timeout=30)
         db.executescript(_SCHEMA)
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         if row is None:
@@ -91,7 +94,11 @@ class History:
             with contextlib.suppress(OSError):
                 for p in (self.path, self.path.with_name("kiro.db-journal"), self.path.with_name("kiro.db-wal")):
                     p.unlink(missing_ok=True)
-            db = self._connect()
+            try:
+                db = self._connect()
+            except sqlite3.DatabaseError as again:  # not a file kiro may delete: a folder in its place
+                raise UserError(f"the history index {self.ws.relative(self.path)} cannot be opened ({again}); "
+                                f"move it away and kiro builds it again from the event logs") from None
             self.refresh(db)
             note = f"the index {self.ws.relative(self.path)} was unreadable ({exc}); rebuilt it from the event logs"
         return db, note

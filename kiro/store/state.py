@@ -12,6 +12,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 BACKUPS_KEPT = 5
+# A backup's name (`_backup_name`), its journal's too; the task id may hold dots, the stamp never does.
+_BACKUP_NAME = re.compile(rf"^autonomous_loop_(?P<task_id>.+)\.\d{{8}}T\d+\.i\d+"
+                          rf"(?P<suffix>\.json|{re.escape(journal.JOURNAL_SUFFIX)})$")
 HISTORY_KEPT = 200
 FAILED_KEPT = 100  # failed_steps: the newest attempts (total_failures counts them all)
 LOW_SPACE_BYTES = 256 * 1024  # free space under which a journal append notes the disk as full (kiro.fs.diskfull)
@@ -336,12 +340,28 @@ class LoadResult:
     warning: str | None = None
 
 
+SERVE_TOKEN = "serve.token"  # in the state folder: the token `kiro serve` generated (kiro.serve.auth)
+_GENERATED_TOKEN = re.compile(r"[A-Za-z0-9_\-]{43}")  # what secrets.token_urlsafe(32) makes
+
+
+def serve_token(ws: Workspace) -> Redactor:
+    """The token `kiro serve` generated for this workspace, as a secret kiro knows of: a message, a prompt,
+    an agent's output or a line that holds it is cut like one holding `$KIRO_SERVE_TOKEN`. What is in the
+    file when it is no such token (`secrets.token_urlsafe(32)`: an agent may write there) is nothing to cut."""
+    try:
+        text = safeio.read_bytes(ws.state_dir / SERVE_TOKEN, limit=safeio.SMALL_MAX_BYTES).decode().strip()
+    except (OSError, UnicodeDecodeError, safeio.UnreadableFile):
+        return Redactor()
+    return Redactor([text]) if _GENERATED_TOKEN.fullmatch(text) else Redactor()
+
+
 class StateStore:
     """Reads and writes the state files of one workspace."""
 
     def __init__(self, workspace: Workspace, redact: Redactor | None = None) -> None:
         self.ws = workspace
-        self.redact = redact or Redactor()  # a loop adds its own (`use`): no secret reaches a state file
+        # a loop adds its own (`use`): no secret reaches a state file; nor the server's generated token
+        self.redact = (redact or Redactor()) | serve_token(workspace)
         self.journals: dict[str, LiveJournal] = {}  # task id -> the journal of a loop running here
 
     def use(self, redact: Redactor) -> None:
@@ -511,16 +531,19 @@ class StateStore:
                     path.unlink()
                 journal.note_own_write(path)
         names = {p.name for p in kept[:BACKUPS_KEPT]}
-        for side in self.ws.backups_dir().glob(f"autonomous_loop_{task_id}.*{journal.JOURNAL_SUFFIX}"):
+        for side in self._backups(task_id, journal.JOURNAL_SUFFIX):
             if side.with_suffix(".json").name not in names:
                 with contextlib.suppress(FileNotFoundError):
                     side.unlink()
 
-    def _backups(self, task_id: str) -> list[Path]:
+    def _backups(self, task_id: str, suffix: str = ".json") -> list[Path]:
+        """`task_id`'s backups (or their journals, by `suffix`), newest first. Matched by the whole id:
+        the prefix `autonomous_loop_a.` is also that of loop `a.b`'s backups."""
         folder = self.ws.backups_dir()
         if not folder.is_dir():
             return []
-        found = list(folder.glob(f"autonomous_loop_{task_id}.*.json"))
+        found = [p for p in folder.glob(f"autonomous_loop_{task_id}.*{suffix}")
+                 if (m := _BACKUP_NAME.match(p.name)) and m["task_id"] == task_id and m["suffix"] == suffix]
         return sorted(found, key=lambda p: p.name, reverse=True)  # newest first: the stamp sorts
 
     def archive(self, state: LoopState) -> Path:

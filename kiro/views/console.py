@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from typing import TYPE_CHECKING
@@ -103,12 +104,37 @@ _merged: list[Redactor | None] = [None]  # the last run's redactor, once merged 
 def clean(text: str) -> str:
     """`text` with every secret kiro knows of cut: the environment's, the running loops' (`redact_with`),
     and what the text itself shows to be one (a URL's password, a word in a credential format: a config
-    error that echoes a value)."""
+    error that echoes a value); and with no control character a terminal would obey (`printable`)."""
     from kiro.store.redact import written_in
 
-    text = _known().text(text)
+    text = printable(_known().text(text))
     own = written_in(text)
     return own.text(text) if own is not None else text
+
+
+# What a line may not carry to a terminal from a task file's or an agent's words: a C0 control but tab and
+# newline, DEL, and ESC unless it starts one of kiro's own colours (`_ANSI`). Such an escape would set the
+# clipboard (OSC 52), the window's title, clear the screen or hide text; it is shown as `cat -v` does (^[).
+_OWN_COLOURS = "|".join(sorted({re.escape(code) for code in _ANSI.values()} | {"0"}))
+_UNSAFE = re.compile(rf"\x1b(?!\[(?:{_OWN_COLOURS})m)|[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character a terminal would act on shown instead (`^[`, `^G`, `^?`)."""
+    if _UNSAFE.search(text) is None:
+        return text
+    return _UNSAFE.sub(lambda m: "^?" if m.group() == "\x7f" else "^" + chr(ord(m.group()) + 64), text)
+
+
+def printable_data(value: Any) -> Any:
+    """`printable` on every string inside `value`: a loop's row, before rich shows it on a terminal."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: printable_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable_data(v) for v in value]
+    return value
 
 
 def error(message: str) -> None:
@@ -316,7 +342,7 @@ class _Parts:
         self.parts = [(text, style)]
 
     def append(self, text: str, style: str = "") -> None:
-        self.parts.append((text, style))
+        self.parts.append((printable(text), style))  # a terminal shows rich's text as it is
 
 
 class EventPrinter:
@@ -366,9 +392,9 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
         table.add_row(
             r["task_id"], status_text(r["status"]), f"{r['iteration']}/{r['max_iterations']}",
             f"{r['success_rate']:.0%}",
-            _short(_current_or_next(r), 50),
+            _text(_short(_current_or_next(r), 50)),  # Text: a str cell is rich markup
             r["duration"], r.get("eta") or "-",
-            r["task_path"],
+            _text(r["task_path"]),
         )
     return table
 
@@ -482,7 +508,7 @@ def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total:
     from rich.text import Text
 
     out = __getattr__("out")
-    out.print(Text(title, style="bold"))
+    out.print(Text(clean(title), style="bold"))  # the task file's words, as it is now: not through a loop's redactor
     bar = ProgressBar(total=max(total, 1), completed=done, width=40)
     t = Table.grid(padding=(0, 1))
     t.add_row(bar, Text(f"{done}/{total} steps ({(done / total if total else 0):.0%})"))
@@ -494,9 +520,10 @@ def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total:
     for s in steps:
         style = {"done": "green", "in_progress": "yellow", "failed": "red", "optional": "dim"}.get(s["status"], "")
         cp = s.get("checkpoint") or "-"
-        cells = [("  " * s.get("depth", 0)) + s["step_id"], Text(s["status"], style=style),
+        # the task file's words as Text: a str cell is rich markup (`[link=...]` would make a hyperlink)
+        cells = [Text(("  " * s.get("depth", 0)) + clean(s["step_id"])), Text(s["status"], style=style),
                  str(s.get("attempts") or "-"), s.get("duration") or "-"]
         if with_git:
             cells.append(cp if cp.startswith("(") else cp[:12])
-        table.add_row(*cells, _short(s["description"], 70))
+        table.add_row(*cells, Text(_short(clean(s["description"]), 70)))
     out.print(table)
