@@ -346,3 +346,26 @@ def test_codex_reset_times_read_in_local_time(text: str, expect: tuple[int, int]
     if "Nov" in text:
         assert (when.year, when.month, when.day) == (2026, 11, 30)
     assert agents.local_clock("later") is None
+
+
+@pytest.mark.parametrize(("frontmatter", "expect"), [
+    ({"agent": "claude", "fallback_agents": ["codex", "gemini"]}, None),
+    ({"agent": "claude", "fallback_agents": ["claude"]}, "'claude' is named twice"),
+    ({"fallback_agents": "codex"}, "Input should be a valid list"),
+    ({"fallback_agents": ["cursor"]}, "fallback_agents.0: Input should be"),
+    ({"executor": "openai", "fallback_agents": ["codex"]}, "run by the command executor"),
+])
+def test_fallback_agents_in_a_task_frontmatter(tmp_path: Path, frontmatter: dict[str, Any], expect: str | None) -> None:
+    from kiro.errors import ConfigError
+    from kiro.store.config import resolve_config
+
+    def resolve() -> Any:
+        return resolve_config(workspace_root=tmp_path, frontmatter=frontmatter, task_path=tmp_path / "tasks.md",
+                              env={})
+
+    if expect is None:
+        assert resolve().fallback_agents == ["codex", "gemini"]
+        return
+    with pytest.raises(ConfigError) as caught:
+        resolve()
+    assert expect in str(caught.value), caught.value

@@ -295,6 +295,9 @@ class Config(_Strict):
     @field_validator("fallback_agents")
     @classmethod
     def _distinct_fallbacks(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if value and info.data.get("executor") in ("openai", "shell"):
+            raise ValueError(f"fallback agents are agent CLIs, run by the command executor; executor is "
+                             f"{info.data.get('executor')!r} (remove fallback_agents, or use an `agent`)")
         named = [info.data.get("agent"), *value]
         twice = next((a for i, a in enumerate(value) if a in named[: i + 1]), None)
         if twice is not None:
