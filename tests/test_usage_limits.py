@@ -169,6 +169,11 @@ def test_a_stop_hook_ends_the_wait_for_a_usage_limit(ws: Workspace, cli_home: Pa
         try:
             tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
             ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=120, what="the loop to sleep")
+            board = ws.root / "Dashboard.md"  # the dashboard says whose limit and when it resumes
+            ws.wait_for(lambda: board.exists() and "(claude limit, resumes " in board.read_text(), timeout=30,
+                        what="Dashboard.md to show the limit")
+            shown = ws.kiro("loop", "status", "--task-id", tid, env=ws.env(**env_of(cli)))
+            assert "usage_limit" in shown.stdout and "claude limit, resumes" in shown.stdout, shown.stdout
             began = time.monotonic()
             ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "enough\n")
             code = code_of(proc, 60)

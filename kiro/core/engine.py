@@ -99,6 +99,11 @@ def backoff_delay(attempts: int, base: float, cap: float, exponential: bool, rng
     return min(raw, cap) * (0.5 + rng.random() / 2)
 
 
+def _agent(result: StepResult) -> dict[str, str]:
+    """`agent=` for a step event when an agent CLI made the attempt (the key is left out otherwise)."""
+    return {"agent": result.agent} if result.agent else {}
+
+
 class _LoopGuard(Guard):
     """Mid-step checks the executor makes before each model call and tool call."""
 
@@ -800,14 +805,14 @@ class Loop:
                                      agent=result.agent)
                 self.emit(ev.StepCompleted(step_id=step.id, description=step.title or step.text,
                                            duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
-                                           attempt=attempt, checked=checked, agent=result.agent))
+                                           attempt=attempt, checked=checked, **_agent(result)))
                 await self._after_iteration()
                 return None
 
         self._take_back_box(step)
         self._record_failure(step, result.error or "failed", attempt, verify_output)
         self.emit(ev.StepFailed(step_id=step.id, attempt=attempt, error=tail(result.error or "", 1500),
-                                consecutive_failures=s.consecutive_failures, agent=result.agent))
+                                consecutive_failures=s.consecutive_failures, **_agent(result)))
         stop = None
         allowed = 1 + (self.settings.max_step_retries if self.settings.retry_failed_steps else 0)
         repeated = self.guardrails.after_attempt(step.id, result.error or "failed")
