@@ -374,3 +374,17 @@ def test_fallback_agents_in_a_task_frontmatter(tmp_path: Path, frontmatter: dict
     with pytest.raises(ConfigError) as caught:
         resolve()
     assert expect in str(caught.value), caught.value
+
+
+def test_the_run_time_limit_ends_a_usage_limit_wait_as_timed_out_not_failed(ws: Workspace, cli_home: Path) -> None:
+    cli = start("claude", cli_home)
+    try:
+        ws.task(task_text(1))
+        configure(ws, cli)
+        limit_window(cli, 3600)
+        r = ws.kiro("loop", "start", "--task", TASK, "--timeout", "15", env=ws.env(**env_of(cli)), timeout=180)
+        state = ws.state(ws.only_task_id())
+        assert state["status"] == "timed_out" and state["total_failures"] == 0, (r.returncode, state["status"])
+        assert len(cli.server.requests) <= 3, len(cli.server.requests)  # no calls spun while the time ran out
+    finally:
+        cli.close()

@@ -151,6 +151,10 @@ class CommandExecutor(ExecutorBase):
                 if reason is not None:
                     return StepResult("interrupted", error="stopped while waiting for a usage limit to reset",
                                       stop_reason=reason)
+                first = min(self.agents, key=lambda a: a.until)
+                if first.until - time.time() > 1.0:  # the wait ended early: the loop's run-time limit came first
+                    return StepResult("failed", error=f"the loop's run time ran out while waiting for "
+                                                      f"{first.preset.name}'s usage limit to reset")
                 continue
             run += 1
             outcome, failure = await self._run(ctx, agent, run)
