@@ -28,8 +28,9 @@ PROMPT_RE = re.compile(r"check its box in the task file `(?P<file>[^`]+)`: chang
 
 
 def parse_prompt(text: str) -> tuple[str, str, str]:
-    """The task file and the line to change, as kiro's prompt gives them."""
-    m = PROMPT_RE.search(text)
+    """The task file and the line to change, as kiro's prompt gives them: the last such instruction (a
+    reinjected prompt quotes the previous step's before it)."""
+    *_, m = [None, *PROMPT_RE.finditer(text)]
     assert m, f"the prompt does not say which line to change:\n{text[-1500:]}"
     return m["file"], m["old"], m["new"]
 

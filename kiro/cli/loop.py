@@ -255,6 +255,9 @@ def progress(
         console.warning(data["error"])
     console.progress_view(f"{data['title']} ({data['task_path']})", data["steps"], data["steps_done"],
                           data["steps_total"])
+    if data.get("sleep_note") or data.get("sleep_until"):
+        console.line(f"sleeping: {data.get('sleep_note') or data.get('sleeping_because')} "
+                     f"(until {data.get('sleep_until')})")
     if data.get("schedule"):
         console.line(f"schedule {data['schedule']}: {data.get('runs', 0)} run(s); next run {data.get('next_run') or '-'}")
 

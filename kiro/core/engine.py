@@ -99,6 +99,11 @@ def backoff_delay(attempts: int, base: float, cap: float, exponential: bool, rng
     return min(raw, cap) * (0.5 + rng.random() / 2)
 
 
+def _agent(result: StepResult) -> dict[str, str]:
+    """`agent=` for a step event when an agent CLI made the attempt (the key is left out otherwise)."""
+    return {"agent": result.agent} if result.agent else {}
+
+
 class _LoopGuard(Guard):
     """Mid-step checks the executor makes before each model call and tool call."""
 
@@ -132,13 +137,18 @@ class _LoopGuard(Guard):
     async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
         return await self._gate(lambda: self.loop.guardrails.before_tool_call(name, arguments))
 
-    async def wait(self, limit: str, seconds: float, message: str, *, figure: Any = None) -> str | None:
+    async def wait(self, limit: str, seconds: float, message: str, *, figure: Any = None,
+                   note: str | None = None) -> str | None:
         loop = self.loop
-        stop = await loop.guardrail_wait(Trigger(limit, round(seconds, 3), figure, message, "wait", seconds))
+        stop = await loop.guardrail_wait(Trigger(limit, round(seconds, 3), figure, message, "wait", seconds), note)
         if stop is not None:
             loop._pending_stop = stop
             return stop.reason
         return None
+
+    def stop(self, limit: str, value: Any, figure: Any, message: str) -> str:
+        self.loop._pending_stop = self.loop.guardrail_stop(Trigger(limit, value, figure, message, "stop"))
+        return limit
 
     def after_model_call(self, usage: Usage) -> None:
         self.loop.guardrails.record_model_call(usage)
@@ -421,17 +431,20 @@ class Loop:
             self.emit("message_delivered", message_id=m.id, **{"from": m.sender}, where=where)
         return self.redact.text(render(pending))
 
-    async def guardrail_wait(self, trigger: Trigger) -> Stop | None:
-        """Sleep because a guardrail asks for it (status `sleeping`); a stop condition ends it."""
+    async def guardrail_wait(self, trigger: Trigger, note: str | None = None) -> Stop | None:
+        """Sleep because a guardrail asks for it (status `sleeping`, `sleep_note` what status shows of
+        it); a stop condition ends it."""
         self.emit(ev.GuardrailTriggered(**trigger.fields()))
         previous = self.state.status
         self.transition(Status.SLEEPING, trigger.limit)
         self.state.sleep_until = timeutil.iso(timeutil.now() + timedelta(seconds=trigger.seconds))
+        self.state.sleep_note = note
         self.save()
         try:  # a forced rest (max_consecutive_turns) also ends for a message (SPEC §11)
             stop = await self.wait(trigger.seconds, messages=trigger.limit == "max_consecutive_turns")
         finally:
             self.state.sleep_until = None
+            self.state.sleep_note = None
         if stop is None:
             self.guardrails.waited(trigger)
             self.transition(Status.RUNNING if previous == Status.SLEEPING else previous, f"{trigger.limit}_over")
@@ -793,17 +806,18 @@ class Loop:
                 self.guardrails.after_attempt(step.id, None)
                 checkpoint = await self._step_done(step) or result.checkpoint
                 self._in_progress = None  # checked
-                self._record_success(step, started, summary=result.summary, attempts=attempt, checkpoint=checkpoint)
+                self._record_success(step, started, summary=result.summary, attempts=attempt, checkpoint=checkpoint,
+                                     agent=result.agent)
                 self.emit(ev.StepCompleted(step_id=step.id, description=step.title or step.text,
                                            duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
-                                           attempt=attempt, checked=checked))
+                                           attempt=attempt, checked=checked, **_agent(result)))
                 await self._after_iteration()
                 return None
 
         self._take_back_box(step)
         self._record_failure(step, result.error or "failed", attempt, verify_output)
         self.emit(ev.StepFailed(step_id=step.id, attempt=attempt, error=tail(result.error or "", 1500),
-                                consecutive_failures=s.consecutive_failures))
+                                consecutive_failures=s.consecutive_failures, **_agent(result)))
         stop = None
         allowed = 1 + (self.settings.max_step_retries if self.settings.retry_failed_steps else 0)
         repeated = self.guardrails.after_attempt(step.id, result.error or "failed")
@@ -865,7 +879,7 @@ class Loop:
         return result.ok, text
 
     def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int,
-                        checkpoint: Checkpoint | None = None) -> None:
+                        checkpoint: Checkpoint | None = None, agent: str | None = None) -> None:
         s = self.state
         finished = timeutil.now()
         s.completed_steps.append(CompletedStep(
@@ -873,7 +887,7 @@ class Loop:
             duration_seconds=round(max((finished - started).total_seconds(), 0.0), 3), iteration=s.iteration,
             attempts=attempts, summary=clip(summary, 500),
             checkpoint=checkpoint.commit if checkpoint else None,
-            checkpoint_note=checkpoint.note if checkpoint else None))
+            checkpoint_note=checkpoint.note if checkpoint else None, agent=agent))
         s.total_successes += 1
         s.consecutive_failures = 0
         rec = s.step_record(step.id)

@@ -41,6 +41,7 @@ class StepResult:
     checked_by_executor: bool = False  # the external agent checked the step's box itself
     stop_reason: str | None = None  # for "interrupted": which stop condition cut the attempt short
     checkpoint: Any = None  # a checkpoints.Result made elsewhere (temporal backend: the worker's pushed commit)
+    agent: str | None = None  # the agent CLI that made this attempt (the command executor; a fallback agent's name)
 
     @property
     def ok(self) -> bool:
@@ -68,12 +69,19 @@ class Guard:
     async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
         return None
 
-    async def wait(self, limit: str, seconds: float, message: str, *, figure: Any = None) -> str | None:
-        """Sleep `seconds` because something outside asks for it (a server's long Retry-After), the
-        way the loop sleeps for a budget: status `sleeping`, a stop hook ends it. Returns a stop
-        reason when the wait was cut short."""
+    async def wait(self, limit: str, seconds: float, message: str, *, figure: Any = None,
+                   note: str | None = None) -> str | None:
+        """Sleep `seconds` because something outside asks for it (a server's long Retry-After, an agent
+        CLI's usage limit), the way the loop sleeps for a budget: status `sleeping` (`note`, if given,
+        is what `status` shows of it: "claude limit, resumes 03:10 UTC"), a stop hook ends it.
+        Returns a stop reason when the wait was cut short."""
         await asyncio.sleep(seconds)
         return None
+
+    def stop(self, limit: str, value: Any, figure: Any, message: str) -> str:
+        """End the loop on a hard limit the executor found (exit 4, `stop_reason` the limit); returns
+        the stop reason for the attempt's "interrupted" result."""
+        return limit
 
     def after_model_call(self, usage: Usage) -> None:
         return None

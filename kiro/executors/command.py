@@ -17,9 +17,11 @@ import hashlib
 import os
 import shutil
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kiro import timeutil
 from kiro.errors import ExecutorError, KiroError
 from kiro.executors import agents, prompts
 from kiro.executors.agents import Failure, Invocation, clean
@@ -30,6 +32,7 @@ from kiro.fs.atomic import atomic_write
 from kiro.processes.spawn import ProcessResult, run_process
 from kiro.store import tasks
 from kiro.store.config import Config
+from kiro.store.events import AgentRan, UsageLimit
 from kiro.store.workspace import Workspace
 
 LOG_KEPT = 256_000  # bytes of each stream kept for the attempt log (the tail)
@@ -37,6 +40,44 @@ LOG_NAME_CHARS = 80  # of a step's id in its attempt log's name
 
 if TYPE_CHECKING:
     from kiro.store.tasks import Step, TaskFile
+
+
+PROBE_FIRST_SECONDS = 300.0  # a usage limit without a reset time: try again after 5 min,
+PROBE_MAX_SECONDS = 3600.0  # doubling each time it is still limited, to at most 1 h
+RESET_MARGIN_SECONDS = 5.0  # after the reset a CLI gave (doubled each time it is limited again right away)
+
+
+class _Agent:
+    """One agent CLI the executor may hand a step to, and its usage-limit window."""
+
+    def __init__(self, preset: agents.Preset, argv: list[str], idle_timeout: float | None) -> None:
+        self.preset, self.argv, self.idle_timeout = preset, argv, idle_timeout
+        self.until = 0.0  # time.time() before which it is limited
+        self.since = 0.0  # when the current run of limits began
+        self.given = False  # `until` is the reset the CLI gave (not a probe)
+        self.hits = 0  # limits in a row
+        self.failure: Failure | None = None
+
+    def ready(self) -> bool:
+        return time.time() >= self.until
+
+    def ran(self) -> None:
+        """It answered (done or failed, not limited): its window is open."""
+        self.until = self.since = 0.0
+        self.hits = 0
+        self.failure = None
+
+    def limited(self, failure: Failure) -> None:
+        now = time.time()
+        self.since = self.since or now
+        self.hits += 1
+        self.failure = failure
+        self.given = failure.resets_at is not None
+        if failure.resets_at is not None:
+            margin = min(RESET_MARGIN_SECONDS * 2 ** (self.hits - 1), PROBE_MAX_SECONDS)
+            self.until = max(failure.resets_at.timestamp(), now) + margin
+        else:
+            self.until = now + min(PROBE_FIRST_SECONDS * 2 ** (self.hits - 1), PROBE_MAX_SECONDS)
 
 
 class CommandExecutor(ExecutorBase):
@@ -54,6 +95,17 @@ class CommandExecutor(ExecutorBase):
             idle = self.preset.idle_timeout_seconds
         self.idle_timeout = idle
         self._check_program()
+        # the configured agent first, then its fallbacks (their presets' own command lines, no agent_args)
+        self.agents = [_Agent(self.preset, self.argv, idle)]
+        own = config.model_copy(update={"agent_args": []})  # agent_args are the configured agent's
+        for name in config.fallback_agents:
+            preset = agents.get(name, own)
+            idle = config.step_idle_timeout_seconds or preset.idle_timeout_seconds
+            fallback = _Agent(preset, preset.template(), idle)
+            if shutil.which(fallback.argv[0]) is None:
+                raise ExecutorError(f"fallback agent {name!r}: program {fallback.argv[0]!r} was not found on PATH; "
+                                    f"install it with `{preset.install}` or remove it from fallback_agents")
+            self.agents.append(fallback)
 
     def _check_program(self) -> None:
         """Fail before the loop starts (no iteration spent, no box marked in progress) when the agent
@@ -75,64 +127,125 @@ class CommandExecutor(ExecutorBase):
         if not os.access(path, os.X_OK):
             raise ExecutorError(f"executor_command program {prog!r} is not executable ({path})")
 
-    def log_path(self, ctx: StepContext) -> Path:
-        """`Logs/<task_id>/<step_id>-<attempt>.log`. The id of a step with no number is its text: it is
-        named as the redactor leaves it (a secret in it is no file name), and a long one is cut, with a
-        hash of the whole to keep names apart (a file name has at most 255 bytes)."""
+    def log_path(self, ctx: StepContext, run: int = 1) -> Path:
+        """`Logs/<task_id>/<step_id>-<attempt>.log` (`...-<attempt>.<run>.log` for the runs after a usage
+        limit within the attempt). The id of a step with no number is its text: it is named as the
+        redactor leaves it (a secret in it is no file name), and a long one is cut, with a hash of the
+        whole to keep names apart (a file name has at most 255 bytes)."""
         shown = ctx.redact.text(ctx.step.id)
         safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in shown) or "step"
         if len(safe) > LOG_NAME_CHARS:
             safe = f"{safe[:LOG_NAME_CHARS]}_{hashlib.sha256(shown.encode()).hexdigest()[:12]}"
-        return self.workspace.logs / self.task_id / f"{safe}-{ctx.attempt}.log"
+        return self.workspace.logs / self.task_id / f"{safe}-{ctx.attempt}{'' if run == 1 else f'.{run}'}.log"
 
     async def run_step(self, ctx: StepContext) -> StepResult:
+        """One attempt: the first configured agent that is not at its usage limit runs the step. A usage
+        limit is no failure: the agent is set aside until its reset and the same attempt goes to the
+        next agent (`fallback_agents`), or, when every agent is limited, the loop sleeps (status
+        `sleeping`, a stop hook ends it) until the earliest reset and runs the attempt again."""
+        run = 0
+        while True:
+            agent = next((a for a in self.agents if a.ready()), None)
+            if agent is None:
+                reason = await self._wait_for_reset(ctx)
+                if reason is not None:
+                    return StepResult("interrupted", error="stopped while waiting for a usage limit to reset",
+                                      stop_reason=reason)
+                first = min(self.agents, key=lambda a: a.until)
+                if first.until - time.time() > 1.0:  # the wait ended early: the loop's run-time limit came first
+                    return StepResult("failed", error=f"the loop's run time ran out while waiting for "
+                                                      f"{first.preset.name}'s usage limit to reset")
+                continue
+            run += 1
+            outcome, failure = await self._run(ctx, agent, run)
+            outcome.agent = agent.preset.name
+            if failure is None or failure.kind != "usage_limit":
+                agent.ran()
+                return outcome
+            agent.limited(failure)
+            nxt = next((a for a in self.agents if a.ready()), None)
+            ctx.emit(UsageLimit(agent=agent.preset.name, step_id=ctx.step.id, attempt=ctx.attempt,
+                                resets_at=timeutil.iso(failure.resets_at) if failure.resets_at else None,
+                                message=ctx.redact.text(failure.line),
+                                fallback=nxt.preset.name if nxt is not None else None))
+
+    async def _wait_for_reset(self, ctx: StepContext) -> str | None:
+        """Every agent is limited: sleep until the first one's window resets (the guard's wait, as for a
+        long Retry-After), or end the loop (exit 4) when that is beyond `max_limit_wait_seconds`."""
+        first = min(self.agents, key=lambda a: a.until)
+        name = first.preset.name
+        seconds = max(first.until - time.time(), 0.0)
+        cap = self.config.max_limit_wait_seconds
+        waited = time.time() - first.since
+        when = datetime.fromtimestamp(first.until, UTC)
+        said = f"{name} says: {first.failure.line}" if first.failure is not None else f"{name} is limited"
+        if waited + seconds > cap:
+            return ctx.guard.stop("max_limit_wait_seconds", cap, round(waited + seconds),
+                                  f"{said}; waiting for it until {when:%Y-%m-%d %H:%M} UTC would exceed "
+                                  f"max_limit_wait_seconds {cap:g}")
+        how = "the reset it gave" if first.given else "the next probe (it gave no reset time)"
+        message = f"{said}; sleeping {seconds:.0f} s until {how}, {when:%H:%M:%S} UTC"
+        return await ctx.guard.wait("usage_limit", seconds, ctx.redact.text(message), figure=name,
+                                    note=f"{name} limit, resumes {when:%H:%M} UTC")
+
+    async def _run(self, ctx: StepContext, agent: _Agent, run: int) -> tuple[StepResult, Failure | None]:
+        """One run of one agent CLI: the attempt's outcome and the failure the CLI reported, if any."""
+        preset, template = agent.preset, agent.argv
         text = ctx.redact.text(f"{ctx.system_prompt}\n\n{ctx.prompt}")
         prompt_file = self.workspace.state_dir / "prompts" / f"{self.task_id}.md"
         inv = Invocation(prompt_file=prompt_file, task_file=ctx.task_path, step_id=ctx.step.id,
                          project_dir=ctx.project_dir)
-        uses_file = any("{prompt_file}" in a for a in self.argv)
-        argv = self.preset.argv(inv, self.argv)
+        uses_file = any("{prompt_file}" in a for a in template)
+        argv = preset.argv(inv, template)
         env = step_env(ctx)
-        env.update(self.preset.env(inv))
+        env.update(preset.env(inv))
         if uses_file:
             atomic_write(prompt_file, text, fsync=False)
             env["KIRO_PROMPT_FILE"] = str(prompt_file)
         snapshot = ControlSnapshot.take(self.workspace, self.task_id, ctx.task_path)
-        watch = self.preset.watch()
+        watch = preset.watch()
         started = time.monotonic()
         try:
             result = await run_process(argv, cwd=ctx.project_dir, env=env,
                                        stdin_data=None if uses_file else text.encode("utf-8"),
                                        timeout=ctx.timeout_seconds, cancel=ctx.cancel, output_limit=LOG_KEPT,
-                                       separate_stderr=True, idle_timeout=self.idle_timeout, on_stdout=watch)
+                                       separate_stderr=True, idle_timeout=agent.idle_timeout, on_stdout=watch)
         except FileNotFoundError:
             if not ctx.project_dir.is_dir():
                 where = str(ctx.project_dir)
                 raise ExecutorError(f"project directory {where!r} (project_dir) does not exist") from None
-            raise ExecutorError(f"agent program {self.argv[0]!r} was not found on PATH") from None
+            raise ExecutorError(f"agent program {template[0]!r} was not found on PATH") from None
         except PermissionError:
-            raise ExecutorError(f"agent program {self.argv[0]!r} is not executable") from None
+            raise ExecutorError(f"agent program {template[0]!r} is not executable") from None
         touched = snapshot.restore(ctx.step.line, ctx.step.box_offset)
-        usage = self.preset.parse_usage(result.output) or Usage()
+        usage = preset.parse_usage(result.output) or Usage()
         if usage.total_tokens or usage.cost_usd:
             ctx.guard.after_model_call(usage)  # into the token window that token_budget_per_hour reads
         failure = watch.failure if result.aborted else None
         if not (result.cancelled or result.timed_out or result.idle_timed_out or result.aborted):
-            failure = self.preset.classify_failure(result.returncode, result.output, result.stderr)
-        log = self._write_log(ctx, argv, result, failure, touched, snapshot.unchecked, time.monotonic() - started)
-        summary = ctx.redact.text(self.preset.summary(result.output, result.stderr, text))
-        outcome = self._outcome(ctx, result, failure, touched, summary, log)
+            failure = preset.classify_failure(result.returncode, result.output, result.stderr)
+            if failure is not None and not failure.fatal and not touched:
+                failure = preset.usage_limit(result.output, result.stderr) or failure
+        seconds = time.monotonic() - started
+        log = self._write_log(ctx, agent, argv, result, failure, touched, snapshot.unchecked, seconds, run)
+        summary = ctx.redact.text(preset.summary(result.output, result.stderr, text))
+        outcome = self._outcome(ctx, agent, result, failure, touched, summary, log)
         outcome.usage = usage
         if outcome.outcome == "failed":
             outcome.error = ctx.redact.text(outcome.error or "")
+        limited = failure is not None and failure.kind == "usage_limit"
+        ctx.emit(AgentRan(step_id=ctx.step.id, attempt=ctx.attempt, agent=preset.name,
+                          outcome="usage_limit" if limited else outcome.outcome, prompt_tokens=usage.prompt_tokens,
+                          completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd,
+                          seconds=round(seconds, 3)))
         if failure is not None and failure.fatal and not touched:
-            raise ExecutorError(f"{self.preset.program or argv[0]} failed ({failure.kind.replace('_', ' ')}): "
-                                f"{ctx.redact.text(failure.line)} — {self.preset.fix(failure)} (full output in "
+            raise ExecutorError(f"{preset.program or argv[0]} failed ({failure.kind.replace('_', ' ')}): "
+                                f"{ctx.redact.text(failure.line)} — {preset.fix(failure)} (full output in "
                                 f"{self.workspace.relative(log)})")
-        return outcome
+        return outcome, failure
 
-    def _outcome(self, ctx: StepContext, result: ProcessResult, failure: Failure | None, touched: list[str],
-                 summary: str, log: Path) -> StepResult:
+    def _outcome(self, ctx: StepContext, agent: _Agent, result: ProcessResult, failure: Failure | None,
+                 touched: list[str], summary: str, log: Path) -> StepResult:
         where = f" (full output: {self.workspace.relative(log)})"
         if result.cancelled:
             return StepResult("interrupted", summary=summary, error="stopped while the agent ran")
@@ -143,7 +256,7 @@ class CommandExecutor(ExecutorBase):
                                      f"{'; '.join(touched)}{note}{where}"))
         if result.idle_timed_out:
             return StepResult("failed", summary=summary,
-                              error=(f"agent printed nothing for {self.idle_timeout:g} s "
+                              error=(f"agent printed nothing for {agent.idle_timeout:g} s "
                                      f"(step_idle_timeout_seconds; a dead endpoint?), so kiro ended it"
                                      f"{self._take_back_box(ctx)}{where}\n{summary}"))
         if result.timed_out:
@@ -152,7 +265,8 @@ class CommandExecutor(ExecutorBase):
                                     f"{self._take_back_box(ctx)}{where}\n{summary}")
         if failure is not None:
             note = self._take_back_box(ctx)
-            kind = {"rate_limit": "rate limited", "failure": "failed"}.get(failure.kind, failure.kind)
+            kind = {"rate_limit": "rate limited", "usage_limit": "at its usage limit",
+                    "failure": "failed"}.get(failure.kind, failure.kind)
             return StepResult("failed", summary=summary,
                               error=f"agent {kind} (exit {result.returncode}): {failure.line}{note}{where}\n{summary}")
         if self.config.command_success == "exit_code":
@@ -173,20 +287,22 @@ class CommandExecutor(ExecutorBase):
                    f"It said:\n{summary}"),
         )
 
-    def _write_log(self, ctx: StepContext, argv: list[str], result: ProcessResult, failure: Failure | None,
-                   touched: list[str], unchecked: list[str], seconds: float) -> Path:
-        path = self.log_path(ctx)
+    def _write_log(self, ctx: StepContext, agent: _Agent, argv: list[str], result: ProcessResult,
+                   failure: Failure | None, touched: list[str], unchecked: list[str], seconds: float,
+                   run: int = 1) -> Path:
+        path = self.log_path(ctx, run)
         how = ("cancelled" if result.cancelled else "idle timeout" if result.idle_timed_out
                else "timed out" if result.timed_out else f"exit {result.returncode}")
         lines = [
             f"# {self.task_id} step {ctx.step.id} attempt {ctx.attempt} (iteration {ctx.iteration})",
-            f"# agent: {self.preset.name}",
+            f"# agent: {agent.preset.name}",
             f"# command: {' '.join(argv)}",
             f"# cwd: {ctx.project_dir}",
             f"# result: {how} after {seconds:.3f} s",
         ]
         if failure is not None:
-            lines.append(f"# failure: {failure.kind}: {failure.line}")
+            lines.append(f"# failure: {failure.kind}: {failure.line}"
+                         + (f" (resets {timeutil.iso(failure.resets_at)})" if failure.resets_at else ""))
         lines += [f"# touched: {t}" for t in touched]
         if unchecked:  # a warning only: other loops write these while the agent runs (kiro.executors.control)
             named = ", ".join(unchecked[:UNCHECKED_NAMED]) + (", ..." if len(unchecked) > UNCHECKED_NAMED else "")

@@ -262,6 +262,12 @@ class Config(_Strict):
     isolation: Literal["none", "worktree"] = "none"
     merge: Literal["manual", "auto"] = "manual"
     backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
+    # While `agent` is at its usage limit, steps go to these agents in turn (their own presets; not
+    # agent_args), and back to `agent` when its window resets (kiro.executors.command).
+    fallback_agents: list[Literal["claude", "codex", "aider", "gemini", "opencode"]] = Field(default_factory=list)
+    # The longest an agent CLI's usage limit is waited out (until its reset, or probed without one);
+    # a longer wait ends the loop (exit 4, stop_reason max_limit_wait_seconds). 8 h: a night.
+    max_limit_wait_seconds: float = Field(28800.0, gt=0, le=30 * 86400)
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", mode="before"
@@ -286,6 +292,18 @@ class Config(_Strict):
             if info.data.get("merge") == "auto":
                 raise ValueError("the temporal backend leaves branch kiro/<task_id> for review; merge: auto is not "
                                  "built on it (docs/scale-out.md §12); use merge: manual or backend: local")
+        return value
+
+    @field_validator("fallback_agents")
+    @classmethod
+    def _distinct_fallbacks(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if value and info.data.get("executor") in ("openai", "shell"):
+            raise ValueError(f"fallback agents are agent CLIs, run by the command executor; executor is "
+                             f"{info.data.get('executor')!r} (remove fallback_agents, or use an `agent`)")
+        named = [info.data.get("agent"), *value]
+        twice = next((a for i, a in enumerate(value) if a in named[: i + 1]), None)
+        if twice is not None:
+            raise ValueError(f"{twice!r} is named twice (agent and fallback_agents together list each agent once)")
         return value
 
     @field_validator("on_event")
@@ -313,6 +331,7 @@ class Config(_Strict):
 FRONTMATTER_KEYS: dict[str, str] = {
     "executor": "executor",
     "agent": "agent",
+    "fallback_agents": "fallback_agents",
     "verify": "verify",
     "max_iterations": "autonomous_loop.max_iterations",
     "failure_threshold": "autonomous_loop.failure_threshold",
@@ -796,12 +815,12 @@ def _suggestion(loc: tuple[str, ...]) -> str:
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         return ""
     valid = list(model.model_fields)
+    elsewhere = [dotted for dotted in _all_keys(Config) if dotted.rsplit(".", 1)[-1] == loc[-1]]
+    if elsewhere:  # the very key, in another section, before a look-alike here
+        return f" (did you mean {elsewhere[0]!r}?)"
     close = did_you_mean(loc[-1], valid)
     if close:
         return f" (did you mean {close!r}?)"
-    elsewhere = [dotted for dotted in _all_keys(Config) if dotted.rsplit(".", 1)[-1] == loc[-1]]
-    if elsewhere:
-        return f" (did you mean {elsewhere[0]!r}?)"
     shown = ", ".join(valid[:16]) + (", ..." if len(valid) > 16 else "")
     return f" (valid keys here: {shown})"
 

@@ -190,6 +190,7 @@ class StepCompleted(Event):
     duration_seconds: float = 0.0
     attempt: int = 1
     checked: list[str] = Field(default_factory=list)
+    agent: str | None = None  # the agent CLI that did the step (command executor)
 
 
 class StepFailed(Event):
@@ -198,6 +199,7 @@ class StepFailed(Event):
     attempt: int
     error: str
     consecutive_failures: int = 0
+    agent: str | None = None
 
 
 class StepInterrupted(Event):
@@ -224,6 +226,34 @@ class Backoff(Event):
     step_id: str
     seconds: float
     attempts: int = 0
+
+
+class AgentRan(Event):
+    """One run of an agent CLI within an attempt (the command executor): which agent, how it ended
+    (completed, failed, usage_limit, ...) and what it spent."""
+
+    event: Literal["agent_ran"] = "agent_ran"
+    step_id: str
+    attempt: int
+    agent: str
+    outcome: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+
+
+class UsageLimit(Event):
+    """An agent CLI said its usage window is used up: the loop waits for `resets_at` (or probes
+    without one), or hands the step to `fallback`."""
+
+    event: Literal["usage_limit"] = "usage_limit"
+    agent: str
+    step_id: str
+    attempt: int
+    resets_at: str | None = None
+    message: str = ""
+    fallback: str | None = None
 
 
 class GuardrailTriggered(Event):
@@ -501,7 +531,8 @@ AnyEvent: TypeAlias = Annotated[
     Union[  # noqa: UP007 - a discriminated union reads best spelled out
         LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
         IterationStarted, Reinjected, StepStarted, ToolCalled, ModelCalled, ContextWrapped, StepCompleted,
-        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, GuardrailTriggered, HumanRequested,
+        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, AgentRan, UsageLimit, GuardrailTriggered,
+        HumanRequested,
         TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
         MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
         CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,

@@ -74,7 +74,7 @@ SUMMARY_FIELDS = (
     "task_id", "task_path", "title", "status", "stop_reason", "started_at", "updated_at", "finished_at",
     "iteration", "max_iterations", "consecutive_failures", "failure_threshold", "total_failures",
     "total_successes", "steps_done", "steps_total", "executor", "pid", "host", "workspace", "report_path",
-    "sleep_until", "timeout_reached", "runs", "metrics", "usage", "journal_seq",
+    "sleep_until", "sleep_note", "timeout_reached", "runs", "metrics", "usage", "journal_seq",
     "last_run_at", "next_run_at", "schedule",  # a scheduled task's runs and next run (SPEC §11, kiro.core.schedule)
 )
 READ_LIMIT = 64 * 1024 * 1024

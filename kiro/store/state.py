@@ -118,6 +118,7 @@ class CompletedStep(_Model):
     summary: str = ""
     checkpoint: str | None = None  # the step's git commit (SPEC §9); None: no commit, see checkpoint_note
     checkpoint_note: str | None = None  # why there is no commit: "no changes", "failed: ..."
+    agent: str | None = None  # the agent CLI that did it (command executor; a fallback agent's name)
 
 
 class FailedStep(_Model):
@@ -248,6 +249,7 @@ class LoopState(_Model):
     overrides: dict[str, Any] = Field(default_factory=dict)
     stop_reason: str | None = None
     sleep_until: str | None = None  # while `sleeping`: when the wait ends (backoff, a budget, Retry-After)
+    sleep_note: str | None = None  # while `sleeping`, what for in a few words ("claude limit, resumes 03:10 UTC")
     timeout_reached: bool = False
     timeout_seconds: float | None = None
     title: str | None = None

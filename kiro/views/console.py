@@ -194,8 +194,9 @@ def print_json(data: Any) -> None:
     write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
-def status_text(status: str) -> Text:
-    return _text(status, style=_status_style(status))
+def status_text(status: str, note: str | None = None) -> Text:
+    """A status, coloured; with a sleeping loop's note ("sleeping (claude limit, resumes 03:10 UTC)")."""
+    return _text(f"{status} ({note})" if note else status, style=_status_style(status))
 
 
 def _short(text: Any, limit: int = 160) -> str:
@@ -390,7 +391,7 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(
-            r["task_id"], status_text(r["status"]), f"{r['iteration']}/{r['max_iterations']}",
+            r["task_id"], status_text(r["status"], r.get("sleep_note")), f"{r['iteration']}/{r['max_iterations']}",
             f"{r['success_rate']:.0%}",
             _text(_short(_current_or_next(r), 50)),  # Text: a str cell is rich markup
             r["duration"], r.get("eta") or "-",
@@ -422,7 +423,8 @@ def detail_table(r: dict[str, Any]) -> Table:
     if r.get("sleeping_because") or r.get("sleep_until"):
         until = r.get("sleep_until")
         when = f"until {str(until)[11:19]} UTC" if until else ""
-        rows.append(("Sleeping", " ".join(x for x in (r.get("sleeping_because") or "", when) if x)))
+        rows.append(("Sleeping", " ".join(x for x in (r.get("sleeping_because") or "", when) if x)
+                     + (f" ({r['sleep_note']})" if r.get("sleep_note") else "")))
     if r.get("schedule"):
         rows.append(("Schedule", f"{r['schedule']}" + ("" if r.get("stateful") else " (not stateful)")))
         rows.append(("Runs", f"{r.get('runs', 0)}, last finished {r.get('last_run_at') or '-'}"))

@@ -96,6 +96,8 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
     lines = [head]
     if section == "active":
         extra = f" ({_reason(st.stop_reason)})" if e.status == Status.SLEEPING and st.stop_reason else ""
+        if e.status == Status.SLEEPING and st.sleep_note:
+            extra = f" ({st.sleep_note})"
         lines += [f"**Status**: {badge}{extra}", _iteration(st), f"**Success Rate**: {st.metrics.success_rate:.0%}"]
         if st.steps_total:
             lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")

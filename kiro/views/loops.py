@@ -113,8 +113,8 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         total, done, avg = s["steps_total"], s["steps_done"], metrics["average_step_duration"]
         if total is not None and done is not None and avg and total - done > 0:
             eta = timeutil.human_duration((total - done) * avg)
-    sleep = ({"sleeping_because": s.get("sleeping_because"), "sleep_until": s["sleep_until"]}
-             if status == Status.SLEEPING else {})
+    sleep = ({"sleeping_because": s.get("sleeping_because"), "sleep_until": s["sleep_until"],
+              "sleep_note": s.get("sleep_note")} if status == Status.SLEEPING else {})
     return {
         "task_id": s["task_id"],
         "task_path": s["task_path"],
@@ -224,10 +224,12 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
     durations: dict[str, float] = {}
     completed_attempts: dict[str, int] = {}  # the engine zeroes a step's attempt count when it succeeds
     checkpoints: dict[str, str | None] = {}  # SPEC §9: each done step's commit, or why there is none
+    agents: dict[str, str | None] = {}  # the agent CLI that did each done step (fallback_agents)
     for c in state.completed_steps:
         durations[c.step_id] = c.duration_seconds
         completed_attempts[c.step_id] = c.attempts
         checkpoints[c.step_id] = c.checkpoint or (f"({c.checkpoint_note})" if c.checkpoint_note else None)
+        agents[c.step_id] = c.agent
     rows: list[dict[str, Any]] = []
     cur = state.current_step
     if task is not None:
@@ -253,11 +255,18 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
                 "duration_seconds": durations.get(st.id),
                 "duration": timeutil.human_duration(durations[st.id]) if st.id in durations else None,
                 "checkpoint": checkpoints.get(st.id) if st.done else None,
+                "agent": agents.get(st.id) if st.done else None,
             })
     done = sum(1 for r in rows if r["status"] == "done")
     git = state.git
     branch = git.branch if git is not None and git.checkpoints else None
+    sleeping = state.status == Status.SLEEPING
+    last = state.history[-1] if state.history else None
+    sleep = {"status": str(state.status),
+             "sleeping_because": last.reason if sleeping and last is not None else None,
+             "sleep_until": state.sleep_until if sleeping else None,
+             "sleep_note": state.sleep_note if sleeping else None}
     return {"task_id": state.task_id, "task_path": state.task_path, "title": state.title or state.task_path,
             "steps_done": done, "steps_total": len(rows), "steps": rows, "error": error, "branch": branch,
-            **schedule_fields(state)}
+            **sleep, **schedule_fields(state)}
 

@@ -36,6 +36,7 @@ WAIT_KINDS = {
     "max_actions_per_minute": "rate_limits",
     "max_cpu_percent": "rate_limits",
     "max_disk_writes_per_minute": "rate_limits",
+    "usage_limit": "usage_limits",
 }
 
 
@@ -91,6 +92,7 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
     stops: Counter[str] = Counter()
     logs = sorted(ws.logs.glob("*.jsonl")) if ws.logs.is_dir() else []
     step_tokens: list[int] = []  # per completed step, from model_called events since its first attempt
+    by_agent: dict[str, dict[str, Any]] = {}  # agent CLI -> runs, completed, usage limits, tokens, cost (agent_ran)
     for log in logs:
         current: dict[str, int] = {}  # step id -> tokens spent on it so far (all attempts)
         step_of: str | None = None
@@ -120,6 +122,16 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
                     durations.append(float(e["duration_seconds"]))
             elif kind == "step_failed":
                 failed += 1
+            elif kind == "agent_ran" and isinstance(e.get("agent"), str):
+                row = by_agent.setdefault(e["agent"], {"runs": 0, "completed": 0, "usage_limits": 0,
+                                                       "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
+                row["runs"] += 1
+                row["completed"] += e.get("outcome") == "completed"
+                row["usage_limits"] += e.get("outcome") == "usage_limit"
+                for key in ("prompt_tokens", "completion_tokens"):
+                    row[key] += int(e.get(key) or 0) if isinstance(e.get(key), int) else 0
+                row["cost_usd"] = round(row["cost_usd"] + (float(e.get("cost_usd") or 0.0)
+                                                           if isinstance(e.get("cost_usd"), int | float) else 0.0), 6)
             elif kind == "verify_failed":
                 verify_failed += 1
             elif kind == "backoff" and isinstance(e.get("seconds"), int | float):
@@ -132,7 +144,8 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
                 stops[f"{e.get('status')}: {e.get('reason')}"] += 1
     per_step = completed or None
     usage = total.model_dump()
-    waiting = {k: round(waits.get(k, 0.0), 3) for k in ("backoff", "budgets", "hours", "rate_limits", "other")}
+    waiting = {k: round(waits.get(k, 0.0), 3)
+               for k in ("backoff", "budgets", "hours", "rate_limits", "usage_limits", "other")}
     waiting["total"] = round(sum(waits.values()), 3)
     return {
         "since": since.isoformat() if since else None,
@@ -158,6 +171,7 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
             "tokens_per_step_p95": percentile([float(t) for t in step_tokens], 0.95),
             "cost_per_step_usd": round(total.cost_usd / per_step, 6) if per_step else None,
         },
+        "by_agent": dict(sorted(by_agent.items())),
         "waiting_seconds": waiting,
         "stop_reasons": dict(stops.most_common()),
     }
@@ -195,6 +209,9 @@ def render(s: dict[str, Any]) -> str:
                 f" (p50 {u['tokens_per_step_p50']:.0f}, p95 {u['tokens_per_step_p95']:.0f})")),
             ("cost per step", "-" if u["cost_per_step_usd"] is None else f"${u['cost_per_step_usd']:.4f}")]),
         ("Time spent waiting", [(k.replace("_", " "), timeutil.human_duration(v)) for k, v in w.items()]),
+        ("By agent", [(name, f"{a['runs']} runs ({a['completed']} completed, {a['usage_limits']} at the usage limit), "
+                             f"{a['prompt_tokens'] + a['completion_tokens']} tokens, ${a['cost_usd']:.4f}")
+                      for name, a in s.get("by_agent", {}).items()] or [("-", "")]),
         ("Stop reasons", [(k, str(v)) for k, v in s["stop_reasons"].items()] or [("-", "")]),
     ]
     out: list[str] = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,3 +132,21 @@ class FakeAnthropic(FakeServer):
                                          "usage": {"output_tokens": reply.output_tokens}}))
         events.append(("message_stop", {"type": "message_stop"}))
         handler.send_sse(events)
+
+
+def usage_limit(resets_at: float, claim: str = "five_hour") -> HttpError:
+    """What the API answers a subscription (a Claude login, CLAUDE_CODE_OAUTH_TOKEN) whose usage window
+    is used up: HTTP 429 `rate_limit_error` with the unified rate-limit headers Claude Code reads
+    (`anthropic-ratelimit-unified-status: rejected`, `-reset` in seconds since 1970, `-representative-claim`
+    the window) and a Retry-After."""
+    wait = max(int(resets_at - time.time()), 0)
+    return HttpError(429, {"type": "error", "error": {
+        "type": "rate_limit_error", "message": "This request would exceed your account's rate limit. "
+                                              "Please try again later."}},
+                     {"anthropic-ratelimit-unified-status": "rejected",
+                      "anthropic-ratelimit-unified-reset": str(int(resets_at)),
+                      "anthropic-ratelimit-unified-representative-claim": claim,
+                      "anthropic-ratelimit-unified-5h-status": "rejected",
+                      "anthropic-ratelimit-unified-5h-reset": str(int(resets_at)),
+                      "anthropic-ratelimit-unified-5h-utilization": "1.0",
+                      "retry-after": str(wait)})

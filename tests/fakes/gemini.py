@@ -130,3 +130,21 @@ def side_call_answer(body: Any) -> str:
         return json.dumps({"complexity_reasoning": "a single edit", "complexity_score": 10,
                            "reasoning": "the model finished its turn", "next_speaker": "user"})
     return "ok"
+
+
+def quota(retry_seconds: int, per: str = "Minute") -> HttpError:
+    """The Gemini API's answer to a used-up quota: 429 RESOURCE_EXHAUSTED with a QuotaFailure (the
+    quota id says per minute or per day), a Help link and a RetryInfo `retryDelay`."""
+    message = ("You exceeded your current quota, please check your plan and billing details. For more information "
+               "on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.\n* Quota exceeded for "
+               "metric: generativelanguage.googleapis.com/generate_content_free_tier_requests, limit: 50, model: "
+               f"{MODEL}\nPlease retry in {retry_seconds}.5s.")
+    return HttpError(429, {"error": {"code": 429, "message": message, "status": "RESOURCE_EXHAUSTED", "details": [
+        {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{
+            "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+            "quotaId": f"GenerateRequestsPer{per}PerProjectPerModel-FreeTier",
+            "quotaDimensions": {"location": "global", "model": MODEL}, "quotaValue": "50"}]},
+        {"@type": "type.googleapis.com/google.rpc.Help", "links": [
+            {"description": "Learn more about Gemini API quotas",
+             "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}]},
+        {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{retry_seconds}s"}]}})

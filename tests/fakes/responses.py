@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,3 +117,15 @@ class FakeResponses(FakeServer):
         for n, (_, data) in enumerate(events):
             data.setdefault("sequence_number", n)
         handler.send_sse(events)
+
+
+def usage_limit(resets_at: float, plan: str = "plus") -> HttpError:
+    """What the ChatGPT backend answers Codex when the plan's usage window is used up: HTTP 429 with
+    `"type": "usage_limit_reached"`, the plan and the reset (`resets_at` in seconds since 1970,
+    `resets_in_seconds`), and the `x-codex-primary-*` headers of the window."""
+    wait = max(int(resets_at - time.time()), 0)
+    return HttpError(429, {"error": {"type": "usage_limit_reached", "message": "The usage limit has been reached",
+                                     "plan_type": plan, "resets_at": int(resets_at), "resets_in_seconds": wait}},
+                     {"x-codex-primary-used-percent": "100.0", "x-codex-primary-window-minutes": "300",
+                      "x-codex-primary-reset-after-seconds": str(wait),
+                      "x-codex-primary-reset-at": str(int(resets_at))})

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -33,7 +34,10 @@ from kiro.executors.base import Usage
 if TYPE_CHECKING:
     from kiro.store.config import Config
 
-FailureKind = Literal["usage_error", "auth_error", "rate_limit", "failure"]
+# usage_limit: the subscription's or the key's usage window is used up (Claude Code's "You've hit your
+# session limit", Codex's usage_limit_reached, a Gemini daily quota): the loop waits for the reset
+# instead of counting a failure (kiro.executors.command).
+FailureKind = Literal["usage_error", "auth_error", "rate_limit", "usage_limit", "failure"]
 
 # name -> "module:class". `clis` adds aider, gemini and opencode here.
 PRESETS: dict[str, str] = {
@@ -69,6 +73,7 @@ class Failure:
 
     kind: FailureKind
     line: str
+    resets_at: datetime | None = None  # usage_limit: when the CLI says the window resets (None: it did not say)
 
     @property
     def fatal(self) -> bool:
@@ -141,6 +146,48 @@ def without_echo(text: str, prompt: str) -> str:
     said, not what kiro told it, so a retry prompt never nests the previous prompt."""
     echoed = {line.strip() for line in prompt.splitlines() if len(line.strip()) >= 12}
     return "\n".join(line for line in text.splitlines() if line.strip() not in echoed)
+
+
+_CLOCK = re.compile(r"^(?:(?P<month>[A-Z][a-z]{2}) (?P<day>\d{1,2})(?:st|nd|rd|th)?, (?P<year>\d{4}) )?"
+                    r"(?P<hour>\d{1,2}):(?P<minute>\d{2}) ?(?P<ampm>[AaPp][Mm])$")
+_DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)$")
+
+
+def local_clock(text: str, now: datetime | None = None) -> datetime | None:
+    """A wall-clock time as a CLI prints it in the machine's local time zone ("6:27 AM", "Nov 30th,
+    2026 6:27 AM"), as an aware datetime; None when it does not read as one."""
+    m = _CLOCK.match(text.strip())
+    if m is None:
+        return None
+    now = (now or datetime.now(UTC)).astimezone()
+    hour = int(m["hour"]) % 12 + (12 if m["ampm"].lower() == "pm" else 0)
+    try:
+        if m["month"]:
+            month = datetime.strptime(m["month"], "%b").month
+            return now.replace(year=int(m["year"]), month=month, day=int(m["day"]), hour=hour,
+                               minute=int(m["minute"]), second=0, microsecond=0)
+        return now.replace(hour=hour, minute=int(m["minute"]), second=0, microsecond=0)
+    except ValueError:
+        return None
+
+
+def after(seconds_text: str, since: datetime | None = None) -> datetime | None:
+    """`since` (now) plus a delay as Google's APIs write it ("3600s", "37.5s", "900ms")."""
+    m = _DURATION.match(seconds_text.strip())
+    if m is None:
+        return None
+    seconds = float(m["n"]) / (1000 if m["unit"] == "ms" else 1)
+    return (since or datetime.now(UTC)) + timedelta(seconds=seconds)
+
+
+def epoch(value: Any) -> datetime | None:
+    """Seconds since 1970 (an API's reset time) as a datetime; None when not a plausible number."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def tail(text: str, limit: int = 1200) -> str:
@@ -216,6 +263,12 @@ class Preset:
         """A short, cleaned account of the attempt for the next prompt and the state: what the agent
         said last (for JSON streams, its final message), never the prompt it was given."""
         return tail(without_echo(clean(stdout), prompt)) or tail(without_echo(clean(stderr), prompt))
+
+    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
+        """The CLI stopped because its usage window or quota is used up (a Failure of kind
+        "usage_limit", with the reset time when the CLI printed one); None otherwise. Asked only of an
+        attempt that failed."""
+        return None
 
     def fatal_line(self, line: str) -> Failure | None:
         """A line of output, as it arrives, that shows the attempt cannot succeed however long the

@@ -45,6 +45,7 @@ _TOKENS = re.compile(r"^Tokens: (?P<body>.*?)\."
                      r"(?: Cost: \$(?P<msg>[\d.]+) message, \$(?P<session>[\d.]+) session\.)?\s*$")
 _COUNT = re.compile(r"(?P<n>[\d.]+)(?P<unit>[kKmM]?) (?P<what>sent|received|cache write|cache hit)")
 _LITELLM = re.compile(r"^(?:litellm\.)?(?P<kind>[A-Za-z]+Error):\s*(?P<rest>.*)$")
+_BILLING = re.compile(r"plan and billing|insufficient_quota|credit balance", re.I)
 _FATAL_ARGS = re.compile(r"^aider: error: (?P<msg>.+)$")
 # litellm's exception classes (what aider prints) -> kiro's failure kinds
 _KINDS: dict[str, FailureKind] = {
@@ -173,6 +174,16 @@ class AiderPreset(Preset):
             return Failure(kind, line)
         line = last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
         return Failure(self.kind_of(exit_code, f"{stderr}\n{stdout}", line), line)
+
+    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
+        """aider retries a RateLimitError itself, doubling its wait up to a minute in all, then prints
+        the last one ("litellm.RateLimitError: ...") and exits 0: a limit that outlasted a minute of
+        retries, without a reset time (litellm does not print one). A used-up balance ("check your plan
+        and billing") is not a window that resets: it stays a failed attempt."""
+        api = self._api_error(stdout)
+        if api is None or not api[1].startswith("litellm.RateLimitError") or _BILLING.search(api[1]):
+            return None
+        return Failure("usage_limit", api[1])
 
     def summary(self, stdout: str, stderr: str, prompt: str) -> str:
         """What aider said after it read the message (its banner and the token lines left out)."""

@@ -8,10 +8,17 @@
   root, so kiro does not use them. Bash needs `--allowedTools`: kiro allows `Bash(<cmd>:*)` for
   each entry of `tools.shell.allow` when `tools.shell.enabled`, and the file tools always.
 - Endpoint and auth: `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` (or a logged-in `claude`).
+- Usage limits: a subscription (a login, `CLAUDE_CODE_OAUTH_TOKEN`) answered HTTP 429 with the
+  `anthropic-ratelimit-unified-*` headers prints a `rate_limit_event` whose `rate_limit_info` has
+  `status: "rejected"`, `rateLimitType` and `resetsAt` (seconds since 1970), then a result with
+  `is_error`, `api_error_status: 429` and the text "You've hit your session limit · resets 6:27am
+  (UTC)"; it does not retry it. An API key's 429 ("API Error: Request rejected (429) · ...") is a
+  rate limit, retried by the loop as a failed attempt.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +27,7 @@ from kiro.executors.agents import (
     Invocation,
     Preset,
     clean,
+    epoch,
     error_line,
     json_lines,
     last_event,
@@ -27,6 +35,9 @@ from kiro.executors.agents import (
     tail,
 )
 from kiro.executors.base import Usage
+
+# Claude Code's own words for a used-up subscription window (its messages for a rejected unified limit)
+_LIMIT_TEXT = re.compile(r"You've (hit|reached) your .*limit|You're out of (extra )?usage|Your org is out of usage")
 
 FILE_TOOLS = ("Read", "Edit", "MultiEdit", "Write", "Glob", "Grep", "LS")
 
@@ -110,6 +121,21 @@ class ClaudePreset(Preset):
         if status in (429, 529):
             return Failure("rate_limit", line)
         return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
+
+    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
+        rejected = None
+        for event in json_lines(stdout):
+            info = event.get("rate_limit_info")
+            if event.get("type") == "rate_limit_event" and isinstance(info, dict) and info.get("status") == "rejected":
+                rejected = info
+        result = self._result(stdout)
+        said = result.get("result") if result is not None and result.get("is_error") else None
+        said = clean(said).strip().splitlines()[0][:300] if isinstance(said, str) and said.strip() else None
+        if rejected is None and not (said and _LIMIT_TEXT.match(said)):
+            return None
+        kind = rejected.get("rateLimitType") if rejected is not None else None
+        line = said or f"claude {kind or 'usage'} limit reached"
+        return Failure("usage_limit", line, epoch(rejected.get("resetsAt")) if rejected is not None else None)
 
     def fatal_line(self, line: str) -> Failure | None:
         """Claude retries a refused key up to 10 times with backoff (minutes); its `api_retry`

@@ -8,21 +8,40 @@
   (`model_provider`, `[model_providers.NAME] base_url = ..., wire_api = "responses"`).
 - Codex reports tokens, not money: kiro prices them with `llm.prices[<model>]`, where the model is
   the `-m/--model` of the command line, else `model` in `$CODEX_HOME/config.toml`.
+- Usage limits: a 429 whose body says `"type": "usage_limit_reached"` (with `resets_at` /
+  `resets_in_seconds`) is not retried; Codex prints an `error` and a `turn.failed` saying "You've
+  hit your usage limit. ... try again at 6:27 AM." (local time; "Nov 30th, 2026 6:27 AM" when the
+  reset is another day), or "... try again later." without a reset time.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.agents import (
+    Failure,
+    Invocation,
+    Preset,
+    clean,
+    error_line,
+    json_lines,
+    last_line,
+    local_clock,
+    tail,
+)
 from kiro.executors.base import Usage
 
 if TYPE_CHECKING:
     from kiro.store.config import Config
+
+
+_LIMIT = re.compile(r"You’ve hit your usage limit|You've hit your usage limit|usage limit reached", re.I)
+_TRY_AGAIN = re.compile(r"try again at (?P<when>.+?)\.?\s*$", re.I)
 
 
 class CodexPreset(Preset):
@@ -111,6 +130,14 @@ class CodexPreset(Preset):
         line = line or error_line(stderr) or error_line(stdout) or last_line(stderr) or last_line(stdout) \
             or f"exit status {exit_code}"
         return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
+
+    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
+        said = next((e for e in reversed(self._errors(stdout)) if _LIMIT.search(e)), None)
+        if said is None:
+            return None
+        line = clean(said).strip().splitlines()[0][:300]
+        m = _TRY_AGAIN.search(line)
+        return Failure("usage_limit", line, local_clock(m["when"]) if m else None)
 
     def fatal_line(self, line: str) -> Failure | None:
         """Codex reconnects five times, with backoff, after a refused key; the first

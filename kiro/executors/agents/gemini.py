@@ -15,17 +15,24 @@
   result's stats).
 - Exit codes: 0 ok, 1 general or API error, 41 auth, 42 bad input, 52 bad config, 53 turn limit;
   an unknown flag prints `Unknown arguments: ...` and the help, exit 1.
+- Quotas: a 429 RESOURCE_EXHAUSTED whose RetryInfo asks for more than 300 s, or a per-day
+  QuotaFailure, is a TerminalQuotaError (no retry; exit 173): the `result` event's error says
+  "[API Error: You exceeded your current quota, ... Please retry in 3600.5s.\nSuggested retry
+  after 3600s.]" or "[API Error: You have exhausted your daily quota on this model.]" (no time).
+  Shorter delays it waits out itself.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from kiro.executors.agents import (
     Failure,
     FailureKind,
     Preset,
+    after,
     clean,
     error_line,
     json_lines,
@@ -41,6 +48,11 @@ _AUTH = re.compile(r"API[_ ]key[_ ]not[_ ]valid|API_KEY_INVALID|UNAUTHENTICATED|
                    r"auth method|GEMINI_API_KEY|login required|Invalid API key", re.I)
 _RATE = re.compile(r"RESOURCE_EXHAUSTED|\b429\b|quota|rate limit", re.I)
 EXIT_KINDS: dict[int, FailureKind] = {41: "auth_error", 42: "usage_error", 52: "usage_error"}
+
+
+_QUOTA = re.compile(r"exhausted your (daily )?quota|exceeded your current quota|Quota exceeded|"
+                    r"exhausted your capacity|TerminalQuotaError", re.I)
+_RETRY = re.compile(r"(?:Suggested retry after|Please retry in) (\d+(?:\.\d+)?(?:ms|s))\b")
 
 
 class GeminiPreset(Preset):
@@ -125,6 +137,19 @@ class GeminiPreset(Preset):
         else:
             kind = self.kind_of(exit_code, f"{stderr}\n{line}", line)
         return Failure(kind, line)
+
+    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
+        said = next((e for e in reversed(self._errors(stdout)) if _QUOTA.search(e)), None)
+        if said is None:
+            return None
+        result = self._result(stdout) or {}
+        try:
+            since = datetime.fromisoformat(str(result.get("timestamp")).replace("Z", "+00:00"))
+        except ValueError:
+            since = datetime.now(UTC)
+        delays = _RETRY.findall(said)
+        line = clean(said).strip().splitlines()[0][:300]
+        return Failure("usage_limit", line, after(delays[-1], since) if delays else None)
 
     def summary(self, stdout: str, stderr: str, prompt: str) -> str:
         """The model's last message (its deltas joined), or the error it ended with (an `error` event

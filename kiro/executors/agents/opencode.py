@@ -24,6 +24,7 @@ from kiro.executors.agents import (
     Invocation,
     Preset,
     clean,
+    epoch,
     error_line,
     json_lines,
     last_line,
@@ -34,6 +35,7 @@ from kiro.executors.base import Usage
 _AUTH = re.compile(r"\b401\b|\b403\b|api key|unauthori[sz]ed|authentication|not authenticated|credentials", re.I)
 _RATE = re.compile(r"\b429\b|rate[ _-]?limit|too many requests|quota|overloaded", re.I)
 _USAGE_HEAD = "opencode run [message..]"
+_LIMIT_BODY = re.compile(r"UsageLimitError|usage_limit_reached|usage limit", re.I)
 
 
 class OpencodePreset(Preset):
@@ -130,6 +132,37 @@ class OpencodePreset(Preset):
         else:
             kind = self.kind_of(exit_code, f"{stderr}\n{line}", line)
         return Failure(kind, line)
+
+    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
+        """opencode retries a 429 five times itself, each after the server's `retry-after`, then prints
+        an `error` event with the status, the response headers and body. A 429 that still stands and
+        says when to come back (`retry-after`, or opencode's own Go/Free usage limits) is a usage
+        limit, reset at the event's time plus that wait."""
+        last = None
+        for event in json_lines(stdout):
+            if event.get("type") == "step_finish":
+                last = None
+            elif event.get("type") == "error":
+                last = event
+        err = last.get("error") if last is not None else None
+        data = err.get("data") if isinstance(err, dict) else None
+        if not isinstance(data, dict) or data.get("statusCode") != 429:
+            return None
+        headers = data.get("responseHeaders") if isinstance(data.get("responseHeaders"), dict) else {}
+        assert isinstance(headers, dict) and last is not None
+        wait = None
+        for key, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+            try:
+                wait = float(headers[key]) / scale
+                break
+            except (KeyError, TypeError, ValueError):
+                continue
+        if wait is None and not _LIMIT_BODY.search(str(data.get("responseBody") or "")):
+            return None
+        line = (self._errors(stdout) or ["opencode: usage limit (HTTP 429)"])[-1]
+        stamp = epoch(last["timestamp"] / 1000) if isinstance(last.get("timestamp"), int | float) else None
+        resets = epoch(stamp.timestamp() + wait) if stamp is not None and wait is not None else None
+        return Failure("usage_limit", clean(line).strip().splitlines()[0][:300], resets)
 
     def summary(self, stdout: str, stderr: str, prompt: str) -> str:
         errors = self._errors(stdout)

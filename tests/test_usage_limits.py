@@ -1,0 +1,390 @@
+"""An agent CLI's usage limit is a wait, not a failure (issue #29 items 1-2), with the REAL CLIs
+pointed at scripted servers that answer as the real service does when a usage window is used up:
+
+- Claude Code on a subscription (CLAUDE_CODE_OAUTH_TOKEN): HTTP 429 `rate_limit_error` with the
+  `anthropic-ratelimit-unified-*` headers; the CLI prints a `rate_limit_event` (status rejected,
+  resetsAt) and "You've hit your session limit · resets 6:27am (UTC)".
+- Codex: HTTP 429 `usage_limit_reached` with `resets_at` / `resets_in_seconds`; the CLI prints
+  "You've hit your usage limit. ... try again at 6:27 AM." (local time, minute precision).
+- Gemini CLI: 429 RESOURCE_EXHAUSTED with QuotaFailure and RetryInfo; opencode and aider: a 429
+  that outlasts their own retries.
+
+The loop sleeps until the reset (status `sleeping`, `usage_limit`), wakes, and finishes with no
+failure counted and no step run twice; a stop hook ends the wait; `max_limit_wait_seconds` caps
+it (exit 4); `fallback_agents` carries on with the next agent. Windows are a few seconds long; no
+assertion is about elapsed time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiro.executors import agents
+from tests.agent_clis import CLIS, CODEX_PRICE, Cli, task_text
+from tests.agent_clis_more import MORE_CLIS
+from tests.conftest import FAST_CONFIG, Workspace
+from tests.fakes import HttpError, Recorded
+from tests.fakes import anthropic as fa
+from tests.fakes import chat as fc
+from tests.fakes import gemini as fg
+from tests.fakes import responses as fr
+
+TASK = "Specs/feature/tasks.md"
+OAUTH = "sk-ant-oat01-fake-subscription-token"
+
+
+class Window:
+    """A usage window on a fake: from the first request, for `seconds`, every request is answered
+    with the service's limit answer for a reset at the window's end; then the model answers again."""
+
+    def __init__(self, seconds: float, limit: Callable[[float], HttpError]) -> None:
+        self.seconds = seconds
+        self.limit = limit
+        self.ends: float | None = None
+        self.limited = 0
+        self.lock = threading.Lock()
+
+    def wrap(self, brain: Callable[[Recorded], Any]) -> Callable[[Recorded], Any]:
+        def answer(rec: Recorded) -> Any:
+            with self.lock:
+                if self.ends is None:
+                    self.ends = time.time() + self.seconds
+                limited = time.time() < self.ends
+                self.limited += limited
+            return self.limit(self.ends) if limited else brain(rec)
+        return answer
+
+
+def start(name: str, home: Path) -> Cli:
+    home.mkdir(parents=True, exist_ok=True)
+    cli = CLIS[name](home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    cli.start()
+    return cli
+
+
+def env_of(cli: Cli) -> dict[str, str]:
+    """The CLI's environment; Claude Code on a subscription (a login token, not an API key): usage
+    windows are a subscription's, and only then does it read the unified rate-limit headers."""
+    env = cli.env()
+    if cli.name == "claude":
+        del env["ANTHROPIC_API_KEY"]
+        env["CLAUDE_CODE_OAUTH_TOKEN"] = OAUTH
+    return env
+
+
+LIMITS: dict[str, Callable[[float], HttpError]] = {"claude": fa.usage_limit, "codex": fr.usage_limit}
+
+
+def limit_window(cli: Cli, seconds: float) -> Window:
+    window = Window(seconds, LIMITS[cli.name])
+    assert cli.server is not None
+    cli.server.brain = window.wrap(cli.server.brain)  # type: ignore[attr-defined]
+    return window
+
+
+@pytest.fixture(params=["claude", "codex"])
+def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[Cli]:
+    agent = start(request.param, cli_home)
+    yield agent
+    agent.close()
+
+
+def configure(ws: Workspace, cli: Cli, extra: str = "") -> None:
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"agent: {cli.name}\n" + CODEX_PRICE + extra)
+
+
+def kiro_json(ws: Workspace, env: dict[str, str], *args: str) -> Any:
+    r = ws.kiro(*args, "--json", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_loop_sleeps_through_a_usage_limit_wakes_and_finishes_with_no_failure(ws: Workspace, cli: Cli) -> None:
+    ws.task(task_text(2))
+    configure(ws, cli)
+    window = limit_window(cli, 4)
+    env = ws.env(**env_of(cli))
+    proc = ws.spawn("loop", "start", "--task", TASK, env=env)
+    try:
+        tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
+        ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=120, what="the loop to sleep")
+        progress = kiro_json(ws, env, "loop", "progress", "--task-id", tid)
+        status = kiro_json(ws, env, "loop", "status", "--task-id", tid)
+        print("progress --json while limited:", {k: progress[k] for k in ("status", "sleeping_because",
+                                                                         "sleep_until", "sleep_note")})
+        assert code_of(proc, 180) == 0, ws.output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert progress["status"] == "sleeping" and progress["sleeping_because"] == "usage_limit", progress
+    assert progress["sleep_note"].startswith(f"{cli.name} limit, resumes "), progress
+    assert progress["sleep_until"], progress
+    row = status[0] if isinstance(status, list) else status
+    assert row["status"] == "sleeping" and row["sleep_note"] == progress["sleep_note"], row
+    state = ws.state(tid)
+    assert state["status"] == "completed"
+    assert state["total_failures"] == 0 and state["failed_steps"] == [], state["failed_steps"]
+    assert [(c["step_id"], c["attempts"], c["agent"]) for c in state["completed_steps"]] == \
+        [("1", 1, cli.name), ("2", 1, cli.name)]  # each step once, on its first attempt
+    events = ws.events(tid)
+    limits = [e for e in events if e["event"] == "usage_limit"]
+    assert limits and all(e["agent"] == cli.name and e["step_id"] == "1" for e in limits), limits
+    assert window.ends is not None
+    if cli.name == "claude":  # the exact reset it gave (resetsAt); codex prints the minute only
+        assert limits[0]["resets_at"].startswith(time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(window.ends)))
+    else:
+        assert limits[0]["resets_at"] is not None
+    assert [e["step_id"] for e in events if e["event"] == "step_started"] == ["1", "2"]  # no step started twice
+    waits = [e for e in events if e["event"] == "guardrail_triggered"]
+    assert waits and all(w["limit"] == "usage_limit" and w["figure"] == cli.name for w in waits), waits
+    ran = [(e["step_id"], e["outcome"]) for e in events if e["event"] == "agent_ran"]
+    assert ran[-2:] == [("1", "completed"), ("2", "completed")] and ("1", "usage_limit") in ran, ran
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()  # the limited run's own output is kept
+    assert "# failure: usage_limit" in log, log[:2000]
+    print(f"{cli.name}: {window.limited} limited answers, then done; limit said: {limits[0]['message']!r}")
+
+
+def code_of(proc: Any, timeout: float) -> int:
+    return int(proc.wait(timeout=timeout))
+
+
+def test_a_stop_hook_ends_the_wait_for_a_usage_limit(ws: Workspace, cli_home: Path) -> None:
+    cli = start("claude", cli_home)
+    try:
+        ws.task(task_text(1))
+        configure(ws, cli)
+        limit_window(cli, 3600)
+        proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**env_of(cli)))
+        try:
+            tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
+            ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=120, what="the loop to sleep")
+            board = ws.root / "Dashboard.md"  # the dashboard says whose limit and when it resumes
+            ws.wait_for(lambda: board.exists() and "(claude limit, resumes " in board.read_text(), timeout=30,
+                        what="Dashboard.md to show the limit")
+            shown = ws.kiro("loop", "status", "--task-id", tid, env=ws.env(**env_of(cli)))
+            assert "usage_limit" in shown.stdout and "claude limit, resumes" in shown.stdout, shown.stdout
+            began = time.monotonic()
+            ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "enough\n")
+            code = code_of(proc, 60)
+            print(f"the loop ended {time.monotonic() - began:.2f} s after the stop hook was written")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert code == 3, ws.output(proc)
+        state = ws.state(tid)
+        assert state["status"] == "paused" and state["total_failures"] == 0, state  # a stop hook pauses
+        assert "- [ ] 1." in (ws.root / TASK).read_text()
+    finally:
+        cli.close()
+
+
+def test_a_reset_beyond_max_limit_wait_seconds_ends_the_loop_with_exit_4(ws: Workspace, cli_home: Path) -> None:
+    cli = start("claude", cli_home)
+    try:
+        ws.task(task_text(1))
+        configure(ws, cli, "max_limit_wait_seconds: 600\n")
+        limit_window(cli, 3 * 3600)
+        r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**env_of(cli)), timeout=180)
+        assert r.returncode == 4, r.stdout + r.stderr
+        state = ws.state(ws.only_task_id())
+        assert state["stop_reason"] == "max_limit_wait_seconds" and state["total_failures"] == 0, state
+        stops = [e for e in ws.events(state["task_id"]) if e["event"] == "guardrail_triggered"]
+        assert stops and stops[-1]["limit"] == "max_limit_wait_seconds" and stops[-1]["action"] == "stop", stops
+        assert "max_limit_wait_seconds 600" in r.stdout + r.stderr
+    finally:
+        cli.close()
+
+
+def test_fallback_agents_finish_the_task_while_the_first_is_limited(ws: Workspace, cli_home: Path) -> None:
+    claude = start("claude", cli_home / "claude")
+    codex = start("codex", cli_home / "codex")
+    try:
+        ws.task(task_text(2))
+        configure(ws, claude, "fallback_agents: [codex]\n")
+        limit_window(claude, 3600)
+        env = ws.env(**{**codex.env(), **env_of(claude)})  # HOME: claude's; codex reads CODEX_HOME
+        r = ws.kiro("loop", "start", "--task", TASK, env=env, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        tid = ws.only_task_id()
+        state = ws.state(tid)
+        assert state["total_failures"] == 0
+        assert [(c["step_id"], c["attempts"], c["agent"]) for c in state["completed_steps"]] == \
+            [("1", 1, "codex"), ("2", 1, "codex")]
+        events = ws.events(tid)
+        ran = [(e["step_id"], e["agent"], e["outcome"]) for e in events if e["event"] == "agent_ran"]
+        assert ran == [("1", "claude", "usage_limit"), ("1", "codex", "completed"), ("2", "codex", "completed")], ran
+        limits = [e for e in events if e["event"] == "usage_limit"]
+        assert [(e["agent"], e["fallback"]) for e in limits] == [("claude", "codex")], limits
+        assert not [e for e in events if e["event"] == "guardrail_triggered"]  # no sleep: codex was there
+        stats = kiro_json(ws, env, "loop", "stats")
+        by_agent = stats["by_agent"]
+        assert by_agent["claude"]["usage_limits"] == 1 and by_agent["claude"]["completed"] == 0, by_agent
+        assert by_agent["codex"]["completed"] == 2 and by_agent["codex"]["prompt_tokens"] > 0, by_agent
+        print("stats by agent:", by_agent)
+    finally:
+        claude.close()
+        codex.close()
+
+
+def test_the_step_goes_back_to_the_first_agent_when_its_window_resets(ws: Workspace, cli_home: Path) -> None:
+    """Claude limited for 2 s: step 1 goes to codex; a verify command that takes 8 s lets the window
+    (and kiro's margin after the reset) pass, so step 2 is claude's again."""
+    claude = start("claude", cli_home / "claude")
+    codex = start("codex", cli_home / "codex")
+    try:
+        ws.task(task_text(2))
+        configure(ws, claude, "fallback_agents: [codex]\nverify: sleep 8\n")
+        limit_window(claude, 2)
+        env = ws.env(**{**codex.env(), **env_of(claude)})
+        r = ws.kiro("loop", "start", "--task", TASK, env=env, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        state = ws.state(ws.only_task_id())
+        assert [(c["step_id"], c["agent"]) for c in state["completed_steps"]] == [("1", "codex"), ("2", "claude")]
+        assert state["total_failures"] == 0
+    finally:
+        claude.close()
+        codex.close()
+
+
+# -- recognition from the real output of gemini, opencode and aider ------------------------------
+
+
+def run_cli(name: str, home: Path, error: HttpError) -> tuple[agents.Failure | None, str, float]:
+    """Run the real CLI by its preset's command line against its fake answering `error`; what the
+    preset reads from its output, the output, and when it ran."""
+
+    cli = {**MORE_CLIS, **CLIS}[name](home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    cli.error = error
+    cli.start()
+    vault = home / "vault"
+    vault.mkdir(exist_ok=True)
+    subprocess.run(["git", "init", "-q", str(vault)], check=True)  # aider works in a git repository
+    try:
+        preset = agents.get(name)
+        inv = agents.Invocation(vault / "prompt.md", vault / "tasks.md", "1", vault)
+        (vault / "prompt.md").write_text("Say hello.\n")
+        env = {**os.environ, **env_of(cli), **preset.env(inv)}
+        began = time.time()
+        done = subprocess.run(preset.argv(inv), input="Say hello.\n", capture_output=True, text=True, env=env,
+                              cwd=vault, timeout=240)
+    finally:
+        cli.close()
+    failure = preset.classify_failure(done.returncode, done.stdout, done.stderr)
+    assert failure is not None, done.stdout[-2000:]
+    return preset.usage_limit(done.stdout, done.stderr), done.stdout + done.stderr, began
+
+
+def test_gemini_quota_with_a_retry_delay_is_a_usage_limit_with_its_reset(cli_home: Path) -> None:
+    limit, out, began = run_cli("gemini", cli_home, fg.quota(3600))
+    assert limit is not None and limit.kind == "usage_limit", out[-2000:]
+    assert "exceeded your current quota" in limit.line
+    assert limit.resets_at is not None and 3590 < limit.resets_at.timestamp() - began < 3700, limit
+    print("gemini:", limit)
+
+
+def test_gemini_daily_quota_is_a_usage_limit_without_a_reset_time(cli_home: Path) -> None:
+    limit, out, _ = run_cli("gemini", cli_home, fg.quota(20, per="Day"))
+    assert limit is not None and limit.kind == "usage_limit", out[-2000:]
+    assert "exhausted your daily quota" in limit.line and limit.resets_at is None, limit
+
+
+def test_opencode_429_that_outlasts_its_retries_is_a_usage_limit_at_its_retry_after(cli_home: Path) -> None:
+    """opencode retries a 429 five times itself, each after the server's retry-after (so it is 1 s
+    here), then prints the error with the response headers."""
+    error = fc.error(429, "Rate limit reached for requests", "rate_limit_exceeded")
+    error.headers["retry-after"] = "1"
+    limit, out, began = run_cli("opencode", cli_home, error)
+    assert limit is not None and limit.kind == "usage_limit", out[-2000:]
+    assert "Rate limit reached" in limit.line and limit.resets_at is not None, limit
+    assert began < limit.resets_at.timestamp() < time.time() + 5, limit
+    print("opencode:", limit)
+
+
+def test_aider_rate_limit_after_its_own_retries_is_a_usage_limit(cli_home: Path) -> None:
+    """aider retries a RateLimitError for about a minute itself, then prints it (no reset time). (A
+    used-up balance, "check your plan and billing", is left a failed attempt: it does not reset.)"""
+    error = fc.error(429, "Rate limit reached for requests", "rate_limit_exceeded")
+    limit, out, _ = run_cli("aider", cli_home, error)
+    assert limit is not None and limit.kind == "usage_limit" and limit.resets_at is None, out[-2000:]
+    assert limit.line.startswith("litellm.RateLimitError"), limit
+    print("aider:", limit)
+
+
+def test_claude_on_an_api_key_429_stays_a_rate_limit(cli_home: Path) -> None:
+    """An API key's 429 is a rate limit the CLI and the loop retry, not a subscription's window."""
+    cli = CLIS["claude"](cli_home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    preset = agents.get("claude")
+    cli.error = fa.usage_limit(time.time() + 3600)
+    cli.start()
+    try:
+        env = {**os.environ, **cli.env()}
+        done = subprocess.run(["claude", "-p", "--output-format", "stream-json", "--verbose"], input="hi",
+                              capture_output=True, text=True, env=env, cwd=cli_home, timeout=120)
+    finally:
+        cli.close()
+    assert preset.usage_limit(done.stdout, done.stderr) is None, done.stdout[-1500:]
+    failure = preset.classify_failure(done.returncode, done.stdout, done.stderr)
+    assert failure is not None and failure.kind == "rate_limit", failure
+
+
+@pytest.mark.parametrize(("text", "expect"), [
+    ("6:27 AM", (6, 27)), ("11:05 PM", (23, 5)), ("12:00 AM", (0, 0)), ("Nov 30th, 2026 6:27 AM", (6, 27)),
+])
+def test_codex_reset_times_read_in_local_time(text: str, expect: tuple[int, int]) -> None:
+    when = agents.local_clock(text)
+    assert when is not None and (when.hour, when.minute) == expect
+    if "Nov" in text:
+        assert (when.year, when.month, when.day) == (2026, 11, 30)
+    assert agents.local_clock("later") is None
+
+
+@pytest.mark.parametrize(("frontmatter", "expect"), [
+    ({"agent": "claude", "fallback_agents": ["codex", "gemini"]}, None),
+    ({"agent": "claude", "fallback_agents": ["claude"]}, "'claude' is named twice"),
+    ({"fallback_agents": "codex"}, "Input should be a valid list"),
+    ({"fallback_agents": ["cursor"]}, "fallback_agents.0: Input should be"),
+    ({"executor": "openai", "fallback_agents": ["codex"]}, "run by the command executor"),
+])
+def test_fallback_agents_in_a_task_frontmatter(tmp_path: Path, frontmatter: dict[str, Any], expect: str | None) -> None:
+    from kiro.errors import ConfigError
+    from kiro.store.config import resolve_config
+
+    def resolve() -> Any:
+        return resolve_config(workspace_root=tmp_path, frontmatter=frontmatter, task_path=tmp_path / "tasks.md",
+                              env={})
+
+    if expect is None:
+        assert resolve().fallback_agents == ["codex", "gemini"]
+        return
+    with pytest.raises(ConfigError) as caught:
+        resolve()
+    assert expect in str(caught.value), caught.value
+
+
+def test_the_run_time_limit_ends_a_usage_limit_wait_as_timed_out_not_failed(ws: Workspace, cli_home: Path) -> None:
+    cli = start("claude", cli_home)
+    try:
+        ws.task(task_text(1))
+        configure(ws, cli)
+        limit_window(cli, 3600)
+        r = ws.kiro("loop", "start", "--task", TASK, "--timeout", "15", env=ws.env(**env_of(cli)), timeout=180)
+        state = ws.state(ws.only_task_id())
+        assert state["status"] == "timed_out" and state["total_failures"] == 0, (r.returncode, state["status"])
+        assert len(cli.server.requests) <= 3, len(cli.server.requests)  # no calls spun while the time ran out
+    finally:
+        cli.close()
