@@ -7,6 +7,10 @@
   `--permission-mode bypassPermissions` (and `--dangerously-skip-permissions`) exit 1 when run as
   root, so kiro does not use them. Bash needs `--allowedTools`: kiro allows `Bash(<cmd>:*)` for
   each entry of `tools.shell.allow` when `tools.shell.enabled`, and the file tools always.
+- `--setting-sources project,local`: the person's own `~/.claude/settings.json` is not loaded, so
+  their global hooks (a Stop hook that keeps a session going), plugins and permission rules do not
+  run inside an unattended step; the project's `.claude/settings.json` and `settings.local.json` still
+  apply. (`--bare` would skip the project's too and never read a login; `--safe-mode` drops CLAUDE.md.)
 - Endpoint and auth: `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` (or a logged-in `claude`).
 """
 
@@ -35,7 +39,8 @@ class ClaudePreset(Preset):
     name = "claude"
     program = "claude"
     install = "npm install -g @anthropic-ai/claude-code"
-    command = "claude -p --output-format stream-json --verbose --permission-mode acceptEdits"
+    command = ("claude -p --output-format stream-json --verbose --permission-mode acceptEdits "
+               "--setting-sources project,local")
     idle_timeout_seconds = 600.0
     env_keys = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
 

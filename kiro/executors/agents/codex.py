@@ -4,6 +4,11 @@
   `turn.completed` with `usage`, `turn.failed` / `error` with the message).
 - `--full-auto` is gone from current Codex: `--sandbox workspace-write` lets it edit the project
   and run commands in it; `--skip-git-repo-check` lets it run outside a git repository.
+- `--disable goals`: current Codex offers the model `create_goal`/`get_goal`/`update_goal` tools in
+  `codex exec` and keeps goals in `$CODEX_HOME/goals_1.sqlite`; kiro's step is the goal, so the model
+  gets no tools to set a standing objective of its own. (A fresh `codex exec` starts a new thread and
+  did not take up an earlier thread's active goal in our tests; `codex exec resume` would, and kiro
+  never runs it.)
 - Endpoint and auth: `OPENAI_API_KEY`, or a model provider in `$CODEX_HOME/config.toml`
   (`model_provider`, `[model_providers.NAME] base_url = ..., wire_api = "responses"`).
 - Codex reports tokens, not money: kiro prices them with `llm.prices[<model>]`, where the model is
@@ -29,7 +34,7 @@ class CodexPreset(Preset):
     name = "codex"
     program = "codex"
     install = "npm install -g @openai/codex"
-    command = "codex exec --json --color never --sandbox workspace-write --skip-git-repo-check"
+    command = "codex exec --json --color never --sandbox workspace-write --skip-git-repo-check --disable goals"
     idle_timeout_seconds = 600.0
     env_keys = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME")
 
