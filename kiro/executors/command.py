@@ -54,6 +54,14 @@ class CommandExecutor(ExecutorBase):
             idle = self.preset.idle_timeout_seconds
         self.idle_timeout = idle
         self._check_program()
+        # which credential the CLI bills, and the variables kept from it (agent_env): said at start
+        self.billing = agents.billing(self.preset, config)
+
+    def billing_line(self) -> str | None:
+        """The start line's account of the credential, for a preset kiro knows (or variables it drops)."""
+        if isinstance(self.preset, agents.CommandLine) and not self.billing.dropped:
+            return None
+        return f"agent {self.billing.line()}"
 
     def _check_program(self) -> None:
         """Fail before the loop starts (no iteration spent, no box marked in progress) when the agent
@@ -94,6 +102,7 @@ class CommandExecutor(ExecutorBase):
         argv = self.preset.argv(inv, self.argv)
         env = step_env(ctx)
         env.update(self.preset.env(inv))
+        self.billing.apply(env)
         if uses_file:
             atomic_write(prompt_file, text, fsync=False)
             env["KIRO_PROMPT_FILE"] = str(prompt_file)
@@ -183,6 +192,7 @@ class CommandExecutor(ExecutorBase):
             f"# agent: {self.preset.name}",
             f"# command: {' '.join(argv)}",
             f"# cwd: {ctx.project_dir}",
+            f"# credential: {self.billing.line()}",
             f"# result: {how} after {seconds:.3f} s",
         ]
         if failure is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from kiro.errors import ConfigError
@@ -234,6 +234,38 @@ class TemporalBackend(_Strict):
     heartbeat_seconds: float = Field(5.0, gt=0, le=60)  # a worker's step heartbeats; lost after 3 missed
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class AgentEnv(_Strict):
+    """Which of kiro's environment variables reach an agent CLI (kiro.executors.agents.billing). By
+    default a CLI that has a login gets none of the API key variables it would bill instead of that
+    login (Claude Code bills ANTHROPIC_API_KEY before a subscription); `pass` lets such a variable
+    through (the key is billed, and the start line says so); `drop` keeps any variable from the CLI."""
+
+    # `pass` is a Python keyword: the field is pass_, read and written as `pass`
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True, populate_by_name=True,
+                              serialize_by_alias=True)
+
+    drop: list[str] = Field(default_factory=list)
+    pass_: list[str] = Field(default_factory=list, alias="pass")
+
+    @field_validator("drop", "pass_")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not _ENV_NAME.match(name)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _not_both(self) -> AgentEnv:
+        both = sorted(set(self.drop) & set(self.pass_))
+        if both:
+            raise ValueError(f"{both[0]} is under both drop and pass; keep it in one")
+        return self
+
+
 class Config(_Strict):
     """The whole of `config/autonomous_loop.yaml`; every key has a default."""
 
@@ -260,9 +292,11 @@ class Config(_Strict):
     isolation: Literal["none", "worktree"] = "none"
     merge: Literal["manual", "auto"] = "manual"
     backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
+    agent_env: AgentEnv = Field(default_factory=AgentEnv)  # what reaches an agent CLI (kiro.executors.agents.billing)
 
     _empty_sections = field_validator(
-        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", mode="before"
+        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
+        mode="before"
     )(_none_is_empty)
 
     @field_validator("backend", mode="before")
@@ -311,6 +345,7 @@ class Config(_Strict):
 FRONTMATTER_KEYS: dict[str, str] = {
     "executor": "executor",
     "agent": "agent",
+    "agent_env": "agent_env",
     "verify": "verify",
     "max_iterations": "autonomous_loop.max_iterations",
     "failure_threshold": "autonomous_loop.failure_threshold",

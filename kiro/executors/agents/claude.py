@@ -11,12 +11,18 @@
   their global hooks (a Stop hook that keeps a session going), plugins and permission rules do not
   run inside an unattended step; the project's `.claude/settings.json` and `settings.local.json` still
   apply. (`--bare` would skip the project's too and never read a login; `--safe-mode` drops CLAUDE.md.)
-- Endpoint and auth: `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` (or a logged-in `claude`).
+- Endpoint and auth: `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` (or a logged-in `claude`). In `-p`
+  mode (Claude Code 2.1.197's bundle, its `Ty()`/`dI()`: `if (nonInteractive && ANTHROPIC_API_KEY)
+  return {source: "ANTHROPIC_API_KEY"}`) it takes ANTHROPIC_AUTH_TOKEN (a bearer token), then
+  ANTHROPIC_API_KEY (x-api-key), then CLAUDE_CODE_OAUTH_TOKEN (a subscription token from `claude
+  setup-token`), then the login in `$CLAUDE_CONFIG_DIR/.credentials.json` (`~/.claude/`; the keychain
+  on macOS, which kiro cannot see): a key variable is billed before a subscription.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from kiro.executors.agents import (
@@ -25,9 +31,12 @@ from kiro.executors.agents import (
     Preset,
     clean,
     error_line,
+    home_path,
     json_lines,
     last_event,
     last_line,
+    read_json,
+    shown,
     tail,
 )
 from kiro.executors.base import Usage
@@ -43,6 +52,18 @@ class ClaudePreset(Preset):
                "--setting-sources project,local")
     idle_timeout_seconds = 600.0
     env_keys = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+    key_vars = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
+
+    def login(self, env: Mapping[str, str]) -> str | None:
+        if env.get("CLAUDE_CODE_OAUTH_TOKEN"):
+            return "the subscription token in CLAUDE_CODE_OAUTH_TOKEN"
+        folder = Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else home_path(env, ".claude")
+        path = folder / ".credentials.json"
+        data = read_json(path)
+        oauth = data.get("claudeAiOauth") if isinstance(data, dict) else None
+        if isinstance(oauth, dict) and oauth.get("accessToken"):
+            return shown(path, env)
+        return None
 
     def extra_args(self) -> list[str]:
         tools = list(FILE_TOOLS)

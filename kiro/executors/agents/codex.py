@@ -11,6 +11,10 @@
   never runs it.)
 - Endpoint and auth: `OPENAI_API_KEY`, or a model provider in `$CODEX_HOME/config.toml`
   (`model_provider`, `[model_providers.NAME] base_url = ..., wire_api = "responses"`).
+- Credentials (Codex 0.171, tried against a scripted server): with the built-in `openai` provider
+  `codex exec` takes CODEX_API_KEY first, then `$CODEX_HOME/auth.json` (a ChatGPT login, or a key
+  saved by `codex login --with-api-key`); OPENAI_API_KEY is not read by it (only by a custom provider
+  whose `env_key` names it, and such a provider uses that variable alone).
 - Codex reports tokens, not money: kiro prices them with `llm.prices[<model>]`, where the model is
   the `-m/--model` of the command line, else `model` in `$CODEX_HOME/config.toml`.
 """
@@ -19,11 +23,23 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.agents import (
+    Credential,
+    Failure,
+    Invocation,
+    Preset,
+    clean,
+    error_line,
+    json_lines,
+    last_line,
+    read_json,
+    shown,
+    tail,
+)
 from kiro.executors.base import Usage
 
 if TYPE_CHECKING:
@@ -37,6 +53,7 @@ class CodexPreset(Preset):
     command = "codex exec --json --color never --sandbox workspace-write --skip-git-repo-check --disable goals"
     idle_timeout_seconds = 600.0
     env_keys = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME")
+    key_vars = ("CODEX_API_KEY",)
 
     def __init__(self, config: Config | None = None) -> None:
         super().__init__(config)
@@ -58,6 +75,50 @@ class CodexPreset(Preset):
 
     def env(self, inv: Invocation) -> dict[str, str]:
         return {"NO_COLOR": "1"}
+
+    @staticmethod
+    def _home(env: Mapping[str, str]) -> Path:
+        return Path(env.get("CODEX_HOME") or Path(env.get("HOME") or Path.home()) / ".codex")
+
+    def _auth(self, env: Mapping[str, str]) -> tuple[Path, dict[str, Any]]:
+        path = self._home(env) / "auth.json"
+        data = read_json(path)
+        return path, data if isinstance(data, dict) else {}
+
+    def _provider_key(self, env: Mapping[str, str]) -> str | None:
+        """The `env_key` of a custom model provider that config.toml selects (it uses that variable alone)."""
+        try:
+            data = tomllib.loads((self._home(env) / "config.toml").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        name = data.get("model_provider")
+        providers = data.get("model_providers")
+        if not isinstance(name, str) or name == "openai" or not isinstance(providers, dict):
+            return None
+        provider = providers.get(name)
+        key = provider.get("env_key") if isinstance(provider, dict) else None
+        return key if isinstance(key, str) else None
+
+    def login(self, env: Mapping[str, str]) -> str | None:
+        if self._provider_key(env) is not None:
+            return None
+        path, data = self._auth(env)
+        tokens = data.get("tokens")
+        if isinstance(tokens, dict) and tokens.get("access_token"):
+            return f"ChatGPT login in {shown(path, env)}"
+        return None
+
+    def credential(self, env: Mapping[str, str]) -> Credential:
+        key = self._provider_key(env)
+        if key is not None:
+            return Credential("api_key", key) if env.get(key) else Credential(
+                "unknown", f"no credential found: its model provider reads {key}, which is not set")
+        found = super().credential(env)
+        if found.kind == "unknown":
+            path, data = self._auth(env)
+            if data.get("OPENAI_API_KEY"):
+                return Credential("api_key", f"{shown(path, env)} (saved by codex login --with-api-key)")
+        return found
 
     def model(self, argv: list[str] | None = None) -> str | None:
         argv = argv if argv is not None else self._argv or self.template()
