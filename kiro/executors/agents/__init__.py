@@ -42,6 +42,7 @@ PRESETS: dict[str, str] = {
     "aider": "kiro.executors.agents.aider:AiderPreset",
     "gemini": "kiro.executors.agents.gemini:GeminiPreset",
     "opencode": "kiro.executors.agents.opencode:OpencodePreset",
+    "qwen": "kiro.executors.agents.qwen:QwenPreset",
 }
 NAMES = tuple(PRESETS)
 PLACEHOLDERS = ("{prompt_file}", "{task_file}", "{step_id}", "{project_dir}")
@@ -439,7 +440,7 @@ def resolve(config: Config) -> tuple[Preset, list[str]]:
         preset = get(config.agent, config)
         return preset, preset.template()
     raise ExecutorError(
-        "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode; "
+        "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode, qwen; "
         "see `kiro agents`) or `executor_command: \"my-agent ...\"` in config/autonomous_loop.yaml, "
         "--agent NAME, or KIRO_AGENT / KIRO_EXECUTOR_COMMAND"
     )

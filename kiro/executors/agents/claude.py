@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kiro.executors.agents import (
     Failure,
@@ -51,8 +51,8 @@ class ClaudePreset(Preset):
     command = ("claude -p --output-format stream-json --verbose --permission-mode acceptEdits "
                "--setting-sources project,local")
     idle_timeout_seconds = 600.0
-    env_keys = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
-    key_vars = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
+    env_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+    key_vars: ClassVar[tuple[str, ...]] = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
 
     def login(self, env: Mapping[str, str]) -> str | None:
         if env.get("CLAUDE_CODE_OAUTH_TOKEN"):
