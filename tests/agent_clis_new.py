@@ -4,8 +4,9 @@ OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL): the harness of tests/test_agen
 shape as tests/agent_clis.py: a HOME it owns in the test-homes folder, and a model that checks the
 step's box with the CLI's own tools (`read_file`, then `edit`).
 
-GitHub Copilot CLI (npm @github/copilot) has no preset: see the README's note (it could be pointed at
-a scripted server with COPILOT_PROVIDER_BASE_URL, but no preset was built and tested in time).
+GitHub Copilot CLI (npm @github/copilot) the same way: its "bring your own key" provider
+(COPILOT_PROVIDER_BASE_URL, COPILOT_OFFLINE=true: no GitHub login or traffic) on the same fake,
+its tools `view` and `edit`.
 """
 
 from __future__ import annotations
@@ -60,4 +61,38 @@ class Qwen(Cli):
         return len([r for r in self.server.calls() if "edit" in fc.tool_names(r.body)])
 
 
-NEW_CLIS: dict[str, Callable[[Path], Cli]] = {"qwen": Qwen}
+class Copilot(Cli):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__("copilot", "copilot", "@github/copilot", tmp)
+
+    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
+        if self.error is not None:
+            return self.error
+        usage = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens}
+        if "edit" not in fc.tool_names(rec.body):  # a side call: not the agent's turn
+            return fc.Reply("kiro step", **usage)
+        done = len(fc.tool_results(rec.body))
+        path, old, new = parse_prompt(fc.user_text(rec.body))
+        plan = [*self.extra, ("view", {"path": path}), ("edit", {"path": path, "old_str": old, "new_str": new})]
+        if done < len(plan):
+            name, args = plan[done]
+            return fc.Reply(None, [fc.tool_call(name, args)], **usage)
+        return fc.Reply(f"Checked the box: {new}", **usage)
+
+    def start(self) -> FakeServer:
+        self.server = fc.FakeChat(self.brain).start()
+        (self.tmp / "copilot-home").mkdir(exist_ok=True)
+        return self.server
+
+    def env(self) -> dict[str, str]:
+        assert self.server is not None
+        return {"HOME": str(self.tmp / "copilot-home"), "COPILOT_OFFLINE": "true",
+                "COPILOT_PROVIDER_BASE_URL": f"{self.server.url}/v1", "COPILOT_PROVIDER_API_KEY": "sk-test-key",
+                "COPILOT_MODEL": fc.MODEL}
+
+    def calls(self) -> int:
+        assert isinstance(self.server, fc.FakeChat)
+        return len([r for r in self.server.calls() if "edit" in fc.tool_names(r.body)])
+
+
+NEW_CLIS: dict[str, Callable[[Path], Cli]] = {"qwen": Qwen, "copilot": Copilot}

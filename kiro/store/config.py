@@ -273,7 +273,7 @@ class Config(_Strict):
     resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
     executor: Literal["openai", "command", "shell"] | None = None
     executor_command: str | None = None
-    agent: Literal["claude", "codex", "aider", "gemini", "opencode", "qwen"] | None = None
+    agent: Literal["claude", "codex", "aider", "gemini", "opencode", "qwen", "copilot"] | None = None
     agent_args: list[str] = Field(default_factory=list)
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
     step_timeout_seconds: float = Field(1800.0, gt=0)

@@ -43,6 +43,7 @@ PRESETS: dict[str, str] = {
     "gemini": "kiro.executors.agents.gemini:GeminiPreset",
     "opencode": "kiro.executors.agents.opencode:OpencodePreset",
     "qwen": "kiro.executors.agents.qwen:QwenPreset",
+    "copilot": "kiro.executors.agents.copilot:CopilotPreset",
 }
 NAMES = tuple(PRESETS)
 PLACEHOLDERS = ("{prompt_file}", "{task_file}", "{step_id}", "{project_dir}")
@@ -341,7 +342,11 @@ class Preset:
                                   stdin=subprocess.DEVNULL, env={**os.environ, "NO_COLOR": "1"})
         except (OSError, subprocess.SubprocessError):
             return None
-        return last_line(done.stdout) or last_line(done.stderr)
+        return self.version_line(done.stdout) or last_line(done.stderr)
+
+    def version_line(self, stdout: str) -> str | None:
+        """The version in what `--version` printed: its last line, unless the CLI says otherwise."""
+        return last_line(stdout)
 
 
 class LineWatch:
@@ -440,7 +445,7 @@ def resolve(config: Config) -> tuple[Preset, list[str]]:
         preset = get(config.agent, config)
         return preset, preset.template()
     raise ExecutorError(
-        "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode, qwen; "
+        "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode, qwen, copilot; "
         "see `kiro agents`) or `executor_command: \"my-agent ...\"` in config/autonomous_loop.yaml, "
         "--agent NAME, or KIRO_AGENT / KIRO_EXECUTOR_COMMAND"
     )
