@@ -113,7 +113,8 @@ def test_agent_env_drop_in_task_frontmatter_keeps_a_variable_from_the_cli(ws: Wo
     r = ws.kiro("loop", "start", "--task", TASK, env=env, timeout=240)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
-    assert "claude no credential found" in out and "not passed to it (agent_env.drop): ANTHROPIC_API_KEY" in out, out
+    assert "claude has no credential kiro can see (set ANTHROPIC_API_KEY or log it in)" in out, out
+    assert "not passed to it (agent_env.drop): ANTHROPIC_API_KEY" in out, out
     assert claude.server is not None
     assert not credentials_seen(claude.server.requests)  # nothing was billed
     assert API_KEY not in out

@@ -325,8 +325,8 @@ class Preset:
         login = self.login(env)
         if login is not None:
             return Credential("login", login)
-        return Credential("unknown", f"no credential found (set {self.key_vars[0]} or log it in)" if self.key_vars
-                          else "credential: not known to kiro (its own config decides)")
+        return Credential("unknown", f"has no credential kiro can see (set {self.key_vars[-1]} or log it in)"
+                          if self.key_vars else "takes its credential from its own config (kiro cannot tell which)")
 
     # -- the installed CLI -----------------------------------------------------------------
 

@@ -82,7 +82,7 @@ class AiderPreset(Preset):
         keys = [name for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY") if env.get(name)]
         if keys:
             return Credential("api_key", f"{' / '.join(keys)} (the model's provider picks)")
-        return Credential("unknown", "no API key variable found (its .aider.conf.yml or .env may hold one)")
+        return Credential("unknown", "has no API key variable set (its .aider.conf.yml or .env may hold one)")
 
     def __init__(self, config: Config | None = None) -> None:
         super().__init__(config)

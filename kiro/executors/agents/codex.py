@@ -112,7 +112,7 @@ class CodexPreset(Preset):
         key = self._provider_key(env)
         if key is not None:
             return Credential("api_key", key) if env.get(key) else Credential(
-                "unknown", f"no credential found: its model provider reads {key}, which is not set")
+                "unknown", f"has no credential: its model provider reads {key}, which is not set")
         found = super().credential(env)
         if found.kind == "unknown":
             path, data = self._auth(env)

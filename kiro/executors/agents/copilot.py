@@ -75,11 +75,11 @@ class CopilotPreset(Preset):
             for name in PROVIDER_KEYS:
                 if env.get(name):
                     return Credential("api_key", f"{name} (its provider at COPILOT_PROVIDER_BASE_URL)")
-            return Credential("unknown", "its provider at COPILOT_PROVIDER_BASE_URL, with no key variable")
+            return Credential("unknown", "uses its provider at COPILOT_PROVIDER_BASE_URL with no key variable set")
         for name in GITHUB_TOKENS:
             if env.get(name):
                 return Credential("login", f"the GitHub Copilot account of the token in {name}")
-        return Credential("login", "its stored GitHub /login, if any (kiro cannot see the keychain)")
+        return Credential("login", "a stored GitHub /login, if there is one: kiro cannot see it")
 
     # -- what came out -------------------------------------------------------------------------
 

@@ -101,12 +101,12 @@ class GeminiPreset(Preset):
             return Credential("login", self.login(env) or "Google login (none cached yet: it will fail unattended)")
         if chosen == "gemini-api-key":
             return Credential("api_key", "GEMINI_API_KEY") if env.get("GEMINI_API_KEY") else Credential(
-                "unknown", "no credential found: settings select gemini-api-key and GEMINI_API_KEY is not set")
+                "unknown", "has no credential: its settings select gemini-api-key and GEMINI_API_KEY is not set")
         if chosen == "vertex-ai":
             return Credential("api_key", "GOOGLE_API_KEY (Vertex AI)") if env.get("GOOGLE_API_KEY") else Credential(
                 "login", "Google Cloud credentials (Vertex AI)")
         if chosen is not None:
-            return Credential("unknown", f"auth type {chosen!r} (its settings or environment)")
+            return Credential("unknown", f"uses auth type {chosen!r} (its settings or environment)")
         return super().credential(env)
 
     def env(self, inv: Any) -> dict[str, str]:

@@ -73,7 +73,7 @@ class OpencodePreset(Preset):
         keys = [name for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY") if env.get(name)]
         if keys:
             return Credential("api_key", f"{' / '.join(keys)} (the model's provider picks)")
-        return Credential("unknown", "credential: its opencode.json provider config decides")
+        return Credential("unknown", "takes its credential from its opencode.json provider config")
 
     def template(self) -> list[str]:
         return [*super().template(), "--title", "kiro {step_id}"]

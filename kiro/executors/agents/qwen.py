@@ -90,11 +90,11 @@ class QwenPreset(ClaudePreset):
             return Credential("login", self.login(env) or "Qwen OAuth (no login cached: it will fail unattended)")
         if chosen == "openai":
             return Credential("api_key", "OPENAI_API_KEY") if env.get("OPENAI_API_KEY") else Credential(
-                "unknown", "settings select openai and OPENAI_API_KEY is not set (or a key in its settings)")
+                "unknown", "has its settings select openai with OPENAI_API_KEY not set (a key in its settings, if any)")
         if chosen is not None:
-            return Credential("unknown", f"auth type {chosen!r} (its settings)")
-        return Credential("unknown", "no auth type found (set OPENAI_API_KEY, OPENAI_MODEL and OPENAI_BASE_URL, "
-                                     "or log it in)")
+            return Credential("unknown", f"uses auth type {chosen!r} (its settings)")
+        return Credential("unknown", "has no auth type kiro can see (set OPENAI_API_KEY, OPENAI_MODEL and "
+                                     "OPENAI_BASE_URL, or log it in)")
 
     # -- what came out -------------------------------------------------------------------------
 
