@@ -38,3 +38,4 @@ def agents(
         console.line(f"  idle timeout: {idle:g} s" if isinstance(idle, int | float) else "  idle timeout: off")
         if row["env"]:
             console.line(f"  reads: {', '.join(row['env'])}")
+        console.line(f"  credential: {row['billing']}")

@@ -72,6 +72,12 @@ def run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
     for r in runs:
         for w in r.warnings:
             console.warning(w)
+    from kiro.executors.command import CommandExecutor
+
+    for r in runs:  # which credential an agent CLI bills, in plain sight (agent_env)
+        said = r.executor.billing_line() if isinstance(r.executor, CommandExecutor) else None
+        if said:  # even with --quiet: a billed key is never silent
+            console.line(said)
     outcomes = asyncio.run(run_loops(runs, listeners))
     for o in outcomes:
         msg = f"{o.task_id}: {o.status} ({o.reason}) - {o.message}"

@@ -50,8 +50,10 @@ RESET_MARGIN_SECONDS = 5.0  # after the reset a CLI gave (doubled each time it i
 class _Agent:
     """One agent CLI the executor may hand a step to, and its usage-limit window."""
 
-    def __init__(self, preset: agents.Preset, argv: list[str], idle_timeout: float | None) -> None:
+    def __init__(self, preset: agents.Preset, argv: list[str], idle_timeout: float | None,
+                 billing: agents.Billing) -> None:
         self.preset, self.argv, self.idle_timeout = preset, argv, idle_timeout
+        self.billing = billing  # the credential it bills, and the variables kept from it (agent_env)
         self.until = 0.0  # time.time() before which it is limited
         self.since = 0.0  # when the current run of limits began
         self.given = False  # `until` is the reset the CLI gave (not a probe)
@@ -95,17 +97,25 @@ class CommandExecutor(ExecutorBase):
             idle = self.preset.idle_timeout_seconds
         self.idle_timeout = idle
         self._check_program()
+        # which credential the CLI bills, and the variables kept from it (agent_env): said at start
+        self.billing = agents.billing(self.preset, config)
         # the configured agent first, then its fallbacks (their presets' own command lines, no agent_args)
-        self.agents = [_Agent(self.preset, self.argv, idle)]
+        self.agents = [_Agent(self.preset, self.argv, idle, self.billing)]
         own = config.model_copy(update={"agent_args": []})  # agent_args are the configured agent's
         for name in config.fallback_agents:
             preset = agents.get(name, own)
             idle = config.step_idle_timeout_seconds or preset.idle_timeout_seconds
-            fallback = _Agent(preset, preset.template(), idle)
+            fallback = _Agent(preset, preset.template(), idle, agents.billing(preset, config))
             if shutil.which(fallback.argv[0]) is None:
                 raise ExecutorError(f"fallback agent {name!r}: program {fallback.argv[0]!r} was not found on PATH; "
                                     f"install it with `{preset.install}` or remove it from fallback_agents")
             self.agents.append(fallback)
+
+    def billing_line(self) -> str | None:
+        """The start line's account of the credential, for a preset kiro knows (or variables it drops)."""
+        if isinstance(self.preset, agents.CommandLine) and not self.billing.dropped:
+            return None
+        return f"agent {self.billing.line()}"
 
     def _check_program(self) -> None:
         """Fail before the loop starts (no iteration spent, no box marked in progress) when the agent
@@ -199,6 +209,7 @@ class CommandExecutor(ExecutorBase):
         argv = preset.argv(inv, template)
         env = step_env(ctx)
         env.update(preset.env(inv))
+        agent.billing.apply(env)
         if uses_file:
             atomic_write(prompt_file, text, fsync=False)
             env["KIRO_PROMPT_FILE"] = str(prompt_file)
@@ -298,6 +309,7 @@ class CommandExecutor(ExecutorBase):
             f"# agent: {agent.preset.name}",
             f"# command: {' '.join(argv)}",
             f"# cwd: {ctx.project_dir}",
+            f"# credential: {agent.billing.line()}",
             f"# result: {how} after {seconds:.3f} s",
         ]
         if failure is not None:

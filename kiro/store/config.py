@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from kiro.errors import ConfigError
@@ -234,6 +234,41 @@ class TemporalBackend(_Strict):
     heartbeat_seconds: float = Field(5.0, gt=0, le=60)  # a worker's step heartbeats; lost after 3 missed
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class AgentEnv(_Strict):
+    """Which of kiro's environment variables reach an agent CLI (kiro.executors.agents.billing). By
+    default a CLI that has a login gets none of the API key variables it would bill instead of that
+    login (Claude Code bills ANTHROPIC_API_KEY before a subscription); `pass` lets such a variable
+    through (the key is billed, and the start line says so); `drop` keeps any variable from the CLI."""
+
+    # `pass` is a Python keyword: the field is pass_, read and written as `pass`
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True, populate_by_name=True,
+                              serialize_by_alias=True)
+
+    drop: list[str] = Field(default_factory=list)
+    pass_: list[str] = Field(default_factory=list, alias="pass")
+
+    @field_validator("drop", "pass_")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not _ENV_NAME.match(name)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _not_both(self) -> AgentEnv:
+        both = sorted(set(self.drop) & set(self.pass_))
+        if both:
+            raise ValueError(f"{both[0]} is under both drop and pass; keep it in one")
+        return self
+
+
+AgentName = Literal["claude", "codex", "aider", "gemini", "opencode", "qwen", "copilot"]  # the presets
+
+
 class Config(_Strict):
     """The whole of `config/autonomous_loop.yaml`; every key has a default."""
 
@@ -241,7 +276,7 @@ class Config(_Strict):
     resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
     executor: Literal["openai", "command", "shell"] | None = None
     executor_command: str | None = None
-    agent: Literal["claude", "codex", "aider", "gemini", "opencode"] | None = None
+    agent: AgentName | None = None
     agent_args: list[str] = Field(default_factory=list)
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
     step_timeout_seconds: float = Field(1800.0, gt=0)
@@ -264,13 +299,15 @@ class Config(_Strict):
     backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
     # While `agent` is at its usage limit, steps go to these agents in turn (their own presets; not
     # agent_args), and back to `agent` when its window resets (kiro.executors.command).
-    fallback_agents: list[Literal["claude", "codex", "aider", "gemini", "opencode"]] = Field(default_factory=list)
+    fallback_agents: list[AgentName] = Field(default_factory=list)
     # The longest an agent CLI's usage limit is waited out (until its reset, or probed without one);
     # a longer wait ends the loop (exit 4, stop_reason max_limit_wait_seconds). 8 h: a night.
     max_limit_wait_seconds: float = Field(28800.0, gt=0, le=30 * 86400)
+    agent_env: AgentEnv = Field(default_factory=AgentEnv)  # what reaches an agent CLI (kiro.executors.agents.billing)
 
     _empty_sections = field_validator(
-        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", mode="before"
+        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
+        mode="before"
     )(_none_is_empty)
 
     @field_validator("backend", mode="before")
@@ -332,6 +369,7 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "executor": "executor",
     "agent": "agent",
     "fallback_agents": "fallback_agents",
+    "agent_env": "agent_env",
     "verify": "verify",
     "max_iterations": "autonomous_loop.max_iterations",
     "failure_threshold": "autonomous_loop.failure_threshold",

@@ -22,7 +22,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -46,6 +46,8 @@ PRESETS: dict[str, str] = {
     "aider": "kiro.executors.agents.aider:AiderPreset",
     "gemini": "kiro.executors.agents.gemini:GeminiPreset",
     "opencode": "kiro.executors.agents.opencode:OpencodePreset",
+    "qwen": "kiro.executors.agents.qwen:QwenPreset",
+    "copilot": "kiro.executors.agents.copilot:CopilotPreset",
 }
 NAMES = tuple(PRESETS)
 PLACEHOLDERS = ("{prompt_file}", "{task_file}", "{step_id}", "{project_dir}")
@@ -93,6 +95,79 @@ class Invocation:
     def fill(self, arg: str) -> str:
         return (arg.replace("{prompt_file}", str(self.prompt_file)).replace("{task_file}", str(self.task_file))
                 .replace("{step_id}", self.step_id).replace("{project_dir}", str(self.project_dir)))
+
+
+CredentialKind = Literal["api_key", "login", "unknown"]
+
+
+@dataclass(frozen=True)
+class Credential:
+    """What an agent CLI will authenticate with, as far as kiro can tell before it runs: an API key
+    (`source` names the variable or file, never the value), a login the CLI keeps (a subscription),
+    or `unknown` (none found, or one kiro cannot see, such as a keychain)."""
+
+    kind: CredentialKind
+    source: str
+
+    def said(self) -> str:
+        if self.kind == "api_key":
+            return f"bills the API key in {self.source}"
+        if self.kind == "login":
+            return f"uses its login ({self.source})"
+        return self.source
+
+
+@dataclass(frozen=True)
+class Billing:
+    """The credential an agent CLI will use once kiro has shaped its environment (`agent_env`), and the
+    variables kept from it. Never holds a variable's value."""
+
+    agent: str
+    credential: Credential
+    dropped: tuple[str, ...] = ()  # variables of kiro's environment the CLI does not get
+    kept_from_login: tuple[str, ...] = ()  # of those, the API keys it would have billed before its login
+
+    def line(self) -> str:
+        """The start line's account: `claude uses its login (~/.claude/.credentials.json); kiro keeps
+        ANTHROPIC_API_KEY from it (agent_env: {pass: [ANTHROPIC_API_KEY]} bills the key instead)`."""
+        text = f"{self.agent} {self.credential.said()}"
+        if self.kept_from_login:
+            names = ", ".join(self.kept_from_login)
+            text += (f"; kiro keeps {names} from it, which it would bill before its login "
+                     f"(agent_env: {{pass: [{self.kept_from_login[0]}]}} bills the key instead)")
+        other = [v for v in self.dropped if v not in self.kept_from_login]
+        if other:
+            text += f"; not passed to it (agent_env.drop): {', '.join(other)}"
+        return text
+
+    def apply(self, env: dict[str, str]) -> dict[str, str]:
+        for name in self.dropped:
+            env.pop(name, None)
+        return env
+
+
+def home_path(env: Mapping[str, str], *parts: str) -> Path:
+    """A path under the HOME the CLI will see (its HOME variable, else this process's)."""
+    return Path(env.get("HOME") or Path.home(), *parts)
+
+
+def shown(path: Path, env: Mapping[str, str]) -> str:
+    """A path as a person reads it: `~/.claude/.credentials.json`."""
+    home = env.get("HOME") or str(Path.home())
+    try:
+        return "~/" + str(path.relative_to(home))
+    except ValueError:
+        return str(path)
+
+
+def read_json(path: Path) -> Any:
+    """A small JSON file the CLI keeps (settings, a login's metadata), or None; never raises."""
+    try:
+        if path.stat().st_size > 1_000_000:
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def clean(text: str) -> str:
@@ -204,6 +279,7 @@ class Preset:
     command: ClassVar[str] = ""  # the command-line template
     idle_timeout_seconds: ClassVar[float | None] = 600.0
     env_keys: ClassVar[tuple[str, ...]] = ()  # the variables it reads (auth, endpoint), for docs and `kiro agents`
+    key_vars: ClassVar[tuple[str, ...]] = ()  # API key variables it uses before its own login, in its order
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
 
     def __init__(self, config: Config | None = None) -> None:
@@ -281,6 +357,30 @@ class Preset:
     def fix(self, failure: Failure) -> str:
         return FIX.get(failure.kind, "").format(program=self.program or "the agent")
 
+    # -- which credential it bills ---------------------------------------------------------
+
+    def login(self, env: Mapping[str, str]) -> str | None:
+        """The login the CLI keeps (a subscription), as a person would name it, if kiro can see one."""
+        return None
+
+    def keys_over_login(self, env: Mapping[str, str]) -> list[str]:
+        """The API key variables set in `env` that the CLI would bill although it has a login."""
+        if self.login(env) is None:
+            return []
+        return [name for name in self.key_vars if env.get(name)]
+
+    def credential(self, env: Mapping[str, str]) -> Credential:
+        """What the CLI will authenticate with, given the environment it gets: the first of its key
+        variables that is set, else its login."""
+        for name in self.key_vars:
+            if env.get(name):
+                return Credential("api_key", name)
+        login = self.login(env)
+        if login is not None:
+            return Credential("login", login)
+        return Credential("unknown", f"has no credential kiro can see (set {self.key_vars[-1]} or log it in)"
+                          if self.key_vars else "takes its credential from its own config (kiro cannot tell which)")
+
     # -- the installed CLI -----------------------------------------------------------------
 
     def installed(self) -> str | None:
@@ -295,7 +395,11 @@ class Preset:
                                   stdin=subprocess.DEVNULL, env={**os.environ, "NO_COLOR": "1"})
         except (OSError, subprocess.SubprocessError):
             return None
-        return last_line(done.stdout) or last_line(done.stderr)
+        return self.version_line(done.stdout) or last_line(done.stderr)
+
+    def version_line(self, stdout: str) -> str | None:
+        """The version in what `--version` printed: its last line, unless the CLI says otherwise."""
+        return last_line(stdout)
 
 
 class LineWatch:
@@ -394,10 +498,27 @@ def resolve(config: Config) -> tuple[Preset, list[str]]:
         preset = get(config.agent, config)
         return preset, preset.template()
     raise ExecutorError(
-        "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode; "
+        "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode, qwen, copilot; "
         "see `kiro agents`) or `executor_command: \"my-agent ...\"` in config/autonomous_loop.yaml, "
         "--agent NAME, or KIRO_AGENT / KIRO_EXECUTOR_COMMAND"
     )
+
+
+def billing(preset: Preset, config: Config, environ: Mapping[str, str] | None = None) -> Billing:
+    """Which credential `preset`'s CLI will bill, and which of kiro's variables it does not get.
+
+    The default never bills a key silently: when the CLI has a login and an API key variable that it
+    would use before that login is set (Claude Code's ANTHROPIC_API_KEY, Codex's CODEX_API_KEY), the
+    variable is kept from it and the login is used; `agent_env.pass` lets such a variable through.
+    With no login the key is used. Either way the start line and `kiro agents` say which.
+    `agent_env.drop` keeps any variable from the CLI."""
+    environ = os.environ if environ is None else environ
+    passed = set(config.agent_env.pass_)
+    dropped = [name for name in config.agent_env.drop if name in environ]
+    over = [name for name in preset.keys_over_login(environ) if name not in passed and name not in dropped]
+    dropped += over
+    env = {k: v for k, v in environ.items() if k not in dropped}
+    return Billing(preset.name, preset.credential(env), tuple(dropped), tuple(over))
 
 
 def describe(config: Config | None = None) -> list[dict[str, Any]]:
@@ -425,4 +546,7 @@ def describe(config: Config | None = None) -> list[dict[str, Any]]:
             "idle_timeout_seconds": idle, "env": list(preset.env_keys), "install": preset.install,
             "selected": chosen,
         })
+        bill = billing(preset, preset.config)
+        rows[-1].update({"credential": bill.credential.kind, "credential_source": bill.credential.source,
+                         "billing": bill.line(), "kept_from_agent": list(bill.dropped)})
     return rows

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kiro.errors import ExecutorError
-from kiro.executors.agents import Failure, FailureKind, Invocation, Preset, clean, last_line, tail
+from kiro.executors.agents import Credential, Failure, FailureKind, Invocation, Preset, clean, last_line, tail
 from kiro.executors.base import Usage
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from kiro.store.config import Config
 
@@ -77,6 +77,13 @@ class AiderPreset(Preset):
                "--message-file {prompt_file} --file {task_file}")
     idle_timeout_seconds = 600.0
     env_keys = ("OPENAI_API_BASE", "OPENAI_API_KEY", "AIDER_MODEL", "ANTHROPIC_API_KEY", "GEMINI_API_KEY")
+
+    def credential(self, env: Mapping[str, str]) -> Credential:
+        """aider has no login: litellm takes the key variable of the model's provider."""
+        keys = [name for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY") if env.get(name)]
+        if keys:
+            return Credential("api_key", f"{' / '.join(keys)} (the model's provider picks)")
+        return Credential("unknown", "has no API key variable set (its .aider.conf.yml or .env may hold one)")
 
     def __init__(self, config: Config | None = None) -> None:
         super().__init__(config)

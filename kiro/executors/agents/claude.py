@@ -7,20 +7,30 @@
   `--permission-mode bypassPermissions` (and `--dangerously-skip-permissions`) exit 1 when run as
   root, so kiro does not use them. Bash needs `--allowedTools`: kiro allows `Bash(<cmd>:*)` for
   each entry of `tools.shell.allow` when `tools.shell.enabled`, and the file tools always.
-- Endpoint and auth: `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` (or a logged-in `claude`).
 - Usage limits: a subscription (a login, `CLAUDE_CODE_OAUTH_TOKEN`) answered HTTP 429 with the
   `anthropic-ratelimit-unified-*` headers prints a `rate_limit_event` whose `rate_limit_info` has
   `status: "rejected"`, `rateLimitType` and `resetsAt` (seconds since 1970), then a result with
   `is_error`, `api_error_status: 429` and the text "You've hit your session limit · resets 6:27am
   (UTC)"; it does not retry it. An API key's 429 ("API Error: Request rejected (429) · ...") is a
   rate limit, retried by the loop as a failed attempt.
+- `--setting-sources project,local`: the person's own `~/.claude/settings.json` is not loaded, so
+  their global hooks (a Stop hook that keeps a session going), plugins and permission rules do not
+  run inside an unattended step; the project's `.claude/settings.json` and `settings.local.json` still
+  apply. (`--bare` would skip the project's too and never read a login; `--safe-mode` drops CLAUDE.md.)
+- Endpoint and auth: `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY` (or a logged-in `claude`). In `-p`
+  mode (Claude Code 2.1.197's bundle, its `Ty()`/`dI()`: `if (nonInteractive && ANTHROPIC_API_KEY)
+  return {source: "ANTHROPIC_API_KEY"}`) it takes ANTHROPIC_AUTH_TOKEN (a bearer token), then
+  ANTHROPIC_API_KEY (x-api-key), then CLAUDE_CODE_OAUTH_TOKEN (a subscription token from `claude
+  setup-token`), then the login in `$CLAUDE_CONFIG_DIR/.credentials.json` (`~/.claude/`; the keychain
+  on macOS, which kiro cannot see): a key variable is billed before a subscription.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
 
 from kiro.executors.agents import (
     Failure,
@@ -29,9 +39,12 @@ from kiro.executors.agents import (
     clean,
     epoch,
     error_line,
+    home_path,
     json_lines,
     last_event,
     last_line,
+    read_json,
+    shown,
     tail,
 )
 from kiro.executors.base import Usage
@@ -46,9 +59,22 @@ class ClaudePreset(Preset):
     name = "claude"
     program = "claude"
     install = "npm install -g @anthropic-ai/claude-code"
-    command = "claude -p --output-format stream-json --verbose --permission-mode acceptEdits"
+    command = ("claude -p --output-format stream-json --verbose --permission-mode acceptEdits "
+               "--setting-sources project,local")
     idle_timeout_seconds = 600.0
-    env_keys = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+    env_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+    key_vars: ClassVar[tuple[str, ...]] = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
+
+    def login(self, env: Mapping[str, str]) -> str | None:
+        if env.get("CLAUDE_CODE_OAUTH_TOKEN"):
+            return "the subscription token in CLAUDE_CODE_OAUTH_TOKEN"
+        folder = Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else home_path(env, ".claude")
+        path = folder / ".credentials.json"
+        data = read_json(path)
+        oauth = data.get("claudeAiOauth") if isinstance(data, dict) else None
+        if isinstance(oauth, dict) and oauth.get("accessToken"):
+            return shown(path, env)
+        return None
 
     def extra_args(self) -> list[str]:
         tools = list(FILE_TOOLS)

@@ -4,8 +4,17 @@
   `turn.completed` with `usage`, `turn.failed` / `error` with the message).
 - `--full-auto` is gone from current Codex: `--sandbox workspace-write` lets it edit the project
   and run commands in it; `--skip-git-repo-check` lets it run outside a git repository.
+- `--disable goals`: current Codex offers the model `create_goal`/`get_goal`/`update_goal` tools in
+  `codex exec` and keeps goals in `$CODEX_HOME/goals_1.sqlite`; kiro's step is the goal, so the model
+  gets no tools to set a standing objective of its own. (A fresh `codex exec` starts a new thread and
+  did not take up an earlier thread's active goal in our tests; `codex exec resume` would, and kiro
+  never runs it.)
 - Endpoint and auth: `OPENAI_API_KEY`, or a model provider in `$CODEX_HOME/config.toml`
   (`model_provider`, `[model_providers.NAME] base_url = ..., wire_api = "responses"`).
+- Credentials (Codex 0.171, tried against a scripted server): with the built-in `openai` provider
+  `codex exec` takes CODEX_API_KEY first, then `$CODEX_HOME/auth.json` (a ChatGPT login, or a key
+  saved by `codex login --with-api-key`); OPENAI_API_KEY is not read by it (only by a custom provider
+  whose `env_key` names it, and such a provider uses that variable alone).
 - Codex reports tokens, not money: kiro prices them with `llm.prices[<model>]`, where the model is
   the `-m/--model` of the command line, else `model` in `$CODEX_HOME/config.toml`.
 - Usage limits: a 429 whose body says `"type": "usage_limit_reached"` (with `resets_at` /
@@ -19,11 +28,12 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiro.executors.agents import (
+    Credential,
     Failure,
     Invocation,
     Preset,
@@ -32,6 +42,8 @@ from kiro.executors.agents import (
     json_lines,
     last_line,
     local_clock,
+    read_json,
+    shown,
     tail,
 )
 from kiro.executors.base import Usage
@@ -48,9 +60,10 @@ class CodexPreset(Preset):
     name = "codex"
     program = "codex"
     install = "npm install -g @openai/codex"
-    command = "codex exec --json --color never --sandbox workspace-write --skip-git-repo-check"
+    command = "codex exec --json --color never --sandbox workspace-write --skip-git-repo-check --disable goals"
     idle_timeout_seconds = 600.0
     env_keys = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME")
+    key_vars = ("CODEX_API_KEY",)
 
     def __init__(self, config: Config | None = None) -> None:
         super().__init__(config)
@@ -72,6 +85,50 @@ class CodexPreset(Preset):
 
     def env(self, inv: Invocation) -> dict[str, str]:
         return {"NO_COLOR": "1"}
+
+    @staticmethod
+    def _home(env: Mapping[str, str]) -> Path:
+        return Path(env.get("CODEX_HOME") or Path(env.get("HOME") or Path.home()) / ".codex")
+
+    def _auth(self, env: Mapping[str, str]) -> tuple[Path, dict[str, Any]]:
+        path = self._home(env) / "auth.json"
+        data = read_json(path)
+        return path, data if isinstance(data, dict) else {}
+
+    def _provider_key(self, env: Mapping[str, str]) -> str | None:
+        """The `env_key` of a custom model provider that config.toml selects (it uses that variable alone)."""
+        try:
+            data = tomllib.loads((self._home(env) / "config.toml").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        name = data.get("model_provider")
+        providers = data.get("model_providers")
+        if not isinstance(name, str) or name == "openai" or not isinstance(providers, dict):
+            return None
+        provider = providers.get(name)
+        key = provider.get("env_key") if isinstance(provider, dict) else None
+        return key if isinstance(key, str) else None
+
+    def login(self, env: Mapping[str, str]) -> str | None:
+        if self._provider_key(env) is not None:
+            return None
+        path, data = self._auth(env)
+        tokens = data.get("tokens")
+        if isinstance(tokens, dict) and tokens.get("access_token"):
+            return f"ChatGPT login in {shown(path, env)}"
+        return None
+
+    def credential(self, env: Mapping[str, str]) -> Credential:
+        key = self._provider_key(env)
+        if key is not None:
+            return Credential("api_key", key) if env.get(key) else Credential(
+                "unknown", f"has no credential: its model provider reads {key}, which is not set")
+        found = super().credential(env)
+        if found.kind == "unknown":
+            path, data = self._auth(env)
+            if data.get("OPENAI_API_KEY"):
+                return Credential("api_key", f"{shown(path, env)} (saved by codex login --with-api-key)")
+        return found
 
     def model(self, argv: list[str] | None = None) -> str | None:
         argv = argv if argv is not None else self._argv or self.template()

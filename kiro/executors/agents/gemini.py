@@ -11,6 +11,11 @@
   a cached Google login; `GOOGLE_GEMINI_BASE_URL` points it at another Gemini API server (https,
   or http on localhost); `GEMINI_MODEL` / `-m` picks the model (without one it routes each request
   between models with an extra model call). `GEMINI_CLI_HOME` moves its config folder.
+- Credentials (its bundle's `validateNonInteractiveAuth`: `configuredAuthType || getAuthTypeFromEnv()`):
+  `security.auth.selectedType` in settings.json decides (`oauth-personal` is the Google login in
+  `~/.gemini/oauth_creds.json`, `gemini-api-key` is GEMINI_API_KEY); without one, the environment in
+  this order: GOOGLE_GENAI_USE_GCA=true (login), GOOGLE_GENAI_USE_VERTEXAI=true, GOOGLE_GEMINI_BASE_URL
+  (a gateway), GEMINI_API_KEY. So a key is billed before a login only when no type is selected.
 - It reports tokens, not money: kiro prices them with `llm.prices[<model>]` (the model names in the
   result's stats).
 - Exit codes: 0 ok, 1 general or API error, 41 auth, 42 bad input, 52 bad config, 53 turn limit;
@@ -25,10 +30,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kiro.executors.agents import (
+    Credential,
     Failure,
     FailureKind,
     Preset,
@@ -38,6 +46,8 @@ from kiro.executors.agents import (
     json_lines,
     last_event,
     last_line,
+    read_json,
+    shown,
     tail,
 )
 from kiro.executors.base import Usage
@@ -63,6 +73,53 @@ class GeminiPreset(Preset):
     idle_timeout_seconds = 600.0
     env_keys = ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GEMINI_MODEL", "GOOGLE_API_KEY",
                 "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_CLOUD_PROJECT", "GEMINI_CLI_HOME")
+
+    key_vars = ("GEMINI_API_KEY",)
+
+    @staticmethod
+    def _folder(env: Mapping[str, str]) -> Path:
+        return Path(env.get("GEMINI_CLI_HOME") or env.get("HOME") or Path.home()) / ".gemini"
+
+    def _selected(self, env: Mapping[str, str]) -> str | None:
+        data = read_json(self._folder(env) / "settings.json")
+        if not isinstance(data, dict):
+            return None
+        auth = data.get("security", {}).get("auth", {}) if isinstance(data.get("security"), dict) else {}
+        chosen = auth.get("selectedType") if isinstance(auth, dict) else None
+        chosen = chosen or data.get("selectedAuthType")  # the older settings layout
+        return chosen if isinstance(chosen, str) else None
+
+    def login(self, env: Mapping[str, str]) -> str | None:
+        path = self._folder(env) / "oauth_creds.json"
+        return f"Google login in {shown(path, env)}" if path.is_file() else None
+
+    def keys_over_login(self, env: Mapping[str, str]) -> list[str]:
+        if self._selected(env) is not None:  # its settings choose: nothing is billed by surprise
+            return []
+        return super().keys_over_login(env)
+
+    def credential(self, env: Mapping[str, str]) -> Credential:
+        chosen = self._selected(env)
+        if chosen is None:
+            if env.get("GOOGLE_GENAI_USE_GCA") == "true":
+                chosen = "oauth-personal"
+            elif env.get("GOOGLE_GENAI_USE_VERTEXAI") == "true":
+                chosen = "vertex-ai"
+            elif env.get("GOOGLE_GEMINI_BASE_URL"):
+                chosen = "gateway"
+            elif env.get("GEMINI_API_KEY"):
+                chosen = "gemini-api-key"
+        if chosen == "oauth-personal":
+            return Credential("login", self.login(env) or "Google login (none cached yet: it will fail unattended)")
+        if chosen == "gemini-api-key":
+            return Credential("api_key", "GEMINI_API_KEY") if env.get("GEMINI_API_KEY") else Credential(
+                "unknown", "has no credential: its settings select gemini-api-key and GEMINI_API_KEY is not set")
+        if chosen == "vertex-ai":
+            return Credential("api_key", "GOOGLE_API_KEY (Vertex AI)") if env.get("GOOGLE_API_KEY") else Credential(
+                "login", "Google Cloud credentials (Vertex AI)")
+        if chosen is not None:
+            return Credential("unknown", f"uses auth type {chosen!r} (its settings or environment)")
+        return super().credential(env)
 
     def env(self, inv: Any) -> dict[str, str]:
         return {"NO_COLOR": "1"}

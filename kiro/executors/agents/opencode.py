@@ -10,15 +10,22 @@
   `"npm": "@ai-sdk/openai-compatible"` and `options.baseURL`; keys from `opencode auth login` or
   `{env:VAR}` in the config; `--model provider/model` or `model` in the config. Costs come from the
   model's `cost` in the config (or models.dev); kiro falls back to `llm.prices[<model>]`.
+- Credentials, per provider (its bundle merges them in this order, the last winning): the provider's
+  key variable from models.dev (ANTHROPIC_API_KEY ...), then `opencode auth login` entries in
+  `$XDG_DATA_HOME/opencode/auth.json` (`~/.local/share/opencode/auth.json`; an API key or an OAuth
+  login), then opencode.json's provider options. A login there is never passed over for a variable.
 - An unknown or bad flag makes it print its usage text and exit 1, with no error line of its own.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kiro.executors.agents import (
+    Credential,
     Failure,
     FailureKind,
     Invocation,
@@ -28,6 +35,8 @@ from kiro.executors.agents import (
     error_line,
     json_lines,
     last_line,
+    read_json,
+    shown,
     tail,
 )
 from kiro.executors.base import Usage
@@ -45,6 +54,28 @@ class OpencodePreset(Preset):
     command = "opencode run --format json --auto"
     idle_timeout_seconds = 600.0
     env_keys = ("OPENCODE_CONFIG", "OPENCODE_CONFIG_CONTENT", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+
+    def login(self, env: Mapping[str, str]) -> str | None:
+        data_home = Path(env["XDG_DATA_HOME"]) if env.get("XDG_DATA_HOME") else Path(
+            env.get("HOME") or Path.home(), ".local", "share")
+        path = data_home / "opencode" / "auth.json"
+        data = read_json(path)
+        if not isinstance(data, dict) or not data:
+            return None
+        kinds = [f"{name} ({entry.get('type')})" for name, entry in sorted(data.items()) if isinstance(entry, dict)]
+        return f"opencode auth login for {', '.join(kinds)} in {shown(path, env)}"
+
+    def keys_over_login(self, env: Mapping[str, str]) -> list[str]:
+        return []  # its auth.json entries win over the variables
+
+    def credential(self, env: Mapping[str, str]) -> Credential:
+        login = self.login(env)
+        if login is not None:
+            return Credential("login", login)
+        keys = [name for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY") if env.get(name)]
+        if keys:
+            return Credential("api_key", f"{' / '.join(keys)} (the model's provider picks)")
+        return Credential("unknown", "takes its credential from its opencode.json provider config")
 
     def template(self) -> list[str]:
         return [*super().template(), "--title", "kiro {step_id}"]

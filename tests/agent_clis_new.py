@@ -1,0 +1,98 @@
+"""Running the REAL Qwen Code CLI (npm @qwen-code/qwen-code) under kiro against the scripted Chat
+Completions server of tests/fakes (it speaks to any OpenAI-compatible endpoint, named by
+OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL): the harness of tests/test_agent_clis_new.py. Same
+shape as tests/agent_clis.py: a HOME it owns in the test-homes folder, and a model that checks the
+step's box with the CLI's own tools (`read_file`, then `edit`).
+
+GitHub Copilot CLI (npm @github/copilot) the same way: its "bring your own key" provider
+(COPILOT_PROVIDER_BASE_URL, COPILOT_OFFLINE=true: no GitHub login or traffic) on the same fake,
+its tools `view` and `edit`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.agent_clis import Cli, parse_prompt
+from tests.fakes import FakeServer, HttpError, Recorded
+from tests.fakes import chat as fc
+
+# $ per 1M tokens kiro prices the fake's model at (qwen reports tokens only)
+PRICE_IN, PRICE_OUT = 2.0, 10.0
+QWEN_PRICE = f"llm:\n  prices:\n    {fc.MODEL}: {{input_per_1m: {PRICE_IN}, output_per_1m: {PRICE_OUT}}}\n"
+
+
+class Qwen(Cli):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__("qwen", "qwen", "@qwen-code/qwen-code", tmp)
+
+    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
+        if self.error is not None:
+            return self.error
+        usage = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens}
+        if "edit" not in fc.tool_names(rec.body):  # a side call (a summary, a title): not the agent's turn
+            return fc.Reply("kiro step", **usage)
+        done = len(fc.tool_results(rec.body))
+        path, old, new = parse_prompt(fc.user_text(rec.body))
+        plan = [*self.extra, ("read_file", {"file_path": path}),
+                ("edit", {"file_path": path, "old_string": old, "new_string": new})]
+        if done < len(plan):
+            name, args = plan[done]
+            return fc.Reply(None, [fc.tool_call(name, args)], **usage)
+        return fc.Reply(f"Checked the box: {new}", **usage)
+
+    def start(self) -> FakeServer:
+        self.server = fc.FakeChat(self.brain).start()
+        settings = self.tmp / "qwen-home" / ".qwen" / "settings.json"
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps({"privacy": {"usageStatisticsEnabled": False},
+                                        "general": {"enableAutoUpdate": False}}))
+        return self.server
+
+    def env(self) -> dict[str, str]:
+        assert self.server is not None
+        return {"HOME": str(self.tmp / "qwen-home"), "OPENAI_BASE_URL": f"{self.server.url}/v1",
+                "OPENAI_API_KEY": "sk-test-key", "OPENAI_MODEL": fc.MODEL}
+
+    def calls(self) -> int:
+        assert isinstance(self.server, fc.FakeChat)
+        return len([r for r in self.server.calls() if "edit" in fc.tool_names(r.body)])
+
+
+class Copilot(Cli):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__("copilot", "copilot", "@github/copilot", tmp)
+
+    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
+        if self.error is not None:
+            return self.error
+        usage = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens}
+        if "edit" not in fc.tool_names(rec.body):  # a side call: not the agent's turn
+            return fc.Reply("kiro step", **usage)
+        done = len(fc.tool_results(rec.body))
+        path, old, new = parse_prompt(fc.user_text(rec.body))
+        plan = [*self.extra, ("view", {"path": path}), ("edit", {"path": path, "old_str": old, "new_str": new})]
+        if done < len(plan):
+            name, args = plan[done]
+            return fc.Reply(None, [fc.tool_call(name, args)], **usage)
+        return fc.Reply(f"Checked the box: {new}", **usage)
+
+    def start(self) -> FakeServer:
+        self.server = fc.FakeChat(self.brain).start()
+        (self.tmp / "copilot-home").mkdir(exist_ok=True)
+        return self.server
+
+    def env(self) -> dict[str, str]:
+        assert self.server is not None
+        return {"HOME": str(self.tmp / "copilot-home"), "COPILOT_OFFLINE": "true",
+                "COPILOT_PROVIDER_BASE_URL": f"{self.server.url}/v1", "COPILOT_PROVIDER_API_KEY": "sk-test-key",
+                "COPILOT_MODEL": fc.MODEL}
+
+    def calls(self) -> int:
+        assert isinstance(self.server, fc.FakeChat)
+        return len([r for r in self.server.calls() if "edit" in fc.tool_names(r.body)])
+
+
+NEW_CLIS: dict[str, Callable[[Path], Cli]] = {"qwen": Qwen, "copilot": Copilot}

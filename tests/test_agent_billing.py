@@ -1,0 +1,195 @@
+"""The billing source in plain sight (issue #29 item 3), with the REAL Claude Code and Codex CLIs on the
+scripted servers of tests/fakes: the server sees which credential arrived (Claude's `x-api-key` or
+`Authorization: Bearer`, Codex's bearer token), and kiro's start line, attempt log and `kiro agents`
+say the same, naming variables and never showing a key.
+
+Claude Code in `-p` mode bills ANTHROPIC_API_KEY before a logged-in subscription; Codex bills
+CODEX_API_KEY before a ChatGPT login. kiro's default: a CLI that has a login does not get those
+variables (said at start); `agent_env: {pass: [NAME]}` lets one through; with no login the key is
+used (said at start).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agent_clis import CODEX_PRICE, PROMPT_RE, Claude, Codex, task_text
+from tests.conftest import FAST_CONFIG, Workspace
+from tests.fakes import Recorded
+from tests.fakes import responses as fr
+
+TASK = "Specs/feature/tasks.md"
+API_KEY = "sk-ant-api03-kiro-billing-test-KEY"
+LOGIN_TOKEN = "sk-ant-oat01-kiro-billing-test-LOGIN"
+
+
+@pytest.fixture
+def claude(cli_home: Path) -> Iterator[Claude]:
+    cli = Claude(cli_home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    cli.start()
+    yield cli
+    cli.close()
+
+
+def log_in(home: Path) -> None:
+    """What `claude /login` leaves: a subscription's OAuth tokens in ~/.claude/.credentials.json."""
+    creds = home / ".claude" / ".credentials.json"
+    creds.parent.mkdir(parents=True, exist_ok=True)
+    creds.write_text(json.dumps({"claudeAiOauth": {
+        "accessToken": LOGIN_TOKEN, "refreshToken": "sk-ant-ort01-refresh",
+        "expiresAt": int(time.time() * 1000) + 86_400_000, "scopes": ["user:inference", "user:profile"],
+        "subscriptionType": "max"}}))
+
+
+def run_claude(ws: Workspace, cli: Claude, extra: str = "", **env: str) -> tuple[int, str]:
+    ws.task(task_text(1))
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n" + extra)
+    variables = {**cli.env(), **env}
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**variables, KIRO_RAISE_ERRORS="1"), timeout=240)
+    return r.returncode, r.stdout + r.stderr
+
+
+def credentials_seen(requests: list[Recorded]) -> set[str]:
+    seen = set()
+    for rec in requests:
+        headers = {k.lower(): v for k, v in rec.headers.items()}
+        if "x-api-key" in headers:
+            seen.add(f"x-api-key {headers['x-api-key']}")
+        if "authorization" in headers:
+            seen.add(headers["authorization"])
+    return seen
+
+
+def everything_written(ws: Workspace) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in (ws.root / "Logs").rglob("*") if p.is_file()) + \
+        "\n".join(p.read_text(errors="replace") for p in (ws.root / ".state").rglob("*.json") if p.is_file())
+
+
+def test_claude_with_a_login_and_an_api_key_uses_the_login_and_says_so(ws: Workspace, claude: Claude) -> None:
+    home = Path(claude.env()["HOME"])
+    log_in(home)
+    code, out = run_claude(ws, claude, ANTHROPIC_API_KEY=API_KEY)
+    assert code == 0, out
+    assert claude.server is not None
+    assert credentials_seen(claude.server.requests) == {f"Bearer {LOGIN_TOKEN}"}  # the key never went out
+    assert "claude uses its login (~/.claude/.credentials.json); kiro keeps ANTHROPIC_API_KEY from it" in out, out
+    assert "agent_env: {pass: [ANTHROPIC_API_KEY]}" in out
+    assert "# credential: claude uses its login" in everything_written(ws)
+    assert API_KEY not in out and API_KEY not in everything_written(ws)
+
+
+def test_agent_env_pass_bills_the_key_and_says_so(ws: Workspace, claude: Claude) -> None:
+    log_in(Path(claude.env()["HOME"]))
+    code, out = run_claude(ws, claude, "agent_env:\n  pass: [ANTHROPIC_API_KEY]\n", ANTHROPIC_API_KEY=API_KEY)
+    assert code == 0, out
+    assert claude.server is not None
+    assert credentials_seen(claude.server.requests) == {f"x-api-key {API_KEY}"}
+    assert "claude bills the API key in ANTHROPIC_API_KEY" in out, out
+    assert API_KEY not in out and API_KEY not in everything_written(ws)
+
+
+def test_with_only_an_api_key_claude_bills_it_and_says_so(ws: Workspace, claude: Claude) -> None:
+    code, out = run_claude(ws, claude, ANTHROPIC_API_KEY=API_KEY)
+    assert code == 0, out
+    assert claude.server is not None
+    assert credentials_seen(claude.server.requests) == {f"x-api-key {API_KEY}"}
+    assert "claude bills the API key in ANTHROPIC_API_KEY" in out and "keeps" not in out, out
+
+
+def test_agent_env_drop_in_task_frontmatter_keeps_a_variable_from_the_cli(ws: Workspace, claude: Claude) -> None:
+    """`drop` from the task's frontmatter: with no login left, claude has no credential and says so."""
+    ws.task(task_text(1).replace("title: Greeting\n", "title: Greeting\nagent_env:\n  drop: [ANTHROPIC_API_KEY]\n"))
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
+    env = ws.env(**{**claude.env(), "ANTHROPIC_API_KEY": API_KEY}, KIRO_RAISE_ERRORS="1")
+    r = ws.kiro("loop", "start", "--task", TASK, env=env, timeout=240)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "claude has no credential kiro can see (set ANTHROPIC_API_KEY or log it in)" in out, out
+    assert "not passed to it (agent_env.drop): ANTHROPIC_API_KEY" in out, out
+    assert claude.server is not None
+    assert not credentials_seen(claude.server.requests)  # nothing was billed
+    assert API_KEY not in out
+
+
+def test_kiro_agents_names_the_credential_and_never_shows_it(ws: Workspace, claude: Claude) -> None:
+    log_in(Path(claude.env()["HOME"]))
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
+    env = ws.env(**{**claude.env(), "ANTHROPIC_API_KEY": API_KEY})
+    r = ws.kiro("agents", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    row = {row["name"]: row for row in json.loads(r.stdout)}["claude"]
+    assert row["credential"] == "login" and row["kept_from_agent"] == ["ANTHROPIC_API_KEY"], row
+    text = ws.kiro("agents", env=env)
+    assert "credential: claude uses its login (~/.claude/.credentials.json)" in text.stdout, text.stdout
+    assert API_KEY not in r.stdout + text.stdout + text.stderr and LOGIN_TOKEN not in r.stdout + text.stdout
+
+
+# -- codex: a ChatGPT login in $CODEX_HOME/auth.json, and CODEX_API_KEY ---------------------------------
+
+
+def chatgpt_login(home: Path) -> str:
+    """What `codex login` leaves for a ChatGPT account: its tokens in auth.json (a JWT codex reads)."""
+    def part(data: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+    claims = {"email": "person@example.com", "exp": 4102444800,
+              "https://api.openai.com/auth": {"chatgpt_plan_type": "pro", "chatgpt_account_id": "acct-1"}}
+    token = f"{part({'alg': 'none'})}.{part(claims)}.signature"
+    (home / "auth.json").write_text(json.dumps({"OPENAI_API_KEY": None, "last_refresh": "2026-11-27T00:00:00Z",
+                                                "tokens": {"id_token": token, "access_token": token,
+                                                           "refresh_token": "rt", "account_id": "acct-1"}}))
+    return token
+
+
+@pytest.fixture
+def codex(cli_home: Path) -> Iterator[Codex]:
+    cli = Codex(cli_home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    server = cli.start()
+    answer = cli.brain
+
+    def brain(rec: Recorded) -> fr.Reply | Any:  # a call that is not the step's turn gets a plain answer
+        return answer(rec) if PROMPT_RE.search(fr.user_text(rec.body)) else fr.Reply([fr.message("ok")])
+
+    assert isinstance(server, fr.FakeResponses)
+    server.brain = brain
+    home = cli_home / "codex-home"  # the built-in openai provider, its endpoints moved to the fake
+    (home / "config.toml").write_text(f'model = "{fr.MODEL}"\nopenai_base_url = "{server.url}/v1"\n'
+                                      f'chatgpt_base_url = "{server.url}/backend-api/"\n')
+    yield cli
+    cli.close()
+
+
+@pytest.mark.parametrize("passed", [False, True], ids=["default", "agent_env-pass"])
+def test_codex_with_a_chatgpt_login_and_codex_api_key(ws: Workspace, codex: Codex, passed: bool) -> None:
+    home = Path(codex.env()["CODEX_HOME"])
+    token = chatgpt_login(home)
+    ws.task(task_text(1))
+    # with a ChatGPT login codex sends its requests zstd-compressed, which the fake does not read: the step
+    # counts by exit code, and what is asserted is the credential each request carried
+    extra = "command_success: exit_code\n" + ("agent_env:\n  pass: [CODEX_API_KEY]\n" if passed else "")
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: codex\n" + CODEX_PRICE + extra)
+    env = ws.env(**{**codex.env(), "CODEX_API_KEY": "sk-codex-billing-test-KEY"}, KIRO_RAISE_ERRORS="1")
+    env.pop("OPENAI_API_KEY", None)
+    r = ws.kiro("loop", "start", "--task", TASK, env=env, timeout=240)
+    out = r.stdout + r.stderr
+    assert codex.server is not None
+    assert r.returncode == 0, out
+    seen = credentials_seen(codex.server.requests)
+    if passed:
+        assert seen == {"Bearer sk-codex-billing-test-KEY"}, seen
+        assert "codex bills the API key in CODEX_API_KEY" in out, out
+    else:
+        assert seen == {f"Bearer {token}"}, seen
+        assert "codex uses its login (ChatGPT login in " in out and "kiro keeps CODEX_API_KEY from it" in out, out
+    assert "sk-codex-billing-test-KEY" not in out

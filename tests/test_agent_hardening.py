@@ -1,0 +1,86 @@
+"""Hardening from other loops' bugs (issue #29 item 4), with the REAL Claude Code and Codex CLIs on the
+scripted servers of tests/fakes:
+
+- a person's global Claude Code hooks must not run inside an unattended step (a Stop hook in
+  `~/.claude/settings.json` that blocks the stop hijacks the step, as ralph-wiggum's does);
+- Codex's goal tools (`create_goal`, a standing objective kept in `$CODEX_HOME`) are off in a step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agent_clis import CODEX_PRICE, Claude, Codex, task_text
+from tests.conftest import FAST_CONFIG, Workspace
+from tests.fakes import responses as fr
+
+TASK = "Specs/feature/tasks.md"
+
+
+@pytest.fixture
+def claude(cli_home: Path) -> Iterator[Claude]:
+    cli = Claude(cli_home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    cli.start()
+    yield cli
+    cli.close()
+
+
+@pytest.fixture
+def codex(cli_home: Path) -> Iterator[Codex]:
+    cli = Codex(cli_home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    cli.start()
+    yield cli
+    cli.close()
+
+
+def test_the_users_global_claude_stop_hook_does_not_run_in_a_step(ws: Workspace, claude: Claude) -> None:
+    env = claude.env()
+    marker = Path(env["HOME"]) / "stop-hook-ran"
+    hook = f"touch {marker}; echo '{{\"decision\": \"block\", \"reason\": \"keep going: rewrite it all\"}}'"
+    settings = Path(env["HOME"]) / ".claude" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"hooks": {
+        "Stop": [{"hooks": [{"type": "command", "command": hook}]}],
+        "UserPromptSubmit": [{"hooks": [{"type": "command", "command": f"touch {marker}"}]}],
+    }}))
+    ws.task(task_text(1))
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**env, KIRO_RAISE_ERRORS="1"), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not marker.exists(), "the global Stop/UserPromptSubmit hook ran inside kiro's step"
+    log = next((ws.root / "Logs").glob("*/1-1.log")).read_text()
+    assert "--setting-sources project,local" in log
+    print("tried a global Stop hook that blocks the stop and a UserPromptSubmit hook: neither ran")
+
+
+def test_a_projects_own_claude_hooks_still_run(ws: Workspace, claude: Claude) -> None:
+    """Only the person's global settings are left out: the project's .claude/settings.json applies."""
+    env = claude.env()
+    marker = Path(env["HOME"]) / "project-hook-ran"
+    ws.write(".claude/settings.json", json.dumps({"hooks": {
+        "UserPromptSubmit": [{"hooks": [{"type": "command", "command": f"touch {marker}"}]}]}}))
+    ws.task(task_text(1))
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**env, KIRO_RAISE_ERRORS="1"), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert marker.exists(), "the project's own hook did not run"
+
+
+def test_codex_steps_offer_the_model_no_goal_tools(ws: Workspace, codex: Codex) -> None:
+    ws.task(task_text(1))
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: codex\n" + CODEX_PRICE)
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**codex.env(), KIRO_RAISE_ERRORS="1"), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert isinstance(codex.server, fr.FakeResponses)
+    calls = codex.server.calls()
+    tools = {t.get("name") for rec in calls for t in rec.body.get("tools", []) if isinstance(t, dict)}
+    assert "exec_command" in tools, tools  # the tools were read: codex's own shell tool is there
+    assert not tools & {"create_goal", "get_goal", "update_goal"}, tools
