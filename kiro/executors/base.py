@@ -41,6 +41,7 @@ class StepResult:
     checked_by_executor: bool = False  # the external agent checked the step's box itself
     stop_reason: str | None = None  # for "interrupted": which stop condition cut the attempt short
     checkpoint: Any = None  # a checkpoints.Result made elsewhere (temporal backend: the worker's pushed commit)
+    log: str | None = None  # the attempt's full output, workspace-relative (an agent CLI's Logs/<id>/<step>-<n>.log)
 
     @property
     def ok(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from kiro.errors import ExecutorError
+from kiro.executors import PROMPTLESS
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.processes.spawn import last_line, run_process, tail
 from kiro.store.config import Config
@@ -30,7 +31,7 @@ class ShellExecutor(ExecutorBase):
     """Runs the step's own command; the prompts are recorded (`context.last_prompt`) but sent nowhere."""
 
     name = "shell"
-    reads_prompt = False  # messages wait for an executor whose agent reads them
+    reads_prompt = name not in PROMPTLESS  # False: messages wait for an executor whose agent reads them
 
     def __init__(self, config: Config, workspace: Workspace) -> None:
         self.config = config

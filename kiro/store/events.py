@@ -190,6 +190,7 @@ class StepCompleted(Event):
     duration_seconds: float = 0.0
     attempt: int = 1
     checked: list[str] = Field(default_factory=list)
+    cost_usd: float | None = None  # the loop's cost so far, when its executor reports one
 
 
 class StepFailed(Event):
@@ -198,6 +199,8 @@ class StepFailed(Event):
     attempt: int
     error: str
     consecutive_failures: int = 0
+    log: str | None = None  # the attempt's full output (workspace-relative), shown whole
+    cost_usd: float | None = None  # the loop's cost so far, when its executor reports one
 
 
 class StepInterrupted(Event):

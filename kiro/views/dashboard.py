@@ -107,6 +107,8 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
         else:
             why = _reason(st.stop_reason) or e.status
         lines += [f"**Status**: {badge} ({why})", _iteration(st), f"**Success Rate**: {st.metrics.success_rate:.0%}"]
+        if st.stop_message and e.status != Status.INTERRUPTED:
+            lines.append(f"**Cause**: {st.stop_message}")
         if st.steps_total:
             lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")
         lines += [f"**Last Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}"]

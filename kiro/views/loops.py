@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiro import timeutil
+from kiro import executors, timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.status import RECORDED, Status
 from kiro.store import journal
@@ -108,8 +108,10 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
     if alive and status.is_active:
         duration += max(0.0, (timeutil.now() - timeutil.parse(s["updated_at"])).total_seconds())
     cur = s["current_step"]
+    if cur is not None and cur.get("status") == "completed":
+        cur = None  # between steps (paused after one, say): no step is current; the next is not known here
     eta = None
-    if status.is_active or status in (Status.PAUSED, Status.INTERRUPTED):
+    if status.is_active:  # a paused or stopped loop is not getting anywhere: no time to finish
         total, done, avg = s["steps_total"], s["steps_done"], metrics["average_step_duration"]
         if total is not None and done is not None and avg and total - done > 0:
             eta = timeutil.human_duration((total - done) * avg)
@@ -140,12 +142,22 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         "alive": alive,
         "updated_at": s["updated_at"],
         "usage": s["usage"],
+        "cost": cost(s["usage"]),
+        # how the last run ended, one line (the error, with the attempt's log path whole); not while it runs
+        "cause": s.get("stop_message") if not status.is_active else None,
+        "reads_messages": executors.reads_messages(s["executor"]),
         "report_path": s["report_path"],
         **_schedule_fields(s),
         **sleep,
         "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook,
                       stop_reason=s.get("stop_reason")),
     }
+
+
+def cost(usage: dict[str, Any] | None) -> str | None:
+    """The cost so far as a person reads it (`$0.0123`), or None when the executor reports no cost."""
+    spent = (usage or {}).get("cost_usd") or 0.0
+    return f"${spent:.4f}" if spent else None
 
 
 def schedule_fields(state: LoopState) -> dict[str, Any]:
