@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Any
 
-    from rich.console import Console
+    from rich.console import Console, Group
     from rich.table import Table
     from rich.text import Text
 
@@ -415,12 +415,13 @@ def print_table(table: Any) -> None:
     __getattr__("out").print(table)
 
 
-def detail_table(r: dict[str, Any]) -> Table:
+def detail_table(r: dict[str, Any]) -> Table | Group:
+    """One loop in detail; how its last run ended (`cause`) under the table, on a line of its own that
+    is never cut or folded (it holds the attempt log's path: one that is wrapped mid-word is no path)."""
     rows = [
         ("Task id", r["task_id"]),
         ("Task", f"{r.get('title') or ''} ({r['task_path']})"),
         ("Status", r["status"] + (f" ({r['stop_reason']})" if r.get("stop_reason") else "")),
-        *((("Cause", r["cause"]),) if r.get("cause") else ()),
         ("Iteration", f"{r['iteration']}/{r['max_iterations']}"),
         ("Steps", f"{r.get('steps_done', '-')}/{r.get('steps_total', '-')}"),
         ("Success rate", f"{r['success_rate']:.0%}"),
@@ -457,7 +458,11 @@ def detail_table(r: dict[str, Any]) -> Table:
     table.add_column(overflow="fold")
     for k, v in rows:
         table.add_row(k, status_text(v) if k == "Status" else Text(str(v)))
-    return table
+    if not r.get("cause"):
+        return table
+    from rich.console import Group
+
+    return Group(table, Text(f" Cause: {r['cause']}", style=_status_style(r["status"])))
 
 
 def text(message: str) -> Text:

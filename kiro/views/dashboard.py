@@ -125,7 +125,8 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
         if st.report_path:
             lines.append(f"**Report**: `{st.report_path}`")
     else:
-        detail = first_line(st.failed_steps[-1].error) if st.failed_steps else ""
+        # whole: the first line of an agent CLI's error ends with its attempt log's path
+        detail = first_line(st.failed_steps[-1].error, 1000) if st.failed_steps else ""
         lines += [f"**Status**: {badge} ({_reason(st.stop_reason) or 'failed'})", _iteration(st, "Iterations"),
                   f"**Consecutive Failures**: {st.consecutive_failures}",
                   f"**Reason**: {detail or _reason(st.stop_reason) or 'unknown'}"]

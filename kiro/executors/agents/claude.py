@@ -135,15 +135,20 @@ class ClaudePreset(Preset):
         return [c for c in found if c is not None]
 
     def reported_error(self, stdout: str, stderr: str) -> str | None:
-        """The last tool result claude was told failed (`is_error`: a command's exit status and
-        output), else an error line on stderr."""
+        """The last tool call claude was told failed (`is_error`), with what it was (`Read <file>`,
+        `Bash <command>`) and the result's last line (a command's error); else an error line on stderr."""
         said = None
+        asked: dict[Any, ToolCall] = {}
         for event in json_lines(stdout):
-            if event.get("type") != "user":
-                continue
             for block in _content(event):
-                if block.get("type") == "tool_result" and block.get("is_error"):
-                    said = _result_text(block.get("content")) or said
+                if block.get("type") == "tool_use":
+                    call = tool_call(block.get("name"), block.get("input"))
+                    if call is not None:
+                        asked[block.get("id")] = call
+                elif block.get("type") == "tool_result" and block.get("is_error"):
+                    text = _result_text(block.get("content"))
+                    call = asked.get(block.get("tool_use_id"))
+                    said = (f"{call[0]} {call[1]}: {text}" if call else text) or said
         return said or error_line(stderr)
 
     def summary(self, stdout: str, stderr: str, prompt: str) -> str:
