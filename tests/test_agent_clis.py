@@ -65,6 +65,13 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
     for step in ("1", "2", "3"):  # each attempt's full output is kept
         log = (ws.root / "Logs" / tid / f"{step}-1.log").read_text()
         assert f"agent: {cli.name}" in log and "## stdout" in log
+    # the cost so far, where a person watches: each step's line, the status table, the dashboard's rows
+    spent = [line for line in out.splitlines() if "✓" in line and " so far" in line]
+    assert len(spent) == 3, out
+    assert spent[-1].endswith(f"${usage['cost_usd']:.4f} so far"), (spent, usage)
+    table = ws.kiro("loop", "status").stdout.splitlines()
+    assert "COST" in table[0].split() and f"${usage['cost_usd']:.4f}" in table[1].split(), table
+    assert json.loads(ws.kiro("loop", "status", "--json").stdout)[0]["cost"] == f"${usage['cost_usd']:.4f}"
     print(f"{cli.name}: 3 steps, {calls} model calls, usage {usage}")
 
 
