@@ -101,6 +101,8 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
             lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")
         lines += [f"**Current Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}",
                   f"**ETA**: {_eta(st) or 'unknown'}"]
+        if st.usage.cost_usd:
+            lines.append(f"**Cost so far**: ${st.usage.cost_usd:.4f}")
     elif section == "paused":
         if e.status == Status.INTERRUPTED:
             why = f"process {st.pid} died" if st.pid else "its process died"
@@ -122,6 +124,8 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
         lines += [f"**Status**: {badge}", _iteration(st, "Iterations"),
                   f"**Success Rate**: {st.metrics.success_rate:.0%}",
                   f"**Duration**: {timeutil.human_duration(st.metrics.total_duration_seconds)}"]
+        if st.usage.cost_usd:
+            lines.append(f"**Cost**: ${st.usage.cost_usd:.4f}")
         if st.report_path:
             lines.append(f"**Report**: `{st.report_path}`")
     else:
