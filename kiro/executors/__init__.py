@@ -12,13 +12,6 @@ if TYPE_CHECKING:
     from kiro.store.workspace import Workspace
 
 NAMES = ("shell", "command", "openai")
-PROMPTLESS = frozenset({"shell"})  # executors that run each step's own command: no agent reads a prompt
-
-
-def reads_messages(name: str | None) -> bool:
-    """Whether a loop run by the executor called `name` can be sent messages (SPEC §11): its agent
-    reads a prompt (`Executor.reads_prompt`). A message to a shell loop would wait for ever."""
-    return name not in PROMPTLESS
 
 
 def create(name: str, config: Config, workspace: Workspace, task_id: str) -> Executor:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 from kiro.errors import ExecutorError
-from kiro.executors import PROMPTLESS
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
+from kiro.executors.kinds import PROMPTLESS
 from kiro.processes.spawn import last_line, run_process, tail
 from kiro.store.config import Config
 from kiro.store.workspace import Workspace

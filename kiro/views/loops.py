@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiro import executors, timeutil
+from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
+from kiro.executors.kinds import reads_messages
 from kiro.status import RECORDED, Status
 from kiro.store import journal
 from kiro.store.state import LoopState, StateStore, to_jsonable
@@ -145,7 +146,7 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         "cost": cost(s["usage"]),
         # how the last run ended, one line (the error, with the attempt's log path whole); not while it runs
         "cause": s.get("stop_message") if not status.is_active else None,
-        "reads_messages": executors.reads_messages(s["executor"]),
+        "reads_messages": reads_messages(s["executor"]),
         "report_path": s["report_path"],
         **_schedule_fields(s),
         **sleep,
