@@ -13,6 +13,10 @@ from kiro.store import journal
 from kiro.store.state import LoopState, StateStore, to_jsonable
 from kiro.store.workspace import Workspace, check_task_id, frontmatter_task_id, locate_task
 
+# summary fields a summary written by an earlier kiro lacks and a row does without (finished loops never
+# write theirs again: requiring it would read each of their state files on every `status`)
+LATER_FIELDS = frozenset({"stop_message"})
+
 
 def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task: str | None, *,
                     required: bool = True) -> str | None:
@@ -186,7 +190,7 @@ def _summary(path: Path, task_id: str) -> dict[str, Any] | None:
     s = journal.read_summary(path)
     if s is None or s.get("task_id") != task_id or s.get("status") not in RECORDED or s["status"] == Status.SLEEPING:
         return None
-    if not all(k in s for k in (*journal.SUMMARY_FIELDS, "current_step")):
+    if not all(k in s for k in (*journal.SUMMARY_FIELDS, "current_step") if k not in LATER_FIELDS):
         return None  # written by another version of kiro
     if not (isinstance(s["metrics"], dict) and isinstance(s["usage"], dict) and isinstance(s["updated_at"], str)
             and (s["current_step"] is None or isinstance(s["current_step"], dict))):
