@@ -148,8 +148,9 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         "updated_at": s["updated_at"],
         "usage": s["usage"],
         "cost": cost(s["usage"]),
-        # how the last run ended, one line (the error, with the attempt's log path whole); not while it runs
-        "cause": s.get("stop_message") if not status.is_active else None,
+        # why the last run ended, one line (the error, with the attempt's log path whole): not while it
+        # runs, and not for a completed loop (its steps are done)
+        "cause": s.get("stop_message") if not (status.is_active or status == Status.COMPLETED) else None,
         "reads_messages": reads_messages(s["executor"]),
         "report_path": s["report_path"],
         **_schedule_fields(s),
