@@ -227,20 +227,23 @@ def test_kiro_agents_lists_installed_cli_version_and_command(ws: Workspace, cli:
 def test_verbose_shows_each_tool_call_of_the_agent_as_it_happens(ws: Workspace, cli: Cli) -> None:
     """`-v` prints the agent's tool calls while its step runs (claude's stream-json `tool_use` blocks,
     codex's `item.started`), and they are `tool_called` events in the log (`logs --follow`, the
-    dashboard). The model's answer to the first tool result is held back until the line is seen, so
-    the line cannot have come from the step's end."""
+    dashboard), one short line each, the API key a call carries cut. The model's next answer after the
+    watched call is held back until its line is seen, so the line cannot have come from the step's end."""
     import threading
 
     ws.task(task_text(1))
     configure(ws, cli)
     assert cli.server is not None
+    key = cli.env()["ANTHROPIC_API_KEY" if cli.name == "claude" else "OPENAI_API_KEY"]
+    # a tool call that carries the API key: its line and event show it cut
+    cli.extra = [("Grep", {"pattern": key})] if cli.name == "claude" else [("exec_command", {"cmd": f"echo {key}"})]
     gate = threading.Event()
     brain = cli.server.brain  # type: ignore[attr-defined]
 
     def held(rec: Any) -> Any:
         answered = (len(fa.tool_results(rec.body)) if cli.name == "claude" and fa.is_agent_call(rec.body)
                     else len(fr.outputs(rec.body)) if cli.name == "codex" else 0)
-        if answered:
+        if answered > len(cli.extra):  # after the keyed call and the tool call the test watches for
             gate.wait(90)
         return brain(rec)
 
@@ -253,7 +256,7 @@ def test_verbose_shows_each_tool_call_of_the_agent_as_it_happens(ws: Workspace, 
         assert shown in line, line
         tid = ws.only_task_id()
         called = [e for e in ws.events(tid) if e["event"] == "tool_called"]
-        assert called and called[0]["tool"] == tool and shown in called[0]["arguments"], called
+        assert any(e["tool"] == tool and shown in e["arguments"] for e in called), called
         assert "✓" not in ws.output(proc)  # the step still runs: the model has not answered yet
         gate.set()
         assert proc.wait(timeout=120) == 0, ws.output(proc)
@@ -263,6 +266,10 @@ def test_verbose_shows_each_tool_call_of_the_agent_as_it_happens(ws: Workspace, 
             proc.kill()
     logs = ws.kiro("loop", "logs", "--task-id", tid)
     assert f"   {tool} " in logs.stdout, logs.stdout
+    keyed = [e for e in ws.events(tid) if e["event"] == "tool_called" and "[REDACTED]" in e["arguments"]]
+    assert keyed, ws.events(tid)
+    for text in (ws.output(proc), logs.stdout, (ws.root / "Logs" / f"{tid}.jsonl").read_text()):
+        assert key not in text
     print(f"{cli.name}: `-v` showed {line.strip()!r} while the step ran")
 
 
