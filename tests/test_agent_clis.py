@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +65,13 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
     for step in ("1", "2", "3"):  # each attempt's full output is kept
         log = (ws.root / "Logs" / tid / f"{step}-1.log").read_text()
         assert f"agent: {cli.name}" in log and "## stdout" in log
+    # the cost so far, where a person watches: each step's line, the status table, the dashboard's rows
+    spent = [line for line in out.splitlines() if "✓" in line and " so far" in line]
+    assert len(spent) == 3, out
+    assert spent[-1].endswith(f"${usage['cost_usd']:.4f} so far"), (spent, usage)
+    table = ws.kiro("loop", "status").stdout.splitlines()
+    assert "COST" in table[0].split() and f"${usage['cost_usd']:.4f}" in table[1].split(), table
+    assert json.loads(ws.kiro("loop", "status", "--json").stdout)[0]["cost"] == f"${usage['cost_usd']:.4f}"
     print(f"{cli.name}: 3 steps, {calls} model calls, usage {usage}")
 
 
@@ -144,6 +152,11 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
     assert "auth error" in out and "API key" in out, out
     assert "401" in out
     assert len(cli.server.requests) <= 3, len(cli.server.requests)  # not the CLI's 5-10 retries
+    tid = ws.only_task_id()  # the cause where people look, not only in `logs`: status and the dashboard
+    status = ws.kiro("loop", "status", "--task-id", tid).stdout
+    cause = next((ln for ln in status.splitlines() if ln.strip().startswith("Cause:")), "")
+    assert "auth error" in cause and f"Logs/{tid}/1-1.log" in cause, status
+    assert "auth error" in (ws.root / "Dashboard.md").read_text()
 
 
 def test_a_rate_limit_is_a_failed_attempt_that_the_loop_retries(ws: Workspace, cli: Cli) -> None:
@@ -209,3 +222,93 @@ def test_kiro_agents_lists_installed_cli_version_and_command(ws: Workspace, cli:
     assert row["version"] and any(ch.isdigit() for ch in row["version"])
     assert row["command"].startswith(f"{cli.program} ")
     assert os.path.basename(row["path"]) == cli.program
+
+
+def test_verbose_shows_each_tool_call_of_the_agent_as_it_happens(ws: Workspace, cli: Cli) -> None:
+    """`-v` prints the agent's tool calls while its step runs (claude's stream-json `tool_use` blocks,
+    codex's `item.started`), and they are `tool_called` events in the log (`logs --follow`, the
+    dashboard), one short line each, the API key a call carries cut. The model's next answer after the
+    watched call is held back until its line is seen, so the line cannot have come from the step's end."""
+    import threading
+
+    ws.task(task_text(1))
+    configure(ws, cli)
+    assert cli.server is not None
+    key = cli.env()["ANTHROPIC_API_KEY" if cli.name == "claude" else "OPENAI_API_KEY"]
+    # a tool call that carries the API key: its line and event show it cut
+    cli.extra = [("Grep", {"pattern": key})] if cli.name == "claude" else [("exec_command", {"cmd": f"echo {key}"})]
+    gate = threading.Event()
+    brain = cli.server.brain  # type: ignore[attr-defined]
+
+    def held(rec: Any) -> Any:
+        answered = (len(fa.tool_results(rec.body)) if cli.name == "claude" and fa.is_agent_call(rec.body)
+                    else len(fr.outputs(rec.body)) if cli.name == "codex" else 0)
+        if answered > len(cli.extra):  # after the keyed call and the tool call the test watches for
+            gate.wait(90)
+        return brain(rec)
+
+    cli.server.brain = held  # type: ignore[attr-defined]
+    tool, shown = {"claude": ("Read", "Specs/feature/tasks.md"), "codex": ("edit", "Specs/feature/tasks.md")}[cli.name]
+    proc = ws.spawn("loop", "start", "--task", TASK, "-v", env=ws.env(**cli.env(), KIRO_RAISE_ERRORS="1"))
+    try:
+        line = ws.wait_for(lambda: next((ln for ln in ws.output(proc).splitlines() if f"   {tool} " in ln), None),
+                           timeout=120, what=f"the {tool} call's line")
+        assert shown in line, line
+        tid = ws.only_task_id()
+        called = [e for e in ws.events(tid) if e["event"] == "tool_called"]
+        assert any(e["tool"] == tool and shown in e["arguments"] for e in called), called
+        assert "✓" not in ws.output(proc)  # the step still runs: the model has not answered yet
+        gate.set()
+        assert proc.wait(timeout=120) == 0, ws.output(proc)
+    finally:
+        gate.set()
+        if proc.poll() is None:
+            proc.kill()
+    logs = ws.kiro("loop", "logs", "--task-id", tid)
+    assert f"   {tool} " in logs.stdout, logs.stdout
+    keyed = [e for e in ws.events(tid) if e["event"] == "tool_called" and "[REDACTED]" in e["arguments"]]
+    assert keyed, ws.events(tid)
+    for text in (ws.output(proc), logs.stdout, (ws.root / "Logs" / f"{tid}.jsonl").read_text()):
+        assert key not in text
+    print(f"{cli.name}: `-v` showed {line.strip()!r} while the step ran")
+
+
+def test_a_failed_run_shows_its_cause_and_the_whole_log_path_where_people_look(ws: Workspace, cli: Cli) -> None:
+    """The agent tries a file that is not there, then says it is done without checking its box. The
+    failure names what the CLI reported (claude's failed tool result, codex's failed command), and
+    `status --task-id` (80 columns), the status rows and Dashboard.md show the cause with the attempt
+    log's path whole, also for a task id long enough to push it past column 80."""
+    ws.task(task_text(1))
+    configure(ws, cli, loop="  failure_threshold: 1\n")
+    assert cli.server is not None
+    missing = "/nonexistent/kiro-missing-file.md"
+
+    def claude(rec: Any) -> Any:
+        if not fa.is_agent_call(rec.body):
+            return fa.Turn([fa.text("ok")])
+        if not fa.tool_results(rec.body):
+            return fa.Turn([fa.tool_use("Read", {"file_path": missing})])
+        return fa.Turn([fa.text("All done.")])
+
+    def codex(rec: Any) -> Any:
+        if not fr.outputs(rec.body):
+            return fr.Reply([fr.function_call("exec_command", {"cmd": f"cat {missing}"})])
+        return fr.Reply([fr.message("All done.")])
+
+    cli.server.brain = claude if cli.name == "claude" else codex  # type: ignore[attr-defined]
+    tid = "overnight_run_of_the_greeting_feature_with_a_long_descriptive_task_id_" + cli.name
+    code, out = run(ws, cli, "--task-id", tid)
+    assert code == 5, out
+    log = f"Logs/{tid}/1-1.log"
+    error = ws.state(tid)["steps"]["1"]["last_error"]
+    assert f"{cli.program} reported: " in error and "kiro-missing-file.md" in error.split("reported: ")[1], error
+    assert log in error, error
+    assert f"full output: {log}" in out  # the step's line gives the log a line of its own, whole
+    r = ws.kiro("loop", "status", "--task-id", tid, env=ws.env(COLUMNS="80"))
+    cause = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("Cause:"))
+    assert "reported: " in cause and log in cause, r.stdout
+    row = json.loads(ws.kiro("loop", "status", "--json").stdout)[0]
+    assert row["task_id"] == tid and log in row["cause"] and "kiro-missing-file.md" in row["cause"], row
+    dashboard = (ws.root / "Dashboard.md").read_text()
+    assert log in dashboard, dashboard
+    print(f"{cli.name}: {cause.strip()[:200]}")

@@ -85,6 +85,9 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
         assert usage["prompt_tokens"] == calls * cli.input_tokens
         price = (calls * cli.input_tokens * PRICE_IN + calls * cli.output_tokens * PRICE_OUT) / 1e6
         assert usage["cost_usd"] == pytest.approx(price, rel=1e-6), usage
+    if cli.name in ("gemini", "opencode"):  # their JSON streams name each tool call: one event each
+        called = [e for e in ws.events(tid) if e["event"] == "tool_called"]
+        assert len(called) >= 3 and all("Specs/feature/tasks.md" in e["arguments"] for e in called), called
     print(f"{cli.name}: 3 steps, {calls} model calls, usage {usage}")
 
 

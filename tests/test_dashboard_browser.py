@@ -57,6 +57,12 @@ def test_dashboard_lists_loops_updates_live_and_its_stop_button_pauses_the_loop(
     ws.task(shell_task(2, cmd="echo 'connection refused' >&2; exit 1", title="Database migration",
                        extra_frontmatter="failure_threshold: 2"), "Specs/db/tasks.md")
     assert ws.kiro("loop", "start", "--task", "Specs/db/tasks.md", "--task-id", "database_migration").returncode == 5
+    # an agent CLI that fails at once: the card says why, in the CLI's words, with the log's path whole
+    ws.task("---\ntitle: Agent notes\nexecutor: command\nfailure_threshold: 1\n---\n- [ ] 1. Write notes\n",
+            "Specs/notes/tasks.md")
+    agent = "sh -c 'echo \"error: model gpt-9 not found\" >&2; exit 1'"
+    assert ws.kiro("loop", "start", "--task", "Specs/notes/tasks.md", "--task-id", "agent_notes",
+                   env=ws.env(KIRO_EXECUTOR_COMMAND=agent)).returncode == 5
     ws.task(shell_task(4, cmd=GATED, title="Auth feature"), "Specs/auth/tasks.md")
     (ws.root / "gate_1").touch()
     loop = ws.spawn("loop", "start", "--task", "Specs/auth/tasks.md", "--task-id", "auth_feature")
@@ -82,10 +88,15 @@ def test_dashboard_lists_loops_updates_live_and_its_stop_button_pauses_the_loop(
     page.wait_for_selector(card)
     page.wait_for_selector("#live.on")  # the EventSource is connected
     assert set(page.eval_on_selector_all("article.card", "els => els.map(e => e.dataset.taskId)")) == {
-        "auth_feature", "email_templates", "database_migration"}
+        "auth_feature", "email_templates", "database_migration", "agent_notes"}
     assert page.inner_text(f"{card} [data-role=status]").lower() == "running"
     assert page.inner_text(f"{card} [data-role=steps]") == "1/4"
     assert page.inner_text("article.card[data-task-id='database_migration'] [data-role=status]").lower() == "failed"
+    # how a failed loop ended is on its card, not only in `kiro loop logs`
+    assert "connection refused" in page.inner_text("article.card[data-task-id='database_migration'] [data-role=cause]")
+    notes = "article.card[data-task-id='agent_notes']"
+    cause = page.inner_text(f"{notes} [data-role=cause]")
+    assert "error: model gpt-9 not found" in cause and "Logs/agent_notes/1-1.log" in cause, cause
     assert "token=" not in page.url, "the token is taken out of the address bar"
 
     # a step completes in the other process: the card follows, with no reload
@@ -111,12 +122,15 @@ def test_dashboard_lists_loops_updates_live_and_its_stop_button_pauses_the_loop(
     assert page.is_enabled(f"{card} button[data-act=resume]")
     assert ws.state("auth_feature")["status"] == "paused"
 
-    # the message form queues a message in the loop's inbox
-    page.click(f"{card} button[data-act=message]")
-    page.fill(f"{card} form.msg textarea", "Use bcrypt for the passwords")
-    page.click(f"{card} form.msg button[type=submit]")
+    # a shell loop runs its steps' own commands: no agent would read a message, so the button says so
+    assert not page.is_enabled(f"{card} button[data-act=message]")
+    assert "no agent reads messages" in (page.get_attribute(f"{card} button[data-act=message]", "title") or "")
+    # an agent's loop: the message form queues a message in the loop's inbox
+    page.click(f"{notes} button[data-act=message]")
+    page.fill(f"{notes} form.msg textarea", "Use bcrypt for the passwords")
+    page.click(f"{notes} form.msg button[type=submit]")
     page.wait_for_selector("#toast .toast:has-text('message queued')")
-    inbox = (ws.root / ".state" / "inbox" / "auth_feature.jsonl").read_text()
+    inbox = (ws.root / ".state" / "inbox" / "agent_notes.jsonl").read_text()
     assert "Use bcrypt for the passwords" in inbox
 
     # resume: the loop goes on in the background and completes; the card follows

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock, Timeout
@@ -95,7 +97,7 @@ def test_the_probe_sees_a_holder_in_another_process_and_its_death(ws: Workspace)
 def test_the_holder_is_named_in_the_lock_file_and_the_kernel_has_the_last_word(ws: Workspace) -> None:
     """A loop's holder (pid, host, role) is written into its lock file: no `.pid` file beside it (one
     new file less per start). The pid `kiro loop stop --force` signals comes from the kernel's lock
-    table: one planted in the file names nobody. The file is emptied when the lock is let go."""
+    table: one planted in the file names nobody. The file is removed when the lock is let go."""
     kws = KiroWorkspace(ws.root)
     store = StateStore(kws)
     lock_file = ws.root / ".state" / "autonomous_loop_q.lock"
@@ -112,7 +114,7 @@ def test_the_holder_is_named_in_the_lock_file_and_the_kernel_has_the_last_word(w
         holder.stdin.write("go\n")
         holder.stdin.flush()
         assert holder.stdout.readline().strip() == "let go"
-        assert lock_file.read_bytes() == b""
+        assert not lock_file.exists()  # no `.lock` file per finished loop piles up in .state/
         assert store.holder_pid("q") is None and store.holder_role("q") is None
 
 
@@ -125,8 +127,7 @@ def test_a_batch_start_writes_no_pid_file_and_names_the_holder(ws: Workspace) ->
     assert not list((ws.root / ".state").glob("*.pid"))
     named = [p.read_text().split() for p in ws.root.glob("holder_*")]
     assert len(named) == 2 and all(n[0].isdigit() and n[2] == "loop" for n in named), named  # while it ran
-    locks_left = list((ws.root / ".state").glob("autonomous_loop_*.lock"))
-    assert len(locks_left) == 2 and all(p.read_bytes() == b"" for p in locks_left)  # emptied at the end
+    assert not list((ws.root / ".state").glob("autonomous_loop_*.lock"))  # removed at the end
 
 
 def test_watch_probe_does_not_take_the_watch_lock(ws: Workspace) -> None:
@@ -213,3 +214,40 @@ def test_a_start_waits_for_the_start_guard_held_by_another_kiro(ws: Workspace) -
         held.release()
     assert proc.wait(timeout=60) == 0, ws.output(proc)
     assert "completed" in ws.output(proc) and (ws.root / "Logs" / "completion_reports" / "guarded.md").exists()
+
+
+def test_a_waiter_that_locks_a_removed_lock_file_does_not_hold_the_lock(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race a removed lock file opens: B opened the file before its holder A removed it and let
+    go, so B's flock succeeds on the removed file while C holds the new one. B must see that the path
+    names another file now and wait for C, not hold "the lock" beside C."""
+    from kiro.fs import locks as lk
+
+    path = tmp_path / "autonomous_loop_x.lock"
+    a = lk.Flock(path)
+    a.acquire()
+    stale = os.open(path, os.O_RDWR)  # B's open, before A removes the file
+    a.clear()
+    a.remove()
+    a.release()
+    assert not path.exists()
+    c = lk.Flock(path)
+    c.acquire()  # the next holder makes the file again
+    real_open, opened = os.open, []
+
+    def b_open(p: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        if os.fspath(p) == str(path) and not opened:
+            opened.append(p)
+            return stale  # B's stale descriptor: its flock succeeds (nobody holds the removed file)
+        return real_open(p, flags, mode, **kw)
+
+    monkeypatch.setattr(lk.os, "open", b_open)
+    b = lk.Flock(path)
+    with pytest.raises(lk.Timeout):
+        b.acquire(timeout=0.3, poll=0.01)
+    monkeypatch.undo()
+    assert opened and lk.holder_pid(path) == os.getpid()
+    c.release()
+    b.acquire()  # and once C lets go, B gets the file the path names
+    assert b._still_named(b._fd)  # type: ignore[arg-type]
+    b.release()

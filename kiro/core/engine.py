@@ -61,6 +61,8 @@ from kiro.usage import Usage
 if TYPE_CHECKING:
     import random
 
+CAUSE_CHARS = 1000  # of each line of a loop's `stop_message`: a path in it (an attempt's log) stays whole
+
 
 @dataclass
 class Outcome:
@@ -97,11 +99,6 @@ def backoff_delay(attempts: int, base: float, cap: float, exponential: bool, rng
         return 0.0
     raw = base * (2 ** max(attempts - 1, 0)) if exponential else base
     return min(raw, cap) * (0.5 + rng.random() / 2)
-
-
-def _agent(result: StepResult) -> dict[str, str]:
-    """`agent=` for a step event when an agent CLI made the attempt (the key is left out otherwise)."""
-    return {"agent": result.agent} if result.agent else {}
 
 
 class _LoopGuard(Guard):
@@ -482,7 +479,7 @@ class Loop:
             self.emit(ev.LoopWarning(message=warning))
         self._take_over_processes()
         self.transition(Status.RUNNING, "resumed" if self.run_spec.resumed else "started")
-        s.stop_reason = None
+        s.stop_reason = s.stop_message = None
         self.store.open_journal(s)  # saves append to the loop's journal from here on (kiro.store.journal)
         with writer.loop_running():  # the only loop in the process writes at once (kiro.fs.writer)
             return await self._run_opened()
@@ -558,7 +555,7 @@ class Loop:
                 return stop
         while True:
             stop = self.interrupt_check()
-            if stop is not None:
+            if stop is not None and not self._hook_after_the_last_step(stop):
                 return stop
             for feature in self.features:
                 feature.each_round(self)
@@ -627,6 +624,15 @@ class Loop:
                 stop = await self.wait(self.settings.iteration_delay_seconds, messages=True)
                 if stop is not None:
                     return stop
+
+    def _hook_after_the_last_step(self, stop: Stop) -> bool:
+        """A stop hook seen when every step is done already (a person's `kiro loop stop` that came
+        during the last step) pauses nothing: the loop completes, as it would have a moment earlier. A
+        recurring task still pauses: its next run is what the hook stops."""
+        if stop.reason != "stop_hook" or self.state.schedule is not None:
+            return False
+        task = self._read_task()
+        return not isinstance(task, Stop) and task.current_step(self.cfg.include_optional) is None
 
     async def _all_done(self, task: tasks.TaskFile) -> Stop | bool | None:
         """Every step is done: what the features say (a stop, or True to go round again), if any."""
@@ -762,6 +768,9 @@ class Loop:
         if result.outcome == "interrupted":
             s.current_step.status = "interrupted"
             self.emit(ev.StepInterrupted(step_id=step.id, reason=result.stop_reason or "stop"))
+            # an attempt cut short (Ctrl-C, `stop --force`, the task moved, the time limit) is not an
+            # iteration run: the step runs again, whole, as the same iteration, and no cap is spent on it
+            s.iteration -= 1
             self.save()
             return self._pending_stop or self.interrupt_check() or conditions.stopped(
                 result.stop_reason or "interrupted", "the step was interrupted")
@@ -810,14 +819,14 @@ class Loop:
                                      agent=result.agent)
                 self.emit(ev.StepCompleted(step_id=step.id, description=step.title or step.text,
                                            duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
-                                           attempt=attempt, checked=checked, **_agent(result)))
+                                           attempt=attempt, checked=checked, **self._step_extras(result)))
                 await self._after_iteration()
                 return None
 
         self._take_back_box(step)
         self._record_failure(step, result.error or "failed", attempt, verify_output)
         self.emit(ev.StepFailed(step_id=step.id, attempt=attempt, error=tail(result.error or "", 1500),
-                                consecutive_failures=s.consecutive_failures, **_agent(result)))
+                                consecutive_failures=s.consecutive_failures, **self._step_extras(result, log=True)))
         stop = None
         allowed = 1 + (self.settings.max_step_retries if self.settings.retry_failed_steps else 0)
         repeated = self.guardrails.after_attempt(step.id, result.error or "failed")
@@ -827,6 +836,17 @@ class Loop:
             stop = conditions.step_retries(step.id, attempt, self.settings.max_step_retries)
         await self._after_iteration()
         return stop
+
+    def _step_extras(self, result: StepResult, *, log: bool = False) -> dict[str, Any]:
+        """A step event's optional fields, written only when there is something to say: the agent CLI
+        that made the attempt, the loop's cost so far (when its executor reports one) and, with `log`,
+        the attempt's log."""
+        extras: dict[str, Any] = {"agent": result.agent} if result.agent else {}
+        if log and result.log:
+            extras["log"] = result.log
+        if self.state.usage.cost_usd:
+            extras["cost_usd"] = round(self.state.usage.cost_usd, 6)
+        return extras
 
     def _cut_short(self, result: StepResult) -> Stop | None:
         """What ended the attempt when it was not the step's doing: a person moved (or removed) the
@@ -938,7 +958,17 @@ class Loop:
             task, _ = tasks.check_finished_parents(self.task_path, include_optional=self.cfg.include_optional)
         self.state.steps_total = len(task.steps)
         self.state.steps_done = task.done_count
-        return conditions.completed(f"all {len(task.steps)} steps done")
+        n = len(task.steps)
+        return conditions.completed(f"all {n} steps done" if n != 1 else "the one step is done")
+
+    def _cause(self, stop: Stop) -> str:
+        """How the run ended, in one line for `status` and the dashboards: the stop's message, and for a
+        loop that failed, the first line of its last error (which names the attempt's log, whole)."""
+        cause = first_line(stop.message, CAUSE_CHARS)
+        failed = self.state.failed_steps
+        if stop.status == Status.FAILED and failed:
+            cause = f"{cause}; last error (step {failed[-1].step_id}): {first_line(failed[-1].error, CAUSE_CHARS)}"
+        return cause
 
     def _finish(self, stop: Stop) -> Outcome:
         """Record how the loop ended, then tell the listeners: on `stop_condition` the task moves to
@@ -960,6 +990,7 @@ class Loop:
         if stop.status == Status.TIMED_OUT:
             s.timeout_reached = True
         s.stop_reason = stop.reason
+        s.stop_message = self.redact.text(self._cause(stop))
         self.transition(stop.status, stop.reason)
         if not stop.status.is_active:
             s.finished_at = timeutil.iso()

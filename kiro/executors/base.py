@@ -42,6 +42,7 @@ class StepResult:
     stop_reason: str | None = None  # for "interrupted": which stop condition cut the attempt short
     checkpoint: Any = None  # a checkpoints.Result made elsewhere (temporal backend: the worker's pushed commit)
     agent: str | None = None  # the agent CLI that made this attempt (the command executor; a fallback agent's name)
+    log: str | None = None  # the attempt's full output, workspace-relative (an agent CLI's Logs/<id>/<step>-<n>.log)
 
     @property
     def ok(self) -> bool:

@@ -32,7 +32,7 @@ from kiro.fs.atomic import atomic_write
 from kiro.processes.spawn import ProcessResult, run_process
 from kiro.store import tasks
 from kiro.store.config import Config
-from kiro.store.events import AgentRan, UsageLimit
+from kiro.store.events import AgentRan, ToolCalled, UsageLimit
 from kiro.store.workspace import Workspace
 
 LOG_KEPT = 256_000  # bytes of each stream kept for the attempt log (the tail)
@@ -214,7 +214,7 @@ class CommandExecutor(ExecutorBase):
             atomic_write(prompt_file, text, fsync=False)
             env["KIRO_PROMPT_FILE"] = str(prompt_file)
         snapshot = ControlSnapshot.take(self.workspace, self.task_id, ctx.task_path)
-        watch = preset.watch()
+        watch = preset.watch(on_tool=lambda call: ctx.emit(ToolCalled(tool=call[0], arguments=call[1])))
         started = time.monotonic()
         try:
             result = await run_process(argv, cwd=ctx.project_dir, env=env,
@@ -242,6 +242,7 @@ class CommandExecutor(ExecutorBase):
         summary = ctx.redact.text(preset.summary(result.output, result.stderr, text))
         outcome = self._outcome(ctx, agent, result, failure, touched, summary, log)
         outcome.usage = usage
+        outcome.log = self.workspace.relative(log)
         if outcome.outcome == "failed":
             outcome.error = ctx.redact.text(outcome.error or "")
         limited = failure is not None and failure.kind == "usage_limit"
@@ -291,10 +292,12 @@ class CommandExecutor(ExecutorBase):
             step = next((s for s in after.steps if s.id == ctx.step.id), None)
         if step is not None and step.done:
             return StepResult("completed", summary=summary or "(no output)", checked_by_executor=True)
+        said = self.preset.reported_error(result.output, result.stderr)
+        said = f"; {self.preset.program or 'the agent'} reported: {ctx.redact.text(said)}" if said else ""
         return StepResult(
             "failed", summary=summary,
             error=(f"agent exited 0 but step {ctx.step.id}'s box in {self.workspace.relative(ctx.task_path)} is not "
-                   f"checked; the agent must check it (or set command_success: exit_code){where}. "
+                   f"checked; the agent must check it (or set command_success: exit_code){said}{where}. "
                    f"It said:\n{summary}"),
         )
 

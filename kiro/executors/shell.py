@@ -7,6 +7,7 @@ import os
 
 from kiro.errors import ExecutorError
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
+from kiro.executors.kinds import PROMPTLESS
 from kiro.processes.spawn import last_line, run_process, tail
 from kiro.store.config import Config
 from kiro.store.workspace import Workspace
@@ -30,7 +31,7 @@ class ShellExecutor(ExecutorBase):
     """Runs the step's own command; the prompts are recorded (`context.last_prompt`) but sent nowhere."""
 
     name = "shell"
-    reads_prompt = False  # messages wait for an executor whose agent reads them
+    reads_prompt = name not in PROMPTLESS  # False: messages wait for an executor whose agent reads them
 
     def __init__(self, config: Config, workspace: Workspace) -> None:
         self.config = config

@@ -111,14 +111,33 @@ class Flock:
                     raise Timeout(self.path) from None
                 time.sleep(poll)
                 continue
+            if not self._still_named(fd):
+                os.close(fd)  # its holder removed the file as it let go (`remove`): lock the file there now
+                continue
             self._fd = fd
             return
+
+    def _still_named(self, fd: int) -> bool:
+        """The locked file is the one the path names now (not one its last holder removed)."""
+        try:
+            here, mine = os.stat(self.path), os.fstat(fd)
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
 
     def clear(self) -> None:
         """Empty the locked file (what its holder wrote in it), while the lock is still held."""
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, 0)
+
+    def remove(self) -> None:
+        """Delete the lock file, while the lock is still held (then `release`): a lock file that is no
+        longer needed does not stay behind. Safe with waiters: one that locks the removed file sees
+        that the path no longer names it (`acquire`) and locks the file there instead."""
+        if self._fd is not None and self._still_named(self._fd):
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

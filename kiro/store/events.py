@@ -191,6 +191,7 @@ class StepCompleted(Event):
     attempt: int = 1
     checked: list[str] = Field(default_factory=list)
     agent: str | None = None  # the agent CLI that did the step (command executor)
+    cost_usd: float | None = None  # the loop's cost so far, when its executor reports one
 
 
 class StepFailed(Event):
@@ -200,6 +201,8 @@ class StepFailed(Event):
     error: str
     consecutive_failures: int = 0
     agent: str | None = None
+    log: str | None = None  # the attempt's full output (workspace-relative), shown whole
+    cost_usd: float | None = None  # the loop's cost so far, when its executor reports one
 
 
 class StepInterrupted(Event):

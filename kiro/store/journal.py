@@ -71,7 +71,7 @@ JOURNAL_MIN_BYTES = 256 * 1024
 BIG_LISTS = ("completed_steps", "failed_steps", "history")
 """Lists the journal appends to rather than rewrites."""
 SUMMARY_FIELDS = (
-    "task_id", "task_path", "title", "status", "stop_reason", "started_at", "updated_at", "finished_at",
+    "task_id", "task_path", "title", "status", "stop_reason", "stop_message", "started_at", "updated_at", "finished_at",
     "iteration", "max_iterations", "consecutive_failures", "failure_threshold", "total_failures",
     "total_successes", "steps_done", "steps_total", "executor", "pid", "host", "workspace", "report_path",
     "sleep_until", "sleep_note", "timeout_reached", "runs", "metrics", "usage", "journal_seq",

@@ -248,6 +248,7 @@ class LoopState(_Model):
     # `resume` applies them again unless it names its own (kiro.core.runner.prepare_resume)
     overrides: dict[str, Any] = Field(default_factory=dict)
     stop_reason: str | None = None
+    stop_message: str | None = None  # how the last run ended, one line (the error that ended it), for `status`
     sleep_until: str | None = None  # while `sleeping`: when the wait ends (backoff, a budget, Retry-After)
     sleep_note: str | None = None  # while `sleeping`, what for in a few words ("claude limit, resumes 03:10 UTC")
     timeout_reached: bool = False
@@ -726,7 +727,10 @@ class StateStore:
         return parts[2] if len(parts) > 2 else None
 
     def release(self, task_id: str, lock: locks.Flock) -> None:
-        lock.clear()  # no holder named once it is let go
+        """Let the loop's lock go, and remove its file: a workspace of many finished loops keeps no
+        `.lock` file per loop (the next holder makes it again; `locks.Flock.remove`)."""
+        lock.clear()  # no holder named once it is let go (if the file cannot be removed)
+        lock.remove()
         lock.release()
 
     def holder_pid(self, task_id: str) -> int | None:

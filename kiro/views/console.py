@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Any
 
-    from rich.console import Console
+    from rich.console import Console, Group
     from rich.table import Table
     from rich.text import Text
 
@@ -143,9 +143,13 @@ def error(message: str) -> None:
     sys.stderr.flush()
 
 
+_warned: list[str] = []  # warnings printed on stderr, that a loop's event printer then does not repeat
+
+
 def warning(message: str) -> None:
     sys.stderr.write(_paint(clean(f"kiro: warning: {message}"), "yellow", sys.stderr) + "\n")
     sys.stderr.flush()
+    _warned.append(clean(message))
 
 
 def line(text: str, style: str | None = None) -> None:
@@ -168,10 +172,10 @@ def _current_or_next(r: dict[str, Any]) -> str:
 def plain_table(rows: Sequence[dict[str, Any]]) -> str:
     """The status table as plain aligned text: fast to print for any number of loops (a rich
     table costs milliseconds per row), and easy to read in a pipe."""
-    headers = ("TASK ID", "STATUS", "ITER", "SUCCESS", "CURRENT STEP", "DURATION", "ETA", "TASK")
+    headers = ("TASK ID", "STATUS", "ITER", "SUCCESS", "CURRENT STEP", "DURATION", "ETA", "COST", "TASK")
     table = [headers] + [
         (r["task_id"], r["status"], f"{r['iteration']}/{r['max_iterations']}", f"{r['success_rate']:.0%}",
-         _short(_current_or_next(r), 40), r["duration"], r.get("eta") or "-", r["task_path"])
+         _short(_current_or_next(r), 40), r["duration"], r.get("eta") or "-", r.get("cost") or "-", r["task_path"])
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
@@ -279,9 +283,12 @@ def event_parts(e: dict[str, Any], *, with_task: bool = False) -> list[tuple[str
         if (e.get("attempt") or 1) > 1:
             t.append(f" (attempt {e.get('attempt')})", style="yellow")
     elif kind == "step_completed":
-        t.append(f"[{it}] ✓ {sid} done in {e.get('duration_seconds')}s", style="green")
+        t.append(f"[{it}] ✓ {sid} done in {e.get('duration_seconds')}s{_so_far(e)}", style="green")
     elif kind == "step_failed":
-        t.append(f"[{it}] ✗ {sid} failed (attempt {e.get('attempt')}): {_short(e.get('error'))}", style="red")
+        t.append(f"[{it}] ✗ {sid} failed (attempt {e.get('attempt')}): {_short(e.get('error'))}{_so_far(e)}",
+                 style="red")
+        if e.get("log"):  # whole, on a line of its own: a path cut short opens nothing
+            t.append(f"\n{' ' * len(prefix)}full output: {e.get('log')}", style="dim")
     elif kind == "verify_failed":
         t.append(f"[{it}] verify `{e.get('command')}` failed", style="red")
     elif kind == "backoff":
@@ -313,8 +320,9 @@ def event_parts(e: dict[str, Any], *, with_task: bool = False) -> list[tuple[str
         t.append(f"stop: {e.get('message')}", style="bold")
     elif kind == "loop_finished":
         status = str(e.get("status"))
-        t.append(f"loop {e.get('task_id')} {status} after {e.get('iterations')} iterations (exit {e.get('exit_code')})",
-                 style=_status_style(status, "bold"))
+        n = e.get("iterations")
+        t.append(f"loop {e.get('task_id')} {status} after {n} iteration{'' if n == 1 else 's'} "
+                 f"(exit {e.get('exit_code')})", style=_status_style(status, "bold"))
     elif kind == "schedule_fired":
         extra = f", catching up {e.get('missed')} missed fire(s)" if e.get("catch_up") else ""
         t.append(f"run {e.get('run')} of {e.get('schedule')} starts{extra}", style="bold")
@@ -330,10 +338,37 @@ def event_parts(e: dict[str, Any], *, with_task: bool = False) -> list[tuple[str
         if isinstance(fields.get("files"), list):
             fields["files"] = ", ".join(str(f) for f in fields["files"][:10])
         t.append(text.format_map(_Blank(fields)), style=style)
+    elif kind == "iteration_started":
+        t.append(f"[{it}] iteration {it}: step {sid}", style="dim")
+    elif kind == "step_interrupted":
+        t.append(f"[{it}] ■ {sid} interrupted ({e.get('reason')})", style="yellow")
     else:
         rest = {k: v for k, v in e.items() if k not in ("ts", "task_id", "iteration", "event")}
-        t.append(f"{kind} {_short(json.dumps(rest, default=str), 200)}", style="dim")
+        t.append(f"{kind.replace('_', ' ') if isinstance(kind, str) else kind}: {_short(_fields(rest), 200)}"
+                 if rest else str(kind), style="dim")
     return t.parts
+
+
+def _so_far(e: dict[str, Any]) -> str:
+    cost = e.get("cost_usd")
+    return f" · ${cost:.4f} so far" if isinstance(cost, int | float) and cost else ""
+
+
+def _fields(fields: dict[str, Any]) -> str:
+    """An event's fields as a person reads them: `step 1, reason stop`, lists joined, nested values as
+    compact JSON."""
+    out = []
+    for key, value in fields.items():
+        if value is None or value == "" or value == [] or value == {}:
+            continue
+        if isinstance(value, list):
+            shown = ", ".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            shown = json.dumps(value, default=str, separators=(", ", ": "))
+        else:
+            shown = str(value)
+        out.append(f"{key.removesuffix('_id').replace('_', ' ')} {shown}")
+    return ", ".join(out)
 
 
 class _Parts:
@@ -359,6 +394,9 @@ class EventPrinter:
         e = event if isinstance(event, dict) else event.to_record()
         if not self.verbose and e.get("event") in ("tool_called", "model_called", "iteration_started",
                                                     "reinjected", "report_written"):
+            return
+        if e.get("event") == "warning" and clean(str(e.get("message"))) in _warned:
+            _warned.remove(clean(str(e.get("message"))))  # the start's warning, on stderr already: once
             return
         try:
             self.show(e)
@@ -387,14 +425,14 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
     from rich.table import Table
 
     table = Table(title=None, show_lines=False, header_style="bold")
-    for col in ("task id", "status", "iteration", "success", "current step", "duration", "ETA", "task"):
+    for col in ("task id", "status", "iteration", "success", "current step", "duration", "ETA", "cost", "task"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(
             r["task_id"], status_text(r["status"], r.get("sleep_note")), f"{r['iteration']}/{r['max_iterations']}",
             f"{r['success_rate']:.0%}",
             _text(_short(_current_or_next(r), 50)),  # Text: a str cell is rich markup
-            r["duration"], r.get("eta") or "-",
+            r["duration"], r.get("eta") or "-", r.get("cost") or "-",
             _text(r["task_path"]),
         )
     return table
@@ -404,7 +442,9 @@ def print_table(table: Any) -> None:
     __getattr__("out").print(table)
 
 
-def detail_table(r: dict[str, Any]) -> Table:
+def detail_table(r: dict[str, Any]) -> Table | Group:
+    """One loop in detail; how its last run ended (`cause`) under the table, on a line of its own that
+    is never cut or folded (it holds the attempt log's path: one that is wrapped mid-word is no path)."""
     rows = [
         ("Task id", r["task_id"]),
         ("Task", f"{r.get('title') or ''} ({r['task_path']})"),
@@ -432,6 +472,8 @@ def detail_table(r: dict[str, Any]) -> Table:
     if r.get("usage", {}).get("api_calls"):
         u = r["usage"]
         rows.append(("Usage", f"{u['api_calls']} calls, {u['total_tokens']} tokens, ${u['cost_usd']:.4f}"))
+    elif r.get("cost"):
+        rows.append(("Cost", r["cost"]))
     if r.get("report_path"):
         rows.append(("Report", r["report_path"]))
     if r.get("hint"):
@@ -444,7 +486,11 @@ def detail_table(r: dict[str, Any]) -> Table:
     table.add_column(overflow="fold")
     for k, v in rows:
         table.add_row(k, status_text(v) if k == "Status" else Text(str(v)))
-    return table
+    if not r.get("cause"):
+        return table
+    from rich.console import Group
+
+    return Group(table, Text(f" Cause: {r['cause']}", style=_status_style(r["status"])))
 
 
 def text(message: str) -> Text:

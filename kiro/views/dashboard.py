@@ -103,12 +103,16 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
             lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")
         lines += [f"**Current Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}",
                   f"**ETA**: {_eta(st) or 'unknown'}"]
+        if st.usage.cost_usd:
+            lines.append(f"**Cost so far**: ${st.usage.cost_usd:.4f}")
     elif section == "paused":
         if e.status == Status.INTERRUPTED:
             why = f"process {st.pid} died" if st.pid else "its process died"
         else:
             why = _reason(st.stop_reason) or e.status
         lines += [f"**Status**: {badge} ({why})", _iteration(st), f"**Success Rate**: {st.metrics.success_rate:.0%}"]
+        if st.stop_message and e.status != Status.INTERRUPTED:
+            lines.append(f"**Cause**: {st.stop_message}")
         if st.steps_total:
             lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")
         lines += [f"**Last Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}"]
@@ -122,10 +126,13 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
         lines += [f"**Status**: {badge}", _iteration(st, "Iterations"),
                   f"**Success Rate**: {st.metrics.success_rate:.0%}",
                   f"**Duration**: {timeutil.human_duration(st.metrics.total_duration_seconds)}"]
+        if st.usage.cost_usd:
+            lines.append(f"**Cost**: ${st.usage.cost_usd:.4f}")
         if st.report_path:
             lines.append(f"**Report**: `{st.report_path}`")
     else:
-        detail = first_line(st.failed_steps[-1].error) if st.failed_steps else ""
+        # whole: the first line of an agent CLI's error ends with its attempt log's path
+        detail = first_line(st.failed_steps[-1].error, 1000) if st.failed_steps else ""
         lines += [f"**Status**: {badge} ({_reason(st.stop_reason) or 'failed'})", _iteration(st, "Iterations"),
                   f"**Consecutive Failures**: {st.consecutive_failures}",
                   f"**Reason**: {detail or _reason(st.stop_reason) or 'unknown'}"]

@@ -7,10 +7,15 @@ from typing import Any
 
 from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
+from kiro.executors.kinds import reads_messages
 from kiro.status import RECORDED, Status
 from kiro.store import journal
 from kiro.store.state import LoopState, StateStore, to_jsonable
 from kiro.store.workspace import Workspace, check_task_id, frontmatter_task_id, locate_task
+
+# summary fields a summary written by an earlier kiro lacks and a row does without (finished loops never
+# write theirs again: requiring it would read each of their state files on every `status`)
+LATER_FIELDS = frozenset({"stop_message"})
 
 
 def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task: str | None, *,
@@ -108,8 +113,10 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
     if alive and status.is_active:
         duration += max(0.0, (timeutil.now() - timeutil.parse(s["updated_at"])).total_seconds())
     cur = s["current_step"]
+    if cur is not None and cur.get("status") == "completed":
+        cur = None  # between steps (paused after one, say): no step is current; the next is not known here
     eta = None
-    if status.is_active or status in (Status.PAUSED, Status.INTERRUPTED):
+    if status.is_active:  # a paused or stopped loop is not getting anywhere: no time to finish
         total, done, avg = s["steps_total"], s["steps_done"], metrics["average_step_duration"]
         if total is not None and done is not None and avg and total - done > 0:
             eta = timeutil.human_duration((total - done) * avg)
@@ -140,12 +147,23 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         "alive": alive,
         "updated_at": s["updated_at"],
         "usage": s["usage"],
+        "cost": cost(s["usage"]),
+        # why the last run ended, one line (the error, with the attempt's log path whole): not while it
+        # runs, and not for a completed loop (its steps are done)
+        "cause": s.get("stop_message") if not (status.is_active or status == Status.COMPLETED) else None,
+        "reads_messages": reads_messages(s["executor"]),
         "report_path": s["report_path"],
         **_schedule_fields(s),
         **sleep,
         "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook,
                       stop_reason=s.get("stop_reason")),
     }
+
+
+def cost(usage: dict[str, Any] | None) -> str | None:
+    """The cost so far as a person reads it (`$0.0123`), or None when the executor reports no cost."""
+    spent = (usage or {}).get("cost_usd") or 0.0
+    return f"${spent:.4f}" if spent else None
 
 
 def schedule_fields(state: LoopState) -> dict[str, Any]:
@@ -173,7 +191,7 @@ def _summary(path: Path, task_id: str) -> dict[str, Any] | None:
     s = journal.read_summary(path)
     if s is None or s.get("task_id") != task_id or s.get("status") not in RECORDED or s["status"] == Status.SLEEPING:
         return None
-    if not all(k in s for k in (*journal.SUMMARY_FIELDS, "current_step")):
+    if not all(k in s for k in (*journal.SUMMARY_FIELDS, "current_step") if k not in LATER_FIELDS):
         return None  # written by another version of kiro
     if not (isinstance(s["metrics"], dict) and isinstance(s["usage"], dict) and isinstance(s["updated_at"], str)
             and (s["current_step"] is None or isinstance(s["current_step"], dict))):

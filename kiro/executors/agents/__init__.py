@@ -22,7 +22,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -50,6 +50,7 @@ PRESETS: dict[str, str] = {
     "copilot": "kiro.executors.agents.copilot:CopilotPreset",
 }
 NAMES = tuple(PRESETS)
+LINE_KEPT = 1024 * 1024  # of a line of stdout being read as it arrives (a tool call's whole arguments)
 PLACEHOLDERS = ("{prompt_file}", "{task_file}", "{step_id}", "{project_dir}")
 
 # What to tell a person for each fatal kind, unless the preset says better.
@@ -67,6 +68,11 @@ _AUTH_LINE = re.compile(r"\b401\b.{0,20}unauthori[sz]ed|\bunauthori[sz]ed\b|inva
                         r"incorrect api key|api key not valid|authentication[ _](failed|error|required)|not logged in|"
                         r"please run /login|\b403\b.{0,5}forbidden|permission_error", re.I)
 _RATE_LINE = re.compile(r"\b429\b|rate[ _-]?limit|too many requests|quota|overloaded|\b529\b", re.I)
+TOOL_ARGUMENT_CHARS = 120  # of a tool call's main argument in its event line
+# a tool call's main argument, by the names the CLIs give it (a shell command, a file, a search)
+MAIN_ARGUMENTS = ("command", "cmd", "file_path", "absolute_path", "filePath", "path", "pattern", "query", "url",
+                  "prompt", "description")
+ToolCall = tuple[str, str]  # (tool name, its main argument, cut)
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,22 @@ def error_line(*texts: str) -> str | None:
             if _ERROR_LINE.search(raw):
                 return raw.strip()[:300]
     return None
+
+
+def tool_call(name: Any, arguments: Any) -> ToolCall | None:
+    """A tool call as its event shows it: the tool's name and its main argument on one line, cut."""
+    if not isinstance(name, str) or not name:
+        return None
+    main: Any = arguments
+    if isinstance(arguments, dict):
+        main = next((arguments[k] for k in MAIN_ARGUMENTS if isinstance(arguments.get(k), str | list)),
+                    next((v for v in arguments.values() if isinstance(v, str)), ""))
+    if isinstance(main, list):
+        main = " ".join(str(m) for m in main)
+    shown = " ".join(str(main or "").split())
+    if len(shown) > TOOL_ARGUMENT_CHARS:
+        shown = shown[: TOOL_ARGUMENT_CHARS - 1] + "…"
+    return name[:80], shown
 
 
 def last_line(text: str) -> str | None:
@@ -351,8 +373,21 @@ class Preset:
         CLI keeps retrying (an API key refused): kiro ends the attempt at once."""
         return None
 
-    def watch(self) -> LineWatch:
-        return LineWatch(self)
+    tool_marker: ClassVar[str | None] = None  # a text in every stdout line that reports a tool call
+
+    def tool_calls(self, event: dict[str, Any]) -> list[ToolCall]:
+        """The tool calls one event of the CLI's JSON stream reports as they start (`tool_marker`
+        is in its line); none for a CLI that does not stream them."""
+        return []
+
+    def reported_error(self, stdout: str, stderr: str) -> str | None:
+        """The CLI's own account of what went wrong in an attempt that exited 0 without doing the
+        step (a command of the agent's that failed, an error it printed), one line; None when it
+        said none."""
+        return error_line(stderr) or (None if stdout.lstrip().startswith("{") else error_line(stdout))
+
+    def watch(self, on_tool: Callable[[ToolCall], None] | None = None) -> LineWatch:
+        return LineWatch(self, on_tool)
 
     def fix(self, failure: Failure) -> str:
         return FIX.get(failure.kind, "").format(program=self.program or "the agent")
@@ -403,22 +438,40 @@ class Preset:
 
 
 class LineWatch:
-    """Feeds a preset's `fatal_line` one line of stdout at a time, as the output arrives."""
+    """Feeds a preset's `fatal_line` one line of stdout at a time, as the output arrives, and hands
+    each tool call the line reports to `on_tool` (the step's `tool_called` event)."""
 
-    def __init__(self, preset: Preset) -> None:
+    def __init__(self, preset: Preset, on_tool: Callable[[ToolCall], None] | None = None) -> None:
         self.preset = preset
+        self.on_tool = on_tool if preset.tool_marker else None
         self.failure: Failure | None = None
         self._partial = b""
+        self._long = False  # the line being read is longer than kept: not one to read as JSON
 
     def __call__(self, data: bytes) -> bool:
         lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()[-65536:]
+        partial = lines.pop()
         for raw in lines:
-            failure = self.preset.fatal_line(raw.decode("utf-8", "replace"))
+            line = raw.decode("utf-8", "replace")
+            if self.on_tool is not None and not self._long:
+                self._tools(line)
+            self._long = False
+            failure = self.preset.fatal_line(line)
             if failure is not None:
                 self.failure = failure
                 return True
+        if len(partial) > LINE_KEPT:
+            partial, self._long = partial[-LINE_KEPT:], True
+        self._partial = partial
         return False
+
+    def _tools(self, line: str) -> None:
+        marker = self.preset.tool_marker
+        if marker is None or marker not in line or self.on_tool is None:
+            return
+        for event in json_lines(line):
+            for call in self.preset.tool_calls(event):
+                self.on_tool(call)
 
 
 class CommandLine(Preset):

@@ -36,6 +36,7 @@ from kiro.executors.agents import (
     Failure,
     Invocation,
     Preset,
+    ToolCall,
     clean,
     epoch,
     error_line,
@@ -46,6 +47,7 @@ from kiro.executors.agents import (
     read_json,
     shown,
     tail,
+    tool_call,
 )
 from kiro.executors.base import Usage
 
@@ -175,6 +177,32 @@ class ClaudePreset(Preset):
         return Failure("auth_error", f"API error {status} ({kind}) on the first request; claude would retry it "
                                      f"{retries} times")
 
+    tool_marker = '"tool_use"'
+
+    def tool_calls(self, event: dict[str, Any]) -> list[ToolCall]:
+        """stream-json: each `assistant` event's `tool_use` blocks, as the model asks for them."""
+        if event.get("type") != "assistant":
+            return []
+        found = (tool_call(b.get("name"), b.get("input")) for b in _content(event) if b.get("type") == "tool_use")
+        return [c for c in found if c is not None]
+
+    def reported_error(self, stdout: str, stderr: str) -> str | None:
+        """The last tool call claude was told failed (`is_error`), with what it was (`Read <file>`,
+        `Bash <command>`) and the result's last line (a command's error); else an error line on stderr."""
+        said = None
+        asked: dict[Any, ToolCall] = {}
+        for event in json_lines(stdout):
+            for block in _content(event):
+                if block.get("type") == "tool_use":
+                    call = tool_call(block.get("name"), block.get("input"))
+                    if call is not None:
+                        asked[block.get("id")] = call
+                elif block.get("type") == "tool_result" and block.get("is_error"):
+                    text = _result_text(block.get("content"))
+                    call = asked.get(block.get("tool_use_id"))
+                    said = (f"{call[0]} {call[1]}: {text}" if call else text) or said
+        return said or error_line(stderr)
+
     def summary(self, stdout: str, stderr: str, prompt: str) -> str:
         result = self._result(stdout)
         if result is not None and isinstance(result.get("result"), str) and result["result"].strip():
@@ -184,6 +212,13 @@ class ClaudePreset(Preset):
         if said:
             return tail(clean(said[-1]))
         return super().summary("" if stdout.lstrip().startswith("{") else stdout, stderr, prompt)
+
+
+def _result_text(content: Any) -> str | None:
+    """A tool result's text (a string, or text blocks), its last line that says something."""
+    if isinstance(content, list):
+        content = "\n".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+    return last_line(content) if isinstance(content, str) else None
 
 
 def _content(event: dict[str, Any]) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from kiro.executors.agents import (
     Failure,
     Invocation,
     Preset,
+    ToolCall,
     clean,
     error_line,
     json_lines,
@@ -45,6 +46,7 @@ from kiro.executors.agents import (
     read_json,
     shown,
     tail,
+    tool_call,
 )
 from kiro.executors.base import Usage
 
@@ -207,6 +209,43 @@ class CodexPreset(Preset):
             return None
         inner = message.split("(", 1)[1].rstrip(")") if "(" in message else message
         return Failure("auth_error", inner[:300])
+
+    tool_marker = '"item.started"'
+
+    def tool_calls(self, event: dict[str, Any]) -> list[ToolCall]:
+        """`--json`: each `item.started` of a command, a file change, an MCP tool call or a web search."""
+        item = event.get("item")
+        if event.get("type") != "item.started" or not isinstance(item, dict):
+            return []
+        kind = item.get("type")
+        found = None
+        if kind == "command_execution":
+            found = tool_call("shell", item.get("command"))
+        elif kind == "file_change" and isinstance(item.get("changes"), list):
+            paths = [str(c.get("path")) for c in item["changes"] if isinstance(c, dict)]
+            found = tool_call("edit", " ".join(paths))
+        elif kind == "mcp_tool_call":
+            found = tool_call(f"{item.get('server')}.{item.get('tool')}", item.get("arguments"))
+        elif kind == "web_search":
+            found = tool_call("web_search", item.get("query"))
+        return [found] if found is not None else []
+
+    def reported_error(self, stdout: str, stderr: str) -> str | None:
+        """The last command of codex's that failed (its last line of output: `bwrap: execvp
+        codex-linux-sandbox ...` when its sandbox cannot start), else the error it reported, else an
+        error line on stderr. Its `error` items are warnings (a model's missing metadata): not these."""
+        failed = None
+        for event in json_lines(stdout):
+            item = event.get("item")
+            if event.get("type") == "item.completed" and isinstance(item, dict) \
+                    and item.get("type") == "command_execution" and item.get("status") == "failed":
+                output = last_line(str(item.get("aggregated_output") or ""))
+                failed = f"`{item.get('command')}` exited {item.get('exit_code')}" + (f": {output}" if output else "")
+        if failed:
+            return failed
+        errors = self._errors(stdout)
+        said = clean(errors[-1]).strip().splitlines() if errors else []
+        return said[0] if said else error_line(stderr)
 
     def summary(self, stdout: str, stderr: str, prompt: str) -> str:
         said = []

@@ -40,6 +40,7 @@ from kiro.executors.agents import (
     Failure,
     FailureKind,
     Preset,
+    ToolCall,
     after,
     clean,
     error_line,
@@ -49,6 +50,7 @@ from kiro.executors.agents import (
     read_json,
     shown,
     tail,
+    tool_call,
 )
 from kiro.executors.base import Usage
 
@@ -148,6 +150,15 @@ class GeminiPreset(Preset):
                                 api_calls=0, cost_usd=cost))
         total.api_calls = self._model_calls(stdout)
         return total
+
+    tool_marker = '"tool_use"'
+
+    def tool_calls(self, event: dict[str, Any]) -> list[ToolCall]:
+        """stream-json: `{"type": "tool_use", "tool_name": ..., "parameters": {...}}` as each call starts."""
+        if event.get("type") != "tool_use":
+            return []
+        found = tool_call(event.get("tool_name"), event.get("parameters"))
+        return [found] if found is not None else []
 
     @staticmethod
     def _model_calls(stdout: str) -> int:

@@ -30,6 +30,7 @@ from kiro.executors.agents import (
     FailureKind,
     Invocation,
     Preset,
+    ToolCall,
     clean,
     epoch,
     error_line,
@@ -38,6 +39,7 @@ from kiro.executors.agents import (
     read_json,
     shown,
     tail,
+    tool_call,
 )
 from kiro.executors.base import Usage
 
@@ -122,6 +124,17 @@ class OpencodePreset(Preset):
             if arg in ("-m", "--model") and i + 1 < len(argv):
                 return argv[i + 1]
         return None
+
+    tool_marker = '"tool_use"'
+
+    def tool_calls(self, event: dict[str, Any]) -> list[ToolCall]:
+        """`--format json`: a `tool_use` event as each tool part finishes (`part.tool`, `part.state.input`)."""
+        part = event.get("part")
+        if event.get("type") != "tool_use" or not isinstance(part, dict):
+            return []
+        state = part.get("state")
+        found = tool_call(part.get("tool"), state.get("input") if isinstance(state, dict) else None)
+        return [found] if found is not None else []
 
     @staticmethod
     def _errors(stdout: str) -> list[str]:
