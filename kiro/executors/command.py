@@ -214,7 +214,11 @@ class CommandExecutor(ExecutorBase):
             atomic_write(prompt_file, text, fsync=False)
             env["KIRO_PROMPT_FILE"] = str(prompt_file)
         snapshot = ControlSnapshot.take(self.workspace, self.task_id, ctx.task_path)
-        watch = preset.watch(on_tool=lambda call: ctx.emit(ToolCalled(tool=call[0], arguments=call[1])))
+        def on_tool(call: agents.ToolCall) -> None:
+            tool, argument = agents.shown_call(call, ctx.project_dir)
+            ctx.emit(ToolCalled(tool=tool, arguments=argument))
+
+        watch = preset.watch(on_tool=on_tool)
         started = time.monotonic()
         try:
             result = await run_process(argv, cwd=ctx.project_dir, env=env,

@@ -193,7 +193,7 @@ def error_line(*texts: str) -> str | None:
 
 
 def tool_call(name: Any, arguments: Any) -> ToolCall | None:
-    """A tool call as its event shows it: the tool's name and its main argument on one line, cut."""
+    """A tool call a CLI reported: the tool's name and its main argument on one line (see `shown_call`)."""
     if not isinstance(name, str) or not name:
         return None
     main: Any = arguments
@@ -202,10 +202,17 @@ def tool_call(name: Any, arguments: Any) -> ToolCall | None:
                     next((v for v in arguments.values() if isinstance(v, str)), ""))
     if isinstance(main, list):
         main = " ".join(str(m) for m in main)
-    shown = " ".join(str(main or "").split())
-    if len(shown) > TOOL_ARGUMENT_CHARS:
-        shown = shown[: TOOL_ARGUMENT_CHARS - 1] + "…"
-    return name[:80], shown
+    return name[:80], " ".join(str(main or "")[:LINE_KEPT].split())
+
+
+def shown_call(call: ToolCall, project: Path) -> ToolCall:
+    """A tool call as its event shows it: a path in the project relative to it (a deep project must not
+    hide the file), the argument cut to TOOL_ARGUMENT_CHARS."""
+    name, argument = call
+    argument = argument.replace(f"{str(project).rstrip('/')}/", "")
+    if len(argument) > TOOL_ARGUMENT_CHARS:
+        argument = argument[: TOOL_ARGUMENT_CHARS - 1] + "…"
+    return name, argument
 
 
 def last_line(text: str) -> str | None:
