@@ -115,12 +115,12 @@ class Box:
     network: bool = True
     home_rw: tuple[Path, ...] = field(default=())  # the agent CLI's own files under `home`, for `describe`
 
-    def prefix(self, cwd: Path, env: Mapping[str, str], program: str | None = None) -> list[str]:
-        """The bwrap command line to put before a step's argv, run in `cwd` with `env`. Its HOME gets an
-        empty tmpfs (also one that is not the box's: run_command's own temporary home). The folders
-        of its PATH and of `program` (argv[0], found on PATH) that the tmpfs on /tmp or $HOME would hide
-        stay visible read-only, with the install prefix they belong to: the environment works as kiro
-        gives it."""
+    def prefix(self, cwd: Path, env: Mapping[str, str], argv: Sequence[str] = ()) -> list[str]:
+        """The bwrap command line to put before `argv`, run in `cwd` with `env`. Its HOME gets an empty
+        tmpfs (also one that is not the box's: run_command's own temporary home). What the tmpfs on
+        /tmp or $HOME would hide of the folders on its PATH, of the program's folder and of the files
+        its command line names (`python /tmp/agent.py`) stays visible read-only: the command runs
+        as kiro gives it."""
         tool = bwrap_path()
         if tool is None:
             raise FileNotFoundError(2, f"bwrap is not installed ({INSTALL})", "bwrap")
@@ -131,10 +131,10 @@ class Box:
         for folder in dict.fromkeys(homes):  # an empty home, writable, gone with the step
             args += ["--tmpfs", str(folder)]
         hidden = [Path("/tmp"), *homes]
-        shown = _shown(hidden, env, program)
+        shown = [p for p in _shown(hidden, env, argv) if not any(_within(p, q) for q in (*self.rw, *self.ro))]
         mounts = [(p, "--bind-try") for p in dict.fromkeys(self.rw)]
         mounts += [(p, "--ro-bind-try") for p in dict.fromkeys(self.ro)]
-        mounts += [(p, "--ro-bind-try") for p in shown if p not in self.rw and p not in self.ro]
+        mounts += [(p, "--ro-bind-try") for p in shown]
         # parents before what lies in them; at one depth, read-only last (it wins)
         for path, how in sorted(mounts, key=lambda m: (len(m[0].parts), m[1] == "--ro-bind-try")):
             args += [how, str(path), str(path)]
@@ -150,8 +150,9 @@ class Box:
                 f"read-only; home: {home}{net}")
 
 
-def _shown(hidden: list[Path], env: Mapping[str, str], program: str | None) -> list[Path]:
-    """The PATH folders (and `program`'s folder) that lie under a hidden area, each with what its
+def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> list[Path]:
+    """The files the command line names and, with the PATH folders and the program's folder, that
+    lie under a hidden area, each folder with what its
     programs load from their install prefix (a virtual environment's lib/ and pyvenv.cfg, a node
     version's lib/node_modules), never the whole prefix (~/.cargo holds credentials.toml beside bin/),
     a whole hidden area or `~/.local`."""
@@ -162,6 +163,8 @@ def _shown(hidden: list[Path], env: Mapping[str, str], program: str | None) -> l
 
     tops = {*hidden, *(area / ".local" for area in hidden)}
     folders = [Path(p) for p in env.get("PATH", "").split(os.pathsep) if os.path.isabs(p)]
+    program = argv[0] if argv else None
+    named = [Path(a) for a in argv[1:] if os.path.isabs(a) and os.path.exists(a)]
     if program:
         found = program if "/" in program else which(program, env.get("PATH", os.defpath))
         if found and os.path.isabs(found):
@@ -173,6 +176,7 @@ def _shown(hidden: list[Path], env: Mapping[str, str], program: str | None) -> l
                 continue
             shown.append(one)
             shown += [one.parent / name for name in PREFIX_PARTS if os.path.lexists(one.parent / name)]
+    shown += [path for path in named if under(path) and path not in tops]
     return list(dict.fromkeys(shown))
 
 
