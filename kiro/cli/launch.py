@@ -73,9 +73,9 @@ def run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
     for r in runs:
         for w in r.warnings:
             console.warning(w)
-    if not quiet:
+    if not quiet:  # on stdout, with the loop's own lines: stderr's `kiro: ` lines are errors and warnings
         for note in dict.fromkeys(n for r in runs for n in r.notes):
-            console.note(note)
+            console.line(note)
     outcomes = asyncio.run(run_loops(runs, listeners))
     for o in outcomes:
         msg = f"{o.task_id}: {o.status} ({o.reason}) - {o.message}"
