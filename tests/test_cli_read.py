@@ -604,9 +604,7 @@ def test_a_loop_run_into_a_pipe_prints_what_rich_prints_without_importing_it(ws:
             buf = io.StringIO()
             Console(file=buf, highlight=False, soft_wrap=True).print(rich_text)
             assert plain + "\n" == buf.getvalue(), e
-    # (the line naming the step's box, printed at start, is no event: kiro.processes.sandbox)
-    printed = [line for line in out.stdout.splitlines()[:-1]
-               if not line.startswith((task_id + ":", "sandbox: bwrap ("))]
+    printed = [line for line in out.stdout.splitlines()[:-1] if not line.startswith(task_id + ":")]
     shown = [console.event_plain(e) for e in ws.events(task_id)
              if e["event"] not in ("tool_called", "model_called", "iteration_started", "reinjected",
                                    "report_written")]

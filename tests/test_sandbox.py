@@ -184,7 +184,7 @@ def test_a_three_step_task_and_verify_run_in_the_box(ws: Workspace, home: Path) 
     finally:
         outside_tmp.unlink()
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "sandbox: bwrap (project read-write; .state .hooks config Logs .git" in r.stdout
+    assert "sandbox: bwrap (project read-write; .state .hooks config Logs .git" in r.stderr
     assert (ws.root / "step2").read_text() == "one\n"
     assert (ws.root / "step3").read_text() == "own-tmp\n"  # each step's /tmp is its own, gone after it
     assert not Path("/tmp/scratch").exists() or Path("/tmp/scratch").read_text() != "scratch\n"
@@ -309,7 +309,7 @@ def test_resume_keeps_the_sandbox_flag_of_start(ws: Workspace, home: Path) -> No
                 env=ws.env(HOME=str(home)))
     assert r.returncode == 0, r.stdout + r.stderr
     assert (ws.root / ".state" / "two").exists()  # resume kept --sandbox off
-    assert "sandbox: bwrap" not in r.stdout
+    assert "sandbox: bwrap" not in r.stderr
 
 
 def test_codex_gives_its_own_sandbox_way_inside_kiros() -> None:
