@@ -7,8 +7,8 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
           --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --tmpfs $HOME
           --bind <project> ... --ro-bind <kiro's folders> ... -- <argv>
 
-- the whole file system read-only; the project directory read-write (and the task file, when it
-  lies outside the project: the agent CLI checks its box there);
+- the whole file system read-only; the project directory read-write (and the task file's folder,
+  when it lies outside the project: the agent CLI checks its box there);
 - kiro's control folders (`.state/`, `.hooks/`, `config/`, `Logs/`, `.kiro/`, the task areas
   `Done/` `Needs_Action/` and the approval folders) and `.git` re-bound read-only on top: kiro's own
   git runs outside the box. A folder that does not exist when the step starts is not bound (bwrap
@@ -195,7 +195,9 @@ def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path 
     project = _real(project)
     rw = [project]
     if task_file is not None and not _within(_real(task_file), project):
-        rw.append(_real(task_file))  # the agent checks its box there
+        # the agent checks its box there; its folder, not the file alone: an edit that writes a new file
+        # and renames it over the old (sed -i, most editors) needs the folder
+        rw.append(_real(task_file).parent)
     home_rw = [Path(p) for p in home_paths if Path(p).exists()]
     rw += home_rw
     ro: list[Path] = [home / name for name in HOME_READ if home is not None and (home / name).is_file()]
