@@ -31,6 +31,7 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ CONTROL = (".state", ".hooks", "config", "Logs", ".git", ".kiro", "Done", "Needs
 
 
 HOME_READ = (".gitconfig", ".config/git/config")  # git's identity and settings: read-only in the empty $HOME
+SECRET_NAME = re.compile(r"credential|token|secret|password|\.pem$|\.key$|^\.env$|^auth", re.I)
 PREFIX_PARTS = ("lib", "lib64", "pyvenv.cfg")  # what a program in <prefix>/bin loads from its prefix
 
 
@@ -131,13 +133,15 @@ class Box:
         for folder in dict.fromkeys(homes):  # an empty home, writable, gone with the step
             args += ["--tmpfs", str(folder)]
         hidden = [Path("/tmp"), *homes]
-        shown = [p for p in _shown(hidden, env, argv) if not any(_within(p, q) for q in (*self.rw, *self.ro))]
-        mounts = [(p, "--bind-try") for p in dict.fromkeys(self.rw)]
-        mounts += [(p, "--ro-bind-try") for p in dict.fromkeys(self.ro)]
-        mounts += [(p, "--ro-bind-try") for p in shown]
-        # parents before what lies in them; at one depth, read-only last (it wins)
-        for path, how in sorted(mounts, key=lambda m: (len(m[0].parts), m[1] == "--ro-bind-try")):
-            args += [how, str(path), str(path)]
+        shown, masked = _shown(hidden, env, argv)
+        shown = [p for p in shown if not any(_within(p, q) for q in (*self.rw, *self.ro))]
+        mounts = [(p, 0, ["--bind-try", str(p), str(p)]) for p in dict.fromkeys(self.rw)]
+        mounts += [(p, 1, ["--ro-bind-try", str(p), str(p)]) for p in dict.fromkeys(self.ro)]
+        mounts += [(p, 1, ["--ro-bind-try", str(p), str(p)]) for p in shown]
+        mounts += [(p, 2, ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]) for p in masked]
+        # parents before what lies in them; at one depth, read-only after read-write (it wins)
+        for _path, _rank, mount in sorted(mounts, key=lambda m: (len(m[0].parts), m[1])):
+            args += mount
         return [*args, "--chdir", str(cwd), "--"]
 
     def describe(self) -> str:
@@ -150,12 +154,12 @@ class Box:
                 f"read-only; home: {home}{net}")
 
 
-def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> list[Path]:
-    """The files the command line names and, with the PATH folders and the program's folder, that
-    lie under a hidden area, each folder with what its
-    programs load from their install prefix (a virtual environment's lib/ and pyvenv.cfg, a node
-    version's lib/node_modules), never the whole prefix (~/.cargo holds credentials.toml beside bin/),
-    a whole hidden area or `~/.local`."""
+def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> tuple[list[Path], list[Path]]:
+    """What the tmpfs on /tmp and $HOME would hide of the command's environment, to show read-only: the
+    files its command line names, its PATH folders and its program's folder, each with the install
+    prefix it is the bin/ of (~/.pyenv for ~/.pyenv/shims, a virtual environment, a node version), but
+    never a whole hidden area or `~/.local` (only their lib/). Also what to mask in a shown prefix: its
+    entries named like a credential (~/.cargo/credentials.toml)."""
     from kiro.processes.groups import which
 
     def under(path: Path) -> bool:
@@ -170,14 +174,28 @@ def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> l
         if found and os.path.isabs(found):
             folders += [Path(found).parent, Path(os.path.realpath(found)).parent]
     shown: list[Path] = []
+    masked: list[Path] = []
     for folder in folders:
         for one in dict.fromkeys((folder, _real(folder))):
-            if not under(one) or one in tops:
+            if not under(one) or one in tops or not one.is_dir():
                 continue
             shown.append(one)
-            shown += [one.parent / name for name in PREFIX_PARTS if os.path.lexists(one.parent / name)]
+            prefix = one.parent
+            if prefix in tops or not under(prefix) or any(_within(area, prefix) for area in hidden):
+                shown += [prefix / name for name in PREFIX_PARTS if os.path.lexists(prefix / name)]
+                continue
+            shown.append(prefix)
+            masked += _secrets(prefix)
     shown += [path for path in named if under(path) and path not in tops]
-    return list(dict.fromkeys(shown))
+    return list(dict.fromkeys(shown)), list(dict.fromkeys(masked))
+
+
+def _secrets(folder: Path) -> list[Path]:
+    """The entries of `folder` named like a credential."""
+    try:
+        return [Path(entry.path) for entry in os.scandir(folder) if SECRET_NAME.search(entry.name)]
+    except OSError:
+        return []
 
 
 def _tilde(path: Path, home: Path | None) -> str:
