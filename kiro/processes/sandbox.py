@@ -145,13 +145,14 @@ class Box:
         return [*args, "--chdir", str(cwd), "--"]
 
     def describe(self) -> str:
-        """One line: what the box lets a step write."""
-        home = ", ".join(_tilde(p, self.home) for p in self.home_rw) or "none"
+        """One line: what the box lets a step write, e.g. `project read-write; .state .hooks config Logs .git
+        read-only; home: ~/.claude, ~/.claude.json (the rest empty)`."""
+        home = ", ".join(_tilde(p, self.home) for p in self.home_rw)
         names = sorted({p.name for p in self.ro if p.name in CONTROL}, key=CONTROL.index)
-        extra = [str(p) for p in self.ro if p.name not in CONTROL]
+        extra = [_tilde(p, self.home) for p in self.ro if p.name not in CONTROL]
         net = "" if self.network else "; network off"
-        return (f"project read-write; {' '.join(names) or 'nothing'}{' ' + ' '.join(extra) if extra else ''} "
-                f"read-only; home: {home}{net}")
+        return (f"project read-write; {' '.join([*names, *extra]) or 'nothing more'} read-only; "
+                f"home: {home + ' (the rest empty)' if home else 'empty'}{net}")
 
 
 def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> tuple[list[Path], list[Path]]:
