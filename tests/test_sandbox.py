@@ -344,3 +344,24 @@ def test_sandbox_network_off_takes_the_network_away_from_a_step(ws: Workspace, h
             seen[network] = (ws.root / network).read_text().strip()
     print(f"sandbox_network: {seen}")
     assert seen == {"on": "reached", "off": "cut off"}
+
+
+def test_kiro_agents_shows_the_box_each_cli_would_run_in(ws: Workspace, home: Path) -> None:
+    (home / ".claude").mkdir()
+    (home / ".codex").mkdir()
+    env = ws.env(HOME=str(home))
+    rows = {row["name"]: row for row in json.loads(ws.kiro("agents", "--json", env=env).stdout)}
+    claude, codex = rows["claude"]["sandbox"], rows["codex"]["sandbox"]
+    assert rows["claude"]["bwrap_usable"] is True
+    assert str(ws.root) in claude["rw"] and str(home / ".claude") in claude["rw"]
+    assert str(home / ".codex") not in claude["rw"] and str(home / ".codex") in codex["rw"]
+    assert str(home / ".ssh") not in claude["rw"] + claude["ro"]
+    assert {str(ws.root / name) for name in (".state", ".hooks", "config", "Logs")} <= set(claude["ro"])
+    text = ws.kiro("agents", env=env).stdout
+    print(text.splitlines()[0])
+    assert text.startswith("sandbox: bwrap, usable here (project read-write; .state .hooks config Logs")
+    assert f"box: read-write {ws.root}, {home / '.claude'}; read-only" in text
+    ws.write("config/autonomous_loop.yaml", "sandbox: off\n")
+    rows = json.loads(ws.kiro("agents", "--json", env=env).stdout)
+    assert all(row["sandbox"] is None and row["bwrap_usable"] is True for row in rows)
+    assert ws.kiro("agents", env=env).stdout.startswith("sandbox: off")

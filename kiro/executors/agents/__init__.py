@@ -421,7 +421,7 @@ def describe(config: Config | None = None, box: Box | None = None) -> list[dict[
             "selected": chosen,
             "sandbox": None if box is None else {
                 "rw": [str(p) for p in box.rw] + [str(p) for p in preset.home_paths(os.environ)
-                                                   if str(p) not in {str(q) for q in box.rw}],
+                                                   if p.exists() and p not in box.rw],  # as the box binds them
                 "ro": [str(p) for p in box.ro], "home": str(box.home) if box.home else None},
         })
     return rows
