@@ -3,9 +3,9 @@
 `sandbox: bwrap` (the default where bwrap is installed and usable) runs every process kiro starts
 for a step (a shell step, verify, an agent CLI, `run_command`) as
 
-    bwrap --die-with-parent --unshare-pid [--unshare-net] [--cap-drop ALL]
+    bwrap --die-with-parent --unshare-pid --as-pid-1 [--unshare-net] [--cap-drop ALL]
           --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --tmpfs $HOME
-          --bind <project> ... --ro-bind <kiro's folders> ... -- <argv>
+          --bind <project> ... --ro-bind <kiro's folders> ... -- /bin/sh -c INIT kiro-box <argv>
 
 - the whole file system read-only; the project directory read-write (and the task file's folder,
   when it lies outside the project: the agent CLI checks its box there);
@@ -50,6 +50,11 @@ CONTROL = (".state", ".hooks", "config", "Logs", ".git", ".kiro", "Done", "Needs
 
 HOME_READ = (".gitconfig", ".config/git/config")  # git's identity and settings: read-only in the empty $HOME
 SECRET_NAME = re.compile(r"credential|token|secret|password|\.pem$|\.key$|^\.env$|^auth", re.I)
+# The box's init (pid 1 of its PID namespace, `--as-pid-1`): runs the command, reaps what is orphaned
+# meanwhile, and exits with its status. bwrap's own init is not waited for by bwrap, so the CPU and the
+# disk writes of a step would not reach kiro's RUSAGE_CHILDREN (resource_limits reads them); this one is.
+# A SIGTERM to the group reaches the command (pid 1 ignores it); its end, or bwrap's, ends the namespace.
+INIT = '"$@"; exit $?'
 PREFIX_PARTS = ("lib", "lib64", "pyvenv.cfg")  # what a program in <prefix>/bin loads from its prefix
 
 
@@ -91,7 +96,7 @@ def _root() -> bool:
 
 
 def _base(*, network: bool) -> list[str]:
-    args = ["--die-with-parent", "--unshare-pid"]
+    args = ["--die-with-parent", "--unshare-pid", "--as-pid-1"]
     if not network:
         args.append("--unshare-net")
     if _root():
@@ -142,7 +147,7 @@ class Box:
         # parents before what lies in them; at one depth, read-only after read-write (it wins)
         for _path, _rank, mount in sorted(mounts, key=lambda m: (len(m[0].parts), m[1])):
             args += mount
-        return [*args, "--chdir", str(cwd), "--"]
+        return [*args, "--chdir", str(cwd), "--", "/bin/sh", "-c", INIT, "kiro-box"]
 
     def describe(self) -> str:
         """One line: what the box lets a step write, e.g. `project read-write; .state .hooks config Logs .git
@@ -192,9 +197,10 @@ def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> t
 
 
 def _secrets(folder: Path) -> list[Path]:
-    """The entries of `folder` named like a credential."""
+    """The files and folders in `folder` named like a credential (not symlinks: bwrap mounts on none)."""
     try:
-        return [Path(entry.path) for entry in os.scandir(folder) if SECRET_NAME.search(entry.name)]
+        return [Path(entry.path) for entry in os.scandir(folder) if SECRET_NAME.search(entry.name)
+                and not entry.is_symlink() and (entry.is_file() or entry.is_dir())]
     except OSError:
         return []
 
