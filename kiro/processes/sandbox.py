@@ -16,6 +16,10 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
 - `$HOME` an empty tmpfs plus, read-write, exactly the agent CLI's own config and auth files
   (each preset names them: `Preset.home_paths`), plus `sandbox_paths.rw` / `.ro`;
 - a private `/tmp` (a project under /tmp is bound after it, so it stays the real one);
+- what the tmpfs on /tmp and $HOME would hide of the command's own environment stays visible,
+  read-only: its PATH folders with their install prefix (~/.pyenv for its shims; entries named like a
+  credential masked), the program's folder, the files its command line names (`python /tmp/agent.py`),
+  the files the CLI's own variables name (`AIDER_MODEL_METADATA_FILE`), and git's `~/.gitconfig`;
 - its own PID namespace with a fresh /proc: kiro's processes are not there to kill or read, and
   `--die-with-parent` ends the box's init when bwrap or kiro dies, which ends everything inside,
   also what left the process group (`setsid`);
