@@ -90,7 +90,8 @@ def test_agent_cli_output_and_retry_prompt_carry_no_canary(ws: Workspace, tmp_pa
         """))
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(agent))}"
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"executor_command: {json.dumps(command)}\n"
-             "verify: 'echo \"verify: $OPENAI_API_KEY\"; test -e ok'\n")
+             "verify: 'echo \"verify: $OPENAI_API_KEY\"; test -e ok'\n"
+             f"sandbox_paths: {{rw: [{json.dumps(str(seen))}]}}\n")  # the step's box may write `seen`
     ws.task("---\ntitle: Agent\nexecutor: command\n---\n- [ ] 1. Do the thing\n")
     r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "5",
                 env=ws.env(OPENAI_API_KEY=secret))

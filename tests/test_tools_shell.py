@@ -84,6 +84,7 @@ def test_runs_in_the_project_directory(tmp_path: Path) -> None:
 
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     h = shell_harness(tmp_path, allow=["sh"], timeout_seconds=30, trust_agent_code=True)
+    h.config.sandbox = "off"  # the pid it records is the host's only without the box's PID namespace
     result = run(h, "sh -c 'sleep 60 & echo $! > child.pid; wait'", timeout_seconds=0.5)
     assert "killed after the 0.5 s time limit" in result.text and not result.ok
     child = int((h.root / "child.pid").read_text())

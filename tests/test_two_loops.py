@@ -50,11 +50,14 @@ def setup(ws: Workspace, agent_seconds: float = 0.3) -> Path:
     """The agent script and a config that runs it for `executor: command` tasks; returns the work folder."""
     work = ws.root.parent / "work"
     work.mkdir(exist_ok=True)
+    out = ws.root.parent / "agent_out"
+    out.mkdir(exist_ok=True)
     script = ws.root.parent / "agent.py"
     script.write_text(AGENT)
-    cmd = " ".join(shlex.quote(a) for a in (sys.executable, str(script), str(ws.root.parent / "agent_out"),
-                                            str(work), str(agent_seconds)))
-    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"executor_command: {json.dumps(cmd)}\n")
+    cmd = " ".join(shlex.quote(a) for a in (sys.executable, str(script), str(out), str(work), str(agent_seconds)))
+    # the steps note what they did beside the workspace: the config grants their box those two folders
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"executor_command: {json.dumps(cmd)}\n"
+             f"sandbox_paths: {{rw: [{json.dumps(str(work))}, {json.dumps(str(out))}]}}\n")
     return work
 
 

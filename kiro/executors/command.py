@@ -27,8 +27,9 @@ from kiro.executors import agents, prompts
 from kiro.executors.agents import Failure, Invocation, clean
 from kiro.executors.base import ExecutorBase, StepContext, StepResult, Usage
 from kiro.executors.control import UNCHECKED_NAMED, ControlSnapshot
-from kiro.executors.shell import step_env
+from kiro.executors.shell import step_box, step_env
 from kiro.fs.atomic import atomic_write
+from kiro.processes.sandbox import Box
 from kiro.processes.spawn import ProcessResult, run_process
 from kiro.store import tasks
 from kiro.store.config import Config
@@ -210,10 +211,15 @@ class CommandExecutor(ExecutorBase):
         env = step_env(ctx)
         env.update(preset.env(inv))
         agent.billing.apply(env)
+        box = step_box(ctx, env, preset.home_paths(env), read_paths=preset.read_paths(env))
+        if box is not None:
+            argv = preset.boxed_argv(argv)
+            env.update(preset.boxed_env(env, ctx.project_dir))
         if uses_file:
             atomic_write(prompt_file, text, fsync=False)
             env["KIRO_PROMPT_FILE"] = str(prompt_file)
         snapshot = ControlSnapshot.take(self.workspace, self.task_id, ctx.task_path)
+
         def on_tool(call: agents.ToolCall) -> None:
             tool, argument = agents.shown_call(call, ctx.project_dir)
             ctx.emit(ToolCalled(tool=tool, arguments=argument))
@@ -224,7 +230,8 @@ class CommandExecutor(ExecutorBase):
             result = await run_process(argv, cwd=ctx.project_dir, env=env,
                                        stdin_data=None if uses_file else text.encode("utf-8"),
                                        timeout=ctx.timeout_seconds, cancel=ctx.cancel, output_limit=LOG_KEPT,
-                                       separate_stderr=True, idle_timeout=agent.idle_timeout, on_stdout=watch)
+                                       separate_stderr=True, idle_timeout=agent.idle_timeout, on_stdout=watch,
+                                       box=box)
         except FileNotFoundError:
             if not ctx.project_dir.is_dir():
                 where = str(ctx.project_dir)
@@ -242,7 +249,7 @@ class CommandExecutor(ExecutorBase):
             if failure is not None and not failure.fatal and not touched:
                 failure = preset.usage_limit(result.output, result.stderr) or failure
         seconds = time.monotonic() - started
-        log = self._write_log(ctx, agent, argv, result, failure, touched, snapshot.unchecked, seconds, run)
+        log = self._write_log(ctx, agent, argv, result, failure, touched, snapshot.unchecked, seconds, run, box)
         summary = ctx.redact.text(preset.summary(result.output, result.stderr, text))
         outcome = self._outcome(ctx, agent, result, failure, touched, summary, log)
         outcome.usage = usage
@@ -307,7 +314,7 @@ class CommandExecutor(ExecutorBase):
 
     def _write_log(self, ctx: StepContext, agent: _Agent, argv: list[str], result: ProcessResult,
                    failure: Failure | None, touched: list[str], unchecked: list[str], seconds: float,
-                   run: int = 1) -> Path:
+                   run: int = 1, box: Box | None = None) -> Path:
         path = self.log_path(ctx, run)
         how = ("cancelled" if result.cancelled else "idle timeout" if result.idle_timed_out
                else "timed out" if result.timed_out else f"exit {result.returncode}")
@@ -317,6 +324,7 @@ class CommandExecutor(ExecutorBase):
             f"# command: {' '.join(argv)}",
             f"# cwd: {ctx.project_dir}",
             f"# credential: {agent.billing.line()}",
+            f"# sandbox: bwrap ({box.describe()})" if box is not None else "# sandbox: off",
             f"# result: {how} after {seconds:.3f} s",
         ]
         if failure is not None:

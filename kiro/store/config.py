@@ -217,6 +217,27 @@ class Approval(_Strict):
     agent_steps: bool = True  # SPEC §11: add_steps proposes (Pending_Approval/) instead of editing the task file
 
 
+class SandboxPaths(_Strict):
+    """`sandbox_paths:` — more of the file system for the box (kiro.processes.sandbox): `rw` read-write,
+    `ro` read-only on top. Absolute paths or `~/...`; each must exist."""
+
+    rw: list[str] = Field(default_factory=list)
+    ro: list[str] = Field(default_factory=list)
+
+    @field_validator("rw", "ro")
+    @classmethod
+    def _existing(cls, paths: list[str]) -> list[str]:
+        found = []
+        for raw in paths:
+            path = os.path.expanduser(raw)
+            if not os.path.isabs(path):
+                raise ValueError(f"{raw!r} is not an absolute path; write it as /path/to/it or ~/path")
+            if not os.path.exists(path):
+                raise ValueError(f"{raw!r} does not exist ({path}); create it, or remove it from the list")
+            found.append(os.path.normpath(path))
+        return found
+
+
 class LocalBackend(_Strict):
     """SPEC §12's default: loops run in kiro's own processes."""
 
@@ -295,6 +316,10 @@ class Config(_Strict):
     secret_env: list[str] = Field(default_factory=list)
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
     isolation: Literal["none", "worktree"] = "none"
+    # None: bwrap when installed and usable, else unconfined with one line saying so (kiro.processes.sandbox)
+    sandbox: Literal["bwrap", "off"] | None = None
+    sandbox_paths: SandboxPaths = Field(default_factory=SandboxPaths)
+    sandbox_network: bool = True  # on | off (YAML reads them as true | false)
     merge: Literal["manual", "auto"] = "manual"
     backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
     # While `agent` is at its usage limit, steps go to these agents in turn (their own presets; not
@@ -307,7 +332,7 @@ class Config(_Strict):
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
-        mode="before"
+        "sandbox_paths", mode="before"
     )(_none_is_empty)
 
     @field_validator("backend", mode="before")
@@ -363,6 +388,22 @@ class Config(_Strict):
             return "git"
         return value
 
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_off(cls, value: Any) -> Any:
+        """`sandbox: off` (YAML false); `sandbox: on` means bwrap."""
+        return {False: "off", True: "bwrap"}.get(value, value) if isinstance(value, bool) else value
+
+    @field_validator("sandbox_network", mode="before")
+    @classmethod
+    def _network_on_off(cls, value: Any) -> Any:
+        """`on` / `off` as text too (a flag, a quoted value); anything else is refused, not read as true."""
+        if isinstance(value, str) and value.strip().lower() in ("on", "off"):
+            return value.strip().lower() == "on"
+        if not isinstance(value, bool):
+            raise ValueError(f"should be on or off (got {value!r})")
+        return value
+
 
 # Task frontmatter keys that set config values, and the dotted config path each one sets.
 FRONTMATTER_KEYS: dict[str, str] = {
@@ -378,6 +419,8 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "include_optional": "include_optional",
     "pause_at_checkpoints": "pause_at_checkpoints",
     "pause_every": "pause_every",
+    "sandbox": "sandbox",
+    "sandbox_network": "sandbox_network",
 }
 
 # Every top-level task frontmatter key kiro reads: the ones above, and the task's own (kiro.store.tasks:
@@ -410,6 +453,7 @@ ENV_KEYS: dict[str, str] = {
     "KIRO_BASE_URL": "llm.base_url",
     "KIRO_PROJECT_DIR": "project_dir",
     "KIRO_INCLUDE_OPTIONAL": "include_optional",
+    "KIRO_SANDBOX": "sandbox",
 }
 
 

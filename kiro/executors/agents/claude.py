@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -65,6 +66,7 @@ class ClaudePreset(Preset):
                "--setting-sources project,local")
     idle_timeout_seconds = 600.0
     env_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+    home_files = (".claude", ".claude.json")
     key_vars: ClassVar[tuple[str, ...]] = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
 
     def login(self, env: Mapping[str, str]) -> str | None:
@@ -95,6 +97,13 @@ class ClaudePreset(Preset):
             if "--add-dir" not in argv:
                 argv[1:1] = ["--add-dir", str(folder)]
         return argv
+
+    def home_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """`CLAUDE_CONFIG_DIR` when set (its `.claude.json` is in it), else `~/.claude` and `~/.claude.json`."""
+        folder = env.get("CLAUDE_CONFIG_DIR")
+        if folder and os.path.isabs(folder):
+            return [Path(folder)]
+        return super().home_paths(env)
 
     def env(self, inv: Invocation) -> dict[str, str]:
         return {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "NO_COLOR": "1"}

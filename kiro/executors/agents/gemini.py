@@ -43,6 +43,7 @@ from kiro.executors.agents import (
     ToolCall,
     after,
     clean,
+    env_folder,
     error_line,
     json_lines,
     last_event,
@@ -125,6 +126,11 @@ class GeminiPreset(Preset):
 
     def env(self, inv: Any) -> dict[str, str]:
         return {"NO_COLOR": "1"}
+
+    def home_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """`~/.gemini`, or the folder `GEMINI_CLI_HOME` names (gemini keeps its `.gemini` in it)."""
+        folder = env_folder(env, "GEMINI_CLI_HOME", ".gemini")
+        return [folder] if folder is not None else []
 
     @staticmethod
     def _result(stdout: str) -> dict[str, Any] | None:

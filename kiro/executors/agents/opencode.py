@@ -32,6 +32,7 @@ from kiro.executors.agents import (
     Preset,
     ToolCall,
     clean,
+    env_folder,
     epoch,
     error_line,
     json_lines,
@@ -47,6 +48,10 @@ _AUTH = re.compile(r"\b401\b|\b403\b|api key|unauthori[sz]ed|authentication|not 
 _RATE = re.compile(r"\b429\b|rate[ _-]?limit|too many requests|quota|overloaded", re.I)
 _USAGE_HEAD = "opencode run [message..]"
 _LIMIT_BODY = re.compile(r"UsageLimitError|usage_limit_reached|usage limit", re.I)
+
+
+XDG = (("XDG_CONFIG_HOME", ".config"), ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state"),
+       ("XDG_CACHE_HOME", ".cache"))
 
 
 class OpencodePreset(Preset):
@@ -84,6 +89,11 @@ class OpencodePreset(Preset):
 
     def env(self, inv: Invocation) -> dict[str, str]:
         return {"NO_COLOR": "1", "OPENCODE_DISABLE_AUTOUPDATE": "true"}
+
+    def home_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """Its folders under the XDG base directories: config, data (auth, sessions), state, cache."""
+        found = [env_folder(env, variable, default) for variable, default in XDG]
+        return [folder / "opencode" for folder in found if folder is not None]
 
     def parse_usage(self, stdout: str) -> Usage | None:
         total = Usage()
