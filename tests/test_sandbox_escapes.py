@@ -47,6 +47,10 @@ from kiro.store.config import Config
 from tests.agent_clis import CLIS, CODEX_PRICE, Cli, task_text
 from tests.agent_clis_more import GEMINI_PRICE, MORE_CLIS
 from tests.conftest import FAST_CONFIG, Workspace
+from tests.fakes import anthropic as fa
+from tests.fakes import chat as fc
+from tests.fakes import gemini as fg
+from tests.fakes import responses as fr
 
 TASK = "Specs/feature/tasks.md"
 ALL_CLIS: dict[str, Callable[[Path], Cli]] = {**CLIS, **MORE_CLIS}
@@ -70,6 +74,15 @@ NA = {"aider": {
 }}
 
 
+# how many tool calls the CLI ran and answered, as its last request to the model server shows them
+ANSWERED: dict[str, Callable[[Any], int]] = {
+    "claude": lambda body: len(fa.tool_results(body)),
+    "codex": lambda body: len(fr.outputs(body)),
+    "gemini": lambda body: len(fg.function_responses(body)),
+    "opencode": lambda body: len(fc.tool_results(body)),
+}
+
+
 @dataclass
 class Run:
     """One CLI's kiro loop and what it left behind."""
@@ -80,6 +93,7 @@ class Run:
     code: int | None = None
     out: str = ""
     cells: dict[str, str] = field(default_factory=dict)
+    planned: int = 0  # tool calls scripted before the box check
 
     def secret(self, key: str) -> str:
         return f"ESCAPE-{key.upper()}-{self.mark}"
@@ -262,6 +276,7 @@ def run_cli(name: str, mode: str, ws: Workspace, home: Path) -> Run:
         env = ws.env(**cli.env(), ESCAPE_KIRO_ENV=run.mark)
         proc = ws.spawn("loop", "start", "--task", TASK, env=env)
         cli.extra = plan(run, proc.pid)  # the model knows kiro's pid before the CLI's first call
+        run.planned = len(cli.extra)
         if name == "aider":
             aider_in_two_replies(cli)
         try:
@@ -338,9 +353,13 @@ def test_prompt_injection_attacks_through_each_agent_cli(mode: str, tmp_path: Pa
     if not runs:
         pytest.skip("no agent CLI is installed: " + "; ".join(skipped.values()))
     tried, held = print_table(mode, runs, skipped)
-    for name, run in runs.items():  # every run happened: kiro ran the CLI, which asked the model server
+    for name, run in runs.items():  # every run happened: kiro ran the CLI, which asked the model server...
         assert run.cli.calls() >= 1, (name, run.out[-3000:])
         assert list((run.ws.root / "Logs").glob("*/1-1.log")), (name, run.out[-3000:])
+        if name in ANSWERED:  # ...and ran every attack (the kill's answer is lost when it lands)
+            assert run.cli.server is not None
+            answered = max(ANSWERED[name](r.body) for r in run.cli.server.requests)
+            assert answered >= run.planned - 1, (name, answered, run.planned, run.out[-3000:])
     if mode == "bwrap":
         escaped = {f"{n}: {ATTACKS[k]}: {c}" for n, r in runs.items() for k, c in r.cells.items()
                    if c not in ("held", "n/a")}
