@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kiro.processes import sandbox
 from tests.agent_clis import CLIS, CODEX_PRICE, Cli, task_text
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import anthropic as fa
@@ -168,6 +169,8 @@ def test_executor_command_running_the_cli_keeps_the_presets_parser(ws: Workspace
     code, out = run(ws, cli)
     assert code == 0, out
     tid = ws.only_task_id()
+    if cli.name == "codex" and sandbox.unusable() is None:  # in kiro's box, codex's own gives way (CodexPreset)
+        command = command.replace("workspace-write", "danger-full-access")
     assert f"# command: {command}" in (ws.root / "Logs" / tid / "1-1.log").read_text()
     assert ws.state(tid)["usage"]["total_tokens"] == cli.calls() * (cli.input_tokens + cli.output_tokens)
 
@@ -185,7 +188,9 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
         cli.extra = [("exec_command", {"cmd": f"echo 'rm -rf /' > {hooks}/evil.sh && echo '{{}}' > "
                                               f"{state_dir}/injected.json && sed -i 's/- \\[ \\] 3\\./- [x] 3./' "
                                               f"{task}"})]
-    configure(ws, cli, loop="  failure_threshold: 1\n")
+    # sandbox: off: this is the put-back kiro does where no box refuses the writes (with the box they fail
+    # at once: tests/test_sandbox.py)
+    configure(ws, cli, "sandbox: off\n", loop="  failure_threshold: 1\n")
     code, out = run(ws, cli)
     assert code == 5, out
     assert not (hooks / "evil.sh").exists()

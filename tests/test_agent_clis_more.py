@@ -180,7 +180,9 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
                      ("read", {"filePath": str(task)}),
                      ("edit", {"filePath": str(task), "oldString": "- [ ] 3. Write part 3",
                                "newString": "- [x] 3. Write part 3"})]
-    configure(ws, cli, loop="  failure_threshold: 1\n")
+    # sandbox: off: this is the put-back kiro does where no box refuses the writes (with the box they fail
+    # at once: tests/test_sandbox.py)
+    configure(ws, cli, "sandbox: off\n", loop="  failure_threshold: 1\n")
     code, out = run(ws, cli)
     assert code == 5, out
     assert not (hooks / "evil.sh").exists()

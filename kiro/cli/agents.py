@@ -1,8 +1,9 @@
-"""`kiro agents`: the agent CLI presets, whether each is installed, its version, and the exact
-command line kiro would run."""
+"""`kiro agents`: the agent CLI presets, whether each is installed, its version, the exact
+command line kiro would run, and the box (bubblewrap) it would run in."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -19,15 +20,35 @@ def agents(
 ) -> None:
     """List the agent CLI presets (`agent:` / --agent): installed or not, version, and the exact command line."""
     from kiro.executors.agents import describe
+    from kiro.processes import sandbox
     from kiro.store.settings import settings_for
     from kiro.store.workspace import Workspace
     from kiro.views import console
 
     ws = Workspace.find(workspace)
-    rows = describe(settings_for(ws).config)
+    located = settings_for(ws)
+    config = located.config
+    box = None
+    if sandbox.wanted(config.sandbox) and sandbox.unusable() is None:
+        home = os.environ.get("HOME")
+        box = sandbox.box_for(project=located.ws.root / config.project_dir, workspace=located.ws.root,
+                              state_dir=located.ws.state_dir, home=Path(home) if home and os.path.isabs(home) else None,
+                              extra_rw=config.sandbox_paths.rw, extra_ro=config.sandbox_paths.ro,
+                              network=config.sandbox_network == "on")
+    rows = describe(config, box)
+    why = sandbox.unusable()
+    for row in rows:
+        row["bwrap_usable"] = why is None
     if as_json:
         console.print_json(rows)
         return
+    if box is not None:
+        console.line(f"sandbox: bwrap, usable here ({box.describe()})", style="bold")
+    elif config.sandbox == "off":
+        console.line(f"sandbox: off (sandbox: off in the config){'' if why else '; bwrap is usable here'}",
+                     style="bold")
+    else:
+        console.line(f"sandbox: none: {why}; steps run unconfined", style="bold")
     for row in rows:
         mark = "installed" if row["installed"] else f"not installed ({row['install']})"
         version = f" {row['version']}" if row["version"] else ""
@@ -38,3 +59,7 @@ def agents(
         console.line(f"  idle timeout: {idle:g} s" if isinstance(idle, int | float) else "  idle timeout: off")
         if row["env"]:
             console.line(f"  reads: {', '.join(row['env'])}")
+        if row["sandbox"] is not None:
+            console.line(f"  box: read-write {', '.join(row['sandbox']['rw'])}; read-only "
+                         f"{', '.join(row['sandbox']['ro']) or 'nothing more'}; the rest of "
+                         f"{row['sandbox']['home'] or '$HOME'} empty, the rest of the file system read-only")

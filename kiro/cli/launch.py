@@ -46,8 +46,10 @@ def store_of(ws: Any, *, lenient: bool = True) -> Any:
 
 
 def overrides(max_iterations: int | None, failure_threshold: int | None, timeout: float | None,
-              executor: str | None, model: str | None, agent: str | None = None) -> dict[str, Any]:
+              executor: str | None, model: str | None, agent: str | None = None,
+              sandbox: str | None = None) -> dict[str, Any]:
     return {
+        "sandbox": sandbox,
         "autonomous_loop.max_iterations": max_iterations,
         "autonomous_loop.failure_threshold": failure_threshold,
         "autonomous_loop.timeout_seconds": timeout,
@@ -71,6 +73,9 @@ def run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
     for r in runs:
         for w in r.warnings:
             console.warning(w)
+    if not quiet:
+        for note in dict.fromkeys(n for r in runs for n in r.notes):
+            console.note(note)
     outcomes = asyncio.run(run_loops(runs, listeners))
     for o in outcomes:
         msg = f"{o.task_id}: {o.status} ({o.reason}) - {o.message}"
@@ -149,7 +154,8 @@ def uses_temporal(ws: Any, config: Path | None) -> bool:
 def start(task: list[str], workspace_path: Path | None = None, config: Path | None = None,
           max_iterations: int | None = None, failure_threshold: int | None = None, timeout: float | None = None,
           executor: str | None = None, model: str | None = None, agent: str | None = None,
-          task_id: str | None = None, detached: bool = False, quiet: bool = False, verbose: bool = False) -> int:
+          task_id: str | None = None, detached: bool = False, quiet: bool = False, verbose: bool = False,
+          sandbox: str | None = None) -> int:
     """`kiro loop start`: the loop's exit code (SPEC §6), or 0 for a loop started in the background."""
     from kiro.core.runner import new_task_id, prepare_start
     from kiro.errors import UserError
@@ -160,7 +166,7 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
     if task_id:
         check_task_id(task_id)  # before anything is made: with --detach the id names Logs/<id>.out
     ws = workspace(workspace_path)
-    changes = overrides(max_iterations, failure_threshold, timeout, executor, model, agent)
+    changes = overrides(max_iterations, failure_threshold, timeout, executor, model, agent, sandbox)
     if len(task) > 1 and task_id:
         raise UserError("--task-id names one loop; with several --task, each gets its own id")
     if detached and uses_temporal(ws, config):
@@ -214,7 +220,7 @@ def resume(task_id: str | None = None, task: str | None = None, workspace_path: 
            config: Path | None = None, max_iterations: int | None = None, reset_failures: bool = False,
            failure_threshold: int | None = None, timeout: float | None = None, executor: str | None = None,
            model: str | None = None, agent: str | None = None, detached: bool = False, quiet: bool = False,
-           verbose: bool = False, all_loops: bool = False) -> int:
+           verbose: bool = False, all_loops: bool = False, sandbox: str | None = None) -> int:
     """`kiro loop resume`: the loop's exit code (SPEC §6); 0 when it continues elsewhere (in the background,
     or under the `kiro loop watch` that keeps it)."""
     from kiro.core.runner import prepare_resume
@@ -225,7 +231,7 @@ def resume(task_id: str | None = None, task: str | None = None, workspace_path: 
     if all_loops:
         return resume_all(ws, store, config=config, max_iterations=max_iterations, reset_failures=reset_failures,
                           failure_threshold=failure_threshold, timeout=timeout,
-                          changes=overrides(None, None, None, executor, model, agent), detached=detached, quiet=quiet,
+                          changes=overrides(None, None, None, executor, model, agent, sandbox), detached=detached, quiet=quiet,
                           verbose=verbose, named=bool(task_id or task))
     tid = resolve_task_id(ws, store, task_id, task)
     assert tid is not None
@@ -241,7 +247,7 @@ def resume(task_id: str | None = None, task: str | None = None, workspace_path: 
             argv += ["--task-id", tid]
         detach(argv, store.ws, tid)
         return 0
-    changes = overrides(None, None, None, executor, model, agent)
+    changes = overrides(None, None, None, executor, model, agent, sandbox)
     from kiro.errors import LockHeld
 
     try:

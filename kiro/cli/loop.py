@@ -72,6 +72,9 @@ AgentOpt = Annotated[str | None, typer.Option("--agent", help="Agent CLI preset 
                                               "codex | aider | gemini | opencode (see `kiro agents`).",
                                               show_default=False)]
 
+SandboxOpt = Annotated[str | None, typer.Option("--sandbox", help="bwrap | off: run each step's processes in a "
+                                                "bubblewrap box, or not (default: bwrap when installed).",
+                                                show_default=False)]
 
 
 @app.command()
@@ -92,6 +95,7 @@ def start(
     model: Annotated[str | None, typer.Option("--model", help="Model name for the openai executor.",
                                               show_default=False)] = None,
     agent: AgentOpt = None,
+    sandbox: SandboxOpt = None,
     task_id: TaskIdOpt = None,
     detach: Annotated[bool, typer.Option("--detach",
                                          help="Run in the background; print the task id and exit 0.")] = False,
@@ -103,7 +107,8 @@ def start(
 
     _exit(launch.start(task, workspace_path=workspace, config=config, max_iterations=max_iterations,
                        failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
-                       agent=agent, task_id=task_id, detached=detach, quiet=quiet, verbose=verbose))
+                       agent=agent, task_id=task_id, detached=detach, quiet=quiet, verbose=verbose,
+                       sandbox=sandbox))
 
 
 @app.command()
@@ -125,6 +130,7 @@ def resume(
                                                  show_default=False)] = None,
     model: Annotated[str | None, typer.Option("--model", show_default=False, help="Model for openai.")] = None,
     agent: AgentOpt = None,
+    sandbox: SandboxOpt = None,
     detach: Annotated[bool, typer.Option("--detach", help="Continue in the background; print the task id.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
@@ -137,7 +143,8 @@ def resume(
     _exit(launch.resume(task_id=task_id, task=task, workspace_path=workspace, config=config,
                         max_iterations=max_iterations, reset_failures=reset_failures,
                         failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
-                        agent=agent, detached=detach, quiet=quiet, verbose=verbose, all_loops=all_loops))
+                        agent=agent, detached=detach, quiet=quiet, verbose=verbose, all_loops=all_loops,
+                        sandbox=sandbox))
 
 
 @app.command()

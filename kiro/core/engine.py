@@ -84,6 +84,7 @@ class LoopRun:
     executor_name: str
     resumed: bool = False
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # lines to show at start that are no warning (the sandbox's)
     release: Callable[[], None] | None = None
     executor: Executor | None = None
     lock: Any = None  # the loop's FileLock, for a supervisor that keeps it across runs
@@ -850,10 +851,12 @@ class Loop:
         return v if isinstance(v, str) and v.strip() else None
 
     async def _verify(self, command: str, ctx: StepContext) -> tuple[bool, str]:
-        from kiro.executors.shell import step_env
+        from kiro.executors.shell import step_box, step_env
 
-        result = await run_process(["bash", "-e", "-c", command], cwd=self.project_dir, env=step_env(ctx),
-                                   timeout=self.cfg.step_timeout_seconds, cancel=self.cancel)
+        env = step_env(ctx)
+        result = await run_process(["bash", "-e", "-c", command], cwd=self.project_dir, env=env,
+                                   timeout=self.cfg.step_timeout_seconds, cancel=self.cancel,
+                                   box=step_box(ctx, env, project=self.project_dir))
         text = self.redact.text(tail(result.output, 4000))
         if result.timed_out:
             return False, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}"

@@ -367,6 +367,34 @@ def _check_kiro_task_id(ws: Workspace, path: Path, task: tasks.TaskFile) -> None
                         f"line and kiro writes a new one") from None
 
 
+def _check_sandbox(cfg: Config) -> None:
+    """`sandbox: bwrap` asked for where bwrap cannot box a step: one line and exit 1, before anything is
+    made or any step runs (never a silent unboxed run)."""
+    from kiro.processes import sandbox
+
+    sandbox.status_line(cfg.sandbox)
+
+
+def _sandbox_notes(cfg: Config, ws: Workspace, task_path: Path, executor: Executor, warnings: list[str]) -> list[str]:
+    """The line that names the box steps run in; or, where bwrap is missing, a warning saying so."""
+    from kiro.processes import sandbox
+
+    unboxed = sandbox.status_line(cfg.sandbox)
+    if unboxed is not None:
+        warnings.append(unboxed)
+        return []
+    if not sandbox.wanted(cfg.sandbox):
+        return []
+    preset = getattr(executor, "preset", None)
+    home = os.environ.get("HOME")
+    box = sandbox.box_for(project=ws.root / cfg.project_dir, workspace=ws.root, state_dir=ws.state_dir,
+                          task_file=task_path, home=Path(home) if home and os.path.isabs(home) else None,
+                          home_paths=preset.home_paths(os.environ) if preset is not None else (),
+                          extra_rw=cfg.sandbox_paths.rw, extra_ro=cfg.sandbox_paths.ro,
+                          network=cfg.sandbox_network == "on")
+    return [f"sandbox: bwrap ({box.describe()})"]
+
+
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
                   overrides: Mapping[str, Any] | None = None, executor: Executor | None = None,
                   index: LoopIndex | None = None, batch: StartBatch | None = None) -> LoopRun:
@@ -387,6 +415,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         ws.ensure_folders()
         checkpoints.preflight(cfg, ws.root / cfg.project_dir)
     rel = ws.relative_name(task_path)  # resolve_task walked it (a real path): the loop's three uses need no walk
+    _check_sandbox(cfg)
     schedule.of_task(task, rel)  # a bad `schedule:` is one clear line, before anything starts
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
     with _workspace_guard(store) if batch is None else batch.guard(store):
@@ -454,6 +483,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             _release(store, tid, lock)
             raise
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
+                   notes=_sandbox_notes(cfg, ws, task_path, executor, warnings),
                    release=lambda: _release(store, tid, lock), executor=executor, lock=lock,
                    features=features.standard())
 
@@ -566,6 +596,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         cfg = loc.config
         warnings += not_built_warnings(cfg, task, ws)
         _check_project_dir(ws, cfg)
+        _check_sandbox(cfg)
         if executor is None:  # before anything is moved or removed: a bad executor changes nothing
             executor_name = choose_executor(cfg, task, recorded=state.executor)
             warnings += unused_command_warning(cfg, executor_name)
@@ -614,6 +645,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             store.release(task_id, lock)
         raise
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
+                   notes=_sandbox_notes(cfg, ws, path, executor, warnings),
                    release=lambda: _release(store, task_id, lock), executor=executor, lock=lock,
                    features=features.standard())
 

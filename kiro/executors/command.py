@@ -25,8 +25,9 @@ from kiro.executors import agents, prompts
 from kiro.executors.agents import Failure, Invocation, clean
 from kiro.executors.base import ExecutorBase, StepContext, StepResult, Usage
 from kiro.executors.control import UNCHECKED_NAMED, ControlSnapshot
-from kiro.executors.shell import step_env
+from kiro.executors.shell import step_box, step_env
 from kiro.fs.atomic import atomic_write
+from kiro.processes.sandbox import Box
 from kiro.processes.spawn import ProcessResult, run_process
 from kiro.store import tasks
 from kiro.store.config import Config
@@ -94,6 +95,10 @@ class CommandExecutor(ExecutorBase):
         argv = self.preset.argv(inv, self.argv)
         env = step_env(ctx)
         env.update(self.preset.env(inv))
+        box = step_box(ctx, env, self.preset.home_paths(env), read_paths=self.preset.read_paths(env))
+        if box is not None:
+            argv = self.preset.boxed_argv(argv)
+            env.update(self.preset.boxed_env(env, ctx.project_dir))
         if uses_file:
             atomic_write(prompt_file, text, fsync=False)
             env["KIRO_PROMPT_FILE"] = str(prompt_file)
@@ -104,7 +109,8 @@ class CommandExecutor(ExecutorBase):
             result = await run_process(argv, cwd=ctx.project_dir, env=env,
                                        stdin_data=None if uses_file else text.encode("utf-8"),
                                        timeout=ctx.timeout_seconds, cancel=ctx.cancel, output_limit=LOG_KEPT,
-                                       separate_stderr=True, idle_timeout=self.idle_timeout, on_stdout=watch)
+                                       separate_stderr=True, idle_timeout=self.idle_timeout, on_stdout=watch,
+                                       box=box)
         except FileNotFoundError:
             if not ctx.project_dir.is_dir():
                 where = str(ctx.project_dir)
@@ -119,7 +125,8 @@ class CommandExecutor(ExecutorBase):
         failure = watch.failure if result.aborted else None
         if not (result.cancelled or result.timed_out or result.idle_timed_out or result.aborted):
             failure = self.preset.classify_failure(result.returncode, result.output, result.stderr)
-        log = self._write_log(ctx, argv, result, failure, touched, snapshot.unchecked, time.monotonic() - started)
+        log = self._write_log(ctx, argv, result, failure, touched, snapshot.unchecked, time.monotonic() - started,
+                              box)
         summary = ctx.redact.text(self.preset.summary(result.output, result.stderr, text))
         outcome = self._outcome(ctx, result, failure, touched, summary, log)
         outcome.usage = usage
@@ -174,7 +181,7 @@ class CommandExecutor(ExecutorBase):
         )
 
     def _write_log(self, ctx: StepContext, argv: list[str], result: ProcessResult, failure: Failure | None,
-                   touched: list[str], unchecked: list[str], seconds: float) -> Path:
+                   touched: list[str], unchecked: list[str], seconds: float, box: Box | None = None) -> Path:
         path = self.log_path(ctx)
         how = ("cancelled" if result.cancelled else "idle timeout" if result.idle_timed_out
                else "timed out" if result.timed_out else f"exit {result.returncode}")
@@ -183,6 +190,7 @@ class CommandExecutor(ExecutorBase):
             f"# agent: {self.preset.name}",
             f"# command: {' '.join(argv)}",
             f"# cwd: {ctx.project_dir}",
+            f"# sandbox: bwrap ({box.describe()})" if box is not None else "# sandbox: off",
             f"# result: {how} after {seconds:.3f} s",
         ]
         if failure is not None:

@@ -4,9 +4,12 @@ Success is exit status 0 (SPEC §5)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from kiro.errors import ExecutorError
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
+from kiro.processes import sandbox
 from kiro.processes.spawn import last_line, run_process, tail
 from kiro.store.config import Config
 from kiro.store.workspace import Workspace
@@ -26,6 +29,23 @@ def step_env(ctx: StepContext) -> dict[str, str]:
     return env
 
 
+def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path] = (),
+             project: Path | None = None, read_paths: Iterable[Path] = ()) -> sandbox.Box | None:
+    """The box (kiro.processes.sandbox) a step's process runs in, or None with `sandbox: off` (or no
+    setting where bwrap is not usable). `project`: where it runs, when not the step's project
+    directory (verify in a worker's tree, run_command's confinement root)."""
+    cfg = ctx.config
+    if not sandbox.wanted(cfg.sandbox):
+        return None
+    home = env.get("HOME")
+    return sandbox.box_for(project=project or ctx.project_dir, workspace=ctx.workspace.root,
+                           state_dir=ctx.workspace.state_dir, task_file=ctx.task_path,
+                           home=Path(home) if home and os.path.isabs(home) else None, home_paths=home_paths,
+                           read_paths=read_paths,
+                           extra_rw=cfg.sandbox_paths.rw, extra_ro=cfg.sandbox_paths.ro,
+                           network=cfg.sandbox_network == "on")
+
+
 class ShellExecutor(ExecutorBase):
     """Runs the step's own command; the prompts are recorded (`context.last_prompt`) but sent nowhere."""
 
@@ -42,8 +62,9 @@ class ShellExecutor(ExecutorBase):
             raise ExecutorError(f"step {ctx.step.id} has no ```sh block for the shell executor to run; add one "
                                 f"under the step, or run this task with an agent (--agent claude, or "
                                 f"--executor openai), then `kiro loop resume`")
-        result = await run_process(["bash", "-e", "-c", command], cwd=ctx.project_dir, env=step_env(ctx),
-                                   timeout=ctx.timeout_seconds, cancel=ctx.cancel)
+        env = step_env(ctx)
+        result = await run_process(["bash", "-e", "-c", command], cwd=ctx.project_dir, env=env,
+                                   timeout=ctx.timeout_seconds, cancel=ctx.cancel, box=step_box(ctx, env))
         output = tail(result.output)
         if result.cancelled:
             return StepResult("interrupted", summary=output, error="stopped while the command ran")

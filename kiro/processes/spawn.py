@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVarTuple
 
 from kiro.processes import groups
+from kiro.processes.sandbox import Box
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -157,8 +158,11 @@ async def run_process(
     separate_stderr: bool = False,
     idle_timeout: float | None = None,
     on_stdout: Callable[[bytes], bool] | None = None,
+    box: Box | None = None,
 ) -> ProcessResult:
-    """`confine`: the command is the agent's choice: no capabilities, no new privileges."""
+    """`confine`: the command is the agent's choice: no capabilities, no new privileges. `box`: run it
+    in bubblewrap (kiro.processes.sandbox), which also drops capabilities and new privileges (as
+    setpriv would: `confine` needs nothing more), and dies with the group's leader."""
     started = time.monotonic()
     child_env = dict(os.environ if env is None else env)
     _check_program(argv[0], cwd, child_env)
@@ -169,8 +173,10 @@ async def run_process(
     if mark is not None:
         child_env[mark[0]] = mark[1]
     wait_by_pidfd()
+    command = groups.wrap(list(argv), confine=confine) if box is None else \
+        [*box.prefix(cwd, child_env, argv[0]), *argv]
     proc = await asyncio.create_subprocess_exec(
-        *groups.wrap(list(argv), confine=confine),
+        *command,
         cwd=str(cwd),
         env=child_env,
         stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,

@@ -217,6 +217,27 @@ class Approval(_Strict):
     agent_steps: bool = True  # SPEC §11: add_steps proposes (Pending_Approval/) instead of editing the task file
 
 
+class SandboxPaths(_Strict):
+    """`sandbox_paths:` — more of the file system for the box (kiro.processes.sandbox): `rw` read-write,
+    `ro` read-only on top. Absolute paths or `~/...`; each must exist."""
+
+    rw: list[str] = Field(default_factory=list)
+    ro: list[str] = Field(default_factory=list)
+
+    @field_validator("rw", "ro")
+    @classmethod
+    def _existing(cls, paths: list[str]) -> list[str]:
+        found = []
+        for raw in paths:
+            path = os.path.expanduser(raw)
+            if not os.path.isabs(path):
+                raise ValueError(f"{raw!r} is not an absolute path; write it as /path/to/it or ~/path")
+            if not os.path.exists(path):
+                raise ValueError(f"{raw!r} does not exist ({path}); create it, or remove it from the list")
+            found.append(os.path.normpath(path))
+        return found
+
+
 class LocalBackend(_Strict):
     """SPEC §12's default: loops run in kiro's own processes."""
 
@@ -258,11 +279,16 @@ class Config(_Strict):
     secret_env: list[str] = Field(default_factory=list)
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
     isolation: Literal["none", "worktree"] = "none"
+    # None: bwrap when installed and usable, else unconfined with one line saying so (kiro.processes.sandbox)
+    sandbox: Literal["bwrap", "off"] | None = None
+    sandbox_paths: SandboxPaths = Field(default_factory=SandboxPaths)
+    sandbox_network: Literal["on", "off"] = "on"
     merge: Literal["manual", "auto"] = "manual"
     backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
 
     _empty_sections = field_validator(
-        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", mode="before"
+        "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "sandbox_paths",
+        mode="before"
     )(_none_is_empty)
 
     @field_validator("backend", mode="before")
@@ -306,6 +332,17 @@ class Config(_Strict):
             return "git"
         return value
 
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_off(cls, value: Any) -> Any:
+        """`sandbox: off` (YAML false); `sandbox: on` means bwrap."""
+        return {False: "off", True: "bwrap"}.get(value, value) if isinstance(value, bool) else value
+
+    @field_validator("sandbox_network", mode="before")
+    @classmethod
+    def _network_on_off(cls, value: Any) -> Any:
+        return {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
+
 
 # Task frontmatter keys that set config values, and the dotted config path each one sets.
 FRONTMATTER_KEYS: dict[str, str] = {
@@ -317,6 +354,8 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "timeout_seconds": "autonomous_loop.timeout_seconds",
     "model": "llm.model",
     "include_optional": "include_optional",
+    "sandbox": "sandbox",
+    "sandbox_network": "sandbox_network",
 }
 
 # Command-line flags that set config values, by the dotted path they set; names errors in a flag's value.
@@ -344,6 +383,7 @@ ENV_KEYS: dict[str, str] = {
     "KIRO_BASE_URL": "llm.base_url",
     "KIRO_PROJECT_DIR": "project_dir",
     "KIRO_INCLUDE_OPTIONAL": "include_optional",
+    "KIRO_SANDBOX": "sandbox",
 }
 
 

@@ -292,10 +292,12 @@ def _find_done(git: checkpoints.Git, inp: dict[str, Any], tip: str, redact: Reda
 
 
 async def _verify(command: str, tree: Path, ctx: StepContext, redact: Redactor) -> tuple[bool, str]:
-    from kiro.executors.shell import step_env
+    from kiro.executors.shell import step_box, step_env
 
-    result = await run_process(["bash", "-e", "-c", command], cwd=tree, env=step_env(ctx),
-                               timeout=ctx.config.step_timeout_seconds, cancel=ctx.cancel)
+    env = step_env(ctx)
+    result = await run_process(["bash", "-e", "-c", command], cwd=tree, env=env,
+                               timeout=ctx.config.step_timeout_seconds, cancel=ctx.cancel,
+                               box=step_box(ctx, env, project=tree))
     text = redact.text(tail(result.output, 4000))
     if result.timed_out:
         return False, f"(timed out after {ctx.config.step_timeout_seconds:g} s)\n{text}"

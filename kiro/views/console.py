@@ -122,6 +122,12 @@ def warning(message: str) -> None:
     sys.stderr.flush()
 
 
+def note(message: str) -> None:
+    """One line on stderr, `kiro: <message>`, that is neither an error nor a warning (the box steps run in)."""
+    sys.stderr.write(clean(f"kiro: {message}") + "\n")
+    sys.stderr.flush()
+
+
 def line(text: str, style: str | None = None) -> None:
     sys.stdout.write(_paint(clean(text), style, sys.stdout) + "\n")
     sys.stdout.flush()

@@ -22,7 +22,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -31,6 +31,7 @@ from kiro.errors import ExecutorError
 from kiro.executors.base import Usage
 
 if TYPE_CHECKING:
+    from kiro.processes.sandbox import Box
     from kiro.store.config import Config
 
 FailureKind = Literal["usage_error", "auth_error", "rate_limit", "failure"]
@@ -186,6 +187,36 @@ class Preset:
     def command_line(self) -> str:
         return shlex.join(self.template())
 
+    # -- the sandbox (kiro.processes.sandbox) ----------------------------------------------
+
+    home_files: ClassVar[tuple[str, ...]] = ()  # its config and auth under $HOME, read-write in the box
+
+    def home_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """The CLI's own config, auth and cache files and folders, read-write in kiro's box (the
+        rest of $HOME is an empty tmpfs there). `env`: the environment the CLI runs with."""
+        home = _home(env)
+        return [home / name for name in self.home_files] if home is not None else []
+
+    def read_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """Files and folders the CLI's own variables name (`AIDER_MODEL_METADATA_FILE`, `OPENCODE_CONFIG`:
+        those of `env_keys` and those that start with its program's name): the person pointed the CLI
+        at them, so they stay readable in kiro's box, also under the emptied $HOME."""
+        own = f"{self.program.upper()}_" if self.program else None
+        found = []
+        for name, value in env.items():
+            if (name in self.env_keys or (own and name.startswith(own))) and os.path.isabs(value) \
+                    and os.path.exists(value):
+                found.append(Path(value))
+        return found
+
+    def boxed_argv(self, argv: list[str]) -> list[str]:
+        """The command line to run inside kiro's box (codex picks another sandbox mode of its own)."""
+        return argv
+
+    def boxed_env(self, env: Mapping[str, str], project_dir: Path) -> dict[str, str]:
+        """Variables to set inside kiro's box, on top of `env` (aider's git identity)."""
+        return {}
+
     # -- what came out ---------------------------------------------------------------------
 
     def parse_usage(self, stdout: str) -> Usage | None:
@@ -243,6 +274,20 @@ class Preset:
         except (OSError, subprocess.SubprocessError):
             return None
         return last_line(done.stdout) or last_line(done.stderr)
+
+
+def _home(env: Mapping[str, str]) -> Path | None:
+    home = env.get("HOME")
+    return Path(home) if home and os.path.isabs(home) else None
+
+
+def env_folder(env: Mapping[str, str], variable: str, default: str) -> Path | None:
+    """`$variable` when set (CODEX_HOME, XDG_CONFIG_HOME...), else `default` under $HOME."""
+    value = env.get(variable)
+    if value and os.path.isabs(value):
+        return Path(value)
+    home = _home(env)
+    return home / default if home is not None else None
 
 
 class LineWatch:
@@ -347,10 +392,11 @@ def resolve(config: Config) -> tuple[Preset, list[str]]:
     )
 
 
-def describe(config: Config | None = None) -> list[dict[str, Any]]:
+def describe(config: Config | None = None, box: Box | None = None) -> list[dict[str, Any]]:
     """What `kiro agents` shows: each preset, whether its CLI is installed, its version, and the
     exact command line kiro would run with this config (the configured agent's executor_command
-    override included)."""
+    override included). `box`: the workspace's step box (kiro.processes.sandbox) when steps run in one;
+    each row then names what its CLI may write in it (the project, and its own files under $HOME)."""
     from concurrent.futures import ThreadPoolExecutor
 
     presets = [cls(config) for cls in available()]
@@ -365,11 +411,17 @@ def describe(config: Config | None = None) -> list[dict[str, Any]]:
         idle = preset.idle_timeout_seconds
         if config is not None and config.step_idle_timeout_seconds is not None:
             idle = config.step_idle_timeout_seconds
+        boxed = box is not None
         rows.append({
             "name": preset.name, "program": preset.program, "installed": preset.installed() is not None,
-            "path": preset.installed(), "version": version, "command": line,
+            "path": preset.installed(), "version": version,
+            "command": shlex.join(preset.boxed_argv(shlex.split(line))) if boxed else line,
             "prompt": "file" if "{prompt_file}" in line else "stdin",
             "idle_timeout_seconds": idle, "env": list(preset.env_keys), "install": preset.install,
             "selected": chosen,
+            "sandbox": None if box is None else {
+                "rw": [str(p) for p in box.rw] + [str(p) for p in preset.home_paths(os.environ)
+                                                   if str(p) not in {str(q) for q in box.rw}],
+                "ro": [str(p) for p in box.ro], "home": str(box.home) if box.home else None},
         })
     return rows

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +78,8 @@ class AiderPreset(Preset):
                "--message-file {prompt_file} --file {task_file}")
     idle_timeout_seconds = 600.0
     env_keys = ("OPENAI_API_BASE", "OPENAI_API_KEY", "AIDER_MODEL", "ANTHROPIC_API_KEY", "GEMINI_API_KEY")
+    # its caches and analytics (~/.aider), and the settings it reads from $HOME
+    home_files = (".aider", ".aider.conf.yml", ".aider.model.settings.yml", ".aider.model.metadata.json")
 
     def __init__(self, config: Config | None = None) -> None:
         super().__init__(config)
@@ -97,6 +101,25 @@ class AiderPreset(Preset):
     def env(self, inv: Invocation) -> dict[str, str]:
         # no colours, and litellm's bundled price list instead of a download at every start
         return {"NO_COLOR": "1", "LITELLM_LOCAL_MODEL_COST_MAP": os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP", "True")}
+
+    def boxed_env(self, env: Mapping[str, str], project_dir: Path) -> dict[str, str]:
+        """aider writes a git identity into the repository's `.git/config` when git has none (aider's
+        main.py, `setup_git`), which the box refuses (read-only), and aider ends with a traceback. It
+        commits nothing here (--no-auto-commits), so where git has no identity the box gives it one,
+        as command-line config (`GIT_CONFIG_COUNT`), written nowhere."""
+        if "GIT_CONFIG_COUNT" in env:
+            return {}
+        try:
+            have = subprocess.run(["git", "config", "--get", "user.name"], cwd=project_dir, env=dict(env),
+                                  capture_output=True, text=True, timeout=10).stdout.strip()
+            have = have and subprocess.run(["git", "config", "--get", "user.email"], cwd=project_dir, env=dict(env),
+                                           capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            have = ""
+        if have:
+            return {}
+        return {"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "user.name", "GIT_CONFIG_VALUE_0": "aider (kiro)",
+                "GIT_CONFIG_KEY_1": "user.email", "GIT_CONFIG_VALUE_1": "aider@kiro.invalid"}
 
     def model(self) -> str | None:
         argv = self._argv or self.template()

@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from kiro.executors.agents import (
@@ -38,6 +40,7 @@ class ClaudePreset(Preset):
     command = "claude -p --output-format stream-json --verbose --permission-mode acceptEdits"
     idle_timeout_seconds = 600.0
     env_keys = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+    home_files = (".claude", ".claude.json")
 
     def extra_args(self) -> list[str]:
         tools = list(FILE_TOOLS)
@@ -56,6 +59,13 @@ class ClaudePreset(Preset):
             if "--add-dir" not in argv:
                 argv[1:1] = ["--add-dir", str(folder)]
         return argv
+
+    def home_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """`CLAUDE_CONFIG_DIR` when set (its `.claude.json` is in it), else `~/.claude` and `~/.claude.json`."""
+        folder = env.get("CLAUDE_CONFIG_DIR")
+        if folder and os.path.isabs(folder):
+            return [Path(folder)]
+        return super().home_paths(env)
 
     def env(self, inv: Invocation) -> dict[str, str]:
         return {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "NO_COLOR": "1"}

@@ -14,15 +14,28 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.agents import (
+    Failure,
+    Invocation,
+    Preset,
+    clean,
+    env_folder,
+    error_line,
+    json_lines,
+    last_line,
+    tail,
+)
 from kiro.executors.base import Usage
 
 if TYPE_CHECKING:
     from kiro.store.config import Config
+
+
+BOXED_MODE = "danger-full-access"  # codex's sandbox mode inside kiro's (see CodexPreset.boxed_argv)
 
 
 class CodexPreset(Preset):
@@ -53,6 +66,27 @@ class CodexPreset(Preset):
 
     def env(self, inv: Invocation) -> dict[str, str]:
         return {"NO_COLOR": "1"}
+
+    def home_paths(self, env: Mapping[str, str]) -> list[Path]:
+        folder = env_folder(env, "CODEX_HOME", ".codex")
+        return [folder] if folder is not None else []
+
+    def boxed_argv(self, argv: list[str]) -> list[str]:
+        """Inside kiro's box codex cannot make its own (its bwrap needs namespaces the box does not
+        give: "Creating new namespace failed"), and kiro's box already confines every command it runs
+        to the project: `--sandbox danger-full-access` in place of the mode asked for (in its place on the
+        command line). Out of the box, codex keeps its own (`workspace-write`)."""
+        out = list(argv)
+        for i, arg in enumerate(out):
+            if arg in ("-s", "--sandbox") and i + 1 < len(out):
+                out[i + 1] = BOXED_MODE
+                return out
+            if arg.startswith("--sandbox="):
+                out[i] = f"--sandbox={BOXED_MODE}"
+                return out
+        at = 2 if len(out) > 1 and out[1] == "exec" else 1
+        out[at:at] = ["--sandbox", BOXED_MODE]
+        return out
 
     def model(self, argv: list[str] | None = None) -> str | None:
         argv = argv if argv is not None else self._argv or self.template()

@@ -20,6 +20,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kiro.executors.agents import (
@@ -27,6 +29,7 @@ from kiro.executors.agents import (
     FailureKind,
     Preset,
     clean,
+    env_folder,
     error_line,
     json_lines,
     last_event,
@@ -54,6 +57,11 @@ class GeminiPreset(Preset):
 
     def env(self, inv: Any) -> dict[str, str]:
         return {"NO_COLOR": "1"}
+
+    def home_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """`~/.gemini`, or the folder `GEMINI_CLI_HOME` names (gemini keeps its `.gemini` in it)."""
+        folder = env_folder(env, "GEMINI_CLI_HOME", ".gemini")
+        return [folder] if folder is not None else []
 
     @staticmethod
     def _result(stdout: str) -> dict[str, Any] | None:

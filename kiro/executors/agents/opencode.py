@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kiro.executors.agents import (
@@ -24,6 +26,7 @@ from kiro.executors.agents import (
     Invocation,
     Preset,
     clean,
+    env_folder,
     error_line,
     json_lines,
     last_line,
@@ -34,6 +37,10 @@ from kiro.executors.base import Usage
 _AUTH = re.compile(r"\b401\b|\b403\b|api key|unauthori[sz]ed|authentication|not authenticated|credentials", re.I)
 _RATE = re.compile(r"\b429\b|rate[ _-]?limit|too many requests|quota|overloaded", re.I)
 _USAGE_HEAD = "opencode run [message..]"
+
+
+XDG = (("XDG_CONFIG_HOME", ".config"), ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state"),
+       ("XDG_CACHE_HOME", ".cache"))
 
 
 class OpencodePreset(Preset):
@@ -49,6 +56,11 @@ class OpencodePreset(Preset):
 
     def env(self, inv: Invocation) -> dict[str, str]:
         return {"NO_COLOR": "1", "OPENCODE_DISABLE_AUTOUPDATE": "true"}
+
+    def home_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """Its folders under the XDG base directories: config, data (auth, sessions), state, cache."""
+        found = [env_folder(env, variable, default) for variable, default in XDG]
+        return [folder / "opencode" for folder in found if folder is not None]
 
     def parse_usage(self, stdout: str) -> Usage | None:
         total = Usage()

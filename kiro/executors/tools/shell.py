@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import Field
 
+from kiro.executors.shell import step_box
 from kiro.executors.tools.base import Args, Tool, ToolEnv, ToolResult
 from kiro.executors.tools.errors import ToolError
 from kiro.processes import groups, programs
@@ -125,7 +126,8 @@ async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
                 raise ToolError(f"git: {exc}; kiro does not let git take files in the project for a "
                                 f"repository") from None
         result = await run_process(argv, cwd=env.confinement.root, env=child_env, timeout=timeout,
-                                   cancel=env.ctx.cancel, output_limit=settings.max_output_chars, confine=True)
+                                   cancel=env.ctx.cancel, output_limit=settings.max_output_chars, confine=True,
+                                   box=step_box(env.ctx, child_env, project=env.confinement.root))
     except FileNotFoundError:
         raise ToolError(f"program {argv[0]!r} not found (looked on PATH and in the project directory)") \
             from None

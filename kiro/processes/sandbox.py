@@ -1,0 +1,229 @@
+"""The box a step's processes run in: Debian's bubblewrap (`bwrap`), no daemon, root or not.
+
+`sandbox: bwrap` (the default where bwrap is installed and usable) runs every process kiro starts
+for a step (a shell step, verify, an agent CLI, `run_command`) as
+
+    bwrap --die-with-parent --unshare-pid [--unshare-net] [--cap-drop ALL]
+          --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --tmpfs $HOME
+          --bind <project> ... --ro-bind <kiro's folders> ... -- <argv>
+
+- the whole file system read-only; the project directory read-write (and the task file, when it
+  lies outside the project: the agent CLI checks its box there);
+- kiro's control folders (`.state/`, `.hooks/`, `config/`, `Logs/`, `.kiro/`, the task areas
+  `Done/` `Needs_Action/` and the approval folders) and `.git` re-bound read-only on top: kiro's own
+  git runs outside the box. A folder that does not exist when the step starts is not bound (bwrap
+  would make it on disk to mount over it); kiro makes `.state`, `.hooks` and `Logs` before any step;
+- `$HOME` an empty tmpfs plus, read-write, exactly the agent CLI's own config and auth files
+  (each preset names them: `Preset.home_paths`), plus `sandbox_paths.rw` / `.ro`;
+- a private `/tmp` (a project under /tmp is bound after it, so it stays the real one);
+- its own PID namespace with a fresh /proc: kiro's processes are not there to kill or read, and
+  `--die-with-parent` ends the box's init when bwrap or kiro dies, which ends everything inside,
+  also what left the process group (`setsid`);
+- as root, no capabilities (`--cap-drop ALL`; bwrap sets no-new-privs), so nothing inside remounts
+  what is read-only;
+- the environment as kiro gives it; no `--new-session`: a step is already in a session of its own
+  with no terminal (spawn's `start_new_session`), and staying in bwrap's process group lets the
+  SIGTERM that ends a step reach the command itself (a graceful end) before the SIGKILL.
+
+`sandbox: off` runs steps as before; `sandbox_network: off` adds `--unshare-net`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from kiro.errors import UserError
+
+INSTALL = "apt-get install bubblewrap"
+PROBE_TIMEOUT = 10.0
+
+# kiro's folders a step reads but never writes, by their name in the workspace (and in the project).
+CONTROL = (".state", ".hooks", "config", "Logs", ".git", ".kiro", "Done", "Needs_Action", "Pending_Approval",
+           "Approved", "Rejected", "Dashboard.md")
+
+
+HOME_READ = (".gitconfig", ".config/git/config")  # git's identity and settings: read-only in the empty $HOME
+PREFIX_PARTS = ("lib", "lib64", "pyvenv.cfg")  # what a program in <prefix>/bin loads from its prefix
+
+
+@cache
+def bwrap_path() -> str | None:
+    from kiro.processes.groups import which
+
+    return which("bwrap")
+
+
+@cache
+def unusable() -> str | None:
+    """Why bwrap cannot box a step here (not installed, or refused: no user namespaces for a user
+    that is not root, a seccomp filter...), or None when it can. Probed once per process."""
+    tool = bwrap_path()
+    if tool is None:
+        return f"bwrap is not installed ({INSTALL})"
+    probe = [tool, *_base(network=True), "--", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=PROBE_TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bwrap cannot run ({exc})"
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return f"bwrap cannot make a box here ({said[:200]})"
+    return None
+
+
+def wanted(setting: str | None) -> bool:
+    """Whether steps run in the box: `bwrap` asked for, or no setting (the default) and bwrap usable."""
+    if setting == "off":
+        return False
+    return setting == "bwrap" or unusable() is None
+
+
+def _root() -> bool:
+    return os.geteuid() == 0
+
+
+def _base(*, network: bool) -> list[str]:
+    args = ["--die-with-parent", "--unshare-pid"]
+    if not network:
+        args.append("--unshare-net")
+    if _root():
+        args += ["--cap-drop", "ALL"]
+    return [*args, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+@dataclass(frozen=True)
+class Box:
+    """Where one step's process may write. Paths are absolute; `home` is made an empty tmpfs."""
+
+    rw: tuple[Path, ...] = ()
+    ro: tuple[Path, ...] = ()
+    home: Path | None = None
+    network: bool = True
+    home_rw: tuple[Path, ...] = field(default=())  # the agent CLI's own files under `home`, for `describe`
+
+    def prefix(self, cwd: Path, env: Mapping[str, str], program: str | None = None) -> list[str]:
+        """The bwrap command line to put before a step's argv, run in `cwd` with `env`. Its HOME gets an
+        empty tmpfs (also one that is not the box's: run_command's own temporary home). The folders
+        of its PATH and of `program` (argv[0], found on PATH) that the tmpfs on /tmp or $HOME would hide
+        stay visible read-only, with the install prefix they belong to: the environment works as kiro
+        gives it."""
+        tool = bwrap_path()
+        if tool is None:
+            raise FileNotFoundError(2, f"bwrap is not installed ({INSTALL})", "bwrap")
+        args = [tool, *_base(network=self.network)]
+        child_home = env.get("HOME")
+        homes = [p for p in (self.home, Path(child_home) if child_home else None)
+                 if p is not None and p.is_absolute() and p != Path("/")]
+        for folder in dict.fromkeys(homes):  # an empty home, writable, gone with the step
+            args += ["--tmpfs", str(folder)]
+        hidden = [Path("/tmp"), *homes]
+        shown = _shown(hidden, env, program)
+        mounts = [(p, "--bind-try") for p in dict.fromkeys(self.rw)]
+        mounts += [(p, "--ro-bind-try") for p in dict.fromkeys(self.ro)]
+        mounts += [(p, "--ro-bind-try") for p in shown if p not in self.rw and p not in self.ro]
+        # parents before what lies in them; at one depth, read-only last (it wins)
+        for path, how in sorted(mounts, key=lambda m: (len(m[0].parts), m[1] == "--ro-bind-try")):
+            args += [how, str(path), str(path)]
+        return [*args, "--chdir", str(cwd), "--"]
+
+    def describe(self) -> str:
+        """One line: what the box lets a step write."""
+        home = ", ".join(_tilde(p, self.home) for p in self.home_rw) or "none"
+        names = sorted({p.name for p in self.ro if p.name in CONTROL}, key=CONTROL.index)
+        extra = [str(p) for p in self.ro if p.name not in CONTROL]
+        net = "" if self.network else "; network off"
+        return (f"project read-write; {' '.join(names) or 'nothing'}{' ' + ' '.join(extra) if extra else ''} "
+                f"read-only; home: {home}{net}")
+
+
+def _shown(hidden: list[Path], env: Mapping[str, str], program: str | None) -> list[Path]:
+    """The PATH folders (and `program`'s folder) that lie under a hidden area, each with what its
+    programs load from their install prefix (a virtual environment's lib/ and pyvenv.cfg, a node
+    version's lib/node_modules), never the whole prefix (~/.cargo holds credentials.toml beside bin/),
+    a whole hidden area or `~/.local`."""
+    from kiro.processes.groups import which
+
+    def under(path: Path) -> bool:
+        return any(_within(path, area) for area in hidden)
+
+    tops = {*hidden, *(area / ".local" for area in hidden)}
+    folders = [Path(p) for p in env.get("PATH", "").split(os.pathsep) if os.path.isabs(p)]
+    if program:
+        found = program if "/" in program else which(program, env.get("PATH", os.defpath))
+        if found and os.path.isabs(found):
+            folders += [Path(found).parent, Path(os.path.realpath(found)).parent]
+    shown: list[Path] = []
+    for folder in folders:
+        for one in dict.fromkeys((folder, _real(folder))):
+            if not under(one) or one in tops:
+                continue
+            shown.append(one)
+            shown += [one.parent / name for name in PREFIX_PARTS if os.path.lexists(one.parent / name)]
+    return list(dict.fromkeys(shown))
+
+
+def _tilde(path: Path, home: Path | None) -> str:
+    if home is not None and _within(path, home) and path != home:
+        return "~/" + path.relative_to(home).as_posix()
+    return str(path)
+
+
+def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | None = None,
+            home: Path | None = None, home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (),
+            extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: bool = True) -> Box:
+    """The box of a step run in `project` for the loop of `workspace`. `home_paths`: the agent CLI's
+    own files and folders (read-write); `read_paths`: files its variables name (read-only);
+    `extra_rw` / `extra_ro`: the person's `sandbox_paths`."""
+    project = _real(project)
+    rw = [project]
+    if task_file is not None and not _within(_real(task_file), project):
+        rw.append(_real(task_file))  # the agent checks its box there
+    home_rw = [Path(p) for p in home_paths if Path(p).exists()]
+    rw += home_rw
+    ro: list[Path] = [home / name for name in HOME_READ if home is not None and (home / name).is_file()]
+    ro += [Path(p) for p in read_paths if not any(_within(Path(p), q) for q in rw)]
+    rw += [Path(p).expanduser() for p in extra_rw]
+    for base in dict.fromkeys((_real(workspace), project)):
+        for name in CONTROL:
+            folder = base / name
+            if os.path.lexists(folder) and not _within(project, _real(folder)):
+                ro.append(_real(folder))
+    state = _real(state_dir)
+    if state.exists() and not _within(project, state):
+        ro.append(state)
+    ro += [Path(p).expanduser() for p in extra_ro]
+    return Box(rw=tuple(dict.fromkeys(rw)), ro=tuple(dict.fromkeys(ro)), home=home, network=network,
+               home_rw=tuple(home_rw))
+
+
+def status_line(setting: str | None) -> str | None:
+    """What to tell a person when a loop starts, with no box yet: None when the box is on (the caller
+    names it), else why steps run unconfined."""
+    if setting == "off":
+        return None
+    why = unusable()
+    if why is None:
+        return None
+    if setting == "bwrap":
+        raise SandboxUnavailable(f"sandbox: bwrap was asked for, but {why}; install it ({INSTALL}) or set "
+                                 f"sandbox: off to run steps unconfined")
+    return (f"steps run unconfined: {why}; install it ({INSTALL}) to run each step in a box, or set "
+            f"sandbox: off to say so and silence this line")
+
+
+class SandboxUnavailable(UserError):
+    """`sandbox: bwrap` was asked for and bwrap cannot box a step here."""
