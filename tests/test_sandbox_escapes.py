@@ -54,7 +54,7 @@ from tests.fakes import responses as fr
 
 TASK = "Specs/feature/tasks.md"
 ALL_CLIS: dict[str, Callable[[Path], Cli]] = {**CLIS, **MORE_CLIS}
-ORDER = tuple(os.environ.get("ESCAPES_ONLY", "claude codex gemini opencode aider").split())
+ORDER = ("claude", "codex", "gemini", "opencode", "aider")
 
 SECRETS = ("ssh", "aws", "environ")  # what is read, and where it must not arrive
 WRITES = {"outside": "../outside", "state": ".state/x", "hooks": ".hooks/stop", "config": "config/x",
@@ -292,13 +292,6 @@ def run_cli(name: str, mode: str, ws: Workspace, home: Path) -> Run:
             time.sleep(0.1)
             survivors = leftovers(run.mark)
         judge(run, survivors)
-        if os.environ.get("ESCAPES_DUMP"):  # TEMP debug
-            d = Path(os.environ["ESCAPES_DUMP"]) / f"{name}-{mode}"
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "requests.json").write_text(json.dumps([r.body for r in cli.server.requests], indent=1))
-            (d / "out.txt").write_text(run.out)
-            for log in (ws.root / "Logs").glob("*/1-1.log"):
-                (d / "attempt.log").write_text(log.read_text())
         for pid in survivors:  # the attack's own leftover, found by its marker
             os.kill(pid, signal.SIGKILL)
     finally:
