@@ -1,6 +1,7 @@
 """SIGKILLs at random points around git checkpoints, shared by the slow test and bench/git_crash.py.
 
-Each step appends its id to `Logs/side_effects.log` (kiro's folder: never committed) and writes
+Each step appends its id to `side_effects.log` in a folder beside the workspace (never committed; the
+config's `sandbox_paths.rw` lets the step's box write there, its path in $CRASH_SIDE_LOG) and writes
 `files/<id>.txt` (the project change its checkpoint commits). kiro is killed at random moments,
 half of the time with its whole process group (so a git it runs dies mid-write too), then resumed.
 """
@@ -22,7 +23,7 @@ from kiro.store import tasks
 from kiro.store.state import LoopState
 from tests.gitutil import changed_in, files_in, fsck_problems, git, git_env, init_repo, trailers
 
-STEP = ('mkdir -p files; echo "$KIRO_STEP_ID" >> "$KIRO_WORKSPACE/Logs/side_effects.log"; '
+STEP = ('mkdir -p files; echo "$KIRO_STEP_ID" >> "$CRASH_SIDE_LOG"; '
         'echo "$KIRO_STEP_ID" > files/$KIRO_STEP_ID.txt')
 
 
@@ -51,8 +52,25 @@ def _state_file(root: Path, tid: str) -> Path | None:
     return None
 
 
+def side_log(root: Path) -> Path:
+    """Where the steps note that they ran: beside the workspace, granted to the step's box."""
+    return root.parent / f"{root.name}-side" / "side_effects.log"
+
+
+def _setup(root: Path, config: str) -> dict[str, str]:
+    """The config (with the box's grant of the side log's folder) and the environment kiro runs with."""
+    side_log(root).parent.mkdir(parents=True, exist_ok=True)
+    (root / "config/autonomous_loop.yaml").write_text(
+        config + f"sandbox_paths:\n  rw: [{json.dumps(str(side_log(root).parent))}]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "GIT_"))}
+    env["KIRO_RAISE_ERRORS"] = "1"
+    env["CRASH_SIDE_LOG"] = str(side_log(root))
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
 def _counts(root: Path) -> Counter[str]:
-    p = root / "Logs/side_effects.log"
+    p = side_log(root)
     return Counter(p.read_text().split()) if p.exists() else Counter()
 
 
@@ -84,13 +102,9 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
     rep = Report()
     for name in ("Specs/crashy", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
         (root / name).mkdir(parents=True, exist_ok=True)
-    (root / "config/autonomous_loop.yaml").write_text(
-        "autonomous_loop:\n  max_iterations: 100000\n  backoff_base_seconds: 0.01\n")
+    env = _setup(root, "autonomous_loop:\n  max_iterations: 100000\n  backoff_base_seconds: 0.01\n")
     (root / "Specs/crashy/tasks.md").write_text(task_text(steps))
     init_repo(root)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "GIT_"))}
-    env["KIRO_RAISE_ERRORS"] = "1"
-    env.pop("PYTEST_CURRENT_TEST", None)
     rng = random.Random(seed)
     tid = "crashy"
     frozen: dict[str, int] = {}
@@ -205,7 +219,7 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
     return rep
 
 
-MERGE_STEP = ('echo "$KIRO_TASK_ID" >> "$KIRO_WORKSPACE/Logs/side_effects.log"; mkdir -p "out/$KIRO_TASK_ID"; '
+MERGE_STEP = ('echo "$KIRO_TASK_ID" >> "$CRASH_SIDE_LOG"; mkdir -p "out/$KIRO_TASK_ID"; '
               'for i in $(seq 1 60); do echo "$KIRO_TASK_ID $i" > "out/$KIRO_TASK_ID/$i.txt"; done; '
               'echo "$KIRO_TASK_ID" >> README.md')
 
@@ -217,14 +231,10 @@ def run_merges(root: Path, *, loops: int, seed: int) -> Report:
     rep = Report()
     for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
         (root / name).mkdir(parents=True, exist_ok=True)
-    (root / "config/autonomous_loop.yaml").write_text(
-        "autonomous_loop:\n  backoff_base_seconds: 0.01\nisolation: worktree\nmerge: auto\n")
+    env = _setup(root, "autonomous_loop:\n  backoff_base_seconds: 0.01\nisolation: worktree\nmerge: auto\n")
     init_repo(root)
     (root / "README.md").write_text("# project\n" + "".join(f"line {i}\n" for i in range(40)))
     git(root, "commit", "-qam", "a longer README")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "GIT_"))}
-    env["KIRO_RAISE_ERRORS"] = "1"
-    env.pop("PYTEST_CURRENT_TEST", None)
     rng = random.Random(seed)
     lock, ref = root / ".git/index.lock", root / ".git/refs/heads/main"
     for n in range(loops):
@@ -282,7 +292,7 @@ def run_merges(root: Path, *, loops: int, seed: int) -> Report:
             except (ValueError, KeyError):
                 continue
     rep.seconds = time.monotonic() - started
-    runs = Counter((root / "Logs/side_effects.log").read_text().split())
+    runs = Counter(side_log(root).read_text().split())
     merges: Counter[str] = Counter()
     for sha in git(root, "rev-list", "--first-parent", "main").split():
         merges[trailers(root, sha).get("Kiro-Merge", "")] += 1

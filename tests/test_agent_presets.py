@@ -13,6 +13,11 @@ from pathlib import Path
 from tests.conftest import FAST_CONFIG, Workspace, shell_task
 from tests.test_command_executor import TASK, agent_task, make_agent, runs
 
+# What kiro does where no box refuses an agent's writes to kiro's folders (sandbox: off, or no bwrap): put
+# them back, honour a stop hook the agent dropped, take a hook deleted meanwhile for a resume. In the box
+# those writes fail at once (tests/test_sandbox.py), so these tests run without it.
+UNBOXED = "sandbox: off\n"
+
 
 def test_openai_key_in_the_environment_does_not_override_executor_command(ws: Workspace) -> None:
     ws.task(agent_task(1).replace("executor: command\n", ""))
@@ -126,7 +131,7 @@ def test_control_files_and_other_boxes_an_agent_changes_are_put_back(ws: Workspa
         (ws / ".state" / "injected.json").write_text("{}")
         TASK.write_text(TASK.read_text().replace("- [ ] 3.", "- [x] 3."))
         check_box()
-        """)
+        """, extra_config=UNBOXED)
     config_before = (ws.root / "config" / "autonomous_loop.yaml").read_bytes()
     r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "1")
     assert r.returncode == 5, r.stdout + r.stderr
@@ -153,7 +158,7 @@ def test_a_stop_hook_the_agent_drops_is_honoured_not_undone(ws: Workspace) -> No
     make_agent(ws, """\
         (TASK.parents[2] / ".hooks" / "stop_autonomous_loop.md").write_text("stop, please\\n")
         check_box()
-        """)
+        """, extra_config=UNBOXED)
     r = ws.kiro("loop", "start", "--task", TASK)
     assert r.returncode == 3, r.stdout + r.stderr
     assert (ws.root / ".hooks" / "stop_autonomous_loop.md").exists()
@@ -167,7 +172,7 @@ def test_another_loops_stop_hook_deleted_meanwhile_is_a_resume_not_undone(ws: Wo
     make_agent(ws, """\
         (TASK.parents[2] / ".hooks" / "stop_autonomous_loop_other.md").unlink()
         check_box()
-        """)
+        """, extra_config=UNBOXED)
     r = ws.kiro("loop", "start", "--task", TASK)
     assert r.returncode == 0, r.stdout + r.stderr
     assert not (ws.root / ".hooks" / "stop_autonomous_loop_other.md").exists()
@@ -186,7 +191,10 @@ def test_kiro_agents_lists_the_presets_and_their_command_lines(ws: Workspace) ->
     assert rows["claude"]["selected"] is True and rows["codex"]["selected"] is False
     codex = shlex.split(rows["codex"]["command"])
     assert codex[:2] == ["codex", "exec"] and "--full-auto" not in codex
-    assert {"--sandbox", "workspace-write", "--skip-git-repo-check", "--json"} <= set(codex)
+    assert {"--sandbox", "--skip-git-repo-check", "--json"} <= set(codex)
+    # in kiro's box codex's own gives way (its bwrap cannot nest): the line shows the mode it runs with
+    assert codex[codex.index("--sandbox") + 1] == ("danger-full-access" if rows["codex"]["sandbox"]
+                                                   else "workspace-write")
     text = ws.kiro("agents")
     assert text.returncode == 0 and "claude:" in text.stdout and "codex:" in text.stdout
 

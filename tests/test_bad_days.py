@@ -48,10 +48,10 @@ executor: shell
   ```sh
   echo 1 >> side.log
   ```
-- [ ] 2. fill the disk, and succeed
+- [ ] 2. fill the disk (from inside the project: the step's box lets it write only there), and succeed
   ```sh
-  echo 2 >> side.log; cat /dev/zero > ../filler 2>/dev/null || true
-  i=0; while echo x > ../fill$i 2>/dev/null; do i=$((i+1)); done
+  echo 2 >> side.log; cat /dev/zero > fill_big 2>/dev/null || true
+  i=0; while echo x > fill$i 2>/dev/null; do i=$((i+1)); done
   ```
 - [ ] 3. three
   ```sh
@@ -91,7 +91,7 @@ def test_a_full_disk_stops_the_loop_cleanly_and_resume_just_works(small_disk: Pa
     assert "- [x] 2." in (root / "Specs/feature/tasks.md").read_text()
     assert not list((root / ".state").glob(".*.tmp"))
 
-    for p in small_disk.glob("fill*"):  # space again
+    for p in root.glob("fill*"):  # space again
         p.unlink()
     r = ws.kiro("loop", "resume", "--task-id", "full")  # no --reset-failures needed
     assert r.returncode == 0, r.stdout + r.stderr

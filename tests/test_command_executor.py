@@ -61,11 +61,13 @@ def make_agent(ws: Workspace, body: str, *, args: str = "", extra_config: str = 
     script = ws.root.parent / "agent.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
     out = ws.root.parent / "agent_out"
+    out.mkdir(exist_ok=True)
     cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {shlex.quote(str(out))}"
     if args:
         cmd += " " + args
+    # the agent's records go outside the project: the step's box (sandbox: bwrap) lets it write there
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"executor_command: {json.dumps(cmd)}\n"
-             + textwrap.dedent(extra_config))
+             + f"sandbox_paths: {{rw: [{json.dumps(str(out))}]}}\n" + textwrap.dedent(extra_config))
     return out
 
 
@@ -185,7 +187,9 @@ GRANDCHILD = """\
 
 def test_step_timeout_kills_the_whole_process_group(ws: Workspace) -> None:
     ws.task(agent_task(1))
-    out = make_agent(ws, GRANDCHILD, extra_config="step_timeout_seconds: 1\n")
+    # sandbox: off: the agent records its pids with os.getpid(), which in the box's PID namespace are not the
+    # host's (the boxed step's end: tests/test_sandbox.py)
+    out = make_agent(ws, GRANDCHILD, extra_config="step_timeout_seconds: 1\nsandbox: off\n")
     r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "1")
     assert r.returncode == 5, r.stdout + r.stderr
     agent_pid, grandchild = map(int, (out / "pids").read_text().split())
@@ -196,7 +200,7 @@ def test_step_timeout_kills_the_whole_process_group(ws: Workspace) -> None:
 
 def test_force_stop_ends_the_agents_process_group(ws: Workspace) -> None:
     ws.task(agent_task(2))
-    out = make_agent(ws, GRANDCHILD)
+    out = make_agent(ws, GRANDCHILD, extra_config="sandbox: off\n")  # pids of the host: see the test above
     proc = ws.spawn("loop", "start", "--task", TASK)
     try:
         pids = ws.wait_for(lambda: (out / "pids").read_text().split(), what="the agent running")

@@ -362,6 +362,9 @@ def test_kiros_git_runs_no_program_a_step_wrote_into_the_repository(ws: Workspac
     """A step (or an agent CLI) can write .git/config, .gitattributes and .git/hooks: kiro's own git
     (the checkpoint's add, diff and commit) must run none of the programs named there (issue #27 item 2)."""
     init_repo(ws.root)
+    # sandbox: off: the step's box refuses the writes into .git/ (tests/test_sandbox.py), not .gitattributes in
+    # the project; without the box (sandbox: off, or no bwrap) kiro's git must hold against all of them
+    ws.write("config/autonomous_loop.yaml", "sandbox: off\n")
     ran = tmp_path / "ran"
     ran.mkdir()
     planted = {

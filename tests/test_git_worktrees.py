@@ -22,8 +22,9 @@ def _task(cmd1: str, cmd2: str, verify: str | None = None) -> str:
 
 def test_three_loops_under_watch_run_in_parallel_each_in_its_own_worktree(ws: Workspace) -> None:
     base = init_repo(ws.root)
-    ws.write("config/autonomous_loop.yaml", WORKTREE)
     spans = ws.root.parent / "spans.log"
+    spans.touch()  # beside the workspace: the config grants the steps' box this one file (sandbox_paths.rw)
+    ws.write("config/autonomous_loop.yaml", WORKTREE + f"sandbox_paths:\n  rw: [{json.dumps(str(spans))}]\n")
     step = ('echo "start $(date +%s.%N) $KIRO_TASK_ID" >> "$KIRO_WORKSPACE/../spans.log"; sleep 1.5; '
             'echo "$KIRO_TASK_ID wrote this in step $KIRO_STEP_ID" > shared.txt; '
             'echo "end $(date +%s.%N) $KIRO_TASK_ID" >> "$KIRO_WORKSPACE/../spans.log"')

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Workspace
+from tests.conftest import FAST_CONFIG, Workspace
 
 TASK = "Specs/feature/tasks.md"
 
@@ -59,6 +59,10 @@ def test_kill_9_then_resume_leaves_no_grandchild_to_run_the_step_again(ws: Works
         (ws.root / "forker.py").write_text(FORKER)
         command = f"{py} forker.py;"
     ws.task(task_with(command))
+    # sandbox: off: this is the reaper and ledger that end a step's leftovers where no box does (sandbox: off,
+    # or no bwrap); the pids the step records would be those of the box's PID namespace. The box's own end
+    # of everything a step started: tests/test_sandbox.py
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "sandbox: off\n")
     proc = ws.spawn("loop", "start", "--task", TASK)
     ws.wait_for(lambda: (ws.root / "gc.pid").read_text().strip(), what="the grandchild")
     ws.wait_for(lambda: (ws.root / "step.pid").read_text().strip(), what="the step's shell")

@@ -36,7 +36,9 @@ def _codex_on_path(tmp_path: Path) -> dict[str, str]:
     codex = bin_dir / "codex"
     codex.write_text(FAKE_CODEX)
     codex.chmod(0o755)
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # KIRO_SANDBOX=off: the stand-in drops the loop's stop hook and notes its runs beside the workspace,
+    # which the step's box refuses (and an environment variable is no flag for resume to keep)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "KIRO_SANDBOX": "off"}
 
 
 def test_resume_without_flags_keeps_the_executor_and_agent_start_was_given(ws: Workspace, tmp_path: Path) -> None:

@@ -324,3 +324,23 @@ def test_codex_gives_its_own_sandbox_way_inside_kiros() -> None:
     assert preset.boxed_argv(["codex", "exec", "-s", "read-only", "-"]) == ["codex", "exec", "-s", BOXED_MODE, "-"]
     assert preset.boxed_argv(["codex", "exec", "--sandbox=read-only", "-"])[2] == f"--sandbox={BOXED_MODE}"
     assert preset.boxed_argv(["codex", "exec", "-"]) == ["codex", "exec", "--sandbox", BOXED_MODE, "-"]
+
+
+def test_sandbox_network_off_takes_the_network_away_from_a_step(ws: Workspace, home: Path) -> None:
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        seen = {}
+        for network in ("on", "off"):
+            ws.task("---\nexecutor: shell\n---\n- [ ] 1. Call out\n  ```sh\n"
+                    f"  if echo hi > /dev/tcp/127.0.0.1/{port}; then echo reached > {network}; "
+                    f"else echo cut off > {network}; fi\n  ```\n", rel=f"Specs/{network}/tasks.md")
+            ws.write("config/autonomous_loop.yaml", f"sandbox_network: {network}\n")
+            r = ws.kiro("loop", "start", "--task", f"Specs/{network}/tasks.md", env=ws.env(HOME=str(home)))
+            assert r.returncode == 0, r.stdout + r.stderr
+            seen[network] = (ws.root / network).read_text().strip()
+    print(f"sandbox_network: {seen}")
+    assert seen == {"on": "reached", "off": "cut off"}

@@ -34,7 +34,7 @@ def agents(
         box = sandbox.box_for(project=located.ws.root / config.project_dir, workspace=located.ws.root,
                               state_dir=located.ws.state_dir, home=Path(home) if home and os.path.isabs(home) else None,
                               extra_rw=config.sandbox_paths.rw, extra_ro=config.sandbox_paths.ro,
-                              network=config.sandbox_network == "on")
+                              network=config.sandbox_network)
     rows = describe(config, box)
     why = sandbox.unusable()
     for row in rows:

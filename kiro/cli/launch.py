@@ -5,6 +5,7 @@ and its exit code.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -73,9 +74,11 @@ def run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
     for r in runs:
         for w in r.warnings:
             console.warning(w)
-    if not quiet:
+    if not quiet:  # on stderr, beside the warnings (stdout is the loop's events), with no `kiro: `: no error
         for note in dict.fromkeys(n for r in runs for n in r.notes):
-            console.note(note)
+            with contextlib.suppress(OSError):
+                sys.stderr.write(console.clean(note) + "\n")
+                sys.stderr.flush()
     outcomes = asyncio.run(run_loops(runs, listeners))
     for o in outcomes:
         msg = f"{o.task_id}: {o.status} ({o.reason}) - {o.message}"

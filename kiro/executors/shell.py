@@ -43,7 +43,7 @@ def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path
                            home=Path(home) if home and os.path.isabs(home) else None, home_paths=home_paths,
                            read_paths=read_paths,
                            extra_rw=cfg.sandbox_paths.rw, extra_ro=cfg.sandbox_paths.ro,
-                           network=cfg.sandbox_network == "on")
+                           network=cfg.sandbox_network)
 
 
 class ShellExecutor(ExecutorBase):

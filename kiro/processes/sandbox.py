@@ -7,8 +7,8 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
           --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --tmpfs $HOME
           --bind <project> ... --ro-bind <kiro's folders> ... -- <argv>
 
-- the whole file system read-only; the project directory read-write (and the task file, when it
-  lies outside the project: the agent CLI checks its box there);
+- the whole file system read-only; the project directory read-write (and the task file's folder,
+  when it lies outside the project: the agent CLI checks its box there);
 - kiro's control folders (`.state/`, `.hooks/`, `config/`, `Logs/`, `.kiro/`, the task areas
   `Done/` `Needs_Action/` and the approval folders) and `.git` re-bound read-only on top: kiro's own
   git runs outside the box. A folder that does not exist when the step starts is not bound (bwrap
@@ -31,6 +31,7 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ CONTROL = (".state", ".hooks", "config", "Logs", ".git", ".kiro", "Done", "Needs
 
 
 HOME_READ = (".gitconfig", ".config/git/config")  # git's identity and settings: read-only in the empty $HOME
+SECRET_NAME = re.compile(r"credential|token|secret|password|\.pem$|\.key$|^\.env$|^auth", re.I)
 PREFIX_PARTS = ("lib", "lib64", "pyvenv.cfg")  # what a program in <prefix>/bin loads from its prefix
 
 
@@ -115,12 +117,12 @@ class Box:
     network: bool = True
     home_rw: tuple[Path, ...] = field(default=())  # the agent CLI's own files under `home`, for `describe`
 
-    def prefix(self, cwd: Path, env: Mapping[str, str], program: str | None = None) -> list[str]:
-        """The bwrap command line to put before a step's argv, run in `cwd` with `env`. Its HOME gets an
-        empty tmpfs (also one that is not the box's: run_command's own temporary home). The folders
-        of its PATH and of `program` (argv[0], found on PATH) that the tmpfs on /tmp or $HOME would hide
-        stay visible read-only, with the install prefix they belong to: the environment works as kiro
-        gives it."""
+    def prefix(self, cwd: Path, env: Mapping[str, str], argv: Sequence[str] = ()) -> list[str]:
+        """The bwrap command line to put before `argv`, run in `cwd` with `env`. Its HOME gets an empty
+        tmpfs (also one that is not the box's: run_command's own temporary home). What the tmpfs on
+        /tmp or $HOME would hide of the folders on its PATH, of the program's folder and of the files
+        its command line names (`python /tmp/agent.py`) stays visible read-only: the command runs
+        as kiro gives it."""
         tool = bwrap_path()
         if tool is None:
             raise FileNotFoundError(2, f"bwrap is not installed ({INSTALL})", "bwrap")
@@ -131,13 +133,15 @@ class Box:
         for folder in dict.fromkeys(homes):  # an empty home, writable, gone with the step
             args += ["--tmpfs", str(folder)]
         hidden = [Path("/tmp"), *homes]
-        shown = _shown(hidden, env, program)
-        mounts = [(p, "--bind-try") for p in dict.fromkeys(self.rw)]
-        mounts += [(p, "--ro-bind-try") for p in dict.fromkeys(self.ro)]
-        mounts += [(p, "--ro-bind-try") for p in shown if p not in self.rw and p not in self.ro]
-        # parents before what lies in them; at one depth, read-only last (it wins)
-        for path, how in sorted(mounts, key=lambda m: (len(m[0].parts), m[1] == "--ro-bind-try")):
-            args += [how, str(path), str(path)]
+        shown, masked = _shown(hidden, env, argv)
+        shown = [p for p in shown if not any(_within(p, q) for q in (*self.rw, *self.ro))]
+        mounts = [(p, 0, ["--bind-try", str(p), str(p)]) for p in dict.fromkeys(self.rw)]
+        mounts += [(p, 1, ["--ro-bind-try", str(p), str(p)]) for p in dict.fromkeys(self.ro)]
+        mounts += [(p, 1, ["--ro-bind-try", str(p), str(p)]) for p in shown]
+        mounts += [(p, 2, ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]) for p in masked]
+        # parents before what lies in them; at one depth, read-only after read-write (it wins)
+        for _path, _rank, mount in sorted(mounts, key=lambda m: (len(m[0].parts), m[1])):
+            args += mount
         return [*args, "--chdir", str(cwd), "--"]
 
     def describe(self) -> str:
@@ -150,11 +154,12 @@ class Box:
                 f"read-only; home: {home}{net}")
 
 
-def _shown(hidden: list[Path], env: Mapping[str, str], program: str | None) -> list[Path]:
-    """The PATH folders (and `program`'s folder) that lie under a hidden area, each with what its
-    programs load from their install prefix (a virtual environment's lib/ and pyvenv.cfg, a node
-    version's lib/node_modules), never the whole prefix (~/.cargo holds credentials.toml beside bin/),
-    a whole hidden area or `~/.local`."""
+def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> tuple[list[Path], list[Path]]:
+    """What the tmpfs on /tmp and $HOME would hide of the command's environment, to show read-only: the
+    files its command line names, its PATH folders and its program's folder, each with the install
+    prefix it is the bin/ of (~/.pyenv for ~/.pyenv/shims, a virtual environment, a node version), but
+    never a whole hidden area or `~/.local` (only their lib/). Also what to mask in a shown prefix: its
+    entries named like a credential (~/.cargo/credentials.toml)."""
     from kiro.processes.groups import which
 
     def under(path: Path) -> bool:
@@ -162,18 +167,35 @@ def _shown(hidden: list[Path], env: Mapping[str, str], program: str | None) -> l
 
     tops = {*hidden, *(area / ".local" for area in hidden)}
     folders = [Path(p) for p in env.get("PATH", "").split(os.pathsep) if os.path.isabs(p)]
+    program = argv[0] if argv else None
+    named = [Path(a) for a in argv[1:] if os.path.isabs(a) and os.path.exists(a)]
     if program:
         found = program if "/" in program else which(program, env.get("PATH", os.defpath))
         if found and os.path.isabs(found):
             folders += [Path(found).parent, Path(os.path.realpath(found)).parent]
     shown: list[Path] = []
+    masked: list[Path] = []
     for folder in folders:
         for one in dict.fromkeys((folder, _real(folder))):
-            if not under(one) or one in tops:
+            if not under(one) or one in tops or not one.is_dir():
                 continue
             shown.append(one)
-            shown += [one.parent / name for name in PREFIX_PARTS if os.path.lexists(one.parent / name)]
-    return list(dict.fromkeys(shown))
+            prefix = one.parent
+            if prefix in tops or not under(prefix) or any(_within(area, prefix) for area in hidden):
+                shown += [prefix / name for name in PREFIX_PARTS if os.path.lexists(prefix / name)]
+                continue
+            shown.append(prefix)
+            masked += _secrets(prefix)
+    shown += [path for path in named if under(path) and path not in tops]
+    return list(dict.fromkeys(shown)), list(dict.fromkeys(masked))
+
+
+def _secrets(folder: Path) -> list[Path]:
+    """The entries of `folder` named like a credential."""
+    try:
+        return [Path(entry.path) for entry in os.scandir(folder) if SECRET_NAME.search(entry.name)]
+    except OSError:
+        return []
 
 
 def _tilde(path: Path, home: Path | None) -> str:
@@ -191,7 +213,9 @@ def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path 
     project = _real(project)
     rw = [project]
     if task_file is not None and not _within(_real(task_file), project):
-        rw.append(_real(task_file))  # the agent checks its box there
+        # the agent checks its box there; its folder, not the file alone: an edit that writes a new file
+        # and renames it over the old (sed -i, most editors) needs the folder
+        rw.append(_real(task_file).parent)
     home_rw = [Path(p) for p in home_paths if Path(p).exists()]
     rw += home_rw
     ro: list[Path] = [home / name for name in HOME_READ if home is not None and (home / name).is_file()]

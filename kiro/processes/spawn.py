@@ -174,7 +174,7 @@ async def run_process(
         child_env[mark[0]] = mark[1]
     wait_by_pidfd()
     command = groups.wrap(list(argv), confine=confine) if box is None else \
-        [*box.prefix(cwd, child_env, argv[0]), *argv]
+        [*box.prefix(cwd, child_env, argv), *argv]
     proc = await asyncio.create_subprocess_exec(
         *command,
         cwd=str(cwd),

@@ -282,7 +282,7 @@ class Config(_Strict):
     # None: bwrap when installed and usable, else unconfined with one line saying so (kiro.processes.sandbox)
     sandbox: Literal["bwrap", "off"] | None = None
     sandbox_paths: SandboxPaths = Field(default_factory=SandboxPaths)
-    sandbox_network: Literal["on", "off"] = "on"
+    sandbox_network: bool = True  # on | off (YAML reads them as true | false)
     merge: Literal["manual", "auto"] = "manual"
     backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
 
@@ -341,7 +341,12 @@ class Config(_Strict):
     @field_validator("sandbox_network", mode="before")
     @classmethod
     def _network_on_off(cls, value: Any) -> Any:
-        return {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
+        """`on` / `off` as text too (a flag, a quoted value); anything else is refused, not read as true."""
+        if isinstance(value, str) and value.strip().lower() in ("on", "off"):
+            return value.strip().lower() == "on"
+        if not isinstance(value, bool):
+            raise ValueError(f"should be on or off (got {value!r})")
+        return value
 
 
 # Task frontmatter keys that set config values, and the dotted config path each one sets.
