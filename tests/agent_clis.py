@@ -141,8 +141,8 @@ class Codex(Cli):
 
     def start(self) -> FakeServer:
         self.server = fr.FakeResponses(self.brain).start()
-        home = self.tmp / "codex-home"
-        home.mkdir(exist_ok=True)
+        home = self.codex_home
+        home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(
             f'model = "{fr.MODEL}"\nmodel_provider = "fake"\n\n[model_providers.fake]\nname = "fake"\n'
             f'base_url = "{self.server.url}/v1"\nenv_key = "OPENAI_API_KEY"\nwire_api = "responses"\n'
@@ -151,12 +151,17 @@ class Codex(Cli):
 
     def default_retries(self) -> None:
         super().default_retries()
-        config = self.tmp / "codex-home" / "config.toml"
+        config = self.codex_home / "config.toml"
         config.write_text(config.read_text().replace("request_max_retries = 0\nstream_max_retries = 0\n", ""))
 
+    @property
+    def codex_home(self) -> Path:
+        """Where a person has it: ~/.codex (in kiro's box only this folder of HOME is there)."""
+        return self.tmp / "codex-home" / ".codex"
+
     def env(self) -> dict[str, str]:
-        home = self.tmp / "codex-home"
-        return {"HOME": str(home), "CODEX_HOME": str(home), "OPENAI_API_KEY": "sk-test-key"}
+        return {"HOME": str(self.tmp / "codex-home"), "CODEX_HOME": str(self.codex_home),
+                "OPENAI_API_KEY": "sk-test-key"}
 
     def calls(self) -> int:
         assert isinstance(self.server, fr.FakeResponses)

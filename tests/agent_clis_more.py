@@ -47,6 +47,10 @@ def find_aider() -> str | None:
     return None
 
 
+# in HOME under the name aider reads there by default (in kiro's box HOME shows only aider's own files)
+METADATA = ".aider.model.metadata.json"
+
+
 class Aider(Cli):
     """aider with `--model openai/fake-coder` on the Chat Completions fake, edit format `diff`
     (SEARCH/REPLACE blocks), a model metadata file that gives the model a price."""
@@ -98,7 +102,7 @@ class Aider(Cli):
             link.symlink_to(self.path)
         home = self.tmp / "aider-home"
         home.mkdir(exist_ok=True)
-        (home / "model-metadata.json").write_text(json.dumps({f"openai/{fc.MODEL}": {
+        (home / METADATA).write_text(json.dumps({f"openai/{fc.MODEL}": {
             "max_input_tokens": 128000, "max_output_tokens": 8192, "litellm_provider": "openai", "mode": "chat",
             "input_cost_per_token": PRICE_IN / 1e6, "output_cost_per_token": PRICE_OUT / 1e6}}))
         return self.server
@@ -109,7 +113,7 @@ class Aider(Cli):
         return {"HOME": str(home), "PATH": f"{self.tmp / 'aider-bin'}{os.pathsep}{os.environ.get('PATH', '')}",
                 "OPENAI_API_BASE": f"{self.server.url}/v1", "OPENAI_API_KEY": "sk-test-key",
                 "AIDER_MODEL": f"openai/{fc.MODEL}", "AIDER_EDIT_FORMAT": "diff",
-                "AIDER_MODEL_METADATA_FILE": str(home / "model-metadata.json")}
+                "AIDER_MODEL_METADATA_FILE": str(home / METADATA)}
 
     def calls(self) -> int:
         assert isinstance(self.server, fc.FakeChat)
@@ -177,9 +181,9 @@ class Opencode(Cli):
 
     def start(self) -> FakeServer:
         self.server = fc.FakeChat(self.brain).start()
-        home = self.tmp / "opencode-home"
-        home.mkdir(exist_ok=True)
-        (home / "opencode.json").write_text(json.dumps({
+        config = self.tmp / "opencode-home" / ".config" / "opencode" / "opencode.json"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(json.dumps({
             "$schema": "https://opencode.ai/config.json",
             "provider": {"fake": {"npm": "@ai-sdk/openai-compatible", "name": "fake",
                                   "options": {"baseURL": f"{self.server.url}/v1", "apiKey": "{env:FAKE_API_KEY}"},
@@ -191,7 +195,8 @@ class Opencode(Cli):
 
     def env(self) -> dict[str, str]:
         home = self.tmp / "opencode-home"
-        return {"HOME": str(home), "OPENCODE_CONFIG": str(home / "opencode.json"), "FAKE_API_KEY": "sk-test-key",
+        # its config where a person has it (in kiro's box HOME shows only opencode's own XDG folders)
+        return {"HOME": str(home), "FAKE_API_KEY": "sk-test-key",
                 "OPENCODE_DISABLE_MODELS_FETCH": "true", "XDG_CONFIG_HOME": str(home / ".config"),
                 "XDG_DATA_HOME": str(home / ".local" / "share"), "XDG_CACHE_HOME": str(home / ".cache"),
                 "XDG_STATE_HOME": str(home / ".local" / "state")}

@@ -261,3 +261,20 @@ def test_aider_retries_a_server_error_itself_and_the_step_still_counts(ws: Works
     assert len(seen) == 4
     tid = ws.only_task_id()
     assert sorted(p.name for p in (ws.root / "Logs" / tid).iterdir()) == ["1-1.log"]  # one attempt, not failed
+
+
+def test_a_new_file_the_agent_writes_lands_in_the_project(ws: Workspace, cli: Cli) -> None:
+    """The step's work is a new file in the project (the common case), written by the CLI's own edit
+    tool, and the box checked: the step completes with the file in place."""
+    ws.task(task_text(1))
+    target = ws.root / "src" / "greeting.txt"
+    if cli.name == "aider":  # a SEARCH/REPLACE block with an empty SEARCH makes a new file
+        cli.extra = [("src/greeting.txt", "", "Hello from the agent")]
+    elif cli.name == "gemini":
+        cli.extra = [("write_file", {"file_path": str(target), "content": "Hello from the agent\n"})]
+    else:
+        cli.extra = [("write", {"filePath": str(target), "content": "Hello from the agent\n"})]
+    configure(ws, cli, loop="  failure_threshold: 1\n")
+    code, out = run(ws, cli)
+    assert code == 0, out
+    assert target.read_text().strip() == "Hello from the agent"

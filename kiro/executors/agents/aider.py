@@ -67,6 +67,18 @@ def in_git_repo(folder: Path) -> bool:
     return any((p / ".git").exists() for p in (folder, *folder.parents))
 
 
+# in kiro's box, where /tmp is the step's own (AiderPreset.boxed_env)
+BOXED_INDEX, BOXED_OBJECTS = "/tmp/kiro-aider-index", "/tmp"
+
+
+def _git(env: Mapping[str, str], cwd: Path, *args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=10,
+                              stdin=subprocess.DEVNULL).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 class AiderPreset(Preset):
     name = "aider"
     program = "aider"
@@ -111,22 +123,24 @@ class AiderPreset(Preset):
         return {"NO_COLOR": "1", "LITELLM_LOCAL_MODEL_COST_MAP": os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP", "True")}
 
     def boxed_env(self, env: Mapping[str, str], project_dir: Path) -> dict[str, str]:
-        """aider writes a git identity into the repository's `.git/config` when git has none (aider's
-        main.py, `setup_git`), which the box refuses (read-only), and aider ends with a traceback. It
-        commits nothing here (--no-auto-commits), so where git has no identity the box gives it one,
-        as command-line config (`GIT_CONFIG_COUNT`), written nowhere."""
-        if "GIT_CONFIG_COUNT" in env:
-            return {}
-        try:
-            have = subprocess.run(["git", "config", "--get", "user.name"], cwd=project_dir, env=dict(env),
-                                  capture_output=True, text=True, timeout=10).stdout.strip()
-            have = have and subprocess.run(["git", "config", "--get", "user.email"], cwd=project_dir, env=dict(env),
-                                           capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            have = ""
-        if have:
-            return {}
-        return {"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "user.name", "GIT_CONFIG_VALUE_0": "aider (kiro)",
+        """aider's git in kiro's box, where `.git` is read-only:
+        - aider writes a git identity into the repository's `.git/config` when git has none (aider's
+          main.py, `setup_git`), which the box refuses, and aider ends with a traceback. It commits
+          nothing here (--no-auto-commits), so where git has no identity the box gives it one, as
+          command-line config (`GIT_CONFIG_COUNT`), written nowhere;
+        - aider `git add`s every file it creates, and `.git/index.lock` cannot be made there (the
+          reply's edits were dropped): its index and new objects live in the box's private /tmp, the
+          repository's objects read as alternates; gone with the step, kiro's repository untouched."""
+        boxed: dict[str, str] = {}
+        objects = _git(env, project_dir, "rev-parse", "--path-format=absolute", "--git-path", "objects")
+        if objects:
+            alternates = [objects, *filter(None, [env.get("GIT_ALTERNATE_OBJECT_DIRECTORIES")])]
+            boxed.update({"GIT_INDEX_FILE": BOXED_INDEX, "GIT_OBJECT_DIRECTORY": BOXED_OBJECTS,
+                          "GIT_ALTERNATE_OBJECT_DIRECTORIES": os.pathsep.join(alternates)})
+        if "GIT_CONFIG_COUNT" in env or (_git(env, project_dir, "config", "--get", "user.name")
+                                         and _git(env, project_dir, "config", "--get", "user.email")):
+            return boxed
+        return {**boxed, "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "user.name", "GIT_CONFIG_VALUE_0": "aider (kiro)",
                 "GIT_CONFIG_KEY_1": "user.email", "GIT_CONFIG_VALUE_1": "aider@kiro.invalid"}
 
     def model(self) -> str | None:
