@@ -163,7 +163,7 @@ def codex(cli_home: Path) -> Iterator[Codex]:
 
     assert isinstance(server, fr.FakeResponses)
     server.brain = brain
-    home = cli_home / "codex-home"  # the built-in openai provider, its endpoints moved to the fake
+    home = cli.codex_home  # the built-in openai provider, its endpoints moved to the fake
     (home / "config.toml").write_text(f'model = "{fr.MODEL}"\nopenai_base_url = "{server.url}/v1"\n'
                                       f'chatgpt_base_url = "{server.url}/backend-api/"\n')
     yield cli

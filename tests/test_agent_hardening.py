@@ -43,7 +43,7 @@ def codex(cli_home: Path) -> Iterator[Codex]:
 
 def test_the_users_global_claude_stop_hook_does_not_run_in_a_step(ws: Workspace, claude: Claude) -> None:
     env = claude.env()
-    marker = Path(env["HOME"]) / "stop-hook-ran"
+    marker = ws.root / "stop-hook-ran"  # in the project: the one place a hook may write in kiro's box
     hook = f"touch {marker}; echo '{{\"decision\": \"block\", \"reason\": \"keep going: rewrite it all\"}}'"
     settings = Path(env["HOME"]) / ".claude" / "settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +64,7 @@ def test_the_users_global_claude_stop_hook_does_not_run_in_a_step(ws: Workspace,
 def test_a_projects_own_claude_hooks_still_run(ws: Workspace, claude: Claude) -> None:
     """Only the person's global settings are left out: the project's .claude/settings.json applies."""
     env = claude.env()
-    marker = Path(env["HOME"]) / "project-hook-ran"
+    marker = ws.root / "project-hook-ran"  # in the project: the one place a hook may write in kiro's box
     ws.write(".claude/settings.json", json.dumps({"hooks": {
         "UserPromptSubmit": [{"hooks": [{"type": "command", "command": f"touch {marker}"}]}]}}))
     ws.task(task_text(1))

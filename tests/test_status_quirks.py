@@ -16,7 +16,9 @@ HOOK = 'touch "$KIRO_WORKSPACE/.hooks/stop_autonomous_loop_$KIRO_TASK_ID.md"'
 
 
 def task_of(*commands: str) -> str:
-    lines = ["---", "title: Night", "executor: shell", "---", ""]
+    # a step plays the person who drops the stop hook at that moment: kiro's box keeps .hooks/ read-only
+    # to a step, so these run unboxed (sandbox: off)
+    lines = ["---", "title: Night", "executor: shell", "sandbox: off", "---", ""]
     for i, cmd in enumerate(commands, 1):
         lines += [f"- [ ] {i}. Step {i}", "  ```sh", f"  {cmd}", "  ```"]
     return "\n".join(lines) + "\n"

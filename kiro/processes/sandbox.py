@@ -9,7 +9,7 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
 
 - the whole file system read-only; the project directory read-write (and the task file's folder,
   when it lies outside the project: the agent CLI checks its box there);
-- kiro's control folders (`.state/`, `.hooks/`, `config/`, `Logs/`, `.kiro/`, the task areas
+- kiro's control folders (`.state/`, `.hooks/`, `config/`, `Logs/`, `.kiro/worktrees/`, the task areas
   `Done/` `Needs_Action/` and the approval folders) and `.git` re-bound read-only on top: kiro's own
   git runs outside the box. A folder that does not exist when the step starts is not bound (bwrap
   would make it on disk to mount over it); kiro makes `.state`, `.hooks` and `Logs` before any step;
@@ -48,7 +48,7 @@ INSTALL = "apt-get install bubblewrap"
 PROBE_TIMEOUT = 10.0
 
 # kiro's folders a step reads but never writes, by their name in the workspace (and in the project).
-CONTROL = (".state", ".hooks", "config", "Logs", ".git", ".kiro", "Done", "Needs_Action", "Pending_Approval",
+CONTROL = (".state", ".hooks", "config", "Logs", ".git", ".kiro/worktrees", "Done", "Needs_Action", "Pending_Approval",
            "Approved", "Rejected", "Dashboard.md")
 
 
@@ -157,8 +157,8 @@ class Box:
         """One line: what the box lets a step write, e.g. `project read-write; .state .hooks config Logs .git
         read-only; home: ~/.claude, ~/.claude.json (the rest empty)`."""
         home = ", ".join(_tilde(p, self.home) for p in self.home_rw)
-        names = sorted({p.name for p in self.ro if p.name in CONTROL}, key=CONTROL.index)
-        extra = [_tilde(p, self.home) for p in self.ro if p.name not in CONTROL]
+        names = sorted({_control(p) for p in self.ro if _control(p) in CONTROL}, key=CONTROL.index)
+        extra = [_tilde(p, self.home) for p in self.ro if _control(p) not in CONTROL]
         net = "" if self.network else "; network off"
         return (f"project read-write; {' '.join([*names, *extra]) or 'nothing more'} read-only; "
                 f"home: {home + ' (the rest empty)' if home else 'empty'}{net}")
@@ -243,6 +243,12 @@ def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path 
     ro += [Path(p).expanduser() for p in extra_ro]
     return Box(rw=tuple(dict.fromkeys(rw)), ro=tuple(dict.fromkeys(ro)), home=home, network=network,
                home_rw=tuple(home_rw))
+
+
+def _control(path: Path) -> str:
+    """The name CONTROL knows `path` by: its own, or `.kiro/worktrees` (a Kiro spec's folder beside it in
+    `.kiro/` is the person's, and the agent's to work in)."""
+    return ".kiro/worktrees" if path.name == "worktrees" and path.parent.name == ".kiro" else path.name
 
 
 def status_line(setting: str | None) -> str | None:

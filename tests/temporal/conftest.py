@@ -204,7 +204,10 @@ def tws(project: Project, temporal_server: TemporalServer, request: pytest.Fixtu
     """The workspace of a temporal-backend test, on its own task queue (tests share one server)."""
     ws = Workspace(project.ws_root)
     queue = "kiro-" + request.node.name.replace("[", "-").replace("]", "")[:60] + f"-{os.getpid()}"
-    ws.write("config/autonomous_loop.yaml", temporal_config(temporal_server, queue))
+    runs = project.base / "runs"  # where the tests' steps note what ran: granted to kiro's step box
+    runs.mkdir(exist_ok=True)
+    ws.write("config/autonomous_loop.yaml", temporal_config(temporal_server, queue,
+                                                            f"sandbox_paths:\n  rw: [{runs}]\n"))
     return ws
 
 

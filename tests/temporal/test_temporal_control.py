@@ -38,8 +38,7 @@ def task_text(n: int) -> str:
 
 def test_stop_and_resume_by_hook_file_and_commands(tws: Workspace, project: Project, workers: Workers,
                                                    tmp_path: Path) -> None:
-    rdir = tmp_path / "runs"
-    rdir.mkdir()
+    rdir = tmp_path / "runs"  # made by the tws fixture, which grants it to the step box
     workers.env = {"RUNS": str(rdir)}
     workers.start_workspace()
     workers.start("w1")

@@ -26,8 +26,7 @@ def task_text(n: int) -> str:
 
 def test_server_restart_mid_run_loses_nothing(tws: Workspace, project: Project, workers: Workers,
                                               temporal_server: TemporalServer, tmp_path: Path) -> None:
-    rdir = tmp_path / "runs"
-    rdir.mkdir()
+    rdir = tmp_path / "runs"  # made by the tws fixture, which grants it to the step box
     workers.env = {"RUNS": str(rdir)}
     workers.start_workspace()
     workers.start("w1")

@@ -27,8 +27,7 @@ def task_text(n: int) -> str:
 
 def test_watch_starts_new_tasks_and_continues_when_the_hook_goes(tws: Workspace, project: Project,
                                                                 workers: Workers, tmp_path: Path) -> None:
-    rdir = tmp_path / "runs"
-    rdir.mkdir()
+    rdir = tmp_path / "runs"  # made by the tws fixture, which grants it to the step box
     workers.env = {"RUNS": str(rdir)}
     workers.start_workspace()
     workers.start("w1")

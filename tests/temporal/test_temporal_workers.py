@@ -43,8 +43,7 @@ def runs(path: Path) -> list[tuple[str, str, str]]:
 
 def test_five_loops_two_workers_one_sigkilled_mid_step(tws: Workspace, project: Project, workers: Workers,
                                                        tmp_path: Path) -> None:
-    rdir = tmp_path / "runs"
-    rdir.mkdir()
+    rdir = tmp_path / "runs"  # made by the tws fixture, which grants it to the step box
     workers.env = {"RUNS": str(rdir)}
     workers.start_workspace()
     workers.start("w1")
@@ -101,10 +100,11 @@ def test_five_loops_two_workers_one_sigkilled_mid_step(tws: Workspace, project: 
     # The same task run by the local backend: the same state file, report and events (the kill aside)
     local = Workspace(tmp_path / "local")
     git(tmp_path, "clone", "-q", str(project.remote), str(local.root))
-    local.write("config/autonomous_loop.yaml", FAST_CONFIG + "isolation: worktree\n")  # work on kiro/<id>, as there
-    local.task(task_text(4), "Specs/f1/tasks.md")
     lruns = tmp_path / "lruns"
     lruns.mkdir()
+    local.write("config/autonomous_loop.yaml", FAST_CONFIG + "isolation: worktree\n"  # work on kiro/<id>, as there
+                f"sandbox_paths:\n  rw: [{lruns}]\n")
+    local.task(task_text(4), "Specs/f1/tasks.md")
     (lruns / "gate").write_text("open\n")
     r = local.kiro("loop", "start", "--task", "Specs/f1/tasks.md", "--task-id", "local1",
                    env=local.env(RUNS=str(lruns)))
@@ -120,7 +120,10 @@ def test_five_loops_two_workers_one_sigkilled_mid_step(tws: Workspace, project: 
     # the events, but for where the work tree is (here; on the workers there) and the lost worker
     skip = {"worker_lost", "worktree_created", "branch_left"}
     names_remote = [e["event"] for e in tws.events(f1) if e["event"] not in skip]
-    names_local = [e["event"] for e in local.events("local1") if e["event"] not in skip]
+    # the local first start also keeps kiro's folders out of git (.git/info/exclude, said once as a warning);
+    # the temporal backend's start does not do that yet (README "Not done yet")
+    names_local = [e["event"] for e in local.events("local1") if e["event"] not in skip
+                   and "info/exclude" not in str(e.get("message", ""))]
     assert names_remote == names_local
     assert (tws.root / "Done/f1/tasks.md").read_text().replace(f1, "<id>") == \
         (local.root / "Done/f1/tasks.md").read_text().replace("local1", "<id>")
