@@ -186,3 +186,20 @@ def test_a_secret_a_person_types_or_a_task_file_holds_reaches_no_file_or_line(ws
         r = tries[what]
         assert r.returncode == 1 and "holds a secret kiro knows of" in r.stderr, (what, r.stdout, r.stderr)
     assert ws.kiro("loop", "status", "--json", env=env).stdout.count('"task_id"') == 1  # only the loop `s`
+
+
+@pytest.mark.parametrize("written", [
+    'executor_command: [my-agent, --token, "{t}"]',
+    'executor_command: {{run: my-agent, auth: "Bearer {t}"}}',
+    'verify: [curl, -H, "Authorization: Bearer {t}", http://x]',
+], ids=["list", "mapping", "verify-list"])
+def test_a_refused_command_in_the_config_is_quoted_without_its_credential(ws: Workspace, written: str) -> None:
+    """A command written as a list or a mapping is refused (it must be one line); the error quotes the value,
+    and before this it quoted the token too."""
+    ws.task(TASK)
+    ws.write("config/autonomous_loop.yaml", written.format(t=TOKEN) + "\n")
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "config/autonomous_loop.yaml" in r.stderr, r.stderr
+    assert TOKEN not in r.stdout + r.stderr, r.stderr
+    assert TOKEN[:12] not in r.stdout + r.stderr, r.stderr  # no clipped half either

@@ -22,6 +22,7 @@ from pydantic_core import ErrorDetails
 
 from kiro.errors import ConfigError
 from kiro.fs import safeio
+from kiro.store import redact
 from kiro.store.workspace import CONFIG_RELPATH
 
 if TYPE_CHECKING:
@@ -887,7 +888,18 @@ def _message(error: ErrorDetails) -> str:
 
 
 def _clip(value: Any, limit: int = 60) -> str:
+    """A refused value as its error line quotes it: what it shows to be a credential (`--token X`,
+    `Bearer X`, a URL's password, a well-known key format) cut out first, then clipped."""
     text = repr(value)
+    found = redact.written_in(text)
+    if found is not None:
+        text = found.text(text)
+    # a list or a mapping is scanned as the command line its items would make (`--token X`)
+    words = (" ".join(map(str, value)) if isinstance(value, list | tuple)
+             else " ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else text)
+    secrets = redact.command_secrets(words)
+    if secrets:
+        text = redact.Redactor(secrets, []).text(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -32,11 +32,31 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-if TYPE_CHECKING:
-    from kiro.store.config import Config
+
+class _Llm(Protocol):
+    @property
+    def api_key_env(self) -> str: ...
+    @property
+    def base_url(self) -> str | None: ...
+
+
+class RunConfig(Protocol):
+    """What the redactor reads of a loop's config (kiro.store.config.Config), named here so that the
+    config may use the redactor for its own error lines without an import circle."""
+
+    @property
+    def llm(self) -> _Llm: ...
+    @property
+    def secret_env(self) -> list[str]: ...
+    @property
+    def on_event(self) -> dict[str, str]: ...
+    @property
+    def executor_command(self) -> str | None: ...
+    @property
+    def verify(self) -> str | None: ...
 
 REDACTED = "[REDACTED]"
 MIN_SECRET_LENGTH = 8  # shorter values ("", "1", "true") would mangle ordinary text if redacted
@@ -163,7 +183,7 @@ class Redactor:
         return cls(values, forms)
 
     @classmethod
-    def for_run(cls, config: Config, environ: Mapping[str, str] | None = None) -> Redactor:
+    def for_run(cls, config: RunConfig, environ: Mapping[str, str] | None = None) -> Redactor:
         """Everything one run knows as secret (see the module docstring). Built once per loop; loops
         of one config in one environment (a thousand started together) share the one built last."""
         env = os.environ if environ is None else environ
@@ -176,7 +196,7 @@ class Redactor:
         return made
 
     @classmethod
-    def _for_run(cls, config: Config, env: Mapping[str, str]) -> Redactor:
+    def _for_run(cls, config: RunConfig, env: Mapping[str, str]) -> Redactor:
         values, forms = _environment_secrets(env)
         key = env.get(config.llm.api_key_env)
         if key:
