@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import pytest
 
 from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import anthropic as fa
@@ -182,3 +184,16 @@ def task_text(n: int) -> str:
 
 def json_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip().startswith("{")]
+
+
+C = TypeVar("C", bound=Cli)
+
+
+def serving(cli: C) -> Iterator[C]:
+    """A fixture's CLI with its scripted server running, closed afterwards; skipped, saying why, when the
+    CLI is not installed."""
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    cli.start()
+    yield cli
+    cli.close()

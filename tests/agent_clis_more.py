@@ -160,24 +160,35 @@ class Gemini(Cli):
         return len(self.server.agent_calls())
 
 
-class Opencode(Cli):
-    def __init__(self, tmp: Path) -> None:
-        super().__init__("opencode", "opencode", "opencode-ai", tmp)
+class ChatEditCli(Cli):
+    """A CLI on a Chat Completions endpoint whose agent reads the task file and then edits the box with its
+    `edit` tool; a request that offers no `edit` tool is a side call (a title, a summary)."""
+
+    def edit_plan(self, path: str, old: str, new: str) -> list[tuple[str, dict[str, str]]]:
+        """The CLI's own read and edit tool calls, with its argument names."""
+        raise NotImplementedError
 
     def brain(self, rec: Recorded) -> fc.Reply | HttpError:
         if self.error is not None:
             return self.error
         usage = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens}
-        if "edit" not in fc.tool_names(rec.body):  # a side call (a title, a summary)
+        if "edit" not in fc.tool_names(rec.body):
             return fc.Reply("kiro step", **usage)
         done = len(fc.tool_results(rec.body))
         path, old, new = parse_prompt(fc.user_text(rec.body))
-        plan = [*self.extra, ("read", {"filePath": path}),
-                ("edit", {"filePath": path, "oldString": old, "newString": new})]
+        plan = [*self.extra, *self.edit_plan(path, old, new)]
         if done < len(plan):
             name, args = plan[done]
             return fc.Reply(None, [fc.tool_call(name, args)], **usage)
         return fc.Reply(f"Checked the box: {new}", **usage)
+
+
+class Opencode(ChatEditCli):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__("opencode", "opencode", "opencode-ai", tmp)
+
+    def edit_plan(self, path: str, old: str, new: str) -> list[tuple[str, dict[str, str]]]:
+        return [("read", {"filePath": path}), ("edit", {"filePath": path, "oldString": old, "newString": new})]
 
     def start(self) -> FakeServer:
         self.server = fc.FakeChat(self.brain).start()

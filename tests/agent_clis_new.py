@@ -15,8 +15,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.agent_clis import Cli, parse_prompt
-from tests.fakes import FakeServer, HttpError, Recorded
+from tests.agent_clis import Cli
+from tests.agent_clis_more import ChatEditCli
+from tests.fakes import FakeServer
 from tests.fakes import chat as fc
 
 # $ per 1M tokens kiro prices the fake's model at (qwen reports tokens only)
@@ -24,24 +25,13 @@ PRICE_IN, PRICE_OUT = 2.0, 10.0
 QWEN_PRICE = f"llm:\n  prices:\n    {fc.MODEL}: {{input_per_1m: {PRICE_IN}, output_per_1m: {PRICE_OUT}}}\n"
 
 
-class Qwen(Cli):
+class Qwen(ChatEditCli):
     def __init__(self, tmp: Path) -> None:
         super().__init__("qwen", "qwen", "@qwen-code/qwen-code", tmp)
 
-    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
-        if self.error is not None:
-            return self.error
-        usage = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens}
-        if "edit" not in fc.tool_names(rec.body):  # a side call (a summary, a title): not the agent's turn
-            return fc.Reply("kiro step", **usage)
-        done = len(fc.tool_results(rec.body))
-        path, old, new = parse_prompt(fc.user_text(rec.body))
-        plan = [*self.extra, ("read_file", {"file_path": path}),
+    def edit_plan(self, path: str, old: str, new: str) -> list[tuple[str, dict[str, str]]]:
+        return [("read_file", {"file_path": path}),
                 ("edit", {"file_path": path, "old_string": old, "new_string": new})]
-        if done < len(plan):
-            name, args = plan[done]
-            return fc.Reply(None, [fc.tool_call(name, args)], **usage)
-        return fc.Reply(f"Checked the box: {new}", **usage)
 
     def start(self) -> FakeServer:
         self.server = fc.FakeChat(self.brain).start()
@@ -61,23 +51,12 @@ class Qwen(Cli):
         return len([r for r in self.server.calls() if "edit" in fc.tool_names(r.body)])
 
 
-class Copilot(Cli):
+class Copilot(ChatEditCli):
     def __init__(self, tmp: Path) -> None:
         super().__init__("copilot", "copilot", "@github/copilot", tmp)
 
-    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
-        if self.error is not None:
-            return self.error
-        usage = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens}
-        if "edit" not in fc.tool_names(rec.body):  # a side call: not the agent's turn
-            return fc.Reply("kiro step", **usage)
-        done = len(fc.tool_results(rec.body))
-        path, old, new = parse_prompt(fc.user_text(rec.body))
-        plan = [*self.extra, ("view", {"path": path}), ("edit", {"path": path, "old_str": old, "new_str": new})]
-        if done < len(plan):
-            name, args = plan[done]
-            return fc.Reply(None, [fc.tool_call(name, args)], **usage)
-        return fc.Reply(f"Checked the box: {new}", **usage)
+    def edit_plan(self, path: str, old: str, new: str) -> list[tuple[str, dict[str, str]]]:
+        return [("view", {"path": path}), ("edit", {"path": path, "old_str": old, "new_str": new})]
 
     def start(self) -> FakeServer:
         self.server = fc.FakeChat(self.brain).start()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent_clis import CODEX_PRICE, PROMPT_RE, Claude, Codex, task_text
+from tests.agent_clis import CODEX_PRICE, PROMPT_RE, Claude, Codex, serving, task_text
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import Recorded
 from tests.fakes import responses as fr
@@ -32,12 +32,7 @@ LOGIN_TOKEN = "sk-ant-oat01-kiro-billing-test-LOGIN"
 
 @pytest.fixture
 def claude(cli_home: Path) -> Iterator[Claude]:
-    cli = Claude(cli_home)
-    if not cli.installed:
-        pytest.skip(cli.skip_reason())
-    cli.start()
-    yield cli
-    cli.close()
+    yield from serving(Claude(cli_home))
 
 
 def log_in(home: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kiro.processes import sandbox
-from tests.agent_clis import CLIS, CODEX_PRICE, Cli, task_text
+from tests.agent_clis import CLIS, CODEX_PRICE, Cli, serving, task_text
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import anthropic as fa
 from tests.fakes import responses as fr
@@ -25,12 +25,7 @@ TASK = "Specs/feature/tasks.md"
 
 @pytest.fixture(params=sorted(CLIS))
 def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[Cli]:
-    agent = CLIS[request.param](cli_home)
-    if not agent.installed:
-        pytest.skip(agent.skip_reason())
-    agent.start()
-    yield agent
-    agent.close()
+    yield from serving(CLIS[request.param](cli_home))
 
 
 def configure(ws: Workspace, cli: Cli, extra: str = "", loop: str = "") -> None:

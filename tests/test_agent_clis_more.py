@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent_clis import Cli, task_text
+from tests.agent_clis import Cli, serving, task_text
 from tests.agent_clis_more import GEMINI_PRICE, MORE_CLIS, PRICE_IN, PRICE_OUT, aider_token_lines
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import chat as fc
@@ -26,12 +26,7 @@ TASK = "Specs/feature/tasks.md"
 
 @pytest.fixture(params=sorted(MORE_CLIS))
 def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[Cli]:
-    agent = MORE_CLIS[request.param](cli_home)
-    if not agent.installed:
-        pytest.skip(agent.skip_reason())
-    agent.start()
-    yield agent
-    agent.close()
+    yield from serving(MORE_CLIS[request.param](cli_home))
 
 
 def configure(ws: Workspace, cli: Cli, extra: str = "", loop: str = "") -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_clis import Cli, task_text
+from tests.agent_clis import Cli, serving, task_text
 from tests.agent_clis_new import NEW_CLIS, PRICE_IN, PRICE_OUT, QWEN_PRICE
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import chat as fc
@@ -27,12 +27,7 @@ REFUSED = {"qwen": "Incorrect API key", "copilot": "Authentication failed with p
 
 @pytest.fixture(params=sorted(NEW_CLIS))
 def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[Cli]:
-    agent = NEW_CLIS[request.param](cli_home)
-    if not agent.installed:
-        pytest.skip(agent.skip_reason())
-    agent.start()
-    yield agent
-    agent.close()
+    yield from serving(NEW_CLIS[request.param](cli_home))
 
 
 def configure(ws: Workspace, cli: Cli, extra: str = "", loop: str = "") -> None:

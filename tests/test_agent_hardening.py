@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_clis import CODEX_PRICE, Claude, Codex, task_text
+from tests.agent_clis import CODEX_PRICE, Claude, Codex, serving, task_text
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import responses as fr
 
@@ -23,22 +23,12 @@ TASK = "Specs/feature/tasks.md"
 
 @pytest.fixture
 def claude(cli_home: Path) -> Iterator[Claude]:
-    cli = Claude(cli_home)
-    if not cli.installed:
-        pytest.skip(cli.skip_reason())
-    cli.start()
-    yield cli
-    cli.close()
+    yield from serving(Claude(cli_home))
 
 
 @pytest.fixture
 def codex(cli_home: Path) -> Iterator[Codex]:
-    cli = Codex(cli_home)
-    if not cli.installed:
-        pytest.skip(cli.skip_reason())
-    cli.start()
-    yield cli
-    cli.close()
+    yield from serving(Codex(cli_home))
 
 
 def test_the_users_global_claude_stop_hook_does_not_run_in_a_step(ws: Workspace, claude: Claude) -> None:

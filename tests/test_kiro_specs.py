@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_clis import CLIS, Cli
+from tests.agent_clis import CLIS, Cli, serving
 from tests.conftest import FAST_CONFIG, Workspace, openai_config, shell_task
 from tests.fake_openai import FakeOpenAI, call
 from tests.fakes import anthropic as fa
@@ -86,12 +86,7 @@ def check_prompts(prompts: dict[str, str]) -> None:
 
 @pytest.fixture
 def claude(cli_home: Path) -> Iterator[Cli]:
-    agent = CLIS["claude"](cli_home)
-    if not agent.installed:
-        pytest.skip(agent.skip_reason())
-    agent.start()
-    yield agent
-    agent.close()
+    yield from serving(CLIS["claude"](cli_home))
 
 
 def test_claude_runs_a_real_kiro_spec_in_place(ws: Workspace, claude: Cli) -> None:
