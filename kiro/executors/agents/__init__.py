@@ -285,6 +285,26 @@ def after(seconds_text: str, since: datetime | None = None) -> datetime | None:
     return (since or datetime.now(UTC)) + timedelta(seconds=seconds)
 
 
+_RESET_AT = re.compile(r"\breset(?:s)?\s+(?:at|on)\s+(?P<when>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?)(?:\.\d+)?"
+                       r"\s*(?P<zone>Z|[+-]\d{2}:?\d{2})?", re.I)
+
+
+def reset_said(text: str) -> datetime | None:
+    """The reset time a provider's limit message states ("It will reset at 2026-08-29 23:59:59 +0800
+    CST.", "resets at 2026-11-27T10:00:00Z"), in UTC; a time with no offset is the machine's local time."""
+    m = _RESET_AT.search(text)
+    if m is None:
+        return None
+    zone = m["zone"] or ""
+    if zone and zone != "Z" and ":" not in zone:
+        zone = f"{zone[:3]}:{zone[3:]}"
+    try:
+        when = datetime.fromisoformat(m["when"].replace(" ", "T") + zone.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (when if when.tzinfo is not None else when.astimezone()).astimezone(UTC)
+
+
 def epoch(value: Any) -> datetime | None:
     """Seconds since 1970 (an API's reset time) as a datetime; None when not a plausible number."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):

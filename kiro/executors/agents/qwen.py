@@ -7,41 +7,99 @@
 - `--approval-mode yolo` approves its tools (edits, shell) in a headless run.
 - An API error does not fail the run: qwen 0.15 exits 0 with `result` "[API Error: 401 Incorrect API
   key provided ...]" (and `is_error` false), so kiro reads that text; it retries a 429 itself, with
-  backoff, for minutes. An unknown flag: `Unknown arguments: ...` and its help, exit 1.
+  backoff (below). An unknown flag: `Unknown arguments: ...` and its help, exit 1.
 - Endpoint and auth (its bundle: `argv.authType || settings.security.auth.selectedType ||
   getAuthTypeFromEnv()`): `--auth-type`, else `security.auth.selectedType` in `~/.qwen/settings.json`
   (`qwen-oauth` is the login kept in `~/.qwen/oauth_creds.json`), else the environment: QWEN_OAUTH,
   then OPENAI_API_KEY + OPENAI_MODEL + OPENAI_BASE_URL (any OpenAI-compatible Chat Completions
   server), then GEMINI_API_KEY + GEMINI_MODEL, ANTHROPIC_API_KEY + ANTHROPIC_MODEL + ANTHROPIC_BASE_URL.
   A key is never billed over a login its settings select.
+- Its own settings (0.15's bundle, `loadSettings`): `$QWEN_HOME/settings.json` (`~/.qwen/`), whose `hooks`
+  run commands on its events (`getUserHooks()`: loaded whatever the folder's trust), then the project's
+  `.qwen/settings.json` (its `hooks` too, in a trusted folder). No flag or variable leaves out the user's
+  file alone (`--bare` drops the project's settings and auth settings too), so kiro runs it with
+  QWEN_HOME at `~/.qwen/kiro-step/`: the person's settings less what runs programs unasked (`hooks`,
+  `tools.discoveryCommand`/`callCommand`, `mcp.serverCommand`, `ui.statusLine`), links to everything
+  else in `~/.qwen` (login, memory, skills), QWEN_RUNTIME_DIR at `~/.qwen` (sessions stay where they
+  were). Their MCP servers stay: tools they chose, as with claude. In kiro's box `~/.qwen` (or
+  $QWEN_HOME, and QWEN_RUNTIME_DIR) is its read-write folder.
+- Usage limits: qwen retries a 429 itself (7 tries over ~77 s, then, unless
+  `model.generationConfig.maxRetries` says otherwise, 10 more rounds of 1-5 min: about an hour with no
+  output, past kiro's idle timeout). kiro's settings above set `maxRetries: 0` when the person set
+  none, so a 429 that outlasts its 77 s ends the run as its `result` "[API Error: 429 <the provider's
+  message>]\nPossible quota limitations in place or slow response times detected. ..." (exit 0): a
+  usage limit, reset at the time the message states (a provider's "It will reset at 2026-08-29
+  23:59:59 +0800 CST."), else kiro's probe schedule. Qwen OAuth's "free allocated quota exceeded" is
+  its "Qwen OAuth free tier has been discontinued" (an auth error: it does not reset).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from kiro.errors import ExecutorError
 from kiro.executors.agents import (
     Credential,
     Failure,
     FailureKind,
     Invocation,
     clean,
+    env_folder,
     error_line,
     json_lines,
     last_line,
     read_json,
+    reset_said,
     shown,
 )
 from kiro.executors.agents.claude import ClaudePreset
 from kiro.executors.base import Usage
+from kiro.fs.atomic import atomic_write
 
-_API_ERROR = re.compile(r"^\[API Error: (?:(?P<status>\d{3})\b)?(?P<rest>.*)\]\s*$", re.S)
+_API_ERROR = re.compile(r"^\[API Error: (?:(?P<status>\d{3})\b)?(?P<rest>.*)\]\s*$")  # the first line of its error text
 _UNKNOWN = re.compile(r"^(Unknown arguments?|Not enough arguments|Invalid values|Missing required argument)\b.*",
                       re.M)
 _RATE = re.compile(r"rate[ _-]?limit|quota|too many requests|overloaded", re.I)
+_DISCONTINUED = "Qwen OAuth free tier has been discontinued"
+_JSONC = re.compile(r'("(?:\\.|[^"\\])*")|//[^\n]*|/\*.*?\*/', re.S)  # its settings may hold comments
+STEP_HOME = "kiro-step"  # the QWEN_HOME kiro gives a step, inside the person's ~/.qwen
+# what in the person's settings runs a program without being asked for in the step
+UNASKED = (("hooks",), ("tools", "discoveryCommand"), ("tools", "callCommand"), ("mcp", "serverCommand"),
+           ("ui", "statusLine"))
+
+
+def qwen_dir(env: Mapping[str, str]) -> Path | None:
+    """The person's qwen folder: $QWEN_HOME, else ~/.qwen (not the step's QWEN_HOME kiro made in it)."""
+    folder = env_folder(env, "QWEN_HOME", ".qwen")
+    return folder.parent if folder is not None and folder.name == STEP_HOME else folder
+
+
+def step_settings(text: str | None) -> dict[str, Any]:
+    """The settings a step's qwen reads as its user's: the person's (comments and all), less what runs
+    programs unasked, with qwen's own hour of 429 retries turned off unless the person set them."""
+    try:
+        data = json.loads(_JSONC.sub(lambda m: m.group(1) or "", text)) if text else {}
+    except ValueError:
+        data = {}  # qwen itself sets an unreadable file aside and runs with none
+    if not isinstance(data, dict):
+        data = {}
+    for *parents, key in UNASKED:
+        scope: Any = data
+        for name in parents:
+            scope = scope.get(name) if isinstance(scope, dict) else None
+        if isinstance(scope, dict):
+            scope.pop(key, None)
+    model = data.setdefault("model", {})
+    if isinstance(model, dict):
+        generation = model.setdefault("generationConfig", {})
+        if isinstance(generation, dict):
+            generation.setdefault("maxRetries", 0)
+    return data
 
 
 class QwenPreset(ClaudePreset):
@@ -57,13 +115,50 @@ class QwenPreset(ClaudePreset):
         return []  # its tools are approved by --approval-mode, not Claude's --allowedTools
 
     def env(self, inv: Invocation) -> dict[str, str]:
-        return {"NO_COLOR": "1"}
+        real = qwen_dir(os.environ)
+        if real is None:
+            return {"NO_COLOR": "1"}
+        try:
+            home = self.step_home(real)
+        except OSError as exc:  # never a run with the person's hooks because their folder could not be read
+            raise ExecutorError(f"cannot prepare qwen's settings for the step in {real / STEP_HOME}: "
+                                f"{exc.strerror or exc}") from None
+        return {"NO_COLOR": "1", "QWEN_HOME": str(home),
+                "QWEN_RUNTIME_DIR": os.environ.get("QWEN_RUNTIME_DIR") or str(real)}
+
+    @staticmethod
+    def step_home(real: Path) -> Path:
+        """`<real>/kiro-step/`: the step's settings (`step_settings`) and a link to each other entry of
+        the person's folder, made again before each run (links are kept, so runs may overlap)."""
+        home = real / STEP_HOME
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for entry in real.iterdir():
+            if entry.name in (STEP_HOME, "settings.json", "settings.json.orig"):
+                continue
+            try:
+                (home / entry.name).symlink_to(Path("..") / entry.name)
+            except FileExistsError:
+                pass
+        try:
+            text: str | None = (real / "settings.json").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            text = None
+        atomic_write(home / "settings.json", json.dumps(step_settings(text), indent=2), fsync=False, mode=0o600)
+        return home
+
+    def home_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """The person's qwen folder (the step's QWEN_HOME is inside it), and QWEN_RUNTIME_DIR when elsewhere."""
+        found = [folder] if (folder := qwen_dir(env)) is not None else []
+        runtime = env.get("QWEN_RUNTIME_DIR")
+        if runtime and os.path.isabs(runtime) and Path(runtime) not in found:
+            found.append(Path(runtime))
+        return found
 
     # -- credentials -------------------------------------------------------------------------
 
     @staticmethod
     def _folder(env: Mapping[str, str]) -> Path:
-        return Path(env.get("HOME") or Path.home()) / ".qwen"
+        return qwen_dir(env) or Path(Path.home(), ".qwen")
 
     def _selected(self, env: Mapping[str, str]) -> str | None:
         data = read_json(self._folder(env) / "settings.json")
@@ -125,27 +220,45 @@ class QwenPreset(ClaudePreset):
             total.cost_usd = (prompt * price.input_per_1m + completion * price.output_per_1m) / 1_000_000
         return total
 
-    def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
+    def _said(self, stdout: str) -> tuple[str, re.Match[str] | None] | None:
+        """Its final text (the `result`) when it reports an error: its first line and, for an API error,
+        the match of "[API Error: <status> ...]"."""
         result = self._result(stdout)
         text = result.get("result") if result is not None else None
-        m = _API_ERROR.match(text.strip()) if isinstance(text, str) else None
-        if exit_code == 0 and m is None and not (result is not None and result.get("is_error")):
+        if not isinstance(text, str) or not text.strip():
+            return None
+        line = clean(text).strip().splitlines()[0]
+        return line[:300], _API_ERROR.match(line)
+
+    def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
+        result = self._result(stdout)
+        said = self._said(stdout)
+        api = said[1] if said is not None else None
+        discontinued = said is not None and said[0].startswith(_DISCONTINUED)
+        if exit_code == 0 and api is None and not discontinued and not (result is not None and result.get("is_error")):
             return None
         unknown = _UNKNOWN.search(clean(stderr))
         if unknown is not None:
             return Failure("usage_error", unknown.group(0).strip()[:300])
-        if m is not None:
-            assert isinstance(text, str)
-            line = clean(text).strip().splitlines()[0][:300]
-            status = int(m["status"]) if m["status"] else None
-            kind: FailureKind = ("auth_error" if status in (401, 403) else "rate_limit" if status == 429
-                                 or _RATE.search(line) else self.kind_of(exit_code, line, line))
-            return Failure(kind, line)
-        if result is not None and isinstance(text, str) and text.strip():
-            line = clean(text).strip().splitlines()[0][:300]
+        if said is not None and (api is not None or discontinued):
+            status = int(api["status"]) if api is not None and api["status"] else None
+            kind: FailureKind = "auth_error" if status in (401, 403) or discontinued else "rate_limit" \
+                if status == 429 or _RATE.search(said[0]) else self.kind_of(exit_code, said[0], said[0])
+            return Failure(kind, said[0])
+        if said is not None and result is not None:
+            line = said[0]
         else:
             line = error_line(stderr) or last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
         return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
+
+    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
+        """A 429 that outlasted qwen's own retries (its "[API Error: 429 ...]" result): the provider's
+        window or quota, reset at the time its message states, if it states one."""
+        said = self._said(stdout)
+        api = said[1] if said is not None else None
+        if said is None or api is None or api["status"] != "429":
+            return None
+        return Failure("usage_limit", said[0], reset_said(api["rest"]))
 
     def fatal_line(self, line: str) -> Failure | None:
         return None  # a refused key ends qwen's run at once
