@@ -313,6 +313,10 @@ class Config(_Strict):
     include_optional: bool = False
     pause_at_checkpoints: bool = False  # pause for a person after a Kiro "Checkpoint" step (kiro.core.features)
     pause_every: int | None = Field(None, ge=1)  # pause for a person after every N completed steps
+    # Steps at the same time, each in its own git worktree, merged back in plan order (kiro.core.parallel):
+    # the open steps marked `(P)`, or with `parallel_by: depends` every step whose `_Depends:` are done.
+    parallel: int = Field(1, ge=1, le=32)
+    parallel_by: Literal["marker", "depends"] = "marker"
     on_event: dict[str, str] = Field(default_factory=dict)
     secret_env: list[str] = Field(default_factory=list)
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
@@ -389,6 +393,14 @@ class Config(_Strict):
             return "git"
         return value
 
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _parallel_count(cls, value: Any) -> Any:
+        """A number of steps: `true` is no count (YAML and pydantic would read it as 1)."""
+        if isinstance(value, bool):
+            raise ValueError("should be a number of steps, 1 or more")
+        return value
+
     @field_validator("sandbox", mode="before")
     @classmethod
     def _sandbox_off(cls, value: Any) -> Any:
@@ -420,6 +432,8 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "include_optional": "include_optional",
     "pause_at_checkpoints": "pause_at_checkpoints",
     "pause_every": "pause_every",
+    "parallel": "parallel",
+    "parallel_by": "parallel_by",
     "sandbox": "sandbox",
     "sandbox_network": "sandbox_network",
 }
