@@ -188,10 +188,10 @@ def test_depends_on_a_step_that_never_comes_waits_for_a_person(ws: Workspace) ->
 
 def test_max_iterations_holds_across_the_attempts_run_side_by_side(ws: Workspace) -> None:
     init_repo(ws.root)
-    _config(ws, extra="parallel: 4\n")
+    _config(ws)
     ws.task(_plan([(f"{i}. (P) Part {i}", f"echo {i} > p{i}.txt", "") for i in range(1, 9)]))
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "pm", "--max-iterations", "3",
-                env=_env(ws))
+                "--parallel", "4", env=_env(ws))
     print(r.stdout[-3000:], r.stderr[-2000:])
     assert r.returncode == 4
     assert len(_runs(ws)) == 3  # no attempt beyond the cap was started
@@ -200,7 +200,7 @@ def test_max_iterations_holds_across_the_attempts_run_side_by_side(ws: Workspace
     assert [c["step_id"] for c in st["completed_steps"]] == ["1", "2", "3"]
     assert _step_commits(ws, "pm") == ["1", "2", "3"]
     assert _leftovers(ws) == []
-    # resumed with room for the rest, parallel 4 kept: the other five, each once
+    # resumed with room for the rest, --parallel 4 kept as --sandbox is: the other five, each once, side by side
     r = ws.kiro("loop", "resume", "--task-id", "pm", "--max-iterations", "20", env=_env(ws))
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(sid for sid, _ in _runs(ws)) == [str(i) for i in range(1, 9)]
@@ -215,6 +215,13 @@ def test_parallel_one_and_no_git_run_steps_in_place_as_before(ws: Workspace) -> 
     assert r.returncode == 0, r.stdout + r.stderr
     assert "parallel: 4 needs git checkpoints" in r.stdout + r.stderr
     assert [cwd for _, cwd in _runs(ws)] == [str(ws.root.resolve())] * 3
+    init_repo(ws.root)  # a git repository, and parallel 1 given on the command line: in place, as before
+    ws.task(_plan([(f"{i}. (P) Again {i}", f"echo {i} > q{i}.txt", "") for i in range(1, 4)]), rel="Specs/two/tasks.md")
+    r = ws.kiro("loop", "start", "--task", "Specs/two/tasks.md", "--task-id", "p1", "--parallel", "1", env=_env(ws))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [cwd for _, cwd in _runs(ws)] == [str(ws.root.resolve())] * 6
+    assert not [e for e in ws.events("p1") if e["event"].startswith("parallel_")]
+    assert _step_commits(ws, "p1") == ["1", "2", "3"] and _leftovers(ws) == []
 
 
 @pytest.mark.parametrize(("where", "value", "said"), [
@@ -225,12 +232,14 @@ def test_parallel_one_and_no_git_run_steps_in_place_as_before(ws: Workspace) -> 
     ("config", "100", "parallel: Input should be less than or equal to 32"),
     ("frontmatter", "2.5", "frontmatter key 'parallel'"),
     ("parallel_by", "sideways", "parallel_by: Input should be 'marker' or 'depends'"),
+    ("temporal", "2", "steps side by side (parallel) are not built on the temporal backend"),
 ])
 def test_a_bad_parallel_value_is_one_line_and_exit_1_and_makes_nothing(ws: Workspace, where: str, value: str,
                                                                        said: str) -> None:
     init_repo(ws.root)
     _config(ws, extra=f"parallel: {value}\n" if where == "config" else
-            f"parallel_by: {value}\n" if where == "parallel_by" else "")
+            f"parallel_by: {value}\n" if where == "parallel_by" else
+            f"parallel: {value}\nbackend: temporal\n" if where == "temporal" else "")
     ws.task(_plan([("1. (P) One", "true", "")], front=f"parallel: {value}" if where == "frontmatter" else ""))
     before = sorted(p.relative_to(ws.root).as_posix() for p in ws.root.rglob("*") if ".git/" not in p.as_posix())
     args = ["--parallel", value] if where == "flag" else []

@@ -356,6 +356,9 @@ class Config(_Strict):
             if info.data.get("checkpoints") == "off":
                 raise ValueError("the temporal backend needs git checkpoints (each step's work travels as a commit on "
                                  "branch kiro/<task_id>); remove checkpoints: off, or use backend: local")
+            if (info.data.get("parallel") or 1) > 1:
+                raise ValueError("steps side by side (parallel) are not built on the temporal backend (each step's "
+                                 "worker commits on the loop's one branch); use parallel: 1 or backend: local")
             if info.data.get("merge") == "auto":
                 raise ValueError("the temporal backend leaves branch kiro/<task_id> for review; merge: auto is not "
                                  "built on it (docs/scale-out.md §12); use merge: manual or backend: local")
