@@ -71,8 +71,9 @@ def test_eight_marked_steps_run_four_at_a_time_each_in_its_worktree_and_merge_in
     wait for all eight. Each writes its own file in its own worktree."""
     init_repo(ws.root)
     _config(ws)
-    steps = [(f"{i}. (P) Write part {i}", BARRIER.format(k=4 if i <= 4 else 8) + f"; mkdir -p parts; echo {i} > "
-              f"parts/{i}.txt", "") for i in range(1, 9)]
+    escape = 'echo x > "$MAIN/escaped-$KIRO_STEP_ID.txt" 2>/dev/null || true'  # the box's project is the worktree
+    steps = [(f"{i}. (P) Write part {i}", BARRIER.format(k=4 if i <= 4 else 8) + f"; {escape}; mkdir -p parts; "
+              f"echo {i} > parts/{i}.txt", "") for i in range(1, 9)]
     ws.task(_plan(steps))
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "p8", "--parallel", "4",
                 env=_env(ws), timeout=300)
@@ -101,7 +102,43 @@ def test_eight_marked_steps_run_four_at_a_time_each_in_its_worktree_and_merge_in
     assert done == ids
     assert _leftovers(ws) == []
     assert git(ws.root, "status", "--porcelain", "--", "parts", "README.md") == ""
+    assert list(ws.root.glob("escaped-*")) == []
     assert fsck_problems(ws.root) == []
+
+
+def test_only_neighbouring_marked_steps_run_together_an_unmarked_step_runs_in_place_between(ws: Workspace) -> None:
+    """1 and 2 are marked, 3 is not, 4 is: 4 starts only once 3 is done (it finds 3's file), 3 runs in the
+    project itself as every step did before."""
+    init_repo(ws.root)
+    _config(ws, extra="parallel: 3\n")
+    ws.task(_plan([("1. (P) One", "echo 1 > one.txt", ""), ("2. (P) Two", "echo 2 > two.txt", ""),
+                   ("3. Three, alone", "test -f one.txt && test -f two.txt && echo 3 > three.txt", ""),
+                   ("4. (P) Four", "test -f three.txt && echo 4 > four.txt", "")]))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "pu", env=_env(ws))
+    assert r.returncode == 0, r.stdout + r.stderr
+    where = dict(_runs(ws))
+    assert where["3"] == str(ws.root.resolve())
+    assert all("/.kiro/worktrees/pu.step-" in where[i] for i in ("1", "2", "4"))
+    assert not [e for e in ws.events("pu") if e["event"] == "step_failed"]
+    assert _step_commits(ws, "pu") == ["1", "2", "3", "4"] and _leftovers(ws) == []
+
+
+def test_a_step_whose_verify_fails_runs_again_from_the_last_checkpoint_without_its_failed_work(ws: Workspace) -> None:
+    """Verify runs in the main tree once the step's work is merged in; when it fails, that work goes back out
+    (the next attempt's worktree starts from the last checkpoint too) and the step runs again."""
+    init_repo(ws.root)
+    bump = 'n=$(( $(cat "$SIDE/n" 2>/dev/null || echo 0) + 1 )); echo $n > "$SIDE/n"'
+    _config(ws, extra="parallel: 2\nverify: '! grep -q \"attempt 1\" two.txt 2>/dev/null'\n")
+    ws.task(_plan([("1. (P) One", "echo 1 > one.txt", ""),
+                   ("2. (P) Two", f'{bump}; echo "attempt $n" > two.txt; [ $n -gt 1 ] || echo junk > junk.txt', "")]))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "pv", env=_env(ws))
+    print(r.stdout[-3000:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [sid for sid, _ in _runs(ws)].count("2") == 2
+    assert [e["step_id"] for e in ws.events("pv") if e["event"] == "verify_failed"] == ["2"]
+    assert (ws.root / "two.txt").read_text() == "attempt 2\n"
+    assert not (ws.root / "junk.txt").exists() and "junk.txt" not in files_in(ws.root, "HEAD")
+    assert _step_commits(ws, "pv") == ["1", "2"] and _leftovers(ws) == []
 
 
 def test_a_conflicting_step_runs_again_once_on_the_merged_tree(ws: Workspace) -> None:

@@ -298,6 +298,10 @@ class SideBySide:
             # (an earlier attempt's work that the engine took and then failed, verify say, is not taken again)
             return StepResult("completed", summary=f"(done before a restart: its work is {rec.commit[:12]} on "
                                                    f"branch {rec.branch})")
+        if rec is not None and rec.status == "merging" and rec.commit and not rerun:
+            # the engine took that attempt's work and the step failed after all (verify): its files go back out
+            # of the loop's tree, so that the next attempt starts from the last checkpoint as its worktree does
+            await asyncio.to_thread(stepbranches.take_back, self.top, rec.commit, self.project_rel, self.excludes)
         opened = await asyncio.to_thread(stepbranches.open_attempt, loop.ws, self.top, self.top / self.project_rel,
                                          s.task_id, step.id)
         rec = ParallelAttempt(step_id=step.id, branch=opened.branch, worktree=str(opened.worktree), base=opened.base,
@@ -375,8 +379,9 @@ class SideBySide:
         names = await asyncio.to_thread(stepbranches.leftovers, loop.ws, self.top, s.task_id)
         kept: list[ParallelAttempt] = []
         for rec in s.parallel:
-            if (rec.step_id in open_ids and rec.status in ("done", "merging") and rec.commit
-                    and rec.attempt > s.step_record(rec.step_id).attempts):
+            if rec.step_id in open_ids and rec.commit and (
+                    rec.status == "merging"  # taken up when the kill came: brought in again, or taken back
+                    or (rec.status == "done" and rec.attempt > s.step_record(rec.step_id).attempts)):
                 kept.append(rec)
         for sid in open_ids - {r.step_id for r in kept}:  # finished, and killed before the state said so
             name = stepbranches.attempt_name(s.task_id, sid)

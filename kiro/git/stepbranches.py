@@ -174,6 +174,40 @@ def bring_in(top: Path, commit: str, project_rel: str, excludes: list[str], *, a
     return Brought(files=paths)
 
 
+def take_back(top: Path, commit: str, project_rel: str, excludes: list[str]) -> list[str]:
+    """Undo what `bring_in` wrote for `commit` when the step then failed (verify said no): each file that still
+    holds what the merge gave it goes back to HEAD's; a file changed since (by a person, or by verify) stays.
+    Returns the files put back."""
+    main = Git(top)
+    head = main.out("rev-parse", "HEAD")
+    planned = main.run("merge-tree", "--write-tree", "--name-only", "--no-messages", head, commit, check=False)
+    lines = [ln for ln in planned.stdout.splitlines() if ln.strip()]
+    if planned.returncode != 0 or not lines:
+        return []  # HEAD moved on, or it never merged: nothing of it was written
+    tree = lines[0]
+    changed = main.run("diff", "--name-only", "-z", "--no-renames", head, tree, "--",
+                       *pathspec(project_rel, excludes)).stdout
+    paths = [p for p in changed.split("\0") if p]
+    if not paths:
+        return []
+    merged = _blobs(main, "ls-tree", "-r", "-z", tree, paths)
+    theirs = _blobs(main, "ls-tree", "-r", "-z", head, paths)
+    present = [p for p in paths if (top / p).is_file()]
+    hashes = main.run("hash-object", "--no-filters", "--stdin-paths", input="\n".join(present) + "\n",
+                      check=False).stdout.split() if present else []
+    on_disk = dict(zip(present, hashes, strict=False))
+    ours = [p for p in paths if on_disk.get(p) == merged.get(p)]
+    back = [p for p in ours if p in theirs]
+    if back:
+        main.run("restore", "--source=HEAD", "--worktree", "--pathspec-from-file=-", "--pathspec-file-nul",
+                 input="\0".join(f":(top,literal){p}" for p in back) + "\0")
+    for p in ours:
+        if p not in theirs:  # the step made it
+            with contextlib.suppress(FileNotFoundError):
+                (top / p).unlink()
+    return ours
+
+
 def _blobs(main: Git, *args: Any) -> dict[str, str]:
     *cmd, paths = args
     out: dict[str, str] = {}
