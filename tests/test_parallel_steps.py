@@ -63,7 +63,8 @@ def _leftovers(ws: Workspace) -> list[str]:
 def _step_commits(ws: Workspace, tid: str) -> list[str]:
     """The Kiro-Step-Id of each of the loop's commits on main, oldest first."""
     shas = git(ws.root, "rev-list", "--reverse", "HEAD").split()
-    return [t["Kiro-Step-Id"] for t in (trailers(ws.root, s) for s in shas) if t.get("Kiro-Task-Id") == tid]
+    return [t["Kiro-Step-Id"] for t in (trailers(ws.root, s) for s in shas)
+            if t.get("Kiro-Task-Id") == tid and "Kiro-Step-Id" in t]
 
 
 def test_eight_marked_steps_run_four_at_a_time_each_in_its_worktree_and_merge_in_plan_order(ws: Workspace) -> None:
@@ -121,6 +122,19 @@ def test_only_neighbouring_marked_steps_run_together_an_unmarked_step_runs_in_pl
     assert all("/.kiro/worktrees/pu.step-" in where[i] for i in ("1", "2", "4"))
     assert not [e for e in ws.events("pu") if e["event"] == "step_failed"]
     assert _step_commits(ws, "pu") == ["1", "2", "3", "4"] and _leftovers(ws) == []
+
+
+def test_with_isolation_the_attempts_branch_from_the_loops_own_branch_and_it_merges_at_the_end(ws: Workspace) -> None:
+    init_repo(ws.root)
+    _config(ws, extra="parallel: 3\nisolation: worktree\nmerge: auto\n")
+    ws.task(_plan([(f"{i}. (P) Part {i}", f"echo {i} > p{i}.txt", "") for i in range(1, 5)]))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "pi", env=_env(ws))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all("/.kiro/worktrees/pi.step-" in cwd for _, cwd in _runs(ws))
+    assert _step_commits(ws, "pi") == ["1", "2", "3", "4"]  # on kiro/pi, merged into main
+    assert {f"p{i}.txt" for i in range(1, 5)} <= files_in(ws.root, "main")
+    assert git(ws.root, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert git(ws.root, "branch", "--format=%(refname:short)").split() == ["kiro/pi", "main"]  # the loop's stays
 
 
 def test_a_step_whose_verify_fails_runs_again_from_the_last_checkpoint_without_its_failed_work(ws: Workspace) -> None:

@@ -122,10 +122,10 @@ class Parallel(Feature):
                                        f"({'; '.join(waiting)}); fix the `_Depends:` lines, then `kiro loop resume "
                                        f"--task-id {loop.state.task_id}`", "depends_waiting")
 
-    async def completing(self, loop: LoopHandle, stop: Stop) -> Stop:
-        if self.steps is not None:
+    async def all_done(self, loop: LoopHandle, task: TaskFile) -> Stop | bool | None:
+        if self.steps is not None:  # before the loop's own git finishes (with isolation: merges, removes its tree)
             await self.steps.clear()
-        return stop
+        return None
 
 
 class _Closer(LoopListener):
@@ -430,6 +430,8 @@ class SideBySide:
         self.closing = True
         await self._stop_flights()
         loop, s = self.loop, self.loop.state
+        if not self.top.is_dir():  # the loop's own worktree, merged and removed: its attempts went before
+            return
         try:
             open_ids = {st.id for st in _open_leaves(tasks.load(loop.task_path), True)}
         except (TaskFileError, TaskNotFound):
