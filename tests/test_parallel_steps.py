@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from kiro.store import tasks
+from tests.agent_clis import Claude, parse_prompt, serving
 from tests.conftest import Workspace
+from tests.fakes import HttpError, Recorded
+from tests.fakes import anthropic as fa
 from tests.gitutil import files_in, fsck_problems, git, init_repo, trailers
 
 BARRIER = ('touch "$SIDE/at.$KIRO_STEP_ID"; n=0; while [ "$(ls "$SIDE" | grep -c "^at\\.")" -lt {k} ]; do '
@@ -201,6 +204,47 @@ def test_a_step_that_conflicts_again_waits_for_a_person_and_keeps_their_edit(ws:
     assert "shared.txt" in note and "step 2" in note
     assert (ws.root / "shared.txt").read_text() == "draft 2\n"  # the person's edit, not kiro's
     assert {s.id: s.done for s in tasks.load(ws.root / "Specs/feature/tasks.md").steps} == {"1": True, "2": False}
+
+
+class _ClaudeWritingAPart(Claude):
+    """Claude Code's model, as tests.agent_clis plays it, that first writes `part-<step>.txt` beside the task
+    file it was told to check (the copy in the step's own worktree), then checks that box there."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.seen: list[tuple[str, str]] = []  # (step, the worktree its prompt named)
+
+    def brain(self, rec: Recorded) -> fa.Turn | HttpError:
+        if not fa.is_agent_call(rec.body):
+            return super().brain(rec)
+        path, old, new = parse_prompt(fa.first_user_text(rec.body))
+        step = old.split("]", 1)[1].split(".", 1)[0].strip()
+        tree = Path(path).parents[2]  # <worktree>/Specs/feature/tasks.md
+        plan = [("Write", {"file_path": str(tree / f"part-{step}.txt"), "content": f"part {step}\n"}),
+                ("Read", {"file_path": path}), ("Edit", {"file_path": path, "old_string": old, "new_string": new})]
+        done = len(fa.tool_results(rec.body))
+        if done == 0:
+            self.seen.append((step, str(tree)))
+        if done < len(plan):
+            return fa.Turn([fa.tool_use(*plan[done])])
+        return fa.Turn([fa.text(f"Wrote part {step} and checked the box")])
+
+
+def test_claude_code_does_marked_steps_side_by_side_each_in_its_worktree(ws: Workspace, cli_home: Path) -> None:
+    for c in serving(_ClaudeWritingAPart(cli_home)):
+        init_repo(ws.root)
+        _config(ws, extra="parallel: 3\nagent: claude\n")
+        ws.task("---\ntitle: Parts\n---\n# Plan\n" + "".join(f"- [ ] {i}. (P) Write part {i}\n" for i in (1, 2, 3)))
+        r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "pa",
+                    env=ws.env(**c.env()), timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        seen = sorted(c.seen)
+        assert [step for step, _ in seen] == ["1", "2", "3"]  # each step's first attempt did it
+        assert all(f"/.kiro/worktrees/pa.step-{step}-" in tree for step, tree in seen)
+        assert [(ws.root / f"part-{i}.txt").read_text() for i in (1, 2, 3)] == [f"part {i}\n" for i in (1, 2, 3)]
+        assert _step_commits(ws, "pa") == ["1", "2", "3"] and _leftovers(ws) == []
+        done = (ws.root / "Done/feature/tasks.md").read_text()
+        assert done.endswith("---\n# Plan\n" + "".join(f"- [x] {i}. (P) Write part {i}\n" for i in (1, 2, 3)))
 
 
 def test_depends_lines_order_the_steps_and_each_sees_the_work_it_depends_on(ws: Workspace) -> None:

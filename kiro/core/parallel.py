@@ -311,7 +311,7 @@ class SideBySide:
             loop.save()
         loop.emit(ev.ParallelStepStarted(step_id=step.id, branch=opened.branch,
                                          worktree=loop.ws.relative(opened.worktree)))
-        task_copy, excludes = self._task_copy(opened.worktree)
+        task_copy, excludes = self._task_copy(opened.worktree, step)
         try:
             result = await self.inner.run_step(self._context(step, opened, task_copy))
         except ExecutorError:
@@ -337,9 +337,9 @@ class SideBySide:
         loop.emit(ev.ParallelStepFinished(step_id=step.id, outcome=result.outcome, commit=rec.commit))
         return result
 
-    def _task_copy(self, worktree: Path) -> tuple[Path, list[str]]:
-        """The task file as the attempt sees it: a copy in its worktree (kiro alone writes the real one), left
-        out of the step's commit."""
+    def _task_copy(self, worktree: Path, step: Step) -> tuple[Path, list[str]]:
+        """The task file as the attempt sees it: a copy in its worktree (kiro alone writes the real one), with
+        the step's box `[-]` as the engine marks the step it runs, left out of the step's commit."""
         real = self.loop.task_path
         try:
             rel = Path(real).resolve().relative_to(self.top.resolve())
@@ -348,6 +348,8 @@ class SideBySide:
         copy = worktree / rel
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_bytes(Path(real).read_bytes())
+        with contextlib.suppress(TaskFileError, TaskNotFound):
+            tasks.set_marker(copy, step.key, "-", durable=False)
         return copy, [*self.excludes, rel.as_posix()]
 
     def _context(self, step: Step, opened: stepbranches.Opened, task_copy: Path) -> StepContext:
