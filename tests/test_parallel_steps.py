@@ -319,6 +319,39 @@ def test_parallel_one_and_no_git_run_steps_in_place_as_before(ws: Workspace) -> 
     assert _step_commits(ws, "p1") == ["1", "2", "3"] and _leftovers(ws) == []
 
 
+def test_bringing_work_in_again_after_a_kill_mends_its_own_half_written_file_never_a_persons_edit(
+        tmp_path: Path) -> None:
+    """What a resumed loop does when a kill fell while a step's work was being written into the tree
+    (kiro.git.stepbranches.bring_in with `again`): a file that holds the beginning of the merged content, or
+    is missing, is kiro's own and is written whole; a file a person changed is a conflict and stays theirs."""
+    from kiro.git.stepbranches import bring_in
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    init_repo(repo)
+    (repo / "a.txt").write_text("base\n")
+    git(repo, "add", "a.txt")
+    git(repo, "commit", "-qm", "a")
+    git(repo, "switch", "-qc", "step")
+    (repo / "a.txt").write_text("base\n" + "the step's long line\n" * 50)
+    (repo / "b.txt").write_text("new\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "the step's work")
+    work = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "switch", "-q", "main")
+    whole = "base\n" + "the step's long line\n" * 50
+    (repo / "a.txt").write_text(whole[:300])  # torn by the kill
+    got = bring_in(repo, work, "", [], again=True)
+    assert got.conflicts == [] and sorted(got.files) == ["a.txt", "b.txt"]
+    assert (repo / "a.txt").read_text() == whole and (repo / "b.txt").read_text() == "new\n"
+    (repo / "b.txt").unlink()
+    (repo / "a.txt").write_text("a person's draft\n")  # not the merge's beginning: theirs
+    for again in (True, False):
+        got = bring_in(repo, work, "", [], again=again)
+        assert got.conflicts == ["a.txt"] and got.files == []
+        assert (repo / "a.txt").read_text() == "a person's draft\n" and not (repo / "b.txt").exists()
+
+
 @pytest.mark.parametrize(("where", "value", "said"), [
     ("flag", "0", "--parallel: Input should be greater than or equal to 1"),
     ("flag", "four", "Invalid value for '--parallel'"),

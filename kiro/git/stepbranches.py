@@ -137,8 +137,9 @@ class Brought:
 def bring_in(top: Path, commit: str, project_rel: str, excludes: list[str], *, again: bool) -> Brought:
     """Write into `top`'s work tree what merging `commit` (an attempt's work) with HEAD changes, uncommitted.
     Conflicts: the files git cannot merge, or that hold changes of someone else's (a person's edit not yet
-    committed) which the merge would overwrite. `again`: a kill fell while this same commit was being
-    brought in, so files that differ from HEAD may be its own, half written: they are written again."""
+    committed) which the merge would overwrite. `again`: a kill may have fallen while this same commit was
+    being brought in, so a file that holds the beginning of what the merge gives it is its own, half
+    written: it is written again."""
     main = Git(top)
     head = main.out("rev-parse", "HEAD")
     planned = main.run("merge-tree", "--write-tree", "--name-only", "--no-messages", head, commit, check=False)
@@ -154,15 +155,17 @@ def bring_in(top: Path, commit: str, project_rel: str, excludes: list[str], *, a
     if not paths:
         return Brought()
     merged = _blobs(main, "ls-tree", "-r", "-z", tree, paths)
-    if not again:
-        theirs = _blobs(main, "ls-tree", "-r", "-z", head, paths)
-        present = [p for p in paths if (top / p).is_file() or (top / p).is_symlink()]
-        hashes = main.run("hash-object", "--no-filters", "--stdin-paths", input="\n".join(present) + "\n",
-                          check=False).stdout.split() if present else []
-        on_disk = dict(zip(present, hashes, strict=False))
-        touched = [p for p in paths if on_disk.get(p) != theirs.get(p) and on_disk.get(p) != merged.get(p)]
-        if touched:
-            return Brought(conflicts=touched)
+    theirs = _blobs(main, "ls-tree", "-r", "-z", head, paths)
+    present = [p for p in paths if (top / p).is_file() or (top / p).is_symlink()]
+    hashes = main.run("hash-object", "--no-filters", "--stdin-paths", input="\n".join(present) + "\n",
+                      check=False).stdout.split() if present else []
+    on_disk = dict(zip(present, hashes, strict=False))
+    # a file git was writing for this same merge when a kill came (`again`) is missing, or holds the beginning
+    # of the merge's content: git removes a file and writes it anew, in place
+    touched = [p for p in paths if on_disk.get(p) not in (theirs.get(p), merged.get(p))
+               and not (again and (p not in on_disk or LoopGit._torn(main, p, merged.get(p))))]
+    if touched:
+        return Brought(conflicts=touched)
     written = [p for p in paths if p in merged]
     if written:
         main.run("restore", f"--source={tree}", "--worktree", "--pathspec-from-file=-", "--pathspec-file-nul",
