@@ -247,6 +247,23 @@ def test_claude_code_does_marked_steps_side_by_side_each_in_its_worktree(ws: Wor
         assert done.endswith("---\n# Plan\n" + "".join(f"- [x] {i}. (P) Write part {i}\n" for i in (1, 2, 3)))
 
 
+def test_a_token_budget_holds_across_attempts_run_side_by_side(ws: Workspace, cli_home: Path) -> None:
+    """Two attempts start together; once one has ended, the tokens it spent are past max_total_tokens: no
+    third attempt starts, and the loop stops at the budget with every model call of both attempts counted."""
+    for c in serving(_ClaudeWritingAPart(cli_home)):
+        init_repo(ws.root)
+        _config(ws, extra="parallel: 2\nagent: claude\nguardrails:\n  max_total_tokens: 300\n")
+        ws.task("---\ntitle: Parts\n---\n# Plan\n" + "".join(f"- [ ] {i}. (P) Write part {i}\n" for i in (1, 2, 3, 4)))
+        r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "pt",
+                    env=ws.env(**c.env()), timeout=300)
+        assert r.returncode == 4, r.stdout + r.stderr
+        assert sorted(step for step, _ in c.seen) == ["1", "2"]
+        st = ws.state("pt")
+        assert st["stop_reason"] == "max_total_tokens"
+        assert st["usage"]["total_tokens"] == c.calls() * (c.input_tokens + c.output_tokens)
+        assert [x["step_id"] for x in st["completed_steps"]] == ["1"]
+
+
 def test_depends_lines_order_the_steps_and_each_sees_the_work_it_depends_on(ws: Workspace) -> None:
     init_repo(ws.root)
     _config(ws, extra="parallel_by: depends\n")

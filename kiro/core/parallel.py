@@ -20,6 +20,8 @@ resumed loop brings that work in instead of running the step again; an attempt k
 
 Limits: an attempt is started only while the iterations left (max_iterations) cover it beside the attempts
 already running, and no budget (guardrails) has run out; every attempt taken up is one iteration, as before.
+What an attempt spent is added to the loop's usage when it ends (taken up or not), so the budgets count every
+attempt, and no attempt starts once one is spent; attempts already running finish, as a running step does.
 """
 
 from __future__ import annotations
@@ -195,27 +197,24 @@ class SideBySide:
         finally:
             self.flights.pop(ctx.step.id, None)
             self.current = None
-        usage = Usage()
-        usage.add(result.usage)
         if result.ok:
-            result = await self._take(ctx.step, result, usage)
-        result.usage = usage
+            result = await self._take(ctx.step, result)
         if result.ok:
             self.taken.add(ctx.step.id)
         self._top_up()
         return result
 
-    async def _take(self, step: Step, result: StepResult, usage: Usage) -> StepResult:
+    async def _take(self, step: Step, result: StepResult) -> StepResult:
         """Bring the finished attempt's work into the loop's tree; on a conflict run the step again once on the
         merged tree and bring that in; a second conflict waits for a person."""
-        for again in (False, True):
+        for ran_again in (False, True):
             rec = self._record(step.id)
             assert rec is not None and rec.commit is not None
             files = await self._bring_in(rec)
             if not files:
                 return result
-            self.loop.emit(ev.ParallelConflict(step_id=step.id, files=files[:50], again=again))
-            if again:
+            self.loop.emit(ev.ParallelConflict(step_id=step.id, files=files[:50], again=ran_again))
+            if ran_again:
                 rec.status = "conflict"
                 self.blocked = (step.id, rec.branch, files)
                 self.loop.save()
@@ -226,7 +225,6 @@ class SideBySide:
                 result = await self._launch(step, rerun=True).task  # on the merged tree: made from HEAD now
             finally:
                 self.flights.pop(step.id, None)
-            usage.add(result.usage)
             if not result.ok:
                 return result
         return result
@@ -312,8 +310,8 @@ class SideBySide:
         s.parallel = [r for r in s.parallel if r.step_id != step.id] + [rec]
         if not self.closing:
             loop.save()
-        loop.emit(ev.ParallelStepStarted(step_id=step.id, branch=opened.branch,
-                                         worktree=loop.ws.relative(opened.worktree)))
+            loop.emit(ev.ParallelStepStarted(step_id=step.id, branch=opened.branch,
+                                             worktree=loop.ws.relative(opened.worktree)))
         task_copy, excludes = self._task_copy(opened.worktree, step)
         try:
             result = await self.inner.run_step(self._context(step, opened, task_copy))
@@ -323,6 +321,9 @@ class SideBySide:
             if raise_errors():
                 raise
             result = StepResult("failed", error=f"executor error: {type(exc).__name__}: {exc}")
+        # what the attempt spent counts now, taken up or not: the budgets see it before another attempt starts
+        s.usage.add(result.usage)
+        result.usage = Usage()  # (the engine adds what it is handed: nothing twice)
         if result.ok:
             try:
                 rec.commit = await asyncio.to_thread(
@@ -330,14 +331,14 @@ class SideBySide:
                     step.id, step.title or step.text, s.iteration, loop.redact.text)
                 rec.status = "done"
             except checkpoints.GitError as exc:
-                result = StepResult("failed", summary=result.summary, usage=result.usage,
+                result = StepResult("failed", summary=result.summary,
                                     error=f"could not commit the step's work in its worktree: {exc}")
         if not result.ok:
             await asyncio.to_thread(stepbranches.remove, loop.ws, self.top, s.task_id, Path(rec.worktree).name)
             s.parallel = [r for r in s.parallel if r is not rec]
-        if not self.closing:
+        if not self.closing:  # (after the loop's end nothing more is said: its last event is loop_finished)
             loop.save()
-        loop.emit(ev.ParallelStepFinished(step_id=step.id, outcome=result.outcome, commit=rec.commit))
+            loop.emit(ev.ParallelStepFinished(step_id=step.id, outcome=result.outcome, commit=rec.commit))
         return result
 
     def _task_copy(self, worktree: Path, step: Step) -> tuple[Path, list[str]]:
