@@ -112,19 +112,22 @@ def test_eight_marked_steps_run_four_at_a_time_each_in_its_worktree_and_merge_in
 
 def test_only_neighbouring_marked_steps_run_together_an_unmarked_step_runs_in_place_between(ws: Workspace) -> None:
     """1 and 2 are marked, 3 is not, 4 is: 4 starts only once 3 is done (it finds 3's file), 3 runs in the
-    project itself as every step did before."""
+    project itself as every step did before. 5 is marked but `_Depends: 4`: it starts once 4 is done, while 6
+    may start beside 4."""
     init_repo(ws.root)
     _config(ws, extra="parallel: 3\n")
     ws.task(_plan([("1. (P) One", "echo 1 > one.txt", ""), ("2. (P) Two", "echo 2 > two.txt", ""),
                    ("3. Three, alone", "test -f one.txt && test -f two.txt && echo 3 > three.txt", ""),
-                   ("4. (P) Four", "test -f three.txt && echo 4 > four.txt", "")]))
+                   ("4. (P) Four", "test -f three.txt && echo 4 > four.txt", ""),
+                   ("5. (P) Five, after four", "test -f four.txt && echo 5 > five.txt", "_Depends: 4_"),
+                   ("6. (P) Six", "echo 6 > six.txt", "")]))
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "pu", env=_env(ws))
     assert r.returncode == 0, r.stdout + r.stderr
     where = dict(_runs(ws))
     assert where["3"] == str(ws.root.resolve())
-    assert all("/.kiro/worktrees/pu.step-" in where[i] for i in ("1", "2", "4"))
+    assert all("/.kiro/worktrees/pu.step-" in where[i] for i in ("1", "2", "4", "5", "6"))
     assert not [e for e in ws.events("pu") if e["event"] == "step_failed"]
-    assert _step_commits(ws, "pu") == ["1", "2", "3", "4"] and _leftovers(ws) == []
+    assert _step_commits(ws, "pu") == ["1", "2", "3", "4", "5", "6"] and _leftovers(ws) == []
 
 
 def test_with_isolation_the_attempts_branch_from_the_loops_own_branch_and_it_merges_at_the_end(ws: Workspace) -> None:

@@ -70,17 +70,15 @@ def _open_leaves(task: TaskFile, include_optional: bool) -> list[Step]:
 
 
 def ready(task: TaskFile, by: str, include_optional: bool) -> list[Step]:
-    """The open steps that may run now, in plan order. `marker`: the `(P)` steps from the first open step on,
-    up to the first open step without the mark. `depends`: every open step whose `_Depends:` are done."""
-    open_steps = _open_leaves(task, include_optional)
-    if by == "depends":
-        done = {s.id for s in task.steps if s.done}
-        return [s for s in open_steps if all(d in done for d in depends_on(s))]
+    """The open steps that may run now, in plan order: those whose `_Depends:` are done, and with `marker`
+    only the `(P)` steps from the first open step on, up to the first open step without the mark."""
+    done = {s.id for s in task.steps if s.done}
     out: list[Step] = []
-    for s in open_steps:
-        if not marked(s):
+    for s in _open_leaves(task, include_optional):
+        if by != "depends" and not marked(s):
             break
-        out.append(s)
+        if all(d in done for d in depends_on(s)):
+            out.append(s)
     return out
 
 
