@@ -301,7 +301,7 @@ class SideBySide:
         opened = await asyncio.to_thread(stepbranches.open_attempt, loop.ws, self.top, self.top / self.project_rel,
                                          s.task_id, step.id)
         for kind, fields in opened.events:  # a worktree a kill left half added, a stale lock cleared
-            if kind != "worktree_created":  # (said by parallel_step_started)
+            if kind != "worktree_created" and not self.closing:  # (parallel_step_started says that one)
                 loop.emit(kind, **fields)
         rec = ParallelAttempt(step_id=step.id, branch=opened.branch, worktree=str(opened.worktree), base=opened.base,
                               attempt=attempt)
