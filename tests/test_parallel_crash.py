@@ -5,7 +5,8 @@ runs dies mid-write too), then resumed, until the task completes. Modelled on te
 Each step appends its id to a side log beside the workspace (granted to the box) before it writes its own file:
 a step the state records completed must never appear in that log again. At the end: every box checked, the
 steps completed in plan order with one checkpoint commit each on main, every file in HEAD, and no worktree,
-branch, lock or folder of the attempts left."""
+branch, lock or folder of the attempts left. PARALLEL_CRASH_KILLS and PARALLEL_CRASH_SEED make a longer or
+another run (60 kills on seeds 1, 2 and 7 held too)."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def test_sigkill_during_side_by_side_attempts_and_merges_loses_nothing(tmp_path:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "GIT_"))}
     env.update(KIRO_RAISE_ERRORS="1", CRASH_SIDE_LOG=str(side))
     env.pop("PYTEST_CURRENT_TEST", None)
-    rng = random.Random(20261127)
+    rng = random.Random(int(os.environ.get('PARALLEL_CRASH_SEED', '20261127')))
     problems: list[str] = []
     frozen: dict[str, int] = {}  # step -> how many times it had run when the state first recorded it completed
     modes: Counter[str] = Counter()
