@@ -137,8 +137,8 @@ class _Closer(LoopListener):
         self.sides = sides
 
     def __call__(self, event: ev.Event) -> None:
-        if isinstance(event, ev.StopCondition):
-            self.sides.closing = True  # from here on nothing is started and the state is not saved again
+        if isinstance(event, ev.StopCondition):  # the loop's last save comes next
+            self.sides.settle()
 
     async def aclose(self) -> None:
         await self.sides.close()
@@ -428,20 +428,30 @@ class SideBySide:
         self.taken.clear()
         loop.save()
 
-    async def close(self) -> None:
-        """The run is over: attempts still running end (their steps run again later) and their worktrees go;
-        finished ones stay for the next run to take up."""
+    def settle(self) -> None:
+        """The loop ends: from here on nothing is started and the state is not saved again, so the state keeps
+        now only the attempts the next run takes up (finished, their steps still open); `close` removes the
+        worktrees and branches of the others."""
         self.closing = True
-        await self._stop_flights()
         loop, s = self.loop, self.loop.state
-        if not self.top.is_dir():  # the loop's own worktree, merged and removed: its attempts went before
-            return
+        running = {sid for sid, f in self.flights.items() if not f.task.done()}
         try:
             open_ids = {st.id for st in _open_leaves(tasks.load(loop.task_path), True)}
         except (TaskFileError, TaskNotFound):
             open_ids = set()
-        kept = {Path(r.worktree).name for r in s.parallel
-                if r.status in ("done", "merging", "conflict") and r.step_id in open_ids}
+        s.parallel = [r for r in s.parallel if r.step_id in open_ids and r.step_id not in running
+                      and r.status in ("done", "merging", "conflict")]
+
+    async def close(self) -> None:
+        """The run is over: attempts still running end (their steps run again later) and their worktrees go;
+        finished ones stay for the next run to take up."""
+        if not self.closing:
+            self.settle()
+        await self._stop_flights()
+        loop, s = self.loop, self.loop.state
+        if not self.top.is_dir():  # the loop's own worktree, merged and removed: its attempts went before
+            return
+        kept = {Path(r.worktree).name for r in s.parallel}
         for name in await asyncio.to_thread(stepbranches.leftovers, loop.ws, self.top, s.task_id):
             if name not in kept:
                 await asyncio.to_thread(stepbranches.remove, loop.ws, self.top, s.task_id, name)
