@@ -21,7 +21,10 @@ resumed loop brings that work in instead of running the step again; an attempt k
 Limits: an attempt is started only while the iterations left (max_iterations) cover it beside the attempts
 already running, and no budget (guardrails) has run out; every attempt taken up is one iteration, as before.
 What an attempt spent is added to the loop's usage when it ends (taken up or not), so the budgets count every
-attempt, and no attempt starts once one is spent; attempts already running finish, as a running step does.
+attempt that ended, and no attempt starts once one is spent. When the loop stops (a budget, a limit, a person),
+attempts still running are ended and their worktrees removed: their steps run again later, and what they spent
+so far is not counted (an agent CLI reports its usage when it ends). Finished attempts whose steps are still
+open stay, recorded in the state, for the next run to take up.
 """
 
 from __future__ import annotations
