@@ -49,9 +49,10 @@ def store_of(ws: Any, *, lenient: bool = True) -> Any:
 
 def overrides(max_iterations: int | None, failure_threshold: int | None, timeout: float | None,
               executor: str | None, model: str | None, agent: str | None = None,
-              sandbox: str | None = None) -> dict[str, Any]:
+              sandbox: str | None = None, parallel: int | None = None) -> dict[str, Any]:
     return {
         "sandbox": sandbox,
+        "parallel": parallel,
         "autonomous_loop.max_iterations": max_iterations,
         "autonomous_loop.failure_threshold": failure_threshold,
         "autonomous_loop.timeout_seconds": timeout,
@@ -185,7 +186,7 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
           executor: str | None = None, model: str | None = None, agent: str | None = None,
           task_id: str | None = None, detached: bool = False, quiet: bool = False, verbose: bool = False,
           step: str | None = None, fresh: bool = False, spec: list[str] | None = None,
-          sandbox: str | None = None) -> int:
+          sandbox: str | None = None, parallel: int | None = None) -> int:
     """`kiro loop start`: the loop's exit code (SPEC §6), or 0 for a loop started in the background. `step`:
     only that step (kiro.core.features.OneStep). `fresh`: set the task's unfinished loop aside first
     (kiro.core.runner.set_aside)."""
@@ -201,7 +202,7 @@ def start(task: list[str], workspace_path: Path | None = None, config: Path | No
     task = [*task, *(spec_task(ws, name) for name in spec or ())]
     if not task:
         raise UserError("name what to run: --task PATH (a task file) or --spec NAME (a Kiro spec in .kiro/specs/)")
-    changes = overrides(max_iterations, failure_threshold, timeout, executor, model, agent, sandbox)
+    changes = overrides(max_iterations, failure_threshold, timeout, executor, model, agent, sandbox, parallel)
     if len(task) > 1 and task_id:
         raise UserError("--task-id names one loop; with several --task, each gets its own id")
     one_step = None
@@ -268,7 +269,8 @@ def resume(task_id: str | None = None, task: str | None = None, workspace_path: 
            config: Path | None = None, max_iterations: int | None = None, reset_failures: bool = False,
            failure_threshold: int | None = None, timeout: float | None = None, executor: str | None = None,
            model: str | None = None, agent: str | None = None, detached: bool = False, quiet: bool = False,
-           verbose: bool = False, all_loops: bool = False, sandbox: str | None = None) -> int:
+           verbose: bool = False, all_loops: bool = False, sandbox: str | None = None,
+           parallel: int | None = None) -> int:
     """`kiro loop resume`: the loop's exit code (SPEC §6); 0 when it continues elsewhere (in the background,
     or under the `kiro loop watch` that keeps it)."""
     from kiro.core.runner import prepare_resume
@@ -279,7 +281,8 @@ def resume(task_id: str | None = None, task: str | None = None, workspace_path: 
     if all_loops:
         return resume_all(ws, store, config=config, max_iterations=max_iterations, reset_failures=reset_failures,
                           failure_threshold=failure_threshold, timeout=timeout,
-                          changes=overrides(None, None, None, executor, model, agent, sandbox), detached=detached, quiet=quiet,
+                          changes=overrides(None, None, None, executor, model, agent, sandbox, parallel),
+                          detached=detached, quiet=quiet,
                           verbose=verbose, named=bool(task_id or task))
     tid = resolve_task_id(ws, store, task_id, task)
     assert tid is not None
@@ -295,7 +298,7 @@ def resume(task_id: str | None = None, task: str | None = None, workspace_path: 
             argv += ["--task-id", tid]
         detach(argv, store.ws, tid)
         return 0
-    changes = overrides(None, None, None, executor, model, agent, sandbox)
+    changes = overrides(None, None, None, executor, model, agent, sandbox, parallel)
     from kiro.errors import LockHeld
 
     try:

@@ -73,6 +73,11 @@ AgentOpt = Annotated[str | None, typer.Option("--agent", help="Agent CLI preset 
                                               "codex | aider | gemini | opencode (see `kiro agents`).",
                                               show_default=False)]
 
+ParallelOpt = Annotated[int | None, typer.Option("--parallel", metavar="N", help="Run up to N open steps at once, "
+                                                 "each in its own git worktree, merged back in plan order (the "
+                                                 "steps marked `(P)`, or with parallel_by: depends those whose "
+                                                 "`_Depends:` are done); kept by resume.", show_default=False)]
+
 SandboxOpt = Annotated[str | None, typer.Option("--sandbox", help="bwrap | off: run each step's processes in a "
                                                 "bubblewrap box, or not (default: bwrap when installed).",
                                                 show_default=False)]
@@ -101,6 +106,7 @@ def start(
                                               show_default=False)] = None,
     agent: AgentOpt = None,
     sandbox: SandboxOpt = None,
+    parallel: ParallelOpt = None,
     task_id: TaskIdOpt = None,
     detach: Annotated[bool, typer.Option("--detach",
                                          help="Run in the background; print the task id and exit 0.")] = False,
@@ -121,7 +127,7 @@ def start(
     _exit(launch.start(task or [], workspace_path=workspace, spec=spec or [], config=config, max_iterations=max_iterations,
                        failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
                        agent=agent, task_id=task_id, detached=detach, quiet=quiet, verbose=verbose, step=step,
-                       fresh=fresh, sandbox=sandbox))
+                       fresh=fresh, sandbox=sandbox, parallel=parallel))
 
 
 @app.command()
@@ -144,6 +150,7 @@ def resume(
     model: Annotated[str | None, typer.Option("--model", show_default=False, help="Model for openai.")] = None,
     agent: AgentOpt = None,
     sandbox: SandboxOpt = None,
+    parallel: ParallelOpt = None,
     detach: Annotated[bool, typer.Option("--detach", help="Continue in the background; print the task id.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
@@ -157,7 +164,7 @@ def resume(
                         max_iterations=max_iterations, reset_failures=reset_failures,
                         failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
                         agent=agent, detached=detach, quiet=quiet, verbose=verbose, all_loops=all_loops,
-                        sandbox=sandbox))
+                        sandbox=sandbox, parallel=parallel))
 
 
 @app.command()

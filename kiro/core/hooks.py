@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kiro.core.conditions import Stop
     from kiro.core.guardrails import LoopGuardrails
     from kiro.executors.base import Executor
@@ -43,6 +45,8 @@ class LoopHandle(Protocol):
     def emit(self, event: Event | str, /, **fields: Any) -> None: ...
 
     def save(self) -> None: ...
+
+    def subscribe(self, *listeners: Callable[[Event], None]) -> None: ...
 
     async def asave(self) -> None: ...
 

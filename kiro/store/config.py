@@ -313,6 +313,10 @@ class Config(_Strict):
     include_optional: bool = False
     pause_at_checkpoints: bool = False  # pause for a person after a Kiro "Checkpoint" step (kiro.core.features)
     pause_every: int | None = Field(None, ge=1)  # pause for a person after every N completed steps
+    # Steps at the same time, each in its own git worktree, merged back in plan order (kiro.core.parallel):
+    # the open steps marked `(P)`, or with `parallel_by: depends` every step whose `_Depends:` are done.
+    parallel: int = Field(1, ge=1, le=32)
+    parallel_by: Literal["marker", "depends"] = "marker"
     on_event: dict[str, str] = Field(default_factory=dict)
     secret_env: list[str] = Field(default_factory=list)
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
@@ -352,6 +356,9 @@ class Config(_Strict):
             if info.data.get("checkpoints") == "off":
                 raise ValueError("the temporal backend needs git checkpoints (each step's work travels as a commit on "
                                  "branch kiro/<task_id>); remove checkpoints: off, or use backend: local")
+            if (info.data.get("parallel") or 1) > 1:
+                raise ValueError("steps side by side (parallel) are not built on the temporal backend (each step's "
+                                 "worker commits on the loop's one branch); use parallel: 1 or backend: local")
             if info.data.get("merge") == "auto":
                 raise ValueError("the temporal backend leaves branch kiro/<task_id> for review; merge: auto is not "
                                  "built on it (docs/scale-out.md §12); use merge: manual or backend: local")
@@ -389,6 +396,14 @@ class Config(_Strict):
             return "git"
         return value
 
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _parallel_count(cls, value: Any) -> Any:
+        """A number of steps: `true` is no count (YAML and pydantic would read it as 1)."""
+        if isinstance(value, bool):
+            raise ValueError("should be a number of steps, 1 or more")
+        return value
+
     @field_validator("sandbox", mode="before")
     @classmethod
     def _sandbox_off(cls, value: Any) -> Any:
@@ -420,6 +435,8 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "include_optional": "include_optional",
     "pause_at_checkpoints": "pause_at_checkpoints",
     "pause_every": "pause_every",
+    "parallel": "parallel",
+    "parallel_by": "parallel_by",
     "sandbox": "sandbox",
     "sandbox_network": "sandbox_network",
 }

@@ -451,6 +451,34 @@ class MergeConflict(Event):
     files: list[str] = Field(default_factory=list)
 
 
+class ParallelStepStarted(Event):
+    """`parallel: N`: a step's attempt began in its own worktree, beside others (kiro.core.parallel)."""
+
+    event: Literal["parallel_step_started"] = "parallel_step_started"
+    step_id: str
+    branch: str
+    worktree: str
+
+
+class ParallelStepFinished(Event):
+    """A side-by-side attempt ended: ok (its work is `commit` on its branch, merged in plan order) or failed."""
+
+    event: Literal["parallel_step_finished"] = "parallel_step_finished"
+    step_id: str
+    outcome: str
+    commit: str | None = None
+
+
+class ParallelConflict(Event):
+    """A side-by-side step's work conflicts with what was merged before it: it runs again on the merged
+    tree (`again` false), or, when that conflicts too, waits for a person (`again` true)."""
+
+    event: Literal["parallel_conflict"] = "parallel_conflict"
+    step_id: str
+    files: list[str] = Field(default_factory=list)
+    again: bool = False
+
+
 class MergeFailed(Event):
     event: Literal["merge_failed"] = "merge_failed"
     branch: str
@@ -540,7 +568,7 @@ AnyEvent: TypeAlias = Annotated[
         MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
         CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
         WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
-        RollbackResumed,
+        RollbackResumed, ParallelStepStarted, ParallelStepFinished, ParallelConflict,
         RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
         PrecheckPassed, PrecheckSkipped, WorkerLost,
     ],

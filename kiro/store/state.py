@@ -194,6 +194,22 @@ class GitInfo(_Model):
     rollbacks: list[RollbackRecord] = Field(default_factory=list)
 
 
+class ParallelAttempt(_Model):
+    """One step's attempt run beside others in its own worktree and branch (`parallel: N`, kiro.core.parallel):
+    what resume needs to know which worktree and branch are that step's and how far it got."""
+
+    step_id: str
+    branch: str
+    worktree: str
+    base: str  # the commit its worktree was made from
+    # running: the attempt runs (a kill: it runs again); done: its work is the branch's commit `commit`;
+    # merging: that work is being brought into the loop's tree (a kill: brought in again, the same); conflict:
+    # it conflicted with what was merged before it, also when run again (left for a person to look at)
+    status: Literal["running", "done", "merging", "conflict"] = "running"
+    commit: str | None = None
+    attempt: int = 1  # the attempt at the step it is (a failed one, once the state counts it, is not taken again)
+
+
 class ScheduleInfo(_Model):
     """A recurring task's schedule and where it stands (SPEC §11, kiro.core.schedule)."""
 
@@ -264,6 +280,7 @@ class LoopState(_Model):
     steps_total: int | None = None
     steps_done: int | None = None
     git: GitInfo | None = None
+    parallel: list[ParallelAttempt] = Field(default_factory=list)  # steps in flight side by side (`parallel: N`)
     # recurring tasks (SPEC §11): `runs` then counts scheduled runs
     last_run_at: IsoTime | None = None
     next_run_at: IsoTime | None = None

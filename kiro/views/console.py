@@ -228,6 +228,9 @@ _GIT_LINES: dict[str, tuple[str, str]] = {
     "merge_conflict": ("merging {branch} into {into} conflicts: {files}", "red"),
     "merge_failed": ("could not merge {branch}: {error}", "red"),
     "merge_resumed": ("finishing a merge of {branch} a kill interrupted: {files}", "cyan"),
+    "parallel_step_started": ("step {step_id} runs beside others in {worktree}", "cyan"),
+    "parallel_step_finished": ("  step {step_id}'s side-by-side attempt: {outcome}", "dim"),
+    "parallel_conflict": ("step {step_id}'s work conflicts with the steps merged before it: {files}", "yellow"),
     "rollback_resumed": ("finishing a rollback a kill interrupted: {files}", "cyan"),
     "rolled_back": ("rolled back to step {to_step} ({commit}); undone: {undone}", "bold"),
 }

@@ -149,6 +149,38 @@ def merge_intervention(state: LoopState, *, problem: str, files: Sequence[str]) 
 """
 
 
+def step_conflict(state: LoopState, *, step_id: str, branch: str, files: Sequence[str]) -> str:
+    """A step run side by side (`parallel: N`) whose work conflicts with the steps merged before it, also when
+    it ran again on the merged tree: which step, which branch holds its work, which files."""
+    where = (state.git.worktree or state.git.toplevel) if state.git else "?"
+    listed = "\n".join(f"- `{f}`" for f in files) or "_none listed_"
+    return _frontmatter({
+        "type": "intervention_request",
+        "task_id": state.task_id,
+        "created": timeutil.iso(),
+        "reason": "step_conflict",
+        "task_path": state.task_path,
+        "step_id": step_id,
+        "branch": branch,
+        "files": list(files),
+    }) + f"""
+# Intervention Request: step {step_id} conflicts
+
+## Reason
+Step {step_id} ran beside other steps; its work conflicts with the steps merged before it in the files
+below, and again when it ran once more on the merged tree (or those files hold changes nobody committed).
+
+**Its work**: branch `{branch}` (`git diff HEAD...{branch}` in `{where}`)
+
+## Files
+{listed}
+
+## Options
+- [ ] Commit or undo the changes in those files in `{where}`, or do the step by hand and check its box
+- [ ] Then `kiro loop resume --task-id {state.task_id}` (the step runs again on the tree as it is then)
+"""
+
+
 def intervention_request(state: LoopState, *, reason: str, detail: str) -> str:
     tid = state.task_id
     return _frontmatter({
