@@ -423,3 +423,25 @@ def test_a_step_in_its_worktree_cannot_write_another_loops_worktree(ws: Workspac
     assert (other / "first.txt").read_text() == "mine\n" and not (other / "new.txt").exists()
     assert not (other.parent / "third").exists()
     assert (other.parent / "second" / "own.txt").read_text() == "own\n"  # its own worktree is its to write
+
+
+def test_watch_names_the_box_once_as_start_does(ws: Workspace, home: Path) -> None:
+    """`kiro loop start` prints one line naming the box; `kiro loop watch` prints the same line, once
+    for its loops (each distinct box once), not once per loop."""
+    ws.task(shell_task(1), "Specs/solo/tasks.md")
+    started = ws.kiro("loop", "start", "--task", "Specs/solo/tasks.md", env=ws.env(HOME=str(home)))
+    assert started.returncode == 0, started.stdout + started.stderr
+    line = [x for x in started.stderr.splitlines() if x.startswith("sandbox: bwrap (")]
+    assert len(line) == 1, started.stderr
+    for name in ("alpha", "beta", "gamma"):
+        ws.task(shell_task(2), f"Specs/{name}/tasks.md")
+    proc = ws.spawn("loop", "watch", env=ws.env(HOME=str(home)))
+    try:
+        ws.wait_for(lambda: all((ws.root / f"Done/{n}/tasks.md").exists() for n in ("alpha", "beta", "gamma")),
+                    timeout=90, what="three loops done under watch")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    said = [x for x in ws.output(proc).splitlines() if x.startswith("sandbox:")]
+    print("watch said:", said)
+    assert said == line, ws.output(proc)
