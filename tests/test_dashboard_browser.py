@@ -144,3 +144,41 @@ def test_dashboard_lists_loops_updates_live_and_its_stop_button_pauses_the_loop(
     assert outside == [], f"the page asked for something outside the server: {outside}"
     assert errors == [], errors
     page.close()
+
+
+def test_a_loop_sleeping_through_an_agents_usage_limit_says_whose_limit_and_when_it_resumes(
+        ws: Workspace, served: Served, browser: Any, cli_home: Path) -> None:
+    """The real claude on a subscription whose window is used up (tests/test_usage_limits.py): the card
+    says what `status` and Dashboard.md say, "claude limit, resumes HH:MM UTC", and the feed the reset."""
+    from tests.agent_clis import task_text
+    from tests.test_usage_limits import TASK, configure, env_of, limit_window, start
+
+    cli = start("claude", cli_home)
+    try:
+        ws.task(task_text(1))
+        configure(ws, cli)
+        limit_window(cli, 3600)
+        loop = ws.spawn("loop", "start", "--task", TASK, "--task-id", "limited", env=ws.env(**env_of(cli)))
+        try:
+            ws.wait_for(lambda: ws.state("limited")["status"] == "sleeping", timeout=120, what="the loop to sleep")
+            note = ws.state("limited")["sleep_note"]
+            page = browser.new_page(bypass_csp=True)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{served.base}/?token={served.token}")
+            card = "article.card[data-task-id='limited']"
+            page.wait_for_selector(f"{card} [data-role=sleep]")
+            shown = page.inner_text(f"{card} [data-role=sleep]")
+            feed = page.inner_text("#feed")
+            print("the card says:", shown)
+            assert note.startswith("claude limit, resumes ") and shown == f"Sleeping: {note}", (shown, note)
+            assert "usage_limit" in feed and "claude: " in feed and "resets " in feed, feed
+            assert errors == [], errors
+            page.close()
+            ws.write(".hooks/stop_autonomous_loop_limited.md", "enough\n")
+            assert loop.wait(60) == 3, ws.output(loop)
+        finally:
+            if loop.poll() is None:
+                loop.kill()
+    finally:
+        cli.close()

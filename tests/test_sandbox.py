@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from kiro.processes import sandbox
-from tests.conftest import Workspace
+from tests.conftest import Workspace, shell_task
 
 pytestmark = pytest.mark.skipif(sandbox.unusable() is not None, reason=f"no usable bwrap: {sandbox.unusable()}")
 
@@ -365,3 +365,83 @@ def test_kiro_agents_shows_the_box_each_cli_would_run_in(ws: Workspace, home: Pa
     rows = json.loads(ws.kiro("agents", "--json", env=env).stdout)
     assert all(row["sandbox"] is None and row["bwrap_usable"] is True for row in rows)
     assert ws.kiro("agents", env=env).stdout.startswith("sandbox: off")
+
+
+# kiro's folders a workspace may not have yet when a step starts, and what a step would put in each
+MISSING = {
+    ".hooks": ".hooks/stop_autonomous_loop.md",  # a stop hook of its own choosing
+    "config": "config/autonomous_loop.yaml",  # the next loop's config (sandbox: off)
+    "Needs_Action": "Needs_Action/next.md",  # a task `watch` would start
+    "Pending_Approval": "Pending_Approval/p.md",
+    "Approved": "Approved/p.md",  # an approval of its own proposal
+    "Rejected": "Rejected/p.md",
+    ".kiro/worktrees": ".kiro/worktrees/other/planted",  # a loop's worktree before kiro makes it
+    ".git": ".git/hooks/post-commit",  # a repository whose hooks kiro's git would run, outside the box
+}
+
+
+def test_a_step_cannot_create_a_control_folder_that_did_not_exist_when_it_started(ws: Workspace, home: Path) -> None:
+    """The box binds the folders kiro has; one that is not there yet is made, empty and read-only, for the
+    step (and taken away after it when still empty), so the step cannot make it. Done/ is missing too: the
+    loop moves the finished task there itself."""
+    for name in ("Done", "Needs_Action", "config", ".hooks"):
+        (ws.root / name / "autonomous_loop.yaml").unlink(missing_ok=True)
+        (ws.root / name).rmdir()
+    script = "; ".join(f'{{ mkdir -p "$(dirname {path})"; echo planted > {path}; }} 2>/dev/null || true'
+                       for path in MISSING.values())
+    ws.task(f"---\nexecutor: shell\n---\n- [ ] 1. Plant\n  ```sh\n  {script}\n  ```\n")
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(HOME=str(home)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    held = {name: not (ws.root / path).exists() for name, path in MISSING.items()}
+    for name, ok in held.items():
+        print(f"{'held   ' if ok else 'ESCAPED'} {MISSING[name]}")
+    print(f"{sum(held.values())} of {len(held)} held")
+    assert all(held.values()), held
+    assert (ws.root / "Done" / "feature" / "tasks.md").is_file()  # kiro made Done/ after the step, as before
+    # what was made for the step only is gone: no empty .git or .kiro left in the person's workspace
+    assert not (ws.root / ".git").exists() and not (ws.root / ".kiro").exists()
+    assert not (ws.root / "Approved").exists() and not (ws.root / "config").exists()
+
+
+def test_a_step_in_its_worktree_cannot_write_another_loops_worktree(ws: Workspace, home: Path) -> None:
+    """`isolation: worktree` with the task file at the workspace root: the task's folder (the root) is
+    read-write for the agent to check its box, yet `.kiro/worktrees` stays read-only but for the loop's own."""
+    from tests.gitutil import init_repo
+
+    init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", "isolation: worktree\n")
+    ws.task(shell_task(1, cmd="echo mine > first.txt"), "Specs/first/tasks.md")
+    assert ws.kiro("loop", "start", "--task", "Specs/first/tasks.md", "--task-id", "first",
+                   env=ws.env(HOME=str(home))).returncode == 0
+    other = ws.root / ".kiro" / "worktrees" / "first"
+    assert (other / "first.txt").read_text() == "mine\n"
+    attack = (f'{{ echo planted > {other}/first.txt; echo planted > {other}/new.txt; mkdir {other.parent}/third; }} '
+              f'2>/dev/null || true; echo own > own.txt')
+    ws.task(shell_task(1, cmd=attack), "tasks.md")
+    r = ws.kiro("loop", "start", "--task", "tasks.md", "--task-id", "second", env=ws.env(HOME=str(home)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (other / "first.txt").read_text() == "mine\n" and not (other / "new.txt").exists()
+    assert not (other.parent / "third").exists()
+    assert (other.parent / "second" / "own.txt").read_text() == "own\n"  # its own worktree is its to write
+
+
+def test_watch_names_the_box_once_as_start_does(ws: Workspace, home: Path) -> None:
+    """`kiro loop start` prints one line naming the box; `kiro loop watch` prints the same line, once
+    for its loops (each distinct box once), not once per loop."""
+    ws.task(shell_task(1), "Specs/solo/tasks.md")
+    started = ws.kiro("loop", "start", "--task", "Specs/solo/tasks.md", env=ws.env(HOME=str(home)))
+    assert started.returncode == 0, started.stdout + started.stderr
+    line = [x for x in started.stderr.splitlines() if x.startswith("sandbox: bwrap (")]
+    assert len(line) == 1, started.stderr
+    for name in ("alpha", "beta", "gamma"):
+        ws.task(shell_task(2), f"Specs/{name}/tasks.md")
+    proc = ws.spawn("loop", "watch", env=ws.env(HOME=str(home)))
+    try:
+        ws.wait_for(lambda: all((ws.root / f"Done/{n}/tasks.md").exists() for n in ("alpha", "beta", "gamma")),
+                    timeout=90, what="three loops done under watch")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    said = [x for x in ws.output(proc).splitlines() if x.startswith("sandbox:")]
+    print("watch said:", said)
+    assert said == line, ws.output(proc)

@@ -23,6 +23,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +314,53 @@ def test_opencode_429_that_outlasts_its_retries_is_a_usage_limit_at_its_retry_af
     print("opencode:", limit)
 
 
+def test_opencode_waiting_hours_inside_its_own_retry_is_a_usage_limit_wait_at_once(ws: Workspace,
+                                                                                   cli_home: Path) -> None:
+    """A 429 with a retry-after of 2 hours: opencode would sleep through it inside its own retry, silent,
+    until kiro's idle timeout failed the attempt. kiro's plugin prints opencode's retry status as it
+    starts; kiro ends the attempt then and sleeps until the time opencode would have tried again."""
+    cli = MORE_CLIS["opencode"](cli_home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    error = fc.error(429, "Rate limit reached for requests", "rate_limit_exceeded")
+    error.headers["retry-after"] = "7200"
+    cli.error = error
+    cli.start()
+    try:
+        ws.task(task_text(1))
+        configure(ws, cli, "step_idle_timeout_seconds: 60\n")
+        env = ws.env(**cli.env())
+        began = time.time()
+        proc = ws.spawn("loop", "start", "--task", TASK, env=env)
+        try:
+            tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
+            ws.wait_for(lambda: ws.state(tid)["status"] in ("sleeping", "failed"), timeout=150,
+                        what="the loop to sleep")
+            progress = kiro_json(ws, env, "loop", "progress", "--task-id", tid)
+            print("progress --json:", {k: progress.get(k) for k in ("status", "sleeping_because", "sleep_note")})
+            ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "enough\n")
+            code = code_of(proc, 60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        cli.close()
+    assert progress["status"] == "sleeping" and progress["sleeping_because"] == "usage_limit", progress
+    assert progress["sleep_note"].startswith("opencode limit, resumes "), progress
+    assert code == 3, ws.output(proc)
+    state = ws.state(tid)
+    assert state["total_failures"] == 0, state["steps"]
+    limits = [e for e in ws.events(tid) if e["event"] == "usage_limit"]
+    assert len(limits) == 1 and limits[0]["agent"] == "opencode", limits
+    resets = datetime.fromisoformat(limits[0]["resets_at"]).timestamp()
+    assert began + 7100 < resets < time.time() + 7300, limits  # when opencode would have tried again
+    assert "Rate limit reached" in limits[0]["message"], limits
+    assert cli.calls() == 1  # kiro ended it at its first retry
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert '"session.status"' in log and "# failure: usage_limit" in log, log[-2000:]
+    print("opencode said, and kiro slept on:", limits[0]["message"])
+
+
 def test_aider_rate_limit_after_its_own_retries_is_a_usage_limit(cli_home: Path) -> None:
     """aider retries a RateLimitError for about a minute itself, then prints it (no reset time). (A
     used-up balance, "check your plan and billing", is left a failed attempt: it does not reset.)"""
@@ -388,3 +436,24 @@ def test_the_run_time_limit_ends_a_usage_limit_wait_as_timed_out_not_failed(ws: 
         assert len(cli.server.requests) <= 3, len(cli.server.requests)  # no calls spun while the time ran out
     finally:
         cli.close()
+
+
+@pytest.mark.parametrize(("given", "kept"), [
+    (None, {}),
+    ('{"share": "disabled", "plugin": ["my-plugin"]}', {"share": "disabled", "plugin": ["my-plugin"]}),
+    ('{"model": "fake/x"}', {"model": "fake/x"}),
+])
+def test_opencode_gets_kiros_retry_plugin_beside_the_persons_own_config_content(
+        monkeypatch: pytest.MonkeyPatch, given: str | None, kept: dict[str, Any]) -> None:
+    from kiro.executors.agents.opencode import PLUGIN
+
+    if given is None:
+        monkeypatch.delenv("OPENCODE_CONFIG_CONTENT", raising=False)
+    else:
+        monkeypatch.setenv("OPENCODE_CONFIG_CONTENT", given)
+    preset = agents.get("opencode")
+    env = preset.env(agents.Invocation(Path("p.md"), Path("t.md"), "1", Path(".")))
+    config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
+    assert config["plugin"] == [*kept.get("plugin", []), PLUGIN.as_uri()] and PLUGIN.is_file()
+    assert {k: v for k, v in config.items() if k != "plugin"} == {k: v for k, v in kept.items() if k != "plugin"}
+    assert PLUGIN in preset.read_paths({})  # readable in the box wherever kiro is installed

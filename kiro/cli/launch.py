@@ -21,6 +21,16 @@ LOOP_OUTCOMES = (0, 3, 4, 5, 6)  # SPEC §6 exit codes of a loop that ran; 1 is 
 # -- what start and resume share -------------------------------------------------------------------
 
 
+def say_note(note: str) -> None:
+    """A loop's note (the box its steps run in): on stderr, beside the warnings (stdout is the loop's
+    events), with no `kiro: `: no error."""
+    from kiro.views import console
+
+    with contextlib.suppress(OSError):
+        sys.stderr.write(console.clean(note) + "\n")
+        sys.stderr.flush()
+
+
 def workspace(path: Path | None) -> Any:
     from kiro.store.workspace import Workspace
 
@@ -82,11 +92,9 @@ def run_foreground(runs: list[Any], quiet: bool, verbose: bool) -> int:
         said = r.executor.billing_line() if isinstance(r.executor, CommandExecutor) else None
         if said:  # even with --quiet: a billed key is never silent
             console.line(said)
-    if not quiet:  # on stderr, beside the warnings (stdout is the loop's events), with no `kiro: `: no error
+    if not quiet:
         for note in dict.fromkeys(n for r in runs for n in r.notes):
-            with contextlib.suppress(OSError):
-                sys.stderr.write(console.clean(note) + "\n")
-                sys.stderr.flush()
+            say_note(note)
     outcomes = asyncio.run(run_loops(runs, listeners))
     for o in outcomes:
         msg = f"{o.task_id}: {o.status} ({o.reason}) - {o.message}"

@@ -70,8 +70,10 @@ def watch(
             time.sleep(0.05)
         raise RunError(f"the background supervisor did not start within 30 s; see {ws.relative(out_path)}")
     listeners: list[Listener] = [] if quiet else [console.EventPrinter(with_task=True)]
+    from kiro.cli.launch import say_note
+
     sup = Supervisor(ws, config_file=config, overrides={"executor": executor}, listeners=listeners,
-                     max_parallel=max_parallel)
+                     max_parallel=max_parallel, on_note=None if quiet else say_note)
     if not quiet:
         console.line(f"watching {sup.ws.specs} (at most {sup.limit} loops at once); Ctrl-C to stop", style="bold")
     raise typer.Exit(asyncio.run(sup.run()))

@@ -70,7 +70,10 @@ class Managed:
 
 class Supervisor:
     def __init__(self, ws: Workspace, *, config_file: Path | None = None, overrides: dict[str, Any] | None = None,
-                 listeners: list[Listener] | None = None, max_parallel: int | None = None) -> None:
+                 listeners: list[Listener] | None = None, max_parallel: int | None = None,
+                 on_note: Callable[[str], None] | None = None) -> None:
+        """`on_note`: told each loop's notes (the box its steps run in, as `start` prints it), each
+        distinct one once in the supervisor's life."""
         loc = settings_for(ws, config_file=config_file, overrides=overrides)
         self.ws: Workspace = loc.ws
         self.store: StateStore = loc.store
@@ -90,6 +93,8 @@ class Supervisor:
         self.index = LoopIndex(self.store)
         self._preparing = asyncio.Lock()  # one scan or resume prepared at a time, on a worker thread
         self._starting = asyncio.Semaphore(STARTING_AT_ONCE)
+        self.on_note = on_note
+        self._noted: set[str] = set()
 
     # -- events ----------------------------------------------------------------------------
 
@@ -254,6 +259,7 @@ class Supervisor:
                     except KiroError as exc:
                         self._say(m.task_id, LoopWarning(message=f"could not continue: {exc}"))
                         return
+                self._note(run)
                 assert self._sem is not None
                 slot = Slot(self._sem)  # a scheduled loop gives it back while it waits between runs
                 await slot.acquire()
@@ -280,6 +286,12 @@ class Supervisor:
             with contained():
                 self.store.release(m.task_id, m.lock)
             self._wake.set()  # the task file may be startable again, or a slot is free
+
+    def _note(self, run: LoopRun) -> None:
+        for note in run.notes:
+            if self.on_note is not None and note not in self._noted:
+                self._noted.add(note)
+                self.on_note(note)
 
     async def _run_once(self, m: Managed, run: LoopRun, slot: Slot | None, turn: _Turn) -> Outcome:
         def begun(event: Event) -> None:

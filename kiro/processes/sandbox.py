@@ -11,8 +11,13 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
   when it lies outside the project: the agent CLI checks its box there);
 - kiro's control folders (`.state/`, `.hooks/`, `config/`, `Logs/`, `.kiro/worktrees/`, the task areas
   `Done/` `Needs_Action/` and the approval folders) and `.git` re-bound read-only on top: kiro's own
-  git runs outside the box. A folder that does not exist when the step starts is not bound (bwrap
-  would make it on disk to mount over it); kiro makes `.state`, `.hooks` and `Logs` before any step;
+  git runs outside the box. One of the workspace's (or the project's `.git`) that does not exist
+  when the step starts, where the step could create it, is made, empty, for the box to bind (so the
+  step cannot: a task in `Needs_Action/`, a `.git` with hooks kiro's git would run), and removed
+  after the step if it is still empty (`Box.release`); kiro's own writes to it meanwhile keep it.
+  `.kiro/worktrees` is read-only also for a step that runs in one of its worktrees, whose own
+  worktree alone is bound read-write over it (another loop's stays out of reach even when the task
+  file's folder, read-write, is the workspace root);
 - `$HOME` an empty tmpfs plus, read-write, exactly the agent CLI's own config and auth files
   (each preset names them: `Preset.home_paths`), plus `sandbox_paths.rw` / `.ro`;
 - a private `/tmp` (a project under /tmp is bound after it, so it stays the real one);
@@ -118,6 +123,12 @@ def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+# The control folders kiro made for the boxes of this process (and the missing parents it made with
+# them, `.kiro` of `.kiro/worktrees`), with how many boxes bind each now: the last to let go removes it.
+_held: dict[Path, int] = {}
+_made: set[Path] = set()
+
+
 @dataclass(frozen=True)
 class Box:
     """Where one step's process may write. Paths are absolute; `home` is made an empty tmpfs."""
@@ -127,16 +138,53 @@ class Box:
     home: Path | None = None
     network: bool = True
     home_rw: tuple[Path, ...] = field(default=())  # the agent CLI's own files under `home`, for `describe`
+    missing: tuple[Path, ...] = ()  # control folders (in `ro`) absent when the box was planned
+
+    def hold(self) -> None:
+        """Make the missing control folders, empty, for the box to bind read-only (their missing parents
+        too); each is kept until the last box of this process that binds it lets go (`release`)."""
+        for folder in self.missing:
+            for level in reversed((folder, *folder.parents)):
+                if os.path.lexists(level):
+                    continue
+                try:
+                    level.mkdir()
+                except FileExistsError:
+                    continue  # another process made it at this instant: it is there to bind
+                except OSError:
+                    break  # a read-only disk, a file in the way: the bind is skipped, as before
+                _made.add(level)
+            _held[folder] = _held.get(folder, 0) + 1
+
+    def release(self) -> None:
+        """The step has ended: remove the folders `hold` made that no other box of this process binds
+        and that are still empty (what kiro wrote in one meanwhile keeps it), deepest first."""
+        for folder in self.missing:
+            count = _held.get(folder, 0) - 1
+            if count > 0:
+                _held[folder] = count
+                continue
+            _held.pop(folder, None)
+            for level in (folder, *folder.parents):
+                if level not in _made or any(_held.get(p) for p in _made if _within(p, level) and p != level):
+                    break
+                try:
+                    level.rmdir()
+                except OSError:
+                    break  # not empty (kiro put something there) or already gone
+                _made.discard(level)
 
     def prefix(self, cwd: Path, env: Mapping[str, str], argv: Sequence[str] = ()) -> list[str]:
         """The bwrap command line to put before `argv`, run in `cwd` with `env`. Its HOME gets an empty
         tmpfs (also one that is not the box's: run_command's own temporary home). What the tmpfs on
         /tmp or $HOME would hide of the folders on its PATH, of the program's folder and of the files
         its command line names (`python /tmp/agent.py`) stays visible read-only: the command runs
-        as kiro gives it."""
+        as kiro gives it. Makes the missing control folders it binds (`hold`): the caller `release`s
+        the box when the command has ended."""
         tool = bwrap_path()
         if tool is None:
             raise FileNotFoundError(2, f"bwrap is not installed ({INSTALL})", "bwrap")
+        self.hold()
         args = [tool, *_base(network=self.network)]
         child_home = env.get("HOME")
         homes = [p for p in (self.home, Path(child_home) if child_home else None)
@@ -234,17 +282,26 @@ def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path 
     ro: list[Path] = [home / name for name in HOME_READ if home is not None and (home / name).is_file()]
     ro += [Path(p) for p in read_paths if not any(_within(Path(p), q) for q in rw)]
     rw += [Path(p).expanduser() for p in extra_rw]
-    for base in dict.fromkeys((_real(workspace), project)):
+    missing: list[Path] = []
+    workspace = _real(workspace)
+    for base in dict.fromkeys((workspace, project)):
         for name in CONTROL:
             folder = base / name
-            if os.path.lexists(folder) and not _within(project, _real(folder)):
+            if not os.path.lexists(folder):
+                # kiro's own, missing where the step could make it (of a project that is not the workspace,
+                # only `.git`, where kiro's git would run: its other names there are the project's to make)
+                if (base == workspace or name == ".git") and any(_within(folder, area) for area in rw):
+                    missing.append(folder)
+                    ro.append(folder)
+            elif not _within(project, _real(folder)) or name == ".kiro/worktrees":
+                # a step in a worktree: the others stay read-only, its own (the project, deeper) read-write
                 ro.append(_real(folder))
     state = _real(state_dir)
     if state.exists() and not _within(project, state):
         ro.append(state)
     ro += [Path(p).expanduser() for p in extra_ro]
     return Box(rw=tuple(dict.fromkeys(rw)), ro=tuple(dict.fromkeys(ro)), home=home, network=network,
-               home_rw=tuple(home_rw))
+               home_rw=tuple(home_rw), missing=tuple(dict.fromkeys(missing)))
 
 
 def _control(path: Path) -> str:

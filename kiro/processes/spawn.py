@@ -251,6 +251,8 @@ async def run_process(
     except asyncio.CancelledError:
         await _end(proc)
         kill_group(proc.pid, signal.SIGKILL)
+        if box is not None:
+            box.release()
         groups.unregister(proc.pid)
         if ledger is not None:
             ledger.discard(proc.pid)
@@ -265,6 +267,8 @@ async def run_process(
             work.cancel()
     # A step that exits may leave children behind in its group (a background server): end them too.
     kill_group(proc.pid, signal.SIGKILL)
+    if box is not None:
+        box.release()  # the control folders made for it go, if still empty
     groups.unregister(proc.pid)
     if ledger is not None:
         ledger.discard(proc.pid)

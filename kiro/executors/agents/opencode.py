@@ -15,10 +15,18 @@
   `$XDG_DATA_HOME/opencode/auth.json` (`~/.local/share/opencode/auth.json`; an API key or an OAuth
   login), then opencode.json's provider options. A login there is never passed over for a variable.
 - An unknown or bad flag makes it print its usage text and exit 1, with no error line of its own.
+- A failed model call (a 429, a 5xx) it retries itself, five times, each after the server's
+  `retry-after` however long (its bundle caps the wait at 2^31 ms, and no setting caps the retries),
+  with nothing printed meanwhile. kiro loads a plugin of its own into it (`opencode_retry.js`, through
+  `OPENCODE_CONFIG_CONTENT`'s `plugin`, merged with the person's) that prints each retry as a
+  `session.status` line; a retry that waits more than `LONG_RETRY_SECONDS` ends the attempt at once as
+  a usage-limit wait until that time, rather than the idle timeout's failure hours later.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,6 +56,26 @@ _AUTH = re.compile(r"\b401\b|\b403\b|api key|unauthori[sz]ed|authentication|not 
 _RATE = re.compile(r"\b429\b|rate[ _-]?limit|too many requests|quota|overloaded", re.I)
 _USAGE_HEAD = "opencode run [message..]"
 _LIMIT_BODY = re.compile(r"UsageLimitError|usage_limit_reached|usage limit", re.I)
+
+
+PLUGIN = Path(__file__).with_name("opencode_retry.js")
+LONG_RETRY_SECONDS = 60.0  # opencode's own backoff without a retry-after stops at 30 s: longer is the server's
+
+
+def _config_content(given: str | None) -> str:
+    """OPENCODE_CONFIG_CONTENT with kiro's retry plugin added to the person's own (a JSON object, whose
+    `plugin` list opencode merges with its other configs'); a value that is not one is kept as it is
+    (opencode reads it, kiro gets no retry notice)."""
+    spec = PLUGIN.as_uri()
+    try:
+        config = json.loads(given) if given else {}
+    except ValueError:
+        return given or ""
+    if not isinstance(config, dict):
+        return given or ""
+    plugins = config.get("plugin")
+    config["plugin"] = [*(plugins if isinstance(plugins, list) else []), spec]
+    return json.dumps(config)
 
 
 XDG = (("XDG_CONFIG_HOME", ".config"), ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state"),
@@ -88,7 +116,12 @@ class OpencodePreset(Preset):
         return [*super().template(), "--title", "kiro {step_id}"]
 
     def env(self, inv: Invocation) -> dict[str, str]:
-        return {"NO_COLOR": "1", "OPENCODE_DISABLE_AUTOUPDATE": "true"}
+        return {"NO_COLOR": "1", "OPENCODE_DISABLE_AUTOUPDATE": "true",
+                "OPENCODE_CONFIG_CONTENT": _config_content(os.environ.get("OPENCODE_CONFIG_CONTENT"))}
+
+    def read_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """Also kiro's retry plugin, which an install under $HOME (pipx) would have hidden in the box."""
+        return [*super().read_paths(env), PLUGIN]
 
     def home_paths(self, env: Mapping[str, str]) -> list[Path]:
         """Its folders under the XDG base directories: config, data (auth, sessions), state, cache."""
@@ -217,6 +250,26 @@ class OpencodePreset(Preset):
         stamp = epoch(last["timestamp"] / 1000) if isinstance(last.get("timestamp"), int | float) else None
         resets = epoch(stamp.timestamp() + wait) if stamp is not None and wait is not None else None
         return Failure("usage_limit", clean(line).strip().splitlines()[0][:300], resets)
+
+    def fatal_line(self, line: str) -> Failure | None:
+        """kiro's plugin's line for a retry opencode has just put off (`session.status`, status `retry`
+        with `next`, ms since 1970): one that waits more than LONG_RETRY_SECONDS (a server's retry-after
+        of hours) is a usage limit until that time; kiro ends the attempt now and sleeps until then."""
+        if '"session.status"' not in line:
+            return None
+        for event in json_lines(line):
+            status = event.get("status")
+            if event.get("type") != "session.status" or not isinstance(status, dict) or status.get("type") != "retry":
+                continue
+            nxt, now = status.get("next"), event.get("timestamp")
+            if not isinstance(nxt, int | float) or not isinstance(now, int | float):
+                continue
+            when = epoch(nxt / 1000)
+            if when is None or (nxt - now) / 1000 <= LONG_RETRY_SECONDS:
+                continue
+            said = clean(str(status.get("message") or "a failed model call")).strip().splitlines() or [""]
+            return Failure("usage_limit", f"opencode retries at {when:%H:%M:%S} UTC: {said[0][:240]}", when)
+        return None
 
     def summary(self, stdout: str, stderr: str, prompt: str) -> str:
         errors = self._errors(stdout)
