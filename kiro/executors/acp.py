@@ -146,6 +146,7 @@ class KiroClient:
         self.policy = policy
         self.shown: dict[str, tuple[str | None, str]] = {}  # tool call id -> (status, title) last shown
         self.calls: dict[str, ToolCallUpdate | ToolCallStart] = {}
+        self.stopped: str | None = None  # a guardrail ended the loop at a tool call: the turn is cancelled
 
     # -- what the agent reports ------------------------------------------------------------
 
@@ -197,6 +198,7 @@ class KiroClient:
         if why is None:
             stop = await self.ctx.guard.before_tool_call(merged.title or merged.kind or "tool", _raw(merged))
             if stop is not None:
+                self.stopped = stop
                 why = f"the loop is stopping ({stop})"
         allowed = why is None
         title = self.ctx.redact.text(merged.title or merged.kind or "tool")[:120]
@@ -330,7 +332,7 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             if work in done or exited in done:
                 break
             now = time.monotonic()
-            if ctx.cancel.is_set() or ctx.guard.interrupted() is not None:
+            if ctx.cancel.is_set() or client.stopped is not None or ctx.guard.interrupted() is not None:
                 ended = "cancelled"
             elif now - started >= ctx.timeout_seconds:
                 ended = "timed_out"
@@ -340,8 +342,6 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.cancel(session_id=session[0]), CANCEL_GRACE_SECONDS)
             await asyncio.wait({work, exited}, timeout=CANCEL_GRACE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-        if work.done() and not exited.done():  # the turn is over: give the agent back its stdin
-            await asyncio.sleep(0)  # let the last updates be handled
     finally:
         with contextlib.suppress(Exception):
             await conn.close()

@@ -125,7 +125,7 @@ class CommandExecutor(ExecutorBase):
         prog = self.argv[0]
         if any(p in prog for p in agents.PLACEHOLDERS):
             return
-        hint = f"; install it with `{self.preset.install}`" if self.preset.install else ""
+        hint = f"; install it with `{self.preset.install}`" if self.preset.install and self.preset.program else ""
         if "/" not in prog:
             if shutil.which(prog) is None:
                 raise ExecutorError(f"agent program {prog!r} was not found on PATH{hint}")

@@ -666,7 +666,7 @@ def describe(config: Config | None = None, box: Box | None = None) -> list[dict[
             "name": preset.name, "program": preset.program, "installed": preset.installed() is not None,
             "path": preset.installed(), "version": version,
             "command": shlex.join(preset.boxed_argv(shlex.split(line))) if boxed else line,
-            "prompt": "file" if "{prompt_file}" in line else "stdin",
+            "prompt": "ACP" if preset.speaks_acp else "file" if "{prompt_file}" in line else "stdin",
             "idle_timeout_seconds": idle, "env": list(preset.env_keys), "install": preset.install,
             "selected": chosen,
             "sandbox": None if box is None else {

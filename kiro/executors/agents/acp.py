@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +40,7 @@ class AcpPreset(Preset):
     """`agent: acp`: an ACP agent started by `acp_command`."""
 
     name = "acp"
+    install = "any agent that speaks ACP: set acp_command to the command line that starts it in ACP mode"
     idle_timeout_seconds = 600.0
     speaks_acp = True
 
@@ -49,6 +51,14 @@ class AcpPreset(Preset):
 
     def extra_args(self) -> list[str]:
         return []
+
+    def installed(self) -> str | None:
+        """The program `acp_command` (or the preset) starts, found on PATH."""
+        line = self.template()
+        return shutil.which(self.program or line[0]) if self.program or line else None
+
+    def version(self, timeout: float = 20.0) -> str | None:
+        return super().version(timeout) if self.program else None  # an unknown agent's flags are unknown
 
     def boxed_argv(self, argv: list[str]) -> list[str]:
         return argv
