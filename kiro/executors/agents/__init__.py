@@ -315,6 +315,7 @@ class Preset:
     key_vars: ClassVar[tuple[str, ...]] = ()  # API key variables it uses before its own login, in its order
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
     speaks_acp: ClassVar[bool] = False  # kiro talks to it over the Agent Client Protocol (kiro.executors.acp)
+    empty_when_missing: ClassVar[bool] = False  # ACP: it reads a file that does not exist as "" (see agents.acp)
     env_unset: ClassVar[tuple[str, ...]] = ()  # variables of kiro's environment it must not get
 
     def __init__(self, config: Config | None = None) -> None:

@@ -12,9 +12,14 @@ agent CLI's own preset's.
   `--allow-dangerously-skip-permissions` when IS_SANDBOX is set, which its `claude` refuses to run
   with (exit 1 at `session/new`): kiro does not pass IS_SANDBOX to it (kiro answers permissions anyway).
   Reports tokens in the `session/prompt` result's `usage`, and the session's cost in `usage_update`.
-- `gemini-acp`: `gemini --acp` (Gemini CLI 0.61; `--experimental-acp` is its deprecated spelling). It
-  reads and writes files in the project through kiro when kiro offers `fs` (kiro does), asks
-  permission for edits and commands, and reports tokens in the result's `_meta.quota`.
+- `gemini-acp`: `gemini --acp` (Gemini CLI 0.61; `--experimental-acp` is its deprecated spelling). Its
+  edit tools (write_file, replace) read and write project files through kiro when kiro offers `fs`
+  (its read_file reads them itself); it asks permission for edits and commands, and reports tokens in
+  the result's `_meta.quota`. It cannot create a file through `fs`: it takes a missing file for one
+  only when the error it gets is a JavaScript Error saying ENOENT, and its ACP SDK hands it the bare
+  JSON-RPC error object, so kiro answers its read of a file that does not exist with "" instead.
+  Its permission requests carry no command (only a title, which may be the model's description of
+  it): kiro refuses the commands it asks for.
 """
 
 from __future__ import annotations
@@ -189,6 +194,7 @@ class GeminiAcpPreset(AcpPreset, GeminiPreset):
     program = "gemini"
     install = "npm install -g @google/gemini-cli"
     command = "gemini --acp"
+    empty_when_missing = True
 
 
 def _messages(stdout: str, sender: str = "agent") -> Iterator[dict[str, Any]]:
