@@ -114,7 +114,9 @@ def test_writes_to_kiros_state_or_outside_the_project_are_refused_and_the_attemp
     print(f"{cli.name} (sandbox {sandbox}): 2 writes tried, 2 held; .state/x refused by kiro; {held}")
 
 
-def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace, cli: AcpCli) -> None:
+@pytest.mark.parametrize("how", ["stop hook", "stop --force"])
+def test_a_stop_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace, cli: AcpCli,
+                                                                           how: str) -> None:
     ws.task(task_text(2))
     configure(ws, cli)
     cli.extra = [cli.read_call(str(ws.root / TASK))]  # a tool call, then the model is held: the box is not checked
@@ -124,7 +126,11 @@ def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again
         assert held.reached.wait(120), ws.output(proc)
         tid = ws.only_task_id()
         asked = time.monotonic()
-        ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "stop now\n")
+        if how == "stop hook":
+            ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "stop now\n")
+        else:
+            stopped = ws.kiro("loop", "stop", "--task-id", tid, "--force")
+            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert proc.wait(timeout=60) == 3, ws.output(proc)
         seconds = time.monotonic() - asked
     finally:
@@ -143,7 +149,7 @@ def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again
     assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2"]
     started = [e["step_id"] for e in kinds(ws.events(tid), "step_started")]
     assert started == ["1", "1", "2"], started  # the resumed loop began with the step the hook cut short
-    print(f"{cli.name}: the stop hook ended the loop {seconds:.2f} s after it was written; {ended}")
+    print(f"{cli.name}: `{how}` ended the loop {seconds:.2f} s after it was given; {ended}")
 
 
 def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpCli) -> None:
@@ -156,6 +162,22 @@ def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli
     error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
     assert "printed nothing for 5 s" in error and "step_idle_timeout_seconds" in error, error
     assert len(cli.server.requests) >= 1  # it did reach the endpoint
+
+
+def test_the_step_timeout_ends_a_turn_that_does_not_end(ws: Workspace, cli: AcpCli) -> None:
+    ws.task(task_text(1))
+    configure(ws, cli, "step_timeout_seconds: 4\n", loop="  failure_threshold: 1\n")
+    cli.held = held = Held(at=1)  # the model never answers within the step's time
+    try:
+        code, out = run(ws, cli)
+    finally:
+        held.released.set()
+    assert code == 5, out
+    tid = ws.only_task_id()
+    error = ws.state(tid)["steps"]["1"]["last_error"]
+    assert "timed out after 4 s" in error, error
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert "# result: timed out" in log and '"method": "session/cancel"' in log, log[-1500:]
 
 
 BAD_COMMANDS = {

@@ -151,6 +151,7 @@ class KiroClient:
         self.shown: dict[str, tuple[str | None, str]] = {}  # tool call id -> (status, title) last shown
         self.calls: dict[str, ToolCallUpdate | ToolCallStart] = {}
         self.stopped: str | None = None  # a guardrail ended the loop at a tool call: the turn is cancelled
+        self.holding = False  # kiro is deciding a permission (a guardrail may wait): the agent's silence is kiro's
 
     # -- what the agent reports ------------------------------------------------------------
 
@@ -200,7 +201,11 @@ class KiroClient:
         self._tool(merged)
         why = self.policy.tool(merged)
         if why is None:
-            stop = await self.ctx.guard.before_tool_call(merged.title or merged.kind or "tool", _raw(merged))
+            self.holding = True
+            try:
+                stop = await self.ctx.guard.before_tool_call(merged.title or merged.kind or "tool", _raw(merged))
+            finally:
+                self.holding = False
             if stop is not None:
                 self.stopped = stop
                 why = f"the loop is stopping ({stop})"
@@ -357,6 +362,8 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             if work in done or exited in done:
                 break
             now = time.monotonic()
+            if client.holding:
+                transcript.last = now
             if ctx.cancel.is_set() or client.stopped is not None or ctx.guard.interrupted() is not None:
                 ended = "cancelled"
             elif now - started >= ctx.timeout_seconds:
