@@ -260,3 +260,36 @@ def test_a_write_through_kiro_adds_no_secret_and_keeps_the_files_own(ws: Workspa
             assert secret not in path.read_text(errors="replace"), path
     print("gemini-acp: the secret it wrote reached the disk cut; the file's own secret survived an edit of "
           f"another line; no log or state of {tid} holds it")
+
+
+def test_claude_acp_at_its_subscription_limit_sleeps_instead_of_failing(ws: Workspace, cli_home: Path) -> None:
+    """Claude Code on a subscription (a login token) answered 429 with the unified rate-limit headers: the ACP
+    adapter ends `session/prompt` with Claude Code's "You've hit your session limit"; kiro waits for the window
+    (a usage limit, not a failed attempt) and a stop hook ends the wait."""
+    from tests.fakes import anthropic as fa
+
+    cli = ClaudeAcp(cli_home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    server = cli.start()
+    server.brain = lambda rec: fa.usage_limit(time.time() + 3600)  # type: ignore[attr-defined]
+    env = cli.env()
+    del env["ANTHROPIC_API_KEY"]
+    env["CLAUDE_CODE_OAUTH_TOKEN"] = "sk-ant-oat01-fake-subscription-token"
+    ws.task(task_text(1))
+    configure(ws, cli)
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**env))
+    try:
+        tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
+        ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=120, what="the loop to sleep")
+        limits = kinds(ws.events(tid), "usage_limit")
+        assert limits and "hit your session limit" in limits[0]["message"], limits
+        ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "enough\n")
+        assert proc.wait(timeout=60) == 3, ws.output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cli.close()
+    state = ws.state(tid)
+    assert state["total_failures"] == 0, state
+    print(f"claude-acp: {limits[0]['message']!r}: the loop slept, a stop hook ended it")
