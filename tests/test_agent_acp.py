@@ -6,6 +6,7 @@ installed makes its tests SKIP, saying how to install it (.ci/install-agent-clis
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -294,3 +295,75 @@ def test_claude_acp_at_its_subscription_limit_sleeps_instead_of_failing(ws: Work
     state = ws.state(tid)
     assert state["total_failures"] == 0, state
     print(f"claude-acp: {limits[0]['message']!r}: the loop slept, a stop hook ended it")
+
+
+# -- kiro's answers, asked directly (no adapter needed): every way out of the project an agent could name --
+
+
+def _world(tmp_path: Path) -> tuple[Any, Path]:
+    from tests.fake_openai import make_harness
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("outside\n")
+    h = make_harness(tmp_path / "ws")
+    root = h.root
+    (root / "src").mkdir()
+    (root / "src" / "app.py").write_text("print('hi')\n")
+    (root / ".git").mkdir()
+    (root / "link_out").symlink_to(outside)
+    (root / "leaf_link.txt").symlink_to(outside / "secret.txt")
+    (root / "state_alias").symlink_to(root / ".state")
+    os.link(outside / "secret.txt", root / "hard.txt")
+    return h, outside
+
+
+ESCAPES = ["../outside/x.txt", "{outside}/x.txt", "link_out/x.txt", "leaf_link.txt", "state_alias/x.json",
+           ".state/x", ".hooks/stop_autonomous_loop_t1.md", "config/autonomous_loop.yaml", ".git/hooks/pre-commit",
+           "src/.git/config", "Logs/t1.jsonl", "Done/x.md", "Specs/other/tasks.md", "Dashboard.md", "hard.txt",
+           "~/.bashrc"]
+
+
+def test_kiros_answers_refuse_every_way_out_and_allow_the_project_and_the_task_file(tmp_path: Path) -> None:
+    import asyncio
+
+    from acp import RequestError
+    from acp.schema import PermissionOption, ToolCallLocation, ToolCallUpdate
+
+    from kiro.executors.acp import KiroClient, Policy
+
+    h, outside = _world(tmp_path)
+    ctx = h.context()
+    client = KiroClient(ctx, Policy(ctx))
+    options = [PermissionOption(kind="allow_once", name="Allow", option_id="allow"),
+               PermissionOption(kind="reject_once", name="Reject", option_id="reject")]
+
+    async def ask(path: str) -> tuple[str, bool]:
+        call = ToolCallUpdate(tool_call_id=path, kind="edit", title=f"Write {path}",
+                              locations=[ToolCallLocation(path=path)], raw_input={"file_path": path})
+        answer = await client.request_permission(options, "s1", call)
+        try:
+            await client.write_text_file("forged\n", path, "s1")
+            wrote = True
+        except RequestError:
+            wrote = False
+        return answer.outcome.option_id if answer.outcome.outcome == "selected" else "cancelled", wrote
+
+    before = {p: p.read_bytes() for p in (outside / "secret.txt", h.root / "hard.txt")}
+    held = 0
+    for raw in ESCAPES:
+        path = raw.format(outside=outside)
+        option, wrote = asyncio.run(ask(path))
+        assert option == "reject" and not wrote, (path, option, wrote)
+        held += 1
+    assert not (outside / "x.txt").exists() and not (h.root / ".state" / "x").exists()
+    assert {p: p.read_bytes() for p in before} == before
+    refusals = [e for e in h.events if e["event"] == "permission_answered" and not e["allowed"]]
+    assert len(refusals) == 2 * len(ESCAPES), len(refusals)  # each request and each write, an event
+    # inside the project, and the task file (by its absolute and its relative path): allowed
+    task = h.task_path
+    for path in ("src/app.py", str(h.root / "src" / "new.py"), str(task), str(task.relative_to(h.root))):
+        option, wrote = asyncio.run(ask(path))
+        assert option == "allow" and wrote, path
+    assert (h.root / "src" / "new.py").read_text() == "forged\n" and task.read_text() == "forged\n"
+    print(f"{len(ESCAPES)} ways out tried as a permission request and an fs write: {held} held")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from importlib import metadata
 from pathlib import Path
@@ -112,9 +113,17 @@ class Policy:
     def path(self, raw: str, *, write: bool) -> Path:
         """The real path the agent means, or a ToolError. The task file is the agent's to check its box in."""
         with contextlib.suppress(OSError, ValueError):
-            if Path(raw).is_absolute() and Path(raw).resolve() == self.task_file:
+            given = Path(raw)
+            if (given if given.is_absolute() else self.confinement.root / given).resolve() == self.task_file:
                 return self.task_file
-        return self.confinement.resolve(raw, write=write)
+        real = self.confinement.resolve(raw, write=write)
+        if write:  # what Confinement.write_bytes refuses, also for an agent that writes the file itself
+            with contextlib.suppress(OSError):
+                links = os.lstat(real).st_nlink
+                if links > 1 and real.is_file():
+                    raise ToolError(f"{raw!r} has {links} hard links: it may be the same file as one outside the "
+                                    f"project, so kiro does not let it be written")
+        return real
 
     def tool(self, call: ToolCallUpdate) -> str | None:
         """Why the tool call is refused, or None when it may run."""
