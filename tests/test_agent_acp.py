@@ -366,4 +366,10 @@ def test_kiros_answers_refuse_every_way_out_and_allow_the_project_and_the_task_f
         option, wrote = asyncio.run(ask(path))
         assert option == "allow" and wrote, path
     assert (h.root / "src" / "new.py").read_text() == "forged\n" and task.read_text() == "forged\n"
+    # an agent that offers only "allow always" would not ask kiro again: refused
+    only_always = [PermissionOption(kind="allow_always", name="Always", option_id="always"), options[1]]
+    call = ToolCallUpdate(tool_call_id="x", kind="edit", title="Write src/app.py",
+                          raw_input={"file_path": "src/app.py"})
+    answer = asyncio.run(client.request_permission(only_always, "s1", call))
+    assert answer.outcome.outcome == "selected" and answer.outcome.option_id == "reject", answer
     print(f"{len(ESCAPES)} ways out tried as a permission request and an fs write: {held} held")

@@ -218,13 +218,16 @@ class KiroClient:
             if stop is not None:
                 self.stopped = stop
                 why = f"the loop is stopping ({stop})"
-        allowed = why is None
+        # never an "always" option that lets the agent skip kiro next time (a stricter "reject always" is fine)
+        option = next((o for o in options if o.kind == "allow_once"), None) if why is None else None
+        if why is None and option is None:
+            why = "the agent offered only to allow this tool for good; kiro answers each call on its own"
+        if why is not None:
+            option = next((o for kind in ("reject_once", "reject_always") for o in options if o.kind == kind), None)
         title = self.ctx.redact.text(merged.title or merged.kind or "tool")[:120]
-        self.ctx.emit(PermissionAnswered(tool=title, kind=merged.kind, allowed=allowed,
+        self.ctx.emit(PermissionAnswered(tool=title, kind=merged.kind, allowed=why is None,
                                          paths=[self.ctx.redact.text(self._shown_path(p)) for p in call_paths(merged)],
                                          reason=self.ctx.redact.text(why) if why else None))
-        wanted = ("allow_once", "allow_always") if allowed else ("reject_once", "reject_always")
-        option = next((o for kind in wanted for o in options if o.kind == kind), None)
         if option is None:
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=option.option_id))
