@@ -373,3 +373,19 @@ def test_kiros_answers_refuse_every_way_out_and_allow_the_project_and_the_task_f
     answer = asyncio.run(client.request_permission(only_always, "s1", call))
     assert answer.outcome.outcome == "selected" and answer.outcome.option_id == "reject", answer
     print(f"{len(ESCAPES)} ways out tried as a permission request and an fs write: {held} held")
+
+
+def test_any_acp_agent_by_acp_command_in_the_task_frontmatter(ws: Workspace, gemini_acp: GeminiAcp) -> None:
+    """`agent: acp` with `acp_command` (here in the task's frontmatter): kiro knows nothing of the agent's own
+    files, so its config folder is granted to the box with sandbox_paths."""
+    home = Path(gemini_acp.env()["HOME"])
+    text = task_text(2).replace("title: Greeting\n", "title: Greeting\nagent: acp\nacp_command: [gemini, --acp]\n")
+    ws.task(text)
+    grant = f"sandbox_paths:\n  rw: [{home / '.gemini'}]\n"
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + GEMINI_PRICE + grant)
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**gemini_acp.env()), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tid = ws.only_task_id()
+    assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1", "2"]
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert "# agent: acp\n" in log and "# command: gemini --acp\n" in log, log[:600]
