@@ -438,3 +438,26 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
     tid = ws.only_task_id()
     assert sorted(p.name for p in (ws.root / "Logs" / tid).iterdir()) == ["1-1.log"]  # not retried
     print(f"{cli.name}: {lines[0]}")
+
+
+@pytest.fixture
+def claude_acp(cli_home: Path) -> Iterator[ClaudeAcp]:
+    yield from serving(ClaudeAcp(cli_home))
+
+
+def test_the_agents_plan_is_an_event(ws: Workspace, claude_acp: ClaudeAcp) -> None:
+    """Claude Code's todo list (its TodoWrite tool) reaches kiro as ACP's `plan` update: a `plan_updated` event,
+    shown by `kiro loop logs`."""
+    ws.task(task_text(1))
+    configure(ws, claude_acp)
+    todos = [{"content": "Read the task file", "status": "completed", "activeForm": "Reading the task file"},
+             {"content": "Check the box of step 1", "status": "in_progress", "activeForm": "Checking the box"}]
+    claude_acp.extra = [("TodoWrite", {"todos": todos})]
+    code, out = run(ws, claude_acp)
+    assert code == 0, out
+    tid = ws.only_task_id()
+    plans = kinds(ws.events(tid), "plan_updated")
+    assert plans and plans[0]["entries"] == ["[completed] Read the task file",
+                                             "[in_progress] Check the box of step 1"], plans
+    shown = ws.kiro("loop", "logs", "--task-id", tid).stdout
+    assert "plan: [completed] Read the task file; [in_progress] Check the box of step 1" in shown, shown
