@@ -102,7 +102,7 @@ class CommandExecutor(ExecutorBase):
         self.billing = agents.billing(self.preset, config)
         # the configured agent first, then its fallbacks (their presets' own command lines, no agent_args)
         self.agents = [_Agent(self.preset, self.argv, idle, self.billing)]
-        own = config.model_copy(update={"agent_args": []})  # agent_args are the configured agent's
+        own = config.model_copy(update={"agent_args": [], "acp_command": None})  # the configured agent's
         for name in config.fallback_agents:
             preset = agents.get(name, own)
             idle = config.step_idle_timeout_seconds or preset.idle_timeout_seconds
@@ -125,7 +125,7 @@ class CommandExecutor(ExecutorBase):
         prog = self.argv[0]
         if any(p in prog for p in agents.PLACEHOLDERS):
             return
-        hint = f"; install it with `{self.preset.install}`" if self.preset.install else ""
+        hint = f"; install it with `{self.preset.install}`" if self.preset.install and self.preset.program else ""
         if "/" not in prog:
             if shutil.which(prog) is None:
                 raise ExecutorError(f"agent program {prog!r} was not found on PATH{hint}")
@@ -210,6 +210,8 @@ class CommandExecutor(ExecutorBase):
         argv = preset.argv(inv, template)
         env = step_env(ctx)
         env.update(preset.env(inv))
+        for name in preset.env_unset:
+            env.pop(name, None)
         agent.billing.apply(env)
         box = step_box(ctx, env, preset.home_paths(env), read_paths=preset.read_paths(env))
         if box is not None:
@@ -227,11 +229,18 @@ class CommandExecutor(ExecutorBase):
         watch = preset.watch(on_tool=on_tool)
         started = time.monotonic()
         try:
-            result = await run_process(argv, cwd=ctx.project_dir, env=env,
-                                       stdin_data=None if uses_file else text.encode("utf-8"),
-                                       timeout=ctx.timeout_seconds, cancel=ctx.cancel, output_limit=LOG_KEPT,
-                                       separate_stderr=True, idle_timeout=agent.idle_timeout, on_stdout=watch,
-                                       box=box)
+            if preset.speaks_acp:  # a session over the Agent Client Protocol: its transcript is the output
+                from kiro.executors import acp
+
+                result = await acp.run_turn(argv, ctx=ctx, env=env, box=box, prompt=text,
+                                            idle_timeout=agent.idle_timeout, output_limit=LOG_KEPT,
+                                            empty_when_missing=preset.empty_when_missing)
+            else:
+                result = await run_process(argv, cwd=ctx.project_dir, env=env,
+                                           stdin_data=None if uses_file else text.encode("utf-8"),
+                                           timeout=ctx.timeout_seconds, cancel=ctx.cancel, output_limit=LOG_KEPT,
+                                           separate_stderr=True, idle_timeout=agent.idle_timeout, on_stdout=watch,
+                                           box=box)
         except FileNotFoundError:
             if not ctx.project_dir.is_dir():
                 where = str(ctx.project_dir)

@@ -1,0 +1,463 @@
+"""ACP agents (kiro.executors.acp) with the REAL adapters from npm, against the scripted API servers on
+127.0.0.1 (tests/fakes): `claude-agent-acp` on the Anthropic Messages fake, `gemini --acp` on the Gemini
+fake. kiro runs them as a user would (`kiro loop start --agent claude-acp`). An adapter that is not
+installed makes its tests SKIP, saying how to install it (.ci/install-agent-clis).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agent_clis import serving, task_text
+from tests.agent_clis_acp import ACP_CLIS, ClaudeAcp, GeminiAcp, Held
+from tests.agent_clis_more import GEMINI_PRICE
+from tests.conftest import FAST_CONFIG, Workspace
+
+TASK = "Specs/feature/tasks.md"
+AcpCli = ClaudeAcp | GeminiAcp
+
+
+@pytest.fixture(params=sorted(ACP_CLIS))
+def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpCli]:
+    yield from serving(ACP_CLIS[request.param](cli_home))
+
+
+def configure(ws: Workspace, cli: AcpCli, extra: str = "", loop: str = "") -> None:
+    price = GEMINI_PRICE if cli.name == "gemini-acp" else ""
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + loop + f"agent: {cli.name}\n" + price + extra)
+
+
+def run(ws: Workspace, cli: AcpCli, *args: str, timeout: float = 240) -> tuple[int, str]:
+    r = ws.kiro("loop", "start", "--task", TASK, *args, env=ws.env(**cli.env()), timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == name]
+
+
+def test_three_steps_complete_with_tool_calls_and_permissions_as_events(ws: Workspace, cli: AcpCli) -> None:
+    ws.task(task_text(3))
+    configure(ws, cli)
+    code, out = run(ws, cli, "--agent", cli.name)
+    assert code == 0, out
+    done = ws.root / "Done" / "feature" / "tasks.md"
+    assert done.read_text().count("- [x]") == 3, done.read_text()
+    tid = ws.only_task_id()
+    state = ws.state(tid)
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2", "3"]
+    usage = state["usage"]
+    calls = cli.calls()
+    assert usage["prompt_tokens"] >= calls * cli.input_tokens and usage["completion_tokens"] > 0, (usage, calls)
+    assert usage["cost_usd"] > 0, usage
+    events = ws.events(tid)
+    edits = [e for e in kinds(events, "tool_called") if e.get("kind") == "edit"]
+    assert len([e for e in edits if e.get("status") == "completed"]) == 3, edits
+    assert all("tasks.md" in f"{e['tool']} {e['arguments']}" for e in edits), edits
+    answers = kinds(events, "permission_answered")
+    assert answers and all(a["allowed"] for a in answers), answers
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert f"agent: {cli.name}" in log and '"method": "session/prompt"' in log and "Checked the box" in log
+    print(f"{cli.name}: 3 steps, {calls} model calls, usage {usage}, {len(edits)} edit events, "
+          f"{len(answers)} permission answers")
+
+
+def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspace, cli: AcpCli) -> None:
+    ws.task(task_text(1))
+    configure(ws, cli)
+    cli.held = held = Held(at=2)  # the model call after the first tool call waits for the test
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+    follow = None
+    try:
+        assert held.reached.wait(120), ws.output(proc)
+        tid = ws.only_task_id()
+        follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
+        line = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
+                                         if "tasks.md" in x and "(completed)" in x), None),
+                           timeout=60, what="a tool call in `kiro loop logs --follow`")
+        assert ws.state(tid)["current_step"]["status"] == "in_progress"  # the step is still running...
+        assert proc.poll() is None and not held.released.is_set()  # ...its model call held by the test
+        held.released.set()
+        assert proc.wait(timeout=120) == 0, ws.output(proc)
+        assert follow.wait(timeout=60) == 0, ws.output(follow)
+        print(f"{cli.name}: while the step ran, `logs --follow` showed: {line.strip()}")
+    finally:
+        held.released.set()
+        for p in (proc, follow):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
+@pytest.mark.parametrize("sandbox", ["bwrap", "off"])
+def test_writes_to_kiros_state_or_outside_the_project_are_refused_and_the_attempt_goes_on(
+        ws: Workspace, cli: AcpCli, sandbox: str) -> None:
+    ws.task(task_text(1))
+    configure(ws, cli, f"sandbox: {sandbox}\n")
+    forged, outside = ws.root / ".state" / "x", ws.root.parent / "outside.txt"  # ../outside from the project
+    cli.extra = [cli.write_call(str(forged), "forged\n"), cli.write_call(str(outside), "escaped\n")]
+    code, out = run(ws, cli)
+    assert code == 0, out
+    assert not forged.exists() and not outside.exists()
+    tid = ws.only_task_id()
+    assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1"]  # the attempt went on
+    refused = [a for a in kinds(ws.events(tid), "permission_answered") if not a["allowed"]]
+    by_kiro = {p for a in refused for p in a["paths"]}
+    assert any(".state/x" in p for p in by_kiro), refused  # kiro refused it; the agent did not ask for less
+    assert all("off limits" in a["reason"] or "outside the project" in a["reason"] for a in refused), refused
+    held = "outside.txt refused by kiro" if any("outside.txt" in p for p in by_kiro) else \
+        "outside.txt refused by the agent itself (it never asked)"
+    print(f"{cli.name} (sandbox {sandbox}): 2 writes tried, 2 held; .state/x refused by kiro; {held}")
+
+
+@pytest.mark.parametrize("how", ["stop hook", "stop --force"])
+def test_a_stop_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace, cli: AcpCli,
+                                                                           how: str) -> None:
+    ws.task(task_text(2))
+    configure(ws, cli)
+    cli.extra = [cli.read_call(str(ws.root / TASK))]  # a tool call, then the model is held: the box is not checked
+    cli.held = held = Held(at=2)
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+    try:
+        assert held.reached.wait(120), ws.output(proc)
+        tid = ws.only_task_id()
+        asked = time.monotonic()
+        if how == "stop hook":
+            ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "stop now\n")
+        else:
+            stopped = ws.kiro("loop", "stop", "--task-id", tid, "--force")
+            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert proc.wait(timeout=60) == 3, ws.output(proc)
+        seconds = time.monotonic() - asked
+    finally:
+        held.released.set()
+        if proc.poll() is None:
+            proc.kill()
+    state = ws.state(tid)
+    assert state["completed_steps"] == [] and state["current_step"]["step_id"] == "1", state["current_step"]
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert "# result: cancelled" in log and '"method": "session/cancel"' in log, log[-2000:]
+    ended = "the agent ended its turn (stopReason cancelled)" if '"stopReason": "cancelled"' in log else \
+        "kiro ended the agent's process after the grace second"
+    r = ws.kiro("loop", "resume", "--task-id", tid, env=ws.env(**cli.env()), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    state = ws.state(tid)
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2"]
+    started = [e["step_id"] for e in kinds(ws.events(tid), "step_started")]
+    assert started == ["1", "1", "2"], started  # the resumed loop began with the step the hook cut short
+    print(f"{cli.name}: `{how}` ended the loop {seconds:.2f} s after it was given; {ended}")
+
+
+def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpCli) -> None:
+    ws.task(task_text(1))
+    assert cli.server is not None
+    cli.server.hang = True  # accepts the connection, never answers
+    configure(ws, cli, "step_idle_timeout_seconds: 10\n", loop="  failure_threshold: 1\n")
+    code, out = run(ws, cli)
+    assert code == 5, out
+    error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
+    assert "printed nothing for 10 s" in error and "step_idle_timeout_seconds" in error, error
+    assert len(cli.server.requests) >= 1  # it did reach the endpoint
+
+
+def test_the_step_timeout_ends_a_turn_that_does_not_end(ws: Workspace, cli: AcpCli) -> None:
+    ws.task(task_text(1))
+    configure(ws, cli, "step_timeout_seconds: 15\n", loop="  failure_threshold: 1\n")
+    cli.held = held = Held(at=1)  # the model never answers within the step's time
+    try:
+        code, out = run(ws, cli)
+    finally:
+        held.released.set()
+    assert code == 5, out
+    assert held.reached.is_set()  # the turn had begun: the model was asked
+    tid = ws.only_task_id()
+    error = ws.state(tid)["steps"]["1"]["last_error"]
+    assert "timed out after 15 s" in error, error
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert "# result: timed out" in log and '"method": "session/cancel"' in log, log[-1500:]
+
+
+BAD_COMMANDS = {
+    "not on PATH": ("agent: acp\nacp_command: [no-such-acp-agent, --acp]\n",
+                    "agent program 'no-such-acp-agent' was not found on PATH"),
+    "missing": ("agent: acp\n", "agent 'acp' needs acp_command"),
+    "not a list": ("agent: acp\nacp_command: gemini --acp\n", "acp_command"),
+    "not an ACP agent's": ("agent: claude\nacp_command: [claude-agent-acp]\n", "agent is 'claude'"),
+    "no ACP on its stdio": ("agent: acp\nacp_command: [\"true\"]\n", "did not answer ACP's initialize"),
+    "acp as a fallback": ("agent: claude\nfallback_agents: [acp]\n", "'acp' has no command line of its own"),
+    "executor_command instead": ("agent: gemini-acp\nexecutor_command: gemini --acp\n", "set its command line as "
+                                                                                          "acp_command"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_COMMANDS))
+def test_a_bad_acp_command_is_one_clear_line_and_exit_1(ws: Workspace, case: str) -> None:
+    ws.task(task_text(1))
+    config, said = BAD_COMMANDS[case]
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + config)
+    r = ws.kiro("loop", "start", "--task", TASK)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("kiro:")]  # (after the start's `sandbox:` line)
+    assert len(lines) == 1 and said in lines[0], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "- [ ] 1. Write part 1" in (ws.root / TASK).read_text()  # no box checked, none left `[-]`
+    print(f"{case}: {lines[0]}")
+
+
+def test_commands_are_answered_by_the_shell_tool_rules(ws: Workspace, cli: AcpCli) -> None:
+    """`tools.shell` allows `ls`: `touch` is not on the allow-list, and `ls; touch` needs a shell. Gemini CLI's
+    permission request does not carry the command (only a title, which may be the model's own description
+    of it): kiro refuses what it cannot read. Both run a read-only command such as `ls -la` without asking."""
+    ws.task(task_text(1))
+    configure(ws, cli, "tools:\n  shell:\n    enabled: true\n    allow: [ls]\n")
+    cli.extra = [cli.shell_call("touch pwned.txt"), cli.shell_call("ls; touch pwned2.txt"), cli.shell_call("ls -la")]
+    code, out = run(ws, cli)
+    assert code == 0, out
+    tid = ws.only_task_id()
+    assert not (ws.root / "pwned.txt").exists() and not (ws.root / "pwned2.txt").exists()
+    answers = kinds(ws.events(tid), "permission_answered")
+    refused = [a for a in answers if a.get("kind") == "execute" and not a["allowed"]]
+    allowed = [a for a in answers if a.get("kind") == "execute" and a["allowed"]]
+    if cli.name == "claude-acp":
+        reasons = " | ".join(a["reason"] for a in refused)
+        assert len(refused) == 2 and "'touch' is not on the allow-list" in reasons and "without a shell" in reasons, \
+            refused
+    else:
+        assert len(refused) == 2 and all("cannot tell which command" in a["reason"] for a in refused), refused
+    # `ls -la` is run without asking by both (read-only commands are their own policy's): kiro never saw it
+    assert all(a["tool"] == "ls -la" for a in allowed), allowed
+    print(f"{cli.name}: 3 commands tried; refused {len(refused)}, allowed {len(allowed)} "
+          f"({', '.join(a['tool'] for a in allowed) or 'none'}); no file made by a refused one")
+
+
+@pytest.fixture
+def gemini_acp(cli_home: Path) -> Iterator[GeminiAcp]:
+    yield from serving(GeminiAcp(cli_home))
+
+
+def test_a_write_through_kiro_adds_no_secret_and_keeps_the_files_own(ws: Workspace, gemini_acp: GeminiAcp) -> None:
+    """Gemini CLI writes project files through kiro's `fs` (claude-agent-acp writes its own): a secret kiro knows
+    that the agent writes into a file is cut; an edit of another line of a file that holds one keeps it."""
+    secret = "db-word-7f3a9c2e41d8"
+    notes = ws.write("notes.txt", f"database password: {secret}\nowner: nobody\n")
+    ws.task(task_text(1))
+    configure(ws, gemini_acp, "secret_env: [DB_WORD]\n")
+    gemini_acp.extra = [
+        gemini_acp.write_call(str(ws.root / "copy.txt"), f"copied: {secret}\n"),
+        ("replace", {"file_path": str(notes), "old_string": "owner: nobody", "new_string": "owner: kiro",
+                     "instruction": "change the owner"})]
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**gemini_acp.env(), DB_WORD=secret), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (ws.root / "copy.txt").read_text() == "copied: [REDACTED]\n"
+    assert notes.read_text() == f"database password: {secret}\nowner: kiro\n"
+    tid = ws.only_task_id()
+    writes = [a for a in kinds(ws.events(tid), "permission_answered") if a["tool"] == "fs/write_text_file"]
+    assert {p for a in writes for p in a["paths"]} >= {"copy.txt", "notes.txt"}, writes
+    for path in [*(ws.root / "Logs").rglob("*"), *(ws.root / ".state").rglob("*")]:
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
+    print("gemini-acp: the secret it wrote reached the disk cut; the file's own secret survived an edit of "
+          f"another line; no log or state of {tid} holds it")
+
+
+def test_claude_acp_at_its_subscription_limit_sleeps_instead_of_failing(ws: Workspace, cli_home: Path) -> None:
+    """Claude Code on a subscription (a login token) answered 429 with the unified rate-limit headers: the ACP
+    adapter ends `session/prompt` with Claude Code's "You've hit your session limit"; kiro waits for the window
+    (a usage limit, not a failed attempt) and a stop hook ends the wait."""
+    from tests.fakes import anthropic as fa
+
+    cli = ClaudeAcp(cli_home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    server = cli.start()
+    server.brain = lambda rec: fa.usage_limit(time.time() + 3600)  # type: ignore[attr-defined]
+    env = cli.env()
+    del env["ANTHROPIC_API_KEY"]
+    env["CLAUDE_CODE_OAUTH_TOKEN"] = "sk-ant-oat01-fake-subscription-token"
+    ws.task(task_text(1))
+    configure(ws, cli)
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**env))
+    try:
+        tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
+        ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=120, what="the loop to sleep")
+        limits = kinds(ws.events(tid), "usage_limit")
+        assert limits and "hit your session limit" in limits[0]["message"], limits
+        ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "enough\n")
+        assert proc.wait(timeout=60) == 3, ws.output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cli.close()
+    state = ws.state(tid)
+    assert state["total_failures"] == 0, state
+    print(f"claude-acp: {limits[0]['message']!r}: the loop slept, a stop hook ended it")
+
+
+# -- kiro's answers, asked directly (no adapter needed): every way out of the project an agent could name --
+
+
+def _world(tmp_path: Path) -> tuple[Any, Path]:
+    from tests.fake_openai import make_harness
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("outside\n")
+    h = make_harness(tmp_path / "ws")
+    root = h.root
+    (root / "src").mkdir()
+    (root / "src" / "app.py").write_text("print('hi')\n")
+    (root / ".git").mkdir()
+    (root / "link_out").symlink_to(outside)
+    (root / "leaf_link.txt").symlink_to(outside / "secret.txt")
+    (root / "state_alias").symlink_to(root / ".state")
+    os.link(outside / "secret.txt", root / "hard.txt")
+    return h, outside
+
+
+ESCAPES = ["../outside/x.txt", "{outside}/x.txt", "link_out/x.txt", "leaf_link.txt", "state_alias/x.json",
+           ".state/x", ".hooks/stop_autonomous_loop_t1.md", "config/autonomous_loop.yaml", ".git/hooks/pre-commit",
+           "src/.git/config", "Logs/t1.jsonl", "Done/x.md", "Specs/other/tasks.md", "Dashboard.md", "hard.txt",
+           "~/.bashrc"]
+
+
+def test_kiros_answers_refuse_every_way_out_and_allow_the_project_and_the_task_file(tmp_path: Path) -> None:
+    import asyncio
+
+    from acp import RequestError
+    from acp.schema import PermissionOption, ToolCallLocation, ToolCallUpdate
+
+    from kiro.executors.acp import KiroClient, Policy
+
+    h, outside = _world(tmp_path)
+    ctx = h.context()
+    client = KiroClient(ctx, Policy(ctx))
+    options = [PermissionOption(kind="allow_once", name="Allow", option_id="allow"),
+               PermissionOption(kind="reject_once", name="Reject", option_id="reject")]
+
+    async def ask(path: str) -> tuple[str, bool]:
+        call = ToolCallUpdate(tool_call_id=path, kind="edit", title=f"Write {path}",
+                              locations=[ToolCallLocation(path=path)], raw_input={"file_path": path})
+        answer = await client.request_permission(options, "s1", call)
+        try:
+            await client.write_text_file("forged\n", path, "s1")
+            wrote = True
+        except RequestError:
+            wrote = False
+        return answer.outcome.option_id if answer.outcome.outcome == "selected" else "cancelled", wrote
+
+    before = {p: p.read_bytes() for p in (outside / "secret.txt", h.root / "hard.txt")}
+    held = 0
+    for raw in ESCAPES:
+        path = raw.format(outside=outside)
+        option, wrote = asyncio.run(ask(path))
+        assert option == "reject" and not wrote, (path, option, wrote)
+        held += 1
+    assert not (outside / "x.txt").exists() and not (h.root / ".state" / "x").exists()
+    assert {p: p.read_bytes() for p in before} == before
+    refusals = [e for e in h.events if e["event"] == "permission_answered" and not e["allowed"]]
+    assert len(refusals) == 2 * len(ESCAPES), len(refusals)  # each request and each write, an event
+    # inside the project, and the task file (by its absolute and its relative path): allowed
+    task = h.task_path
+    for path in ("src/app.py", str(h.root / "src" / "new.py"), str(task), str(task.relative_to(h.root))):
+        option, wrote = asyncio.run(ask(path))
+        assert option == "allow" and wrote, path
+    assert (h.root / "src" / "new.py").read_text() == "forged\n" and task.read_text() == "forged\n"
+    # an agent that offers only "allow always" would not ask kiro again: refused
+    only_always = [PermissionOption(kind="allow_always", name="Always", option_id="always"), options[1]]
+    call = ToolCallUpdate(tool_call_id="x", kind="edit", title="Write src/app.py",
+                          raw_input={"file_path": "src/app.py"})
+    answer = asyncio.run(client.request_permission(only_always, "s1", call))
+    assert answer.outcome.outcome == "selected" and answer.outcome.option_id == "reject", answer
+    print(f"{len(ESCAPES)} ways out tried as a permission request and an fs write: {held} held")
+
+
+def test_any_acp_agent_by_acp_command_in_the_task_frontmatter(ws: Workspace, gemini_acp: GeminiAcp) -> None:
+    """`agent: acp` with `acp_command` (here in the task's frontmatter): kiro knows nothing of the agent's own
+    files, so its config folder is granted to the box with sandbox_paths."""
+    home = Path(gemini_acp.env()["HOME"])
+    text = task_text(2).replace("title: Greeting\n", "title: Greeting\nagent: acp\nacp_command: [gemini, --acp]\n")
+    ws.task(text)
+    grant = f"sandbox_paths:\n  rw: [{home / '.gemini'}]\n"
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + GEMINI_PRICE + grant)
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**gemini_acp.env()), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tid = ws.only_task_id()
+    assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1", "2"]
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert "# agent: acp\n" in log and "# command: gemini --acp\n" in log, log[:600]
+
+
+def test_claude_acp_at_its_limit_hands_the_step_to_a_fallback_acp_agent(ws: Workspace, cli_home: Path,
+                                                                        gemini_acp: GeminiAcp) -> None:
+    from tests.fakes import anthropic as fa
+
+    claude = ClaudeAcp(cli_home / "claude")
+    if not claude.installed:
+        pytest.skip(claude.skip_reason())
+    (cli_home / "claude").mkdir()
+    server = claude.start()
+    server.brain = lambda rec: fa.usage_limit(time.time() + 3600)  # type: ignore[attr-defined]
+    env = {**gemini_acp.env(), **claude.env(), "HOME": gemini_acp.env()["HOME"]}
+    del env["ANTHROPIC_API_KEY"]
+    env["CLAUDE_CODE_OAUTH_TOKEN"] = "sk-ant-oat01-fake-subscription-token"
+    try:
+        ws.task(task_text(1))
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + GEMINI_PRICE + "agent: claude-acp\n"
+                 "fallback_agents: [gemini-acp]\n")
+        r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**env), timeout=240)
+    finally:
+        claude.close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    tid = ws.only_task_id()
+    state = ws.state(tid)
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1"] and state["total_failures"] == 0, state
+    ran = [(e["agent"], e["outcome"]) for e in kinds(ws.events(tid), "agent_ran")]
+    assert ran == [("claude-acp", "usage_limit"), ("gemini-acp", "completed")], ran
+
+
+def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Workspace, cli: AcpCli) -> None:
+    from tests.fakes import anthropic as fa
+    from tests.fakes import gemini as fg
+
+    ws.task(task_text(1))
+    if cli.name == "claude-acp":
+        cli.error, said = fa.error(401, "invalid x-api-key"), "Invalid API key"
+    else:
+        cli.error, said = fg.error(400, "API key not valid. Please pass a valid API key.", "API_KEY_INVALID"), \
+            "session/prompt: API key not valid. Please pass a valid API key. —"
+    configure(ws, cli)
+    code, out = run(ws, cli)
+    assert code == 1, out
+    lines = [x for x in out.splitlines() if x.startswith("kiro:")]
+    assert len(lines) == 1 and "auth error" in lines[0] and said in lines[0], out
+    tid = ws.only_task_id()
+    assert sorted(p.name for p in (ws.root / "Logs" / tid).iterdir()) == ["1-1.log"]  # not retried
+    print(f"{cli.name}: {lines[0]}")
+
+
+@pytest.fixture
+def claude_acp(cli_home: Path) -> Iterator[ClaudeAcp]:
+    yield from serving(ClaudeAcp(cli_home))
+
+
+def test_the_agents_plan_is_an_event(ws: Workspace, claude_acp: ClaudeAcp) -> None:
+    """Claude Code's todo list (its TodoWrite tool) reaches kiro as ACP's `plan` update: a `plan_updated` event,
+    shown by `kiro loop logs`."""
+    ws.task(task_text(1))
+    configure(ws, claude_acp)
+    todos = [{"content": "Read the task file", "status": "completed", "activeForm": "Reading the task file"},
+             {"content": "Check the box of step 1", "status": "in_progress", "activeForm": "Checking the box"}]
+    claude_acp.extra = [("TodoWrite", {"todos": todos})]
+    code, out = run(ws, claude_acp)
+    assert code == 0, out
+    tid = ws.only_task_id()
+    plans = kinds(ws.events(tid), "plan_updated")
+    assert plans and plans[0]["entries"] == ["[completed] Read the task file",
+                                             "[in_progress] Check the box of step 1"], plans
+    shown = ws.kiro("loop", "logs", "--task-id", tid).stdout
+    assert "plan: [completed] Read the task file; [in_progress] Check the box of step 1" in shown, shown
