@@ -504,7 +504,8 @@ REFUSED: list[tuple[dict[Any, Any], str]] = [
     ({'executor': 'bogus'},
      "executor: Input should be 'openai', 'command' or 'shell' (got 'bogus')"),
     ({'agent': 'gpt'},
-     "agent: Input should be 'claude', 'codex', 'aider', 'gemini', 'opencode', 'qwen' or 'copilot' (got 'gpt')"),
+     "agent: Input should be 'claude', 'codex', 'aider', 'gemini', 'opencode', 'qwen', 'copilot', 'acp', "
+     "'claude-acp' or 'gemini-acp' (got 'gpt')"),
     ({'agent_args': ['a', 1]},
      "agent_args.1: Input should be a valid string (got 1)"),
     ({'agent_args': 'x'},

@@ -132,6 +132,13 @@ class _LoopGuard(Guard):
     async def before_model_call(self) -> str | None:
         return await self._gate(self.loop.guardrails.before_model_call)
 
+    def interrupted(self) -> str | None:
+        stop = self.loop.interrupt_check()
+        if stop is None:
+            return None
+        self.loop._pending_stop = stop
+        return stop.reason
+
     async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
         return await self._gate(lambda: self.loop.guardrails.before_tool_call(name, arguments))
 

@@ -67,6 +67,12 @@ class Guard:
     async def before_model_call(self) -> str | None:
         return None
 
+    def interrupted(self) -> str | None:
+        """A stop that ends the loop now (a stop hook, a signal, the task file moved), as a stop reason; no
+        guardrail is counted or waited for. Cheap (a few stat calls): polled by an executor whose agent
+        runs on its own between the calls kiro sees (an ACP agent's turn)."""
+        return None
+
     async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
         return None
 

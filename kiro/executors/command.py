@@ -210,6 +210,8 @@ class CommandExecutor(ExecutorBase):
         argv = preset.argv(inv, template)
         env = step_env(ctx)
         env.update(preset.env(inv))
+        for name in preset.env_unset:
+            env.pop(name, None)
         agent.billing.apply(env)
         box = step_box(ctx, env, preset.home_paths(env), read_paths=preset.read_paths(env))
         if box is not None:
@@ -227,11 +229,17 @@ class CommandExecutor(ExecutorBase):
         watch = preset.watch(on_tool=on_tool)
         started = time.monotonic()
         try:
-            result = await run_process(argv, cwd=ctx.project_dir, env=env,
-                                       stdin_data=None if uses_file else text.encode("utf-8"),
-                                       timeout=ctx.timeout_seconds, cancel=ctx.cancel, output_limit=LOG_KEPT,
-                                       separate_stderr=True, idle_timeout=agent.idle_timeout, on_stdout=watch,
-                                       box=box)
+            if preset.speaks_acp:  # a session over the Agent Client Protocol: its transcript is the output
+                from kiro.executors import acp
+
+                result = await acp.run_turn(argv, ctx=ctx, env=env, box=box, prompt=text,
+                                            idle_timeout=agent.idle_timeout, output_limit=LOG_KEPT)
+            else:
+                result = await run_process(argv, cwd=ctx.project_dir, env=env,
+                                           stdin_data=None if uses_file else text.encode("utf-8"),
+                                           timeout=ctx.timeout_seconds, cancel=ctx.cancel, output_limit=LOG_KEPT,
+                                           separate_stderr=True, idle_timeout=agent.idle_timeout, on_stdout=watch,
+                                           box=box)
         except FileNotFoundError:
             if not ctx.project_dir.is_dir():
                 where = str(ctx.project_dir)

@@ -145,6 +145,49 @@ def kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
         os.killpg(pid, sig)
 
 
+@dataclass
+class Child:
+    """A process started for a step (`spawn`): in its own process group, registered with the reaper and
+    the loop's ledger until `release`."""
+
+    proc: asyncio.subprocess.Process
+    ledger: groups.Ledger | None
+
+    def release(self) -> None:
+        """End what is left of its group (a step that exits may leave a background server behind) and
+        take it off the reaper's list and the ledger."""
+        kill_group(self.proc.pid, signal.SIGKILL)
+        groups.unregister(self.proc.pid)
+        if self.ledger is not None:
+            self.ledger.discard(self.proc.pid)
+
+
+async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, confine: bool = False,
+                box: Box | None = None, stdin: int = asyncio.subprocess.DEVNULL,
+                stderr: int = asyncio.subprocess.STDOUT, limit: int = 2**16) -> Child:
+    """Start a step's process as `run_process` does (its own session and group, the reaper's mark, the
+    ledger's token, the box or `confine`), stdout a pipe; for a caller that talks to it while it runs
+    (an ACP agent on stdin and stdout). The caller ends it (`end_process`) and then `release`s it."""
+    child_env = dict(os.environ if env is None else env)
+    _check_program(argv[0], cwd, child_env)
+    ledger = groups.current_ledger.get()
+    if ledger is not None:
+        child_env[groups.TOKEN_VAR] = ledger.token
+    mark = groups.start_reaper()
+    if mark is not None:
+        child_env[mark[0]] = mark[1]
+    wait_by_pidfd()
+    command = groups.wrap(list(argv), confine=confine) if box is None else \
+        [*box.prefix(cwd, child_env, argv), *argv]
+    proc = await asyncio.create_subprocess_exec(*command, cwd=str(cwd), env=child_env, stdin=stdin,
+                                                stdout=asyncio.subprocess.PIPE, stderr=stderr,
+                                                start_new_session=True, limit=limit)
+    groups.register(proc.pid)
+    if ledger is not None:
+        ledger.add(proc.pid)
+    return Child(proc, ledger)
+
+
 async def run_process(
     argv: Sequence[str],
     *,
@@ -164,29 +207,10 @@ async def run_process(
     in bubblewrap (kiro.processes.sandbox), which also drops capabilities and new privileges (as
     setpriv would: `confine` needs nothing more), and dies with the group's leader."""
     started = time.monotonic()
-    child_env = dict(os.environ if env is None else env)
-    _check_program(argv[0], cwd, child_env)
-    ledger = groups.current_ledger.get()
-    if ledger is not None:
-        child_env[groups.TOKEN_VAR] = ledger.token
-    mark = groups.start_reaper()
-    if mark is not None:
-        child_env[mark[0]] = mark[1]
-    wait_by_pidfd()
-    command = groups.wrap(list(argv), confine=confine) if box is None else \
-        [*box.prefix(cwd, child_env, argv), *argv]
-    proc = await asyncio.create_subprocess_exec(
-        *command,
-        cwd=str(cwd),
-        env=child_env,
-        stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE if separate_stderr else asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
-    groups.register(proc.pid)
-    if ledger is not None:
-        ledger.add(proc.pid)
+    child = await spawn(argv, cwd=cwd, env=env, confine=confine, box=box,
+                        stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
+                        stderr=asyncio.subprocess.PIPE if separate_stderr else asyncio.subprocess.STDOUT)
+    proc = child.proc
     chunks = bytearray()
     err_chunks = bytearray()
     last_output = time.monotonic()
@@ -245,15 +269,12 @@ async def run_process(
                 aborted = True
             else:
                 timed_out = True
-            await _end(proc)
+            await end_process(proc)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(work, KILL_GRACE_SECONDS)
     except asyncio.CancelledError:
-        await _end(proc)
-        kill_group(proc.pid, signal.SIGKILL)
-        groups.unregister(proc.pid)
-        if ledger is not None:
-            ledger.discard(proc.pid)
+        await end_process(proc)
+        child.release()
         raise
     finally:
         if cancel_wait is not None:
@@ -263,18 +284,14 @@ async def run_process(
                 extra.cancel()
         if not work.done():
             work.cancel()
-    # A step that exits may leave children behind in its group (a background server): end them too.
-    kill_group(proc.pid, signal.SIGKILL)
-    groups.unregister(proc.pid)
-    if ledger is not None:
-        ledger.discard(proc.pid)
+    child.release()
     text = bytes(chunks[-output_limit:]).decode("utf-8", errors="replace")
     err = bytes(err_chunks[-output_limit:]).decode("utf-8", errors="replace")
     return ProcessResult(proc.returncode, text, time.monotonic() - started, timed_out, cancelled, err, idle_timed_out,
                          aborted)
 
 
-async def _end(proc: asyncio.subprocess.Process) -> None:
+async def end_process(proc: asyncio.subprocess.Process) -> None:
     """SIGTERM the whole group, then SIGKILL after a grace period."""
     kill_group(proc.pid, signal.SIGTERM)
     try:

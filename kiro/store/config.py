@@ -288,7 +288,14 @@ class AgentEnv(_Strict):
         return self
 
 
-AgentName = Literal["claude", "codex", "aider", "gemini", "opencode", "qwen", "copilot"]  # the presets
+# the presets; an ACP agent's name is `acp` or ends in `-acp` (kiro.executors.acp speaks to it)
+AgentName = Literal["claude", "codex", "aider", "gemini", "opencode", "qwen", "copilot", "acp", "claude-acp",
+                    "gemini-acp"]
+
+
+def is_acp(agent: str | None) -> bool:
+    """Whether the agent called `agent` is spoken to over the Agent Client Protocol."""
+    return agent is not None and (agent == "acp" or agent.endswith("-acp"))
 
 
 class Config(_Strict):
@@ -330,6 +337,9 @@ class Config(_Strict):
     # a longer wait ends the loop (exit 4, stop_reason max_limit_wait_seconds). 8 h: a night.
     max_limit_wait_seconds: float = Field(28800.0, gt=0, le=30 * 86400)
     agent_env: AgentEnv = Field(default_factory=AgentEnv)  # what reaches an agent CLI (kiro.executors.agents.billing)
+    # An ACP agent's command line, one argument per item (`[gemini, --acp]`): needed by `agent: acp`,
+    # and replaces an ACP preset's own (kiro.executors.agents.acp)
+    acp_command: list[str] | None = None
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
@@ -355,6 +365,19 @@ class Config(_Strict):
             if info.data.get("merge") == "auto":
                 raise ValueError("the temporal backend leaves branch kiro/<task_id> for review; merge: auto is not "
                                  "built on it (docs/scale-out.md §12); use merge: manual or backend: local")
+        return value
+
+    @field_validator("acp_command")
+    @classmethod
+    def _acp_agent(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if value is None:
+            return value
+        if not value or not value[0].strip():
+            raise ValueError("is empty; give the ACP agent's program and its arguments as a list, e.g. [gemini, --acp]")
+        agent = info.data.get("agent")
+        if not is_acp(agent):
+            raise ValueError(f"is the command line of an ACP agent, but agent is {agent!r}; set agent: acp (or an "
+                             f"ACP preset: claude-acp, gemini-acp), or remove acp_command")
         return value
 
     @field_validator("fallback_agents")
@@ -410,6 +433,7 @@ class Config(_Strict):
 FRONTMATTER_KEYS: dict[str, str] = {
     "executor": "executor",
     "agent": "agent",
+    "acp_command": "acp_command",
     "fallback_agents": "fallback_agents",
     "agent_env": "agent_env",
     "verify": "verify",

@@ -162,6 +162,27 @@ class ToolCalled(Event):
     ok: bool = True
     seconds: float | None = None
     error: str | None = None
+    kind: str | None = None  # an ACP agent's tool kind (read, edit, execute, ...)
+    status: str | None = None  # an ACP agent's report of the call: pending, in_progress, completed, failed
+
+
+class PermissionAnswered(Event):
+    """An ACP agent asked to use a tool, or to read or write a file through kiro (kiro.executors.acp):
+    kiro's answer, by the rules of its own agent's tools."""
+
+    event: Literal["permission_answered"] = "permission_answered"
+    tool: str  # the tool call's title, or fs/read_text_file, fs/write_text_file
+    kind: str | None = None
+    paths: list[str] = Field(default_factory=list)
+    allowed: bool
+    reason: str | None = None  # why it was refused
+
+
+class PlanUpdated(Event):
+    """An ACP agent's plan for the step, as it reported it: each entry `[status] what`."""
+
+    event: Literal["plan_updated"] = "plan_updated"
+    entries: list[str] = Field(default_factory=list)
 
 
 class ModelCalled(Event):
@@ -533,7 +554,8 @@ class WorkerLost(Event):
 AnyEvent: TypeAlias = Annotated[
     Union[  # noqa: UP007 - a discriminated union reads best spelled out
         LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
-        IterationStarted, Reinjected, StepStarted, ToolCalled, ModelCalled, ContextWrapped, StepCompleted,
+        IterationStarted, Reinjected, StepStarted, ToolCalled, PermissionAnswered, PlanUpdated, ModelCalled,
+        ContextWrapped, StepCompleted,
         StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, AgentRan, UsageLimit, GuardrailTriggered,
         HumanRequested,
         TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,

@@ -296,7 +296,16 @@ def event_parts(e: dict[str, Any], *, with_task: bool = False) -> list[tuple[str
     elif kind == "reinjected":
         t.append(f"[{it}] context reinjected ({e.get('reason')})", style="dim")
     elif kind == "tool_called":
-        t.append(f"[{it}]   {e.get('tool')} {_short(e.get('arguments'), 100)}", style="dim")
+        said = f" ({e.get('status')})" if e.get("status") else ""
+        t.append(f"[{it}]   {e.get('tool')} {_short(e.get('arguments'), 100)}{said}", style="dim")
+    elif kind == "permission_answered":
+        paths = f" {_short(', '.join(e.get('paths') or []), 100)}" if e.get("paths") else ""
+        if e.get("allowed"):
+            t.append(f"[{it}]   allowed {e.get('tool')}{paths}", style="dim")
+        else:
+            t.append(f"[{it}]   refused {e.get('tool')}{paths}: {_short(e.get('reason'), 200)}", style="yellow")
+    elif kind == "plan_updated":
+        t.append(f"[{it}]   plan: {_short('; '.join(e.get('entries') or []), 200)}", style="dim")
     elif kind == "task_moved":
         t.append(f"task moved: {e.get('from')} → {e.get('to')}", style="cyan")
     elif kind == "step_recovered":
@@ -393,7 +402,8 @@ class EventPrinter:
     def __call__(self, event: Event | dict[str, Any]) -> None:
         e = event if isinstance(event, dict) else event.to_record()
         if not self.verbose and e.get("event") in ("tool_called", "model_called", "iteration_started",
-                                                    "reinjected", "report_written"):
+                                                    "reinjected", "report_written", "permission_answered",
+                                                    "plan_updated"):
             return
         if e.get("event") == "warning" and clean(str(e.get("message"))) in _warned:
             _warned.remove(clean(str(e.get("message"))))  # the start's warning, on stderr already: once

@@ -49,6 +49,9 @@ PRESETS: dict[str, str] = {
     "opencode": "kiro.executors.agents.opencode:OpencodePreset",
     "qwen": "kiro.executors.agents.qwen:QwenPreset",
     "copilot": "kiro.executors.agents.copilot:CopilotPreset",
+    "acp": "kiro.executors.agents.acp:AcpPreset",
+    "claude-acp": "kiro.executors.agents.acp:ClaudeAcpPreset",
+    "gemini-acp": "kiro.executors.agents.acp:GeminiAcpPreset",
 }
 NAMES = tuple(PRESETS)
 LINE_KEPT = 1024 * 1024  # of a line of stdout being read as it arrives (a tool call's whole arguments)
@@ -311,6 +314,8 @@ class Preset:
     env_keys: ClassVar[tuple[str, ...]] = ()  # the variables it reads (auth, endpoint), for docs and `kiro agents`
     key_vars: ClassVar[tuple[str, ...]] = ()  # API key variables it uses before its own login, in its order
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
+    speaks_acp: ClassVar[bool] = False  # kiro talks to it over the Agent Client Protocol (kiro.executors.acp)
+    env_unset: ClassVar[tuple[str, ...]] = ()  # variables of kiro's environment it must not get
 
     def __init__(self, config: Config | None = None) -> None:
         if config is None:
@@ -578,7 +583,7 @@ def for_program(argv0: str) -> str | None:
     """The preset whose program an `executor_command` runs (`claude`, `/usr/bin/codex`), if any."""
     base = Path(argv0).name
     for cls in available():
-        if cls.program and base == cls.program:
+        if cls.program and base == cls.program and not cls.speaks_acp:
             return cls.name
     return None
 
@@ -587,6 +592,16 @@ def resolve(config: Config) -> tuple[Preset, list[str]]:
     """The preset and the command-line template the command executor runs for `config`:
     `executor_command` when set (with the preset's parser when it runs the preset's program),
     else the preset's own line. Raises ExecutorError when neither is configured."""
+    if config.agent and preset_class(config.agent).speaks_acp:
+        if config.executor_command:
+            raise ExecutorError(f"executor_command is the command line of a one-shot agent CLI; agent {config.agent!r} "
+                                f"speaks ACP: set its command line as acp_command (a list), or remove executor_command")
+        preset = get(config.agent, config)
+        template = preset.template()
+        if not template:
+            raise ExecutorError(f"agent {config.agent!r} needs acp_command: the command line that starts the ACP "
+                                f"agent, as a list, e.g. acp_command: [gemini, --acp]")
+        return preset, template
     if config.executor_command:
         try:
             template = shlex.split(config.executor_command)
@@ -603,7 +618,8 @@ def resolve(config: Config) -> tuple[Preset, list[str]]:
         preset = get(config.agent, config)
         return preset, preset.template()
     raise ExecutorError(
-        "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode, qwen, copilot; "
+        "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode, qwen, copilot, "
+        "claude-acp, gemini-acp, acp; "
         "see `kiro agents`) or `executor_command: \"my-agent ...\"` in config/autonomous_loop.yaml, "
         "--agent NAME, or KIRO_AGENT / KIRO_EXECUTOR_COMMAND"
     )

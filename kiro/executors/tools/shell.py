@@ -31,6 +31,7 @@ from kiro.executors.tools.base import Args, Tool, ToolEnv, ToolResult
 from kiro.executors.tools.errors import ToolError
 from kiro.processes import groups, programs
 from kiro.processes.spawn import run_process
+from kiro.store.config import ShellToolSettings
 from kiro.store.redact import looks_secret
 
 SHELL_OPERATORS = frozenset({"|", "||", "&", "&&", ";", ";;", ">", ">>", "<", "<<", "<<<", ">&", "<&", "&>",
@@ -88,11 +89,13 @@ def clean_environment(api_key_env: str, api_key: str | None = None,
     return out
 
 
-async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
-    settings = env.ctx.config.tools.shell
+def permitted(command: str, settings: ShellToolSettings) -> list[str]:
+    """The argv of an agent's command when `tools.shell` lets it run (enabled, one program, on the
+    allow-list, no code runner unless `trust_agent_code`, no refused argument); else a ToolError
+    saying why. kiro's own run_command and an ACP agent's permission requests (kiro.executors.acp)."""
     if not settings.enabled:
         raise ToolError("run_command is disabled (tools.shell.enabled is false)")
-    argv = split_command(args.command)
+    argv = split_command(command)
     if not allowed(argv, settings.allow):
         allow = ", ".join(repr(a) for a in settings.allow) or "(empty: tools.shell.allow lists nothing)"
         raise ToolError(f"{argv[0]!r} is not on the allow-list; allowed commands start with: {allow}")
@@ -103,6 +106,12 @@ async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
     why = programs.refused_arguments(argv)
     if why is not None:
         raise ToolError(why)
+    return argv
+
+
+async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
+    settings = env.ctx.config.tools.shell
+    argv = permitted(args.command, settings)
     timeout = min(args.timeout_seconds or settings.timeout_seconds, settings.timeout_seconds)
     remaining = env.remaining()
     if remaining is not None:

@@ -1,0 +1,359 @@
+"""kiro as the client of an agent that speaks the Agent Client Protocol (ACP: JSON-RPC 2.0 over the
+agent's stdin and stdout, by Zed), through the PyPI SDK `agent-client-protocol` (`acp`).
+
+One attempt is one session: the agent is started as the command executor starts an agent CLI (its
+process group, the step's environment and box: kiro.processes.spawn), kiro sends `initialize`
+(offering `fs`: the agent reads and writes files through kiro), `session/new` with the project as its
+cwd, and `session/prompt` with the step's prompt. What comes back while the turn runs:
+
+- every `session/update` becomes kiro's events as it arrives: a tool call (its kind, title, status
+  and locations) a `tool_called`, the agent's plan a `plan_updated`; its messages are in the attempt
+  log, which keeps the whole JSON-RPC conversation (each line tagged `"from": "agent"` or `"kiro"`);
+- `session/request_permission` is answered by the rules of kiro's own agent's tools (kiro.executors.tools):
+  reads and edits inside the project allowed; kiro's control folders, `.git/`, the workspace's records
+  and anything outside the project refused, the task file allowed (its other lines are put back
+  afterwards, as for any agent CLI: kiro.executors.control); a command by `tools.shell` (enabled, on the
+  allow-list, no code runner unless `trust_agent_code`); any other tool refused. Each answer is a
+  `permission_answered` event. kiro never picks an "always" option, so it is asked every time;
+- `fs/read_text_file` and `fs/write_text_file` go through the same rules (Confinement, which also
+  refuses symbolic links out and hard links to control files), and the redactor: no secret kiro knows
+  of is read to the agent or written to a file. `terminal` is not offered: an agent runs its commands
+  itself, inside the step's box, after kiro allowed them.
+
+The turn ends when `session/prompt` answers (its stop reason), the agent exits, or kiro ends it: a stop
+(a stop hook, `stop --force`, a signal: polled every POLL_SECONDS) sends `session/cancel` and gives
+the agent CANCEL_GRACE_SECONDS to end its turn; the step timeout and the idle timeout (no message
+and no stderr for `step_idle_timeout_seconds`) do the same. Then the process group is ended as any
+step's is. The outcome is a ProcessResult like an agent CLI's, whose `output` is the transcript: the
+command executor reads it through the preset (kiro.executors.agents.acp) for usage, failures and
+the summary, and checks the box, puts back kiro's files and writes the attempt log as for any agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import acp
+from acp.schema import (
+    AgentMessageChunk,
+    AgentPlanUpdate,
+    AllowedOutcome,
+    ClientCapabilities,
+    DeniedOutcome,
+    FileSystemCapabilities,
+    Implementation,
+    PermissionOption,
+    ReadTextFileResponse,
+    RequestPermissionResponse,
+    TextContentBlock,
+    ToolCallProgress,
+    ToolCallStart,
+    ToolCallUpdate,
+    WriteTextFileResponse,
+)
+
+from kiro.executors.agents import TOOL_ARGUMENT_CHARS
+from kiro.executors.base import StepContext
+from kiro.executors.tools.errors import ToolError
+from kiro.executors.tools.paths import Confinement
+from kiro.executors.tools.shell import permitted
+from kiro.fs.atomic import atomic_write
+from kiro.processes.sandbox import Box
+from kiro.processes.spawn import ProcessResult, end_process, spawn
+from kiro.store.events import PermissionAnswered, PlanUpdated, ToolCalled
+
+POLL_SECONDS = 0.2  # how often a stop (hook, signal) and the timeouts are looked at during a turn
+CANCEL_GRACE_SECONDS = 1.0  # after session/cancel, the turn has this long to end before its process is ended
+LINE_LIMIT = 50 * 1024 * 1024  # of one JSON-RPC message from the agent (a whole file's content)
+READ_LIMIT = 10 * 1024 * 1024  # of a file the agent reads through kiro
+READ_KINDS = frozenset({"read", "search", "think", "fetch", "switch_mode"})
+WRITE_KINDS = frozenset({"edit", "delete", "move"})
+PATH_KEYS = ("file_path", "path", "filePath", "notebook_path", "absolute_path", "dir_path", "directory")
+
+
+class _Transcript:
+    """The attempt's JSON-RPC messages, one a line, tagged with who sent it; the tail kept."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.last = time.monotonic()  # when the agent last said something (a message, or stderr)
+
+    def observe(self, event: Any) -> None:
+        incoming = event.direction.value == "incoming"
+        if incoming:
+            self.last = time.monotonic()
+        line = json.dumps({"from": "agent" if incoming else "kiro", **event.message}, ensure_ascii=False)
+        self.data += line.encode("utf-8", "replace") + b"\n"
+        if len(self.data) > self.limit * 2:
+            del self.data[: len(self.data) - self.limit]
+
+    def text(self) -> str:
+        return bytes(self.data[-self.limit:]).decode("utf-8", "replace")
+
+
+class Policy:
+    """kiro's answers to an ACP agent: its own agent's path rules and shell rules."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        self.confinement = Confinement(ctx.project_dir, ctx.workspace.root, state_dir=ctx.workspace.state_dir)
+        self.task_file = Path(ctx.task_path).resolve()
+
+    def path(self, raw: str, *, write: bool) -> Path:
+        """The real path the agent means, or a ToolError. The task file is the agent's to check its box in."""
+        with contextlib.suppress(OSError, ValueError):
+            if Path(raw).is_absolute() and Path(raw).resolve() == self.task_file:
+                return self.task_file
+        return self.confinement.resolve(raw, write=write)
+
+    def tool(self, call: ToolCallUpdate) -> str | None:
+        """Why the tool call is refused, or None when it may run."""
+        kind = call.kind or "other"
+        paths = call_paths(call)
+        write = kind in WRITE_KINDS
+        if kind == "execute":
+            command = _raw(call).get("command")
+            if not isinstance(command, str):
+                return "kiro cannot tell which command this runs"
+            try:
+                permitted(command, self.ctx.config.tools.shell)
+            except ToolError as exc:
+                return str(exc)
+            return None
+        if kind not in READ_KINDS and not write:
+            return f"kiro does not let an agent use a tool of kind {kind!r} (it cannot tell what it touches)"
+        for raw in paths:
+            try:
+                self.path(raw, write=write)
+            except ToolError as exc:
+                return str(exc)
+        return None
+
+
+class KiroClient:
+    """The ACP client side of one attempt: session updates into events, permission requests and file
+    access answered by `Policy`."""
+
+    def __init__(self, ctx: StepContext, policy: Policy) -> None:
+        self.ctx = ctx
+        self.policy = policy
+        self.shown: dict[str, tuple[str | None, str]] = {}  # tool call id -> (status, title) last shown
+        self.calls: dict[str, ToolCallUpdate | ToolCallStart] = {}
+
+    # -- what the agent reports ------------------------------------------------------------
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        if isinstance(update, ToolCallStart | ToolCallProgress):
+            self._tool(update)
+        elif isinstance(update, AgentPlanUpdate):
+            entries = [f"[{e.status}] {self.ctx.redact.text(e.content)}"[:300] for e in update.entries]
+            self.ctx.emit(PlanUpdated(entries=entries))
+        elif isinstance(update, AgentMessageChunk):
+            return  # in the transcript (the attempt log); the summary is read from there
+
+    def _tool(self, update: ToolCallStart | ToolCallProgress | ToolCallUpdate) -> None:
+        """One event per tool call once it says what it does, and one when it ends."""
+        known = self.calls.get(update.tool_call_id)
+        merged = _merge(known, update)
+        self.calls[update.tool_call_id] = merged
+        described = bool(merged.locations or _raw(merged) or merged.status in ("in_progress", "completed", "failed"))
+        if not described:
+            return
+        before = self.shown.get(update.tool_call_id)
+        status = merged.status or "pending"
+        ending = status in ("completed", "failed")
+        if before is not None and (not ending or before[0] == status):
+            return
+        self.shown[update.tool_call_id] = (status, merged.title or "")
+        where = ", ".join(self._shown_path(p) for p in call_paths(merged))
+        if merged.kind == "execute" and isinstance(_raw(merged).get("command"), str):
+            where = str(_raw(merged)["command"])
+        argument = self.ctx.redact.text(" ".join(where.split()))
+        if len(argument) > TOOL_ARGUMENT_CHARS:
+            argument = argument[: TOOL_ARGUMENT_CHARS - 1] + "…"
+        self.ctx.emit(ToolCalled(tool=self.ctx.redact.text(merged.title or merged.kind or "tool")[:120],
+                                 arguments=argument, kind=merged.kind, status=status, ok=status != "failed"))
+
+    def _shown_path(self, raw: str) -> str:
+        root = f"{str(self.ctx.project_dir).rstrip('/')}/"
+        return raw[len(root):] if raw.startswith(root) else raw
+
+    # -- what the agent asks ---------------------------------------------------------------
+
+    async def request_permission(self, options: list[PermissionOption], session_id: str, tool_call: ToolCallUpdate,
+                                 **kwargs: Any) -> RequestPermissionResponse:
+        merged = _merge(self.calls.get(tool_call.tool_call_id), tool_call)
+        self.calls[tool_call.tool_call_id] = merged
+        self._tool(merged)
+        why = self.policy.tool(merged)
+        if why is None:
+            stop = await self.ctx.guard.before_tool_call(merged.title or merged.kind or "tool", _raw(merged))
+            if stop is not None:
+                why = f"the loop is stopping ({stop})"
+        allowed = why is None
+        title = self.ctx.redact.text(merged.title or merged.kind or "tool")[:120]
+        self.ctx.emit(PermissionAnswered(tool=title, kind=merged.kind, allowed=allowed,
+                                         paths=[self.ctx.redact.text(self._shown_path(p)) for p in call_paths(merged)],
+                                         reason=self.ctx.redact.text(why) if why else None))
+        wanted = ("allow_once", "allow_always") if allowed else ("reject_once", "reject_always")
+        option = next((o for kind in wanted for o in options if o.kind == kind), None)
+        if option is None:
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=option.option_id))
+
+    async def read_text_file(self, path: str, session_id: str, limit: int | None = None, line: int | None = None,
+                             **kwargs: Any) -> ReadTextFileResponse:
+        real = self._fs("fs/read_text_file", path, write=False)
+        try:
+            if real == self.policy.task_file:
+                data = real.read_bytes()[:READ_LIMIT]
+            else:
+                data, _ = self.policy.confinement.read_bytes(real, READ_LIMIT)
+        except (ToolError, OSError) as exc:
+            raise _refusal(str(exc)) from None
+        text = self.ctx.redact.text(data.decode("utf-8", "replace"))
+        if line is not None or limit is not None:
+            lines = text.splitlines(keepends=True)
+            start = max((line or 1) - 1, 0)
+            text = "".join(lines[start: start + limit if limit is not None else None])
+        return ReadTextFileResponse(content=text)
+
+    async def write_text_file(self, content: str, path: str, session_id: str, **kwargs: Any) -> WriteTextFileResponse:
+        real = self._fs("fs/write_text_file", path, write=True)
+        data = self.ctx.redact.text(content).encode("utf-8")
+        try:
+            if real == self.policy.task_file:
+                atomic_write(real, data, fsync=False)
+            else:
+                self.policy.confinement.write_bytes(real, data)
+        except (ToolError, OSError) as exc:
+            raise _refusal(str(exc)) from None
+        return WriteTextFileResponse()
+
+    def _fs(self, tool: str, path: str, *, write: bool) -> Path:
+        """The real path of a file the agent reads or writes through kiro; a refusal (an event, and the
+        agent's error) when the rules say no. Writes are events either way; reads only when refused."""
+        shown = self.ctx.redact.text(self._shown_path(path))
+        try:
+            real = self.policy.path(path, write=write)
+        except ToolError as exc:
+            self.ctx.emit(PermissionAnswered(tool=tool, paths=[shown], allowed=False,
+                                             reason=self.ctx.redact.text(str(exc))))
+            raise _refusal(str(exc)) from None
+        if write:
+            self.ctx.emit(PermissionAnswered(tool=tool, paths=[shown], allowed=True))
+        return real
+
+
+def _refusal(why: str) -> acp.RequestError:
+    return acp.RequestError(-32000, why[:500])
+
+
+def _raw(call: ToolCallUpdate | ToolCallStart) -> dict[str, Any]:
+    raw = call.raw_input
+    return raw if isinstance(raw, dict) else {}
+
+
+def call_paths(call: ToolCallUpdate | ToolCallStart) -> list[str]:
+    """Every path a tool call names: its locations, the paths in its input and in its diffs."""
+    found: list[str] = [loc.path for loc in call.locations or []]
+    raw = _raw(call)
+    found += [raw[k] for k in PATH_KEYS if isinstance(raw.get(k), str)]
+    for item in call.content or []:
+        path = getattr(item, "path", None)
+        if isinstance(path, str):
+            found.append(path)
+    return list(dict.fromkeys(found))
+
+
+def _merge(known: ToolCallUpdate | ToolCallStart | None,
+           update: ToolCallStart | ToolCallProgress | ToolCallUpdate) -> ToolCallUpdate:
+    """A tool call as reported so far: each update's fields replace the earlier ones."""
+    fields = {} if known is None else known.model_dump(exclude_none=True)
+    fields.update(update.model_dump(exclude_none=True, exclude={"session_update"}))
+    fields.pop("session_update", None)
+    return ToolCallUpdate.model_validate(fields)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("kiro-loop")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], box: Box | None, prompt: str,
+                   idle_timeout: float | None, output_limit: int) -> ProcessResult:
+    """One attempt's session with the ACP agent `argv` (see the module's account): its transcript as a
+    ProcessResult, ended (cancelled, timed out, idle) the way run_process ends an agent CLI."""
+    started = time.monotonic()
+    child = await spawn(argv, cwd=ctx.project_dir, env=env, box=box, stdin=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE, limit=LINE_LIMIT)
+    proc = child.proc
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    transcript = _Transcript(output_limit)
+    errors = bytearray()
+    client = KiroClient(ctx, Policy(ctx))
+    conn = acp.connect_to_agent(client, proc.stdin, proc.stdout, observers=[transcript.observe])  # type: ignore[arg-type]
+    session: list[str] = []
+
+    async def pump_stderr(stream: asyncio.StreamReader) -> None:
+        while data := await stream.read(65536):
+            transcript.last = time.monotonic()
+            errors.extend(data)
+            if len(errors) > output_limit * 2:
+                del errors[: len(errors) - output_limit]
+
+    async def turn() -> Any:
+        await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_info=Implementation(
+            name="kiro", title="kiro", version=_version()), client_capabilities=ClientCapabilities(
+            fs=FileSystemCapabilities(read_text_file=True, write_text_file=True), terminal=False))
+        new = await conn.new_session(cwd=str(ctx.project_dir), mcp_servers=[])
+        session.append(new.session_id)
+        return await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=prompt)])
+
+    work = asyncio.ensure_future(turn())
+    exited = asyncio.ensure_future(proc.wait())
+    stderr_pump = asyncio.ensure_future(pump_stderr(proc.stderr))
+    ended: str | None = None  # cancelled | timed_out | idle
+    try:
+        while ended is None:
+            done, _ = await asyncio.wait({work, exited}, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+            if work in done or exited in done:
+                break
+            now = time.monotonic()
+            if ctx.cancel.is_set() or ctx.guard.interrupted() is not None:
+                ended = "cancelled"
+            elif now - started >= ctx.timeout_seconds:
+                ended = "timed_out"
+            elif idle_timeout is not None and now - transcript.last >= idle_timeout:
+                ended = "idle"
+        if ended is not None and session and not work.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.cancel(session_id=session[0]), CANCEL_GRACE_SECONDS)
+            await asyncio.wait({work, exited}, timeout=CANCEL_GRACE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        if work.done() and not exited.done():  # the turn is over: give the agent back its stdin
+            await asyncio.sleep(0)  # let the last updates be handled
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.close()
+        await end_process(proc)
+        child.release()
+        for task in (work, exited, stderr_pump):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(work, exited, stderr_pump, return_exceptions=True)
+    if work.done() and not work.cancelled() and work.exception() is None and ended is None:
+        returncode: int | None = 0
+    else:
+        returncode = proc.returncode
+    stderr = bytes(errors[-output_limit:]).decode("utf-8", "replace")
+    return ProcessResult(returncode, transcript.text(), time.monotonic() - started, timed_out=ended == "timed_out",
+                         cancelled=ended == "cancelled", stderr=stderr, idle_timed_out=ended == "idle")

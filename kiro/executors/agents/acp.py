@@ -1,0 +1,222 @@
+"""Agents kiro speaks the Agent Client Protocol to (ACP: JSON-RPC over the agent's stdin and stdout;
+the client is kiro.executors.acp). What a preset here knows: the command line that starts the agent
+in ACP mode, and what its transcript (the JSON-RPC messages of the attempt, one a line) says about
+tokens, cost and failures. The rest (its credentials, its files under $HOME, its environment) is the
+agent CLI's own preset's.
+
+- `acp`: any ACP agent, started by `acp_command` (a list: `[kiro-cli, acp]`).
+- `claude-acp`: `claude-agent-acp` (npm `@agentclientprotocol/claude-agent-acp`, the maintained
+  successor of `@zed-industries/claude-code-acp`), Claude Code through the Claude Agent SDK, which
+  brings its own `claude` binary. It asks permission for edits and commands (`session/request_permission`,
+  answered by kiro) and reads and writes files itself. As root it would pass
+  `--allow-dangerously-skip-permissions` when IS_SANDBOX is set, which its `claude` refuses to run
+  with (exit 1 at `session/new`): kiro does not pass IS_SANDBOX to it (kiro answers permissions anyway).
+  Reports tokens in the `session/prompt` result's `usage`, and the session's cost in `usage_update`.
+- `gemini-acp`: `gemini --acp` (Gemini CLI 0.61; `--experimental-acp` is its deprecated spelling). It
+  reads and writes files in the project through kiro when kiro offers `fs` (kiro does), asks
+  permission for edits and commands, and reports tokens in the result's `_meta.quota`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+from typing import Any
+
+from kiro.executors.agents import Failure, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.agents.claude import ClaudePreset
+from kiro.executors.agents.gemini import GeminiPreset
+from kiro.executors.base import Usage
+
+PROMPT_METHOD = "session/prompt"
+_FAILED_STOPS = {"max_tokens": "the model's output token limit", "max_turn_requests": "its turn request limit",
+                 "refusal": "the model refused"}
+
+
+class AcpPreset(Preset):
+    """`agent: acp`: an ACP agent started by `acp_command`."""
+
+    name = "acp"
+    install = "any agent that speaks ACP; set acp_command to the command line that starts it in ACP mode"
+    idle_timeout_seconds = 600.0
+    speaks_acp = True
+
+    def template(self) -> list[str]:
+        """`acp_command` when set, else the preset's own line; then agent_args."""
+        line = list(self.config.acp_command) if self.config.acp_command else shlex.split(self.command)
+        return [*line, *self.config.agent_args] if line else []
+
+    def extra_args(self) -> list[str]:
+        return []
+
+    def boxed_argv(self, argv: list[str]) -> list[str]:
+        return argv
+
+    # -- what its transcript says ------------------------------------------------------------
+
+    def parse_usage(self, stdout: str) -> Usage | None:
+        """Tokens from the turn's result (`usage`, or Gemini CLI's `_meta.quota`), money from the last
+        `usage_update` with a cost in USD (a session's running total)."""
+        result = _prompt_result(stdout)
+        cost = 0.0
+        for update in _updates(stdout):
+            amount = update.get("cost") if update.get("sessionUpdate") == "usage_update" else None
+            if isinstance(amount, dict) and amount.get("currency") == "USD" and _number(amount.get("amount")):
+                cost = float(amount["amount"])
+        if result is None:
+            return Usage(cost_usd=cost) if cost else None
+        usage = result.get("usage") if isinstance(result.get("usage"), dict) else None
+        if usage is not None:
+            prompt = sum(_int(usage.get(k)) for k in ("inputTokens", "cachedReadTokens", "cachedWriteTokens"))
+            completion = _int(usage.get("outputTokens")) + _int(usage.get("thoughtTokens"))
+            return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                         cost_usd=cost)
+        meta = result.get("_meta")
+        quota = meta.get("quota") if isinstance(meta, dict) else None
+        rows = quota.get("model_usage") if isinstance(quota, dict) else None
+        if not isinstance(rows, list):
+            return Usage(cost_usd=cost) if cost else None
+        total = Usage()
+        for row in rows:
+            count = row.get("token_count") if isinstance(row, dict) else None
+            if not isinstance(count, dict):
+                continue
+            prompt, completion = _int(count.get("input_tokens")), _int(count.get("output_tokens"))
+            price = self.config.llm.prices.get(str(row.get("model")))
+            spent = (prompt * price.input_per_1m + completion * price.output_per_1m) / 1_000_000 if price else 0.0
+            total.add(Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                            cost_usd=spent))
+        total.cost_usd = cost or total.cost_usd
+        return total
+
+    def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
+        """The turn ended well when `session/prompt` answered with stop reason `end_turn`; else the
+        agent's JSON-RPC error, the stop reason, or (the agent ended) its stderr."""
+        error = _last_error(stdout)
+        result = _prompt_result(stdout)
+        if error is None and result is not None:
+            stop = result.get("stopReason")
+            if stop in (None, "end_turn", "cancelled"):
+                return None
+            line = f"the agent ended its turn: {_FAILED_STOPS.get(str(stop), str(stop))} (stopReason {stop})"
+            return Failure("failure", line)
+        if error is not None:
+            line = error
+        else:
+            line = error_line(stderr) or last_line(stderr) or (
+                f"the agent exited (status {exit_code}) before its turn ended" if exit_code is not None
+                else "the agent's turn did not end")
+        return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
+
+    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
+        return None
+
+    def summary(self, stdout: str, stderr: str, prompt: str) -> str:
+        """The agent's last message (its `agent_message_chunk`s joined), else what it printed on stderr."""
+        said: list[str] = []
+        current: list[str] = []
+        last_id: Any = None
+        for update in _updates(stdout):
+            kind = update.get("sessionUpdate")
+            content = update.get("content")
+            if kind == "agent_message_chunk" and isinstance(content, dict) and isinstance(content.get("text"), str):
+                if update.get("messageId") != last_id and current:
+                    said.append("".join(current))
+                    current = []
+                last_id = update.get("messageId")
+                current.append(content["text"])
+            elif kind == "tool_call" and current:
+                said.append("".join(current))
+                current = []
+        if current:
+            said.append("".join(current))
+        said = [s for s in said if s.strip()]
+        if said:
+            return tail(clean(said[-1]))
+        return tail(clean(stderr))
+
+    def reported_error(self, stdout: str, stderr: str) -> str | None:
+        """The last tool call the agent reported failed (its title), else an error line on stderr."""
+        titles: dict[Any, str] = {}
+        failed = None
+        for update in _updates(stdout):
+            call = update.get("toolCallId")
+            if isinstance(update.get("title"), str):
+                titles[call] = update["title"]
+            if update.get("status") == "failed":
+                failed = f"{titles.get(call, 'a tool call')} failed"
+        return failed or error_line(stderr)
+
+
+class ClaudeAcpPreset(AcpPreset, ClaudePreset):
+    """Claude Code over ACP: claude's credentials, files and environment, the adapter's command line."""
+
+    name = "claude-acp"
+    program = "claude-agent-acp"
+    install = "npm install -g @agentclientprotocol/claude-agent-acp"
+    command = "claude-agent-acp"
+    env_unset = ("IS_SANDBOX",)
+
+
+class GeminiAcpPreset(AcpPreset, GeminiPreset):
+    """Gemini CLI in ACP mode: gemini's credentials, files and environment."""
+
+    name = "gemini-acp"
+    program = "gemini"
+    install = "npm install -g @google/gemini-cli"
+    command = "gemini --acp"
+
+
+def _messages(stdout: str, sender: str = "agent") -> Iterator[dict[str, Any]]:
+    """The JSON-RPC messages `sender` (agent, kiro) sent: the transcript tags each with `"from"`."""
+    for message in json_lines(stdout):
+        if message.get("from") == sender:
+            yield message
+
+
+def _updates(stdout: str) -> Iterator[dict[str, Any]]:
+    """The `session/update` notifications' updates, in order."""
+    for message in _messages(stdout):
+        params = message.get("params")
+        if message.get("method") == "session/update" and isinstance(params, dict) \
+                and isinstance(params.get("update"), dict):
+            yield params["update"]
+
+
+def _prompt_ids(stdout: str) -> set[Any]:
+    return {m.get("id") for m in _messages(stdout, "kiro") if m.get("method") == PROMPT_METHOD and "id" in m}
+
+
+def _prompt_result(stdout: str) -> dict[str, Any] | None:
+    """The result `session/prompt` answered with (the turn's end), if it did."""
+    ids = _prompt_ids(stdout)
+    found = None
+    for message in _messages(stdout):
+        if "method" not in message and message.get("id") in ids and isinstance(message.get("result"), dict):
+            found = message["result"]
+    return found
+
+
+def _last_error(stdout: str) -> str | None:
+    """The last JSON-RPC error the agent answered kiro's requests with (initialize, session/new,
+    session/prompt), as one line."""
+    asked = {m.get("id"): m.get("method") for m in _messages(stdout, "kiro") if "method" in m and "id" in m}
+    found = None
+    for message in _messages(stdout):
+        error = message.get("error")
+        if "method" in message or not isinstance(error, dict):
+            continue
+        data = error.get("data")
+        detail = data.get("details") or data.get("message") if isinstance(data, dict) else data
+        text = str(error.get("message") or "error") + (f": {detail}" if isinstance(detail, str) and detail else "")
+        method = asked.get(message.get("id"))
+        found = (f"{method}: {text}" if method else text).splitlines()[0][:300] if text.strip() else None
+    return found
+
+
+def _int(value: Any) -> int:
+    return int(value) if _number(value) else 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

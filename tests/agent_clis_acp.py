@@ -1,0 +1,78 @@
+"""The REAL ACP agents (kiro.executors.acp) against the scripted API servers of tests/fakes: the same
+models as the agent CLIs' (tests/agent_clis.py, tests/agent_clis_more.py), reached through the ACP
+adapter instead of the CLI's headless mode.
+
+- claude-acp: `claude-agent-acp` (npm @agentclientprotocol/claude-agent-acp) on the Anthropic fake;
+  its Claude Agent SDK runs its own `claude` binary, which reads ANTHROPIC_BASE_URL as claude does.
+- gemini-acp: `gemini --acp` on the Gemini fake, with the settings the gemini tests use.
+
+A brain can be held (`hold`): the scripted model then waits, before answering its `hold_at`-th agent
+call, until the test releases it, so a test sees what kiro shows while a step is still running.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.agent_clis import Claude
+from tests.agent_clis_more import Gemini
+from tests.fakes import HttpError, Recorded
+
+HOLD_SECONDS = 120.0  # the longest a held model call waits for the test
+
+
+class Held:
+    """Hold the `at`-th agent call (1-based) until released; `reached` is set when the call arrives."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.reached = threading.Event()
+        self.released = threading.Event()
+        self.count = 0
+
+    def wait(self) -> None:
+        self.count += 1
+        if self.count == self.at:
+            self.reached.set()
+            self.released.wait(HOLD_SECONDS)
+
+
+class ClaudeAcp(Claude):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.name, self.program = "claude-acp", "claude-agent-acp"
+        self.package = "@agentclientprotocol/claude-agent-acp"
+        self.held: Held | None = None
+
+    def brain(self, rec: Recorded) -> Any:
+        from tests.fakes import anthropic as fa
+
+        if self.held is not None and fa.is_agent_call(rec.body):
+            self.held.wait()
+        return super().brain(rec)
+
+    def write_call(self, path: str, content: str) -> tuple[str, dict[str, str]]:
+        return ("Write", {"file_path": path, "content": content})
+
+
+class GeminiAcp(Gemini):
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.name, self.package = "gemini-acp", "@google/gemini-cli"
+        self.held: Held | None = None
+
+    def brain(self, rec: Recorded) -> Any:
+        if self.held is not None and ":streamGenerateContent" in rec.path:
+            self.held.wait()
+        return super().brain(rec)
+
+    def write_call(self, path: str, content: str) -> tuple[str, dict[str, str]]:
+        return ("write_file", {"file_path": path, "content": content})
+
+
+ACP_CLIS: dict[str, Callable[[Path], ClaudeAcp | GeminiAcp]] = {"claude-acp": ClaudeAcp, "gemini-acp": GeminiAcp}
+
+__all__ = ["ACP_CLIS", "ClaudeAcp", "GeminiAcp", "Held", "HttpError"]
