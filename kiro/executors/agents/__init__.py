@@ -52,6 +52,8 @@ PRESETS: dict[str, str] = {
     "acp": "kiro.executors.agents.acp:AcpPreset",
     "claude-acp": "kiro.executors.agents.acp:ClaudeAcpPreset",
     "gemini-acp": "kiro.executors.agents.acp:GeminiAcpPreset",
+    "codex-acp": "kiro.executors.agents.codex_acp:CodexAcpPreset",
+    "opencode-acp": "kiro.executors.agents.opencode_acp:OpencodeAcpPreset",
 }
 NAMES = tuple(PRESETS)
 LINE_KEPT = 1024 * 1024  # of a line of stdout being read as it arrives (a tool call's whole arguments)
@@ -619,7 +621,7 @@ def resolve(config: Config) -> tuple[Preset, list[str]]:
         return preset, preset.template()
     raise ExecutorError(
         "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode, qwen, copilot, "
-        "claude-acp, gemini-acp, acp; "
+        "claude-acp, gemini-acp, codex-acp, opencode-acp, acp; "
         "see `kiro agents`) or `executor_command: \"my-agent ...\"` in config/autonomous_loop.yaml, "
         "--agent NAME, or KIRO_AGENT / KIRO_EXECUTOR_COMMAND"
     )
