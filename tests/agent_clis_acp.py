@@ -57,6 +57,9 @@ class ClaudeAcp(Claude):
     def write_call(self, path: str, content: str) -> tuple[str, dict[str, str]]:
         return ("Write", {"file_path": path, "content": content})
 
+    def read_call(self, path: str) -> tuple[str, dict[str, str]]:
+        return ("Read", {"file_path": path})
+
 
 class GeminiAcp(Gemini):
     def __init__(self, tmp: Path) -> None:
@@ -71,6 +74,9 @@ class GeminiAcp(Gemini):
 
     def write_call(self, path: str, content: str) -> tuple[str, dict[str, str]]:
         return ("write_file", {"file_path": path, "content": content})
+
+    def read_call(self, path: str) -> tuple[str, dict[str, str]]:
+        return ("read_file", {"file_path": path})
 
 
 ACP_CLIS: dict[str, Callable[[Path], ClaudeAcp | GeminiAcp]] = {"claude-acp": ClaudeAcp, "gemini-acp": GeminiAcp}

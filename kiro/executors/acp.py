@@ -175,10 +175,11 @@ class KiroClient:
         where = ", ".join(self._shown_path(p) for p in call_paths(merged))
         if merged.kind == "execute" and isinstance(_raw(merged).get("command"), str):
             where = str(_raw(merged)["command"])
-        argument = self.ctx.redact.text(" ".join(where.split()))
+        title = merged.title or merged.kind or "tool"
+        argument = "" if where and where in title else self.ctx.redact.text(" ".join(where.split()))
         if len(argument) > TOOL_ARGUMENT_CHARS:
             argument = argument[: TOOL_ARGUMENT_CHARS - 1] + "…"
-        self.ctx.emit(ToolCalled(tool=self.ctx.redact.text(merged.title or merged.kind or "tool")[:120],
+        self.ctx.emit(ToolCalled(tool=self.ctx.redact.text(title)[:120],
                                  arguments=argument, kind=merged.kind, status=status, ok=status != "failed"))
 
     def _shown_path(self, raw: str) -> str:

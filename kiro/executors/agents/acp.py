@@ -19,6 +19,7 @@ agent CLI's own preset's.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,7 @@ from kiro.executors.agents.gemini import GeminiPreset
 from kiro.executors.base import Usage
 
 PROMPT_METHOD = "session/prompt"
+_AUTH = re.compile(r"auth|login|api[ _-]?key|credential|unauthori[sz]ed|\b401\b|\b403\b", re.I)
 _FAILED_STOPS = {"max_tokens": "the model's output token limit", "max_turn_requests": "its turn request limit",
                  "refusal": "the model refused"}
 
@@ -37,7 +39,6 @@ class AcpPreset(Preset):
     """`agent: acp`: an ACP agent started by `acp_command`."""
 
     name = "acp"
-    install = "any agent that speaks ACP; set acp_command to the command line that starts it in ACP mode"
     idle_timeout_seconds = 600.0
     speaks_acp = True
 
@@ -90,23 +91,36 @@ class AcpPreset(Preset):
         return total
 
     def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
-        """The turn ended well when `session/prompt` answered with stop reason `end_turn`; else the
-        agent's JSON-RPC error, the stop reason, or (the agent ended) its stderr."""
-        error = _last_error(stdout)
+        """The turn ended well when `session/prompt` answered with stop reason `end_turn` (or `cancelled`:
+        kiro asked). An agent that never answered `initialize`, or refused `initialize` or `session/new`,
+        cannot work however often it is retried: a usage error (an auth error when it says so)."""
+        said = _last_error(stdout)
         result = _prompt_result(stdout)
-        if error is None and result is not None:
+        if said is None and result is not None:
             stop = result.get("stopReason")
             if stop in (None, "end_turn", "cancelled"):
                 return None
-            line = f"the agent ended its turn: {_FAILED_STOPS.get(str(stop), str(stop))} (stopReason {stop})"
-            return Failure("failure", line)
-        if error is not None:
-            line = error
+            return Failure("failure", f"the agent ended its turn: {_FAILED_STOPS.get(str(stop), str(stop))} "
+                                      f"(stopReason {stop})")
+        printed = error_line(stderr) or last_line(stderr)
+        if said is None and next(_messages(stdout), None) is None:
+            how = f"it exited with status {exit_code}" if exit_code is not None else "it said nothing"
+            return Failure("usage_error", f"the agent did not answer ACP's initialize ({how})"
+                                          + (f": {printed}" if printed else ""))
+        if said is not None:
+            method, line = said
+            if method in ("initialize", "session/new"):
+                return Failure("auth_error" if _AUTH.search(line) else "usage_error", line)
         else:
-            line = error_line(stderr) or last_line(stderr) or (
-                f"the agent exited (status {exit_code}) before its turn ended" if exit_code is not None
-                else "the agent's turn did not end")
+            line = printed or (f"the agent exited (status {exit_code}) before its turn ended" if exit_code is not None
+                               else "the agent's turn did not end")
         return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
+
+    def fix(self, failure: Failure) -> str:
+        if failure.kind == "usage_error":
+            return ("acp_command (or the preset's command line with agent_args) must start an agent that speaks "
+                    "ACP on its stdin and stdout, e.g. acp_command: [gemini, --acp]")
+        return super().fix(failure)
 
     def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
         return None
@@ -197,9 +211,9 @@ def _prompt_result(stdout: str) -> dict[str, Any] | None:
     return found
 
 
-def _last_error(stdout: str) -> str | None:
+def _last_error(stdout: str) -> tuple[str | None, str] | None:
     """The last JSON-RPC error the agent answered kiro's requests with (initialize, session/new,
-    session/prompt), as one line."""
+    session/prompt): the method and the error, as one line."""
     asked = {m.get("id"): m.get("method") for m in _messages(stdout, "kiro") if "method" in m and "id" in m}
     found = None
     for message in _messages(stdout):
@@ -210,7 +224,8 @@ def _last_error(stdout: str) -> str | None:
         detail = data.get("details") or data.get("message") if isinstance(data, dict) else data
         text = str(error.get("message") or "error") + (f": {detail}" if isinstance(detail, str) and detail else "")
         method = asked.get(message.get("id"))
-        found = (f"{method}: {text}" if method else text).splitlines()[0][:300] if text.strip() else None
+        text = (f"{method}: {text}" if method else text).strip()
+        found = (method, (text.splitlines() or ["error"])[0][:300])
     return found
 
 
