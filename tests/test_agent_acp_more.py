@@ -54,7 +54,7 @@ def test_three_steps_complete(ws: Workspace, cli: AcpMoreCli) -> None:
     assert usage["cost_usd"] > 0, usage
     events = ws.events(tid)
     edits = [e for e in kinds(events, "tool_called") if e.get("kind") == "edit" and e.get("status") == "completed"]
-    assert len(edits) == 3 and all("tasks.md" in e["arguments"] for e in edits), edits
+    assert len(edits) == 3 and all("tasks.md" in f"{e['tool']} {e['arguments']}" for e in edits), edits
     answers = kinds(events, "permission_answered")
     print(f"{cli.name}: 3 steps, {cli.calls()} model calls, usage {usage}, {len(edits)} edits, "
           f"{len(answers)} permission answers")

@@ -20,7 +20,10 @@ cwd, and `session/prompt` with the step's prompt. What comes back while the turn
   of is read to the agent or written to a file. `terminal` is not offered: an agent runs its commands
   itself, inside the step's box, after kiro allowed them.
 
-The turn ends when `session/prompt` answers (its stop reason), the agent exits, or kiro ends it: a stop
+The turn ends when `session/prompt` answers (its stop reason), the agent exits, or kiro ends it. An
+agent whose only way to take a refusal is to end its turn (codex-acp: `cancel`, stop reason
+`cancelled`) is prompted again in the same session with kiro's reasons (GO_ON_TURNS at most), so the
+attempt goes on as it does with an agent that takes the refusal and carries on. A stop
 (a stop hook, `stop --force`, a signal: polled every POLL_SECONDS) sends `session/cancel` and gives
 the agent CANCEL_GRACE_SECONDS to end its turn; the step timeout and the idle timeout (no message
 and no stderr for `step_idle_timeout_seconds`) do the same. Then the process group is ended as any
@@ -69,6 +72,9 @@ from kiro.processes.spawn import ProcessResult, end_process, spawn
 from kiro.store.events import PermissionAnswered, PlanUpdated, ToolCalled
 
 POLL_SECONDS = 0.2  # how often a stop (hook, signal) and the timeouts are looked at during a turn
+# an agent whose only refusal ends its turn (codex-acp's `cancel`) is prompted again, with kiro's reasons,
+# in the same session, at most this many times a turn
+GO_ON_TURNS = 3
 CANCEL_GRACE_SECONDS = 1.0  # after session/cancel, the turn has this long to end before its process is ended
 LINE_LIMIT = 50 * 1024 * 1024  # of one JSON-RPC message from the agent (a whole file's content)
 READ_LIMIT = 10 * 1024 * 1024  # of a file the agent reads through kiro
@@ -144,6 +150,7 @@ class KiroClient:
     def __init__(self, ctx: StepContext, policy: Policy) -> None:
         self.ctx = ctx
         self.policy = policy
+        self.refused: list[str] = []  # this turn's refusals (title: why), for an agent whose refusal ends its turn
         self.shown: dict[str, tuple[str | None, str]] = {}  # tool call id -> (status, title) last shown
         self.calls: dict[str, ToolCallUpdate | ToolCallStart] = {}
 
@@ -200,6 +207,8 @@ class KiroClient:
                 why = f"the loop is stopping ({stop})"
         allowed = why is None
         title = self.ctx.redact.text(merged.title or merged.kind or "tool")[:120]
+        if why is not None:
+            self.refused.append(f"{title}: {self.ctx.redact.text(why)}")
         self.ctx.emit(PermissionAnswered(tool=title, kind=merged.kind, allowed=allowed,
                                          paths=[self.ctx.redact.text(self._shown_path(p)) for p in call_paths(merged)],
                                          reason=self.ctx.redact.text(why) if why else None))
@@ -318,7 +327,15 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             fs=FileSystemCapabilities(read_text_file=True, write_text_file=True), terminal=False))
         new = await conn.new_session(cwd=str(ctx.project_dir), mcp_servers=[])
         session.append(new.session_id)
-        return await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=prompt)])
+        result = await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=prompt)])
+        for _ in range(GO_ON_TURNS):  # an agent that ended its turn at kiro's refusal (codex-acp) is told why
+            if result.stop_reason != "cancelled" or not client.refused or ended is not None:
+                break
+            said = "\n".join(f"- {line}" for line in client.refused)
+            client.refused.clear()
+            again = f"kiro refused:\n{said}\nDo the step without it, then check its box as asked."
+            result = await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=again)])
+        return result
 
     work = asyncio.ensure_future(turn())
     exited = asyncio.ensure_future(proc.wait())
