@@ -14,6 +14,7 @@ held (`held`, tests/agent_clis_acp.py) to see what kiro does while a step still 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,9 @@ class CodexAcp(Codex):
             self.held.wait()
         return super().brain(rec)
 
+    def read_call(self, path: str) -> tuple[str, dict[str, Any]]:
+        return ("exec_command", {"cmd": f"cat {shlex.quote(path)}"})
+
     def write_call(self, path: str, content: str) -> tuple[str, dict[str, Any]]:
         """Its shell tool running `apply_patch`, which the App Server turns into an edit it asks about."""
         lines = "".join(f"+{line}\n" for line in content.splitlines())
@@ -54,6 +58,9 @@ class OpencodeAcp(Opencode):
         if self.held is not None and "edit" in fc.tool_names(rec.body):
             self.held.wait()
         return super().brain(rec)
+
+    def read_call(self, path: str) -> tuple[str, dict[str, Any]]:
+        return ("read", {"filePath": path})
 
     def write_call(self, path: str, content: str) -> tuple[str, dict[str, Any]]:
         return ("write", {"filePath": path, "content": content})

@@ -7,6 +7,7 @@ how to install it (.ci/install-agent-clis).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.agent_clis import CODEX_PRICE, serving, task_text
-from tests.agent_clis_acp_more import ACP_MORE_CLIS, AcpMoreCli
+from tests.agent_clis_acp_more import ACP_MORE_CLIS, AcpMoreCli, Held
 from tests.conftest import FAST_CONFIG, Workspace
 
 TASK = "Specs/feature/tasks.md"
@@ -78,3 +79,75 @@ def test_a_refused_write_to_state_or_outside_leaves_no_file_and_the_attempt_goes
     for path in (".state/x", str(outside)):
         assert any(path in " ".join(a["paths"]) for a in refused), (path, refused)
     print(f"{cli.name}: refused {[(a['kind'], a['paths'], a['reason']) for a in refused]}")
+
+
+def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspace, cli: AcpMoreCli) -> None:
+    ws.task(task_text(1))
+    configure(ws, cli)
+    cli.extra = [cli.read_call(str(ws.root / TASK))]
+    cli.held = held = Held(at=2)  # the model call after the read waits for the test
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+    follow = None
+    try:
+        assert held.reached.wait(120), ws.output(proc)
+        tid = ws.only_task_id()
+        follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
+        line = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
+                                         if "tasks.md" in x and "(completed)" in x), None),
+                           timeout=60, what="the read in `kiro loop logs --follow`")
+        assert ws.state(tid)["current_step"]["status"] == "in_progress"  # the step is still running...
+        assert proc.poll() is None and not held.released.is_set()  # ...its model call held by the test
+        held.released.set()
+        assert proc.wait(timeout=120) == 0, ws.output(proc)
+        assert follow.wait(timeout=60) == 0, ws.output(follow)
+        print(f"{cli.name}: while the step ran, `logs --follow` showed: {line.strip()}")
+    finally:
+        held.released.set()
+        for p in (proc, follow):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
+def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace,
+                                                                                 cli: AcpMoreCli) -> None:
+    ws.task(task_text(2))
+    configure(ws, cli)
+    cli.extra = [cli.read_call(str(ws.root / TASK))]  # a tool call, then the model is held: the box is not checked
+    cli.held = held = Held(at=2)
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+    try:
+        assert held.reached.wait(120), ws.output(proc)
+        tid = ws.only_task_id()
+        asked = time.monotonic()
+        ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "stop now\n")
+        assert proc.wait(timeout=60) == 3, ws.output(proc)
+        seconds = time.monotonic() - asked
+    finally:
+        held.released.set()
+        if proc.poll() is None:
+            proc.kill()
+    state = ws.state(tid)
+    assert state["completed_steps"] == [] and state["current_step"]["step_id"] == "1", state["current_step"]
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert "# result: cancelled" in log and '"method": "session/cancel"' in log, log[-2000:]
+    ended = "the agent ended its turn (stopReason cancelled)" if '"stopReason": "cancelled"' in log else \
+        "kiro ended the agent's process after the grace second"
+    cli.held = None
+    r = ws.kiro("loop", "resume", "--task-id", tid, env=ws.env(**cli.env()), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1", "2"]
+    started = [e["step_id"] for e in kinds(ws.events(tid), "step_started")]
+    assert started == ["1", "1", "2"], started  # the resumed loop began with the step the hook cut short
+    print(f"{cli.name}: the stop hook ended the loop {seconds:.2f} s after it was written; {ended}")
+
+
+def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpMoreCli) -> None:
+    ws.task(task_text(1))
+    assert cli.server is not None
+    cli.server.hang = True  # accepts the connection, never answers
+    configure(ws, cli, "step_idle_timeout_seconds: 5\n", loop="  failure_threshold: 1\n")
+    code, out = run(ws, cli)
+    assert code == 5, out
+    error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
+    assert "printed nothing for 5 s" in error and "step_idle_timeout_seconds" in error, error
+    assert len(cli.server.requests) >= 1  # it did reach the endpoint
