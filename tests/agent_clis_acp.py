@@ -60,6 +60,9 @@ class ClaudeAcp(Claude):
     def read_call(self, path: str) -> tuple[str, dict[str, str]]:
         return ("Read", {"file_path": path})
 
+    def shell_call(self, command: str) -> tuple[str, dict[str, str]]:
+        return ("Bash", {"command": command, "description": "run it"})
+
 
 class GeminiAcp(Gemini):
     def __init__(self, tmp: Path) -> None:
@@ -77,6 +80,9 @@ class GeminiAcp(Gemini):
 
     def read_call(self, path: str) -> tuple[str, dict[str, str]]:
         return ("read_file", {"file_path": path})
+
+    def shell_call(self, command: str) -> tuple[str, dict[str, str]]:
+        return ("run_shell_command", {"command": command, "description": "run it"})
 
 
 ACP_CLIS: dict[str, Callable[[Path], ClaudeAcp | GeminiAcp]] = {"claude-acp": ClaudeAcp, "gemini-acp": GeminiAcp}

@@ -182,3 +182,59 @@ def test_a_bad_acp_command_is_one_clear_line_and_exit_1(ws: Workspace, case: str
     assert "Traceback" not in r.stdout + r.stderr
     assert "- [ ] 1. Write part 1" in (ws.root / TASK).read_text()  # no box checked, none left `[-]`
     print(f"{case}: {lines[0]}")
+
+
+def test_commands_are_answered_by_the_shell_tool_rules(ws: Workspace, cli: AcpCli) -> None:
+    """`tools.shell` allows `ls`: `touch` is not on the allow-list, and `ls; touch` needs a shell. Gemini CLI's
+    permission request does not carry the command (only a title, which may be the model's own description
+    of it): kiro refuses what it cannot read. Both run a read-only command such as `ls -la` without asking."""
+    ws.task(task_text(1))
+    configure(ws, cli, "tools:\n  shell:\n    enabled: true\n    allow: [ls]\n")
+    cli.extra = [cli.shell_call("touch pwned.txt"), cli.shell_call("ls; touch pwned2.txt"), cli.shell_call("ls -la")]
+    code, out = run(ws, cli)
+    assert code == 0, out
+    tid = ws.only_task_id()
+    assert not (ws.root / "pwned.txt").exists() and not (ws.root / "pwned2.txt").exists()
+    answers = kinds(ws.events(tid), "permission_answered")
+    refused = [a for a in answers if a.get("kind") == "execute" and not a["allowed"]]
+    allowed = [a for a in answers if a.get("kind") == "execute" and a["allowed"]]
+    if cli.name == "claude-acp":
+        reasons = " | ".join(a["reason"] for a in refused)
+        assert len(refused) == 2 and "'touch' is not on the allow-list" in reasons and "without a shell" in reasons, \
+            refused
+    else:
+        assert len(refused) == 2 and all("cannot tell which command" in a["reason"] for a in refused), refused
+    # `ls -la` is run without asking by both (read-only commands are their own policy's): kiro never saw it
+    assert all(a["tool"] == "ls -la" for a in allowed), allowed
+    print(f"{cli.name}: 3 commands tried; refused {len(refused)}, allowed {len(allowed)} "
+          f"({', '.join(a['tool'] for a in allowed) or 'none'}); no file made by a refused one")
+
+
+@pytest.fixture
+def gemini_acp(cli_home: Path) -> Iterator[GeminiAcp]:
+    yield from serving(GeminiAcp(cli_home))
+
+
+def test_a_write_through_kiro_adds_no_secret_and_keeps_the_files_own(ws: Workspace, gemini_acp: GeminiAcp) -> None:
+    """Gemini CLI writes project files through kiro's `fs` (claude-agent-acp writes its own): a secret kiro knows
+    that the agent writes into a file is cut; an edit of another line of a file that holds one keeps it."""
+    secret = "db-word-7f3a9c2e41d8"
+    notes = ws.write("notes.txt", f"database password: {secret}\nowner: nobody\n")
+    ws.task(task_text(1))
+    configure(ws, gemini_acp, "secret_env: [DB_WORD]\n")
+    gemini_acp.extra = [
+        gemini_acp.write_call(str(ws.root / "copy.txt"), f"copied: {secret}\n"),
+        ("replace", {"file_path": str(notes), "old_string": "owner: nobody", "new_string": "owner: kiro",
+                     "instruction": "change the owner"})]
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**gemini_acp.env(), DB_WORD=secret), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (ws.root / "copy.txt").read_text() == "copied: [REDACTED]\n"
+    assert notes.read_text() == f"database password: {secret}\nowner: kiro\n"
+    tid = ws.only_task_id()
+    writes = [a for a in kinds(ws.events(tid), "permission_answered") if a["tool"] == "fs/write_text_file"]
+    assert {p for a in writes for p in a["paths"]} >= {"copy.txt", "notes.txt"}, writes
+    for path in [*(ws.root / "Logs").rglob("*"), *(ws.root / ".state").rglob("*")]:
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
+    print("gemini-acp: the secret it wrote reached the disk cut; the file's own secret survived an edit of "
+          f"another line; no log or state of {tid} holds it")

@@ -16,9 +16,11 @@ cwd, and `session/prompt` with the step's prompt. What comes back while the turn
   allow-list, no code runner unless `trust_agent_code`); any other tool refused. Each answer is a
   `permission_answered` event. kiro never picks an "always" option, so it is asked every time;
 - `fs/read_text_file` and `fs/write_text_file` go through the same rules (Confinement, which also
-  refuses symbolic links out and hard links to control files), and the redactor: no secret kiro knows
-  of is read to the agent or written to a file. `terminal` is not offered: an agent runs its commands
-  itself, inside the step's box, after kiro allowed them.
+  refuses symbolic links out and hard links to control files); a write has each secret kiro knows
+  that the file did not already hold cut (`KiroClient.write_text_file` says why reads are not cut).
+  `terminal` is not offered: an agent runs its commands itself, inside the step's box, after kiro
+  allowed them (an agent may also run some without asking: Claude Code and Gemini CLI run read-only
+  commands such as `ls` on their own say).
 
 The turn ends when `session/prompt` answers (its stop reason), the agent exits, or kiro ends it. An
 agent whose only way to take a refusal is to end its turn (codex-acp: `cancel`, stop reason
@@ -70,6 +72,7 @@ from kiro.fs.atomic import atomic_write
 from kiro.processes.sandbox import Box
 from kiro.processes.spawn import ProcessResult, end_process, spawn
 from kiro.store.events import PermissionAnswered, PlanUpdated, ToolCalled
+from kiro.store.redact import Redactor
 
 POLL_SECONDS = 0.2  # how often a stop (hook, signal) and the timeouts are looked at during a turn
 # an agent whose only refusal ends its turn (codex-acp's `cancel`) is prompted again, with kiro's reasons,
@@ -147,12 +150,14 @@ class KiroClient:
     """The ACP client side of one attempt: session updates into events, permission requests and file
     access answered by `Policy`."""
 
-    def __init__(self, ctx: StepContext, policy: Policy) -> None:
+    def __init__(self, ctx: StepContext, policy: Policy, *, empty_when_missing: bool = False) -> None:
         self.ctx = ctx
         self.policy = policy
+        self.empty_when_missing = empty_when_missing  # a missing file reads as "" (AcpPreset.empty_when_missing)
         self.refused: list[str] = []  # this turn's refusals (title: why), for an agent whose refusal ends its turn
         self.shown: dict[str, tuple[str | None, str]] = {}  # tool call id -> (status, title) last shown
         self.calls: dict[str, ToolCallUpdate | ToolCallStart] = {}
+        self.stopped: str | None = None  # a guardrail ended the loop at a tool call: the turn is cancelled
 
     # -- what the agent reports ------------------------------------------------------------
 
@@ -204,6 +209,7 @@ class KiroClient:
         if why is None:
             stop = await self.ctx.guard.before_tool_call(merged.title or merged.kind or "tool", _raw(merged))
             if stop is not None:
+                self.stopped = stop
                 why = f"the loop is stopping ({stop})"
         allowed = why is None
         title = self.ctx.redact.text(merged.title or merged.kind or "tool")[:120]
@@ -220,7 +226,12 @@ class KiroClient:
 
     async def read_text_file(self, path: str, session_id: str, limit: int | None = None, line: int | None = None,
                              **kwargs: Any) -> ReadTextFileResponse:
+        """The file as it is (see `write_text_file` for why a read is not redacted)."""
         real = self._fs("fs/read_text_file", path, write=False)
+        if not real.exists():
+            if self.empty_when_missing:
+                return ReadTextFileResponse(content="")
+            raise acp.RequestError.resource_not_found(path)
         try:
             if real == self.policy.task_file:
                 data = real.read_bytes()[:READ_LIMIT]
@@ -228,7 +239,7 @@ class KiroClient:
                 data, _ = self.policy.confinement.read_bytes(real, READ_LIMIT)
         except (ToolError, OSError) as exc:
             raise _refusal(str(exc)) from None
-        text = self.ctx.redact.text(data.decode("utf-8", "replace"))
+        text = data.decode("utf-8", "replace")
         if line is not None or limit is not None:
             lines = text.splitlines(keepends=True)
             start = max((line or 1) - 1, 0)
@@ -236,9 +247,15 @@ class KiroClient:
         return ReadTextFileResponse(content=text)
 
     async def write_text_file(self, content: str, path: str, session_id: str, **kwargs: Any) -> WriteTextFileResponse:
+        """The whole new content, with each secret kiro knows that the file did not hold before cut. An agent
+        edits by reading a file and writing all of it back: a read cut of its secrets, or a write cut of
+        those the file held, would replace a project's own password by `[REDACTED]` at its next edit of
+        another line (kiro's own edit_file cuts only the text it adds, for the same reason). So reads are
+        served as they are; Gemini CLI's read_file reads files itself anyway, not through kiro."""
         real = self._fs("fs/write_text_file", path, write=True)
-        data = self.ctx.redact.text(content).encode("utf-8")
         try:
+            before = real.read_text(encoding="utf-8", errors="replace") if real.is_file() else ""
+            data = _added_secrets_cut(self.ctx.redact, content, before).encode("utf-8")
             if real == self.policy.task_file:
                 atomic_write(real, data, fsync=False)
             else:
@@ -260,6 +277,16 @@ class KiroClient:
         if write:
             self.ctx.emit(PermissionAnswered(tool=tool, paths=[shown], allowed=True))
         return real
+
+
+def _added_secrets_cut(redact: Redactor, content: str, before: str) -> str:
+    """`content` as is when every secret in it was in `before` already, else with its secrets cut."""
+    if not redact.contains_secret(content):
+        return content
+    known = redact.secrets | redact.literal_forms
+    if not any(secret in content and secret not in before for secret in known):
+        return content
+    return redact.text(content)
 
 
 def _refusal(why: str) -> acp.RequestError:
@@ -300,7 +327,7 @@ def _version() -> str:
 
 
 async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], box: Box | None, prompt: str,
-                   idle_timeout: float | None, output_limit: int) -> ProcessResult:
+                   idle_timeout: float | None, output_limit: int, empty_when_missing: bool = False) -> ProcessResult:
     """One attempt's session with the ACP agent `argv` (see the module's account): its transcript as a
     ProcessResult, ended (cancelled, timed out, idle) the way run_process ends an agent CLI."""
     started = time.monotonic()
@@ -310,7 +337,7 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     transcript = _Transcript(output_limit)
     errors = bytearray()
-    client = KiroClient(ctx, Policy(ctx))
+    client = KiroClient(ctx, Policy(ctx), empty_when_missing=empty_when_missing)
     conn = acp.connect_to_agent(client, proc.stdin, proc.stdout, observers=[transcript.observe])  # type: ignore[arg-type]
     session: list[str] = []
 
@@ -329,7 +356,7 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
         session.append(new.session_id)
         result = await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=prompt)])
         for _ in range(GO_ON_TURNS):  # an agent that ended its turn at kiro's refusal (codex-acp) is told why
-            if result.stop_reason != "cancelled" or not client.refused or ended is not None:
+            if result.stop_reason != "cancelled" or not client.refused or ended is not None or client.stopped:
                 break
             said = "\n".join(f"- {line}" for line in client.refused)
             client.refused.clear()
@@ -347,7 +374,7 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             if work in done or exited in done:
                 break
             now = time.monotonic()
-            if ctx.cancel.is_set() or ctx.guard.interrupted() is not None:
+            if ctx.cancel.is_set() or client.stopped is not None or ctx.guard.interrupted() is not None:
                 ended = "cancelled"
             elif now - started >= ctx.timeout_seconds:
                 ended = "timed_out"
@@ -357,8 +384,6 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.cancel(session_id=session[0]), CANCEL_GRACE_SECONDS)
             await asyncio.wait({work, exited}, timeout=CANCEL_GRACE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-        if work.done() and not exited.done():  # the turn is over: give the agent back its stdin
-            await asyncio.sleep(0)  # let the last updates be handled
     finally:
         with contextlib.suppress(Exception):
             await conn.close()

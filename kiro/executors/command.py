@@ -125,7 +125,7 @@ class CommandExecutor(ExecutorBase):
         prog = self.argv[0]
         if any(p in prog for p in agents.PLACEHOLDERS):
             return
-        hint = f"; install it with `{self.preset.install}`" if self.preset.install else ""
+        hint = f"; install it with `{self.preset.install}`" if self.preset.install and self.preset.program else ""
         if "/" not in prog:
             if shutil.which(prog) is None:
                 raise ExecutorError(f"agent program {prog!r} was not found on PATH{hint}")
@@ -233,7 +233,8 @@ class CommandExecutor(ExecutorBase):
                 from kiro.executors import acp
 
                 result = await acp.run_turn(argv, ctx=ctx, env=env, box=box, prompt=text,
-                                            idle_timeout=agent.idle_timeout, output_limit=LOG_KEPT)
+                                            idle_timeout=agent.idle_timeout, output_limit=LOG_KEPT,
+                                            empty_when_missing=preset.empty_when_missing)
             else:
                 result = await run_process(argv, cwd=ctx.project_dir, env=env,
                                            stdin_data=None if uses_file else text.encode("utf-8"),

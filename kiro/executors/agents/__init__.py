@@ -317,6 +317,7 @@ class Preset:
     key_vars: ClassVar[tuple[str, ...]] = ()  # API key variables it uses before its own login, in its order
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
     speaks_acp: ClassVar[bool] = False  # kiro talks to it over the Agent Client Protocol (kiro.executors.acp)
+    empty_when_missing: ClassVar[bool] = False  # ACP: it reads a file that does not exist as "" (see agents.acp)
     env_unset: ClassVar[tuple[str, ...]] = ()  # variables of kiro's environment it must not get
 
     def __init__(self, config: Config | None = None) -> None:
@@ -668,7 +669,7 @@ def describe(config: Config | None = None, box: Box | None = None) -> list[dict[
             "name": preset.name, "program": preset.program, "installed": preset.installed() is not None,
             "path": preset.installed(), "version": version,
             "command": shlex.join(preset.boxed_argv(shlex.split(line))) if boxed else line,
-            "prompt": "file" if "{prompt_file}" in line else "stdin",
+            "prompt": "ACP" if preset.speaks_acp else "file" if "{prompt_file}" in line else "stdin",
             "idle_timeout_seconds": idle, "env": list(preset.env_keys), "install": preset.install,
             "selected": chosen,
             "sandbox": None if box is None else {

@@ -12,15 +12,21 @@ agent CLI's own preset's.
   `--allow-dangerously-skip-permissions` when IS_SANDBOX is set, which its `claude` refuses to run
   with (exit 1 at `session/new`): kiro does not pass IS_SANDBOX to it (kiro answers permissions anyway).
   Reports tokens in the `session/prompt` result's `usage`, and the session's cost in `usage_update`.
-- `gemini-acp`: `gemini --acp` (Gemini CLI 0.61; `--experimental-acp` is its deprecated spelling). It
-  reads and writes files in the project through kiro when kiro offers `fs` (kiro does), asks
-  permission for edits and commands, and reports tokens in the result's `_meta.quota`.
+- `gemini-acp`: `gemini --acp` (Gemini CLI 0.61; `--experimental-acp` is its deprecated spelling). Its
+  edit tools (write_file, replace) read and write project files through kiro when kiro offers `fs`
+  (its read_file reads them itself); it asks permission for edits and commands, and reports tokens in
+  the result's `_meta.quota`. It cannot create a file through `fs`: it takes a missing file for one
+  only when the error it gets is a JavaScript Error saying ENOENT, and its ACP SDK hands it the bare
+  JSON-RPC error object, so kiro answers its read of a file that does not exist with "" instead.
+  Its permission requests carry no command (only a title, which may be the model's description of
+  it): kiro refuses the commands it asks for.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +45,7 @@ class AcpPreset(Preset):
     """`agent: acp`: an ACP agent started by `acp_command`."""
 
     name = "acp"
+    install = "any agent that speaks ACP: set acp_command to the command line that starts it in ACP mode"
     idle_timeout_seconds = 600.0
     speaks_acp = True
 
@@ -49,6 +56,14 @@ class AcpPreset(Preset):
 
     def extra_args(self) -> list[str]:
         return []
+
+    def installed(self) -> str | None:
+        """The program `acp_command` (or the preset) starts, found on PATH."""
+        line = self.template()
+        return shutil.which(self.program or line[0]) if self.program or line else None
+
+    def version(self, timeout: float = 20.0) -> str | None:
+        return super().version(timeout) if self.program else None  # an unknown agent's flags are unknown
 
     def boxed_argv(self, argv: list[str]) -> list[str]:
         return argv
@@ -185,6 +200,7 @@ class GeminiAcpPreset(AcpPreset, GeminiPreset):
     program = "gemini"
     install = "npm install -g @google/gemini-cli"
     command = "gemini --acp"
+    empty_when_missing = True
 
 
 def _messages(stdout: str, sender: str = "agent") -> Iterator[dict[str, Any]]:
