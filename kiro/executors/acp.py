@@ -77,7 +77,7 @@ from kiro.store.redact import Redactor
 POLL_SECONDS = 0.2  # how often a stop (hook, signal) and the timeouts are looked at during a turn
 # an agent whose only refusal ends its turn (codex-acp's `cancel`) is prompted again, with kiro's reasons,
 # in the same session, at most this many times a turn
-GO_ON_TURNS = 3
+GO_ON_TURNS = 10
 CANCEL_GRACE_SECONDS = 1.0  # after session/cancel, the turn has this long to end before its process is ended
 LINE_LIMIT = 50 * 1024 * 1024  # of one JSON-RPC message from the agent (a whole file's content)
 READ_LIMIT = 10 * 1024 * 1024  # of a file the agent reads through kiro
