@@ -41,6 +41,13 @@ class CodexAcp(Codex):
     def read_call(self, path: str) -> tuple[str, dict[str, Any]]:
         return ("exec_command", {"cmd": f"cat {shlex.quote(path)}"})
 
+    def with_api_key_only(self) -> None:
+        """Codex's built-in OpenAI provider (its endpoint: `openai_base_url`), the key in OPENAI_API_KEY and
+        no login: as a person with an API key has it."""
+        assert self.server is not None
+        config = f'model = "{fr.MODEL}"\nopenai_base_url = "{self.server.url}/v1"\n'
+        (self.codex_home / "config.toml").write_text(config)
+
     def write_call(self, path: str, content: str) -> tuple[str, dict[str, Any]]:
         """Its shell tool running `apply_patch`, which the App Server turns into an edit it asks about."""
         lines = "".join(f"+{line}\n" for line in content.splitlines())

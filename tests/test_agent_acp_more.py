@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.agent_clis import CODEX_PRICE, serving, task_text
-from tests.agent_clis_acp_more import ACP_MORE_CLIS, AcpMoreCli, Held
+from tests.agent_clis_acp_more import ACP_MORE_CLIS, AcpMoreCli, CodexAcp, Held
 from tests.conftest import FAST_CONFIG, Workspace
 
 TASK = "Specs/feature/tasks.md"
@@ -151,3 +151,20 @@ def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli
     error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
     assert "printed nothing for 5 s" in error and "step_idle_timeout_seconds" in error, error
     assert len(cli.server.requests) >= 1  # it did reach the endpoint
+
+
+def test_codex_acp_with_an_api_key_and_no_login_is_authenticated_by_kiro(ws: Workspace, cli_home: Path) -> None:
+    """codex-acp answers `session/new` with "Authentication required" until its client picks its `api-key`
+    method; kiro does, when the key is set, and says at the start that the key is billed."""
+    cli = CodexAcp(cli_home)
+    for _ in serving(cli):
+        cli.with_api_key_only()
+        ws.task(task_text(1))
+        configure(ws, cli)
+        code, out = run(ws, cli)
+        assert code == 0, out
+        assert "codex-acp bills the API key in OPENAI_API_KEY" in out, out
+        log = (ws.root / "Logs" / ws.only_task_id() / "1-1.log").read_text()
+        assert '"method": "authenticate", "params": {"methodId": "api-key"}' in log, log[:3000]
+        assert '"Authentication required"' in log  # what it said before kiro authenticated
+        assert cli.calls() >= 2

@@ -78,6 +78,7 @@ POLL_SECONDS = 0.2  # how often a stop (hook, signal) and the timeouts are looke
 # an agent whose only refusal ends its turn (codex-acp's `cancel`) is prompted again, with kiro's reasons,
 # in the same session, at most this many times a turn
 GO_ON_TURNS = 10
+AUTH_REQUIRED = -32000  # ACP's error code for "Authentication required"
 CANCEL_GRACE_SECONDS = 1.0  # after session/cancel, the turn has this long to end before its process is ended
 LINE_LIMIT = 50 * 1024 * 1024  # of one JSON-RPC message from the agent (a whole file's content)
 READ_LIMIT = 10 * 1024 * 1024  # of a file the agent reads through kiro
@@ -327,9 +328,12 @@ def _version() -> str:
 
 
 async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], box: Box | None, prompt: str,
-                   idle_timeout: float | None, output_limit: int, empty_when_missing: bool = False) -> ProcessResult:
+                   idle_timeout: float | None, output_limit: int, empty_when_missing: bool = False,
+                   auth_method: str | None = None) -> ProcessResult:
     """One attempt's session with the ACP agent `argv` (see the module's account): its transcript as a
-    ProcessResult, ended (cancelled, timed out, idle) the way run_process ends an agent CLI."""
+    ProcessResult, ended (cancelled, timed out, idle) the way run_process ends an agent CLI.
+    `auth_method`: the auth method (Preset.acp_auth) kiro authenticates with when `session/new` says
+    authentication is required (the agent's own login, when it has one, is used first)."""
     started = time.monotonic()
     child = await spawn(argv, cwd=ctx.project_dir, env=env, box=box, stdin=asyncio.subprocess.PIPE,
                         stderr=asyncio.subprocess.PIPE, limit=LINE_LIMIT)
@@ -349,10 +353,17 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
                 del errors[: len(errors) - output_limit]
 
     async def turn() -> Any:
-        await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_info=Implementation(
+        init = await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_info=Implementation(
             name="kiro", title="kiro", version=_version()), client_capabilities=ClientCapabilities(
             fs=FileSystemCapabilities(read_text_file=True, write_text_file=True), terminal=False))
-        new = await conn.new_session(cwd=str(ctx.project_dir), mcp_servers=[])
+        try:
+            new = await conn.new_session(cwd=str(ctx.project_dir), mcp_servers=[])
+        except acp.RequestError as exc:
+            offered = {method.id for method in init.auth_methods or []}
+            if exc.code != AUTH_REQUIRED or auth_method not in offered:
+                raise
+            await conn.authenticate(method_id=auth_method)
+            new = await conn.new_session(cwd=str(ctx.project_dir), mcp_servers=[])
         session.append(new.session_id)
         result = await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=prompt)])
         for _ in range(GO_ON_TURNS):  # an agent that ended its turn at kiro's refusal (codex-acp) is told why

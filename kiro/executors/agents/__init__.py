@@ -369,6 +369,11 @@ class Preset:
                 found.append(Path(value))
         return found
 
+    def acp_auth(self, env: Mapping[str, str]) -> str | None:
+        """ACP: the auth method (its id in `initialize`'s authMethods) kiro authenticates with when the
+        agent says authentication is required, for a credential in `env` (codex-acp's API key)."""
+        return None
+
     def boxed_argv(self, argv: list[str]) -> list[str]:
         """The command line to run inside kiro's box (codex picks another sandbox mode of its own)."""
         return argv

@@ -236,13 +236,17 @@ def _prompt_result(stdout: str) -> dict[str, Any] | None:
 
 
 def _last_error(stdout: str) -> tuple[str | None, str] | None:
-    """The last JSON-RPC error the agent answered kiro's requests with (initialize, session/new,
-    session/prompt): the method and the error, as one line."""
+    """The JSON-RPC error the agent answered kiro's last request with (initialize, session/new,
+    session/prompt), if it did: the method and the error, as one line. An error a later answer
+    followed is not it (`session/new` refused until kiro authenticated, then made)."""
     asked = {m.get("id"): m.get("method") for m in _messages(stdout, "kiro") if "method" in m and "id" in m}
     found = None
     for message in _messages(stdout):
         error = message.get("error")
-        if "method" in message or not isinstance(error, dict):
+        if "method" in message:
+            continue
+        if not isinstance(error, dict):
+            found = None
             continue
         data = error.get("data")
         detail = data.get("details") or data.get("message") if isinstance(data, dict) else data

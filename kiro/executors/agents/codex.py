@@ -67,7 +67,7 @@ class CodexPreset(Preset):
     command = "codex exec --json --color never --sandbox workspace-write --skip-git-repo-check --disable goals"
     idle_timeout_seconds = 600.0
     env_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME")
-    key_vars = ("CODEX_API_KEY",)
+    key_vars: ClassVar[tuple[str, ...]] = ("CODEX_API_KEY",)
 
     def __init__(self, config: Config | None = None) -> None:
         super().__init__(config)

@@ -9,7 +9,11 @@ What it sends, seen against the scripted OpenAI Responses server (tests/agent_cl
 - `initialize`: protocol 1; `loadSession`, prompts with images and embedded context, MCP over HTTP
   (not SSE), session list / fork / resume / close; auth methods `api-key` and `chat-gpt` (NO_BROWSER=1
   hides the browser login). Then an `auth/status_update` extension notification. With a model
-  provider in `$CODEX_HOME/config.toml` it needs no `authenticate` ("Custom model gateway").
+  provider in `$CODEX_HOME/config.toml` (or a ChatGPT login in auth.json) it needs no `authenticate`
+  ("Custom model gateway"); with only CODEX_API_KEY or OPENAI_API_KEY, `session/new` answers
+  "Authentication required" (-32000) until the client calls `authenticate` with `api-key`, which kiro
+  does (`acp_auth`). The built-in provider's endpoint is `openai_base_url` in config.toml
+  (OPENAI_BASE_URL is not read); it tries a WebSocket first and falls back to HTTPS.
 - `session/new`: the modes `read-only`, `workspace-write`, `agent` (its default, "Auto review"),
   `agent-full-access`, and one `permission-profile:<id>` per profile of config.toml; config options
   for the mode, the model and the reasoning effort; then `available_commands_update`.
@@ -52,11 +56,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kiro.executors.agents import Invocation
+from kiro.executors.agents import Credential, Invocation
 from kiro.executors.agents.acp import AcpPreset, _prompt_result
 from kiro.executors.agents.codex import CodexPreset
 from kiro.executors.base import Usage
 
+API_KEY_METHOD = "api-key"  # its auth method that takes CODEX_API_KEY, else OPENAI_API_KEY
 ASKING_MODE = "read-only"  # out of kiro's box: every edit is asked of kiro
 BOXED_MODE = "agent-full-access"  # in kiro's box, which confines what Codex runs
 
@@ -69,6 +74,21 @@ class CodexAcpPreset(AcpPreset, CodexPreset):
     install = "npm install -g @agentclientprotocol/codex-acp"
     command = "codex-acp"
     env_keys = ("OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_HOME", "CODEX_PATH")
+    key_vars = ("CODEX_API_KEY", "OPENAI_API_KEY")  # its `api-key` method's, in its order
+
+    def acp_auth(self, env: Mapping[str, str]) -> str | None:
+        """Its `api-key` auth method when a key is set: it asks for it only without a login or a model
+        provider of its own (`session/new` answers "Authentication required")."""
+        return API_KEY_METHOD if any(env.get(name) for name in self.key_vars) else None
+
+    def keys_over_login(self, env: Mapping[str, str]) -> list[str]:
+        return []  # its login (or config.toml's provider) is used; kiro authenticates with a key only without one
+
+    def credential(self, env: Mapping[str, str]) -> Credential:
+        login = self.login(env)
+        if login is not None:
+            return Credential("login", login)
+        return super().credential(env)
 
     def env(self, inv: Invocation) -> dict[str, str]:
         return {**super().env(inv), "INITIAL_AGENT_MODE": ASKING_MODE, "NO_BROWSER": "1"}
