@@ -6,6 +6,7 @@ installed makes its tests SKIP, saying how to install it (.ci/install-agent-clis
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,7 +59,7 @@ def test_three_steps_complete_with_tool_calls_and_permissions_as_events(ws: Work
     events = ws.events(tid)
     edits = [e for e in kinds(events, "tool_called") if e.get("kind") == "edit"]
     assert len([e for e in edits if e.get("status") == "completed"]) == 3, edits
-    assert all("tasks.md" in e["arguments"] for e in edits), edits
+    assert all("tasks.md" in f"{e['tool']} {e['arguments']}" for e in edits), edits
     answers = kinds(events, "permission_answered")
     assert answers and all(a["allowed"] for a in answers), answers
     log = (ws.root / "Logs" / tid / "1-1.log").read_text()
@@ -114,7 +115,9 @@ def test_writes_to_kiros_state_or_outside_the_project_are_refused_and_the_attemp
     print(f"{cli.name} (sandbox {sandbox}): 2 writes tried, 2 held; .state/x refused by kiro; {held}")
 
 
-def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace, cli: AcpCli) -> None:
+@pytest.mark.parametrize("how", ["stop hook", "stop --force"])
+def test_a_stop_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace, cli: AcpCli,
+                                                                           how: str) -> None:
     ws.task(task_text(2))
     configure(ws, cli)
     cli.extra = [cli.read_call(str(ws.root / TASK))]  # a tool call, then the model is held: the box is not checked
@@ -124,7 +127,11 @@ def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again
         assert held.reached.wait(120), ws.output(proc)
         tid = ws.only_task_id()
         asked = time.monotonic()
-        ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "stop now\n")
+        if how == "stop hook":
+            ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "stop now\n")
+        else:
+            stopped = ws.kiro("loop", "stop", "--task-id", tid, "--force")
+            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert proc.wait(timeout=60) == 3, ws.output(proc)
         seconds = time.monotonic() - asked
     finally:
@@ -143,19 +150,36 @@ def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again
     assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2"]
     started = [e["step_id"] for e in kinds(ws.events(tid), "step_started")]
     assert started == ["1", "1", "2"], started  # the resumed loop began with the step the hook cut short
-    print(f"{cli.name}: the stop hook ended the loop {seconds:.2f} s after it was written; {ended}")
+    print(f"{cli.name}: `{how}` ended the loop {seconds:.2f} s after it was given; {ended}")
 
 
 def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpCli) -> None:
     ws.task(task_text(1))
     assert cli.server is not None
     cli.server.hang = True  # accepts the connection, never answers
-    configure(ws, cli, "step_idle_timeout_seconds: 5\n", loop="  failure_threshold: 1\n")
+    configure(ws, cli, "step_idle_timeout_seconds: 10\n", loop="  failure_threshold: 1\n")
     code, out = run(ws, cli)
     assert code == 5, out
     error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
-    assert "printed nothing for 5 s" in error and "step_idle_timeout_seconds" in error, error
+    assert "printed nothing for 10 s" in error and "step_idle_timeout_seconds" in error, error
     assert len(cli.server.requests) >= 1  # it did reach the endpoint
+
+
+def test_the_step_timeout_ends_a_turn_that_does_not_end(ws: Workspace, cli: AcpCli) -> None:
+    ws.task(task_text(1))
+    configure(ws, cli, "step_timeout_seconds: 15\n", loop="  failure_threshold: 1\n")
+    cli.held = held = Held(at=1)  # the model never answers within the step's time
+    try:
+        code, out = run(ws, cli)
+    finally:
+        held.released.set()
+    assert code == 5, out
+    assert held.reached.is_set()  # the turn had begun: the model was asked
+    tid = ws.only_task_id()
+    error = ws.state(tid)["steps"]["1"]["last_error"]
+    assert "timed out after 15 s" in error, error
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert "# result: timed out" in log and '"method": "session/cancel"' in log, log[-1500:]
 
 
 BAD_COMMANDS = {
@@ -238,3 +262,130 @@ def test_a_write_through_kiro_adds_no_secret_and_keeps_the_files_own(ws: Workspa
             assert secret not in path.read_text(errors="replace"), path
     print("gemini-acp: the secret it wrote reached the disk cut; the file's own secret survived an edit of "
           f"another line; no log or state of {tid} holds it")
+
+
+def test_claude_acp_at_its_subscription_limit_sleeps_instead_of_failing(ws: Workspace, cli_home: Path) -> None:
+    """Claude Code on a subscription (a login token) answered 429 with the unified rate-limit headers: the ACP
+    adapter ends `session/prompt` with Claude Code's "You've hit your session limit"; kiro waits for the window
+    (a usage limit, not a failed attempt) and a stop hook ends the wait."""
+    from tests.fakes import anthropic as fa
+
+    cli = ClaudeAcp(cli_home)
+    if not cli.installed:
+        pytest.skip(cli.skip_reason())
+    server = cli.start()
+    server.brain = lambda rec: fa.usage_limit(time.time() + 3600)  # type: ignore[attr-defined]
+    env = cli.env()
+    del env["ANTHROPIC_API_KEY"]
+    env["CLAUDE_CODE_OAUTH_TOKEN"] = "sk-ant-oat01-fake-subscription-token"
+    ws.task(task_text(1))
+    configure(ws, cli)
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**env))
+    try:
+        tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
+        ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=120, what="the loop to sleep")
+        limits = kinds(ws.events(tid), "usage_limit")
+        assert limits and "hit your session limit" in limits[0]["message"], limits
+        ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "enough\n")
+        assert proc.wait(timeout=60) == 3, ws.output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cli.close()
+    state = ws.state(tid)
+    assert state["total_failures"] == 0, state
+    print(f"claude-acp: {limits[0]['message']!r}: the loop slept, a stop hook ended it")
+
+
+# -- kiro's answers, asked directly (no adapter needed): every way out of the project an agent could name --
+
+
+def _world(tmp_path: Path) -> tuple[Any, Path]:
+    from tests.fake_openai import make_harness
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("outside\n")
+    h = make_harness(tmp_path / "ws")
+    root = h.root
+    (root / "src").mkdir()
+    (root / "src" / "app.py").write_text("print('hi')\n")
+    (root / ".git").mkdir()
+    (root / "link_out").symlink_to(outside)
+    (root / "leaf_link.txt").symlink_to(outside / "secret.txt")
+    (root / "state_alias").symlink_to(root / ".state")
+    os.link(outside / "secret.txt", root / "hard.txt")
+    return h, outside
+
+
+ESCAPES = ["../outside/x.txt", "{outside}/x.txt", "link_out/x.txt", "leaf_link.txt", "state_alias/x.json",
+           ".state/x", ".hooks/stop_autonomous_loop_t1.md", "config/autonomous_loop.yaml", ".git/hooks/pre-commit",
+           "src/.git/config", "Logs/t1.jsonl", "Done/x.md", "Specs/other/tasks.md", "Dashboard.md", "hard.txt",
+           "~/.bashrc"]
+
+
+def test_kiros_answers_refuse_every_way_out_and_allow_the_project_and_the_task_file(tmp_path: Path) -> None:
+    import asyncio
+
+    from acp import RequestError
+    from acp.schema import PermissionOption, ToolCallLocation, ToolCallUpdate
+
+    from kiro.executors.acp import KiroClient, Policy
+
+    h, outside = _world(tmp_path)
+    ctx = h.context()
+    client = KiroClient(ctx, Policy(ctx))
+    options = [PermissionOption(kind="allow_once", name="Allow", option_id="allow"),
+               PermissionOption(kind="reject_once", name="Reject", option_id="reject")]
+
+    async def ask(path: str) -> tuple[str, bool]:
+        call = ToolCallUpdate(tool_call_id=path, kind="edit", title=f"Write {path}",
+                              locations=[ToolCallLocation(path=path)], raw_input={"file_path": path})
+        answer = await client.request_permission(options, "s1", call)
+        try:
+            await client.write_text_file("forged\n", path, "s1")
+            wrote = True
+        except RequestError:
+            wrote = False
+        return answer.outcome.option_id if answer.outcome.outcome == "selected" else "cancelled", wrote
+
+    before = {p: p.read_bytes() for p in (outside / "secret.txt", h.root / "hard.txt")}
+    held = 0
+    for raw in ESCAPES:
+        path = raw.format(outside=outside)
+        option, wrote = asyncio.run(ask(path))
+        assert option == "reject" and not wrote, (path, option, wrote)
+        held += 1
+    assert not (outside / "x.txt").exists() and not (h.root / ".state" / "x").exists()
+    assert {p: p.read_bytes() for p in before} == before
+    refusals = [e for e in h.events if e["event"] == "permission_answered" and not e["allowed"]]
+    assert len(refusals) == 2 * len(ESCAPES), len(refusals)  # each request and each write, an event
+    # inside the project, and the task file (by its absolute and its relative path): allowed
+    task = h.task_path
+    for path in ("src/app.py", str(h.root / "src" / "new.py"), str(task), str(task.relative_to(h.root))):
+        option, wrote = asyncio.run(ask(path))
+        assert option == "allow" and wrote, path
+    assert (h.root / "src" / "new.py").read_text() == "forged\n" and task.read_text() == "forged\n"
+    # an agent that offers only "allow always" would not ask kiro again: refused
+    only_always = [PermissionOption(kind="allow_always", name="Always", option_id="always"), options[1]]
+    call = ToolCallUpdate(tool_call_id="x", kind="edit", title="Write src/app.py",
+                          raw_input={"file_path": "src/app.py"})
+    answer = asyncio.run(client.request_permission(only_always, "s1", call))
+    assert answer.outcome.outcome == "selected" and answer.outcome.option_id == "reject", answer
+    print(f"{len(ESCAPES)} ways out tried as a permission request and an fs write: {held} held")
+
+
+def test_any_acp_agent_by_acp_command_in_the_task_frontmatter(ws: Workspace, gemini_acp: GeminiAcp) -> None:
+    """`agent: acp` with `acp_command` (here in the task's frontmatter): kiro knows nothing of the agent's own
+    files, so its config folder is granted to the box with sandbox_paths."""
+    home = Path(gemini_acp.env()["HOME"])
+    text = task_text(2).replace("title: Greeting\n", "title: Greeting\nagent: acp\nacp_command: [gemini, --acp]\n")
+    ws.task(text)
+    grant = f"sandbox_paths:\n  rw: [{home / '.gemini'}]\n"
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + GEMINI_PRICE + grant)
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**gemini_acp.env()), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tid = ws.only_task_id()
+    assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1", "2"]
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert "# agent: acp\n" in log and "# command: gemini --acp\n" in log, log[:600]

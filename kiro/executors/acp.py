@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from importlib import metadata
 from pathlib import Path
@@ -119,9 +120,17 @@ class Policy:
     def path(self, raw: str, *, write: bool) -> Path:
         """The real path the agent means, or a ToolError. The task file is the agent's to check its box in."""
         with contextlib.suppress(OSError, ValueError):
-            if Path(raw).is_absolute() and Path(raw).resolve() == self.task_file:
+            given = Path(raw)
+            if (given if given.is_absolute() else self.confinement.root / given).resolve() == self.task_file:
                 return self.task_file
-        return self.confinement.resolve(raw, write=write)
+        real = self.confinement.resolve(raw, write=write)
+        if write:  # what Confinement.write_bytes refuses, also for an agent that writes the file itself
+            with contextlib.suppress(OSError):
+                links = os.lstat(real).st_nlink
+                if links > 1 and real.is_file():
+                    raise ToolError(f"{raw!r} has {links} hard links: it may be the same file as one outside the "
+                                    f"project, so kiro does not let it be written")
+        return real
 
     def tool(self, call: ToolCallUpdate) -> str | None:
         """Why the tool call is refused, or None when it may run."""
@@ -159,6 +168,7 @@ class KiroClient:
         self.shown: dict[str, tuple[str | None, str]] = {}  # tool call id -> (status, title) last shown
         self.calls: dict[str, ToolCallUpdate | ToolCallStart] = {}
         self.stopped: str | None = None  # a guardrail ended the loop at a tool call: the turn is cancelled
+        self.holding = False  # kiro is deciding a permission (a guardrail may wait): the agent's silence is kiro's
 
     # -- what the agent reports ------------------------------------------------------------
 
@@ -208,19 +218,26 @@ class KiroClient:
         self._tool(merged)
         why = self.policy.tool(merged)
         if why is None:
-            stop = await self.ctx.guard.before_tool_call(merged.title or merged.kind or "tool", _raw(merged))
+            self.holding = True
+            try:
+                stop = await self.ctx.guard.before_tool_call(merged.title or merged.kind or "tool", _raw(merged))
+            finally:
+                self.holding = False
             if stop is not None:
                 self.stopped = stop
                 why = f"the loop is stopping ({stop})"
-        allowed = why is None
+        # never an "always" option that lets the agent skip kiro next time (a stricter "reject always" is fine)
+        option = next((o for o in options if o.kind == "allow_once"), None) if why is None else None
+        if why is None and option is None:
+            why = "the agent offered only to allow this tool for good; kiro answers each call on its own"
+        if why is not None:
+            option = next((o for kind in ("reject_once", "reject_always") for o in options if o.kind == kind), None)
         title = self.ctx.redact.text(merged.title or merged.kind or "tool")[:120]
         if why is not None:
             self.refused.append(f"{title}: {self.ctx.redact.text(why)}")
-        self.ctx.emit(PermissionAnswered(tool=title, kind=merged.kind, allowed=allowed,
+        self.ctx.emit(PermissionAnswered(tool=title, kind=merged.kind, allowed=why is None,
                                          paths=[self.ctx.redact.text(self._shown_path(p)) for p in call_paths(merged)],
                                          reason=self.ctx.redact.text(why) if why else None))
-        wanted = ("allow_once", "allow_always") if allowed else ("reject_once", "reject_always")
-        option = next((o for kind in wanted for o in options if o.kind == kind), None)
         if option is None:
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
         return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected", option_id=option.option_id))
@@ -385,6 +402,8 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             if work in done or exited in done:
                 break
             now = time.monotonic()
+            if client.holding:
+                transcript.last = now
             if ctx.cancel.is_set() or client.stopped is not None or ctx.guard.interrupted() is not None:
                 ended = "cancelled"
             elif now - started >= ctx.timeout_seconds:

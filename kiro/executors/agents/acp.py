@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kiro.executors.agents import Failure, Preset, clean, error_line, json_lines, last_line, tail
-from kiro.executors.agents.claude import ClaudePreset
+from kiro.executors.agents.claude import _LIMIT_TEXT, ClaudePreset
 from kiro.executors.agents.gemini import GeminiPreset
 from kiro.executors.base import Usage
 
@@ -191,6 +191,14 @@ class ClaudeAcpPreset(AcpPreset, ClaudePreset):
     install = "npm install -g @agentclientprotocol/claude-agent-acp"
     command = "claude-agent-acp"
     env_unset = ("IS_SANDBOX",)
+
+    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
+        """A used-up subscription window: `session/prompt` answers with an error whose details are Claude
+        Code's own words ("You've hit your session limit · resets 9:42am (UTC)"). No reset time is read
+        from them (the ACP adapter passes no `resetsAt`): the loop probes again after 5 minutes, doubling."""
+        said = _last_error(stdout)
+        found = _LIMIT_TEXT.search(said[1]) if said is not None and said[0] == PROMPT_METHOD else None
+        return Failure("usage_limit", said[1][found.start():]) if said is not None and found is not None else None
 
 
 class GeminiAcpPreset(AcpPreset, GeminiPreset):
