@@ -20,6 +20,8 @@ agent CLI's own preset's.
   JSON-RPC error object, so kiro answers its read of a file that does not exist with "" instead.
   Its permission requests carry no command (only a title, which may be the model's description of
   it): kiro refuses the commands it asks for.
+- `codex-acp` and `opencode-acp` have modules of their own (kiro.executors.agents.codex_acp,
+  kiro.executors.agents.opencode_acp): what they send, and the mode and permissions kiro starts them with.
 """
 
 from __future__ import annotations
