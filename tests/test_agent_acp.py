@@ -189,6 +189,7 @@ BAD_COMMANDS = {
     "not a list": ("agent: acp\nacp_command: gemini --acp\n", "acp_command"),
     "not an ACP agent's": ("agent: claude\nacp_command: [claude-agent-acp]\n", "agent is 'claude'"),
     "no ACP on its stdio": ("agent: acp\nacp_command: [\"true\"]\n", "did not answer ACP's initialize"),
+    "acp as a fallback": ("agent: claude\nfallback_agents: [acp]\n", "'acp' has no command line of its own"),
     "executor_command instead": ("agent: gemini-acp\nexecutor_command: gemini --acp\n", "set its command line as "
                                                                                           "acp_command"),
 }
@@ -389,3 +390,31 @@ def test_any_acp_agent_by_acp_command_in_the_task_frontmatter(ws: Workspace, gem
     assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1", "2"]
     log = (ws.root / "Logs" / tid / "1-1.log").read_text()
     assert "# agent: acp\n" in log and "# command: gemini --acp\n" in log, log[:600]
+
+
+def test_claude_acp_at_its_limit_hands_the_step_to_a_fallback_acp_agent(ws: Workspace, cli_home: Path,
+                                                                        gemini_acp: GeminiAcp) -> None:
+    from tests.fakes import anthropic as fa
+
+    claude = ClaudeAcp(cli_home / "claude")
+    if not claude.installed:
+        pytest.skip(claude.skip_reason())
+    (cli_home / "claude").mkdir()
+    server = claude.start()
+    server.brain = lambda rec: fa.usage_limit(time.time() + 3600)  # type: ignore[attr-defined]
+    env = {**gemini_acp.env(), **claude.env(), "HOME": gemini_acp.env()["HOME"]}
+    del env["ANTHROPIC_API_KEY"]
+    env["CLAUDE_CODE_OAUTH_TOKEN"] = "sk-ant-oat01-fake-subscription-token"
+    try:
+        ws.task(task_text(1))
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + GEMINI_PRICE + "agent: claude-acp\n"
+                 "fallback_agents: [gemini-acp]\n")
+        r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**env), timeout=240)
+    finally:
+        claude.close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    tid = ws.only_task_id()
+    state = ws.state(tid)
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1"] and state["total_failures"] == 0, state
+    ran = [(e["agent"], e["outcome"]) for e in kinds(ws.events(tid), "agent_ran")]
+    assert ran == [("claude-acp", "usage_limit"), ("gemini-acp", "completed")], ran

@@ -28,10 +28,11 @@ agent whose only way to take a refusal is to end its turn (codex-acp: `cancel`, 
 attempt goes on as it does with an agent that takes the refusal and carries on. A stop
 (a stop hook, `stop --force`, a signal: polled every POLL_SECONDS) sends `session/cancel` and gives
 the agent CANCEL_GRACE_SECONDS to end its turn; the step timeout and the idle timeout (no message
-and no stderr for `step_idle_timeout_seconds`) do the same. Then the process group is ended as any
-step's is. The outcome is a ProcessResult like an agent CLI's, whose `output` is the transcript: the
-command executor reads it through the preset (kiro.executors.agents.acp) for usage, failures and
-the summary, and checks the box, puts back kiro's files and writes the attempt log as for any agent.
+and no stderr for `step_idle_timeout_seconds`) do the same. Then its stdin is closed (an ACP agent
+exits on that: EXIT_GRACE_SECONDS) and its process group is ended as any step's is. The outcome is
+a ProcessResult like an agent CLI's, whose `output` is the transcript: the command executor reads it
+through the preset (kiro.executors.agents.acp) for usage, failures and the summary, and checks the
+box, puts back kiro's files and writes the attempt log as for any agent.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ POLL_SECONDS = 0.2  # how often a stop (hook, signal) and the timeouts are looke
 GO_ON_TURNS = 10
 AUTH_REQUIRED = -32000  # ACP's error code for "Authentication required"
 CANCEL_GRACE_SECONDS = 1.0  # after session/cancel, the turn has this long to end before its process is ended
+EXIT_GRACE_SECONDS = 2.0  # after the turn, the agent has this long to exit on its closed stdin before SIGTERM
 LINE_LIMIT = 50 * 1024 * 1024  # of one JSON-RPC message from the agent (a whole file's content)
 READ_LIMIT = 10 * 1024 * 1024  # of a file the agent reads through kiro
 READ_KINDS = frozenset({"read", "search", "think", "fetch", "switch_mode"})
@@ -417,6 +419,10 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
     finally:
         with contextlib.suppress(Exception):
             await conn.close()
+        # its stdin closed, an ACP agent exits (Gemini CLI ignores SIGTERM in ACP mode: 3 s, then SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+        await asyncio.wait({exited}, timeout=EXIT_GRACE_SECONDS)
         await end_process(proc)
         child.release()
         for task in (work, exited, stderr_pump):

@@ -102,7 +102,7 @@ class CommandExecutor(ExecutorBase):
         self.billing = agents.billing(self.preset, config)
         # the configured agent first, then its fallbacks (their presets' own command lines, no agent_args)
         self.agents = [_Agent(self.preset, self.argv, idle, self.billing)]
-        own = config.model_copy(update={"agent_args": []})  # agent_args are the configured agent's
+        own = config.model_copy(update={"agent_args": [], "acp_command": None})  # the configured agent's
         for name in config.fallback_agents:
             preset = agents.get(name, own)
             idle = config.step_idle_timeout_seconds or preset.idle_timeout_seconds

@@ -386,6 +386,9 @@ class Config(_Strict):
         if value and info.data.get("executor") in ("openai", "shell"):
             raise ValueError(f"fallback agents are agent CLIs, run by the command executor; executor is "
                              f"{info.data.get('executor')!r} (remove fallback_agents, or use an `agent`)")
+        if "acp" in value:
+            raise ValueError("'acp' has no command line of its own (acp_command is the configured agent's); name an "
+                             "ACP preset (claude-acp, gemini-acp) as a fallback")
         named = [info.data.get("agent"), *value]
         twice = next((a for i, a in enumerate(value) if a in named[: i + 1]), None)
         if twice is not None:
