@@ -348,11 +348,12 @@ def _version() -> str:
 
 async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], box: Box | None, prompt: str,
                    idle_timeout: float | None, output_limit: int, empty_when_missing: bool = False,
-                   auth_method: str | None = None) -> ProcessResult:
+                   auth_method: str | None = None, exits_on_eof: bool = True) -> ProcessResult:
     """One attempt's session with the ACP agent `argv` (see the module's account): its transcript as a
     ProcessResult, ended (cancelled, timed out, idle) the way run_process ends an agent CLI.
     `auth_method`: the auth method (Preset.acp_auth) kiro authenticates with when `session/new` says
-    authentication is required (the agent's own login, when it has one, is used first)."""
+    authentication is required (the agent's own login, when it has one, is used first). `exits_on_eof`:
+    False for an agent that does not exit when its stdin is closed (codex-acp): SIGTERM at once."""
     started = time.monotonic()
     child = await spawn(argv, cwd=ctx.project_dir, env=env, box=box, stdin=asyncio.subprocess.PIPE,
                         stderr=asyncio.subprocess.PIPE, limit=LINE_LIMIT)
@@ -422,7 +423,8 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
         # its stdin closed, an ACP agent exits (Gemini CLI ignores SIGTERM in ACP mode: 3 s, then SIGKILL)
         with contextlib.suppress(Exception):
             proc.stdin.close()
-        await asyncio.wait({exited}, timeout=EXIT_GRACE_SECONDS)
+        if exits_on_eof:
+            await asyncio.wait({exited}, timeout=EXIT_GRACE_SECONDS)
         await end_process(proc)
         child.release()
         for task in (work, exited, stderr_pump):

@@ -318,6 +318,7 @@ class Preset:
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
     speaks_acp: ClassVar[bool] = False  # kiro talks to it over the Agent Client Protocol (kiro.executors.acp)
     empty_when_missing: ClassVar[bool] = False  # ACP: it reads a file that does not exist as "" (see agents.acp)
+    exits_on_eof: ClassVar[bool] = True  # ACP: it exits when kiro closes its stdin after a turn (else: SIGTERM)
     env_unset: ClassVar[tuple[str, ...]] = ()  # variables of kiro's environment it must not get
 
     def __init__(self, config: Config | None = None) -> None:

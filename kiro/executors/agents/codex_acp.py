@@ -35,6 +35,7 @@ What it sends, seen against the scripted OpenAI Responses server (tests/agent_cl
 - The turn's result has `usage` (the turn's tokens: input, output, thought, cached) and
   `_meta.quota.model_usage` (per model, camelCase token counts); no money: kiro prices the tokens with
   `llm.prices[<model>]`, the model named there (else config.toml's, as the codex preset does).
+- It does not exit when its stdin is closed (kiro SIGTERMs it after the turn: `exits_on_eof`).
 - `session/cancel` ends the turn at once (`stopReason: cancelled`, in ~15 ms while the model was
   still answering). A dead endpoint: it sends nothing more and never ends its turn (kiro's idle
   timeout ends the attempt).
@@ -75,6 +76,7 @@ class CodexAcpPreset(AcpPreset, CodexPreset):
     command = "codex-acp"
     env_keys = ("OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_HOME", "CODEX_PATH")
     key_vars = ("CODEX_API_KEY", "OPENAI_API_KEY")  # its `api-key` method's, in its order
+    exits_on_eof = False  # it stays up with its stdin closed: SIGTERM ends it (1.3 s a step less than waiting)
 
     def acp_auth(self, env: Mapping[str, str]) -> str | None:
         """Its `api-key` auth method when a key is set: it asks for it only without a login or a model
