@@ -418,3 +418,46 @@ def test_claude_acp_at_its_limit_hands_the_step_to_a_fallback_acp_agent(ws: Work
     assert [c["step_id"] for c in state["completed_steps"]] == ["1"] and state["total_failures"] == 0, state
     ran = [(e["agent"], e["outcome"]) for e in kinds(ws.events(tid), "agent_ran")]
     assert ran == [("claude-acp", "usage_limit"), ("gemini-acp", "completed")], ran
+
+
+def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Workspace, cli: AcpCli) -> None:
+    from tests.fakes import anthropic as fa
+    from tests.fakes import gemini as fg
+
+    ws.task(task_text(1))
+    if cli.name == "claude-acp":
+        cli.error, said = fa.error(401, "invalid x-api-key"), "Invalid API key"
+    else:
+        cli.error, said = fg.error(400, "API key not valid. Please pass a valid API key.", "API_KEY_INVALID"), \
+            "session/prompt: API key not valid. Please pass a valid API key. —"
+    configure(ws, cli)
+    code, out = run(ws, cli)
+    assert code == 1, out
+    lines = [x for x in out.splitlines() if x.startswith("kiro:")]
+    assert len(lines) == 1 and "auth error" in lines[0] and said in lines[0], out
+    tid = ws.only_task_id()
+    assert sorted(p.name for p in (ws.root / "Logs" / tid).iterdir()) == ["1-1.log"]  # not retried
+    print(f"{cli.name}: {lines[0]}")
+
+
+@pytest.fixture
+def claude_acp(cli_home: Path) -> Iterator[ClaudeAcp]:
+    yield from serving(ClaudeAcp(cli_home))
+
+
+def test_the_agents_plan_is_an_event(ws: Workspace, claude_acp: ClaudeAcp) -> None:
+    """Claude Code's todo list (its TodoWrite tool) reaches kiro as ACP's `plan` update: a `plan_updated` event,
+    shown by `kiro loop logs`."""
+    ws.task(task_text(1))
+    configure(ws, claude_acp)
+    todos = [{"content": "Read the task file", "status": "completed", "activeForm": "Reading the task file"},
+             {"content": "Check the box of step 1", "status": "in_progress", "activeForm": "Checking the box"}]
+    claude_acp.extra = [("TodoWrite", {"todos": todos})]
+    code, out = run(ws, claude_acp)
+    assert code == 0, out
+    tid = ws.only_task_id()
+    plans = kinds(ws.events(tid), "plan_updated")
+    assert plans and plans[0]["entries"] == ["[completed] Read the task file",
+                                             "[in_progress] Check the box of step 1"], plans
+    shown = ws.kiro("loop", "logs", "--task-id", tid).stdout
+    assert "plan: [completed] Read the task file; [in_progress] Check the box of step 1" in shown, shown

@@ -26,6 +26,7 @@ agent CLI's own preset's.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -260,11 +261,26 @@ def _last_error(stdout: str) -> tuple[str | None, str] | None:
             continue
         data = error.get("data")
         detail = data.get("details") or data.get("message") if isinstance(data, dict) else data
-        text = str(error.get("message") or "error") + (f": {detail}" if isinstance(detail, str) and detail else "")
+        detail = _api_message(detail) if isinstance(detail, str) else detail
+        text = _api_message(str(error.get("message") or "error")) + (f": {detail}" if isinstance(detail, str) and detail
+                                                                     else "")
         method = asked.get(message.get("id"))
         text = (f"{method}: {text}" if method else text).strip()
         found = (method, (text.splitlines() or ["error"])[0][:300])
     return found
+
+
+def _api_message(text: str) -> str:
+    """An API's JSON error body, as an agent passes it on (`{"error": {"message": ...}}`), as its message."""
+    if not text.lstrip().startswith("{"):
+        return text
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) and message.strip() else text
 
 
 def _int(value: Any) -> int:
