@@ -17,6 +17,8 @@ import pytest
 from tests.agent_clis import CODEX_PRICE, serving, task_text
 from tests.agent_clis_acp_more import ACP_MORE_CLIS, AcpMoreCli, CodexAcp, Held
 from tests.conftest import FAST_CONFIG, Workspace
+from tests.fakes import chat as fc
+from tests.fakes import responses as fr
 
 TASK = "Specs/feature/tasks.md"
 
@@ -168,3 +170,20 @@ def test_codex_acp_with_an_api_key_and_no_login_is_authenticated_by_kiro(ws: Wor
         assert '"method": "authenticate", "params": {"methodId": "api-key"}' in log, log[:3000]
         assert '"Authentication required"' in log  # what it said before kiro authenticated
         assert cli.calls() >= 2
+
+
+def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Workspace, cli: AcpMoreCli) -> None:
+    """opencode passes the API's words on; codex-acp answers the turn with "Authentication required" and
+    nothing of the API's (its App Server's 401, as it reports it over ACP)."""
+    ws.task(task_text(1))
+    make, said = (fr.error, "session/prompt: Authentication required") if cli.name == "codex-acp" else \
+        (fc.error, "Incorrect API key provided")
+    cli.error = make(401, "Incorrect API key provided: sk-test-key")
+    configure(ws, cli)
+    code, out = run(ws, cli)
+    assert code == 1, out
+    lines = [x for x in out.splitlines() if x.startswith("kiro:")]
+    assert len(lines) == 1 and "auth error" in lines[0] and said in lines[0], out
+    assert "sk-test-key" not in out
+    assert sorted(p.name for p in (ws.root / "Logs" / ws.only_task_id()).iterdir()) == ["1-1.log"]  # not retried
+    print(f"{cli.name}: {lines[0]}")

@@ -35,6 +35,8 @@ What it sends, seen against the scripted OpenAI Responses server (tests/agent_cl
 - The turn's result has `usage` (the turn's tokens: input, output, thought, cached) and
   `_meta.quota.model_usage` (per model, camelCase token counts); no money: kiro prices the tokens with
   `llm.prices[<model>]`, the model named there (else config.toml's, as the codex preset does).
+- A refused key (HTTP 401) is a `session/prompt` error "Authentication required" (-32000), with
+  nothing of the API's own message.
 - It does not exit when its stdin is closed (kiro SIGTERMs it after the turn: `exits_on_eof`).
 - `session/cancel` ends the turn at once (`stopReason: cancelled`, in ~15 ms while the model was
   still answering). A dead endpoint: it sends nothing more and never ends its turn (kiro's idle
