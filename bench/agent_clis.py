@@ -5,7 +5,8 @@ tests (tests/fakes), and kiro's own share of it.
 
 For each installed CLI: `kiro loop start --agent NAME` on a task of N steps, in a fresh workspace,
 `--runs` times. Each step is one CLI run in which the fake model checks the task file's box (model
-calls per step: claude 3, codex 2, aider 1, gemini 2, opencode 3). Prints, per CLI: the wall time per
+calls per step: claude 3, codex 2, aider 1, gemini 2, opencode 3; the -acp agents, kiro speaking ACP
+to the same CLIs, as their CLIs). Prints, per CLI: the wall time per
 step (from `kiro loop start` to its exit, divided by N), the agent process's own time per step (from
 the attempt logs), and the rest, kiro's share, split into what it spends in the loop per step
 (state saves, box edits, the control-file snapshot, the attempt log; from the event log) and its
@@ -29,10 +30,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.agent_clis import CLIS, CODEX_PRICE, task_text  # noqa: E402
+from tests.agent_clis_acp import ACP_CLIS  # noqa: E402
+from tests.agent_clis_acp_more import ACP_MORE_CLIS  # noqa: E402
 from tests.agent_clis_more import GEMINI_PRICE, MORE_CLIS  # noqa: E402
 
-ALL = {**CLIS, **MORE_CLIS}
-PRICES = {"codex": CODEX_PRICE, "gemini": GEMINI_PRICE}
+ALL = {**CLIS, **MORE_CLIS, **ACP_CLIS, **ACP_MORE_CLIS}
+PRICES = {"codex": CODEX_PRICE, "gemini": GEMINI_PRICE, "codex-acp": CODEX_PRICE, "gemini-acp": GEMINI_PRICE}
 
 RESULT = re.compile(r"^# result: exit 0 after ([0-9.]+) s$", re.M)
 

@@ -505,7 +505,7 @@ REFUSED: list[tuple[dict[Any, Any], str]] = [
      "executor: Input should be 'openai', 'command' or 'shell' (got 'bogus')"),
     ({'agent': 'gpt'},
      "agent: Input should be 'claude', 'codex', 'aider', 'gemini', 'opencode', 'qwen', 'copilot', 'acp', "
-     "'claude-acp' or 'gemini-acp' (got 'gpt')"),
+     "'claude-acp', 'gemini-acp', 'codex-acp' or 'opencode-acp' (got 'gpt')"),
     ({'agent_args': ['a', 1]},
      "agent_args.1: Input should be a valid string (got 1)"),
     ({'agent_args': 'x'},

@@ -22,7 +22,10 @@ cwd, and `session/prompt` with the step's prompt. What comes back while the turn
   allowed them (an agent may also run some without asking: Claude Code and Gemini CLI run read-only
   commands such as `ls` on their own say).
 
-The turn ends when `session/prompt` answers (its stop reason), the agent exits, or kiro ends it: a stop
+The turn ends when `session/prompt` answers (its stop reason), the agent exits, or kiro ends it. An
+agent whose only way to take a refusal is to end its turn (codex-acp: `cancel`, stop reason
+`cancelled`) is prompted again in the same session with kiro's reasons (GO_ON_TURNS at most), so the
+attempt goes on as it does with an agent that takes the refusal and carries on. A stop
 (a stop hook, `stop --force`, a signal: polled every POLL_SECONDS) sends `session/cancel` and gives
 the agent CANCEL_GRACE_SECONDS to end its turn; the step timeout and the idle timeout (no message
 and no stderr for `step_idle_timeout_seconds`) do the same. Then its stdin is closed (an ACP agent
@@ -74,6 +77,10 @@ from kiro.store.events import PermissionAnswered, PlanUpdated, ToolCalled
 from kiro.store.redact import Redactor
 
 POLL_SECONDS = 0.2  # how often a stop (hook, signal) and the timeouts are looked at during a turn
+# an agent whose only refusal ends its turn (codex-acp's `cancel`) is prompted again, with kiro's reasons,
+# in the same session, at most this many times a turn
+GO_ON_TURNS = 10
+AUTH_REQUIRED = -32000  # ACP's error code for "Authentication required"
 CANCEL_GRACE_SECONDS = 1.0  # after session/cancel, the turn has this long to end before its process is ended
 EXIT_GRACE_SECONDS = 2.0  # after the turn, the agent has this long to exit on its closed stdin before SIGTERM
 LINE_LIMIT = 50 * 1024 * 1024  # of one JSON-RPC message from the agent (a whole file's content)
@@ -159,6 +166,7 @@ class KiroClient:
         self.ctx = ctx
         self.policy = policy
         self.empty_when_missing = empty_when_missing  # a missing file reads as "" (AcpPreset.empty_when_missing)
+        self.refused: list[str] = []  # this turn's refusals (title: why), for an agent whose refusal ends its turn
         self.shown: dict[str, tuple[str | None, str]] = {}  # tool call id -> (status, title) last shown
         self.calls: dict[str, ToolCallUpdate | ToolCallStart] = {}
         self.stopped: str | None = None  # a guardrail ended the loop at a tool call: the turn is cancelled
@@ -227,6 +235,8 @@ class KiroClient:
         if why is not None:
             option = next((o for kind in ("reject_once", "reject_always") for o in options if o.kind == kind), None)
         title = self.ctx.redact.text(merged.title or merged.kind or "tool")[:120]
+        if why is not None:
+            self.refused.append(f"{title}: {self.ctx.redact.text(why)}")
         self.ctx.emit(PermissionAnswered(tool=title, kind=merged.kind, allowed=why is None,
                                          paths=[self.ctx.redact.text(self._shown_path(p)) for p in call_paths(merged)],
                                          reason=self.ctx.redact.text(why) if why else None))
@@ -337,9 +347,13 @@ def _version() -> str:
 
 
 async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], box: Box | None, prompt: str,
-                   idle_timeout: float | None, output_limit: int, empty_when_missing: bool = False) -> ProcessResult:
+                   idle_timeout: float | None, output_limit: int, empty_when_missing: bool = False,
+                   auth_method: str | None = None, exits_on_eof: bool = True) -> ProcessResult:
     """One attempt's session with the ACP agent `argv` (see the module's account): its transcript as a
-    ProcessResult, ended (cancelled, timed out, idle) the way run_process ends an agent CLI."""
+    ProcessResult, ended (cancelled, timed out, idle) the way run_process ends an agent CLI.
+    `auth_method`: the auth method (Preset.acp_auth) kiro authenticates with when `session/new` says
+    authentication is required (the agent's own login, when it has one, is used first). `exits_on_eof`:
+    False for an agent that does not exit when its stdin is closed (codex-acp): SIGTERM at once."""
     started = time.monotonic()
     child = await spawn(argv, cwd=ctx.project_dir, env=env, box=box, stdin=asyncio.subprocess.PIPE,
                         stderr=asyncio.subprocess.PIPE, limit=LINE_LIMIT)
@@ -359,12 +373,27 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
                 del errors[: len(errors) - output_limit]
 
     async def turn() -> Any:
-        await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_info=Implementation(
+        init = await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_info=Implementation(
             name="kiro", title="kiro", version=_version()), client_capabilities=ClientCapabilities(
             fs=FileSystemCapabilities(read_text_file=True, write_text_file=True), terminal=False))
-        new = await conn.new_session(cwd=str(ctx.project_dir), mcp_servers=[])
+        try:
+            new = await conn.new_session(cwd=str(ctx.project_dir), mcp_servers=[])
+        except acp.RequestError as exc:
+            offered = {method.id for method in init.auth_methods or []}
+            if exc.code != AUTH_REQUIRED or auth_method not in offered:
+                raise
+            await conn.authenticate(method_id=auth_method)
+            new = await conn.new_session(cwd=str(ctx.project_dir), mcp_servers=[])
         session.append(new.session_id)
-        return await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=prompt)])
+        result = await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=prompt)])
+        for _ in range(GO_ON_TURNS):  # an agent that ended its turn at kiro's refusal (codex-acp) is told why
+            if result.stop_reason != "cancelled" or not client.refused or ended is not None or client.stopped:
+                break
+            said = "\n".join(f"- {line}" for line in client.refused)
+            client.refused.clear()
+            again = f"kiro refused:\n{said}\nDo the step without it, then check its box as asked."
+            result = await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=again)])
+        return result
 
     work = asyncio.ensure_future(turn())
     exited = asyncio.ensure_future(proc.wait())
@@ -394,7 +423,8 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
         # its stdin closed, an ACP agent exits (Gemini CLI ignores SIGTERM in ACP mode: 3 s, then SIGKILL)
         with contextlib.suppress(Exception):
             proc.stdin.close()
-        await asyncio.wait({exited}, timeout=EXIT_GRACE_SECONDS)
+        if exits_on_eof:
+            await asyncio.wait({exited}, timeout=EXIT_GRACE_SECONDS)
         await end_process(proc)
         child.release()
         for task in (work, exited, stderr_pump):

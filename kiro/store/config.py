@@ -290,7 +290,7 @@ class AgentEnv(_Strict):
 
 # the presets; an ACP agent's name is `acp` or ends in `-acp` (kiro.executors.acp speaks to it)
 AgentName = Literal["claude", "codex", "aider", "gemini", "opencode", "qwen", "copilot", "acp", "claude-acp",
-                    "gemini-acp"]
+                    "gemini-acp", "codex-acp", "opencode-acp"]
 
 
 def is_acp(agent: str | None) -> bool:
@@ -384,7 +384,7 @@ class Config(_Strict):
         agent = info.data.get("agent")
         if not is_acp(agent):
             raise ValueError(f"is the command line of an ACP agent, but agent is {agent!r}; set agent: acp (or an "
-                             f"ACP preset: claude-acp, gemini-acp), or remove acp_command")
+                             f"ACP preset: claude-acp, gemini-acp, codex-acp, opencode-acp), or remove acp_command")
         return value
 
     @field_validator("fallback_agents")

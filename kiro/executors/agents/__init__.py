@@ -52,6 +52,8 @@ PRESETS: dict[str, str] = {
     "acp": "kiro.executors.agents.acp:AcpPreset",
     "claude-acp": "kiro.executors.agents.acp:ClaudeAcpPreset",
     "gemini-acp": "kiro.executors.agents.acp:GeminiAcpPreset",
+    "codex-acp": "kiro.executors.agents.codex_acp:CodexAcpPreset",
+    "opencode-acp": "kiro.executors.agents.opencode_acp:OpencodeAcpPreset",
 }
 NAMES = tuple(PRESETS)
 LINE_KEPT = 1024 * 1024  # of a line of stdout being read as it arrives (a tool call's whole arguments)
@@ -336,6 +338,7 @@ class Preset:
     version_args: ClassVar[tuple[str, ...]] = ("--version",)
     speaks_acp: ClassVar[bool] = False  # kiro talks to it over the Agent Client Protocol (kiro.executors.acp)
     empty_when_missing: ClassVar[bool] = False  # ACP: it reads a file that does not exist as "" (see agents.acp)
+    exits_on_eof: ClassVar[bool] = True  # ACP: it exits when kiro closes its stdin after a turn (else: SIGTERM)
     env_unset: ClassVar[tuple[str, ...]] = ()  # variables of kiro's environment it must not get
 
     def __init__(self, config: Config | None = None) -> None:
@@ -386,6 +389,11 @@ class Preset:
                     and os.path.exists(value):
                 found.append(Path(value))
         return found
+
+    def acp_auth(self, env: Mapping[str, str]) -> str | None:
+        """ACP: the auth method (its id in `initialize`'s authMethods) kiro authenticates with when the
+        agent says authentication is required, for a credential in `env` (codex-acp's API key)."""
+        return None
 
     def boxed_argv(self, argv: list[str]) -> list[str]:
         """The command line to run inside kiro's box (codex picks another sandbox mode of its own)."""
@@ -640,7 +648,7 @@ def resolve(config: Config) -> tuple[Preset, list[str]]:
         return preset, preset.template()
     raise ExecutorError(
         "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode, qwen, copilot, "
-        "claude-acp, gemini-acp, acp; "
+        "claude-acp, gemini-acp, codex-acp, opencode-acp, acp; "
         "see `kiro agents`) or `executor_command: \"my-agent ...\"` in config/autonomous_loop.yaml, "
         "--agent NAME, or KIRO_AGENT / KIRO_EXECUTOR_COMMAND"
     )

@@ -20,6 +20,8 @@ agent CLI's own preset's.
   JSON-RPC error object, so kiro answers its read of a file that does not exist with "" instead.
   Its permission requests carry no command (only a title, which may be the model's description of
   it): kiro refuses the commands it asks for.
+- `codex-acp` and `opencode-acp` have modules of their own (kiro.executors.agents.codex_acp,
+  kiro.executors.agents.opencode_acp): what they send, and the mode and permissions kiro starts them with.
 """
 
 from __future__ import annotations
@@ -72,27 +74,34 @@ class AcpPreset(Preset):
     # -- what its transcript says ------------------------------------------------------------
 
     def parse_usage(self, stdout: str) -> Usage | None:
-        """Tokens from the turn's result (`usage`, or Gemini CLI's `_meta.quota`), money from the last
-        `usage_update` with a cost in USD (a session's running total)."""
-        result = _prompt_result(stdout)
+        """Tokens from each turn's result (`usage`, or Gemini CLI's `_meta.quota`; kiro prompts a session
+        again after a refusal that ended the turn: kiro.executors.acp), money from the last `usage_update`
+        with a cost in USD (a session's running total)."""
         cost = 0.0
         for update in _updates(stdout):
             amount = update.get("cost") if update.get("sessionUpdate") == "usage_update" else None
             if isinstance(amount, dict) and amount.get("currency") == "USD" and _number(amount.get("amount")):
                 cost = float(amount["amount"])
-        if result is None:
+        turns = [u for u in map(self._turn_usage, _prompt_results(stdout)) if u is not None]
+        if not turns:
             return Usage(cost_usd=cost) if cost else None
+        total = Usage()
+        for turn in turns:
+            total.add(turn)
+        total.cost_usd = cost or total.cost_usd
+        return total
+
+    def _turn_usage(self, result: dict[str, Any]) -> Usage | None:
         usage = result.get("usage") if isinstance(result.get("usage"), dict) else None
         if usage is not None:
             prompt = sum(_int(usage.get(k)) for k in ("inputTokens", "cachedReadTokens", "cachedWriteTokens"))
             completion = _int(usage.get("outputTokens")) + _int(usage.get("thoughtTokens"))
-            return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                         cost_usd=cost)
+            return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
         meta = result.get("_meta")
         quota = meta.get("quota") if isinstance(meta, dict) else None
         rows = quota.get("model_usage") if isinstance(quota, dict) else None
         if not isinstance(rows, list):
-            return Usage(cost_usd=cost) if cost else None
+            return None
         total = Usage()
         for row in rows:
             count = row.get("token_count") if isinstance(row, dict) else None
@@ -103,7 +112,6 @@ class AcpPreset(Preset):
             spent = (prompt * price.input_per_1m + completion * price.output_per_1m) / 1_000_000 if price else 0.0
             total.add(Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                             cost_usd=spent))
-        total.cost_usd = cost or total.cost_usd
         return total
 
     def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
@@ -226,24 +234,30 @@ def _prompt_ids(stdout: str) -> set[Any]:
     return {m.get("id") for m in _messages(stdout, "kiro") if m.get("method") == PROMPT_METHOD and "id" in m}
 
 
-def _prompt_result(stdout: str) -> dict[str, Any] | None:
-    """The result `session/prompt` answered with (the turn's end), if it did."""
+def _prompt_results(stdout: str) -> list[dict[str, Any]]:
+    """The results `session/prompt` answered with (each turn's end), in order."""
     ids = _prompt_ids(stdout)
-    found = None
-    for message in _messages(stdout):
-        if "method" not in message and message.get("id") in ids and isinstance(message.get("result"), dict):
-            found = message["result"]
-    return found
+    return [m["result"] for m in _messages(stdout)
+            if "method" not in m and m.get("id") in ids and isinstance(m.get("result"), dict)]
+
+
+def _prompt_result(stdout: str) -> dict[str, Any] | None:
+    """The result the last `session/prompt` answered with (the attempt's end), if it did."""
+    return next(reversed(_prompt_results(stdout)), None)
 
 
 def _last_error(stdout: str) -> tuple[str | None, str] | None:
-    """The last JSON-RPC error the agent answered kiro's requests with (initialize, session/new,
-    session/prompt): the method and the error, as one line."""
+    """The JSON-RPC error the agent answered kiro's last request with (initialize, session/new,
+    session/prompt), if it did: the method and the error, as one line. An error a later answer
+    followed is not it (`session/new` refused until kiro authenticated, then made)."""
     asked = {m.get("id"): m.get("method") for m in _messages(stdout, "kiro") if "method" in m and "id" in m}
     found = None
     for message in _messages(stdout):
         error = message.get("error")
-        if "method" in message or not isinstance(error, dict):
+        if "method" in message:
+            continue
+        if not isinstance(error, dict):
+            found = None
             continue
         data = error.get("data")
         detail = data.get("details") or data.get("message") if isinstance(data, dict) else data

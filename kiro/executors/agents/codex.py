@@ -30,7 +30,7 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kiro.executors.agents import (
     Credential,
@@ -66,8 +66,8 @@ class CodexPreset(Preset):
     install = "npm install -g @openai/codex"
     command = "codex exec --json --color never --sandbox workspace-write --skip-git-repo-check --disable goals"
     idle_timeout_seconds = 600.0
-    env_keys = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME")
-    key_vars = ("CODEX_API_KEY",)
+    env_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME")
+    key_vars: ClassVar[tuple[str, ...]] = ("CODEX_API_KEY",)
 
     def __init__(self, config: Config | None = None) -> None:
         super().__init__(config)

@@ -1,0 +1,189 @@
+"""The ACP presets codex-acp and opencode-acp (kiro.executors.agents.codex_acp, .opencode_acp) with the
+REAL adapters from npm, against the scripted API servers on 127.0.0.1 (tests/fakes): `codex-acp` on the
+OpenAI Responses fake, `opencode acp` on the Chat Completions fake. kiro runs them as a user would
+(`kiro loop start --agent codex-acp`). An adapter that is not installed makes its tests SKIP, saying
+how to install it (.ci/install-agent-clis).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agent_clis import CODEX_PRICE, serving, task_text
+from tests.agent_clis_acp_more import ACP_MORE_CLIS, AcpMoreCli, CodexAcp, Held
+from tests.conftest import FAST_CONFIG, Workspace
+from tests.fakes import chat as fc
+from tests.fakes import responses as fr
+
+TASK = "Specs/feature/tasks.md"
+
+
+@pytest.fixture(params=sorted(ACP_MORE_CLIS))
+def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpMoreCli]:
+    yield from serving(ACP_MORE_CLIS[request.param](cli_home))
+
+
+def configure(ws: Workspace, cli: AcpMoreCli, extra: str = "", loop: str = "") -> None:
+    price = CODEX_PRICE if cli.name == "codex-acp" else ""
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + loop + f"agent: {cli.name}\n" + price + extra)
+
+
+def run(ws: Workspace, cli: AcpMoreCli, *args: str, timeout: float = 240) -> tuple[int, str]:
+    r = ws.kiro("loop", "start", "--task", TASK, *args, env=ws.env(**cli.env()), timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == name]
+
+
+def test_three_steps_complete(ws: Workspace, cli: AcpMoreCli) -> None:
+    ws.task(task_text(3))
+    configure(ws, cli)
+    code, out = run(ws, cli, "--agent", cli.name)
+    assert code == 0, out
+    done = ws.root / "Done" / "feature" / "tasks.md"
+    assert done.read_text().count("- [x]") == 3, done.read_text()
+    tid = ws.only_task_id()
+    state = ws.state(tid)
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2", "3"]
+    usage = state["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0, usage
+    assert usage["cost_usd"] > 0, usage
+    events = ws.events(tid)
+    edits = [e for e in kinds(events, "tool_called") if e.get("kind") == "edit" and e.get("status") == "completed"]
+    assert len(edits) == 3 and all("tasks.md" in f"{e['tool']} {e['arguments']}" for e in edits), edits
+    answers = kinds(events, "permission_answered")
+    print(f"{cli.name}: 3 steps, {cli.calls()} model calls, usage {usage}, {len(edits)} edits, "
+          f"{len(answers)} permission answers")
+
+
+def test_a_refused_write_to_state_or_outside_leaves_no_file_and_the_attempt_goes_on(ws: Workspace,
+                                                                                    cli: AcpMoreCli) -> None:
+    """Without kiro's box (`sandbox: off`: nothing but kiro's answers stands in the way) the agent tries to
+    write `.state/x` and `../outside` with its own edit tool, then checks the box: both asked, both
+    refused, neither written, and the same attempt goes on to finish the step."""
+    ws.task(task_text(1))
+    state_file, outside = ws.root / ".state" / "x", ws.root.parent / "outside"
+    cli.extra = [cli.write_call(str(state_file), "forged\n"), cli.write_call(str(outside), "escaped\n")]
+    configure(ws, cli, "sandbox: off\n", loop="  failure_threshold: 1\n")
+    code, out = run(ws, cli)
+    assert code == 0, out
+    assert not state_file.exists() and not outside.exists()
+    tid = ws.only_task_id()
+    assert [p.name for p in (ws.root / "Logs" / tid).glob("1-*.log")] == ["1-1.log"], out  # one attempt
+    refused = [a for a in kinds(ws.events(tid), "permission_answered") if not a["allowed"]]
+    for path in (".state/x", str(outside)):
+        assert any(path in " ".join(a["paths"]) for a in refused), (path, refused)
+    print(f"{cli.name}: refused {[(a['kind'], a['paths'], a['reason']) for a in refused]}")
+
+
+def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspace, cli: AcpMoreCli) -> None:
+    ws.task(task_text(1))
+    configure(ws, cli)
+    cli.extra = [cli.read_call(str(ws.root / TASK))]
+    cli.held = held = Held(at=2)  # the model call after the read waits for the test
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+    follow = None
+    try:
+        assert held.reached.wait(120), ws.output(proc)
+        tid = ws.only_task_id()
+        follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
+        line = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
+                                         if "tasks.md" in x and "(completed)" in x), None),
+                           timeout=60, what="the read in `kiro loop logs --follow`")
+        assert ws.state(tid)["current_step"]["status"] == "in_progress"  # the step is still running...
+        assert proc.poll() is None and not held.released.is_set()  # ...its model call held by the test
+        held.released.set()
+        assert proc.wait(timeout=120) == 0, ws.output(proc)
+        assert follow.wait(timeout=60) == 0, ws.output(follow)
+        print(f"{cli.name}: while the step ran, `logs --follow` showed: {line.strip()}")
+    finally:
+        held.released.set()
+        for p in (proc, follow):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
+def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace,
+                                                                                 cli: AcpMoreCli) -> None:
+    ws.task(task_text(2))
+    configure(ws, cli)
+    cli.extra = [cli.read_call(str(ws.root / TASK))]  # a tool call, then the model is held: the box is not checked
+    cli.held = held = Held(at=2)
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+    try:
+        assert held.reached.wait(120), ws.output(proc)
+        tid = ws.only_task_id()
+        asked = time.monotonic()
+        ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "stop now\n")
+        assert proc.wait(timeout=60) == 3, ws.output(proc)
+        seconds = time.monotonic() - asked
+    finally:
+        held.released.set()
+        if proc.poll() is None:
+            proc.kill()
+    state = ws.state(tid)
+    assert state["completed_steps"] == [] and state["current_step"]["step_id"] == "1", state["current_step"]
+    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    assert "# result: cancelled" in log and '"method": "session/cancel"' in log, log[-2000:]
+    ended = "the agent ended its turn (stopReason cancelled)" if '"stopReason": "cancelled"' in log else \
+        "kiro ended the agent's process after the grace second"
+    cli.held = None
+    r = ws.kiro("loop", "resume", "--task-id", tid, env=ws.env(**cli.env()), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1", "2"]
+    started = [e["step_id"] for e in kinds(ws.events(tid), "step_started")]
+    assert started == ["1", "1", "2"], started  # the resumed loop began with the step the hook cut short
+    print(f"{cli.name}: the stop hook ended the loop {seconds:.2f} s after it was written; {ended}")
+
+
+def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpMoreCli) -> None:
+    ws.task(task_text(1))
+    assert cli.server is not None
+    cli.server.hang = True  # accepts the connection, never answers
+    configure(ws, cli, "step_idle_timeout_seconds: 5\n", loop="  failure_threshold: 1\n")
+    code, out = run(ws, cli)
+    assert code == 5, out
+    error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
+    assert "printed nothing for 5 s" in error and "step_idle_timeout_seconds" in error, error
+    assert len(cli.server.requests) >= 1  # it did reach the endpoint
+
+
+def test_codex_acp_with_an_api_key_and_no_login_is_authenticated_by_kiro(ws: Workspace, cli_home: Path) -> None:
+    """codex-acp answers `session/new` with "Authentication required" until its client picks its `api-key`
+    method; kiro does, when the key is set, and says at the start that the key is billed."""
+    cli = CodexAcp(cli_home)
+    for _ in serving(cli):
+        cli.with_api_key_only()
+        ws.task(task_text(1))
+        configure(ws, cli)
+        code, out = run(ws, cli)
+        assert code == 0, out
+        assert "codex-acp bills the API key in OPENAI_API_KEY" in out, out
+        log = (ws.root / "Logs" / ws.only_task_id() / "1-1.log").read_text()
+        assert '"method": "authenticate", "params": {"methodId": "api-key"}' in log, log[:3000]
+        assert '"Authentication required"' in log  # what it said before kiro authenticated
+        assert cli.calls() >= 2
+
+
+def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Workspace, cli: AcpMoreCli) -> None:
+    """opencode passes the API's words on; codex-acp answers the turn with "Authentication required" and
+    nothing of the API's (its App Server's 401, as it reports it over ACP)."""
+    ws.task(task_text(1))
+    make, said = (fr.error, "session/prompt: Authentication required") if cli.name == "codex-acp" else \
+        (fc.error, "Incorrect API key provided")
+    cli.error = make(401, "Incorrect API key provided: sk-test-key")
+    configure(ws, cli)
+    code, out = run(ws, cli)
+    assert code == 1, out
+    lines = [x for x in out.splitlines() if x.startswith("kiro:")]
+    assert len(lines) == 1 and "auth error" in lines[0] and said in lines[0], out
+    assert "sk-test-key" not in out
+    assert sorted(p.name for p in (ws.root / "Logs" / ws.only_task_id()).iterdir()) == ["1-1.log"]  # not retried
+    print(f"{cli.name}: {lines[0]}")
