@@ -29,7 +29,7 @@ from kiro.fs.atomic import Staged
 from kiro.fs.locks import Flock
 from kiro.git import checkpoints, ignore
 from kiro.status import Status
-from kiro.store import cleanup, kirospec, taskmap, tasks
+from kiro.store import cleanup, taskmap, tasks
 from kiro.store.config import FRONTMATTER_KEYS, Config
 from kiro.store.events import Listener
 from kiro.store.redact import Redactor
@@ -208,7 +208,7 @@ class LoopIndex:
 
 class StartBatch:
     """Loops started together (`kiro loop start --task a --task b ...`): the start guard is taken
-    once and held until every new loop's state file and `kiro_task_id` are on disk, and one look at
+    once and held until every new loop's state file and task file record are on disk, and one look at
     the state files serves the whole batch (no other process creates a loop while the guard is
     held; the batch's own loops are in the index). The loops' first writes are made once every loop
     is prepared, staged (kiro.fs.atomic.Staged): written unsynced, made durable by one flush of the file
@@ -222,6 +222,7 @@ class StartBatch:
         self._settings: dict[str, tuple[Config, Workspace, Redactor]] = {}
         self._swept: set[Path] = set()
         self._started: dict[Path, tuple[StateStore, int]] = {}  # state folder -> loops created there
+        self._task_files: dict[Path, list[tuple[str, Path]]] = {}  # state folder -> its new loops' task files
         self._heap = contextlib.ExitStack()
 
     def settings(self, ws0: Workspace, *, config_file: Path | None, task: tasks.TaskFile,
@@ -273,6 +274,10 @@ class StartBatch:
         folder = store.ws.state_dir
         self._started[folder] = (store, self._started.get(folder, (store, 0))[1] + 1)
 
+    def remember(self, state_dir: Path, task_id: str, task_path: Path) -> None:
+        """A new loop's task file, recorded in kiro's state (kiro.store.taskmap) with one write per folder."""
+        self._task_files.setdefault(state_dir, []).append((task_id, task_path))
+
     def first_look(self, store: StateStore) -> bool:
         """True once per state folder: the look at its state files under the guard."""
         folder = store.ws.state_dir
@@ -292,6 +297,9 @@ class StartBatch:
             jobs, self._jobs = self._jobs, []
             for job in jobs:
                 job(staged)
+            task_files, self._task_files = self._task_files, {}
+            for state_dir, loops in task_files.items():
+                taskmap.remember_all(state_dir, loops, staged)
             staged.commit()
         finally:
             staged.discard()  # what a failed job or commit left unplaced
@@ -369,26 +377,25 @@ def _check_kiro_task_id(ws: Workspace, path: Path, task: tasks.TaskFile) -> None
 
 
 def task_id_hint(ws: Workspace, path: Path, task: tasks.TaskFile) -> str | None:
-    """The loop a task file says it belongs to: the `kiro_task_id` of its frontmatter, else, for a file
-    kiro writes nothing into (a Kiro spec's tasks.md), the one kiro's state records (kiro.store.taskmap)."""
+    """The loop a task file belongs to: the `kiro_task_id` of its frontmatter, when a person wrote one there,
+    else the one kiro's state records for it (kiro.store.taskmap)."""
     hint = task.frontmatter.get("kiro_task_id")
     if isinstance(hint, str):
         return hint
-    return taskmap.task_id_for(ws.state_dir, path) if kirospec.in_spec_folder(path) else None
+    return taskmap.task_id_for(ws.state_dir, path)
 
 
-def _in_state(path: Path, task: tasks.TaskFile) -> bool:
-    return "kiro_task_id" not in task.frontmatter and kirospec.in_spec_folder(path)
+def _id_in_file(task: tasks.TaskFile) -> bool:
+    """The person asked for the loop's id in the task file: its frontmatter has a `kiro_task_id` line (even an
+    empty one); kiro keeps it current. Otherwise kiro writes nothing into the file but box characters."""
+    return "kiro_task_id" in task.frontmatter
 
 
 def _remember_task_id(ws: Workspace, path: Path, task: tasks.TaskFile, tid: str) -> None:
-    """A Kiro spec's tasks.md stays as Kiro wrote it, plus box characters: its loop is recorded in
-    kiro's state (unless the person wrote a `kiro_task_id` there). Any other task file gets
-    `kiro_task_id` in its frontmatter (SPEC §2)."""
-    if _in_state(path, task):
-        taskmap.remember(ws.state_dir, tid, path)
-    else:
+    """The loop's id, recorded in kiro's state, and in the file's frontmatter too when the person asked for it."""
+    if _id_in_file(task):
         tasks.set_frontmatter_key(path, "kiro_task_id", tid, expected=task)
+    taskmap.remember(ws.state_dir, tid, path)
 
 
 def check_new_task_id(store: StateStore, task_id: str) -> str:
@@ -516,13 +523,12 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                     diskfull.reserve(ws.state_dir, tid, reserve_bytes)
                     store.set_role(tid, "loop")
                     store.stage_new(state, staged)
-                    if _in_state(task_path, task):
-                        taskmap.remember(ws.state_dir, tid, task_path)
-                    else:
+                    if _id_in_file(task):
                         tasks.stage_frontmatter_key(task_path, "kiro_task_id", tid, expected=task, staged=staged,
                                                     resolved=True)
 
                 batch.write(create)
+                batch.remember(ws.state_dir, tid, task_path)
                 batch.count_start(store)
             if index is not None:
                 index.note(state, written=batch is None)

@@ -1,12 +1,16 @@
-"""Which loop a task file belongs to, for task files kiro writes nothing into but box characters (a
-Kiro spec's `tasks.md`, kiro.store.kirospec): kept in kiro's own state, `.state/task_files.json`, as
-task id -> the file's real path and its (device, inode). Other task files carry the id in their
-frontmatter (`kiro_task_id`, SPEC §2); an id a person wrote there is honoured for every file.
+"""Which loop a task file belongs to, kept in kiro's own state (`.state/task_files.json`: task id ->
+the file's real path and its (device, inode)), so that kiro writes nothing into a person's task file but
+box characters (issue #31 item 2). A `kiro_task_id` a person wrote in a task file's frontmatter is
+honoured and kept current (kiro.core.runner): that is how a person asks for the id in the file.
 
-A move (`mv`, a rename in a file manager) keeps the inode, so a moved spec file is found again as
-`kiro_task_id` finds a moved task file: in Done/, Needs_Action/ or Specs/ (kiro.store.workspace
-`locate_task`). kiro's own box edits are made in place and keep it too. Writes are made under the
-workspace's start guard (kiro.core.runner), one start at a time.
+A move (`mv`, a rename in a file manager) keeps the inode, so a moved task file is found again in
+Done/, Needs_Action/ or Specs/ under any name (kiro.store.workspace `locate_task`; the same relative
+path there is found without it). kiro's own box edits are made in place and keep it too. Writes are
+made under the workspace's start guard (kiro.core.runner), one start at a time; a batch start records
+its loops with one write (`remember_all`).
+
+Limits: a file copied to its new place (another file system, or copy-then-delete) is a new inode; only
+its relative path finds it then, as it finds any file without an id.
 """
 
 from __future__ import annotations
@@ -17,19 +21,48 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from kiro.fs.atomic import atomic_write
+from kiro.fs.atomic import Staged, atomic_write
 
 FILE = "task_files.json"
 
+Entries = dict[str, dict[str, Any]]
 
-def _load(state_dir: Path) -> dict[str, dict[str, Any]]:
+
+class _Map:
+    """The entries of one file, with the look-ups a scan makes once per task file."""
+
+    def __init__(self, entries: Entries) -> None:
+        self.entries = entries
+        self.by_path: dict[Any, str] = {}
+        self.by_inode: dict[tuple[Any, Any], str] = {}
+        for task_id, entry in entries.items():
+            self.by_path.setdefault(entry.get("path"), task_id)
+            self.by_inode.setdefault((entry.get("dev"), entry.get("ino")), task_id)
+
+
+_EMPTY = _Map({})
+_cache: dict[str, tuple[tuple[int, int, int, int], _Map]] = {}  # the file's path -> (its stat, its map)
+
+
+def _map(state_dir: Path) -> _Map:
+    """The map, read again only when the file changed (a watch asks once per task file per scan)."""
+    path = os.fspath(state_dir / FILE)
     try:
-        data = json.loads((state_dir / FILE).read_text(encoding="utf-8"))
+        st = os.stat(path)
+    except OSError:
+        return _EMPTY
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    cached = _cache.get(path)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
     except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, dict)}
+        return _EMPTY
+    found = _Map({k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {})
+    _cache[path] = (key, found)
+    return found
 
 
 def _identity(path: Path) -> tuple[str, int, int] | None:
@@ -42,13 +75,27 @@ def _identity(path: Path) -> tuple[str, int, int] | None:
 
 def remember(state_dir: Path, task_id: str, path: Path) -> None:
     """Record that the loop `task_id` works on the task file at `path`."""
-    ident = _identity(path)
-    if ident is None:
+    remember_all(state_dir, [(task_id, path)])
+
+
+def remember_all(state_dir: Path, loops: Iterable[tuple[str, Path]], staged: Staged | None = None) -> None:
+    """Record several loops' task files with one write (`staged`: put in place with a batch's other files)."""
+    data = dict(_map(state_dir).entries)
+    changed = False
+    for task_id, path in loops:
+        ident = _identity(path)
+        if ident is None:
+            continue
+        data = {k: v for k, v in data.items() if v.get("path") != ident[0]}  # the file's earlier loops are done with
+        data[task_id] = {"path": ident[0], "dev": ident[1], "ino": ident[2]}
+        changed = True
+    if not changed:
         return
-    data = _load(state_dir)
-    data = {k: v for k, v in data.items() if v.get("path") != ident[0]}  # the file's earlier loops are done with
-    data[task_id] = {"path": ident[0], "dev": ident[1], "ino": ident[2]}
-    atomic_write(state_dir / FILE, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+    raw = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+    if staged is None:
+        atomic_write(state_dir / FILE, raw)
+    else:
+        staged.add(state_dir / FILE, raw)
 
 
 def task_id_for(state_dir: Path, path: Path) -> str | None:
@@ -56,20 +103,14 @@ def task_id_for(state_dir: Path, path: Path) -> str | None:
     ident = _identity(path)
     if ident is None:
         return None
-    data = _load(state_dir)
-    for task_id, entry in data.items():
-        if entry.get("path") == ident[0]:
-            return task_id
-    for task_id, entry in data.items():
-        if (entry.get("dev"), entry.get("ino")) == ident[1:]:
-            return task_id
-    return None
+    found = _map(state_dir)
+    return found.by_path.get(ident[0]) or found.by_inode.get(ident[1:])
 
 
 def find_moved(state_dir: Path, task_id: str, files: Callable[[], Iterable[Path]]) -> Path | None:
     """Of `files()` (listed only for a task file recorded here), the recorded task file of `task_id`,
     moved there (the same inode)."""
-    entry = _load(state_dir).get(task_id)
+    entry = _map(state_dir).entries.get(task_id)
     if entry is None:
         return None
     want = (entry.get("dev"), entry.get("ino"))
