@@ -36,7 +36,7 @@ from kiro.store.redact import Redactor
 from kiro.store.settings import Located, settings_for
 from kiro.store.state import LoopState, StateStore, effective_status
 from kiro.store.unbuilt import not_built_warnings
-from kiro.store.workspace import Workspace, check_task_id, is_task_id, locate_task
+from kiro.store.workspace import START_GUARD, Workspace, check_task_id, is_task_id, locate_task
 
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex", "StartBatch"]
 
@@ -94,7 +94,7 @@ def choose_executor(cfg: Config, task: tasks.TaskFile, recorded: str | None = No
 @contextlib.contextmanager
 def _workspace_guard(store: StateStore) -> Any:
     """Held while a loop is created, so two `start`s of one task cannot both create a loop."""
-    path = store.ws.state_dir / ".start.lock"
+    path = store.ws.state_dir / START_GUARD
     path.parent.mkdir(parents=True, exist_ok=True)
     store.probe_lock_file(path)
     lock = Flock(path)
@@ -259,7 +259,7 @@ class StartBatch:
 
     @contextlib.contextmanager
     def guard(self, store: StateStore) -> Iterator[None]:
-        path = store.ws.state_dir / ".start.lock"
+        path = store.ws.state_dir / START_GUARD
         if path not in self._guards:
             path.parent.mkdir(parents=True, exist_ok=True)
             store.probe_lock_file(path)
@@ -317,7 +317,9 @@ class StartBatch:
         self._heap.enter_context(heap.long_lived())  # many loops' objects made at once (kiro.core.heap)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # a start of the batch was refused: the batch creates no loop
+            self._jobs, self._task_files, self._started = [], {}, {}
         self.finish()
 
 
@@ -373,7 +375,7 @@ def _check_kiro_task_id(ws: Workspace, path: Path, task: tasks.TaskFile) -> None
     except UserError as exc:
         line = task.frontmatter_lines.get("kiro_task_id", 2)
         raise UserError(f"{ws.relative_name(path)}:{line}: frontmatter key 'kiro_task_id': {exc}; delete that "
-                        f"line and kiro writes a new one") from None
+                        f"line (kiro keeps the loop's id in its own state)") from None
 
 
 def task_id_hint(ws: Workspace, path: Path, task: tasks.TaskFile) -> str | None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from kiro.errors import StateError
 from kiro.fs.atomic import Staged, atomic_write
 
 FILE = "task_files.json"
@@ -92,10 +93,17 @@ def remember_all(state_dir: Path, loops: Iterable[tuple[str, Path]], staged: Sta
     if not changed:
         return
     raw = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
-    if staged is None:
+    if staged is not None:
+        staged.add(state_dir / FILE, raw, error=_cannot_write)
+        return
+    try:
         atomic_write(state_dir / FILE, raw)
-    else:
-        staged.add(state_dir / FILE, raw)
+    except OSError as exc:
+        raise _cannot_write(exc) from None
+
+
+def _cannot_write(exc: OSError) -> StateError:
+    return StateError(f"{FILE}: cannot record which loop works on which task file: {exc.strerror or exc}")
 
 
 def task_id_for(state_dir: Path, path: Path) -> str | None:
