@@ -11,6 +11,7 @@ OpenAI server (tests/fake_openai.py); the prompts checked are the ones those ser
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -250,6 +251,47 @@ def test_watch_runs_a_spec_once_through_a_symlinked_specs_folder_and_leaves_a_fi
     assert (root / "runs.log").read_text().split() == ["1", "2"]  # no step ran twice
     assert (root / ".kiro/specs/done/tasks.md").read_text() == finished  # left alone
     assert (root / ".kiro/specs/open/tasks.md").exists()  # runs in place: not moved to Done/
+
+
+def test_watch_runs_each_spec_once_through_symlinks_inside_kiro_specs_and_leaves_a_finished_one(
+        tmp_path: Path) -> None:
+    """Symlinks inside `.kiro/specs`: a second name for a spec folder, a second name for a finished one, and a
+    spec folder that is a task folder of Specs/. Each real task file gets one loop; the finished one none. A
+    spec added afterwards shows that the watch looked at every name again meanwhile and started nothing more."""
+    root = tmp_path / "project"
+    specs = root / ".kiro/specs"
+    (specs / "done").mkdir(parents=True)
+    finished = "- [x] 1. Done already\n- [ ]* 2. Optional, never run\n"
+    (specs / "done/tasks.md").write_text(finished)
+    (specs / "done-again").symlink_to("done")
+    (specs / "open").mkdir()
+    (specs / "open/tasks.md").write_text(shell_task(2, cmd='echo "open-$KIRO_STEP_ID" >> runs.log'))
+    (specs / "open-again").symlink_to("open")
+    (root / "Specs/shared").mkdir(parents=True)
+    (root / "Specs/shared/tasks.md").write_text(shell_task(1, cmd='echo "shared-$KIRO_STEP_ID" >> runs.log'))
+    (specs / "shared").symlink_to("../../Specs/shared")
+    ws = Workspace(root)
+    proc = ws.spawn("loop", "watch")
+
+    def ran() -> list[str]:
+        return sorted((root / "runs.log").read_text().split())
+
+    try:
+        ws.wait_for(lambda: ran() == ["open-1", "open-2", "shared-1"], timeout=60, what="three steps")
+        ws.wait_for(lambda: "- [x] 2." in (specs / "open/tasks.md").read_text(), what="boxes")
+        (specs / "later").mkdir()  # the watch's next look at every name: then a new spec runs
+        (specs / "later/tasks.md").write_text(shell_task(1, cmd='echo "later-$KIRO_STEP_ID" >> runs.log'))
+        ws.wait_for(lambda: "- [x] 1." in (specs / "later/tasks.md").read_text(), timeout=60, what="the later spec")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    loops = sorted(json.loads(p.read_text())["task_path"] for p in (root / ".state").rglob("autonomous_loop_*.json")
+                   if "backups" not in p.parts)
+    print("loops:", loops)
+    assert loops == [".kiro/specs/later/tasks.md", ".kiro/specs/open/tasks.md", "Done/shared/tasks.md"], (
+        loops, ws.output(proc))
+    assert ran() == ["later-1", "open-1", "open-2", "shared-1"]  # no step ran twice
+    assert (specs / "done/tasks.md").read_text() == finished  # left alone
 
 
 # -- review points ---------------------------------------------------------------------------------
