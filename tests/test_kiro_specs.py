@@ -294,6 +294,25 @@ def test_watch_runs_each_spec_once_through_symlinks_inside_kiro_specs_and_leaves
     assert (specs / "done/tasks.md").read_text() == finished  # left alone
 
 
+def test_the_first_loop_a_watch_makes_keeps_kiros_folders_out_of_git(tmp_path: Path) -> None:
+    """The watch makes `.state/` before its first loop: that loop still writes the `.git/info/exclude` block
+    a first `kiro loop start` writes (kiro.git.ignore), once."""
+    root = tmp_path / "project"
+    (root / ".kiro/specs/auth").mkdir(parents=True)
+    (root / ".kiro/specs/auth/tasks.md").write_text(SHELL_SPEC)
+    git_project(root)
+    ws = Workspace(root)
+    proc = ws.spawn("loop", "watch")
+    try:
+        ws.wait_for(lambda: "[x] 2." in (root / ".kiro/specs/auth/tasks.md").read_text(), timeout=60, what="the spec")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    exclude = (root / ".git/info/exclude").read_text()
+    assert exclude.count("# >>> kiro") == 1 and "/.state/" in exclude, (exclude, ws.output(proc))
+    assert git(root, "status", "--porcelain", "--untracked-files=all") == "", ws.output(proc)
+
+
 # -- review points ---------------------------------------------------------------------------------
 
 def test_pause_at_checkpoints_stops_after_each_checkpoint_of_a_real_kiro_plan(tmp_path: Path) -> None:

@@ -463,7 +463,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     schedule.of_task(task, rel)  # a bad `schedule:` is one clear line, before anything starts
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
     chosen = choose_executor(cfg, task) if executor is None else executor.name  # refused before anything is made
-    first = batch is None and not ws.state_dir.exists()  # the workspace's first start
+    first = not _generation_file(store).exists()  # no loop made here yet (a worker or watch may have made .state/)
     with _workspace_guard(store) if batch is None else batch.guard(store):
         hint = task_id_hint(ws, task_path, task)
         existing = find_loop_for_task(store, task_path, hint, index,
@@ -492,9 +492,9 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         executor_name = executor.name
         if batch is None:
             ws.ensure_folders()  # once nothing refused the start: a refused start creates nothing
-            said = ignore.keep_out(ws) if first else None  # kiro's folders stay out of the person's commits
-            if said:
-                warnings.append(said)
+        said = ignore.keep_out(ws) if first else None  # kiro's folders stay out of the person's commits
+        if said:
+            warnings.append(said)
         room_for_loops(1)
         if existing is not None:  # set aside once nothing else can refuse the start
             warnings += set_aside(store, existing.task_id)
