@@ -5,7 +5,11 @@ wrote is honoured and kept current: a `kiro_task_id:` line is how a person asks 
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import Workspace, shell_task
 
@@ -47,8 +51,6 @@ def test_a_batch_start_records_every_task_file_and_writes_none_of_them(ws: Works
     assert r.returncode == 0, r.stdout + r.stderr
     for i, text in enumerate(before):
         boxes_only(text, (ws.root / f"Done/t{i}/tasks.md").read_text())
-    import json
-
     recorded = json.loads((ws.root / ".state" / "task_files.json").read_text())
     assert sorted(Path(e["path"]).parent.name for e in recorded.values()) == ["t0", "t1", "t2"]
 
@@ -65,3 +67,29 @@ def test_a_kiro_task_id_line_the_person_wrote_is_kept_current(ws: Workspace) -> 
     r = ws.kiro("loop", "resume", "--task-id", "mine", "--max-iterations", "5")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (ws.root / "side_effects.log").read_text().split() == ["1", "2"]
+
+
+BAD_MAPS = {
+    "not JSON": b"{not json",
+    "a list": b"[1, 2]",
+    "odd entries": b'{"a": {"path": ["x"], "dev": 1, "ino": 2}, "b": {"path": "/x", "dev": "1", "ino": null}, "c": 3}',
+    "binary": bytes(range(256)),
+    "a FIFO": None,
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_MAPS))
+def test_a_bad_day_map_of_task_files_never_stops_a_start(ws: Workspace, what: str) -> None:
+    """kiro's map of task files damaged (by hand, a crash of another tool, a FIFO in its place): a start still
+    works, says nothing odd, and writes a good map; nothing hangs."""
+    path = ws.root / ".state" / "task_files.json"
+    data = BAD_MAPS[what]
+    if data is None:
+        os.mkfifo(path)
+    else:
+        path.write_bytes(data)
+    ws.task(shell_task(1))
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "t", timeout=60)
+    print(f"{what}: exit {r.returncode}")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert path.is_file() and json.loads(path.read_text())["t"]["path"].endswith(TASK)

@@ -176,7 +176,7 @@ class Supervisor:
     async def _scan(self) -> None:
         """Start a loop for each task file in Specs/ that has none running, and look after each
         unfinished loop nobody runs. The look at the files and the new loops' first writes (state
-        file, lock, the task file's `kiro_task_id`: fsyncs) are made on a worker thread, one scan or
+        file, lock, the map of task files: fsyncs) are made on a worker thread, one scan or
         resume at a time, so that the loops running here go on meanwhile (issue #12 item 5: task
         files dropped in by the hundred held every running loop for the length of the scan)."""
         async with self._preparing:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kiro.errors import StateError
+from kiro.fs import safeio
 from kiro.fs.atomic import Staged, atomic_write
 
 FILE = "task_files.json"
@@ -56,14 +57,18 @@ def _map(state_dir: Path) -> _Map:
     cached = _cache.get(path)
     if cached is not None and cached[0] == key:
         return cached[1]
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return _EMPTY
-    found = _Map({k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {})
+    try:  # the one safe reader: a FIFO or a huge file in its place must not hang or fill memory
+        data = json.loads(safeio.read_bytes(path, limit=safeio.STATE_MAX_BYTES))
+    except (OSError, ValueError, safeio.UnreadableFile):
+        return _EMPTY  # an unreadable map finds no moved file: the relative path still finds it
+    found = _Map({k: v for k, v in data.items() if _valid(v)} if isinstance(data, dict) else {})
     _cache[path] = (key, found)
     return found
+
+
+def _valid(entry: object) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+            and all(type(entry.get(k)) is int for k in ("dev", "ino")))
 
 
 def _identity(path: Path) -> tuple[str, int, int] | None:
