@@ -93,3 +93,22 @@ def test_a_bad_day_map_of_task_files_never_stops_a_start(ws: Workspace, what: st
     print(f"{what}: exit {r.returncode}")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert path.is_file() and json.loads(path.read_text())["t"]["path"].endswith(TASK)
+
+
+def test_a_new_task_file_on_a_deleted_ones_inode_is_not_taken_for_it(ws: Workspace) -> None:
+    """A file system gives a deleted file's inode to the next new file. Here the map says so (as it would
+    after a person deleted the first task file and wrote another): the new file, of another length, is a
+    new task, not the unfinished loop's file moved."""
+    ws.task(shell_task(2))
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "old", "--max-iterations", "1")
+    assert r.returncode == 4, r.stdout + r.stderr
+    (ws.root / TASK).unlink()
+    other = ws.task(shell_task(1, title="Something else entirely"), "Specs/other/tasks.md")
+    recorded = ws.root / ".state" / "task_files.json"
+    entries = json.loads(recorded.read_text())
+    st = other.stat()
+    entries["old"].update(dev=st.st_dev, ino=st.st_ino)  # the old file's inode, now the new file's
+    recorded.write_text(json.dumps(entries))
+    r = ws.kiro("loop", "start", "--task", "Specs/other/tasks.md", "--task-id", "new")
+    assert r.returncode == 0, r.stdout + r.stderr  # not "already has an unfinished loop 'old'"
+    assert ws.state("old")["status"] == "max_iterations"  # the old loop is as it was

@@ -1,16 +1,19 @@
 """Which loop a task file belongs to, kept in kiro's own state (`.state/task_files.json`: task id ->
-the file's real path and its (device, inode)), so that kiro writes nothing into a person's task file but
+the file's real path, its (device, inode) and its size), so that kiro writes nothing into a person's task file but
 box characters (issue #31 item 2). A `kiro_task_id` a person wrote in a task file's frontmatter is
 honoured and kept current (kiro.core.runner): that is how a person asks for the id in the file.
 
-A move (`mv`, a rename in a file manager) keeps the inode, so a moved task file is found again in
-Done/, Needs_Action/ or Specs/ under any name (kiro.store.workspace `locate_task`; the same relative
-path there is found without it). kiro's own box edits are made in place and keep it too. Writes are
+A move (`mv`, a rename in a file manager) keeps the inode and the size, so a moved task file is found
+again in Done/, Needs_Action/ or Specs/ under any name (kiro.store.workspace `locate_task`; the same
+relative path there is found without it). kiro's own box edits are made in place and keep both. The size
+is asked too because a file system gives a deleted file's inode to the next new file: a new task file
+that got it is not taken for the old one (unless it is just as long). Writes are
 made under the workspace's start guard (kiro.core.runner), one start at a time; a batch start records
 its loops with one write (`remember_all`).
 
-Limits: a file copied to its new place (another file system, or copy-then-delete) is a new inode; only
-its relative path finds it then, as it finds any file without an id.
+Limits: a file copied to its new place (another file system, or copy-then-delete) is a new inode, and a
+file a person both moved and lengthened (a step added) is not found by its inode; only its relative path
+finds it then, as it finds any file without an id.
 """
 
 from __future__ import annotations
@@ -36,10 +39,10 @@ class _Map:
     def __init__(self, entries: Entries) -> None:
         self.entries = entries
         self.by_path: dict[Any, str] = {}
-        self.by_inode: dict[tuple[Any, Any], str] = {}
+        self.by_inode: dict[tuple[Any, Any], tuple[str, Any]] = {}  # -> (task id, size)
         for task_id, entry in entries.items():
             self.by_path.setdefault(entry.get("path"), task_id)
-            self.by_inode.setdefault((entry.get("dev"), entry.get("ino")), task_id)
+            self.by_inode.setdefault((entry.get("dev"), entry.get("ino")), (task_id, entry.get("size")))
 
 
 _EMPTY = _Map({})
@@ -68,15 +71,21 @@ def _map(state_dir: Path) -> _Map:
 
 def _valid(entry: object) -> bool:
     return (isinstance(entry, dict) and isinstance(entry.get("path"), str)
-            and all(type(entry.get(k)) is int for k in ("dev", "ino")))
+            and all(type(entry.get(k)) is int for k in ("dev", "ino"))
+            and (entry.get("size") is None or type(entry.get("size")) is int))
 
 
-def _identity(path: Path) -> tuple[str, int, int] | None:
+def _identity(path: Path) -> tuple[str, int, int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return os.path.realpath(path), st.st_dev, st.st_ino
+    return os.path.realpath(path), st.st_dev, st.st_ino, st.st_size
+
+
+def _same_file(size: Any, st_size: int) -> bool:
+    """The inode's file is the one recorded: as long (an entry an older kiro wrote has no size)."""
+    return size is None or size == st_size
 
 
 def remember(state_dir: Path, task_id: str, path: Path) -> None:
@@ -92,8 +101,9 @@ def remember_all(state_dir: Path, loops: Iterable[tuple[str, Path]], staged: Sta
         ident = _identity(path)
         if ident is None:
             continue
-        data = {k: v for k, v in data.items() if v.get("path") != ident[0]}  # the file's earlier loops are done with
-        data[task_id] = {"path": ident[0], "dev": ident[1], "ino": ident[2]}
+        data = {k: v for k, v in data.items()  # the file's earlier loops are done with; an inode names one file
+                if v.get("path") != ident[0] and (v.get("dev"), v.get("ino")) != ident[1:3]}
+        data[task_id] = {"path": ident[0], "dev": ident[1], "ino": ident[2], "size": ident[3]}
         changed = True
     if not changed:
         return
@@ -117,7 +127,11 @@ def task_id_for(state_dir: Path, path: Path) -> str | None:
     if ident is None:
         return None
     found = _map(state_dir)
-    return found.by_path.get(ident[0]) or found.by_inode.get(ident[1:])
+    by_path = found.by_path.get(ident[0])
+    if by_path is not None:
+        return by_path
+    task_id, size = found.by_inode.get(ident[1:3], (None, None))
+    return task_id if task_id is not None and _same_file(size, ident[3]) else None
 
 
 def find_moved(state_dir: Path, task_id: str, files: Callable[[], Iterable[Path]]) -> Path | None:
@@ -132,6 +146,6 @@ def find_moved(state_dir: Path, task_id: str, files: Callable[[], Iterable[Path]
             st = os.stat(p)
         except OSError:
             continue
-        if (st.st_dev, st.st_ino) == want:
+        if (st.st_dev, st.st_ino) == want and _same_file(entry.get("size"), st.st_size):
             return p
     return None
