@@ -107,14 +107,17 @@ def remember_all(state_dir: Path, loops: Iterable[tuple[str, Path]], staged: Sta
         changed = True
     if not changed:
         return
-    raw = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+    raw = (json.dumps(data, separators=(",", ":"), sort_keys=True) + "\n").encode()
     if staged is not None:
         staged.add(state_dir / FILE, raw, error=_cannot_write)
         return
+    path = state_dir / FILE
     try:
-        atomic_write(state_dir / FILE, raw)
+        atomic_write(path, raw)
+        st = os.stat(path)
     except OSError as exc:
         raise _cannot_write(exc) from None
+    _cache[os.fspath(path)] = ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), _Map(data))  # not read again
 
 
 def _cannot_write(exc: OSError) -> StateError:
