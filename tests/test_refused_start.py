@@ -19,9 +19,13 @@ NO_COMMAND = "- [ ] 1. A step for an agent, with no command\n"
 
 
 def snapshot(root: Path) -> dict[str, tuple[str, bytes | str, int]]:
-    """Every entry under `root`: its kind, bytes (or link target) and mode."""
+    """Every entry under `root`: its kind, bytes (or link target) and mode. Of `.git/`, only the ignore file kiro
+    writes to (`info/exclude`): git itself refreshes its index when asked for the status."""
     found: dict[str, tuple[str, bytes | str, int]] = {}
     for top, dirs, files in os.walk(root):
+        if Path(top) == root / ".git":
+            dirs[:] = ["info"] if "info" in dirs else []
+            files = []
         for name in [*dirs, *files]:
             p = Path(top) / name
             st = os.lstat(p)
@@ -112,3 +116,21 @@ def test_a_refused_start_beside_a_loop_changes_nothing(tmp_path: Path, what: str
     r = ws.kiro("loop", "start", "--task", "plan.md", "--task-id", "first", "--max-iterations", "1")
     assert r.returncode == 4, r.stdout + r.stderr
     refused(ws, WITH_A_LOOP[what], what)
+
+
+IN_GIT = {  # refusals in a git repository, where a first start writes kiro's block into .git/info/exclude
+    "batch with one bad task": ["--task", "plan.md", "--task", "nocmd.md"],
+    "openai without an API key": ["--task", "plan.md", "--executor", "openai"],
+    "no executor for the step": ["--spec", "auth"],
+}
+
+
+@pytest.mark.parametrize("what", list(IN_GIT))
+def test_a_refused_start_in_a_git_repository_adds_nothing_to_git_either(tmp_path: Path, what: str) -> None:
+    from tests.gitutil import init_repo
+
+    ws = project(tmp_path)
+    init_repo(ws.root)
+    refused(ws, IN_GIT[what], what)
+    r = ws.kiro("loop", "start", "--task", "plan.md")  # a start that is not refused writes the block
+    assert r.returncode == 0 and "kept kiro's own folders out of git commits" in r.stdout + r.stderr, r.stderr

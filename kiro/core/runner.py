@@ -400,6 +400,13 @@ def _remember_task_id(ws: Workspace, path: Path, task: tasks.TaskFile, tid: str)
     taskmap.remember(ws.state_dir, tid, path)
 
 
+def _keep_out(ws: Workspace, warnings: list[str]) -> None:
+    """kiro's folders stay out of the person's commits (kiro.git.ignore), and the person is told so."""
+    said = ignore.keep_out(ws)
+    if said:
+        warnings.append(said)
+
+
 def check_new_task_id(store: StateStore, task_id: str) -> str:
     """A new loop's `--task-id`: a plain name (`check_task_id`) that holds no secret kiro knows of. Every file
     of the loop holds its id, cut like any secret: its state would name another id, and be unreadable."""
@@ -492,9 +499,10 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         executor_name = executor.name
         if batch is None:
             ws.ensure_folders()  # once nothing refused the start: a refused start creates nothing
-        said = ignore.keep_out(ws) if first else None  # kiro's folders stay out of the person's commits
-        if said:
-            warnings.append(said)
+            if first:
+                _keep_out(ws, warnings)
+        elif first:  # once no start of the batch was refused
+            batch.write(lambda _staged: _keep_out(ws, warnings))
         room_for_loops(1)
         if existing is not None:  # set aside once nothing else can refuse the start
             warnings += set_aside(store, existing.task_id)
