@@ -677,8 +677,9 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         recorded = ws.absolute(state.task_path)
         where, path = locate_task(ws, recorded, task_id)
         if path is None:
-            raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} is gone (not in Specs/, Done/ or "
-                               f"Needs_Action/); put it back and resume again")
+            said = ws.relative_name(store.path(task_id))  # the file that names it: a person may fix it there
+            raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} (as {said} records it) is gone (not in "
+                               f"Specs/, Done/ or Needs_Action/); put it back and resume again")
         task = tasks.load(path)
         schedule.of_task(task, ws.relative(path))
         state.overrides = {**state.overrides, **kept_overrides(overrides)}  # what resume names wins
