@@ -63,6 +63,7 @@ FRESH = {  # refusal: (config file, task file text for plan.md or None, argument
     "bad --task-id": (None, None, ["--task", "plan.md", "--task-id", "../x"]),
     "bad --step": (None, None, ["--task", "plan.md", "--step", "9"]),
     "bad --sandbox": (None, None, ["--task", "plan.md", "--sandbox", "box"]),
+    "sandbox asked for, bwrap not there": (None, None, ["--task", "plan.md", "--sandbox", "bwrap"]),
     "config: unknown key": ("max_iterationz: 3\n", None, ["--task", "plan.md"]),
     "config: project_dir missing": ("project_dir: nope\n", None, ["--task", "plan.md"]),
     "config: sandbox path missing": ("sandbox_paths: {rw: [/nonexistent/kiro]}\n", None, ["--task", "plan.md"]),
@@ -74,6 +75,7 @@ FRESH = {  # refusal: (config file, task file text for plan.md or None, argument
     # refused once the executor is being made (the start guard was taken): left .state/.start.lock before
     "openai without an API key": (None, None, ["--task", "plan.md", "--executor", "openai"]),
     "command without an agent": (None, None, ["--task", "plan.md", "--executor", "command"]),
+    "agent CLI not installed": (None, None, ["--task", "plan.md", "--agent", "claude", "--sandbox", "off"]),
     # a batch whose second task is refused: made the first task's loop before
     "batch with one bad task": (None, None, ["--task", "plan.md", "--task", "nocmd.md"]),
     "batch, bad task first": (None, None, ["--task", "nocmd.md", "--task", "plan.md"]),
@@ -90,9 +92,13 @@ WITH_A_LOOP = {  # refusals in a project where a loop already ran (and stopped a
 }
 
 
+ENV = {"sandbox asked for, bwrap not there": {"PATH": "/nonexistent"},  # kiro runs as sys.executable
+       "agent CLI not installed": {"PATH": "/nonexistent"}}
+
+
 def refused(ws: Workspace, args: list[str], what: str) -> None:
     before = snapshot(ws.root)
-    r = ws.kiro("loop", "start", *args)
+    r = ws.kiro("loop", "start", *args, env=ws.env(**ENV.get(what, {})))
     print(f"{what}: exit {r.returncode}: {r.stderr.strip()}")
     assert r.returncode == 1, r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
