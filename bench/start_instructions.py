@@ -3,13 +3,13 @@
     python bench/start_instructions.py [--loops 50 250] [--no-frontmatter] [--previous-tree DIR]
 
 `kiro loop start --task a --task b ...` prepares every loop (its task file read, its state, lock,
-reserve and summary made, `kiro_task_id` written into the task file) and writes them together
+reserve and summary made, the task file recorded in .state/task_files.json) and writes them together
 (kiro.core.runner.StartBatch). Here that start of FEW and of MANY loops (openai executor, task files of
 ten steps with a `title:` frontmatter, on tmpfs: /dev/shm) runs under valgrind's callgrind
 (Debian's `valgrind` package; PYTHONHASHSEED=0), and so does the same script stopped before the
 start (the workspace made, the imports done); the start's count at MANY minus the one at FEW,
 divided by MANY - FEW, is what one more loop costs. A run first writes the byte-code caches, not
-counted. Each start is checked: every loop's state file and `kiro_task_id` are there.
+counted. Each start is checked: every loop's state file and its task file's record are there.
 
 With --previous-tree DIR (a checkout of an older kiro, e.g. `git worktree add /tmp/old <commit>`) the
 same runs are made with that tree, and the ratio is printed. bench/many_loops.py times the same start
@@ -29,7 +29,7 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 HERE = Path(__file__).resolve().parent.parent
 
 SCRIPT = r'''
-import os, sys, tempfile
+import json, os, sys, tempfile
 from pathlib import Path
 n, frontmatter, start = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
 from kiro.core.runner import LoopIndex, StartBatch, prepare_start
@@ -56,7 +56,9 @@ with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") els
             for i in range(n):
                 prepare_start(ws, f"Specs/t{i:04d}/tasks.md", task_id=f"t{i:04d}", index=index, batch=batch)
         states = len(list((root / ".state").glob("autonomous_loop_t*.json")))
-        ids = sum("kiro_task_id: t" in (root / f"Specs/t{i:04d}/tasks.md").read_text() for i in range(n))
+        recorded = root / ".state/task_files.json"  # where kiro keeps each task file's loop (an older kiro: in it)
+        ids = (len(json.loads(recorded.read_text())) if recorded.exists() else
+               sum("kiro_task_id: t" in (root / f"Specs/t{i:04d}/tasks.md").read_text() for i in range(n)))
         assert states == n and ids == n, (states, ids)
 '''
 

@@ -15,8 +15,8 @@ which no running loop could log an event, notice a stop hook or answer a model.
 prepared and wait as pending, and what is measured is taking them on). With `--parallel` above
 `--running` they also start running at once, and their first iterations share the event loop too.
 
-The bench checks the work was done: every file got its loop (a state file, with its `kiro_task_id` in
-the task file) and the busy loops went on. With --previous-tree DIR (e.g. `git worktree add
+The bench checks the work was done: every file got its loop (a state file, and the task file recorded in
+.state/task_files.json) and the busy loops went on. With --previous-tree DIR (e.g. `git worktree add
 /tmp/old <commit>`), the same run is made with that tree's kiro in a subprocess, alternating --alternate
 N times, and the medians are printed side by side.
 """
@@ -109,7 +109,10 @@ async def bench(root: Path, files: int, running: int, parallel: int) -> dict[str
     went_on = busy_events - before
     sup.stop()
     await runner
-    marked = sum("kiro_task_id:" in (root / f"Specs/new{i}/tasks.md").read_text()
+    recorded = root / ".state/task_files.json"  # each task file's loop (an older kiro wrote it in the file)
+    entries = json.loads(recorded.read_text()).values() if recorded.exists() else []
+    paths = {Path(e["path"]).parent.name for e in entries}
+    marked = sum(f"new{i}" in paths or "kiro_task_id:" in (root / f"Specs/new{i}/tasks.md").read_text()
                  for i in range(files) if (root / f"Specs/new{i}/tasks.md").exists())
     moved = len(list((root / "Done").glob("new*/tasks.md")))
     assert marked + moved >= files, f"{files - marked - moved} task files have no loop"

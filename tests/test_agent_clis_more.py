@@ -187,9 +187,15 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
     assert not (state_dir / "injected.json").exists()
     text = task.read_text()
     assert "- [ ] 3. Write part 3" in text and "- [x]" not in text, text
-    error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
-    assert ".hooks/evil.sh (created; removed)" in error, error
-    assert ".state/injected.json (created; removed)" in error, error
+    tid = ws.only_task_id()
+    error = ws.state(tid)["steps"]["1"]["last_error"]
+    if cli.name == "aider":  # kiro's first loop put its folders in .git/info/exclude: aider keeps out of them itself
+        log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+        assert "Skipping edits to .hooks/evil.sh that matches gitignore spec" in log, log
+        assert "Skipping edits to .state/injected.json that matches gitignore spec" in log, log
+    else:
+        assert ".hooks/evil.sh (created; removed)" in error, error
+        assert ".state/injected.json (created; removed)" in error, error
     assert "Specs/feature/tasks.md lines other than the step's box" in error, error
     print(f"{cli.name}: tried .hooks/evil.sh, .state/injected.json, step 3's box: 3 of 3 undone and reported")
 

@@ -11,6 +11,7 @@ OpenAI server (tests/fake_openai.py); the prompts checked are the ones those ser
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -197,26 +198,15 @@ def test_kiro_init_in_a_repository_keeps_its_folders_out_and_says_so(tmp_path: P
     assert not (repo / ".gitignore").exists() and not (repo / "vault/.gitignore").exists()  # no file of theirs
 
 
-def test_a_refused_start_creates_nothing_and_an_unknown_spec_lists_the_specs(tmp_path: Path) -> None:
+def test_an_unknown_spec_is_one_line_that_lists_the_specs(tmp_path: Path) -> None:
+    """(That a refused start creates nothing is shown for every refusal in tests/test_refused_start.py.)"""
     root = tmp_path / "project"
-    (root / ".kiro/specs/auth").mkdir(parents=True)
-    (root / ".kiro/specs/auth/tasks.md").write_text("- [ ] 1. A step without a command\n")
-    (root / ".kiro/specs/billing").mkdir()
-    (root / ".kiro/specs/billing/tasks.md").write_text("- [ ] 1. Another\n")
-    ws = Workspace(root)
-    env = ws.env()
-    tried = [("--spec", "nope"), ("--task", "missing.md"), ("--spec", "auth"),  # no executor for it
-             ("--spec", "auth", "--executor", "bogus"), ("--spec", "auth", "--max-iterations", "0"), ()]
-    held = 0
-    for args in tried:
-        r = ws.kiro("loop", "start", *args, env=env)
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 1 and len(lines) == 1 and "Traceback" not in r.stderr, (args, r.stderr)
-        assert sorted(p.name for p in root.iterdir()) == [".kiro"], (args, sorted(os.listdir(root)))
-        held += 1
-    r = ws.kiro("loop", "start", "--spec", "nope", env=env)
-    assert "the specs here: auth, billing" in r.stderr
-    print(f"{held} of {len(tried)} refused starts left the project as it was")
+    for name in ("auth", "billing"):
+        (root / ".kiro/specs" / name).mkdir(parents=True)
+        (root / ".kiro/specs" / name / "tasks.md").write_text("- [ ] 1. A step\n")
+    r = Workspace(root).kiro("loop", "start", "--spec", "nope")
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "kiro: no Kiro spec 'nope' (no .kiro/specs/nope/tasks.md); the specs here: auth, billing"], r.stderr
 
 
 def test_a_moved_spec_task_file_is_found_by_the_id_kiro_keeps(tmp_path: Path) -> None:
@@ -261,6 +251,66 @@ def test_watch_runs_a_spec_once_through_a_symlinked_specs_folder_and_leaves_a_fi
     assert (root / "runs.log").read_text().split() == ["1", "2"]  # no step ran twice
     assert (root / ".kiro/specs/done/tasks.md").read_text() == finished  # left alone
     assert (root / ".kiro/specs/open/tasks.md").exists()  # runs in place: not moved to Done/
+
+
+def test_watch_runs_each_spec_once_through_symlinks_inside_kiro_specs_and_leaves_a_finished_one(
+        tmp_path: Path) -> None:
+    """Symlinks inside `.kiro/specs`: a second name for a spec folder, a second name for a finished one, and a
+    spec folder that is a task folder of Specs/. Each real task file gets one loop; the finished one none. A
+    spec added afterwards shows that the watch looked at every name again meanwhile and started nothing more."""
+    root = tmp_path / "project"
+    specs = root / ".kiro/specs"
+    (specs / "done").mkdir(parents=True)
+    finished = "- [x] 1. Done already\n- [ ]* 2. Optional, never run\n"
+    (specs / "done/tasks.md").write_text(finished)
+    (specs / "done-again").symlink_to("done")
+    (specs / "open").mkdir()
+    (specs / "open/tasks.md").write_text(shell_task(2, cmd='echo "open-$KIRO_STEP_ID" >> runs.log'))
+    (specs / "open-again").symlink_to("open")
+    (root / "Specs/shared").mkdir(parents=True)
+    (root / "Specs/shared/tasks.md").write_text(shell_task(1, cmd='echo "shared-$KIRO_STEP_ID" >> runs.log'))
+    (specs / "shared").symlink_to("../../Specs/shared")
+    ws = Workspace(root)
+    proc = ws.spawn("loop", "watch")
+
+    def ran() -> list[str]:
+        return sorted((root / "runs.log").read_text().split())
+
+    try:
+        ws.wait_for(lambda: ran() == ["open-1", "open-2", "shared-1"], timeout=60, what="three steps")
+        ws.wait_for(lambda: "- [x] 2." in (specs / "open/tasks.md").read_text(), what="boxes")
+        (specs / "later").mkdir()  # the watch's next look at every name: then a new spec runs
+        (specs / "later/tasks.md").write_text(shell_task(1, cmd='echo "later-$KIRO_STEP_ID" >> runs.log'))
+        ws.wait_for(lambda: "- [x] 1." in (specs / "later/tasks.md").read_text(), timeout=60, what="the later spec")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    loops = sorted(json.loads(p.read_text())["task_path"] for p in (root / ".state").rglob("autonomous_loop_*.json")
+                   if "backups" not in p.parts)
+    print("loops:", loops)
+    assert loops == [".kiro/specs/later/tasks.md", ".kiro/specs/open/tasks.md", "Done/shared/tasks.md"], (
+        loops, ws.output(proc))
+    assert ran() == ["later-1", "open-1", "open-2", "shared-1"]  # no step ran twice
+    assert (specs / "done/tasks.md").read_text() == finished  # left alone
+
+
+def test_the_first_loop_a_watch_makes_keeps_kiros_folders_out_of_git(tmp_path: Path) -> None:
+    """The watch makes `.state/` before its first loop: that loop still writes the `.git/info/exclude` block
+    a first `kiro loop start` writes (kiro.git.ignore), once."""
+    root = tmp_path / "project"
+    (root / ".kiro/specs/auth").mkdir(parents=True)
+    (root / ".kiro/specs/auth/tasks.md").write_text(SHELL_SPEC)
+    git_project(root)
+    ws = Workspace(root)
+    proc = ws.spawn("loop", "watch")
+    try:
+        ws.wait_for(lambda: "[x] 2." in (root / ".kiro/specs/auth/tasks.md").read_text(), timeout=60, what="the spec")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    exclude = (root / ".git/info/exclude").read_text()
+    assert exclude.count("# >>> kiro") == 1 and "/.state/" in exclude, (exclude, ws.output(proc))
+    assert git(root, "status", "--porcelain", "--untracked-files=all") == "", ws.output(proc)
 
 
 # -- review points ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from kiro.errors import KiroError
 from kiro.fs import writer
 from kiro.fs.atomic import atomic_write
 from kiro.fs.writer import WriteQueue
-from kiro.store import journal, tasks
+from kiro.store import journal, taskmap, tasks
 from kiro.store.state import StateStore
 from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
@@ -208,17 +208,27 @@ def test_a_batch_start_writes_every_loop_before_it_ends_and_refuses_a_task_twice
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     ws = _workspace(tmp_path / "ws", "http://127.0.0.1:9/v1", 5, 1)
+    texts = {p: p.read_bytes() for p in ws.root.glob("Specs/*/tasks.md")}
     index = LoopIndex(StateStore(ws))
     runs = []
     with pytest.raises(KiroError, match="already"), StartBatch() as batch:
         for arg in ("Specs/t00/tasks.md", "Specs/t01/tasks.md", "Specs/t02/tasks.md", "Specs/t01/tasks.md"):
             runs.append(prepare_start(ws, arg, index=index, batch=batch))
+    for r in runs:
+        if r.release:
+            r.release()
+    assert len({r.state.task_id for r in runs}) == 3  # generated ids, all different
+    assert list(ws.state_dir.glob("autonomous_loop_*")) == []  # refused as a whole: no loop made
+    assert not (ws.state_dir / "task_files.json").exists()
+    assert {p: p.read_bytes() for p in ws.root.glob("Specs/*/tasks.md")} == texts
+    with StartBatch() as batch:  # the same tasks once each: every loop on disk when the batch ends
+        runs = [prepare_start(ws, f"Specs/t0{i}/tasks.md", index=index, batch=batch) for i in range(3)]
     try:
-        ids = [r.state.task_id for r in runs]
-        assert len(set(ids)) == 3  # generated ids, all different
-        for r in runs:  # on disk: the state, and the id in the task file
+        recorded = json.loads((ws.state_dir / "task_files.json").read_text())
+        for r in runs:  # on disk: the state, and which task file it works on, in kiro's state
             assert json.loads(ws.state_file(r.state.task_id).read_text())["task_id"] == r.state.task_id
-            assert f"kiro_task_id: {r.state.task_id}" in r.task_path.read_text()
+            assert recorded[r.state.task_id]["path"] == str(r.task_path)
+        assert {p: p.read_bytes() for p in ws.root.glob("Specs/*/tasks.md")} == texts  # nothing written there
     finally:
         for r in runs:
             if r.release:
@@ -487,7 +497,7 @@ def _flushes_seen(ws: KiroWorkspace, monkeypatch: pytest.MonkeyPatch, *,
 @pytest.mark.parametrize("syncfs", [True, False], ids=["syncfs", "no syncfs"])
 def test_a_batch_start_makes_every_new_file_durable_before_its_rename_and_every_name_before_it_ends(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncfs: bool) -> None:
-    """The loops' first writes are staged: every state file and task file is written to a temp file,
+    """The loops' first writes are staged: every state file and the task files' map is written to a temp file,
     one flush of the file system makes them all durable before any is renamed into place, one more
     makes the names durable before the batch counts its starts and lets go of the start guard (3,000
     fsyncs for 1,000 loops before, on 32 threads). Without syncfs: an fsync per file, then per folder."""
@@ -501,19 +511,19 @@ def test_a_batch_start_makes_every_new_file_durable_before_its_rename_and_every_
                 for i in range(loops)]
         assert seen == []  # nothing written while the loops are prepared
     try:
-        staged = 2 * loops  # a state file and a task file per loop
+        staged = loops + 1  # a state file per loop, and the map of their task files (kiro.store.taskmap)
         if syncfs:
             assert seen == [("syncfs", 0, staged, 0), ("syncfs", loops, 0, 0)], seen
         else:
             files = [x for x in seen if x[0] == "fsync file"]
             assert len(files) == staged and files[0] == ("fsync file", 0, staged, 0), seen
-            assert all(x[0] == "fsync folder" for x in seen[staged:]), seen
-            assert seen[staged] == ("fsync folder", loops, 0, 0), seen
-            assert len(seen) == staged + 1 + loops  # .state/ and each task's folder, once each
+            assert seen[staged:] == [("fsync folder", loops, 0, 0)], seen  # .state/, once
         assert os.path.getsize(ws.state_dir / ".starts") == loops
+        recorded = json.loads((ws.state_dir / "task_files.json").read_text())
         for i in range(loops):
             assert json.loads(ws.state_file(f"t{i:02d}").read_text())["status"] == "pending"
-            assert f"kiro_task_id: t{i:02d}" in (ws.root / f"Specs/t{i:02d}/tasks.md").read_text()
+            assert recorded[f"t{i:02d}"]["path"].endswith(f"Specs/t{i:02d}/tasks.md")
+            assert "kiro_task_id" not in (ws.root / f"Specs/t{i:02d}/tasks.md").read_text()
             assert (ws.state_dir / f"autonomous_loop_t{i:02d}.summary").exists()
     finally:
         for r in runs:
@@ -523,8 +533,8 @@ def test_a_batch_start_makes_every_new_file_durable_before_its_rename_and_every_
 
 def test_a_batch_start_whose_writes_fail_leaves_no_loop_and_no_temp_file_behind(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A task file kiro cannot write (its folder read-only) fails the batch in one line, before any
-    file is renamed: no state file, no `kiro_task_id`, no temp file, every lock let go."""
+    """kiro's state it cannot write (the map of task files, `.state/task_files.json`) fails the batch in one
+    line, before any file is renamed: no state file, no map, no temp file, every lock let go."""
     import kiro.fs.atomic
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -532,14 +542,15 @@ def test_a_batch_start_whose_writes_fail_leaves_no_loop_and_no_temp_file_behind(
     real_open = os.open
 
     def refuse_t02(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if "Specs/t02/.tasks.md" in str(path) and flags & os.O_CREAT:
+        if ".state/.task_files.json" in str(path) and flags & os.O_CREAT:
             raise PermissionError(13, "Permission denied")
         return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(kiro.fs.atomic.os, "open", refuse_t02)
     index = LoopIndex(StateStore(ws))
     runs = []
-    with pytest.raises(KiroError, match=r"Specs/t02/tasks.md: cannot write the task file: Permission denied"):
+    with pytest.raises(KiroError, match=r"task_files.json: cannot record which loop works on which task file: "
+                                        r"Permission denied"):
         with StartBatch() as batch:
             for i in range(3):
                 runs.append(prepare_start(ws, f"Specs/t{i:02d}/tasks.md", task_id=f"t{i:02d}", index=index,
@@ -550,7 +561,7 @@ def test_a_batch_start_whose_writes_fail_leaves_no_loop_and_no_temp_file_behind(
     monkeypatch.undo()
     assert list(ws.state_dir.glob("autonomous_loop_*.json")) == []
     assert list(ws.root.rglob("*.kiro.tmp")) == []
-    assert not any("kiro_task_id" in p.read_text() for p in ws.root.glob("Specs/*/tasks.md"))
+    assert not (ws.state_dir / "task_files.json").exists()
     assert not any(StateStore(ws).is_locked(f"t{i:02d}") for i in range(3))
 
 
@@ -587,9 +598,9 @@ def test_a_batch_start_killed_at_any_moment_loses_no_task_and_runs_no_step_twice
     """`kiro loop start --task ... x20` SIGKILLed while it writes its loops' first files (when the
     first temp files appear, when some state files are in place) or at a random moment (then maybe
     while its loops run): every state file reads, every task file reads with its steps as written, a
-    `kiro_task_id` always has its state file; then the tasks without a loop start and the others
-    resume, and every step ran: a step done before the kill never again, one the kill cut short once
-    more."""
+    loop recorded for a task file (kiro.store.taskmap) always has its state file; then the tasks without
+    a loop start and the others resume, and every step ran: a step done before the kill never again, one
+    the kill cut short once more."""
     import random
     import signal
     import time
@@ -643,13 +654,14 @@ def test_a_batch_start_killed_at_any_moment_loses_no_task_and_runs_no_step_twice
             assert [s.title for s in tf.steps] == ["Step number 1"]
             if tf.steps[0].done:
                 checked.add(name)
-            tid = tf.frontmatter.get("kiro_task_id")
+            assert "kiro_task_id" not in tf.frontmatter
+            tid = taskmap.task_id_for(ws.root / ".state", path)
             if tid:
                 ids_in_files[name] = tid
         log = ws.root / "side_effects.log"
         ran_before = log.read_text().split() if log.exists() else []
         for tid in ids_in_files.values():
-            assert StateStore(KiroWorkspace(ws.root)).exists(tid), f"kiro_task_id {tid} has no state file"
+            assert StateStore(KiroWorkspace(ws.root)).exists(tid), f"recorded loop {tid} has no state file"
         for p in (ws.root / ".state").glob("autonomous_loop_*.json"):
             json.loads(p.read_text())
         # carry on: start what has no loop, resume the rest (in this process); each step runs once

@@ -97,7 +97,7 @@ def test_a_paused_loop_continues_on_the_deletion_of_its_hook(ws: Workspace) -> N
 
 
 def test_a_slow_start_does_not_hold_the_loops_already_running(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A new task file's first writes (state file, lock, its `kiro_task_id`) are made off the event loop
+    """A new task file's first writes (state file, lock, the map of task files) are made off the event loop
     (issue #12 item 5): while its start waits on a slow disk, here until the loop already running has
     done two more steps, that loop goes on. When the start ran on the event loop it held every loop."""
     ws.task(shell_task(8, cmd='echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.1'), "Specs/alpha/tasks.md")

@@ -120,11 +120,12 @@ def detach(argv: list[str], ws: Any, task_id: str) -> None:
 
     out_path = ws.detached_output(check_task_id(task_id))  # the id names the file: checked before it is made
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    store = StateStore(ws)
+    made, existed = not out_path.exists(), store.exists(task_id)
     with open(out_path, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 cwd=current_folder() or ws.root)
-    store = StateStore(ws)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -132,6 +133,8 @@ def detach(argv: list[str], ws: Any, task_id: str) -> None:
             if proc.returncode in LOOP_OUTCOMES:  # it ran and ended before we saw its lock: a short loop
                 console.line(task_id)
                 return
+            if made and tail and store.exists(task_id) == existed:  # refused: its line is said here, and the
+                out_path.unlink(missing_ok=True)  # file made for it goes (kiro.store.workspace.nothing_made_if_refused)
             raise RunError(f"the background loop exited at once (exit {proc.returncode}): "
                            f"{tail[0] if tail else 'see ' + ws.relative(out_path)}")
         if store.is_locked(task_id):
@@ -189,12 +192,23 @@ def spec_task(ws: Any, name: str) -> str:
     raise UserError(f"no Kiro spec {name!r} (no .kiro/specs/{name}/tasks.md); {there}")
 
 
-def start(task: list[str], workspace_path: Path | None = None, config: Path | None = None,
-          max_iterations: int | None = None, failure_threshold: int | None = None, timeout: float | None = None,
-          executor: str | None = None, model: str | None = None, agent: str | None = None,
-          task_id: str | None = None, detached: bool = False, quiet: bool = False, verbose: bool = False,
-          step: str | None = None, fresh: bool = False, spec: list[str] | None = None,
-          sandbox: str | None = None, parallel: int | None = None) -> int:
+def start(task: list[str], workspace_path: Path | None = None, config: Path | None = None, **options: Any) -> int:
+    """`kiro loop start` (`_start`). A start that is refused leaves the workspace as it found it: what it made
+    of kiro's folders is taken away again (kiro.store.workspace.nothing_made_if_refused)."""
+    from kiro.store.settings import settings_for
+    from kiro.store.workspace import nothing_made_if_refused
+
+    ws = workspace(workspace_path)
+    with nothing_made_if_refused(ws.root, lambda: settings_for(ws, config_file=config).ws.state_dir):
+        return _start(task, workspace_path=workspace_path, config=config, **options)
+
+
+def _start(task: list[str], workspace_path: Path | None = None, config: Path | None = None,
+           max_iterations: int | None = None, failure_threshold: int | None = None, timeout: float | None = None,
+           executor: str | None = None, model: str | None = None, agent: str | None = None,
+           task_id: str | None = None, detached: bool = False, quiet: bool = False, verbose: bool = False,
+           step: str | None = None, fresh: bool = False, spec: list[str] | None = None,
+           sandbox: str | None = None, parallel: int | None = None) -> int:
     """`kiro loop start`: the loop's exit code (SPEC §6), or 0 for a loop started in the background. `step`:
     only that step (kiro.core.features.OneStep). `fresh`: set the task's unfinished loop aside first
     (kiro.core.runner.set_aside)."""

@@ -29,14 +29,14 @@ from kiro.fs.atomic import Staged
 from kiro.fs.locks import Flock
 from kiro.git import checkpoints, ignore
 from kiro.status import Status
-from kiro.store import cleanup, kirospec, taskmap, tasks
+from kiro.store import cleanup, taskmap, tasks
 from kiro.store.config import FRONTMATTER_KEYS, Config
 from kiro.store.events import Listener
 from kiro.store.redact import Redactor
 from kiro.store.settings import Located, settings_for
 from kiro.store.state import LoopState, StateStore, effective_status
 from kiro.store.unbuilt import not_built_warnings
-from kiro.store.workspace import Workspace, check_task_id, is_task_id, locate_task
+from kiro.store.workspace import START_GUARD, Workspace, check_task_id, is_task_id, locate_task
 
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex", "StartBatch"]
 
@@ -94,7 +94,7 @@ def choose_executor(cfg: Config, task: tasks.TaskFile, recorded: str | None = No
 @contextlib.contextmanager
 def _workspace_guard(store: StateStore) -> Any:
     """Held while a loop is created, so two `start`s of one task cannot both create a loop."""
-    path = store.ws.state_dir / ".start.lock"
+    path = store.ws.state_dir / START_GUARD
     path.parent.mkdir(parents=True, exist_ok=True)
     store.probe_lock_file(path)
     lock = Flock(path)
@@ -208,7 +208,7 @@ class LoopIndex:
 
 class StartBatch:
     """Loops started together (`kiro loop start --task a --task b ...`): the start guard is taken
-    once and held until every new loop's state file and `kiro_task_id` are on disk, and one look at
+    once and held until every new loop's state file and task file record are on disk, and one look at
     the state files serves the whole batch (no other process creates a loop while the guard is
     held; the batch's own loops are in the index). The loops' first writes are made once every loop
     is prepared, staged (kiro.fs.atomic.Staged): written unsynced, made durable by one flush of the file
@@ -222,6 +222,7 @@ class StartBatch:
         self._settings: dict[str, tuple[Config, Workspace, Redactor]] = {}
         self._swept: set[Path] = set()
         self._started: dict[Path, tuple[StateStore, int]] = {}  # state folder -> loops created there
+        self._task_files: dict[Path, list[tuple[str, Path]]] = {}  # state folder -> its new loops' task files
         self._heap = contextlib.ExitStack()
 
     def settings(self, ws0: Workspace, *, config_file: Path | None, task: tasks.TaskFile,
@@ -258,7 +259,7 @@ class StartBatch:
 
     @contextlib.contextmanager
     def guard(self, store: StateStore) -> Iterator[None]:
-        path = store.ws.state_dir / ".start.lock"
+        path = store.ws.state_dir / START_GUARD
         if path not in self._guards:
             path.parent.mkdir(parents=True, exist_ok=True)
             store.probe_lock_file(path)
@@ -272,6 +273,10 @@ class StartBatch:
         for all of the folder's loops, before the guard is let go."""
         folder = store.ws.state_dir
         self._started[folder] = (store, self._started.get(folder, (store, 0))[1] + 1)
+
+    def remember(self, state_dir: Path, task_id: str, task_path: Path) -> None:
+        """A new loop's task file, recorded in kiro's state (kiro.store.taskmap) with one write per folder."""
+        self._task_files.setdefault(state_dir, []).append((task_id, task_path))
 
     def first_look(self, store: StateStore) -> bool:
         """True once per state folder: the look at its state files under the guard."""
@@ -292,6 +297,9 @@ class StartBatch:
             jobs, self._jobs = self._jobs, []
             for job in jobs:
                 job(staged)
+            task_files, self._task_files = self._task_files, {}
+            for state_dir, loops in task_files.items():
+                taskmap.remember_all(state_dir, loops, staged)
             staged.commit()
         finally:
             staged.discard()  # what a failed job or commit left unplaced
@@ -309,7 +317,9 @@ class StartBatch:
         self._heap.enter_context(heap.long_lived())  # many loops' objects made at once (kiro.core.heap)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # a start of the batch was refused: the batch creates no loop
+            self._jobs, self._task_files, self._started = [], {}, {}
         self.finish()
 
 
@@ -365,30 +375,36 @@ def _check_kiro_task_id(ws: Workspace, path: Path, task: tasks.TaskFile) -> None
     except UserError as exc:
         line = task.frontmatter_lines.get("kiro_task_id", 2)
         raise UserError(f"{ws.relative_name(path)}:{line}: frontmatter key 'kiro_task_id': {exc}; delete that "
-                        f"line and kiro writes a new one") from None
+                        f"line (kiro keeps the loop's id in its own state)") from None
 
 
 def task_id_hint(ws: Workspace, path: Path, task: tasks.TaskFile) -> str | None:
-    """The loop a task file says it belongs to: the `kiro_task_id` of its frontmatter, else, for a file
-    kiro writes nothing into (a Kiro spec's tasks.md), the one kiro's state records (kiro.store.taskmap)."""
+    """The loop a task file belongs to: the `kiro_task_id` of its frontmatter, when a person wrote one there,
+    else the one kiro's state records for it (kiro.store.taskmap)."""
     hint = task.frontmatter.get("kiro_task_id")
     if isinstance(hint, str):
         return hint
-    return taskmap.task_id_for(ws.state_dir, path) if kirospec.in_spec_folder(path) else None
+    return taskmap.task_id_for(ws.state_dir, path)
 
 
-def _in_state(path: Path, task: tasks.TaskFile) -> bool:
-    return "kiro_task_id" not in task.frontmatter and kirospec.in_spec_folder(path)
+def _id_in_file(task: tasks.TaskFile) -> bool:
+    """The person asked for the loop's id in the task file: its frontmatter has a `kiro_task_id` line (even an
+    empty one); kiro keeps it current. Otherwise kiro writes nothing into the file but box characters."""
+    return "kiro_task_id" in task.frontmatter
 
 
 def _remember_task_id(ws: Workspace, path: Path, task: tasks.TaskFile, tid: str) -> None:
-    """A Kiro spec's tasks.md stays as Kiro wrote it, plus box characters: its loop is recorded in
-    kiro's state (unless the person wrote a `kiro_task_id` there). Any other task file gets
-    `kiro_task_id` in its frontmatter (SPEC §2)."""
-    if _in_state(path, task):
-        taskmap.remember(ws.state_dir, tid, path)
-    else:
+    """The loop's id, recorded in kiro's state, and in the file's frontmatter too when the person asked for it."""
+    if _id_in_file(task):
         tasks.set_frontmatter_key(path, "kiro_task_id", tid, expected=task)
+    taskmap.remember(ws.state_dir, tid, path)
+
+
+def _keep_out(ws: Workspace, warnings: list[str]) -> None:
+    """kiro's folders stay out of the person's commits (kiro.git.ignore), and the person is told so."""
+    said = ignore.keep_out(ws)
+    if said:
+        warnings.append(said)
 
 
 def check_new_task_id(store: StateStore, task_id: str) -> str:
@@ -454,7 +470,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     schedule.of_task(task, rel)  # a bad `schedule:` is one clear line, before anything starts
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
     chosen = choose_executor(cfg, task) if executor is None else executor.name  # refused before anything is made
-    first = batch is None and not ws.state_dir.exists()  # the workspace's first start
+    first = not _generation_file(store).exists()  # no loop made here yet (a worker or watch may have made .state/)
     with _workspace_guard(store) if batch is None else batch.guard(store):
         hint = task_id_hint(ws, task_path, task)
         existing = find_loop_for_task(store, task_path, hint, index,
@@ -483,9 +499,10 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         executor_name = executor.name
         if batch is None:
             ws.ensure_folders()  # once nothing refused the start: a refused start creates nothing
-            said = ignore.keep_out(ws) if first else None  # kiro's folders stay out of the person's commits
-            if said:
-                warnings.append(said)
+            if first:
+                _keep_out(ws, warnings)
+        elif first:  # once no start of the batch was refused
+            batch.write(lambda _staged: _keep_out(ws, warnings))
         room_for_loops(1)
         if existing is not None:  # set aside once nothing else can refuse the start
             warnings += set_aside(store, existing.task_id)
@@ -516,13 +533,12 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                     diskfull.reserve(ws.state_dir, tid, reserve_bytes)
                     store.set_role(tid, "loop")
                     store.stage_new(state, staged)
-                    if _in_state(task_path, task):
-                        taskmap.remember(ws.state_dir, tid, task_path)
-                    else:
+                    if _id_in_file(task):
                         tasks.stage_frontmatter_key(task_path, "kiro_task_id", tid, expected=task, staged=staged,
                                                     resolved=True)
 
                 batch.write(create)
+                batch.remember(ws.state_dir, tid, task_path)
                 batch.count_start(store)
             if index is not None:
                 index.note(state, written=batch is None)
@@ -661,8 +677,9 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         recorded = ws.absolute(state.task_path)
         where, path = locate_task(ws, recorded, task_id)
         if path is None:
-            raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} is gone (not in Specs/, Done/ or "
-                               f"Needs_Action/); put it back and resume again")
+            said = ws.relative_name(store.path(task_id))  # the file that names it: a person may fix it there
+            raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} (as {said} records it) is gone (not in "
+                               f"Specs/, Done/ or Needs_Action/); put it back and resume again")
         task = tasks.load(path)
         schedule.of_task(task, ws.relative(path))
         state.overrides = {**state.overrides, **kept_overrides(overrides)}  # what resume names wins

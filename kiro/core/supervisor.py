@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,27 @@ def is_task_candidate(path: Path) -> bool:
 def kiro_specs(root: Path) -> list[Path]:
     """The Kiro specs' task files of the project at `root`: `.kiro/specs/*/tasks.md`, run in place."""
     return [kirospec.specs_folder(root) / name / "tasks.md" for name in kirospec.spec_names(root)]
+
+
+def task_files(ws: Workspace) -> Iterator[tuple[Path, str]]:
+    """The task files a watch looks after (SPEC §3, §13), on either backend: every `*.md` in Specs/ (any
+    depth) and each Kiro spec's `.kiro/specs/*/tasks.md`, as (the path found, its real path), each real file
+    once: a symlinked folder (`ln -s .kiro/specs Specs`, a spec folder linked to another) is one file once."""
+    seen: set[str] = set()
+    for path in [*markdown_files(ws.specs), *kiro_specs(ws.root)]:  # moved by their loops meanwhile
+        if not path.is_file() or not is_task_candidate(path):
+            continue
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            yield path, real
+
+
+def nothing_to_start(task: tasks.TaskFile, real: str, include_optional: bool) -> bool:
+    """A task file without a loop that a watch leaves alone: a finished file (a Kiro spec's, which stays put:
+    every step it would run is done, so a completed spec is not started again) that no schedule runs again."""
+    return bool(task.is_complete(include_optional) and task.counts().total and (
+        kirospec.in_spec_folder(real) or all(s.done for s in task.steps)) and task.frontmatter.get("schedule") is None)
 
 
 @dataclass
@@ -160,7 +181,7 @@ class Supervisor:
     async def _scan(self) -> None:
         """Start a loop for each task file in Specs/ that has none running, and look after each
         unfinished loop nobody runs. The look at the files and the new loops' first writes (state
-        file, lock, the task file's `kiro_task_id`: fsyncs) are made on a worker thread, one scan or
+        file, lock, the map of task files: fsyncs) are made on a worker thread, one scan or
         resume at a time, so that the loops running here go on meanwhile (issue #12 item 5: task
         files dropped in by the hundred held every running loop for the length of the scan)."""
         async with self._preparing:
@@ -191,17 +212,9 @@ class Supervisor:
         if self.ws.global_hook_file.exists():
             return found  # every loop is to pause: start nothing new
         self.index.refresh()  # once per scan, not once per task file (a start refreshes it again, guarded)
-        seen: set[str] = set()  # real paths: a symlinked folder (`ln -s .kiro/specs Specs`) is one file once
-        for path in [*markdown_files(self.ws.specs), *kiro_specs(self.ws.root)]:  # moved by their loops meanwhile
+        for path, real in task_files(self.ws):
             if self.stopping:
                 break
-            if not path.is_file() or not is_task_candidate(path):
-                continue
-            real = os.path.realpath(path)
-            if real in seen:
-                continue
-            seen.add(real)
-            in_spec = kirospec.in_spec_folder(real)
             try:
                 mtime = path.stat().st_mtime
             except OSError:
@@ -226,9 +239,8 @@ class Supervisor:
                 with contextlib.suppress(LockHeld):  # an unfinished loop nobody runs: look after it
                     found.append((existing.task_id, self.store.acquire(existing.task_id, role="watch")))
                 continue
-            if task.is_complete(self.config.include_optional) and task.counts().total and (in_spec or all(
-                    s.done for s in task.steps)) and task.frontmatter.get("schedule") is None:
-                continue  # nothing to do; leave a finished file alone (a scheduled one runs again; a spec stays put)
+            if nothing_to_start(task, real, self.config.include_optional):
+                continue
             try:
                 found.append(prepare_start(self.ws, str(path), config_file=self.config_file,
                                            overrides=self.overrides, index=self.index))

@@ -37,7 +37,7 @@ from typing import Literal
 
 from kiro.fs.diskfull import RESERVE_PREFIX
 from kiro.fs.ownwrites import TEMP_SUFFIX
-from kiro.store import journal, state
+from kiro.store import journal, state, taskmap
 from kiro.store.workspace import Workspace
 
 KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
@@ -47,8 +47,10 @@ KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control 
 STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox", "proposals"})
 STATE_KIRO_FILES = ("events.idx", "memory.db", "kiro.db", "serve.token", "watch.pid")
 # kiro's other files in .state/ that no loop owns: the start counter, the start lock, the watcher's lock, the
-# workspace's id and worker lock (temporal backend); disk reserves (RESERVE_PREFIX) and temp files go by prefix
-STATE_SHARED_FILES = frozenset({".starts", ".start.lock", "watch.lock", "workspace_id", "temporal_worker.lock"})
+# workspace's id and worker lock (temporal backend), the map of task files (every start writes it); disk reserves
+# (RESERVE_PREFIX) and temp files go by prefix
+STATE_SHARED_FILES = frozenset({".starts", ".start.lock", "watch.lock", "workspace_id", "temporal_worker.lock",
+                                taskmap.FILE})
 # kiro's folders in .state/ that hold one file per loop, named by task id (`<task_id><suffix>`)
 STATE_LOOP_DIRS = {"transcripts": ".jsonl", "precheck": ".json"}
 LOOP_PREFIX = "autonomous_loop_"

@@ -34,9 +34,17 @@ def _own_paths(ws: Any, top: Path) -> list[str]:
     return out
 
 
+_looked: set[tuple[str, str]] = set()  # (workspace, state folder): looked at by this process already
+
+
 def keep_out(ws: Any) -> str | None:
     """Write (or bring up to date) kiro's block in `.git/info/exclude`; a line saying so, or None when
-    the workspace is in no git work tree or the block is there already."""
+    the workspace is in no git work tree or the block is there already. Looked at once per process and
+    workspace (a batch start's loops, a watch's first loops ask it each: git is asked once)."""
+    key = (str(ws.root), str(ws.state_dir))
+    if key in _looked:
+        return None
+    _looked.add(key)
     top = toplevel(Path(ws.root))
     if top is None:
         return None

@@ -9,9 +9,10 @@ built around two promises:
   flat lists whose sub-steps are not indented (`- [ ] 2.1` right under `- [ ] 2.`: the numbers say it is a
   sub-step, so `2.` is its parent, as if it were indented).
   The checklist is parsed by hand so that every step knows the exact character offset of its marker.
-* **Edits touch only what kiro owns.** kiro changes marker characters and the `kiro_task_id`
-  frontmatter line, nothing else: every other byte (line endings, BOM, trailing whitespace, a
-  missing final newline, the person's frontmatter) is written back as read. Each edit is a
+* **Edits touch only what kiro owns.** kiro changes marker characters and, where the person wrote
+  one, the `kiro_task_id` frontmatter line (kiro.store.taskmap), nothing else: every other byte (line
+  endings, BOM, trailing whitespace, a missing final newline, the person's frontmatter) is written
+  back as read. Each edit is a
   compare-and-swap: it is made against the bytes on disk, re-done on a fresh read when the file
   changed. A box edit overwrites the marker byte(s) in place and fdatasyncs (issue #12: a rename
   costs ~1 ms here, an in-place byte 0.03 ms); other edits write a temp file + fsync + `os.replace`.

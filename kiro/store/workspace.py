@@ -7,13 +7,15 @@ Layout (SPEC §1):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from kiro.errors import TaskNotFound, UserError
+from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.fs import safeio
 from kiro.store import frontmatter, taskmap
 
@@ -368,6 +370,67 @@ class Workspace:
         for name in FOLDERS:
             (self.root / name).mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+
+
+# -- a start that is refused creates nothing --------------------------------------------------------
+
+START_GUARD = ".start.lock"  # in the state folder: held while a loop is created (kiro.core.runner)
+
+
+@contextlib.contextmanager
+def nothing_made_if_refused(root: Path, state_dir: Callable[[], Path]) -> Iterator[None]:
+    """A start refused (a KiroError) leaves the workspace as it found it: kiro's folders (SPEC §1) that were
+    not there before are taken away again, with the start guard's lock file. Only what is empty goes, and
+    the lock file only when no other process holds it: a start running beside this one loses nothing.
+    `state_dir()`: the state folder the config names, asked only when a start was refused."""
+    try:
+        before = set(os.listdir(root))
+    except OSError:
+        before = None
+    try:
+        yield
+    except KiroError:
+        if before is not None:
+            _take_back(root, before, state_dir)
+        raise
+
+
+def _take_back(root: Path, before: set[str], state_dir: Callable[[], Path]) -> None:
+    try:
+        folders = [state_dir()]
+    except KiroError:  # the config itself was refused: kiro's default
+        folders = [root / ".state"]
+    folders += [root / name for name in FOLDERS]
+    for folder in dict.fromkeys(folders):
+        try:
+            top = folder.relative_to(root).parts[0]
+        except (ValueError, IndexError):
+            continue  # a state folder outside the workspace: not ours to judge
+        if top in before:
+            continue
+        _remove_guard(folder / START_GUARD)
+        for empty in (folder, *folder.relative_to(root).parents[:-1]):
+            path = empty if empty is folder else root / empty
+            try:
+                os.rmdir(path)
+            except OSError:
+                break  # not empty (or gone): kept
+
+
+def _remove_guard(path: Path) -> None:
+    from kiro.fs.locks import Flock, Timeout
+
+    if not os.path.isfile(path):
+        return
+    lock = Flock(path)
+    try:
+        lock.acquire()
+    except (Timeout, OSError):
+        return  # another start holds it: it stays
+    try:
+        lock.remove()
+    finally:
+        lock.release()
 
 
 # -- where a task file is now ------------------------------------------------------------------

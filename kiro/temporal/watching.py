@@ -1,5 +1,6 @@
 """`kiro loop watch` on the temporal backend: the same promises as the local supervisor (SPEC §3) with
-workflows instead of loops in this process. It polls the workspace: a task file in Specs/ without a loop gets a
+workflows instead of loops in this process. It polls the workspace: a task file in Specs/ or a Kiro spec's
+`.kiro/specs/*/tasks.md` without a loop (the same files as the local watch: kiro.core.supervisor.task_files) gets a
 new workflow (at most `max_parallel_loops` running at once); a loop paused by its stop hook continues (signal
 `resume`) once the hook is deleted and the task is in Specs/. The loops run in the workspace worker, so
 stopping the watcher stops no loop."""
@@ -11,13 +12,13 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start
-from kiro.core.supervisor import is_task_candidate
+from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, task_id_hint
+from kiro.core.supervisor import nothing_to_start, task_files
 from kiro.errors import KiroError, LockHeld
 from kiro.status import Status
 from kiro.store import tasks
 from kiro.store.settings import settings_for
-from kiro.store.workspace import Workspace, markdown_files
+from kiro.store.workspace import Workspace
 from kiro.temporal import client as tc
 from kiro.views import console
 
@@ -55,9 +56,7 @@ async def _watch(ws: Workspace, *, config_file: Path | None, overrides: dict[str
         if not ws.global_hook_file.exists():
             index.refresh()
             running = sum(1 for st in index.unfinished() if store.is_locked(st.task_id))
-            for path in markdown_files(ws.specs):  # the workspace worker moves task files meanwhile
-                if not path.is_file() or not is_task_candidate(path):
-                    continue
+            for path, real in task_files(ws):  # as the local watch: Specs/ and .kiro/specs/*/tasks.md
                 try:
                     mtime = path.stat().st_mtime
                 except OSError:
@@ -66,8 +65,7 @@ async def _watch(ws: Workspace, *, config_file: Path | None, overrides: dict[str
                     continue
                 try:
                     task = tasks.load(path)
-                    hint = task.frontmatter.get("kiro_task_id")
-                    existing = find_loop_for_task(store, path, hint if isinstance(hint, str) else None, index,
+                    existing = find_loop_for_task(store, path, task_id_hint(ws, Path(real), task), index,
                                                   refresh=False)
                     if existing is not None:
                         if (existing.status == Status.PAUSED and existing.stop_reason == "stop_hook"
@@ -78,11 +76,13 @@ async def _watch(ws: Workspace, *, config_file: Path | None, overrides: dict[str
                             running += 1
                             say(f"{existing.task_id}: hook deleted; continued")
                         continue
-                    if task.counts().total and all(s.done for s in task.steps):
+                    if nothing_to_start(task, real, cfg.include_optional):
                         continue
                     if running >= limit:
                         continue
                     run = prepare_start(ws, str(path), config_file=config_file, overrides=overrides, index=index)
+                    for line in run.warnings:
+                        console.warning(line)
                     await _begin(client, run)
                     running += 1
                     say(f"{run.state.task_id}: started for {ws.relative(path)}")

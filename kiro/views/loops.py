@@ -9,7 +9,7 @@ from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.executors.kinds import reads_messages
 from kiro.status import RECORDED, Status
-from kiro.store import journal
+from kiro.store import journal, taskmap
 from kiro.store.state import LoopState, StateStore, to_jsonable
 from kiro.store.workspace import Workspace, check_task_id, frontmatter_task_id, locate_task
 
@@ -30,7 +30,7 @@ def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task:
         found = [st for _p, st in store.all_states() if st is not None and st.task_path == rel]
         if not found:
 
-            hint = frontmatter_task_id(path)
+            hint = frontmatter_task_id(path) or taskmap.task_id_for(ws.state_dir, path)  # moved since
             if hint and store.exists(hint):
                 return hint
             raise TaskNotFound(f"no loop has worked on {rel} yet; start one with `kiro loop start --task {rel}`")

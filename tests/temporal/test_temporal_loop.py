@@ -90,3 +90,25 @@ def test_start_starts_the_workspace_worker_when_none_runs(tws: Workspace, projec
         found = re.search(r"\(workspace\) ready: .* pid (\d+)", out.read_text() if out.exists() else "")
         if found:
             os.killpg(int(found.group(1)), signal.SIGTERM)
+
+
+def test_a_kiro_spec_runs_in_place_and_the_first_start_keeps_kiros_folders_out_of_git(
+        tws: Workspace, project: Project, workers: Workers) -> None:
+    """`kiro loop start --spec` on the temporal backend, as locally: the spec's tasks.md gets box characters
+    only, and the first loop made writes the `.git/info/exclude` block (kiro.git.ignore) and says so, though
+    the workspace worker made `.state/` before it."""
+    workers.start_workspace()
+    workers.start("w1")
+    spec = tws.root / ".kiro/specs/auth/tasks.md"
+    spec.parent.mkdir(parents=True)
+    spec.write_text(shell_task(2, cmd='echo "step $KIRO_STEP_ID" >> work.txt'))
+    before = spec.read_text()
+    exclude = tws.root / ".git/info/exclude"
+    assert (tws.root / ".state").is_dir() and "# >>> kiro" not in exclude.read_text()
+    r = tws.kiro("loop", "start", "--spec", "auth", "--task-id", "auth", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "kept kiro's own folders out of git commits" in r.stdout + r.stderr
+    text = exclude.read_text()
+    assert text.count("# >>> kiro") == 1 and "/.state/" in text and "/Logs/" in text, text
+    assert spec.read_text() == before.replace("[ ]", "[x]")  # in place, boxes only
+    assert project.branch_file("auth", "work.txt") == "step 1\nstep 2\n"
