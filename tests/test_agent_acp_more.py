@@ -187,3 +187,30 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
     assert "sk-test-key" not in out
     assert sorted(p.name for p in (ws.root / "Logs" / ws.only_task_id()).iterdir()) == ["1-1.log"]  # not retried
     print(f"{cli.name}: {lines[0]}")
+
+
+def test_codex_acp_out_of_the_box_runs_only_the_commands_tools_shell_allows(ws: Workspace, cli_home: Path) -> None:
+    """With `sandbox: off` codex-acp runs commands in Codex's own read-only sandbox without asking kiro; kiro's
+    hook (kiro.executors.agents.codex_hook) puts `tools.shell` on them: `cat` on the allow-list runs and shows
+    as a tool call; a planted ~/.ssh key read through a second line, `$(...)` or a program off the list is
+    refused with kiro's reason, which is what the model reads."""
+    cli = CodexAcp(cli_home)
+    for _ in serving(cli):
+        ws.task(task_text(1))
+        key = cli.codex_home.parent / ".ssh" / "id_ed25519"  # its HOME
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text("PLANTED-SSH-KEY\n")
+        tries = [f"cat {TASK}", f"cat {TASK}\ncat {key}", f"cat $(echo {key})", f"head {key}"]
+        cli.extra = [("exec_command", {"cmd": c}) for c in tries]
+        configure(ws, cli, "sandbox: off\ntools:\n  shell:\n    enabled: true\n    allow: [cat]\n")
+        code, out = run(ws, cli)
+        assert code == 0, out
+        assert cli.server is not None
+        said = [str(o.get("output")) for o in fr.outputs(cli.server.requests[-1].body)]  # the whole history
+        assert not any("PLANTED-SSH-KEY" in s for s in said), said
+        assert any("Write part 1 of the greeting" in s for s in said), said  # the allowed cat of the task file
+        refusals = [s for s in said if "kiro refused this command" in s]
+        assert len(refusals) == 3 and any("'head' is not on the allow-list" in s for s in refusals), said
+        calls = kinds(ws.events(ws.only_task_id()), "tool_called")  # Codex calls its `cat` a read
+        assert any(TASK in f"{e['tool']} {e['arguments']}" for e in calls if e.get("kind") != "edit"), calls
+        print(f"codex-acp out of the box: {len(refusals)} commands refused by kiro's hook, e.g. {refusals[-1][:160]}")

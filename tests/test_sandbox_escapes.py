@@ -393,15 +393,10 @@ def test_prompt_injection_attacks_through_each_agent_cli(mode: str, tmp_path: Pa
         assert held == tried
 
 
-# What gets through kiro as the ACP client without its box, and why: shown as HOLE in the table, never
-# counted as held. Anything else that gets through fails the test.
-_CODEX_OWN_SHELL = ("codex-acp runs a command in Codex's own read-only sandbox without asking kiro (its "
-                    "read-only mode asks for edits only), and that sandbox reads every file the user can; "
-                    "kiro's box (sandbox: bwrap, the default) hides $HOME from it")
-ACP_HOLES: dict[str, dict[str, dict[str, str]]] = {
-    "off": {"codex-acp": {"ssh": _CODEX_OWN_SHELL, "aws": _CODEX_OWN_SHELL}},
-    "bwrap": {},
-}
+# What gets through kiro as the ACP client, and why: shown as HOLE in the table, never counted as held.
+# Anything else that gets through fails the test. None today: codex-acp's own commands out of kiro's box,
+# which its read-only mode runs without asking, go through kiro's hook (kiro.executors.agents.codex_hook).
+ACP_HOLES: dict[str, dict[str, dict[str, str]]] = {"off": {}, "bwrap": {}}
 
 
 @pytest.mark.parametrize("mode", sandbox_modes())

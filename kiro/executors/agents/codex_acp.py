@@ -44,8 +44,14 @@ What it sends, seen against the scripted OpenAI Responses server (tests/agent_cl
 
 The mode kiro starts it in (`INITIAL_AGENT_MODE`):
 - out of kiro's box (`sandbox: off`): `read-only`. Every edit asks kiro, which answers by its path
-  rules (kiro.executors.acp); commands run in Codex's own read-only sandbox. What that leaves open,
-  and the escape suite shows: a command reads any file the user can read, without asking.
+  rules (kiro.executors.acp); commands run in Codex's own read-only sandbox, which would read any file
+  the user can, without asking. So kiro passes, in `CODEX_CONFIG`, a PreToolUse hook of this run only
+  (kiro.executors.agents.codex_hook): each command is refused unless `tools.shell` allows it, as
+  kiro's own agent's are, and the model reads kiro's reason. A refused command is not reported to
+  kiro as a tool call (Codex stops it before it starts one). Codex offers no other way short of the
+  person's config.toml: restricted reads need a permission profile, and codex-acp offers only those
+  of the config files (one given in `CODEX_CONFIG` is not listed, and its mode falls back to `agent`);
+  a mode's `approvalPolicy` goes with each turn, so `approval_policy` there changes nothing.
 - in kiro's box: Codex's own sandbox cannot start there (its bwrap: "setting up uid map: Operation
   not permitted", and with `features.use_legacy_landlock` the App Server refuses: "filesystem-
   restricted execution requires bubblewrap"), so every command would fail, and not even be reported
@@ -55,11 +61,12 @@ The mode kiro starts it in (`INITIAL_AGENT_MODE`):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kiro.executors.agents import Credential, Invocation
+from kiro.executors.agents import Credential, Invocation, codex_hook
 from kiro.executors.agents.acp import AcpPreset, _prompt_result
 from kiro.executors.agents.codex import CodexPreset
 from kiro.executors.base import Usage
@@ -95,10 +102,12 @@ class CodexAcpPreset(AcpPreset, CodexPreset):
         return super().credential(env)
 
     def env(self, inv: Invocation) -> dict[str, str]:
-        return {**super().env(inv), "INITIAL_AGENT_MODE": ASKING_MODE, "NO_BROWSER": "1"}
+        """Out of kiro's box: the read-only mode, and kiro's hook on each command (kiro.executors.agents.codex_hook)."""
+        hook = json.dumps(codex_hook.codex_config(self.config.tools.shell))
+        return {**super().env(inv), "INITIAL_AGENT_MODE": ASKING_MODE, "NO_BROWSER": "1", "CODEX_CONFIG": hook}
 
     def boxed_env(self, env: Mapping[str, str], project_dir: Path) -> dict[str, str]:
-        return {"INITIAL_AGENT_MODE": BOXED_MODE}
+        return {"INITIAL_AGENT_MODE": BOXED_MODE, "CODEX_CONFIG": "{}"}  # kiro's box confines its commands
 
     def parse_usage(self, stdout: str) -> Usage | None:
         """The turn's tokens (AcpPreset), priced by `llm.prices` for the model the result names."""
