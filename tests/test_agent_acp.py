@@ -461,3 +461,36 @@ def test_the_agents_plan_is_an_event(ws: Workspace, claude_acp: ClaudeAcp) -> No
                                              "[in_progress] Check the box of step 1"], plans
     shown = ws.kiro("loop", "logs", "--task-id", tid).stdout
     assert "plan: [completed] Read the task file; [in_progress] Check the box of step 1" in shown, shown
+
+
+SHELL_ESCAPES = ["ls\ncat ~/.ssh/id_ed25519", "ls $(cat ~/.ssh/id_ed25519)", "ls `cat ~/.aws/credentials`",
+                 "ls $HOME/.ssh", "ls \\\n; cat ~/.ssh/id_ed25519", "ls; cat ~/.ssh/id_ed25519",
+                 "ls && cat ~/.ssh/id_ed25519", "ls | sh", "ls > .state/x"]
+
+
+def test_an_allowed_program_does_not_carry_a_second_one_through_the_agents_shell(tmp_path: Path) -> None:
+    """An ACP agent runs an allowed command through a shell of its own: `tools.shell.allow: [ls]` must not let a
+    second line, `$(...)`, backquotes, `$VAR` or an operator run anything besides `ls`."""
+    import asyncio
+
+    from acp.schema import PermissionOption, ToolCallUpdate
+
+    from kiro.executors.acp import KiroClient, Policy
+    from kiro.store.config import ShellToolSettings
+
+    h, _ = _world(tmp_path)
+    ctx = h.context()
+    ctx.config.tools.shell = ShellToolSettings(enabled=True, allow=["ls"])
+    client = KiroClient(ctx, Policy(ctx))
+    options = [PermissionOption(kind="allow_once", name="Allow", option_id="allow"),
+               PermissionOption(kind="reject_once", name="Reject", option_id="reject")]
+
+    def answer(command: str) -> str:
+        call = ToolCallUpdate(tool_call_id=command, kind="execute", title=command, raw_input={"command": command})
+        outcome = asyncio.run(client.request_permission(options, "s1", call)).outcome
+        return outcome.option_id if outcome.outcome == "selected" else "cancelled"
+
+    assert answer("ls -la src") == "allow"
+    held = sum(answer(command) == "reject" for command in SHELL_ESCAPES)
+    print(f"{len(SHELL_ESCAPES)} second commands behind an allowed `ls`: {held} held")
+    assert held == len(SHELL_ESCAPES)

@@ -26,13 +26,11 @@ import shlex
 import sys
 
 from kiro.executors.tools.errors import ToolError
-from kiro.executors.tools.shell import permitted
+from kiro.executors.tools.shell import permitted_in_shell
 from kiro.store.config import ShellToolSettings
 
 MATCHER = "^Bash$"  # Codex's name for its shell tools in hooks
 TIMEOUT_SECONDS = 30
-# What Codex's shell would expand or run besides the one program: `$(...)`, `$VAR`, backquotes, escapes, lines
-SHELL_EXPANSION = re.compile(r"[$`\\\n\r]")
 # Codex's own edit form: one `apply_patch` of one quoted heredoc, nothing after it
 APPLY_PATCH = re.compile(r"apply_patch <<'(?P<end>[A-Za-z_]+)'\n(?P<body>.*)\n(?P=end)\n?", re.DOTALL)
 
@@ -42,10 +40,8 @@ def refusal(command: str, settings: ShellToolSettings) -> str | None:
     patch = APPLY_PATCH.fullmatch(command)
     if patch is not None and patch["end"] not in patch["body"].split("\n"):
         return None
-    if SHELL_EXPANSION.search(command):
-        return "kiro refuses a command with $, `, \\ or more than one line (the shell would expand or run it)"
     try:
-        permitted(command, settings)
+        permitted_in_shell(command, settings)
     except ToolError as exc:
         return str(exc)
     return None

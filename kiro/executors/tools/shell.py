@@ -17,6 +17,7 @@ are refused on the allow-list unless `tools.shell.trust_agent_code` (see kiro.pr
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -107,6 +108,20 @@ def permitted(command: str, settings: ShellToolSettings) -> list[str]:
     if why is not None:
         raise ToolError(why)
     return argv
+
+
+# What a shell would expand or run besides the one program, beyond split_command's operators: `$(...)`,
+# `$VAR`, backquotes, escapes, a second line
+SHELL_EXPANSION = re.compile(r"[$`\\\n\r]")
+
+
+def permitted_in_shell(command: str, settings: ShellToolSettings) -> list[str]:
+    """`permitted`, for a command an agent runs through a shell of its own (an ACP agent's command, Codex's
+    shell tool): nothing the shell would expand or run besides the one program either."""
+    if SHELL_EXPANSION.search(command):
+        raise ToolError("kiro refuses a command with $, `, \\ or more than one line (the shell would expand "
+                        "or run it)")
+    return permitted(command, settings)
 
 
 async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
