@@ -14,6 +14,7 @@ dead endpoint (`hang = True`: the connection is accepted and never answered).
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ class FakeServer:
         class Handler(_Handler):
             owner = fake
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=self.name, daemon=True)
@@ -99,6 +100,15 @@ class FakeServer:
 
     def answer(self, handler: _Handler, rec: Recorded) -> None:
         raise NotImplementedError
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that hangs up mid-answer (an agent cancelled or killed by kiro) is what a real service
+        sees too: nothing to print. Anything else is printed as http.server does."""
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _Handler(BaseHTTPRequestHandler):
