@@ -17,11 +17,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.agent_clis import Claude
-from tests.agent_clis_more import Gemini
+from tests.agent_clis import CODEX_PRICE, Claude, Cli
+from tests.agent_clis_more import GEMINI_PRICE, Gemini
+from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError, Recorded
 
 HOLD_SECONDS = 120.0  # the longest a held model call waits for the test
+TASK = "Specs/feature/tasks.md"
+PRICES = {"gemini-acp": GEMINI_PRICE, "codex-acp": CODEX_PRICE}  # the agents that report tokens, not money
+
+
+def configure(ws: Workspace, cli: Cli, extra: str = "", loop: str = "") -> None:
+    """The loop's config for an ACP agent: fast timings, the agent, its price when it reports none."""
+    price = PRICES.get(cli.name, "")
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + loop + f"agent: {cli.name}\n" + price + extra)
+
+
+def run(ws: Workspace, cli: Cli, *args: str, timeout: float = 240) -> tuple[int, str]:
+    """`kiro loop start` on TASK with the agent's environment: its exit code and what it printed."""
+    r = ws.kiro("loop", "start", "--task", TASK, *args, env=ws.env(**cli.env()), timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == name]
 
 
 class Held:

@@ -15,31 +15,17 @@ from typing import Any
 import pytest
 
 from tests.agent_clis import serving, task_text
-from tests.agent_clis_acp import ACP_CLIS, ClaudeAcp, GeminiAcp, Held
+from tests.agent_clis_acp import ACP_CLIS, TASK, ClaudeAcp, GeminiAcp, Held, configure, kinds, run
 from tests.agent_clis_more import GEMINI_PRICE
 from tests.conftest import FAST_CONFIG, Workspace
 
-TASK = "Specs/feature/tasks.md"
 AcpCli = ClaudeAcp | GeminiAcp
-
 
 @pytest.fixture(params=sorted(ACP_CLIS))
 def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpCli]:
     yield from serving(ACP_CLIS[request.param](cli_home))
 
 
-def configure(ws: Workspace, cli: AcpCli, extra: str = "", loop: str = "") -> None:
-    price = GEMINI_PRICE if cli.name == "gemini-acp" else ""
-    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + loop + f"agent: {cli.name}\n" + price + extra)
-
-
-def run(ws: Workspace, cli: AcpCli, *args: str, timeout: float = 240) -> tuple[int, str]:
-    r = ws.kiro("loop", "start", "--task", TASK, *args, env=ws.env(**cli.env()), timeout=timeout)
-    return r.returncode, r.stdout + r.stderr
-
-
-def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [e for e in events if e["event"] == name]
 
 
 def test_three_steps_complete_with_tool_calls_and_permissions_as_events(ws: Workspace, cli: AcpCli) -> None:

@@ -10,17 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.agent_clis import CODEX_PRICE, serving, task_text
+from tests.agent_clis import serving, task_text
+from tests.agent_clis_acp import TASK, configure, kinds, run
 from tests.agent_clis_acp_more import ACP_MORE_CLIS, AcpMoreCli, CodexAcp, Held
-from tests.conftest import FAST_CONFIG, Workspace
+from tests.conftest import Workspace
 from tests.fakes import chat as fc
 from tests.fakes import responses as fr
-
-TASK = "Specs/feature/tasks.md"
 
 
 @pytest.fixture(params=sorted(ACP_MORE_CLIS))
@@ -28,18 +26,6 @@ def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpMoreCli]:
     yield from serving(ACP_MORE_CLIS[request.param](cli_home))
 
 
-def configure(ws: Workspace, cli: AcpMoreCli, extra: str = "", loop: str = "") -> None:
-    price = CODEX_PRICE if cli.name == "codex-acp" else ""
-    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + loop + f"agent: {cli.name}\n" + price + extra)
-
-
-def run(ws: Workspace, cli: AcpMoreCli, *args: str, timeout: float = 240) -> tuple[int, str]:
-    r = ws.kiro("loop", "start", "--task", TASK, *args, env=ws.env(**cli.env()), timeout=timeout)
-    return r.returncode, r.stdout + r.stderr
-
-
-def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [e for e in events if e["event"] == name]
 
 
 def test_three_steps_complete(ws: Workspace, cli: AcpMoreCli) -> None:
