@@ -43,6 +43,32 @@ def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [e for e in events if e["event"] == name]
 
 
+def shows_a_tool_call_while_the_step_runs(ws: Workspace, cli: Any, what: str) -> None:
+    """Start a 1-step loop whose second model call the test holds (`cli.held`, set up by the caller), and
+    show that `kiro loop logs --follow` prints the agent's tool call on tasks.md while the step still runs."""
+    held: Held = cli.held
+    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+    follow = None
+    try:
+        assert held.reached.wait(120), ws.output(proc)
+        tid = ws.only_task_id()
+        follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
+        line = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
+                                         if "tasks.md" in x and "(completed)" in x), None),
+                           timeout=60, what=what)
+        assert ws.state(tid)["current_step"]["status"] == "in_progress"  # the step is still running...
+        assert proc.poll() is None and not held.released.is_set()  # ...its model call held by the test
+        held.released.set()
+        assert proc.wait(timeout=120) == 0, ws.output(proc)
+        assert follow.wait(timeout=60) == 0, ws.output(follow)
+        print(f"{cli.name}: while the step ran, `logs --follow` showed: {line.strip()}")
+    finally:
+        held.released.set()
+        for p in (proc, follow):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
 class Held:
     """Hold the `at`-th agent call (1-based) until released; `reached` is set when the call arrives."""
 

@@ -15,7 +15,17 @@ from typing import Any
 import pytest
 
 from tests.agent_clis import serving, task_text
-from tests.agent_clis_acp import ACP_CLIS, TASK, ClaudeAcp, GeminiAcp, Held, configure, kinds, run
+from tests.agent_clis_acp import (
+    ACP_CLIS,
+    TASK,
+    ClaudeAcp,
+    GeminiAcp,
+    Held,
+    configure,
+    kinds,
+    run,
+    shows_a_tool_call_while_the_step_runs,
+)
 from tests.agent_clis_more import GEMINI_PRICE
 from tests.conftest import FAST_CONFIG, Workspace
 
@@ -57,27 +67,8 @@ def test_three_steps_complete_with_tool_calls_and_permissions_as_events(ws: Work
 def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspace, cli: AcpCli) -> None:
     ws.task(task_text(1))
     configure(ws, cli)
-    cli.held = held = Held(at=2)  # the model call after the first tool call waits for the test
-    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
-    follow = None
-    try:
-        assert held.reached.wait(120), ws.output(proc)
-        tid = ws.only_task_id()
-        follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
-        line = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
-                                         if "tasks.md" in x and "(completed)" in x), None),
-                           timeout=60, what="a tool call in `kiro loop logs --follow`")
-        assert ws.state(tid)["current_step"]["status"] == "in_progress"  # the step is still running...
-        assert proc.poll() is None and not held.released.is_set()  # ...its model call held by the test
-        held.released.set()
-        assert proc.wait(timeout=120) == 0, ws.output(proc)
-        assert follow.wait(timeout=60) == 0, ws.output(follow)
-        print(f"{cli.name}: while the step ran, `logs --follow` showed: {line.strip()}")
-    finally:
-        held.released.set()
-        for p in (proc, follow):
-            if p is not None and p.poll() is None:
-                p.kill()
+    cli.held = Held(at=2)  # the model call after the first tool call waits for the test
+    shows_a_tool_call_while_the_step_runs(ws, cli, "a tool call in `kiro loop logs --follow`")
 
 
 @pytest.mark.parametrize("sandbox", ["bwrap", "off"])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent_clis import serving, task_text
-from tests.agent_clis_acp import TASK, configure, kinds, run
+from tests.agent_clis_acp import TASK, configure, kinds, run, shows_a_tool_call_while_the_step_runs
 from tests.agent_clis_acp_more import ACP_MORE_CLIS, AcpMoreCli, CodexAcp, Held
 from tests.conftest import Workspace
 from tests.fakes import chat as fc
@@ -73,27 +73,8 @@ def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspac
     ws.task(task_text(1))
     configure(ws, cli)
     cli.extra = [cli.read_call(str(ws.root / TASK))]
-    cli.held = held = Held(at=2)  # the model call after the read waits for the test
-    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
-    follow = None
-    try:
-        assert held.reached.wait(120), ws.output(proc)
-        tid = ws.only_task_id()
-        follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
-        line = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
-                                         if "tasks.md" in x and "(completed)" in x), None),
-                           timeout=60, what="the read in `kiro loop logs --follow`")
-        assert ws.state(tid)["current_step"]["status"] == "in_progress"  # the step is still running...
-        assert proc.poll() is None and not held.released.is_set()  # ...its model call held by the test
-        held.released.set()
-        assert proc.wait(timeout=120) == 0, ws.output(proc)
-        assert follow.wait(timeout=60) == 0, ws.output(follow)
-        print(f"{cli.name}: while the step ran, `logs --follow` showed: {line.strip()}")
-    finally:
-        held.released.set()
-        for p in (proc, follow):
-            if p is not None and p.poll() is None:
-                p.kill()
+    cli.held = Held(at=2)  # the model call after the read waits for the test
+    shows_a_tool_call_while_the_step_runs(ws, cli, "the read in `kiro loop logs --follow`")
 
 
 def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace,
