@@ -72,6 +72,24 @@ class Git(Feature):
         return conditions.needs_action(f"{result.problem}; see {s.report_path}", "merge_conflict")
 
 
+class GitAttempts(Feature):
+    """The times of a step's attempts, for its checkpoint to tell the files it changed from a person's or
+    another loop's (kiro.git.checkpoints). Last of the features: an attempt another feature holds back
+    never starts."""
+
+    def __init__(self, git: Git) -> None:
+        self.git = git
+
+    async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
+        if self.git.git is not None:
+            await asyncio.to_thread(self.git.git.attempt_started, step_id, Path(loop.task_path))
+        return None, True
+
+    async def after_step(self, loop: LoopHandle, step_id: str) -> None:
+        if self.git.git is not None:
+            await asyncio.to_thread(self.git.git.attempt_ended)
+
+
 class Approval(Feature):
     """Proposals a person moved to Approved/ or Rejected/ are applied each time round; a task whose
     steps are all done while proposals still wait pauses for the person."""
@@ -271,4 +289,5 @@ def standard(*, git: bool = True) -> list[Feature]:
 
     if not git:
         return [Approval(), Schedule(), ReviewPoints(), PreCheck()]
-    return [Git(), Approval(), Schedule(), ReviewPoints(), PreCheck(), Parallel()]
+    git_feature = Git()
+    return [git_feature, Approval(), Schedule(), ReviewPoints(), PreCheck(), Parallel(), GitAttempts(git_feature)]

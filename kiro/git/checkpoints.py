@@ -18,6 +18,7 @@ a whole one; what a kill can leave behind is a lock file (`index.lock`, `HEAD.lo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -25,11 +26,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from kiro import timeutil
 from kiro.errors import KiroError, UserError
+from kiro.fs.atomic import atomic_write
 from kiro.store.workspace import locate_task
 
 KIRO_NAME = "kiro"
@@ -38,22 +40,34 @@ GIT_TIMEOUT = 300.0
 LOCK_WAIT_SECONDS = 30.0
 LOCK_MIN_AGE = 1.0  # a lock younger than this may belong to a git that is only starting
 
-# Environment variables that would point git somewhere else or make it run programs.
-_DROP_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-             "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES", "GIT_CONFIG", "GIT_CONFIG_PARAMETERS",
-             "GIT_CONFIG_COUNT", "GIT_EXEC_PATH", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "SSH_ASKPASS",
-             "GIT_EXTERNAL_DIFF", "GIT_PAGER", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "GIT_TRACE", "GIT_QUARANTINE_PATH",
-             "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL",
-             "GIT_COMMITTER_DATE", "EMAIL")
-
-# `-c` settings for every git kiro runs, and for the commits kiro makes.
+# `-c` settings for every git kiro runs: nothing a repository's config or a work tree names is run (hooks,
+# fsmonitor, an external diff, a pager or editor, an ssh or proxy command, a credential helper, an alternate
+# refs command, a signature check), no repository is found by walking into an implicit bare repository, and
+# nothing recurses into another repository (a submodule or a nested repository a step made: its own config
+# would be read there, its filters and fsmonitor run). Remote protocols are closed except for the commands
+# that talk to a remote the person configured (`_REMOTE`).
 _SAFE = ("-c", "core.fsmonitor=false", "-c", "core.pager=cat", "-c", "core.editor=true", "-c", "gc.auto=0",
          "-c", "maintenance.auto=false", "-c", "advice.detachedHead=false", "-c", "color.ui=false",
          "-c", "core.hooksPath=/dev/null", "-c", "core.sshCommand=ssh", "-c", "core.askPass=",
-         "-c", "credential.helper=", "-c", "diff.external=", "-c", "core.gitProxy=")
-# A program the repository's own config names for a driver: an agent can write .git/config and
-# .gitattributes, so each one found is switched off for kiro's git (an empty command runs nothing;
-# a merge driver becomes `false`, a conflict for a person).
+         "-c", "credential.helper=", "-c", "diff.external=", "-c", "core.gitProxy=",
+         "-c", "core.alternateRefsCommand=", "-c", "core.attributesFile=/dev/null", "-c", "log.showSignature=false",
+         "-c", "safe.bareRepository=explicit", "-c", "submodule.recurse=false", "-c", "status.submoduleSummary=false",
+         "-c", "diff.ignoreSubmodules=all", "-c", "fetch.recurseSubmodules=false", "-c", "push.recurseSubmodules=no",
+         "-c", "core.untrackedCache=false", "-c", "protocol.ext.allow=never")
+_CLOSED = ("-c", "protocol.allow=never")
+_REMOTE = frozenset({"clone", "fetch", "push", "ls-remote"})
+# Commands that look at a work tree's files through git's diff machinery: with a gitlink in the index (a
+# submodule, or a nested repository recorded as one) git runs `git status` inside it, with its config, unless
+# told on the command line (a `.gitmodules` entry `ignore = none` beats any config kiro could give).
+_LOOKS = frozenset({"status", "diff", "diff-files", "diff-index"})
+# Porcelain that stages or commits from the work tree: each walks into nested repositories (their filters run)
+# and none takes `--ignore-submodules`. kiro stages named files with `update-index` and commits with
+# `write-tree` / `commit-tree` / `update-ref` (`commit_files`).
+_NEVER = frozenset({"add", "commit", "stash", "submodule", "pull", "am", "rebase", "cherry-pick"})
+# A program the repository's own config names for a driver: attributes in the work tree (which a step writes)
+# may name any of them, so each one the config kiro's git reads defines is switched off for kiro's git (an
+# empty command runs nothing; a merge driver becomes `false`, a conflict for a person). That config is the
+# top repository's alone: kiro's git never reads another repository's (`_LOOKS`, `_NEVER`, `scan`).
 _DRIVER = re.compile(r"^(filter|diff|merge)\.(.+)\.(clean|smudge|process|command|textconv|driver)$")
 _OFF = {"clean": "", "smudge": "", "process": "", "command": "", "textconv": "", "driver": "false"}
 _COMMIT = ("-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false",
@@ -91,10 +105,10 @@ def _person_excludes() -> list[str]:
     must stay out of kiro's commits too. Reading a value runs nothing."""
     with _lock:
         if not _excludes_file:
-            env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
-            env["GIT_CONFIG_NOSYSTEM"] = "1"
+            env = git_env()
+            env.pop("GIT_CONFIG_GLOBAL")  # the person's own, for this one value
             try:
-                proc = subprocess.run(["git", "config", "--global", "--path", "--get", "core.excludesFile"],
+                proc = subprocess.run(command(("config", "--global", "--path", "--get", "core.excludesFile")),
                                       env=env, capture_output=True, text=True, timeout=30, cwd="/")
                 path = proc.stdout.strip() if proc.returncode == 0 else ""
             except (OSError, subprocess.TimeoutExpired):
@@ -105,12 +119,18 @@ def _person_excludes() -> list[str]:
 
 
 def git_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV and not k.startswith("GIT_TRACE")}
+    """The environment of every git kiro runs: none of the `GIT_*` variables kiro was started with (each
+    one points git elsewhere, makes it run a program or changes what a pathspec means), no system or
+    global config, no prompt, no lazy fetch, no protocol a URL alone asks for."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k != "EMAIL"}
     env.update({
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_ATTR_NOSYSTEM": "1",
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_OPTIONAL_LOCKS": "0",
+        "GIT_NO_LAZY_FETCH": "1",
+        "GIT_PROTOCOL_FROM_USER": "0",
         "GIT_EDITOR": "true",
         "GIT_PAGER": "cat",
         "GIT_MERGE_AUTOEDIT": "no",
@@ -118,6 +138,24 @@ def git_env() -> dict[str, str]:
         "LANG": "C",
     })
     return env
+
+
+def command(args: Sequence[str], *, extra: Sequence[str] = (), commit: bool = False) -> list[str]:
+    """The command line of every git kiro runs (with `git_env()`): kiro's safe settings, `extra` (settings
+    that switch off the repository's drivers, the person's ignore file) and `args`, where a command that looks
+    at work-tree files through diffs never looks into another repository. Refuses the porcelain that would
+    (`_NEVER`): a programming error, never a step's doing."""
+    args = list(args)
+    i = 0
+    while i < len(args) and args[i] == "-c":  # a caller's own `-c name=value` before the command
+        i += 2
+    sub = args[i] if i < len(args) else ""
+    if sub in _NEVER:
+        raise GitError(f"kiro's git does not run `git {sub}` (it would read nested repositories); "
+                       f"use update-index / commit_files")
+    if sub in _LOOKS:
+        args.insert(i + 1, "--ignore-submodules=all")
+    return ["git", *_SAFE, *(() if sub in _REMOTE else _CLOSED), *extra, *(_COMMIT if commit else ()), *args]
 
 
 @dataclass
@@ -129,7 +167,7 @@ class Git:
 
     def run(self, *args: str, check: bool = True, commit: bool = False, input: str | None = None,
             timeout: float = GIT_TIMEOUT) -> subprocess.CompletedProcess[str]:
-        argv = ["git", *_SAFE, *self.drivers_off(), *_person_excludes(), *(_COMMIT if commit else ()), *args]
+        argv = command(args, extra=[*self.drivers_off(), *_person_excludes()], commit=commit)
         try:
             proc = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, input=input,
                                   timeout=timeout, errors="replace")
@@ -144,11 +182,19 @@ class Git:
             raise GitError(f"`git {' '.join(args[:2])}` failed in {self.cwd}: {last}")
         return proc
 
+    def raw(self, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
+        """A command's output as bytes (a blob's content), run as `run` runs it."""
+        argv = command(args, extra=[*self.drivers_off(), *_person_excludes()])
+        try:
+            return subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, timeout=timeout).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return b""
+
     def drivers_off(self) -> list[str]:
         """`-c` overrides that switch off every filter, diff and merge driver the repository's config
         (with what it includes) names. Listing the config's names runs no program."""
         try:
-            proc = subprocess.run(["git", "config", "--null", "--name-only", "--list"], cwd=self.cwd,
+            proc = subprocess.run(command(("config", "--null", "--name-only", "--list")), cwd=self.cwd,
                                   env=self.env, capture_output=True, timeout=GIT_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired):
             return []
@@ -377,15 +423,100 @@ def pathspec(project_rel: str, excludes: Sequence[str]) -> list[str]:
     return spec
 
 
-def _only_ignored(stderr: str, excludes: Sequence[str]) -> bool:
-    """Is `git add`'s complaint only that some of kiro's own (excluded) paths are ignored? Ignored whole,
-    a folder is named for the excluded file in it (`config` for config/autonomous_loop.yaml)."""
-    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
-    if not lines or lines[0] != "The following paths are ignored by one of your .gitignore files:":
+Fingerprint = tuple[int, int, int, int, int] | None  # inode, size, mtime, ctime, mode; None: no file there
+
+
+def _fingerprint(path: Path) -> Fingerprint:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
+@dataclass
+class Scan:
+    """The project's files that differ from HEAD (staged or not, untracked too), each with its fingerprint;
+    and the folders that hold another repository (a nested `.git`, a submodule): never recorded, never
+    looked into."""
+
+    changed: dict[str, Fingerprint] = field(default_factory=dict)
+    nested: list[str] = field(default_factory=list)
+
+
+def scan(git: Git, spec: Sequence[str]) -> Scan:
+    """What `git status` says differs in `spec`, paths from the top of `git`'s work tree. git lists a
+    nested repository as its folder (`sub/`) and never descends into it (`--ignore-submodules=all`, by
+    `command`); a path that is a folder here is one too (a gitlink)."""
+    out = git.run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--", *spec).stdout
+    found = Scan()
+    for rec in out.split("\0"):
+        if len(rec) < 4:
+            continue
+        path = rec[3:]
+        full = git.cwd / path
+        if path.endswith("/") or (full.is_dir() and not full.is_symlink()):
+            found.nested.append(path.rstrip("/"))
+            continue
+        found.changed[path] = _fingerprint(full)
+    return found
+
+
+def commit_files(git: Git, paths: Sequence[str], message: str, *, allow_empty: bool = False) -> str | None:
+    """Commit exactly `paths` (from the top of `git`'s work tree; each as it is in the work tree now, or
+    removed when gone) on top of HEAD, and nothing else: built in a private index (`update-index`, no
+    porcelain: nothing recurses into another repository), committed with `commit-tree`, HEAD moved only
+    if it did not move meanwhile; then the work tree's own index takes those paths as committed (the rest
+    of it, what a person staged, stays). Returns the commit, or None when it would change nothing."""
+    head = git.run("rev-parse", "-q", "--verify", "HEAD", check=False).stdout.strip() or None
+    gitdir = Path(git.out("rev-parse", "--absolute-git-dir"))
+    tmp = gitdir / f"kiro-commit-{os.getpid()}-{threading.get_ident()}.index"
+    private = Git(git.cwd, {**git.env, "GIT_INDEX_FILE": str(tmp)})
+    try:
+        private.run("read-tree", *((head,) if head else ("--empty",)))
+        if paths:
+            private.run("update-index", "--add", "--remove", "-z", "--stdin", input="\0".join(paths) + "\0")
+        tree = private.out("write-tree")
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    if not allow_empty and head is not None and tree == git.out("rev-parse", f"{head}^{{tree}}"):
+        return None
+    sha = git.run("commit-tree", tree, *(("-p", head) if head else ()), "-F", "-", commit=True,
+                  input=message).stdout.strip()
+    git.run("update-ref", "-m", "kiro: checkpoint", "HEAD", sha, head or "0" * 40)
+    if paths:  # the index follows HEAD for these paths (no work-tree read: `reset -q` refreshes nothing)
+        git.run("reset", "-q", sha, "--pathspec-from-file=-", "--pathspec-file-nul",
+                input="\0".join(f":(top,literal){p}" for p in paths) + "\0")
+    return sha
+
+
+def commit_index(git: Git, message: str, parents: Sequence[str]) -> str:
+    """Commit the work tree's index as it is (a revert or a merge staged it) on `parents`, and move HEAD
+    there (only from `parents[0]`). No porcelain: nothing runs, nothing looks into another repository."""
+    tree = git.out("write-tree")
+    sha = git.run("commit-tree", tree, *(a for p in parents for a in ("-p", p)), "-F", "-", commit=True,
+                  input=message).stdout.strip()
+    git.run("update-ref", "-m", "kiro: commit", "HEAD", sha, parents[0])
+    return sha
+
+
+def msg_of_merge(task_id: str, branch: str) -> str:
+    return f"kiro({task_id}): merge {branch}\n\nKiro-Task-Id: {task_id}\nKiro-Merge: {branch}\n"
+
+
+MARGIN_NS = 50_000_000  # a file's ctime comes from a coarse clock: up to a tick before the time kiro read
+WINDOW_KEEP_NS = 12 * 3600 * 10**9  # another loop's attempts older than this can no longer overlap a step
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    ours = {e.rstrip("/") for e in excludes}
-    ours |= {parent.as_posix() for e in ours for parent in PurePosixPath(e).parents if parent.name}
-    return all(ln.rstrip("/") in ours or ln.startswith("hint:") for ln in lines[1:])
+    except PermissionError:
+        return True
+    return True
 
 
 class LoopGit:
@@ -405,6 +536,12 @@ class LoopGit:
         self._locks: list[Path] = []
         self._common = ""
         self.redact: Callable[[str], str] | None = None  # the run's redactor (Engine._open_git): commit messages
+        # the step under way (see `attempt_started`): the changed files when it began, its attempts' times,
+        # the loop's own task file and the files kiro itself wrote for it (a step run side by side)
+        self._before: dict[str, Fingerprint] | None = None
+        self._attempts: list[list[int | None]] = []
+        self._own: str | None = None
+        self._step: str | None = None
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -549,8 +686,156 @@ class LoopGit:
                 return c.sha
         return None
 
+    # -- which files a step changed ------------------------------------------------------------
+    #
+    # Loops may share a work tree (`watch` runs several; so do two terminals), and a person works in it too.
+    # A step's checkpoint holds what that step changed, and only that: the files whose state differs from
+    # the one they had when the step began (`_before`), changed while one of its attempts ran (their
+    # ctime, which no program can set back, within an attempt's time) and not while another loop's attempt
+    # ran in the same work tree (`_others`, from `<git common dir>/kiro/steps/`, read-only in the box).
+    # A file that already held uncommitted changes when the step began is a person's (or another loop's):
+    # never committed by kiro. A file two loops' steps may both have changed is left for a person, and the
+    # event says so: kiro cannot tell which of them wrote it.
+
+    def _steps_dir(self) -> Path:
+        return Path(self._common) / "kiro" / "steps"
+
+    def attempt_started(self, step_id: str, task_file: Path | None = None) -> None:
+        """An attempt at `step_id` begins (the step's first: its files are noted as they are now)."""
+        if self._step != step_id and self._before is not None:
+            self._retire()  # the last step ended without a checkpoint (it failed, or the loop moved on)
+        now = time.time_ns()
+        if task_file is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._own = task_file.resolve().relative_to(self.tree.resolve()).as_posix()
+        if self._attempts and self._attempts[-1][1] is None:
+            self._attempts[-1][1] = now  # an attempt that never reported its end
+        if self._before is None:
+            try:
+                self._before = scan(self.git, self.spec).changed
+            except GitError:
+                return
+            self._step = step_id
+        self._attempts.append([now, None])
+        self._publish()
+
+    def attempt_ended(self) -> None:
+        if self._attempts and self._attempts[-1][1] is None:
+            self._attempts[-1][1] = time.time_ns()
+            self._publish()
+
+    def _record(self) -> dict[str, Any]:
+        try:
+            rec = json.loads((self._steps_dir() / f"{self.task_id}.json").read_text())
+            return rec if isinstance(rec, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _publish(self, past: Sequence[list[int | None]] = ()) -> None:
+        """This loop's step, for the other loops of this work tree to read (and for itself after a restart)."""
+        if not self._common:
+            return
+        keep = time.time_ns() - WINDOW_KEEP_NS
+        old = [w for w in self._record().get("past", []) if isinstance(w, list) and len(w) == 2 and (w[1] or 0) > keep]
+        record = {"pid": os.getpid(), "tree": str(self.tree.resolve()), "own": self._own, "step": self._step,
+                  "before": self._before, "attempts": self._attempts, "past": [*old, *past]}
+        with contextlib.suppress(OSError):
+            self._steps_dir().mkdir(parents=True, exist_ok=True)
+            atomic_write(self._steps_dir() / f"{self.task_id}.json", json.dumps(record).encode())
+
+    def _retire(self) -> None:
+        """The step is over: its attempts stay (as past) for the loops whose steps overlapped it."""
+        now = time.time_ns()
+        done = [[s, e or now] for s, e in self._attempts]
+        self._before, self._attempts, self._step = None, [], None
+        self._publish(done)
+
+    def _recover(self, step_id: str) -> None:
+        """After a restart: the step's files and attempts as the run that was killed noted them."""
+        rec = self._record()
+        if self._before is None and rec.get("step") == step_id and isinstance(rec.get("before"), dict):
+            self._before = {k: tuple(v) if v else None for k, v in rec["before"].items()}
+            self._attempts = [[int(s), int(e) if e else None] for s, e in rec.get("attempts", [])]
+            self._step = step_id
+            self._own = rec.get("own") or self._own
+
+    def _others(self) -> tuple[list[tuple[str, int, int]], set[str]]:
+        """The other loops' attempts in this work tree (task id, start, end) and their task files."""
+        spans: list[tuple[str, int, int]] = []
+        files: set[str] = set()
+        now = time.time_ns()
+        me = str(self.tree.resolve())
+        with contextlib.suppress(OSError):
+            for path in self._steps_dir().glob("*.json"):
+                if path.stem == self.task_id:
+                    continue
+                try:
+                    rec = json.loads(path.read_text())
+                    if rec.get("tree") != me:
+                        continue
+                    alive = _alive(int(rec.get("pid", 0)))
+                    stamp = path.stat().st_mtime_ns
+                    if rec.get("own"):
+                        files.add(str(rec["own"]))
+                    for start, end in [*rec.get("past", []), *rec.get("attempts", [])]:
+                        # an attempt still open: running until now, or, its loop dead, until it last wrote
+                        spans.append((path.stem, int(start), int(end) if end else (now if alive else stamp)))
+                except (OSError, ValueError, TypeError):
+                    continue
+        return spans, files
+
+    def _changed_at(self, path: str) -> int:
+        """When `path` last changed: its ctime, or for a file removed, its nearest folder's."""
+        full = self.tree / path
+        while True:
+            try:
+                return os.lstat(full).st_ctime_ns
+            except OSError:
+                if full == self.tree or full.parent == full:
+                    return 0
+                full = full.parent
+
+    def _ours(self, now: Scan) -> tuple[list[str], dict[str, list[str]]]:
+        """The step's files, and the files left out, by why."""
+        before = self._before
+        left: dict[str, list[str]] = {}
+        if now.nested:
+            left["another repository (never recorded nor looked into by kiro)"] = now.nested
+        ours: list[str] = []
+        spans, others_files = self._others()
+        end = time.time_ns()
+        mine = [(s or 0, e or end) for s, e in self._attempts]
+        for path, fp in now.changed.items():
+            if before is not None and path in before and before[path] == fp:
+                continue  # as it was when the step began: not the step's
+            if path == self._own:  # the loop's task file: the box kiro checked
+                if before is not None and path in before:
+                    left.setdefault("held uncommitted changes before the step", []).append(path)
+                else:
+                    ours.append(path)
+                continue
+            if before is None:
+                left.setdefault("changed while kiro did not watch (a restart)", []).append(path)
+                continue
+            if path in before:
+                left.setdefault("held uncommitted changes before the step", []).append(path)
+                continue
+            if path in others_files:
+                left.setdefault("another loop's task file", []).append(path)
+                continue
+            at = self._changed_at(path)
+            during = any(s - MARGIN_NS <= at <= e + MARGIN_NS for s, e in mine)
+            also = sorted({t for t, s, e in spans if s - MARGIN_NS <= at <= e + MARGIN_NS})
+            if during and not also:
+                ours.append(path)
+            elif during:
+                left.setdefault(f"changed while a step of loop {', '.join(also)} also ran", []).append(path)
+            else:
+                left.setdefault("changed while no attempt of this step ran (a person's edit?)", []).append(path)
+        return sorted(ours), left
+
     def step_completed(self, step_id: str, title: str, iteration: int, *, recovering: bool = False) -> Result:
-        """Commit the project's changes for a completed step; no commit when nothing changed."""
+        """Commit the files the step changed (see above); no commit when it changed none."""
         res = Result()
         try:
             # one commit at a time per index: loops sharing a work tree take turns, worktrees do not wait
@@ -562,35 +847,27 @@ class LoopGit:
                         res.commit = found
                         res.events.append(("checkpoint_recovered", {"step_id": step_id, "commit": found}))
                         return res
-                self._add()
-                if self.git.run("diff", "--cached", "--quiet", "--no-ext-diff", "--", *self.spec,
-                                check=False).returncode == 0:
+                if recovering:
+                    self._recover(step_id)
+                ours, left = self._ours(scan(self.git, self.spec))
+                for why, paths in left.items():
+                    res.events.append(("checkpoint_left_out", {"step_id": step_id, "files": paths, "reason": why}))
+                msg = step_message(self.task_id, step_id, title, iteration, self.redact)
+                commit = self._retry(lambda: commit_files(self.git, ours, msg)) if ours else None
+                if commit is None:
                     res.note = "no changes"
                     res.events.append(("checkpoint_skipped", {"step_id": step_id, "reason": "no_changes"}))
                     return res
-                msg = step_message(self.task_id, step_id, title, iteration, self.redact)
-                self._retry(lambda: self.git.run("commit", "-q", "--no-verify", "-F", "-", "--", *self.spec,
-                                                 commit=True, input=msg))
-                res.commit = self._head_for(step_id, iteration)
+                res.commit = commit
+                res.files = ours
                 res.events.append(("checkpoint_created", {"step_id": step_id, "commit": res.commit}))
         except GitError as exc:
             res.commit = None
             res.note = f"failed: {exc}"
             res.events.append(("checkpoint_failed", {"step_id": step_id, "error": str(exc)}))
+        finally:
+            self._retire()
         return res
-
-    def _add(self) -> None:
-        self._retry(self._add_once)
-
-    def _add_once(self) -> None:
-        """`git add -A` of the project without kiro's folders. When the person's .gitignore lists one
-        of those folders (`.state/`, `Logs/`), git names it as an ignored path and exits 1 although it
-        staged everything else: that is no failure."""
-        proc = self.git.run("-c", "advice.addIgnoredFile=false", "add", "-A", "--", *self.spec, check=False)
-        if proc.returncode == 0 or _only_ignored(proc.stderr, self.excludes):
-            return
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise GitError(f"`git add -A` failed in {self.tree}: {detail[-1] if detail else f'exit {proc.returncode}'}")
 
     def _retry(self, action: Callable[[], Any], attempts: int = 5) -> Any:
         """git fails at once when another git holds a lock; wait for it and try again."""
@@ -598,39 +875,18 @@ class LoopGit:
             try:
                 return action()
             except GitError as exc:
-                if ".lock" not in str(exc) or n == attempts - 1:
+                if (".lock" not in str(exc) and "update-ref" not in str(exc)) or n == attempts - 1:
                     raise
                 events: list[tuple[str, dict[str, Any]]] = []
                 self._clear_locks(events)
                 time.sleep(0.1 * (n + 1))
         return None
 
-    def _head_for(self, step_id: str, iteration: int) -> str:
-        head = self.git.run("log", "-1", "--format=%H%x1f%B", "HEAD").stdout
-        sha, _, body = head.partition("\x1f")
-        t = trailers(body)
-        if t.get("Kiro-Step-Id") == _one_line(step_id) and t.get("Kiro-Iteration") == str(iteration):
-            return sha.strip()
-        found = self.find(step_id, iteration)  # a person committed right after kiro
-        if found is None:
-            raise GitError(f"the checkpoint commit of step {step_id} is not in the history of HEAD")
-        return found
-
     def dirty(self) -> list[str]:
-        """Changes in the project's files (kiro's folders left out), staged or not, untracked too."""
-        out = self.git.run("status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *self.spec).stdout
-        files = []
-        parts = out.split("\0")
-        i = 0
-        while i < len(parts):
-            rec = parts[i]
-            i += 1
-            if len(rec) < 4:
-                continue
-            files.append(rec[3:])
-            if rec[0] in "RC":
-                i += 1  # the rename's source path follows
-        return files
+        """Changes in the project's files (kiro's folders left out), staged or not, untracked too; a nested
+        repository by its folder."""
+        found = scan(self.git, self.spec)
+        return [*found.changed, *found.nested]
 
     # -- the end of a loop -------------------------------------------------------------------
 
@@ -664,7 +920,9 @@ class LoopGit:
                 if unmerged:
                     return self._conflict(res, unmerged)
                 # a merge stopped before its commit (a kill) with nothing unresolved: conclude it
-                main.run("commit", "-q", "--no-verify", "--no-edit", commit=True)
+                merging = main.out("rev-parse", "MERGE_HEAD")
+                commit_index(main, msg_of_merge(self.task_id, info.branch), [main.out("rev-parse", "HEAD"), merging])
+                main.run("merge", "--quit", check=False)
                 return self._merged(res, main, tip)
             return self._merge(res, main, tip)
 
@@ -675,8 +933,7 @@ class LoopGit:
         info = self.info
         assert info.branch is not None
         info.merge_status = "merging"
-        msg = (f"kiro({self.task_id}): merge {info.branch}\n\nKiro-Task-Id: {self.task_id}\n"
-               f"Kiro-Merge: {info.branch}\n")
+        msg = msg_of_merge(self.task_id, info.branch)
         head = main.out("rev-parse", "HEAD")
         planned = main.run("merge-tree", "--write-tree", "--no-messages", head, tip, check=False)
         if planned.returncode == 0:
@@ -767,8 +1024,7 @@ class LoopGit:
             have = file.read_bytes()
         except OSError:
             return False
-        want = subprocess.run(["git", *_SAFE, "cat-file", "blob", merged], cwd=main.cwd, env=main.env,
-                              capture_output=True, timeout=GIT_TIMEOUT).stdout
+        want = main.raw("cat-file", "blob", merged)
         return len(have) < len(want) and want.startswith(have)
 
     def _unmerged(self, main: Git) -> list[str]:
@@ -978,12 +1234,11 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
                 unmerged = lg._unmerged(git)
                 git.run("revert", "--abort", check=False)
                 git.run("reset", "-q", "--merge", check=False)
-                raise UserError(f"a person's commits after step {to_step!r} touch the same lines as kiro's "
+                raise UserError(f"{_whose(others)} after step {to_step!r} touch the same lines as this loop's "
                                 f"({', '.join(unmerged[:5]) or 'see git revert'}); undo kiro's commits by hand with "
                                 f"`git revert` ({', '.join(s[:12] for s in ours[:5])})")
             if git.run("diff", "--cached", "--quiet", "--no-ext-diff", "--", *lg.spec, check=False).returncode != 0:
-                git.run("commit", "-q", "--no-verify", "-F", "-", "--", *lg.spec, commit=True, input=msg)
-                commit = git.out("rev-parse", "HEAD")
+                commit = commit_index(git, msg, [head])
         # the boxes
         undone = [c.step_id for c in later]
         task_path = ws.absolute(state.task_path)
@@ -1025,6 +1280,17 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         return Rollback(task_id, to_step, target, commit, undone, unchecked, method)
     finally:
         store.release(task_id, lock)
+
+
+def _whose(commits: Sequence[Commit]) -> str:
+    """Who made the commits that came after a loop's: other loops (their checkpoints' trailers name them),
+    a person, or both."""
+    loops = sorted({c.trailers["Kiro-Task-Id"] for c in commits if c.trailers.get("Kiro-Task-Id")})
+    person = any(not c.trailers.get("Kiro-Task-Id") for c in commits)
+    named = f"loop {', '.join(repr(t) for t in loops)}'s checkpoint commits" if loops else ""
+    if named and person:
+        return f"{named} and a person's commits"
+    return named or "a person's commits"
 
 
 def _restored_tree(lg: LoopGit, head: str, target: str) -> str:

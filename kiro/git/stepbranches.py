@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiro.git.checkpoints import Git, GitError, LoopGit, _repo_lock, pathspec, step_id_written, step_message, trailers
+from kiro.git.checkpoints import (
+    Git,
+    GitError,
+    LoopGit,
+    _repo_lock,
+    commit_files,
+    pathspec,
+    scan,
+    step_id_written,
+    step_message,
+    trailers,
+)
 
 SUFFIX = ".step-"
 
@@ -61,13 +72,11 @@ def commit_attempt(top: Path, opened_tree: Path, project_rel: str, excludes: lis
     """Commit what the attempt changed in its worktree (kiro's folders and the task file's copy left out) on
     its branch; the commit's trailers name the loop and the step. Returns the commit."""
     git = Git(opened_tree)
-    spec = pathspec(project_rel, excludes)
-    proc = git.run("-c", "advice.addIgnoredFile=false", "add", "-A", "--", *spec, check=False)
-    if proc.returncode != 0 and "ignored by one of your .gitignore files" not in proc.stderr:
-        raise GitError(f"`git add -A` failed in {opened_tree}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    changed = scan(git, pathspec(project_rel, excludes)).changed  # its own worktree: all of it is the step's
     msg = step_message(task_id, step_id, title, iteration, redact) + "Kiro-Side-By-Side: yes\n"
-    git.run("commit", "-q", "--no-verify", "--allow-empty", "-F", "-", commit=True, input=msg)
-    return git.out("rev-parse", "HEAD")
+    sha = commit_files(git, sorted(changed), msg, allow_empty=True)
+    assert sha is not None
+    return sha
 
 
 def finished_commit(top: Path, branch: str, base: str | None, task_id: str, step_id: str,

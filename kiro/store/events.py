@@ -416,6 +416,16 @@ class CheckpointSkipped(Event):
     reason: str
 
 
+class CheckpointLeftOut(Event):
+    """Files a step's checkpoint does not hold although they differ from HEAD, and why (kiro cannot tell
+    they are the step's: a person's, another loop's, another repository)."""
+
+    event: Literal["checkpoint_left_out"] = "checkpoint_left_out"
+    step_id: str
+    files: list[str]
+    reason: str
+
+
 class CheckpointFailed(Event):
     event: Literal["checkpoint_failed"] = "checkpoint_failed"
     step_id: str
@@ -588,7 +598,8 @@ AnyEvent: TypeAlias = Annotated[
         HumanRequested,
         TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
         MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
-        CheckpointCreated, CheckpointSkipped, CheckpointFailed, CheckpointRecovered, GitLockCleared, WorktreeCreated,
+        CheckpointCreated, CheckpointSkipped, CheckpointLeftOut, CheckpointFailed, CheckpointRecovered, GitLockCleared,
+        WorktreeCreated,
         WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
         RollbackResumed, ParallelStepStarted, ParallelStepFinished, ParallelConflict,
         RolledBack, ScheduleFired, RunSummarySaved, RunFinished,

@@ -192,9 +192,8 @@ class Attempts:
         msg = checkpoints.step_message(inp["task_id"], inp["step_id"], inp["title"], int(inp["iteration"]),
                                        redact.text)
         msg += f"Kiro-Step-Run: {inp['step_run']}\n"
-        wt.run("add", "-A", "--", ".")
-        wt.run("commit", "-q", "--no-verify", "--allow-empty", "-F", "-", commit=True, input=msg)
-        sha = wt.out("rev-parse", "HEAD")
+        sha = checkpoints.commit_files(wt, sorted(checkpoints.scan(wt, [":/"]).changed), msg, allow_empty=True)
+        assert sha is not None
         if os.environ.get("KIRO_RAISE_ERRORS") and os.environ.get("KIRO_TEST_PAUSE_BEFORE_PUSH"):
             marker = Path(os.environ["KIRO_TEST_PAUSE_BEFORE_PUSH"])  # tests: a window to kill the worker here
             marker.write_text(f"{inp['task_id']} {inp['step_id']}\n")

@@ -219,6 +219,7 @@ _GIT_LINES: dict[str, tuple[str, str]] = {
     "checkpoint_skipped": ("  no checkpoint for step {step_id}: nothing changed", "dim"),
     "checkpoint_recovered": ("step {step_id}'s checkpoint {commit} was made before a restart", "cyan"),
     "checkpoint_failed": ("no checkpoint for step {step_id}: {error}", "yellow"),
+    "checkpoint_left_out": ("  step {step_id}'s checkpoint leaves out {files}: {reason}", "yellow"),
     "git_lock_cleared": ("removed a stale git lock {path}", "cyan"),
     "worktree_created": ("worktree {path} on branch {branch}", "cyan"),
     "worktree_recreated": ("worktree {path} was half made by a killed `git worktree add`: made again", "yellow"),
