@@ -61,9 +61,10 @@ set -e
 EVIL="$PWD/.evil/run"
 mkdir -p .evil && printf '#!/bin/sh\necho "$1" >> %s\ncat\n' "$CANARY" > .evil/run && chmod +x .evil/run
 G="git -c user.name=agent -c user.email=agent@box -c init.defaultBranch=main -c core.hooksPath=/dev/null"
-repo() {  # repo DIR ATTRIBUTES: a repository with one committed file, then that file changed (dirty)
-  mkdir -p "$1" && (cd "$1" && $G init -q && echo one > f.txt && $G add f.txt && $G commit -qm one \
-    && echo two > f.txt && echo "$2" > .gitattributes)
+repo() {  # repo DIR ATTRIBUTES: a repository with a committed file, then changed to as many bytes (git
+  # must read it to tell: through the filter the attributes name)
+  mkdir -p "$1" && (cd "$1" && $G init -q && echo one > f.txt && echo "$2" > .gitattributes \
+    && $G add f.txt .gitattributes && $G commit -qm one && echo two > f.txt)
 }
 set_() { git -C "$1" config "$2" "$3"; }
 hooks() { for h in $HOOKS; do printf '#!/bin/sh\n"%s" %s </dev/null\n' "$EVIL" "$2" > "$1/$h"; chmod +x "$1/$h"; done; }
@@ -97,7 +98,7 @@ AGAIN = r"""
 set -e
 for d in sub-filter sub-process sub-fsmon sub-hookspath sub-hook sub-textconv sub-ext sub-merge sub-include \
          sub-core deep/er/sub gitfile; do
-  echo "$STEP" >> "$d/f.txt"; echo new > "$d/new-$STEP.txt"
+  printf 'ab%s\n' "$STEP" > "$d/f.txt"; echo new > "$d/new-$STEP.txt"
 done
 echo "$STEP" > "top-$STEP.txt"
 """
