@@ -1212,11 +1212,20 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
             healed = Result()
             lg._heal(git, head, tree, healed, "rollback_resumed")  # files a killed rollback already moved
             events += healed.events
-        dirty = lg.dirty()
+        # the files the rollback changes must hold nothing kiro did not commit; other files (a person's, another
+        # loop's in the same work tree) are not touched and may be as they are
+        ours = [c.sha for c in commits if c.trailers.get("Kiro-Task-Id") == task_id]
+        touched: set[str] = set()
+        for sha in ours:
+            touched |= {p for p in git.run("diff-tree", "--no-commit-id", "--name-only", "-r", "-z", "--root", sha,
+                                           check=False).stdout.split("\0") if p}
+        dirty = [p for p in lg.dirty() if p in touched or any(p.startswith(t + "/") for t in touched)]
+        if tree is None and git.run("diff", "--cached", "--quiet", check=False).returncode != 0:
+            dirty.append("(changes staged in the index)")  # a revert's commit is made from the index
         if dirty:
             shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
-            raise UserError(f"the work tree {cfg_project} holds changes kiro did not make ({shown}); commit or "
-                            f"stash them first")
+            raise UserError(f"the work tree {cfg_project} holds changes kiro did not make in the files the rollback "
+                            f"changes ({shown}); commit or stash them first")
         commit = None
         if tree is not None:
             method = "restore"
@@ -1228,9 +1237,8 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
                     raise UserError(f"could not move {cfg_project} to the rollback commit: {first}")
         else:  # a person's commits came after: undo only kiro's, keep theirs
             method = "revert"
-            ours = [c.sha for c in commits if c.trailers.get("Kiro-Task-Id") == task_id]
-            proc = git.run("revert", "--no-commit", *ours, check=False, commit=True)
-            if proc.returncode != 0:
+            undo = git.run("revert", "--no-commit", *ours, check=False, commit=True) if ours else None
+            if undo is not None and undo.returncode != 0:
                 unmerged = lg._unmerged(git)
                 git.run("revert", "--abort", check=False)
                 git.run("reset", "-q", "--merge", check=False)
