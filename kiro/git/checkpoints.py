@@ -158,6 +158,20 @@ def command(args: Sequence[str], *, extra: Sequence[str] = (), commit: bool = Fa
     return ["git", *_SAFE, *(() if sub in _REMOTE else _CLOSED), *extra, *(_COMMIT if commit else ()), *args]
 
 
+_drivers: dict[Path, tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]] = {}
+
+
+def _stats(cwd: Path, files: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    out: list[tuple[str, Any]] = []
+    for name, _ in files:
+        try:
+            st = os.stat(cwd / name)
+            out.append((name, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+        except OSError:
+            out.append((name, None))
+    return tuple(out)
+
+
 @dataclass
 class Git:
     """The git CLI run in one work tree."""
@@ -192,19 +206,38 @@ class Git:
 
     def drivers_off(self) -> list[str]:
         """`-c` overrides that switch off every filter, diff and merge driver the repository's config
-        (with what it includes) names. Listing the config's names runs no program."""
+        (with what it includes) names. Listing the config's names runs no program. The answer is kept while
+        the config files it came from are unchanged, when none of them includes another file (an included
+        file may lie in the work tree, where a step writes)."""
+        cached = _drivers.get(self.cwd)
+        if cached is not None and cached[0] == _stats(self.cwd, cached[0]):
+            return list(cached[1])
         try:
-            proc = subprocess.run(command(("config", "--null", "--name-only", "--list")), cwd=self.cwd,
-                                  env=self.env, capture_output=True, timeout=GIT_TIMEOUT)
+            proc = subprocess.run(command(("config", "--null", "--name-only", "--show-origin", "--list")),
+                                  cwd=self.cwd, env=self.env, capture_output=True, timeout=GIT_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired):
             return []
         off: list[str] = []
-        for name in proc.stdout.decode("utf-8", "replace").split("\0"):
+        fields = proc.stdout.decode("utf-8", "replace").split("\0")
+        origins: set[str] = set()
+        keep = proc.returncode == 0
+        for origin, name in zip(fields[0::2], fields[1::2], strict=False):
+            if origin.startswith("file:"):
+                origins.add(origin[len("file:"):])
+            elif origin != "command line:":
+                keep = False
+            if name.lower().startswith(("include.", "includeif.")):
+                keep = False
             m = _DRIVER.match(name.strip())
             if m is not None:
                 off += ["-c", f"{m.group(1)}.{m.group(2)}.{m.group(3)}={_OFF[m.group(3)]}"]
                 if m.group(1) == "filter":
                     off += ["-c", f"filter.{m.group(2)}.required=false"]
+        if keep:
+            key = tuple((o, None) for o in sorted(origins))
+            if len(_drivers) > 256:
+                _drivers.clear()
+            _drivers[self.cwd] = (_stats(self.cwd, key), tuple(off))
         return off
 
     def out(self, *args: str) -> str:
@@ -468,8 +501,9 @@ def commit_files(git: Git, paths: Sequence[str], message: str, *, allow_empty: b
     porcelain: nothing recurses into another repository), committed with `commit-tree`, HEAD moved only
     if it did not move meanwhile; then the work tree's own index takes those paths as committed (the rest
     of it, what a person staged, stays). Returns the commit, or None when it would change nothing."""
-    head = git.run("rev-parse", "-q", "--verify", "HEAD", check=False).stdout.strip() or None
-    gitdir = Path(git.out("rev-parse", "--absolute-git-dir"))
+    lines = git.run("rev-parse", "--absolute-git-dir", "HEAD", "HEAD^{tree}", check=False).stdout.split()
+    gitdir = Path(lines[0]) if lines else Path(git.out("rev-parse", "--absolute-git-dir"))
+    head, head_tree = (lines[1], lines[2]) if len(lines) == 3 else (None, None)  # None: no commit yet
     tmp = gitdir / f"kiro-commit-{os.getpid()}-{threading.get_ident()}.index"
     private = Git(git.cwd, {**git.env, "GIT_INDEX_FILE": str(tmp)})
     try:
@@ -480,7 +514,7 @@ def commit_files(git: Git, paths: Sequence[str], message: str, *, allow_empty: b
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    if not allow_empty and head is not None and tree == git.out("rev-parse", f"{head}^{{tree}}"):
+    if not allow_empty and head is not None and tree == head_tree:
         return None
     sha = git.run("commit-tree", tree, *(("-p", head) if head else ()), "-F", "-", commit=True,
                   input=message).stdout.strip()
@@ -711,6 +745,12 @@ class LoopGit:
         if self._attempts and self._attempts[-1][1] is None:
             self._attempts[-1][1] = now  # an attempt that never reported its end
         if self._before is None:
+            rec = self._record()
+            if rec.get("step") == step_id and not _alive(int(rec.get("pid") or 0)) and rec.get("pid") != os.getpid():
+                self._recover(step_id)  # a kill cut this step short: what it wrote then is the step's still
+                for a in self._attempts:
+                    a[1] = a[1] or now
+        if self._before is None:
             try:
                 self._before = scan(self.git, self.spec).changed
             except GitError:
@@ -846,6 +886,12 @@ class LoopGit:
                     if found:
                         res.commit = found
                         res.events.append(("checkpoint_recovered", {"step_id": step_id, "commit": found}))
+                        # a kill may have come before the index took the commit's files: it takes them now
+                        paths = [p for p in self.git.run("diff-tree", "--no-commit-id", "--name-only", "-r", "-z",
+                                                         "--root", found).stdout.split("\0") if p]
+                        if paths:
+                            self.git.run("reset", "-q", "HEAD", "--pathspec-from-file=-", "--pathspec-file-nul",
+                                         input="\0".join(f":(top,literal){p}" for p in paths) + "\0", check=False)
                         return res
                 if recovering:
                     self._recover(step_id)
