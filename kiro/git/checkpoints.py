@@ -541,6 +541,7 @@ def msg_of_merge(task_id: str, branch: str) -> str:
 
 MARGIN_NS = 50_000_000  # a file's ctime comes from a coarse clock: up to a tick before the time kiro read
 WINDOW_KEEP_NS = 12 * 3600 * 10**9  # another loop's attempts older than this can no longer overlap a step
+WINDOW_KEEP = 1000  # nor more than this many of them
 
 
 def _alive(pid: int) -> bool:
@@ -778,7 +779,7 @@ class LoopGit:
         keep = time.time_ns() - WINDOW_KEEP_NS
         old = [w for w in self._record().get("past", []) if isinstance(w, list) and len(w) == 2 and (w[1] or 0) > keep]
         record = {"pid": os.getpid(), "tree": str(self.tree.resolve()), "own": self._own, "step": self._step,
-                  "before": self._before, "attempts": self._attempts, "past": [*old, *past]}
+                  "before": self._before, "attempts": self._attempts, "past": [*old, *past][-WINDOW_KEEP:]}
         with contextlib.suppress(OSError):
             self._steps_dir().mkdir(parents=True, exist_ok=True)
             atomic_write(self._steps_dir() / f"{self.task_id}.json", json.dumps(record).encode())
