@@ -203,11 +203,11 @@ def test_rollback_refusals_leave_everything_as_it_was(ws: Workspace) -> None:
         assert ok, r.stdout + r.stderr
 
     (ws.root / "src/greet.txt").write_text("a person's edit\n")
-    refused("--to-step", "1", says="holds changes kiro did not make (src/greet.txt)")
+    refused("--to-step", "1", says="holds changes kiro did not make in the files the rollback changes (src/greet.txt)")
     git(ws.root, "checkout", "--", "src/greet.txt")
-    (ws.root / "scratch.txt").write_text("untracked\n")
-    refused("--to-step", "1", says="scratch.txt")
-    (ws.root / "scratch.txt").unlink()
+    (ws.root / "src/blob.bin").write_text("untracked, where the rollback would put step 1's file back\n")
+    refused("--to-step", "1", says="src/blob.bin")
+    (ws.root / "src/blob.bin").unlink()
     refused("--to-step", "9", says="not among the steps loop 'rr' completed (1, 2, 3, 4)")
     refused("--to-step", "4", says="is the last step")
     assert state["completed_steps"][-1]["step_id"] == "4"
