@@ -55,6 +55,7 @@ _SAFE = ("-c", "core.fsmonitor=false", "-c", "core.pager=cat", "-c", "core.edito
          "-c", "diff.ignoreSubmodules=all", "-c", "fetch.recurseSubmodules=false", "-c", "push.recurseSubmodules=no",
          "-c", "core.untrackedCache=false", "-c", "protocol.ext.allow=never")
 _CLOSED = ("-c", "protocol.allow=never")
+_OPEN = ("-c", "protocol.file.allow=always")  # a remote the person set is a path as often as a URL
 _REMOTE = frozenset({"clone", "fetch", "push", "ls-remote"})
 # Commands that look at a work tree's files through git's diff machinery: with a gitlink in the index (a
 # submodule, or a nested repository recorded as one) git runs `git status` inside it, with its config, unless
@@ -155,7 +156,7 @@ def command(args: Sequence[str], *, extra: Sequence[str] = (), commit: bool = Fa
                        f"use update-index / commit_files")
     if sub in _LOOKS:
         args.insert(i + 1, "--ignore-submodules=all")
-    return ["git", *_SAFE, *(() if sub in _REMOTE else _CLOSED), *extra, *(_COMMIT if commit else ()), *args]
+    return ["git", *_SAFE, *(_OPEN if sub in _REMOTE else _CLOSED), *extra, *(_COMMIT if commit else ()), *args]
 
 
 _drivers: dict[Path, tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]] = {}
