@@ -1,9 +1,15 @@
 """Git checkpoints, rollback and isolated worktrees (SPEC §9), beside the engine.
 
-kiro drives the real `git` program. Every call gets a hardened environment: no system or global
-config, no prompts, no pager, no editor, no inherited GIT_DIR/GIT_INDEX_FILE; kiro's own commits
-run with hooks off, no signing and kiro's identity given by `-c`, so nothing of the person's global
-setup (or an agent's) runs or signs in their name.
+kiro drives the real `git` program, every call built by `command` and `git_env` alone: none of the `GIT_*`
+variables kiro inherited, no system or global config, no prompt, pager, editor, hook, fsmonitor or helper
+program, no protocol but for the person's remotes, and never a look into another repository (a nested `.git`
+a step made, a submodule): git would read its config there and run its filters. So kiro stages files by name
+(`update-index`) and commits with `write-tree` / `commit-tree` / `update-ref`, never `git add` or `commit`;
+the one config it reads, the project's own repository's, has each driver it defines switched off. kiro's
+commits carry kiro's identity, given by `-c`, and no signature.
+
+A checkpoint holds the files its step changed, and no other (see `LoopGit._ours`): not a person's
+uncommitted work, not another loop's in the same work tree.
 
 Crash safety. The engine calls `step_completed` after the step's box is checked and before the
 state records the step. A kill in between leaves the state's current step `in_progress` with its
