@@ -314,9 +314,16 @@ class Network:
 
     def started(self) -> None:
         """bwrap runs: its ends of the pipes are its own now."""
-        for fd in (self._info_w, self._block_r):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._close("_info_w", "_block_r")
+
+    def _close(self, *names: str) -> None:
+        """Close these fds once (a number closed twice may be another's by then: a pidfd, a pipe)."""
+        for name in names:
+            fd = getattr(self, name)
+            if fd >= 0:
+                setattr(self, name, -1)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     async def connect(self) -> None:
         """Connect the namespace of the bwrap just started, then let its command run. Raises
@@ -369,9 +376,7 @@ class Network:
                 signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
             os.close(self._pidfd)
             self._pidfd = None
-        for fd in (self._info_r, self._block_w, self._info_w, self._block_r):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._close("_info_r", "_block_w", "_info_w", "_block_r")
 
 
 def _child_pid(fd: int) -> int | None:
