@@ -773,5 +773,6 @@ def describe(config: Config | None = None, box: Box | None = None) -> list[dict[
         })
         bill = billing(preset, preset.config)
         rows[-1].update({"credential": bill.credential.kind, "credential_source": bill.credential.source,
-                         "billing": bill.line(), "kept_from_agent": list(bill.dropped)})
+                         "billing": bill.line(), "kept_from_agent": [n for n in bill.dropped if n not in bill.withheld],
+                         "withheld": list(bill.withheld)})
     return rows
