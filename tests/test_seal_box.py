@@ -210,3 +210,20 @@ def test_the_step_start_line_names_the_network_and_what_an_agent_was_not_given(w
     if sandbox.pasta_path():
         assert "127.0.0.1:43211 (the model endpoint)" in said
     assert "withheld from it" in said and "AWS_SECRET_ACCESS_KEY" in said and CANARY_AWS not in said
+
+
+def test_a_refused_second_serve_leaves_the_running_servers_token(ws: Workspace) -> None:
+    """Issue #38 item 7: a second `kiro serve` on the port the first one holds is refused, and the token
+    the first one printed and kept still opens it (a refused start used to rewrite the kept token)."""
+    served = start_server(ws, token=None)
+    try:
+        kept = [p for p in (ws.root / ".state/serve/token", ws.root / ".state/serve.token") if p.exists()]
+        before = kept[0].read_text()
+        port = served.base.rsplit(":", 1)[1]
+        second = ws.kiro("serve", "--port", port, timeout=60)
+        print(f"second serve: exit {second.returncode}: {second.stderr.strip()}")
+        assert second.returncode == 1 and "cannot listen" in second.stderr, second.stdout + second.stderr
+        assert kept[0].read_text() == before, "the refused server rewrote the running server's token"
+        assert served.get("/api/loops").status_code == 200  # the kept token still opens the running server
+    finally:
+        served.stop()
