@@ -1,11 +1,14 @@
 """What the bubblewrap box costs a step (issue #28): `true` through run_process with and without the
 box, and the stop-hook reaction of a loop whose steps run in it.
 
-    python bench/sandbox_spawn.py [--runs 50] [--hooks 10]
+    python bench/sandbox_spawn.py [--runs 50] [--hooks 10] [--before DIR]
 
 - spawn: the median and p95 of N spawns of `true` in a project folder, unboxed and boxed (the box
   of a shell step: / read-only, project read-write, kiro's folders read-only, empty $HOME, private
-  /tmp, own PID namespace).
+  /tmp, own PID namespace), the box once per `sandbox_network`: `on` (its own network, connected by
+  pasta), `off` (none), `host` (the host's).
+- `--before DIR`: also the boxed spawn of the kiro package in DIR (a checkout of an earlier kiro, e.g.
+  `git archive main kiro | tar -x -C DIR`), in a child process, in the same run: before and after.
 - stop hook: bench/hook_reaction.py's rounds (a loop waiting in backoff after a failed step, a hook
   dropped), with `sandbox: off` and `sandbox: bwrap`: the box must not slow the reaction.
 Asserts only that every spawn succeeded and every round ended on the hook.
@@ -69,10 +72,28 @@ def hook_rounds(root: Path, setting: str, hooks: int) -> list[float]:
     return out
 
 
+def boxed_spawns(root: Path, runs: int, networks: tuple[str, ...]) -> None:
+    """Print the figures of `true`, unboxed and boxed with each of `networks` (None: the box's default)."""
+    project = workspace(root / "spawn", "bwrap")
+    asyncio.run(spawn(3, project, None))  # warm: the reaper, the program lookup
+    bare = asyncio.run(spawn(runs, project, None))
+    print(f"spawn of `true` over {runs} runs: unboxed {figures(bare)}")
+    for network in networks:
+        extra = {"network": network} if network != "default" else {}
+        box = sandbox.box_for(project=project, workspace=project, state_dir=project / ".state",
+                              home=Path.home(), **extra)  # type: ignore[arg-type]
+        asyncio.run(spawn(3, project, box))
+        boxed = asyncio.run(spawn(runs, project, box))
+        print(f"  boxed, network {network}: {figures(boxed)}; "
+              f"the box adds {(statistics.median(boxed) - statistics.median(bare)) * 1000:.2f} ms a step (median)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--hooks", type=int, default=10)
+    ap.add_argument("--before", type=Path, help="a checkout of an earlier kiro package, to measure beside this one")
+    ap.add_argument("--spawn-only", action="store_true", help=argparse.SUPPRESS)  # the --before child
     args = ap.parse_args()
     why = sandbox.unusable()
     if why is not None:
@@ -80,15 +101,18 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        project = workspace(root / "spawn", "bwrap")
-        box = sandbox.box_for(project=project, workspace=project, state_dir=project / ".state",
-                              home=Path.home())
-        asyncio.run(spawn(3, project, None))  # warm: the reaper, the program lookup
-        asyncio.run(spawn(3, project, box))
-        bare = asyncio.run(spawn(args.runs, project, None))
-        boxed = asyncio.run(spawn(args.runs, project, box))
-        print(f"spawn of `true` over {args.runs} runs: unboxed {figures(bare)}; boxed {figures(boxed)}; "
-              f"the box adds {(statistics.median(boxed) - statistics.median(bare)) * 1000:.2f} ms a step (median)")
+        if args.spawn_only:
+            boxed_spawns(root, args.runs, ("default",))
+            return
+        if args.before is not None:
+            import os
+            import subprocess
+
+            print(f"before ({args.before}):", flush=True)
+            subprocess.run([sys.executable, __file__, "--spawn-only", "--runs", str(args.runs)], check=True,
+                           env={**os.environ, "PYTHONPATH": str(args.before)})
+            print("after (this checkout):", flush=True)
+        boxed_spawns(root, args.runs, ("on", "off", "host"))
         for setting in ("off", "bwrap"):
             reactions = hook_rounds(root / f"hook-{setting}", setting, args.hooks)
             print(f"stop-hook reaction, sandbox: {setting}, over {len(reactions)} hooks: {figures(reactions)}")

@@ -326,7 +326,7 @@ def test_codex_gives_its_own_sandbox_way_inside_kiros() -> None:
     assert preset.boxed_argv(["codex", "exec", "-"]) == ["codex", "exec", "--sandbox", BOXED_MODE, "-"]
 
 
-def test_sandbox_network_off_takes_the_network_away_from_a_step(ws: Workspace, home: Path) -> None:
+def test_sandbox_network_says_what_a_step_reaches_of_this_machine(ws: Workspace, home: Path) -> None:
     import socket
 
     with socket.socket() as server:
@@ -334,7 +334,7 @@ def test_sandbox_network_off_takes_the_network_away_from_a_step(ws: Workspace, h
         server.listen(8)
         port = server.getsockname()[1]
         seen = {}
-        for network in ("on", "off"):
+        for network in ("on", "off", "host"):
             ws.task("---\nexecutor: shell\n---\n- [ ] 1. Call out\n  ```sh\n"
                     f"  if echo hi > /dev/tcp/127.0.0.1/{port}; then echo reached > {network}; "
                     f"else echo cut off > {network}; fi\n  ```\n", rel=f"Specs/{network}/tasks.md")
@@ -343,7 +343,8 @@ def test_sandbox_network_off_takes_the_network_away_from_a_step(ws: Workspace, h
             assert r.returncode == 0, r.stdout + r.stderr
             seen[network] = (ws.root / network).read_text().strip()
     print(f"sandbox_network: {seen}")
-    assert seen == {"on": "reached", "off": "cut off"}
+    # on: its own network (the internet through pasta), no service of this machine; host: the person's grant
+    assert seen == {"on": "cut off" if sandbox.pasta_path() else "reached", "off": "cut off", "host": "reached"}
 
 
 def test_kiro_agents_shows_the_box_each_cli_would_run_in(ws: Workspace, home: Path) -> None:

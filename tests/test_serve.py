@@ -59,7 +59,7 @@ def test_every_route_but_healthz_needs_the_token(served: Served) -> None:
             tried += 1
             assert r.status_code == 401, (method, url, headers, r.status_code)
             if path == "/":  # a person at the door: a page that says where the token is, and nothing else
-                assert "token needed" in r.text and ".state/serve.token" in r.text and "loops" not in r.text
+                assert "token needed" in r.text and ".state/serve/token" in r.text and "loops" not in r.text
             else:
                 assert "token" in r.json()["message"]
             held += 1
@@ -87,7 +87,7 @@ def test_a_non_loopback_host_is_refused_without_the_token_env(ws: Workspace) -> 
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "KIRO_SERVE_TOKEN" in lines[0] and host in lines[0], r.stderr
         assert "Traceback" not in r.stderr
-    assert not (ws.root / ".state" / "serve.token").exists()
+    assert not (ws.root / ".state" / "serve" / "token").exists()
     short = ws.kiro("serve", "--port", "0", env=ws.env(KIRO_SERVE_TOKEN="short"), timeout=30)
     assert short.returncode == 1 and "too short" in short.stderr
 
@@ -95,7 +95,7 @@ def test_a_non_loopback_host_is_refused_without_the_token_env(ws: Workspace) -> 
 def test_a_generated_token_is_printed_once_and_kept_mode_0600(ws: Workspace) -> None:
     s = start_server(ws, token=None)
     try:
-        kept = ws.root / ".state" / "serve.token"
+        kept = ws.root / ".state" / "serve" / "token"
         assert kept.read_text().strip() == s.token
         assert stat.S_IMODE(kept.stat().st_mode) == 0o600
         out = ws.output(s.proc)

@@ -23,7 +23,7 @@ def serve(
     workspace: Annotated[Path | None, typer.Option("--workspace", "-w", help="The workspace folder.",
                                                    show_default=False)] = None,
 ) -> None:
-    """Serve the workspace over HTTP: a live dashboard at /, REST routes under /api/loops, every loop's events as Server-Sent Events (/api/events) and over a WebSocket (/api/ws) with start/stop/resume/message control. Every route but /healthz needs the token ($KIRO_SERVE_TOKEN, else one generated now, printed once and kept in .state/serve.token). A request must name this server in its Host (--allow-host adds names), a WebSocket or POST from a browser must come from the server's own page, and a request must arrive whole within 10 s. Needs the serve extra: pip install 'kiro-loop\\[serve]'."""
+    """Serve the workspace over HTTP: a live dashboard at /, REST routes under /api/loops, every loop's events as Server-Sent Events (/api/events) and over a WebSocket (/api/ws) with start/stop/resume/message control. Every route but /healthz needs the token ($KIRO_SERVE_TOKEN, else one generated now, printed once and kept in .state/serve/token). A request must name this server in its Host (--allow-host adds names), a WebSocket or POST from a browser must come from the server's own page, and a request must arrive whole within 10 s. Needs the serve extra: pip install 'kiro-loop\\[serve]'."""
     from kiro.errors import UserError
 
     try:
@@ -34,15 +34,16 @@ def serve(
                         "pip install -e '.[serve]')") from None
     from kiro.cli import launch
     from kiro.serve.app import create_app
-    from kiro.serve.auth import TOKEN_ENV, allowed_hosts, resolve_token
+    from kiro.serve.auth import TOKEN_ENV, allowed_hosts, keep_token, resolve_token
     from kiro.serve.protocol import BoundedH11Protocol
     from kiro.views import console
 
     ws = launch.workspace(workspace)
     store = launch.store_of(ws)
-    token, generated = resolve_token(host, store.ws.state_dir)
+    token, generated = resolve_token(host)
     app = create_app(store, token, allowed_hosts(host, allow_host or []))
     sock = _listen(host, port)
+    kept = keep_token(store.ws.state_dir, token) if generated else None  # only once the port is this server's
     bound = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http=BoundedH11Protocol,
                             ws="websockets-sansio", ws_max_size=1 << 20, ws_ping_interval=20,
@@ -57,9 +58,9 @@ def serve(
             await asyncio.sleep(0.02)
         if server.started:
             shown = f"[{host}]" if ":" in host else host
-            if generated:
+            if kept is not None:
                 console.line(f"kiro serve: http://{shown}:{bound}/?token={token}")
-                console.line(f"token kept in {ws.relative(store.ws.state_dir / 'serve.token')} (mode 0600); "
+                console.line(f"token kept in {ws.relative(kept)} (mode 0600); "
                              f"set ${TOKEN_ENV} to choose your own")
             else:
                 console.line(f"kiro serve: http://{shown}:{bound}/ (token from ${TOKEN_ENV})")

@@ -441,7 +441,7 @@ def _sandbox_notes(cfg: Config, ws: Workspace, task_path: Path, executor: Execut
                           task_file=task_path, home=Path(home) if home and os.path.isabs(home) else None,
                           home_paths=preset.home_paths(os.environ) if preset is not None else (),
                           extra_rw=cfg.sandbox_paths.rw, extra_ro=cfg.sandbox_paths.ro,
-                          network=cfg.sandbox_network)
+                          network=cfg.sandbox_network, ports=preset.endpoints(os.environ) if preset is not None else ())
     return [f"sandbox: bwrap ({box.describe()})"]
 
 

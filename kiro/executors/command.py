@@ -208,12 +208,12 @@ class CommandExecutor(ExecutorBase):
                          project_dir=ctx.project_dir)
         uses_file = any("{prompt_file}" in a for a in template)
         argv = preset.argv(inv, template)
-        env = step_env(ctx)
+        env = agent.billing.apply(step_env(ctx, whole=True))  # what the CLI needs (agents.billing)
         env.update(preset.env(inv))
         for name in preset.env_unset:
             env.pop(name, None)
-        agent.billing.apply(env)
-        box = step_box(ctx, env, preset.home_paths(env), read_paths=preset.read_paths(env))
+        box = step_box(ctx, env, preset.home_paths(env), read_paths=preset.read_paths(env),
+                       ports=preset.endpoints(env))
         if box is not None:
             argv = preset.boxed_argv(argv)
             env.update(preset.boxed_env(env, ctx.project_dir))

@@ -13,12 +13,21 @@ from kiro.executors.kinds import PROMPTLESS
 from kiro.processes import sandbox
 from kiro.processes.spawn import last_line, run_process, tail
 from kiro.store.config import Config
+from kiro.store.redact import looks_like_token, looks_secret
+from kiro.store.state import SERVE_TOKEN_ENV
 from kiro.store.workspace import Workspace
 
 
-def step_env(ctx: StepContext) -> dict[str, str]:
-    """The environment a step's process sees: kiro's own plus what names the step."""
-    env = dict(os.environ)
+def step_env(ctx: StepContext, *, whole: bool = False) -> dict[str, str]:
+    """The environment a step's process sees: kiro's own plus what names the step. A shell step, verify
+    and run_command get kiro's environment without the secrets in it (a variable named or shaped like
+    one: AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, a `ghp_...` value), but those `agent_env.pass` names: a
+    step's command may have been written by an agent, and whatever it prints reaches the next one.
+    `whole`: all of it, for an agent CLI, whose preset then keeps only what it needs (agents.billing).
+    kiro serve's token is never in it."""
+    passed = set(ctx.config.agent_env.pass_)
+    env = {name: value for name, value in os.environ.items() if name != SERVE_TOKEN_ENV and (
+        whole or name in passed or not (looks_secret(name) or looks_like_token(value)))}
     env.update({
         "KIRO_TASK_ID": ctx.task_id,
         "KIRO_STEP_ID": ctx.step.id,
@@ -31,10 +40,12 @@ def step_env(ctx: StepContext) -> dict[str, str]:
 
 
 def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path] = (),
-             project: Path | None = None, read_paths: Iterable[Path] = ()) -> sandbox.Box | None:
+             project: Path | None = None, read_paths: Iterable[Path] = (),
+             ports: Iterable[int] = ()) -> sandbox.Box | None:
     """The box (kiro.processes.sandbox) a step's process runs in, or None with `sandbox: off` (or no
     setting where bwrap is not usable). `project`: where it runs, when not the step's project
-    directory (verify in a worker's tree, run_command's confinement root)."""
+    directory (verify in a worker's tree, run_command's confinement root); `ports`: the host's
+    loopback ports its own network reaches (an agent CLI's model endpoint)."""
     cfg = ctx.config
     if not sandbox.wanted(cfg.sandbox):
         return None
@@ -44,7 +55,7 @@ def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path
                            home=Path(home) if home and os.path.isabs(home) else None, home_paths=home_paths,
                            read_paths=read_paths,
                            extra_rw=cfg.sandbox_paths.rw, extra_ro=cfg.sandbox_paths.ro,
-                           network=cfg.sandbox_network)
+                           network=cfg.sandbox_network, ports=ports)
 
 
 class ShellExecutor(ExecutorBase):

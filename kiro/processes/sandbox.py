@@ -3,9 +3,11 @@
 `sandbox: bwrap` (the default where bwrap is installed and usable) runs every process kiro starts
 for a step (a shell step, verify, an agent CLI, `run_command`) as
 
-    bwrap --die-with-parent --unshare-pid --as-pid-1 [--unshare-net] [--cap-drop ALL]
-          --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --tmpfs $HOME
-          --bind <project> ... --ro-bind <kiro's folders> ... -- /bin/sh -c INIT kiro-box <argv>
+    bwrap --die-with-parent --unshare-pid --as-pid-1 --unshare-net [--cap-drop ALL]
+          --ro-bind / / --dev /dev --size S --tmpfs /dev/shm --remount-ro /dev --proc /proc
+          --size S --tmpfs /tmp --size S --tmpfs $HOME
+          --bind <project> ... --ro-bind <kiro's folders> ... --tmpfs .state/serve
+          -- /bin/sh -c INIT kiro-box <argv>
 
 - the whole file system read-only; the project directory read-write (and the task file's folder,
   when it lies outside the project: the agent CLI checks its box there);
@@ -25,6 +27,18 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
   read-only: its PATH folders with their install prefix (~/.pyenv for its shims; entries named like a
   credential masked), the program's folder, the files its command line names (`python /tmp/agent.py`),
   the files the CLI's own variables name (`AIDER_MODEL_METADATA_FILE`), and git's `~/.gitconfig`;
+- `/tmp`, `/dev/shm` and the emptied `$HOME` are RAM with a size cap each (`TMPFS_BYTES`: 1 GiB, at most an
+  eighth of the machine's memory), and `/dev` is read-only: a step cannot fill the machine's memory;
+- `.state/serve/`, where `kiro serve` keeps its token, is an empty tmpfs in every box, whatever else
+  `sandbox_paths` grants: a step cannot read the token that steers every loop;
+- its own network namespace (`sandbox_network`, `Network`): `on` (the default) connects it to the
+  internet through `pasta` (Debian's passt, as rootless podman does) with no way back to the machine:
+  no port of the host's 127.0.0.1 (`kiro serve`, databases) and no abstract unix socket is reachable,
+  except the loopback ports of the agent's model endpoint (`Box.ports`: a base URL on 127.0.0.1 the
+  person gave the CLI in its environment or its config files: kiro.executors.agents.Preset.endpoints);
+  `off` gives it no network at all; `host` is the person's explicit grant of the host's network (every
+  127.0.0.1 service, as before). Without pasta installed, `on` runs with the host's network and the
+  step-start line says so (install passt);
 - its own PID namespace with a fresh /proc: kiro's processes are not there to kill or read, and
   `--die-with-parent` ends the box's init when bwrap or kiro dies, which ends everything inside,
   also what left the process group (`setsid`);
@@ -34,23 +48,32 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
   with no terminal (spawn's `start_new_session`), and staying in bwrap's process group lets the
   SIGTERM that ends a step reach the command itself (a graceful end) before the SIGKILL.
 
-`sandbox: off` runs steps as before; `sandbox_network: off` adds `--unshare-net`.
+`sandbox: off` runs steps as before.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
+import signal
 import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from kiro.errors import UserError
+from kiro.errors import ExecutorError, UserError
 
 INSTALL = "apt-get install bubblewrap"
+PASTA_INSTALL = "apt-get install passt"
 PROBE_TIMEOUT = 10.0
+NETWORKS = ("on", "off", "host")  # sandbox_network: the internet only / none / the host's, as a person grants it
+SERVE_FOLDER = "serve"  # in the state folder: where `kiro serve` keeps its token (kiro.serve.auth); masked in every box
+TMPFS_BYTES = 1 << 30  # the most each of the box's RAM folders (/tmp, /dev/shm, $HOME) may hold...
+TMPFS_SHARE = 8  # ...and at most this fraction of the machine's memory
 
 # kiro's folders a step reads but never writes, by their name in the workspace (and in the project).
 # Folders only: a file kiro replaces by rename (Dashboard.md, rewritten by every loop) cannot be bound
@@ -77,13 +100,30 @@ def bwrap_path() -> str | None:
 
 
 @cache
+def pasta_path() -> str | None:
+    from kiro.processes.groups import which
+
+    return which("pasta")
+
+
+@cache
+def tmpfs_bytes() -> int:
+    """The size cap of each RAM folder in the box: TMPFS_BYTES, or less on a machine with little memory."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        return TMPFS_BYTES
+    return max(64 << 20, min(TMPFS_BYTES, memory // TMPFS_SHARE))
+
+
+@cache
 def unusable() -> str | None:
     """Why bwrap cannot box a step here (not installed, or refused: no user namespaces for a user
     that is not root, a seccomp filter...), or None when it can. Probed once per process."""
     tool = bwrap_path()
     if tool is None:
         return f"bwrap is not installed ({INSTALL})"
-    probe = [tool, *_base(network=True), "--", "true"]
+    probe = [tool, *_base(), "--", "true"]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=PROBE_TIMEOUT,
                               stdin=subprocess.DEVNULL)
@@ -106,13 +146,15 @@ def _root() -> bool:
     return os.geteuid() == 0
 
 
-def _base(*, network: bool) -> list[str]:
+def _base(*, own_network: bool = True) -> list[str]:
     args = ["--die-with-parent", "--unshare-pid", "--as-pid-1"]
-    if not network:
+    if own_network:
         args.append("--unshare-net")
     if _root():
         args += ["--cap-drop", "ALL"]
-    return [*args, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    size = str(tmpfs_bytes())
+    return [*args, "--ro-bind", "/", "/", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
+            "--remount-ro", "/dev", "--proc", "/proc", "--size", size, "--tmpfs", "/tmp"]
 
 
 def _within(path: Path, folder: Path) -> bool:
@@ -136,7 +178,9 @@ class Box:
     rw: tuple[Path, ...] = ()
     ro: tuple[Path, ...] = ()
     home: Path | None = None
-    network: bool = True
+    network: str = "on"  # NETWORKS
+    ports: tuple[int, ...] = ()  # host loopback ports reachable from the box's own network (`on`)
+    masked: tuple[Path, ...] = ()  # folders that are an empty tmpfs in the box (kiro serve's token)
     home_rw: tuple[Path, ...] = field(default=())  # the agent CLI's own files under `home`, for `describe`
     missing: tuple[Path, ...] = ()  # control folders (in `ro`) absent when the box was planned
 
@@ -174,7 +218,18 @@ class Box:
                     break  # not empty (kiro put something there) or already gone
                 _made.discard(level)
 
-    def prefix(self, cwd: Path, env: Mapping[str, str], argv: Sequence[str] = ()) -> list[str]:
+    def link(self) -> Network | None:
+        """What connects this box's own network namespace to the internet (`on` with pasta installed),
+        or None: no network (`off`), the host's (`host`), or no pasta (the host's, said at start)."""
+        if self.network != "on" or pasta_path() is None:
+            return None
+        return Network(self.ports)
+
+    def own_network(self) -> bool:
+        return self.network == "off" or (self.network == "on" and pasta_path() is not None)
+
+    def prefix(self, cwd: Path, env: Mapping[str, str], argv: Sequence[str] = (),
+               link: Network | None = None) -> list[str]:
         """The bwrap command line to put before `argv`, run in `cwd` with `env`. Its HOME gets an empty
         tmpfs (also one that is not the box's: run_command's own temporary home). What the tmpfs on
         /tmp or $HOME would hide of the folders on its PATH, of the program's folder and of the files
@@ -185,12 +240,14 @@ class Box:
         if tool is None:
             raise FileNotFoundError(2, f"bwrap is not installed ({INSTALL})", "bwrap")
         self.hold()
-        args = [tool, *_base(network=self.network)]
+        args = [tool, *_base(own_network=self.own_network())]
+        if link is not None:
+            args += link.bwrap_args()
         child_home = env.get("HOME")
         homes = [p for p in (self.home, Path(child_home) if child_home else None)
                  if p is not None and p.is_absolute() and p != Path("/")]
         for folder in dict.fromkeys(homes):  # an empty home, writable, gone with the step
-            args += ["--tmpfs", str(folder)]
+            args += ["--size", str(tmpfs_bytes()), "--tmpfs", str(folder)]
         hidden = [Path("/tmp"), *homes]
         shown, masked = _shown(hidden, env, argv)
         shown = [p for p in shown if not any(_within(p, q) for q in (*self.rw, *self.ro))]
@@ -198,6 +255,8 @@ class Box:
         mounts += [(p, 1, ["--ro-bind-try", str(p), str(p)]) for p in dict.fromkeys(self.ro)]
         mounts += [(p, 1, ["--ro-bind-try", str(p), str(p)]) for p in shown]
         mounts += [(p, 2, ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]) for p in masked]
+        mounts += [(p, 3, ["--size", "4096", "--tmpfs", str(p), "--remount-ro", str(p)]) for p in self.masked
+                   if p.is_dir()]
         # parents before what lies in them; at one depth, read-only after read-write (it wins)
         for _path, _rank, mount in sorted(mounts, key=lambda m: (len(m[0].parts), m[1])):
             args += mount
@@ -209,9 +268,131 @@ class Box:
         home = ", ".join(_tilde(p, self.home) for p in self.home_rw)
         names = sorted({_control(p) for p in self.ro if _control(p) in CONTROL}, key=CONTROL.index)
         extra = [_tilde(p, self.home) for p in self.ro if _control(p) not in CONTROL]
-        net = "" if self.network else "; network off"
+        net = f"; {self.network_said()}"
         return (f"project read-write; {' '.join([*names, *extra]) or 'nothing more'} read-only; "
                 f"home: {home + ' (the rest empty)' if home else 'empty'}{net}")
+
+
+    def network_said(self) -> str:
+        """The box's network, for the step-start line."""
+        if self.network == "off":
+            return "network off"
+        if self.network == "host":
+            return "network: the host's (sandbox_network: host; every service on this machine is reachable)"
+        if pasta_path() is None:
+            return (f"network: the host's, as pasta is not installed ({PASTA_INSTALL}): every service on this "
+                    f"machine is reachable")
+        granted = f"; host's 127.0.0.1:{','.join(map(str, self.ports))} (the model endpoint)" if self.ports else ""
+        return f"network: its own (pasta): the internet, no service on this machine{granted}"
+
+
+class NetworkError(ExecutorError):
+    """pasta could not connect a box's network namespace: the step fails, saying so."""
+
+
+class Network:
+    """pasta connecting one box's own network namespace (bwrap's `--unshare-net`) to the internet, as
+    rootless podman does: bwrap tells kiro its child's pid (`--info-fd`) and waits (`--block-fd`) while
+    kiro starts pasta on that namespace; pasta forks into the background once the namespace is
+    connected, and the command starts. No port of the host is forwarded into the box but `ports` (its
+    127.0.0.1:port reaches the host's 127.0.0.1:port), none of the box's to the host, and the
+    gateway's address is not the host (`--no-map-gw`). pasta ends when the namespace does (kiro ends
+    it sooner: `close`)."""
+
+    def __init__(self, ports: Sequence[int] = ()) -> None:
+        self.ports = tuple(ports)
+        self._info_r, self._info_w = os.pipe()
+        self._block_r, self._block_w = os.pipe()
+        self._pidfd: int | None = None
+
+    def bwrap_args(self) -> list[str]:
+        return ["--info-fd", str(self._info_w), "--block-fd", str(self._block_r)]
+
+    @property
+    def child_fds(self) -> tuple[int, int]:
+        return self._info_w, self._block_r
+
+    def started(self) -> None:
+        """bwrap runs: its ends of the pipes are its own now."""
+        self._close("_info_w", "_block_r")
+
+    def _close(self, *names: str) -> None:
+        """Close these fds once (a number closed twice may be another's by then: a pidfd, a pipe)."""
+        for name in names:
+            fd = getattr(self, name)
+            if fd >= 0:
+                setattr(self, name, -1)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    async def connect(self) -> None:
+        """Connect the namespace of the bwrap just started, then let its command run. Raises
+        NetworkError (bwrap ended before it had a namespace, or pasta refused)."""
+        loop = asyncio.get_running_loop()
+        pid = await loop.run_in_executor(None, _child_pid, self._info_r)
+        if pid is None:
+            return  # bwrap failed before its namespace: its own error is the step's
+        opened: list[int] = []
+        try:
+            try:
+                opened.append(os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+                if not _root():  # bwrap's user namespace owns the network one: pasta joins both
+                    opened.append(os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC))
+            except OSError as exc:
+                raise NetworkError(f"the box's network namespace cannot be opened ({exc.strerror})") from None
+            await self._pasta(opened)
+        finally:
+            for fd in opened:
+                os.close(fd)
+        os.write(self._block_w, b"1")
+
+    async def _pasta(self, fds: list[int]) -> None:
+        tool = pasta_path()
+        assert tool is not None
+        ports = ",".join(map(str, self.ports)) or "none"
+        argv = [tool, *(["--runas", "0:0"] if _root() else []), "--config-net", "--quiet",
+                "--tcp-ports", "none", "--udp-ports", "none", "--tcp-ns", ports, "--udp-ns", "none", "--no-map-gw",
+                "--netns", f"/proc/self/fd/{fds[0]}",
+                *(["--userns", f"/proc/self/fd/{fds[1]}"] if len(fds) > 1 else [])]
+        with tempfile.TemporaryDirectory(prefix="kiro-pasta-") as folder:
+            pidfile = Path(folder) / "pid"
+            with open(Path(folder) / "err", "w+b") as err:
+                proc = await asyncio.create_subprocess_exec(*argv, "--pid", str(pidfile), pass_fds=fds,
+                                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                            stderr=err, start_new_session=True)
+                code = await proc.wait()
+                err.seek(0)
+                said = [line for line in err.read().decode(errors="replace").splitlines()
+                        if line.strip() and "syslog" not in line]
+            if code != 0:
+                raise NetworkError(f"pasta could not connect the box's network ({(said or [f'exit {code}'])[-1]})")
+            with contextlib.suppress(OSError, ValueError):
+                self._pidfd = os.pidfd_open(int(pidfile.read_text().strip()))
+
+    def close(self) -> None:
+        """The step has ended: end pasta now (it would end within seconds by itself) and close the pipes."""
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
+            os.close(self._pidfd)
+            self._pidfd = None
+        self._close("_info_r", "_block_w", "_info_w", "_block_r")
+
+
+def _child_pid(fd: int) -> int | None:
+    """The pid bwrap reports on its info fd (`{"child-pid": N, ...}`), or None when it ended without one."""
+    import json
+
+    data = b""
+    while b"}" not in data:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return None
+        data += chunk
+    try:
+        return int(json.loads(data[: data.index(b"}") + 1])["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> tuple[list[Path], list[Path]]:
@@ -267,10 +448,12 @@ def _tilde(path: Path, home: Path | None) -> str:
 
 def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | None = None,
             home: Path | None = None, home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (),
-            extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: bool = True) -> Box:
+            extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: str = "on",
+            ports: Iterable[int] = ()) -> Box:
     """The box of a step run in `project` for the loop of `workspace`. `home_paths`: the agent CLI's
     own files and folders (read-write); `read_paths`: files its variables name (read-only);
-    `extra_rw` / `extra_ro`: the person's `sandbox_paths`."""
+    `extra_rw` / `extra_ro`: the person's `sandbox_paths`; `network`: `sandbox_network`; `ports`:
+    the host's loopback ports its own network reaches (the agent's model endpoint)."""
     project = _real(project)
     rw = [project]
     if task_file is not None and not _within(_real(task_file), project):
@@ -300,7 +483,11 @@ def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path 
     if state.exists() and not _within(project, state):
         ro.append(state)
     ro += [Path(p).expanduser() for p in extra_ro]
+    serve = state / SERVE_FOLDER  # kiro serve's token: never in a box, whatever sandbox_paths grants
+    with contextlib.suppress(OSError):
+        serve.mkdir(mode=0o700, exist_ok=True)
     return Box(rw=tuple(dict.fromkeys(rw)), ro=tuple(dict.fromkeys(ro)), home=home, network=network,
+               ports=tuple(sorted(set(ports))) if network == "on" else (), masked=(serve,),
                home_rw=tuple(home_rw), missing=tuple(dict.fromkeys(missing)))
 
 

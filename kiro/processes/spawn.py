@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVarTuple
 
 from kiro.processes import groups
-from kiro.processes.sandbox import Box
+from kiro.processes.sandbox import Box, Network
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -153,12 +153,15 @@ class Child:
     proc: asyncio.subprocess.Process
     ledger: groups.Ledger | None
     box: Box | None = None
+    link: Network | None = None  # pasta, for a box with its own network
 
     def release(self) -> None:
         """End what is left of its group (a step that exits may leave a background server behind), take
         it off the reaper's list and the ledger, and let its box remove the control folders it made for
         the step (if still empty)."""
         kill_group(self.proc.pid, signal.SIGKILL)
+        if self.link is not None:
+            self.link.close()
         if self.box is not None:
             self.box.release()
         groups.unregister(self.proc.pid)
@@ -181,20 +184,35 @@ async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None
     if mark is not None:
         child_env[mark[0]] = mark[1]
     wait_by_pidfd()
+    link = box.link() if box is not None else None
     command = groups.wrap(list(argv), confine=confine) if box is None else \
-        [*box.prefix(cwd, child_env, argv), *argv]
+        [*box.prefix(cwd, child_env, argv, link=link), *argv]
     try:
         proc = await asyncio.create_subprocess_exec(*command, cwd=str(cwd), env=child_env, stdin=stdin,
                                                     stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                                                    start_new_session=True, limit=limit)
+                                                    start_new_session=True, limit=limit,
+                                                    pass_fds=link.child_fds if link is not None else ())
     except BaseException:
+        if link is not None:
+            link.close()
         if box is not None:
             box.release()
         raise
     groups.register(proc.pid)
     if ledger is not None:
         ledger.add(proc.pid)
-    return Child(proc, ledger, box)
+    child = Child(proc, ledger, box, link)
+    if link is not None:
+        link.started()
+        try:  # the box's own network, connected before its command starts (kiro.processes.sandbox.Network)
+            await link.connect()
+        except BaseException:
+            kill_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                await proc.wait()
+            child.release()
+            raise
+    return child
 
 
 async def run_process(

@@ -1,5 +1,7 @@
 """The server's gate. The token (SPEC §10): `$KIRO_SERVE_TOKEN`, else one generated at start, printed
-once and kept in `.state/serve.token` (mode 0600). Every route but `GET /healthz` needs it, as
+once and kept in `.state/serve/token` (mode 0600, in a folder of mode 0700 that every step's box hides:
+kiro.processes.sandbox), written only once the server holds its port (a second `kiro serve` refused
+its port leaves the running server's token as it is). Every route but `GET /healthz` needs it, as
 `Authorization: Bearer <token>` or `?token=<token>` (a browser's EventSource and WebSocket cannot set
 headers).
 
@@ -24,16 +26,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kiro.errors import UserError
 from kiro.fs.atomic import atomic_write
-from kiro.store.state import SERVE_TOKEN
+from kiro.store.state import SERVE_TOKEN, SERVE_TOKEN_ENV
 
-TOKEN_ENV = "KIRO_SERVE_TOKEN"
+TOKEN_ENV = SERVE_TOKEN_ENV
 LOGIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>kiro · token needed</title>
 <style>body{font-family:system-ui,sans-serif;max-width:34em;margin:4em auto;padding:0 1em;color:#1f2328}
 input{width:100%;padding:.5em;font:inherit}button{margin-top:.6em;padding:.4em 1em;font:inherit}
 code{background:#f0f2f4;padding:0 .3em}</style></head><body>
 <h1>kiro serve: token needed</h1>
 <p>Open the address <code>kiro serve</code> printed when it started (it ends in <code>?token=...</code>), or paste
-the token: it is in <code>.state/serve.token</code>, or in <code>$KIRO_SERVE_TOKEN</code> if you set one.</p>
+the token: it is in <code>.state/serve/token</code>, or in <code>$KIRO_SERVE_TOKEN</code> if you set one.</p>
 <form method="get" action="/"><input name="token" type="password" autocomplete="off" placeholder="token">
 <button type="submit">Open the dashboard</button></form></body></html>
 """
@@ -51,9 +53,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def resolve_token(host: str, state_dir: Path) -> tuple[str, bool]:
+def resolve_token(host: str) -> tuple[str, bool]:
     """(token, generated). A non-loopback host needs the token from the environment: a generated one
-    would be printed on a terminal and sit in a file while the server listens to the network."""
+    would be printed on a terminal and sit in a file while the server listens to the network. A
+    generated one is kept (`keep_token`) once the server holds its port."""
     env = os.environ.get(TOKEN_ENV, "")
     if env and not env.strip():
         raise UserError(f"${TOKEN_ENV} is blank (only white space); set a long random token, or unset it "
@@ -66,9 +69,18 @@ def resolve_token(host: str, state_dir: Path) -> tuple[str, bool]:
     if not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: set ${TOKEN_ENV} to a long random token "
                         f"first, or serve on 127.0.0.1")
-    token = secrets.token_urlsafe(32)  # kiro.store.state.serve_token knows it by this shape: 43 URL-safe characters
-    atomic_write(state_dir / SERVE_TOKEN, token + "\n", fsync=False, mode=0o600)
-    return token, True
+    return secrets.token_urlsafe(32), True  # kiro.store.state.serve_token knows this shape: 43 URL-safe characters
+
+
+def keep_token(state_dir: Path, token: str) -> Path:
+    """Write the generated token where people and scripts read it and no step's box can, and remove
+    the file where kiro kept it before (`.state/serve.token`, which a box could read)."""
+    path = state_dir / SERVE_TOKEN
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    atomic_write(path, token + "\n", fsync=False, mode=0o600)
+    (state_dir / "serve.token").unlink(missing_ok=True)
+    return path
 
 
 def _hostname(netloc: str) -> str | None:

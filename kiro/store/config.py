@@ -331,7 +331,8 @@ class Config(_Strict):
     # None: bwrap when installed and usable, else unconfined with one line saying so (kiro.processes.sandbox)
     sandbox: Literal["bwrap", "off"] | None = None
     sandbox_paths: SandboxPaths = Field(default_factory=SandboxPaths)
-    sandbox_network: bool = True  # on | off (YAML reads them as true | false)
+    # on: the box's own network, the internet only (pasta) | off: none | host: the host's, every service on it
+    sandbox_network: Literal["on", "off", "host"] = "on"
     merge: Literal["manual", "auto"] = "manual"
     backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
     # While `agent` is at its usage limit, steps go to these agents in turn (their own presets; not
@@ -439,12 +440,12 @@ class Config(_Strict):
     @field_validator("sandbox_network", mode="before")
     @classmethod
     def _network_on_off(cls, value: Any) -> Any:
-        """`on` / `off` as text too (a flag, a quoted value); anything else is refused, not read as true."""
-        if isinstance(value, str) and value.strip().lower() in ("on", "off"):
-            return value.strip().lower() == "on"
-        if not isinstance(value, bool):
-            raise ValueError(f"should be on or off (got {value!r})")
-        return value
+        """`on` / `off` / `host` (YAML reads on and off as true and false); anything else is refused."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, str) and value.strip().lower() in ("on", "off", "host"):
+            return value.strip().lower()
+        raise ValueError(f"should be on, off or host (got {value!r})")
 
 
 # Task frontmatter keys that set config values, and the dotted config path each one sets.

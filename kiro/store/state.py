@@ -360,7 +360,10 @@ class LoadResult:
     warning: str | None = None
 
 
-SERVE_TOKEN = "serve.token"  # in the state folder: the token `kiro serve` generated (kiro.serve.auth)
+# In the state folder: the token `kiro serve` generated (kiro.serve.auth), in a folder of its own that every
+# step's box hides (kiro.processes.sandbox.SERVE_FOLDER); or the person's own, in this variable, never a step's.
+SERVE_TOKEN = "serve/token"
+SERVE_TOKEN_ENV = "KIRO_SERVE_TOKEN"
 _GENERATED_TOKEN = re.compile(r"[A-Za-z0-9_\-]{43}")  # what secrets.token_urlsafe(32) makes
 
 

@@ -15,6 +15,7 @@ Adding a preset: a module in this package with a `Preset` subclass, and one line
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from kiro.errors import ExecutorError
 from kiro.executors.base import Usage
+from kiro.store.redact import looks_like_token, looks_secret
+from kiro.store.state import SERVE_TOKEN_ENV
 
 if TYPE_CHECKING:
     from kiro.processes.sandbox import Box
@@ -74,6 +77,22 @@ _AUTH_LINE = re.compile(r"\b401\b.{0,20}unauthori[sz]ed|\bunauthori[sz]ed\b|inva
                         r"incorrect api key|api key not valid|authentication[ _](failed|error|required)|not logged in|"
                         r"please run /login|\b403\b.{0,5}forbidden|permission_error", re.I)
 _RATE_LINE = re.compile(r"\b429\b|rate[ _-]?limit|too many requests|quota|overloaded|\b529\b", re.I)
+# What every agent CLI gets of kiro's environment (with its own variables: Preset.passes): where programs
+# are, who and where the person is, language, terminal, proxy and certificates, the runtime that runs
+# it, git's identity, and the step's own KIRO_ variables. Anything else (AWS_SECRET_ACCESS_KEY,
+# GITHUB_TOKEN, a database URL) is withheld unless agent_env.pass names it; the start line says so.
+ENV_ALLOWED = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "COLORTERM", "NO_COLOR",
+    "FORCE_COLOR", "COLUMNS", "LINES", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_OPTIONS", "NODE_PATH", "VIRTUAL_ENV", "PYENV_ROOT", "PYENV_VERSION",
+    "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_CONFIG_GLOBAL",
+    "GIT_CONFIG_NOSYSTEM", "KIRO_TASK_ID", "KIRO_STEP_ID", "KIRO_TASK_FILE", "KIRO_ITERATION", "KIRO_ATTEMPT",
+    "KIRO_WORKSPACE", "KIRO_PROMPT_FILE"})
+ENV_ALLOWED_PREFIXES = ("LC_", "XDG_")
+PROXY_VARS = frozenset({"http_proxy", "https_proxy", "no_proxy", "all_proxy", "ftp_proxy"})  # either case
+_LOOPBACK_URL = re.compile(r"://(?:localhost|127(?:\.\d{1,3}){3}|\[::1\]):(\d{1,5})(?![\d])", re.I)
+CONFIG_SUFFIXES = (".json", ".jsonc", ".toml", ".yaml", ".yml")  # a CLI's config file, read for its endpoint
+CONFIG_MAX_BYTES = 1 << 20
 TOOL_ARGUMENT_CHARS = 120  # of a tool call's main argument in its event line
 # a tool call's main argument, by the names the CLIs give it (a shell command, a file, a search)
 MAIN_ARGUMENTS = ("command", "cmd", "file_path", "absolute_path", "filePath", "path", "pattern", "query", "url",
@@ -138,6 +157,7 @@ class Billing:
     credential: Credential
     dropped: tuple[str, ...] = ()  # variables of kiro's environment the CLI does not get
     kept_from_login: tuple[str, ...] = ()  # of those, the API keys it would have billed before its login
+    withheld: tuple[str, ...] = ()  # of those, the ones not its own (Preset.passes), agent_env.pass aside
 
     def line(self) -> str:
         """The start line's account: `claude uses its login (~/.claude/.credentials.json); kiro keeps
@@ -147,9 +167,16 @@ class Billing:
             names = ", ".join(self.kept_from_login)
             text += (f"; kiro keeps {names} from it, which it would bill before its login "
                      f"(agent_env: {{pass: [{self.kept_from_login[0]}]}} bills the key instead)")
-        other = [v for v in self.dropped if v not in self.kept_from_login]
+        other = [v for v in self.dropped if v not in self.kept_from_login and v not in self.withheld]
         if other:
             text += f"; not passed to it (agent_env.drop): {', '.join(other)}"
+        if self.withheld:
+            secret = [name for name in self.withheld if looks_secret(name)]
+            rest = len(self.withheld) - len(secret)
+            said = [f"the secrets {', '.join(secret)}" if secret else "",
+                    f"{rest} other variable{'s' if rest != 1 else ''}" if rest else ""]
+            text += (f"; withheld from it, not being its own: {' and '.join(w for w in said if w)} "
+                     f"(agent_env: {{pass: [NAME]}} lets one through)")
         return text
 
     def apply(self, env: dict[str, str]) -> dict[str, str]:
@@ -340,6 +367,10 @@ class Preset:
     empty_when_missing: ClassVar[bool] = False  # ACP: it reads a file that does not exist as "" (see agents.acp)
     exits_on_eof: ClassVar[bool] = True  # ACP: it exits when kiro closes its stdin after a turn (else: SIGTERM)
     env_unset: ClassVar[tuple[str, ...]] = ()  # variables of kiro's environment it must not get
+    # The prefixes of the variables it reads (its credentials, endpoint and settings: `ANTHROPIC_`, `CLAUDE_`):
+    # with `env_keys`, `key_vars` and ENV_ALLOWED, all of kiro's environment it gets (`billing`). None: kiro
+    # does not know the program (a bare executor_command, `agent: acp`): it gets all but the secrets.
+    env_prefixes: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, config: Config | None = None) -> None:
         if config is None:
@@ -389,6 +420,29 @@ class Preset:
                     and os.path.exists(value):
                 found.append(Path(value))
         return found
+
+    def endpoints(self, env: Mapping[str, str]) -> list[int]:
+        """The ports of the host's 127.0.0.1 its model endpoint is at, as the person gave them to it: a
+        loopback base URL (`http://127.0.0.1:11434`, `localhost`, `[::1]`) in the environment it runs
+        with or in its own config files (those of `home_paths` and `read_paths`, top level, small ones).
+        kiro's box forwards just these into its own network (kiro.processes.sandbox)."""
+        texts = list(env.values())
+        for path in [*self.home_paths(env), *self.read_paths(env)]:
+            files = [path] if path.is_file() else sorted(path.glob("*")) if path.is_dir() else []
+            for one in files:
+                if one.suffix in CONFIG_SUFFIXES and one.is_file() and not one.is_symlink():
+                    with contextlib.suppress(OSError):
+                        if one.stat().st_size <= CONFIG_MAX_BYTES:
+                            texts.append(one.read_text(errors="replace"))
+        ports = {int(m.group(1)) for text in texts for m in _LOOPBACK_URL.finditer(text)}
+        return sorted(port for port in ports if 0 < port < 65536)
+
+    def passes(self, name: str) -> bool:
+        """Whether the variable `name` of kiro's environment is one this CLI needs (a known preset):
+        its own (`env_keys`, `key_vars`, `env_prefixes`) or what any program needs (ENV_ALLOWED)."""
+        if name in ENV_ALLOWED or name.startswith(ENV_ALLOWED_PREFIXES) or name.lower() in PROXY_VARS:
+            return True
+        return name in self.env_keys or name in self.key_vars or name.startswith(self.env_prefixes or ())
 
     def acp_auth(self, env: Mapping[str, str]) -> str | None:
         """ACP: the auth method (its id in `initialize`'s authMethods) kiro authenticates with when the
@@ -667,8 +721,22 @@ def billing(preset: Preset, config: Config, environ: Mapping[str, str] | None = 
     dropped = [name for name in config.agent_env.drop if name in environ]
     over = [name for name in preset.keys_over_login(environ) if name not in passed and name not in dropped]
     dropped += over
+    withheld = sorted(name for name in environ if name not in passed and name not in dropped and not kept(preset, name,
+                                                                                                         environ[name]))
+    dropped += withheld
     env = {k: v for k, v in environ.items() if k not in dropped}
-    return Billing(preset.name, preset.credential(env), tuple(dropped), tuple(over))
+    return Billing(preset.name, preset.credential(env), tuple(dropped), tuple(over), tuple(withheld))
+
+
+def kept(preset: Preset, name: str, value: str) -> bool:
+    """Whether kiro's variable `name` reaches `preset`'s CLI: for a known CLI, one of its own or what
+    every program needs (Preset.passes); for a program kiro does not know, every variable but those
+    named or shaped like a secret (and the server's token, never)."""
+    if name == SERVE_TOKEN_ENV:
+        return False
+    if preset.env_prefixes is None:
+        return not looks_secret(name) and not looks_like_token(value)
+    return preset.passes(name)
 
 
 def describe(config: Config | None = None, box: Box | None = None) -> list[dict[str, Any]]:
@@ -705,5 +773,6 @@ def describe(config: Config | None = None, box: Box | None = None) -> list[dict[
         })
         bill = billing(preset, preset.config)
         rows[-1].update({"credential": bill.credential.kind, "credential_source": bill.credential.source,
-                         "billing": bill.line(), "kept_from_agent": list(bill.dropped)})
+                         "billing": bill.line(), "kept_from_agent": [n for n in bill.dropped if n not in bill.withheld],
+                         "withheld": list(bill.withheld)})
     return rows

@@ -90,6 +90,7 @@ class AiderPreset(Preset):
                "--chat-history-file /dev/null --input-history-file /dev/null "
                "--message-file {prompt_file} --file {task_file}")
     idle_timeout_seconds = 600.0
+    env_prefixes = ("AIDER_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "LITELLM_", "OLLAMA_")
     env_keys = ("OPENAI_API_BASE", "OPENAI_API_KEY", "AIDER_MODEL", "ANTHROPIC_API_KEY", "GEMINI_API_KEY")
     # its caches and analytics (~/.aider), and the settings it reads from $HOME
     home_files = (".aider", ".aider.conf.yml", ".aider.model.settings.yml", ".aider.model.metadata.json")

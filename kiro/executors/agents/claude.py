@@ -65,6 +65,7 @@ class ClaudePreset(Preset):
     command = ("claude -p --output-format stream-json --verbose --permission-mode acceptEdits "
                "--setting-sources project,local")
     idle_timeout_seconds = 600.0
+    env_prefixes: ClassVar[tuple[str, ...] | None] = ("ANTHROPIC_", "CLAUDE_", "DISABLE_")
     env_keys: ClassVar[tuple[str, ...]] = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
     home_files = (".claude", ".claude.json")
     key_vars: ClassVar[tuple[str, ...]] = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")

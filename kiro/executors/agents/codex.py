@@ -66,6 +66,7 @@ class CodexPreset(Preset):
     install = "npm install -g @openai/codex"
     command = "codex exec --json --color never --sandbox workspace-write --skip-git-repo-check --disable goals"
     idle_timeout_seconds = 600.0
+    env_prefixes: ClassVar[tuple[str, ...] | None] = ("CODEX_", "OPENAI_")
     env_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME")
     key_vars: ClassVar[tuple[str, ...]] = ("CODEX_API_KEY",)
 

@@ -82,6 +82,7 @@ class CopilotPreset(Preset):
     install = "npm install -g @github/copilot"
     command = "copilot --output-format json --allow-all-tools --no-auto-update"
     idle_timeout_seconds = 600.0
+    env_prefixes = ("COPILOT_", "GH_", "GITHUB_TOKEN")
     env_keys = ("COPILOT_PROVIDER_BASE_URL", "COPILOT_PROVIDER_API_KEY", "COPILOT_MODEL", "COPILOT_OFFLINE",
                 "COPILOT_GITHUB_TOKEN", "GH_TOKEN", "COPILOT_HOME")
 

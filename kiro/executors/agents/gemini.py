@@ -74,6 +74,7 @@ class GeminiPreset(Preset):
     install = "npm install -g @google/gemini-cli"
     command = "gemini --output-format stream-json --approval-mode yolo --skip-trust"
     idle_timeout_seconds = 600.0
+    env_prefixes = ("GEMINI_", "GOOGLE_")
     env_keys = ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GEMINI_MODEL", "GOOGLE_API_KEY",
                 "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_CLOUD_PROJECT", "GEMINI_CLI_HOME")
 

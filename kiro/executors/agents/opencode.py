@@ -88,6 +88,7 @@ class OpencodePreset(Preset):
     install = "npm install -g opencode-ai"
     command = "opencode run --format json --auto"
     idle_timeout_seconds = 600.0
+    env_prefixes = ("OPENCODE_", "OPENAI_", "ANTHROPIC_")
     env_keys = ("OPENCODE_CONFIG", "OPENCODE_CONFIG_CONTENT", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 
     def login(self, env: Mapping[str, str]) -> str | None:

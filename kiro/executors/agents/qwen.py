@@ -108,6 +108,7 @@ class QwenPreset(ClaudePreset):
     install = "npm install -g @qwen-code/qwen-code"
     command = "qwen --output-format stream-json --approval-mode yolo"
     idle_timeout_seconds = 600.0
+    env_prefixes: ClassVar[tuple[str, ...] | None] = ("QWEN_", "OPENAI_", "DASHSCOPE_")
     env_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL", "QWEN_OAUTH")
     key_vars: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
 
