@@ -16,14 +16,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kiro.executors import agents
 from kiro.executors.agents.codex_hook import codex_config
 from kiro.executors.tools.errors import ToolError
 from kiro.executors.tools.shell import permitted, shell_words
 from kiro.store.config import ShellToolSettings
+from tests.agent_clis import CLIS, Cli, serving, task_text
+from tests.conftest import FAST_CONFIG, Workspace
 
 SETTINGS = ShellToolSettings(enabled=True, allow=["git grep", "echo"])
 # (what it tries, the command line); each would write CANARY (or run a second program) if bash ran it
@@ -135,3 +139,25 @@ def test_the_issues_brace_expansion_really_runs_a_program_under_bash(tmp_path: P
 def test_what_kiro_accepts_bash_reads_into_the_same_words(command: str) -> None:
     assert check(command) is None, check(command)
     assert shell_words(command) == words_by_bash(command)
+
+
+@pytest.fixture
+def claude(cli_home: Path) -> Iterator[Cli]:
+    yield from serving(CLIS["claude"](cli_home))
+
+
+def test_the_real_claude_does_not_run_the_brace_expansion_its_allow_list_was_built_from(
+        ws: Workspace, claude: Cli) -> None:
+    """Claude Code gets `tools.shell.allow` as its own `--allowedTools Bash(git grep:*)`, checked by Claude
+    Code's matcher, not kiro's: the model asks for the issue's command, and no CANARY appears."""
+    subprocess.run(["git", "init", "-q", str(ws.root)], check=True)
+    ws.write("notes.txt", "needle\n")
+    ws.task(task_text(1))
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\ntools:\n  shell:\n    enabled: true\n"
+             "    allow: [\"git grep\"]\n")
+    claude.extra = [("Bash", {"command": HOSTILE[0][1], "description": "search"})]
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", env=ws.env(**claude.env()), timeout=600)
+    log = "\n".join(p.read_text() for p in (ws.root / "Logs").rglob("*.log"))
+    print("claude", agents.get("claude").version(), "exit", r.returncode, "CANARY:", (ws.root / "CANARY").exists())
+    assert '"name":"Bash"' in log.replace(" ", "")  # the model did ask for it
+    assert not (ws.root / "CANARY").exists(), log[-3000:]
