@@ -41,13 +41,15 @@ LINES: dict[str, tuple[str, str]] = {
                "[API Error: API key not valid. Please pass a valid API key.]"),
     "opencode": ("AI_APICallError: UsageLimitError: usage limit reached (HTTP 429)",
                  "AI_APICallError: Unauthorized: invalid api key (HTTP 401)"),
-    "qwen": ("[API Error: 429 You have exceeded the 5-hour usage quota. It will reset at 2099-01-01 00:00:00 "
-             "+0800 CST.]", "[API Error: 401 Incorrect API key provided.]"),
+    "qwen": ("Quota exhausted: You have exceeded the 5-hour usage quota. It will reset at 2099-01-01 00:00:00 "
+             "+0800 CST.", "[API Error: 401 Incorrect API key provided.]"),
     "copilot": ("You've hit your rate limit. Please wait for your limit to reset.",
                 "Error: 401 Unauthorized: Bad credentials"),
     "aider": ("litellm.RateLimitError: RateLimitError: OpenAIException - You exceeded your current quota",
               "litellm.AuthenticationError: AuthenticationError: OpenAIException - Incorrect API key provided"),
 }
+# more of the CLIs' own words, in every reply: qwen's API error as the issue saw it
+MORE = ["[API Error: 429 You have exceeded the 5-hour usage quota. It will reset at 2099-01-01 00:00:00 +0800 CST.]"]
 PRICES = {"codex": CODEX_PRICE, "gemini": GEMINI_PRICE, "qwen": QWEN_PRICE, "copilot": QWEN_PRICE}
 HELD: list[tuple[str, str, bool, str]] = []
 
@@ -55,7 +57,7 @@ HELD: list[tuple[str, str, bool, str]] = []
 def said(name: str, which: int) -> str:
     """The model's reply: `name`'s own line `which` (0: limit, 1: auth) first, then every other line."""
     first = LINES[name][which]
-    rest = [line for pair in LINES.values() for line in pair if line != first]
+    rest = [line for pair in LINES.values() for line in pair if line != first] + MORE
     return "\n".join([first, *rest])
 
 

@@ -28,7 +28,9 @@
   else in `~/.qwen` (login, memory, skills), QWEN_RUNTIME_DIR at `~/.qwen` (sessions stay where they
   were). Their MCP servers stay: tools they chose, as with claude. In kiro's box `~/.qwen` (or
   $QWEN_HOME, and QWEN_RUNTIME_DIR) is its read-write folder.
-- Usage limits: qwen retries a 429 itself (7 tries over ~77 s, then, unless
+- Usage limits: qwen 0.24 ends the run at once, with the error "Quota exhausted: <the provider's
+  message>", when a 429's message says the quota is exceeded and when it resets: a usage limit until
+  then. Other 429s: qwen retries a 429 itself (7 tries over ~77 s, then, unless
   `model.generationConfig.maxRetries` says otherwise, 10 more rounds of 1-5 min: about an hour with no
   output, past kiro's idle timeout). kiro's settings above set `maxRetries: 0` when the person set
   none, so a 429 that outlasts its 77 s ends the run with the error "[API Error: 429 <the provider's
@@ -72,6 +74,7 @@ _UNKNOWN = re.compile(r"^(Unknown arguments?|Not enough arguments|Invalid values
                       re.M)
 _RATE = re.compile(r"rate[ _-]?limit|quota|too many requests|overloaded", re.I)
 _DISCONTINUED = "Qwen OAuth free tier has been discontinued"
+_QUOTA = "Quota exhausted: "  # qwen 0.24's own prefix for a provider's used-up quota that says when it resets
 _JSONC = re.compile(r'("(?:\\.|[^"\\])*")|//[^\n]*|/\*.*?\*/', re.S)  # its settings may hold comments
 STEP_HOME = "kiro-step"  # the QWEN_HOME kiro gives a step, inside the person's ~/.qwen
 # what in the person's settings runs a program without being asked for in the step
@@ -256,16 +259,20 @@ class QwenPreset(ClaudePreset):
             api = said[1]
             status = int(api["status"]) if api is not None and api["status"] else None
             kind: FailureKind = "auth_error" if status in (401, 403) or said[0].startswith(_DISCONTINUED) \
-                else "rate_limit" if status == 429 or (api is not None and _RATE.search(said[0])) \
+                else "rate_limit" if status == 429 or said[0].startswith(_QUOTA) \
+                or (api is not None and _RATE.search(said[0])) \
                 else self.kind_of(exit_code, said[0], said[0])
             return Failure(kind, said[0])
         line = error_line(stderr) or last_line(stderr) or f"exit status {exit_code}"  # stdout is the model's
         return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
 
     def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
-        """A 429 that outlasted qwen's own retries (the "[API Error: 429 ...]" it ended the run with): the
-        provider's window or quota, reset at the time its message states, if it states one."""
+        """A 429 that outlasted qwen's own retries (the "[API Error: 429 ...]" it ended the run with), or a
+        provider's quota that says when it resets, which qwen 0.24 ends the run with at once ("Quota
+        exhausted: ... It will reset at ..."): reset at the time the message states, if it states one."""
         said = self._said(stdout)
+        if said is not None and said[0].startswith(_QUOTA):
+            return Failure("usage_limit", said[0], reset_said(said[0]))
         api = said[1] if said is not None else None
         if said is None or api is None or api["status"] != "429":
             return None
