@@ -50,6 +50,11 @@ class Cli:
     output_tokens: int = 20
     server: FakeServer | None = None
     retries: bool = False
+    said: str | None = None  # the model's last reply, instead of "Checked the box: ..."
+
+    def reply(self, new: str) -> str:
+        """What the model says once the box is checked (its last message of the step)."""
+        return self.said if self.said is not None else f"Checked the box: {new}"
 
     @property
     def installed(self) -> bool:
@@ -104,7 +109,7 @@ class Claude(Cli):
         if done < len(plan):
             name, args = plan[done]
             return fa.Turn([fa.tool_use(name, args)], **usage)
-        return fa.Turn([fa.text(f"Checked the box: {new}")], **usage)
+        return fa.Turn([fa.text(self.reply(new))], **usage)
 
     def start(self) -> FakeServer:
         self.server = fa.FakeAnthropic(self.brain).start()
@@ -139,7 +144,7 @@ class Codex(Cli):
         if done < len(plan):
             name, args = plan[done]
             return fr.Reply([fr.function_call(name, args)], **usage)
-        return fr.Reply([fr.message(f"Checked the box: {new}")], **usage)
+        return fr.Reply([fr.message(self.reply(new))], **usage)
 
     def start(self) -> FakeServer:
         self.server = fr.FakeResponses(self.brain).start()

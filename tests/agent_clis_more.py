@@ -75,7 +75,8 @@ class Aider(Cli):
         name = self.relative(path)
         blocks = [self.block(rec.body, *edit) for edit in self.extra]
         blocks.append(self.block(rec.body, name, old, new))
-        return fc.Reply("I will check the step's box.\n\n" + "\n".join(blocks), **usage)
+        return fc.Reply(f"{self.said}\n\n" + "\n".join(blocks) + f"\n{self.said}\n", **usage) if self.said is not None \
+            else fc.Reply("I will check the step's box.\n\n" + "\n".join(blocks), **usage)
 
     def relative(self, path: str) -> str:
         root = self.tmp / "vault"
@@ -137,7 +138,7 @@ class Gemini(Cli):
         if done < len(plan):
             name, args = plan[done]
             return fg.Turn([fg.function_call(name, args)], **usage)
-        return fg.Turn([fg.text(f"Checked the box: {new}")], **usage)
+        return fg.Turn([fg.text(self.reply(new))], **usage)
 
     def start(self) -> FakeServer:
         self.server = fg.FakeGemini(self.brain).start()
@@ -180,7 +181,7 @@ class ChatEditCli(Cli):
         if done < len(plan):
             name, args = plan[done]
             return fc.Reply(None, [fc.tool_call(name, args)], **usage)
-        return fc.Reply(f"Checked the box: {new}", **usage)
+        return fc.Reply(self.reply(new), **usage)
 
 
 class Opencode(ChatEditCli):

@@ -88,7 +88,7 @@ def test_a_usage_error_ends_the_run_with_exit_1_and_the_clis_own_line(ws: Worksp
 
 
 def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Workspace, cli: Cli) -> None:
-    """qwen prints the API error as its result and exits 0: kiro still reads it as an auth error."""
+    """qwen 0.24 ends the run with its own error record (is_error, "[API Error: 401 ...]", exit 1): an auth error."""
     ws.task(task_text(1))
     cli.error = fc.error(401, "Incorrect API key provided: sk-test-***-key.", "invalid_api_key")
     configure(ws, cli)

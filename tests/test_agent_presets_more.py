@@ -73,7 +73,7 @@ def test_aider_api_errors_printed_with_exit_0_are_failures_of_the_right_kind() -
     assert failure.line.startswith("litellm.AuthenticationError") and "API key provided" in failure.line
     rate = "litellm.RateLimitError: RateLimitError: OpenAIException - slow down\nRetrying in 0.2 seconds...\n"
     failure = AiderPreset().classify_failure(0, rate, "")
-    assert failure is not None and failure.kind == "rate_limit" and not failure.fatal
+    assert failure is not None and failure.kind == "usage_limit" and not failure.fatal  # after its own retries
     assert AiderPreset().classify_failure(0, AIDER_OUT, "Warning: Input is not a terminal (fd=0).\n") is None
     # a 500 that aider retried, then an answer: not a failure
     retried = ("Added tasks.md to the chat.\n\nlitellm.InternalServerError: InternalServerError: OpenAIException - "

@@ -338,7 +338,9 @@ def test_pause_at_checkpoints_stops_after_each_checkpoint_of_a_real_kiro_plan(tm
         assert "`test -f progress.log` passed" in note
         r = ws.kiro("loop", "resume", "--task-id", "rv")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert pauses == ["5", "7", "9"], pauses  # "Checkpoint — Verify ...", "Checkpoint — ...", "Final checkpoint"
+    # "Checkpoint — Verify ...", "Checkpoint — ..."; the last step, "Final checkpoint", completes the task
+    assert pauses == ["5", "7"], pauses
+    assert ws.state("rv")["status"] == "completed"
     assert not (root / "Needs_Action/review_rv.md").exists()  # answered: moved to Logs/resolved/
     after = (root / ".kiro/specs/member-management/tasks.md").read_bytes()
     print(f"paused after steps {pauses}; {only_boxes_changed(before, after)} boxes checked, nothing else changed")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kiro.executors.tools import ToolResult, toolset
-from kiro.executors.tools.shell import allowed, clean_environment, split_command
+from kiro.executors.tools.shell import allowed, clean_environment, shell_words
 from tests.fake_openai import StepHarness, invoke, make_harness
 
 KEY_ENV = "KIRO_TEST_OPENAI_KEY"
@@ -73,8 +73,11 @@ def test_no_shell_operators(tmp_path: Path, command: str) -> None:
 
 
 def test_no_shell_expansion(tmp_path: Path) -> None:
+    """What a shell would expand is refused (the agent's idea of its words is a shell's); quoted, it is literal."""
     h = shell_harness(tmp_path, allow=["echo"])
-    assert run(h, "echo $HOME '*'").text.endswith("$HOME *\n")
+    refused = run(h, "echo $HOME *")
+    assert not refused.ok and "'$' outside quotes" in refused.text
+    assert run(h, "echo '$HOME' '*'").text.endswith("$HOME *\n")
 
 
 def test_runs_in_the_project_directory(tmp_path: Path) -> None:
@@ -142,8 +145,8 @@ def test_missing_program_and_exit_status(tmp_path: Path) -> None:
 
 
 def test_helpers() -> None:
-    assert split_command("pytest -q 'tests/a b.py'") == ["pytest", "-q", "tests/a b.py"]
-    assert split_command("echo 'a > b'") == ["echo", "a > b"]  # quoted: an argument, not a redirection
+    assert shell_words("pytest -q 'tests/a b.py'") == ["pytest", "-q", "tests/a b.py"]
+    assert shell_words("echo 'a > b'") == ["echo", "a > b"]  # quoted: an argument, not a redirection
     assert allowed(["git", "status", "--short"], ["git status"])
     assert not allowed(["git"], ["git status"])
     env = clean_environment("MY_KEY_VAR", "sk-value-123456789",

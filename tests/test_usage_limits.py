@@ -285,7 +285,8 @@ def run_cli(name: str, home: Path, error: HttpError) -> tuple[agents.Failure | N
         cli.close()
     failure = preset.classify_failure(done.returncode, done.stdout, done.stderr)
     assert failure is not None, done.stdout[-2000:]
-    return preset.usage_limit(done.stdout, done.stderr), done.stdout + done.stderr, began
+    limit = failure if failure.kind == "usage_limit" else preset.usage_limit(done.stdout, done.stderr)
+    return limit, done.stdout + done.stderr, began
 
 
 def test_gemini_quota_with_a_retry_delay_is_a_usage_limit_with_its_reset(cli_home: Path) -> None:

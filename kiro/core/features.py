@@ -227,14 +227,13 @@ class ReviewPoints(Feature):
     (status paused, `stop_reason: checkpoint`, exit 6) with a review note in Needs_Action/: the steps done
     and the diff stat since the last review, and how verify went. `pause_every: N` does the same after
     every N completed steps. `kiro loop resume` goes on: the state counts the steps a person was shown
-    (`reviewed_steps`), so a resumed loop does not pause again for them."""
+    (`reviewed_steps`), so a resumed loop does not pause again for them. A review point with nothing after
+    it (most Kiro plans end with a "Final checkpoint") is no pause: the task is complete, and its completion
+    report is what the person reads."""
 
     async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
         stop = await self._review(loop)
         return stop, stop is None
-
-    async def all_done(self, loop: LoopHandle, task: TaskFile) -> Stop | bool | None:
-        return await self._review(loop)  # the plan's last step was its final checkpoint
 
     async def _review(self, loop: LoopHandle) -> Stop | None:
         cfg, s = loop.cfg, loop.state

@@ -69,7 +69,7 @@ from kiro.executors.agents import TOOL_ARGUMENT_CHARS
 from kiro.executors.base import StepContext
 from kiro.executors.tools.errors import ToolError
 from kiro.executors.tools.paths import Confinement
-from kiro.executors.tools.shell import permitted_in_shell
+from kiro.executors.tools.shell import permitted
 from kiro.fs.atomic import atomic_write
 from kiro.processes.sandbox import Box
 from kiro.processes.spawn import ProcessResult, end_process, spawn
@@ -144,7 +144,7 @@ class Policy:
             if not isinstance(command, str):
                 return "kiro cannot tell which command this runs"
             try:
-                permitted_in_shell(command, self.ctx.config.tools.shell)
+                permitted(command, self.ctx.config.tools.shell)
             except ToolError as exc:
                 return str(exc)
             return None

@@ -111,6 +111,12 @@ class CommandExecutor(ExecutorBase):
                 raise ExecutorError(f"fallback agent {name!r}: program {fallback.argv[0]!r} was not found on PATH; "
                                     f"install it with `{preset.install}` or remove it from fallback_agents")
             self.agents.append(fallback)
+        cap = config.guardrails.max_cost_usd
+        for agent in self.agents if cap is not None else []:  # a cost cap that could never fire is refused
+            why = agent.preset.unpriced()
+            if why is not None:
+                raise ExecutorError(f"max_cost_usd {cap:g} cannot hold: {why}; or remove max_cost_usd "
+                                    f"(max_total_tokens caps tokens)")
 
     def billing_line(self) -> str | None:
         """The start line's account of the credential, for a preset kiro knows (or variables it drops)."""
@@ -142,12 +148,18 @@ class CommandExecutor(ExecutorBase):
         """`Logs/<task_id>/<step_id>-<attempt>.log` (`...-<attempt>.<run>.log` for the runs after a usage
         limit within the attempt). The id of a step with no number is its text: it is named as the
         redactor leaves it (a secret in it is no file name), and a long one is cut, with a hash of the
-        whole to keep names apart (a file name has at most 255 bytes)."""
+        whole to keep names apart (a file name has at most 255 bytes). A log already there is never
+        replaced (a resumed loop numbers a step's attempts again): the next free `.<n>` is taken."""
         shown = ctx.redact.text(ctx.step.id)
         safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in shown) or "step"
         if len(safe) > LOG_NAME_CHARS:
             safe = f"{safe[:LOG_NAME_CHARS]}_{hashlib.sha256(shown.encode()).hexdigest()[:12]}"
-        return self.workspace.logs / self.task_id / f"{safe}-{ctx.attempt}{'' if run == 1 else f'.{run}'}.log"
+        folder, name = self.workspace.logs / self.task_id, f"{safe}-{ctx.attempt}"
+        path = folder / (f"{name}.log" if run == 1 else f"{name}.{run}.log")
+        while path.exists():
+            run += 1
+            path = folder / f"{name}.{run}.log"
+        return path
 
     async def run_step(self, ctx: StepContext) -> StepResult:
         """One attempt: the first configured agent that is not at its usage limit runs the step. A usage

@@ -134,9 +134,7 @@ def refused_arguments(argv: Sequence[str]) -> str | None:
     """Run time: arguments of an allowed program that would run code or write outside the project."""
     if program_name(argv[0]) != "git":
         return None
-    for arg in argv[2:]:
-        if arg == "--":
-            break
+    for arg in argv[2:]:  # all of them: `--` may be an option's value (`git grep -e -- -O<program>`)
         name = arg.split("=", 1)[0]
         long_hit = name.startswith("--") and len(name) > 3 and any(bad.startswith(name) for bad in GIT_REFUSED_LONG)
         short_hit = not arg.startswith("--") and any(arg.startswith(bad) for bad in GIT_REFUSED_SHORT)

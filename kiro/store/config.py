@@ -715,10 +715,33 @@ def resolve_config(
         _assign(merged, origins, ("llm", "base_url"), openai_base_url,
                 _Origin("llm.base_url", "environment OPENAI_BASE_URL"))
 
+    _fallbacks_in_scope(merged, origins)
     try:
         return Config.model_validate(merged)
     except ValidationError as exc:
         raise _validation_error(exc, origins) from None
+
+
+def _layer(origin: _Origin) -> int:
+    """How late a value's layer comes: config file 0, task frontmatter 1, environment 2, flag 3."""
+    label = origin.label or ""
+    return 0 if origin.label is None else 1 if label.startswith("frontmatter") else 2 if \
+        label.startswith("environment") else 3
+
+
+def _fallbacks_in_scope(merged: dict[str, Any], origins: Mapping[str, _Origin]) -> None:
+    """`fallback_agents` set in an earlier layer (the config file) than the agent or executor (a task's
+    frontmatter, the environment, a flag) yields to them: a shell or openai task runs no agent CLI, and an
+    agent chosen later (`--agent codex`) is the first agent, not its own fallback. Both in one layer stay
+    as written (and are refused when they disagree: the person wrote both there)."""
+    fallbacks, origin = merged.get("fallback_agents"), origins.get("fallback_agents")
+    if not isinstance(fallbacks, list) or not fallbacks or origin is None:
+        return
+    executor, agent = origins.get("executor"), origins.get("agent")
+    if executor is not None and _layer(executor) > _layer(origin) and merged.get("executor") in ("openai", "shell"):
+        merged["fallback_agents"] = []
+    elif agent is not None and _layer(agent) > _layer(origin):
+        merged["fallback_agents"] = [name for name in fallbacks if name != merged.get("agent")]
 
 
 def _display(path: Path, workspace_root: Path) -> str:

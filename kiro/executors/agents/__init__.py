@@ -457,6 +457,27 @@ class Preset:
         """Variables to set inside kiro's box, on top of `env` (aider's git identity)."""
         return {}
 
+    # -- what it costs ---------------------------------------------------------------------
+
+    prices_tokens: ClassVar[bool] = False  # it reports tokens, not money: kiro prices them with llm.prices[<model>]
+
+    def model_name(self) -> str | None:
+        """The model its runs use, as far as kiro can tell before one (its command line, its variables)."""
+        return None
+
+    def unpriced(self) -> str | None:
+        """Why kiro cannot put a price on this CLI's runs (so `max_cost_usd` could never fire), or None:
+        a CLI that reports tokens only, with no `llm.prices` entry for its model (or none at all)."""
+        if not self.prices_tokens:
+            return None
+        prices, model = self.config.llm.prices, self.model_name()
+        if prices and (model is None or model in prices):
+            return None
+        which = f"its model {model!r}" if model else "any model"
+        return (f"{self.name} reports tokens, not money, and llm.prices has no price for {which}: give it one "
+                f"(llm: {{prices: {{{model or '<model>'}: {{input_per_1m: ..., output_per_1m: ...}}}}}}, dollars "
+                f"per million tokens)")
+
     # -- what came out ---------------------------------------------------------------------
 
     def parse_usage(self, stdout: str) -> Usage | None:
@@ -465,11 +486,24 @@ class Preset:
 
     def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
         """None when the CLI reports success; else the kind of failure and the CLI's own error line.
-        A CLI that exits 0 but reports an error in its output (claude's `is_error`) has failed too."""
+        A CLI that exits 0 but reports an error in its output (claude's `is_error`) has failed too.
+
+        What the model writes (its replies, on stdout) never decides the kind: a failure is read from
+        channels the model cannot write, the exit code, stderr, and the structured error events and
+        HTTP status the CLI reports (each preset reads its own). Here, for a command kiro knows nothing
+        of, stdout's line is shown but read as a plain failure."""
         if exit_code == 0:
             return None
-        line = error_line(stderr, stdout) or last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
-        return Failure(self.kind_of(exit_code, f"{stderr}\n{stdout}", line), line)
+        said = error_line(stderr)
+        if said is not None:
+            return Failure(self.kind_of(exit_code, stderr, said), said)
+        shown = error_line(stdout)
+        if shown is not None:
+            return Failure("failure", shown)
+        said = last_line(stderr)
+        if said is not None:
+            return Failure(self.kind_of(exit_code, stderr, said), said)
+        return Failure("failure", last_line(stdout) or f"exit status {exit_code}")
 
     def kind_of(self, exit_code: int | None, output: str, line: str) -> FailureKind:
         """Generic reading of an error: an argument parser's complaint is a usage error (clap and
@@ -561,6 +595,17 @@ class Preset:
     def version_line(self, stdout: str) -> str | None:
         """The version in what `--version` printed: its last line, unless the CLI says otherwise."""
         return last_line(stdout)
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value of a flag in a command line (`-m gpt-5`, `--model=gpt-5`), or None."""
+    for i, arg in enumerate(argv):
+        if arg in names and i + 1 < len(argv):
+            return argv[i + 1]
+        for name in names:
+            if name.startswith("--") and arg.startswith(f"{name}="):
+                return arg.split("=", 1)[1]
+    return None
 
 
 def _home(env: Mapping[str, str]) -> Path | None:

@@ -23,6 +23,10 @@
   printed no cost.
 - Failures: aider prints API errors (`litellm.AuthenticationError: ...`) and exits 0, so kiro reads
   its output; its argument errors are argparse's (`aider: error: unrecognized arguments: ...`, exit 2).
+- What kiro reads for a failure: stderr (argparse), and the `litellm.<Kind>Error` line aider printed
+  after the model's last answer, in a run aider ended itself (exit 0). aider prints the model's reply
+  on the same stdout, each followed by its `Tokens:` line, so an error line before one is the model's
+  (or retried away); a run cut short (killed) is a plain failure.
 """
 
 from __future__ import annotations
@@ -188,14 +192,15 @@ class AiderPreset(Preset):
 
     @staticmethod
     def _api_error(stdout: str) -> tuple[FailureKind, str] | None:
-        """The model-API error aider ended with (it reports them and exits 0): the last one, unless a
-        model call answered after it (aider retried it and went on). Its message may be wrapped over
-        two lines; they are joined."""
+        """The model-API error aider ended with (it reports them and exits 0): the last one after the
+        model's last answer. aider prints the model's reply on the same stdout, always followed by that
+        call's `Tokens:` line, so a `litellm.` line before a `Tokens:` line is the model's words or an
+        error retried away, never read. Its message may be wrapped over two lines; they are joined."""
         lines = clean(stdout).splitlines()
         found: tuple[FailureKind, str] | None = None
         for i, raw in enumerate(lines):
             if _TOKENS.match(raw.strip()):
-                found = None  # a later answer: the earlier error was retried away
+                found = None  # a later answer: the earlier error was retried away (or the model said it)
                 continue
             m = _LITELLM.match(raw.strip())
             if m is None or not raw.strip().startswith("litellm."):
@@ -207,28 +212,25 @@ class AiderPreset(Preset):
         return found
 
     def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
+        """Its argument errors (stderr); the API error it ended a run with, read only when aider itself
+        ended the run (exit 0): a run cut short (killed) may end in the middle of the model's reply. A
+        RateLimitError is aider's after about a minute of its own retries (doubling waits): a usage
+        limit, without a reset time (litellm prints none); a used-up balance ("check your plan and
+        billing") does not reset and stays a failed attempt."""
         for raw in clean(stderr).splitlines():
             m = _FATAL_ARGS.match(raw.strip())
             if m is not None:
                 return Failure("usage_error", raw.strip()[:300])
-        api = self._api_error(stdout)
-        if exit_code == 0 and api is None:
-            return None
-        if api is not None:
+        if exit_code == 0:
+            api = self._api_error(stdout)
+            if api is None:
+                return None
             kind, line = api
+            if line.startswith("litellm.RateLimitError") and not _BILLING.search(line):
+                kind = "usage_limit"
             return Failure(kind, line)
-        line = last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
-        return Failure(self.kind_of(exit_code, f"{stderr}\n{stdout}", line), line)
-
-    def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
-        """aider retries a RateLimitError itself, doubling its wait up to a minute in all, then prints
-        the last one ("litellm.RateLimitError: ...") and exits 0: a limit that outlasted a minute of
-        retries, without a reset time (litellm does not print one). A used-up balance ("check your plan
-        and billing") is not a window that resets: it stays a failed attempt."""
-        api = self._api_error(stdout)
-        if api is None or not api[1].startswith("litellm.RateLimitError") or _BILLING.search(api[1]):
-            return None
-        return Failure("usage_limit", api[1])
+        line = last_line(stderr) or f"exit status {exit_code}"  # not stdout: the model's reply is printed there
+        return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
 
     def summary(self, stdout: str, stderr: str, prompt: str) -> str:
         """What aider said after it read the message (its banner and the token lines left out)."""

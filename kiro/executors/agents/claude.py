@@ -23,6 +23,9 @@
   ANTHROPIC_API_KEY (x-api-key), then CLAUDE_CODE_OAUTH_TOKEN (a subscription token from `claude
   setup-token`), then the login in `$CLAUDE_CONFIG_DIR/.credentials.json` (`~/.claude/`; the keychain
   on macOS, which kiro cannot see): a key variable is billed before a subscription.
+- What kiro reads for a failure (never the model's text): the exit code, stderr, the `result` event
+  when claude set its `is_error` (with the `api_error_status` it reports), `api_retry` and
+  `rate_limit_event` records. A usage limit needs the rejected `rate_limit_event` or that 429.
 """
 
 from __future__ import annotations
@@ -149,8 +152,7 @@ class ClaudePreset(Preset):
                     line = str(errors[0])[:300]
                 else:
                     line = f"claude reported an error ({result.get('subtype', 'error')})"
-        line = line or error_line(stderr) or last_line(stderr) or error_line(stdout) or last_line(stdout) \
-            or f"exit status {exit_code}"
+        line = line or error_line(stderr) or last_line(stderr) or f"exit status {exit_code}"  # not stdout: the model's
         status = result.get("api_error_status") if result is not None else None
         if isinstance(status, int) and str(status) not in line:
             line = f"{line} (HTTP {status})"
@@ -167,9 +169,12 @@ class ClaudePreset(Preset):
             if event.get("type") == "rate_limit_event" and isinstance(info, dict) and info.get("status") == "rejected":
                 rejected = info
         result = self._result(stdout)
-        said = result.get("result") if result is not None and result.get("is_error") else None
+        failed = result is not None and result.get("is_error") is True
+        said = result.get("result") if result is not None and failed else None
         said = clean(said).strip().splitlines()[0][:300] if isinstance(said, str) and said.strip() else None
-        if rejected is None and not (said and _LIMIT_TEXT.match(said)):
+        status = result.get("api_error_status") if result is not None else None
+        # its own words count only with the 429 it reports: a reply of the model's may say the same
+        if rejected is None and not (said and status == 429 and _LIMIT_TEXT.match(said)):
             return None
         kind = rejected.get("rateLimitType") if rejected is not None else None
         line = said or f"claude {kind or 'usage'} limit reached"

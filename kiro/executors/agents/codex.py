@@ -21,6 +21,8 @@
   `resets_in_seconds`) is not retried; Codex prints an `error` and a `turn.failed` saying "You've
   hit your usage limit. ... try again at 6:27 AM." (local time; "Nov 30th, 2026 6:27 AM" when the
   reset is another day), or "... try again later." without a reset time.
+- What kiro reads for a failure (never the model's text: its `agent_message` items): the exit code,
+  stderr, and codex's own `error` / `turn.failed` events.
 """
 
 from __future__ import annotations
@@ -156,6 +158,11 @@ class CodexPreset(Preset):
         out[at:at] = ["--sandbox", BOXED_MODE]
         return out
 
+    prices_tokens = True
+
+    def model_name(self) -> str | None:
+        return self.model()
+
     def model(self, argv: list[str] | None = None) -> str | None:
         argv = argv if argv is not None else self._argv or self.template()
         for i, arg in enumerate(argv):
@@ -210,8 +217,7 @@ class CodexPreset(Preset):
         if exit_code == 0 and not any(e.get("type") == "turn.failed" for e in json_lines(stdout)):
             return None
         line = (clean(errors[-1]).strip().splitlines() or [""])[0][:300] if errors else None
-        line = line or error_line(stderr) or error_line(stdout) or last_line(stderr) or last_line(stdout) \
-            or f"exit status {exit_code}"
+        line = line or error_line(stderr) or last_line(stderr) or f"exit status {exit_code}"  # not stdout: the model's
         return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
 
     def usage_limit(self, stdout: str, stderr: str) -> Failure | None:

@@ -26,7 +26,7 @@ import shlex
 import sys
 
 from kiro.executors.tools.errors import ToolError
-from kiro.executors.tools.shell import permitted_in_shell
+from kiro.executors.tools.shell import permitted
 from kiro.store.config import ShellToolSettings
 
 MATCHER = "^Bash$"  # Codex's name for its shell tools in hooks
@@ -41,7 +41,7 @@ def refusal(command: str, settings: ShellToolSettings) -> str | None:
     if patch is not None and patch["end"] not in patch["body"].split("\n"):
         return None
     try:
-        permitted_in_shell(command, settings)
+        permitted(command, settings)
     except ToolError as exc:
         return str(exc)
     return None

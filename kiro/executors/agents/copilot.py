@@ -32,6 +32,9 @@
   COPILOT_GITHUB_TOKEN, GH_TOKEN or GITHUB_TOKEN (in that order, before a stored `/login`).
 - An unknown flag: clap's `error: unexpected argument '--x' found`, exit 1.
 - It unpacks itself into `~/.cache/copilot/pkg` (about 235 MB) on a HOME's first run.
+- What kiro reads for a failure (never the model's text: its `assistant.message` events): the exit code,
+  stderr, copilot's `session.error` events (`errorType`, `statusCode`), the `result`'s `exitCode`, and
+  its process log for the Retry-After.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from kiro.executors.agents import (
     clean,
     env_folder,
     error_line,
+    flag_value,
     json_lines,
     last_event,
     last_line,
@@ -85,6 +89,11 @@ class CopilotPreset(Preset):
     env_prefixes = ("COPILOT_", "GH_", "GITHUB_TOKEN")
     env_keys = ("COPILOT_PROVIDER_BASE_URL", "COPILOT_PROVIDER_API_KEY", "COPILOT_MODEL", "COPILOT_OFFLINE",
                 "COPILOT_GITHUB_TOKEN", "GH_TOKEN", "COPILOT_HOME")
+
+    prices_tokens = True
+
+    def model_name(self) -> str | None:
+        return flag_value(self.template(), "--model") or os.environ.get("COPILOT_MODEL") or None
 
     def version_line(self, stdout: str) -> str | None:
         """`GitHub Copilot CLI 1.0.102.` is its first line (the last one says how to update)."""
@@ -184,7 +193,7 @@ class CopilotPreset(Preset):
                 kind = ("auth_error" if status in (401, 403) else "rate_limit" if status == 429
                         else self.kind_of(exit_code, line, line))
             return Failure(kind, line)
-        line = error_line(stderr) or last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
+        line = error_line(stderr) or last_line(stderr) or f"exit status {exit_code}"  # not stdout: the model's
         return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
 
     def usage_limit(self, stdout: str, stderr: str) -> Failure | None:

@@ -25,10 +25,13 @@
   "[API Error: You exceeded your current quota, ... Please retry in 3600.5s.\nSuggested retry
   after 3600s.]" or "[API Error: You have exhausted your daily quota on this model.]" (no time).
   Shorter delays it waits out itself.
+- What kiro reads for a failure (never the model's text: its `message` events): the exit code, stderr,
+  and gemini's own `error` events and the `result` event's `status` and `error`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -45,6 +48,7 @@ from kiro.executors.agents import (
     clean,
     env_folder,
     error_line,
+    flag_value,
     json_lines,
     last_event,
     last_line,
@@ -77,6 +81,11 @@ class GeminiPreset(Preset):
     env_prefixes = ("GEMINI_", "GOOGLE_")
     env_keys = ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GEMINI_MODEL", "GOOGLE_API_KEY",
                 "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_CLOUD_PROJECT", "GEMINI_CLI_HOME")
+
+    prices_tokens = True
+
+    def model_name(self) -> str | None:
+        return flag_value(self.template(), "-m", "--model") or os.environ.get("GEMINI_MODEL") or None
 
     key_vars = ("GEMINI_API_KEY",)
 
@@ -201,7 +210,7 @@ class GeminiPreset(Preset):
             return Failure("usage_error", m.group(0).strip()[:300])
         errors = self._errors(stdout)
         line = (clean(errors[-1]).strip().splitlines() or [""])[0][:300] if errors else None
-        line = line or error_line(stderr) or last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
+        line = line or error_line(stderr) or last_line(stderr) or f"exit status {exit_code}"  # not stdout: the model's
         kind: FailureKind
         if exit_code in EXIT_KINDS:
             kind = EXIT_KINDS[exit_code]

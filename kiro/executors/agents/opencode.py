@@ -21,6 +21,9 @@
   `OPENCODE_CONFIG_CONTENT`'s `plugin`, merged with the person's) that prints each retry as a
   `session.status` line; a retry that waits more than `LONG_RETRY_SECONDS` ends the attempt at once as
   a usage-limit wait until that time, rather than the idle timeout's failure hours later.
+- What kiro reads for a failure (never the model's text: its `text` parts): the exit code, stderr, and
+  opencode's own `error` events (with the HTTP status and response headers it reports), and kiro's
+  plugin's `session.status` lines.
 """
 
 from __future__ import annotations
@@ -211,7 +214,7 @@ class OpencodePreset(Preset):
             return Failure("usage_error", f"opencode printed its usage text ({_USAGE_HEAD}): an unknown option "
                                           f"or a bad value in its command line")
         line = (clean(errors[-1]).strip().splitlines() or [""])[0][:300] if errors else None
-        line = line or error_line(stderr) or last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
+        line = line or error_line(stderr) or last_line(stderr) or f"exit status {exit_code}"  # not stdout: the model's
         kind: FailureKind
         if _AUTH.search(line):
             kind = "auth_error"

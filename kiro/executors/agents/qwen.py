@@ -5,9 +5,14 @@
   `num_turns` and `usage`: input/output/total tokens), so it shares the Claude preset's reading of
   the stream; it reports tokens, not money: kiro prices them with `llm.prices[<model>]`.
 - `--approval-mode yolo` approves its tools (edits, shell) in a headless run.
-- An API error does not fail the run: qwen 0.15 exits 0 with `result` "[API Error: 401 Incorrect API
-  key provided ...]" (and `is_error` false), so kiro reads that text; it retries a 429 itself, with
-  backoff (below). An unknown flag: `Unknown arguments: ...` and its help, exit 1.
+- An API error ends the run (qwen 0.24): exit 1 and a final `result` with `is_error` true, subtype
+  `error_during_execution` and `error.message` "[API Error: 401 Incorrect API key provided ...]". kiro
+  reads failures only from that structured error (written by qwen, never by the model): the same
+  words in the model's reply (its `assistant` text, the `result` text of a successful run) are what the
+  model said, not a limit or a refused key. (qwen 0.15 ended an API error with exit 0 and the error as
+  the `result` text, which kiro cannot tell from a model's reply: such a run is taken as the reply it
+  looks like, and the step's unchecked box fails the attempt.) It retries a 429 itself, with backoff
+  (below). An unknown flag: `Unknown arguments: ...` and its help, exit 1.
 - Endpoint and auth (its bundle: `argv.authType || settings.security.auth.selectedType ||
   getAuthTypeFromEnv()`): `--auth-type`, else `security.auth.selectedType` in `~/.qwen/settings.json`
   (`qwen-oauth` is the login kept in `~/.qwen/oauth_creds.json`), else the environment: QWEN_OAUTH,
@@ -23,11 +28,13 @@
   else in `~/.qwen` (login, memory, skills), QWEN_RUNTIME_DIR at `~/.qwen` (sessions stay where they
   were). Their MCP servers stay: tools they chose, as with claude. In kiro's box `~/.qwen` (or
   $QWEN_HOME, and QWEN_RUNTIME_DIR) is its read-write folder.
-- Usage limits: qwen retries a 429 itself (7 tries over ~77 s, then, unless
+- Usage limits: qwen 0.24 ends the run at once, with the error "Quota exhausted: <the provider's
+  message>", when a 429's message says the quota is exceeded and when it resets: a usage limit until
+  then. Other 429s: qwen retries a 429 itself (7 tries over ~77 s, then, unless
   `model.generationConfig.maxRetries` says otherwise, 10 more rounds of 1-5 min: about an hour with no
   output, past kiro's idle timeout). kiro's settings above set `maxRetries: 0` when the person set
-  none, so a 429 that outlasts its 77 s ends the run as its `result` "[API Error: 429 <the provider's
-  message>]\nPossible quota limitations in place or slow response times detected. ..." (exit 0): a
+  none, so a 429 that outlasts its 77 s ends the run with the error "[API Error: 429 <the provider's
+  message>]\nPossible quota limitations in place or slow response times detected. ..." (exit 1): a
   usage limit, reset at the time the message states (a provider's "It will reset at 2026-08-29
   23:59:59 +0800 CST."), else kiro's probe schedule. Qwen OAuth's "free allocated quota exceeded" is
   its "Qwen OAuth free tier has been discontinued" (an auth error: it does not reset).
@@ -51,6 +58,7 @@ from kiro.executors.agents import (
     clean,
     env_folder,
     error_line,
+    flag_value,
     json_lines,
     last_line,
     read_json,
@@ -66,6 +74,7 @@ _UNKNOWN = re.compile(r"^(Unknown arguments?|Not enough arguments|Invalid values
                       re.M)
 _RATE = re.compile(r"rate[ _-]?limit|quota|too many requests|overloaded", re.I)
 _DISCONTINUED = "Qwen OAuth free tier has been discontinued"
+_QUOTA = "Quota exhausted: "  # qwen 0.24's own prefix for a provider's used-up quota that says when it resets
 _JSONC = re.compile(r'("(?:\\.|[^"\\])*")|//[^\n]*|/\*.*?\*/', re.S)  # its settings may hold comments
 STEP_HOME = "kiro-step"  # the QWEN_HOME kiro gives a step, inside the person's ~/.qwen
 # what in the person's settings runs a program without being asked for in the step
@@ -111,6 +120,11 @@ class QwenPreset(ClaudePreset):
     env_prefixes: ClassVar[tuple[str, ...] | None] = ("QWEN_", "OPENAI_", "DASHSCOPE_")
     env_keys: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL", "QWEN_OAUTH")
     key_vars: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
+
+    prices_tokens = True
+
+    def model_name(self) -> str | None:
+        return flag_value(self.template(), "-m", "--model") or os.environ.get("OPENAI_MODEL") or None
 
     def extra_args(self) -> list[str]:
         return []  # its tools are approved by --approval-mode, not Claude's --allowedTools
@@ -222,10 +236,12 @@ class QwenPreset(ClaudePreset):
         return total
 
     def _said(self, stdout: str) -> tuple[str, re.Match[str] | None] | None:
-        """Its final text (the `result`) when it reports an error: its first line and, for an API error,
-        the match of "[API Error: <status> ...]"."""
+        """The error qwen ended the run with (the `error.message` of a `result` whose `is_error` qwen set):
+        its first line and, for an API error, the match of "[API Error: <status> ...]". Never the
+        `result` text of a run that did not fail: the model writes that."""
         result = self._result(stdout)
-        text = result.get("result") if result is not None else None
+        error = result.get("error") if result is not None and result.get("is_error") is True else None
+        text = error.get("message") if isinstance(error, dict) else None
         if not isinstance(text, str) or not text.strip():
             return None
         line = clean(text).strip().splitlines()[0]
@@ -233,29 +249,31 @@ class QwenPreset(ClaudePreset):
 
     def classify_failure(self, exit_code: int | None, stdout: str, stderr: str) -> Failure | None:
         result = self._result(stdout)
-        said = self._said(stdout)
-        api = said[1] if said is not None else None
-        discontinued = said is not None and said[0].startswith(_DISCONTINUED)
-        if exit_code == 0 and api is None and not discontinued and not (result is not None and result.get("is_error")):
+        failed = result is not None and result.get("is_error") is True
+        if exit_code == 0 and not failed:
             return None
         unknown = _UNKNOWN.search(clean(stderr))
         if unknown is not None:
             return Failure("usage_error", unknown.group(0).strip()[:300])
-        if said is not None and (api is not None or discontinued):
+        said = self._said(stdout)
+        if said is not None:
+            api = said[1]
             status = int(api["status"]) if api is not None and api["status"] else None
-            kind: FailureKind = "auth_error" if status in (401, 403) or discontinued else "rate_limit" \
-                if status == 429 or _RATE.search(said[0]) else self.kind_of(exit_code, said[0], said[0])
+            kind: FailureKind = "auth_error" if status in (401, 403) or said[0].startswith(_DISCONTINUED) \
+                else "rate_limit" if status == 429 or said[0].startswith(_QUOTA) \
+                or (api is not None and _RATE.search(said[0])) \
+                else self.kind_of(exit_code, said[0], said[0])
             return Failure(kind, said[0])
-        if said is not None and result is not None:
-            line = said[0]
-        else:
-            line = error_line(stderr) or last_line(stderr) or last_line(stdout) or f"exit status {exit_code}"
+        line = error_line(stderr) or last_line(stderr) or f"exit status {exit_code}"  # stdout is the model's
         return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
 
     def usage_limit(self, stdout: str, stderr: str) -> Failure | None:
-        """A 429 that outlasted qwen's own retries (its "[API Error: 429 ...]" result): the provider's
-        window or quota, reset at the time its message states, if it states one."""
+        """A 429 that outlasted qwen's own retries (the "[API Error: 429 ...]" it ended the run with), or a
+        provider's quota that says when it resets, which qwen 0.24 ends the run with at once ("Quota
+        exhausted: ... It will reset at ..."): reset at the time the message states, if it states one."""
         said = self._said(stdout)
+        if said is not None and said[0].startswith(_QUOTA):
+            return Failure("usage_limit", said[0], reset_said(said[0]))
         api = said[1] if said is not None else None
         if said is None or api is None or api["status"] != "429":
             return None
