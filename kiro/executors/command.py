@@ -234,8 +234,14 @@ class CommandExecutor(ExecutorBase):
             env["KIRO_PROMPT_FILE"] = str(prompt_file)
         snapshot = ControlSnapshot.take(self.workspace, self.task_id, ctx.task_path)
 
+        real = ctx.task_path.resolve()
+        shown_copy = {str(copy.path): str(real), os.path.relpath(copy.path, ctx.project_dir):
+                      os.path.relpath(real, ctx.project_dir)}
+
         def on_tool(call: agents.ToolCall) -> None:
             tool, argument = agents.shown_call(call, ctx.project_dir)
+            for path, shown in shown_copy.items():  # its copy of the task file, named as the person knows it
+                argument = argument.replace(path, shown)
             ctx.emit(ToolCalled(tool=tool, arguments=argument))
 
         watch = preset.watch(on_tool=on_tool)

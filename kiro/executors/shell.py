@@ -42,11 +42,12 @@ def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path
     if not sandbox.wanted(cfg.sandbox):
         return None
     home = env.get("HOME")
+    copy_rw = [str(task_copy.parent)] if task_copy is not None else []
     return sandbox.box_for(project=project or ctx.project_dir, workspace=ctx.workspace.root,
                            state_dir=ctx.workspace.state_dir, task_file=task_copy,
                            home=Path(home) if home and os.path.isabs(home) else None, home_paths=home_paths,
                            read_paths=read_paths,
-                           extra_rw=(*cfg.sandbox_paths.rw, *([str(task_copy.parent)] if task_copy is not None else [])),
+                           extra_rw=(*cfg.sandbox_paths.rw, *copy_rw),
                            extra_ro=(*cfg.sandbox_paths.ro, os.path.realpath(ctx.task_path)),
                            network=cfg.sandbox_network)
 
