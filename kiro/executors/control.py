@@ -345,16 +345,23 @@ class StepCopy:
         for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
             if tag == "equal":
                 continue
-            if (tag == "replace" and i1 == step_line and i2 - i1 == 1 and j2 - j1 == 1
-                    and _box_checked(old[i1], new[j1])):
-                out.checked = True
-                continue
-            titles = [m.group(1) for line in new[j1:j2] if (m := _NEW_STEP.match(line))]
-            if tag == "insert" and i1 > close and titles and len(titles) == j2 - j1:
-                out.added.append((_step_before(old, i1), titles))
-                continue
-            in_frontmatter = in_frontmatter or i1 <= close
-            lines += list(range(j1 + 1, j2 + 1)) or [j1 + 1]
+            paired = min(i2 - i1, j2 - j1)  # old lines changed in place, line by line: only the box may be
+            for k in range(paired):
+                if i1 + k == step_line and _box_checked(old[i1 + k], new[j1 + k]):
+                    out.checked = True
+                else:
+                    in_frontmatter = in_frontmatter or i1 + k <= close
+                    lines.append(j1 + k + 1)
+            if i2 - i1 > paired:  # lines the agent removed
+                in_frontmatter = in_frontmatter or i1 + paired <= close
+                lines.append(j1 + paired + 1)
+            more = new[j1 + paired:j2]  # lines the agent added: new `- [ ]` steps are a proposal
+            titles = [m.group(1) for line in more if (m := _NEW_STEP.match(line))]
+            if more and i2 > close and len(titles) == len(more):
+                out.added.append((_step_before(old, i2), titles))
+            elif more:
+                in_frontmatter = in_frontmatter or i2 <= close
+                lines += range(j1 + paired + 1, j2 + 1)
         if lines:
             where = ", ".join(str(n) for n in lines[:8]) + (", ..." if len(lines) > 8 else "")
             what = "its frontmatter and " if in_frontmatter else ""
