@@ -1,6 +1,25 @@
 """kiro's control files stay kiro's: what an external agent (the command executor) changed in
-`.state/`, `.hooks/`, `config/`, or in the task file beyond its own step's box, is found after the
-attempt, put back, and named.
+`.state/`, `.hooks/` or `config/` is found after the attempt, put back, and named (`ControlSnapshot`).
+The task file is not among them; a step never writes it (SPEC §15), and a person may, while the step runs.
+
+The task file, three ways (`StepCopy`, issue #38 item 1). Whose write is whose cannot be told from the
+file once two writers have written it: no change event says which process wrote (inotify gives no pid;
+fanotify's needs CAP_SYS_ADMIN), an editor's save and an agent's edit both write or rename, and timing
+says nothing while the agent runs the whole time. So the two never write the same file: the agent is
+told to check its box in its own copy (`.state/steps/<loop>-<step>_<hash>/<name>`, read-write in the box),
+and in the box the task file itself is read-only to every step process (kiro.executors.shell.step_box),
+so only a person (and kiro) writes it. After the attempt three versions are at hand: the file as the
+attempt began (`base`), the agent's copy, and the task file with whatever the person did meanwhile. kiro
+takes from the copy only the step's box (the engine checks it in the task file, where the person's edits
+stay) and the `- [ ]` steps the agent added (a proposal in `Pending_Approval/`); anything else the agent
+changed, its frontmatter above all, never reaches the task file, and the attempt fails naming it. Without
+the box (`sandbox: off`) a step can write the task file; kiro then cannot tell its write from a person's:
+it keeps the body (a person steers with it) and puts the frontmatter back (`TaskFiles`, for every
+executor): an unboxed agent can do far worse as the person anyway.
+
+Task files written during a step (`TaskFiles`, SPEC §15, issue #39 items 2 and 4): a task file that
+appears, or whose frontmatter changes, while a step of any executor runs waits for a person's approval
+(kiro.store.approval `hold_task_file`) before any loop runs it.
 
 Before the attempt: every file's size and mtime (and its bytes, within a budget) in the three
 folders, and the task file's bytes. After: a file whose size or mtime moved, or that appeared or
