@@ -90,40 +90,44 @@ def pending_notes(ws: Workspace) -> list[Path]:
 
 
 def test_a_task_file_planted_by_a_boxed_step_is_never_started_by_watch(ws: Workspace, canary: Path) -> None:
+    """`Specs/` is read-only in the box; `.kiro/specs/`, which this project does not have yet, the step can
+    make: the file it plants there waits for a person."""
     boxed(ws)
     plant = planted(canary, "specs_ran")
     kiro_plant = planted(canary, "kiro_spec_ran")
-    ws.task(shell_task(f"mkdir -p Specs/zz && cp {payload(canary, 'zz', plant)} Specs/zz/tasks.md",
+    ws.task(shell_task(f"mkdir -p Specs/zz && cp {payload(canary, 'zz', plant)} Specs/zz/tasks.md || true",
                        f"mkdir -p .kiro/specs/x && cp {payload(canary, 'x', kiro_plant)} .kiro/specs/x/tasks.md"))
-    (ws.root / ".kiro" / "specs").mkdir(parents=True)  # a Kiro project: watch looks there too
     proc = ws.spawn("loop", "watch")
     tally = Tally("planted task files under `kiro loop watch`")
     try:
         ws.wait_for(lambda: (ws.root / "Done" / "feature" / "tasks.md").exists(), timeout=180,
                     what="the attacker's loop to finish")
-        ws.wait_for(lambda: ws.output(proc).count("not starting") >= 2 or (canary / "specs_ran").exists(),
-                    timeout=120, what="watch to say it does not start the planted files")
+        ws.wait_for(lambda: "not starting .kiro/specs/x/tasks.md" in ws.output(proc)
+                    or (canary / "kiro_spec_ran").exists(), timeout=120,
+                    what="watch to say it does not start the planted file")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     out = ws.output(proc)
+    tally.check("Specs/zz/tasks.md could not be written", not (ws.root / "Specs" / "zz" / "tasks.md").exists())
     tally.check("Specs/zz/tasks.md with sandbox: off ran nothing outside the box", not (canary / "specs_ran").exists())
     tally.check(".kiro/specs/x/tasks.md with sandbox: off ran nothing outside the box",
                 not (canary / "kiro_spec_ran").exists())
     named = {n.read_text().split("path: ", 1)[1].split("\n", 1)[0] for n in pending_notes(ws)}
-    tally.check("both wait in Pending_Approval/", named == {"Specs/zz/tasks.md", ".kiro/specs/x/tasks.md"})
-    tally.check("watch said why, once each, and did not spin",
-                out.count("not starting Specs/zz/tasks.md") == 1 and out.count("loop task_") <= 2)
+    tally.check(".kiro/specs/x/tasks.md waits in Pending_Approval/", named == {".kiro/specs/x/tasks.md"})
+    tally.check("watch said why, once, and did not spin",
+                out.count("not starting .kiro/specs/x/tasks.md") == 1 and out.count("loop task_") <= 2)
     tally.done()
 
 
 def test_a_planted_task_file_runs_only_after_a_person_approves_it(ws: Workspace, canary: Path) -> None:
     boxed(ws)
-    ws.task(shell_task(f"mkdir -p Specs/zz && cp {payload(canary, 'zz', planted(canary, 'ran'))} Specs/zz/tasks.md"))
+    src = payload(canary, "zz", planted(canary, "ran"))
+    ws.task(shell_task(f"mkdir -p .kiro/specs/zz && cp {src} .kiro/specs/zz/tasks.md"))
     r = ws.kiro("loop", "start", "--task", TASK)
     assert r.returncode == 0, r.stdout + r.stderr
     tally = Tally("a planted task file and `kiro loop start`")
-    refused = ws.kiro("loop", "start", "--task", "Specs/zz/tasks.md")
+    refused = ws.kiro("loop", "start", "--task", ".kiro/specs/zz/tasks.md")
     tally.check("start refuses it, saying how to approve",
                 refused.returncode == 1 and "waits for a person's approval" in refused.stderr
                 and "to Approved/" in refused.stderr)
@@ -133,24 +137,29 @@ def test_a_planted_task_file_runs_only_after_a_person_approves_it(ws: Workspace,
     [note] = pending_notes(ws)
     (ws.root / "Approved").mkdir(exist_ok=True)
     note.rename(ws.root / "Approved" / note.name)
-    ok = ws.kiro("loop", "start", "--task", "Specs/zz/tasks.md")
+    ok = ws.kiro("loop", "start", "--task", ".kiro/specs/zz/tasks.md")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert (canary / "ran").exists()
 
 
-def test_a_step_that_changes_another_loops_frontmatter_holds_that_file(ws: Workspace, canary: Path) -> None:
-    boxed(ws)
-    other = ws.task(f"---\ntitle: other\nexecutor: shell\n---\n# Plan\n\n{unboxed_step(canary, 'other_ran')}",
-                    "Specs/other/tasks.md")
+@pytest.mark.parametrize("box", ["bwrap", "off"])
+def test_a_step_cannot_change_another_loops_frontmatter(ws: Workspace, canary: Path, box: str) -> None:
+    """Boxed, `Specs/` is read-only to the step; unboxed, the file it changed waits for a person."""
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f'sandbox: "{box}"\n')
+    mine = f"---\ntitle: other\nexecutor: shell\n---\n# Plan\n\n{unboxed_step(canary, 'other_ran')}"
+    other = ws.task(mine, "Specs/other/tasks.md")
     widened = planted(canary, "other_ran")
-    ws.task(shell_task(f"cat {payload(canary, 'other', widened)} > Specs/other/tasks.md"))
+    ws.task(shell_task(f"cat {payload(canary, 'other', widened)} > Specs/other/tasks.md || true"))
     r = ws.kiro("loop", "start", "--task", TASK)
     assert r.returncode == 0, r.stdout + r.stderr
-    tally = Tally("another loop's frontmatter")
-    assert 'sandbox: "off"' in other.read_text()  # the box lets the step write it: kiro must not obey it
-    started = ws.kiro("loop", "start", "--task", "Specs/other/tasks.md")
-    tally.check("its start is refused until a person approves", started.returncode == 1
-                and "waits for a person's approval" in started.stderr)
+    tally = Tally(f"another loop's frontmatter, sandbox {box}")
+    if box == "bwrap":
+        tally.check("the step could not write it", other.read_text() == mine)
+        ws.kiro("loop", "start", "--task", "Specs/other/tasks.md")
+    else:
+        started = ws.kiro("loop", "start", "--task", "Specs/other/tasks.md")
+        tally.check("its start is refused until a person approves", started.returncode == 1
+                    and "waits for a person's approval" in started.stderr)
     tally.check("nothing ran unboxed", not (canary / "other_ran").exists())
     tally.done()
 

@@ -117,7 +117,7 @@ class SealedTaskFiles(Feature):
 
     async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
         self._check(loop)  # a step the engine did not end here (another feature ran it, a kill before)
-        approval.step_began(loop.ws, loop.state.task_id)
+        approval.step_began(loop.ws, loop.state.task_id, boxed=_boxed(loop))
         self.files = await asyncio.to_thread(TaskFiles.take, loop.ws, loop.task_path)
         self.step_id = step_id
         return None, True
@@ -132,12 +132,15 @@ class SealedTaskFiles(Feature):
     def _check(self, loop: LoopHandle) -> None:
         files, step_id, self.files = self.files, self.step_id, None
         if files is not None and step_id is not None:
-            from kiro.processes import sandbox
-
-            boxed = sandbox.wanted(loop.cfg.sandbox) and sandbox.unusable() is None
-            for line in files.check(boxed=boxed, task_id=loop.state.task_id, step_id=step_id):
+            for line in files.check(boxed=_boxed(loop), task_id=loop.state.task_id, step_id=step_id):
                 loop.emit("warning", message=line)
         approval.step_ended(loop.ws, loop.state.task_id)
+
+
+def _boxed(loop: LoopHandle) -> bool:
+    from kiro.processes import sandbox
+
+    return sandbox.wanted(loop.cfg.sandbox) and sandbox.unusable() is None
 
 
 class Schedule(Feature):

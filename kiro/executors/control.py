@@ -485,9 +485,10 @@ class TaskFiles:
                     _write_back(Path(own), bom + before + raw[len(bom) + len(now):], None)
                     said.append(f"{self.ws.relative(self.own)}: its frontmatter changed while step {step_id} ran "
                                 f"unboxed; kiro put it back (a step never sets a task's settings)")
+        specs = os.path.realpath(self.ws.specs) + os.sep
         for path, real in task_files(self.ws):
-            if real == own:
-                continue
+            if real == own or (boxed and real.startswith(specs)):
+                continue  # boxed, Specs/ is read-only to the step: what changed there is a person's
             now = _frontmatter_bytes(real)
             if real in self.by_path and self.by_path[real] == now:
                 continue

@@ -240,14 +240,15 @@ def held_by(ws: Workspace, path: Path) -> Path | None:
 RUNNING = "running"  # .state/running/<task_id>: a step of that loop runs (its mtime: since when)
 
 
-def step_began(ws: Workspace, task_id: str) -> None:
-    """Mark that a step of loop `task_id` runs from now (an older mark, left by a kill, keeps its time)."""
+def step_began(ws: Workspace, task_id: str, *, boxed: bool) -> None:
+    """Mark that a step of loop `task_id` runs from now, in the box or not (an older mark, left by a kill,
+    keeps its time)."""
     marker = ws.state_dir / RUNNING / task_id
     if marker.exists():
         return
     with contextlib.suppress(OSError):
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(timeutil.iso())
+        marker.write_text("boxed\n" if boxed else "unboxed\n")
 
 
 def step_ended(ws: Workspace, task_id: str) -> None:
@@ -255,28 +256,37 @@ def step_ended(ws: Workspace, task_id: str) -> None:
         (ws.state_dir / RUNNING / task_id).unlink()
 
 
-def steps_running_since(ws: Workspace) -> tuple[str, int] | None:
+def steps_running_since(ws: Workspace, *, unboxed_only: bool = False) -> tuple[str, int] | None:
     """(a loop, when its step began) of the step that began first among those running (or left marked by
-    a kill), None when no step runs."""
+    a kill; `unboxed_only`: of those that run without the box), None when no step runs."""
     found: list[tuple[int, str]] = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(ws.state_dir / RUNNING):
             with contextlib.suppress(OSError):
-                found.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.name))
+                began = entry.stat(follow_symlinks=False).st_mtime_ns
+                if not unboxed_only or not Path(entry.path).read_text().startswith("boxed"):
+                    found.append((began, entry.name))
     if not found:
         return None
     began, task_id = min(found)
     return task_id, began
 
 
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def check_task_file(ws: Workspace, path: Path, *, starting: bool = True) -> None:
     """UserError when the task file at `path` waits for a person's approval (`held_by`). `starting` (a new
-    loop: `start`, `watch`, `serve`): a file written while a step of any loop runs is held now (a note in
-    `Pending_Approval/`), as the step's end would hold it (its status change time, which no process can
-    set back, is after the step began)."""
+    loop: `start`, `watch`, `serve`): a file written while a step of any loop runs, where that step could
+    write it (`.kiro/specs/`, which may not exist when the box is made; `Specs/` only without the box), is
+    held now (a note in `Pending_Approval/`), as the step's end would hold it (its status change time, which
+    no process can set back, is after the step began)."""
     note = held_by(ws, path)
     if note is None and starting:
-        running = steps_running_since(ws)
+        # Specs/ is read-only in the box: a file there is a person's unless an unboxed step runs
+        in_specs = _within(os.path.realpath(path), os.path.realpath(ws.specs))
+        running = steps_running_since(ws, unboxed_only=in_specs)
         with contextlib.suppress(OSError):
             if running is not None and os.stat(path).st_ctime_ns >= running[1]:
                 note = hold_task_file(ws, path, task_id=running[0], step_id="(the running one)",
