@@ -29,6 +29,13 @@ PROMPT_RE = re.compile(r"check its box in the task file `(?P<file>[^`]+)`: chang
                        r"(?P<old>- \[-\][^\n]*)\n\s*\n\s*to\s*\n\s*\n\s*(?P<new>- \[x\][^\n]*)\n")
 
 
+def filled(extra: list[Any], path: str) -> list[Any]:
+    """`extra`'s tool calls with `{task}` in their arguments replaced by the file the prompt says to check
+    the box in (the agent's copy of the task file, kiro.executors.control.StepCopy)."""
+    return [(name, {k: v.replace("{task}", path) if isinstance(v, str) else v for k, v in args.items()})
+            for name, args in extra]
+
+
 def parse_prompt(text: str) -> tuple[str, str, str]:
     """The task file and the line to change, as kiro's prompt gives them: the last such instruction (a
     reinjected prompt quotes the previous step's before it)."""
@@ -104,7 +111,7 @@ class Claude(Cli):
             return failing
         done = len(fa.tool_results(rec.body))
         path, old, new = parse_prompt(fa.first_user_text(rec.body))
-        plan = [*self.extra, ("Read", {"file_path": path}),
+        plan = [*filled(self.extra, path), ("Read", {"file_path": path}),
                 ("Edit", {"file_path": path, "old_string": old, "new_string": new})]
         if done < len(plan):
             name, args = plan[done]
@@ -140,7 +147,7 @@ class Codex(Cli):
         path, old, new = parse_prompt(fr.user_text(rec.body))
         patch = (f"apply_patch <<'PATCH'\n*** Begin Patch\n*** Update File: {path}\n@@\n-{old}\n+{new}\n"
                  f"*** End Patch\nPATCH\n")
-        plan = [*self.extra, ("exec_command", {"cmd": patch})]
+        plan = [*filled(self.extra, path), ("exec_command", {"cmd": patch})]
         if done < len(plan):
             name, args = plan[done]
             return fr.Reply([fr.function_call(name, args)], **usage)

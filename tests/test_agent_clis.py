@@ -189,13 +189,13 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
     if cli.name == "claude":
         cli.extra = [("Write", {"file_path": str(hooks / "evil.sh"), "content": "rm -rf /\n"}),
                      ("Write", {"file_path": str(state_dir / "injected.json"), "content": "{}\n"}),
-                     ("Read", {"file_path": str(task)}),
-                     ("Edit", {"file_path": str(task), "old_string": "- [ ] 3. Write part 3",
+                     ("Read", {"file_path": "{task}"}),
+                     ("Edit", {"file_path": "{task}", "old_string": "- [ ] 3. Write part 3",
                                "new_string": "- [x] 3. Write part 3"})]
     else:
         cli.extra = [("exec_command", {"cmd": f"echo 'rm -rf /' > {hooks}/evil.sh && echo '{{}}' > "
                                               f"{state_dir}/injected.json && sed -i 's/- \\[ \\] 3\\./- [x] 3./' "
-                                              f"{task}"})]
+                                              "{task}"})]
     # sandbox: off: this is the put-back kiro does where no box refuses the writes (with the box they fail
     # at once: tests/test_sandbox.py)
     configure(ws, cli, "sandbox: off\n", loop="  failure_threshold: 1\n")
@@ -208,7 +208,8 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
     error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
     assert ".hooks/evil.sh (created; removed)" in error, error
     assert ".state/injected.json (created; removed)" in error, error
-    assert "Specs/feature/tasks.md lines other than the step's box" in error, error
+    # step 3's box, checked in the task file the agent was given (its copy), never reaches the task file
+    assert "the task file: lines other than the step's box (line 8 of its copy; not taken" in error, error
     print(f"{cli.name}: tried .hooks/evil.sh, .state/injected.json, step 3's box: 3 of 3 undone and reported")
 
 

@@ -280,10 +280,11 @@ def test_relative_agent_program_runs_from_the_project_directory(ws: Workspace) -
 def test_a_box_a_person_checks_while_a_shell_attempt_fails_is_honoured(ws: Workspace) -> None:
     """With the shell executor only a person checks boxes: a check made while an attempt at that very
     step is failing means "skip it" (for the command executor, whose agent checks boxes, a failed
-    attempt's box is taken back: see the tests above)."""
+    attempt's box is taken back: see the tests above). The "person" is the failing step itself here, so the
+    box is off: in the box the task file is read-only to a step (SPEC §15)."""
     cmd = 'sed -i "s/^- \\[-\\] $KIRO_STEP_ID\\./- [x] $KIRO_STEP_ID./" "$KIRO_TASK_FILE"; exit 1'
     ws.task(shell_task(1, cmd=cmd) + "- [ ] 2. Next\n  ```sh\n  echo 2 > two.txt\n  ```\n")
-    r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "3")
+    r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "3", "--sandbox", "off")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (ws.root / "two.txt").exists()
     st = ws.state(ws.only_task_id())
@@ -305,10 +306,10 @@ def test_kiros_own_temp_files_that_come_and_go_during_a_step_are_not_the_agents(
     snap = ControlSnapshot.take(kws, "t", task)
     tmp.unlink()  # renamed into place by kiro's writer meanwhile
     (ws.root / ".state" / temp_name("autonomous_loop_t.json")).write_text("{")  # the next one, half written
-    assert snap.restore(0, 0) == []
+    assert snap.restore() == []
     # what an agent does to kiro's files is still put back and named
     (ws.root / "config/autonomous_loop.yaml").write_text("autonomous_loop:\n  max_iterations: 999999\n")
-    touched = snap.restore(0, 0)
+    touched = snap.restore()
     assert touched == ["config/autonomous_loop.yaml (changed; restored)"]
 
 
@@ -359,7 +360,7 @@ def test_kiros_own_journal_write_caught_between_its_write_and_its_note_is_not_th
     saver.start()
     assert written.wait(5)
     found: list[list[str]] = []
-    checker = threading.Thread(target=lambda: found.append(snap.restore(0, 0)))
+    checker = threading.Thread(target=lambda: found.append(snap.restore()))
     checker.start()
     checker.join(0.3)  # the check waits for the note (without it, it is done by now)
     go_on.set()
@@ -386,7 +387,7 @@ def test_an_agents_change_to_the_state_after_the_timers_snapshot_is_undone_witho
     store.journals["t"].flush()  # the timer's snapshot: the journal is emptied
     path = ws.root / ".state" / "autonomous_loop_t.json"
     path.write_text(path.read_text().replace('"iteration": 2', '"iteration": 7'))
-    assert snap.restore(0, 0) == [".state/autonomous_loop_t.json (changed; restored)"]
+    assert snap.restore() == [".state/autonomous_loop_t.json (changed; restored)"]
     assert StateStore(kws).load("t").state.iteration == 2  # as a reader (or a restart after kill -9) sees it
     state.iteration = 3
     store.save(state)
@@ -421,7 +422,7 @@ def test_an_agent_that_replaces_the_journal_and_summary_does_not_cut_kiro_off_fr
         fake = victim.with_name("fake")
         fake.write_bytes(victim.read_bytes() + b"\n")
         os.replace(fake, victim)
-    touched = snap.restore(0, 0)
+    touched = snap.restore()
     assert sorted(touched) == [f".state/autonomous_loop_t{suffix} (changed; restored)"
                                for suffix in sorted((kjournal.JOURNAL_SUFFIX, kjournal.SUMMARY_SUFFIX))]
     _later_saves_reach_readers(kws, store, state, state_file)
@@ -438,8 +439,8 @@ def test_an_agents_change_the_timers_snapshot_wrote_over_is_still_named(ws: Work
     path.write_text(path.read_text().replace('"consecutive_failures": 0', '"consecutive_failures": 9'))
     store.journals["t"].flush()  # the timer's snapshot, over the agent's change
     assert '"consecutive_failures": 0' in path.read_text()
-    assert snap.restore(0, 0) == [".state/autonomous_loop_t.json (changed; restored)"]
-    assert ControlSnapshot.take(kws, "t", task).restore(0, 0) == []  # said once
+    assert snap.restore() == [".state/autonomous_loop_t.json (changed; restored)"]
+    assert ControlSnapshot.take(kws, "t", task).restore() == []  # said once
     store.close_journal("t")
 
 
@@ -455,6 +456,6 @@ def test_an_agent_that_puts_folders_where_the_journal_and_summary_go_does_not_br
     for victim in (state_file, kjournal.journal_path(state_file), kjournal.summary_path(state_file)):
         victim.unlink()
         (victim / "inside").mkdir(parents=True)
-    touched = snap.restore(0, 0)
+    touched = snap.restore()
     assert all("restored" in t for t in touched) and len(touched) == 3, touched
     _later_saves_reach_readers(kws, store, state, state_file)

@@ -9,6 +9,7 @@ where (its cwd), so a test can tell how many times each step ran, and in which t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -210,8 +211,8 @@ def test_a_step_that_conflicts_again_waits_for_a_person_and_keeps_their_edit(ws:
 
 
 class _ClaudeWritingAPart(Claude):
-    """Claude Code's model, as tests.agent_clis plays it, that first writes `part-<step>.txt` beside the task
-    file it was told to check (the copy in the step's own worktree), then checks that box there."""
+    """Claude Code's model, as tests.agent_clis plays it, that first writes `part-<step>.txt` in the folder it
+    runs in (the step's own worktree), then checks its box in the task file it was told to check."""
 
     def __init__(self, tmp: Path) -> None:
         super().__init__(tmp)
@@ -222,7 +223,10 @@ class _ClaudeWritingAPart(Claude):
             return super().brain(rec)
         path, old, new = parse_prompt(fa.first_user_text(rec.body))
         step = old.split("]", 1)[1].split(".", 1)[0].strip()
-        tree = Path(path).parents[2]  # <worktree>/Specs/feature/tasks.md
+        # the step's own worktree, where Claude Code runs (its system prompt names its working directory; the
+        # task file it checks is its copy, kiro.executors.control.StepCopy)
+        cwd = re.search(r"working directory: ([^\s\\]+)", json.dumps(rec.body), re.I)
+        tree = Path(cwd.group(1)) if cwd else Path(path).parents[2]
         plan = [("Write", {"file_path": str(tree / f"part-{step}.txt"), "content": f"part {step}\n"}),
                 ("Read", {"file_path": path}), ("Edit", {"file_path": path, "old_string": old, "new_string": new})]
         done = len(fa.tool_results(rec.body))
@@ -243,7 +247,7 @@ def test_claude_code_does_marked_steps_side_by_side_each_in_its_worktree(ws: Wor
         assert r.returncode == 0, r.stdout + r.stderr
         seen = sorted(c.seen)
         assert [step for step, _ in seen] == ["1", "2", "3"]  # each step's first attempt did it
-        assert all(f"/.kiro/worktrees/pa.step-{step}-" in tree for step, tree in seen)
+        assert all(f"/.kiro/worktrees/pa.step-{step}-" in tree for step, tree in seen), seen
         assert [(ws.root / f"part-{i}.txt").read_text() for i in (1, 2, 3)] == [f"part {i}\n" for i in (1, 2, 3)]
         assert _step_commits(ws, "pa") == ["1", "2", "3"] and _leftovers(ws) == []
         done = (ws.root / "Done/feature/tasks.md").read_text()

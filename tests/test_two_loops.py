@@ -206,7 +206,7 @@ def test_other_loops_files_are_never_undone_and_this_loops_still_are(ws: Workspa
     ws.write(".state/backups/autonomous_loop_a.20260101T000000000000.i000001.json", '{"x": 3}')
     ws.write(".state/injected.json", "{}")
     ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  max_iterations: 999999\n")
-    touched = snap.restore(0, 0)
+    touched = snap.restore()
     assert sorted(touched) == sorted([
         ".state/autonomous_loop_a.json (changed; restored)",
         ".state/backups/autonomous_loop_a.20260101T000000000000.i000001.json (changed; restored)",
@@ -244,8 +244,8 @@ def test_in_one_process_a_change_written_over_in_another_loops_state_is_that_loo
     path = ws.root / ".state/autonomous_loop_b.json"
     path.write_text(path.read_text().replace('"consecutive_failures": 0', '"consecutive_failures": 9'))  # b's agent
     store.journals["b"].flush()  # b's timer's snapshot, over it
-    assert snaps["a"].restore(0, 0) == []
-    assert snaps["b"].restore(0, 0) == [".state/autonomous_loop_b.json (changed; restored)"]
+    assert snaps["a"].restore() == []
+    assert snaps["b"].restore() == [".state/autonomous_loop_b.json (changed; restored)"]
     for tid in ("a", "b"):
         store.close_journal(tid)
 

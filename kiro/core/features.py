@@ -15,6 +15,7 @@ from kiro.core import conditions, precheck, scheduled
 from kiro.core.conditions import Stop
 from kiro.core.hooks import Feature, LoopHandle
 from kiro.errors import TaskFileError, TaskNotFound
+from kiro.executors.control import TaskFiles
 from kiro.git import checkpoints
 from kiro.status import Status
 from kiro.store import approval
@@ -118,6 +119,46 @@ class Approval(Feature):
             f"every step is done but {len(waiting)} step proposal(s) wait for a person in "
             f"{approval.PENDING}/ ({', '.join(p.name for p in waiting)}): move each to Approved/ or "
             f"Rejected/, then `kiro loop resume --task-id {loop.state.task_id}`", "approval_pending")
+
+
+class SealedTaskFiles(Feature):
+    """SPEC §15, for every executor: around each step (its executor's processes and verify's), the
+    workspace's task files are looked at (kiro.executors.control.TaskFiles). One that appears, or whose
+    frontmatter changes, while the step runs waits for a person's approval (`Pending_Approval/`); this
+    loop's own frontmatter is put back when the step ran unboxed (boxed, the file is read-only to it). While
+    the step runs, a marker in `.state/running/` tells every starter (`start`, `watch`, `serve`) that a task
+    file written since must not start (kiro.store.approval.check_task_file)."""
+
+    def __init__(self) -> None:
+        self.files: TaskFiles | None = None
+        self.step_id: str | None = None
+
+    async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
+        self._check(loop)  # a step the engine did not end here (another feature ran it, a kill before)
+        approval.step_began(loop.ws, loop.state.task_id, boxed=_boxed(loop))
+        self.files = await asyncio.to_thread(TaskFiles.take, loop.ws, loop.task_path)
+        self.step_id = step_id
+        return None, True
+
+    async def after_step(self, loop: LoopHandle, step_id: str) -> None:
+        self._check(loop)
+
+    async def completing(self, loop: LoopHandle, stop: Stop) -> Stop:
+        self._check(loop)
+        return stop
+
+    def _check(self, loop: LoopHandle) -> None:
+        files, step_id, self.files = self.files, self.step_id, None
+        if files is not None and step_id is not None:
+            for line in files.check(boxed=_boxed(loop), task_id=loop.state.task_id, step_id=step_id):
+                loop.emit("warning", message=line)
+        approval.step_ended(loop.ws, loop.state.task_id)
+
+
+def _boxed(loop: LoopHandle) -> bool:
+    from kiro.processes import sandbox
+
+    return sandbox.wanted(loop.cfg.sandbox) and sandbox.unusable() is None
 
 
 class Schedule(Feature):
@@ -287,6 +328,7 @@ def standard(*, git: bool = True) -> list[Feature]:
     from kiro.core.parallel import Parallel
 
     if not git:
-        return [Approval(), Schedule(), ReviewPoints(), PreCheck()]
+        return [Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles()]
     git_feature = Git()
-    return [git_feature, Approval(), Schedule(), ReviewPoints(), PreCheck(), Parallel(), GitAttempts(git_feature)]
+    return [git_feature, Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles(), Parallel(),
+            GitAttempts(git_feature)]

@@ -29,7 +29,7 @@ from kiro.fs.atomic import Staged
 from kiro.fs.locks import Flock
 from kiro.git import checkpoints, ignore
 from kiro.status import Status
-from kiro.store import cleanup, taskmap, tasks
+from kiro.store import approval, cleanup, taskmap, tasks
 from kiro.store.config import FRONTMATTER_KEYS, Config
 from kiro.store.events import Listener
 from kiro.store.redact import Redactor
@@ -455,6 +455,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     (`set_aside`) instead of refusing the start; a loop that did the one step `--step` asked for is
     set aside without it."""
     task_path = ws0.resolve_task(task_arg)
+    approval.check_task_file(ws0, task_path)  # SPEC §15: a task file a step wrote waits for a person
     task = tasks.load(task_path)
     _check_kiro_task_id(ws0, task_path, task)
     if batch is not None:
@@ -680,6 +681,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             said = ws.relative_name(store.path(task_id))  # the file that names it: a person may fix it there
             raise TaskNotFound(f"loop {task_id!r}: task file {state.task_path} (as {said} records it) is gone (not in "
                                f"Specs/, Done/ or Needs_Action/); put it back and resume again")
+        approval.check_task_file(ws, path, starting=False)
         task = tasks.load(path)
         schedule.of_task(task, ws.relative(path))
         state.overrides = {**state.overrides, **kept_overrides(overrides)}  # what resume names wins

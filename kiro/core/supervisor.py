@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,13 +32,12 @@ from kiro.core.watch import acquire_hub, release_hub, wait_until
 from kiro.errors import KiroError, LockHeld, UserError, contained
 from kiro.fs import locks
 from kiro.status import Status
-from kiro.store import kirospec, tasks
+from kiro.store import approval, kirospec, tasks
 from kiro.store.config import Config
 from kiro.store.events import Event, Listener, LoopWarning, StepStarted
 from kiro.store.state import StateStore, effective_status
-from kiro.store.workspace import Workspace, locate_task, markdown_files
+from kiro.store.workspace import Workspace, locate_task, task_files
 
-NOT_TASKS = frozenset({"requirements.md", "design.md", "readme.md"})
 RESCAN_SECONDS = 30.0  # a safety net; changes normally wake the supervisor at once
 STARTING_AT_ONCE = 4
 """Loops between the start of their run and their first step's start (the run's first save, the task
@@ -46,29 +45,6 @@ file's parse, the first prompt, the step's process): the rest wait their turn, s
 taken on at once under a high `max_parallel_loops` do not run all their starts in one turn of the event
 loop, while the loops already running wait (bench/watch_scan_stall.py --parallel)."""
 STARTING_AT_MOST = 0.1  # seconds a loop holds its turn at most (one that waits before its first step)
-
-
-def is_task_candidate(path: Path) -> bool:
-    return path.suffix == ".md" and path.name.lower() not in NOT_TASKS and not path.name.startswith(".")
-
-
-def kiro_specs(root: Path) -> list[Path]:
-    """The Kiro specs' task files of the project at `root`: `.kiro/specs/*/tasks.md`, run in place."""
-    return [kirospec.specs_folder(root) / name / "tasks.md" for name in kirospec.spec_names(root)]
-
-
-def task_files(ws: Workspace) -> Iterator[tuple[Path, str]]:
-    """The task files a watch looks after (SPEC §3, §13), on either backend: every `*.md` in Specs/ (any
-    depth) and each Kiro spec's `.kiro/specs/*/tasks.md`, as (the path found, its real path), each real file
-    once: a symlinked folder (`ln -s .kiro/specs Specs`, a spec folder linked to another) is one file once."""
-    seen: set[str] = set()
-    for path in [*markdown_files(ws.specs), *kiro_specs(ws.root)]:  # moved by their loops meanwhile
-        if not path.is_file() or not is_task_candidate(path):
-            continue
-        real = os.path.realpath(path)
-        if real not in seen:
-            seen.add(real)
-            yield path, real
 
 
 def nothing_to_start(task: tasks.TaskFile, real: str, include_optional: bool) -> bool:
@@ -106,6 +82,7 @@ class Supervisor:
         self.shared = SharedLimits(self.config)
         self.managed: dict[str, Managed] = {}
         self.skipped: dict[Path, float] = {}  # unusable task files, by mtime, so each is reported once
+        self.held: dict[Path, str] = {}  # task files waiting for a person's approval, and what was said of each
         self.stopping = False
         self._wake = asyncio.Event()
         self._sem: asyncio.Semaphore | None = None
@@ -241,6 +218,14 @@ class Supervisor:
                 continue
             if nothing_to_start(task, real, self.config.include_optional):
                 continue
+            try:  # SPEC §15: a task file a step wrote waits for a person; said once, looked at again each scan
+                approval.check_task_file(self.ws, path)
+            except UserError as exc:
+                if self.held.get(path) != str(exc):
+                    self.held[path] = str(exc)
+                    found.append(LoopWarning(message=f"not starting {self.ws.relative(path)}: {exc}"))
+                continue
+            self.held.pop(path, None)
             try:
                 found.append(prepare_start(self.ws, str(path), config_file=self.config_file,
                                            overrides=self.overrides, index=self.index))
@@ -349,7 +334,16 @@ class Supervisor:
         return effective_status(state, alive=False).is_resumable  # we hold its lock: nobody runs it
 
     async def _wait_to_continue(self, m: Managed) -> bool:
+        """Until the paused loop may continue. A loop this supervisor ran waits for a change first (a file
+        event, a scan): a pause whose cause is still there the moment it is made (proposals waiting, a
+        planted task that cannot run) would otherwise be resumed and paused again as fast as the loop
+        starts (issue #39: ~100 times a second until max_iterations): when that cause is there at once, it waits for
+        a change (or RESCAN_SECONDS) before it looks."""
         m.status = Status.PAUSED
+        if m.outcome is not None and self._resume_ready(m):
+            m.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(m.wake.wait(), RESCAN_SECONDS)
         found = await wait_until(lambda: self.stopping or self._resume_ready(m), m.wake, None, self._poll)
         return bool(found) and not self.stopping
 

@@ -1,6 +1,6 @@
 """Reacting to files without polling: one watchfiles watcher per workspace per process, over the
 folders people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`, `.state/inbox/`, and
-a project's `.kiro/specs/` when it has one).
+a project's `.kiro/specs/` and the workspace's `Approved/` when they are there).
 
 Every change batch wakes every subscribed waiter; a waiter then re-checks its own conditions (a few
 `stat` calls). kiro's own writes wake nobody (`kiro.fs.ownwrites`, as watchfiles' filter). While nothing
@@ -22,7 +22,9 @@ from kiro.shared import Registry
 POLL_FALLBACK = 0.25
 SAFETY_POLL = 5.0
 WATCHED = (".hooks", "Specs", "Done", "Needs_Action", ".state/inbox")  # inbox: messages wake waiting loops
-WATCHED_IF_THERE = (".kiro/specs",)  # Kiro's spec folders (kiro.store.kirospec)
+# Kiro's spec folders (kiro.store.kirospec); Approved/: a person's approval of a task file a step wrote
+# (kiro.store.approval), which wakes `kiro loop watch` (made by the first note: never made here)
+WATCHED_IF_THERE = (".kiro/specs", "Approved")
 # watchfiles hands a batch over once STEP_MS pass without a new change, or DEBOUNCE_MS after its first:
 # a hook dropped is seen in one to two steps (bench/hook_reaction.py). Each step takes the GIL once.
 STEP_MS = 5

@@ -13,6 +13,8 @@ lines are put back if the agent changed them (kiro.executors.control).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -26,14 +28,14 @@ from kiro.errors import ExecutorError, KiroError
 from kiro.executors import agents, prompts
 from kiro.executors.agents import Failure, Invocation, clean
 from kiro.executors.base import ExecutorBase, StepContext, StepResult, Usage
-from kiro.executors.control import UNCHECKED_NAMED, ControlSnapshot
+from kiro.executors.control import UNCHECKED_NAMED, ControlSnapshot, StepCopy, Verdict, copy_path
 from kiro.executors.shell import step_box, step_env
 from kiro.fs.atomic import atomic_write
 from kiro.processes.sandbox import Box
 from kiro.processes.spawn import ProcessResult, run_process
 from kiro.store import tasks
 from kiro.store.config import Config
-from kiro.store.events import AgentRan, ToolCalled, UsageLimit
+from kiro.store.events import AgentRan, LoopWarning, ToolCalled, UsageLimit
 from kiro.store.workspace import Workspace
 
 LOG_KEPT = 256_000  # bytes of each stream kept for the attempt log (the tail)
@@ -86,7 +88,7 @@ class _Agent:
 class CommandExecutor(ExecutorBase):
     name = "command"
     system_template = "agent_cli.md"  # speaks of checkboxes, not tools
-    checks_boxes = True  # the agent checks the step's box; a failed attempt's box is put back
+    checks_boxes = False  # the agent checks the step's box in its own copy (StepCopy): the task file is never its
 
     def __init__(self, config: Config, workspace: Workspace, task_id: str) -> None:
         self.preset, self.argv = agents.resolve(config)
@@ -212,20 +214,30 @@ class CommandExecutor(ExecutorBase):
                                     note=f"{name} limit, resumes {when:%H:%M} UTC")
 
     async def _run(self, ctx: StepContext, agent: _Agent, run: int) -> tuple[StepResult, Failure | None]:
-        """One run of one agent CLI: the attempt's outcome and the failure the CLI reported, if any."""
+        """One run of one agent CLI: the attempt's outcome and the failure the CLI reported, if any. The
+        agent works on its own copy of the task file (kiro.executors.control.StepCopy)."""
+        copy = StepCopy.make(self.workspace, self.task_id, ctx.step.id, ctx.task_path)
+        try:
+            return await self._run_on(ctx, agent, run, copy)
+        finally:
+            copy.drop()
+
+    async def _run_on(self, ctx: StepContext, agent: _Agent, run: int,
+                      copy: StepCopy) -> tuple[StepResult, Failure | None]:
         preset, template = agent.preset, agent.argv
         text = ctx.redact.text(f"{ctx.system_prompt}\n\n{ctx.prompt}")
         prompt_file = self.workspace.state_dir / "prompts" / f"{self.task_id}.md"
-        inv = Invocation(prompt_file=prompt_file, task_file=ctx.task_path, step_id=ctx.step.id,
+        inv = Invocation(prompt_file=prompt_file, task_file=copy.path, step_id=ctx.step.id,
                          project_dir=ctx.project_dir)
         uses_file = any("{prompt_file}" in a for a in template)
         argv = preset.argv(inv, template)
         env = agent.billing.apply(step_env(ctx, whole=True))  # what the CLI needs (agents.billing)
+        env["KIRO_TASK_FILE"] = str(copy.path)  # the file it checks its box in
         env.update(preset.env(inv))
         for name in preset.env_unset:
             env.pop(name, None)
         box = step_box(ctx, env, preset.home_paths(env), read_paths=preset.read_paths(env),
-                       ports=preset.endpoints(env))
+                       ports=preset.endpoints(env), task_copy=copy.path)
         if box is not None:
             argv = preset.boxed_argv(argv)
             env.update(preset.boxed_env(env, ctx.project_dir))
@@ -234,8 +246,14 @@ class CommandExecutor(ExecutorBase):
             env["KIRO_PROMPT_FILE"] = str(prompt_file)
         snapshot = ControlSnapshot.take(self.workspace, self.task_id, ctx.task_path)
 
+        real = ctx.task_path.resolve()
+        shown_copy = {str(copy.path): str(real), os.path.relpath(copy.path, ctx.project_dir):
+                      os.path.relpath(real, ctx.project_dir)}
+
         def on_tool(call: agents.ToolCall) -> None:
             tool, argument = agents.shown_call(call, ctx.project_dir)
+            for path, shown in shown_copy.items():  # its copy of the task file, named as the person knows it
+                argument = argument.replace(path, shown)
             ctx.emit(ToolCalled(tool=tool, arguments=argument))
 
         watch = preset.watch(on_tool=on_tool)
@@ -244,7 +262,9 @@ class CommandExecutor(ExecutorBase):
             if preset.speaks_acp:  # a session over the Agent Client Protocol: its transcript is the output
                 from kiro.executors import acp
 
-                result = await acp.run_turn(argv, ctx=ctx, env=env, box=box, prompt=text,
+                # the agent's fs/write_text_file of the task file writes its copy
+                on_copy = dataclasses.replace(ctx, task_path=copy.path)
+                result = await acp.run_turn(argv, ctx=on_copy, env=env, box=box, prompt=text,
                                             idle_timeout=agent.idle_timeout, output_limit=LOG_KEPT,
                                             empty_when_missing=preset.empty_when_missing,
                                             auth_method=preset.acp_auth(env), exits_on_eof=preset.exits_on_eof)
@@ -261,7 +281,10 @@ class CommandExecutor(ExecutorBase):
             raise ExecutorError(f"agent program {template[0]!r} was not found on PATH") from None
         except PermissionError:
             raise ExecutorError(f"agent program {template[0]!r} is not executable") from None
-        touched = snapshot.restore(ctx.step.line, ctx.step.box_offset)
+        touched = snapshot.restore()
+        verdict = copy.verdict(ctx.step.line, ctx.step.box_offset)
+        touched += verdict.touched
+        self._propose(ctx, verdict)
         usage = preset.parse_usage(result.output) or Usage()
         if usage.total_tokens or usage.cost_usd:
             ctx.guard.after_model_call(usage)  # into the token window that token_budget_per_hour reads
@@ -273,7 +296,7 @@ class CommandExecutor(ExecutorBase):
         seconds = time.monotonic() - started
         log = self._write_log(ctx, agent, argv, result, failure, touched, snapshot.unchecked, seconds, run, box)
         summary = ctx.redact.text(preset.summary(result.output, result.stderr, text))
-        outcome = self._outcome(ctx, agent, result, failure, touched, summary, log)
+        outcome = self._outcome(ctx, agent, result, failure, touched, summary, log, verdict)
         outcome.usage = usage
         outcome.log = self.workspace.relative(log)
         if outcome.outcome == "failed":
@@ -290,40 +313,31 @@ class CommandExecutor(ExecutorBase):
         return outcome, failure
 
     def _outcome(self, ctx: StepContext, agent: _Agent, result: ProcessResult, failure: Failure | None,
-                 touched: list[str], summary: str, log: Path) -> StepResult:
+                 touched: list[str], summary: str, log: Path, verdict: Verdict) -> StepResult:
         where = f" (full output: {self.workspace.relative(log)})"
         if result.cancelled:
             return StepResult("interrupted", summary=summary, error="stopped while the agent ran")
         if touched:
-            note = self._take_back_box(ctx)
             return StepResult("failed", summary=summary,
                               error=(f"the agent changed kiro's files, which it must not touch; kiro put them back: "
-                                     f"{'; '.join(touched)}{note}{where}"))
+                                     f"{'; '.join(touched)}{where}"))
         if result.idle_timed_out:
             return StepResult("failed", summary=summary,
                               error=(f"agent printed nothing for {agent.idle_timeout:g} s "
                                      f"(step_idle_timeout_seconds; a dead endpoint?), so kiro ended it"
-                                     f"{self._take_back_box(ctx)}{where}\n{summary}"))
+                                     f"{where}\n{summary}"))
         if result.timed_out:
             return StepResult("failed", summary=summary,
                               error=f"agent timed out after {ctx.timeout_seconds:g} s (process group ended)"
-                                    f"{self._take_back_box(ctx)}{where}\n{summary}")
+                                    f"{where}\n{summary}")
         if failure is not None:
-            note = self._take_back_box(ctx)
             kind = {"rate_limit": "rate limited", "usage_limit": "at its usage limit",
                     "failure": "failed"}.get(failure.kind, failure.kind)
             return StepResult("failed", summary=summary,
-                              error=f"agent {kind} (exit {result.returncode}): {failure.line}{note}{where}\n{summary}")
+                              error=f"agent {kind} (exit {result.returncode}): {failure.line}{where}\n{summary}")
         if self.config.command_success == "exit_code":
             return StepResult("completed", summary=summary or "(no output)")
-        try:
-            after = tasks.load(ctx.task_path)
-        except KiroError as exc:
-            return StepResult("failed", summary=summary, error=f"agent exited 0 but the task file is unreadable: {exc}")
-        step = after.find(ctx.step.key)
-        if step is None:  # the agent may have retouched the line's text: fall back to the id
-            step = next((s for s in after.steps if s.id == ctx.step.id), None)
-        if step is not None and step.done:
+        if verdict.checked:
             return StepResult("completed", summary=summary or "(no output)", checked_by_executor=True)
         said = self.preset.reported_error(result.output, result.stderr)
         said = f"; {self.preset.program or 'the agent'} reported: {ctx.redact.text(said)}" if said else ""
@@ -363,26 +377,29 @@ class CommandExecutor(ExecutorBase):
         atomic_write(path, ctx.redact.text(clean_log(body)), fsync=False)
         return path
 
-    def _take_back_box(self, ctx: StepContext) -> str:
-        """An agent that checked its box and then failed (non-zero exit, timeout) has not done the step:
-        put the box back to `[-]`, or the next iteration would take the step as done. Returns a note
-        for the error message."""
-        try:
-            now = tasks.load(ctx.task_path)
-            step = now.find(ctx.step.key) or next((s for s in now.steps if s.id == ctx.step.id), None)
-            if step is None or not step.done:
-                return ""
-            tasks.set_marker(ctx.task_path, step.key, "-", expected=now)
-        except KiroError:
-            return ""
-        return f" (it had checked step {ctx.step.id}'s box; kiro unchecked it)"
-
     def finish_instruction(self, step: Step, task_path: str, *, task: TaskFile | None = None,
                            task_file: Path | None = None) -> str:
         """Check the box (the exact line, in the task file's full path) and exit 0, or exit 0 alone
         with `command_success: exit_code`."""
+        copy = copy_path(self.workspace, self.task_id, step.id, task_file) if task_file is not None else None
         return prompts.finish_instruction("command", step, task_path, self.config.command_success, task=task,
-                                          task_file=task_file)
+                                          task_file=copy)
+
+    def _propose(self, ctx: StepContext, verdict: Verdict) -> None:
+        """The `- [ ]` steps the agent added to its copy: a proposal for a person (`Pending_Approval/`), or
+        into the task file at once with `approval.agent_steps: false`."""
+        from kiro.store import approval
+
+        for after, titles in verdict.added:
+            if self.config.approval.agent_steps:
+                path = approval.propose(self.workspace, self.task_id, self.workspace.relative(ctx.task_path), titles,
+                                        after, "added to the task file by the agent while it ran step "
+                                               f"{ctx.step.id}")
+                ctx.emit(LoopWarning(message=f"the agent added {len(titles)} step(s) to the task file; they wait "
+                                             f"for your approval in {self.workspace.relative(path)}"))
+            else:
+                with contextlib.suppress(KiroError):
+                    tasks.add_steps(ctx.task_path, titles, after=after)
 
 
 def clean_log(text: str) -> str:

@@ -1,6 +1,25 @@
 """kiro's control files stay kiro's: what an external agent (the command executor) changed in
-`.state/`, `.hooks/`, `config/`, or in the task file beyond its own step's box, is found after the
-attempt, put back, and named.
+`.state/`, `.hooks/` or `config/` is found after the attempt, put back, and named (`ControlSnapshot`).
+The task file is not among them; a step never writes it (SPEC §15), and a person may, while the step runs.
+
+The task file, three ways (`StepCopy`, issue #38 item 1). Whose write is whose cannot be told from the
+file once two writers have written it: no change event says which process wrote (inotify gives no pid;
+fanotify's needs CAP_SYS_ADMIN), an editor's save and an agent's edit both write or rename, and timing
+says nothing while the agent runs the whole time. So the two never write the same file: the agent is
+told to check its box in its own copy (`.state/steps/<loop>-<step>_<hash>/<name>`, read-write in the box),
+and in the box the task file itself is read-only to every step process (kiro.executors.shell.step_box),
+so only a person (and kiro) writes it. After the attempt three versions are at hand: the file as the
+attempt began (`base`), the agent's copy, and the task file with whatever the person did meanwhile. kiro
+takes from the copy only the step's box (the engine checks it in the task file, where the person's edits
+stay) and the `- [ ]` steps the agent added (a proposal in `Pending_Approval/`); anything else the agent
+changed, its frontmatter above all, never reaches the task file, and the attempt fails naming it. Without
+the box (`sandbox: off`) a step can write the task file; kiro then cannot tell its write from a person's:
+it keeps the body (a person steers with it) and puts the frontmatter back (`TaskFiles`, for every
+executor): an unboxed agent can do far worse as the person anyway.
+
+Task files written during a step (`TaskFiles`, SPEC §15, issue #39 items 2 and 4): a task file that
+appears, or whose frontmatter changes, while a step of any executor runs waits for a person's approval
+(kiro.store.approval `hold_task_file`) before any loop runs it.
 
 Before the attempt: every file's size and mtime (and its bytes, within a budget) in the three
 folders, and the task file's bytes. After: a file whose size or mtime moved, or that appeared or
@@ -27,8 +46,10 @@ not watched at all.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -44,7 +65,7 @@ KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control 
 # What kiro itself (this loop, other loops, `kiro serve`, `kiro loop watch`) may write in .state/ while an
 # agent runs: prompt files, process-group ledgers, message inboxes, the event index, the memory database
 # (live SQLite), the history index, step-proposal markers, the server token, the watcher's pid file. Not watched.
-STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox", "proposals"})
+STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox", "proposals", "steps", "running"})  # steps: StepCopy
 STATE_KIRO_FILES = ("events.idx", "memory.db", "kiro.db", "serve.token", "watch.pid")
 # kiro's other files in .state/ that no loop owns: the start counter, the start lock, the watcher's lock, the
 # workspace's id and worker lock (temporal backend), the map of task files (every start writes it); disk reserves
@@ -74,7 +95,6 @@ class ControlSnapshot:
     task_id: str
     task_path: Path
     files: dict[str, _Entry] = field(default_factory=dict)
-    task_bytes: bytes | None = None
     unchecked: list[str] = field(default_factory=list)
     """After `restore`: kiro's files of other loops, or shared, that changed during the attempt (not
     checked, left as they are: see the module's doc), for the attempt log."""
@@ -93,8 +113,6 @@ class ControlSnapshot:
                 except OSError:
                     continue
             snap.files[path] = _Entry(size, mtime_ns, data)
-        with contextlib.suppress(OSError):
-            snap.task_bytes = task_path.read_bytes()
         # changes from before this attempt are not the agent's (this loop's own files too, present or not);
         # other loops' notes are theirs to take (one process runs many loops under `kiro loop watch`)
         journal.take_overwritten(snap._mine(snap.files.keys()) | snap._own_files())
@@ -175,15 +193,14 @@ class ControlSnapshot:
         return path in (self.ws.hook_file(self.task_id), self.ws.global_hook_file) or (
             path.parent == self.ws.hooks and path.name.startswith("stop"))
 
-    def restore(self, step_line: int, step_box: int) -> list[str]:
-        """Put back what the agent changed; return what it touched, one phrase each. `step_line`
-        (0-based) and `step_box` (the box's offset in the file) name the one change allowed in the
-        task file: the current step's box. What changed among the files not checked is in
-        `unchecked` afterwards."""
+    def restore(self) -> list[str]:
+        """Put back what the agent changed; return what it touched, one phrase each. What changed among
+        the files not checked is in `unchecked` afterwards. (The task file is not among them: the agent
+        edits its own copy, `StepCopy`.)"""
         live = state.live_journal(self.task_id)
         own = self._own_files() if live is not None else set()
         with journal.task_lock(self.task_id):  # no snapshot of this loop's state is half made meanwhile
-            touched, rewrite = self._restore(step_line, step_box, own)
+            touched, rewrite = self._restore(own)
         if rewrite and live is not None:
             # written again from what kiro last saved, never from the bytes before the attempt: a snapshot
             # the timer made meanwhile emptied the journal, and the old bytes would lose what it held
@@ -192,14 +209,14 @@ class ControlSnapshot:
             except OSError as exc:
                 touched.append(f"{self.ws.relative_name(self.ws.state_file(self.task_id))} could not be "
                                f"written again: {exc.strerror or exc}")
-        return touched + self._restore_task(step_line, step_box)
+        return touched
 
     def _own_files(self) -> set[str]:
         """This loop's state file, journal and summary, which its open journal writes again (`rewrite`)."""
         state_file = self.ws.state_file(self.task_id)
         return {str(state_file), str(journal.journal_path(state_file)), str(journal.summary_path(state_file))}
 
-    def _restore(self, step_line: int, step_box: int, own: set[str]) -> tuple[list[str], bool]:
+    def _restore(self, own: set[str]) -> tuple[list[str], bool]:
         touched: list[str] = []
         unchecked: list[str] = []
         rewrite = False
@@ -253,28 +270,6 @@ class ControlSnapshot:
         self.unchecked = unchecked
         return touched, rewrite
 
-    def _restore_task(self, step_line: int, step_box: int) -> list[str]:
-        before = self.task_bytes
-        if before is None:
-            return []
-        try:
-            after = self.task_path.read_bytes()
-        except FileNotFoundError:
-            _write_back(self.task_path, before, None)
-            return [f"{self.ws.relative(self.task_path)} (deleted; restored)"]
-        except OSError:
-            return []
-        if after == before or _only_box_changed(before, after, step_box):
-            return []
-        old_lines = before.decode("utf-8", "replace").splitlines()
-        new_lines = after.decode("utf-8", "replace").splitlines()
-        changed = [i + 1 for i in range(max(len(old_lines), len(new_lines)))
-                   if (old_lines[i] if i < len(old_lines) else None) != (new_lines[i] if i < len(new_lines) else None)
-                   and i != step_line]
-        where = ", ".join(str(n) for n in changed[:8]) + (", ..." if len(changed) > 8 else "")
-        _write_back(self.task_path, before, None)
-        return [f"{self.ws.relative(self.task_path)} lines other than the step's box (line {where}; restored)"]
-
 
 def _text(raw: bytes) -> str:
     return raw[3:].decode("utf-8", "replace") if raw.startswith(b"\xef\xbb\xbf") else raw.decode("utf-8", "replace")
@@ -297,3 +292,217 @@ def _write_back(path: Path, data: bytes, mtime_ns: int | None) -> None:
     if mtime_ns is not None:
         with contextlib.suppress(OSError):
             os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+# -- the task file: the agent's copy (three-way) and the workspace's task files ---------------------
+
+STEP_COPIES = "steps"  # .state/steps/<loop and step>/<the task file's name>: one attempt's copy
+_NEW_STEP = re.compile(r"^\s*[-*]\s+\[ \]\s+(.+?)\s*$")
+FRONTMATTER_READ = 64 * 1024  # of each task file, for its frontmatter
+_KIRO_KEY = re.compile(rb"(?m)^kiro_task_id:.*\n")
+
+
+def copy_path(ws: Workspace, task_id: str, step_id: str, task_path: Path) -> Path:
+    """Where the agent of one attempt at `step_id` finds (and edits) its copy of the task file."""
+    key = f"{task_id}-{step_id}"
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in key)[:60]
+    return ws.state_dir / STEP_COPIES / f"{safe}_{hashlib.sha256(key.encode()).hexdigest()[:10]}" / task_path.name
+
+
+@dataclass
+class Verdict:
+    """What the agent did to its copy of the task file."""
+
+    checked: bool = False  # the step's box, `[-]` -> `[x]`
+    added: list[tuple[str | None, list[str]]] = field(default_factory=list)  # (after step, `- [ ]` titles)
+    touched: list[str] = field(default_factory=list)  # anything else, one phrase each: not taken
+
+
+@dataclass
+class StepCopy:
+    """The task file as one attempt's agent sees and edits it: a copy in `.state/steps/` (read-write in the
+    box), while the real task file is read-only there. Three versions, never confused: the file as the
+    attempt started (`base`), the agent's copy, and the real file, which only a person (and kiro) wrote
+    meanwhile. After the attempt kiro takes from the copy only the step's box (the engine checks it in
+    the real file) and the `- [ ]` steps the agent added (a proposal in `Pending_Approval/`); anything
+    else the agent changed is named and never reaches the real file; the person's edits are never undone."""
+
+    real: Path
+    path: Path
+    base: bytes
+
+    @classmethod
+    def make(cls, ws: Workspace, task_id: str, step_id: str, task_path: Path) -> StepCopy:
+        path = copy_path(ws, task_id, step_id, task_path)
+        base = task_path.read_bytes()
+        shutil.rmtree(path.parent, ignore_errors=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base)
+        return cls(task_path, path, base)
+
+    def drop(self) -> None:
+        shutil.rmtree(self.path.parent, ignore_errors=True)
+
+    def verdict(self, step_line: int, step_box: int) -> Verdict:
+        """What the agent changed in its copy, `step_line` (0-based) and `step_box` (the marker's offset)
+        naming the step's box."""
+        try:
+            after = self.path.read_bytes()
+        except OSError:
+            return Verdict(touched=["its copy of the task file (deleted)"])
+        if after == self.base:
+            return Verdict()
+        if _only_box_changed(self.base, after, step_box):
+            return Verdict(checked=True)
+        old, new = _text(self.base).splitlines(), _text(after).splitlines()
+        close = _frontmatter_close(old)
+        out = Verdict()
+        lines: list[int] = []
+        in_frontmatter = False
+        import difflib
+
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+            if tag == "equal":
+                continue
+            paired = min(i2 - i1, j2 - j1)  # old lines changed in place, line by line: only the box may be
+            for k in range(paired):
+                if i1 + k == step_line and _box_checked(old[i1 + k], new[j1 + k]):
+                    out.checked = True
+                else:
+                    in_frontmatter = in_frontmatter or i1 + k <= close
+                    lines.append(j1 + k + 1)
+            if i2 - i1 > paired:  # lines the agent removed
+                in_frontmatter = in_frontmatter or i1 + paired <= close
+                lines.append(j1 + paired + 1)
+            more = new[j1 + paired:j2]  # lines the agent added: new `- [ ]` steps are a proposal
+            titles = [m.group(1) for line in more if (m := _NEW_STEP.match(line))]
+            if more and i2 > close and len(titles) == len(more):
+                out.added.append((_step_before(old, i2), titles))
+            elif more:
+                in_frontmatter = in_frontmatter or i2 <= close
+                lines += range(j1 + paired + 1, j2 + 1)
+        if lines:
+            where = ", ".join(str(n) for n in lines[:8]) + (", ..." if len(lines) > 8 else "")
+            what = "its frontmatter and " if in_frontmatter else ""
+            out.touched.append(f"the task file: {what}lines other than the step's box (line {where} of its copy; "
+                               f"not taken: the task file is as you left it)")
+        return out
+
+
+def _frontmatter_close(lines: list[str]) -> int:
+    """The 0-based index of the frontmatter's closing line; -1 without frontmatter."""
+    if not lines or lines[0].rstrip() != "---":
+        return -1
+    for i in range(1, len(lines)):
+        if lines[i].rstrip() in ("---", "..."):
+            return i
+    return len(lines)
+
+
+def _box_checked(old: str, new: str) -> bool:
+    at = old.find("[")
+    return (at >= 0 and len(old) == len(new) and old[:at + 1] == new[:at + 1] and old[at + 2:] == new[at + 2:]
+            and new[at + 1] in "xX")
+
+
+def _step_before(lines: list[str], index: int) -> str | None:
+    """The id of the last step at or above line `index` (None: above every step)."""
+    from kiro.store import tasks
+
+    try:
+        parsed = tasks.parse("\n".join(lines) + "\n")
+    except Exception:
+        return None
+    before = [s for s in parsed.steps if s.line < index]
+    return before[-1].id if before else None
+
+
+def _frontmatter_bytes(path: str) -> bytes | None:
+    """The frontmatter block of the file at `path` (first line `---` to its closing line), b"" without
+    one; None when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(FRONTMATTER_READ)
+    except OSError:
+        return None
+    text = head.removeprefix(b"\xef\xbb\xbf")
+    if not text.startswith(b"---"):
+        return b""
+    end = re.search(rb"\n(?:---|\.\.\.)[ \t]*\r?(?:\n|$)", text)
+    block = text[: end.end()] if end else text
+    return _KIRO_KEY.sub(b"", block)  # kiro's own key (kiro.core.runner keeps a person's `kiro_task_id` current)
+
+
+@dataclass
+class TaskFiles:
+    """The workspace's task files (`Specs/`, `.kiro/specs/*/tasks.md`, and `Done/`, `Needs_Action/` for files
+    moved back) as a step starts, for every executor: after the step (and after verify), a task file that
+    appeared, or whose frontmatter changed, is held for a person's approval (`approval.hold_task_file`: no
+    loop runs it until then), and the loop's own file gets its frontmatter back when the step ran unboxed
+    (boxed, the file is read-only to the step: what changed there is a person's).
+
+    A file at a new path is not new when its inode was known with the same frontmatter outside `Specs/`
+    and `.kiro/specs/` (a person or kiro moved it back from `Done/` or `Needs_Action/`, which a boxed step
+    cannot write)."""
+
+    ws: Workspace
+    own: Path
+    by_path: dict[str, bytes | None] = field(default_factory=dict)
+    moved_in: dict[tuple[int, int], bytes | None] = field(default_factory=dict)
+
+    @classmethod
+    def take(cls, ws: Workspace, own: Path) -> TaskFiles:
+        snap = cls(ws, own)
+        snap._look()
+        return snap
+
+    def _look(self) -> None:
+        from kiro.store.workspace import markdown_files, task_files
+
+        self.by_path = {real: _frontmatter_bytes(real) for _path, real in task_files(self.ws)}
+        self.moved_in = {}
+        for folder in (self.ws.done, self.ws.needs_action):
+            for path in markdown_files(folder):
+                with contextlib.suppress(OSError):
+                    st = os.stat(path)
+                    self.moved_in[(st.st_dev, st.st_ino)] = _frontmatter_bytes(str(path))
+
+    def check(self, *, boxed: bool, task_id: str, step_id: str) -> list[str]:
+        """After a step process ran: hold what it planted or changed, put back the loop's own frontmatter
+        (unboxed); returns what was done, one line each, for a warning. The next check compares with now."""
+        from kiro.store import approval
+        from kiro.store.workspace import task_files
+
+        said: list[str] = []
+        own = os.path.realpath(self.own)
+        before = self.by_path.get(own)
+        if not boxed and before is not None:
+            now = _frontmatter_bytes(own)
+            if now is not None and now != before:
+                with contextlib.suppress(OSError):
+                    raw = Path(own).read_bytes()
+                    bom = b"\xef\xbb\xbf" if raw.startswith(b"\xef\xbb\xbf") else b""
+                    _write_back(Path(own), bom + before + raw[len(bom) + len(now):], None)
+                    said.append(f"{self.ws.relative(self.own)}: its frontmatter changed while step {step_id} ran "
+                                f"unboxed; kiro put it back (a step never sets a task's settings)")
+        specs = os.path.realpath(self.ws.specs) + os.sep
+        for path, real in task_files(self.ws):
+            if real == own or (boxed and real.startswith(specs)):
+                continue  # boxed, Specs/ is read-only to the step: what changed there is a person's
+            now = _frontmatter_bytes(real)
+            if real in self.by_path and self.by_path[real] == now:
+                continue
+            try:
+                st = os.stat(real)
+            except OSError:
+                continue
+            if real not in self.by_path and self.moved_in.get((st.st_dev, st.st_ino), b"\0") == now:
+                continue  # moved back from Done/ or Needs_Action/
+            if approval.held_by(self.ws, path) is not None:
+                continue
+            why = "created" if real not in self.by_path else "changed (its frontmatter)"
+            note = approval.hold_task_file(self.ws, path, task_id=task_id, step_id=step_id, why=why)
+            said.append(f"{self.ws.relative(path)} was {why} while step {step_id} ran: no loop runs it until a "
+                        f"person approves it ({self.ws.relative(note)})")
+        self._look()
+        return said

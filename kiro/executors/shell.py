@@ -41,20 +41,28 @@ def step_env(ctx: StepContext, *, whole: bool = False) -> dict[str, str]:
 
 def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path] = (),
              project: Path | None = None, read_paths: Iterable[Path] = (),
-             ports: Iterable[int] = ()) -> sandbox.Box | None:
+             ports: Iterable[int] = (), task_copy: Path | None = None) -> sandbox.Box | None:
     """The box (kiro.processes.sandbox) a step's process runs in, or None with `sandbox: off` (or no
     setting where bwrap is not usable). `project`: where it runs, when not the step's project
     directory (verify in a worker's tree, run_command's confinement root); `ports`: the host's
-    loopback ports its own network reaches (an agent CLI's model endpoint)."""
+    loopback ports its own network reaches (an agent CLI's model endpoint). The task file, `Specs/` and
+    `.kiro/specs/` are read-only in every box (SPEC §15: a step never writes a task's frontmatter, plants a
+    task file, or writes a person's edits away); an agent that checks its box edits `task_copy`, its own
+    copy (kiro.executors.control.StepCopy), read-write."""
     cfg = ctx.config
     if not sandbox.wanted(cfg.sandbox):
         return None
     home = env.get("HOME")
+    copy_rw = [str(task_copy.parent)] if task_copy is not None else []
+    # task files are a person's: the loop's own, and every other in Specs/ and .kiro/specs/ (SPEC §15)
+    task_areas = [os.path.realpath(p) for p in (ctx.workspace.specs, ctx.workspace.root / ".kiro" / "specs")
+                  if p.is_dir()]
     return sandbox.box_for(project=project or ctx.project_dir, workspace=ctx.workspace.root,
-                           state_dir=ctx.workspace.state_dir, task_file=ctx.task_path,
+                           state_dir=ctx.workspace.state_dir, task_file=task_copy,
                            home=Path(home) if home and os.path.isabs(home) else None, home_paths=home_paths,
                            read_paths=read_paths,
-                           extra_rw=cfg.sandbox_paths.rw, extra_ro=cfg.sandbox_paths.ro,
+                           extra_rw=(*cfg.sandbox_paths.rw, *copy_rw),
+                           extra_ro=(*cfg.sandbox_paths.ro, *task_areas, os.path.realpath(ctx.task_path)),
                            network=cfg.sandbox_network, ports=ports)
 
 

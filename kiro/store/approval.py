@@ -29,6 +29,7 @@ twice.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kiro import timeutil
+from kiro.errors import UserError
 from kiro.fs.atomic import atomic_write
 from kiro.store import frontmatter, tasks
 from kiro.store.messages import Inbox
@@ -158,3 +160,141 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
         atomic_write(path, _marked(written, {"status": "reported"}))
         out.append(Decision("rejected", path.name, {"proposal": path.name, "steps": titles}))
     return out
+
+
+# -- task files written while a step ran (SPEC §15) ------------------------------------------------
+
+TASK_FILE_NOTE = "task_file"
+_HELD_PREFIX = "task_file_"
+
+
+def _note_name(rel: str) -> str:
+    import hashlib
+
+    slug = "".join(c if c.isascii() and c.isalnum() else "_" for c in rel).strip("_")[:60] or "task"
+    return f"{_HELD_PREFIX}{slug}_{hashlib.sha256(rel.encode()).hexdigest()[:8]}.md"
+
+
+def hold_task_file(ws: Workspace, path: Path, *, task_id: str, step_id: str, why: str) -> Path:
+    """Write `Pending_Approval/task_file_<name>.md`: the task file at `path` was created, or its frontmatter
+    changed, while step `step_id` of loop `task_id` ran, so no loop runs it until a person approves it
+    (moves the note to `Approved/`). The note names the file by its path and its inode: a step that renames
+    the file does not shed the hold."""
+    rel = ws.relative(path)
+    note = ws.root / PENDING / _note_name(rel)
+    try:
+        st = os.stat(path)
+        ident: list[int] | None = [st.st_dev, st.st_ino]
+    except OSError:
+        ident = None
+    meta = {"type": TASK_FILE_NOTE, "path": rel, "file_id": ident, "task_id": task_id, "step_id": step_id,
+            "created": timeutil.iso(), "status": "pending"}
+    body = (f"# Task file waiting for your approval: {rel}\n\n"
+            f"`{rel}` was {why} while step {step_id} of loop {task_id} ran. A step must never start work, nor "
+            f"set the box, allow-lists, budgets or review of a task (its frontmatter), so kiro runs no loop on "
+            f"this file (`kiro loop watch`, `start`, `resume`, `kiro serve`) until you approve it. If you wrote it "
+            f"yourself while the step ran, approve it all the same.\n\n"
+            f"- **approve**: read the task file (its frontmatter above all), then move this note to `Approved/`.\n"
+            f"- **refuse**: move this note to `Rejected/` (kiro never runs the file), or delete the task file.\n")
+    for area in (APPROVED, REJECTED):
+        with contextlib.suppress(OSError):
+            (ws.root / area).mkdir(exist_ok=True)
+    note.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(note, frontmatter.write(meta) + body)
+    return note
+
+
+def _held_notes(ws: Workspace) -> list[tuple[Path, dict[str, Any]]]:
+    found: list[tuple[Path, dict[str, Any]]] = []
+    for area in (PENDING, REJECTED):
+        folder = ws.root / area
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.startswith(_HELD_PREFIX) and n.endswith(".md"))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                meta, _ = _split((folder / name).read_text(encoding="utf-8", errors="replace"))
+            except OSError:
+                continue
+            if meta.get("type") == TASK_FILE_NOTE:
+                found.append((folder / name, meta))
+    return found
+
+
+def held_by(ws: Workspace, path: Path) -> Path | None:
+    """The note in `Pending_Approval/` (or `Rejected/`) that holds the task file at `path`, if any: one that
+    names its path, or its inode (the file renamed since)."""
+    rel = ws.relative(path)
+    try:
+        st = os.stat(path)
+        ident = [st.st_dev, st.st_ino]
+    except OSError:
+        ident = None
+    for note, meta in _held_notes(ws):
+        if meta.get("path") == rel or (ident is not None and meta.get("file_id") == ident):
+            return note
+    return None
+
+
+RUNNING = "running"  # .state/running/<task_id>: a step of that loop runs (its mtime: since when)
+
+
+def step_began(ws: Workspace, task_id: str, *, boxed: bool) -> None:
+    """Mark that a step of loop `task_id` runs from now, in the box or not (an older mark, left by a kill,
+    keeps its time)."""
+    marker = ws.state_dir / RUNNING / task_id
+    if marker.exists():
+        return
+    with contextlib.suppress(OSError):
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("boxed\n" if boxed else "unboxed\n")
+
+
+def step_ended(ws: Workspace, task_id: str) -> None:
+    with contextlib.suppress(OSError):
+        (ws.state_dir / RUNNING / task_id).unlink()
+
+
+def steps_running_since(ws: Workspace, *, unboxed_only: bool = False) -> tuple[str, int] | None:
+    """(a loop, when its step began) of the step that began first among those running (or left marked by
+    a kill; `unboxed_only`: of those that run without the box), None when no step runs."""
+    found: list[tuple[int, str]] = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(ws.state_dir / RUNNING):
+            with contextlib.suppress(OSError):
+                began = entry.stat(follow_symlinks=False).st_mtime_ns
+                if not unboxed_only or not Path(entry.path).read_text().startswith("boxed"):
+                    found.append((began, entry.name))
+    if not found:
+        return None
+    began, task_id = min(found)
+    return task_id, began
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_task_file(ws: Workspace, path: Path, *, starting: bool = True) -> None:
+    """UserError when the task file at `path` waits for a person's approval (`held_by`). `starting` (a new
+    loop: `start`, `watch`, `serve`): a file written while a step of any loop runs, where that step could
+    write it (`.kiro/specs/`, which may not exist when the box is made; `Specs/` only without the box), is
+    held now (a note in `Pending_Approval/`), as the step's end would hold it (its status change time, which
+    no process can set back, is after the step began)."""
+    note = held_by(ws, path)
+    if note is None and starting:
+        # Specs/ is read-only in the box: a file there is a person's unless an unboxed step runs
+        in_specs = _within(os.path.realpath(path), os.path.realpath(ws.specs))
+        running = steps_running_since(ws, unboxed_only=in_specs)
+        with contextlib.suppress(OSError):
+            if running is not None and os.stat(path).st_ctime_ns >= running[1]:
+                note = hold_task_file(ws, path, task_id=running[0], step_id="(the running one)",
+                                      why="written")
+    if note is None:
+        return
+    if note.parent.name == REJECTED:
+        raise UserError(f"{ws.relative(path)} was written while a step ran and a person refused it "
+                        f"({ws.relative(note)}); kiro does not run it")
+    raise UserError(f"{ws.relative(path)} was written while a step ran and waits for a person's approval: read it, "
+                    f"then move {ws.relative(note)} to {APPROVED}/ (kiro runs no loop on it until then)")

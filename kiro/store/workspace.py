@@ -17,10 +17,11 @@ from pathlib import Path
 
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.fs import safeio
-from kiro.store import frontmatter, taskmap
+from kiro.store import frontmatter, kirospec, taskmap
 
 CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
 FOLDERS = ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks")
+NOT_TASKS = frozenset({"requirements.md", "design.md", "readme.md"})
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -32,6 +33,29 @@ def markdown_files(folder: Path) -> list[Path]:
     for top, _dirs, files in os.walk(folder):  # a folder that cannot be listed (gone) is skipped
         found.extend(Path(top, name) for name in files if name.endswith(".md"))
     return sorted(found)
+
+
+def is_task_candidate(path: Path) -> bool:
+    return path.suffix == ".md" and path.name.lower() not in NOT_TASKS and not path.name.startswith(".")
+
+
+def kiro_specs(root: Path) -> list[Path]:
+    """The Kiro specs' task files of the project at `root`: `.kiro/specs/*/tasks.md`, run in place."""
+    return [kirospec.specs_folder(root) / name / "tasks.md" for name in kirospec.spec_names(root)]
+
+
+def task_files(ws: Workspace) -> Iterator[tuple[Path, str]]:
+    """The task files a watch looks after (SPEC §3, §13), on either backend: every `*.md` in Specs/ (any
+    depth) and each Kiro spec's `.kiro/specs/*/tasks.md`, as (the path found, its real path), each real file
+    once: a symlinked folder (`ln -s .kiro/specs Specs`, a spec folder linked to another) is one file once."""
+    seen: set[str] = set()
+    for path in [*markdown_files(ws.specs), *kiro_specs(ws.root)]:  # moved by their loops meanwhile
+        if not path.is_file() or not is_task_candidate(path):
+            continue
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            yield path, real
 
 
 def is_task_id(value: object) -> bool:

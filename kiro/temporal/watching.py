@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, task_id_hint
-from kiro.core.supervisor import nothing_to_start, task_files
+from kiro.core.supervisor import nothing_to_start
 from kiro.errors import KiroError, LockHeld
 from kiro.status import Status
 from kiro.store import tasks
 from kiro.store.settings import settings_for
-from kiro.store.workspace import Workspace
+from kiro.store.workspace import Workspace, task_files
 from kiro.temporal import client as tc
 from kiro.views import console
 
