@@ -1,5 +1,5 @@
-"""Shared fixtures: real workspaces in tmp_path, and `kiro` run as a subprocess the way a person
-or a script runs it."""
+"""Shared fixtures: real workspaces in tmp_path, and `kiro` run as a process of its own the way a person
+or a script runs it (forked from a server that imported kiro once: tests/cli_forkserver.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests import cli_forkserver
 
 if TYPE_CHECKING:
     from tests.fake_openai import FakeOpenAI
@@ -77,21 +78,22 @@ class Workspace:
 
     def kiro(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
              input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "kiro", *args], cwd=self.root, env=env or self.env(),
-                              capture_output=True, text=True, timeout=timeout, input=input)
+        """`python -m kiro *args` in the workspace: as subprocess.run(capture_output=True, text=True)."""
+        return cli_forkserver.run(args, cwd=self.root, env=env or self.env(), timeout=timeout, input=input)
 
-    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        """Start kiro in the background; its output goes to a file beside the workspace (`output()`)."""
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> cli_forkserver.ForkedProcess:
+        """Start kiro in the background; its output goes to a file beside the workspace (`output()`).
+        What tests use of a Popen: pid (the kiro process), poll, wait, send_signal, kill."""
         self._spawned = getattr(self, "_spawned", 0) + 1
         out = self.root.parent / f"kiro_{self._spawned}.out"
         with open(out, "w") as fh:
-            proc = subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=self.root, env=env or self.env(),
-                                    stdout=fh, stderr=subprocess.STDOUT, text=True)
+            proc = cli_forkserver.ForkedProcess(args, cwd=self.root, env=env or self.env(), stdout=fh.fileno(),
+                                                stderr=fh.fileno())
         proc.output_path = out  # type: ignore[attr-defined]
         return proc
 
     @staticmethod
-    def output(proc: subprocess.Popen[str]) -> str:
+    def output(proc: cli_forkserver.ForkedProcess) -> str:
         return proc.output_path.read_text()  # type: ignore[attr-defined,no-any-return]
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
