@@ -494,12 +494,13 @@ def test_an_agent_running_status_in_its_step_is_not_blamed(ws: Workspace) -> Non
         r = subprocess.run([sys.executable, "-m", "kiro", "loop", "status"], capture_output=True, text=True)
         r = subprocess.run([sys.executable, "-m", "kiro", "loop", "status"], capture_output=True, text=True)
         log("status.txt", r.stdout)
+        log("status.err", f"exit {r.returncode}: {r.stderr}")
         check_box()
         """)
     r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "agent")
     assert r.returncode == 0, r.stdout + r.stderr
     assert runs(out) == ["1 1"]  # one attempt: nothing blamed on the agent
-    assert "agent" in (out / "status.txt").read_text()
+    assert "agent" in (out / "status.txt").read_text(), (out / "status.err").read_text()
     assert ws.state("agent")["total_failures"] == 0
 
 
