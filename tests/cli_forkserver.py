@@ -286,25 +286,28 @@ def _decode(data: bytes) -> str:
 
 
 def run(args: Sequence[str], *, cwd: Path | str, env: Mapping[str, str], timeout: float | None = None,
-        input: str | None = None) -> subprocess.CompletedProcess[str]:
+        input: str | None = None, stdout: int | None = None) -> subprocess.CompletedProcess[str]:
     """`subprocess.run([sys.executable, "-m", "kiro", *args], cwd=cwd, env=env, capture_output=True,
-    text=True, timeout=timeout, input=input)`, in a forked child."""
+    text=True, timeout=timeout, input=input)`, in a forked child. `stdout`: a file descriptor the
+    child writes its stdout to instead (`stdout=fh, stderr=PIPE`; the result's stdout is then None)."""
     cmd = [sys.executable, "-m", "kiro", *args]
     server = _server_for(env)
     if server is None:
-        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=input)
-    out_r, out_w = os.pipe()
+        return subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE if stdout is None else stdout,
+                              stderr=subprocess.PIPE, text=True, timeout=timeout, input=input)
+    out_r, out_w = os.pipe() if stdout is None else (None, None)
     err_r, err_w = os.pipe()
     in_r, in_w = os.pipe() if input is not None else (os.open(os.devnull, os.O_RDONLY), None)
-    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    chunks: dict[int, list[bytes]] = {err_r: []} if out_r is None else {out_r: [], err_r: []}
     pid = reply = None
     done = False
     try:
         try:
-            pid, reply = server.start(cwd, args, env, [in_r, out_w, err_w])
+            pid, reply = server.start(cwd, args, env, [in_r, stdout if out_w is None else out_w, err_w])
         finally:
             for fd in (in_r, out_w, err_w):
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
         pending = input.encode(locale.getpreferredencoding(False)) if input is not None else b""
         code = _collect(server, reply, pid, chunks, in_w, pending, timeout)
         in_w = None  # closed by _collect
@@ -317,7 +320,8 @@ def run(args: Sequence[str], *, cwd: Path | str, env: Mapping[str, str], timeout
                 os.close(fd)
         if reply is not None:
             reply.close()
-    out, err = _decode(b"".join(chunks[out_r])), _decode(b"".join(chunks[err_r]))
+    out = None if out_r is None else _decode(b"".join(chunks[out_r]))
+    err = _decode(b"".join(chunks[err_r]))
     if code is None:
         raise subprocess.TimeoutExpired(cmd, timeout or 0, output=out, stderr=err)
     return subprocess.CompletedProcess(cmd, code, out, err)

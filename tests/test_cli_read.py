@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kiro.cli import app
+from tests import cli_forkserver
 from tests.conftest import Workspace, shell_task
 
 TASK = "Specs/feature/tasks.md"
@@ -24,8 +25,7 @@ SLOW = 'echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.2'
 
 def kiro_from(cwd: Path, ws: Workspace, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """kiro run from another folder than the workspace."""
-    return subprocess.run([sys.executable, "-m", "kiro", *args], cwd=cwd, env=ws.env(**env), capture_output=True,
-                          text=True, timeout=120)
+    return cli_forkserver.run(args, cwd=cwd, env=ws.env(**env), timeout=120)
 
 
 def ok_json(r: subprocess.CompletedProcess[str]) -> Any:
