@@ -33,6 +33,12 @@ def _raise_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KIRO_RAISE_ERRORS", "1")
 
 
+# `kiro agents` keeps the agent CLIs' versions in the user's cache (kiro.executors.agents.versions): a test
+# that lists the real CLIs points it at this one folder of the test run (`env=ws.env(**AGENTS_CACHE)`), so
+# the CLIs are asked once per run, not once per test, and the real home's cache is left alone.
+AGENTS_CACHE = {"XDG_CACHE_HOME": os.path.join(
+    tempfile.gettempdir(), f"kiro-test-agent-versions-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}")}
+
 FAST_CONFIG = """\
 autonomous_loop:
   backoff_base_seconds: 0.01
