@@ -102,7 +102,9 @@ class Workspace:
     def output(proc: cli_forkserver.ForkedProcess) -> str:
         return proc.output_path.read_text()  # type: ignore[attr-defined,no-any-return]
 
-    def wait_for(self, predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
+        """Poll `predicate` until it is truthy. The default timeout is for a loaded machine (a kiro start
+        takes seconds there); it costs nothing when the event comes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
