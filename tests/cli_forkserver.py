@@ -265,6 +265,12 @@ def _server_for(env: Mapping[str, str]) -> _Server | None:
         return _server if _server.key == import_key(env) else None
 
 
+def start(env: Mapping[str, str]) -> None:
+    """Start the server for this environment's command lines ahead of the first one (its imports take
+    seconds)."""
+    _server_for(env)
+
+
 def close() -> None:
     global _server
     with _lock:

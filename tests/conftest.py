@@ -33,6 +33,13 @@ def _raise_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KIRO_RAISE_ERRORS", "1")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In an xdist worker (`pytest -n 2`), start the fork server now: it imports kiro while the worker
+    collects the tests, not in the first test that runs `kiro`."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cli_forkserver.start(Workspace(Path.cwd()).env())
+
+
 # `kiro agents` keeps the agent CLIs' versions in the user's cache (kiro.executors.agents.versions): a test
 # that lists the real CLIs points it at this one folder of the test run (`env=ws.env(**AGENTS_CACHE)`), so
 # the CLIs are asked once per run, not once per test, and the real home's cache is left alone.
