@@ -39,6 +39,30 @@ def run(ws: Workspace, cli: Cli, *args: str, timeout: float = 240) -> tuple[int,
     return r.returncode, r.stdout + r.stderr
 
 
+def dead_endpoint_ends_the_attempt(ws: Workspace, cli: Any, idle: int) -> None:
+    """An agent whose endpoint accepts and never answers falls silent: the idle timeout (`idle` s) ends
+    the attempt, and the error says so. The silence counts from the agent's start, and a loaded machine
+    may take longer than `idle` s to start it and have it reach the endpoint: then the attempt ended
+    before the test's point, and it is tried once more, afresh, with 60 s (what must hold is the
+    idle timeout ending an attempt stuck on the dead endpoint)."""
+    from tests.agent_clis import task_text
+
+    ws.task(task_text(1))
+    cli.server.hang = True  # accepts the connection, never answers
+    for attempt, seconds in enumerate((idle, 60)):
+        configure(ws, cli, f"step_idle_timeout_seconds: {seconds}\n", loop="  failure_threshold: 1\n")
+        tid = f"dead{attempt}"
+        r = ws.kiro("loop", "start", "--task", TASK, "--task-id", tid, *(("--fresh",) if attempt else ()),
+                    env=ws.env(**cli.env()), timeout=240)
+        if cli.server.requests:
+            break
+        print(f"{cli.name} did not reach its endpoint within {seconds} s of its start (a slow start): again")
+    assert r.returncode == 5, r.stdout + r.stderr
+    error = ws.state(tid)["steps"]["1"]["last_error"]
+    assert f"printed nothing for {seconds} s" in error and "step_idle_timeout_seconds" in error, error
+    assert len(cli.server.requests) >= 1  # it did reach the endpoint
+
+
 def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [e for e in events if e["event"] == name]
 

@@ -1,5 +1,5 @@
-"""Shared fixtures: real workspaces in tmp_path, and `kiro` run as a subprocess the way a person
-or a script runs it."""
+"""Shared fixtures: real workspaces in tmp_path, and `kiro` run as a process of its own the way a person
+or a script runs it (forked from a server that imported kiro once: tests/cli_forkserver.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests import cli_forkserver
 
 if TYPE_CHECKING:
     from tests.fake_openai import FakeOpenAI
@@ -31,6 +32,19 @@ os.environ["KIRO_RAISE_ERRORS"] = "1"
 def _raise_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KIRO_RAISE_ERRORS", "1")
 
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In an xdist worker (`pytest -n 2`), start the fork server now: it imports kiro while the worker
+    collects the tests, not in the first test that runs `kiro`."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cli_forkserver.start(Workspace(Path.cwd()).env())
+
+
+# `kiro agents` keeps the agent CLIs' versions in the user's cache (kiro.executors.agents.versions): a test
+# that lists the real CLIs points it at this one folder of the test run (`env=ws.env(**AGENTS_CACHE)`), so
+# the CLIs are asked once per run, not once per test, and the real home's cache is left alone.
+AGENTS_CACHE = {"XDG_CACHE_HOME": os.path.join(
+    tempfile.gettempdir(), f"kiro-test-agent-versions-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}")}
 
 FAST_CONFIG = """\
 autonomous_loop:
@@ -77,24 +91,27 @@ class Workspace:
 
     def kiro(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
              input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "kiro", *args], cwd=self.root, env=env or self.env(),
-                              capture_output=True, text=True, timeout=timeout, input=input)
+        """`python -m kiro *args` in the workspace: as subprocess.run(capture_output=True, text=True)."""
+        return cli_forkserver.run(args, cwd=self.root, env=env or self.env(), timeout=timeout, input=input)
 
-    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        """Start kiro in the background; its output goes to a file beside the workspace (`output()`)."""
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> cli_forkserver.ForkedProcess:
+        """Start kiro in the background; its output goes to a file beside the workspace (`output()`).
+        What tests use of a Popen: pid (the kiro process), poll, wait, send_signal, kill."""
         self._spawned = getattr(self, "_spawned", 0) + 1
         out = self.root.parent / f"kiro_{self._spawned}.out"
         with open(out, "w") as fh:
-            proc = subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=self.root, env=env or self.env(),
-                                    stdout=fh, stderr=subprocess.STDOUT, text=True)
+            proc = cli_forkserver.ForkedProcess(args, cwd=self.root, env=env or self.env(), stdout=fh.fileno(),
+                                                stderr=fh.fileno())
         proc.output_path = out  # type: ignore[attr-defined]
         return proc
 
     @staticmethod
-    def output(proc: subprocess.Popen[str]) -> str:
+    def output(proc: cli_forkserver.ForkedProcess) -> str:
         return proc.output_path.read_text()  # type: ignore[attr-defined,no-any-return]
 
-    def wait_for(self, predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
+        """Poll `predicate` until it is truthy. The default timeout is for a loaded machine (a kiro start
+        takes seconds there); it costs nothing when the event comes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

@@ -22,6 +22,7 @@ from tests.agent_clis_acp import (
     GeminiAcp,
     Held,
     configure,
+    dead_endpoint_ends_the_attempt,
     kinds,
     run,
     shows_a_tool_call_while_the_step_runs,
@@ -131,15 +132,8 @@ def test_a_stop_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: 
 
 
 def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpCli) -> None:
-    ws.task(task_text(1))
     assert cli.server is not None
-    cli.server.hang = True  # accepts the connection, never answers
-    configure(ws, cli, "step_idle_timeout_seconds: 10\n", loop="  failure_threshold: 1\n")
-    code, out = run(ws, cli)
-    assert code == 5, out
-    error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
-    assert "printed nothing for 10 s" in error and "step_idle_timeout_seconds" in error, error
-    assert len(cli.server.requests) >= 1  # it did reach the endpoint
+    dead_endpoint_ends_the_attempt(ws, cli, idle=10)
 
 
 def test_the_step_timeout_ends_a_turn_that_does_not_end(ws: Workspace, cli: AcpCli) -> None:

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.agent_clis import serving, task_text
-from tests.agent_clis_acp import TASK, configure, kinds, run, shows_a_tool_call_while_the_step_runs
+from tests.agent_clis_acp import (
+    TASK,
+    configure,
+    dead_endpoint_ends_the_attempt,
+    kinds,
+    run,
+    shows_a_tool_call_while_the_step_runs,
+)
 from tests.agent_clis_acp_more import ACP_MORE_CLIS, AcpMoreCli, CodexAcp, Held
 from tests.conftest import Workspace
 from tests.fakes import chat as fc
@@ -111,15 +118,8 @@ def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again
 
 
 def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpMoreCli) -> None:
-    ws.task(task_text(1))
     assert cli.server is not None
-    cli.server.hang = True  # accepts the connection, never answers
-    configure(ws, cli, "step_idle_timeout_seconds: 5\n", loop="  failure_threshold: 1\n")
-    code, out = run(ws, cli)
-    assert code == 5, out
-    error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
-    assert "printed nothing for 5 s" in error and "step_idle_timeout_seconds" in error, error
-    assert len(cli.server.requests) >= 1  # it did reach the endpoint
+    dead_endpoint_ends_the_attempt(ws, cli, idle=5)
 
 
 def test_codex_acp_with_an_api_key_and_no_login_is_authenticated_by_kiro(ws: Workspace, cli_home: Path) -> None:

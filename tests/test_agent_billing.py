@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.agent_clis import CODEX_PRICE, PROMPT_RE, Claude, Codex, serving, task_text
-from tests.conftest import FAST_CONFIG, Workspace
+from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace
 from tests.fakes import Recorded
 from tests.fakes import responses as fr
 
@@ -118,7 +118,7 @@ def test_agent_env_drop_in_task_frontmatter_keeps_a_variable_from_the_cli(ws: Wo
 def test_kiro_agents_names_the_credential_and_never_shows_it(ws: Workspace, claude: Claude) -> None:
     log_in(Path(claude.env()["HOME"]))
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
-    env = ws.env(**{**claude.env(), "ANTHROPIC_API_KEY": API_KEY})
+    env = ws.env(**{**claude.env(), "ANTHROPIC_API_KEY": API_KEY, **AGENTS_CACHE})
     r = ws.kiro("agents", "--json", env=env)
     assert r.returncode == 0, r.stderr
     row = {row["name"]: row for row in json.loads(r.stdout)}["claude"]

@@ -10,7 +10,7 @@ import json
 import shlex
 from pathlib import Path
 
-from tests.conftest import FAST_CONFIG, Workspace, shell_task
+from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace, shell_task
 from tests.test_command_executor import TASK, agent_task, make_agent, runs
 
 # What kiro does where no box refuses an agent's writes to kiro's folders (sandbox: off, or no bwrap): put
@@ -181,7 +181,7 @@ def test_another_loops_stop_hook_deleted_meanwhile_is_a_resume_not_undone(ws: Wo
 def test_kiro_agents_lists_the_presets_and_their_command_lines(ws: Workspace) -> None:
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\ntools:\n  shell:\n    enabled: true\n"
              "    allow: [pytest, git status]\n    trust_agent_code: true\n")
-    r = ws.kiro("agents", "--json")
+    r = ws.kiro("agents", "--json", env=ws.env(**AGENTS_CACHE))
     assert r.returncode == 0, r.stderr
     rows = {row["name"]: row for row in json.loads(r.stdout)}
     assert {"claude", "codex"} <= set(rows)
@@ -195,7 +195,7 @@ def test_kiro_agents_lists_the_presets_and_their_command_lines(ws: Workspace) ->
     # in kiro's box codex's own gives way (its bwrap cannot nest): the line shows the mode it runs with
     assert codex[codex.index("--sandbox") + 1] == ("danger-full-access" if rows["codex"]["sandbox"]
                                                    else "workspace-write")
-    text = ws.kiro("agents")
+    text = ws.kiro("agents", env=ws.env(**AGENTS_CACHE))
     assert text.returncode == 0 and "claude:" in text.stdout and "codex:" in text.stdout
 
 

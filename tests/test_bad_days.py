@@ -18,7 +18,8 @@ import pytest
 from kiro.fs.bounds import EVENT_FIELD_CHARS, TRANSCRIPT_FIELD_CHARS
 from kiro.store.events import EventLog, read_events
 from kiro.store.transcript import Transcript
-from tests.conftest import FAST_CONFIG, Workspace, deep_tree, shell_task
+from tests import cli_forkserver
+from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace, deep_tree, shell_task
 from tests.fake_openai import invoke, make_harness
 
 # -- item 12: a full disk ------------------------------------------------------------------------------
@@ -431,8 +432,8 @@ def one_loop(ws: Workspace) -> Workspace:
 
 def _to(ws: Workspace, out: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     with open(out, "w") as fh:
-        return subprocess.run([sys.executable, "-m", "kiro", *args], cwd=ws.root, env=ws.env(**env), stdout=fh,
-                              stderr=subprocess.PIPE, text=True, timeout=60)
+        return cli_forkserver.run(args, cwd=ws.root, env=ws.env(**{**AGENTS_CACHE, **env}), stdout=fh.fileno(),
+                                  timeout=60)  # `kiro agents` among them: the CLIs asked once per run
 
 
 @pytest.mark.parametrize("args", FULL_OUTPUT, ids=" ".join)

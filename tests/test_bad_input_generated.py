@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests import cli_forkserver
 from tests.conftest import FAST_CONFIG, shell_task
 
 HANG_SECONDS = 10.0
@@ -374,26 +375,18 @@ def _env() -> dict[str, str]:
 
 
 class ForkServer:
-    def __init__(self) -> None:
-        here = Path(__file__).resolve().parent.parent
-        env = _env()
-        env["PYTHONPATH"] = os.pathsep.join([str(here), env.get("PYTHONPATH", "")])
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.cli_forkserver"], cwd=here, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    """Each case as `python -m kiro` forked from the suite's fork server (tests/cli_forkserver.py): a cold
+    interpreter per case would cost ~1 s of start and imports."""
 
     def run(self, cwd: Path, args: list[str]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"cwd": str(cwd), "args": args, "timeout": HANG_SECONDS,
-                                          "env": _env()}) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())  # type: ignore[no-any-return]
+        try:
+            r = cli_forkserver.run(args, cwd=cwd, env=_env(), timeout=HANG_SECONDS)
+        except subprocess.TimeoutExpired as exc:
+            return {"code": -9, "stdout": exc.output or "", "stderr": exc.stderr or "", "hung": True}
+        return {"code": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "hung": False}
 
     def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
+        pass
 
 
 @dataclass

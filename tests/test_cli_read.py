@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kiro.cli import app
+from tests import cli_forkserver
 from tests.conftest import Workspace, shell_task
 
 TASK = "Specs/feature/tasks.md"
@@ -24,8 +25,7 @@ SLOW = 'echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.2'
 
 def kiro_from(cwd: Path, ws: Workspace, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """kiro run from another folder than the workspace."""
-    return subprocess.run([sys.executable, "-m", "kiro", *args], cwd=cwd, env=ws.env(**env), capture_output=True,
-                          text=True, timeout=120)
+    return cli_forkserver.run(args, cwd=cwd, env=ws.env(**env), timeout=120)
 
 
 def ok_json(r: subprocess.CompletedProcess[str]) -> Any:
@@ -494,12 +494,13 @@ def test_an_agent_running_status_in_its_step_is_not_blamed(ws: Workspace) -> Non
         r = subprocess.run([sys.executable, "-m", "kiro", "loop", "status"], capture_output=True, text=True)
         r = subprocess.run([sys.executable, "-m", "kiro", "loop", "status"], capture_output=True, text=True)
         log("status.txt", r.stdout)
+        log("status.err", f"exit {r.returncode}: {r.stderr}")
         check_box()
         """)
     r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "agent")
     assert r.returncode == 0, r.stdout + r.stderr
     assert runs(out) == ["1 1"]  # one attempt: nothing blamed on the agent
-    assert "agent" in (out / "status.txt").read_text()
+    assert "agent" in (out / "status.txt").read_text(), (out / "status.err").read_text()
     assert ws.state("agent")["total_failures"] == 0
 
 

@@ -15,12 +15,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests import cli_forkserver
 from tests.conftest import FAST_CONFIG, Workspace, shell_task
 
 TASK = "Specs/feature/tasks.md"
@@ -379,8 +379,8 @@ def test_the_attacks_that_still_worked_are_one_line_and_change_nothing(ws: Works
         if setup is not None:
             setup(here / "vault")
         before = tree(here)
-        r = subprocess.run([sys.executable, "-m", "kiro", *(a.replace("{here}", str(here)) for a in args)],
-                           cwd=here / where, env=ws.env(), capture_output=True, text=True, timeout=120)
+        r = cli_forkserver.run([a.replace("{here}", str(here)) for a in args], cwd=here / where, env=ws.env(),
+                               timeout=120)
         _end_background(here)
         try:
             one_line_error(r, *needles)

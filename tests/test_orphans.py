@@ -84,11 +84,9 @@ def test_kill_9_then_resume_leaves_no_grandchild_to_run_the_step_again(ws: Works
 
     r = ws.kiro("loop", "resume", "--task-id", tid)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert not alive(grandchild)
+    assert not alive(grandchild)  # gone before its delayed effect (8 s after it started): it can never write
     if how == "setsid-without-the-mark":
         assert any("left behind" in e.get("message", "") for e in ws.events(tid))
-    # Wait until the grandchild's effect would have happened (8 s after it started).
-    time.sleep(max(0.0, (ws.root / "gc.pid").stat().st_mtime + 8.5 - time.time()))
     assert not (ws.root / "side.log").exists()
     assert not ledger.exists()  # the resumed run's groups all ended
 

@@ -581,15 +581,14 @@ class Preset:
     def installed(self) -> str | None:
         return shutil.which(self.program) if self.program else None
 
-    def version(self, timeout: float = 20.0) -> str | None:
+    def version(self, timeout: float) -> str | None:
+        """What `<program> --version` says (None: not installed). OSError or subprocess.SubprocessError
+        (a timeout) when it could not say; `kiro agents` asks through kiro.executors.agents.versions."""
         path = self.installed()
         if path is None:
             return None
-        try:
-            done = subprocess.run([path, *self.version_args], capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL, env={**os.environ, "NO_COLOR": "1"})
-        except (OSError, subprocess.SubprocessError):
-            return None
+        done = subprocess.run([path, *self.version_args], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, env={**os.environ, "NO_COLOR": "1"})
         return self.version_line(done.stdout) or last_line(done.stderr)
 
     def version_line(self, stdout: str) -> str | None:
@@ -789,13 +788,11 @@ def describe(config: Config | None = None, box: Box | None = None) -> list[dict[
     exact command line kiro would run with this config (the configured agent's executor_command
     override included). `box`: the workspace's step box (kiro.processes.sandbox) when steps run in one;
     each row then names what its CLI may write in it (the project, and its own files under $HOME)."""
-    from concurrent.futures import ThreadPoolExecutor
+    from kiro.executors.agents.versions import versions
 
     presets = [cls(config) for cls in available()]
-    with ThreadPoolExecutor(max_workers=max(1, len(presets))) as pool:
-        versions = list(pool.map(lambda p: p.version(), presets))
     rows: list[dict[str, Any]] = []
-    for preset, version in zip(presets, versions, strict=True):
+    for preset, version in zip(presets, versions(presets), strict=True):
         line = preset.command_line()
         chosen = config is not None and config.agent == preset.name
         if chosen and config is not None and config.executor_command:

@@ -65,7 +65,7 @@ class AcpPreset(Preset):
         line = self.template()
         return shutil.which(self.program or line[0]) if self.program or line else None
 
-    def version(self, timeout: float = 20.0) -> str | None:
+    def version(self, timeout: float) -> str | None:
         return super().version(timeout) if self.program else None  # an unknown agent's flags are unknown
 
     def boxed_argv(self, argv: list[str]) -> list[str]:
