@@ -206,7 +206,6 @@ def test_a_loop_keeps_the_billing_it_started_with_whoever_resumes_it(ws: Workspa
     assert r.returncode == 4, r.stdout + r.stderr
     tid = ws.only_task_id()
     login = "claude uses its login (~/.claude/.credentials.json)"
-    assert ws.state(tid)["billing"] == login
     assert claude.server is not None
     billed = credentials_seen(claude.server.requests)
     assert billed == {f"Bearer {LOGIN_TOKEN}"}, billed
@@ -217,7 +216,10 @@ def test_a_loop_keeps_the_billing_it_started_with_whoever_resumes_it(ws: Workspa
     r = ws.kiro("loop", "resume", "--task-id", tid, "--max-iterations", "10", env=env, timeout=240)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
-    assert f"started as `{login}`" in out and "would bill the API key in ANTHROPIC_API_KEY instead" in out, out
+    assert f"started as `{login}`, and resumed here it would run as `claude bills the API key in " \
+           f"ANTHROPIC_API_KEY`" in out, out
+    assert credentials_seen(claude.server.requests) == billed  # the refused resume billed nothing
+    assert ws.state(tid)["billing"] == login
     served = start_server(ws, extra_env={k: v for k, v in env.items() if k in claude.env()})
     try:
         answer = served.post(f"/api/loops/{tid}/resume")

@@ -306,7 +306,7 @@ def resume(task_id: str | None = None, task: str | None = None, *, spec: str | N
     """`kiro loop resume`: continue one loop from its saved state, in the foreground (its exit code) or in
     the background; a loop `kiro loop watch` keeps continues there (exit 0)."""
     from kiro.core.backends import backend_for
-    from kiro.core.runner import AlreadyFinished, prepare_resume
+    from kiro.core.runner import AlreadyFinished, check_resumable, prepare_resume
     from kiro.errors import LockHeld
     from kiro.status import Status
 
@@ -325,6 +325,7 @@ def resume(task_id: str | None = None, task: str | None = None, *, spec: str | N
             return _kept_by_watch(store, tid, front)
         if store.is_locked(tid):
             raise LockHeld(tid, store.holder_pid(tid))
+        check_resumable(ws, tid, config_file=config, overrides=options.overrides(limits=False))
         argv = ["loop", "resume", "--task-id", tid, *options.argv(), *(["--reset-failures"] if reset_failures else [])]
         in_background(argv, store.ws, tid, config=config, front=front)
         return Started(0, [tid], detached=True)

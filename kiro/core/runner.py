@@ -800,10 +800,31 @@ def _same_billing(state: LoopState, executor: Executor) -> str | None:
     was = state.billing
     if was is None or now is None or now == was or was.split(" ", 1)[0] != now.split(" ", 1)[0]:
         return now
-    raise Conflict(f"loop {state.task_id!r} started as `{was}`; resumed here, {now.split(' ', 1)[0]} would "
-                   f"{now.split(' ', 1)[1]} instead: a loop keeps the billing it started with. Resume it from an "
-                   f"environment where that holds (the same HOME and key variables; agent_env in "
-                   f"config/autonomous_loop.yaml), or start it afresh with `kiro loop start --fresh`")
+    raise Conflict(f"loop {state.task_id!r} started as `{was}`, and resumed here it would run as `{now}`: a loop "
+                   f"keeps the billing it started with; resume it where that holds (the same HOME and key "
+                   f"variables; agent_env in config/autonomous_loop.yaml), or start it afresh with "
+                   f"`kiro loop start --fresh`")
+
+
+def check_resumable(ws0: Workspace, task_id: str, *, config_file: Path | None,
+                    overrides: Mapping[str, Any] | None) -> None:
+    """Before a loop is continued in the background: a billing its own process would refuse (`_same_billing`)
+    is said by the command that continues it (`kiro serve` answers 409), not from Logs/<id>.out."""
+    loc = settings_for(ws0, config_file=config_file, overrides=overrides)
+    state = loc.store.load(check_task_id(task_id)).state
+    if state.billing is None:
+        return
+    _where, path = locate_task(loc.ws, loc.ws.absolute(state.task_path), task_id)
+    if path is None:
+        return  # the loop's own process says so
+    task = tasks.load(path)
+    cfg = settings_for(ws0, config_file=config_file, task=task,
+                       overrides={**state.overrides, **kept_overrides(overrides)}).config
+    executor = executors.create(choose_executor(cfg, task, recorded=state.executor), cfg, loc.ws, task_id)
+    try:
+        _same_billing(state, executor)
+    finally:
+        asyncio.run(executor.aclose())
 
 
 def _task_warnings(task: tasks.TaskFile, ws: Workspace) -> list[str]:
