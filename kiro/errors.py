@@ -76,7 +76,12 @@ class StateError(KiroError):
     """The state file and every backup of it are unreadable."""
 
 
-class LockHeld(UserError):
+class Conflict(UserError):
+    """What the loop's state refuses now (it runs already, it is completed, its task has an unfinished loop):
+    `kiro serve` answers 409."""
+
+
+class LockHeld(Conflict):
     """Another process runs this loop."""
 
     def __init__(self, task_id: str, pid: int | None) -> None:

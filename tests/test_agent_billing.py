@@ -188,3 +188,49 @@ def test_codex_with_a_chatgpt_login_and_codex_api_key(ws: Workspace, codex: Code
         assert seen == {f"Bearer {token}"}, seen
         assert "codex uses its login (ChatGPT login in " in out and "kiro keeps CODEX_API_KEY from it" in out, out
     assert "sk-codex-billing-test-KEY" not in out
+
+
+def test_a_loop_keeps_the_billing_it_started_with_whoever_resumes_it(ws: Workspace, claude: Claude) -> None:
+    """Issue #38 item 3: a loop started on claude's login, resumed where claude would bill the API key instead
+    (a `kiro serve` started in another shell, with no login in its HOME): refused, saying why, from the CLI
+    and from the server alike; the dashboard's row names the billing; resumed where the login is, it goes on
+    on the login."""
+    from tests.serve_helpers import start_server
+
+    home = Path(claude.env()["HOME"])
+    log_in(home)
+    ws.task(task_text(2))
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
+    env = ws.env(**claude.env(), KIRO_RAISE_ERRORS="1")  # a login and ANTHROPIC_API_KEY: the login is used
+    r = ws.kiro("loop", "start", "--task", TASK, "--max-iterations", "1", env=env, timeout=240)
+    assert r.returncode == 4, r.stdout + r.stderr
+    tid = ws.only_task_id()
+    login = "claude uses its login (~/.claude/.credentials.json)"
+    assert claude.server is not None
+    billed = credentials_seen(claude.server.requests)
+    assert billed == {f"Bearer {LOGIN_TOKEN}"}, billed
+
+    creds = home / ".claude" / ".credentials.json"
+    saved = creds.read_text()
+    creds.unlink()  # here claude has no login: it would bill ANTHROPIC_API_KEY
+    r = ws.kiro("loop", "resume", "--task-id", tid, "--max-iterations", "10", env=env, timeout=240)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert f"started as `{login}`, and resumed here it would run as `claude bills the API key in " \
+           f"ANTHROPIC_API_KEY`" in out, out
+    assert credentials_seen(claude.server.requests) == billed  # the refused resume billed nothing
+    assert ws.state(tid)["billing"] == login
+    served = start_server(ws, extra_env={k: v for k, v in env.items() if k in claude.env()})
+    try:
+        answer = served.post(f"/api/loops/{tid}/resume")
+        assert answer.status_code == 409 and f"started as `{login}`" in answer.json()["error"], answer.text
+        row = {r["task_id"]: r for r in served.get("/api/loops").json()}[tid]
+        assert row["billing"] == login, row
+    finally:
+        served.stop()
+    assert credentials_seen(claude.server.requests) == billed  # nothing was billed by the refused resumes
+
+    creds.write_text(saved)
+    r = ws.kiro("loop", "resume", "--task-id", tid, "--max-iterations", "10", env=env, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert credentials_seen(claude.server.requests) == {f"Bearer {LOGIN_TOKEN}"}

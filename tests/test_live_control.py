@@ -115,16 +115,17 @@ def _ids(ws: Workspace) -> list[str]:
             if "backups" not in p.parts]
 
 
-def test_detach_takes_a_loop_that_ended_before_its_lock_was_seen_as_started(
-        ws: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
+def test_detach_takes_a_loop_that_ended_before_its_lock_was_seen_as_started(ws: Workspace) -> None:
     """A one-step loop can run and complete between two looks for its lock (seen from `kiro serve`'s
     resume); its exit 0 is the loop's outcome, not a failure to start. Exit 1 still is one."""
-    from kiro.cli.launch import detach
+    from kiro.core.api import Front, in_background
     from kiro.errors import RunError
     from kiro.store.workspace import Workspace as KiroWorkspace
 
+    class Plain(Front):
+        child_flags = ()
+
     kws = KiroWorkspace(ws.root)
-    detach(["--version"], kws, "quick")  # a child that exits 0 at once and never locks, as such a loop does
-    assert capsys.readouterr().out.strip() == "quick"
+    in_background(["loop", "status"], kws, "quick", config=None, front=Plain())  # exits 0 at once, never locks
     with pytest.raises(RunError, match="exited at once"):
-        detach(["loop", "status", "--task-id", "nobody"], kws, "nobody")
+        in_background(["loop", "status", "--task-id", "nobody"], kws, "nobody", config=None, front=Plain())

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,7 +10,6 @@ import typer
 
 from kiro.cli import HelpGroup, guarded
 from kiro.cli.launch import store_of as _store
-from kiro.cli.launch import uses_temporal as _temporal
 from kiro.cli.launch import workspace as _workspace
 
 app = typer.Typer(
@@ -32,19 +28,28 @@ WorkspaceOpt = Annotated[
 TaskIdOpt = Annotated[str | None, typer.Option("--task-id", help="The loop's task id.", show_default=False)]
 TaskOpt = Annotated[str | None, typer.Option("--task", help="The loop's task file (instead of --task-id).",
                                              show_default=False)]
+SpecOpt = Annotated[str | None, typer.Option("--spec", metavar="NAME", help="The loop of a Kiro spec, by name "
+                                             "(`.kiro/specs/NAME/tasks.md`; instead of --task-id).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Use this config file instead of "
                                                                   "config/autonomous_loop.yaml.", show_default=False)]
 
 
-def _loaded(workspace: Path | None, task_id: str | None, task: str | None) -> Any:
-    """The loop a read command names (by --task-id, --task, or the only one there is), loaded with
+def _named(ws: Any, store: Any, task_id: str | None, task: str | None, spec: str | None, *,
+           required: bool = True) -> Any:
+    from kiro.core import api
+
+    return api.loop_named(ws, store, task_id, task, spec, required=required)
+
+
+def _loaded(workspace: Path | None, task_id: str | None, task: str | None, spec: str | None = None) -> Any:
+    """The loop a read command names (by --task-id, --task, --spec, or the only one there is), loaded with
     the backup fallback; a fallback's warning goes to stderr."""
-    from kiro.views import console, loops
+    from kiro.views import console
 
     ws = _workspace(workspace)
     store = _store(ws)
-    tid = loops.resolve_task_id(ws, store, task_id, task)
+    tid = _named(ws, store, task_id, task, spec)
     assert tid is not None
     loaded = store.load(tid)
     if loaded.warning:
@@ -125,11 +130,13 @@ def start(
 ) -> None:
     """Start a loop on a task file, in the foreground. Exits with the loop's exit code: 0 completed (or, with --step, that step done), 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person, 1 kiro could not go on."""
     from kiro.cli import launch
+    from kiro.core import api
 
-    _exit(launch.start(task or [], workspace_path=workspace, spec=spec or [], config=config, max_iterations=max_iterations,
-                       failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
-                       agent=agent, task_id=task_id, detached=detach, quiet=quiet, verbose=verbose, step=step,
-                       fresh=fresh, sandbox=sandbox, parallel=parallel))
+    opts = launch.options(max_iterations=max_iterations, failure_threshold=failure_threshold, timeout=timeout,
+                          executor=executor, model=model, agent=agent, sandbox=sandbox, parallel=parallel)
+    _exit(launch.started(api.start(task or [], specs=spec or [], workspace_path=workspace, config=config,
+                                   options=opts, task_id=task_id, step=step, fresh=fresh, detach=detach,
+                                   front=launch.ConsoleFront(quiet=quiet, verbose=verbose))))
 
 
 @app.command()
@@ -137,6 +144,7 @@ def start(
 def resume(
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
+    spec: SpecOpt = None,
     workspace: WorkspaceOpt = None,
     config: ConfigOpt = None,
     max_iterations: Annotated[int | None, typer.Option("--max-iterations", help="Raise (or set) the iteration cap.",
@@ -161,12 +169,21 @@ def resume(
 ) -> None:
     """Remove the stop hook and continue a loop from its saved state, whatever its status (paused, stopped, interrupted by a crash, failed, out of iterations). Completed steps never run again."""
     from kiro.cli import launch
+    from kiro.core import api
+    from kiro.errors import UserError
 
-    _exit(launch.resume(task_id=task_id, task=task, workspace_path=workspace, config=config,
-                        max_iterations=max_iterations, reset_failures=reset_failures,
-                        failure_threshold=failure_threshold, timeout=timeout, executor=executor, model=model,
-                        agent=agent, detached=detach, quiet=quiet, verbose=verbose, all_loops=all_loops,
-                        sandbox=sandbox, parallel=parallel))
+    opts = launch.options(max_iterations=max_iterations, failure_threshold=failure_threshold, timeout=timeout,
+                          executor=executor, model=model, agent=agent, sandbox=sandbox, parallel=parallel)
+    front = launch.ConsoleFront(quiet=quiet, verbose=verbose)
+    if all_loops:
+        if task_id or task or spec:
+            raise UserError("--all continues every paused loop; leave out --task-id/--task (or drop --all)")
+        result = api.resume_all(workspace_path=workspace, config=config, options=opts, reset_failures=reset_failures,
+                                detach=detach, front=front)
+    else:
+        result = api.resume(task_id, task, spec=spec, workspace_path=workspace, config=config, options=opts,
+                            reset_failures=reset_failures, detach=detach, front=front)
+    _exit(launch.started(result))
 
 
 @app.command()
@@ -174,6 +191,7 @@ def resume(
 def status(
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
+    spec: SpecOpt = None,
     workspace: WorkspaceOpt = None,
     json_out: JsonOpt = False,
     watch: Annotated[bool, typer.Option("--watch", help="Keep the view live, refreshed every --interval "
@@ -182,21 +200,17 @@ def status(
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between --watch refreshes.")] = 1.0,
 ) -> None:
     """One loop in detail, or a table of every loop in the workspace: status, iteration/max, success rate, current step, duration, ETA. A loop whose state says running but whose process is gone shows as `interrupted`."""
-    from kiro.views import console, loops
+    from kiro.core import api
+    from kiro.views import console
 
     ws = _workspace(workspace)
     store = _store(ws)
-    tid = loops.resolve_task_id(ws, store, task_id, task, required=False)
+    tid = _named(ws, store, task_id, task, spec, required=False)
     warned: set[str] = set()
 
     def data() -> Any:
         warnings: list[str] = []
-        if tid is not None:
-            loaded = store.load(tid)
-            warnings += [loaded.warning] if loaded.warning else []
-            result: Any = loops.loop_row(store, loaded.state)
-        else:
-            result = loops.all_rows(store, warnings)
+        result = api.status(ws, store, tid, warnings)
         for w in warnings:
             if w not in warned:  # once, also under --watch
                 warned.add(w)
@@ -238,6 +252,7 @@ def status(
 def state_cmd(
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
+    spec: SpecOpt = None,
     workspace: WorkspaceOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Accepted like on the other read commands: the state "
                                                           "is always printed as JSON.")] = True,
@@ -246,7 +261,7 @@ def state_cmd(
     from kiro.store.state import to_jsonable
     from kiro.views import console
 
-    _, loaded = _loaded(workspace, task_id, task)
+    _, loaded = _loaded(workspace, task_id, task, spec)
     console.print_json(to_jsonable(loaded.state))
 
 
@@ -255,13 +270,14 @@ def state_cmd(
 def progress(
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
+    spec: SpecOpt = None,
     workspace: WorkspaceOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Every step with its status, attempts and duration, and a progress bar."""
     from kiro.views import console, loops
 
-    store, loaded = _loaded(workspace, task_id, task)
+    store, loaded = _loaded(workspace, task_id, task, spec)
     data = loops.progress(store.ws, loaded.state)
     if json_out:
         console.print_json(data)
@@ -284,21 +300,24 @@ def rollback(
                                                            "it stays done, the steps after it are undone.")],
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
+    spec: SpecOpt = None,
     workspace: WorkspaceOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Put the project's files back to a step's git checkpoint (as a new commit) and uncheck the
     boxes of the steps completed after it; then `kiro loop resume` does them again."""
+    from kiro.core.backends import backend_for
     from kiro.errors import UserError
     from kiro.git import checkpoints
-    from kiro.views import console, loops
+    from kiro.views import console
 
     ws = _workspace(workspace)
-    if _temporal(ws, None):
-        raise UserError("kiro loop rollback is not built for backend: temporal yet (the loop's work is on branch "
-                        "kiro/<task_id> of the remote; docs/scale-out.md §12)")
+    backend = backend_for(ws, None)
+    if "rollback" in backend.unbuilt:
+        raise UserError(f"kiro loop rollback is not built for backend: {backend.name} yet (the loop's work is on "
+                        f"branch kiro/<task_id> of the remote; docs/scale-out.md §12)")
     store = _store(ws, lenient=False)
-    tid = loops.resolve_task_id(ws, store, task_id, task)
+    tid = _named(ws, store, task_id, task, spec)
     assert tid is not None
     done = checkpoints.rollback(ws, store, tid, to_step)
     if json_out:
@@ -316,6 +335,7 @@ def rollback(
 def logs(
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
+    spec: SpecOpt = None,
     workspace: WorkspaceOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f",
                                          help="Keep printing new events until the loop ends.")] = False,
@@ -328,7 +348,7 @@ def logs(
     import json
 
     from kiro.store.events import read_events, read_last, read_new
-    from kiro.views import console, loops
+    from kiro.views import console
 
     if tail is not None and tail < 0:
         from kiro.errors import UserError
@@ -336,7 +356,7 @@ def logs(
         raise UserError(f"--tail must be 0 or more (the number of last events to show), not {tail}")
     ws = _workspace(workspace)
     store = _store(ws)
-    tid = loops.resolve_task_id(ws, store, task_id, task)
+    tid = _named(ws, store, task_id, task, spec)
     assert tid is not None
     path = store.ws.event_log(tid)
     if not path.exists() and not store.exists(tid):
@@ -395,6 +415,7 @@ def logs(
 def stop(
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
+    spec: SpecOpt = None,
     workspace: WorkspaceOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Stop the process now (SIGTERM; state saved; SIGKILL after "
                                                         "10 s if it will not).")] = False,
@@ -406,91 +427,12 @@ def stop(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the loop has stopped.")] = False,
 ) -> None:
     """Create the stop hook: the loop stops at its next safe point (paused, exit 3) and stays paused until the hook is deleted or `kiro loop resume` runs."""
-    from kiro.fs.atomic import atomic_write
-    from kiro.store.redact import Redactor
-    from kiro.views import console, loops, reports
+    from kiro.cli import launch
+    from kiro.core import api
 
     _utf8("--reason", reason)  # it is written into the hook file
-    ws = _workspace(workspace)
-    if all_loops:
-        ws.check_is_workspace()
-    store = _store(ws)
-    reason = (store.redact | Redactor.from_environment(None)).text(reason)  # as `tell`'s text: it is written
-    if all_loops:
-        ws.check_hook(ws.global_hook_file)
-        atomic_write(ws.global_hook_file, reports.stop_hook(None, task_id="*", reason=reason), fsync=False)
-        console.line(f"wrote {ws.relative(ws.global_hook_file)}: every loop pauses at its next safe point; "
-                     f"`kiro loop resume --all` continues them")
-        targets = [st.task_id for _p, st in store.all_states(include_archive=False)
-                   if st is not None and store.is_locked(st.task_id)]
-    else:
-        tid = loops.resolve_task_id(ws, store, task_id, task)
-        assert tid is not None
-        loaded = store.load(tid)
-        hook = ws.hook_file(tid)
-        ws.check_hook(hook)
-        atomic_write(hook, reports.stop_hook(loaded.state, task_id=tid, reason=reason), fsync=False)
-        alive = store.is_locked(tid)
-        if alive:
-            console.line(f"wrote {ws.relative(hook)}: loop {tid} pauses at its next safe point")
-        else:
-            console.line(f"wrote {ws.relative(hook)}; loop {tid} is not running (status "
-                         f"{loops.loop_row(store, loaded.state, alive=False)['status']}); the hook keeps it paused "
-                         f"until it is deleted or the loop is resumed")
-        targets = [tid] if alive else []
-    if force and targets and _temporal(ws, None):
-        from kiro.store.settings import settings_for
-        from kiro.temporal.commands import force_stop
-
-        for tid in targets:  # the loop runs in the workspace worker beside others: signal its workflow
-            force_stop(ws, settings_for(ws).config, tid)
-            if _wait_unlocked(store, tid, 30):
-                console.line(f"loop {tid} stopped; state saved")
-    elif force:
-        for tid in targets:
-            _force_stop(store, tid)
-    elif wait:
-        for tid in targets:
-            _wait_unlocked(store, tid, 3600)
-
-
-def _wait_unlocked(store: Any, tid: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not store.is_locked(tid):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _force_stop(store: Any, tid: str) -> None:
-    from kiro.errors import RunError
-    from kiro.views import console
-
-    pid = store.holder_pid(tid)
-    if pid is None:
-        console.warning(f"loop {tid}: no process id recorded; cannot signal it")
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    if _wait_unlocked(store, tid, 10):
-        console.line(f"loop {tid} (process {pid}) stopped; state saved")
-        return
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    if not _wait_unlocked(store, tid, 5):
-        raise RunError(f"loop {tid}: process {pid} did not stop after SIGKILL")
-    from kiro.core.resolved import release_in_progress_box
-
-    state = store.load(tid).state
-    if state.current_step is not None:  # the killed loop could not take its `[-]` back itself
-        release_in_progress_box(store.ws, store.ws.absolute(state.task_path), tid, state.current_step.step_id)
-    console.warning(f"loop {tid} (process {pid}) did not stop within 10 s and was killed; resume picks up from "
-                    f"the last saved state")
+    api.stop(task_id, task, spec=spec, workspace_path=workspace, all_loops=all_loops, reason=reason, force=force,
+             wait=wait, front=launch.ConsoleFront())
 
 
 @app.command()
@@ -519,32 +461,18 @@ def tell(
     text: Annotated[str, typer.Argument(help="The message: what the agent should know or do.", show_default=False)],
     task_id: TaskIdOpt = None,
     task: TaskOpt = None,
+    spec: SpecOpt = None,
     workspace: WorkspaceOpt = None,
 ) -> None:
     """Queue a message for a loop: its agent reads it in its next prompt, under "## Message from a person", once. Durable: a loop that is not running (or is killed) gets it when it runs again; a waiting loop wakes for it."""
-    from kiro.errors import UserError
-    from kiro.store.messages import Inbox
-    from kiro.store.redact import Redactor
-    from kiro.views import console, loops
+    from kiro.cli import launch
+    from kiro.core import api
+    from kiro.views import console
 
     _utf8("TEXT", text)
-    ws = _workspace(workspace)
-    store = _store(ws)
-    tid = loops.resolve_task_id(ws, store, task_id, task)
-    assert tid is not None
-    if not store.exists(tid):
-        raise UserError(f"--task-id: no loop {tid!r} in {ws.root}; `kiro loop status` lists the loops")
-    if not text.strip():
-        raise UserError("TEXT: the message is empty; give the text to tell the agent")
-    inbox = Inbox(store.ws, tid)
-    try:
-        # the config's secrets too (`secret_env`, a password in `llm.base_url`), as every write of the loop's
-        msg = inbox.queue((store.redact | Redactor.from_environment(None)).text(text), via="kiro loop tell")
-    except ValueError as exc:
-        raise UserError(f"TEXT: {exc}") from None
-    running = store.is_locked(tid)
-    when = "in its next prompt" if running else "when it runs again (`kiro loop resume`)"
-    console.line(f"queued message {msg.id[:8]} for loop {tid} ({store.ws.relative(inbox.path)}); "
+    told = api.tell(task_id, text, task=task, spec=spec, workspace_path=workspace, front=launch.ConsoleFront())
+    when = "in its next prompt" if told.running else "when it runs again (`kiro loop resume`)"
+    console.line(f"queued message {told.message.id[:8]} for loop {told.task_id} ({told.inbox}); "
                  f"the agent reads it {when}")
 
 

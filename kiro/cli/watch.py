@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +27,7 @@ def watch(
     """Supervise the workspace: start a loop for every task file that appears in Specs/ (at most max_parallel_loops at once), keep paused loops alive at no CPU cost, and continue them when their hook file is deleted or their task is moved back to Specs/. Stop it with Ctrl-C or SIGTERM: running loops save their state and are continued by the next `kiro loop watch`."""
     import asyncio
 
+    from kiro.core.backends import backend_for, start_in_background
     from kiro.core.supervisor import Supervisor, check_watch_free
     from kiro.errors import RunError, UserError
     from kiro.store.events import Listener
@@ -38,9 +37,8 @@ def watch(
     if executor is not None and executor not in ("shell", "command", "openai"):
         raise UserError(f"--executor {executor!r}: choose shell, command or openai")
     ws = Workspace.find(workspace)
-    from kiro.cli.launch import uses_temporal
-
-    if uses_temporal(ws, config):
+    backend = backend_for(ws, config)
+    if backend.name == "temporal":
         if detach:
             raise UserError("kiro loop watch --detach is not built for backend: temporal; run it in the foreground "
                             "(the loops themselves run in the workspace worker)")
@@ -52,23 +50,17 @@ def watch(
         ws.check_is_workspace()  # a supervisor in the background, out of sight, in a folder made a workspace by mistake
         check_watch_free(ws)
         out_path = ws.logs / "watch.out"
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [a for a in sys.argv[1:] if a != "--detach"]
-        with open(out_path, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    cwd=current_folder() or ws.root)
         pid_file = ws.state_dir / "watch.pid"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RunError(f"the background supervisor exited at once (exit {proc.returncode}); "
-                               f"see {ws.relative(out_path)}")
-            if pid_file.exists() and pid_file.read_text().strip() == str(proc.pid):
-                console.line(str(proc.pid))
-                return
-            time.sleep(0.05)
-        raise RunError(f"the background supervisor did not start within 30 s; see {ws.relative(out_path)}")
+
+        def up(pid: int) -> bool:
+            return pid_file.exists() and pid_file.read_text().strip() == str(pid)
+
+        argv = [a for a in sys.argv[1:] if a != "--detach"]
+        code = start_in_background(argv, out=out_path, cwd=current_folder() or ws.root, ready=up)
+        if code is not None:
+            raise RunError(f"the background supervisor exited at once (exit {code}); see {ws.relative(out_path)}")
+        console.line(pid_file.read_text().strip())
+        return
     listeners: list[Listener] = [] if quiet else [console.EventPrinter(with_task=True)]
     from kiro.cli.launch import say_note
 

@@ -13,6 +13,7 @@ checked, so the step is recorded as completed, `step_recovered`).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import signal
@@ -1026,14 +1027,25 @@ class Loop:
         return Outcome(s.task_id, stop.status, stop.reason, stop.message, stop.exit_code, report)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""What stops a loop run in the foreground, state saved (exit 3): `kill`, Ctrl-C, and the terminal closing."""
+
+
 def on_signals(callback: Callable[[str], None]) -> Callable[[], None]:
-    """Call `callback(signal name)` on SIGTERM and SIGINT in the running event loop; returns the
-    function that removes the handlers again."""
+    """Call `callback(signal name)` on SIGTERM, SIGINT and SIGHUP in the running event loop; returns the
+    function that removes the handlers again. Once one came, the stop is under way: the same signals
+    coming again while the process winds down (a second Ctrl-C) are let go, not a KeyboardInterrupt."""
     aloop = asyncio.get_running_loop()
     installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    came: list[str] = []
+
+    def heard(name: str) -> None:
+        came.append(name)
+        callback(name)
+
+    for sig in STOP_SIGNALS:
         try:
-            aloop.add_signal_handler(sig, callback, signal.Signals(sig).name)
+            aloop.add_signal_handler(sig, heard, signal.Signals(sig).name)
             installed.append(sig)
         except (NotImplementedError, RuntimeError):
             pass
@@ -1041,12 +1053,28 @@ def on_signals(callback: Callable[[str], None]) -> Callable[[], None]:
     def remove() -> None:
         for sig in installed:
             aloop.remove_signal_handler(sig)
+            if came:  # stopping already: the rest of the way out is not cut short (a handler, not SIG_IGN:
+                signal.signal(sig, _let_go)  # a process started from here still stops on them)
+        if came:
+            atexit.register(_ignored_at_exit)
 
     return remove
 
 
+def _let_go(signum: int, frame: object) -> None:
+    return None
+
+
+def _ignored_at_exit() -> None:
+    """The interpreter, ending, puts a Python handler back to the default (death by the signal, exit 130):
+    the last stretch of a process that stopped on a signal ignores the stop signals at the system's level."""
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def install_signal_handlers(loops: list[Loop]) -> Callable[[], None]:
-    """SIGTERM / SIGINT stop every loop of this process at once (state saved, exit 3)."""
+    """SIGTERM / SIGINT / SIGHUP stop every loop of this process at once (state saved, exit 3)."""
 
     def stop_all(name: str) -> None:
         for lp in loops:

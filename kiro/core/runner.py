@@ -22,7 +22,7 @@ from kiro.core.conditions import STEP_DONE
 from kiro.core.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.core.guardrails import SharedLimits
 from kiro.core.listeners import standard as standard_listeners
-from kiro.errors import ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
+from kiro.errors import Conflict, ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
 from kiro.executors.base import Executor
 from kiro.fs import diskfull, safeio
 from kiro.fs.atomic import Staged
@@ -41,7 +41,7 @@ from kiro.store.workspace import START_GUARD, Workspace, check_task_id, is_task_
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex", "StartBatch"]
 
 
-class AlreadyFinished(KiroError):
+class AlreadyFinished(Conflict):
     """`resume` of a loop that has nothing left to do: not an error for a script (exit 0)."""
 
     exit_code = 0
@@ -476,21 +476,9 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         hint = task_id_hint(ws, task_path, task)
         existing = find_loop_for_task(store, task_path, hint, index,
                                       refresh=batch is None or batch.first_look(store), rel=rel)
-        if existing is not None:
-            if store.is_locked(existing.task_id):
-                raise LockHeld(existing.task_id, store.holder_pid(existing.task_id))
-            eff = effective_status(existing, alive=False)
-            if not fresh and existing.stop_reason != STEP_DONE:  # `--step` asked for one step, and got it
-                raise UserError(
-                    f"{rel} already has an unfinished loop {existing.task_id!r} ({eff}); continue it "
-                    f"with `kiro loop resume --task-id {existing.task_id}`, or start it afresh with "
-                    f"`kiro loop start --fresh --task {rel}`"
-                )
+        _refuse_existing(store, existing, rel, fresh=fresh)
         if task_id:
-            tid = check_new_task_id(store, task_id)
-            if store.exists(tid):
-                raise UserError(f"a loop with task id {tid!r} already exists; resume it with "
-                                f"`kiro loop resume --task-id {tid}` or choose another --task-id")
+            tid = _refuse_taken_id(store, task_id)
         else:
             tid = new_task_id(store)
         _check_logs(ws, tid)
@@ -522,6 +510,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                 timeout_seconds=cfg.autonomous_loop.timeout_seconds, workspace=str(ws.root),
                 executor=executor_name, overrides=kept_overrides(overrides), title=task.title, pid=os.getpid(),
                 steps_total=len(task.steps), steps_done=sum(1 for s in task.steps if s.done),
+                billing=executor.credential(),
             )
 
             if batch is None:
@@ -550,6 +539,50 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
                    notes=_sandbox_notes(cfg, ws, task_path, executor, warnings),
                    release=lambda: _release(store, tid, lock), executor=executor, lock=lock,
                    features=features.standard())
+
+
+def _refuse_existing(store: StateStore, existing: LoopState | None, rel: str, *, fresh: bool) -> None:
+    """A task file has one unfinished loop at a time: a start beside it is refused (a `--fresh` start sets a
+    loop no process runs aside; a loop that did the one step `--step` asked for is set aside without it)."""
+    if existing is None:
+        return
+    if store.is_locked(existing.task_id):
+        raise LockHeld(existing.task_id, store.holder_pid(existing.task_id))
+    eff = effective_status(existing, alive=False)
+    if not fresh and existing.stop_reason != STEP_DONE:  # `--step` asked for one step, and got it
+        raise Conflict(
+            f"{rel} already has an unfinished loop {existing.task_id!r} ({eff}); continue it "
+            f"with `kiro loop resume --task-id {existing.task_id}`, or start it afresh with "
+            f"`kiro loop start --fresh --task {rel}`"
+        )
+
+
+def _refuse_taken_id(store: StateStore, task_id: str) -> str:
+    tid = check_new_task_id(store, task_id)
+    if store.exists(tid):
+        raise Conflict(f"a loop with task id {tid!r} already exists; resume it with "
+                       f"`kiro loop resume --task-id {tid}` or choose another --task-id")
+    return tid
+
+
+def check_startable(ws0: Workspace, task_path: Path, *, task_id: str | None, config_file: Path | None,
+                    overrides: Mapping[str, Any] | None, fresh: bool) -> list[str]:
+    """Before a loop is started in the background: what `prepare_start` would refuse of the task file's
+    loops and the id (said by the command that starts it, as its error, not from Logs/<id>.out), and the
+    warnings it would give about the task file and the config (its own output goes to that file). The
+    loop's own process checks again under the start guard."""
+    task = tasks.load(task_path)
+    _check_kiro_task_id(ws0, task_path, task)
+    loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
+    store, rel = loc.store, loc.ws.relative_name(task_path)
+    _refuse_existing(store, find_loop_for_task(store, task_path, task_id_hint(loc.ws, task_path, task), rel=rel),
+                     rel, fresh=fresh)
+    if task_id:
+        _refuse_taken_id(store, task_id)
+    warnings = _task_warnings(task, loc.ws) + not_built_warnings(loc.config, task, loc.ws)
+    with contextlib.suppress(KiroError):  # no executor: the loop says so, as the reason it exits at once
+        warnings += unused_command_warning(loc.config, choose_executor(loc.config, task))
+    return warnings
 
 
 RESTARTED = "restarted"  # stop_reason of a loop set aside by `kiro loop start --fresh`
@@ -694,6 +727,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             executor_name = choose_executor(cfg, task, recorded=state.executor)
             warnings += unused_command_warning(cfg, executor_name)
             executor = executors.create(executor_name, cfg, ws, task_id)
+        state.billing = _same_billing(state, executor)
         cleanup.remove_stale_temp_files(ws, path)
         diskfull.reserve(ws.state_dir, task_id, _reserve_bytes(path, store.path(task_id)))
         if where == "Needs_Action" or ws.area_of(path) == "Needs_Action":
@@ -743,15 +777,56 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
                    features=features.standard())
 
 
+RESUMED_BY_ALL = ("stop_hook", "checkpoint")
+"""Why a paused loop is one `kiro loop resume --all` continues: a stop hook (`kiro loop stop`, `--all` or a
+hook file), or a review point (`pause_at_checkpoints`, `pause_every`) the person has now seen."""
+
+
 def paused_by_hooks(store: StateStore) -> list[LoopState]:
-    """The loops `kiro loop resume --all` continues: paused by a stop hook (`kiro loop stop`, `--all`
-    or a hook file), not running anywhere. Loops waiting for a person (task in Needs_Action/, a
-    request file), failed or out of iterations are left to `resume --task-id`."""
+    """The loops `kiro loop resume --all` continues: paused by a stop hook or at a review point
+    (RESUMED_BY_ALL), not running anywhere. Loops waiting for a person otherwise (task in Needs_Action/,
+    a request file), failed or out of iterations are left to `resume --task-id`."""
     out = []
     for _path, st in store.all_states(include_archive=False):
-        if st is not None and st.status == Status.PAUSED and st.stop_reason == "stop_hook":
+        if st is not None and st.status == Status.PAUSED and st.stop_reason in RESUMED_BY_ALL:
             out.append(st)
     return out
+
+
+def _same_billing(state: LoopState, executor: Executor) -> str | None:
+    """A loop keeps the billing it started with, whoever resumes it (a terminal, `kiro serve` started in
+    another shell, `kiro loop watch`): the credential its agent would bill here is the one its state
+    records, or the resume is refused, saying why. A resume that names another agent (`--agent`) records
+    that agent's credential; a loop from before kiro recorded one gets it now."""
+    now = executor.credential()
+    was = state.billing
+    if was is None or now is None or now == was or was.split(" ", 1)[0] != now.split(" ", 1)[0]:
+        return now
+    raise Conflict(f"loop {state.task_id!r} started as `{was}`, and resumed here it would run as `{now}`: a loop "
+                   f"keeps the billing it started with; resume it where that holds (the same HOME and key "
+                   f"variables; agent_env in config/autonomous_loop.yaml), or start it afresh with "
+                   f"`kiro loop start --fresh`")
+
+
+def check_resumable(ws0: Workspace, task_id: str, *, config_file: Path | None,
+                    overrides: Mapping[str, Any] | None) -> None:
+    """Before a loop is continued in the background: a billing its own process would refuse (`_same_billing`)
+    is said by the command that continues it (`kiro serve` answers 409), not from Logs/<id>.out."""
+    loc = settings_for(ws0, config_file=config_file, overrides=overrides)
+    state = loc.store.load(check_task_id(task_id)).state
+    if state.billing is None:
+        return
+    _where, path = locate_task(loc.ws, loc.ws.absolute(state.task_path), task_id)
+    if path is None:
+        return  # the loop's own process says so
+    task = tasks.load(path)
+    cfg = settings_for(ws0, config_file=config_file, task=task,
+                       overrides={**state.overrides, **kept_overrides(overrides)}).config
+    executor = executors.create(choose_executor(cfg, task, recorded=state.executor), cfg, loc.ws, task_id)
+    try:
+        _same_billing(state, executor)
+    finally:
+        asyncio.run(executor.aclose())
 
 
 def _task_warnings(task: tasks.TaskFile, ws: Workspace) -> list[str]:
@@ -765,7 +840,7 @@ def _task_warnings(task: tasks.TaskFile, ws: Workspace) -> list[str]:
 
 
 async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None) -> list[Outcome]:
-    """Run prepared loops side by side in this process; SIGTERM/SIGINT stop them all."""
+    """Run prepared loops side by side in this process; SIGTERM, SIGINT and SIGHUP stop them all."""
     loops: list[Loop] = []
     shared = SharedLimits(runs[0].config) if runs else None
     try:

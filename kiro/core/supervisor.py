@@ -9,7 +9,7 @@
   seed's "Resume Instructions"). `kiro loop resume` on such a loop removes the hook and lets the
   supervisor continue it.
 - All loops share one rate limiter and budget (`SharedLimits`) and one file watcher.
-- SIGTERM/SIGINT stops every running loop (state saved) and ends the supervisor.
+- SIGTERM/SIGINT/SIGHUP stop every running loop (state saved) and ends the supervisor.
 """
 
 from __future__ import annotations

@@ -153,6 +153,10 @@ class Executor(Protocol):
 
     async def aclose(self) -> None: ...
 
+    def billing_line(self) -> str | None: ...
+
+    def credential(self) -> str | None: ...
+
 
 class ExecutorBase:
     """What an executor says about itself besides running a step: the prompts it sends and how its
@@ -163,6 +167,15 @@ class ExecutorBase:
     system_template: str = "system.md"  # in kiro/prompts/, overridable in <workspace>/config/prompts/
     checks_boxes: bool = False
     reads_prompt: bool = True  # an agent reads the prompt (messages for the loop go into it); a command does not
+
+    def billing_line(self) -> str | None:
+        """The start line's account of the credential an agent CLI bills (None: nothing to say)."""
+        return None
+
+    def credential(self) -> str | None:
+        """The credential the loop's agent bills, in a few words (`claude uses its login (~/...)`): recorded at
+        its start, and a resume that would bill another is refused (kiro.core.runner.prepare_resume)."""
+        return None
 
     def finish_instruction(self, step: Step, task_path: str, *, task: TaskFile | None = None,
                            task_file: Path | None = None) -> str:

@@ -126,6 +126,9 @@ class CommandExecutor(ExecutorBase):
             return None
         return f"agent {self.billing.line()}"
 
+    def credential(self) -> str | None:
+        return f"{self.billing.agent} {self.billing.credential.said()}"
+
     def _check_program(self) -> None:
         """Fail before the loop starts (no iteration spent, no box marked in progress) when the agent
         program cannot be run: the same lookup exec does, PATH for a bare name, else a path relative

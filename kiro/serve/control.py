@@ -1,25 +1,27 @@
-"""Steering loops from the server, the way a person does from a terminal: `kiro loop start --detach`,
-`kiro loop stop`, `kiro loop resume --detach` run as subprocesses (so a loop started here is an
-ordinary background loop that outlives the server), and messages queued in an inbox file.
+"""Steering loops from the server, the way a person does from a terminal: the core API's start, stop,
+resume and tell (kiro.core.api), as `kiro loop start --detach`, `kiro loop stop`, `kiro loop resume --detach`
+and `kiro loop tell` call them (a loop started here runs in a process of its own, an ordinary background
+loop that outlives the server).
 
-Used by both the REST routes and the WebSocket; errors are `ControlError(http_status, message)`.
+Used by both the REST routes and the WebSocket; errors are `ControlError(http_status, message)`: what the API
+refuses is a `KiroError` carrying its one line, answered 409 when the loop's state refuses it (`Conflict`), 404
+when it names nothing (`TaskNotFound`), else 400.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kiro.errors import KiroError
-from kiro.status import Status
+from kiro.core import api
+from kiro.errors import Conflict, KiroError, TaskNotFound
 from kiro.store.state import StateStore
 from kiro.store.workspace import Workspace, check_task_id
 
-CLI_TIMEOUT = 60.0
+T = TypeVar("T")
 MESSAGE_MAX_CHARS = 20_000
 TASK_PATH_MAX_CHARS = 1024
 
@@ -29,6 +31,28 @@ class ControlError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def refused(exc: KiroError) -> ControlError:
+    """What the core API refused, as the HTTP answer that says so."""
+    status = 409 if isinstance(exc, Conflict) else 404 if isinstance(exc, TaskNotFound) else 400
+    return ControlError(status, str(exc))
+
+
+class Said(api.Front):
+    """The lines a command says as it runs, kept for the answer (a warning first)."""
+
+    child_flags = ("--quiet",)
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.warnings: list[str] = []
+
+    def warning(self, text: str) -> None:
+        self.warnings.append(text)
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
 
 
 class StartOptions(BaseModel):
@@ -63,31 +87,12 @@ class Controller:
         self.store = store
         self.token = Redactor([token])  # the server's token, from $KIRO_SERVE_TOKEN or generated: never stored
 
-    # -- helpers -----------------------------------------------------------------------------
-
-    def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k != "KIRO_SERVE_TOKEN"}  # loops never see the token
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
-
-    async def _kiro(self, *args: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kiro", *args, "-w", str(self.ws.root), cwd=str(self.ws.root), env=self._env(),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A core API command, in a thread (it waits for a loop it starts to take its lock)."""
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise ControlError(504, f"`kiro {' '.join(args[:2])}` did not answer within {CLI_TIMEOUT:.0f} s") from None
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(errors="replace").strip(), err.decode(errors="replace").strip()
-
-    @staticmethod
-    def _why(err: str, out: str) -> str:
-        lines = [ln for ln in (err or out).splitlines() if ln.strip()]
-        text = lines[-1] if lines else "no output"
-        return text[len("error: "):] if text.startswith("error: ") else text
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except KiroError as exc:
+            raise refused(exc) from None
 
     def task_id(self, raw: Any) -> str:
         if not isinstance(raw, str) or not raw:
@@ -99,12 +104,6 @@ class Controller:
         if not self.store.exists(raw) and not self.ws.event_log(raw).exists():
             raise ControlError(404, f"no loop with task id {raw!r} in this workspace")
         return raw
-
-    def _completed(self, tid: str) -> bool:
-        try:
-            return self.store.load(tid).state.status == Status.COMPLETED
-        except KiroError:
-            return False  # unreadable or missing: the CLI says what is wrong
 
     # -- operations --------------------------------------------------------------------------
 
@@ -128,19 +127,12 @@ class Controller:
             raise ControlError(400, f"task {task!r} is outside the workspace {self.ws.root}") from None
         except (OSError, RuntimeError) as exc:  # a name too long for the file system; `~nobody/...`
             raise ControlError(400, f"task: {getattr(exc, 'strerror', None) or exc}") from None
-        args = ["loop", "start", "--task", self.ws.relative(path), "--detach", "--quiet"]
-        if opts.task_id:
-            args += ["--task-id", opts.task_id]
-        for flag, value in (("--max-iterations", opts.max_iterations), ("--failure-threshold", opts.failure_threshold),
-                            ("--timeout", opts.timeout), ("--executor", opts.executor), ("--model", opts.model)):
-            if value is not None:
-                args += [flag, str(value)]
-        code, out, err = await self._kiro(*args)
-        if code != 0:
-            why = self._why(err, out)
-            raise ControlError(409 if "already" in why or "lock" in why else 400, why)
-        task_id = out.splitlines()[-1].strip() if out else ""
-        return {"task_id": task_id, "task_path": self.ws.relative(path)}
+        given = api.Options(max_iterations=opts.max_iterations, failure_threshold=opts.failure_threshold,
+                            timeout=opts.timeout, executor=opts.executor, model=opts.model)
+        said = Said()
+        started = await self._call(api.start, [str(path)], workspace_path=self.ws.root, options=given,
+                                   task_id=opts.task_id, detach=True, front=said)
+        return {"task_id": started.task_ids[0], "task_path": self.ws.relative(path), "warnings": said.warnings}
 
     async def stop(self, raw_id: Any, options: Any) -> dict[str, Any]:
         tid = self.task_id(raw_id)
@@ -148,39 +140,31 @@ class Controller:
             opts = StopOptions.model_validate(options or {})
         except ValidationError as exc:
             raise ControlError(400, _first_error(exc, "body")) from None
-        args = ["loop", "stop", "--task-id", tid, "--reason", opts.reason]
-        if opts.force:
-            args.append("--force")
-        code, out, err = await self._kiro(*args)
-        if code != 0:
-            raise ControlError(400, self._why(err, out))
+        said = Said()
+        await self._call(api.stop, tid, workspace_path=self.ws.root, reason=opts.reason, force=opts.force,
+                         front=said, redact=self.token)
         return {"task_id": tid, "force": opts.force, "hook": self.ws.relative(self.ws.hook_file(tid)),
-                "message": out.splitlines()[0] if out else ""}
+                "message": said.lines[0] if said.lines else ""}
 
     async def resume(self, raw_id: Any) -> dict[str, Any]:
         tid = self.task_id(raw_id)
-        if self._completed(tid):  # the CLI says so with exit 0 (nothing to do is no error for a script)
-            raise ControlError(409, f"loop {tid!r} is already completed; nothing to resume")
-        code, out, err = await self._kiro("loop", "resume", "--task-id", tid, "--detach", "--quiet")
-        if code != 0:
-            raise ControlError(409, self._why(err, out))
-        return {"task_id": tid, "message": out.splitlines()[-1] if out else ""}
+        said = Said()
+        started = await self._call(api.resume, tid, workspace_path=self.ws.root, detach=True, front=said)
+        return {"task_id": tid, "message": said.lines[-1] if said.lines else (started.task_ids or [""])[-1],
+                "warnings": said.warnings}
 
     def message(self, raw_id: Any, content: Any) -> dict[str, Any]:
         """Queue a message in the loop's inbox (`kiro.store.messages`, the same one `kiro loop tell` uses): the
         agent reads it in its next prompt, once."""
-        from kiro.store.messages import Inbox
-        from kiro.store.redact import Redactor
-
         tid = self.task_id(raw_id)
         if not isinstance(content, str) or not content.strip():
             raise ControlError(400, "content: the message text (a non-empty string) is required")
         if len(content) > MESSAGE_MAX_CHARS:
             raise ControlError(413, f"content: at most {MESSAGE_MAX_CHARS} characters")
-        # e.g. the server's own token, pasted by mistake; and the config's secrets, as every write of the loop's
-        content = (self.store.redact | Redactor.from_environment(None) | self.token).text(content)
-        inbox = Inbox(self.store.ws, tid)
-        msg = inbox.queue(content, via="kiro serve")
-        return {"task_id": tid, "id": msg.id, "queued": True, "delivered": False,
-                "inbox": self.ws.relative(inbox.path),
+        try:  # e.g. the server's own token, pasted by mistake, is cut too
+            told = api.tell(tid, content, workspace_path=self.ws.root, via="kiro serve", redact=self.token)
+        except KiroError as exc:
+            raise refused(exc) from None
+        msg = told.message
+        return {"task_id": tid, "id": msg.id, "queued": True, "delivered": False, "inbox": told.inbox,
                 "note": "queued in the loop's inbox; the agent reads it in its next prompt"}

@@ -160,7 +160,8 @@ def describe(rec: dict[str, Any]) -> str:
         return f"{rec.get('event')} ({rec.get('executor')})"
     if kind == "attempt":
         err = f": {rec['error'][:80]}" if rec.get("error") else ""
-        return f"step {rec.get('step_id')} attempt {rec.get('attempt')} {rec.get('outcome')}{err}"
+        nth = f" attempt {rec['attempt']}" if rec.get("attempt") is not None else ""  # an interruption has none
+        return f"step {rec.get('step_id')}{nth} {rec.get('outcome')}{err}"
     if rec.get("direction") == "in":
         return f"received from {rec.get('from')}"
     return f"sent to {rec.get('to')}"

@@ -75,6 +75,7 @@ SUMMARY_FIELDS = (
     "iteration", "max_iterations", "consecutive_failures", "failure_threshold", "total_failures",
     "total_successes", "steps_done", "steps_total", "executor", "pid", "host", "workspace", "report_path",
     "sleep_until", "sleep_note", "timeout_reached", "runs", "metrics", "usage", "journal_seq",
+    "billing",  # the credential the loop's agent bills (the dashboard shows it)
     "last_run_at", "next_run_at", "schedule",  # a scheduled task's runs and next run (SPEC §11, kiro.core.schedule)
 )
 READ_LIMIT = 64 * 1024 * 1024

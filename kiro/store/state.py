@@ -263,6 +263,7 @@ class LoopState(_Model):
     # the settings `start` was given on its command line (dotted paths: executor, agent, llm.model);
     # `resume` applies them again unless it names its own (kiro.core.runner.prepare_resume)
     overrides: dict[str, Any] = Field(default_factory=dict)
+    billing: str | None = None  # the credential its agent CLI bills, as at its start; every resume keeps it
     stop_reason: str | None = None
     stop_message: str | None = None  # how the last run ended, one line (the error that ended it), for `status`
     sleep_until: str | None = None  # while `sleeping`: when the wait ends (backoff, a budget, Retry-After)

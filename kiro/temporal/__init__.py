@@ -4,5 +4,6 @@ path never loads temporalio."""
 
 from __future__ import annotations
 
-MISSING = ("backend: temporal needs the temporal extra: pip install 'kiro-loop[temporal]' (in a checkout of kiro: "
-           "pip install -e '.[temporal]')")
+from kiro.core.backends import TEMPORAL_MISSING as MISSING
+
+__all__ = ["MISSING"]

@@ -8,9 +8,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import subprocess
-import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,23 +159,13 @@ def ensure_workspace_worker(ws: Workspace) -> None:
     background (Logs/temporal_worker.out) when none holds `.state/temporal_worker.lock`."""
     if workspace_worker_running(ws):
         return
+    from kiro.core.backends import start_in_background
+
     out_path = ws.root / "Logs" / "temporal_worker.out"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kiro", "worker", "--role", "workspace", "-w", str(ws.root)],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=ws.root)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            if workspace_worker_running(ws):  # another start won the race
-                return
-            raise RunError(f"the workspace worker exited at once (exit {proc.returncode}); see "
-                           f"{ws.relative(out_path)}")
-        if workspace_worker_running(ws):
-            return
-        time.sleep(0.05)
-    raise RunError(f"the workspace worker did not start within 30 s; see {ws.relative(out_path)}")
+    code = start_in_background(["worker", "--role", "workspace", "-w", str(ws.root)], out=out_path, cwd=ws.root,
+                               ready=lambda _pid: workspace_worker_running(ws))  # (another start may win the race)
+    if code is not None:
+        raise RunError(f"the workspace worker exited at once (exit {code}); see {ws.relative(out_path)}")
 
 
 # -- following a loop in the foreground ------------------------------------------------------------

@@ -1,17 +1,19 @@
-"""`kiro loop start|resume|stop --force` on the temporal backend: the same checks and files as locally
-(`kiro.core.runner.prepare_start` / `prepare_resume` run here, in the CLI), then a workflow is started or
-signalled; in the foreground the CLI prints the loop's events and exits with its exit code."""
+"""The temporal backend of the core API (kiro.core.api, kiro.core.backends): `kiro loop start|resume|stop
+--force` make the same checks and files as locally (`kiro.core.runner.prepare_start` / `prepare_resume` run in
+the calling process), then a workflow is started or signalled; in the foreground the loop's events are shown
+through the caller's `Front` and its outcome returned."""
 
 from __future__ import annotations
 
 import asyncio
-import signal
 from typing import Any
 
-from kiro.core.engine import LoopRun
+from kiro.core.engine import STOP_SIGNALS, LoopRun, Outcome
+from kiro.core.front import Front
+from kiro.status import Status
+from kiro.store.state import StateStore
 from kiro.store.workspace import Workspace
 from kiro.temporal import client as tc
-from kiro.views import console
 
 
 def preflight(ws: Workspace, config_file: Any) -> None:
@@ -27,80 +29,74 @@ def preflight(ws: Workspace, config_file: Any) -> None:
     asyncio.run(check())
 
 
-def start_runs(runs: list[LoopRun], *, detach: bool, quiet: bool, verbose: bool) -> int:
-    """Loops prepared by `prepare_start` (state file written, lock held): hand each to a new workflow."""
-    for r in runs:
-        for w in r.warnings:
-            console.warning(w)
-    return asyncio.run(_start(runs, detach=detach, quiet=quiet, verbose=verbose))
+class TemporalBackend:
+    """`backend: temporal` (kiro.core.backends.Backend): each loop a `KiroLoop` workflow run by the
+    workspace worker, which this starts when none runs; in the foreground the loop's events are printed
+    from its event log until its run ends."""
+
+    name = "temporal"
+    detaches_itself = True  # a workflow needs no process of ours in the background
+    unbuilt = frozenset({"--step", "--fresh", "rollback", "watch --detach"})
+
+    def preflight(self, ws: Workspace, config: Any) -> None:
+        preflight(ws, config)
+
+    def run(self, runs: list[LoopRun], *, detach: bool, front: Front) -> list[Outcome]:
+        """Loops prepared by `prepare_start`/`prepare_resume` (state written, lock held): a new workflow for
+        each, or a resumed loop's open workflow signalled to continue."""
+        return asyncio.run(_run(runs, detach=detach, front=front))
+
+    def force_stop(self, store: StateStore, task_id: str, front: Front) -> None:
+        """Signal the workflow; its segment stops the step on its worker now."""
+        from kiro.core.backends import wait_unlocked
+        from kiro.store.settings import settings_for
+
+        if asyncio.run(_force_stop(store.ws, settings_for(store.ws).config, task_id)):
+            if wait_unlocked(store, task_id, 30):
+                front.line(f"loop {task_id} stopped; state saved")
+        else:
+            front.warning(f"loop {task_id}: no open workflow; nothing to stop")
 
 
-async def _start(runs: list[LoopRun], *, detach: bool, quiet: bool, verbose: bool) -> int:
+async def _run(runs: list[LoopRun], *, detach: bool, front: Front) -> list[Outcome]:
     inputs = []
     try:
-        cfg = runs[0].config
-        client = await tc.connect(cfg)
+        client = await tc.connect(runs[0].config)
         for r in runs:
-            inputs.append(tc.loop_input(r.ws, r.config, r.state.task_id, resumed=False))
+            inputs.append(tc.loop_input(r.ws, r.config, r.state.task_id, resumed=r.resumed))
     finally:
         for r in runs:
             if r.release:
                 r.release()  # the workspace worker takes the loop's lock when it runs it
     tc.ensure_workspace_worker(runs[0].ws)
-    followers = None if detach else _followers(runs[0].ws, [r.state.task_id for r in runs], quiet=quiet,
-                                                verbose=verbose)
-    handles = [await tc.start(client, inp) for inp in inputs]
+    tids = [r.state.task_id for r in runs]
+    followers = None if detach else _followers(runs[0].ws, tids, front)
+    loops: list[tuple[str, Any, int]] = []
+    for r, inp in zip(runs, inputs, strict=True):
+        handle = await tc.open_handle(client, inp["workflow_id"]) if r.resumed else None
+        if handle is None:
+            handle, after = await tc.start(client, inp), 0
+        else:
+            after = len(await tc.outcomes(handle))
+            await handle.signal("resume")
+        loops.append((r.state.task_id, handle, after))
     if followers is None:
-        for r in runs:
-            console.line(r.state.task_id)
-        return 0
-    return await _follow([(r.state.task_id, h, 0) for r, h in zip(runs, handles, strict=True)], followers)
+        return []
+    return await _follow(loops, followers)
 
 
-def resume_run(run: LoopRun, *, detach: bool, quiet: bool, verbose: bool) -> int:
-    """A loop prepared by `prepare_resume` (hook removed, options applied, state saved): signal its open
-    workflow to continue, or start a new workflow from the state file when none is open."""
-    for w in run.warnings:
-        console.warning(w)
-    return asyncio.run(_resume(run, detach=detach, quiet=quiet, verbose=verbose))
-
-
-async def _resume(run: LoopRun, *, detach: bool, quiet: bool, verbose: bool) -> int:
-    tid = run.state.task_id
-    try:
-        client = await tc.connect(run.config)
-        inp = tc.loop_input(run.ws, run.config, tid, resumed=True)
-    finally:
-        if run.release:
-            run.release()
-    tc.ensure_workspace_worker(run.ws)
-    followers = None if detach else _followers(run.ws, [tid], quiet=quiet, verbose=verbose)
-    handle = await tc.open_handle(client, inp["workflow_id"])
-    if handle is None:
-        handle, after = await tc.start(client, inp), 0
-    else:
-        after = len(await tc.outcomes(handle))
-        await handle.signal("resume")
-    if followers is None:
-        console.line(tid)
-        return 0
-    return await _follow([(tid, handle, after)], followers)
-
-
-def _followers(ws: Workspace, tids: list[str], *, quiet: bool, verbose: bool) -> list[tc.LogFollower]:
-    """Made before the workflows start (or are signalled): they print every event of the run."""
-    printer = None if quiet else console.EventPrinter(with_task=len(tids) > 1, verbose=verbose)
+def _followers(ws: Workspace, tids: list[str], front: Front) -> list[tc.LogFollower]:
+    """Made before the workflows start (or are signalled): they show every event of the run."""
+    printer = next(iter(front.listeners(len(tids))), None)
     return [tc.LogFollower(ws, tid, printer) for tid in tids]
 
 
-async def _follow(loops: list[tuple[str, Any, int]], followers: list[tc.LogFollower]) -> int:
-    """Print each loop's events until its run ends; Ctrl-C / SIGTERM stop the loops (`stop --force`), as a
-    local foreground loop stops on them."""
-    from kiro.core.runner import combined_exit_code
-
+async def _follow(loops: list[tuple[str, Any, int]], followers: list[tc.LogFollower]) -> list[Outcome]:
+    """Show each loop's events until its run ends; Ctrl-C / SIGTERM / SIGHUP stop the loops (`stop --force`),
+    as a local foreground loop stops on them."""
     aloop = asyncio.get_running_loop()
     stopping = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         aloop.add_signal_handler(sig, stopping.set)
 
     async def one(i: int) -> dict[str, Any]:
@@ -116,31 +112,14 @@ async def _follow(loops: list[tuple[str, Any, int]], followers: list[tc.LogFollo
         return outcome
 
     results = await asyncio.gather(*(one(i) for i in range(len(loops))))
-
-    class _O:
-        def __init__(self, code: int) -> None:
-            self.exit_code = code
-
-    for (tid, _h, _a), o in zip(loops, results, strict=True):
-        msg = f"{tid}: {o['status']} ({o['reason']}) - {o['message']}"
-        if o.get("report"):
-            msg += f"; see {o['report']}"
-        if o["exit_code"] == 1:
-            console.error(msg)
-        else:
-            console.line(msg, style="bold")
-    return combined_exit_code([_O(int(o["exit_code"])) for o in results])  # type: ignore[misc]
+    return [Outcome(tid, Status(o["status"]), o["reason"], o["message"], int(o["exit_code"]), o.get("report"))
+            for (tid, _h, _a), o in zip(loops, results, strict=True)]
 
 
-def force_stop(ws: Workspace, cfg: Any, task_id: str) -> None:
-    """`kiro loop stop --force`: signal the workflow; its segment stops the step on its worker now."""
-    asyncio.run(_force_stop(ws, cfg, task_id))
-
-
-async def _force_stop(ws: Workspace, cfg: Any, task_id: str) -> None:
+async def _force_stop(ws: Workspace, cfg: Any, task_id: str) -> bool:
     client = await tc.connect(cfg)
     handle = await tc.open_handle(client, tc.names(ws, cfg).workflow_id(task_id))
     if handle is None:
-        console.warning(f"loop {task_id}: no open workflow; nothing to stop")
-        return
+        return False
     await handle.signal("force_stop")
+    return True

@@ -46,6 +46,12 @@ class RemoteExecutor:
         self.inp = inp
         self.config = config  # the loop's config as resolved (verify included: the worker runs it)
 
+    def billing_line(self) -> str | None:
+        return self.inner.billing_line()
+
+    def credential(self) -> str | None:
+        return self.inner.credential()
+
     def build_prompts(self, task: TaskFile, step: Step, state: LoopState, *, workspace: Workspace, attempt: int,
                       previous_error: str | None, verify_output: str | None, verify_command: str | None,
                       continuation: str | None, task_path: str | None = None,

@@ -8,10 +8,10 @@ stopping the watcher stops no loop."""
 from __future__ import annotations
 
 import asyncio
-import signal
 from pathlib import Path
 from typing import Any
 
+from kiro.core.engine import STOP_SIGNALS
 from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, task_id_hint
 from kiro.core.supervisor import nothing_to_start
 from kiro.errors import KiroError, LockHeld
@@ -40,7 +40,7 @@ async def _watch(ws: Workspace, *, config_file: Path | None, overrides: dict[str
     tc.ensure_workspace_worker(ws)
     stopping = asyncio.Event()
     aloop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         aloop.add_signal_handler(sig, stopping.set)
     if not quiet:
         console.line(f"watching {ws.specs} on backend: temporal (at most {limit} loops at once); Ctrl-C to stop",

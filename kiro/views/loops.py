@@ -143,6 +143,7 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         "duration": timeutil.human_duration(duration),
         "eta": eta,
         "executor": s["executor"],
+        "billing": s.get("billing"),  # the credential the loop's agent CLI bills (kept by every resume)
         "pid": s["pid"] if alive else None,
         "alive": alive,
         "updated_at": s["updated_at"],

@@ -1,0 +1,178 @@
+"""Where a workspace's loops run (SPEC §12): the `Backend` protocol, its `local` implementation, the
+choice between backends (`uses_temporal`, `backend_for`), and the one way kiro starts itself in the
+background (`start_in_background`: a detached loop, `kiro loop watch --detach`, the temporal workspace
+worker).
+
+The temporal implementation lives in `kiro.temporal.commands` (above core); it is found by name in
+`BACKENDS`, as a plugin is, so that core imports nothing of the layer above it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kiro.errors import RunError, UserError
+
+if TYPE_CHECKING:
+    from kiro.core.engine import LoopRun, Outcome
+    from kiro.core.front import Front
+    from kiro.store.state import StateStore
+    from kiro.store.workspace import Workspace
+
+BACKENDS = {"local": "kiro.core.backends:LocalBackend", "temporal": "kiro.temporal.commands:TemporalBackend"}
+"""`backend.kind` -> the class that runs its loops ("module:Class", imported when first chosen)."""
+
+TEMPORAL_MISSING = ("backend: temporal needs the temporal extra: pip install 'kiro-loop[temporal]' (in a checkout of "
+                    "kiro: pip install -e '.[temporal]')")
+STARTED_WITHIN = 30.0  # seconds a process started in the background has to say it is up
+
+
+class Backend(Protocol):
+    """What a front end (the CLI, `kiro serve`, `kiro loop watch`) needs of the place loops run."""
+
+    name: str
+    detaches_itself: bool  # True: a loop runs without a process of ours (a workflow); False: `--detach` starts one
+    unbuilt: frozenset[str]  # options and commands this backend does not offer yet, as the person types them
+
+    def preflight(self, ws: Workspace, config: Path | None) -> None:
+        """Before anything is written: what the backend needs is there (a server, a git commit)."""
+
+    def run(self, runs: list[LoopRun], *, detach: bool, front: Front) -> list[Outcome]:
+        """Run loops prepared by `kiro.core.runner` (lock held), to their outcomes (none when `detach`)."""
+
+    def force_stop(self, store: StateStore, task_id: str, front: Front) -> None:
+        """`kiro loop stop --force`: end the running loop's step now (its state saved)."""
+
+
+def backend_for(ws: Workspace, config: Path | None) -> Backend:
+    """The backend that runs this workspace's loops (config `backend.kind`)."""
+    kind = "temporal" if uses_temporal(ws, config) else "local"
+    module, _, name = BACKENDS[kind].partition(":")
+    cls: Any = getattr(importlib.import_module(module), name)
+    backend: Backend = cls()
+    return backend
+
+
+def uses_temporal(ws: Workspace, config: Path | None) -> bool:
+    """SPEC §12: does this workspace run its loops on the temporal backend? The config is resolved only when
+    the word appears in the config file or a KIRO_BACKEND* variable is set, so the local path pays nothing."""
+    path = config or ws.root / "config" / "autonomous_loop.yaml"
+    from kiro.fs import safeio
+
+    try:  # the one safe reader: a FIFO, device or symlink loop in the config's place must not hang here
+        text = safeio.read_bytes(path, limit=safeio.CONFIG_MAX_BYTES).decode("utf-8", "replace")
+    except (OSError, safeio.UnreadableFile):
+        text = ""  # the local path reads the config again and names what is wrong with it
+    if "temporal" not in text and not any(k.startswith("KIRO_BACKEND") for k in os.environ):
+        return False
+    from kiro.store.settings import settings_for
+
+    if settings_for(ws, config_file=config).config.backend.kind != "temporal":
+        return False
+    try:
+        import temporalio  # noqa: F401
+    except ImportError:
+        raise UserError(TEMPORAL_MISSING) from None
+    return True
+
+
+def start_in_background(argv: list[str], *, out: Path, cwd: Path, ready: Callable[[int], bool]) -> int | None:
+    """Run `python -m kiro ARGV` in its own session (closing the terminal does not end it), its output
+    appended to `out`, and wait until `ready(pid)` says it is up: None then; its exit code when it ended
+    first. The process never sees the token of `kiro serve`. RunError when it is neither up nor ended
+    within STARTED_WITHIN seconds."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "KIRO_SERVE_TOKEN"}
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(out, "ab") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd, env=env)
+    # waited for when it ends, by a thread of its own: a process that lives on (`kiro serve`) leaves no zombie
+    threading.Thread(target=proc.wait, name=f"kiro {argv[0]} in the background", daemon=True).start()
+    deadline = time.monotonic() + STARTED_WITHIN
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if ready(proc.pid):
+            return None
+        if code is not None:
+            return code
+        time.sleep(0.05)
+    raise RunError(f"`kiro {' '.join(argv[:2])}` in the background did not start within {STARTED_WITHIN:.0f} s; "
+                   f"see {out}")
+
+
+def last_line(path: Path) -> str | None:
+    """The last line a process started in the background wrote (its refusal)."""
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return None
+    return lines[-1] if lines else None
+
+
+def wait_unlocked(store: StateStore, task_id: str, seconds: float) -> bool:
+    """Wait until no process holds the loop's lock; False when one still does after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not store.is_locked(task_id):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class LocalBackend:
+    """Loops run in this process (`kiro loop start`), or in a process of their own started in the
+    background (`--detach`, by `kiro.core.api`)."""
+
+    name = "local"
+    detaches_itself = False
+    unbuilt: frozenset[str] = frozenset()
+
+    def preflight(self, ws: Workspace, config: Path | None) -> None:
+        return None
+
+    def run(self, runs: list[LoopRun], *, detach: bool, front: Front) -> list[Outcome]:
+        import asyncio
+
+        from kiro.core.runner import run_loops
+
+        assert not detach, "a local loop in the background is a process of its own (kiro.core.api)"
+        return asyncio.run(run_loops(runs, front.listeners(len(runs))))
+
+    def force_stop(self, store: StateStore, task_id: str, front: Front) -> None:
+        """SIGTERM (the loop saves its state and stops), SIGKILL after 10 s; a killed loop's `[-]` box is
+        taken back here, since it could not do it itself."""
+        pid = store.holder_pid(task_id)
+        if pid is None:
+            front.warning(f"loop {task_id}: no process id recorded; cannot signal it")
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        if wait_unlocked(store, task_id, 10):
+            front.line(f"loop {task_id} (process {pid}) stopped; state saved")
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        if not wait_unlocked(store, task_id, 5):
+            raise RunError(f"loop {task_id}: process {pid} did not stop after SIGKILL")
+        from kiro.core.resolved import release_in_progress_box
+
+        state = store.load(task_id).state
+        if state.current_step is not None:  # the killed loop could not take its `[-]` back itself
+            release_in_progress_box(store.ws, store.ws.absolute(state.task_path), task_id,
+                                    state.current_step.step_id)
+        front.warning(f"loop {task_id} (process {pid}) did not stop within 10 s and was killed; resume picks up "
+                      f"from the last saved state")
