@@ -57,10 +57,13 @@ test = project / "tests" / f"test_step{step}.py"
 if action == "honest":
     with open(project / "app.py", "a") as fh:
         fh.write(f"\\n\\ndef {name}(a, b):\\n    return {body}\\n")
+    if "@pytest.mark.skip" in test.read_text():  # its own earlier cheat, taken back
+        test.write_text(test.read_text().replace("@pytest.mark.skip(reason='flaky')\\n", ""))
 elif action == "weaken":
     test.write_text(f"def test_{name}():\\n    assert True  # the agent's 'fix'\\n")
 elif action == "skip":
-    test.write_text("import pytest\\npytestmark = pytest.mark.skip(reason='flaky')\\n" + test.read_text())
+    test.write_text(f"import pytest\\n\\n\\n@pytest.mark.skip(reason='flaky')\\ndef test_{name}():\\n"
+                    f"    from app import {name}\\n    assert {funcs[step][2]}\\n")
 check(step)
 if action == "hang":
     check(str(int(step) + 1))  # a box the person did not check, checked without the work
@@ -188,9 +191,8 @@ def test_cheat_weakens_a_protected_test(ws: Workspace) -> None:
 
 def test_a_person_approves_a_protected_change(ws: Workspace) -> None:
     out = project(ws, {"2": "weaken"}, protected=True, report=False)
-    (ws.root / "config" / "autonomous_loop.yaml").write_text(
-        (ws.root / "config" / "autonomous_loop.yaml").read_text() + "autonomous_loop:\n  max_step_retries: 0\n"
-        "  backoff_base_seconds: 0.01\n  backoff_max_seconds: 0.05\n")
+    config = ws.root / "config" / "autonomous_loop.yaml"
+    config.write_text(config.read_text().replace("autonomous_loop:\n", "autonomous_loop:\n  max_step_retries: 0\n"))
     r = start(ws)
     assert r.returncode == 5, r.stdout + r.stderr  # the step's one attempt failed: escalated
     proposal = next((ws.root / "Pending_Approval").glob("protected_night_*.md"))
@@ -201,7 +203,7 @@ def test_a_person_approves_a_protected_change(ws: Workspace) -> None:
     assert "assert True" in (ws.root / "tests" / "test_step2.py").read_text()  # the change a person let through
     rc = receipt_of(ws.state("night"), "2")
     assert rc is not None and rc["protected"]["approved"] == ["tests/test_step2.py"]  # type: ignore[index]
-    assert runs(out)[-2:] == ["2 1 weaken", "3 1 weaken"] or runs(out)[-1].startswith("3 ")
+    assert [f"{x.split()[0]} {x.split()[2]}" for x in runs(out)] == ["1 honest", "2 weaken", "2 weaken", "3 honest"]
 
 
 def test_cheat_skips_a_failing_test(ws: Workspace) -> None:
@@ -214,9 +216,11 @@ def test_cheat_skips_a_failing_test(ws: Workspace) -> None:
            f"{[e['message'] for e in shrank]}; runs {runs(out)}")
     assert caught
     assert shrank[0]["message"] == "tests went from 1 passed to 1 passed and 1 skipped"
-    assert r.returncode == 0, r.stdout + r.stderr  # the retry (which un-skips nothing) ... see below
-    rc = receipt_of(ws.state("night"), "3")
-    assert rc is not None and rc["verify"]["tests"]["passed"] >= 2  # type: ignore[index]
+    assert r.returncode == 0, r.stdout + r.stderr  # the honest retry completes the night
+    assert runs(out) == ["1 1 honest", "2 1 skip", "2 2 honest", "3 1 honest"]
+    rc = receipt_of(ws.state("night"), "2")
+    assert rc is not None and rc["verify"]["tests"] == {"passed": 2, "failed": 0, "errors": 0, "skipped": 0,  # type: ignore[index]
+                                                        "xfailed": 0}
 
 
 def test_cheat_checks_boxes_without_the_work_then_is_killed(ws: Workspace) -> None:

@@ -685,6 +685,7 @@ class Loop:
                 tasks.set_marker(self.task_path, step.key, " ", expected=tasks.load(self.task_path))
             self.emit(ev.StepReopened(step_id=step.id, reason=first_line(problem, CAUSE_CHARS)))
             rec = self.state.step_record(step.id)
+            rec.attempts += 1  # the killed attempt was one
             rec.last_error = clip(f"the box was checked before a restart, but: {problem}", 3000)
             cur.status = "interrupted"
             self.save()
