@@ -312,10 +312,6 @@ class Config(_Strict):
     step_idle_timeout_seconds: float | None = Field(None, gt=0)
     project_dir: str = "."
     verify: str | None = None
-    # SPEC §14 (kiro.core.evidence): verify's JUnit XML report, whose test counts may only grow, and the
-    # globs of the paths no step may touch
-    verify_report: str | None = None
-    protected_paths: list[str] = Field(default_factory=list)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
     guardrails: Guardrails = Field(default_factory=Guardrails)
@@ -348,6 +344,10 @@ class Config(_Strict):
     # An ACP agent's command line, one argument per item (`[gemini, --acp]`): needed by `agent: acp`,
     # and replaces an ACP preset's own (kiro.executors.agents.acp)
     acp_command: list[str] | None = None
+    # SPEC §14 (kiro.core.evidence): verify's JUnit XML report, whose test counts may only grow, and the
+    # globs of the paths no step may touch
+    verify_report: str | None = None
+    protected_paths: list[str] = Field(default_factory=list)
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
