@@ -63,7 +63,7 @@ class Evidence(Feature):
             manifest = protected.manifest()
             if manifest is not None:
                 self.approved = receipts.approved_paths(loop.ws, loop.state.task_id, cur.step_id)
-                self.killed_changes = await asyncio.to_thread(self._put_back, loop, cur.step_id, manifest)
+                self.killed_changes = await self._put_back(loop, cur.step_id, manifest)
         self._reopen_foreign_boxes(loop, cur.step_id, after_kill=True)
 
     def choose_step(self, loop: LoopHandle, task: TaskFile, step: Step | None) -> Step | None:
@@ -95,7 +95,7 @@ class Evidence(Feature):
                                    approved=sorted(set(self.approved)))
             changes = list(self.killed_changes) if recovering else []
             if manifest is not None and not recovering:
-                changes = await asyncio.to_thread(self._put_back, loop, step.id, manifest)
+                changes = await self._put_back(loop, step.id, manifest)
             if changes:
                 check.ok = False
                 check.changed = [str(c) for c in changes]
@@ -126,7 +126,7 @@ class Evidence(Feature):
             s.completed_steps[-1].iteration == s.iteration
         protected = self._protected(loop)
         if not done and protected is not None and self.manifest is not None:
-            await asyncio.to_thread(self._put_back, loop, step_id, self.manifest)  # a failed attempt's changes
+            await self._put_back(loop, step_id, self.manifest)  # a failed attempt's changes
         self._reopen_foreign_boxes(loop, step_id, after_kill=False)
         self.pending.pop(step_id, None)
         if done:
@@ -170,20 +170,25 @@ class Evidence(Feature):
 
     _proposal_note = "Pending_Approval/"
 
-    def _put_back(self, loop: LoopHandle, step_id: str, manifest: dict[str, str]) -> list[Change]:
-        """Put back what the attempt did to protected paths (but the changes a person approved); name it in
-        an event and a proposal a person can approve. Returns the changes."""
+    async def _put_back(self, loop: LoopHandle, step_id: str, manifest: dict[str, str]) -> list[Change]:
+        """Put back what the attempt did to protected paths (but the changes a person approved), off the event
+        loop; name it in an event and a proposal a person can approve. Returns the changes."""
         protected = self._protected(loop)
         assert protected is not None
         approved = set(self.approved)
-        changes = [c for c in protected.changes(manifest) if c.path not in approved]
-        if not changes:
-            return []
-        failed = protected.put_back(manifest, changes)
-        proposal = receipts.propose_change(loop.ws, loop.state.task_id, step_id, changes)
-        self._proposal_note = f"{loop.ws.relative(proposal)} (move it to Approved/)"
-        loop.emit(events.ProtectedPathsChanged(step_id=step_id, changes=[str(c) for c in changes],
-                                               proposal=loop.ws.relative(proposal), not_put_back=failed))
+
+        def restore() -> tuple[list[Change], list[str], Path | None]:
+            changes = [c for c in protected.changes(manifest) if c.path not in approved]
+            if not changes:
+                return [], [], None
+            failed = protected.put_back(manifest, changes)
+            return changes, failed, receipts.propose_change(loop.ws, loop.state.task_id, step_id, changes)
+
+        changes, failed, proposal = await asyncio.to_thread(restore)
+        if proposal is not None:
+            self._proposal_note = f"{loop.ws.relative(proposal)} (move it to Approved/)"
+            loop.emit(events.ProtectedPathsChanged(step_id=step_id, changes=[str(c) for c in changes],
+                                                   proposal=loop.ws.relative(proposal), not_put_back=failed))
         return changes
 
     # -- boxes -------------------------------------------------------------------------------------------

@@ -406,6 +406,15 @@ class Config(_Strict):
             raise ValueError(f"{twice!r} is named twice (agent and fallback_agents together list each agent once)")
         return value
 
+    @model_validator(mode="after")
+    def _evidence_is_local(self) -> Config:
+        """Protected paths and test counts are checked by the loop's own process (kiro.core.evidence)."""
+        if self.backend.kind == "temporal" and (self.protected_paths or self.verify_report):
+            key = "protected_paths" if self.protected_paths else "verify_report"
+            raise ValueError(f"{key} is not built on the temporal backend (each step's worker verifies and commits "
+                             f"it); remove {key}, or use backend: local")
+        return self
+
     @field_validator("verify_report")
     @classmethod
     def _report_of_verify(cls, value: str | None, info: ValidationInfo) -> str | None:
