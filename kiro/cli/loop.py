@@ -295,6 +295,26 @@ def progress(
 
 @app.command()
 @guarded
+def receipt(
+    task_id: TaskIdOpt = None,
+    task: TaskOpt = None,
+    step: Annotated[str | None, typer.Option("--step", help="Only this step's receipt.", show_default=False)] = None,
+    workspace: WorkspaceOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The receipts of the loop's completed steps: who did each, attempts, times, tokens and cost, verify's exit code, output and test counts, the checkpoint commit and its diff stat, the protected-path check."""
+    from kiro.views import console, loops
+
+    _, loaded = _loaded(workspace, task_id, task)
+    found = loops.receipts(loaded.state, step)
+    if json_out:
+        console.print_json(found[0] if step is not None else found)
+        return
+    console.line("\n\n".join(loops.receipt_text(r) for r in found) or "no completed steps yet")
+
+
+@app.command()
+@guarded
 def rollback(
     to_step: Annotated[str, typer.Option("--to-step", help="The completed step whose checkpoint to go back to; "
                                                            "it stays done, the steps after it are undone.")],

@@ -30,7 +30,7 @@ from kiro import timeutil
 from kiro.core import conditions, resolved
 from kiro.core.conditions import Stop
 from kiro.core.guardrails import LoopGuardrails, SharedLimits, Trigger
-from kiro.core.hooks import Checkpoint, Feature, LoopListener
+from kiro.core.hooks import Checkpoint, Feature, LoopListener, VerifyRun
 from kiro.core.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
 from kiro.executors import prompts
@@ -680,6 +680,17 @@ class Loop:
             cur.status = "interrupted"
             self.save()
             return
+        problem = await self._confirm_recovered(task, step)
+        if problem is not None:  # SPEC §14: the box is reopened, the step runs again
+            with contextlib.suppress(TaskFileError, TaskNotFound):
+                tasks.set_marker(self.task_path, step.key, " ", expected=tasks.load(self.task_path))
+            self.emit(ev.StepReopened(step_id=step.id, reason=first_line(problem, CAUSE_CHARS)))
+            rec = self.state.step_record(step.id)
+            rec.attempts += 1  # the killed attempt was one
+            rec.last_error = clip(f"the box was checked before a restart, but: {problem}", 3000)
+            cur.status = "interrupted"
+            self.save()
+            return
         started = timeutil.parse(cur.started_at) if cur.started_at else timeutil.now()
         checkpoint = await self._step_done(step, recovering=True)
         self._record_success(step, started, summary="(recovered after a restart: the box was checked)",
@@ -794,12 +805,18 @@ class Loop:
                                            f"(see {s.report_path})", "request_human")
 
         verify_output = None
+        verify: VerifyRun | None = None
         if result.ok and verify_cmd:
-            passed, verify_output = await self._verify(verify_cmd, ctx)
-            if not passed:
+            verify = await self._verify(verify_cmd, ctx)
+            verify_output = verify.output
+            if not verify.passed:
                 self.emit(ev.VerifyFailed(step_id=step.id, command=verify_cmd, output=tail(verify_output, 1000)))
                 result = StepResult("failed", summary=result.summary, usage=Usage(),
                                     error=f"verify `{verify_cmd}` failed:\n{tail(verify_output, 2000)}")
+        if result.ok:
+            problem = await self._check_step(step, verify)
+            if problem is not None:
+                result = StepResult("failed", summary=result.summary, usage=Usage(), error=problem)
 
         if result.ok:
             sync: list[int] = []
@@ -897,17 +914,45 @@ class Loop:
         v = self.cfg.verify
         return v if isinstance(v, str) and v.strip() else None
 
-    async def _verify(self, command: str, ctx: StepContext) -> tuple[bool, str]:
+    async def _verify(self, command: str, ctx: StepContext) -> VerifyRun:
         from kiro.executors.shell import step_box, step_env
 
         env = step_env(ctx)
+        began = time.time()
         result = await run_process(["bash", "-e", "-c", command], cwd=self.project_dir, env=env,
                                    timeout=self.cfg.step_timeout_seconds, cancel=self.cancel,
                                    box=step_box(ctx, env, project=self.project_dir))
         text = self.redact.text(tail(result.output, 4000))
         if result.timed_out:
-            return False, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}"
-        return result.ok, text
+            return VerifyRun(command, None, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}", began)
+        return VerifyRun(command, None if result.cancelled else result.returncode, text, began)
+
+    async def _check_step(self, step: tasks.Step, verify: VerifyRun | None, *, recovering: bool = False) -> str | None:
+        """What the features say of a step its executor (or, `recovering`, a box found checked after a
+        kill) says is done: the first reason it is not (SPEC §14: protected paths, test counts), or None."""
+        for feature in self.features:
+            problem = await feature.check_step(self, step, verify, recovering=recovering)
+            if problem is not None:
+                return problem
+        return None
+
+    async def _confirm_recovered(self, task: tasks.TaskFile, step: tasks.Step) -> str | None:
+        """SPEC §14: a box checked during an attempt that kiro never recorded (a kill, a stop) counts only
+        after verify passes and the features' checks hold, as after any attempt; else the reason."""
+        verify_cmd = self._verify_command(task)
+        verify = None
+        if verify_cmd:
+            s = self.state
+            ctx = StepContext(
+                task_id=s.task_id, workspace=self.ws, project_dir=self.project_dir, task_path=self.task_path,
+                task=task, step=step, iteration=s.iteration, attempt=max(s.step_record(step.id).attempts, 1),
+                prompt="", system_prompt="", reinjected=False, continuation=None, previous_error=None,
+                verify_output=None, timeout_seconds=self.cfg.step_timeout_seconds, config=self.cfg, state=s,
+                cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor, redact=self.redact)
+            verify = await self._verify(verify_cmd, ctx)
+            if not verify.passed:
+                return f"verify `{verify_cmd}` failed:\n{tail(verify.output, 2000)}"
+        return await self._check_step(step, verify, recovering=True)
 
     def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int,
                         checkpoint: Checkpoint | None = None, agent: str | None = None) -> None:

@@ -325,10 +325,11 @@ def standard(*, git: bool = True) -> list[Feature]:
     """Every feature of a loop, in the order the engine asks them (`git=False`: the temporal
     backend's workspace side, where each step's worker makes the commit; steps side by side need the
     loop's own git, so `parallel` is not built there)."""
+    from kiro.core.evidence import Evidence
     from kiro.core.parallel import Parallel
 
     if not git:
         return [Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles()]
     git_feature = Git()
-    return [git_feature, Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles(), Parallel(),
+    return [git_feature, Evidence(), Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles(), Parallel(),
             GitAttempts(git_feature)]

@@ -7,6 +7,7 @@ None of them imports the engine, and the engine imports none of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,6 +94,20 @@ class Checkpoint(Protocol):
     note: str | None
 
 
+@dataclass
+class VerifyRun:
+    """One run of the `verify` command after a step."""
+
+    command: str
+    exit_code: int | None  # None: timed out or cancelled
+    output: str  # its tail, redacted
+    started: float  # time.time() when it began (a report older than this is not its own)
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+
 class Feature:
     """A part of a loop that plugs in beside the engine: git checkpoints, a recurring task's runs, the
     pre-check gate, the approval of proposed steps (kiro.core.features). The engine calls each hook of each
@@ -124,6 +139,13 @@ class Feature:
 
     async def after_step(self, loop: LoopHandle, step_id: str) -> None:
         """After an attempt, however it went."""
+
+    async def check_step(self, loop: LoopHandle, step: Step, verify: VerifyRun | None, *,
+                         recovering: bool = False) -> str | None:
+        """The executor says the step is done and `verify` (None: none is set) passed; `recovering`: the
+        step's box was found checked after a kill, before kiro recorded it. Why the step is not done after
+        all (the attempt fails with that reason; recovering, the box is reopened), or None."""
+        return None
 
     async def step_done(self, loop: LoopHandle, step: Step, *, recovering: bool = False) -> Checkpoint | None:
         """A step's box is checked and the state does not record the step yet (`recovering`: found

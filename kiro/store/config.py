@@ -345,6 +345,10 @@ class Config(_Strict):
     # An ACP agent's command line, one argument per item (`[gemini, --acp]`): needed by `agent: acp`,
     # and replaces an ACP preset's own (kiro.executors.agents.acp)
     acp_command: list[str] | None = None
+    # SPEC §14 (kiro.core.evidence): verify's JUnit XML report, whose test counts may only grow, and the
+    # globs of the paths no step may touch
+    verify_report: str | None = None
+    protected_paths: list[str] = Field(default_factory=list)
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
@@ -403,6 +407,23 @@ class Config(_Strict):
             raise ValueError(f"{twice!r} is named twice (agent and fallback_agents together list each agent once)")
         return value
 
+    @model_validator(mode="after")
+    def _evidence_is_local(self) -> Config:
+        """Protected paths and test counts are checked by the loop's own process (kiro.core.evidence)."""
+        if self.backend.kind == "temporal" and (self.protected_paths or self.verify_report):
+            key = "protected_paths" if self.protected_paths else "verify_report"
+            raise ValueError(f"{key} is not built on the temporal backend (each step's worker verifies and commits "
+                             f"it); remove {key}, or use backend: local")
+        return self
+
+    @field_validator("verify_report")
+    @classmethod
+    def _report_of_verify(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not (isinstance(info.data.get("verify"), str) and info.data["verify"].strip()):
+            raise ValueError("is the report the verify command writes, but no verify command is set; set verify "
+                             "(e.g. pytest -q --junitxml=.kiro-verify.xml) or remove verify_report")
+        return value
+
     @field_validator("on_event")
     @classmethod
     def _known_events(cls, value: dict[str, str]) -> dict[str, str]:
@@ -456,6 +477,8 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "fallback_agents": "fallback_agents",
     "agent_env": "agent_env",
     "verify": "verify",
+    "verify_report": "verify_report",
+    "protected_paths": "protected_paths",
     "max_iterations": "autonomous_loop.max_iterations",
     "failure_threshold": "autonomous_loop.failure_threshold",
     "timeout_seconds": "autonomous_loop.timeout_seconds",
@@ -468,6 +491,10 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "sandbox": "sandbox",
     "sandbox_network": "sandbox_network",
 }
+
+# Frontmatter keys whose list adds to the config file's, never replaces it (SPEC §14: a task can protect more
+# paths, never fewer).
+ADD_ONLY_KEYS: frozenset[str] = frozenset({"protected_paths"})
 
 # Every top-level task frontmatter key kiro reads: the ones above, and the task's own (kiro.store.tasks:
 # title, instructions, kiro_task_id; kiro.core.schedule: schedule, stateful). Any other key is the person's.
@@ -699,6 +726,8 @@ def resolve_config(
             line = (frontmatter_lines or {}).get(key)
             dotted = FRONTMATTER_KEYS[key]
             origin = _Origin(dotted, label=f"frontmatter key {key!r}", file=task_name, line=line)
+            if key in ADD_ONLY_KEYS and isinstance(value, list) and isinstance(merged.get(dotted), list):
+                value = [*merged[dotted], *(v for v in value if v not in merged[dotted])]  # adds, never removes
             _assign(merged, origins, _split(dotted), value, origin)
 
     for var, dotted, value in _env_settings(environ):

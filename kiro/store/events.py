@@ -588,6 +588,38 @@ class WorkerLost(Event):
     worker: str
 
 
+# -- evidence for the morning (SPEC §14, kiro.core.evidence) -------------------------------------
+
+
+class ProtectedPathsChanged(Event):
+    """A step created, changed or deleted protected paths: they were put back and the attempt failed;
+    `proposal`: the file in Pending_Approval/ a person moves to Approved/ to let the change through."""
+
+    event: Literal["protected_paths_changed"] = "protected_paths_changed"
+    step_id: str
+    changes: list[str] = Field(default_factory=list)  # "changed tests/test_a.py"
+    proposal: str | None = None
+    not_put_back: list[str] = Field(default_factory=list)
+
+
+class TestsShrank(Event):
+    """verify_report counted fewer passed, or more skipped or xfailed, tests than the last completed step's."""
+
+    __test__ = False  # not a pytest test class
+
+    event: Literal["tests_shrank"] = "tests_shrank"
+    step_id: str
+    message: str
+
+
+class StepReopened(Event):
+    """A box found checked after a kill (or stop) that kiro never recorded did not pass verify or the
+    protected-path check (or was checked by the agent during an attempt at another step): unchecked."""
+
+    event: Literal["step_reopened"] = "step_reopened"
+    step_id: str
+    reason: str
+
 
 AnyEvent: TypeAlias = Annotated[
     Union[  # noqa: UP007 - a discriminated union reads best spelled out
@@ -603,7 +635,7 @@ AnyEvent: TypeAlias = Annotated[
         WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
         RollbackResumed, ParallelStepStarted, ParallelStepFinished, ParallelConflict,
         RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
-        PrecheckPassed, PrecheckSkipped, WorkerLost,
+        PrecheckPassed, PrecheckSkipped, WorkerLost, ProtectedPathsChanged, TestsShrank, StepReopened,
     ],
     Field(discriminator="event"),
 ]

@@ -32,6 +32,7 @@ from kiro.fs.atomic import Staged, fsync_dir
 from kiro.fs.atomic import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fs.atomic
 from kiro.status import RECORDED, Status
 from kiro.store import journal
+from kiro.store.receipts import Receipt
 from kiro.store.redact import Redactor
 from kiro.store.workspace import TASK_ID_RE, Workspace
 from kiro.usage import Usage
@@ -119,6 +120,7 @@ class CompletedStep(_Model):
     checkpoint: str | None = None  # the step's git commit (SPEC §9); None: no commit, see checkpoint_note
     checkpoint_note: str | None = None  # why there is no commit: "no changes", "failed: ..."
     agent: str | None = None  # the agent CLI that did it (command executor; a fallback agent's name)
+    receipt: Receipt | None = None  # what kiro saw when it counted the step done (SPEC §14, kiro.core.evidence)
 
 
 class FailedStep(_Model):
@@ -286,6 +288,9 @@ class LoopState(_Model):
     last_run_at: IsoTime | None = None
     next_run_at: IsoTime | None = None
     schedule: ScheduleInfo | None = None
+    # the steps whose boxes were checked when the step in flight began (kiro.core.evidence): a box checked
+    # since, found after a kill, was checked during the attempt, not by a person between runs
+    boxes_checked_before: list[str] | None = None
     reviewed_steps: int = 0  # completed steps a person was shown at a review pause (kiro.core.features.ReviewPoints)
     journal_seq: int = 0  # the last journal record this snapshot includes (kiro.store.journal)
     # (the completed_steps list, how many of its durations are summed, the sum): refresh_metrics

@@ -244,7 +244,10 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
     completed_attempts: dict[str, int] = {}  # the engine zeroes a step's attempt count when it succeeds
     checkpoints: dict[str, str | None] = {}  # SPEC §9: each done step's commit, or why there is none
     agents: dict[str, str | None] = {}  # the agent CLI that did each done step (fallback_agents)
+    receipts: dict[str, dict[str, Any]] = {}  # SPEC §14: each done step's receipt
     for c in state.completed_steps:
+        if c.receipt is not None:
+            receipts[c.step_id] = c.receipt.model_dump(mode="json", exclude_none=True)
         durations[c.step_id] = c.duration_seconds
         completed_attempts[c.step_id] = c.attempts
         checkpoints[c.step_id] = c.checkpoint or (f"({c.checkpoint_note})" if c.checkpoint_note else None)
@@ -275,6 +278,7 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
                 "duration": timeutil.human_duration(durations[st.id]) if st.id in durations else None,
                 "checkpoint": checkpoints.get(st.id) if st.done else None,
                 "agent": agents.get(st.id) if st.done else None,
+                "receipt": receipts.get(st.id) if st.done else None,
             })
     done = sum(1 for r in rows if r["status"] == "done")
     git = state.git
@@ -289,3 +293,57 @@ def progress(ws: Workspace, state: LoopState) -> dict[str, Any]:
             "steps_done": done, "steps_total": len(rows), "steps": rows, "error": error, "branch": branch,
             **sleep, **schedule_fields(state)}
 
+
+
+def receipts(state: LoopState, step_id: str | None = None) -> list[dict[str, Any]]:
+    """The receipts of the loop's completed steps (SPEC §14), oldest first; of one step with `step_id` (its
+    latest). A completed step kiro recorded without one (before receipts existed) is listed with `receipt`
+    null. A step that is not done raises a UserError naming the steps that have receipts."""
+    out: list[dict[str, Any]] = [{"step_id": c.step_id, "description": c.description,
+            "receipt": c.receipt.model_dump(mode="json", exclude_none=True) if c.receipt is not None else None}
+           for c in state.completed_steps]
+    if step_id is None:
+        return out
+    mine = [r for r in out if r["step_id"] == step_id]
+    if not mine:
+        done = ", ".join(dict.fromkeys(str(r["step_id"]) for r in out)) or "none yet"
+        raise UserError(f"--step {step_id!r}: loop {state.task_id} has no completed step {step_id!r} "
+                        f"(completed: {done})")
+    return mine[-1:]
+
+
+def receipt_text(entry: dict[str, Any]) -> str:
+    """One receipt as a person reads it in a terminal or a report."""
+    r = entry.get("receipt")
+    head = f"step {entry['step_id']}: {entry['description']}"
+    if r is None:
+        return f"{head}\n  no receipt (recorded before kiro kept receipts)"
+    lines = [head]
+    who = " ".join(x for x in (r.get("agent") or r.get("executor") or "", f"({r['model']})" if r.get("model") else "")
+                   if x)
+    lines.append(f"  by {who or '-'}, {r.get('attempts', 1)} attempt(s), {r.get('started_at') or '?'} -> "
+                 f"{r.get('finished_at')} ({timeutil.human_duration(r.get('duration_seconds') or 0.0)})"
+                 + ("; counted after a restart" if r.get("recovered") else ""))
+    if r.get("total_tokens") or r.get("cost_usd"):
+        lines.append(f"  tokens {r.get('total_tokens', 0)} (prompt {r.get('prompt_tokens', 0)}, completion "
+                     f"{r.get('completion_tokens', 0)}), cost ${r.get('cost_usd', 0):.4f}")
+    v = r.get("verify")
+    if v is None:
+        lines.append("  verify: none set")
+    else:
+        tests = v.get("tests")
+        counts = ", ".join(f"{n} {k}" for k, n in tests.items() if n) if tests else None
+        lines.append(f"  verify `{v['command']}` exit {v.get('exit_code')}" + (f"; tests: {counts or '0'}" if tests
+                                                                               is not None else ""))
+        tail_lines = [ln for ln in (v.get("output_tail") or "").splitlines() if ln.strip()][-3:]
+        lines += [f"    | {ln}" for ln in tail_lines]
+    commit = r.get("checkpoint")
+    lines.append(f"  checkpoint {commit[:12]}" if commit else f"  checkpoint: {r.get('checkpoint_note') or 'none'}")
+    for ln in (r.get("diff_stat") or "").splitlines()[-6:]:
+        lines.append(f"    {ln.strip()}")
+    p = r.get("protected")
+    if p is not None:
+        lines.append(f"  protected paths ({', '.join(p.get('globs', []))}): "
+                     + ("untouched" if p.get("ok", True) else "changed: " + "; ".join(p.get("changed", [])))
+                     + (f"; approved: {', '.join(p['approved'])}" if p.get("approved") else ""))
+    return "\n".join(lines)

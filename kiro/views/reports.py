@@ -86,11 +86,33 @@ def completion_report(state: LoopState, *, moved_to: str | None) -> str:
 - **Average Step Duration**: {m.average_step_duration:.2f}s
 - **Total Successes**: {state.total_successes}
 - **Total Failures**: {state.total_failures}
-{_usage(state)}{_git(state)}
+{_usage(state)}{_git(state)}{_receipts(state)}
 ---
 
 **Task successfully completed {where}.**
 """
+
+
+def _receipts(state: LoopState) -> str:
+    """SPEC §14: a line per completed step's receipt (`kiro loop receipt` shows it whole)."""
+    rows = []
+    for c in state.completed_steps:
+        r = c.receipt
+        if r is None:
+            continue
+        v = r.verify
+        verify = "no verify" if v is None else f"verify exit {v.exit_code}" + (
+            f", {v.tests.describe()}" if v.tests is not None else "")
+        guarded = "" if r.protected is None else ", protected paths untouched" if r.protected.ok else \
+            ", protected paths changed"
+        commit = f", commit `{r.checkpoint[:12]}`" if r.checkpoint else ""
+        again = ", counted after a restart" if r.recovered else ""
+        rows.append(f"- **{c.step_id}** {c.description}: {r.agent or r.executor or '-'}, {r.attempts} attempt(s), "
+                    f"{verify}{guarded}{commit}{again}")
+    if not rows:
+        return ""
+    return (f"\n## Receipts\n{chr(10).join(rows)}\n\n`kiro loop receipt --task-id {state.task_id}` shows each "
+            f"in full.\n")
 
 
 def _git(state: LoopState) -> str:

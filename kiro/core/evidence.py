@@ -1,0 +1,268 @@
+"""Evidence for the morning (SPEC §14), a feature beside the engine (kiro.core.hooks.Feature):
+
+- every completed step gets a receipt (`completed_steps[].receipt`, kiro.store.receipts.Receipt): who did it,
+  attempts, times, tokens and cost, verify's command, exit code, output tail and test counts, the checkpoint
+  commit and its diff stat, the protected-path check. It is made when the engine records the step (the
+  `step_completed` / `step_recovered` event), before the state's next save: the step and its receipt are
+  one record, journaled together.
+- `protected_paths`: before every attempt the protected files are hashed and copied to
+  `.state/protected/<task_id>/`; a step that created, changed or deleted one fails, the paths are put back,
+  and `Pending_Approval/protected_<task_id>_<n>.md` lets a person approve the change for the step's next
+  attempt. An attempt that fails (or is cut short, or killed) has its protected changes put back too.
+- `verify_report`: the JUnit XML report verify writes; fewer passed, or more skipped or xfailed, tests than
+  the last receipt's fails the step.
+- A box is done only with its receipt: the boxes checked when an attempt begins are kept in the state
+  (`boxes_checked_before`); a box of another step that an agent checks during the attempt is reopened (with an
+  agent that checks boxes: the command executor), and after a kill the in-flight step's box counts only once
+  verify and these checks pass on the next run (the engine asks `check_step(recovering=True)`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from kiro import timeutil
+from kiro.core.hooks import Feature, LoopHandle, VerifyRun
+from kiro.errors import TaskFileError, TaskNotFound
+from kiro.store import events, receipts, tasks
+from kiro.store.receipts import Change, ProtectedCheck, Receipt, TestCounts, VerifyRecord
+from kiro.store.state import CompletedStep, LoopState, clip
+from kiro.store.tasks import Step, TaskFile
+from kiro.usage import Usage
+
+REPORT_CLOCK_SLACK = 2.0  # seconds: a report written this long before verify began is still its own (clock steps)
+
+
+class Evidence(Feature):
+    def __init__(self) -> None:
+        self.loop: LoopHandle | None = None
+        self.step_id: str | None = None  # the step being attempted (its first attempt's start and usage below)
+        self.first_started: str | None = None
+        self.usage_before = Usage()
+        self.manifest: dict[str, str] | None = None  # the protected files' hashes before this attempt
+        self.approved: list[str] = []
+        self.killed_changes: list[Change] = []  # protected changes a killed attempt left, put back at open
+        self.pending: dict[str, tuple[VerifyRecord | None, ProtectedCheck | None]] = {}
+        self.task: TaskFile | None = None
+
+    # -- the hooks ---------------------------------------------------------------------------------------
+
+    async def open(self, loop: LoopHandle) -> None:
+        self.loop = loop
+        loop.subscribe(self._on_event)
+        cur = loop.state.current_step
+        if cur is None or cur.status != "in_progress":
+            return
+        # a killed attempt: what it did to protected paths goes back, boxes it checked for other steps reopen
+        protected = self._protected(loop)
+        if protected is not None:
+            manifest = protected.manifest()
+            if manifest is not None:
+                self.approved = receipts.approved_paths(loop.ws, loop.state.task_id, cur.step_id)
+                self.killed_changes = await self._put_back(loop, cur.step_id, manifest)
+        self._reopen_foreign_boxes(loop, cur.step_id, after_kill=True)
+
+    def choose_step(self, loop: LoopHandle, task: TaskFile, step: Step | None) -> Step | None:
+        self.task = task  # the file as read this round: the boxes before the attempt
+        return step
+
+    async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[None, bool]:
+        s = loop.state
+        if step_id != self.step_id or attempts == 0:
+            self.step_id = step_id
+            self.first_started = timeutil.iso()
+            self.usage_before = s.usage.model_copy()
+        if self.task is not None and loop.executor.checks_boxes:
+            s.boxes_checked_before = [st.id for st in self.task.steps if st.done]
+        protected = self._protected(loop)
+        if protected is not None:
+            self.manifest = await asyncio.to_thread(protected.snapshot)
+            self.approved = receipts.approved_paths(loop.ws, s.task_id, step_id)
+        return None, True
+
+    async def check_step(self, loop: LoopHandle, step: Step, verify: VerifyRun | None, *,
+                         recovering: bool = False) -> str | None:
+        cfg = loop.cfg
+        check: ProtectedCheck | None = None
+        protected = self._protected(loop)
+        if protected is not None:
+            manifest = self.manifest if not recovering else protected.manifest()
+            check = ProtectedCheck(globs=list(cfg.protected_paths), files=len(manifest or {}),
+                                   approved=sorted(set(self.approved)))
+            changes = list(self.killed_changes) if recovering else []
+            if manifest is not None and not recovering:
+                changes = await self._put_back(loop, step.id, manifest)
+            if changes:
+                check.ok = False
+                check.changed = [str(c) for c in changes]
+                return (f"step {step.id} {'; '.join(map(str, changes))}, which protected_paths protects; kiro put "
+                        f"it back. A person can let the change through: see {self._proposal_note}")
+        record = None
+        if verify is not None:
+            record = VerifyRecord(command=verify.command, exit_code=verify.exit_code,
+                                  output_tail=clip(verify.output[-receipts.OUTPUT_TAIL_CHARS:],
+                                                   receipts.OUTPUT_TAIL_CHARS),
+                                  report=cfg.verify_report)
+            if cfg.verify_report:
+                counts, problem = await asyncio.to_thread(self._counts, loop, verify)
+                if problem is not None:
+                    return problem
+                record.tests = counts
+                before = last_counts(loop.state)
+                problem = receipts.shrank(before, counts) if counts is not None else None
+                if problem is not None:
+                    loop.emit(events.TestsShrank(step_id=step.id, message=problem))
+                    return f"{problem} (verify_report {cfg.verify_report}; tests can only grow)"
+        self.pending[step.id] = (record, check)
+        return None
+
+    async def after_step(self, loop: LoopHandle, step_id: str) -> None:
+        s = loop.state
+        done = bool(s.completed_steps) and s.completed_steps[-1].step_id == step_id and \
+            s.completed_steps[-1].iteration == s.iteration
+        protected = self._protected(loop)
+        if not done and protected is not None and self.manifest is not None:
+            await self._put_back(loop, step_id, self.manifest)  # a failed attempt's changes
+        self._reopen_foreign_boxes(loop, step_id, after_kill=False)
+        self.pending.pop(step_id, None)
+        if done:
+            s.boxes_checked_before = None
+
+    # -- receipts ----------------------------------------------------------------------------------------
+
+    def _on_event(self, event: events.Event) -> None:
+        if isinstance(event, (events.StepCompleted, events.StepRecovered)) and self.loop is not None:
+            s = self.loop.state
+            if s.completed_steps and s.completed_steps[-1].step_id == event.step_id:
+                c = s.completed_steps[-1]
+                c.receipt = self._receipt(self.loop, c, recovered=isinstance(event, events.StepRecovered))
+                self.killed_changes = []
+
+    def _receipt(self, loop: LoopHandle, c: CompletedStep, *, recovered: bool) -> Receipt:
+        s, cfg = loop.state, loop.cfg
+        verify, check = self.pending.pop(c.step_id, (None, None))
+        ours = self.step_id == c.step_id
+        used = Usage()
+        if ours:
+            for name in ("prompt_tokens", "completion_tokens", "total_tokens", "cost_usd"):
+                setattr(used, name, max(getattr(s.usage, name) - getattr(self.usage_before, name), 0))
+        model = cfg.llm.model if s.executor == "openai" or "model" in cfg.llm.model_fields_set else None
+        started = self.first_started if ours else (s.current_step.started_at if s.current_step else None)
+        return Receipt(
+            step_id=c.step_id, title=c.description, executor=s.executor, agent=c.agent, model=model,
+            attempts=c.attempts, started_at=started, finished_at=c.completed_at,
+            duration_seconds=_seconds(started, c.completed_at, c.duration_seconds),
+            prompt_tokens=used.prompt_tokens, completion_tokens=used.completion_tokens,
+            total_tokens=used.total_tokens, cost_usd=round(used.cost_usd, 6), verify=verify,
+            checkpoint=c.checkpoint, checkpoint_note=c.checkpoint_note,
+            diff_stat=_diff_stat(s, c.checkpoint) if c.checkpoint else None,
+            protected=check, recovered=recovered)
+
+    # -- protected paths ---------------------------------------------------------------------------------
+
+    def _protected(self, loop: LoopHandle) -> receipts.Protected | None:
+        globs = loop.cfg.protected_paths
+        return receipts.Protected(loop.ws, loop.state.task_id, loop.project_dir, list(globs)) if globs else None
+
+    _proposal_note = "Pending_Approval/"
+
+    async def _put_back(self, loop: LoopHandle, step_id: str, manifest: dict[str, str]) -> list[Change]:
+        """Put back what the attempt did to protected paths (but the changes a person approved), off the event
+        loop; name it in an event and a proposal a person can approve. Returns the changes."""
+        protected = self._protected(loop)
+        assert protected is not None
+        approved = set(self.approved)
+
+        def restore() -> tuple[list[Change], list[str], Path | None]:
+            changes = [c for c in protected.changes(manifest) if c.path not in approved]
+            if not changes:
+                return [], [], None
+            failed = protected.put_back(manifest, changes)
+            return changes, failed, receipts.propose_change(loop.ws, loop.state.task_id, step_id, changes)
+
+        changes, failed, proposal = await asyncio.to_thread(restore)
+        if proposal is not None:
+            self._proposal_note = f"{loop.ws.relative(proposal)} (move it to Approved/)"
+            loop.emit(events.ProtectedPathsChanged(step_id=step_id, changes=[str(c) for c in changes],
+                                                   proposal=loop.ws.relative(proposal), not_put_back=failed))
+        return changes
+
+    # -- boxes -------------------------------------------------------------------------------------------
+
+    def _reopen_foreign_boxes(self, loop: LoopHandle, step_id: str, *, after_kill: bool) -> None:
+        """Boxes of other steps that were checked while the attempt at `step_id` ran, by an agent that checks
+        boxes: no receipt stands behind them, so they are unchecked (a person can check one again)."""
+        s = loop.state
+        before = s.boxes_checked_before
+        if before is None or not loop.executor.checks_boxes:
+            return
+        try:
+            task = tasks.load(loop.task_path)
+        except (TaskFileError, TaskNotFound):
+            return
+        was = set(before)
+        recorded = {c.step_id for c in s.completed_steps}
+        for st in task.steps:
+            if not st.done or not st.is_leaf or st.id in was or st.id in recorded or st.id == step_id:
+                continue
+            with contextlib.suppress(TaskFileError, TaskNotFound):
+                task = tasks.set_marker(loop.task_path, st.key, " ", expected=tasks.load(loop.task_path))
+                when = "an attempt kiro never recorded (a kill)" if after_kill else "the attempt"
+                loop.emit(events.StepReopened(step_id=st.id, reason=(
+                    f"its box was checked during {when} at step {step_id}, with no receipt; unchecked "
+                    f"(a person who meant to skip it checks it again)")))
+
+    # -- verify's report ---------------------------------------------------------------------------------
+
+    def _counts(self, loop: LoopHandle, verify: VerifyRun) -> tuple[TestCounts | None, str | None]:
+        path = Path(loop.project_dir) / str(loop.cfg.verify_report)
+        try:
+            written = os.stat(path).st_mtime
+        except OSError:
+            return None, f"verify did not write its report {loop.cfg.verify_report} (verify_report)"
+        if written < verify.started - REPORT_CLOCK_SLACK:
+            return None, (f"verify did not write its report {loop.cfg.verify_report} this time (the file there is "
+                          f"older than the verify run)")
+        try:
+            return receipts.read_report(path), None
+        except receipts.ReportError as exc:
+            return None, f"{exc} (verify_report)"
+
+
+def last_counts(state: LoopState) -> TestCounts | None:
+    """The test counts of the newest receipt that has them: what the next step's may not go below."""
+    for c in reversed(state.completed_steps):
+        if c.receipt is not None and c.receipt.verify is not None and c.receipt.verify.tests is not None:
+            return c.receipt.verify.tests
+    return None
+
+
+def _seconds(started: str | None, finished: str, fallback: float) -> float:
+    if not started:
+        return fallback
+    with contextlib.suppress(ValueError, TypeError):
+        return round(max((timeutil.parse(finished) - timeutil.parse(started)).total_seconds(), 0.0), 3)
+    return fallback
+
+
+def _diff_stat(state: LoopState, commit: str) -> str | None:
+    """`git show --stat` of the step's checkpoint commit."""
+    from kiro.git import checkpoints
+
+    g = state.git
+    if g is None or not g.toplevel:
+        return None
+    try:
+        out = checkpoints.Git(Path(g.worktree or g.toplevel)).run(
+            "show", "--stat", "--format=", "--no-color", "--no-ext-diff", commit).stdout
+    except checkpoints.GitError as exc:
+        return f"(git could not tell: {exc})"
+    return clip(out.strip(), 2000) or "(no changes)"
+
+
+def receipt_fields(receipt: Receipt) -> dict[str, Any]:
+    return receipt.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,307 @@
+"""Evidence for the morning (SPEC §14): a completed step's receipt, the test counts of a JUnit XML report,
+and the protected paths a step may not touch.
+
+- `Receipt`       what kiro saw when it counted a step done; kept on `completed_steps[].receipt` in the state,
+                  so it is journaled and crash-safe like the rest of the state (kiro.store.journal)
+- `read_report`   a JUnit XML report's counts (pytest, jest, go-junit-report, cargo nextest write one),
+                  read with `junitparser`; `shrank` says when they went down
+- `Protected`     the files the `protected_paths` globs match, hashed before a step, with a copy of each
+                  in `.state/protected/<task_id>/` so that a step's change is put back (also after a kill)
+- proposals       `Pending_Approval/protected_<task_id>_<n>.md`: a person moves one to `Approved/` to let
+                  the step change those paths on its next attempt
+
+This module knows no loop and no executor (kiro.core.evidence runs it beside the engine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kiro import timeutil
+from kiro.fs.atomic import atomic_write
+from kiro.store import frontmatter
+from kiro.store.workspace import Workspace
+
+OUTPUT_TAIL_CHARS = 1500  # of verify's output, in a receipt
+NOT_PROTECTED = frozenset({".git", ".state", ".hooks"})  # kiro's own and git's folders: never a protected file
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False, defer_build=True)
+
+
+class TestCounts(_Model):
+    """A JUnit report's test cases by result. A deselected test is not in the report: it shows as one
+    passed fewer."""
+
+    __test__ = False  # not a pytest test class
+
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+    xfailed: int = 0
+
+    def describe(self) -> str:
+        """"40 passed and 2 skipped"; "0 tests"."""
+        parts = [f"{n} {name}" for name, n in (("passed", self.passed), ("failed", self.failed),
+                                                ("errors", self.errors), ("skipped", self.skipped),
+                                                ("xfailed", self.xfailed)) if n]
+        if not parts:
+            return "0 tests"
+        return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+class VerifyRecord(_Model):
+    command: str
+    exit_code: int | None
+    output_tail: str = ""
+    report: str | None = None  # verify_report, as configured
+    tests: TestCounts | None = None
+
+
+class ProtectedCheck(_Model):
+    globs: list[str] = Field(default_factory=list)
+    files: int = 0  # protected files there were before the step
+    changed: list[str] = Field(default_factory=list)  # "changed: tests/test_a.py" etc., put back (or approved)
+    approved: list[str] = Field(default_factory=list)  # paths a person let this step change
+    ok: bool = True
+
+
+class Receipt(_Model):
+    """What kiro saw when it counted a step done (SPEC §14)."""
+
+    step_id: str
+    title: str
+    executor: str | None = None
+    agent: str | None = None
+    model: str | None = None
+    attempts: int = 1
+    started_at: str | None = None
+    finished_at: str
+    duration_seconds: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: float = 0.0
+    verify: VerifyRecord | None = None  # None: no verify command is set
+    checkpoint: str | None = None
+    checkpoint_note: str | None = None
+    diff_stat: str | None = None
+    protected: ProtectedCheck | None = None  # None: no protected_paths
+    recovered: bool = False  # counted on the run after a kill: verified and checked then
+    reviews: list[dict[str, Any]] = Field(default_factory=list)  # review rounds (SPEC §14 review: not built yet)
+
+
+# -- test counts -----------------------------------------------------------------------------------
+
+
+class ReportError(Exception):
+    """verify_report is missing, stale or not JUnit XML."""
+
+
+def read_report(path: Path) -> TestCounts:
+    """The counts of the JUnit XML report at `path` (every test case of every suite)."""
+    from junitparser import Error, Failure, JUnitXml, JUnitXmlError, Skipped, TestSuite
+
+    try:
+        xml = JUnitXml.fromfile(str(path))
+    except FileNotFoundError:
+        raise ReportError(f"verify did not write its report {path.name}") from None
+    except (JUnitXmlError, OSError, ValueError, SyntaxError) as exc:
+        raise ReportError(f"the report {path.name} is not JUnit XML ({type(exc).__name__}: {exc})") from None
+    counts = TestCounts()
+    suites = [xml] if isinstance(xml, TestSuite) else list(xml)
+    for suite in suites:
+        for case in suite:
+            results = case.result
+            if any(isinstance(r, Error) for r in results):
+                counts.errors += 1
+            elif any(isinstance(r, Failure) for r in results):
+                counts.failed += 1
+            elif any(isinstance(r, Skipped) for r in results):
+                if any("xfail" in (r.type or "") or "xfail" in (r.message or "") for r in results):
+                    counts.xfailed += 1
+                else:
+                    counts.skipped += 1
+            else:
+                counts.passed += 1
+    return counts
+
+
+def shrank(before: TestCounts | None, after: TestCounts) -> str | None:
+    """Why `after` is worse than `before` (fewer passed, or more skipped or xfailed), or None."""
+    if before is None:
+        return None
+    if after.passed < before.passed or after.skipped > before.skipped or after.xfailed > before.xfailed:
+        return f"tests went from {before.describe()} to {after.describe()}"
+    return None
+
+
+# -- protected paths -------------------------------------------------------------------------------
+
+
+def _digest(path: Path) -> str | None:
+    """sha256 of a regular file's bytes (of a symlink: of its target's name); None: not there."""
+    try:
+        if path.is_symlink():
+            return "link:" + hashlib.sha256(os.readlink(path).encode("utf-8", "surrogateescape")).hexdigest()
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def matching(root: Path, globs: list[str]) -> list[str]:
+    """The files under `root` that the globs match (a glob naming a folder: every file in it), relative."""
+    found: set[str] = set()
+    for pattern in globs:
+        pattern = pattern.strip().lstrip("/")
+        if not pattern:
+            continue
+        for hit in root.glob(pattern):
+            candidates = [hit] if hit.is_symlink() or not hit.is_dir() else \
+                [p for p in hit.rglob("*") if p.is_symlink() or p.is_file()]
+            for p in candidates:
+                rel = p.relative_to(root)
+                if not NOT_PROTECTED.intersection(rel.parts):
+                    found.add(rel.as_posix())
+    return sorted(found)
+
+
+@dataclass
+class Change:
+    path: str
+    kind: str  # created | changed | deleted
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.path}"
+
+
+class Protected:
+    """The protected files of one loop: their hashes before the step (`manifest.json`) and a copy of each
+    version (`blobs/<sha256>`), in `.state/protected/<task_id>/`."""
+
+    def __init__(self, ws: Workspace, task_id: str, root: Path, globs: list[str]) -> None:
+        self.root = root
+        self.globs = globs
+        self.folder = ws.state_dir / "protected" / task_id
+        self.manifest_path = self.folder / "manifest.json"
+
+    def snapshot(self) -> dict[str, str]:
+        """Hash the protected files now and keep a copy of each version not kept yet; the manifest is on
+        disk (atomically) before this returns, so a kill during the step still finds it."""
+        blobs = self.folder / "blobs"
+        blobs.mkdir(parents=True, exist_ok=True)
+        manifest: dict[str, str] = {}
+        for rel in matching(self.root, self.globs):
+            path = self.root / rel
+            digest = _digest(path)
+            if digest is None:
+                continue
+            manifest[rel] = digest
+            blob = blobs / digest.replace(":", "_")
+            if not blob.exists():
+                data = os.readlink(path).encode("utf-8", "surrogateescape") if path.is_symlink() else path.read_bytes()
+                atomic_write(blob, data)
+        atomic_write(self.manifest_path, json.dumps(manifest, sort_keys=True))
+        return manifest
+
+    def manifest(self) -> dict[str, str] | None:
+        try:
+            data = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
+
+    def changes(self, manifest: dict[str, str]) -> list[Change]:
+        """What differs from `manifest` now: files created, changed or deleted."""
+        now = {rel: d for rel in matching(self.root, self.globs) if (d := _digest(self.root / rel)) is not None}
+        out = [Change(rel, "deleted") for rel in manifest if rel not in now]
+        out += [Change(rel, "changed") for rel, d in now.items() if rel in manifest and manifest[rel] != d]
+        out += [Change(rel, "created") for rel in now if rel not in manifest]
+        return sorted(out, key=lambda c: c.path)
+
+    def put_back(self, manifest: dict[str, str], changes: list[Change]) -> list[str]:
+        """Undo `changes`: a created file is removed, a changed or deleted one written back from its
+        copy. Returns what could not be put back."""
+        problems = []
+        for c in changes:
+            path = self.root / c.path
+            try:
+                if c.kind == "created":
+                    path.unlink()
+                    continue
+                digest = manifest[c.path]
+                blob = (self.folder / "blobs" / digest.replace(":", "_")).read_bytes()
+                if path.is_symlink() or path.is_dir():
+                    path.unlink()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if digest.startswith("link:"):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                    os.symlink(blob.decode("utf-8", "surrogateescape"), path)
+                else:
+                    atomic_write(path, blob)
+            except OSError as exc:
+                problems.append(f"{c.path}: {exc.strerror or exc}")
+        return problems
+
+
+# -- approving a change to protected paths --------------------------------------------------------
+
+PENDING, APPROVED = "Pending_Approval", "Approved"
+
+
+def _proposal_re(task_id: str) -> re.Pattern[str]:
+    return re.compile(rf"^protected_{re.escape(task_id)}_(\d+)\.md$")
+
+
+def propose_change(ws: Workspace, task_id: str, step_id: str, changes: list[Change]) -> Path:
+    """Write `Pending_Approval/protected_<task_id>_<n>.md`: the step changed protected paths; a person who
+    moves the file to `Approved/` lets the step's next attempt change them."""
+    rx = _proposal_re(task_id)
+    numbers = [int(m.group(1)) for area in (PENDING, APPROVED, "Rejected") if (ws.root / area).is_dir()
+               for p in (ws.root / area).iterdir() if (m := rx.match(p.name))]
+    path = ws.root / PENDING / f"protected_{task_id}_{max(numbers, default=0) + 1}.md"
+    meta = {"type": "protected_change", "task_id": task_id, "step_id": step_id,
+            "paths": [c.path for c in changes], "created": timeutil.iso(), "status": "pending"}
+    listed = "\n".join(f"- {c}" for c in changes)
+    body = (f"# Step {step_id} of loop {task_id} changed protected paths\n\nkiro put them back and failed the "
+            f"attempt. Move this file to `Approved/` to let the step's next attempt make these changes; leave it, "
+            f"or move it to `Rejected/`, to keep them protected.\n\n## Paths\n{listed}\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (ws.root / APPROVED).mkdir(exist_ok=True)
+    atomic_write(path, frontmatter.write(meta) + body)
+    return path
+
+
+def approved_paths(ws: Workspace, task_id: str, step_id: str) -> list[str]:
+    """The paths a person approved changing in step `step_id` (proposals in `Approved/`)."""
+    folder = ws.root / APPROVED
+    if not folder.is_dir():
+        return []
+    rx = _proposal_re(task_id)
+    out: list[str] = []
+    for p in folder.iterdir():
+        if not rx.match(p.name):
+            continue
+        try:
+            meta = frontmatter.read(p.read_text(encoding="utf-8")).data
+        except (OSError, UnicodeDecodeError, frontmatter.FrontmatterError):
+            continue
+        if str(meta.get("step_id")) == step_id and isinstance(meta.get("paths"), list):
+            out += [str(x) for x in meta["paths"]]
+    return out
