@@ -47,14 +47,20 @@ out = pathlib.Path(sys.argv[1])
 project = pathlib.Path.cwd()
 plan = json.loads((out / "plan.json").read_text())
 action = plan.get(f"{step}:{attempt}", plan.get(step, "honest"))
+if action == "hang" and (out / "ready").exists():
+    action = "honest"  # it cheats once; the step's next run (after the kill) is honest
 funcs = json.loads((out / "funcs.json").read_text())
 with open(out / "runs.log", "a") as fh:
     fh.write(f"{step} {attempt} {action}\\n")
 
-def check(s):
-    text = task.read_text()
+def check(s, path=task):
+    text = path.read_text()
     new, n = re.subn(r"^(- \\[)[ ~-](\\] " + re.escape(s) + r"\\. )", r"\\g<1>x\\g<2>", text, count=1, flags=re.M)
-    task.write_text(new)
+    path.write_text(new)
+
+# the cheat of a kill: the boxes checked in the person's task file itself, not in the agent's own copy of it
+# (KIRO_TASK_FILE); in the box the real file is read-only, so there only the copy can be checked
+real = pathlib.Path(os.environ["KIRO_WORKSPACE"]) / "Specs" / "feature" / "tasks.md"
 
 name, body, _ = funcs[step]
 test = project / "tests" / f"test_step{step}.py"
@@ -68,9 +74,16 @@ elif action == "weaken":
 elif action == "skip":
     test.write_text(f"import pytest\\n\\n\\n@pytest.mark.skip(reason='flaky')\\ndef test_{name}():\\n"
                     f"    from app import {name}\\n    assert {funcs[step][2]}\\n")
-check(step)
 if action == "hang":
-    check(str(int(step) + 1))  # a box the person did not check, checked without the work
+    try:
+        check(step, real)
+        check(str(int(step) + 1), real)  # a box the person did not check, checked without the work
+    except OSError:
+        check(step)
+        check(str(int(step) + 1))
+else:
+    check(step)
+if action == "hang":
     (out / "ready").write_text("checked")
     time.sleep(600)
 '''
@@ -84,7 +97,7 @@ exec "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml=.kiro-verify.xml $fil
 
 
 def project(ws: Workspace, plan: dict[str, str], *, protected: bool = False, report: bool = True,
-            steps: int = 3) -> Path:
+            steps: int = 3, sandbox: str = "") -> Path:
     """The workspace as a git project with the person's tests, the agent and the config; returns the agent's
     output folder."""
     init_repo(ws.root)
@@ -114,6 +127,8 @@ def project(ws: Workspace, plan: dict[str, str], *, protected: bool = False, rep
         config += "verify_report: .kiro-verify.xml\n"
     if protected and KEYS_KNOWN:
         config += "protected_paths: ['tests/**']\n"
+    if sandbox:
+        config += f"sandbox: {json.dumps(sandbox)}\n"
     ws.write("config/autonomous_loop.yaml", config)
     lines = ["---", "title: Arithmetic", "executor: command", "---", "# Plan", ""]
     lines += [f"- [ ] {n}. Implement {FUNCS[n][0]}" for n in range(1, steps + 1)]
@@ -228,7 +243,9 @@ def test_cheat_skips_a_failing_test(ws: Workspace) -> None:
 
 
 def test_cheat_checks_boxes_without_the_work_then_is_killed(ws: Workspace) -> None:
-    out = project(ws, {"2:1": "hang"})
+    """Unboxed, the agent can write the person's task file itself: what it checked there before the kill is
+    reopened on the next run (a box without a receipt is not done)."""
+    out = project(ws, {"2:1": "hang"}, sandbox="off")
     proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", "night")
     try:
         ws.wait_for(lambda: (out / "ready").exists(), timeout=240, what="the agent to check its boxes")
@@ -257,7 +274,7 @@ def test_cheat_checks_boxes_without_the_work_then_is_killed(ws: Workspace) -> No
 def test_a_killed_honest_step_counts_after_verify(ws: Workspace) -> None:
     """The other side of the kill: the work was done and the box checked; on the next run verify passes and
     the step counts without running the agent again, its receipt saying so."""
-    out = project(ws, {"1:1": "honest", "2:1": "hang"}, steps=2)
+    out = project(ws, {"1:1": "honest", "2:1": "hang"}, steps=2, sandbox="off")
     (ws.root / "app.py").write_text('"""The app."""\n\n\ndef mul(a, b):\n    return a * b\n')  # a person did it
     git(ws.root, "commit", "-qam", "mul by hand")
     proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", "night")
@@ -271,6 +288,29 @@ def test_a_killed_honest_step_counts_after_verify(ws: Workspace) -> None:
     rc = receipt_of(ws.state("night"), "2")
     assert rc is not None and rc["recovered"] is True and rc["verify"]["exit_code"] == 0  # type: ignore[index]
     assert runs(out) == ["1 1 honest", "2 1 hang"]
+
+
+def test_in_the_box_a_killed_agent_checks_no_box_of_the_person(ws: Workspace) -> None:
+    """Boxed (the default), the agent checks its box in its own copy of the task file; a kill before kiro
+    takes the box from it leaves the person's file as it was, and the next run does the step's work."""
+    out = project(ws, {"2:1": "hang"})
+    proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", "night")
+    try:
+        ws.wait_for(lambda: (out / "ready").exists(), timeout=240, what="the agent to check its boxes")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    text = (ws.root / TASK).read_text()
+    held = "- [x] 2. " not in text and "- [ ] 3. Implement sub" in text
+    report("checks its box and the next one in the box, then kiro is killed (SIGKILL)", held, text)
+    assert held
+    r = ws.kiro("loop", "resume", "--task-id", "night", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    app = (ws.root / "app.py").read_text()
+    assert "def mul" in app and "def sub" in app
+    state = ws.state("night")
+    assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2", "3"]
+    assert all(c["receipt"]["verify"]["exit_code"] == 0 for c in state["completed_steps"])
 
 
 @pytest.mark.parametrize("frontmatter", ["protected_paths: ['app.py']"])

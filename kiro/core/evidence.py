@@ -28,6 +28,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.core.hooks import Feature, LoopHandle, VerifyRun
 from kiro.errors import TaskFileError, TaskNotFound
+from kiro.processes import sandbox
 from kiro.store import events, receipts, tasks
 from kiro.store.receipts import Change, ProtectedCheck, Receipt, TestCounts, VerifyRecord
 from kiro.store.state import CompletedStep, LoopState, clip
@@ -76,7 +77,7 @@ class Evidence(Feature):
             self.step_id = step_id
             self.first_started = timeutil.iso()
             self.usage_before = s.usage.model_copy()
-        if self.task is not None and loop.executor.checks_boxes:
+        if self.task is not None and _agent_writes_task_file(loop):
             s.boxes_checked_before = [st.id for st in self.task.steps if st.done]
         protected = self._protected(loop)
         if protected is not None:
@@ -194,11 +195,13 @@ class Evidence(Feature):
     # -- boxes -------------------------------------------------------------------------------------------
 
     def _reopen_foreign_boxes(self, loop: LoopHandle, step_id: str, *, after_kill: bool) -> None:
-        """Boxes of other steps that were checked while the attempt at `step_id` ran, by an agent that checks
-        boxes: no receipt stands behind them, so they are unchecked (a person can check one again)."""
+        """Boxes of other steps that were checked while the attempt at `step_id` ran outside the box: no
+        receipt stands behind them, so they are unchecked (a person can check one again). In the box the task
+        file is read-only (an agent checks its box in its own copy, kiro.executors.control.StepCopy), so a box
+        checked there meanwhile is a person's and stays."""
         s = loop.state
         before = s.boxes_checked_before
-        if before is None or not loop.executor.checks_boxes:
+        if before is None or not _agent_writes_task_file(loop):
             return
         try:
             task = tasks.load(loop.task_path)
@@ -231,6 +234,12 @@ class Evidence(Feature):
             return receipts.read_report(path), None
         except receipts.ReportError as exc:
             return None, f"{exc} (verify_report)"
+
+
+def _agent_writes_task_file(loop: LoopHandle) -> bool:
+    """Whether the step's agent can check boxes in the task file itself: outside the box (inside, the file is
+    read-only and the agent checks its box in its own copy); a shell step's command checks none."""
+    return loop.executor.reads_prompt and not sandbox.wanted(loop.cfg.sandbox)
 
 
 def last_counts(state: LoopState) -> TestCounts | None:
