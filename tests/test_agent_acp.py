@@ -471,3 +471,82 @@ def test_an_allowed_program_does_not_carry_a_second_one_through_the_agents_shell
     held = sum(answer(command) == "reject" for command in SHELL_ESCAPES)
     print(f"{len(SHELL_ESCAPES)} second commands behind an allowed `ls`: {held} held")
     assert held == len(SHELL_ESCAPES)
+
+
+def test_the_task_file_is_read_and_written_through_its_folder_not_a_path_swapped_after_the_check(
+        tmp_path: Path) -> None:
+    """kiro checks an fs/read_text_file or fs/write_text_file of the task file by its path, then reads or writes
+    it. An agent that swaps the task file's folder, or the file, for a symlink between the two must not lead
+    the write outside the project, nor the read to a file outside: the file is reached through descriptors
+    opened without following a symlink (kiro.fs.safeio.folder_fd)."""
+    import asyncio
+    import shutil
+
+    from acp import RequestError
+
+    from kiro.executors.acp import KiroClient, Policy
+
+    h, outside = _world(tmp_path)
+    task = h.task_path.resolve()
+    folder = task.parent
+    (outside / "tasks.md").write_text("outside tasks.md: secret\n")
+    original = task.read_text()
+
+    def swap_folder() -> None:
+        folder.rename(folder.with_name("moved"))
+        folder.symlink_to(outside)
+
+    def swap_file() -> None:
+        task.unlink()
+        task.symlink_to(outside / "secret.txt")
+
+    def restore() -> None:
+        if folder.is_symlink():
+            folder.unlink()
+            folder.with_name("moved").rename(folder)
+        if task.is_symlink():
+            task.unlink()
+        task.write_text(original)
+
+    class SwapAfterTheCheck(Policy):
+        swap: Any = None
+
+        def path(self, raw: str, *, write: bool) -> Path:
+            real = super().path(raw, write=write)
+            if self.swap is not None:
+                self.swap()
+            return real
+
+    ctx = h.context()
+    policy = SwapAfterTheCheck(ctx)
+    client = KiroClient(ctx, policy)
+    before = {p: p.read_bytes() for p in outside.iterdir()}
+    tried = held = 0
+    for name, swap in (("its folder", swap_folder), ("the file", swap_file)):
+        for op in ("write", "read"):
+            policy.swap = swap
+            tried += 1
+            try:
+                if op == "write":
+                    asyncio.run(client.write_text_file("- [x] forged\n", str(task), "s1"))
+                    got = None
+                else:
+                    got = asyncio.run(client.read_text_file(str(task), "s1")).content
+            except RequestError as exc:
+                got, why = None, str(exc)
+            else:
+                why = "served" if got is not None else "written"
+            policy.swap = None
+            restore()
+            ok = {p: p.read_bytes() for p in outside.iterdir()} == before and (got is None or "secret" not in got) \
+                and "outside" not in (got or "")
+            held += ok
+            print(f"{op} of the task file, {name} swapped for a symlink after the check: "
+                  f"{'held' if ok else 'ESCAPED'} ({why[:100]})")
+    shutil.rmtree(folder.with_name("moved"), ignore_errors=True)
+    print(f"{tried} swaps between the check and the {{read, write}}: {held} held")
+    assert held == tried
+    # unswapped, the task file is read and written as before
+    asyncio.run(client.write_text_file("- [x] done\n", str(task), "s1"))
+    assert task.read_text() == "- [x] done\n"
+    assert asyncio.run(client.read_text_file(str(task), "s1")).content == "- [x] done\n"

@@ -42,7 +42,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -71,11 +71,13 @@ from acp.schema import (
     WriteTextFileResponse,
 )
 
+from kiro.errors import UserError
 from kiro.executors.agents import TOOL_ARGUMENT_CHARS
 from kiro.executors.base import StepContext
 from kiro.executors.tools.errors import ToolError
 from kiro.executors.tools.paths import Confinement
 from kiro.executors.tools.shell import permitted_in_shell
+from kiro.fs import safeio
 from kiro.fs.atomic import atomic_write
 from kiro.processes.sandbox import Box
 from kiro.processes.spawn import ProcessResult, end_process, spawn
@@ -148,6 +150,26 @@ class Policy:
                     raise ToolError(f"{raw!r} has {links} hard links: it may be the same file as one outside the "
                                     f"project, so kiro does not let it be written")
         return real
+
+    def task_bytes(self, folder: int | None = None) -> bytes | None:
+        """The task file's bytes (None when it is missing), read through a descriptor of its folder reached
+        without following a symlink, the file itself not followed either: a swap of the file or a folder
+        on its way for a symlink after the path was checked is refused, not read."""
+        if folder is None:
+            with safeio.folder_fd(self.task_file.parent) as fd:
+                return self.task_bytes(fd)
+        try:
+            return safeio.read_bytes(self.task_file.name, limit=READ_LIMIT, name=self.task_file.name, dir_fd=folder,
+                                     follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def write_task(self, new: Callable[[str], str]) -> None:
+        """Write the task file, `new` given its text before, by name in a descriptor of its folder (the
+        same walk as `task_bytes`): whatever was swapped in after the check, the write lands there only."""
+        with safeio.folder_fd(self.task_file.parent) as folder:
+            before = (self.task_bytes(folder) or b"").decode("utf-8", "replace")
+            atomic_write(self.task_file.name, new(before).encode("utf-8"), fsync=False, dir_fd=folder)
 
     def tool(self, call: ToolCallUpdate) -> str | None:
         """Why the tool call is refused, or None when it may run."""
@@ -293,10 +315,10 @@ class KiroClient:
             raise acp.RequestError.resource_not_found(path)
         try:
             if real == self.policy.task_file:
-                data = real.read_bytes()[:READ_LIMIT]
+                data = self.policy.task_bytes() or b""
             else:
                 data, _ = self.policy.confinement.read_bytes(real, READ_LIMIT)
-        except (ToolError, OSError) as exc:
+        except (ToolError, OSError, UserError) as exc:
             raise _refusal(str(exc)) from None
         text = data.decode("utf-8", "replace")
         if line is not None or limit is not None:
@@ -313,13 +335,13 @@ class KiroClient:
         served as they are; Gemini CLI's read_file reads files itself anyway, not through kiro."""
         real = self._fs("fs/write_text_file", path, write=True)
         try:
-            before = real.read_text(encoding="utf-8", errors="replace") if real.is_file() else ""
-            data = _added_secrets_cut(self.ctx.redact, content, before).encode("utf-8")
             if real == self.policy.task_file:
-                atomic_write(real, data, fsync=False)
+                self.policy.write_task(lambda before: _added_secrets_cut(self.ctx.redact, content, before))
             else:
+                before = real.read_text(encoding="utf-8", errors="replace") if real.is_file() else ""
+                data = _added_secrets_cut(self.ctx.redact, content, before).encode("utf-8")
                 self.policy.confinement.write_bytes(real, data)
-        except (ToolError, OSError) as exc:
+        except (ToolError, OSError, UserError) as exc:
             raise _refusal(str(exc)) from None
         return WriteTextFileResponse()
 

@@ -160,9 +160,8 @@ class AcpPreset(Preset):
 
     def fix(self, failure: Failure) -> str:
         if failure.line.startswith(MODE_REFUSAL):
-            return ("kiro runs an ACP agent only in a mode where it asks kiro before each edit and command "
-                    f"({' or '.join(self.asking_modes)}): use a version of {self.program or 'the agent'} that offers "
-                    "one and keeps it (.ci/install-agent-clis pins the ones kiro is tested with)")
+            return (f"run a version of {self.program or 'the agent'} that offers such a mode and keeps it "
+                    "(.ci/install-agent-clis pins the ones kiro is tested with)")
         if failure.kind == "usage_error":
             return ("acp_command (or the preset's command line with agent_args) must start an agent that speaks "
                     "ACP on its stdin and stdout, e.g. acp_command: [gemini, --acp]")
