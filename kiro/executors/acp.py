@@ -22,6 +22,11 @@ cwd, and `session/prompt` with the step's prompt. What comes back while the turn
   allowed them (an agent may also run some without asking: Claude Code and Gemini CLI run read-only
   commands such as `ls` on their own say).
 
+kiro chooses the session's permission mode before the prompt (`hold_mode`): the agent's most asking mode
+(Preset.acp_modes), set with `session/set_mode` when the session opened in another, and held: a
+`current_mode_update` (or an update of its `mode` config option) to a mode that does not ask ends the
+attempt, failed closed (a usage error: the run ends), and an agent that offers none is not prompted.
+
 The turn ends when `session/prompt` answers (its stop reason), the agent exits, or kiro ends it. An
 agent whose only way to take a refusal is to end its turn (codex-acp: `cancel`, stop reason
 `cancelled`) is prompted again in the same session with kiro's reasons (GO_ON_TURNS at most), so the
@@ -501,7 +506,8 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
         await hold_mode(conn, client, new, transcript)
         result = await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=prompt)])
         for _ in range(GO_ON_TURNS):  # an agent that ended its turn at kiro's refusal (codex-acp) is told why
-            if result.stop_reason != "cancelled" or not client.refused or ended is not None or client.stopped:
+            if result.stop_reason != "cancelled" or not client.refused or ended is not None or client.stopped \
+                    or client.left_mode:
                 break
             said = "\n".join(f"- {line}" for line in client.refused)
             client.refused.clear()
