@@ -50,7 +50,9 @@ def test_three_steps_complete_with_tool_calls_and_permissions_as_events(ws: Work
     assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2", "3"]
     usage = state["usage"]
     calls = cli.calls()
-    assert usage["prompt_tokens"] >= calls * cli.input_tokens and usage["completion_tokens"] > 0, (usage, calls)
+    # each step's turn reports its model calls' tokens (claude-code 2.1.332 sometimes makes one more call of
+    # its own, with the agent's tools, that its turn does not count: at most one a step)
+    assert usage["prompt_tokens"] >= (calls - 3) * cli.input_tokens and usage["completion_tokens"] > 0, (usage, calls)
     assert usage["cost_usd"] > 0, usage
     events = ws.events(tid)
     edits = [e for e in kinds(events, "tool_called") if e.get("kind") == "edit"]
