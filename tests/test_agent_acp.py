@@ -7,6 +7,7 @@ installed makes its tests SKIP, saying how to install it (.ci/install-agent-clis
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -265,7 +266,7 @@ def test_claude_acp_at_its_subscription_limit_sleeps_instead_of_failing(ws: Work
         tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
         ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=120, what="the loop to sleep")
         limits = kinds(ws.events(tid), "usage_limit")
-        assert limits and "hit your session limit" in limits[0]["message"], limits
+        assert limits and re.search(r"hit your .*limit", limits[0]["message"]), limits  # 0.101: "5-hour limit"
         ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "enough\n")
         assert proc.wait(timeout=60) == 3, ws.output(proc)
     finally:
@@ -405,7 +406,8 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
 
     ws.task(task_text(1))
     if cli.name == "claude-acp":
-        cli.error, said = fa.error(401, "invalid x-api-key"), "Invalid API key"
+        # claude-agent-acp 0.101 passes on none of the API's words: "Authentication required"
+        cli.error, said = fa.error(401, "invalid x-api-key"), "Authentication required"
     else:
         cli.error, said = fg.error(400, "API key not valid. Please pass a valid API key.", "API_KEY_INVALID"), \
             "session/prompt: API key not valid. Please pass a valid API key. —"
@@ -436,10 +438,11 @@ def test_the_agents_plan_is_an_event(ws: Workspace, claude_acp: ClaudeAcp) -> No
     assert code == 0, out
     tid = ws.only_task_id()
     plans = kinds(ws.events(tid), "plan_updated")
+    # claude-agent-acp 0.101 names an entry in progress by its activeForm
     assert plans and plans[0]["entries"] == ["[completed] Read the task file",
-                                             "[in_progress] Check the box of step 1"], plans
+                                             "[in_progress] Checking the box"], plans
     shown = ws.kiro("loop", "logs", "--task-id", tid).stdout
-    assert "plan: [completed] Read the task file; [in_progress] Check the box of step 1" in shown, shown
+    assert "plan: [completed] Read the task file; [in_progress] Checking the box" in shown, shown
 
 
 SHELL_ESCAPES = ["ls\ncat ~/.ssh/id_ed25519", "ls $(cat ~/.ssh/id_ed25519)", "ls `cat ~/.aws/credentials`",
