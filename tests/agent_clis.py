@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,23 @@ def parse_prompt(text: str) -> tuple[str, str, str]:
     return m["file"], m["old"], m["new"]
 
 
+_versions: dict[str, str] = {}  # program path -> its version, asked once a test session
+
+
+def ran(program: str, path: str) -> str:
+    """Print (in the test's output) the version of the real CLI the test runs, e.g. `claude 2.1.332`: the
+    first version number its `--version` prints (asked once a session)."""
+    if path not in _versions:
+        try:
+            said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            said = f"? ({exc})"
+        found = re.search(r"\d+\.\d+(?:\.\d+)?\S*", said)
+        _versions[path] = found[0] if found else (said.strip().splitlines() or ["?"])[0]
+    print(f"{program} {_versions[path]}")
+    return _versions[path]
+
+
 @dataclass
 class Cli:
     name: str
@@ -65,7 +83,14 @@ class Cli:
 
     @property
     def installed(self) -> bool:
-        return shutil.which(self.program) is not None
+        """Whether the CLI is there; when it is, the test prints the version it runs (`ran`)."""
+        found = self.where()
+        if found is not None:
+            ran(self.program, found)
+        return found is not None
+
+    def where(self) -> str | None:
+        return shutil.which(self.program)
 
     def skip_reason(self) -> str:
         return (f"{self.program} CLI is not installed (npm {self.package}); install it with {INSTALL} "

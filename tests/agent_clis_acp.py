@@ -123,6 +123,13 @@ class ClaudeAcp(Claude):
             self.held.wait()
         return super().brain(rec)
 
+    def env(self) -> dict[str, str]:
+        """claude's, less ANTHROPIC_MODEL: the adapter's default model, as people run it, with which
+        claude-agent-acp 0.101 opens its session in mode `auto` (edits never asked; kiro sets `default`)."""
+        env = super().env()
+        del env["ANTHROPIC_MODEL"]
+        return env
+
     def write_call(self, path: str, content: str) -> tuple[str, dict[str, str]]:
         return ("Write", {"file_path": path, "content": content})
 

@@ -59,9 +59,8 @@ class Aider(Cli):
         super().__init__("aider", "aider", "aider-chat", tmp)
         self.path = find_aider()
 
-    @property
-    def installed(self) -> bool:
-        return self.path is not None
+    def where(self) -> str | None:
+        return self.path
 
     def skip_reason(self) -> str:
         return (f"aider is not installed (PyPI aider-chat, in its own venv: not on PATH, not at $KIRO_AIDER, "

@@ -7,6 +7,7 @@ installed makes its tests SKIP, saying how to install it (.ci/install-agent-clis
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,7 +52,9 @@ def test_three_steps_complete_with_tool_calls_and_permissions_as_events(ws: Work
     assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2", "3"]
     usage = state["usage"]
     calls = cli.calls()
-    assert usage["prompt_tokens"] >= calls * cli.input_tokens and usage["completion_tokens"] > 0, (usage, calls)
+    # each step's turn reports its model calls' tokens (claude-code 2.1.332 sometimes makes one more call of
+    # its own, with the agent's tools, that its turn does not count: at most one a step)
+    assert usage["prompt_tokens"] >= (calls - 3) * cli.input_tokens and usage["completion_tokens"] > 0, (usage, calls)
     assert usage["cost_usd"] > 0, usage
     events = ws.events(tid)
     edits = [e for e in kinds(events, "tool_called") if e.get("kind") == "edit"]
@@ -257,7 +260,7 @@ def test_claude_acp_at_its_subscription_limit_sleeps_instead_of_failing(ws: Work
         tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
         ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=120, what="the loop to sleep")
         limits = kinds(ws.events(tid), "usage_limit")
-        assert limits and "hit your session limit" in limits[0]["message"], limits
+        assert limits and re.search(r"hit your .*limit", limits[0]["message"]), limits  # 0.101: "5-hour limit"
         ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "enough\n")
         assert proc.wait(timeout=60) == 3, ws.output(proc)
     finally:
@@ -397,7 +400,8 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
 
     ws.task(task_text(1))
     if cli.name == "claude-acp":
-        cli.error, said = fa.error(401, "invalid x-api-key"), "Invalid API key"
+        # claude-agent-acp 0.101 passes on none of the API's words: "Authentication required"
+        cli.error, said = fa.error(401, "invalid x-api-key"), "Authentication required"
     else:
         cli.error, said = fg.error(400, "API key not valid. Please pass a valid API key.", "API_KEY_INVALID"), \
             "session/prompt: API key not valid. Please pass a valid API key. —"
@@ -428,10 +432,11 @@ def test_the_agents_plan_is_an_event(ws: Workspace, claude_acp: ClaudeAcp) -> No
     assert code == 0, out
     tid = ws.only_task_id()
     plans = kinds(ws.events(tid), "plan_updated")
+    # claude-agent-acp 0.101 names an entry in progress by its activeForm
     assert plans and plans[0]["entries"] == ["[completed] Read the task file",
-                                             "[in_progress] Check the box of step 1"], plans
+                                             "[in_progress] Checking the box"], plans
     shown = ws.kiro("loop", "logs", "--task-id", tid).stdout
-    assert "plan: [completed] Read the task file; [in_progress] Check the box of step 1" in shown, shown
+    assert "plan: [completed] Read the task file; [in_progress] Checking the box" in shown, shown
 
 
 SHELL_ESCAPES = ["ls\ncat ~/.ssh/id_ed25519", "ls $(cat ~/.ssh/id_ed25519)", "ls `cat ~/.aws/credentials`",
@@ -465,3 +470,82 @@ def test_an_allowed_program_does_not_carry_a_second_one_through_the_agents_shell
     held = sum(answer(command) == "reject" for command in SHELL_ESCAPES)
     print(f"{len(SHELL_ESCAPES)} second commands behind an allowed `ls`: {held} held")
     assert held == len(SHELL_ESCAPES)
+
+
+def test_the_task_file_is_read_and_written_through_its_folder_not_a_path_swapped_after_the_check(
+        tmp_path: Path) -> None:
+    """kiro checks an fs/read_text_file or fs/write_text_file of the task file by its path, then reads or writes
+    it. An agent that swaps the task file's folder, or the file, for a symlink between the two must not lead
+    the write outside the project, nor the read to a file outside: the file is reached through descriptors
+    opened without following a symlink (kiro.fs.safeio.folder_fd)."""
+    import asyncio
+    import shutil
+
+    from acp import RequestError
+
+    from kiro.executors.acp import KiroClient, Policy
+
+    h, outside = _world(tmp_path)
+    task = h.task_path.resolve()
+    folder = task.parent
+    (outside / "tasks.md").write_text("outside tasks.md: secret\n")
+    original = task.read_text()
+
+    def swap_folder() -> None:
+        folder.rename(folder.with_name("moved"))
+        folder.symlink_to(outside)
+
+    def swap_file() -> None:
+        task.unlink()
+        task.symlink_to(outside / "secret.txt")
+
+    def restore() -> None:
+        if folder.is_symlink():
+            folder.unlink()
+            folder.with_name("moved").rename(folder)
+        if task.is_symlink():
+            task.unlink()
+        task.write_text(original)
+
+    class SwapAfterTheCheck(Policy):
+        swap: Any = None
+
+        def path(self, raw: str, *, write: bool) -> Path:
+            real = super().path(raw, write=write)
+            if self.swap is not None:
+                self.swap()
+            return real
+
+    ctx = h.context()
+    policy = SwapAfterTheCheck(ctx)
+    client = KiroClient(ctx, policy)
+    before = {p: p.read_bytes() for p in outside.iterdir()}
+    tried = held = 0
+    for name, swap in (("its folder", swap_folder), ("the file", swap_file)):
+        for op in ("write", "read"):
+            policy.swap = swap
+            tried += 1
+            try:
+                if op == "write":
+                    asyncio.run(client.write_text_file("- [x] forged\n", str(task), "s1"))
+                    got = None
+                else:
+                    got = asyncio.run(client.read_text_file(str(task), "s1")).content
+            except RequestError as exc:
+                got, why = None, str(exc)
+            else:
+                why = "served" if got is not None else "written"
+            policy.swap = None
+            restore()
+            ok = {p: p.read_bytes() for p in outside.iterdir()} == before and (got is None or "secret" not in got) \
+                and "outside" not in (got or "")
+            held += ok
+            print(f"{op} of the task file, {name} swapped for a symlink after the check: "
+                  f"{'held' if ok else 'ESCAPED'} ({why[:100]})")
+    shutil.rmtree(folder.with_name("moved"), ignore_errors=True)
+    print(f"{tried} swaps between the check and the {{read, write}}: {held} held")
+    assert held == tried
+    # unswapped, the task file is read and written as before
+    asyncio.run(client.write_text_file("- [x] done\n", str(task), "s1"))
+    assert task.read_text() == "- [x] done\n"
+    assert asyncio.run(client.read_text_file(str(task), "s1")).content == "- [x] done\n"

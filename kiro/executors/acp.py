@@ -22,6 +22,11 @@ cwd, and `session/prompt` with the step's prompt. What comes back while the turn
   allowed them (an agent may also run some without asking: Claude Code and Gemini CLI run read-only
   commands such as `ls` on their own say).
 
+kiro chooses the session's permission mode before the prompt (`hold_mode`): the agent's most asking mode
+(Preset.acp_modes), set with `session/set_mode` when the session opened in another, and held: a
+`current_mode_update` (or an update of its `mode` config option) to a mode that does not ask ends the
+attempt, failed closed (a usage error: the run ends), and an agent that offers none is not prompted.
+
 The turn ends when `session/prompt` answers (its stop reason), the agent exits, or kiro ends it. An
 agent whose only way to take a refusal is to end its turn (codex-acp: `cancel`, stop reason
 `cancelled`) is prompted again in the same session with kiro's reasons (GO_ON_TURNS at most), so the
@@ -42,6 +47,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -52,12 +58,17 @@ from acp.schema import (
     AgentPlanUpdate,
     AllowedOutcome,
     ClientCapabilities,
+    ConfigOptionUpdate,
+    CurrentModeUpdate,
     DeniedOutcome,
     FileSystemCapabilities,
     Implementation,
+    NewSessionResponse,
     PermissionOption,
     ReadTextFileResponse,
     RequestPermissionResponse,
+    SessionConfigOptionSelect,
+    SessionConfigSelectGroup,
     TextContentBlock,
     ToolCallProgress,
     ToolCallStart,
@@ -65,11 +76,13 @@ from acp.schema import (
     WriteTextFileResponse,
 )
 
+from kiro.errors import UserError
 from kiro.executors.agents import TOOL_ARGUMENT_CHARS
 from kiro.executors.base import StepContext
 from kiro.executors.tools.errors import ToolError
 from kiro.executors.tools.paths import Confinement
 from kiro.executors.tools.shell import permitted
+from kiro.fs import safeio
 from kiro.fs.atomic import atomic_write
 from kiro.processes.sandbox import Box
 from kiro.processes.spawn import ProcessResult, end_process, spawn
@@ -107,8 +120,17 @@ class _Transcript:
         if len(self.data) > self.limit * 2:
             del self.data[: len(self.data) - self.limit]
 
+    def note(self, key: str, text: str) -> None:
+        """kiro's own line in the transcript (`{"from": "kiro", key: text}`): the mode it set, or why it
+        refused the agent (kiro.executors.agents.acp reads that as the attempt's failure)."""
+        self.data += json.dumps({"from": "kiro", key: text}, ensure_ascii=False).encode("utf-8") + b"\n"
+
     def text(self) -> str:
         return bytes(self.data[-self.limit:]).decode("utf-8", "replace")
+
+
+class Refused(Exception):
+    """kiro will not go on with this agent (a mode that does not ask kiro): the attempt fails closed."""
 
 
 class Policy:
@@ -133,6 +155,26 @@ class Policy:
                     raise ToolError(f"{raw!r} has {links} hard links: it may be the same file as one outside the "
                                     f"project, so kiro does not let it be written")
         return real
+
+    def task_bytes(self, folder: int | None = None) -> bytes | None:
+        """The task file's bytes (None when it is missing), read through a descriptor of its folder reached
+        without following a symlink, the file itself not followed either: a swap of the file or a folder
+        on its way for a symlink after the path was checked is refused, not read."""
+        if folder is None:
+            with safeio.folder_fd(self.task_file.parent) as fd:
+                return self.task_bytes(fd)
+        try:
+            return safeio.read_bytes(self.task_file.name, limit=READ_LIMIT, name=self.task_file.name, dir_fd=folder,
+                                     follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def write_task(self, new: Callable[[str], str]) -> None:
+        """Write the task file, `new` given its text before, by name in a descriptor of its folder (the
+        same walk as `task_bytes`): whatever was swapped in after the check, the write lands there only."""
+        with safeio.folder_fd(self.task_file.parent) as folder:
+            before = (self.task_bytes(folder) or b"").decode("utf-8", "replace")
+            atomic_write(self.task_file.name, new(before).encode("utf-8"), fsync=False, dir_fd=folder)
 
     def tool(self, call: ToolCallUpdate) -> str | None:
         """Why the tool call is refused, or None when it may run."""
@@ -162,10 +204,16 @@ class KiroClient:
     """The ACP client side of one attempt: session updates into events, permission requests and file
     access answered by `Policy`."""
 
-    def __init__(self, ctx: StepContext, policy: Policy, *, empty_when_missing: bool = False) -> None:
+    def __init__(self, ctx: StepContext, policy: Policy, *, empty_when_missing: bool = False,
+                 modes: Sequence[str] = ()) -> None:
         self.ctx = ctx
         self.policy = policy
         self.empty_when_missing = empty_when_missing  # a missing file reads as "" (AcpPreset.empty_when_missing)
+        self.modes = tuple(modes)  # the agent's modes in which it asks kiro (Preset.acp_modes), most asking first
+        self.session_id: str | None = None
+        self.mode: str | None = None  # the session's mode, as the agent last said
+        self.held = False  # kiro has set the mode: from here on, a mode it does not accept ends the attempt
+        self.left_mode: str | None = None  # why kiro ends the attempt: the agent went to a mode that does not ask
         self.refused: list[str] = []  # this turn's refusals (title: why), for an agent whose refusal ends its turn
         self.shown: dict[str, tuple[str | None, str]] = {}  # tool call id -> (status, title) last shown
         self.calls: dict[str, ToolCallUpdate | ToolCallStart] = {}
@@ -175,13 +223,31 @@ class KiroClient:
     # -- what the agent reports ------------------------------------------------------------
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        if isinstance(update, ToolCallStart | ToolCallProgress):
+        if isinstance(update, CurrentModeUpdate):
+            self.mode_said(session_id, update.current_mode_id)
+        elif isinstance(update, ConfigOptionUpdate):
+            for option in update.config_options:
+                if _is_mode_option(option):
+                    self.mode_said(session_id, str(option.current_value))
+        elif isinstance(update, ToolCallStart | ToolCallProgress):
             self._tool(update)
         elif isinstance(update, AgentPlanUpdate):
             entries = [f"[{e.status}] {self.ctx.redact.text(e.content)}"[:300] for e in update.entries]
             self.ctx.emit(PlanUpdated(entries=entries))
         elif isinstance(update, AgentMessageChunk):
             return  # in the transcript (the attempt log); the summary is read from there
+
+    def mode_said(self, session_id: str, mode: str) -> None:
+        """The agent says its session is now in `mode` (`current_mode_update`, or its `mode` config option):
+        one kiro does not accept ends the attempt (the turn loop cancels it), and every request after it is
+        refused. A mode the agent leaves kiro's for stays a refusal: it is not taken back by a later one."""
+        if self.session_id is not None and session_id != self.session_id:
+            return
+        self.mode = mode
+        if self.held and mode not in self.modes and self.left_mode is None:
+            self.left_mode = (f"the agent switched its session to mode {mode!r} during the turn, in which it does "
+                              f"not ask kiro before each edit and command (kiro holds it in "
+                              f"{' or '.join(map(repr, self.modes))}): kiro ended the attempt")
 
     def _tool(self, update: ToolCallStart | ToolCallProgress | ToolCallUpdate) -> None:
         """One event per tool call once it says what it does, and one when it ends."""
@@ -218,7 +284,7 @@ class KiroClient:
         merged = _merge(self.calls.get(tool_call.tool_call_id), tool_call)
         self.calls[tool_call.tool_call_id] = merged
         self._tool(merged)
-        why = self.policy.tool(merged)
+        why = self.left_mode or self.policy.tool(merged)
         if why is None:
             self.holding = True
             try:
@@ -254,10 +320,10 @@ class KiroClient:
             raise acp.RequestError.resource_not_found(path)
         try:
             if real == self.policy.task_file:
-                data = real.read_bytes()[:READ_LIMIT]
+                data = self.policy.task_bytes() or b""
             else:
                 data, _ = self.policy.confinement.read_bytes(real, READ_LIMIT)
-        except (ToolError, OSError) as exc:
+        except (ToolError, OSError, UserError) as exc:
             raise _refusal(str(exc)) from None
         text = data.decode("utf-8", "replace")
         if line is not None or limit is not None:
@@ -274,13 +340,13 @@ class KiroClient:
         served as they are; Gemini CLI's read_file reads files itself anyway, not through kiro."""
         real = self._fs("fs/write_text_file", path, write=True)
         try:
-            before = real.read_text(encoding="utf-8", errors="replace") if real.is_file() else ""
-            data = _added_secrets_cut(self.ctx.redact, content, before).encode("utf-8")
             if real == self.policy.task_file:
-                atomic_write(real, data, fsync=False)
+                self.policy.write_task(lambda before: _added_secrets_cut(self.ctx.redact, content, before))
             else:
+                before = real.read_text(encoding="utf-8", errors="replace") if real.is_file() else ""
+                data = _added_secrets_cut(self.ctx.redact, content, before).encode("utf-8")
                 self.policy.confinement.write_bytes(real, data)
-        except (ToolError, OSError) as exc:
+        except (ToolError, OSError, UserError) as exc:
             raise _refusal(str(exc)) from None
         return WriteTextFileResponse()
 
@@ -289,6 +355,8 @@ class KiroClient:
         agent's error) when the rules say no. Writes are events either way; reads only when refused."""
         shown = self.ctx.redact.text(self._shown_path(path))
         try:
+            if self.left_mode is not None:
+                raise ToolError(self.left_mode)
             real = self.policy.path(path, write=write)
         except ToolError as exc:
             self.ctx.emit(PermissionAnswered(tool=tool, paths=[shown], allowed=False,
@@ -307,6 +375,25 @@ def _added_secrets_cut(redact: Redactor, content: str, before: str) -> str:
     if not any(secret in content and secret not in before for secret in known):
         return content
     return redact.text(content)
+
+
+def offered_modes(new: NewSessionResponse) -> tuple[list[str], str | None]:
+    """The modes `session/new` offers and the one the session opened in: its `modes`, else its config
+    option of category `mode` (ACP's newer form); none when it has neither."""
+    if new.modes is not None:
+        return [mode.id for mode in new.modes.available_modes], new.modes.current_mode_id
+    for option in new.config_options or []:
+        if _is_mode_option(option) and isinstance(option, SessionConfigOptionSelect):
+            values: list[str] = []
+            for item in option.options:
+                grouped = isinstance(item, SessionConfigSelectGroup)
+                values += [o.value for o in item.options] if grouped else [item.value]
+            return values, str(option.current_value)
+    return [], None
+
+
+def _is_mode_option(option: Any) -> bool:
+    return getattr(option, "category", None) == "mode" or getattr(option, "id", None) == "mode"
 
 
 def _refusal(why: str) -> acp.RequestError:
@@ -339,6 +426,34 @@ def _merge(known: ToolCallUpdate | ToolCallStart | None,
     return ToolCallUpdate.model_validate(fields)
 
 
+async def hold_mode(conn: Any, client: KiroClient, new: NewSessionResponse, transcript: _Transcript) -> None:
+    """Set the session's mode to the most asking one of `client.modes` it offers (`session/set_mode`, when
+    it opened in another: claude-agent-acp 0.101 opens in `auto`, in which edits are not asked), or raise
+    Refused when it offers none of them. An agent that offers no modes at all has none to leave: it runs
+    as it is. From here on the mode is held: `KiroClient.mode_said` ends the attempt when it changes."""
+    offered, current = offered_modes(new)
+    client.session_id = new.session_id
+    if not offered or not client.modes:
+        transcript.note("mode", "the agent offers no modes" if not offered else f"mode {current} (the agent's own)")
+        return
+    chosen = next((mode for mode in client.modes if mode in offered), None)
+    if chosen is None:
+        raise Refused(f"the agent offers the modes {', '.join(offered)}, none of which asks kiro before each edit "
+                      f"and command ({' or '.join(client.modes)}): kiro does not run it")
+    client.mode = None
+    if current != chosen:
+        try:
+            await conn.set_session_mode(session_id=new.session_id, mode_id=chosen)
+        except acp.RequestError as exc:
+            raise Refused(f"the agent refused kiro's session/set_mode to {chosen!r} ({exc}): kiro does not run it "
+                          f"in the mode it opened in, {current!r}") from None
+    if client.mode is not None and client.mode != chosen:  # it said it went to another (claude's auto fallback)
+        raise Refused(f"asked for mode {chosen!r}, the agent went to {client.mode!r}: kiro does not run it")
+    client.mode, client.held = chosen, True
+    transcript.note("mode", f"mode {chosen}" + (f" (kiro set it; the session opened in {current})"
+                                                 if current != chosen else ""))
+
+
 def _version() -> str:
     try:
         return metadata.version("kiro-loop")
@@ -348,12 +463,15 @@ def _version() -> str:
 
 async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], box: Box | None, prompt: str,
                    idle_timeout: float | None, output_limit: int, empty_when_missing: bool = False,
-                   auth_method: str | None = None, exits_on_eof: bool = True) -> ProcessResult:
+                   auth_method: str | None = None, exits_on_eof: bool = True,
+                   modes: Sequence[str] = ()) -> ProcessResult:
     """One attempt's session with the ACP agent `argv` (see the module's account): its transcript as a
     ProcessResult, ended (cancelled, timed out, idle) the way run_process ends an agent CLI.
     `auth_method`: the auth method (Preset.acp_auth) kiro authenticates with when `session/new` says
     authentication is required (the agent's own login, when it has one, is used first). `exits_on_eof`:
-    False for an agent that does not exit when its stdin is closed (codex-acp): SIGTERM at once."""
+    False for an agent that does not exit when its stdin is closed (codex-acp): SIGTERM at once. `modes`:
+    the agent's modes in which it asks kiro (Preset.acp_modes), most asking first: kiro sets the first
+    one the session offers and holds it (`hold_mode`)."""
     started = time.monotonic()
     child = await spawn(argv, cwd=ctx.project_dir, env=env, box=box, stdin=asyncio.subprocess.PIPE,
                         stderr=asyncio.subprocess.PIPE, limit=LINE_LIMIT)
@@ -361,7 +479,7 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     transcript = _Transcript(output_limit)
     errors = bytearray()
-    client = KiroClient(ctx, Policy(ctx), empty_when_missing=empty_when_missing)
+    client = KiroClient(ctx, Policy(ctx), empty_when_missing=empty_when_missing, modes=modes)
     conn = acp.connect_to_agent(client, proc.stdin, proc.stdout, observers=[transcript.observe])  # type: ignore[arg-type]
     session: list[str] = []
 
@@ -385,9 +503,11 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             await conn.authenticate(method_id=auth_method)
             new = await conn.new_session(cwd=str(ctx.project_dir), mcp_servers=[])
         session.append(new.session_id)
+        await hold_mode(conn, client, new, transcript)
         result = await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text=prompt)])
         for _ in range(GO_ON_TURNS):  # an agent that ended its turn at kiro's refusal (codex-acp) is told why
-            if result.stop_reason != "cancelled" or not client.refused or ended is not None or client.stopped:
+            if result.stop_reason != "cancelled" or not client.refused or ended is not None or client.stopped \
+                    or client.left_mode:
                 break
             said = "\n".join(f"- {line}" for line in client.refused)
             client.refused.clear()
@@ -407,7 +527,9 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             now = time.monotonic()
             if client.holding:
                 transcript.last = now
-            if ctx.cancel.is_set() or client.stopped is not None or ctx.guard.interrupted() is not None:
+            if client.left_mode is not None:
+                ended = "left_mode"
+            elif ctx.cancel.is_set() or client.stopped is not None or ctx.guard.interrupted() is not None:
                 ended = "cancelled"
             elif now - started >= ctx.timeout_seconds:
                 ended = "timed_out"
@@ -431,7 +553,13 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             if not task.done():
                 task.cancel()
         await asyncio.gather(work, exited, stderr_pump, return_exceptions=True)
-    if work.done() and not work.cancelled() and work.exception() is None and ended is None:
+    refused = work.exception() if work.done() and not work.cancelled() else None
+    if isinstance(refused, Refused):
+        transcript.note("refused", str(refused))
+    elif client.left_mode is not None:  # also when the turn ended before kiro's poll saw it
+        transcript.note("refused", client.left_mode)
+    if work.done() and not work.cancelled() and work.exception() is None and ended is None \
+            and client.left_mode is None:
         returncode: int | None = 0
     else:
         returncode = proc.returncode

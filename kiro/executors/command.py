@@ -270,7 +270,8 @@ class CommandExecutor(ExecutorBase):
                 result = await acp.run_turn(argv, ctx=on_copy, env=env, box=box, prompt=text,
                                             idle_timeout=agent.idle_timeout, output_limit=LOG_KEPT,
                                             empty_when_missing=preset.empty_when_missing,
-                                            auth_method=preset.acp_auth(env), exits_on_eof=preset.exits_on_eof)
+                                            auth_method=preset.acp_auth(env), exits_on_eof=preset.exits_on_eof,
+                                            modes=preset.acp_modes(box is not None))
             else:
                 result = await run_process(argv, cwd=ctx.project_dir, env=env,
                                            stdin_data=None if uses_file else text.encode("utf-8"),

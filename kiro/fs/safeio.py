@@ -14,9 +14,11 @@ as theirs with the `reason`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,20 +68,23 @@ def _size(n: int) -> str:
     return f"{n / MIB:.1f} MiB" if n >= MIB else f"{n / KIB:.0f} KiB" if n >= KIB else f"{n} bytes"
 
 
-def read_bytes(path: Path | str, *, limit: int, name: str | None = None, fix: str = "") -> bytes:
-    """The bytes of a regular file of at most `limit` bytes.
+def read_bytes(path: Path | str, *, limit: int, name: str | None = None, fix: str = "", dir_fd: int | None = None,
+               follow_symlinks: bool = True) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (`path` relative to `dir_fd` when given; with
+    `follow_symlinks` False, a symbolic link at `path` is refused, not followed).
 
     FileNotFoundError passes through (a missing file is the caller's business: often normal); any
     other problem raises UnreadableFile naming `name` (default: the path), the problem and `fix`.
     """
     shown = name if name is not None else str(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise UnreadableFile(shown, "is a symlink loop", fix) from None
+            raise UnreadableFile(shown, "is a symlink loop" if follow_symlinks else "is a symbolic link", fix) from None
         if exc.errno == errno.EISDIR:
             raise UnreadableFile(shown, "is a folder, not a file", fix) from None
         raise UnreadableFile(shown, f"cannot be read ({exc.strerror or exc})", fix) from None
@@ -132,6 +137,31 @@ def open_regular(path: Path | str, *, name: str | None = None, fix: str = "", wr
         raise UnreadableFile(shown, f"is {file_kind(st.st_mode)}, not a file", fix)
     os.set_blocking(fd, True)
     return fd
+
+
+@contextlib.contextmanager
+def folder_fd(folder: Path | str) -> Iterator[int]:
+    """A descriptor on the folder `folder` (an absolute path, resolved), reached from / one name at a time
+    without following a symbolic link: a folder on the way that became a symlink since `folder` was
+    resolved (a swap between a check by path and the write) raises UnreadableFile instead of leading the
+    write elsewhere. Write into it by name with `dir_fd` (kiro.fs.atomic.atomic_write)."""
+    path = Path(folder)
+    if not path.is_absolute():
+        raise ValueError(f"folder_fd needs an absolute path, not {folder!r}")
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in path.parts[1:]:
+            try:
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                link = exc.errno in (errno.ELOOP, errno.ENOTDIR)
+                why = "a symbolic link or a file" if link else exc.strerror or str(exc)
+                raise UnreadableFile(str(path), f"{part!r} on its way is not a plain folder ({why})", "") from None
+            os.close(fd)
+            fd = nfd
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def check_file_or_absent(path: Path | str, *, name: str | None = None, fix: str = "") -> None:

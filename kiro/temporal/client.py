@@ -21,6 +21,7 @@ from kiro import jsonl
 from kiro.errors import RunError, UserError
 from kiro.store.config import Config, TemporalBackend
 from kiro.store.workspace import Workspace
+from kiro.temporal import codec
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,12 @@ def names(ws: Workspace, cfg: Config) -> Names:
 
 
 async def connect(cfg: Config) -> Client:
+    """A client of the configured server whose payloads are sealed with the person's key
+    (kiro.temporal.codec): the workers take its data converter, so every process reads and writes them."""
     b = backend_of(cfg)
+    converter = codec.data_converter()
     try:
-        return await asyncio.wait_for(Client.connect(b.address, namespace=b.namespace), 15)
+        return await asyncio.wait_for(Client.connect(b.address, namespace=b.namespace, data_converter=converter), 15)
     except (RPCError, RuntimeError, OSError, TimeoutError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise RunError(f"backend.address {b.address}: cannot reach the Temporal server ({first}); start it (e.g. "

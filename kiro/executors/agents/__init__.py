@@ -449,6 +449,11 @@ class Preset:
         agent says authentication is required, for a credential in `env` (codex-acp's API key)."""
         return None
 
+    def acp_modes(self, boxed: bool) -> tuple[str, ...]:
+        """ACP: the agent's session modes in which it asks kiro before each edit and command, most asking
+        first; kiro sets the first one offered and holds it (kiro.executors.acp.hold_mode)."""
+        return ()
+
     def boxed_argv(self, argv: list[str]) -> list[str]:
         """The command line to run inside kiro's box (codex picks another sandbox mode of its own)."""
         return argv

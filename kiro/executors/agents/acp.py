@@ -20,6 +20,16 @@ agent CLI's own preset's.
   JSON-RPC error object, so kiro answers its read of a file that does not exist with "" instead.
   Its permission requests carry no command (only a title, which may be the model's description of
   it): kiro refuses the commands it asks for.
+- The mode: kiro sets each session to the agent's most asking mode (`asking_modes`, read from each
+  adapter's bundle) with `session/set_mode`, and holds it: a `current_mode_update` (or `mode` config
+  option update) to any other mode ends the attempt, failed closed; an agent that offers none of them
+  is not run (kiro.executors.acp.hold_mode). claude-agent-acp 0.101: `default` ("Always ask before
+  making changes"), `acceptEdits`, `plan`, `auto` (its own opening mode when its model supports it:
+  "Claude handles permission decisions", edits inside the project never asked) and, where allowed,
+  `bypassPermissions`; kiro holds `default`, or `plan` (its EnterPlanMode; ExitPlanMode answered
+  `allow_once` goes back to `default`). Gemini CLI 0.61: `default` ("Prompts for approval"), `autoEdit`,
+  `yolo`, `plan`; kiro holds `default` or `plan`. `agent: acp`: `default` or `read-only` (the asking
+  modes' names among the known adapters).
 - `codex-acp` and `opencode-acp` have modules of their own (kiro.executors.agents.codex_acp,
   kiro.executors.agents.opencode_acp): what they send, and the mode and permissions kiro starts them with.
 """
@@ -39,6 +49,7 @@ from kiro.executors.agents.gemini import GeminiPreset
 from kiro.executors.base import Usage
 
 PROMPT_METHOD = "session/prompt"
+MODE_REFUSAL = "kiro refused the agent's mode"
 _AUTH = re.compile(r"auth|login|api[ _-]?key|credential|unauthori[sz]ed|\b401\b|\b403\b", re.I)
 _FAILED_STOPS = {"max_tokens": "the model's output token limit", "max_turn_requests": "its turn request limit",
                  "refusal": "the model refused"}
@@ -51,6 +62,10 @@ class AcpPreset(Preset):
     install = "any agent that speaks ACP: set acp_command to the command line that starts it in ACP mode"
     idle_timeout_seconds = 600.0
     speaks_acp = True
+    asking_modes: tuple[str, ...] = ("default", "read-only")  # its modes that ask kiro, most asking first
+
+    def acp_modes(self, boxed: bool) -> tuple[str, ...]:
+        return self.asking_modes
 
     def template(self) -> list[str]:
         """`acp_command` when set, else the preset's own line; then agent_args."""
@@ -118,6 +133,9 @@ class AcpPreset(Preset):
         """The turn ended well when `session/prompt` answered with stop reason `end_turn` (or `cancelled`:
         kiro asked). An agent that never answered `initialize`, or refused `initialize` or `session/new`,
         cannot work however often it is retried: a usage error (an auth error when it says so)."""
+        refused = _kiro_refused(stdout)
+        if refused is not None:
+            return Failure("usage_error", refused)
         said = _last_error(stdout)
         result = _prompt_result(stdout)
         if said is None and result is not None:
@@ -141,6 +159,9 @@ class AcpPreset(Preset):
         return Failure(self.kind_of(exit_code, f"{stderr}\n{line}", line), line)
 
     def fix(self, failure: Failure) -> str:
+        if failure.line.startswith(MODE_REFUSAL):
+            return (f"run a version of {self.program or 'the agent'} that offers such a mode and keeps it "
+                    "(.ci/install-agent-clis pins the ones kiro is tested with)")
         if failure.kind == "usage_error":
             return ("acp_command (or the preset's command line with agent_args) must start an agent that speaks "
                     "ACP on its stdin and stdout, e.g. acp_command: [gemini, --acp]")
@@ -190,6 +211,7 @@ class ClaudeAcpPreset(AcpPreset, ClaudePreset):
     """Claude Code over ACP: claude's credentials, files and environment, the adapter's command line."""
 
     name = "claude-acp"
+    asking_modes = ("default", "plan")
     program = "claude-agent-acp"
     install = "npm install -g @agentclientprotocol/claude-agent-acp"
     command = "claude-agent-acp"
@@ -212,6 +234,7 @@ class GeminiAcpPreset(AcpPreset, GeminiPreset):
     install = "npm install -g @google/gemini-cli"
     command = "gemini --acp"
     empty_when_missing = True
+    asking_modes = ("default", "plan")
 
 
 def _messages(stdout: str, sender: str = "agent") -> Iterator[dict[str, Any]]:
@@ -228,6 +251,12 @@ def _updates(stdout: str) -> Iterator[dict[str, Any]]:
         if message.get("method") == "session/update" and isinstance(params, dict) \
                 and isinstance(params.get("update"), dict):
             yield params["update"]
+
+
+def _kiro_refused(stdout: str) -> str | None:
+    """Why kiro refused to go on with the agent (kiro.executors.acp: its mode), if it did."""
+    said = [m["refused"] for m in _messages(stdout, "kiro") if isinstance(m.get("refused"), str)]
+    return f"{MODE_REFUSAL}: {said[-1]}" if said else None
 
 
 def _prompt_ids(stdout: str) -> set[Any]:

@@ -42,7 +42,7 @@ What it sends, seen against the scripted OpenAI Responses server (tests/agent_cl
   still answering). A dead endpoint: it sends nothing more and never ends its turn (kiro's idle
   timeout ends the attempt).
 
-The mode kiro starts it in (`INITIAL_AGENT_MODE`):
+The mode kiro sets and holds (`session/set_mode` after `session/new`: kiro.executors.acp.hold_mode):
 - out of kiro's box (`sandbox: off`): `read-only`. Every edit asks kiro, which answers by its path
   rules (kiro.executors.acp); commands run in Codex's own read-only sandbox, which would read any file
   the user can, without asking. So kiro passes, in `CODEX_CONFIG`, a PreToolUse hook of this run only
@@ -101,13 +101,16 @@ class CodexAcpPreset(AcpPreset, CodexPreset):
             return Credential("login", login)
         return super().credential(env)
 
+    def acp_modes(self, boxed: bool) -> tuple[str, ...]:
+        return (BOXED_MODE,) if boxed else (ASKING_MODE,)
+
     def env(self, inv: Invocation) -> dict[str, str]:
-        """Out of kiro's box: the read-only mode, and kiro's hook on each command (kiro.executors.agents.codex_hook)."""
+        """Out of kiro's box: kiro's hook on each command (kiro.executors.agents.codex_hook)."""
         hook = json.dumps(codex_hook.codex_config(self.config.tools.shell))
-        return {**super().env(inv), "INITIAL_AGENT_MODE": ASKING_MODE, "NO_BROWSER": "1", "CODEX_CONFIG": hook}
+        return {**super().env(inv), "NO_BROWSER": "1", "CODEX_CONFIG": hook}
 
     def boxed_env(self, env: Mapping[str, str], project_dir: Path) -> dict[str, str]:
-        return {"INITIAL_AGENT_MODE": BOXED_MODE, "CODEX_CONFIG": "{}"}  # kiro's box confines its commands
+        return {"CODEX_CONFIG": "{}"}  # kiro's box confines its commands
 
     def parse_usage(self, stdout: str) -> Usage | None:
         """The turn's tokens (AcpPreset), priced by `llm.prices` for the model the result names."""

@@ -35,10 +35,14 @@ What it sends, seen against the scripted Chat Completions server (tests/agent_cl
 - `session/cancel` ends the turn at once (`stopReason: cancelled`, ~0.1 s). A dead endpoint: it
   sends nothing more and never ends its turn (kiro's idle timeout ends the attempt).
 
+- The mode: its ACP modes are its agents, `build` and `plan` (and any agent a person or the project
+  defines, which may allow what it likes; `default_agent` may name one). kiro sets `build` with
+  `session/set_mode` and holds `build` or `plan` (kiro.executors.acp.hold_mode), whose permissions the
+  layer sets to `ask` too (`agent.<mode>.permission`).
+
 What the layer cannot cover: a person's own rule for one tool that comes after `"*"` in their
 opencode.json (opencode takes the last rule that matches, and merges layers key by key) is
-overridden here only for the tools named below; rules under `agent.<name>.permission` and plugins
-(`--pure` is not passed) are theirs.
+overridden here only for the tools named below; plugins (`--pure` is not passed) are theirs.
 """
 
 from __future__ import annotations
@@ -55,23 +59,30 @@ from kiro.executors.agents.opencode import OpencodePreset
 PERMISSIONS = ("*", "read", "edit", "write", "glob", "grep", "list", "bash", "task", "external_directory",
                "todowrite", "todoread", "webfetch", "websearch", "codesearch", "lsp", "skill", "doom_loop",
                "question")
-KIRO_LAYER: dict[str, Any] = {"permission": dict.fromkeys(PERMISSIONS, "ask"),
+MODES = ("build", "plan")  # its agents (ACP modes) kiro holds a session in; each asks for every permission
+ASKING = dict.fromkeys(PERMISSIONS, "ask")
+KIRO_LAYER: dict[str, Any] = {"permission": ASKING, "agent": {mode: {"permission": ASKING} for mode in MODES},
                               "experimental": {"continue_loop_on_deny": True}}
 CONTENT_VAR = "OPENCODE_CONFIG_CONTENT"
 
 
 def layer(person: str | None) -> str:
-    """kiro's OPENCODE_CONFIG_CONTENT: the person's own (when it is a JSON object) with kiro's permissions
-    and continue_loop_on_deny over it."""
+    """kiro's OPENCODE_CONFIG_CONTENT: the person's own (when it is a JSON object) with kiro's permissions,
+    its modes' permissions and continue_loop_on_deny over it."""
     try:
         theirs = json.loads(person) if person else {}
     except ValueError:
         theirs = {}
-    merged: dict[str, Any] = theirs if isinstance(theirs, dict) else {}
-    for key, value in KIRO_LAYER.items():
-        mine = merged.get(key)
-        merged[key] = {**mine, **value} if isinstance(mine, dict) else value
-    return json.dumps(merged)
+    return json.dumps(_over(theirs if isinstance(theirs, dict) else {}, KIRO_LAYER))
+
+
+def _over(theirs: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
+    """`theirs` with each of `mine`'s values over it, objects merged key by key."""
+    merged = dict(theirs)
+    for key, value in mine.items():
+        before = merged.get(key)
+        merged[key] = _over(before, value) if isinstance(before, dict) and isinstance(value, dict) else value
+    return merged
 
 
 class OpencodeAcpPreset(AcpPreset, OpencodePreset):
@@ -81,6 +92,7 @@ class OpencodeAcpPreset(AcpPreset, OpencodePreset):
     program = "opencode"
     install = "npm install -g opencode-ai"
     command = "opencode acp"
+    asking_modes = MODES
 
     def env(self, inv: Invocation) -> dict[str, str]:
         return {**super().env(inv), CONTENT_VAR: layer(os.environ.get(CONTENT_VAR))}
