@@ -352,11 +352,12 @@ def test_kiros_answers_refuse_every_way_out_and_allow_the_project_and_the_task_f
 
 def test_any_acp_agent_by_acp_command_in_the_task_frontmatter(ws: Workspace, gemini_acp: GeminiAcp) -> None:
     """`agent: acp` with `acp_command` (here in the task's frontmatter): kiro knows nothing of the agent's own
-    files, so its config folder is granted to the box with sandbox_paths."""
+    files, so its config folder is granted to the box with sandbox_paths, and its key passed by agent_env (a
+    bare command gets no secret of kiro's environment otherwise)."""
     home = Path(gemini_acp.env()["HOME"])
     text = task_text(2).replace("title: Greeting\n", "title: Greeting\nagent: acp\nacp_command: [gemini, --acp]\n")
     ws.task(text)
-    grant = f"sandbox_paths:\n  rw: [{home / '.gemini'}]\n"
+    grant = f"sandbox_paths:\n  rw: [{home / '.gemini'}]\nagent_env:\n  pass: [GEMINI_API_KEY]\n"
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + GEMINI_PRICE + grant)
     r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**gemini_acp.env()), timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
