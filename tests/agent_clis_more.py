@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.agent_clis import INSTALL, Cli, parse_prompt
+from tests.agent_clis import INSTALL, Cli, filled, parse_prompt
 from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import chat as fc
 from tests.fakes import gemini as fg
@@ -72,7 +72,8 @@ class Aider(Cli):
         usage = {"prompt_tokens": self.input_tokens, "completion_tokens": self.output_tokens}
         path, old, new = parse_prompt(fc.user_text(rec.body))
         name = self.relative(path)
-        blocks = [self.block(rec.body, *edit) for edit in self.extra]
+        # `{task}`: the file the prompt says to check the box in (the agent's copy of the task file)
+        blocks = [self.block(rec.body, name if file == "{task}" else file, o, n) for file, o, n in self.extra]
         blocks.append(self.block(rec.body, name, old, new))
         return fc.Reply(f"{self.said}\n\n" + "\n".join(blocks) + f"\n{self.said}\n", **usage) if self.said is not None \
             else fc.Reply("I will check the step's box.\n\n" + "\n".join(blocks), **usage)
@@ -132,7 +133,7 @@ class Gemini(Cli):
             return fg.Turn([fg.text(fg.side_call_answer(rec.body))], **usage)
         done = len(fg.function_responses(rec.body))
         path, old, new = parse_prompt(fg.user_text(rec.body))
-        plan = [*self.extra, ("replace", {"file_path": path, "old_string": old, "new_string": new,
+        plan = [*filled(self.extra, path), ("replace", {"file_path": path, "old_string": old, "new_string": new,
                                           "instruction": "check the step's box"})]
         if done < len(plan):
             name, args = plan[done]
@@ -176,7 +177,7 @@ class ChatEditCli(Cli):
             return fc.Reply("kiro step", **usage)
         done = len(fc.tool_results(rec.body))
         path, old, new = parse_prompt(fc.user_text(rec.body))
-        plan = [*self.extra, *self.edit_plan(path, old, new)]
+        plan = [*filled(self.extra, path), *self.edit_plan(path, old, new)]
         if done < len(plan):
             name, args = plan[done]
             return fc.Reply(None, [fc.tool_call(name, args)], **usage)

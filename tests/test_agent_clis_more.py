@@ -166,17 +166,17 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
     hooks, state_dir, task = ws.root / ".hooks", ws.root / ".state", ws.root / TASK
     if cli.name == "aider":  # new files by SEARCH/REPLACE blocks with an empty SEARCH, step 3 by another
         cli.extra = [(".hooks/evil.sh", "", "rm -rf /"), (".state/injected.json", "", "{}"),
-                     (TASK, "- [ ] 3. Write part 3 of the greeting", "- [x] 3. Write part 3 of the greeting")]
+                     ("{task}", "- [ ] 3. Write part 3 of the greeting", "- [x] 3. Write part 3 of the greeting")]
     elif cli.name == "gemini":
         cli.extra = [("write_file", {"file_path": str(hooks / "evil.sh"), "content": "rm -rf /\n"}),
                      ("write_file", {"file_path": str(state_dir / "injected.json"), "content": "{}\n"}),
-                     ("replace", {"file_path": str(task), "old_string": "- [ ] 3. Write part 3",
+                     ("replace", {"file_path": "{task}", "old_string": "- [ ] 3. Write part 3",
                                   "new_string": "- [x] 3. Write part 3", "instruction": "check 3"})]
     else:
         cli.extra = [("write", {"filePath": str(hooks / "evil.sh"), "content": "rm -rf /\n"}),
                      ("write", {"filePath": str(state_dir / "injected.json"), "content": "{}\n"}),
-                     ("read", {"filePath": str(task)}),
-                     ("edit", {"filePath": str(task), "oldString": "- [ ] 3. Write part 3",
+                     ("read", {"filePath": "{task}"}),
+                     ("edit", {"filePath": "{task}", "oldString": "- [ ] 3. Write part 3",
                                "newString": "- [x] 3. Write part 3"})]
     # sandbox: off: this is the put-back kiro does where no box refuses the writes (with the box they fail
     # at once: tests/test_sandbox.py)
@@ -196,7 +196,8 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
     else:
         assert ".hooks/evil.sh (created; removed)" in error, error
         assert ".state/injected.json (created; removed)" in error, error
-    assert "Specs/feature/tasks.md lines other than the step's box" in error, error
+    # step 3's box, checked in the task file the agent was given (its copy), never reaches the task file
+    assert "the task file: lines other than the step's box (line 8 of its copy; not taken" in error, error
     print(f"{cli.name}: tried .hooks/evil.sh, .state/injected.json, step 3's box: 3 of 3 undone and reported")
 
 

@@ -100,7 +100,7 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
 
 
 def test_a_server_error_is_a_failed_attempt_not_a_success(ws: Workspace, cli: Cli) -> None:
-    """qwen exits 0 with "[API Error: 400 ...]" as its result: no completed step either."""
+    """qwen 0.24 ends the run with its own error record ("[API Error: 400 ...]", exit 1): no completed step."""
     ws.task(task_text(1))
     cli.error = fc.error(400, "This model's maximum context length is 8192 tokens.", "context_length_exceeded")
     configure(ws, cli, loop="  failure_threshold: 1\n")
@@ -108,7 +108,7 @@ def test_a_server_error_is_a_failed_attempt_not_a_success(ws: Workspace, cli: Cl
     assert code == 5, out
     error = ws.state(ws.only_task_id())["steps"]["1"]["last_error"]
     if cli.name == "qwen":
-        assert error.startswith("agent failed (exit 0): [API Error: 400") and "maximum context length" in error, error
+        assert error.startswith("agent failed (exit 1): [API Error: 400") and "maximum context length" in error, error
     else:
         assert error.startswith("agent failed (exit 1): ") and "400" in error, error
 

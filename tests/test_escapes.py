@@ -30,6 +30,7 @@ import pytest
 from pydantic import ValidationError
 
 from kiro.executors.tools import ToolResult
+from kiro.processes.sandbox import SERVE_FOLDER
 from kiro.store.config import Config
 from tests.fake_openai import StepHarness, invoke, make_harness
 from tests.test_tools_confinement import ESCAPES as FILE_ESCAPES
@@ -201,6 +202,8 @@ def git_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Row]:
                 check: Callable[[ToolResult], bool] = lambda r: True) -> None:
         for stale in h.root.rglob("PWNED*"):
             stale.unlink()
+        if (h.root / ".state").is_dir():  # kiro's own, made before a step's box runs: `kiro serve`'s token folder
+            (h.root / ".state" / SERVE_FOLDER).mkdir(mode=0o700, exist_ok=True)
         before = snapshot(h.root / ".state") if (h.root / ".state").exists() else {}
         result = run(h, command)
         pwned = [p.name for p in h.root.rglob("PWNED*")] + [p.name for p in tmp_path.glob("PWNED*")]

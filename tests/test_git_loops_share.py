@@ -62,6 +62,7 @@ def test_two_loops_in_one_work_tree_commit_only_their_own_files(tmp_path: Path) 
     # the person's work, not committed: an edit and a new file
     (root / "README.md").write_text("# project\nthe person's edit, not committed\n")
     (root / "notes.txt").write_text("the person's own notes\n")
+    (root / "Approved").mkdir()  # where the person approves a held task file (below)
     ws = Workspace(root)
     proc = ws.spawn("loop", "watch", "--max-parallel", "4")
     try:
@@ -70,6 +71,10 @@ def test_two_loops_in_one_work_tree_commit_only_their_own_files(tmp_path: Path) 
         (root / ".kiro/specs/beta").mkdir()
         beta = shell_task(2, cmd='echo "b$KIRO_STEP_ID" > "beta$KIRO_STEP_ID.txt"')
         (root / ".kiro/specs/beta/tasks.md").write_text(beta)
+        # a task file that appears while a step runs waits for a person's approval (SPEC §15): the person gives it
+        note = ws.wait_for(lambda: next((root / "Pending_Approval").glob("task_file_*.md"), None), timeout=120,
+                           what="beta held for approval")
+        note.rename(root / "Approved" / note.name)
         ws.wait_for(lambda: _loops(root).get("beta", {}).get("status") == "completed", timeout=120, what="beta done")
         (root / ".markers/go").touch()
         ws.wait_for(lambda: _loops(root).get("alpha", {}).get("status") == "completed", timeout=120,

@@ -209,8 +209,9 @@ def test_rollback_of_an_isolated_loop_works_in_its_worktree_and_leaves_main_alon
 
 def test_an_agent_in_a_worktree_is_given_the_workspaces_task_file_and_checks_its_box_there(ws: Workspace,
                                                                                        tmp_path: Path) -> None:
-    """The command executor's agent works in the worktree but edits the one task file kiro reads:
-    the prompt names it by its absolute path (a relative one would point into the worktree)."""
+    """The command executor's agent works in the worktree but checks its box in the workspace's task file
+    kiro reads, through its own copy of it in the workspace's .state/steps/ (kiro.executors.control.StepCopy):
+    the prompt names the copy by its absolute path (a relative one would point into the worktree)."""
     init_repo(ws.root)
     ws.write("config/autonomous_loop.yaml", WORKTREE + "executor: command\n")
     agent = tmp_path / "agent.sh"
@@ -226,7 +227,9 @@ def test_an_agent_in_a_worktree_is_given_the_workspaces_task_file_and_checks_its
     ws.task("---\ntitle: agent\n---\n- [ ] 1. Do the thing\n")
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ag")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert git(ws.root, "show", "kiro/ag:told.txt").strip() == str((ws.root / "Specs/feature/tasks.md").resolve())
+    told = Path(git(ws.root, "show", "kiro/ag:told.txt").strip())
+    assert told.is_absolute() and told.name == "tasks.md", told
+    assert told.parent.parent == (ws.root / ".state" / "steps").resolve(), told  # the workspace's, not the worktree's
     assert git(ws.root, "show", "kiro/ag:where.txt").strip().endswith(".kiro/worktrees/ag")
     assert "- [x] 1. Do the thing" in (ws.root / "Done/feature/tasks.md").read_text()
 

@@ -59,6 +59,8 @@ def test_canary_from_a_shell_step_and_verify_output_is_in_no_file(ws: Workspace)
           echo "again $ACME_SERVICE_TOKEN"
           ```
         """))
+    # the person's grant: a shell step and verify get no secret-shaped variable of kiro's environment otherwise
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent_env: {pass: [ACME_SERVICE_TOKEN]}\n")
     r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(ACME_SERVICE_TOKEN=secret))
     assert r.returncode == 0, r.stdout + r.stderr
     assert secret not in r.stdout + r.stderr
@@ -91,7 +93,8 @@ def test_agent_cli_output_and_retry_prompt_carry_no_canary(ws: Workspace, tmp_pa
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(agent))}"
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"executor_command: {json.dumps(command)}\n"
              "verify: 'echo \"verify: $OPENAI_API_KEY\"; test -e ok'\n"
-             f"sandbox_paths: {{rw: [{json.dumps(str(seen))}]}}\n")  # the step's box may write `seen`
+             f"sandbox_paths: {{rw: [{json.dumps(str(seen))}]}}\n"  # the step's box may write `seen`
+             "agent_env: {pass: [OPENAI_API_KEY]}\n")  # the person's grant: a bare command gets no secret otherwise
     ws.task("---\ntitle: Agent\nexecutor: command\n---\n- [ ] 1. Do the thing\n")
     r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "5",
                 env=ws.env(OPENAI_API_KEY=secret))
@@ -194,7 +197,8 @@ def test_the_run_redactor_learns_a_secret_set_in_this_process_environment(monkey
 
 def test_a_failing_step_leaks_nothing_into_the_escalation_or_progress_reports(ws: Workspace) -> None:
     secret = canary("sk-fail")
-    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "  progress_report_every_n_iterations: 1\n")
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "  progress_report_every_n_iterations: 1\n"
+             "agent_env: {pass: [DEPLOY_SECRET]}\n")  # the person's grant: the shell step prints the secret
     ws.task(shell_task(1, cmd='echo "bad $DEPLOY_SECRET"; exit 1'))
     r = ws.kiro("loop", "start", "--task", TASK, "--failure-threshold", "2", env=ws.env(DEPLOY_SECRET=secret))
     assert r.returncode == 5, r.stdout + r.stderr

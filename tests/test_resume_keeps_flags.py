@@ -22,7 +22,7 @@ task = pathlib.Path(os.environ["KIRO_TASK_FILE"])
 step = os.environ["KIRO_STEP_ID"]
 task.write_text(re.sub(r"^- \\[[ ~-]\\] " + re.escape(step) + r"\\.", "- [x] " + step + ".", task.read_text(),
                        count=1, flags=re.M))
-root = task.parents[2]
+root = pathlib.Path.cwd()  # the project (the task file given is the step's copy under .state/steps/)
 with open(root.parent / "codex_runs.log", "a") as fh:
     fh.write(step + "\\n")
 if step == "1":

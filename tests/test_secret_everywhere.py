@@ -136,7 +136,8 @@ def test_an_agent_clis_prompt_attempt_logs_and_their_names_hold_no_planted_secre
     agent.write_text(AGENT)
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(agent))} {shlex.quote(str(seen))}"
     ws.write("config/autonomous_loop.yaml", f"executor_command: {json.dumps(command)}\n"
-             f"sandbox_paths: {{rw: [{json.dumps(str(seen))}]}}\n")  # the step's box may write `seen`
+             f"sandbox_paths: {{rw: [{json.dumps(str(seen))}]}}\n"  # the step's box may write `seen`
+             "agent_env: {pass: [ACME_SERVICE_TOKEN]}\n")  # the person's grant: the agent prints the secret
     ws.task(textwrap.dedent(f"""\
         ---
         title: Agent work for {SECRET}

@@ -158,6 +158,7 @@ def test_the_real_claude_does_not_run_the_brace_expansion_its_allow_list_was_bui
     claude.extra = [("Bash", {"command": HOSTILE[0][1], "description": "search"})]
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", env=ws.env(**claude.env()), timeout=600)
     log = "\n".join(p.read_text() for p in (ws.root / "Logs").rglob("*.log"))
-    print("claude", agents.get("claude").version(), "exit", r.returncode, "CANARY:", (ws.root / "CANARY").exists())
+    version = agents.get("claude").version(timeout=10)
+    print("claude", version, "exit", r.returncode, "CANARY:", (ws.root / "CANARY").exists())
     assert '"name":"Bash"' in log.replace(" ", "")  # the model did ask for it
     assert not (ws.root / "CANARY").exists(), log[-3000:]

@@ -186,7 +186,11 @@ class Box:
 
     def hold(self) -> None:
         """Make the missing control folders, empty, for the box to bind read-only (their missing parents
-        too); each is kept until the last box of this process that binds it lets go (`release`)."""
+        too); each is kept until the last box of this process that binds it lets go (`release`). Makes the
+        masked folders too (kept: `kiro serve`'s), only now that a step runs: a refused start makes nothing."""
+        for folder in self.masked:
+            with contextlib.suppress(OSError):
+                folder.mkdir(mode=0o700, exist_ok=True)
         for folder in self.missing:
             for level in reversed((folder, *folder.parents)):
                 if os.path.lexists(level):
@@ -483,9 +487,7 @@ def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path 
     if state.exists() and not _within(project, state):
         ro.append(state)
     ro += [Path(p).expanduser() for p in extra_ro]
-    serve = state / SERVE_FOLDER  # kiro serve's token: never in a box, whatever sandbox_paths grants
-    with contextlib.suppress(OSError):
-        serve.mkdir(mode=0o700, exist_ok=True)
+    serve = state / SERVE_FOLDER  # kiro serve's token: never in a box, whatever sandbox_paths grants (made by `hold`)
     return Box(rw=tuple(dict.fromkeys(rw)), ro=tuple(dict.fromkeys(ro)), home=home, network=network,
                ports=tuple(sorted(set(ports))) if network == "on" else (), masked=(serve,),
                home_rw=tuple(home_rw), missing=tuple(dict.fromkeys(missing)))

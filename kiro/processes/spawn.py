@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVarTuple
 
 from kiro.processes import groups
-from kiro.processes.sandbox import Box, Network
+from kiro.processes.sandbox import Box, Network, NetworkError
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -206,6 +206,19 @@ async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None
         link.started()
         try:  # the box's own network, connected before its command starts (kiro.processes.sandbox.Network)
             await link.connect()
+        except (NetworkError, OSError):  # OSError: bwrap's block pipe was closed (BrokenPipeError)
+            # bwrap ended meanwhile (killed by a stop, which ends the loop's process groups, or failed by itself):
+            # the box's namespace went with it; its end and its own output are the step's, as when it ends
+            # before it has a namespace (Network.connect), not a kiro crash
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), 0.5)
+            if proc.returncode is not None:
+                return child
+            kill_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                await proc.wait()
+            child.release()
+            raise
         except BaseException:
             kill_group(proc.pid, signal.SIGKILL)
             with contextlib.suppress(Exception):

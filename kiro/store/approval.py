@@ -276,6 +276,31 @@ def _within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+def _approved_since_written(ws: Workspace, path: Path) -> bool:
+    """Whether a person approved the task file at `path` (its note moved to `Approved/`, which sets the
+    note's status change time) after it was last written."""
+    rel = ws.relative(path)
+    try:
+        st = os.stat(path)
+        names = os.listdir(ws.root / APPROVED)
+    except OSError:
+        return False
+    for name in names:
+        if not (name.startswith(_HELD_PREFIX) and name.endswith(".md")):
+            continue
+        note = ws.root / APPROVED / name
+        try:
+            meta, _ = _split(note.read_text(encoding="utf-8", errors="replace"))
+            moved = os.stat(note).st_ctime_ns
+        except OSError:
+            continue
+        if meta.get("type") == TASK_FILE_NOTE and (meta.get("path") == rel or
+                                                   meta.get("file_id") == [st.st_dev, st.st_ino]):
+            if moved >= st.st_ctime_ns:
+                return True
+    return False
+
+
 def check_task_file(ws: Workspace, path: Path, *, starting: bool = True) -> None:
     """UserError when the task file at `path` waits for a person's approval (`held_by`). `starting` (a new
     loop: `start`, `watch`, `serve`): a file written while a step of any loop runs, where that step could
@@ -283,6 +308,8 @@ def check_task_file(ws: Workspace, path: Path, *, starting: bool = True) -> None
     held now (a note in `Pending_Approval/`), as the step's end would hold it (its status change time, which
     no process can set back, is after the step began)."""
     note = held_by(ws, path)
+    if note is None and starting and _approved_since_written(ws, path):
+        return
     if note is None and starting:
         # Specs/ is read-only in the box: a file there is a person's unless an unboxed step runs
         in_specs = _within(os.path.realpath(path), os.path.realpath(ws.specs))

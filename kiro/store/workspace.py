@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.fs import safeio
+from kiro.fs.walk import walk
 from kiro.store import frontmatter, kirospec, taskmap
 
 CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
@@ -28,9 +29,10 @@ TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 def markdown_files(folder: Path) -> list[Path]:
     """Every `*.md` under `folder`, sorted, not through symlinked folders (as `Path.rglob`). A folder
     that goes away meanwhile (a loop moving its task to Done/, in this process or another) is passed
-    over, where `rglob` raised FileNotFoundError and ended `kiro loop watch`."""
+    over, where `rglob` raised FileNotFoundError and ended `kiro loop watch`. Without recursion and at most
+    WALK_MAX_DEPTH levels deep (kiro.fs.walk): os.walk ended a start with RecursionError on a 1,500-deep tree."""
     found: list[Path] = []
-    for top, _dirs, files in os.walk(folder):  # a folder that cannot be listed (gone) is skipped
+    for top, _dirs, files in walk(folder):  # a folder that cannot be listed (gone) is skipped
         found.extend(Path(top, name) for name in files if name.endswith(".md"))
     return sorted(found)
 

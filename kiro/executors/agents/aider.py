@@ -1,7 +1,9 @@
 """aider (PyPI `aider-chat`, best in its own virtual environment: `pipx install aider-chat`).
 
 - Unattended: `--yes-always` answers every question; `--message-file {prompt_file}` runs one message
-  and exits. The task file must be in aider's chat to be edited at all: `--file {task_file}`.
+  and exits. The task file must be in aider's chat to be edited at all: `--file {task_file}`. That is
+  the step's own copy under `.state/steps/`, which kiro keeps out of git (`.git/info/exclude`), and
+  aider skips a git-ignored file ("matches gitignore spec") unless `--add-gitignore-files`.
 - It edits files by its own edit formats (whole file, SEARCH/REPLACE blocks, diffs), chosen per
   model; kiro does not override that (`--edit-format` in agent_args does).
 - Off for unattended runs: URL detection (`--no-detect-urls`: a URL in kiro's prompt made aider
@@ -90,7 +92,8 @@ class AiderPreset(Preset):
                "~/.venvs/aider/bin/pip install aider-chat)")
     command = ("aider --yes-always --no-pretty --no-fancy-input --no-detect-urls --disable-playwright "
                "--no-check-update --no-show-release-notes --no-analytics --no-suggest-shell-commands "
-               "--no-auto-commits --no-dirty-commits --no-gitignore --no-show-model-warnings "
+               "--no-auto-commits --no-dirty-commits --no-gitignore --add-gitignore-files "
+               "--no-show-model-warnings "
                "--chat-history-file /dev/null --input-history-file /dev/null "
                "--message-file {prompt_file} --file {task_file}")
     idle_timeout_seconds = 600.0
