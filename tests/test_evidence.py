@@ -145,6 +145,16 @@ def runs(out: Path) -> list[str]:
     return p.read_text().splitlines() if p.exists() else []
 
 
+def start_and_kill_when_ready(ws: Workspace, out: Path, what: str) -> None:
+    """Start the night in the background and SIGKILL kiro once the agent says it has checked its boxes."""
+    proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", "night")
+    try:
+        ws.wait_for(lambda: (out / "ready").exists(), timeout=240, what=what)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+
+
 def report(cheat: str, caught: bool, how: str) -> None:
     print(f"\ncheat: {cheat}\n  {'CAUGHT' if caught else 'NOT caught'}: {how}")
 
@@ -246,12 +256,7 @@ def test_cheat_checks_boxes_without_the_work_then_is_killed(ws: Workspace) -> No
     """Unboxed, the agent can write the person's task file itself: what it checked there before the kill is
     reopened on the next run (a box without a receipt is not done)."""
     out = project(ws, {"2:1": "hang"}, sandbox="off")
-    proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", "night")
-    try:
-        ws.wait_for(lambda: (out / "ready").exists(), timeout=240, what="the agent to check its boxes")
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    start_and_kill_when_ready(ws, out, "the agent to check its boxes")
     text = (ws.root / TASK).read_text()
     assert "- [x] 2. Implement mul" in text and "- [x] 3. Implement sub" in text  # what the agent left
     r = ws.kiro("loop", "resume", "--task-id", "night", timeout=600)
@@ -277,12 +282,7 @@ def test_a_killed_honest_step_counts_after_verify(ws: Workspace) -> None:
     out = project(ws, {"1:1": "honest", "2:1": "hang"}, steps=2, sandbox="off")
     (ws.root / "app.py").write_text('"""The app."""\n\n\ndef mul(a, b):\n    return a * b\n')  # a person did it
     git(ws.root, "commit", "-qam", "mul by hand")
-    proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", "night")
-    try:
-        ws.wait_for(lambda: (out / "ready").exists(), timeout=240, what="the agent to check its box")
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    start_and_kill_when_ready(ws, out, "the agent to check its box")
     r = ws.kiro("loop", "resume", "--task-id", "night", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     rc = receipt_of(ws.state("night"), "2")
@@ -294,12 +294,7 @@ def test_in_the_box_a_killed_agent_checks_no_box_of_the_person(ws: Workspace) ->
     """Boxed (the default), the agent checks its box in its own copy of the task file; a kill before kiro
     takes the box from it leaves the person's file as it was, and the next run does the step's work."""
     out = project(ws, {"2:1": "hang"})
-    proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", "night")
-    try:
-        ws.wait_for(lambda: (out / "ready").exists(), timeout=240, what="the agent to check its boxes")
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    start_and_kill_when_ready(ws, out, "the agent to check its boxes")
     text = (ws.root / TASK).read_text()
     held = "- [x] 2. " not in text and "- [ ] 3. Implement sub" in text
     report("checks its box and the next one in the box, then kiro is killed (SIGKILL)", held, text)
