@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.agent_clis import CLIS, CODEX_PRICE, task_text  # noqa: E402
 from tests.agent_clis_acp import ACP_CLIS  # noqa: E402
-from tests.agent_clis_acp_more import ACP_MORE_CLIS  # noqa: E402
-from tests.agent_clis_more import GEMINI_PRICE, MORE_CLIS  # noqa: E402
+from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, MORE_CLIS  # noqa: E402
+from tests.agent_clis_codex_opencode_acp import ACP_MORE_CLIS  # noqa: E402
 
 ALL = {**CLIS, **MORE_CLIS, **ACP_CLIS, **ACP_MORE_CLIS}
 PRICES = {"codex": CODEX_PRICE, "gemini": GEMINI_PRICE, "codex-acp": CODEX_PRICE, "gemini-acp": GEMINI_PRICE}

@@ -1,5 +1,5 @@
 """The REAL ACP agents (kiro.executors.acp) against the scripted API servers of tests/fakes: the same
-models as the agent CLIs' (tests/agent_clis.py, tests/agent_clis_more.py), reached through the ACP
+models as the agent CLIs' (tests/agent_clis.py, tests/agent_clis_aider_gemini_opencode.py), reached through the ACP
 adapter instead of the CLI's headless mode.
 
 - claude-acp: `claude-agent-acp` (npm @agentclientprotocol/claude-agent-acp) on the Anthropic fake;
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.agent_clis import CODEX_PRICE, Claude, Cli
-from tests.agent_clis_more import GEMINI_PRICE, Gemini
+from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, Gemini
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError, Recorded
 

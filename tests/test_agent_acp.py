@@ -28,7 +28,7 @@ from tests.agent_clis_acp import (
     run,
     shows_a_tool_call_while_the_step_runs,
 )
-from tests.agent_clis_more import GEMINI_PRICE
+from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE
 from tests.conftest import FAST_CONFIG, Workspace
 
 AcpCli = ClaudeAcp | GeminiAcp

@@ -18,7 +18,7 @@ import pytest
 
 from tests.agent_clis import Cli, serving, task_text
 from tests.agent_clis_acp import ACP_CLIS, TASK, configure, kinds, run
-from tests.agent_clis_acp_more import ACP_MORE_CLIS
+from tests.agent_clis_codex_opencode_acp import ACP_MORE_CLIS
 from tests.conftest import FAST_CONFIG, Workspace
 
 ALL = {**ACP_CLIS, **ACP_MORE_CLIS}

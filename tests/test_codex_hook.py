@@ -1,7 +1,7 @@
 """kiro's PreToolUse hook on codex-acp's commands out of kiro's box (kiro.executors.agents.codex_hook), run
 as Codex runs it: the hook command line from CODEX_CONFIG through `sh -c`, the call as JSON on stdin. Codex
 runs what passes through bash, so the attacks are what bash would expand or run besides the allowed
-program; the end-to-end runs are tests/test_agent_acp_more.py and tests/test_sandbox_escapes.py."""
+program; the end-to-end runs are tests/test_agent_acp_codex_opencode.py and tests/test_sandbox_escapes.py."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ will reset at 2099-...]": past `max_limit_wait_seconds`, exit 4) or stops the ni
 (exit 1). kiro classifies limits and failures only from what the model cannot write: the exit code,
 the CLI's structured error events with the HTTP status it reports, its stderr, its own logs. So every
 attack here must end with the step done, exit 0, no `usage_limit` and no failure. The real limits still
-are limits: tests/test_usage_limits.py and tests/test_usage_limits_new.py.
+are limits: tests/test_usage_limits.py and tests/test_usage_limits_qwen_copilot.py.
 
 Run with -s to read the table: per preset, what the model said first and whether kiro held.
 """
@@ -22,10 +22,10 @@ import pytest
 
 from kiro.executors import agents
 from tests.agent_clis import CLIS, CODEX_PRICE, Cli, serving, task_text
-from tests.agent_clis_more import GEMINI_PRICE, MORE_CLIS
-from tests.agent_clis_new import NEW_CLIS, QWEN_PRICE
+from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, MORE_CLIS
+from tests.agent_clis_qwen_copilot import NEW_CLIS, QWEN_PRICE
 from tests.conftest import FAST_CONFIG, Workspace
-from tests.test_agent_clis_more import git_init
+from tests.test_agent_clis_aider_gemini_opencode import git_init
 
 TASK = "Specs/feature/tasks.md"
 ALL: dict[str, Callable[[Path], Cli]] = {**CLIS, **MORE_CLIS, **NEW_CLIS}

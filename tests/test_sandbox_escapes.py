@@ -3,7 +3,7 @@ without kiro's box (`sandbox: bwrap | off`, issue #28): one table per mode, rows
 columns = CLI.
 
 Each CLI runs under `kiro loop start --agent NAME` with its preset's own permission mode, pointed at
-the scripted servers on 127.0.0.1 (tests/agent_clis.py, tests/agent_clis_more.py). The scripted
+the scripted servers on 127.0.0.1 (tests/agent_clis.py, tests/agent_clis_aider_gemini_opencode.py). The scripted
 model is the attacker: in its one step it makes, through the CLI's own tools, every attack below,
 then checks the step's box. It is told kiro's pid (the strongest attacker: it needs no `$PPID`
 walk to find it). The secrets are planted in the CLI's HOME (conftest `cli_home`, outside /tmp).
@@ -52,8 +52,8 @@ import pytest
 from kiro.store.config import Config
 from tests.agent_clis import CLIS, CODEX_PRICE, Cli, task_text
 from tests.agent_clis_acp import ACP_CLIS
-from tests.agent_clis_acp_more import ACP_MORE_CLIS
-from tests.agent_clis_more import GEMINI_PRICE, MORE_CLIS
+from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, MORE_CLIS
+from tests.agent_clis_codex_opencode_acp import ACP_MORE_CLIS
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import anthropic as fa
 from tests.fakes import chat as fc

@@ -31,7 +31,7 @@ import pytest
 
 from kiro.executors import agents
 from tests.agent_clis import CLIS, CODEX_PRICE, Cli, task_text
-from tests.agent_clis_more import MORE_CLIS
+from tests.agent_clis_aider_gemini_opencode import MORE_CLIS
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError, Recorded
 from tests.fakes import anthropic as fa

@@ -4,7 +4,7 @@ Codex): a TypeScript adapter that starts the Codex App Server (`codex app-server
 `@openai/codex` it bundles; `CODEX_PATH` runs another) and translates. Codex's credentials, files
 and price come from the codex preset (kiro.executors.agents.codex).
 
-What it sends, seen against the scripted OpenAI Responses server (tests/agent_clis_acp_more.py):
+What it sends, seen against the scripted OpenAI Responses server (tests/agent_clis_codex_opencode_acp.py):
 
 - `initialize`: protocol 1; `loadSession`, prompts with images and embedded context, MCP over HTTP
   (not SSE), session list / fork / resume / close; auth methods `api-key` and `chat-gpt` (NO_BROWSER=1

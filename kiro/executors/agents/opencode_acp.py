@@ -2,7 +2,7 @@
 already installed (npm `opencode-ai`; 1.18). opencode's credentials, files and config come from the
 opencode preset (kiro.executors.agents.opencode).
 
-What it sends, seen against the scripted Chat Completions server (tests/agent_clis_acp_more.py):
+What it sends, seen against the scripted Chat Completions server (tests/agent_clis_codex_opencode_acp.py):
 
 - `initialize`: protocol 1; `loadSession`, prompts with images and embedded context, MCP over HTTP
   and SSE, session list / fork / resume / close; one auth method, `opencode-login` (a terminal login).

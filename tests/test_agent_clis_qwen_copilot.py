@@ -1,6 +1,7 @@
 """The qwen and copilot presets with the REAL Qwen Code (npm @qwen-code/qwen-code) and GitHub Copilot
 CLI (npm @github/copilot), pointed at the scripted Chat Completions server on 127.0.0.1
-(tests/fakes/chat.py) by OPENAI_BASE_URL and COPILOT_PROVIDER_BASE_URL, as tests/test_agent_clis_more.py
+(tests/fakes/chat.py) by OPENAI_BASE_URL and COPILOT_PROVIDER_BASE_URL, as
+tests/test_agent_clis_aider_gemini_opencode.py
 does for aider, gemini and opencode: three steps with usage, a dead endpoint, a bad flag, a refused
 key, a server error, and `kiro agents`. A CLI that is not installed makes its tests SKIP saying why.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent_clis import Cli, serving, task_text
-from tests.agent_clis_new import NEW_CLIS, PRICE_IN, PRICE_OUT, QWEN_PRICE
+from tests.agent_clis_qwen_copilot import NEW_CLIS, PRICE_IN, PRICE_OUT, QWEN_PRICE
 from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace
 from tests.fakes import chat as fc
 

@@ -1,7 +1,7 @@
 """The aider, gemini and opencode presets' readers, on output the real CLIs printed (captured from
 aider 0.86, Gemini CLI 0.61 and opencode 1.18 against the fakes in tests/fakes): tokens and cost
 into `usage`, and each CLI's own failure line and its kind. The end-to-end runs of the real CLIs are
-in tests/test_agent_clis_more.py; these are the cases too slow or too rare to provoke there.
+in tests/test_agent_clis_aider_gemini_opencode.py; these are the cases too slow or too rare to provoke there.
 """
 
 from __future__ import annotations

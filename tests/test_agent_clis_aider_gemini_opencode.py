@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.agent_clis import Cli, serving, task_text
-from tests.agent_clis_more import GEMINI_PRICE, MORE_CLIS, PRICE_IN, PRICE_OUT, aider_token_lines
+from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, MORE_CLIS, PRICE_IN, PRICE_OUT, aider_token_lines
 from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace
 from tests.fakes import chat as fc
 from tests.fakes import gemini as fg

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.agent_clis import Cli, serving, task_text
-from tests.agent_clis_new import NEW_CLIS, QWEN_PRICE
+from tests.agent_clis_qwen_copilot import NEW_CLIS, QWEN_PRICE
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError
 from tests.fakes import chat as fc

@@ -1,6 +1,6 @@
 """Running the REAL Qwen Code CLI (npm @qwen-code/qwen-code) under kiro against the scripted Chat
 Completions server of tests/fakes (it speaks to any OpenAI-compatible endpoint, named by
-OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL): the harness of tests/test_agent_clis_new.py. Same
+OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL): the harness of tests/test_agent_clis_qwen_copilot.py. Same
 shape as tests/agent_clis.py: a HOME it owns in the test-homes folder, and a model that checks the
 step's box with the CLI's own tools (`read_file`, then `edit`).
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.agent_clis import Cli
-from tests.agent_clis_more import ChatEditCli
+from tests.agent_clis_aider_gemini_opencode import ChatEditCli
 from tests.fakes import FakeServer
 from tests.fakes import chat as fc
 

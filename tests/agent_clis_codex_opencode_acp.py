@@ -1,6 +1,6 @@
 """Running the REAL ACP agents `codex-acp` (npm @agentclientprotocol/codex-acp) and `opencode acp`
 (npm opencode-ai) under kiro against the scripted API servers in tests/fakes: the harness that
-tests/test_agent_acp_more.py and tests/test_sandbox_escapes.py share. Same shape as
+tests/test_agent_acp_codex_opencode.py and tests/test_sandbox_escapes.py share. Same shape as
 tests/agent_clis_acp.py (claude-acp, gemini-acp).
 
 Each is its one-shot CLI's harness with the ACP program: codex-acp starts the Codex App Server,
@@ -21,7 +21,7 @@ from typing import Any
 
 from tests.agent_clis import Cli, Codex
 from tests.agent_clis_acp import Held
-from tests.agent_clis_more import Opencode
+from tests.agent_clis_aider_gemini_opencode import Opencode
 from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import chat as fc
 from tests.fakes import responses as fr

@@ -1,6 +1,6 @@
 """Running the REAL aider, Gemini CLI and opencode under kiro against the scripted API servers in
 tests/fakes (Chat Completions SSE for aider and opencode, the Gemini API for gemini): the harness
-that tests/test_agent_clis_more.py and bench/agent_clis.py share. Same shape as tests/agent_clis.py
+that tests/test_agent_clis_aider_gemini_opencode.py and bench/agent_clis.py share. Same shape as tests/agent_clis.py
 (claude, codex).
 
 Each `Cli` points its program at a fake with a HOME and config it owns in tmp (nothing from the
