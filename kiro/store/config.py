@@ -44,7 +44,8 @@ _QUIET = "kiro_value_not_shown"  # a validation error whose value is not echoed:
 class _Strict(BaseModel):
     # defer_build: a model's validator is built when a config is first resolved, not at import (a read
     # command that never resolves one never builds it)
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
+    # use_attribute_docstrings: the line under each field is its description (`kiro config schema`, docs/reference)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True, use_attribute_docstrings=True)
 
     @field_validator("*")
     @classmethod
@@ -69,30 +70,54 @@ class LoopSettings(_Strict):
     """`autonomous_loop:` — the source spec's keys (seed 004), same names and defaults, plus kiro's few."""
 
     max_iterations: int = Field(100, ge=1)
+    """stop after this many iterations (exit 4)."""
     failure_threshold: int = Field(3, ge=1)
+    """consecutive failed iterations that end the loop as failed (exit 5)."""
     timeout_seconds: float = Field(43200.0, gt=0)  # 12 h: a night (SPEC §7 says 3600)
+    """run-time limit for the loop, summed over resumes (exit 4): 12 h, a night."""
     reinject_every_n_iterations: int = Field(10, ge=0)
+    """resend the full task context every N iterations (0 = never on a schedule)."""
     reinject_after_failure: bool = True
+    """resend the full task context after a failed iteration."""
     reinject_if_stale_seconds: float = Field(300.0, ge=0)
+    """resend the full task context when the state has not changed for this long."""
     state_directory: str = ".state"
+    """state files, locks, backups/ and archive/, relative to the workspace."""
     save_state_every_iteration: bool = True  # only true: see _state_every_iteration
+    """always: crash safety rests on it (false is refused)."""
     backup_state_every_n_iterations: int = Field(10, ge=0)
+    """copy the state into backups/ (the last 5 are kept; 0 = never)."""
     check_done_folder: bool = True
+    """a task moved to Done/ is finished (exit 0)."""
     check_needs_action_folder: bool = True
+    """a task moved to Needs_Action/ waits for a person (exit 6)."""
     check_stop_hook: bool = True
+    """honour .hooks/stop_autonomous_loop[_<task_id>].md (exit 3)."""
     log_every_iteration: bool = True
+    """iteration events in Logs/<task_id>.jsonl."""
     create_progress_reports: bool = True
+    """markdown reports in Logs/progress_reports/."""
     progress_report_every_n_iterations: int = Field(25, ge=1)
+    """write a progress report every N iterations."""
     retry_failed_steps: bool = True
+    """try a failed step again rather than giving up on it."""
     max_step_retries: int = Field(3, ge=0)
+    """retries of one step before the loop fails (exit 5)."""
     exponential_backoff: bool = True
+    """double the wait after each failure of the same step."""
     auto_move_to_done: bool = True
+    """move the task file from Specs/ to Done/ when every step is done."""
     create_completion_report: bool = True
+    """Logs/completion_reports/<task_id>.md."""
     archive_state_file: bool = True
+    """move the finished state file into .state/archive/."""
     # kiro's own additions
     backoff_base_seconds: float = Field(2.0, ge=0)
+    """the first wait after a failure."""
     backoff_max_seconds: float = Field(300.0, ge=0)
+    """the longest wait between attempts."""
     iteration_delay_seconds: float = Field(0.0, ge=0)
+    """a pause between iterations."""
 
     @field_validator("save_state_every_iteration")
     @classmethod
@@ -109,35 +134,57 @@ class ResourceLimits(_Strict):
     """`resource_limits:` (seed 004, "Resource Limits")."""
 
     max_memory_mb: int | None = Field(1024, ge=1)
+    """stop when kiro's resident memory passes this (exit 4)."""
     # Waits (kiro.core.guardrails.resource_wait); null by default, not the seed's 80 and 100 (README "Where kiro
     # differs"): kiro's own bookkeeping would hit 100 writes a minute in a fast loop.
     max_cpu_percent: float | None = Field(None, gt=0)
+    """% of one CPU over any minute, kiro + its ended steps; above it, wait."""
     max_disk_writes_per_minute: int | None = Field(None, ge=1)
+    """4 KiB pages written per minute (kernel-counted), kiro + its ended steps; wait."""
     max_api_calls_per_minute: int | None = Field(60, ge=1)
+    """model calls per minute, shared by all loops of a process (waits)."""
 
 
 class Price(_Strict):
     input_per_1m: float = Field(ge=0)
+    """USD per million input tokens."""
     output_per_1m: float = Field(ge=0)
+    """USD per million output tokens."""
 
 
 class LLMSettings(_Strict):
     """`llm:` — the OpenAI-compatible endpoint the `openai` executor talks to."""
 
     base_url: str | None = None
+    """null = OPENAI_BASE_URL if set, else OpenAI's own."""
     model: str = "gpt-4o-mini"
+    """the model the openai executor asks (`--model`, `KIRO_MODEL`)."""
     api_key_env: str = "OPENAI_API_KEY"
+    """the variable that holds the key (the key itself never goes here)."""
     max_turns_per_step: int = Field(15, ge=1)
+    """model calls in one iteration before the attempt counts as failed."""
     max_retries: int = Field(2, ge=0)
+    """retries of one request (429, 5xx, timeouts)."""
     request_timeout_seconds: float = Field(120.0, gt=0)
+    """the longest one model request may take."""
     # the longest kiro sleeps on an endpoint's Retry-After (longer asks are cut to this; at most 30 days)
     max_retry_after_seconds: float = Field(21600.0, gt=0, le=30 * 86400)
+    """the longest kiro sleeps when the endpoint says Retry-After (6 h; longer asks, up to the year 2343 or an HTTP
+    date in 9999, are cut to this)."""
     context_window_tokens: int = Field(128000, ge=1)
+    """the model's context window, for the wrap-up threshold."""
     wrap_up_threshold: float = Field(0.8, gt=0, le=1)
+    """share of the context window at which the agent is told to wrap up."""
     precheck_model: str | None = None  # SPEC §11 pre-check gate (kiro.core.precheck)
+    """a cheap model that decides, before a costly run, whether anything changed since the last one; "nothing changed"
+    skips it (README "The pre-check gate")."""
     precheck: Literal["scheduled_runs", "every_iteration"] = "scheduled_runs"
+    """scheduled_runs: gate each run of a `schedule:` task | every_iteration: also gate each retry of a step (new steps
+    and waiting messages always pass)."""
     precheck_sleep_seconds: float = Field(300.0, gt=0)  # every_iteration: the wait after a skipped iteration
+    """every_iteration: how long a skipped loop sleeps before it looks again."""
     prices: dict[str, Price] = Field(default_factory=dict)
+    """model -> {input_per_1m: USD, output_per_1m: USD}, for cost limits."""
 
     _empty_prices = field_validator("prices", mode="before")(_none_is_empty)
 
@@ -165,10 +212,16 @@ class LLMSettings(_Strict):
 
 class ShellToolSettings(_Strict):
     enabled: bool = False
+    """offer run_command to the agent."""
     trust_agent_code: bool = False
+    """true: allow those too, accepting that the agent runs code of its own."""
     allow: list[str] = Field(default_factory=list)
+    """commands it may run, e.g. ["git status", "git diff", ls]; programs that run code the agent writes (shells,
+    python, make, npm, pytest ...) are refused unless trust_agent_code (README "Security")."""
     timeout_seconds: float = Field(120.0, gt=0)
+    """one run_command's limit; the command is ended after it."""
     max_output_chars: int = Field(20000, ge=100)
+    """longer output is cut before the model sees it."""
 
 
     @field_validator("allow")
@@ -190,6 +243,7 @@ class ShellToolSettings(_Strict):
 
 class ToolsSettings(_Strict):
     shell: ShellToolSettings = Field(default_factory=ShellToolSettings)
+    """`run_command`: whether the agent may run commands, and which."""
 
     _empty_shell = field_validator("shell", mode="before")(_none_is_empty)
 
@@ -199,23 +253,36 @@ _HH_MM = r"^([01]\d|2[0-3]):[0-5]\d$"
 
 class ActiveHours(_Strict):
     start: str = Field(pattern=_HH_MM)
+    """local time the window opens, HH:MM."""
     end: str = Field(pattern=_HH_MM)
+    """local time the window closes, HH:MM."""
 
 
 class Guardrails(_Strict):
     token_budget_per_hour: int | None = Field(None, ge=1)
+    """sleep when the last hour used more tokens than this."""
     max_total_tokens: int | None = Field(None, ge=1)
+    """stop the loop beyond this many tokens (exit 4)."""
     max_cost_usd: float | None = Field(None, gt=0)
+    """stop the loop beyond this cost, from llm.prices (exit 4)."""
     max_actions_per_minute: int | None = Field(None, ge=1)
+    """a cap on side-effect tool calls (write/edit/run/add_steps/memory_save) per minute."""
     idle_timeout_seconds: float | None = Field(None, gt=0)
+    """stop when nothing has happened for this long (exit 4)."""
     active_hours: ActiveHours | None = None
+    """work only between these local times, e.g. {start: "09:00", end: "17:30"}."""
     loop_detection_repeats: int = Field(3, ge=2)
+    """the same action repeated this many times counts as a stuck agent."""
     max_consecutive_turns: int | None = Field(None, ge=1)  # SPEC §11: model turns without a `sleep` call
+    """after this many model turns without a `sleep` call, kiro forces a sleep."""
     forced_sleep_seconds: float = Field(60.0, gt=0)
+    """the forced sleep's length (a stop hook or a message still ends it)."""
 
 
 class Approval(_Strict):
     agent_steps: bool = True  # SPEC §11: add_steps proposes (Pending_Approval/) instead of editing the task file
+    """add_steps writes Pending_Approval/steps_<task_id>_<n>.md for a person to move to Approved/ (steps inserted, as
+    edited) or Rejected/ (the agent is told)."""
 
 
 class SandboxPaths(_Strict):
@@ -223,7 +290,9 @@ class SandboxPaths(_Strict):
     `ro` read-only on top. Absolute paths or `~/...`; each must exist."""
 
     rw: list[str] = Field(default_factory=list)
+    """read-write."""
     ro: list[str] = Field(default_factory=list)
+    """read-only."""
 
     @field_validator("rw", "ro")
     @classmethod
@@ -243,6 +312,7 @@ class LocalBackend(_Strict):
     """SPEC §12's default: loops run in kiro's own processes."""
 
     kind: Literal["local"] = "local"
+    """local = in kiro's own processes | temporal = each loop a Temporal workflow, each step on a `kiro worker`."""
 
 
 class TemporalBackend(_Strict):
@@ -250,10 +320,15 @@ class TemporalBackend(_Strict):
     (docs/scale-out.md). Read only by kiro/temporal/ and the CLI; the local path never imports temporalio."""
 
     kind: Literal["temporal"]
+    """temporal = each loop a Temporal workflow, each step on a `kiro worker` with its own git clone."""
     address: str = "127.0.0.1:7233"  # the Temporal frontend, HOST:PORT
+    """the Temporal frontend."""
     namespace: str = "default"
+    """the Temporal namespace kiro's workflows live in."""
     task_queue: str = "kiro"  # the queue `kiro worker` processes poll for step attempts
+    """the queue `kiro worker` processes poll for steps."""
     heartbeat_seconds: float = Field(5.0, gt=0, le=60)  # a worker's step heartbeats; lost after 3 missed
+    """a worker heartbeats each step; 3 missed = the step is retried elsewhere."""
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -267,10 +342,13 @@ class AgentEnv(_Strict):
 
     # `pass` is a Python keyword: the field is pass_, read and written as `pass`
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True, populate_by_name=True,
-                              serialize_by_alias=True)
+                              serialize_by_alias=True, use_attribute_docstrings=True)
 
     drop: list[str] = Field(default_factory=list)
+    """variables kept from the agent CLI, whatever their name."""
     pass_: list[str] = Field(default_factory=list, alias="pass")
+    """variables let through to the agent CLI that kiro would keep from it (an API key it would bill before its
+    login, a variable that is not its own)."""
 
     @field_validator("drop", "pass_")
     @classmethod
@@ -302,53 +380,109 @@ class Config(_Strict):
     """The whole of `config/autonomous_loop.yaml`; every key has a default."""
 
     autonomous_loop: LoopSettings = Field(default_factory=LoopSettings)
+    """the loop's limits, state, stop conditions, reports and retries."""
     resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    """Resource limits (null = no limit)."""
     executor: Literal["openai", "command", "shell"] | None = None
+    """openai | command | shell; null = command when executor_command or agent is set, else openai when an endpoint is
+    set, else shell when the step has a command block."""
     executor_command: str | None = None
+    """for `command`, your own command line, e.g. "my-agent --task {task_file}"; placeholders {prompt_file} {task_file}
+    {step_id} {project_dir}."""
     agent: AgentName | None = None
+    """claude | codex | aider | gemini | opencode | qwen | copilot: a maintained command line and output parser
+    (tokens, cost, errors) for that agent CLI; `kiro agents` shows them. executor_command, when set, overrides the
+    command line. claude-acp | gemini-acp | codex-acp | opencode-acp | acp: an agent kiro speaks the Agent Client
+    Protocol to (tool calls as they happen, kiro answers its permission requests and serves its file reads and
+    writes)."""
     agent_args: list[str] = Field(default_factory=list)
+    """extra arguments appended to the agent's command line, e.g. ["--model", "x"]."""
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
+    """checkbox: exit 0 and the agent checked the box | exit_code: exit 0 alone."""
     step_timeout_seconds: float = Field(1800.0, gt=0)
+    """one step's limit; the whole process group is killed after it."""
     step_idle_timeout_seconds: float | None = Field(None, gt=0)
+    """end an attempt whose process printed nothing for this long; null = off for executor_command, the preset's value
+    (600) with `agent`."""
     project_dir: str = "."
+    """where the agent works, relative to the workspace."""
     verify: str | None = None
+    """a command that must exit 0 for a step to count; task frontmatter overrides."""
     llm: LLMSettings = Field(default_factory=LLMSettings)
+    """The openai executor: any OpenAI-compatible Chat Completions endpoint."""
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    """The agent's tools."""
     guardrails: Guardrails = Field(default_factory=Guardrails)
+    """Guardrails (null = off)."""
     approval: Approval = Field(default_factory=Approval)
+    """whether steps an agent adds wait for a person in Pending_Approval/."""
     max_parallel_loops: int = Field(4, ge=1)
+    """loops `kiro loop watch` runs at once."""
     include_optional: bool = False
+    """also run optional steps (`- [ ]* ...`)."""
     pause_at_checkpoints: bool = False  # pause for a person after a Kiro "Checkpoint" step (kiro.core.features)
+    """pause (exit 6) after a Kiro "Checkpoint - ..." step, with a review note in Needs_Action/; `kiro loop resume`
+    goes on."""
     pause_every: int | None = Field(None, ge=1)  # pause for a person after every N completed steps
+    """pause the same way after every N completed steps."""
     # Steps at the same time, each in its own git worktree, merged back in plan order (kiro.core.parallel):
     # the open steps marked `(P)`, or with `parallel_by: depends` every step whose `_Depends:` are done.
     parallel: int = Field(1, ge=1, le=32)
+    """run up to N open steps at once, each in its own git worktree and branch, merged back in plan order (needs git
+    checkpoints; 1 = one after another)."""
     parallel_by: Literal["marker", "depends"] = "marker"
+    """marker: the steps marked `(P)` after their number | depends: every step whose `_Depends: 1.2, 3_` lines name
+    only done steps."""
     on_event: dict[str, str] = Field(default_factory=dict)
+    """completed | failed | paused | limit | finished -> shell command, e.g. {completed: "notify-send kiro done"}."""
     secret_env: list[str] = Field(default_factory=list)
+    """more variables whose values are secrets, besides *_KEY, *_TOKEN, *_SECRET, *PASSWORD* ...: kiro cuts their
+    values from every file, log and prompt."""
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
+    """git | off; null = git when project_dir is inside a git work tree, else off."""
     isolation: Literal["none", "worktree"] = "none"
+    """none | worktree: each loop in .kiro/worktrees/<task_id> on branch kiro/<task_id>."""
     # None: bwrap when installed and usable, else unconfined with one line saying so (kiro.processes.sandbox)
     sandbox: Literal["bwrap", "off"] | None = None
+    """bwrap | off; null = bwrap when installed and usable (apt-get install bubblewrap), else unconfined with one line
+    saying so. In the box: the project read-write; .state .hooks config Logs .git read-only; $HOME empty but for the
+    agent CLI's own config; a private /tmp; its own processes."""
     sandbox_paths: SandboxPaths = Field(default_factory=SandboxPaths)
+    """more for the box: absolute or ~/ paths that exist."""
     # on: the box's own network, the internet only (pasta) | off: none | host: the host's, every service on it
     sandbox_network: Literal["on", "off", "host"] = "on"
+    """on: the box's own network, the internet only (pasta) | off: no network in the box | host: this machine's
+    network, every service on it."""
     merge: Literal["manual", "auto"] = "manual"
+    """with isolation: worktree; manual = branch left for review | auto = merged back."""
     backend: LocalBackend | TemporalBackend = Field(default_factory=lambda: LocalBackend(), discriminator="kind")
+    """Where loops run (SPEC §12, docs/scale-out.md)."""
     # While `agent` is at its usage limit, steps go to these agents in turn (their own presets; not
     # agent_args), and back to `agent` when its window resets (kiro.executors.command).
     fallback_agents: list[AgentName] = Field(default_factory=list)
+    """e.g. [codex, gemini]: while `agent` is at its usage limit, steps go to the next of these that is not, and back
+    to `agent` when its window resets."""
     # The longest an agent CLI's usage limit is waited out (until its reset, or probed without one);
     # a longer wait ends the loop (exit 4, stop_reason max_limit_wait_seconds). 8 h: a night.
     max_limit_wait_seconds: float = Field(28800.0, gt=0, le=30 * 86400)
+    """the longest kiro waits for an agent CLI's usage limit to reset (8 h); a longer one ends the loop (exit 4). No
+    reset time given: it probes after 5 min, doubling to 1 h."""
     agent_env: AgentEnv = Field(default_factory=AgentEnv)  # what reaches an agent CLI (kiro.executors.agents.billing)
+    """which of kiro's variables reach the agent CLI (`drop`, `pass`); `kiro agents` and the start line say which
+    credential it bills."""
     # An ACP agent's command line, one argument per item (`[gemini, --acp]`): needed by `agent: acp`,
     # and replaces an ACP preset's own (kiro.executors.agents.acp)
     acp_command: list[str] | None = None
+    """an ACP agent's command line as a list, e.g. [gemini, --acp]: needed by `agent: acp`, replaces an ACP preset's
+    own."""
     # SPEC §14 (kiro.core.evidence): verify's JUnit XML report, whose test counts may only grow, and the
     # globs of the paths no step may touch
     verify_report: str | None = None
+    """a JUnit XML file verify writes (pytest --junitxml=PATH): a step whose report has fewer passed or more
+    skipped/xfailed tests than the last completed step's fails, whatever verify's exit code."""
     protected_paths: list[str] = Field(default_factory=list)
+    """globs (tests/**, ci/*.yml) a step may not create, change or delete: it fails and they are put back; frontmatter
+    can add globs, never remove."""
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
