@@ -93,15 +93,18 @@ class Server:
     # -- reads -------------------------------------------------------------------------------
 
     async def healthz(self, request: Request) -> Response:
+        """Whether the server is up, and the number of events it has indexed (no token needed)."""
         return JSONResponse({"ok": True, "events": self.index.last})
 
     async def info(self, request: Request) -> Response:
+        """The workspace served: its path, name, kiro's version, the events indexed and a watcher error."""
         from kiro import __version__
 
         return JSONResponse({"workspace": str(self.ws.root), "name": self.ws.root.name, "version": __version__,
                              "events": self.index.last, "watcher_error": self.index.watch_error})
 
     async def page(self, request: Request) -> Response:
+        """The live dashboard (HTML)."""
         html = resources.files("kiro.serve").joinpath("dashboard.html").read_text(encoding="utf-8")
         return HTMLResponse(html, headers={"Cache-Control": "no-store",
                                            "Content-Security-Policy": "default-src 'self'; "
@@ -109,6 +112,7 @@ class Server:
                                            "img-src 'self' data:; connect-src 'self'"})
 
     async def loops(self, request: Request) -> Response:
+        """Every loop's row, as `kiro loop status --json` shows it."""
         warnings: list[str] = []
         rows = loops.all_rows(self.store, warnings)
         return JSONResponse(self.redact.data(rows), headers={"X-Kiro-Warnings": str(len(warnings))})
@@ -117,6 +121,7 @@ class Server:
         return self.control.task_id(request.path_params["task_id"])
 
     async def loop(self, request: Request) -> Response:
+        """One loop's state, with the status it shows (`effective_status`)."""
         try:
             loaded = self.store.load(self._tid(request))
         except ControlError as exc:
@@ -128,6 +133,7 @@ class Server:
         return JSONResponse(self.redact.data(body))
 
     async def progress(self, request: Request) -> Response:
+        """One loop's steps with status, attempts, durations and checkpoints, as `kiro loop progress --json`."""
         try:
             loaded = self.store.load(self._tid(request))
         except ControlError as exc:
@@ -176,6 +182,7 @@ class Server:
         return min(given, self.index.last)
 
     async def sse(self, request: Request) -> Response:
+        """Every loop's events as Server-Sent Events (`?task_id=` one loop's; `Last-Event-ID` or `?after=N` resumes)."""
         given = _cursor(request.headers.get("last-event-id") or request.query_params.get("last_event_id")
                         or request.query_params.get("after"))
         only = request.query_params.get("task_id")
@@ -207,6 +214,7 @@ class Server:
     # -- the WebSocket -----------------------------------------------------------------------
 
     async def websocket(self, sock: WebSocket) -> None:
+        """Events as they happen, and control messages (start, stop, resume, message) answered on the socket."""
         await sock.accept()
         lock = asyncio.Lock()
 
@@ -315,6 +323,7 @@ class Server:
         return decode(bytes(raw))
 
     async def post_loop(self, request: Request) -> Response:
+        """Start a loop: `{"task": PATH, "options": {...}}`; 201 with its task id."""
         try:
             body = await self._body(request)
             unknown = set(body) - {"task", "options"}
@@ -325,6 +334,7 @@ class Server:
             return _error(exc.status, exc.message)
 
     async def post_stop(self, request: Request) -> Response:
+        """Stop a loop at its next safe point (`{"force": true}`: now); 202."""
         try:
             body = await self._body(request)
             return JSONResponse(await self.control.stop(request.path_params["task_id"], body), status_code=202)
@@ -332,6 +342,7 @@ class Server:
             return _error(exc.status, exc.message)
 
     async def post_resume(self, request: Request) -> Response:
+        """Resume a paused or stopped loop; 202."""
         try:
             await self._body(request)
             return JSONResponse(await self.control.resume(request.path_params["task_id"]), status_code=202)
@@ -339,6 +350,7 @@ class Server:
             return _error(exc.status, exc.message)
 
     async def post_message(self, request: Request) -> Response:
+        """Send a running loop a message for its agent (`{"content": TEXT}`), as `kiro loop tell`; 202."""
         try:
             body = await self._body(request)
             return JSONResponse(self.control.message(request.path_params["task_id"], body.get("content")),

@@ -82,6 +82,8 @@ class GenericEvent(Event):
 
 
 class LoopStarted(Event):
+    """A process began a new loop on a task file."""
+
     event: Literal["loop_started"] = "loop_started"
     task_path: str
     executor: str
@@ -91,6 +93,8 @@ class LoopStarted(Event):
 
 
 class LoopResumed(Event):
+    """A process took up a paused, stopped or interrupted loop again."""
+
     event: Literal["loop_resumed"] = "loop_resumed"
     task_path: str
     executor: str
@@ -100,6 +104,8 @@ class LoopResumed(Event):
 
 
 class StateChanged(Event):
+    """The loop's status changed (`from` → `to`), and why."""
+
     event: Literal["state_changed"] = "state_changed"
     from_: str = Field(alias="from")
     to: str
@@ -107,12 +113,16 @@ class StateChanged(Event):
 
 
 class StateRecovered(Event):
+    """A broken state file was replaced by the newest good backup (or its journal replayed)."""
+
     event: Literal["state_recovered"] = "state_recovered"
     message: str = ""
     path: str | None = None
 
 
 class StopCondition(Event):
+    """A stop condition held (a hook, Done/, a limit, failures): the loop ends with `exit_code`."""
+
     event: Literal["stop_condition"] = "stop_condition"
     status: str
     reason: str
@@ -124,6 +134,8 @@ class StopCondition(Event):
 
 
 class LoopFinished(Event):
+    """The run ended: its status, reason, exit code and the report written."""
+
     event: Literal["loop_finished"] = "loop_finished"
     status: str
     reason: str
@@ -137,11 +149,15 @@ class LoopFinished(Event):
 
 
 class IterationStarted(Event):
+    """An iteration began on the current step."""
+
     event: Literal["iteration_started"] = "iteration_started"
     step_id: str
 
 
 class Reinjected(Event):
+    """The full task context was sent to the agent again (on a schedule, after a failure, when stale)."""
+
     event: Literal["reinjected"] = "reinjected"
     reason: str
     step_id: str
@@ -149,6 +165,8 @@ class Reinjected(Event):
 
 
 class StepStarted(Event):
+    """An attempt at a step began."""
+
     event: Literal["step_started"] = "step_started"
     step_id: str
     description: str = ""
@@ -156,6 +174,8 @@ class StepStarted(Event):
 
 
 class ToolCalled(Event):
+    """The agent called a tool (kiro's own agent, an agent CLI's stream, an ACP agent): its main argument, redacted."""
+
     event: Literal["tool_called"] = "tool_called"
     tool: str
     arguments: Any = None
@@ -186,6 +206,8 @@ class PlanUpdated(Event):
 
 
 class ModelCalled(Event):
+    """kiro's own agent made one model call: its tokens, time and tool calls."""
+
     event: Literal["model_called"] = "model_called"
     turn: int
     model: str
@@ -196,6 +218,8 @@ class ModelCalled(Event):
 
 
 class ContextWrapped(Event):
+    """kiro's agent reached its wrap-up threshold: its summary was saved and the next call starts afresh."""
+
     event: Literal["context_wrapped"] = "context_wrapped"
     tokens: int
     threshold: int | float
@@ -205,6 +229,8 @@ class ContextWrapped(Event):
 
 
 class StepCompleted(Event):
+    """A step was done and verified: its box checked, its duration, agent and cost."""
+
     event: Literal["step_completed"] = "step_completed"
     step_id: str
     description: str = ""
@@ -216,6 +242,8 @@ class StepCompleted(Event):
 
 
 class StepFailed(Event):
+    """An attempt at a step failed: the error, the failures in a row, the attempt's log."""
+
     event: Literal["step_failed"] = "step_failed"
     step_id: str
     attempt: int
@@ -227,18 +255,24 @@ class StepFailed(Event):
 
 
 class StepInterrupted(Event):
+    """An attempt was cut short (a person moved the task, a timeout, stop --force): not a failure."""
+
     event: Literal["step_interrupted"] = "step_interrupted"
     step_id: str
     reason: str
 
 
 class StepRecovered(Event):
+    """A step's box checked while kiro was not running was taken as done."""
+
     event: Literal["step_recovered"] = "step_recovered"
     step_id: str
     description: str | None = None
 
 
 class VerifyFailed(Event):
+    """The step's `verify` command exited non-zero: the step does not count as done."""
+
     event: Literal["verify_failed"] = "verify_failed"
     step_id: str
     command: str
@@ -246,6 +280,8 @@ class VerifyFailed(Event):
 
 
 class Backoff(Event):
+    """The loop waits before the next attempt at a failed step."""
+
     event: Literal["backoff"] = "backoff"
     step_id: str
     seconds: float
@@ -281,6 +317,8 @@ class UsageLimit(Event):
 
 
 class GuardrailTriggered(Event):
+    """A guardrail acted (a wait, or a stop at a budget): which limit, its value and the figure reached."""
+
     event: Literal["guardrail_triggered"] = "guardrail_triggered"
     limit: str
     value: Any = None
@@ -291,6 +329,8 @@ class GuardrailTriggered(Event):
 
 
 class HumanRequested(Event):
+    """The agent asked for a person (`request_human`): the loop pauses (exit 6)."""
+
     event: Literal["human_requested"] = "human_requested"
     step_id: str
     question: str
@@ -301,6 +341,8 @@ class HumanRequested(Event):
 
 
 class TaskMoved(Event):
+    """The task file was moved between Specs/, Done/ and Needs_Action/."""
+
     event: Literal["task_moved"] = "task_moved"
     from_: str = Field(alias="from")
     to: str
@@ -308,23 +350,31 @@ class TaskMoved(Event):
 
 
 class TaskEdited(Event):
+    """kiro changed the task file (a box, or its frontmatter put back)."""
+
     event: Literal["task_edited"] = "task_edited"
     path: str | None = None
     message: str = ""
 
 
 class LoopWarning(Event):
+    """Something the person should know that did not stop the loop."""
+
     event: Literal["warning"] = "warning"
     message: str
 
 
 class ReportWritten(Event):
+    """A markdown report was written (completion, progress, intervention, escalation, review)."""
+
     event: Literal["report_written"] = "report_written"
     kind: str
     path: str | None = None
 
 
 class NotifierFailed(Event):
+    """An `on_event` command failed (its command is not recorded: it may hold a secret)."""
+
     event: Literal["notifier_failed"] = "notifier_failed"
     kind: str
     error: str
@@ -335,6 +385,8 @@ class NotifierFailed(Event):
 
 
 class MessageReceived(Event):
+    """A message for the loop's agent arrived (`kiro loop tell`, the API, another loop)."""
+
     event: Literal["message_received"] = "message_received"
     message_id: str
     from_: str = Field(alias="from")
@@ -344,6 +396,8 @@ class MessageReceived(Event):
 
 
 class MessageDelivered(Event):
+    """A waiting message was put in the agent's prompt."""
+
     event: Literal["message_delivered"] = "message_delivered"
     message_id: str
     from_: str = Field(alias="from")
@@ -351,6 +405,8 @@ class MessageDelivered(Event):
 
 
 class MessageSent(Event):
+    """The agent sent another loop a message (`send_message`)."""
+
     event: Literal["message_sent"] = "message_sent"
     message_id: str
     to: str
@@ -361,6 +417,8 @@ class MessageSent(Event):
 
 
 class PrecheckPassed(Event):
+    """The pre-check gate let a run (or an attempt) go on: something changed, or the check failed open."""
+
     event: Literal["precheck_passed"] = "precheck_passed"
     model: str
     scope: str  # "run" | "iteration"
@@ -371,6 +429,8 @@ class PrecheckPassed(Event):
 
 
 class PrecheckSkipped(Event):
+    """The pre-check gate found nothing changed: the run (or attempt) was skipped."""
+
     event: Literal["precheck_skipped"] = "precheck_skipped"
     model: str
     scope: str
@@ -383,6 +443,8 @@ class PrecheckSkipped(Event):
 
 
 class StepsProposed(Event):
+    """The agent proposed new steps: a proposal waits in Pending_Approval/."""
+
     event: Literal["steps_proposed"] = "steps_proposed"
     proposal: str
     steps: list[str] = Field(default_factory=list)
@@ -390,12 +452,16 @@ class StepsProposed(Event):
 
 
 class ProposalApproved(Event):
+    """A person approved a proposal (moved it to Approved/): its steps were added."""
+
     event: Literal["proposal_approved"] = "proposal_approved"
     proposal: str
     steps: list[str] = Field(default_factory=list)
 
 
 class ProposalRejected(Event):
+    """A person rejected a proposal (moved it to Rejected/): the agent is told."""
+
     event: Literal["proposal_rejected"] = "proposal_rejected"
     proposal: str
     steps: list[str] = Field(default_factory=list)
@@ -405,12 +471,16 @@ class ProposalRejected(Event):
 
 
 class CheckpointCreated(Event):
+    """A step's git checkpoint commit was made."""
+
     event: Literal["checkpoint_created"] = "checkpoint_created"
     step_id: str
     commit: str | None = None
 
 
 class CheckpointSkipped(Event):
+    """A step made no checkpoint commit (nothing changed, or checkpoints are off), and why."""
+
     event: Literal["checkpoint_skipped"] = "checkpoint_skipped"
     step_id: str
     reason: str
@@ -427,23 +497,31 @@ class CheckpointLeftOut(Event):
 
 
 class CheckpointFailed(Event):
+    """git could not make a step's checkpoint commit."""
+
     event: Literal["checkpoint_failed"] = "checkpoint_failed"
     step_id: str
     error: str
 
 
 class CheckpointRecovered(Event):
+    """A checkpoint commit made before a kill was found and recorded."""
+
     event: Literal["checkpoint_recovered"] = "checkpoint_recovered"
     step_id: str
     commit: str | None = None
 
 
 class GitLockCleared(Event):
+    """A stale `index.lock` left by a killed git was removed."""
+
     event: Literal["git_lock_cleared"] = "git_lock_cleared"
     path: str
 
 
 class WorktreeCreated(Event):
+    """A git worktree and branch were made for a loop or a step."""
+
     event: Literal["worktree_created"] = "worktree_created"
     path: str
     branch: str
@@ -458,17 +536,23 @@ class WorktreeRecreated(Event):
 
 
 class WorktreeRemoved(Event):
+    """A finished worktree was removed."""
+
     event: Literal["worktree_removed"] = "worktree_removed"
     branch: str
 
 
 class BranchLeft(Event):
+    """A loop's branch was left for review (`merge: manual`)."""
+
     event: Literal["branch_left"] = "branch_left"
     branch: str
     worktree: str | None = None
 
 
 class MergeCompleted(Event):
+    """A branch was merged back into the loop's branch."""
+
     event: Literal["merge_completed"] = "merge_completed"
     branch: str
     into: str | None = None
@@ -476,6 +560,8 @@ class MergeCompleted(Event):
 
 
 class MergeConflict(Event):
+    """A merge back conflicted: the files named."""
+
     event: Literal["merge_conflict"] = "merge_conflict"
     branch: str
     into: str | None = None
@@ -511,6 +597,8 @@ class ParallelConflict(Event):
 
 
 class MergeFailed(Event):
+    """A merge back failed for another reason than a conflict."""
+
     event: Literal["merge_failed"] = "merge_failed"
     branch: str
     files: list[str] = Field(default_factory=list)
@@ -518,18 +606,24 @@ class MergeFailed(Event):
 
 
 class MergeResumed(Event):
+    """A merge interrupted by a kill was finished."""
+
     event: Literal["merge_resumed"] = "merge_resumed"
     branch: str
     files: list[str] = Field(default_factory=list)
 
 
 class RollbackResumed(Event):
+    """A rollback interrupted by a kill was finished."""
+
     event: Literal["rollback_resumed"] = "rollback_resumed"
     branch: str | None = None
     files: list[str] = Field(default_factory=list)
 
 
 class RolledBack(Event):
+    """`kiro loop rollback`: the project back at a step's checkpoint, later boxes unchecked."""
+
     event: Literal["rolled_back"] = "rolled_back"
     at: str
     to_step: str
