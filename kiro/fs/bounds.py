@@ -6,7 +6,7 @@
     a step's process output                      kiro.processes.spawn.OUTPUT_KEPT bytes (the tail)
 
 A clipped text keeps its head and its tail and says how much was cut in between, so a person
-still sees how it began and how it ended. The caps are documented in the README ("Bad days").
+still sees how it began and how it ended. The caps are documented in docs/guides/troubleshooting.md.
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ class LLMSettings(_Strict):
     """share of the context window at which the agent is told to wrap up."""
     precheck_model: str | None = None  # SPEC §11 pre-check gate (kiro.core.precheck)
     """a cheap model that decides, before a costly run, whether anything changed since the last one; "nothing changed"
-    skips it (README "The pre-check gate")."""
+    skips it (docs/guides/schedules.md, "The pre-check gate")."""
     precheck: Literal["scheduled_runs", "every_iteration"] = "scheduled_runs"
     """scheduled_runs: gate each run of a `schedule:` task | every_iteration: also gate each retry of a step (new steps
     and waiting messages always pass)."""
@@ -217,7 +217,7 @@ class ShellToolSettings(_Strict):
     """true: allow those too, accepting that the agent runs code of its own."""
     allow: list[str] = Field(default_factory=list)
     """commands it may run, e.g. ["git status", "git diff", ls]; programs that run code the agent writes (shells,
-    python, make, npm, pytest ...) are refused unless trust_agent_code (README "Security")."""
+    python, make, npm, pytest ...) are refused unless trust_agent_code (docs/security.md)."""
     timeout_seconds: float = Field(120.0, gt=0)
     """one run_command's limit; the command is ended after it."""
     max_output_chars: int = Field(20000, ge=100)

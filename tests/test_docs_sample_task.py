@@ -1,4 +1,4 @@
-"""The README's tour runs as printed: its sample task file (under "Task files") completes with the
+"""The docs' sample task file (docs/guides/kiro-specs.md, under "Task files") runs as printed: it completes with the
 shell executor in a workspace `kiro init` made, and a step with no ```sh block ends the loop at once
 (exit 1) saying how to fix it, instead of failing three times with backoff (exit 5)."""
 
@@ -9,18 +9,18 @@ from pathlib import Path
 
 from tests.conftest import Workspace
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "kiro-specs.md"
 
 
 def _sample_task() -> str:
-    text = README.read_text(encoding="utf-8")
+    text = GUIDE.read_text(encoding="utf-8")
     section = text[text.index("## Task files"):]
     found = re.search(r"^````markdown\n(.*?)^````$", section, re.S | re.M)
-    assert found, "the README's sample task file"
+    assert found, "the guide's sample task file"
     return found.group(1)
 
 
-def test_the_readme_sample_task_runs_to_completion_as_printed(ws: Workspace) -> None:
+def test_the_guide_sample_task_runs_to_completion_as_printed(ws: Workspace) -> None:
     r = ws.kiro("init", ".")
     assert r.returncode == 0, r.stdout + r.stderr
     ws.task(_sample_task(), "Specs/auth/tasks.md")
