@@ -65,7 +65,7 @@ PLACEHOLDERS = ("{prompt_file}", "{task_file}", "{step_id}", "{project_dir}")
 # What to tell a person for each fatal kind, unless the preset says better.
 FIX = {
     "usage_error": "the agent's command line is wrong: check executor_command / agent_args against `{program} --help`",
-    "auth_error": "the agent CLI could not authenticate: set its API key or log it in (see docs/guides/agents.md for its setup)",
+    "auth_error": "the agent CLI could not authenticate: set its API key or log it in (docs/guides/agents.md)",
 }
 
 _ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
