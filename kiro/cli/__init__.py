@@ -150,13 +150,17 @@ def _register(only: str | None = None) -> None:
         from kiro.cli import agents
 
         _app.command("agents")(agents.agents)
+    if only in (None, "config"):
+        from kiro.cli import config
+
+        _app.add_typer(config.app, name="config")
     if only in (None, "worker"):
         from kiro.cli import worker
 
         _app.command("worker")(worker.worker)
 
 
-COMMANDS = ("loop", "init", "serve", "agents", "worker")
+COMMANDS = ("loop", "init", "serve", "agents", "config", "worker")
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -18,10 +19,10 @@ def init(
     example: Annotated[bool, typer.Option("--example", help="Also add the bundled example task, "
                                           "Specs/hello/tasks.md, which the shell executor can run.")] = False,
 ) -> None:
-    """Create a workspace: Specs/, Done/, Needs_Action/, Pending_Approval/, Approved/, Rejected/, Logs/, .state/, .hooks/ and a commented config/autonomous_loop.yaml showing every key and its default. Never overwrites an existing file."""
+    """Create a workspace: Specs/, Done/, Needs_Action/, Pending_Approval/, Approved/, Rejected/, Logs/, .state/, .hooks/ and a commented config/autonomous_loop.yaml showing every key and its default, with its JSON Schema beside it for editors (config/autonomous_loop.schema.json). Never overwrites an existing file."""
     from kiro.errors import UserError
     from kiro.store.approval import APPROVED, PENDING, REJECTED
-    from kiro.store.config import default_config_yaml
+    from kiro.store.config import SCHEMA_FILE, config_schema, default_config_yaml
     from kiro.store.workspace import Workspace, current_folder
     from kiro.views import console
 
@@ -41,6 +42,10 @@ def init(
         if not ws.config_file.exists():
             ws.config_file.write_text(default_config_yaml(), encoding="utf-8")
             created.append(str(ws.config_file.relative_to(ws.root)))
+        schema = ws.config_file.with_name(SCHEMA_FILE)  # what the config's first line names, for editors
+        if not schema.exists() and not schema.is_symlink():
+            schema.write_text(json.dumps(config_schema(), indent=2) + "\n", encoding="utf-8")
+            created.append(str(schema.relative_to(ws.root)))
         if example:
             source = resources.files("kiro").joinpath("examples", "hello")
             with resources.as_file(source) as src:

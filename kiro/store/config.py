@@ -804,6 +804,75 @@ def default_config_yaml() -> str:
     return resources.files("kiro").joinpath("default_config.yaml").read_text(encoding="utf-8")
 
 
+SCHEMA_FILE = "autonomous_loop.schema.json"
+"""The JSON Schema `kiro init` writes beside the config, which the config's first line names for editors."""
+
+# How kiro's before-validators read YAML 1.1 spellings that the models' own types do not show: `sandbox: off` is
+# false to PyYAML, `backend: temporal` names a kind with its defaults, an empty section is null.
+_ALSO_ACCEPTED: dict[tuple[str, ...], list[dict[str, Any]]] = {
+    ("checkpoints",): [{"type": "boolean"}],
+    ("sandbox",): [{"type": "boolean"}],
+    ("sandbox_network",): [{"type": "boolean"}],
+    ("backend",): [{"enum": ["local", "temporal"]}],
+    ("sandbox_paths",): [{"type": "null"}],
+    ("llm", "prices"): [{"type": "null"}],
+    ("tools", "shell"): [{"type": "null"}],
+}
+
+
+def _widen(schema: dict[str, Any], path: tuple[str, ...]) -> None:
+    node = schema
+    for key in path[:-1]:
+        ref = node["properties"][key].get("$ref") or node["properties"][key]["anyOf"][0]["$ref"]
+        node = schema["$defs"][ref.rsplit("/", 1)[1]]
+    field = node["properties"][path[-1]]
+    kept = {k: field.pop(k) for k in ("title", "description", "default") if k in field}
+    alternatives = field.pop("anyOf", None) or [dict(field)]
+    field.clear()
+    field.update(kept, anyOf=[*alternatives, *_ALSO_ACCEPTED[path]])
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of `config/autonomous_loop.yaml`, from the config model: every key with its type,
+    default and description, as kiro reads the file (YAML 1.1 `on`/`off` included)."""
+    schema = Config.model_json_schema(mode="validation")
+    for path in _ALSO_ACCEPTED:
+        _widen(schema, path)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "kiro: config/autonomous_loop.yaml"
+    return schema
+
+
+def frontmatter_schema() -> dict[str, Any]:
+    """The JSON Schema of a task file's frontmatter: each key that sets a config value has that value's schema
+    (`FRONTMATTER_KEYS`), besides the task's own keys; any other key is the person's and allowed."""
+    config = config_schema()
+    properties: dict[str, Any] = {}
+    for key, dotted in FRONTMATTER_KEYS.items():
+        node = config
+        for part in dotted.split("."):
+            node = node["properties"][part]
+            ref = node.get("$ref")
+            if ref is not None and part != dotted.rsplit(".", 1)[-1]:
+                node = config["$defs"][ref.rsplit("/", 1)[1]]
+        properties[key] = node
+    every = {"type": "string", "pattern": r"^\d+(\.\d+)?[smhd]$"}
+    properties.update({
+        "title": {"type": "string", "description": "the task's title in status, reports and the dashboard."},
+        "instructions": {"type": "string", "description": "added to every step's prompt."},
+        "kiro_task_id": {"type": ["string", "null"], "description": "the loop's id, kept current by kiro."},
+        "schedule": {"description": "run the task again and again: a cron string, {cron: ...} or {every: 30m}.",
+                     "anyOf": [{"type": "string"},
+                               {"type": "object", "properties": {"cron": {"type": "string"}, "every": every},
+                                "additionalProperties": False}]},
+        "stateful": {"type": "boolean", "default": True,
+                     "description": "a scheduled run starts from what earlier runs recorded."},
+    })
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "kiro: a task file's frontmatter",
+            "type": "object", "properties": properties, "$defs": config.get("$defs", {}),
+            "additionalProperties": True}
+
+
 # -- resolving the layers ----------------------------------------------------------------------
 
 
