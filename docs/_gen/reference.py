@@ -26,7 +26,9 @@ GENERATED = "<!-- generated from the code by docs/_gen/reference.py at build tim
 
 
 def cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: one line, `|` escaped, and `<task_id>` shown as text outside code spans (not as HTML)."""
+    parts = " ".join(text.split()).replace("|", "\\|").split("`")
+    return "`".join(part if i % 2 else part.replace("<", "&lt;").replace(">", "&gt;") for i, part in enumerate(parts))
 
 
 def type_name(annotation: Any) -> str:
@@ -79,16 +81,25 @@ def config_rows(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def config_page() -> str:
+    head = "| key | type | default | what it does |\n| --- | --- | --- | --- |\n"
+    top: list[str] = []
+    sections: list[str] = []
+    for name, field in config_model.Config.model_fields.items():
+        subs = models_in(field.annotation)
+        if not subs:
+            top.append(f"| `{name}` | {type_name(field.annotation)} | {default_of(field)} | "
+                       f"{cell(field.description or '')} |")
+            continue
+        rows = [row for sub in subs for row in config_rows(sub)]
+        sections.append(f"## `{name}:`\n\n{cell(field.description or '')}\n\n" + head + "\n".join(rows) + "\n")
     return (GENERATED + "# Configuration keys\n\n"
             "Every key of `config/autonomous_loop.yaml`, from the config model (`kiro/store/config.py`). Every key is\n"
             "optional. Precedence, lowest first: defaults < the config file < task frontmatter < environment\n"
             "(`KIRO_MAX_ITERATIONS`, `KIRO_EXECUTOR`, `KIRO_AGENT`, `KIRO_MODEL`, ..., or any key as\n"
             "`KIRO_<SECTION>__<KEY>`) < flags. An unknown key or a bad value is an error naming the file, line and key,\n"
             "with the closest known key suggested. `kiro config schema` prints the same as a JSON Schema, for your\n"
-            "editor.\n\n"
-            "`backend:` is one of two shapes, chosen by `kind`: `local` (the default) or `temporal`.\n\n"
-            "| key | type | default | what it does |\n| --- | --- | --- | --- |\n"
-            + "\n".join(config_rows(config_model.Config)) + "\n")
+            "editor. `backend:` is one of two shapes, chosen by `kind`: `local` (the default) or `temporal`.\n\n"
+            "## Top-level keys\n\n" + head + "\n".join(top) + "\n\n" + "\n".join(sections))
 
 
 def events_page() -> str:
