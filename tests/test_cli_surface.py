@@ -19,7 +19,7 @@ from kiro.cli import app
 COMMANDS = [(), ("loop",), ("loop", "start"), ("loop", "resume"), ("loop", "status"), ("loop", "state"),
             ("loop", "progress"), ("loop", "rollback"), ("loop", "logs"), ("loop", "stop"), ("loop", "stats"),
             ("loop", "tell"), ("loop", "history"), ("loop", "watch"), ("init",), ("serve",), ("agents",),
-            ("config",), ("config", "schema"), ("worker",)]
+            ("config",), ("config", "schema"), ("config", "show"), ("worker",)]
 BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="bash is not installed")
 

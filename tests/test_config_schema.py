@@ -110,3 +110,24 @@ def test_kiro_init_writes_the_schema_beside_the_config_and_names_it_on_the_first
     assert written == schema_from_kiro(ws)
     described = written["$defs"]["LoopSettings"]["properties"]["max_iterations"]
     assert described["default"] == 100 and "iterations" in described["description"]
+
+
+def test_config_show_says_where_each_value_came_from_and_shows_no_secret(ws: Workspace) -> None:
+    secret = "sk-docs0123456789abcdefghij"
+    ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  max_iterations: 7\n  failure_threshold: 2\n"
+                                            f"agent: claude\nexecutor_command: my-agent --key {secret}\n")
+    ws.task("---\nfailure_threshold: 4\n---\n- [ ] 1. a step\n", "Specs/x/tasks.md")
+    r = ws.kiro("config", "show", "--json", "--task", "Specs/x/tasks.md", env=ws.env(KIRO_AGENT="codex"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {row["key"]: (row["value"], row["from"]) for row in json.loads(r.stdout)}
+    print("\n".join(f"{k}: {v}" for k, v in rows.items() if v[1] != "default"))
+    assert rows["autonomous_loop.max_iterations"] == (7, "config/autonomous_loop.yaml:2")
+    assert rows["autonomous_loop.failure_threshold"] == (4, "Specs/x/tasks.md:2")  # the frontmatter wins
+    assert rows["agent"] == ("codex", "environment KIRO_AGENT")  # and the environment over both
+    assert rows["autonomous_loop.timeout_seconds"] == (43200.0, "default")
+    assert secret not in r.stdout and "[REDACTED]" in rows["executor_command"][0]
+    plain = ws.kiro("config", "show")
+    assert plain.returncode == 0 and "(config/autonomous_loop.yaml:2)" in plain.stdout and secret not in plain.stdout
+    missing = ws.kiro("config", "show", "--task", "Specs/none/tasks.md")
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -900,6 +900,7 @@ def resolve_config(
     frontmatter_lines: Mapping[str, int] | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    origins_out: dict[str, str] | None = None,
 ) -> Config:
     """The effective config: defaults < config file < task frontmatter < environment < flags.
 
@@ -907,6 +908,8 @@ def resolve_config(
     read if present. Only the frontmatter keys in `FRONTMATTER_KEYS` count; the rest are the
     person's. `frontmatter_lines` maps a frontmatter key to its line in `task_path`. `env` defaults
     to `os.environ`. `overrides` are dotted paths set by flags; a None value means "not given".
+    `origins_out`, when given, is filled with where each dotted key that is not a default came from
+    (`config/autonomous_loop.yaml:12`, `Specs/x/tasks.md:3`, `environment KIRO_AGENT`, `--agent`): `kiro config show`.
 
     The layers are merged as plain mappings and validated once, so a bad value is reported with
     where it came from, as one `ConfigError` line.
@@ -949,9 +952,20 @@ def resolve_config(
 
     _fallbacks_in_scope(merged, origins)
     try:
-        return Config.model_validate(merged)
+        config = Config.model_validate(merged)
     except ValidationError as exc:
         raise _validation_error(exc, origins) from None
+    if origins_out is not None:
+        origins_out.update({dotted: _where(dotted, origin) for dotted, origin in origins.items()})
+    return config
+
+
+def _where(dotted: str, origin: _Origin) -> str:
+    """Where a value came from, as a person finds it: file:line, an environment variable, a flag."""
+    line = origin.lines.get(dotted) if origin.lines is not None else origin.line
+    if origin.file is not None:
+        return f"{origin.file}:{line}" if line is not None else origin.file
+    return origin.label or "default"
 
 
 def _layer(origin: _Origin) -> int:
