@@ -6,10 +6,15 @@ first on PATH. What cannot run here (it needs a real subscription, a server left
 is a ```text block, which is shown and never run. The fences are found by a Markdown parser (markdown-it-py),
 so a ```sh block inside a ````markdown example (a task file's step command) is the example's text, not a
 command of the page.
+
+A page that runs an agent says which with a comment, `<!-- docs-test: claude -->`: its blocks then run with the
+real CLI pointed at its scripted server on 127.0.0.1 (tests/agent_clis.py: a model that checks the box the
+prompt names), its HOME outside /tmp (`cli_home`); without the CLI installed the page is skipped, saying so.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +22,12 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
+from tests.agent_clis import Claude, Cli
 from tests.conftest import Workspace
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SHELLS = ("sh", "bash", "shell")
+AGENTS: dict[str, type[Claude]] = {"claude": Claude}  # the scripted servers a page can ask for
 
 
 def shell_blocks(page: Path) -> list[tuple[int, str]]:
@@ -39,16 +46,35 @@ def test_the_guides_have_commands_to_run() -> None:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
-def test_every_shell_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
+def test_every_shell_block_of_the_page_runs(page: Path, tmp_path: Path, cli_home: Path) -> None:
     folder = tmp_path / "project"
     folder.mkdir()
+    (tmp_path / "home").mkdir()
     env = Workspace(folder).env(
         PATH=f"{Path(sys.executable).parent}:{Workspace(folder).env()['PATH']}",
         HOME=str(tmp_path / "home"),
         GIT_AUTHOR_NAME="Docs", GIT_AUTHOR_EMAIL="docs@example.invalid",
         GIT_COMMITTER_NAME="Docs", GIT_COMMITTER_EMAIL="docs@example.invalid",
     )
-    (tmp_path / "home").mkdir()
+    agents: list[Cli] = []
+    for name in re.findall(r"<!-- docs-test: (\w+) -->", page.read_text(encoding="utf-8")):
+        cli = AGENTS[name](cli_home)
+        if not cli.installed:
+            pytest.skip(cli.skip_reason())
+        cli.start()
+        agents.append(cli)
+        env.update(cli.env())
+    try:
+        run_blocks(page, folder, env)
+    finally:
+        for cli in agents:
+            cli.close()
+    for cli in agents:
+        print(f"{cli.name}: {cli.calls()} model calls answered by its scripted server")
+        assert cli.calls() > 0
+
+
+def run_blocks(page: Path, folder: Path, env: dict[str, str]) -> None:
     for line, source in shell_blocks(page):
         print(f"--- {page.relative_to(DOCS)}:{line}\n{source}")
         done = subprocess.run(["bash", "-e", "-u", "-o", "pipefail", "-c", source], cwd=folder, env=env,
