@@ -7,9 +7,11 @@ is a ```text block, which is shown and never run. The fences are found by a Mark
 so a ```sh block inside a ````markdown example (a task file's step command) is the example's text, not a
 command of the page.
 
-A page that runs an agent says which with a comment, `<!-- docs-test: claude -->`: its blocks then run with the
-real CLI pointed at its scripted server on 127.0.0.1 (tests/agent_clis.py: a model that checks the box the
-prompt names), its HOME outside /tmp (`cli_home`); without the CLI installed the page is skipped, saying so.
+A page that runs agents says which with a comment, `<!-- docs-test: codex claude=limited -->`: its blocks then
+run with each real CLI pointed at its scripted server on 127.0.0.1 (tests/agent_clis.py: a model that checks the
+box the prompt names), their homes outside /tmp (`cli_home`; HOME is the last one's); `=limited` answers every
+call as the service does when a subscription's usage window is used up (tests/test_usage_limits.py). Without
+the CLI installed the page is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from tests.agent_clis import Claude, Cli
+from tests.agent_clis import CLIS, Cli
 from tests.conftest import Workspace
+from tests.test_usage_limits import env_of, limit_window
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SHELLS = ("sh", "bash", "shell")
-AGENTS: dict[str, type[Claude]] = {"claude": Claude}  # the scripted servers a page can ask for
 
 
 def shell_blocks(page: Path) -> list[tuple[int, str]]:
@@ -57,13 +59,18 @@ def test_every_shell_block_of_the_page_runs(page: Path, tmp_path: Path, cli_home
         GIT_COMMITTER_NAME="Docs", GIT_COMMITTER_EMAIL="docs@example.invalid",
     )
     agents: list[Cli] = []
-    for name in re.findall(r"<!-- docs-test: (\w+) -->", page.read_text(encoding="utf-8")):
-        cli = AGENTS[name](cli_home)
+    marker = re.search(r"<!-- docs-test: ([^>]*?) -->", page.read_text(encoding="utf-8"))
+    for word in marker[1].split() if marker else []:
+        name, _, how = word.partition("=")
+        (cli_home / name).mkdir()
+        cli = CLIS[name](cli_home / name)
         if not cli.installed:
             pytest.skip(cli.skip_reason())
         cli.start()
         agents.append(cli)
-        env.update(cli.env())
+        if how == "limited":
+            limit_window(cli, 3600)
+        env.update(env_of(cli))
     try:
         run_blocks(page, folder, env)
     finally:
