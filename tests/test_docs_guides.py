@@ -89,3 +89,14 @@ def run_blocks(page: Path, folder: Path, env: dict[str, str]) -> None:
         print(done.stdout + done.stderr)
         assert done.returncode == 0, (
             f"{page.relative_to(DOCS)}:{line}: the block exited {done.returncode}\n{done.stdout}{done.stderr}")
+
+
+def test_the_site_s_set_up_commands_are_the_readme_s() -> None:
+    """The two set-up commands are run from the README (```sh) and shown on the site's first page (```text, not
+    run twice): the same bytes, so the site cannot drift from what the checks run."""
+    def commands(page: Path, info: str) -> list[str]:
+        tokens = MarkdownIt("commonmark").parse(page.read_text(encoding="utf-8"))
+        return [t.content for t in tokens if t.type == "fence" and t.info.strip() == info]
+
+    readme = commands(DOCS.parent / "README.md", "sh")[:2]
+    assert len(readme) == 2 and all(command in commands(DOCS / "index.md", "text") for command in readme), readme
