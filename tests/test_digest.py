@@ -162,7 +162,8 @@ def test_notify_sends_the_digest_at_digest_at_and_the_loop_finished_with_the_dig
         assert "## Done" in daily["message"] and "## Waiting for you" in daily["message"]
         assert (ws.root / "Logs" / "digest" / f"{today}.md").exists()
         finished = next(m for m in r.got if m["title"] == "kiro: loop night completed (all_steps_done)")
-        assert "| night | 1 | Waits for the digest | shell | 1 |" in finished["message"]
+        # done after digest_at: in the next date's digest
+        assert "| night | 1 | Step number 1 | shell | 1 |" in finished["message"]
         assert finished["type"] == "info"
         assert not [e for e in ws.events("night") if e["event"] == "notifier_failed"]
     finally:

@@ -50,7 +50,7 @@ def _send_now(urls: Sequence[str], title: str, body: str, warning: bool) -> list
         if not sender.add(url):
             problems.append(f"notify URL {n}: Apprise does not know it")
             continue
-        with apprise.LogCapture(level=logging.WARNING) as said:
+        with apprise.LogCapture(level=logging.WARNING) as said:  # type: ignore[no-untyped-call]
             ok = sender.notify(body=body, title=title, notify_type=kind)
         if not ok:
             lines = [line.split(" - ", 2)[-1] for line in said.getvalue().splitlines() if line.strip()]
@@ -69,8 +69,12 @@ async def send(urls: Sequence[str], title: str, body: str, *, warning: bool = Fa
             result = _send_now(urls, title, body, warning)
         except Exception as exc:  # a plugin's own bug is one more failed notifier, never the loop's end
             result = [f"notify: {type(exc).__name__}: {exc}"]
+        def settle() -> None:
+            if not done.done():
+                done.set_result(result)
+
         with contextlib.suppress(RuntimeError):  # the event loop closed while the service hung
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(result))
+            loop.call_soon_threadsafe(settle)
 
     threading.Thread(target=work, name="kiro-notify", daemon=True).start()
     try:

@@ -39,7 +39,8 @@ ON_EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")
 # The `notify_on` kinds sent to the `notify` URLs (kiro.core.digest): the digest at `digest_at`, a loop's end,
 # a question for a person, a step proposal or task file waiting for approval, a usage limit longer than
 # `max_limit_wait_seconds`.
-NOTIFY_KINDS = ("digest", "loop_finished", "human_requested", "approval_waiting", "usage_limit")
+NotifyKind = Literal["digest", "loop_finished", "human_requested", "approval_waiting", "usage_limit"]
+NOTIFY_KINDS: tuple[NotifyKind, ...] = get_args(NotifyKind)
 
 
 _QUIET = "kiro_value_not_shown"  # a validation error whose value is not echoed: it may hold a secret
@@ -357,8 +358,7 @@ class Config(_Strict):
     # at `digest_at` (local time); `notify`: Apprise URLs the digest and the `notify_on` events are sent to
     digest_at: str | None = Field(None, pattern=_HH_MM)
     notify: list[str] = Field(default_factory=list)
-    notify_on: list[Literal["digest", "loop_finished", "human_requested", "approval_waiting", "usage_limit"]] = (
-        Field(default_factory=lambda: list(NOTIFY_KINDS)))
+    notify_on: list[NotifyKind] = Field(default_factory=lambda: list(NOTIFY_KINDS))
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
