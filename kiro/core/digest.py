@@ -53,7 +53,7 @@ class _Shared:
     """One digest computation for the loops of a workspace that end together in this process: a loop that ends
     before the running computation began joins it; one that ends after it began waits for the next."""
 
-    jobs: dict[str, _Shared] = {}
+    jobs: dict[tuple[str, int], _Shared] = {}  # (workspace, event loop): a job is of one event loop
 
     def __init__(self, previous: asyncio.Task[str] | None) -> None:
         self.started = False
@@ -62,7 +62,7 @@ class _Shared:
 
     @classmethod
     async def digest(cls, loop: LoopHandle, day: date) -> str:
-        key = str(loop.ws.root)
+        key = (str(loop.ws.root), id(asyncio.get_running_loop()))
         job = cls.jobs.get(key)
         if job is None or job.started or job.task is None or job.task.done():
             job = cls(job.task if job is not None else None)
