@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import FAST_CONFIG, Workspace, shell_task
+from tests.conftest import FAST_CONFIG, Workspace, openai_config, shell_task
+from tests.fake_openai import FakeOpenAI, call, usage
 from tests.serve_helpers import start_server, stop_loops
 
 FLAKY = 'if [ -f "tried_$KIRO_STEP_ID" ]; then exit 0; fi; touch "tried_$KIRO_STEP_ID"; exit 1'
@@ -170,6 +171,34 @@ def test_notify_sends_the_digest_at_digest_at_and_the_loop_finished_with_the_dig
         r.close()
 
 
+def test_a_question_for_a_person_is_sent_as_human_requested_with_tokens_and_cost_in_the_digest(
+        ws: Workspace, fake: FakeOpenAI, receiver: Receiver) -> None:
+    """The openai executor (the scripted server on 127.0.0.1): step 1 done with tokens and a price, then the agent
+    asks a person; notify_on names only human_requested, so that is the one message sent."""
+    ws.task("- [ ] 1. Pick the port\n- [ ] 2. Pick the database\n")
+    openai_config(ws, fake, llm="  prices: {fake-model: {input_per_1m: 1000, output_per_1m: 2000}}\n",
+                  extra=f"notify: ['json://127.0.0.1:{receiver.port}/phone']\nnotify_on: [human_requested]\n")
+    fake.reply(call("complete_step", {"summary": "port 8080"}), usage=usage(300, 40))
+    fake.reply(call("request_human", {"question": "Postgres or SQLite for production?"}), usage=usage(200, 10))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ai")
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert [m["title"] for m in receiver.got] == ["kiro: loop ai paused (request_human)"]
+    assert "Needs_Action/request_ai.md" in receiver.got[0]["message"]
+    assert receiver.got[0]["type"] == "warning"
+
+    st = ws.state("ai")
+    digest = json.loads(ws.kiro("loop", "digest", "--json").stdout)
+    assert digest["usage"]["total_tokens"] == st["usage"]["total_tokens"] == 550
+    assert digest["usage"]["cost_usd"] == pytest.approx(st["usage"]["cost_usd"])
+    receipt = st["completed_steps"][0]["receipt"]
+    [row] = digest["done"]
+    assert (row["tokens"], row["cost_usd"]) == (receipt["total_tokens"], receipt["cost_usd"]) == (340, 0.38)
+    assert [w["path"] for w in digest["waiting"]] == ["Needs_Action/request_ai.md"]
+    text = (ws.root / "Logs" / "digest" / f"{_today()}.md").read_text()
+    assert "- [Needs_Action/request_ai.md](../../Needs_Action/request_ai.md)" in text
+    assert "- 550 tokens, $0.6000" in text
+
+
 def test_notify_on_limits_what_is_sent(ws: Workspace, receiver: Receiver) -> None:
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"notify: ['json://127.0.0.1:{receiver.port}/a']\n"
              "notify_on: [human_requested]\n")
@@ -264,3 +293,21 @@ def test_the_dashboards_digest_link_opens_the_digest_in_a_browser(ws: Workspace)
     finally:
         served.stop()
         stop_loops(ws.root)
+
+
+def test_a_digests_date_names_the_24_hours_up_to_digest_at() -> None:
+    from datetime import date
+
+    from kiro.views.digest import day_of, next_time, period
+
+    def local(*a: int) -> datetime:
+        return datetime(*a).astimezone()  # type: ignore[arg-type]
+
+    assert period(date(2026, 11, 29), "07:00") == (local(2026, 11, 28, 7, 0), local(2026, 11, 29, 7, 0))
+    assert period(date(2026, 11, 29), None) == (local(2026, 11, 29), local(2026, 11, 30))
+    assert day_of(local(2026, 11, 28, 14, 0), "07:00") == date(2026, 11, 29)  # read the next morning
+    assert day_of(local(2026, 11, 29, 6, 59), "07:00") == date(2026, 11, 29)
+    assert day_of(local(2026, 11, 29, 7, 0), "07:00") == date(2026, 11, 30)
+    assert day_of(local(2026, 11, 28, 23, 59), None) == date(2026, 11, 28)
+    assert next_time(local(2026, 11, 28, 7, 0), "07:00") == local(2026, 11, 29, 7, 0)
+    assert next_time(local(2026, 11, 28, 6, 0), "07:00") == local(2026, 11, 28, 7, 0)
