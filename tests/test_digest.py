@@ -199,6 +199,21 @@ def test_a_question_for_a_person_is_sent_as_human_requested_with_tokens_and_cost
     assert "- 550 tokens, $0.6000" in text
 
 
+def test_a_protected_path_change_waiting_for_approval_is_sent(ws: Workspace, receiver: Receiver) -> None:
+    ws.write("tests/test_a.py", "def test_a():\n    assert 1 + 1 == 2\n")
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "protected_paths: ['tests/**']\n"
+             f"notify: ['json://127.0.0.1:{receiver.port}/phone']\nnotify_on: [approval_waiting]\n")
+    weaken = 'if [ -f tried ]; then exit 0; fi; touch tried; echo "def test_a(): pass" > tests/test_a.py'
+    ws.task(shell_task(1, cmd=weaken))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "guarded")
+    assert r.returncode == 0, r.stdout + r.stderr  # the honest retry completes
+    [proposal] = [e["proposal"] for e in ws.events("guarded") if e["event"] == "protected_paths_changed"]
+    assert [m["title"] for m in receiver.got] == ["kiro: loop guarded: step 1 changed protected paths"]
+    assert proposal in receiver.got[0]["message"] and "changed tests/test_a.py" in receiver.got[0]["message"]
+    text = (ws.root / "Logs" / "digest" / f"{_today()}.md").read_text()
+    assert f"- [{proposal}](../../{proposal})" in text  # waiting for a person
+
+
 def test_notify_on_limits_what_is_sent(ws: Workspace, receiver: Receiver) -> None:
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"notify: ['json://127.0.0.1:{receiver.port}/a']\n"
              "notify_on: [human_requested]\n")

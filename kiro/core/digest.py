@@ -9,7 +9,8 @@
   it (`notify_on: digest`); of all the loops running then, in this process or another, the one that creates
   `.state/digest/<date>.sent` first writes and sends it;
 - to the `notify` URLs (Apprise, kiro.core.notify.send) it sends the `notify_on` kinds: `loop_finished`
-  (with the digest), `human_requested`, `approval_waiting` (a step proposal, or a loop paused for one),
+  (with the digest), `human_requested`, `approval_waiting` (a step proposal or a protected-path change in
+  `Pending_Approval/`, or a loop paused for one),
   `usage_limit` (a limit longer than `max_limit_wait_seconds` ended the loop).
 
 Sending runs beside the loop; a notifier that fails or hangs is a `notifier_failed` event (the URL's place
@@ -97,8 +98,13 @@ class DigestFeed(LoopListener):
         if isinstance(event, events.LoopFinished):
             self.finished = event
         elif isinstance(event, events.StepsProposed):
-            self._beside("approval_waiting", f"loop {self.loop.state.task_id}: a step proposal waits for a person",
-                         f"{event.proposal}: move it to Approved/ or Rejected/ ({len(event.steps)} steps proposed)")
+            self._beside("approval_waiting", f"kiro: loop {self.loop.state.task_id}: a step proposal waits for a "
+                                             f"person", f"{event.proposal}: move it to Approved/ or Rejected/ "
+                                                        f"({len(event.steps)} steps proposed)")
+        elif isinstance(event, events.ProtectedPathsChanged) and event.proposal:
+            self._beside("approval_waiting", f"kiro: loop {self.loop.state.task_id}: step {event.step_id} changed "
+                                             f"protected paths", f"{event.proposal}: move it to Approved/ to let the "
+                                                                 f"change through ({', '.join(event.changes[:10])})")
 
     # -- sending -----------------------------------------------------------------------------------
 
