@@ -326,3 +326,13 @@ def test_a_digests_date_names_the_24_hours_up_to_digest_at() -> None:
     assert day_of(local(2026, 11, 28, 23, 59), None) == date(2026, 11, 28)
     assert next_time(local(2026, 11, 28, 7, 0), "07:00") == local(2026, 11, 29, 7, 0)
     assert next_time(local(2026, 11, 28, 6, 0), "07:00") == local(2026, 11, 28, 7, 0)
+
+
+def test_a_digest_that_cannot_be_written_is_a_warning_and_the_loop_still_completes(ws: Workspace) -> None:
+    ws.write("Logs/digest", "a file where the folder would go\n")
+    ws.task(shell_task(1))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "blocked")
+    assert r.returncode == 0, r.stdout + r.stderr
+    warnings = [e["message"] for e in ws.events("blocked") if e["event"] == "warning"]
+    assert any(w.startswith("could not write the digest: ") for w in warnings), warnings
+    assert (ws.root / "Logs" / "digest").read_text() == "a file where the folder would go\n"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from kiro import timeutil
 from kiro.core.hooks import LoopListener
 from kiro.core.notify import SEND_TIMEOUT, send
+from kiro.errors import contained
 from kiro.fs.atomic import atomic_write
 from kiro.store import events
 from kiro.views import digest
@@ -138,10 +139,13 @@ class DigestFeed(LoopListener):
             due = digest.next_time(due + timedelta(seconds=1), digest_at)
             if not self._claim(day):
                 continue
-            try:
-                text = await _Shared.digest(self.loop, day)
-            except OSError as exc:
-                self.loop.emit(events.LoopWarning(message=f"could not write the digest: {exc}"))
+            text: str | None = None
+            with contained():
+                try:
+                    text = await _Shared.digest(self.loop, day)
+                except OSError as exc:
+                    self.loop.emit(events.LoopWarning(message=f"could not write the digest: {exc}"))
+            if text is None:
                 continue
             if self._wanted("digest"):
                 await self._send("digest", f"kiro digest {day.isoformat()}", text)
@@ -171,10 +175,11 @@ class DigestFeed(LoopListener):
         end, loop = self.finished, self.loop
         if end is not None:
             text: str | None = None
-            try:
-                text = await _Shared.digest(loop, digest.day_of(datetime.now().astimezone(), loop.cfg.digest_at))
-            except OSError as exc:
-                loop.emit(events.LoopWarning(message=f"could not write the digest: {exc}"))
+            with contained():  # a bug in the digest is no reason to lose the loop's end (raised in tests)
+                try:
+                    text = await _Shared.digest(loop, digest.day_of(datetime.now().astimezone(), loop.cfg.digest_at))
+                except OSError as exc:
+                    loop.emit(events.LoopWarning(message=f"could not write the digest: {exc}"))
             kind = END_KINDS.get(end.reason, "loop_finished")
             if self._wanted(kind):
                 title = f"kiro: loop {loop.state.task_id} {end.status} ({end.reason})"
