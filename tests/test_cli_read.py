@@ -625,7 +625,7 @@ def test_a_step_with_no_number_is_named_once_when_it_starts() -> None:
 READS = [("loop", "status"), ("loop", "status", "--json"), ("loop", "status", "--task-id", "x"),
          ("loop", "state", "--task-id", "x"), ("loop", "progress"), ("loop", "logs"), ("loop", "logs", "--json"),
          ("loop", "stats"), ("loop", "stats", "--json"), ("loop", "history"), ("loop", "history", "--json"),
-         ("loop", "history", "--task-id", "x")]
+         ("loop", "history", "--task-id", "x"), ("loop", "digest"), ("loop", "digest", "--json")]
 
 
 def test_a_read_command_in_a_folder_that_is_no_workspace_creates_nothing(ws: Workspace, tmp_path: Path) -> None:

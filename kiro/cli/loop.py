@@ -1,4 +1,4 @@
-"""`kiro loop ...`: start, status, state, progress, logs, stop, resume."""
+"""`kiro loop ...`: start, status, state, progress, logs, stop, resume, stats, digest."""
 
 from __future__ import annotations
 
@@ -473,6 +473,26 @@ def stats(
         console.print_json(result)
     else:
         console.write(loop_stats.render(result))
+
+
+@app.command()
+@guarded
+def digest(
+    date: Annotated[str | None, typer.Option("--date", metavar="YYYY-MM-DD", help="The digest of this date (default: today's; with digest_at, the one whose 24 hours hold now).", show_default=False)] = None,
+    workspace: WorkspaceOpt = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The digest (Logs/digest/<date>.md, as it stands now): steps done with their receipts, what waits for a person, cost and tokens by agent, time slept on usage limits, failures and their causes."""
+    from kiro.core import api
+    from kiro.views import console
+    from kiro.views import digest as view
+
+    result = api.digest(_workspace(workspace), date, config=config)
+    if json_out:
+        console.print_json(result)
+    else:
+        console.write(view.render(result))
 
 
 @app.command()

@@ -499,3 +499,17 @@ def tell(task_id: str | None, text: str, *, task: str | None = None, spec: str |
 
 __all__ = ["Conflict", "Front", "Options", "Started", "Told", "resume", "resume_all", "start", "status", "stop",
            "tell"]
+
+
+def digest(ws: Workspace, day: str | None = None, *, config: Path | None = None) -> dict[str, Any]:
+    """The digest dated `day` (`2026-11-28`; default: the one whose period holds now), computed from the
+    workspace's states, events and waiting files (kiro.views.digest); `kiro loop digest` and `kiro serve`."""
+    from datetime import datetime
+
+    from kiro.store.settings import settings_for
+    from kiro.views import digest as view
+
+    located = settings_for(ws, config_file=config)
+    digest_at = located.config.digest_at
+    date = view.parse_date(day) if day is not None else view.day_of(datetime.now().astimezone(), digest_at)
+    return view.compute(located.store, date, digest_at)

@@ -6,6 +6,7 @@ listen. The runner (and the watch supervisor) registers them on each loop with `
 - `Archiver`      a completed loop's state goes to .state/archive/ (`archive_state_file`)
 - `Notifier`      the `on_event` commands (completed, failed, paused, limit, finished)
 - `DashboardFeed` Dashboard.md, rewritten as this process's loops change
+- `DigestFeed`    Logs/digest/<date>.md and the `notify` URLs (kiro.core.digest)
 
 Each is a `LoopListener`: called with every event of its loop, told after every state save, and
 awaited (`aclose`) when the run ends. Order matters where one builds on another: the task is moved
@@ -232,4 +233,6 @@ class DashboardFeed(LoopListener):
 
 def standard(loop: LoopHandle) -> list[LoopListener]:
     """The listeners every loop run by kiro gets, in the order they must hear an event."""
-    return [DoneMover(loop), ReportWriter(loop), Archiver(loop), Notifier(loop), DashboardFeed(loop)]
+    from kiro.core.digest import DigestFeed
+
+    return [DoneMover(loop), ReportWriter(loop), Archiver(loop), Notifier(loop), DashboardFeed(loop), DigestFeed(loop)]

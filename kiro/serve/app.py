@@ -9,6 +9,8 @@
     GET  /api/loops/{id}/events         that loop's events: ?after=N (the N-th event of its log), ?tail=K
     GET  /api/events                    SSE of every loop's events; `id:` is a workspace-wide cursor
     GET  /api/ws                        WebSocket: the same events, and control messages (seed 003)
+    GET  /digest                        the digest (SPEC §14) as a page: ?date=YYYY-MM-DD, default today's
+    GET  /api/digest                    `kiro loop digest --json`: ?date=YYYY-MM-DD
     POST /api/loops                     {task, options} -> 201 {task_id}
     POST /api/loops/{id}/stop           {force?, reason?}
     POST /api/loops/{id}/resume
@@ -110,6 +112,30 @@ class Server:
                                            "Content-Security-Policy": "default-src 'self'; "
                                            "style-src 'self' 'unsafe-inline'; script-src 'self' 'unsafe-inline'; "
                                            "img-src 'self' data:; connect-src 'self'"})
+
+    async def _digest(self, request: Request) -> dict[str, Any]:
+        from kiro.core import api
+
+        day = request.query_params.get("date")
+        return await asyncio.to_thread(api.digest, self.ws, day)
+
+    async def digest_data(self, request: Request) -> Response:
+        try:
+            found = await self._digest(request)
+        except KiroError as exc:
+            return _error(400, str(exc))
+        return JSONResponse(self.redact.data(found))
+
+    async def digest_page(self, request: Request) -> Response:
+        from kiro.serve import pages
+
+        try:
+            found = await self._digest(request)
+        except KiroError as exc:
+            return _error(400, str(exc))
+        return HTMLResponse(pages.digest(found, self.redact.text), headers={
+            "Cache-Control": "no-store", "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+                                                                    "script-src 'unsafe-inline'"})
 
     async def loops(self, request: Request) -> Response:
         """Every loop's row, as `kiro loop status --json` shows it."""
@@ -405,6 +431,8 @@ def create_app(store: StateStore, token: str, hosts: frozenset[str]) -> TokenAut
         Route("/healthz", s.healthz),
         Route("/", s.page),
         Route("/api/info", s.info),
+        Route("/digest", s.digest_page),
+        Route("/api/digest", s.digest_data),
         Route("/api/loops", s.loops, methods=["GET"]),
         Route("/api/loops", s.post_loop, methods=["POST"]),
         Route("/api/loops/{task_id}", s.loop),

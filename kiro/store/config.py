@@ -36,6 +36,11 @@ def _none_is_empty(value: Any) -> Any:
 
 # The `on_event` keys: a loop that completed, failed, paused, hit a limit, and any end at all.
 ON_EVENT_KINDS = ("completed", "failed", "paused", "limit", "finished")
+# The `notify_on` kinds sent to the `notify` URLs (kiro.core.digest): the digest at `digest_at`, a loop's end,
+# a question for a person, a step proposal or task file waiting for approval, a usage limit longer than
+# `max_limit_wait_seconds`.
+NotifyKind = Literal["digest", "loop_finished", "human_requested", "approval_waiting", "usage_limit"]
+NOTIFY_KINDS: tuple[NotifyKind, ...] = get_args(NotifyKind)
 
 
 _QUIET = "kiro_value_not_shown"  # a validation error whose value is not echoed: it may hold a secret
@@ -483,6 +488,14 @@ class Config(_Strict):
     protected_paths: list[str] = Field(default_factory=list)
     """globs (tests/**, ci/*.yml) a step may not create, change or delete: it fails and they are put back; frontmatter
     can add globs, never remove."""
+    # SPEC §14 digest (kiro.views.digest, kiro.core.digest): Logs/digest/<date>.md when a loop ends and each day
+    # at `digest_at` (local time); `notify`: Apprise URLs the digest and the `notify_on` events are sent to
+    digest_at: str | None = Field(None, pattern=_HH_MM)
+    """"HH:MM" (local time): besides when a loop ends, write Logs/digest/<date>.md and send it each day at this time."""
+    notify: list[str] = Field(default_factory=list)
+    """Apprise URLs (ntfy://, tgram://, slack://, json://...) the digest and the notify_on events are sent to."""
+    notify_on: list[NotifyKind] = Field(default_factory=lambda: list(NOTIFY_KINDS))
+    """which events are sent to notify: digest, loop_finished, human_requested, approval_waiting, usage_limit."""
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
@@ -556,6 +569,23 @@ class Config(_Strict):
         if value is not None and not (isinstance(info.data.get("verify"), str) and info.data["verify"].strip()):
             raise ValueError("is the report the verify command writes, but no verify command is set; set verify "
                              "(e.g. pytest -q --junitxml=.kiro-verify.xml) or remove verify_report")
+        return value
+
+    @field_validator("notify")
+    @classmethod
+    def _apprise_urls(cls, value: list[str]) -> list[str]:
+        """Each URL one Apprise knows (ntfy://, tgram://, slack://, mailto://, json://, ...). The URL is not
+        echoed: it holds the service's token."""
+        if not value:
+            return value
+        import apprise  # imported only when notify is set (about 0.1 s)
+        from pydantic_core import PydanticCustomError
+
+        for n, url in enumerate(value):
+            if apprise.Apprise.instantiate(url, suppress_exceptions=True) is None:
+                raise PydanticCustomError(_QUIET, f"item {n + 1} is not a URL Apprise can send to; write it like "
+                                                  f"ntfy://TOPIC, tgram://BOT_TOKEN/CHAT_ID or json://HOST:PORT/PATH "
+                                                  f"(https://github.com/caronc/apprise/wiki)")
         return value
 
     @field_validator("on_event")

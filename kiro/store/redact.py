@@ -18,7 +18,9 @@ What it knows as secret, collected once per run:
     the environment or the config's commands), and `?token=`/`?key=`-like query values;
   * credentials written into configured commands (`on_event`, `executor_command`, `verify`):
     `Authorization: Bearer X`, `--token X`, `--password=X`, `API_KEY=X`;
-  * the values of the variables the config lists under `secret_env`.
+  * the values of the variables the config lists under `secret_env`;
+  * the `notify` URLs (Apprise: `tgram://BOT_TOKEN/CHAT_ID`, `ntfy://user:pass@TOPIC`), whole and each
+    part of them but the scheme and a host name (`notify_secrets`).
 
 Values shorter than 8 characters are skipped (they would mangle ordinary text), except that a
 short URL password is still cut in its `user:password@` form. Each secret is also matched in its
@@ -57,6 +59,8 @@ class RunConfig(Protocol):
     def executor_command(self) -> str | None: ...
     @property
     def verify(self) -> str | None: ...
+    @property
+    def notify(self) -> list[str]: ...
 
 REDACTED = "[REDACTED]"
 MIN_SECRET_LENGTH = 8  # shorter values ("", "1", "true") would mangle ordinary text if redacted
@@ -140,6 +144,19 @@ def command_secrets(text: str) -> list[str]:
     return found + url_secrets(text)[0]
 
 
+_URL_PARTS = re.compile(r"[/:@?&=#]+")
+_HOST_NAME = re.compile(r"^(?:[A-Za-z0-9\-]+\.)+[A-Za-z0-9\-]+$|^\d+$")  # ntfy.sh, 127.0.0.1, a port
+
+
+def notify_secrets(url: str) -> list[str]:
+    """A notify URL's secrets: the whole URL and each part of it (split at `/ : @ ? & = #`) but its scheme,
+    dotted host names and numbers; an Apprise URL keeps its tokens anywhere (Telegram's bot token is where a
+    host would be, ntfy's topic is a path)."""
+    scheme, sep, rest = url.partition("://")
+    parts = [p for p in _URL_PARTS.split(rest if sep else url) if p and not _HOST_NAME.match(p)]
+    return [url, *parts, *url_secrets(url)[0]]
+
+
 def written_in(text: str) -> Redactor | None:
     """A redactor for the secrets `text` itself shows to be secrets: the password of a URL in it
     (`scheme://user:password@host`) and words in a well-known credential format; None when there is
@@ -188,7 +205,7 @@ class Redactor:
         of one config in one environment (a thousand started together) share the one built last."""
         env = os.environ if environ is None else environ
         key = (_env_key(env), config.llm.api_key_env, tuple(config.secret_env), config.llm.base_url,
-               tuple(config.on_event.values()), config.executor_command, config.verify)
+               tuple(config.on_event.values()), config.executor_command, config.verify, tuple(config.notify))
         if _run_seen and _run_seen[0][0] == key:
             return _run_seen[0][1]
         made = cls._for_run(config, env)
@@ -214,6 +231,9 @@ class Redactor:
             if command:
                 values.extend(command_secrets(command))
                 forms.extend(url_secrets(command)[1])
+        for url in config.notify:
+            values.extend(notify_secrets(url))
+            forms.extend(url_secrets(url)[1])
         return cls(values, forms)
 
     def __or__(self, other: Redactor | None) -> Redactor:

@@ -10,7 +10,8 @@ analytics"), computed from the state files and the event logs, nothing else.
 - stop reasons (`loop_finished`: status and reason).
 
 `since` keeps events at or after that time, and the states of loops updated since then (usage is a
-loop's running total: a loop active in the window counts whole).
+loop's running total: a loop active in the window counts whole); `until` (the digest's day,
+kiro.views.digest) keeps events before that time, and the states of loops that began before it.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _ts(record: dict[str, Any]) -> datetime | None:
         return None
 
 
-def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
+def compute(store: StateStore, since: datetime | None = None, until: datetime | None = None) -> dict[str, Any]:
     ws = store.ws
     by_status: Counter[str] = Counter()
     total = Usage()
@@ -79,6 +80,8 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
         if st is None:
             continue
         if since is not None and timeutil.parse(st.updated_at) < since:
+            continue
+        if until is not None and st.started_at and timeutil.parse(st.started_at) >= until:
             continue
         loops += 1
         iterations += st.iteration
@@ -97,9 +100,9 @@ def compute(store: StateStore, since: datetime | None = None) -> dict[str, Any]:
         current: dict[str, int] = {}  # step id -> tokens spent on it so far (all attempts)
         step_of: str | None = None
         for e in read_events(Path(log)):
-            if since is not None:
+            if since is not None or until is not None:
                 when = _ts(e)
-                if when is None or when < since:
+                if when is None or (since is not None and when < since) or (until is not None and when >= until):
                     continue
             kind = e.get("event")
             if kind in ("loop_started", "loop_resumed"):

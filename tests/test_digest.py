@@ -1,0 +1,338 @@
+"""The digest and the notifications that reach a phone (SPEC §14): `Logs/digest/<date>.md` written when
+real loops end, `kiro loop digest`, the `kiro serve` page, and `notify:` URLs sent through Apprise to a
+receiver on 127.0.0.1 (Apprise's `json://`, a tiny http.server in the test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import FAST_CONFIG, Workspace, openai_config, shell_task
+from tests.fake_openai import FakeOpenAI, call, usage
+from tests.serve_helpers import start_server, stop_loops
+
+FLAKY = 'if [ -f "tried_$KIRO_STEP_ID" ]; then exit 0; fi; touch "tried_$KIRO_STEP_ID"; exit 1'
+SECTIONS = ("## In short", "## Done", "## Waiting for you", "## Cost and tokens by agent",
+            "## Time slept on usage limits", "## Failures", "## Loops that ended")
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 that keeps every JSON body posted to it (what Apprise's json:// sends)."""
+
+    def __init__(self, on_message: Any = None) -> None:
+        self.got: list[dict[str, Any]] = []
+        self.on_message = on_message
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                message = json.loads(body)
+                receiver.got.append(message)
+                self.send_response(200)
+                self.end_headers()
+                if receiver.on_message is not None:
+                    receiver.on_message(message)
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again: nothing listens there
+
+
+def _today() -> str:
+    return datetime.now().astimezone().date().isoformat()
+
+
+def _three_loops(ws: Workspace) -> None:
+    """A loop that completes, one that completes after retries, one that fails (its escalation waits in
+    Needs_Action/)."""
+    ws.task(shell_task(3, title="Plain"), "Specs/plain/tasks.md")
+    ws.task(shell_task(2, cmd=FLAKY, title="Flaky"), "Specs/flaky/tasks.md")
+    ws.task(shell_task(1, cmd="echo 'database is down' >&2; exit 1", title="Broken",
+                       extra_frontmatter="failure_threshold: 2"), "Specs/broken/tasks.md")
+    assert ws.kiro("loop", "start", "--task", "Specs/plain/tasks.md", "--task-id", "plain").returncode == 0
+    assert ws.kiro("loop", "start", "--task", "Specs/flaky/tasks.md", "--task-id", "flaky").returncode == 0
+    assert ws.kiro("loop", "start", "--task", "Specs/broken/tasks.md", "--task-id", "broken").returncode == 5
+
+
+def test_loops_that_end_write_the_digest_and_its_figures_agree_with_stats_and_receipts(ws: Workspace) -> None:
+    _three_loops(ws)
+    path = ws.root / "Logs" / "digest" / f"{_today()}.md"
+    text = path.read_text()
+    print(text)
+    for section in SECTIONS:
+        assert f"\n{section}\n" in text, section
+
+    stats = json.loads(ws.kiro("loop", "stats", "--json", "--since", _today()).stdout)
+    digest = json.loads(ws.kiro("loop", "digest", "--json").stdout)
+    assert digest["date"] == _today()
+    assert len(digest["done"]) == stats["steps"]["completed"] == 5
+    assert digest["steps"] == stats["steps"] and digest["usage"] == stats["usage"]
+    assert digest["waiting_seconds"] == stats["waiting_seconds"]
+    assert f"- 5 steps done ({stats['steps']['attempts']} attempts, {stats['steps']['failed']} failed)" in text
+
+    # each step done is a row naming its receipt, with the receipt's figures
+    for tid in ("plain", "flaky"):
+        receipts = json.loads(ws.kiro("loop", "receipt", "--task-id", tid, "--json").stdout)
+        for r in receipts:
+            row = next(d for d in digest["done"] if d["task_id"] == tid and d["step_id"] == r["step_id"])
+            assert row["attempts"] == r["receipt"]["attempts"] and row["by"] == r["receipt"]["executor"] == "shell"
+            assert f"`kiro loop receipt --task-id {tid} --step {r['step_id']}`" in text
+    assert next(d for d in digest["done"] if d["task_id"] == "flaky")["attempts"] == 2
+
+    # what waits for a person, and the failures with their causes
+    assert "[Needs_Action/escalation_broken.md](../../Needs_Action/escalation_broken.md)" in text
+    assert digest["failures"]["count"] == stats["steps"]["failed"] + 1  # each failed attempt, and the loop
+    assert "loop broken, step 1 attempt 2:" in text and "database is down" in text
+    assert "loop broken: failed (failure_threshold)" in text
+
+    # `kiro loop digest` prints the same digest (computed now: only its "written" time may differ)
+    printed = ws.kiro("loop", "digest")
+    assert printed.returncode == 0
+    assert [ln for ln in printed.stdout.splitlines() if "written" not in ln] == \
+        [ln for ln in text.splitlines() if "written" not in ln]
+    other = ws.kiro("loop", "digest", "--date", "2020-01-01")
+    assert other.returncode == 0 and "No step was done in this period." in other.stdout
+    bad = ws.kiro("loop", "digest", "--date", "yesterday")
+    assert bad.returncode == 1 and bad.stderr.strip() == "kiro: --date 'yesterday': use a date like 2026-11-28"
+
+
+def test_bad_digest_settings_are_one_line_and_the_notify_url_is_not_echoed(ws: Workspace) -> None:
+    ws.task(shell_task(1))
+    secret = "Tk9sekr1tW0rd_abc123"
+    for setting, says in ((f"notify: ['nonsense://{secret}']\n", "notify: item 1 is not a URL Apprise can send to"),
+                          ("digest_at: '25:00'\n", "digest_at"),
+                          ("notify_on: [everything]\n", "notify_on")):
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + setting)
+        r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md")
+        print(setting.strip(), "->", r.stderr.strip())
+        assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert secret not in r.stderr + r.stdout and "Traceback" not in r.stderr
+        assert not (ws.root / ".state" / "autonomous_loop_feature.json").exists()
+
+
+def test_notify_sends_the_digest_at_digest_at_and_the_loop_finished_with_the_digest(ws: Workspace) -> None:
+    """digest_at is the next minute; the step waits until the receiver has the daily digest (the receiver opens
+    the step's gate), then the loop ends and its loop_finished notification carries the digest too."""
+    gate = ws.root / "gate"
+    r = Receiver(on_message=lambda m: m["title"].startswith("kiro digest") and gate.write_text("open"))
+    try:
+        at = (datetime.now() + timedelta(minutes=1)).strftime("%H:%M")
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"digest_at: '{at}'\n"
+                 f"notify: ['json://127.0.0.1:{r.port}/hook']\nstep_timeout_seconds: 300\n")
+        wait = f'for i in $(seq 1 3000); do [ -f "{gate}" ] && exit 0; sleep 0.05; done; exit 1'
+        ws.task(shell_task(1, cmd=wait, title="Waits for the digest"))
+        done = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "night", timeout=280)
+        assert done.returncode == 0, done.stderr
+        titles = [m["title"] for m in r.got]
+        print(titles)
+        today = datetime.now().astimezone().date().isoformat()
+        daily = next(m for m in r.got if m["title"] == f"kiro digest {today}")
+        assert "## Done" in daily["message"] and "## Waiting for you" in daily["message"]
+        assert (ws.root / "Logs" / "digest" / f"{today}.md").exists()
+        finished = next(m for m in r.got if m["title"] == "kiro: loop night completed (all_steps_done)")
+        # done after digest_at: in the next date's digest
+        assert "| night | 1 | Step number 1 | shell | 1 |" in finished["message"]
+        assert finished["type"] == "info"
+        assert not [e for e in ws.events("night") if e["event"] == "notifier_failed"]
+    finally:
+        r.close()
+
+
+def test_a_question_for_a_person_is_sent_as_human_requested_with_tokens_and_cost_in_the_digest(
+        ws: Workspace, fake: FakeOpenAI, receiver: Receiver) -> None:
+    """The openai executor (the scripted server on 127.0.0.1): step 1 done with tokens and a price, then the agent
+    asks a person; notify_on names only human_requested, so that is the one message sent."""
+    ws.task("- [ ] 1. Pick the port\n- [ ] 2. Pick the database\n")
+    openai_config(ws, fake, llm="  prices: {fake-model: {input_per_1m: 1000, output_per_1m: 2000}}\n",
+                  extra=f"notify: ['json://127.0.0.1:{receiver.port}/phone']\nnotify_on: [human_requested]\n")
+    fake.reply(call("complete_step", {"summary": "port 8080"}), usage=usage(300, 40))
+    fake.reply(call("request_human", {"question": "Postgres or SQLite for production?"}), usage=usage(200, 10))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ai")
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert [m["title"] for m in receiver.got] == ["kiro: loop ai paused (request_human)"]
+    assert "Needs_Action/request_ai.md" in receiver.got[0]["message"]
+    assert receiver.got[0]["type"] == "warning"
+
+    st = ws.state("ai")
+    digest = json.loads(ws.kiro("loop", "digest", "--json").stdout)
+    assert digest["usage"]["total_tokens"] == st["usage"]["total_tokens"] == 550
+    assert digest["usage"]["cost_usd"] == pytest.approx(st["usage"]["cost_usd"])
+    receipt = st["completed_steps"][0]["receipt"]
+    [row] = digest["done"]
+    assert (row["tokens"], row["cost_usd"]) == (receipt["total_tokens"], receipt["cost_usd"]) == (340, 0.38)
+    assert [w["path"] for w in digest["waiting"]] == ["Needs_Action/request_ai.md"]
+    text = (ws.root / "Logs" / "digest" / f"{_today()}.md").read_text()
+    assert "- [Needs_Action/request_ai.md](../../Needs_Action/request_ai.md)" in text
+    assert "- 550 tokens, $0.6000" in text
+
+
+def test_a_protected_path_change_waiting_for_approval_is_sent(ws: Workspace, receiver: Receiver) -> None:
+    ws.write("tests/test_a.py", "def test_a():\n    assert 1 + 1 == 2\n")
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "protected_paths: ['tests/**']\n"
+             f"notify: ['json://127.0.0.1:{receiver.port}/phone']\nnotify_on: [approval_waiting]\n")
+    weaken = 'if [ -f tried ]; then exit 0; fi; touch tried; echo "def test_a(): pass" > tests/test_a.py'
+    ws.task(shell_task(1, cmd=weaken))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "guarded")
+    assert r.returncode == 0, r.stdout + r.stderr  # the honest retry completes
+    [proposal] = [e["proposal"] for e in ws.events("guarded") if e["event"] == "protected_paths_changed"]
+    assert [m["title"] for m in receiver.got] == ["kiro: loop guarded: step 1 changed protected paths"]
+    assert proposal in receiver.got[0]["message"] and "changed tests/test_a.py" in receiver.got[0]["message"]
+    text = (ws.root / "Logs" / "digest" / f"{_today()}.md").read_text()
+    assert f"- [{proposal}](../../{proposal})" in text  # waiting for a person
+
+
+def test_notify_on_limits_what_is_sent(ws: Workspace, receiver: Receiver) -> None:
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"notify: ['json://127.0.0.1:{receiver.port}/a']\n"
+             "notify_on: [human_requested]\n")
+    ws.task(shell_task(1))
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md").returncode == 0
+    assert receiver.got == []  # loop_finished is not in notify_on
+    assert (ws.root / "Logs" / "digest" / f"{_today()}.md").exists()  # the digest is written all the same
+
+
+def test_a_dead_receiver_is_a_notifier_failed_event_and_its_token_is_nowhere(ws: Workspace, receiver: Receiver,
+                                                                            capfd: pytest.CaptureFixture[str]) -> None:
+    token, password = "Tk9sekr1tW0rd_abc123", "pAssw0rd-xyz987"
+    dead = f"json://kiro:{password}@127.0.0.1:{_dead_port()}/hooks/{token}"
+    live = f"json://127.0.0.1:{receiver.port}/hooks/{token}"
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"notify: ['{dead}', '{live}']\n")
+    ws.task(shell_task(2, title="Still completes"))
+    run = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "deaf")
+    assert run.returncode == 0, run.stderr
+    failed = [e for e in ws.events("deaf") if e["event"] == "notifier_failed"]
+    print(failed)
+    assert len(failed) == 1 and failed[0]["kind"] == "loop_finished"
+    assert failed[0]["error"].startswith("notify URL 1: ")
+    assert [m["title"] for m in receiver.got] == ["kiro: loop deaf completed (all_steps_done)"]  # the second URL
+
+    shown = [run.stdout, run.stderr]
+    for args in (("loop", "status"), ("loop", "status", "--json"), ("loop", "logs", "--task-id", "deaf"),
+                 ("loop", "state", "--task-id", "deaf"), ("loop", "digest"), ("loop", "stats")):
+        r = ws.kiro(*args)
+        shown += [r.stdout, r.stderr]
+    files = [p for p in ws.root.rglob("*") if p.is_file() and "config" not in p.parts]
+    tried = {"console lines": "\n".join(shown),
+             **{str(p.relative_to(ws.root)): p.read_text(errors="replace") for p in files}}
+    held = [where for where, text in tried.items() if token not in text and password not in text]
+    print(f"looked for the notify URLs' token and password in {len(tried)} places; {len(held)} held")
+    assert len(held) == len(tried), sorted(set(tried) - set(held))
+    # what was sent passed the redactor too: the URL's own token is cut from the message
+    assert all(token not in json.dumps(m) for m in receiver.got)
+
+
+def test_the_serve_digest_page_needs_the_token_and_shows_the_digest(ws: Workspace) -> None:
+    _three_loops(ws)
+    served = start_server(ws)
+    try:
+        page = served.get("/digest")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert f"<h1>kiro digest {_today()}</h1>" in page.text
+        assert "<td>plain</td>" in page.text and "<code>Needs_Action/escalation_broken.md</code>" in page.text
+        data = served.get("/api/digest").json()
+        cli = json.loads(ws.kiro("loop", "digest", "--json").stdout)
+        assert [(d["task_id"], d["step_id"]) for d in data["done"]] == [(d["task_id"], d["step_id"])
+                                                                        for d in cli["done"]]
+        old = served.get("/digest", params={"date": "2020-01-01"})
+        assert "No step was done in this period." in old.text
+        assert served.get("/api/digest", params={"date": "soon"}).status_code == 400
+        with httpx.Client(base_url=served.base) as anon:
+            assert anon.get("/digest").status_code == 401
+            assert anon.get("/api/digest").status_code == 401
+            assert anon.get("/digest", headers={**served.auth, "Host": "evil.example"}).status_code == 403
+        assert 'id="digest-link"' in served.get("/").text
+    finally:
+        served.stop()
+        stop_loops(ws.root)
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no chromium (apt-get install chromium)")
+def test_the_dashboards_digest_link_opens_the_digest_in_a_browser(ws: Workspace) -> None:
+    """Set KIRO_DIGEST_SCREENSHOT=docs/digest.png to save the screenshot the docs show."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from tests.test_dashboard_browser import FLAGS
+
+    _three_loops(ws)
+    (ws.root / "Pending_Approval").mkdir()
+    (ws.root / "Pending_Approval" / "steps_plain_1.md").write_text("# proposed steps\n")
+    served = start_server(ws)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+            page = browser.new_page(viewport={"width": 1200, "height": 1400})
+            page.goto(f"{served.base}/?token={served.token}")
+            page.click("#digest-link")
+            page.wait_for_selector("h1")
+            assert page.inner_text("h1") == f"kiro digest {_today()}"
+            assert "token=" not in page.url  # the token left the address bar
+            assert "Pending_Approval/steps_plain_1.md" in page.inner_text("main")
+            shot = os.environ.get("KIRO_DIGEST_SCREENSHOT")
+            if shot:
+                page.screenshot(path=str(Path(shot).resolve()), full_page=True)
+            browser.close()
+    finally:
+        served.stop()
+        stop_loops(ws.root)
+
+
+def test_a_digests_date_names_the_24_hours_up_to_digest_at() -> None:
+    from datetime import date
+
+    from kiro.views.digest import day_of, next_time, period
+
+    def local(*a: int) -> datetime:
+        return datetime(*a).astimezone()  # type: ignore[arg-type]
+
+    assert period(date(2026, 11, 29), "07:00") == (local(2026, 11, 28, 7, 0), local(2026, 11, 29, 7, 0))
+    assert period(date(2026, 11, 29), None) == (local(2026, 11, 29), local(2026, 11, 30))
+    assert day_of(local(2026, 11, 28, 14, 0), "07:00") == date(2026, 11, 29)  # read the next morning
+    assert day_of(local(2026, 11, 29, 6, 59), "07:00") == date(2026, 11, 29)
+    assert day_of(local(2026, 11, 29, 7, 0), "07:00") == date(2026, 11, 30)
+    assert day_of(local(2026, 11, 28, 23, 59), None) == date(2026, 11, 28)
+    assert next_time(local(2026, 11, 28, 7, 0), "07:00") == local(2026, 11, 29, 7, 0)
+    assert next_time(local(2026, 11, 28, 6, 0), "07:00") == local(2026, 11, 28, 7, 0)
+
+
+def test_a_digest_that_cannot_be_written_is_a_warning_and_the_loop_still_completes(ws: Workspace) -> None:
+    ws.write("Logs/digest", "a file where the folder would go\n")
+    ws.task(shell_task(1))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "blocked")
+    assert r.returncode == 0, r.stdout + r.stderr
+    warnings = [e["message"] for e in ws.events("blocked") if e["event"] == "warning"]
+    assert any(w.startswith("could not write the digest: ") for w in warnings), warnings
+    assert (ws.root / "Logs" / "digest").read_text() == "a file where the folder would go\n"
