@@ -327,9 +327,10 @@ def standard(*, git: bool = True) -> list[Feature]:
     loop's own git, so `parallel` is not built there)."""
     from kiro.core.evidence import Evidence
     from kiro.core.parallel import Parallel
+    from kiro.core.review import Review
 
     if not git:
         return [Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles()]
     git_feature = Git()
-    return [git_feature, Evidence(), Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles(), Parallel(),
-            GitAttempts(git_feature)]
+    return [git_feature, Evidence(), Review(), Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles(),
+            Parallel(), GitAttempts(git_feature)]

@@ -293,6 +293,38 @@ AgentName = Literal["claude", "codex", "aider", "gemini", "opencode", "qwen", "c
                     "gemini-acp", "codex-acp", "opencode-acp"]
 
 
+class Review(_Strict):
+    """`review:` (SPEC §14, kiro.core.review): after a step is done and verified, a second agent (a preset or
+    ACP agent, run like a step attempt) or a command (the prompt on stdin, like `executor_command`) reviews
+    it and must end with `REVIEW: APPROVE` or `REVIEW: CHANGES <reasons>`."""
+
+    agent: AgentName | None = None
+    command: str | None = None
+    when: Literal["step", "checkpoint", "task"] = "step"
+    max_rounds: int = Field(2, ge=1, le=20)  # rounds of changes before the loop pauses for a person
+
+    @field_validator("command")
+    @classmethod
+    def _command_line(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("is empty; give the reviewer's command line (the prompt comes on its stdin)")
+        return value
+
+    @field_validator("when")
+    @classmethod
+    def _built(cls, value: str) -> str:
+        if value != "step":
+            raise ValueError(f"{value!r} is not yet supported (the reviewer runs after every step); use when: step")
+        return value
+
+    @model_validator(mode="after")
+    def _one_reviewer(self) -> Review:
+        if (self.agent is None) == (self.command is None):
+            raise ValueError("needs exactly one of agent (a preset: claude, codex, ...) or command (a command line "
+                             "given the review prompt on stdin)")
+        return self
+
+
 def is_acp(agent: str | None) -> bool:
     """Whether the agent called `agent` is spoken to over the Agent Client Protocol."""
     return agent is not None and (agent == "acp" or agent.endswith("-acp"))
@@ -349,6 +381,7 @@ class Config(_Strict):
     # globs of the paths no step may touch
     verify_report: str | None = None
     protected_paths: list[str] = Field(default_factory=list)
+    review: Review | None = None  # SPEC §14: a second agent reviews each step (kiro.core.review)
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
@@ -410,8 +443,8 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _evidence_is_local(self) -> Config:
         """Protected paths and test counts are checked by the loop's own process (kiro.core.evidence)."""
-        if self.backend.kind == "temporal" and (self.protected_paths or self.verify_report):
-            key = "protected_paths" if self.protected_paths else "verify_report"
+        if self.backend.kind == "temporal" and (self.protected_paths or self.verify_report or self.review):
+            key = "protected_paths" if self.protected_paths else "verify_report" if self.verify_report else "review"
             raise ValueError(f"{key} is not built on the temporal backend (each step's worker verifies and commits "
                              f"it); remove {key}, or use backend: local")
         return self
@@ -479,6 +512,7 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "verify": "verify",
     "verify_report": "verify_report",
     "protected_paths": "protected_paths",
+    "review": "review",
     "max_iterations": "autonomous_loop.max_iterations",
     "failure_threshold": "autonomous_loop.failure_threshold",
     "timeout_seconds": "autonomous_loop.timeout_seconds",
