@@ -15,7 +15,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.agent_clis import CODEX_PRICE, Claude, Codex, task_text
 from tests.conftest import FAST_CONFIG, Workspace
+from tests.fakes import HttpError, Recorded
+from tests.fakes import anthropic as fa
+from tests.fakes import responses as fr
 from tests.gitutil import git, init_repo
 
 SPEC = ".kiro/specs/calc"
@@ -223,3 +229,61 @@ def test_a_review_key_kiro_cannot_honour_is_refused(ws: Workspace) -> None:
         r = start(ws)
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert said in r.stderr and "Traceback" not in r.stderr
+
+
+# -- the real CLIs: claude does the steps, codex reviews (scripted servers on 127.0.0.1, tests/fakes) -------
+
+
+class CodexReviewer(Codex):
+    """Codex as the reviewer: its model asks for one change at its first review, then approves."""
+
+    def brain(self, rec: Recorded) -> fr.Reply | HttpError:
+        usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        assert isinstance(self.server, fr.FakeResponses)
+        reviews = [r for r in self.server.calls() if "You are reviewing one step" in fr.user_text(r.body)]
+        if len(reviews) == 1:
+            said = "NOTES.md says hello but has no title.\nREVIEW: CHANGES give NOTES.md a title line"
+        else:
+            said = "The notes have their title now.\nREVIEW: APPROVE"
+        return fr.Reply([fr.message(said)], **usage)
+
+
+def test_claude_does_the_steps_and_codex_reviews_them(ws: Workspace, cli_home: Path) -> None:
+    claude, codex = Claude(cli_home / "claude"), CodexReviewer(cli_home / "codex")
+    for cli in (claude, codex):
+        (cli_home / cli.name).mkdir()
+        if not cli.installed:
+            pytest.skip(cli.skip_reason())
+    claude.extra = [("Write", {"file_path": str(ws.root / "NOTES.md"), "content": "hello\n"})]
+    claude.start()
+    codex.start()
+    try:
+        init_repo(ws.root)
+        ws.task(task_text(2))
+        git(ws.root, "add", "-A")
+        git(ws.root, "commit", "-q", "-m", "the plan")
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\nreview:\n  agent: codex\n" + CODEX_PRICE)
+        env = ws.env(**{**codex.env(), **claude.env()})  # HOME: claude's; codex reads CODEX_HOME
+        r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "rv", env=env, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        shown = ws.kiro("loop", "receipt", "--task-id", "rv", env=env)
+        print(shown.stdout)
+        [first, second] = receipts(ws)
+        assert verdicts(first) == ["changes", "approve"] and verdicts(second) == ["approve"]
+        assert first["reviews"][0]["reasons"] == "give NOTES.md a title line"
+        assert all(rv["agent"] == "codex" and rv["total_tokens"] > 0 for rv in first["reviews"] + second["reviews"])
+        assert first["attempts"] == 2 and first["agent"] == "claude"
+        # claude's second attempt at step 1 was told why
+        prompts = [fa.first_user_text(c.body) for c in claude.server.agent_calls()]  # type: ignore[union-attr]
+        assert any("give NOTES.md a title line" in p for p in prompts)
+        # codex saw the step's diff: the file claude wrote
+        asked = [fr.user_text(c.body) for c in codex.server.calls()]  # type: ignore[union-attr]
+        assert "+hello" in asked[0] and "NOTES.md" in asked[0]
+        assert "review round 1 by codex: changes: give NOTES.md a title line" in shown.stdout
+        assert (ws.root / "Logs" / "rv" / "1-review-1.log").is_file()
+        state = ws.state("rv")
+        spent = sum(rv["total_tokens"] for rv in first["reviews"] + second["reviews"])
+        assert state["usage"]["total_tokens"] >= spent  # the reviewer's usage counts in the loop's
+    finally:
+        claude.close()
+        codex.close()
