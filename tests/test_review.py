@@ -39,9 +39,11 @@ name = "f" + step.replace(".", "_")
 app = pathlib.Path("app.py")
 text = app.read_text()
 text = re.sub(r"\\ndef " + name + r"\\(\\):\\n(    .*\\n)*", "\\n", text)  # its earlier version of the function
-doc = action == "listen" and "add a docstring" in prompt
-body = f'    """Step {step}."""\\n' if doc else ""
-app.write_text(text.rstrip("\\n") + f"\\n\\n\\ndef {name}():\\n{body}    return {step!r}\\n")
+text = text.rstrip("\\n") + f"\\n\\n\\ndef {name}():\\n    return {step!r}\\n"
+if action == "listen" and "add a docstring" in prompt:  # every function without one gets one
+    text = re.sub(r"^def (f\\w+)\\(\\):\\n(?!    \\"\\"\\")", lambda m: m[0] + f'    """{m[1]}."""\\n', text,
+                  flags=re.M)
+app.write_text(text)
 task = pathlib.Path(os.environ["KIRO_TASK_FILE"])
 task.write_text(re.sub(r"^(- \\[)[ -](\\] " + re.escape(step) + r"\\. )", r"\\g<1>x\\g<2>", task.read_text(),
                        count=1, flags=re.M))
@@ -83,7 +85,7 @@ REQUIREMENTS = """\
 
 
 def project(ws: Workspace, *, plan: dict[str, str] | None = None, reviewer: str = "rule", max_rounds: int = 2,
-            steps: int = 2) -> Path:
+            steps: int = 2, when: str = "step", titles: dict[int, str] | None = None) -> Path:
     """A git project with a Kiro spec of `steps` steps, the stand-in agent and the reviewer; returns the folder
     where both leave what they were given."""
     root = ws.root
@@ -107,12 +109,14 @@ def project(ws: Workspace, *, plan: dict[str, str] | None = None, reviewer: str 
         review:
           command: {json.dumps(review)}
           max_rounds: {max_rounds}
+          when: {when}
         """))
     (root / SPEC).mkdir(parents=True)
     (root / SPEC / "requirements.md").write_text(REQUIREMENTS)
     lines = ["# Plan", ""]
     for n in range(1, steps + 1):
-        lines += [f"- [ ] {n}. Add function f{n}", f"  - return {n!r} from f{n}", "  - _Requirements: 1.1, 1.2_"]
+        title = (titles or {}).get(n, f"Add function f{n}")
+        lines += [f"- [ ] {n}. {title}", f"  - return {n!r} from f{n}", "  - _Requirements: 1.1, 1.2_"]
     (root / SPEC / "tasks.md").write_text("\n".join(lines) + "\n")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "the person's plan")
@@ -173,7 +177,7 @@ def test_changes_send_the_step_back_with_the_reasons_then_it_is_approved(ws: Wor
     assert [x["reviews"][0]["reasons"] for x in receipts(ws)] == ["add a docstring to f1", "add a docstring to f2"]
     state = ws.state("rv")
     assert state["total_failures"] == 0  # a round of changes is no failure (no backoff, no failure_threshold)
-    assert '"""Step 1."""' in (ws.root / "app.py").read_text()
+    assert '"""f1."""' in (ws.root / "app.py").read_text()
     log = sorted(p.name for p in (ws.root / "Logs" / "rv").glob("1-review-*.log"))
     assert log == ["1-review-1.log", "1-review-2.log"]
 
@@ -216,14 +220,39 @@ def test_a_step_agent_that_ignores_the_reviewer_is_caught(ws: Workspace) -> None
           f"(rounds: {verdicts(receipt)})")
     assert caught
     assert len(list(out.glob("agent-1-*.txt"))) == 3
-    assert '"""Step 1."""' in (ws.root / "app.py").read_text()
+    assert '"""f1."""' in (ws.root / "app.py").read_text()
     assert receipt["attempts"] == 3
+
+
+def test_when_checkpoint_reviews_the_work_since_the_last_checkpoint_at_checkpoint_steps(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, when="checkpoint", steps=3,
+                  titles={3: "Checkpoint - Ensure the functions are done"})
+    r = start(ws)
+    assert r.returncode == 0, r.stderr
+    assert {e["step_id"] for e in ws.events("rv") if e["event"] == "review_started"} == {"3"}
+    first = (out / "review-1.txt").read_text()
+    assert all(f"+def f{n}():" in first for n in (1, 2, 3)) and "the last checkpoint" in first
+    assert [verdicts(x) for x in receipts(ws)] == [[], [], ["changes", "approve"]]
+    assert "add a docstring to f1" in (out / "agent-3-2.txt").read_text()
+    assert (ws.root / "app.py").read_text().count('"""f') == 3
+
+
+def test_when_task_reviews_the_whole_work_once_before_the_loop_completes(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, when="task", steps=2)
+    r = start(ws)
+    assert r.returncode == 0, r.stderr
+    assert {e["step_id"] for e in ws.events("rv") if e["event"] == "review_started"} == {"2"}
+    first = (out / "review-1.txt").read_text()
+    assert "+def f1():" in first and "+def f2():" in first and "the whole task's work" in first
+    assert [verdicts(x) for x in receipts(ws)] == [[], ["changes", "approve"]]
+    assert (ws.root / "app.py").read_text().count('"""f') == 2
 
 
 def test_a_review_key_kiro_cannot_honour_is_refused(ws: Workspace) -> None:
     project(ws, steps=1)
     for bad, said in (("review: {agent: codex, command: cat}", "exactly one of agent"),
-                      ("review: {command: cat, when: task}", "not yet supported"),
+                      ("review: {command: cat, when: nightly}", "review.when"),
+                      ("review: {command: cat}\nparallel: 2", "steps side by side"),
                       ("review: {command: cat, rounds: 3}", "review.rounds")):
         ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "executor: command\nexecutor_command: cat\n" + bad + "\n")
         r = start(ws)

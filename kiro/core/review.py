@@ -38,7 +38,7 @@ from kiro.store import events, kirospec, tasks
 from kiro.store.config import Config
 from kiro.store.receipts import ReviewRound
 from kiro.store.state import clip
-from kiro.store.tasks import Step, TaskFile
+from kiro.store.tasks import Step, TaskFile, is_checkpoint
 
 DIFF_CHARS = 24_000  # of the step's diff, in the prompt
 NEW_FILE_CHARS = 4_000  # of each new file's text, in the prompt
@@ -92,8 +92,14 @@ class Review(Feature):
         if review is None:
             return None
         s = loop.state
+        if review.when == "checkpoint" and not is_checkpoint(step.title or step.text):
+            return None
+        if review.when == "task" and not self._last_open(loop, step):
+            return None
         rec = s.step_record(step.id)
-        base = (self.base if not recovering else None) or await asyncio.to_thread(_head, loop.project_dir)
+        base = self._base(loop, review.when, recovering)
+        if base is None:
+            base = await asyncio.to_thread(_head, loop.project_dir)
         diff = await asyncio.to_thread(_diff, loop, base)
         prompt = loop.redact.text(review_prompt(loop, step, diff, base, verify))
         who = reviewer_name(loop.cfg)
@@ -143,6 +149,31 @@ class Review(Feature):
                       f"reviewed again after it runs again.")
             why = f"the reviewer ({who}) gave no answer kiro could read, {TRIES} times"
         return Reopen(reason, stop=self._pause(loop, step, why))
+
+    def _base(self, loop: LoopHandle, when: str, recovering: bool) -> str | None:
+        """The commit the work under review began from: the step's start (`when: step`); the last checkpoint
+        step's commit, else the loop's first (`checkpoint`); the loop's first commit (`task`)."""
+        s = loop.state
+        first = s.git.base_commit if s.git is not None else None
+        if when == "checkpoint":
+            last = next((c.checkpoint for c in reversed(s.completed_steps)
+                         if c.checkpoint and is_checkpoint(c.description)), None)
+            return last or first
+        if when == "task":
+            return first
+        return self.base if not recovering else None
+
+    def _last_open(self, loop: LoopHandle, step: Step) -> bool:
+        """Whether `step` is the last step the loop has to do (`when: task`): every other step is done."""
+        task = self.task
+        if task is None:
+            try:
+                task = tasks.load(loop.task_path)
+            except (TaskFileError, TaskNotFound):
+                return False
+        optional = loop.cfg.include_optional
+        return not any(st.is_leaf and not st.done and st.id != step.id and (optional or not st.optional)
+                       for st in task.steps)
 
     # -- the reviewer ------------------------------------------------------------------------------------
 
@@ -246,6 +277,10 @@ def reviewer_name(cfg: Config) -> str:
     return f"command {os.path.basename(words[0])}" if words else "command"
 
 
+def _when(loop: LoopHandle) -> str:
+    return loop.cfg.review.when if loop.cfg.review is not None else "step"
+
+
 def review_prompt(loop: LoopHandle, step: Step, diff: str | None, base: str | None, verify: VerifyRun | None) -> str:
     parts = [INSTRUCTIONS, f"## The step\n\nStep {step.id} of `{loop.state.task_path}`: {step.title or step.text}"]
     if step.details:
@@ -258,7 +293,9 @@ def review_prompt(loop: LoopHandle, step: Step, diff: str | None, base: str | No
     else:
         more = f"\n... ({len(diff) - DIFF_CHARS} more characters)" if len(diff) > DIFF_CHARS else ""
         shown = diff[:DIFF_CHARS] + more
-        parts.append(f"## Its diff (against commit {base[:12] if base else '?'}, the step's start)\n\n```diff\n"
+        since = {"step": "the step's start", "checkpoint": "the last checkpoint",
+                 "task": "the loop's start: the whole task's work"}[_when(loop)]
+        parts.append(f"## Its diff (against commit {base[:12] if base else '?'}, {since})\n\n```diff\n"
                      f"{shown or '(no changes)'}\n```")
     if verify is None:
         parts.append("## Verify\n\nNo verify command is set: nothing checked this step.")

@@ -300,6 +300,8 @@ class Review(_Strict):
 
     agent: AgentName | None = None
     command: str | None = None
+    # step: after every step | checkpoint: at Kiro "Checkpoint" steps, the work since the last one | task: once,
+    # when the last box is done, the loop's whole work
     when: Literal["step", "checkpoint", "task"] = "step"
     max_rounds: int = Field(2, ge=1, le=20)  # rounds of changes before the loop pauses for a person
 
@@ -308,13 +310,6 @@ class Review(_Strict):
     def _command_line(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("is empty; give the reviewer's command line (the prompt comes on its stdin)")
-        return value
-
-    @field_validator("when")
-    @classmethod
-    def _built(cls, value: str) -> str:
-        if value != "step":
-            raise ValueError(f"{value!r} is not yet supported (the reviewer runs after every step); use when: step")
         return value
 
     @model_validator(mode="after")
