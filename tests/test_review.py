@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from kiro.store.config import Config
 from tests.agent_clis import CODEX_PRICE, Claude, Codex, task_text
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError, Recorded
@@ -25,6 +26,9 @@ from tests.fakes import responses as fr
 from tests.gitutil import git, init_repo
 
 SPEC = ".kiro/specs/calc"
+# Run against the previous main (whose config refuses `review`), the cheat test runs the same night without it:
+# the agent's unreviewed work goes through, which is what its printed line shows there.
+REVIEW_KNOWN = "review" in Config.model_fields
 
 AGENT = '''\
 import json, os, pathlib, re, sys
@@ -101,16 +105,15 @@ def project(ws: Workspace, *, plan: dict[str, str] | None = None, reviewer: str 
     py = shlex.quote(sys.executable)
     agent = f"{py} {shlex.quote(str(root.parent / 'agent.py'))} {shlex.quote(str(out))}"
     review = f"{py} {shlex.quote(str(root.parent / 'reviewer.py'))} {shlex.quote(str(out))}"
-    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + textwrap.dedent(f"""\
+    config = FAST_CONFIG + textwrap.dedent(f"""\
         executor: command
         executor_command: {json.dumps(agent)}
         sandbox_paths: {{rw: [{json.dumps(str(out))}]}}
         verify: {py} -c "import app; print('checks passed')"
-        review:
-          command: {json.dumps(review)}
-          max_rounds: {max_rounds}
-          when: {when}
-        """))
+        """)
+    if REVIEW_KNOWN:
+        config += f"review:\n  command: {json.dumps(review)}\n  max_rounds: {max_rounds}\n  when: {when}\n"
+    ws.write("config/autonomous_loop.yaml", config)
     (root / SPEC).mkdir(parents=True)
     (root / SPEC / "requirements.md").write_text(REQUIREMENTS)
     lines = ["# Plan", ""]
@@ -215,9 +218,9 @@ def test_a_step_agent_that_ignores_the_reviewer_is_caught(ws: Workspace) -> None
     r = start(ws)
     assert r.returncode == 0, r.stderr
     [receipt] = receipts(ws)
-    caught = verdicts(receipt) == ["changes", "changes", "approve"]
-    print(f"cheat: the agent ignores the reviewer once -> {'caught' if caught else 'NOT caught'} "
-          f"(rounds: {verdicts(receipt)})")
+    rounds = [rv["verdict"] for rv in receipt.get("reviews", [])]
+    caught = rounds == ["changes", "changes", "approve"] and '"""f1."""' in (ws.root / "app.py").read_text()
+    print(f"cheat: the agent ignores the reviewer once -> {'caught' if caught else 'NOT caught'} (rounds: {rounds})")
     assert caught
     assert len(list(out.glob("agent-1-*.txt"))) == 3
     assert '"""f1."""' in (ws.root / "app.py").read_text()
