@@ -200,6 +200,20 @@ def test_max_rounds_of_changes_pause_the_loop_for_a_person(ws: Workspace) -> Non
     assert [e["paused"] for e in changes] == [False, True]
 
 
+def test_a_task_frontmatter_sets_the_review(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, reviewer="changes", max_rounds=2, steps=1)
+    config = (ws.root / "config" / "autonomous_loop.yaml").read_text()
+    command = next(line for line in config.splitlines() if line.startswith("  command: "))
+    (ws.root / "config" / "autonomous_loop.yaml").write_text(config.split("review:")[0])
+    tasks = ws.root / SPEC / "tasks.md"
+    tasks.write_text(f"---\nreview:\n{command}\n  max_rounds: 1\n---\n" + tasks.read_text())
+    git(ws.root, "commit", "-qam", "review in the frontmatter")
+    r = start(ws)
+    assert r.returncode == 6, (r.returncode, r.stderr)
+    assert len(list(out.glob("review-*.txt"))) == 1  # max_rounds 1, from the frontmatter
+    assert "max_rounds 1" in (ws.root / "Needs_Action" / "review_changes_rv.md").read_text()
+
+
 def test_an_answer_without_a_verdict_is_tried_again_then_the_loop_pauses(ws: Workspace) -> None:
     out = project(ws, plan={"default": "listen"}, reviewer="garbage", steps=1)
     r = start(ws)
