@@ -159,9 +159,10 @@ class StepRecord(_Model):
     last_verify_output: str | None = None
     # SPEC §14 `review:` (kiro.core.review): the step's review rounds so far, for its receipt; the rounds
     # before `reviews_counted_from` were shown to a person at a pause, and no longer count to max_rounds.
-    # The list is replaced, never changed in place (the journal compares a record's fields by value).
-    reviews: list[ReviewRound] = Field(default_factory=list)
-    reviews_counted_from: int = 0
+    # The list is replaced, never changed in place (the journal compares a record's fields by value). Written only
+    # when there are any: most steps' records (journaled at every save) stay as small as before.
+    reviews: list[ReviewRound] = Field(default_factory=list, exclude_if=lambda v: not v)
+    reviews_counted_from: int = Field(0, exclude_if=lambda v: not v)
 
 
 class Transition(_Model):
