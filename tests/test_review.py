@@ -9,7 +9,9 @@ or always CHANGES, or garbage, as `reviewer.json` says.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -39,6 +41,8 @@ n = len(list(out.glob(f"agent-{step}-*.txt"))) + 1
 (out / f"agent-{step}-{n}.txt").write_text(prompt)
 plan = json.loads((out / "plan.json").read_text())
 action = plan.get(f"{step}:{n}", plan.get("default", "listen"))
+if action == "hang" and (out / "ready").exists():
+    action = "listen"  # it cheats once; its run after the kill listens
 name = "f" + step.replace(".", "_")
 app = pathlib.Path("app.py")
 text = app.read_text()
@@ -49,8 +53,14 @@ if action == "listen" and "add a docstring" in prompt:  # every function without
                   flags=re.M)
 app.write_text(text)
 task = pathlib.Path(os.environ["KIRO_TASK_FILE"])
+if action == "hang":  # unboxed, the person's task file itself: the box checked there, then kiro is killed
+    task = pathlib.Path(os.environ["KIRO_WORKSPACE"]) / ".kiro" / "specs" / "calc" / "tasks.md"
 task.write_text(re.sub(r"^(- \\[)[ -](\\] " + re.escape(step) + r"\\. )", r"\\g<1>x\\g<2>", task.read_text(),
                        count=1, flags=re.M))
+if action == "hang":
+    (out / "ready").write_text("checked")
+    import time
+    time.sleep(600)
 '''
 
 REVIEWER = '''\
@@ -89,7 +99,7 @@ REQUIREMENTS = """\
 
 
 def project(ws: Workspace, *, plan: dict[str, str] | None = None, reviewer: str = "rule", max_rounds: int = 2,
-            steps: int = 2, when: str = "step", titles: dict[int, str] | None = None) -> Path:
+            steps: int = 2, when: str = "step", titles: dict[int, str] | None = None, extra: str = "") -> Path:
     """A git project with a Kiro spec of `steps` steps, the stand-in agent and the reviewer; returns the folder
     where both leave what they were given."""
     root = ws.root
@@ -113,6 +123,7 @@ def project(ws: Workspace, *, plan: dict[str, str] | None = None, reviewer: str 
         """)
     if REVIEW_KNOWN:
         config += f"review:\n  command: {json.dumps(review)}\n  max_rounds: {max_rounds}\n  when: {when}\n"
+    config += extra
     ws.write("config/autonomous_loop.yaml", config)
     (root / SPEC).mkdir(parents=True)
     (root / SPEC / "requirements.md").write_text(REQUIREMENTS)
@@ -198,6 +209,27 @@ def test_max_rounds_of_changes_pause_the_loop_for_a_person(ws: Workspace) -> Non
     assert "[ ] 1. Add function f1" in (ws.root / SPEC / "tasks.md").read_text()  # the box is open
     changes = [e for e in ws.events("rv") if e["event"] == "review_requested_changes"]
     assert [e["paused"] for e in changes] == [False, True]
+
+
+def test_a_box_checked_before_a_kill_is_reviewed_before_it_counts(ws: Workspace) -> None:
+    """SPEC §14: a box an agent checked during an attempt kiro never recorded (kiro was killed) counts only once
+    it is verified and reviewed on the next run; the reviewer's changes reopen it."""
+    out = project(ws, plan={"1:1": "hang", "default": "listen"}, steps=1, extra="sandbox: off\n")
+    proc = ws.spawn("loop", "start", "--spec", "calc", "--task-id", "rv")
+    try:
+        ws.wait_for(lambda: (out / "ready").exists(), timeout=240, what="the agent to check its box")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert "[x] 1. Add function f1" in (ws.root / SPEC / "tasks.md").read_text()  # what the agent left
+    r = ws.kiro("loop", "resume", "--task-id", "rv", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    reopened = [e for e in ws.events("rv") if e["event"] == "step_reopened"]
+    assert len(reopened) == 1 and "add a docstring to f1" in reopened[0]["reason"], reopened
+    assert "add a docstring to f1" in (out / "agent-1-2.txt").read_text()
+    [receipt] = receipts(ws)
+    assert verdicts(receipt) == ["changes", "approve"]
+    assert '"""f1."""' in (ws.root / "app.py").read_text()
 
 
 def test_a_task_frontmatter_sets_the_review(ws: Workspace) -> None:

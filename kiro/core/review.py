@@ -138,7 +138,7 @@ class Review(Feature):
             loop.emit(events.ReviewRequestedChanges(step_id=step.id, round=last.round, reviewer=who,
                                                     reasons=clip(last.reasons, 1000), paused=paused))
             reason = (f"A reviewer ({who}) read your work on this step and asked for changes before it counts as "
-                      f"done (review round {last.round}):\n{last.reasons}\nMake these changes, then finish the step "
+                      f"done (review round {last.round}): {last.reasons}\nMake these changes, then finish the step "
                       f"as before.")
             if not paused:
                 return Reopen(reason)
