@@ -30,7 +30,7 @@ from kiro import timeutil
 from kiro.core import conditions, resolved
 from kiro.core.conditions import Stop
 from kiro.core.guardrails import LoopGuardrails, SharedLimits, Trigger
-from kiro.core.hooks import Checkpoint, Feature, LoopListener, VerifyRun
+from kiro.core.hooks import Checkpoint, Feature, LoopListener, Reopen, VerifyRun
 from kiro.core.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
 from kiro.executors import prompts
@@ -813,10 +813,15 @@ class Loop:
                 self.emit(ev.VerifyFailed(step_id=step.id, command=verify_cmd, output=tail(verify_output, 1000)))
                 result = StepResult("failed", summary=result.summary, usage=Usage(),
                                     error=f"verify `{verify_cmd}` failed:\n{tail(verify_output, 2000)}")
+        reopen: Reopen | None = None
         if result.ok:
             problem = await self._check_step(step, verify)
-            if problem is not None:
+            if isinstance(problem, Reopen):
+                reopen = problem
+            elif problem is not None:
                 result = StepResult("failed", summary=result.summary, usage=Usage(), error=problem)
+        if reopen is not None:
+            return await self._reopen(step, attempt, reopen)
 
         if result.ok:
             sync: list[int] = []
@@ -862,6 +867,22 @@ class Loop:
             stop = conditions.step_retries(step.id, attempt, self.settings.max_step_retries)
         await self._after_iteration()
         return stop
+
+    async def _reopen(self, step: tasks.Step, attempt: int, reopen: Reopen) -> Stop | None:
+        """A feature sent the step back to its agent (a reviewer's changes, SPEC §14): not a failure (no
+        backoff, nothing toward failure_threshold or max_step_retries); its next prompt says why, as a
+        failed attempt's does. The loop ends with the feature's stop, if any (a pause for a person)."""
+        s = self.state
+        self._take_back_box(step)
+        rec = s.step_record(step.id)
+        rec.attempts = attempt
+        rec.last_error = clip(reopen.reason, 3000)
+        rec.last_verify_output = None
+        rec.next_retry_at = None
+        if s.current_step is not None:
+            s.current_step.status = "pending" if reopen.stop is not None else "failed"
+        await self._after_iteration()
+        return reopen.stop
 
     def _step_extras(self, result: StepResult, *, log: bool = False) -> dict[str, Any]:
         """A step event's optional fields, written only when there is something to say: the agent CLI
@@ -927,9 +948,11 @@ class Loop:
             return VerifyRun(command, None, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}", began)
         return VerifyRun(command, None if result.cancelled else result.returncode, text, began)
 
-    async def _check_step(self, step: tasks.Step, verify: VerifyRun | None, *, recovering: bool = False) -> str | None:
+    async def _check_step(self, step: tasks.Step, verify: VerifyRun | None, *,
+                          recovering: bool = False) -> str | Reopen | None:
         """What the features say of a step its executor (or, `recovering`, a box found checked after a
-        kill) says is done: the first reason it is not (SPEC §14: protected paths, test counts), or None."""
+        kill) says is done: the first reason it is not (SPEC §14: protected paths, test counts, a review), or
+        None."""
         for feature in self.features:
             problem = await feature.check_step(self, step, verify, recovering=recovering)
             if problem is not None:
@@ -952,7 +975,8 @@ class Loop:
             verify = await self._verify(verify_cmd, ctx)
             if not verify.passed:
                 return f"verify `{verify_cmd}` failed:\n{tail(verify.output, 2000)}"
-        return await self._check_step(step, verify, recovering=True)
+        problem = await self._check_step(step, verify, recovering=True)
+        return str(problem) if problem is not None else None
 
     def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int,
                         checkpoint: Checkpoint | None = None, agent: str | None = None) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 from pathlib import Path
 
 from kiro.core import conditions, precheck, scheduled
@@ -20,7 +19,7 @@ from kiro.git import checkpoints
 from kiro.status import Status
 from kiro.store import approval
 from kiro.store.state import CompletedStep, LoopState
-from kiro.store.tasks import Step, TaskFile
+from kiro.store.tasks import Step, TaskFile, is_checkpoint
 from kiro.views import reports
 
 
@@ -255,12 +254,6 @@ def _open_leaf(task: TaskFile, step: Step) -> Step | None:
     return None
 
 
-CHECKPOINT_TITLE = re.compile(r"^\W*(?:final\s+)?checkpoint\b", re.I)
-"""A Kiro plan's review step: "Checkpoint - Ensure all tests pass", "Final Checkpoint - ...", "Checkpoint — ..."."""
-
-
-def is_checkpoint(title: str) -> bool:
-    return CHECKPOINT_TITLE.match(title) is not None
 
 
 class ReviewPoints(Feature):
@@ -327,9 +320,10 @@ def standard(*, git: bool = True) -> list[Feature]:
     loop's own git, so `parallel` is not built there)."""
     from kiro.core.evidence import Evidence
     from kiro.core.parallel import Parallel
+    from kiro.core.review import Review
 
     if not git:
         return [Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles()]
     git_feature = Git()
-    return [git_feature, Evidence(), Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles(), Parallel(),
-            GitAttempts(git_feature)]
+    return [git_feature, Evidence(), Review(), Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles(),
+            Parallel(), GitAttempts(git_feature)]

@@ -7,6 +7,7 @@ None of them imports the engine, and the engine imports none of them.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,6 +43,7 @@ class LoopHandle(Protocol):
     guardrails: LoopGuardrails
     writes: WriteQueue
     slot: Any  # the watch supervisor's place for this loop, if any
+    cancel: asyncio.Event  # set when the loop must stop now (for a feature that runs a process, as a step does)
 
     def emit(self, event: Event | str, /, **fields: Any) -> None: ...
 
@@ -108,6 +110,19 @@ class VerifyRun:
         return self.exit_code == 0
 
 
+@dataclass
+class Reopen:
+    """What `Feature.check_step` returns for a step sent back to its agent without a failure counted (a
+    reviewer asked for changes, SPEC §14): the step runs again with `reason` in its prompt (no backoff, no
+    failure toward failure_threshold), or the loop ends with `stop` (a pause for a person)."""
+
+    reason: str
+    stop: Stop | None = None
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 class Feature:
     """A part of a loop that plugs in beside the engine: git checkpoints, a recurring task's runs, the
     pre-check gate, the approval of proposed steps (kiro.core.features). The engine calls each hook of each
@@ -141,10 +156,11 @@ class Feature:
         """After an attempt, however it went."""
 
     async def check_step(self, loop: LoopHandle, step: Step, verify: VerifyRun | None, *,
-                         recovering: bool = False) -> str | None:
+                         recovering: bool = False) -> str | Reopen | None:
         """The executor says the step is done and `verify` (None: none is set) passed; `recovering`: the
         step's box was found checked after a kill, before kiro recorded it. Why the step is not done after
-        all (the attempt fails with that reason; recovering, the box is reopened), or None."""
+        all (the attempt fails with that reason; recovering, the box is reopened), a `Reopen` (the step
+        goes back to its agent, no failure counted), or None."""
         return None
 
     async def step_done(self, loop: LoopHandle, step: Step, *, recovering: bool = False) -> Checkpoint | None:

@@ -89,6 +89,7 @@ class CommandExecutor(ExecutorBase):
     name = "command"
     system_template = "agent_cli.md"  # speaks of checkboxes, not tools
     checks_boxes = False  # the agent checks the step's box in its own copy (StepCopy): the task file is never its
+    log_label = ""  # "review-": a reviewer's runs (kiro.core.review), logged as `<step_id>-review-<round>.log`
 
     def __init__(self, config: Config, workspace: Workspace, task_id: str) -> None:
         self.preset, self.argv = agents.resolve(config)
@@ -159,7 +160,7 @@ class CommandExecutor(ExecutorBase):
         safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in shown) or "step"
         if len(safe) > LOG_NAME_CHARS:
             safe = f"{safe[:LOG_NAME_CHARS]}_{hashlib.sha256(shown.encode()).hexdigest()[:12]}"
-        folder, name = self.workspace.logs / self.task_id, f"{safe}-{ctx.attempt}"
+        folder, name = self.workspace.logs / self.task_id, f"{safe}-{self.log_label}{ctx.attempt}"
         path = folder / (f"{name}.log" if run == 1 else f"{name}.{run}.log")
         while path.exists():
             run += 1

@@ -376,6 +376,36 @@ AgentName = Literal["claude", "codex", "aider", "gemini", "opencode", "qwen", "c
                     "gemini-acp", "codex-acp", "opencode-acp"]
 
 
+class Review(_Strict):
+    """`review:` (SPEC §14, kiro.core.review): after a step is done and verified, a second agent (a preset or
+    ACP agent, run like a step attempt) or a command (the prompt on stdin, like `executor_command`) reviews
+    it and must end with `REVIEW: APPROVE` or `REVIEW: CHANGES <reasons>`."""
+
+    agent: AgentName | None = None
+    """the reviewing agent: any preset or ACP agent (claude, codex, ...), run like a step attempt."""
+    command: str | None = None
+    """or a command line given the review prompt on its stdin, like executor_command."""
+    when: Literal["step", "checkpoint", "task"] = "step"
+    """step: after every step; checkpoint: at Kiro "Checkpoint" steps, the work since the last one; task: once,
+    when the last box is done, the loop's whole work."""
+    max_rounds: int = Field(2, ge=1, le=20)
+    """rounds of changes before the loop pauses for a person (exit 6, a note in Needs_Action/)."""
+
+    @field_validator("command")
+    @classmethod
+    def _command_line(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("is empty; give the reviewer's command line (the prompt comes on its stdin)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_reviewer(self) -> Review:
+        if (self.agent is None) == (self.command is None):
+            raise ValueError("needs exactly one of agent (a preset: claude, codex, ...) or command (a command line "
+                             "given the review prompt on stdin)")
+        return self
+
+
 def is_acp(agent: str | None) -> bool:
     """Whether the agent called `agent` is spoken to over the Agent Client Protocol."""
     return agent is not None and (agent == "acp" or agent.endswith("-acp"))
@@ -496,6 +526,9 @@ class Config(_Strict):
     """Apprise URLs (ntfy://, tgram://, slack://, json://...) the digest and the notify_on events are sent to."""
     notify_on: list[NotifyKind] = Field(default_factory=lambda: list(NOTIFY_KINDS))
     """which events are sent to notify: digest, loop_finished, human_requested, approval_waiting, usage_limit."""
+    review: Review | None = None
+    """a second agent (agent: NAME) or a command reviews each step before it counts (SPEC §14, kiro.core.review):
+    {agent | command, when: step | checkpoint | task, max_rounds}."""
 
     _empty_sections = field_validator(
         "autonomous_loop", "resource_limits", "llm", "tools", "guardrails", "approval", "on_event", "agent_env",
@@ -557,10 +590,18 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _evidence_is_local(self) -> Config:
         """Protected paths and test counts are checked by the loop's own process (kiro.core.evidence)."""
-        if self.backend.kind == "temporal" and (self.protected_paths or self.verify_report):
-            key = "protected_paths" if self.protected_paths else "verify_report"
+        if self.backend.kind == "temporal" and (self.protected_paths or self.verify_report or self.review):
+            key = "protected_paths" if self.protected_paths else "verify_report" if self.verify_report else "review"
             raise ValueError(f"{key} is not built on the temporal backend (each step's worker verifies and commits "
                              f"it); remove {key}, or use backend: local")
+        return self
+
+    @model_validator(mode="after")
+    def _review_one_step_at_a_time(self) -> Config:
+        """The reviewer reads one step's diff (kiro.core.review); steps side by side are merged back as a batch."""
+        if self.review is not None and self.parallel > 1:
+            raise ValueError(f"review is not built for steps side by side (parallel: {self.parallel}); use parallel: "
+                             f"1, or remove review")
         return self
 
     @field_validator("verify_report")
@@ -643,6 +684,7 @@ FRONTMATTER_KEYS: dict[str, str] = {
     "verify": "verify",
     "verify_report": "verify_report",
     "protected_paths": "protected_paths",
+    "review": "review",
     "max_iterations": "autonomous_loop.max_iterations",
     "failure_threshold": "autonomous_loop.failure_threshold",
     "timeout_seconds": "autonomous_loop.timeout_seconds",

@@ -715,6 +715,34 @@ class StepReopened(Event):
     reason: str
 
 
+class ReviewStarted(Event):
+    """A second agent (or command) reviews a step its executor says is done and verify passed (SPEC §14)."""
+
+    event: Literal["review_started"] = "review_started"
+    step_id: str
+    round: int
+    reviewer: str
+
+
+class ReviewApproved(Event):
+    event: Literal["review_approved"] = "review_approved"
+    step_id: str
+    round: int
+    reviewer: str
+
+
+class ReviewRequestedChanges(Event):
+    """The reviewer asked for changes: the step runs again with `reasons` in its prompt, or (`paused`) the
+    loop pauses for a person after max_rounds, or after a reviewer whose answer kiro could not read."""
+
+    event: Literal["review_requested_changes"] = "review_requested_changes"
+    step_id: str
+    round: int
+    reviewer: str
+    reasons: str
+    paused: bool = False
+
+
 AnyEvent: TypeAlias = Annotated[
     Union[  # noqa: UP007 - a discriminated union reads best spelled out
         LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
@@ -730,6 +758,7 @@ AnyEvent: TypeAlias = Annotated[
         RollbackResumed, ParallelStepStarted, ParallelStepFinished, ParallelConflict,
         RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
         PrecheckPassed, PrecheckSkipped, WorkerLost, ProtectedPathsChanged, TestsShrank, StepReopened,
+        ReviewStarted, ReviewApproved, ReviewRequestedChanges,
     ],
     Field(discriminator="event"),
 ]

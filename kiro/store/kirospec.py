@@ -227,6 +227,17 @@ def _quotes(spec: Spec, ids: list[str]) -> list[str]:
     return lines
 
 
+def cited_requirements(task_path: Path | str | None, details: list[str]) -> list[str]:
+    """The requirements a step cites (`_Requirements: 1.2_`), each a line quoted from its spec's requirements.md
+    ("- 1.2 (Requirement 1: ...): WHEN ... SHALL ..."); the ids alone when they are not found there; [] when
+    the step cites none or its task file is in no spec."""
+    spec = spec_of(task_path) if task_path is not None else None
+    ids = cited_ids(details)
+    if spec is None or not ids:
+        return []
+    return _quotes(spec, ids) or [f"- {rid} (not found as a numbered criterion in requirements.md)" for rid in ids]
+
+
 def context(task_path: Path | str | None, step_text: str, details: list[str]) -> str | None:
     """The step prompt's section on the spec the task file belongs to, or None outside a spec."""
     spec = spec_of(task_path) if task_path is not None else None

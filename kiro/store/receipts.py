@@ -22,7 +22,6 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -77,6 +76,22 @@ class ProtectedCheck(_Model):
     ok: bool = True
 
 
+class ReviewRound(_Model):
+    """One review of a step (SPEC §14 `review:`, kiro.core.review): what the reviewer answered."""
+
+    round: int  # 1 for the step's first review
+    verdict: str  # "approve" | "changes" | "invalid" (an answer without a REVIEW: line, or a reviewer that failed)
+    reasons: str = ""
+    agent: str | None = None  # the preset, or "command"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+    log: str | None = None  # the reviewer's output, workspace-relative
+    at: str | None = None
+
+
 class Receipt(_Model):
     """What kiro saw when it counted a step done (SPEC §14)."""
 
@@ -99,7 +114,7 @@ class Receipt(_Model):
     diff_stat: str | None = None
     protected: ProtectedCheck | None = None  # None: no protected_paths
     recovered: bool = False  # counted on the run after a kill: verified and checked then
-    reviews: list[dict[str, Any]] = Field(default_factory=list)  # review rounds (SPEC §14 review: not built yet)
+    reviews: list[ReviewRound] = Field(default_factory=list)  # each review round (SPEC §14 `review:`)
 
 
 # -- test counts -----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from kiro.fs.atomic import Staged, fsync_dir
 from kiro.fs.atomic import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fs.atomic
 from kiro.status import RECORDED, Status
 from kiro.store import journal
-from kiro.store.receipts import Receipt
+from kiro.store.receipts import Receipt, ReviewRound
 from kiro.store.redact import Redactor
 from kiro.store.workspace import TASK_ID_RE, Workspace
 from kiro.usage import Usage
@@ -157,6 +157,12 @@ class StepRecord(_Model):
     last_error: str | None = None
     next_retry_at: RetryTime | None = None
     last_verify_output: str | None = None
+    # SPEC §14 `review:` (kiro.core.review): the step's review rounds so far, for its receipt; the rounds
+    # before `reviews_counted_from` were shown to a person at a pause, and no longer count to max_rounds.
+    # The list is replaced, never changed in place (the journal compares a record's fields by value). Written only
+    # when there are any: most steps' records (journaled at every save) stay as small as before.
+    reviews: list[ReviewRound] = Field(default_factory=list, exclude_if=lambda v: not v)
+    reviews_counted_from: int = Field(0, exclude_if=lambda v: not v)
 
 
 class Transition(_Model):
@@ -341,7 +347,7 @@ class LoopState(_Model):
         steps = self.steps
         if steps:
             idle = [k for k, r in steps.items() if not (r.attempts or r.last_error or r.next_retry_at
-                                                        or r.last_verify_output or r.model_extra)]
+                                                        or r.last_verify_output or r.reviews or r.model_extra)]
             for k in idle:
                 del steps[k]
             for k in list(steps)[: max(0, len(steps) - STEPS_KEPT)]:

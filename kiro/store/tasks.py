@@ -1249,3 +1249,11 @@ def add_steps(path: Path, titles: list[str], *, after: KeyLike | None = None) ->
     new_tf = _edit(_as_path(path), change)
     by_line = {s.line: s for s in new_tf.steps}
     return new_tf, [by_line[i] for i in inserted if i in by_line]
+
+
+CHECKPOINT_TITLE = re.compile(r"^\W*(?:final\s+)?checkpoint\b", re.I)
+"""A Kiro plan's review step: "Checkpoint - Ensure all tests pass", "Final Checkpoint - ...", "Checkpoint — ..."."""
+
+
+def is_checkpoint(title: str) -> bool:
+    return CHECKPOINT_TITLE.match(title) is not None

@@ -346,4 +346,9 @@ def receipt_text(entry: dict[str, Any]) -> str:
         lines.append(f"  protected paths ({', '.join(p.get('globs', []))}): "
                      + ("untouched" if p.get("ok", True) else "changed: " + "; ".join(p.get("changed", [])))
                      + (f"; approved: {', '.join(p['approved'])}" if p.get("approved") else ""))
+    for rv in r.get("reviews") or []:
+        used = f", {rv['total_tokens']} tokens" if rv.get("total_tokens") else ""
+        lines.append(f"  review round {rv.get('round')} by {rv.get('agent') or '-'}: {rv.get('verdict')}"
+                     + (f": {rv['reasons'].strip().splitlines()[0][:300]}" if rv.get("reasons") else "")
+                     + f" ({rv.get('seconds', 0):.1f} s{used})")
     return "\n".join(lines)

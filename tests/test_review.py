@@ -1,0 +1,367 @@
+"""Review by a second agent (SPEC §14 `review:`): a stand-in step agent (an `executor_command` script) does the
+steps of a Kiro spec in a real git project, real bash verify, and a `review: {command: ...}` script reviews each
+step from the prompt on its stdin. The reviewer's rule is the one a person would give it: a function without a
+docstring is not done ("REVIEW: CHANGES add a docstring to ..."). The agent adds the docstring only when its
+prompt says so, or never, or ignores the reviewer once, as `plan.json` says; the reviewer answers by its rule,
+or always CHANGES, or garbage, as `reviewer.json` says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiro.store.config import Config
+from tests.agent_clis import CODEX_PRICE, Claude, Codex, task_text
+from tests.conftest import FAST_CONFIG, Workspace
+from tests.fakes import HttpError, Recorded
+from tests.fakes import anthropic as fa
+from tests.fakes import responses as fr
+from tests.gitutil import git, init_repo
+
+SPEC = ".kiro/specs/calc"
+# Run against the previous main (whose config refuses `review`), the cheat test runs the same night without it:
+# the agent's unreviewed work goes through, which is what its printed line shows there.
+REVIEW_KNOWN = "review" in Config.model_fields
+
+AGENT = '''\
+import json, os, pathlib, re, sys
+out = pathlib.Path(sys.argv[1])
+prompt = sys.stdin.read()
+step = os.environ["KIRO_STEP_ID"]
+n = len(list(out.glob(f"agent-{step}-*.txt"))) + 1
+(out / f"agent-{step}-{n}.txt").write_text(prompt)
+plan = json.loads((out / "plan.json").read_text())
+action = plan.get(f"{step}:{n}", plan.get("default", "listen"))
+if action == "hang" and (out / "ready").exists():
+    action = "listen"  # it cheats once; its run after the kill listens
+name = "f" + step.replace(".", "_")
+app = pathlib.Path("app.py")
+text = app.read_text()
+text = re.sub(r"\\ndef " + name + r"\\(\\):\\n(    .*\\n)*", "\\n", text)  # its earlier version of the function
+text = text.rstrip("\\n") + f"\\n\\n\\ndef {name}():\\n    return {step!r}\\n"
+if action == "listen" and "add a docstring" in prompt:  # every function without one gets one
+    text = re.sub(r"^def (f\\w+)\\(\\):\\n(?!    \\"\\"\\")", lambda m: m[0] + f'    """{m[1]}."""\\n', text,
+                  flags=re.M)
+app.write_text(text)
+task = pathlib.Path(os.environ["KIRO_TASK_FILE"])
+if action == "hang":  # unboxed, the person's task file itself: the box checked there, then kiro is killed
+    task = pathlib.Path(os.environ["KIRO_WORKSPACE"]) / ".kiro" / "specs" / "calc" / "tasks.md"
+task.write_text(re.sub(r"^(- \\[)[ -](\\] " + re.escape(step) + r"\\. )", r"\\g<1>x\\g<2>", task.read_text(),
+                       count=1, flags=re.M))
+if action == "hang":
+    (out / "ready").write_text("checked")
+    import time
+    time.sleep(600)
+'''
+
+REVIEWER = '''\
+import json, pathlib, re, sys
+out = pathlib.Path(sys.argv[1])
+prompt = sys.stdin.read()
+n = len(list(out.glob("review-*.txt"))) + 1
+(out / f"review-{n}.txt").write_text(prompt)
+mode = json.loads((out / "reviewer.json").read_text())["mode"]
+print("I read the step, its diff and verify's output.")
+if mode == "garbage":
+    print("Looks fine to me, I guess.")
+elif mode == "changes":
+    print("REVIEW: CHANGES the function still needs work")
+elif mode == "approve":
+    print("REVIEW: APPROVE")
+else:
+    diff = prompt.split("## Its diff", 1)[1].split("## Verify", 1)[0]
+    missing = [m.group(1) for m in re.finditer(r'^\\+def (f\\w+)\\(\\):\\n(?!\\+    """)', diff, re.M)]
+    if missing:
+        print(f"REVIEW: CHANGES add a docstring to {missing[0]}")
+    else:
+        print("REVIEW: APPROVE")
+'''
+
+REQUIREMENTS = """\
+# Requirements
+
+### Requirement 1: Functions
+
+#### Acceptance Criteria
+
+1. WHEN a step adds a function THEN it SHALL carry a docstring
+2. WHEN the checks run THEN they SHALL pass
+"""
+
+
+def project(ws: Workspace, *, plan: dict[str, str] | None = None, reviewer: str = "rule", max_rounds: int = 2,
+            steps: int = 2, when: str = "step", titles: dict[int, str] | None = None, extra: str = "") -> Path:
+    """A git project with a Kiro spec of `steps` steps, the stand-in agent and the reviewer; returns the folder
+    where both leave what they were given."""
+    root = ws.root
+    init_repo(root)
+    (root / "app.py").write_text('"""The app."""\n')
+    (root / ".gitignore").write_text("__pycache__/\n")
+    out = root.parent / "out"
+    out.mkdir()
+    (out / "plan.json").write_text(json.dumps(plan or {}))
+    (out / "reviewer.json").write_text(json.dumps({"mode": reviewer}))
+    (root.parent / "agent.py").write_text(AGENT)
+    (root.parent / "reviewer.py").write_text(REVIEWER)
+    py = shlex.quote(sys.executable)
+    agent = f"{py} {shlex.quote(str(root.parent / 'agent.py'))} {shlex.quote(str(out))}"
+    review = f"{py} {shlex.quote(str(root.parent / 'reviewer.py'))} {shlex.quote(str(out))}"
+    config = FAST_CONFIG + textwrap.dedent(f"""\
+        executor: command
+        executor_command: {json.dumps(agent)}
+        sandbox_paths: {{rw: [{json.dumps(str(out))}]}}
+        verify: {py} -c "import app; print('checks passed')"
+        """)
+    if REVIEW_KNOWN:
+        config += f"review:\n  command: {json.dumps(review)}\n  max_rounds: {max_rounds}\n  when: {when}\n"
+    config += extra
+    ws.write("config/autonomous_loop.yaml", config)
+    (root / SPEC).mkdir(parents=True)
+    (root / SPEC / "requirements.md").write_text(REQUIREMENTS)
+    lines = ["# Plan", ""]
+    for n in range(1, steps + 1):
+        title = (titles or {}).get(n, f"Add function f{n}")
+        lines += [f"- [ ] {n}. {title}", f"  - return {n!r} from f{n}", "  - _Requirements: 1.1, 1.2_"]
+    (root / SPEC / "tasks.md").write_text("\n".join(lines) + "\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "the person's plan")
+    return out
+
+
+def start(ws: Workspace) -> Any:
+    return ws.kiro("loop", "start", "--spec", "calc", "--task-id", "rv", timeout=600)
+
+
+def kinds(ws: Workspace, *names: str) -> list[str]:
+    return [e["event"] for e in ws.events("rv") if e["event"] in names]
+
+
+def receipts(ws: Workspace) -> list[dict[str, Any]]:
+    r = ws.kiro("loop", "receipt", "--task-id", "rv", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    return [entry["receipt"] for entry in (data if isinstance(data, list) else data["receipts"])]
+
+
+def verdicts(receipt: dict[str, Any]) -> list[str]:
+    return [rv["verdict"] for rv in receipt["reviews"]]
+
+
+def test_an_approved_step_completes_and_its_receipt_says_so(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, reviewer="approve", steps=1)
+    r = start(ws)
+    assert r.returncode == 0, r.stderr
+    assert kinds(ws, "review_started", "review_approved", "review_requested_changes") == \
+        ["review_started", "review_approved"]
+    [receipt] = receipts(ws)
+    assert verdicts(receipt) == ["approve"] and receipt["reviews"][0]["agent"].startswith("command ")
+    prompt = (out / "review-1.txt").read_text()
+    # the step's text, the requirements it cites quoted from requirements.md, its diff, verify's output
+    assert "Add function f1" in prompt and "return 1 from f1" in prompt
+    assert "1.1 (Requirement 1: Functions): WHEN a step adds a function THEN it SHALL carry a docstring" in prompt
+    assert "+def f1():" in prompt and "checks passed" in prompt
+    assert prompt.rstrip().endswith("REVIEW: line.")
+    assert "[x] 1. Add function f1" in (ws.root / SPEC / "tasks.md").read_text()
+    shown = ws.kiro("loop", "receipt", "--task-id", "rv", "--step", "1")
+    assert "review round 1 by command" in shown.stdout and ": approve" in shown.stdout, shown.stdout
+
+
+def test_changes_send_the_step_back_with_the_reasons_then_it_is_approved(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, steps=2)
+    r = start(ws)
+    assert r.returncode == 0, r.stderr
+    # each step: the reviewer asked for a docstring, the agent's second prompt said so, the reviewer approved
+    for step in ("1", "2"):
+        first, second = (out / f"agent-{step}-1.txt").read_text(), (out / f"agent-{step}-2.txt").read_text()
+        assert "add a docstring" not in first and "asked for changes" not in first
+        assert "asked for changes" in second and f"add a docstring to f{step}" in second
+        assert not (out / f"agent-{step}-3.txt").exists()
+    assert kinds(ws, "review_approved", "review_requested_changes") == \
+        ["review_requested_changes", "review_approved"] * 2
+    assert [verdicts(x) for x in receipts(ws)] == [["changes", "approve"]] * 2
+    assert [x["reviews"][0]["reasons"] for x in receipts(ws)] == ["add a docstring to f1", "add a docstring to f2"]
+    state = ws.state("rv")
+    assert state["total_failures"] == 0  # a round of changes is no failure (no backoff, no failure_threshold)
+    assert '"""f1."""' in (ws.root / "app.py").read_text()
+    log = sorted(p.name for p in (ws.root / "Logs" / "rv").glob("1-review-*.log"))
+    assert log == ["1-review-1.log", "1-review-2.log"]
+
+
+def test_max_rounds_of_changes_pause_the_loop_for_a_person(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, reviewer="changes", max_rounds=2, steps=1)
+    r = start(ws)
+    assert r.returncode == 6, (r.returncode, r.stderr)
+    assert len(list(out.glob("agent-1-*.txt"))) == 2 and len(list(out.glob("review-*.txt"))) == 2
+    note = ws.root / "Needs_Action" / "review_changes_rv.md"
+    text = note.read_text()
+    assert "the function still needs work" in text and "max_rounds 2" in text
+    state = ws.state("rv")
+    assert state["status"] == "paused" and state["stop_reason"] == "review_changes"
+    assert "[ ] 1. Add function f1" in (ws.root / SPEC / "tasks.md").read_text()  # the box is open
+    changes = [e for e in ws.events("rv") if e["event"] == "review_requested_changes"]
+    assert [e["paused"] for e in changes] == [False, True]
+
+
+def test_a_box_checked_before_a_kill_is_reviewed_before_it_counts(ws: Workspace) -> None:
+    """SPEC §14: a box an agent checked during an attempt kiro never recorded (kiro was killed) counts only once
+    it is verified and reviewed on the next run; the reviewer's changes reopen it."""
+    out = project(ws, plan={"1:1": "hang", "default": "listen"}, steps=1, extra="sandbox: off\n")
+    proc = ws.spawn("loop", "start", "--spec", "calc", "--task-id", "rv")
+    try:
+        ws.wait_for(lambda: (out / "ready").exists(), timeout=240, what="the agent to check its box")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert "[x] 1. Add function f1" in (ws.root / SPEC / "tasks.md").read_text()  # what the agent left
+    r = ws.kiro("loop", "resume", "--task-id", "rv", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    reopened = [e for e in ws.events("rv") if e["event"] == "step_reopened"]
+    assert len(reopened) == 1 and "add a docstring to f1" in reopened[0]["reason"], reopened
+    assert "add a docstring to f1" in (out / "agent-1-2.txt").read_text()
+    [receipt] = receipts(ws)
+    assert verdicts(receipt) == ["changes", "approve"]
+    assert '"""f1."""' in (ws.root / "app.py").read_text()
+
+
+def test_a_task_frontmatter_sets_the_review(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, reviewer="changes", max_rounds=2, steps=1)
+    config = (ws.root / "config" / "autonomous_loop.yaml").read_text()
+    command = next(line for line in config.splitlines() if line.startswith("  command: "))
+    (ws.root / "config" / "autonomous_loop.yaml").write_text(config.split("review:")[0])
+    tasks = ws.root / SPEC / "tasks.md"
+    tasks.write_text(f"---\nreview:\n{command}\n  max_rounds: 1\n---\n" + tasks.read_text())
+    git(ws.root, "commit", "-qam", "review in the frontmatter")
+    r = start(ws)
+    assert r.returncode == 6, (r.returncode, r.stderr)
+    assert len(list(out.glob("review-*.txt"))) == 1  # max_rounds 1, from the frontmatter
+    assert "max_rounds 1" in (ws.root / "Needs_Action" / "review_changes_rv.md").read_text()
+
+
+def test_an_answer_without_a_verdict_is_tried_again_then_the_loop_pauses(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, reviewer="garbage", steps=1)
+    r = start(ws)
+    assert r.returncode == 6, (r.returncode, r.stderr)
+    assert len(list(out.glob("review-*.txt"))) == 2  # tried once more
+    assert len(list(out.glob("agent-1-*.txt"))) == 1
+    text = (ws.root / "Needs_Action" / "review_changes_rv.md").read_text()
+    assert "no answer kiro could read" in text and "invalid" in text
+    assert "[ ] 1. Add function f1" in (ws.root / SPEC / "tasks.md").read_text()
+
+
+def test_a_step_agent_that_ignores_the_reviewer_is_caught(ws: Workspace) -> None:
+    # the agent checks its box again without the change the reviewer asked for (its second run); only its
+    # third run, which makes the change, counts
+    out = project(ws, plan={"1:2": "ignore", "default": "listen"}, max_rounds=3, steps=1)
+    r = start(ws)
+    assert r.returncode == 0, r.stderr
+    [receipt] = receipts(ws)
+    rounds = [rv["verdict"] for rv in receipt.get("reviews", [])]
+    caught = rounds == ["changes", "changes", "approve"] and '"""f1."""' in (ws.root / "app.py").read_text()
+    print(f"cheat: the agent ignores the reviewer once -> {'caught' if caught else 'NOT caught'} (rounds: {rounds})")
+    assert caught
+    assert len(list(out.glob("agent-1-*.txt"))) == 3
+    assert '"""f1."""' in (ws.root / "app.py").read_text()
+    assert receipt["attempts"] == 3
+
+
+def test_when_checkpoint_reviews_the_work_since_the_last_checkpoint_at_checkpoint_steps(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, when="checkpoint", steps=3,
+                  titles={3: "Checkpoint - Ensure the functions are done"})
+    r = start(ws)
+    assert r.returncode == 0, r.stderr
+    assert {e["step_id"] for e in ws.events("rv") if e["event"] == "review_started"} == {"3"}
+    first = (out / "review-1.txt").read_text()
+    assert all(f"+def f{n}():" in first for n in (1, 2, 3)) and "the last checkpoint" in first
+    assert [verdicts(x) for x in receipts(ws)] == [[], [], ["changes", "approve"]]
+    assert "add a docstring to f1" in (out / "agent-3-2.txt").read_text()
+    assert (ws.root / "app.py").read_text().count('"""f') == 3
+
+
+def test_when_task_reviews_the_whole_work_once_before_the_loop_completes(ws: Workspace) -> None:
+    out = project(ws, plan={"default": "listen"}, when="task", steps=2)
+    r = start(ws)
+    assert r.returncode == 0, r.stderr
+    assert {e["step_id"] for e in ws.events("rv") if e["event"] == "review_started"} == {"2"}
+    first = (out / "review-1.txt").read_text()
+    assert "+def f1():" in first and "+def f2():" in first and "the whole task's work" in first
+    assert [verdicts(x) for x in receipts(ws)] == [[], ["changes", "approve"]]
+    assert (ws.root / "app.py").read_text().count('"""f') == 2
+
+
+def test_a_review_key_kiro_cannot_honour_is_refused(ws: Workspace) -> None:
+    project(ws, steps=1)
+    for bad, said in (("review: {agent: codex, command: cat}", "exactly one of agent"),
+                      ("review: {command: cat, when: nightly}", "review.when"),
+                      ("review: {command: cat}\nparallel: 2", "steps side by side"),
+                      ("review: {command: cat, rounds: 3}", "review.rounds")):
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "executor: command\nexecutor_command: cat\n" + bad + "\n")
+        r = start(ws)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert said in r.stderr and "Traceback" not in r.stderr
+
+
+# -- the real CLIs: claude does the steps, codex reviews (scripted servers on 127.0.0.1, tests/fakes) -------
+
+
+class CodexReviewer(Codex):
+    """Codex as the reviewer: its model asks for one change at its first review, then approves."""
+
+    def brain(self, rec: Recorded) -> fr.Reply | HttpError:
+        usage = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        assert isinstance(self.server, fr.FakeResponses)
+        reviews = [r for r in self.server.calls() if "You are reviewing one step" in fr.user_text(r.body)]
+        if len(reviews) == 1:
+            said = "NOTES.md says hello but has no title.\nREVIEW: CHANGES give NOTES.md a title line"
+        else:
+            said = "The notes have their title now.\nREVIEW: APPROVE"
+        return fr.Reply([fr.message(said)], **usage)
+
+
+def test_claude_does_the_steps_and_codex_reviews_them(ws: Workspace, cli_home: Path) -> None:
+    claude, codex = Claude(cli_home / "claude"), CodexReviewer(cli_home / "codex")
+    for cli in (claude, codex):
+        (cli_home / cli.name).mkdir()
+        if not cli.installed:
+            pytest.skip(cli.skip_reason())
+    claude.extra = [("Write", {"file_path": str(ws.root / "NOTES.md"), "content": "hello\n"})]
+    claude.start()
+    codex.start()
+    try:
+        init_repo(ws.root)
+        ws.task(task_text(2))
+        git(ws.root, "add", "-A")
+        git(ws.root, "commit", "-q", "-m", "the plan")
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\nreview:\n  agent: codex\n" + CODEX_PRICE)
+        env = ws.env(**{**codex.env(), **claude.env()})  # HOME: claude's; codex reads CODEX_HOME
+        r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "rv", env=env, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        shown = ws.kiro("loop", "receipt", "--task-id", "rv", env=env)
+        print(shown.stdout)
+        [first, second] = receipts(ws)
+        assert verdicts(first) == ["changes", "approve"] and verdicts(second) == ["approve"]
+        assert first["reviews"][0]["reasons"] == "give NOTES.md a title line"
+        assert all(rv["agent"] == "codex" and rv["total_tokens"] > 0 for rv in first["reviews"] + second["reviews"])
+        assert first["attempts"] == 2 and first["agent"] == "claude"
+        # claude's second attempt at step 1 was told why
+        prompts = [fa.first_user_text(c.body) for c in claude.server.agent_calls()]  # type: ignore[union-attr]
+        assert any("give NOTES.md a title line" in p for p in prompts)
+        # codex saw the step's diff: the file claude wrote
+        asked = [fr.user_text(c.body) for c in codex.server.calls()]  # type: ignore[union-attr]
+        assert "+hello" in asked[0] and "NOTES.md" in asked[0]
+        assert "review round 1 by codex: changes: give NOTES.md a title line" in shown.stdout
+        assert (ws.root / "Logs" / "rv" / "1-review-1.log").is_file()
+        state = ws.state("rv")
+        spent = sum(rv["total_tokens"] for rv in first["reviews"] + second["reviews"])
+        assert state["usage"]["total_tokens"] >= spent  # the reviewer's usage counts in the loop's
+    finally:
+        claude.close()
+        codex.close()
