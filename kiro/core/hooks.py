@@ -42,6 +42,7 @@ class LoopHandle(Protocol):
     guardrails: LoopGuardrails
     writes: WriteQueue
     slot: Any  # the watch supervisor's place for this loop, if any
+    slept: float  # seconds this run spent in backoff and guardrail waits
 
     def emit(self, event: Event | str, /, **fields: Any) -> None: ...
 

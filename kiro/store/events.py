@@ -290,6 +290,17 @@ class GuardrailTriggered(Event):
     seconds: float | None = None
 
 
+class WaitEnded(Event):
+    """A wait (`backoff`, or a guardrail's: `limit` names it) is over: `seconds` is the time really slept,
+    less than `planned` when a stop condition (`stopped_by`) cut it short. `kiro loop stats` adds these up."""
+
+    event: Literal["wait_ended"] = "wait_ended"
+    limit: str
+    seconds: float
+    planned: float
+    stopped_by: str | None = None
+
+
 class HumanRequested(Event):
     event: Literal["human_requested"] = "human_requested"
     step_id: str
@@ -627,7 +638,7 @@ AnyEvent: TypeAlias = Annotated[
         IterationStarted, Reinjected, StepStarted, ToolCalled, PermissionAnswered, PlanUpdated, ModelCalled,
         ContextWrapped, StepCompleted,
         StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, AgentRan, UsageLimit, GuardrailTriggered,
-        HumanRequested,
+        WaitEnded, HumanRequested,
         TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
         MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
         CheckpointCreated, CheckpointSkipped, CheckpointLeftOut, CheckpointFailed, CheckpointRecovered, GitLockCleared,
