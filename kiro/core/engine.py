@@ -1035,7 +1035,11 @@ class Loop:
             task, _ = tasks.check_finished_parents(self.task_path, include_optional=self.cfg.include_optional)
         self.state.steps_total = len(task.steps)
         self.state.steps_done = task.done_count
-        n = len(task.steps)
+        n, done = len(task.steps), task.done_count
+        if done < n:  # optional steps left open (include_optional off): say so, as the step counts do
+            left = n - done
+            return conditions.completed(f"all required steps done: {done} of {n} checked, {left} optional "
+                                        f"step{'s' if left != 1 else ''} left open")
         return conditions.completed(f"all {n} steps done" if n != 1 else "the one step is done")
 
     def _cause(self, stop: Stop) -> str:
