@@ -337,6 +337,10 @@ def test_pause_at_checkpoints_stops_after_each_checkpoint_of_a_real_kiro_plan(tm
         assert last["description"] in note and "progress.log" in note and "changed" in note  # the diff stat
         assert "`test -f progress.log` passed" in note
         r = ws.kiro("loop", "resume", "--task-id", "rv")
+        # issue #38 item 17: the review's normal end is said, never as a warning
+        said = [line for line in (r.stdout + r.stderr).splitlines() if "review_rv" in line]
+        print("resume said:", said)
+        assert said and not [line for line in said if "warning" in line], said
     assert r.returncode == 0, r.stdout + r.stderr
     # "Checkpoint — Verify ...", "Checkpoint — ..."; the last step, "Final checkpoint", completes the task
     assert pauses == ["5", "7"], pauses

@@ -433,3 +433,10 @@ def test_a_step_taken_up_after_its_attempt_finished_is_timed_by_its_attempt_not_
     print("step durations:", took)
     assert took["2"] >= 1.5  # its attempt slept 1.5 s; its merge took a fraction of that
     assert {c["step_id"]: c["duration_seconds"] for c in ws.state("pt")["completed_steps"]} == took
+    # issue #38 item 17: the `(P)` mark is kiro's to read, not part of the title it shows and commits
+    shown = [e["description"] for e in ws.events("pt") if e["event"] in ("step_started", "step_completed")]
+    subjects = git(ws.root, "log", "--format=%s").splitlines()
+    print("titles shown:", shown, "| commits:", subjects)
+    assert set(shown) == {"Wait for two", "Work a while"}
+    assert not [s for s in subjects if "(P)" in s] and any("Work a while" in s for s in subjects)
+    assert "- [x] 2. (P) Work a while" in (ws.root / "Done/feature/tasks.md").read_text()  # the file keeps it

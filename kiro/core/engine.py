@@ -1082,7 +1082,7 @@ class Loop:
             s.next_run_at = None  # the schedule ends with the task in Done/
         if stop.status == Status.COMPLETED:
             for note in resolved.archive_requests(self.ws, s.task_id):
-                self.emit(ev.LoopWarning(message=note))
+                self.emit(ev.RequestResolved(message=note))
         self._finishing, self._finish_report = True, None
         try:
             self.emit(ev.StopCondition(**stop.fields()))

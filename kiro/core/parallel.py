@@ -55,7 +55,7 @@ _DEPENDS = re.compile(r"^_?\s*Depends(?:\s+on)?\s*:\s*(?P<ids>.+?)\s*_?$", re.I)
 
 def marked(step: Step) -> bool:
     """`(P)` right after the step's number: cc-sdd's mark of a step that may run beside its neighbours."""
-    return step.title.startswith("(P)")
+    return step.parallel
 
 
 def depends_on(step: Step) -> list[str]:

@@ -742,7 +742,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if os.path.lexists(hook) and not keep_hooks:
             hook.unlink()
             warnings.append(f"removed the stop hook {ws.relative(hook)}")
-        warnings += resolved.archive_requests(ws, task_id)  # answered: the loop goes on
+        answered = resolved.archive_requests(ws, task_id)  # the loop goes on: a note, no warning (a review's end)
         if max_iterations is not None:
             state.max_iterations = max_iterations
         if failure_threshold is not None:
@@ -772,7 +772,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             store.release(task_id, lock)
         raise
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
-                   notes=_sandbox_notes(cfg, ws, path, executor, warnings),
+                   notes=[*(f"answered: {a}" for a in answered), *_sandbox_notes(cfg, ws, path, executor, warnings)],
                    release=lambda: _release(store, task_id, lock), executor=executor, lock=lock,
                    features=features.standard())
 

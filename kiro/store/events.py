@@ -301,6 +301,14 @@ class WaitEnded(Event):
     stopped_by: str | None = None
 
 
+class RequestResolved(Event):
+    """A request the loop left for a person (a review note, an intervention) is answered: moved to Logs/resolved/.
+    The normal end of a review point, not a warning."""
+
+    event: Literal["request_resolved"] = "request_resolved"
+    message: str
+
+
 class HumanRequested(Event):
     event: Literal["human_requested"] = "human_requested"
     step_id: str
@@ -638,7 +646,7 @@ AnyEvent: TypeAlias = Annotated[
         IterationStarted, Reinjected, StepStarted, ToolCalled, PermissionAnswered, PlanUpdated, ModelCalled,
         ContextWrapped, StepCompleted,
         StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, AgentRan, UsageLimit, GuardrailTriggered,
-        WaitEnded, HumanRequested,
+        WaitEnded, RequestResolved, HumanRequested,
         TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
         MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
         CheckpointCreated, CheckpointSkipped, CheckpointLeftOut, CheckpointFailed, CheckpointRecovered, GitLockCleared,

@@ -110,6 +110,7 @@ class Step:
     children: list[int] = field(default_factory=list)
     occurrence: int = 0
     owned: list[str] = field(default_factory=list, repr=False)  # the raw lines under the step
+    parallel: bool = False  # `(P)` right after its number (kiro.core.parallel); not in `title`
 
     @functools.cached_property
     def details(self) -> list[str]:
@@ -354,11 +355,21 @@ def _columns(ws: str) -> int:
 
 def _split_id(text: str) -> tuple[str, str]:
     """(id, title). Without a leading number the id is the whole text, so it stays unique enough
-    to find the step again and readable in logs."""
+    to find the step again and readable in logs. A `(P)` right after the number (cc-sdd's mark of a
+    step that may run beside its neighbours: `Step.parallel`) is not part of the title kiro shows and
+    commits."""
     m = _ID_RE.match(text)
     if m is None:
         return text, text
-    return m.group(1), text[m.end():].strip()
+    title = text[m.end():].strip()
+    return m.group(1), (title[len(PARALLEL_MARK):].lstrip() or title) if _marked(title) else title
+
+
+PARALLEL_MARK: Final = "(P)"
+
+
+def _marked(title: str) -> bool:
+    return title.startswith(PARALLEL_MARK)
 
 
 def _flat_child(sid: str, earlier: Step, col: int) -> bool:
@@ -531,6 +542,7 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
             steps.append(Step(
                 index=index, id=sid, text=text_, title=title, marker=m["marker"],
                 optional=m["star"] is not None, line=i, indent=col,
+                parallel=sid != text_ and _marked(text_[len(sid):].lstrip(".: \t")),
                 box_offset=line_start + m.start("marker"), parent=parent, occurrence=occurrence,
             ))
             owned.append([])
