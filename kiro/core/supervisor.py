@@ -28,7 +28,15 @@ from kiro.core import heap, resolved
 from kiro.core.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.core.guardrails import SharedLimits
 from kiro.core.listeners import standard as standard_listeners
-from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for, task_id_hint
+from kiro.core.runner import (
+    LoopIndex,
+    find_loop_for_task,
+    nothing_to_start,
+    prepare_resume,
+    prepare_start,
+    settings_for,
+    task_id_hint,
+)
 from kiro.core.watch import acquire_hub, release_hub, wait_until
 from kiro.errors import KiroError, LockHeld, UserError, contained
 from kiro.fs import locks
@@ -49,13 +57,6 @@ file's parse, the first prompt, the step's process): the rest wait their turn, s
 taken on at once under a high `max_parallel_loops` do not run all their starts in one turn of the event
 loop, while the loops already running wait (bench/watch_scan_stall.py --parallel)."""
 STARTING_AT_MOST = 0.1  # seconds a loop holds its turn at most (one that waits before its first step)
-
-
-def nothing_to_start(task: tasks.TaskFile, real: str, include_optional: bool) -> bool:
-    """A task file without a loop that a watch leaves alone: a finished file (a Kiro spec's, which stays put:
-    every step it would run is done, so a completed spec is not started again) that no schedule runs again."""
-    return bool(task.is_complete(include_optional) and task.counts().total and (
-        kirospec.in_spec_folder(real) or all(s.done for s in task.steps)) and task.frontmatter.get("schedule") is None)
 
 
 @dataclass
