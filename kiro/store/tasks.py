@@ -86,7 +86,7 @@ _FENCE_RE: Final = re.compile(r"[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>.*)")
 _HEADING_RE: Final = re.compile(r" {0,3}#{1,6}[ \t]+(?P<text>.*?)(?:[ \t]+#+)?[ \t]*")
 _SHELL_TAGS: Final = frozenset({"sh", "bash", "shell"})
 _GENERIC_HEADINGS: Final = frozenset(
-    {"implementation plan", "implementation tasks", "tasks", "task list", "todo", "to do", "checklist"}
+    {"implementation plan", "implementation tasks", "tasks", "task list", "todo", "to do", "checklist", "plan"}
 )
 
 
@@ -313,12 +313,15 @@ class TaskFile:
 
     @property
     def title(self) -> str:
-        """Frontmatter `title`, else the first heading unless it is a generic one ("Implementation
-        Plan", "Tasks": Kiro writes that in every file), else the file's name (its folder's name
-        for a `tasks.md`)."""
+        """Frontmatter `title`, else a Kiro spec's feature name (`.kiro/specs/<feature>/tasks.md`: its heading
+        is Kiro's, the same in every spec), else the first heading unless it is a generic one ("Implementation
+        Plan", "Tasks", "Plan"), else the file's name (its folder's name for a `tasks.md`)."""
         fm_title = self.frontmatter.get("title")
         if isinstance(fm_title, str) and fm_title.strip():
             return fm_title.strip()
+        if self.path is not None and self.path.name == "tasks.md" and self.path.parent.parent.name == "specs" \
+                and self.path.parent.parent.parent.name == ".kiro":
+            return self.path.parent.name
         if self._heading and self._heading.rstrip(":").strip().casefold() not in _GENERIC_HEADINGS:
             return self._heading
         if self.path is None:
