@@ -177,9 +177,10 @@ def test_a_loop_sleeping_through_an_agents_usage_limit_says_whose_limit_and_when
             # its text (guardrail_triggered is wider than the name column)
             assert page.inner_text(f"{card} [data-role=success]") == "–"
             overlaps = page.eval_on_selector_all(f"{card} .events li", """lis => lis.map(li => {
-                const e = li.querySelector('.e').getBoundingClientRect();
-                const d = li.querySelector('.d').getBoundingClientRect();
-                return [li.querySelector('.e').textContent, e.right - d.left]; })""")
+                const e = li.querySelector('.e'), d = li.querySelector('.d').getBoundingClientRect();
+                const text = document.createRange();  // where the name's letters end, not its box
+                text.selectNodeContents(e);
+                return [e.textContent, Math.round(text.getBoundingClientRect().right - d.left)]; })""")
             print("event name vs text (px of overlap):", overlaps)
             assert any(name == "guardrail_triggered" for name, _ in overlaps), overlaps
             assert all(px <= 0 for _, px in overlaps), overlaps
