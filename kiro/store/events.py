@@ -267,6 +267,17 @@ class AgentRan(Event):
     seconds: float = 0.0
 
 
+class AgentSilent(Event):
+    """An agent CLI has printed nothing for `seconds` (a minute, or a quarter of its idle timeout; then again):
+    it may be retrying a dead endpoint. Said so that a silent night is seen; the idle timeout ends it."""
+
+    event: Literal["agent_silent"] = "agent_silent"
+    step_id: str
+    agent: str
+    seconds: float
+    idle_timeout: float
+
+
 class UsageLimit(Event):
     """An agent CLI said its usage window is used up: the loop waits for `resets_at` (or probes
     without one), or hands the step to `fallback`."""
@@ -645,8 +656,8 @@ AnyEvent: TypeAlias = Annotated[
         LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
         IterationStarted, Reinjected, StepStarted, ToolCalled, PermissionAnswered, PlanUpdated, ModelCalled,
         ContextWrapped, StepCompleted,
-        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, AgentRan, UsageLimit, GuardrailTriggered,
-        WaitEnded, RequestResolved, HumanRequested,
+        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, AgentRan, AgentSilent, UsageLimit,
+        GuardrailTriggered, WaitEnded, RequestResolved, HumanRequested,
         TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
         MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
         CheckpointCreated, CheckpointSkipped, CheckpointLeftOut, CheckpointFailed, CheckpointRecovered, GitLockCleared,

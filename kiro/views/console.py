@@ -225,6 +225,8 @@ _GIT_LINES: dict[str, tuple[str, str]] = {
     "checkpoint_failed": ("no checkpoint for step {step_id}: {error}", "yellow"),
     "checkpoint_left_out": ("  step {step_id}'s checkpoint leaves out {files}: {reason}", "yellow"),
     "git_lock_cleared": ("removed a stale git lock {path}", "cyan"),
+    "agent_silent": ("  {agent} has printed nothing for {seconds}s (still running; ended after {idle_timeout}s "
+                     "of silence: step_idle_timeout_seconds)", "yellow"),
     "request_resolved": ("answered: {message}", "cyan"),
     "worktree_created": ("worktree {path} on branch {branch}", "cyan"),
     "worktree_recreated": ("worktree {path} was half made by a killed `git worktree add`: made again", "yellow"),
