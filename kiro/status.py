@@ -154,3 +154,16 @@ _RESUME_FLAG: dict[Status, str] = {
 RECORDED: frozenset[Status] = frozenset(s for s in Status if s is not Status.INTERRUPTED)
 """The statuses a state file may hold."""
 
+
+
+def success_rate(completed: int, failed: int) -> float | None:
+    """The one success rate every view shows (`status`, `stats`, the dashboards, reports): steps
+    completed over steps completed or failed. A usage limit, a guardrail's wait or an interruption is
+    neither. None while nothing has finished (shown `-`, not 0%)."""
+    finished = completed + failed
+    return round(completed / finished, 4) if finished else None
+
+
+def percent(rate: float | None) -> str:
+    """A success rate as a person reads it: `93%`, or `-` while nothing has finished."""
+    return "-" if rate is None else f"{rate:.0%}"

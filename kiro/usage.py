@@ -26,3 +26,8 @@ class Usage(BaseModel):
         self.total_tokens += other.total_tokens
         self.api_calls += other.api_calls
         self.cost_usd = round(self.cost_usd + other.cost_usd, 8)
+
+
+def dollars(usd: float | None) -> str:
+    """A cost as every view prints it (`$0.0018`, never `0.0018000000000000002`); `-` for none."""
+    return "-" if usd is None else f"${usd:.4f}"

@@ -123,7 +123,7 @@ def test_kiro_agents_names_the_credential_and_never_shows_it(ws: Workspace, clau
     assert r.returncode == 0, r.stderr
     row = {row["name"]: row for row in json.loads(r.stdout)}["claude"]
     assert row["credential"] == "login" and row["kept_from_agent"] == ["ANTHROPIC_API_KEY"], row
-    text = ws.kiro("agents", env=env)
+    text = ws.kiro("agents", "claude", env=env)
     assert "credential: claude uses its login (~/.claude/.credentials.json)" in text.stdout, text.stdout
     assert API_KEY not in r.stdout + text.stdout + text.stderr and LOGIN_TOKEN not in r.stdout + text.stdout
 

@@ -113,6 +113,11 @@ def test_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: 
     error = state["steps"]["1"]["last_error"]
     assert "printed nothing for 10 s" in error and "step_idle_timeout_seconds" in error, error
     assert len(cli.server.requests) >= 1  # it did reach the endpoint
+    # issue #38 item 17: a dead endpoint printed nothing for 170 s; now the silence is said while it lasts
+    silent = [e for e in ws.events(ws.only_task_id()) if e["event"] == "agent_silent"]
+    print("said while silent:", [line for line in out.splitlines() if "has printed nothing" in line])
+    assert silent and all(e["agent"] == cli.name and e["seconds"] >= 2.5 for e in silent), silent
+    assert f"{cli.name} has printed nothing for" in out, out
 
 
 USAGE_ERRORS = {

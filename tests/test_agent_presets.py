@@ -206,8 +206,18 @@ def test_kiro_agents_lists_the_presets_and_their_command_lines(ws: Workspace) ->
     # in kiro's box codex's own gives way (its bwrap cannot nest): the line shows the mode it runs with
     assert codex[codex.index("--sandbox") + 1] == ("danger-full-access" if rows["codex"]["sandbox"]
                                                    else "workspace-write")
+    # issue #38 item 17: ~100 long lines before; one line per preset now, the details by name or --verbose
     text = ws.kiro("agents", env=ws.env(**AGENTS_CACHE))
-    assert text.returncode == 0 and "claude:" in text.stdout and "codex:" in text.stdout
+    lines = text.stdout.splitlines()
+    print(text.stdout)
+    assert text.returncode == 0 and len(lines) == len(rows) + 2, text.stdout  # the sandbox line, a line each, a hint
+    assert lines[1].startswith("* claude ") and any(line.startswith("  codex ") for line in lines), text.stdout
+    assert "command:" not in text.stdout and "kiro agents NAME" in lines[-1]
+    one = ws.kiro("agents", "claude", env=ws.env(**AGENTS_CACHE)).stdout
+    assert f"command: {rows['claude']['command']}" in one and "codex" not in one
+    assert ws.kiro("agents", "--verbose", env=ws.env(**AGENTS_CACHE)).stdout.count("  command: ") == len(rows)
+    bad = ws.kiro("agents", "clippy")
+    assert bad.returncode == 1 and "no agent preset 'clippy': choose claude" in bad.stderr
 
 
 def test_an_unknown_agent_is_one_clear_line(ws: Workspace) -> None:

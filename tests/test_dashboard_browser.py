@@ -173,6 +173,17 @@ def test_a_loop_sleeping_through_an_agents_usage_limit_says_whose_limit_and_when
             print("the card says:", shown)
             assert note.startswith("claude limit, resumes ") and shown == f"Sleeping: {note}", (shown, note)
             assert "usage_limit" in feed and "claude: " in feed and "resets " in feed, feed
+            # issue #38 items 10 and 16: nothing finished yet is "–", not "0%"; an event's name never runs into
+            # its text (guardrail_triggered is wider than the name column)
+            assert page.inner_text(f"{card} [data-role=success]") == "–"
+            overlaps = page.eval_on_selector_all(f"{card} .events li", """lis => lis.map(li => {
+                const e = li.querySelector('.e'), d = li.querySelector('.d').getBoundingClientRect();
+                const text = document.createRange();  // where the name's letters end, not its box
+                text.selectNodeContents(e);
+                return [e.textContent, Math.round(text.getBoundingClientRect().right - d.left)]; })""")
+            print("event name vs text (px of overlap):", overlaps)
+            assert any(name == "guardrail_triggered" for name, _ in overlaps), overlaps
+            assert all(px <= 0 for _, px in overlaps), overlaps
             assert errors == [], errors
             page.close()
             ws.write(".hooks/stop_autonomous_loop_limited.md", "enough\n")

@@ -183,6 +183,31 @@ def test_checkpoint_commits_carry_the_spec_boxes_and_kiros_folders_stay_out_of_g
     assert "info/exclude" not in r.stdout
 
 
+def test_a_finished_spec_is_not_started_and_needs_action_and_config_stay_out_of_commits(tmp_path: Path) -> None:
+    """Issue #38 item 15: starting a spec whose boxes are all checked made an empty loop record (and kiro's
+    folders); `Needs_Action/` and `config/` were not in kiro's block in .git/info/exclude."""
+    root = tmp_path / "project"
+    (root / ".kiro/specs/auth").mkdir(parents=True)
+    (root / ".kiro/specs/auth/tasks.md").write_text("# Implementation Plan\n\n- [x] 1. Done\n- [x] 2. Done too\n")
+    git_project(root)
+    ws = Workspace(root)
+    r = ws.kiro("loop", "start", "--spec", "auth", "--executor", "shell")
+    print(r.stdout + r.stderr)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "every step of .kiro/specs/auth/tasks.md is checked already: nothing to start" in r.stdout + r.stderr
+    assert sorted(p.name for p in root.iterdir()) == [".git", ".kiro"]  # no loop record, no folder made
+    (root / ".kiro/specs/auth/tasks.md").write_text(SHELL_SPEC)
+    assert ws.kiro("loop", "start", "--spec", "auth", "--executor", "shell", "--task-id", "n").returncode == 0
+    exclude = (root / ".git/info/exclude").read_text()
+    assert "/Needs_Action/" in exclude and "/config/" in exclude, exclude
+    (root / "Needs_Action").mkdir(exist_ok=True)
+    (root / "Needs_Action/review_n.md").write_text("a note for the person\n")
+    (root / "config").mkdir(exist_ok=True)
+    (root / "config/autonomous_loop.yaml").write_text("autonomous_loop: {}\n")
+    assert "Needs_Action" not in git(root, "status", "--porcelain", "--untracked-files=all")
+    assert "config/" not in git(root, "status", "--porcelain", "--untracked-files=all")
+
+
 def test_kiro_init_in_a_repository_keeps_its_folders_out_and_says_so(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "src").mkdir(parents=True)
@@ -337,6 +362,10 @@ def test_pause_at_checkpoints_stops_after_each_checkpoint_of_a_real_kiro_plan(tm
         assert last["description"] in note and "progress.log" in note and "changed" in note  # the diff stat
         assert "`test -f progress.log` passed" in note
         r = ws.kiro("loop", "resume", "--task-id", "rv")
+        # issue #38 item 17: the review's normal end is said, never as a warning
+        said = [line for line in (r.stdout + r.stderr).splitlines() if "review_rv" in line]
+        print("resume said:", said)
+        assert said and not [line for line in said if "warning" in line], said
     assert r.returncode == 0, r.stdout + r.stderr
     # "Checkpoint — Verify ...", "Checkpoint — ..."; the last step, "Final checkpoint", completes the task
     assert pauses == ["5", "7"], pauses

@@ -6,10 +6,13 @@
   not end paused at 100% (exit 6).
 - item 11: a resumed loop never overwrites an earlier attempt's log (the auth error's `1-1.log`).
 - item 12: a global `fallback_agents: [codex]` yields to a shell task and to `--agent codex`.
+- item 10: the numbers agree: a completed loop with optional steps left open does not say "all 4 steps done"
+  beside a card "3/4"; a cost reads `$0.0018`, never `0.0018000000000000002`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,3 +104,30 @@ def test_a_global_fallback_agents_yields_to_a_shell_task_and_to_a_chosen_agent(w
     ws.task(shell_task(1).replace("executor: shell\n", "executor: command\n"))
     r = ws.kiro("loop", "start", "--task", TASK, "--fresh")
     assert r.returncode == 1 and "'codex' is named twice" in r.stderr, r.stdout + r.stderr
+
+
+def test_a_spec_with_an_optional_step_left_open_says_how_many_were_done(ws: Workspace) -> None:
+    """Issue #38 item 10: "COMPLETED 51/55" on the card while the CLI said "all 55 steps done": Kiro's optional
+    steps (`- [ ]*`) are left open, so the message says what the counts say."""
+    ws.task("---\ntitle: T\nexecutor: shell\n---\n# Plan\n- [ ] 1. Parent\n  - [ ] 1.1 Child\n    ```sh\n"
+            "    true\n    ```\n  - [ ]* 1.2 Optional tests\n    ```sh\n    true\n    ```\n- [ ] 2. Last\n  ```sh\n"
+            "  true\n  ```\n")
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "opt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = json.loads(ws.kiro("loop", "status", "--task-id", "opt", "--json").stdout)
+    row = row[0] if isinstance(row, list) else row
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "steps done" in line]
+    print("the CLI said:", said, "| the card shows", f"{row['steps_done']}/{row['steps_total']}")
+    assert (row["steps_done"], row["steps_total"]) == (3, 4)
+    assert "all 4 steps done" not in r.stdout + r.stderr
+    assert any("3 of 4 checked, 1 optional step left open" in line for line in said), said
+
+
+def test_a_cost_reads_as_money_in_every_view(ws: Workspace) -> None:
+    """Issue #38 item 10: `cost usd 0.0018000000000000002` in the event lines: one formatter for every cost."""
+    from kiro.views import console
+
+    line = console.event_plain({"ts": "2026-01-01T00:00:00+00:00", "task_id": "t", "iteration": 1,
+                                "event": "agent_ran", "agent": "claude", "cost_usd": 0.0009 + 0.0009})
+    print(line)
+    assert "$0.0018" in line and "0.0018000000000000002" not in line

@@ -465,3 +465,15 @@ def test_websocket_resumes_from_a_cursor(ws: Workspace, served: Served) -> None:
         got = [json.loads(sock.recv(10)) for _ in range(3)]
     assert [(m["type"], m["id"], m["event"]["message"]) for m in got] == [
         ("loop_event", 3, "line 3"), ("loop_event", 4, "line 4"), ("loop_event", 5, "line 5")]
+
+
+def test_the_start_field_takes_a_kiro_specs_name(ws: Workspace, served: Served) -> None:
+    """Issue #38 item 16: the dashboard's Start took a task file's path only; `kiro loop start --spec` takes a name."""
+    ws.write(".kiro/specs/admin-orders/tasks.md", shell_task(1, cmd="echo orders >> orders.log"))
+    r = served.post("/api/loops", {"task": "admin-orders"})
+    print(r.status_code, r.text)
+    assert r.status_code == 201, r.text
+    assert r.json()["task_path"] == ".kiro/specs/admin-orders/tasks.md"
+    ws.wait_for(lambda: (ws.root / "orders.log").exists(), what="the spec's step")
+    missing = served.post("/api/loops", {"task": "no-such-spec"})
+    assert missing.status_code == 404, missing.text

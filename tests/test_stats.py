@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 
 from kiro.views.stats import percentile
 from tests.conftest import Workspace, shell_task
@@ -41,8 +43,8 @@ def test_stats_across_completed_retried_and_failed_loops(ws: Workspace) -> None:
     assert s["step_seconds"]["count"] == 5
     assert s["step_seconds"]["p50"] == percentile(durations, 0.5)
     assert s["step_seconds"]["p95"] == percentile(durations, 0.95)
-    backoff = sum(e["seconds"] for e in events if e["event"] == "backoff")
-    assert backoff > 0 and abs(s["waiting_seconds"]["backoff"] - backoff) < 1e-6
+    slept = sum(e["seconds"] for e in events if e["event"] == "wait_ended" and e["limit"] == "backoff")
+    assert slept > 0 and abs(s["waiting_seconds"]["backoff"] - slept) < 1e-6  # what was slept, not planned
     assert s["stop_reasons"] == {"completed: all_steps_done": 2, "failed: failure_threshold": 1}
 
     text = ws.kiro("loop", "stats")
@@ -84,6 +86,40 @@ def test_stats_usage_per_step_and_since(ws: Workspace) -> None:
     bad = ws.kiro("loop", "stats", "--since", "last tuesday")
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "--since" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+INTERRUPTED_ONCE = 'if [ -f tried ]; then exit 0; fi; touch tried; sleep 120'  # the first attempt is stopped
+
+
+def test_an_interrupted_attempt_is_no_failure_and_stats_and_status_say_the_same_rate(ws: Workspace) -> None:
+    """Issue #38 item 10: `stats` said "failed 0" but "success rate 93%" while `status` said 100% (stats
+    counted an interrupted attempt as a non-success). One definition: completed / (completed + failed); and
+    a loop that has finished nothing shows `-`, not 0%."""
+    ws.task(shell_task(2, cmd=INTERRUPTED_ONCE), "Specs/a/tasks.md")
+    proc = ws.spawn("loop", "start", "--task", "Specs/a/tasks.md", "--task-id", "cut")
+    try:
+        ws.wait_for(lambda: (ws.root / "tried").exists(), what="step 1 to run")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 3, ws.output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    row = json.loads(ws.kiro("loop", "status", "--task-id", "cut", "--json").stdout)
+    row = row[0] if isinstance(row, list) else row
+    print("status of a stopped loop that finished nothing:", row["success_rate"], "stats:",
+          _stats(ws)["steps"]["success_rate"])
+    assert row["success_rate"] is None and _stats(ws)["steps"]["success_rate"] is None
+    assert "0%" not in ws.kiro("loop", "status", "--task-id", "cut").stdout
+    assert ws.kiro("loop", "resume", "--task-id", "cut").returncode == 0
+
+    s = _stats(ws)
+    row = json.loads(ws.kiro("loop", "status", "--task-id", "cut", "--json").stdout)
+    row = row[0] if isinstance(row, list) else row
+    print("attempts", s["steps"]["attempts"], "completed", s["steps"]["completed"], "failed", s["steps"]["failed"],
+          "-> stats", s["steps"]["success_rate"], "status", row["success_rate"])
+    assert s["steps"]["attempts"] == 3 and s["steps"]["completed"] == 2 and s["steps"]["failed"] == 0
+    assert s["steps"]["success_rate"] == row["success_rate"] == 1.0
+    assert re.search(r"success rate\s+100%", ws.kiro("loop", "stats").stdout)
 
 
 def test_stats_of_an_empty_workspace(ws: Workspace) -> None:

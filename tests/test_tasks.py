@@ -340,6 +340,18 @@ def test_title(tmp_path: Path, text: str, name: str, title: str) -> None:
     assert tasks.load(write(folder, text, name)).title == title
 
 
+def test_a_kiro_specs_title_is_its_feature_name_not_its_heading(tmp_path: Path) -> None:
+    """Issue #38 item 16: the dashboard's cards were titled "Plan" (the first heading of Kiro's tasks.md)."""
+    folder = tmp_path / ".kiro" / "specs" / "admin-orders"
+    folder.mkdir(parents=True)
+    assert tasks.load(write(folder, "# Plan\n- [ ] 1. a\n", "tasks.md")).title == "admin-orders"
+    assert tasks.load(write(folder, "# Orders page\n- [ ] 1. a\n", "tasks.md")).title == "admin-orders"
+    assert tasks.load(write(folder, "---\ntitle: Orders\n---\n# Plan\n- [ ] 1. a\n", "tasks.md")).title == "Orders"
+    plain = tmp_path / "Specs" / "billing"
+    plain.mkdir(parents=True)
+    assert tasks.load(write(plain, "# Plan\n- [ ] 1. a\n", "tasks.md")).title == "billing"
+
+
 def test_crlf_bom_tabs_trailing_spaces_and_no_final_newline(tmp_path: Path) -> None:
     raw = BOM + b"# Plan  \r\n\r\n- [x] 1. a  \r\n\t- [ ] 1.1 b\t\r\n\t\t- detail  \r\n \r\n- [ ]* 2. c"
     tf = tasks.load(write(tmp_path, raw))

@@ -151,6 +151,19 @@ def test_the_loop_sleeps_through_a_usage_limit_wakes_and_finishes_with_no_failur
     assert waits and all(w["limit"] == "usage_limit" and w["figure"] == cli.name for w in waits), waits
     ran = [(e["step_id"], e["outcome"]) for e in events if e["event"] == "agent_ran"]
     assert ran[-2:] == [("1", "completed"), ("2", "completed")] and ("1", "usage_limit") in ran, ran
+    # issue #38 item 10: what was slept is said (wait_ended) and counted by stats; step 1's duration leaves it out
+    slept = [e["seconds"] for e in events if e["event"] == "wait_ended" and e["limit"] == "usage_limit"]
+    assert slept and all(not e.get("stopped_by") for e in events if e["event"] == "wait_ended"), events
+    began = next(e["ts"] for e in events if e["event"] == "step_started" and e["step_id"] == "1")
+    done = next(e for e in events if e["event"] == "step_completed" and e["step_id"] == "1")
+    wall = (datetime.fromisoformat(done["ts"]) - datetime.fromisoformat(began)).total_seconds()
+    print(f"step 1: {wall:.3f} s from start to done, {sum(slept):.3f} s of it asleep, duration "
+          f"{done['duration_seconds']} s")
+    assert abs(done["duration_seconds"] - (wall - sum(slept))) < sum(slept) / 2, (done, wall, slept)  # on main: ~wall
+    assert state["completed_steps"][0]["duration_seconds"] == done["duration_seconds"]
+    stats = kiro_json(ws, env, "loop", "stats")
+    assert abs(stats["waiting_seconds"]["usage_limits"] - sum(slept)) < 0.01, stats["waiting_seconds"]
+    assert stats["steps"]["failed"] == 0 and stats["steps"]["success_rate"] == 1.0, stats["steps"]
     log = (ws.root / "Logs" / tid / "1-1.log").read_text()  # the limited run's own output is kept
     assert "# failure: usage_limit" in log, log[:2000]
     print(f"{cli.name}: {window.limited} limited answers, then done; limit said: {limits[0]['message']!r}")
@@ -186,6 +199,13 @@ def test_a_stop_hook_ends_the_wait_for_a_usage_limit(ws: Workspace, cli_home: Pa
         state = ws.state(tid)
         assert state["status"] == "paused" and state["total_failures"] == 0, state  # a stop hook pauses
         assert "- [ ] 1." in (ws.root / TASK).read_text()
+        # issue #38 item 10: a planned wait a stop ended early counts only what was slept
+        ended = [e for e in ws.events(tid) if e["event"] == "wait_ended"]
+        print("wait_ended:", ended)
+        assert [e["limit"] for e in ended] == ["usage_limit"] and ended[0]["stopped_by"] == "stop_hook", ended
+        assert ended[0]["seconds"] < ended[0]["planned"], ended
+        stats = kiro_json(ws, ws.env(**env_of(cli)), "loop", "stats")
+        assert abs(stats["waiting_seconds"]["usage_limits"] - ended[0]["seconds"]) < 0.01, stats["waiting_seconds"]
     finally:
         cli.close()
 

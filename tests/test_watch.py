@@ -133,3 +133,37 @@ def test_resume_of_a_loop_kept_by_watch_hands_it_back(ws: Workspace, watch: subp
 def test_a_second_watch_on_the_same_workspace_is_refused(ws: Workspace, watch: subprocess.Popen[str]) -> None:
     r = ws.kiro("loop", "watch")
     assert r.returncode == 1 and f"process {watch.pid}" in r.stderr
+
+
+def test_watch_names_every_folder_waits_for_a_file_being_copied_and_says_when_it_stops(ws: Workspace) -> None:
+    """Issue #38 item 14: `watch` said "watching Specs" but also ran .kiro/specs; it printed "skipped ... no steps
+    found" for a task file still being copied, then started it in the same second; Ctrl-C printed nothing."""
+    proc = ws.spawn("loop", "watch")
+    try:
+        ws.wait_for(lambda: (ws.root / ".state/watch.pid").exists(), what="watch started")
+        copying = ws.root / "Specs/copied/tasks.md"
+        full = shell_task(1, cmd="echo copied >> copied.log")
+        head = full[: full.index("# Plan")]  # the frontmatter arrived, the steps not yet
+        copying.parent.mkdir(parents=True)
+        copying.write_text(head)
+        ws.task(shell_task(1, cmd="true"), "Specs/probe/tasks.md")  # a scan sees both files
+
+        def probe_seen() -> bool:
+            copying.write_text(head)  # still being written: its time stays fresh
+            return bool(list((ws.root / ".state").rglob("autonomous_loop_*.json")))
+
+        ws.wait_for(probe_seen, what="a scan that saw the half-copied file")
+        copying.write_text(full)
+        ws.wait_for(lambda: (ws.root / "Done/copied/tasks.md").exists(), what="the copied task done", timeout=90)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = ws.output(proc)
+    print(out)
+    first = out.splitlines()[0]
+    assert "Specs/" in first and ".kiro/specs/*/tasks.md" in first, first
+    assert "skipped" not in out and "no steps" not in out
+    assert (ws.root / "copied.log").read_text() == "copied\n"
+    assert out.rstrip().splitlines()[-1].startswith("stopped watching")

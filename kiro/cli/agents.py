@@ -14,11 +14,15 @@ from kiro.cli import guarded
 
 @guarded
 def agents(
+    name: Annotated[str | None, typer.Argument(help="One preset's details (its command line, credential, box).",
+                                               show_default=False)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Every preset's details.")] = False,
     workspace: Annotated[Path | None, typer.Option("--workspace", "-w", help="The workspace whose config to use.",
                                                    show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List the agent CLI presets (`agent:` / --agent): installed or not, version, and the exact command line."""
+    """List the agent CLI presets (`agent:` / --agent), one line each: installed or not, version, the credential it would use. `kiro agents NAME` (or --verbose) adds the exact command line and the box it runs in."""
+    from kiro.errors import UserError
     from kiro.executors.agents import describe
     from kiro.processes import sandbox
     from kiro.store.settings import settings_for
@@ -36,19 +40,34 @@ def agents(
                               extra_rw=config.sandbox_paths.rw, extra_ro=config.sandbox_paths.ro,
                               network=config.sandbox_network)
     rows = describe(config, box)
+    if name is not None:
+        rows = [row for row in rows if row["name"] == name]
+        if not rows:
+            raise UserError(f"no agent preset {name!r}: choose {', '.join(r['name'] for r in describe(config, box))}")
     why = sandbox.unusable()
     for row in rows:
         row["bwrap_usable"] = why is None
     if as_json:
         console.print_json(rows)
         return
+    compact = name is None and not verbose
     if box is not None:
-        console.line(f"sandbox: bwrap, usable here ({box.describe()})", style="bold")
+        console.line("sandbox: bwrap, usable here" + ("" if compact else f" ({box.describe()})"), style="bold")
     elif config.sandbox == "off":
         console.line(f"sandbox: off (sandbox: off in the config){'' if why else '; bwrap is usable here'}",
                      style="bold")
     else:
         console.line(f"sandbox: none: {why}; steps run unconfined", style="bold")
+    if compact:  # one line each (the details: a name, or --verbose)
+        table = [(("* " if row["selected"] else "  ") + row["name"],
+                  (row["version"] or "installed") if row["installed"] else "not installed",
+                  str(row["billing"]).split(";")[0] if row["installed"] else f"install: {row['install']}")
+                 for row in rows]
+        wide = [max(len(cells[i]) for cells in table) for i in range(2)]
+        for cells in table:
+            console.line(f"{cells[0]:<{wide[0]}}  {cells[1]:<{wide[1]}}  {cells[2]}")
+        console.line("(* the config's agent) details: kiro agents NAME, or kiro agents --verbose", style="dim")
+        return
     for row in rows:
         mark = "installed" if row["installed"] else f"not installed ({row['install']})"
         version = f" {row['version']}" if row["version"] else ""

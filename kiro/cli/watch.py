@@ -66,6 +66,10 @@ def watch(
 
     sup = Supervisor(ws, config_file=config, overrides={"executor": executor}, listeners=listeners,
                      max_parallel=max_parallel, on_note=None if quiet else say_note)
+    if not quiet:  # every folder it takes task files from (kiro.store.workspace.task_files)
+        console.line(f"watching {sup.ws.specs}/ and {sup.ws.root / '.kiro/specs'}/*/tasks.md (at most {sup.limit} "
+                     f"loops at once); Ctrl-C to stop", style="bold")
+    code = asyncio.run(sup.run())
     if not quiet:
-        console.line(f"watching {sup.ws.specs} (at most {sup.limit} loops at once); Ctrl-C to stop", style="bold")
-    raise typer.Exit(asyncio.run(sup.run()))
+        console.line("stopped watching: running loops saved their state; the next `kiro loop watch` continues them")
+    raise typer.Exit(code)

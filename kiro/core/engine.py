@@ -22,7 +22,7 @@ import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -191,6 +191,7 @@ class Loop:
         self._rng: random.Random | None = None  # made at the first backoff (random is not imported by every run)
         self._base_elapsed = self.state.metrics.total_duration_seconds
         self._run_started = time.monotonic()
+        self.slept = 0.0  # seconds this run spent in backoff and guardrail waits (timed_wait)
         self._first_iteration_of_run = True
         self._stale_since = self.state.updated_at
         self.project_dir = (self.ws.root / self.cfg.project_dir).resolve()
@@ -424,6 +425,20 @@ class Loop:
         found = await wait_until(check, self._wake, seconds, poll)
         return found if isinstance(found, Stop) else None
 
+    async def timed_wait(self, limit: str, seconds: float, *, messages: bool = False) -> Stop | None:
+        """`wait` for a backoff or a guardrail (`limit`), saying how long it really slept (`wait_ended`):
+        what `stats` counts, and what a step's duration leaves out (`slept`)."""
+        began = time.monotonic()
+        stop = None
+        try:
+            stop = await self.wait(seconds, messages=messages)
+        finally:
+            slept = max(time.monotonic() - began, 0.0)
+            self.slept += slept
+            self.emit(ev.WaitEnded(limit=limit, seconds=round(slept, 3), planned=round(seconds, 3),
+                                   **({"stopped_by": stop.reason} if stop is not None else {})))
+        return stop
+
     def take_messages(self, where: str) -> str | None:
         """The messages queued for this loop and not yet handed to the agent, as prompt text under
         their headings; recorded as delivered (fsync'd) before the caller sends them, so none is
@@ -447,7 +462,8 @@ class Loop:
         self.state.sleep_note = note
         self.save()
         try:  # a forced rest (max_consecutive_turns) also ends for a message (SPEC §11)
-            stop = await self.wait(trigger.seconds, messages=trigger.limit == "max_consecutive_turns")
+            stop = await self.timed_wait(trigger.limit, trigger.seconds,
+                                         messages=trigger.limit == "max_consecutive_turns")
         finally:
             self.state.sleep_until = None
             self.state.sleep_note = None
@@ -608,7 +624,7 @@ class Loop:
                     self.save()
                     self.emit(ev.Backoff(step_id=step.id, seconds=round(delay, 3), attempts=record.attempts))
                     try:
-                        stop = await self.wait(delay, messages=True)
+                        stop = await self.timed_wait("backoff", delay, messages=True)
                     finally:
                         self.state.sleep_until = None
                     if stop is not None:
@@ -693,7 +709,8 @@ class Loop:
             return
         started = timeutil.parse(cur.started_at) if cur.started_at else timeutil.now()
         checkpoint = await self._step_done(step, recovering=True)
-        self._record_success(step, started, summary="(recovered after a restart: the box was checked)",
+        self._record_success(step, (timeutil.now() - started).total_seconds(),
+                             summary="(recovered after a restart: the box was checked)",
                              attempts=self.state.step_record(step.id).attempts or 1, checkpoint=checkpoint)
         self.emit(ev.StepRecovered(step_id=step.id, description=step.title))
         self.save()
@@ -721,6 +738,7 @@ class Loop:
         record = s.step_record(step.id)
         attempt = record.attempts + 1
         started = timeutil.now()
+        slept = self.slept  # a step's duration leaves out its waits (a usage limit's sleep)
         s.current_step = CurrentStep(step_id=step.id, description=step.title or step.text,
                                      status="in_progress", started_at=timeutil.iso(started))
         reason = self._reinjection_reason()
@@ -846,10 +864,13 @@ class Loop:
                 self.guardrails.after_attempt(step.id, None)
                 checkpoint = await self._step_done(step) or result.checkpoint
                 self._in_progress = None  # checked
-                self._record_success(step, started, summary=result.summary, attempts=attempt, checkpoint=checkpoint,
+                # an attempt run beside others says how long it worked (it began before the engine asked)
+                took = result.seconds if result.seconds is not None else \
+                    (timeutil.now() - started).total_seconds() - (self.slept - slept)
+                self._record_success(step, took, summary=result.summary, attempts=attempt, checkpoint=checkpoint,
                                      agent=result.agent)
                 self.emit(ev.StepCompleted(step_id=step.id, description=step.title or step.text,
-                                           duration_seconds=round((timeutil.now() - started).total_seconds(), 3),
+                                           duration_seconds=round(max(took, 0.0), 3),
                                            attempt=attempt, checked=checked, **self._step_extras(result)))
                 await self._after_iteration()
                 return None
@@ -978,13 +999,13 @@ class Loop:
         problem = await self._check_step(step, verify, recovering=True)
         return str(problem) if problem is not None else None
 
-    def _record_success(self, step: tasks.Step, started: datetime, *, summary: str, attempts: int,
+    def _record_success(self, step: tasks.Step, seconds: float, *, summary: str, attempts: int,
                         checkpoint: Checkpoint | None = None, agent: str | None = None) -> None:
         s = self.state
         finished = timeutil.now()
         s.completed_steps.append(CompletedStep(
             step_id=step.id, description=step.title or step.text, completed_at=timeutil.iso(finished),
-            duration_seconds=round(max((finished - started).total_seconds(), 0.0), 3), iteration=s.iteration,
+            duration_seconds=round(max(seconds, 0.0), 3), iteration=s.iteration,
             attempts=attempts, summary=clip(summary, 500),
             checkpoint=checkpoint.commit if checkpoint else None,
             checkpoint_note=checkpoint.note if checkpoint else None, agent=agent))
@@ -1038,7 +1059,11 @@ class Loop:
             task, _ = tasks.check_finished_parents(self.task_path, include_optional=self.cfg.include_optional)
         self.state.steps_total = len(task.steps)
         self.state.steps_done = task.done_count
-        n = len(task.steps)
+        n, done = len(task.steps), task.done_count
+        if done < n:  # optional steps left open (include_optional off): say so, as the step counts do
+            left = n - done
+            return conditions.completed(f"all required steps done: {done} of {n} checked, {left} optional "
+                                        f"step{'s' if left != 1 else ''} left open")
         return conditions.completed(f"all {n} steps done" if n != 1 else "the one step is done")
 
     def _cause(self, stop: Stop) -> str:
@@ -1081,7 +1106,7 @@ class Loop:
             s.next_run_at = None  # the schedule ends with the task in Done/
         if stop.status == Status.COMPLETED:
             for note in resolved.archive_requests(self.ws, s.task_id):
-                self.emit(ev.LoopWarning(message=note))
+                self.emit(ev.RequestResolved(message=note))
         self._finishing, self._finish_report = True, None
         try:
             self.emit(ev.StopCondition(**stop.fields()))

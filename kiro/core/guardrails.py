@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from kiro.store.config import Config
 from kiro.store.state import LoopState
-from kiro.usage import Usage
+from kiro.usage import Usage, dollars
 
 SIDE_EFFECT_TOOLS = frozenset({"write_file", "edit_file", "run_command", "add_steps", "memory_save"})
 WINDOW_SECONDS = 3600.0
@@ -284,7 +284,7 @@ class LoopGuardrails:
                            f"max_total_tokens {g.max_total_tokens} reached ({tokens} tokens used)", "stop")
         if g.max_cost_usd is not None and cost >= g.max_cost_usd:
             return Trigger("max_cost_usd", g.max_cost_usd, round(cost, 6),
-                           f"max_cost_usd {g.max_cost_usd} reached (${cost:.4f} spent)", "stop")
+                           f"max_cost_usd {g.max_cost_usd} reached ({dollars(cost)} spent)", "stop")
         if g.idle_timeout_seconds is not None:
             idle = time.monotonic() - self.last_activity
             if idle >= g.idle_timeout_seconds:

@@ -44,6 +44,7 @@ class LoopHandle(Protocol):
     writes: WriteQueue
     slot: Any  # the watch supervisor's place for this loop, if any
     cancel: asyncio.Event  # set when the loop must stop now (for a feature that runs a process, as a step does)
+    slept: float  # seconds this run spent in backoff and guardrail waits
 
     def emit(self, event: Event | str, /, **fields: Any) -> None: ...
 

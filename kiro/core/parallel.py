@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ _DEPENDS = re.compile(r"^_?\s*Depends(?:\s+on)?\s*:\s*(?P<ids>.+?)\s*_?$", re.I)
 
 def marked(step: Step) -> bool:
     """`(P)` right after the step's number: cc-sdd's mark of a step that may run beside its neighbours."""
-    return step.title.startswith("(P)")
+    return step.parallel
 
 
 def depends_on(step: Step) -> list[str]:
@@ -314,6 +315,7 @@ class SideBySide:
             loop.emit(ev.ParallelStepStarted(step_id=step.id, branch=opened.branch,
                                              worktree=loop.ws.relative(opened.worktree)))
         task_copy, excludes = self._task_copy(opened.worktree, step)
+        began, slept = time.monotonic(), loop.slept
         try:
             result = await self.inner.run_step(self._context(step, opened, task_copy))
         except ExecutorError:
@@ -322,6 +324,7 @@ class SideBySide:
             if raise_errors():
                 raise
             result = StepResult("failed", error=f"executor error: {type(exc).__name__}: {exc}")
+        result.seconds = round(max(time.monotonic() - began - (loop.slept - slept), 0.0), 3)  # not the merge's time
         # what the attempt spent counts now, taken up or not: the budgets see it before another attempt starts
         s.usage.add(result.usage)
         result.usage = Usage()  # (the engine adds what it is handed: nothing twice)

@@ -29,7 +29,7 @@ from kiro.fs.atomic import Staged
 from kiro.fs.locks import Flock
 from kiro.git import checkpoints, ignore
 from kiro.status import Status
-from kiro.store import approval, cleanup, taskmap, tasks
+from kiro.store import approval, cleanup, kirospec, taskmap, tasks
 from kiro.store.config import FRONTMATTER_KEYS, Config
 from kiro.store.events import Listener
 from kiro.store.redact import Redactor
@@ -45,6 +45,14 @@ class AlreadyFinished(Conflict):
     """`resume` of a loop that has nothing left to do: not an error for a script (exit 0)."""
 
     exit_code = 0
+
+
+def nothing_to_start(task: tasks.TaskFile, real: str, include_optional: bool) -> bool:
+    """A task file without a loop that a watch leaves alone and `start` refuses (saying so, exit 0): a finished
+    file (a Kiro spec's, which stays put: every step it would run is done, so a completed spec is not started
+    again) that no schedule runs again."""
+    return bool(task.is_complete(include_optional) and task.counts().total and (
+        kirospec.in_spec_folder(real) or all(s.done for s in task.steps)) and task.frontmatter.get("schedule") is None)
 
 
 def new_task_id(store: StateStore) -> str:
@@ -477,6 +485,9 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         existing = find_loop_for_task(store, task_path, hint, index,
                                       refresh=batch is None or batch.first_look(store), rel=rel)
         _refuse_existing(store, existing, rel, fresh=fresh)
+        if existing is None and nothing_to_start(task, str(task_path), cfg.include_optional):
+            raise AlreadyFinished(f"every step of {rel} is checked already: nothing to start, no loop made "
+                                  f"(uncheck a box or add a step to run it again)")
         if task_id:
             tid = _refuse_taken_id(store, task_id)
         else:
@@ -742,7 +753,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if os.path.lexists(hook) and not keep_hooks:
             hook.unlink()
             warnings.append(f"removed the stop hook {ws.relative(hook)}")
-        warnings += resolved.archive_requests(ws, task_id)  # answered: the loop goes on
+        answered = resolved.archive_requests(ws, task_id)  # the loop goes on: a note, no warning (a review's end)
         if max_iterations is not None:
             state.max_iterations = max_iterations
         if failure_threshold is not None:
@@ -772,7 +783,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
             store.release(task_id, lock)
         raise
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
-                   notes=_sandbox_notes(cfg, ws, path, executor, warnings),
+                   notes=[*(f"answered: {a}" for a in answered), *_sandbox_notes(cfg, ws, path, executor, warnings)],
                    release=lambda: _release(store, task_id, lock), executor=executor, lock=lock,
                    features=features.standard())
 

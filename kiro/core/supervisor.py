@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,15 @@ from kiro.core import heap, resolved
 from kiro.core.engine import Loop, LoopRun, Outcome, on_signals
 from kiro.core.guardrails import SharedLimits
 from kiro.core.listeners import standard as standard_listeners
-from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, settings_for, task_id_hint
+from kiro.core.runner import (
+    LoopIndex,
+    find_loop_for_task,
+    nothing_to_start,
+    prepare_resume,
+    prepare_start,
+    settings_for,
+    task_id_hint,
+)
 from kiro.core.watch import acquire_hub, release_hub, wait_until
 from kiro.errors import KiroError, LockHeld, UserError, contained
 from kiro.fs import locks
@@ -39,19 +48,15 @@ from kiro.store.state import StateStore, effective_status
 from kiro.store.workspace import Workspace, locate_task, task_files
 
 RESCAN_SECONDS = 30.0  # a safety net; changes normally wake the supervisor at once
+SETTLE_SECONDS = 2.0
+"""A task file that does not read (no steps yet, half a frontmatter) and was written this recently may still
+be being copied or saved: nothing is said of it until it has been still this long (then it is looked at again)."""
 STARTING_AT_ONCE = 4
 """Loops between the start of their run and their first step's start (the run's first save, the task
 file's parse, the first prompt, the step's process): the rest wait their turn, so that 200 task files
 taken on at once under a high `max_parallel_loops` do not run all their starts in one turn of the event
 loop, while the loops already running wait (bench/watch_scan_stall.py --parallel)."""
 STARTING_AT_MOST = 0.1  # seconds a loop holds its turn at most (one that waits before its first step)
-
-
-def nothing_to_start(task: tasks.TaskFile, real: str, include_optional: bool) -> bool:
-    """A task file without a loop that a watch leaves alone: a finished file (a Kiro spec's, which stays put:
-    every step it would run is done, so a completed spec is not started again) that no schedule runs again."""
-    return bool(task.is_complete(include_optional) and task.counts().total and (
-        kirospec.in_spec_folder(real) or all(s.done for s in task.steps)) and task.frontmatter.get("schedule") is None)
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Supervisor:
         self.limit = max_parallel or self.config.max_parallel_loops
         self.shared = SharedLimits(self.config)
         self.managed: dict[str, Managed] = {}
+        self._settling = False  # the last scan left a task file to look at again once it is still (SETTLE_SECONDS)
         self.skipped: dict[Path, float] = {}  # unusable task files, by mtime, so each is reported once
         self.held: dict[Path, str] = {}  # task files waiting for a person's approval, and what was said of each
         self.stopping = False
@@ -133,11 +139,14 @@ class Supervisor:
                     # sets _wake: rescan at once and let every paused loop look again. The rescan timer
                     # is only a safety net (or the polling interval when the OS watcher could not start).
                     self._wake.clear()
+                    self._settling = False
                     await self._scan()
                     self._wake_paused()
                     if until is not None and until():
                         break
                     rescan = hub.poll_interval if hub.failed is not None else RESCAN_SECONDS
+                    if self._settling:  # a file that did not read yet is looked at again once it is still
+                        rescan = min(rescan, SETTLE_SECONDS)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), rescan)
             finally:
@@ -203,6 +212,9 @@ class Supervisor:
             except KiroError as exc:
                 if not path.exists():
                     continue  # moved away meanwhile (its loop moved it to Done/): nothing to say
+                if time.time() - mtime < SETTLE_SECONDS:  # still being written, maybe: judge it once it settles
+                    self._settling = True
+                    continue
                 self.skipped[path] = mtime
                 found.append(LoopWarning(message=f"skipped {self.ws.relative(path)}: {exc}"))
                 continue

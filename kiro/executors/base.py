@@ -43,6 +43,7 @@ class StepResult:
     checkpoint: Any = None  # a checkpoints.Result made elsewhere (temporal backend: the worker's pushed commit)
     agent: str | None = None  # the agent CLI that made this attempt (the command executor; a fallback agent's name)
     log: str | None = None  # the attempt's full output, workspace-relative (an agent CLI's Logs/<id>/<step>-<n>.log)
+    seconds: float | None = None  # how long the attempt worked, when it began before the engine asked (parallel)
 
     @property
     def ok(self) -> bool:

@@ -13,6 +13,7 @@ lines are put back if the agent changed them (kiro.executors.control).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -35,7 +36,7 @@ from kiro.processes.sandbox import Box
 from kiro.processes.spawn import ProcessResult, run_process
 from kiro.store import tasks
 from kiro.store.config import Config
-from kiro.store.events import AgentRan, LoopWarning, ToolCalled, UsageLimit
+from kiro.store.events import AgentRan, AgentSilent, LoopWarning, ToolCalled, UsageLimit
 from kiro.store.workspace import Workspace
 
 LOG_KEPT = 256_000  # bytes of each stream kept for the attempt log (the tail)
@@ -49,6 +50,10 @@ PROBE_FIRST_SECONDS = 300.0  # a usage limit without a reset time: try again aft
 PROBE_MAX_SECONDS = 3600.0  # doubling each time it is still limited, to at most 1 h
 RESET_MARGIN_SECONDS = 5.0  # after the reset a CLI gave (doubled each time it is limited again right away)
 
+
+SILENCE_SAID_SECONDS = 60.0
+"""An agent CLI silent this long (or a quarter of its idle timeout, if less) is said to be (`agent_silent`), and
+again as long as it stays silent: a CLI retrying a dead endpoint says nothing for minutes."""
 
 class _Agent:
     """One agent CLI the executor may hand a step to, and its usage-limit window."""
@@ -262,6 +267,24 @@ class CommandExecutor(ExecutorBase):
 
         watch = preset.watch(on_tool=on_tool)
         started = time.monotonic()
+        heard = [started]  # when it last printed (a quarter of the idle timeout without a word is said)
+
+        def on_stdout(data: bytes) -> bool:
+            heard[0] = time.monotonic()
+            return watch(data)
+
+        async def say_silence(idle: float) -> None:
+            every = min(SILENCE_SAID_SECONDS, idle / 4)
+            while True:
+                quiet = time.monotonic() - heard[0]
+                if quiet >= every:
+                    ctx.emit(AgentSilent(step_id=ctx.step.id, agent=preset.name, seconds=round(quiet, 1),
+                                         idle_timeout=idle))
+                    await asyncio.sleep(every)
+                else:
+                    await asyncio.sleep(every - quiet)
+
+        silence = None
         try:
             if preset.speaks_acp:  # a session over the Agent Client Protocol: its transcript is the output
                 from kiro.executors import acp
@@ -274,11 +297,13 @@ class CommandExecutor(ExecutorBase):
                                             auth_method=preset.acp_auth(env), exits_on_eof=preset.exits_on_eof,
                                             modes=preset.acp_modes(box is not None))
             else:
+                if agent.idle_timeout:
+                    silence = asyncio.ensure_future(say_silence(agent.idle_timeout))
                 result = await run_process(argv, cwd=ctx.project_dir, env=env,
                                            stdin_data=None if uses_file else text.encode("utf-8"),
                                            timeout=ctx.timeout_seconds, cancel=ctx.cancel, output_limit=LOG_KEPT,
-                                           separate_stderr=True, idle_timeout=agent.idle_timeout, on_stdout=watch,
-                                           box=box)
+                                           separate_stderr=True, idle_timeout=agent.idle_timeout,
+                                           on_stdout=on_stdout, box=box)
         except FileNotFoundError:
             if not ctx.project_dir.is_dir():
                 where = str(ctx.project_dir)
@@ -286,6 +311,9 @@ class CommandExecutor(ExecutorBase):
             raise ExecutorError(f"agent program {template[0]!r} was not found on PATH") from None
         except PermissionError:
             raise ExecutorError(f"agent program {template[0]!r} is not executable") from None
+        finally:
+            if silence is not None:
+                silence.cancel()
         touched = snapshot.restore()
         verdict = copy.verdict(ctx.step.line, ctx.step.box_offset)
         touched += verdict.touched

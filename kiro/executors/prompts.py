@@ -16,6 +16,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING
 
+from kiro.status import percent
 from kiro.store import kirospec
 from kiro.store.state import clip
 
@@ -120,7 +121,7 @@ def continuation_context(state: LoopState, step: Step | None = None) -> str:
         status=state.status,
         completed_count=len(state.completed_steps),
         failed_count=len(state.failed_steps),
-        success_rate=f"{state.metrics.success_rate:.0%}",
+        success_rate=percent(state.metrics.success_rate),
         step_id=(step.id if step else cur.step_id if cur else "-"),
         step_description=(step.title if step else cur.description if cur else "-"),
         step_status=(cur.status if cur else "pending"),

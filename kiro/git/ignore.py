@@ -2,9 +2,10 @@
 `kiro init` and a workspace's first start write a block kiro owns into the repository's
 `.git/info/exclude`: git's ignore file for this clone, read like a root `.gitignore` but never committed
 and shared by the clone's worktrees. So the person's files stay as they are (no `.gitignore` of theirs is
-touched), `git status` and `git add -A` leave `.state/`, `Logs/`, `.hooks/`, `Dashboard.md` and the
-loops' worktrees alone, and kiro's checkpoints (kiro.git.checkpoints) are unaffected: they leave those
-folders out with pathspecs already.
+touched), `git status` and `git add -A` leave `.state/`, `Logs/`, `.hooks/`, `Dashboard.md`, `Needs_Action/`
+(what the loops ask of a person), `config/` (the workspace's settings) and the loops' worktrees alone,
+and kiro's checkpoints (kiro.git.checkpoints) are unaffected: they leave those folders out with pathspecs
+already.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from kiro.git.checkpoints import Git, GitError, toplevel
 
 BEGIN = "# >>> kiro: its own folders, kept out of commits (kiro writes this block; edit above or below it)"
 END = "# <<< kiro"
-OWN = (".state", "Logs", ".hooks", "Dashboard.md", ".kiro/worktrees")
+OWN = (".state", "Logs", ".hooks", "Dashboard.md", ".kiro/worktrees", "Needs_Action", "config")
 
 
 def _own_paths(ws: Any, top: Path) -> list[str]:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kiro.core import api
 from kiro.errors import Conflict, KiroError, TaskNotFound
+from kiro.store import kirospec
 from kiro.store.state import StateStore
 from kiro.store.workspace import Workspace, check_task_id
 
@@ -109,7 +110,8 @@ class Controller:
 
     async def start(self, task: Any, options: Any) -> dict[str, Any]:
         if not isinstance(task, str) or not task.strip():
-            raise ControlError(400, "task: the task file's path (e.g. \"Specs/feature/tasks.md\") is required")
+            raise ControlError(400, "task: the task file's path (e.g. \"Specs/feature/tasks.md\") or a Kiro spec's "
+                                    "name is required")
         try:
             opts = StartOptions.model_validate(options or {})
         except ValidationError as exc:
@@ -118,8 +120,9 @@ class Controller:
             raise ControlError(400, "task: a path holds no NUL character")
         if len(task) > TASK_PATH_MAX_CHARS:
             raise ControlError(400, f"task: a path of at most {TASK_PATH_MAX_CHARS} characters")
+        spec = kirospec.find_spec(self.ws.root, task.strip())  # a Kiro spec's name, as `--spec` takes (no `/`)
         try:
-            path = self.ws.resolve_task(task)
+            path = spec if spec is not None else self.ws.resolve_task(task)
             path.resolve().relative_to(self.ws.root.resolve())
         except KiroError as exc:
             raise ControlError(404, str(exc)) from None

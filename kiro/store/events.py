@@ -303,6 +303,17 @@ class AgentRan(Event):
     seconds: float = 0.0
 
 
+class AgentSilent(Event):
+    """An agent CLI has printed nothing for `seconds` (a minute, or a quarter of its idle timeout; then again):
+    it may be retrying a dead endpoint. Said so that a silent night is seen; the idle timeout ends it."""
+
+    event: Literal["agent_silent"] = "agent_silent"
+    step_id: str
+    agent: str
+    seconds: float
+    idle_timeout: float
+
+
 class UsageLimit(Event):
     """An agent CLI said its usage window is used up: the loop waits for `resets_at` (or probes
     without one), or hands the step to `fallback`."""
@@ -326,6 +337,25 @@ class GuardrailTriggered(Event):
     action: str = ""
     message: str = ""
     seconds: float | None = None
+
+
+class WaitEnded(Event):
+    """A wait (`backoff`, or a guardrail's: `limit` names it) is over: `seconds` is the time really slept,
+    less than `planned` when a stop condition (`stopped_by`) cut it short. `kiro loop stats` adds these up."""
+
+    event: Literal["wait_ended"] = "wait_ended"
+    limit: str
+    seconds: float
+    planned: float
+    stopped_by: str | None = None
+
+
+class RequestResolved(Event):
+    """A request the loop left for a person (a review note, an intervention) is answered: moved to Logs/resolved/.
+    The normal end of a review point, not a warning."""
+
+    event: Literal["request_resolved"] = "request_resolved"
+    message: str
 
 
 class HumanRequested(Event):
@@ -748,8 +778,8 @@ AnyEvent: TypeAlias = Annotated[
         LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
         IterationStarted, Reinjected, StepStarted, ToolCalled, PermissionAnswered, PlanUpdated, ModelCalled,
         ContextWrapped, StepCompleted,
-        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, AgentRan, UsageLimit, GuardrailTriggered,
-        HumanRequested,
+        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, AgentRan, AgentSilent, UsageLimit,
+        GuardrailTriggered, WaitEnded, RequestResolved, HumanRequested,
         TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
         MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
         CheckpointCreated, CheckpointSkipped, CheckpointLeftOut, CheckpointFailed, CheckpointRecovered, GitLockCleared,

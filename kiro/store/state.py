@@ -30,7 +30,7 @@ from kiro.errors import LockHeld, StateError, TaskNotFound
 from kiro.fs import diskfull, locks, ownwrites, safeio, writer
 from kiro.fs.atomic import Staged, fsync_dir
 from kiro.fs.atomic import atomic_write as atomic_write  # re-exported for callers not yet moved to kiro.fs.atomic
-from kiro.status import RECORDED, Status
+from kiro.status import RECORDED, Status, success_rate
 from kiro.store import journal
 from kiro.store.receipts import Receipt, ReviewRound
 from kiro.store.redact import Redactor
@@ -149,7 +149,7 @@ class StopConditions(_Model):
 class Metrics(_Model):
     total_duration_seconds: float = 0.0
     average_step_duration: float = 0.0
-    success_rate: float = 0.0
+    success_rate: float | None = None  # kiro.status.success_rate: None while no step has finished
 
 
 class StepRecord(_Model):
@@ -327,8 +327,7 @@ class LoopState(_Model):
         return rec
 
     def refresh_metrics(self) -> None:
-        attempts = self.total_successes + self.total_failures
-        self.metrics.success_rate = round(self.total_successes / attempts, 4) if attempts else 0.0
+        self.metrics.success_rate = success_rate(self.total_successes, self.total_failures)
         done = self.completed_steps
         if done:
             seen, counted, total = self._durations

@@ -86,7 +86,7 @@ _FENCE_RE: Final = re.compile(r"[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>.*)")
 _HEADING_RE: Final = re.compile(r" {0,3}#{1,6}[ \t]+(?P<text>.*?)(?:[ \t]+#+)?[ \t]*")
 _SHELL_TAGS: Final = frozenset({"sh", "bash", "shell"})
 _GENERIC_HEADINGS: Final = frozenset(
-    {"implementation plan", "implementation tasks", "tasks", "task list", "todo", "to do", "checklist"}
+    {"implementation plan", "implementation tasks", "tasks", "task list", "todo", "to do", "checklist", "plan"}
 )
 
 
@@ -110,6 +110,7 @@ class Step:
     children: list[int] = field(default_factory=list)
     occurrence: int = 0
     owned: list[str] = field(default_factory=list, repr=False)  # the raw lines under the step
+    parallel: bool = False  # `(P)` right after its number (kiro.core.parallel); not in `title`
 
     @functools.cached_property
     def details(self) -> list[str]:
@@ -312,12 +313,15 @@ class TaskFile:
 
     @property
     def title(self) -> str:
-        """Frontmatter `title`, else the first heading unless it is a generic one ("Implementation
-        Plan", "Tasks": Kiro writes that in every file), else the file's name (its folder's name
-        for a `tasks.md`)."""
+        """Frontmatter `title`, else a Kiro spec's feature name (`.kiro/specs/<feature>/tasks.md`: its heading
+        is Kiro's, the same in every spec), else the first heading unless it is a generic one ("Implementation
+        Plan", "Tasks", "Plan"), else the file's name (its folder's name for a `tasks.md`)."""
         fm_title = self.frontmatter.get("title")
         if isinstance(fm_title, str) and fm_title.strip():
             return fm_title.strip()
+        if self.path is not None and self.path.name == "tasks.md" and self.path.parent.parent.name == "specs" \
+                and self.path.parent.parent.parent.name == ".kiro":
+            return self.path.parent.name
         if self._heading and self._heading.rstrip(":").strip().casefold() not in _GENERIC_HEADINGS:
             return self._heading
         if self.path is None:
@@ -354,11 +358,21 @@ def _columns(ws: str) -> int:
 
 def _split_id(text: str) -> tuple[str, str]:
     """(id, title). Without a leading number the id is the whole text, so it stays unique enough
-    to find the step again and readable in logs."""
+    to find the step again and readable in logs. A `(P)` right after the number (cc-sdd's mark of a
+    step that may run beside its neighbours: `Step.parallel`) is not part of the title kiro shows and
+    commits."""
     m = _ID_RE.match(text)
     if m is None:
         return text, text
-    return m.group(1), text[m.end():].strip()
+    title = text[m.end():].strip()
+    return m.group(1), (title[len(PARALLEL_MARK):].lstrip() or title) if _marked(title) else title
+
+
+PARALLEL_MARK: Final = "(P)"
+
+
+def _marked(title: str) -> bool:
+    return title.startswith(PARALLEL_MARK)
 
 
 def _flat_child(sid: str, earlier: Step, col: int) -> bool:
@@ -531,6 +545,7 @@ def _parse(text: str, path: Path | None, bom: bool, raw: bytes) -> TaskFile:
             steps.append(Step(
                 index=index, id=sid, text=text_, title=title, marker=m["marker"],
                 optional=m["star"] is not None, line=i, indent=col,
+                parallel=sid != text_ and _marked(text_[len(sid):].lstrip(".: \t")),
                 box_offset=line_start + m.start("marker"), parent=parent, occurrence=occurrence,
             ))
             owned.append([])

@@ -12,8 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from kiro.core.engine import STOP_SIGNALS
-from kiro.core.runner import LoopIndex, find_loop_for_task, prepare_resume, prepare_start, task_id_hint
-from kiro.core.supervisor import nothing_to_start
+from kiro.core.runner import (
+    LoopIndex,
+    find_loop_for_task,
+    nothing_to_start,
+    prepare_resume,
+    prepare_start,
+    task_id_hint,
+)
 from kiro.errors import KiroError, LockHeld
 from kiro.status import Status
 from kiro.store import tasks

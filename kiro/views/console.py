@@ -13,6 +13,10 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
+from kiro import timeutil
+from kiro.status import percent
+from kiro.usage import dollars
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Any
@@ -174,7 +178,7 @@ def plain_table(rows: Sequence[dict[str, Any]]) -> str:
     table costs milliseconds per row), and easy to read in a pipe."""
     headers = ("TASK ID", "STATUS", "ITER", "SUCCESS", "CURRENT STEP", "DURATION", "ETA", "COST", "TASK")
     table = [headers] + [
-        (r["task_id"], r["status"], f"{r['iteration']}/{r['max_iterations']}", f"{r['success_rate']:.0%}",
+        (r["task_id"], r["status"], f"{r['iteration']}/{r['max_iterations']}", percent(r['success_rate']),
          _short(_current_or_next(r), 40), r["duration"], r.get("eta") or "-", r.get("cost") or "-", r["task_path"])
         for r in rows
     ]
@@ -221,6 +225,9 @@ _GIT_LINES: dict[str, tuple[str, str]] = {
     "checkpoint_failed": ("no checkpoint for step {step_id}: {error}", "yellow"),
     "checkpoint_left_out": ("  step {step_id}'s checkpoint leaves out {files}: {reason}", "yellow"),
     "git_lock_cleared": ("removed a stale git lock {path}", "cyan"),
+    "agent_silent": ("  {agent} has printed nothing for {seconds}s (still running; ended after {idle_timeout}s "
+                     "of silence: step_idle_timeout_seconds)", "yellow"),
+    "request_resolved": ("answered: {message}", "cyan"),
     "worktree_created": ("worktree {path} on branch {branch}", "cyan"),
     "worktree_recreated": ("worktree {path} was half made by a killed `git worktree add`: made again", "yellow"),
     "worktree_removed": ("worktree of {branch} removed (the branch stays)", "dim"),
@@ -316,6 +323,10 @@ def event_parts(e: dict[str, Any], *, with_task: bool = False) -> list[tuple[str
         t.append(f"step {sid} was finished before a restart; recorded as completed", style="cyan")
     elif kind == "guardrail_triggered":
         t.append(f"guardrail {e.get('limit')}={e.get('value')} hit ({e.get('figure')})", style="yellow")
+    elif kind == "wait_ended":
+        cut = f" of {timeutil.human_duration(e.get('planned'))}, cut short: {e.get('stopped_by')}" \
+            if e.get("stopped_by") else ""
+        t.append(f"waited {timeutil.human_duration(e.get('seconds'))} ({e.get('limit')}{cut})", style="dim")
     elif kind == "precheck_skipped":
         after = e.get("next_check_seconds")
         t.append(f"pre-check ({e.get('model')}): nothing material changed, {e.get('scope')} skipped: "
@@ -364,7 +375,7 @@ def event_parts(e: dict[str, Any], *, with_task: bool = False) -> list[tuple[str
 
 def _so_far(e: dict[str, Any]) -> str:
     cost = e.get("cost_usd")
-    return f" · ${cost:.4f} so far" if isinstance(cost, int | float) and cost else ""
+    return f" · {dollars(cost)} so far" if isinstance(cost, int | float) and cost else ""
 
 
 def _fields(fields: dict[str, Any]) -> str:
@@ -378,6 +389,8 @@ def _fields(fields: dict[str, Any]) -> str:
             shown = ", ".join(str(v) for v in value)
         elif isinstance(value, dict):
             shown = json.dumps(value, default=str, separators=(", ", ": "))
+        elif key.endswith("_usd") and isinstance(value, int | float):
+            key, shown = key.removesuffix("_usd"), dollars(value)
         else:
             shown = str(value)
         out.append(f"{key.removesuffix('_id').replace('_', ' ')} {shown}")
@@ -444,7 +457,7 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
     for r in rows:
         table.add_row(
             r["task_id"], status_text(r["status"], r.get("sleep_note")), f"{r['iteration']}/{r['max_iterations']}",
-            f"{r['success_rate']:.0%}",
+            percent(r['success_rate']),
             _text(_short(_current_or_next(r), 50)),  # Text: a str cell is rich markup
             r["duration"], r.get("eta") or "-", r.get("cost") or "-",
             _text(r["task_path"]),
@@ -465,7 +478,7 @@ def detail_table(r: dict[str, Any]) -> Table | Group:
         ("Status", r["status"] + (f" ({r['stop_reason']})" if r.get("stop_reason") else "")),
         ("Iteration", f"{r['iteration']}/{r['max_iterations']}"),
         ("Steps", f"{r.get('steps_done', '-')}/{r.get('steps_total', '-')}"),
-        ("Success rate", f"{r['success_rate']:.0%}"),
+        ("Success rate", percent(r['success_rate'])),
         ("Current step", r.get("current_step") or "-"),
         ("Failures", f"{r['consecutive_failures']} consecutive / {r['failure_threshold']} threshold, "
                      f"{r['total_failures']} total"),
@@ -485,7 +498,7 @@ def detail_table(r: dict[str, Any]) -> Table | Group:
         rows.append(("Next run", r.get("next_run") or "-"))
     if r.get("usage", {}).get("api_calls"):
         u = r["usage"]
-        rows.append(("Usage", f"{u['api_calls']} calls, {u['total_tokens']} tokens, ${u['cost_usd']:.4f}"))
+        rows.append(("Usage", f"{u['api_calls']} calls, {u['total_tokens']} tokens, {dollars(u['cost_usd'])}"))
     elif r.get("cost"):
         rows.append(("Cost", r["cost"]))
     if r.get("report_path"):

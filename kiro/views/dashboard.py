@@ -21,10 +21,11 @@ from pathlib import Path
 from kiro import timeutil
 from kiro.fs.atomic import atomic_write
 from kiro.shared import Registry
-from kiro.status import Status
+from kiro.status import Status, percent
 from kiro.store import frontmatter
 from kiro.store.state import LoopState, StateStore, effective_status, first_line
 from kiro.store.workspace import Workspace
+from kiro.usage import dollars
 from kiro.views import loops
 
 MIN_INTERVAL = 1.0
@@ -98,19 +99,21 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
         extra = f" ({_reason(st.stop_reason)})" if e.status == Status.SLEEPING and st.stop_reason else ""
         if e.status == Status.SLEEPING and st.sleep_note:
             extra = f" ({st.sleep_note})"
-        lines += [f"**Status**: {badge}{extra}", _iteration(st), f"**Success Rate**: {st.metrics.success_rate:.0%}"]
+        lines += [f"**Status**: {badge}{extra}", _iteration(st),
+                  f"**Success Rate**: {percent(st.metrics.success_rate)}"]
         if st.steps_total:
             lines.append(f"**Steps**: {st.steps_done or 0}/{st.steps_total}")
         lines += [f"**Current Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}",
                   f"**ETA**: {_eta(st) or 'unknown'}"]
         if st.usage.cost_usd:
-            lines.append(f"**Cost so far**: ${st.usage.cost_usd:.4f}")
+            lines.append(f"**Cost so far**: {dollars(st.usage.cost_usd)}")
     elif section == "paused":
         if e.status == Status.INTERRUPTED:
             why = f"process {st.pid} died" if st.pid else "its process died"
         else:
             why = _reason(st.stop_reason) or e.status
-        lines += [f"**Status**: {badge} ({why})", _iteration(st), f"**Success Rate**: {st.metrics.success_rate:.0%}"]
+        lines += [f"**Status**: {badge} ({why})", _iteration(st),
+                  f"**Success Rate**: {percent(st.metrics.success_rate)}"]
         if st.stop_message and e.status != Status.INTERRUPTED:
             lines.append(f"**Cause**: {st.stop_message}")
         if st.steps_total:
@@ -124,10 +127,10 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
             lines.append(f"**Resume**: `{loops.hint(st, e.status) or f'kiro loop resume --task-id {st.task_id}'}`")
     elif section == "completed":
         lines += [f"**Status**: {badge}", _iteration(st, "Iterations"),
-                  f"**Success Rate**: {st.metrics.success_rate:.0%}",
+                  f"**Success Rate**: {percent(st.metrics.success_rate)}",
                   f"**Duration**: {timeutil.human_duration(st.metrics.total_duration_seconds)}"]
         if st.usage.cost_usd:
-            lines.append(f"**Cost**: ${st.usage.cost_usd:.4f}")
+            lines.append(f"**Cost**: {dollars(st.usage.cost_usd)}")
         if st.report_path:
             lines.append(f"**Report**: `{st.report_path}`")
     else:

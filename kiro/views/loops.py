@@ -8,10 +8,11 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.executors.kinds import reads_messages
-from kiro.status import RECORDED, Status
+from kiro.status import RECORDED, Status, success_rate
 from kiro.store import journal, taskmap
 from kiro.store.state import LoopState, StateStore, to_jsonable
 from kiro.store.workspace import Workspace, check_task_id, frontmatter_task_id, locate_task
+from kiro.usage import dollars
 
 # summary fields a summary written by an earlier kiro lacks and a row does without (finished loops never
 # write theirs again: requiring it would read each of their state files on every `status`)
@@ -131,7 +132,7 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         "stop_reason": s["stop_reason"],
         "iteration": s["iteration"],
         "max_iterations": s["max_iterations"],
-        "success_rate": metrics["success_rate"],
+        "success_rate": success_rate(s["total_successes"], s["total_failures"]),
         "current_step": f"{cur['step_id']} {cur['description']}" if cur else None,
         "current_step_id": cur["step_id"] if cur else None,
         "steps_done": s["steps_done"],
@@ -164,7 +165,7 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
 def cost(usage: dict[str, Any] | None) -> str | None:
     """The cost so far as a person reads it (`$0.0123`), or None when the executor reports no cost."""
     spent = (usage or {}).get("cost_usd") or 0.0
-    return f"${spent:.4f}" if spent else None
+    return dollars(spent) if spent else None
 
 
 def schedule_fields(state: LoopState) -> dict[str, Any]:
@@ -326,7 +327,7 @@ def receipt_text(entry: dict[str, Any]) -> str:
                  + ("; counted after a restart" if r.get("recovered") else ""))
     if r.get("total_tokens") or r.get("cost_usd"):
         lines.append(f"  tokens {r.get('total_tokens', 0)} (prompt {r.get('prompt_tokens', 0)}, completion "
-                     f"{r.get('completion_tokens', 0)}), cost ${r.get('cost_usd', 0):.4f}")
+                     f"{r.get('completion_tokens', 0)}), cost {dollars(r.get('cost_usd', 0))}")
     v = r.get("verify")
     if v is None:
         lines.append("  verify: none set")

@@ -11,8 +11,10 @@ from enum import Enum
 from typing import Any
 
 from kiro import timeutil
+from kiro.status import percent
 from kiro.store import frontmatter
 from kiro.store.state import CompletedStep, FailedStep, LoopState, first_line
+from kiro.usage import dollars
 from kiro.views import loops
 
 
@@ -24,8 +26,8 @@ def _frontmatter(fields: dict[str, Any]) -> str:
 frontmatter_block = _frontmatter  # for reports written elsewhere (kiro.core.scheduled)
 
 
-def _pct(x: float) -> str:
-    return f"{x:.0%}"
+def _pct(x: float | None) -> str:
+    return percent(x)
 
 
 def _step_line(s: CompletedStep | FailedStep) -> str:
@@ -43,7 +45,7 @@ def _usage(state: LoopState) -> str:
     if not u.api_calls:
         return ""
     return (f"\n## Usage\n- **API calls**: {u.api_calls}\n- **Tokens**: {u.total_tokens} "
-            f"({u.prompt_tokens} prompt, {u.completion_tokens} completion)\n- **Cost**: ${u.cost_usd:.4f}\n")
+            f"({u.prompt_tokens} prompt, {u.completion_tokens} completion)\n- **Cost**: {dollars(u.cost_usd)}\n")
 
 
 def _current(state: LoopState) -> str:

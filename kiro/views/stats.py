@@ -2,11 +2,13 @@
 analytics"), computed from the state files and the event logs, nothing else.
 
 - loops and runs (a run is one process working on a loop: `loop_started` or `loop_resumed`), loops by status;
-- steps: attempts, completed, failed, retries (attempts after a step's first), verify failures, success rate;
+- steps: attempts, completed, failed, retries (attempts after a step's first), verify failures, success rate
+  (kiro.status.success_rate: completed over completed or failed, as `status` shows it);
 - step durations (`step_completed.duration_seconds`): p50, p95, mean, max;
 - usage: tokens, API calls and cost from the states, per completed step; and the spread of tokens per
   completed step (p50/p95) from the model calls logged while it ran (every attempt counts);
-- time spent waiting: backoff, budgets (token/cost budgets), active hours, rate limits, other guardrail waits;
+- time spent waiting (`wait_ended`: what was slept, not what was planned): backoff, budgets (token/cost budgets),
+  active hours, rate limits, usage limits, other guardrail waits;
 - stop reasons (`loop_finished`: status and reason).
 
 `since` keeps events at or after that time, and the states of loops updated since then (usage is a
@@ -24,11 +26,13 @@ from typing import Any
 
 from kiro import timeutil
 from kiro.errors import UserError
+from kiro.status import percent, success_rate
 from kiro.store.events import read_events
 from kiro.store.state import StateStore, effective_status
-from kiro.usage import Usage
+from kiro.usage import Usage, dollars
 
-WAIT_KINDS = {
+WAIT_KINDS = {  # `wait_ended.limit` -> the line of "Time spent waiting"
+    "backoff": "backoff",
     "token_budget_per_hour": "budgets",
     "max_total_tokens": "budgets",
     "max_cost_usd": "budgets",
@@ -137,10 +141,7 @@ def compute(store: StateStore, since: datetime | None = None, until: datetime | 
                                                            if isinstance(e.get("cost_usd"), int | float) else 0.0), 6)
             elif kind == "verify_failed":
                 verify_failed += 1
-            elif kind == "backoff" and isinstance(e.get("seconds"), int | float):
-                waits["backoff"] = waits.get("backoff", 0.0) + float(e["seconds"])
-            elif kind == "guardrail_triggered" and e.get("action") == "wait" \
-                    and isinstance(e.get("seconds"), int | float):
+            elif kind == "wait_ended" and isinstance(e.get("seconds"), int | float):  # the time really slept
                 key = WAIT_KINDS.get(str(e.get("limit")), "other")
                 waits[key] = waits.get(key, 0.0) + float(e["seconds"])
             elif kind == "loop_finished":
@@ -160,7 +161,7 @@ def compute(store: StateStore, since: datetime | None = None, until: datetime | 
         "steps": {
             "attempts": attempts, "completed": completed, "failed": failed, "retries": retries,
             "verify_failed": verify_failed,
-            "success_rate": round(completed / attempts, 4) if attempts else None,
+            "success_rate": success_rate(completed, failed),
         },
         "step_seconds": {
             "count": len(durations), "p50": percentile(durations, 0.5), "p95": percentile(durations, 0.95),
@@ -191,7 +192,7 @@ def _num(x: Any, unit: str = "") -> str:
 def render(s: dict[str, Any]) -> str:
     """The human-readable view: aligned `label  value` lines in sections."""
     steps, secs, u, w = s["steps"], s["step_seconds"], s["usage"], s["waiting_seconds"]
-    rate = "-" if steps["success_rate"] is None else f"{steps['success_rate']:.0%}"
+    rate = percent(steps["success_rate"])
     status = ", ".join(f"{k} {v}" for k, v in s["by_status"].items()) or "-"
     sections: list[tuple[str, list[tuple[str, str]]]] = [
         ("Loops" + (f" since {s['since']}" if s["since"] else ""), [
@@ -206,14 +207,14 @@ def render(s: dict[str, Any]) -> str:
             ("mean", timeutil.human_duration(secs["mean"])), ("max", timeutil.human_duration(secs["max"]))]),
         ("Usage", [
             ("tokens", f"{u['total_tokens']} ({u['prompt_tokens']} prompt, {u['completion_tokens']} completion)"),
-            ("API calls", str(u["api_calls"])), ("cost", f"${u['cost_usd']:.4f}"),
+            ("API calls", str(u["api_calls"])), ("cost", dollars(u['cost_usd'])),
             ("tokens per step", ("-" if u["tokens_per_step"] is None else f"{u['tokens_per_step']:.0f}") + (
                 "" if u["tokens_per_step_p50"] is None else
                 f" (p50 {u['tokens_per_step_p50']:.0f}, p95 {u['tokens_per_step_p95']:.0f})")),
-            ("cost per step", "-" if u["cost_per_step_usd"] is None else f"${u['cost_per_step_usd']:.4f}")]),
+            ("cost per step", dollars(u["cost_per_step_usd"]))]),
         ("Time spent waiting", [(k.replace("_", " "), timeutil.human_duration(v)) for k, v in w.items()]),
         ("By agent", [(name, f"{a['runs']} runs ({a['completed']} completed, {a['usage_limits']} at the usage limit), "
-                             f"{a['prompt_tokens'] + a['completion_tokens']} tokens, ${a['cost_usd']:.4f}")
+                             f"{a['prompt_tokens'] + a['completion_tokens']} tokens, {dollars(a['cost_usd'])}")
                       for name, a in s.get("by_agent", {}).items()] or [("-", "")]),
         ("Stop reasons", [(k, str(v)) for k, v in s["stop_reasons"].items()] or [("-", "")]),
     ]
