@@ -755,6 +755,8 @@ class ReviewStarted(Event):
 
 
 class ReviewApproved(Event):
+    """The reviewer answered `REVIEW: APPROVE`: the step counts as done (its receipt holds the round)."""
+
     event: Literal["review_approved"] = "review_approved"
     step_id: str
     round: int
