@@ -223,7 +223,8 @@ def test_an_event_record_is_dumped_once_and_its_line_is_clean(tmp_path: Path) ->
     """`Redactor.record` hands back the JSON it searched when it found no secret, and the event log
     writes that line as is; a record that holds a secret (in a value or a key) is redacted, and the
     log writes the redacted record."""
-    from kiro.store.events import EventLog, read_events
+    from kiro.store.events import EventLog
+    from kiro.store.logread import read_events
 
     r = Redactor(["tok-123456789"])
     record = {"event": "step_failed", "error": "é ok", "n": 3}
