@@ -1,6 +1,7 @@
-"""`kiro loop status` cold start with 50 and 1,000 loops in the workspace, against `python -c pass`; and
-`kiro loop logs --tail 10` on a 100,000-event log (time and peak RSS); this tree's kiro and, with
---other, another checkout's, side by side in one run.
+"""`kiro loop status` cold start with 50 and 1,000 loops in the workspace, against `python -c pass` and
+Typer's own import (`python -c "import typer, typer._adapters"`: kiro's own share is what a command takes
+above it, issue #41); and `kiro loop logs --tail 10` on a 100,000-event log (time and peak RSS); this tree's
+kiro and, with --other, another checkout's, side by side in one run.
 
     python bench/status_cold_start.py [--loops 50,1000] [--runs 15] [--events 100000]
                                       [--other /work/main/.venv/bin]
@@ -161,7 +162,8 @@ def main() -> None:
             assert len(out.splitlines()) == 10 and f"[{last}] " in out.splitlines()[-1], out
 
         commands: list[tuple[str, list[str], Path, Callable[[str], None] | None]] = [
-            ("pass", [sys.executable, "-c", "pass"], base_dir, None)]
+            ("pass", [sys.executable, "-c", "pass"], base_dir, None),
+            ("typer", [sys.executable, "-c", "import typer, typer._adapters"], base_dir, None)]
         for tree, bin_dir in trees.items():
             kiro = [str(bin_dir / "kiro")]
             for n in loop_counts:
@@ -181,8 +183,15 @@ def main() -> None:
             for name, argv, cwd, check in commands:
                 timer.run(name, argv, cwd, check)
         base, base_cpu = timer.wall("pass"), timer.cpu("pass")
+        typer_wall, typer_cpu = timer.wall("typer"), timer.cpu("typer")
         lines = [f"python -c pass: {base * 1000:.1f} ms wall, {base_cpu * 1000:.1f} ms CPU (medians of {args.runs}, "
-                 f"interleaved; load {os.getloadavg()[0]:.2f})"]
+                 f"interleaved; load {os.getloadavg()[0]:.2f})",
+                 f"python -c 'import typer, typer._adapters': {typer_wall * 1000:.1f} ms wall, "
+                 f"{typer_cpu * 1000:.1f} ms CPU; kiro's own share below is a command's time above this"]
+
+        def own(name: str) -> str:
+            return (f"kiro's own {(timer.wall(name) - typer_wall) * 1000:.1f} ms wall, "
+                    f"{(timer.cpu(name) - typer_cpu) * 1000:.1f} ms CPU")
         size = (logs / "Logs" / "big.jsonl").stat().st_size
         for tree, bin_dir in trees.items():
             kiro = [str(bin_dir / "kiro")]
@@ -191,7 +200,7 @@ def main() -> None:
                 table, cpu = timer.wall(f"{tree} status{n}"), timer.cpu(f"{tree} status{n}")
                 lines.append(f"  kiro loop status, {n:>4} loops: {table * 1000:6.1f} ms = {table / base:.2f}x "
                              f"python -c pass (CPU {cpu * 1000:.1f} ms = {cpu / base_cpu:.2f}x); "
-                             f"--json {timer.wall(f'{tree} json{n}') * 1000:.1f} ms")
+                             f"--json {timer.wall(f'{tree} json{n}') * 1000:.1f} ms; {own(f'{tree} status{n}')}")
                 if f"{tree} cold{n}" in timer.walls:
                     cold = timer.wall(f"{tree} cold{n}")
                     lines.append(f"    without its status_index cache: {cold * 1000:.1f} ms = {cold / base:.2f}x")
@@ -202,7 +211,7 @@ def main() -> None:
             lines.append(f"  kiro loop logs --tail 10, {args.events} events ({size / 2**20:.0f} MiB): "
                          f"{tail_text * 1000:.1f} ms = {tail_text / base:.2f}x python -c pass "
                          f"(CPU {timer.cpu(f'{tree} tail') * 1000:.1f} ms; --json {tail_json * 1000:.1f} ms), "
-                         f"peak RSS {rss / 1024:.1f} MiB")
+                         f"peak RSS {rss / 1024:.1f} MiB; {own(f'{tree} tail')}")
             heavy = heavy_imports([*kiro, "loop", "logs", "--tail", "10"], logs)
             lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
         lines.append(f"python -c pass peak RSS {rss_of([sys.executable, '-c', 'pass'], logs) / 1024:.1f} MiB")

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from kiro.fs.bounds import EVENT_FIELD_CHARS, TRANSCRIPT_FIELD_CHARS
-from kiro.store.events import EventLog, read_events
+from kiro.store.events import EventLog
+from kiro.store.logread import read_events
 from kiro.store.transcript import Transcript
 from tests import cli_forkserver
 from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace, deep_tree, shell_task

@@ -530,10 +530,35 @@ def test_read_commands_import_no_agent_client_and_no_watcher(loops: Workspace, a
     assert heavy == []
 
 
+# What a command that only reads has no use for (issue #41): the engine, an executor (beyond the table of
+# which kinds read messages), git, the server; and the event kinds' models, where the records are shown as read.
+RUNS_LOOPS = ("kiro.core.engine", "kiro.core.runner", "kiro.executors.", "kiro.git", "kiro.serve", "kiro.temporal")
+LIGHT = ("kiro.executors.kinds",)
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "status", "--json"),
+                                  ("loop", "logs", "--task-id", "done1", "--tail", "3"),
+                                  ("loop", "logs", "--task-id", "done1", "--tail", "3", "--json")], ids=" ".join)
+def test_read_commands_import_nothing_that_runs_a_loop(loops: Workspace, args: tuple[str, ...]) -> None:
+    """`kiro loop status` and `kiro loop logs` load what reads the state and the log, no more: a person
+    waits for every module a command imports."""
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=loops.root, env=loops.env(), capture_output=True,
+                       text=True, timeout=60)
+    code, *modules = r.stderr.rsplit("@@", 1)[1].split()
+    assert code in ("0", "None"), r.stderr
+    assert r.stdout.strip(), "the command showed nothing"
+    loaded = [m for m in modules if m.startswith(RUNS_LOOPS) and m not in LIGHT]
+    if "logs" in args:
+        loaded += [m for m in modules if m == "kiro.store.events"]
+    print(f"{' '.join(args)}: {len([m for m in modules if m.startswith('kiro')])} kiro modules; "
+          f"of the engine's: {loaded or 'none'}")
+    assert loaded == []
+
+
 def test_logs_tail_reads_from_the_end_as_read_events_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Torn lines, blank lines, a line longer than the block, JSON that is not an object, no final
-    newline: the last N events are those of kiro.store.events.read_events, at every block boundary."""
-    from kiro.store import events
+    newline: the last N events are those of kiro.store.logread.read_events, at every block boundary."""
+    from kiro.store import logread as events
 
     lines = [json.dumps({"event": "e", "n": i}) for i in range(30)]
     lines[5] = '{"event": "torn'

@@ -223,7 +223,8 @@ def test_an_event_record_is_dumped_once_and_its_line_is_clean(tmp_path: Path) ->
     """`Redactor.record` hands back the JSON it searched when it found no secret, and the event log
     writes that line as is; a record that holds a secret (in a value or a key) is redacted, and the
     log writes the redacted record."""
-    from kiro.store.events import EventLog, read_events
+    from kiro.store.events import EventLog
+    from kiro.store.logread import read_events
 
     r = Redactor(["tok-123456789"])
     record = {"event": "step_failed", "error": "é ok", "n": 3}
@@ -254,3 +255,37 @@ def test_a_secret_in_the_task_title_reaches_no_summary_nor_state(ws: Workspace) 
     assert files_holding(ws.root, secret) == ["Done/keyed/tasks.md"]
     [summary] = (ws.root / ".state").rglob("autonomous_loop_keyed.summary")
     assert f"Deploy with {REDACTED}".encode() in summary.read_bytes()
+
+
+def test_a_secret_set_between_two_loops_of_one_process_reaches_neither_step(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's environment without kiro's secrets is worked out once per environment, not per step (issue
+    #41); what changes in kiro's environment after the first loop reaches the second loop's steps as it
+    is: a plain variable's new value, not the first one's; a secret set meanwhile (a token an embedding program
+    sets) is still kept from them, and given where `agent_env.pass` grants it."""
+    import asyncio
+
+    from kiro.core.runner import prepare_start, run_loops
+    from kiro.store.workspace import Workspace as Ws
+
+    first, second = canary("first"), canary("second")
+    monkeypatch.setenv("ACME_API_TOKEN", first)
+    monkeypatch.setenv("ACME_PLAIN", "plain")
+    cmd = 'echo "$KIRO_TASK_ID ${ACME_API_TOKEN:-none} ${LATER_SECRET_KEY:-none} $ACME_PLAIN" >> env.txt'
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "sandbox: off\n")
+    ws.task(shell_task(2, cmd=cmd), "Specs/one/tasks.md")
+    ws.task(shell_task(2, cmd=cmd), "Specs/two/tasks.md")
+    [done] = asyncio.run(run_loops([prepare_start(Ws(ws.root), "Specs/one/tasks.md", task_id="one")]))
+    assert done.exit_code == 0
+    monkeypatch.setenv("LATER_SECRET_KEY", second)
+    monkeypatch.setenv("ACME_PLAIN", "changed")
+    [done] = asyncio.run(run_loops([prepare_start(Ws(ws.root), "Specs/two/tasks.md", task_id="two")]))
+    assert done.exit_code == 0
+    seen = (ws.root / "env.txt").read_text().splitlines()
+    print("what the steps saw:", seen)
+    assert seen == ["one none none plain"] * 2 + ["two none none changed"] * 2
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "sandbox: off\nagent_env: {pass: [LATER_SECRET_KEY]}\n")
+    ws.task(shell_task(1, cmd=cmd), "Specs/three/tasks.md")
+    [done] = asyncio.run(run_loops([prepare_start(Ws(ws.root), "Specs/three/tasks.md", task_id="three")]))
+    assert done.exit_code == 0
+    assert (ws.root / "env.txt").read_text().splitlines()[-1] == f"three none {second} changed"

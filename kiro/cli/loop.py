@@ -367,7 +367,7 @@ def logs(
     import collections
     import json
 
-    from kiro.store.events import read_events, read_last, read_new
+    from kiro.store.logread import read_events, read_last, read_new
     from kiro.views import console
 
     if tail is not None and tail < 0:

@@ -876,6 +876,9 @@ async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None
         for lp in loops:
             with contained():
                 await lp.executor.aclose()
+        from kiro.processes import sandbox
+
+        sandbox.tidy()  # the control folders made for the loops' boxes, kept from step to step
         for r in runs:
             if r.release:
                 r.release()

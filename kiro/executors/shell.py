@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from kiro.errors import ExecutorError
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
@@ -13,9 +14,24 @@ from kiro.executors.kinds import PROMPTLESS
 from kiro.processes import sandbox
 from kiro.processes.spawn import last_line, run_process, tail
 from kiro.store.config import Config
-from kiro.store.redact import looks_like_token, looks_secret
+from kiro.store.redact import env_key, looks_like_token, looks_secret
 from kiro.store.state import SERVE_TOKEN_ENV
 from kiro.store.workspace import Workspace
+
+# kiro's environment without its secrets, for one `agent_env.pass`: the last one worked out (every step of a
+# loop, and the loops of one config, share it; a changed environment is worked out again)
+_clean_seen: list[tuple[tuple[Any, frozenset[str]], dict[str, str]]] = []
+
+
+def _without_secrets(passed: frozenset[str]) -> dict[str, str]:
+    """A copy of kiro's environment without kiro serve's token and the variables named or shaped like a
+    secret, but those in `passed`: scanned once per environment, not once per step (issue #41)."""
+    key = (env_key(os.environ), passed)
+    if not _clean_seen or _clean_seen[0][0] != key:
+        clean = {name: value for name, value in os.environ.items() if name != SERVE_TOKEN_ENV and (
+            name in passed or not (looks_secret(name) or looks_like_token(value)))}
+        _clean_seen[:] = [(key, clean)]
+    return dict(_clean_seen[0][1])
 
 
 def step_env(ctx: StepContext, *, whole: bool = False) -> dict[str, str]:
@@ -25,9 +41,10 @@ def step_env(ctx: StepContext, *, whole: bool = False) -> dict[str, str]:
     step's command may have been written by an agent, and whatever it prints reaches the next one.
     `whole`: all of it, for an agent CLI, whose preset then keeps only what it needs (agents.billing).
     kiro serve's token is never in it."""
-    passed = set(ctx.config.agent_env.pass_)
-    env = {name: value for name, value in os.environ.items() if name != SERVE_TOKEN_ENV and (
-        whole or name in passed or not (looks_secret(name) or looks_like_token(value)))}
+    if whole:
+        env = {name: value for name, value in os.environ.items() if name != SERVE_TOKEN_ENV}
+    else:
+        env = _without_secrets(frozenset(ctx.config.agent_env.pass_))
     env.update({
         "KIRO_TASK_ID": ctx.task_id,
         "KIRO_STEP_ID": ctx.step.id,

@@ -15,8 +15,9 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
   `Done/` `Needs_Action/` and the approval folders) and `.git` re-bound read-only on top: kiro's own
   git runs outside the box. One of the workspace's (or the project's `.git`) that does not exist
   when the step starts, where the step could create it, is made, empty, for the box to bind (so the
-  step cannot: a task in `Needs_Action/`, a `.git` with hooks kiro's git would run), and removed
-  after the step if it is still empty (`Box.release`); kiro's own writes to it meanwhile keep it.
+  step cannot: a task in `Needs_Action/`, a `.git` with hooks kiro's git would run), once per loop: kept
+  for the loop's next step, and removed when the process's loops end if it is still empty (`tidy`;
+  a `.git` after each step, `Box.release`); kiro's own writes to it meanwhile keep it.
   `.kiro/worktrees` is read-only also for a step that runs in one of its worktrees, whose own
   worktree alone is bound read-write over it (another loop's stays out of reach even when the task
   file's folder, read-write, is the workspace root);
@@ -54,6 +55,7 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import re
@@ -158,7 +160,11 @@ def _base(*, own_network: bool = True) -> list[str]:
 
 
 def _within(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
+    """`path` is `folder` or lies in it, by their names (absolute paths; no file system call). Compares the
+    parts' prefix: `folder in path.parents` walks every parent, a Path built for each (a box's argv asks
+    this thousands of times)."""
+    parts = folder.parts
+    return path.parts[:len(parts)] == parts
 
 
 def _real(path: Path) -> Path:
@@ -166,9 +172,34 @@ def _real(path: Path) -> Path:
 
 
 # The control folders kiro made for the boxes of this process (and the missing parents it made with
-# them, `.kiro` of `.kiro/worktrees`), with how many boxes bind each now: the last to let go removes it.
+# them, `.kiro` of `.kiro/worktrees`), with how many boxes bind each now. One no box binds any more stays,
+# empty, for the loop's next step (`_idle`: made once per loop, not per step) until `tidy`, at the end of
+# the process's loops; but a `.git` goes with the last box that binds it: kiro's git would take it for a
+# repository.
 _held: dict[Path, int] = {}
 _made: set[Path] = set()
+_idle: set[Path] = set()
+
+
+def tidy() -> None:
+    """The loops of this process have ended (or the process does): remove the control folders made for
+    their boxes that no box binds now and that are still empty (what kiro wrote in one keeps it)."""
+    for folder in sorted(_idle, key=lambda p: len(p.parts), reverse=True):
+        if not _held.get(folder):
+            _remove(folder)
+    _idle.clear()
+
+
+def _remove(folder: Path) -> None:
+    """`folder`, and the parents made with it that no box binds, deepest first, while they are empty."""
+    for level in (folder, *folder.parents):
+        if level not in _made or any(_held.get(p) for p in _made if _within(p, level) and p != level):
+            break
+        try:
+            level.rmdir()
+        except OSError:
+            break  # not empty (kiro put something there) or already gone
+        _made.discard(level)
 
 
 @dataclass(frozen=True)
@@ -192,6 +223,7 @@ class Box:
             with contextlib.suppress(OSError):
                 folder.mkdir(mode=0o700, exist_ok=True)
         for folder in self.missing:
+            _idle.discard(folder)
             for level in reversed((folder, *folder.parents)):
                 if os.path.lexists(level):
                     continue
@@ -205,22 +237,20 @@ class Box:
             _held[folder] = _held.get(folder, 0) + 1
 
     def release(self) -> None:
-        """The step has ended: remove the folders `hold` made that no other box of this process binds
-        and that are still empty (what kiro wrote in one meanwhile keeps it), deepest first."""
+        """The step has ended: a folder `hold` made that no other box of this process binds is left for
+        the loop's next step (`tidy` removes it, when still empty); a `.git` is removed now."""
         for folder in self.missing:
             count = _held.get(folder, 0) - 1
             if count > 0:
                 _held[folder] = count
                 continue
             _held.pop(folder, None)
-            for level in (folder, *folder.parents):
-                if level not in _made or any(_held.get(p) for p in _made if _within(p, level) and p != level):
-                    break
-                try:
-                    level.rmdir()
-                except OSError:
-                    break  # not empty (kiro put something there) or already gone
-                _made.discard(level)
+            if folder.name == ".git":
+                _remove(folder)
+            elif folder in _made:
+                if not _idle:
+                    atexit.register(tidy)  # a process that ends without `run_loops`' own tidy (a worker)
+                _idle.add(folder)
 
     def link(self) -> Network | None:
         """What connects this box's own network namespace to the internet (`on` with pasta installed),

@@ -37,7 +37,7 @@ from kiro.errors import KiroError, raise_errors
 from kiro.serve.auth import TokenAuth
 from kiro.serve.control import ControlError, Controller
 from kiro.serve.index import EventIndex
-from kiro.store.events import read_events
+from kiro.store.logread import read_events
 from kiro.store.redact import Redactor
 from kiro.store.state import StateStore, effective_status, to_jsonable
 from kiro.views import dashboard, loops

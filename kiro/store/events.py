@@ -21,9 +21,10 @@ from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from kiro import jsonl, timeutil
+from kiro import timeutil
 from kiro.fs import diskfull, safeio
 from kiro.fs.bounds import EVENT_FIELD_CHARS, clip_fields
+from kiro.store.logread import read_events
 from kiro.store.redact import Redactor
 
 
@@ -897,79 +898,6 @@ class EventLog:
         if self._fh is not None:
             os.close(self._fh)
             self._fh = None
-
-
-def read_events(path: Path, *, offset: int = 0) -> Iterator[dict[str, Any]]:
-    """Every well-formed event in the file; broken lines (a torn tail) are skipped."""
-    try:
-        fh = open(safeio.open_regular(path, fix="move it away; kiro starts a new one"), "rb")  # noqa: SIM115
-    except FileNotFoundError:
-        return
-    with fh:
-        if offset:
-            fh.seek(offset)
-        yield from jsonl.records(fh)
-
-
-TAIL_BLOCK = 64 * 1024
-
-
-def read_last(path: Path, n: int) -> list[dict[str, Any]]:
-    """The last `n` events of `read_events(path)`, read backwards from the file's end a block at a
-    time: the cost is that of `n` events, not of the whole log (`kiro loop logs --tail N`)."""
-    try:
-        fd = safeio.open_regular(path, fix="move it away; kiro starts a new one")
-    except FileNotFoundError:
-        return []
-    try:
-        return _last_events(fd, n)
-    finally:
-        os.close(fd)
-
-
-def _last_events(fd: int, n: int) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    if n <= 0:
-        return found
-
-    def take(raw: bytes) -> None:
-        record = jsonl.record(raw) if raw.strip() else None
-        if record is not None:  # a torn or broken line is skipped, as read_events skips it
-            found.append(record)
-
-    pos = os.fstat(fd).st_size
-    carry = b""  # the start of a line whose beginning lies in an earlier block
-    first = True
-    while pos > 0 and len(found) < n:
-        size = min(TAIL_BLOCK, pos)
-        pos -= size
-        lines = (os.pread(fd, size, pos) + carry).split(b"\n")
-        carry = lines[0] if pos > 0 else b""
-        complete = lines[1:] if pos > 0 else lines
-        if first:
-            first = False
-            if complete and complete[-1] == b"":
-                complete.pop()  # the newline that ends the file
-        for raw in reversed(complete):
-            take(raw)
-            if len(found) >= n:
-                break
-    found.reverse()
-    return found
-
-
-def read_new(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
-    """Events appended since `offset` (complete lines only), and the new offset. For --follow."""
-    try:
-        with open(safeio.open_regular(path, fix="move it away; kiro starts a new one"), "rb") as fh:
-            fh.seek(offset)
-            data = fh.read(64 * 1024 * 1024)
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], offset
-    return list(jsonl.records(data[: end + 1].splitlines())), offset + end + 1
 
 
 def read_typed(path: Path, *, offset: int = 0) -> Iterator[Event]:

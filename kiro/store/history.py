@@ -17,7 +17,7 @@ import sqlite3
 from typing import Any
 
 from kiro.errors import UserError
-from kiro.store.events import read_new
+from kiro.store.logread import read_new
 from kiro.store.workspace import TASK_ID_RE, Workspace
 
 SCHEMA_VERSION = "1"

@@ -204,7 +204,7 @@ class Redactor:
         """Everything one run knows as secret (see the module docstring). Built once per loop; loops
         of one config in one environment (a thousand started together) share the one built last."""
         env = os.environ if environ is None else environ
-        key = (_env_key(env), config.llm.api_key_env, tuple(config.secret_env), config.llm.base_url,
+        key = (env_key(env), config.llm.api_key_env, tuple(config.secret_env), config.llm.base_url,
                tuple(config.on_event.values()), config.executor_command, config.verify, tuple(config.notify))
         if _run_seen and _run_seen[0][0] == key:
             return _run_seen[0][1]
@@ -337,7 +337,7 @@ def last_run() -> Redactor | None:
 _env_seen: list[tuple[frozenset[tuple[str, str]], list[str], list[str]]] = []  # the last environment scanned
 
 
-def _env_key(env: Mapping[str, str]) -> frozenset[tuple[Any, Any]]:
+def env_key(env: Mapping[str, str]) -> frozenset[tuple[Any, Any]]:
     """What an environment holds, to compare with another; `os.environ` by its bytes (no decoding of
     every name and value: ~10x cheaper, paid per loop started)."""
     data = getattr(env, "_data", None) if env is os.environ else None
@@ -347,7 +347,7 @@ def _env_key(env: Mapping[str, str]) -> frozenset[tuple[Any, Any]]:
 def _environment_secrets(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """The secrets in an environment; the same environment (a thousand loops started in one
     process) is scanned once."""
-    key = _env_key(env)
+    key = env_key(env)
     if _env_seen and _env_seen[0][0] == key:
         return list(_env_seen[0][1]), list(_env_seen[0][2])
     values, forms = _scan_environment(env)

@@ -27,7 +27,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import UserError
 from kiro.status import percent, success_rate
-from kiro.store.events import read_events
+from kiro.store.logread import read_events
 from kiro.store.state import StateStore, effective_status
 from kiro.usage import Usage, dollars
 
