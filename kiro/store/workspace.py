@@ -392,8 +392,18 @@ class Workspace:
         except ValueError:
             return str(path)
 
+    @property
+    def laid_out(self) -> bool:
+        """Whether the workspace has kiro's layout (SPEC §1): `kiro init` ran (config/autonomous_loop.yaml), or
+        it has a Specs/ folder, or it is no Kiro repository. A Kiro repository (`.kiro/specs/` and neither)
+        runs its specs in place: kiro makes none of its layout's folders or Dashboard.md at the project's root,
+        only its own `.state/` and `Logs/` (kept out of git, kiro.git.ignore); Needs_Action/ and the others
+        are made when a note is first written there (kiro.fs.atomic)."""
+        return (self.config_file.is_file() or self.specs.is_dir()
+                or not kirospec.specs_folder(self.root).is_dir())
+
     def ensure_folders(self) -> None:
-        for name in FOLDERS:
+        for name in FOLDERS if self.laid_out else ("Logs",):
             (self.root / name).mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
 
