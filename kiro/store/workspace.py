@@ -289,6 +289,10 @@ class Workspace:
     def review_note(self, task_id: str) -> Path:
         return self.needs_action / f"review_{task_id}.md"
 
+    def review_changes_note(self, task_id: str) -> Path:
+        """The note of the review helper (kiro.core.review) when its reviewers did not approve a step."""
+        return self.needs_action / f"review_changes_{task_id}.md"
+
     def human_request(self, task_id: str) -> Path:
         return self.needs_action / f"request_{task_id}.md"
 
