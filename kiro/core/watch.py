@@ -75,7 +75,8 @@ class ChangeHub:
                 (self.root / name).mkdir(parents=True, exist_ok=True)
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name=f"kiro-watch:{self.root}")
-        await asyncio.sleep(0)
+        for _turn in range(3):  # the watches' first turns (the folders' watch, then the top level's)
+            await asyncio.sleep(0)
 
     def _present(self) -> set[str]:
         return {name for name in WATCHED if (self.root / name).is_dir()}
@@ -132,6 +133,12 @@ class ChangeHub:
         stop = self._stop
         relay = asyncio.create_task(stop.wait())
         relay.add_done_callback(lambda _t: again.set())
+
+        def appeared() -> None:  # a folder made before the watch below was set up (in this task's first turn)
+            if self._present() != present:
+                again.set()
+
+        asyncio.get_running_loop().call_soon(appeared)
         try:
             async for _changes in awatch(self.root, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
                                          stop_event=again, rust_timeout=RUST_TIMEOUT_MS, recursive=False,
