@@ -234,3 +234,12 @@ def test_the_first_page_shows_the_loops_before_any_script_runs_and_a_review_note
     page.wait_for_selector(f"{card} pre.note.open", state="detached")
     assert errors == [], errors
     page.close()
+
+    # the note's route is behind the server's gate like every other
+    import httpx
+
+    assert httpx.get(f"{served.base}/api/loops/bill/note").status_code == 401  # no token
+    assert served.get("/api/loops/bill/note", headers={"Host": "evil.example"}).status_code == 403
+    assert served.get("/api/loops/bill/note").json()["path"] == "Needs_Action/review_bill.md"
+    assert served.get("/api/loops/nobody/note").status_code == 404
+    assert served.get("/api/loops/..%2Fx/note").status_code in (400, 404)
