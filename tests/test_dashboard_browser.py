@@ -193,3 +193,53 @@ def test_a_loop_sleeping_through_an_agents_usage_limit_says_whose_limit_and_when
                 loop.kill()
     finally:
         cli.close()
+
+
+def test_the_first_page_shows_the_loops_before_any_script_runs_and_a_review_note_opens_on_a_click(
+        ws: Workspace, served: Served, browser: Any, tmp_path: Path) -> None:
+    """Issue #38 item 16: a headless screenshot of the dashboard showed "Loading…" (the cards were made by the
+    page's script only), and the review note a paused loop waits on could not be read there."""
+    ws.task(shell_task(3, title="Billing <export>", extra_frontmatter="pause_every: 1"), "Specs/bill/tasks.md")
+    r = ws.kiro("loop", "start", "--task", "Specs/bill/tasks.md", "--task-id", "bill")
+    assert r.returncode == 6, r.stdout + r.stderr  # paused at its review point
+    note = ws.root / "Needs_Action" / "review_bill.md"
+    with note.open("a") as f:  # a person's line in the note: shown as text, never as markup
+        f.write("\nA person wrote: <img src=x onerror=alert(1)> looks fine\n")
+
+    # (b) no script at all: the server's HTML holds the cards
+    still = browser.new_page(viewport={"width": 1280, "height": 800}, java_script_enabled=False)
+    still.goto(f"{served.base}/?token={served.token}")
+    shot = tmp_path / "first-page.png"
+    still.screenshot(path=str(shot))
+    card = "article.card[data-task-id='bill']"
+    shown = still.inner_text("#loops")
+    print("the page before any script ran shows:", shown.replace("\n", " | "), f"({shot.stat().st_size} bytes png)")
+    assert still.is_visible(f"{card} .title") and still.inner_text(f"{card} .title") == "Billing <export>"
+    assert "Loading" not in shown and still.inner_text(f"{card} [data-role=status]").lower() == "paused"
+    still.close()
+
+    # (a) with its script: the card's button shows the note's text
+    page = browser.new_page(bypass_csp=True)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{served.base}/?token={served.token}")
+    page.wait_for_selector("#live.on")
+    page.click(f"{card} button[data-act=note]")
+    page.wait_for_selector(f"{card} pre.note.open")
+    text = page.inner_text(f"{card} pre.note")
+    print("the note on the card:", text[:200].replace("\n", " | "))
+    assert text.startswith("Needs_Action/review_bill.md") and note.read_text().strip() in text, text
+    assert "<img src=x onerror=alert(1)>" in text and page.query_selector(f"{card} pre.note img") is None
+    page.click(f"{card} button[data-act=note]")  # and folds away again
+    page.wait_for_selector(f"{card} pre.note.open", state="detached")
+    assert errors == [], errors
+    page.close()
+
+    # the note's route is behind the server's gate like every other
+    import httpx
+
+    assert httpx.get(f"{served.base}/api/loops/bill/note").status_code == 401  # no token
+    assert served.get("/api/loops/bill/note", headers={"Host": "evil.example"}).status_code == 403
+    assert served.get("/api/loops/bill/note").json()["path"] == "Needs_Action/review_bill.md"
+    assert served.get("/api/loops/nobody/note").status_code == 404
+    assert served.get("/api/loops/..%2Fx/note").status_code in (400, 404)

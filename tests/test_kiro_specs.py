@@ -208,6 +208,25 @@ def test_a_finished_spec_is_not_started_and_needs_action_and_config_stay_out_of_
     assert "config/" not in git(root, "status", "--porcelain", "--untracked-files=all")
 
 
+def test_a_spec_run_in_a_kiro_repository_makes_none_of_kiros_layout_at_its_root(tmp_path: Path) -> None:
+    """Issue #38 item 15: `start --spec` in a Kiro repository (no `kiro init`) made `Specs/ Done/ Needs_Action/
+    Dashboard.md` at the project's root. Now only kiro's own `.state/` and `Logs/` (kept out of git)."""
+    root = tmp_path / "project"
+    (root / ".kiro/specs/auth").mkdir(parents=True)
+    (root / ".kiro/specs/auth/tasks.md").write_text(SHELL_SPEC)
+    git_project(root)
+    ws = Workspace(root)
+    r = ws.kiro("loop", "start", "--spec", "auth", "--executor", "shell", "--task-id", "k")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[x] 2. Checkpoint" in (root / ".kiro/specs/auth/tasks.md").read_text()
+    status = git(root, "status", "--porcelain", "--untracked-files=all").splitlines()
+    print("git status after the run:", status, "; at the root:", sorted(p.name for p in root.iterdir()))
+    assert set(status) <= {" M .kiro/specs/auth/tasks.md"}, status  # the boxes (committed by checkpoints)
+    made = [name for name in ("Specs", "Done", "Needs_Action", "Dashboard.md", ".hooks") if (root / name).exists()]
+    assert made == [], made
+    assert (root / ".state").is_dir() and (root / "Logs/k.jsonl").is_file()
+
+
 def test_kiro_init_in_a_repository_keeps_its_folders_out_and_says_so(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "src").mkdir(parents=True)
@@ -248,6 +267,7 @@ def test_a_moved_spec_task_file_is_found_by_the_id_kiro_keeps(tmp_path: Path) ->
     taskmap.remember(ws.state_dir, "t1", spec)
     assert taskmap.task_id_for(ws.state_dir, spec) == "t1"
     moved = root / "Needs_Action" / "auth-review.md"  # moved and renamed by a person
+    moved.parent.mkdir()  # by the person: a Kiro repository's loop makes no Needs_Action/ (issue #38 item 15)
     spec.rename(moved)
     assert locate_task(ws, spec, "t1") == ("Needs_Action", moved)
     assert taskmap.task_id_for(ws.state_dir, moved) == "t1"

@@ -70,6 +70,45 @@ def test_a_file_in_a_folder_made_after_the_watch_started_wakes_and_kiros_box_edi
                     ("a person's edit of it", True)]
 
 
+def test_in_a_kiro_repository_the_watch_makes_no_folder_and_watches_needs_action_once_it_appears(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #38 item 15: the watcher made Specs/ Done/ Needs_Action/ .hooks/ at a Kiro repository's root. Now it
+    makes none; Needs_Action/, made later (kiro's first note), is watched from then on: a person deleting
+    the note wakes the loop at once, not at the next safety poll."""
+    monkeypatch.setattr(kiro.core.watch, "SAFETY_POLL", 600.0)
+    root = tmp_path / "project"
+    (root / ".kiro/specs/auth").mkdir(parents=True)
+    (root / ".kiro/specs/auth/tasks.md").write_text("- [ ] 1. one\n")
+
+    async def scenario() -> list[tuple[str, bool]]:
+        hub = await acquire_hub(root)
+        woken = asyncio.Event()
+        hub.subscribe_event(woken)
+        seen: list[tuple[str, bool]] = []
+        try:
+            assert hub.failed is None, hub.failed
+            made = sorted(p.name for p in root.iterdir())
+            assert made == [".kiro", ".state"], made  # .state/inbox: kiro's own
+            note = root / "Needs_Action" / "review_t.md"
+            note.parent.mkdir()
+            seen.append(("Needs_Action/ made", await _woken(woken)))
+            await asyncio.sleep(0.3)  # the watcher restarts with the new folder
+            note.write_text("a note\n")
+            woken.clear()
+            await asyncio.sleep(0.3)
+            woken.clear()
+            note.unlink()  # the person answers by deleting the note
+            seen.append(("the note deleted", await _woken(woken)))
+        finally:
+            hub.unsubscribe(woken)
+            await release_hub(hub)
+        return seen
+
+    seen = asyncio.run(scenario())
+    print(seen)
+    assert seen == [("Needs_Action/ made", True), ("the note deleted", True)]
+
+
 def test_a_1500_deep_folder_in_specs_does_not_stop_the_watcher(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kiro.core.watch, "SAFETY_POLL", 600.0)
     (ws.root / "Specs/deep").mkdir()

@@ -229,7 +229,7 @@ class Review(Feature):
     def _pause(self, loop: LoopHandle, step: Step, why: str) -> Stop:
         s = loop.state
         rec = s.step_record(step.id)
-        path = loop.ws.needs_action / f"review_changes_{s.task_id}.md"
+        path = loop.ws.review_changes_note(s.task_id)
         rounds = rec.reviews[rec.reviews_counted_from:]
         lines = [f"# Review of step {step.id} needs a person", "", f"Task `{s.task_path}`, step {step.id}: "
                  f"{step.title or step.text}", "", f"The loop paused because {why}.", "", "## The review rounds", ""]

@@ -1,6 +1,8 @@
 """Reacting to files without polling: one watchfiles watcher per workspace per process, over the
 folders people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`, `.state/inbox/`, and
-a project's `.kiro/specs/` and the workspace's `Approved/` when they are there).
+a project's `.kiro/specs/` and the workspace's `Approved/` when they are there). A folder not there yet is
+not made (in a Kiro repository a loop makes no `Specs/`, `Done/` or `Needs_Action/` at the project's root):
+the workspace's top level is watched alone (not recursively) until it appears, then watched too.
 
 Every change batch wakes every subscribed waiter; a waiter then re-checks its own conditions (a few
 `stat` calls). kiro's own writes wake nobody (`kiro.fs.ownwrites`, as watchfiles' filter). While nothing
@@ -22,6 +24,7 @@ from kiro.shared import Registry
 POLL_FALLBACK = 0.25
 SAFETY_POLL = 5.0
 WATCHED = (".hooks", "Specs", "Done", "Needs_Action", ".state/inbox")  # inbox: messages wake waiting loops
+MADE = (".state/inbox",)  # kiro's own (under the state folder): made when missing; the others are watched once there
 # Kiro's spec folders (kiro.store.kirospec); Approved/: a person's approval of a task file a step wrote
 # (kiro.store.approval), which wakes `kiro loop watch` (made by the first note: never made here)
 WATCHED_IF_THERE = (".kiro/specs", "Approved")
@@ -67,33 +70,85 @@ class ChangeHub:
         watchfiles sets them up before its first wait, in the task's first turn."""
         if self._task is not None:
             return
-        paths = []
-        for name in WATCHED:
-            p = self.root / name
+        for name in MADE:
             with contextlib.suppress(OSError):
-                p.mkdir(parents=True, exist_ok=True)
-            if p.is_dir():
-                paths.append(p)
-        for name in WATCHED_IF_THERE:  # a project's own folders: watched, never made
-            p = self.root / name
-            if p.is_dir() and p.resolve() not in {q.resolve() for q in paths}:
-                paths.append(p)
+                (self.root / name).mkdir(parents=True, exist_ok=True)
         self._stop = asyncio.Event()
-        self._task = asyncio.create_task(self._run(paths), name=f"kiro-watch:{self.root}")
-        await asyncio.sleep(0)
+        self._task = asyncio.create_task(self._run(), name=f"kiro-watch:{self.root}")
+        for _turn in range(3):  # the watches' first turns (the folders' watch, then the top level's)
+            await asyncio.sleep(0)
 
-    async def _run(self, paths: list[Path]) -> None:
+    def _present(self) -> set[str]:
+        return {name for name in WATCHED if (self.root / name).is_dir()}
+
+    def _paths(self) -> tuple[list[Path], bool]:
+        """The folders there now, and whether one of WATCHED is still missing."""
+        paths: list[Path] = []
+        missing = False
+        for name in (*WATCHED, *WATCHED_IF_THERE):  # a project's own folders: watched, never made
+            p = self.root / name
+            if not p.is_dir():
+                missing = missing or name in WATCHED
+            elif p.resolve() not in {q.resolve() for q in paths}:
+                paths.append(p)
+        return paths, missing
+
+    async def _run(self) -> None:
         assert self._stop is not None
         try:
-            from watchfiles import awatch
-
-            async for _changes in awatch(*paths, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
-                                         stop_event=self._stop, rust_timeout=RUST_TIMEOUT_MS, recursive=True,
-                                         ignore_permission_denied=True):
-                self.notify()  # awatch yields only batches with a change the filter let through
+            while not self._stop.is_set():
+                paths, missing = self._paths()
+                if not missing:
+                    await self._watch(paths, self._stop)
+                    return
+                again = asyncio.Event()  # a missing folder appeared: watch it as well
+                top = asyncio.create_task(self._watch_top(again, self._present()))
+                try:
+                    await self._watch(paths, again)
+                finally:
+                    again.set()
+                    with contextlib.suppress(BaseException):
+                        await top
         except Exception as exc:  # the watcher is an optimisation; waiters fall back to polling
             self.failed = f"{type(exc).__name__}: {exc}"
             self.notify()
+
+    async def _watch(self, paths: list[Path], stop: asyncio.Event) -> None:
+        from watchfiles import awatch
+
+        if not paths:
+            await stop.wait()
+            return
+        async for _changes in awatch(*paths, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
+                                     stop_event=stop, rust_timeout=RUST_TIMEOUT_MS, recursive=True,
+                                     ignore_permission_denied=True):
+            self.notify()  # awatch yields only batches with a change the filter let through
+
+    async def _watch_top(self, again: asyncio.Event, present: set[str]) -> None:
+        """The workspace's top level, not recursively, while a watched folder is missing: sets `again` when
+        one appears (or the hub stops)."""
+        from watchfiles import awatch
+
+        assert self._stop is not None
+        stop = self._stop
+        relay = asyncio.create_task(stop.wait())
+        relay.add_done_callback(lambda _t: again.set())
+
+        def appeared() -> None:  # a folder made before the watch below was set up (in this task's first turn)
+            if self._present() != present:
+                again.set()
+
+        asyncio.get_running_loop().call_soon(appeared)
+        try:
+            async for _changes in awatch(self.root, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
+                                         stop_event=again, rust_timeout=RUST_TIMEOUT_MS, recursive=False,
+                                         ignore_permission_denied=True):
+                self.notify()
+                if self._present() != present:
+                    again.set()
+                    return
+        finally:
+            relay.cancel()
 
     async def aclose(self) -> None:
         if self._task is None:

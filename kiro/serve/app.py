@@ -7,6 +7,7 @@
     GET  /api/loops/{id}                the state file
     GET  /api/loops/{id}/progress       `kiro loop progress --json`
     GET  /api/loops/{id}/events         that loop's events: ?after=N (the N-th event of its log), ?tail=K
+    GET  /api/loops/{id}/note           the review note a paused loop waits on: {path, text}; 404 when none
     GET  /api/events                    SSE of every loop's events; `id:` is a workspace-wide cursor
     GET  /api/ws                        WebSocket: the same events, and control messages (seed 003)
     GET  /digest                        the digest (SPEC §14) as a page: ?date=YYYY-MM-DD, default today's
@@ -24,6 +25,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -34,6 +36,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kiro import jsonl
 from kiro.errors import KiroError, raise_errors
+from kiro.fs import safeio
 from kiro.serve.auth import TokenAuth
 from kiro.serve.control import ControlError, Controller
 from kiro.serve.index import EventIndex
@@ -106,8 +109,13 @@ class Server:
                              "events": self.index.last, "watcher_error": self.index.watch_error})
 
     async def page(self, request: Request) -> Response:
-        """The live dashboard (HTML)."""
+        """The live dashboard (HTML), with the loops' cards rendered in it (kiro.serve.pages.loop_cards): a
+        browser shows them before its script has run; the script then keeps them up to date."""
+        from kiro.serve import pages
+
         html = resources.files("kiro.serve").joinpath("dashboard.html").read_text(encoding="utf-8")
+        rows = await asyncio.to_thread(self._rows)
+        html = html.replace("<!--loops-->", pages.loop_cards(rows), 1)
         return HTMLResponse(html, headers={"Cache-Control": "no-store",
                                            "Content-Security-Policy": "default-src 'self'; "
                                            "style-src 'self' 'unsafe-inline'; script-src 'self' 'unsafe-inline'; "
@@ -137,11 +145,44 @@ class Server:
             "Cache-Control": "no-store", "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
                                                                     "script-src 'unsafe-inline'"})
 
-    async def loops(self, request: Request) -> Response:
-        """Every loop's row, as `kiro loop status --json` shows it."""
-        warnings: list[str] = []
+    def _rows(self, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every loop's row as `kiro loop status --json` shows it, with `review_note`: the workspace path of
+        the review note the loop waits on (`note`), or None. Secrets cut."""
         rows = loops.all_rows(self.store, warnings)
-        return JSONResponse(self.redact.data(rows), headers={"X-Kiro-Warnings": str(len(warnings))})
+        for row in rows:
+            found = self._note(str(row.get("task_id", "")))
+            row["review_note"] = self.ws.relative(found) if found is not None else None
+        return self.redact.data(rows)  # type: ignore[no-any-return]
+
+    def _note(self, task_id: str) -> Path | None:
+        """The review note of a loop paused at a review point, or of its review helper (SPEC §13)."""
+        for path in (self.ws.review_note(task_id), self.ws.review_changes_note(task_id)):
+            if path.is_file():
+                return path
+        return None
+
+    async def loops(self, request: Request) -> Response:
+        """Every loop's row, as `kiro loop status --json` shows it (and `review_note`, `_rows`)."""
+        warnings: list[str] = []
+        rows = await asyncio.to_thread(self._rows, warnings)
+        return JSONResponse(rows, headers={"X-Kiro-Warnings": str(len(warnings))})
+
+    async def note(self, request: Request) -> Response:
+        """The text of the review note the loop waits on (Needs_Action/review_<id>.md, or the review helper's
+        review_changes_<id>.md), secrets cut; the page shows it as text (never as HTML)."""
+        try:
+            tid = self._tid(request)
+        except ControlError as exc:
+            return _error(exc.status, exc.message)
+        found = self._note(tid)
+        if found is None:
+            return _error(404, f"loop {tid} has no review note in {self.ws.relative_name(self.ws.needs_action)}/")
+        try:
+            raw = safeio.read_bytes(found, limit=safeio.SMALL_MAX_BYTES, follow_symlinks=False)  # kiro's own file
+        except (OSError, KiroError) as exc:
+            return _error(404, f"{self.ws.relative(found)}: {exc}")
+        text = self.redact.text(raw.decode("utf-8", errors="replace"))
+        return JSONResponse({"path": self.ws.relative(found), "text": text})
 
     def _tid(self, request: Request) -> str:
         return self.control.task_id(request.path_params["task_id"])
@@ -438,6 +479,7 @@ def create_app(store: StateStore, token: str, hosts: frozenset[str]) -> TokenAut
         Route("/api/loops/{task_id}", s.loop),
         Route("/api/loops/{task_id}/progress", s.progress),
         Route("/api/loops/{task_id}/events", s.loop_events),
+        Route("/api/loops/{task_id}/note", s.note),
         Route("/api/loops/{task_id}/stop", s.post_stop, methods=["POST"]),
         Route("/api/loops/{task_id}/resume", s.post_resume, methods=["POST"]),
         Route("/api/loops/{task_id}/messages", s.post_message, methods=["POST"]),

@@ -1,4 +1,5 @@
-"""Pages `kiro serve` renders on the server: the digest (SPEC §14, kiro.views.digest) as HTML.
+"""Pages `kiro serve` renders on the server: the digest (SPEC §14, kiro.views.digest) as HTML, and the
+loops' cards the dashboard's first page shows before its script runs (`loop_cards`).
 
 The markdown is rendered by markdown-it-py with its `js-default` preset: raw HTML in the text (a task's
 title, an error message) is escaped, and links other than http(s), mailto and relative ones are dropped.
@@ -54,3 +55,25 @@ def digest(found: dict[str, Any], redact: Callable[[str], str]) -> str:
             f'<input name="date" type="date" value="{date}" aria-label="date">'
             f'<input id="token" name="token" type="hidden"> <button>Show</button></form></nav>'
             f"{body}</main></body></html>")
+
+
+def loop_cards(rows: list[dict[str, Any]]) -> str:
+    """The dashboard's cards as the server sees the loops now (rows of `kiro loop status --json`): each loop's
+    title, status, id, task file and steps, in the markup the page's script patches (dashboard.html), so a
+    screenshot taken before any script ran shows the loops, not "Loading…". Every value is escaped."""
+    if not rows:
+        return ("<div class=empty>No loops in this workspace yet. Start one above, or with <code>kiro loop start "
+                "--task Specs/&lt;feature&gt;/tasks.md</code>.</div>")
+    out = []
+    for r in rows:
+        status = str(r.get("status") or "")
+        total, done = r.get("steps_total") or 0, r.get("steps_done") or 0
+        e = html.escape
+        out.append(
+            f"<article class='card s-{e(status)}' data-task-id='{e(str(r.get('task_id', '')))}'><div class=body>"
+            f"<div class=top><div class=title>{e(str(r.get('title') or r.get('task_path') or ''))}</div>"
+            f"<span class='pill s-{e(status)}' data-role=status>{e(status.replace('_', ' '))}</span></div>"
+            f"<div class=tid>{e(str(r.get('task_id', '')))} · {e(str(r.get('task_path', '')))}</div>"
+            f"<div class=stats><div class=stat><div class=k>Steps</div><div class=v data-role=steps>{done}/"
+            f"{total or '–'}</div></div></div></div></article>")
+    return "".join(out)

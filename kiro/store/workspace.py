@@ -289,6 +289,10 @@ class Workspace:
     def review_note(self, task_id: str) -> Path:
         return self.needs_action / f"review_{task_id}.md"
 
+    def review_changes_note(self, task_id: str) -> Path:
+        """The note of the review helper (kiro.core.review) when its reviewers did not approve a step."""
+        return self.needs_action / f"review_changes_{task_id}.md"
+
     def human_request(self, task_id: str) -> Path:
         return self.needs_action / f"request_{task_id}.md"
 
@@ -392,8 +396,18 @@ class Workspace:
         except ValueError:
             return str(path)
 
+    @property
+    def laid_out(self) -> bool:
+        """Whether the workspace has kiro's layout (SPEC §1): `kiro init` ran (config/autonomous_loop.yaml), or
+        it has a Specs/ folder, or it is no Kiro repository. A Kiro repository (`.kiro/specs/` and neither)
+        runs its specs in place: kiro makes none of its layout's folders or Dashboard.md at the project's root,
+        only its own `.state/` and `Logs/` (kept out of git, kiro.git.ignore); Needs_Action/ and the others
+        are made when a note is first written there (kiro.fs.atomic)."""
+        return (self.config_file.is_file() or self.specs.is_dir()
+                or not kirospec.specs_folder(self.root).is_dir())
+
     def ensure_folders(self) -> None:
-        for name in FOLDERS:
+        for name in FOLDERS if self.laid_out else ("Logs",):
             (self.root / name).mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
 

@@ -237,6 +237,8 @@ def render(ws: Workspace, store: StateStore, live: dict[str, LoopState], now: da
 
 
 def write_now(ws: Workspace, store: StateStore, live: dict[str, LoopState] | None = None) -> None:
+    if not ws.laid_out:  # a Kiro repository: no Dashboard.md at the project's root (Workspace.laid_out)
+        return
     atomic_write(ws.dashboard, render(ws, store, live or {}), fsync=False)
 
 
@@ -287,6 +289,8 @@ class DashboardService:
             self._interval = max(MIN_INTERVAL, (time.monotonic() - self._last) * SHARE_LIMIT)
 
     def _write(self, text: str) -> None:
+        if not self.ws.laid_out:  # a Kiro repository: no Dashboard.md at the project's root (Workspace.laid_out)
+            return
         try:
             atomic_write(self.ws.dashboard, text, fsync=False)
         except OSError as exc:
