@@ -40,8 +40,8 @@ class Registry:
         return found
 
     def names(self) -> tuple[str, ...]:
-        """Every registered name, in the order of the installed packages (each one's sorted)."""
-        return tuple(self._entries)
+        """Every registered name, sorted (whichever package registered it)."""
+        return tuple(sorted(self._entries))
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
