@@ -218,7 +218,7 @@ def test_kiro_agents_lists_the_presets_and_their_command_lines(ws: Workspace) ->
     assert f"command: {rows['claude']['command']}" in one and "codex" not in one
     assert ws.kiro("agents", "--verbose", env=ws.env(**AGENTS_CACHE)).stdout.count("  command: ") == len(rows)
     bad = ws.kiro("agents", "clippy")
-    assert bad.returncode == 1 and "no agent preset 'clippy': choose claude" in bad.stderr
+    assert bad.returncode == 1 and "no agent preset 'clippy': choose acp, aider, claude, " in bad.stderr
 
 
 def test_an_unknown_agent_is_one_clear_line(ws: Workspace) -> None:
