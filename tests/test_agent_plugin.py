@@ -71,9 +71,8 @@ def install(folder: Path) -> list[str]:
 
 def kiro(ws: Workspace, *args: str, plugin: Path | None) -> subprocess.CompletedProcess[str]:
     env = ws.env()
-    env.pop("PYTHONPATH", None)
-    if plugin is not None:
-        env["PYTHONPATH"] = str(plugin)
+    paths = [str(plugin)] if plugin is not None else []
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.run([sys.executable, "-m", "kiro", *args], cwd=ws.root, env=env, capture_output=True,
                           text=True, timeout=300)
 
