@@ -555,6 +555,20 @@ def test_read_commands_import_nothing_that_runs_a_loop(loops: Workspace, args: t
     assert loaded == []
 
 
+def test_a_config_naming_agents_is_checked_without_importing_a_preset(loops: Workspace) -> None:
+    """Issue #40 item 2: the agent names are checked against the registry's metadata (kiro.plugins.AGENTS),
+    not by importing the presets: `kiro loop status` with `agent:` and `fallback_agents:` set loads none."""
+    config = loops.root / "config" / "autonomous_loop.yaml"
+    config.write_text(config.read_text() + "agent: codex\nfallback_agents: [gemini, claude-acp]\n")
+    r = subprocess.run([sys.executable, "-c", PROBE, "loop", "status"], cwd=loops.root, env=loops.env(),
+                       capture_output=True, text=True, timeout=60)
+    code, *modules = r.stderr.rsplit("@@", 1)[1].split()
+    assert code in ("0", "None"), r.stderr
+    presets = [m for m in modules if m.startswith("kiro.executors.agents")]
+    print(f"loop status with agent: codex: preset modules imported: {presets or 'none'}")
+    assert presets == []
+
+
 def test_logs_tail_reads_from_the_end_as_read_events_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Torn lines, blank lines, a line longer than the block, JSON that is not an object, no final
     newline: the last N events are those of kiro.store.logread.read_events, at every block boundary."""

@@ -504,8 +504,11 @@ REFUSED: list[tuple[dict[Any, Any], str]] = [
     ({'executor': 'bogus'},
      "executor: Input should be 'openai', 'command' or 'shell' (got 'bogus')"),
     ({'agent': 'gpt'},
-     "agent: Input should be 'claude', 'codex', 'aider', 'gemini', 'opencode', 'qwen', 'copilot', 'acp', "
-     "'claude-acp', 'gemini-acp', 'codex-acp' or 'opencode-acp' (got 'gpt')"),
+     "agent: Input should be 'acp', 'aider', 'claude', 'claude-acp', 'codex', 'codex-acp', 'copilot', 'gemini', "
+     "'gemini-acp', 'opencode', 'opencode-acp' or 'qwen' (got 'gpt')"),
+    ({'agent': 'claude', 'acp_command': ['x']},  # which presets speak ACP: their speaks_acp, not their names
+     "acp_command: is the command line of an ACP agent, but agent is 'claude'; set agent: acp (or an ACP preset: "
+     "claude-acp, codex-acp, gemini-acp, opencode-acp), or remove acp_command (got ['x'])"),
     ({'agent_args': ['a', 1]},
      "agent_args.1: Input should be a valid string (got 1)"),
     ({'agent_args': 'x'},

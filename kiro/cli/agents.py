@@ -24,6 +24,7 @@ def agents(
     """List the agent CLI presets (`agent:` / --agent), one line each: installed or not, version, the credential it would use. `kiro agents NAME` (or --verbose) adds the exact command line and the box it runs in."""
     from kiro.errors import UserError
     from kiro.executors.agents import describe
+    from kiro.plugins import AGENTS
     from kiro.processes import sandbox
     from kiro.store.settings import settings_for
     from kiro.store.workspace import Workspace
@@ -43,7 +44,7 @@ def agents(
     if name is not None:
         rows = [row for row in rows if row["name"] == name]
         if not rows:
-            raise UserError(f"no agent preset {name!r}: choose {', '.join(r['name'] for r in describe(config, box))}")
+            raise UserError(f"no agent preset {name!r}: choose {', '.join(AGENTS.names())}")
     why = sandbox.unusable()
     for row in rows:
         row["bwrap_usable"] = why is None

@@ -74,10 +74,11 @@ def _utf8(name: str, value: str) -> None:
         raise UserError(f"{name}: not UTF-8 text ({shown} at position {exc.start + 1}); type it again as UTF-8") from None
 
 
-AgentOpt = Annotated[str | None, typer.Option("--agent", help="Agent preset for the command executor: claude | "
-                                              "codex | aider | gemini | opencode | qwen | copilot, or an ACP "
-                                              "agent: claude-acp | codex-acp | gemini-acp | opencode-acp | acp "
-                                              "(see `kiro agents`).",
+# The names are not listed here: reading the registry (kiro.plugins.AGENTS) costs every command ~50 ms; a
+# wrong name is answered with the list.
+AgentOpt = Annotated[str | None, typer.Option("--agent", help="Agent preset for the command executor, or an ACP "
+                                              "agent: one `kiro agents` lists (kiro's own and those installed "
+                                              "packages add).",
                                               show_default=False)]
 
 ParallelOpt = Annotated[int | None, typer.Option("--parallel", metavar="N", help="Run up to N open steps at once, "

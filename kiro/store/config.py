@@ -15,13 +15,24 @@ import types
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_core import ErrorDetails
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from kiro.errors import ConfigError
 from kiro.fs import safeio
+from kiro.plugins import AGENTS
 from kiro.store import redact
 from kiro.store.workspace import CONFIG_RELPATH
 
@@ -371,9 +382,21 @@ class AgentEnv(_Strict):
         return self
 
 
-# the presets; an ACP agent's name is `acp` or ends in `-acp` (kiro.executors.acp speaks to it)
-AgentName = Literal["claude", "codex", "aider", "gemini", "opencode", "qwen", "copilot", "acp", "claude-acp",
-                    "gemini-acp", "codex-acp", "opencode-acp"]
+def _registered_agent(value: str) -> str:
+    if value not in AGENTS:
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": AGENTS.choices()})
+    return value
+
+
+class _RegisteredNames:
+    """The JSON Schema of an agent name: an enum of the names registered now (kiro.plugins.AGENTS)."""
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return {**handler(schema), "enum": list(AGENTS.names())}
+
+
+# a preset's name, as registered (kiro.plugins.AGENTS: kiro's own and those installed packages add)
+AgentName = Annotated[str, AfterValidator(_registered_agent), _RegisteredNames()]
 
 
 class Review(_Strict):
@@ -406,9 +429,9 @@ class Review(_Strict):
         return self
 
 
-def is_acp(agent: str | None) -> bool:
-    """Whether the agent called `agent` is spoken to over the Agent Client Protocol."""
-    return agent is not None and (agent == "acp" or agent.endswith("-acp"))
+def _speaks_acp(agent: str | None) -> bool:
+    """Whether the preset called `agent` is spoken to over the Agent Client Protocol (its `speaks_acp`)."""
+    return agent is not None and agent in AGENTS and bool(getattr(AGENTS.load(agent), "speaks_acp", False))
 
 
 class Config(_Strict):
@@ -425,11 +448,9 @@ class Config(_Strict):
     """for `command`, your own command line, e.g. "my-agent --task {task_file}"; placeholders {prompt_file} {task_file}
     {step_id} {project_dir}."""
     agent: AgentName | None = None
-    """claude | codex | aider | gemini | opencode | qwen | copilot: a maintained command line and output parser
-    (tokens, cost, errors) for that agent CLI; `kiro agents` shows them. executor_command, when set, overrides the
-    command line. claude-acp | gemini-acp | codex-acp | opencode-acp | acp: an agent kiro speaks the Agent Client
-    Protocol to (tool calls as they happen, kiro answers its permission requests and serves its file reads and
-    writes)."""
+    """a preset: a maintained command line and output parser (tokens, cost, errors) for an agent CLI, or an agent kiro
+    speaks the Agent Client Protocol to (names ending in -acp, and acp); `kiro agents` lists them, with those installed
+    packages add. executor_command, when set, overrides the command line."""
     agent_args: list[str] = Field(default_factory=list)
     """extra arguments appended to the agent's command line, e.g. ["--model", "x"]."""
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
@@ -567,9 +588,10 @@ class Config(_Strict):
         if not value or not value[0].strip():
             raise ValueError("is empty; give the ACP agent's program and its arguments as a list, e.g. [gemini, --acp]")
         agent = info.data.get("agent")
-        if not is_acp(agent):
+        if not _speaks_acp(agent):
+            acp = ", ".join(name for name in AGENTS.names() if name != "acp" and _speaks_acp(name))
             raise ValueError(f"is the command line of an ACP agent, but agent is {agent!r}; set agent: acp (or an "
-                             f"ACP preset: claude-acp, gemini-acp, codex-acp, opencode-acp), or remove acp_command")
+                             f"ACP preset: {acp}), or remove acp_command")
         return value
 
     @field_validator("fallback_agents")

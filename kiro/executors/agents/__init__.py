@@ -10,13 +10,14 @@ A command line is a template, split like a shell would (`shlex`); these placehol
 in each argument: `{prompt_file}` (the prompt written to a file; without it the prompt goes on
 stdin), `{task_file}`, `{step_id}`, `{project_dir}`.
 
-Adding a preset: a module in this package with a `Preset` subclass, and one line in `PRESETS`.
+Adding a preset: a module with a `Preset` subclass, registered as an entry point of group `kiro.agents`
+(kiro.plugins.AGENTS): kiro's own in its pyproject.toml, any other in its own package's (`kiro-agent-<x>`).
+The config's accepted names, its schema, errors and `kiro agents` read that registry.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from kiro.errors import ExecutorError
 from kiro.executors.base import Usage
+from kiro.plugins import AGENTS, UnknownName
 from kiro.store.redact import looks_like_token, looks_secret
 from kiro.store.state import SERVE_TOKEN_ENV
 
@@ -43,22 +45,6 @@ if TYPE_CHECKING:
 # instead of counting a failure (kiro.executors.command).
 FailureKind = Literal["usage_error", "auth_error", "rate_limit", "usage_limit", "failure"]
 
-# name -> "module:class". `clis` adds aider, gemini and opencode here.
-PRESETS: dict[str, str] = {
-    "claude": "kiro.executors.agents.claude:ClaudePreset",
-    "codex": "kiro.executors.agents.codex:CodexPreset",
-    "aider": "kiro.executors.agents.aider:AiderPreset",
-    "gemini": "kiro.executors.agents.gemini:GeminiPreset",
-    "opencode": "kiro.executors.agents.opencode:OpencodePreset",
-    "qwen": "kiro.executors.agents.qwen:QwenPreset",
-    "copilot": "kiro.executors.agents.copilot:CopilotPreset",
-    "acp": "kiro.executors.agents.acp:AcpPreset",
-    "claude-acp": "kiro.executors.agents.acp:ClaudeAcpPreset",
-    "gemini-acp": "kiro.executors.agents.acp:GeminiAcpPreset",
-    "codex-acp": "kiro.executors.agents.codex_acp:CodexAcpPreset",
-    "opencode-acp": "kiro.executors.agents.opencode_acp:OpencodeAcpPreset",
-}
-NAMES = tuple(PRESETS)
 LINE_KEPT = 1024 * 1024  # of a line of stdout being read as it arrives (a tool call's whole arguments)
 PLACEHOLDERS = ("{prompt_file}", "{task_file}", "{step_id}", "{project_dir}")
 
@@ -679,20 +665,16 @@ class CommandLine(Preset):
 
 
 def preset_class(name: str) -> type[Preset]:
+    """The preset registered as `name` (kiro.plugins.AGENTS), imported now."""
     try:
-        spec = PRESETS[name]
-    except KeyError:
-        raise ExecutorError(f"unknown agent {name!r}; choose one of {', '.join(NAMES)}") from None
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        raise ExecutorError(f"agent {name!r} has no preset in this build of kiro yet; set executor_command "
-                            f"to its command line instead") from None
-    cls = getattr(module, attr)
-    assert isinstance(cls, type) and issubclass(cls, Preset)
+        cls = AGENTS.load(name)
+    except UnknownName as exc:
+        raise ExecutorError(str(exc)) from None
+    except ModuleNotFoundError as exc:  # its package is broken or half uninstalled
+        raise ExecutorError(f"agent {name!r} cannot be loaded ({exc}); reinstall the package that adds it, or set "
+                            f"executor_command to its command line instead") from None
+    if not (isinstance(cls, type) and issubclass(cls, Preset)):
+        raise ExecutorError(f"agent {name!r} is registered as {cls!r}, not a kiro.executors.agents.Preset subclass")
     return cls
 
 
@@ -703,7 +685,7 @@ def get(name: str, config: Config | None = None) -> Preset:
 def available() -> list[type[Preset]]:
     """The presets this build has, in registry order."""
     found = []
-    for name in NAMES:
+    for name in AGENTS.names():
         try:
             found.append(preset_class(name))
         except ExecutorError:
@@ -750,8 +732,7 @@ def resolve(config: Config) -> tuple[Preset, list[str]]:
         preset = get(config.agent, config)
         return preset, preset.template()
     raise ExecutorError(
-        "the command executor needs an agent CLI: `agent: claude` (or codex, aider, gemini, opencode, qwen, copilot, "
-        "claude-acp, gemini-acp, codex-acp, opencode-acp, acp; "
+        f"the command executor needs an agent CLI: `agent: NAME` (one of {', '.join(AGENTS.names())}; "
         "see `kiro agents`) or `executor_command: \"my-agent ...\"` in config/autonomous_loop.yaml, "
         "--agent NAME, or KIRO_AGENT / KIRO_EXECUTOR_COMMAND"
     )

@@ -1,0 +1,67 @@
+"""The registries of kiro's extension points: what can be plugged in, found by Python entry points.
+
+An extension point is an entry point group; each entry names one thing (`claude =
+kiro.executors.agents.claude:ClaudePreset`). kiro's own are declared in its pyproject.toml, and any
+installed package can add one the same way (a `kiro-agent-<x>` package with
+`[project.entry-points."kiro.agents"] x = "kiro_agent_x:XPreset"`), as simonw/llm's plugins do.
+
+The names are read from the installed packages' metadata, never by importing what they name: a
+command that only validates a config does not load the presets. `load` imports one when it is used.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
+
+class UnknownName(LookupError):
+    """A name no installed package registered."""
+
+
+class Registry:
+    """One extension point: its entry point group, and what a person calls its members (`agent`)."""
+
+    def __init__(self, group: str, what: str) -> None:
+        self.group = group
+        self.what = what
+
+    @functools.cached_property
+    def _entries(self) -> dict[str, EntryPoint]:
+        from importlib.metadata import entry_points  # read when first asked: ~50 ms a read command never pays
+
+        found: dict[str, EntryPoint] = {}
+        for entry in entry_points(group=self.group):
+            found.setdefault(entry.name, entry)  # the first on sys.path wins, as for an import
+        return found
+
+    def names(self) -> tuple[str, ...]:
+        """Every registered name, sorted (whichever package registered it)."""
+        return tuple(sorted(self._entries))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def choices(self) -> str:
+        """The names as an error lists them: `'claude', 'codex' or 'x'`."""
+        quoted = [repr(name) for name in self.names()]
+        return " or ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
+
+    def load(self, name: str) -> Any:
+        """What `name` registered (imported now). UnknownName when none did; ModuleNotFoundError (with
+        the registered module's name as `name`) when its module is not there."""
+        try:
+            entry = self._entries[name]
+        except KeyError:
+            raise UnknownName(f"unknown {self.what} {name!r}; choose one of {', '.join(self.names())}") from None
+        module_name, _, attr = entry.value.partition(":")
+        module = import_module(module_name.strip())
+        return getattr(module, attr.strip()) if attr else module
+
+
+AGENTS = Registry("kiro.agents", "agent")
+"""The agent presets (kiro.executors.agents): a `Preset` subclass per name."""
