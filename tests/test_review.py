@@ -77,6 +77,22 @@ elif mode == "changes":
     print("REVIEW: CHANGES the function still needs work")
 elif mode == "approve":
     print("REVIEW: APPROVE")
+elif mode == "vandal":  # it changes what it should only read, and says what it managed (`vandal-<n>.txt`)
+    import os
+    root = pathlib.Path(os.environ["KIRO_WORKSPACE"])
+    done = []
+    for what, act in (("wrote app.py", lambda: (root / "app.py").write_text("# the reviewer was here\\n")),
+                      ("deleted .gitignore", lambda: (root / ".gitignore").unlink()),
+                      ("created new.txt", lambda: (root / "new.txt").write_text("mine\\n")),
+                      ("edited tasks.md", lambda: (root / ".kiro/specs/calc/tasks.md").open("a").write(
+                          "- [ ] 9. A step the reviewer slipped in\\n"))):
+        try:
+            act()
+            done.append(what)
+        except OSError as exc:
+            print(f"could not: {what} ({exc.strerror})")
+    (out / f"vandal-{n}.txt").write_text("\\n".join(done))
+    print("REVIEW: APPROVE")
 else:
     diff = prompt.split("## Its diff", 1)[1].split("## Verify", 1)[0]
     missing = [m.group(1) for m in re.finditer(r'^\\+def (f\\w+)\\(\\):\\n(?!\\+    """)', diff, re.M)]
@@ -209,6 +225,49 @@ def test_max_rounds_of_changes_pause_the_loop_for_a_person(ws: Workspace) -> Non
     assert "[ ] 1. Add function f1" in (ws.root / SPEC / "tasks.md").read_text()  # the box is open
     changes = [e for e in ws.events("rv") if e["event"] == "review_requested_changes"]
     assert [e["paused"] for e in changes] == [False, True]
+
+
+def vandal_night(ws: Workspace, sandbox: str) -> tuple[Any, Path, dict[str, str]]:
+    """A step agent that adds f1, then a reviewer that writes app.py, deletes .gitignore, creates new.txt and
+    adds a step to the task file; returns the run, the reviewers' folder and the project's files after it."""
+    out = project(ws, plan={"default": "listen"}, reviewer="vandal", steps=1, extra=f"sandbox: {sandbox}\n")
+    r = start(ws)
+    files = {name: (ws.root / name).read_text() for name in ("app.py", ".gitignore", "new.txt", SPEC + "/tasks.md")
+             if (ws.root / name).exists()}
+    return r, out, files
+
+
+def test_a_boxed_reviewer_cannot_change_the_project(ws: Workspace) -> None:
+    from kiro.processes import sandbox
+
+    if sandbox.unusable() is not None:
+        pytest.skip(f"no box here: {sandbox.unusable()}")
+    r, out, files = vandal_night(ws, "bwrap")
+    managed = (out / "vandal-1.txt").read_text().split("\n") if (out / "vandal-1.txt").is_file() else ["?"]
+    print(f"boxed reviewer: tried 4 changes to the project, {4 - len([m for m in managed if m])} held "
+          f"(it managed: {[m for m in managed if m] or 'nothing'})")
+    assert r.returncode == 0, r.stdout + r.stderr  # its APPROVE counts: it changed nothing
+    assert managed == [""]
+    assert "def f1():" in files["app.py"] and files[".gitignore"] == "__pycache__/\n" and "new.txt" not in files
+    assert "slipped in" not in files[SPEC + "/tasks.md"] and "[x] 1. Add function f1" in files[SPEC + "/tasks.md"]
+    [receipt] = receipts(ws)
+    assert verdicts(receipt) == ["approve"]
+
+
+def test_an_unboxed_reviewer_s_changes_are_put_back_and_its_round_fails(ws: Workspace) -> None:
+    r, out, files = vandal_night(ws, "off")
+    managed = (out / "vandal-1.txt").read_text().split("\n")
+    assert managed == ["wrote app.py", "deleted .gitignore", "created new.txt", "edited tasks.md"]  # no box
+    # every change put back: the step's own work (f1) stays, the reviewer's is gone
+    assert "def f1():" in files["app.py"] and "reviewer was here" not in files["app.py"]
+    assert files[".gitignore"] == "__pycache__/\n" and "new.txt" not in files
+    assert "slipped in" not in files[SPEC + "/tasks.md"]
+    print(f"unboxed reviewer: made {len(managed)} changes, all put back; the loop exited {r.returncode}")
+    # the round failed (tried once more, the same), so the step is not done: the loop waits for a person
+    assert r.returncode == 6, (r.returncode, r.stdout + r.stderr)
+    assert "[ ] 1. Add function f1" in files[SPEC + "/tasks.md"]
+    note = (ws.root / "Needs_Action" / "review_changes_rv.md").read_text()
+    assert "changed the project's files" in note and "changed app.py" in note and "created new.txt" in note
 
 
 def test_a_box_checked_before_a_kill_is_reviewed_before_it_counts(ws: Workspace) -> None:

@@ -34,7 +34,8 @@ from kiro.core.conditions import Stop
 from kiro.core.hooks import Feature, LoopHandle, Reopen, VerifyRun
 from kiro.errors import ExecutorError, TaskFileError, TaskNotFound
 from kiro.executors.base import StepContext, StepResult
-from kiro.store import events, kirospec, tasks
+from kiro.processes import sandbox
+from kiro.store import events, kirospec, receipts, tasks
 from kiro.store.config import Config
 from kiro.store.receipts import ReviewRound
 from kiro.store.state import clip
@@ -107,16 +108,20 @@ class Review(Feature):
         for _ in range(TRIES):
             number = len(rec.reviews) + 1
             loop.emit(events.ReviewStarted(step_id=step.id, round=number, reviewer=who))
+            kept = await asyncio.to_thread(_keep, loop)  # unboxed: the project's files as the reviewer found them
             result, seconds = await self._run(loop, step, prompt, number)
+            changed = await asyncio.to_thread(_put_back, *kept) if kept is not None else []
+            if changed:
+                loop.emit(events.LoopWarning(message=f"the reviewer of step {step.id} changed the project's files "
+                                                     f"(sandbox: off); kiro put them back: {'; '.join(changed[:10])}"))
             if result.outcome == "interrupted":
                 return Reopen("the review was cut short; the step is reviewed again when the loop goes on",
                               stop=loop.interrupt_check() or conditions.stopped(
                                   result.stop_reason or "interrupted", "stopped during a review"))
             verdict, reasons = read_answer(result)
-            if verdict != "invalid" and diff is not None:
-                after = await asyncio.to_thread(_diff, loop, base)
-                if after != diff:
-                    verdict, reasons = "invalid", "the reviewer changed the project's files (a reviewer only reads)"
+            if changed:
+                verdict, reasons = "invalid", (f"the reviewer changed the project's files (a reviewer only reads; "
+                                               f"kiro put them back): {'; '.join(changed[:10])}")
             last = ReviewRound(round=number, verdict=verdict, reasons=clip(reasons, 2000), agent=who,
                                prompt_tokens=result.usage.prompt_tokens,
                                completion_tokens=result.usage.completion_tokens,
@@ -192,7 +197,7 @@ class Review(Feature):
                 executor = CommandExecutor(cfg, loop.ws, loop.state.task_id)
             except ExecutorError as exc:
                 raise ExecutorError(f"review: {exc}") from None
-            executor.log_label = "review-"
+            executor.reviewer = True
             self._reviewer = executor
         return self._reviewer
 
@@ -341,6 +346,49 @@ def _head(project: Path) -> str | None:
     except checkpoints.GitError:
         return None
     return out.strip() or None
+
+
+def _keep(loop: LoopHandle) -> tuple[receipts.Protected, dict[str, str]] | None:
+    """With the box off (`sandbox: off`), before a reviewer runs: a copy of the project's files git knows (tracked,
+    and untracked but not ignored; the task file too), in `.state/review/<task_id>/`, to put back what the
+    reviewer changes, as kiro.core.evidence puts protected paths back. None when the reviewer runs in its box (the
+    project is read-only there) or the project is not in a git work tree."""
+    from kiro.git import checkpoints
+
+    if sandbox.wanted(loop.cfg.sandbox):
+        return None
+    project = Path(loop.project_dir)
+    top = checkpoints.toplevel(project)
+    if top is None:
+        return None
+    rel = os.path.relpath(project.resolve(), top)
+    spec = checkpoints.pathspec("" if rel == "." else Path(rel).as_posix(), checkpoints.kiro_paths(loop.ws, top))
+    task_file: list[str] = []
+    with contextlib.suppress(ValueError):
+        task_file.append(Path(loop.task_path).resolve().relative_to(top).as_posix())
+
+    def files() -> list[str]:
+        out = checkpoints.Git(top).run("ls-files", "--cached", "--others", "--exclude-standard", "-z", "--",
+                                       *spec).stdout
+        return sorted({n for n in out.split("\0") if n} | set(task_file))
+
+    kept = receipts.Protected(loop.ws, loop.state.task_id, top, [], files=files, area="review")
+    try:
+        return kept, kept.snapshot()
+    except (checkpoints.GitError, OSError):
+        return None
+
+
+def _put_back(kept: receipts.Protected, manifest: dict[str, str]) -> list[str]:
+    """What the reviewer changed of the files `_keep` kept ("changed: app.py"), put back."""
+    from kiro.git import checkpoints
+
+    try:
+        changes = kept.changes(manifest)
+    except checkpoints.GitError as exc:
+        return [f"git could not tell ({exc})"]
+    failed = kept.put_back(manifest, changes)
+    return [str(c) for c in changes] + [f"not put back: {f}" for f in failed]
 
 
 def _diff(loop: LoopHandle, base: str | None) -> str | None:
