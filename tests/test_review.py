@@ -47,7 +47,8 @@ name = "f" + step.replace(".", "_")
 app = pathlib.Path("app.py")
 text = app.read_text()
 text = re.sub(r"\\ndef " + name + r"\\(\\):\\n(    .*\\n)*", "\\n", text)  # its earlier version of the function
-text = text.rstrip("\\n") + f"\\n\\n\\ndef {name}():\\n    return {step!r}\\n"
+body = "return (" if action == "break" else f"return {step!r}"  # break: a syntax error, so verify fails
+text = text.rstrip("\\n") + f"\\n\\n\\ndef {name}():\\n    {body}\\n"
 if action == "listen" and "add a docstring" in prompt:  # every function without one gets one
     text = re.sub(r"^def (f\\w+)\\(\\):\\n(?!    \\"\\"\\")", lambda m: m[0] + f'    """{m[1]}."""\\n', text,
                   flags=re.M)
@@ -329,7 +330,23 @@ def test_a_step_agent_that_ignores_the_reviewer_is_caught(ws: Workspace) -> None
     assert caught
     assert len(list(out.glob("agent-1-*.txt"))) == 3
     assert '"""f1."""' in (ws.root / "app.py").read_text()
-    assert receipt["attempts"] == 3
+    assert receipt["attempts"] == 1  # its runs the reviewer sent back are rounds, not attempts
+
+
+def test_review_rounds_do_not_count_toward_max_step_retries(ws: Workspace) -> None:
+    # max_step_retries 1: two attempts. Run 1 is sent back by the reviewer, run 2 fails verify (the step's first
+    # failed attempt), run 3 makes the change and is approved: one failed attempt and one that counted
+    out = project(ws, plan={"1:2": "break", "default": "listen"}, max_rounds=3, steps=1)
+    config = ws.root / "config" / "autonomous_loop.yaml"
+    config.write_text(config.read_text().replace("autonomous_loop:\n", "autonomous_loop:\n  max_step_retries: 1\n", 1))
+    r = start(ws)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert kinds(ws, "step_failed", "review_requested_changes", "review_approved") == \
+        ["review_requested_changes", "step_failed", "review_approved"]
+    assert len(list(out.glob("agent-1-*.txt"))) == 3
+    [receipt] = receipts(ws)
+    assert verdicts(receipt) == ["changes", "approve"]
+    assert receipt["attempts"] == 2
 
 
 def test_when_checkpoint_reviews_the_work_since_the_last_checkpoint_at_checkpoint_steps(ws: Workspace) -> None:
@@ -409,7 +426,7 @@ def test_claude_does_the_steps_and_codex_reviews_them(ws: Workspace, cli_home: P
         assert verdicts(first) == ["changes", "approve"] and verdicts(second) == ["approve"]
         assert first["reviews"][0]["reasons"] == "give NOTES.md a title line"
         assert all(rv["agent"] == "codex" and rv["total_tokens"] > 0 for rv in first["reviews"] + second["reviews"])
-        assert first["attempts"] == 2 and first["agent"] == "claude"
+        assert first["attempts"] == 1 and first["agent"] == "claude"  # its second run was a round's changes
         # claude's second attempt at step 1 was told why
         prompts = [fa.first_user_text(c.body) for c in claude.server.agent_calls()]  # type: ignore[union-attr]
         assert any("give NOTES.md a title line" in p for p in prompts)
@@ -420,7 +437,9 @@ def test_claude_does_the_steps_and_codex_reviews_them(ws: Workspace, cli_home: P
         assert (ws.root / "Logs" / "rv" / "1-review-1.log").is_file()
         state = ws.state("rv")
         spent = sum(rv["total_tokens"] for rv in first["reviews"] + second["reviews"])
-        assert state["usage"]["total_tokens"] >= spent  # the reviewer's usage counts in the loop's
+        # the loop's usage is the steps' and the reviews'; a receipt's tokens are its step's own
+        assert state["usage"]["total_tokens"] == first["total_tokens"] + second["total_tokens"] + spent
+        assert first["total_tokens"] == 2 * second["total_tokens"] > 0  # claude's two runs at step 1, one at 2
     finally:
         claude.close()
         codex.close()

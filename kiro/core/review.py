@@ -37,7 +37,7 @@ from kiro.executors.base import StepContext, StepResult
 from kiro.processes import sandbox
 from kiro.store import events, kirospec, receipts, tasks
 from kiro.store.config import Config
-from kiro.store.receipts import ReviewRound
+from kiro.store.receipts import Receipt, ReviewRound
 from kiro.store.state import clip
 from kiro.store.tasks import Step, TaskFile, is_checkpoint
 
@@ -266,8 +266,22 @@ class Review(Feature):
             receipt = s.completed_steps[-1].receipt
             if receipt is not None:
                 receipt.reviews = list(rec.reviews)
+                _step_own_usage(receipt)
         rec.reviews = []
         rec.reviews_counted_from = 0
+
+
+def _step_own_usage(receipt: Receipt) -> None:
+    """The receipt's tokens and cost are the step's own: kiro.core.evidence counts what the loop spent from the
+    step's first attempt on, the reviews too; theirs are in their rounds (`reviews`), so they come off here."""
+    began = timeutil.parse(receipt.started_at) if receipt.started_at else None
+    for r in receipt.reviews:
+        if began is None or r.at is None or timeutil.parse(r.at) < began:
+            continue  # a round before the receipt's window (an earlier run of the loop): not counted in it
+        receipt.prompt_tokens = max(receipt.prompt_tokens - r.prompt_tokens, 0)
+        receipt.completion_tokens = max(receipt.completion_tokens - r.completion_tokens, 0)
+        receipt.total_tokens = max(receipt.total_tokens - r.total_tokens, 0)
+        receipt.cost_usd = round(max(receipt.cost_usd - r.cost_usd, 0.0), 6)
 
 
 # -- the prompt and the answer ---------------------------------------------------------------------------
