@@ -443,3 +443,55 @@ def test_claude_does_the_steps_and_codex_reviews_them(ws: Workspace, cli_home: P
     finally:
         claude.close()
         codex.close()
+
+
+def test_a_reviewer_s_usage_limit_is_the_loop_s_sleep_and_its_runs_are_reviews(ws: Workspace, cli_home: Path) -> None:
+    from tests.test_usage_limits import Window, code_of, kiro_json
+
+    claude, codex = Claude(cli_home / "claude"), CodexReviewer(cli_home / "codex")
+    for cli in (claude, codex):
+        (cli_home / cli.name).mkdir()
+        if not cli.installed:
+            pytest.skip(cli.skip_reason())
+    claude.start()
+    codex.start()
+    window = Window(4, fr.usage_limit)  # codex's first review meets its usage limit, resetting 4 s later
+    assert codex.server is not None
+    codex.server.brain = window.wrap(codex.server.brain)  # type: ignore[attr-defined]
+    try:
+        init_repo(ws.root)
+        ws.task(task_text(1))
+        git(ws.root, "add", "-A")
+        git(ws.root, "commit", "-q", "-m", "the plan")
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\nreview:\n  agent: codex\n" + CODEX_PRICE)
+        env = ws.env(**{**codex.env(), **claude.env()})
+        proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "rv", env=env)
+        try:
+            def asleep_or_ended() -> str | None:
+                if proc.poll() is not None:
+                    return "ended"
+                state = ws.state("rv")
+                return "sleeping" if state["status"] == "sleeping" else None
+
+            seen = ws.wait_for(asleep_or_ended, timeout=240, what="the loop to sleep on codex's limit")
+            status = kiro_json(ws, env, "loop", "status", "--task-id", "rv") if seen == "sleeping" else [{}]
+            assert code_of(proc, 300) == 0, ws.output(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        row = status[0] if isinstance(status, list) else status
+        print(f"while codex's review waited for its limit, `kiro loop status` said: {row.get('status')} "
+              f"({row.get('sleep_note')})")
+        assert row.get("status") == "sleeping" and row["sleep_note"].startswith("codex limit, resumes "), row
+        assert window.limited > 0
+        ran = [(e["agent"], e["outcome"], e.get("review", False)) for e in ws.events("rv") if e["event"] == "agent_ran"]
+        assert ("codex", "usage_limit", True) in ran and all(review == (agent == "codex") for agent, _, review in ran)
+        by_agent = kiro_json(ws, env, "loop", "stats")["by_agent"]
+        runs = {name: sum(a == name for a, _, _ in ran) for name in ("claude", "codex")}
+        assert by_agent["codex"]["runs"] == 0 and by_agent["codex"]["reviews"] == runs["codex"]
+        assert by_agent["claude"]["reviews"] == 0 and by_agent["claude"]["runs"] == runs["claude"]
+        shown = ws.kiro("loop", "stats", env=env).stdout
+        assert f"{by_agent['codex']['reviews']} reviews" in shown, shown
+    finally:
+        claude.close()
+        codex.close()

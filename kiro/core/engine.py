@@ -452,6 +452,9 @@ class Loop:
             self.emit("message_delivered", message_id=m.id, **{"from": m.sender}, where=where)
         return self.redact.text(render(pending))
 
+    def step_guard(self) -> Guard:
+        return _LoopGuard(self)
+
     async def guardrail_wait(self, trigger: Trigger, note: str | None = None) -> Stop | None:
         """Sleep because a guardrail asks for it (status `sleeping`, `sleep_note` what status shows of
         it); a stop condition ends it."""

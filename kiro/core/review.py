@@ -222,7 +222,7 @@ class Review(Feature):
             task=task, step=step, iteration=s.iteration, attempt=number, prompt=prompt, system_prompt="",
             reinjected=False, continuation=None, previous_error=None, verify_output=None,
             timeout_seconds=loop.cfg.step_timeout_seconds, config=executor.config, state=s, cancel=loop.cancel,
-            emit=loop.emit, sleep=sleep, redact=loop.redact)
+            emit=loop.emit, sleep=sleep, guard=loop.step_guard(), redact=loop.redact)
         began = time.monotonic()
         result = await executor.run_step(ctx)
         result.redact(loop.redact)

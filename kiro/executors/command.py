@@ -340,7 +340,7 @@ class CommandExecutor(ExecutorBase):
         ctx.emit(AgentRan(step_id=ctx.step.id, attempt=ctx.attempt, agent=preset.name,
                           outcome="usage_limit" if limited else outcome.outcome, prompt_tokens=usage.prompt_tokens,
                           completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd,
-                          seconds=round(seconds, 3)))
+                          seconds=round(seconds, 3), **({"review": True} if self.reviewer else {})))
         if failure is not None and failure.fatal and not touched:
             raise ExecutorError(f"{preset.program or argv[0]} failed ({failure.kind.replace('_', ' ')}): "
                                 f"{ctx.redact.text(failure.line)} — {preset.fix(failure)} (full output in "
