@@ -264,6 +264,7 @@ def test_an_unboxed_reviewer_s_changes_are_put_back_and_its_round_fails(ws: Work
     assert files[".gitignore"] == "__pycache__/\n" and "new.txt" not in files
     assert "slipped in" not in files[SPEC + "/tasks.md"]
     print(f"unboxed reviewer: made {len(managed)} changes, all put back; the loop exited {r.returncode}")
+    print("\n".join(line for line in (r.stdout + r.stderr).splitlines() if "reviewer" in line))
     # the round failed (tried once more, the same), so the step is not done: the loop waits for a person
     assert r.returncode == 6, (r.returncode, r.stdout + r.stderr)
     assert "[ ] 1. Add function f1" in files[SPEC + "/tasks.md"]
@@ -491,6 +492,7 @@ def test_a_reviewer_s_usage_limit_is_the_loop_s_sleep_and_its_runs_are_reviews(w
         assert by_agent["codex"]["runs"] == 0 and by_agent["codex"]["reviews"] == runs["codex"]
         assert by_agent["claude"]["reviews"] == 0 and by_agent["claude"]["runs"] == runs["claude"]
         shown = ws.kiro("loop", "stats", env=env).stdout
+        print(shown[shown.index("By agent"):])
         assert f"{by_agent['codex']['reviews']} reviews" in shown, shown
     finally:
         claude.close()

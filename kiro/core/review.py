@@ -111,9 +111,6 @@ class Review(Feature):
             kept = await asyncio.to_thread(_keep, loop)  # unboxed: the project's files as the reviewer found them
             result, seconds = await self._run(loop, step, prompt, number)
             changed = await asyncio.to_thread(_put_back, *kept) if kept is not None else []
-            if changed:
-                loop.emit(events.LoopWarning(message=f"the reviewer of step {step.id} changed the project's files "
-                                                     f"(sandbox: off); kiro put them back: {'; '.join(changed[:10])}"))
             if result.outcome == "interrupted":
                 return Reopen("the review was cut short; the step is reviewed again when the loop goes on",
                               stop=loop.interrupt_check() or conditions.stopped(
