@@ -47,7 +47,8 @@ name = "f" + step.replace(".", "_")
 app = pathlib.Path("app.py")
 text = app.read_text()
 text = re.sub(r"\\ndef " + name + r"\\(\\):\\n(    .*\\n)*", "\\n", text)  # its earlier version of the function
-text = text.rstrip("\\n") + f"\\n\\n\\ndef {name}():\\n    return {step!r}\\n"
+body = "return (" if action == "break" else f"return {step!r}"  # break: a syntax error, so verify fails
+text = text.rstrip("\\n") + f"\\n\\n\\ndef {name}():\\n    {body}\\n"
 if action == "listen" and "add a docstring" in prompt:  # every function without one gets one
     text = re.sub(r"^def (f\\w+)\\(\\):\\n(?!    \\"\\"\\")", lambda m: m[0] + f'    """{m[1]}."""\\n', text,
                   flags=re.M)
@@ -76,6 +77,22 @@ if mode == "garbage":
 elif mode == "changes":
     print("REVIEW: CHANGES the function still needs work")
 elif mode == "approve":
+    print("REVIEW: APPROVE")
+elif mode == "vandal":  # it changes what it should only read, and says what it managed (`vandal-<n>.txt`)
+    import os
+    root = pathlib.Path(os.environ["KIRO_WORKSPACE"])
+    done = []
+    for what, act in (("wrote app.py", lambda: (root / "app.py").write_text("# the reviewer was here\\n")),
+                      ("deleted .gitignore", lambda: (root / ".gitignore").unlink()),
+                      ("created new.txt", lambda: (root / "new.txt").write_text("mine\\n")),
+                      ("edited tasks.md", lambda: (root / ".kiro/specs/calc/tasks.md").open("a").write(
+                          "- [ ] 9. A step the reviewer slipped in\\n"))):
+        try:
+            act()
+            done.append(what)
+        except OSError as exc:
+            print(f"could not: {what} ({exc.strerror})")
+    (out / f"vandal-{n}.txt").write_text("\\n".join(done))
     print("REVIEW: APPROVE")
 else:
     diff = prompt.split("## Its diff", 1)[1].split("## Verify", 1)[0]
@@ -211,6 +228,50 @@ def test_max_rounds_of_changes_pause_the_loop_for_a_person(ws: Workspace) -> Non
     assert [e["paused"] for e in changes] == [False, True]
 
 
+def vandal_night(ws: Workspace, sandbox: str) -> tuple[Any, Path, dict[str, str]]:
+    """A step agent that adds f1, then a reviewer that writes app.py, deletes .gitignore, creates new.txt and
+    adds a step to the task file; returns the run, the reviewers' folder and the project's files after it."""
+    out = project(ws, plan={"default": "listen"}, reviewer="vandal", steps=1, extra=f"sandbox: {sandbox}\n")
+    r = start(ws)
+    files = {name: (ws.root / name).read_text() for name in ("app.py", ".gitignore", "new.txt", SPEC + "/tasks.md")
+             if (ws.root / name).exists()}
+    return r, out, files
+
+
+def test_a_boxed_reviewer_cannot_change_the_project(ws: Workspace) -> None:
+    from kiro.processes import sandbox
+
+    if sandbox.unusable() is not None:
+        pytest.skip(f"no box here: {sandbox.unusable()}")
+    r, out, files = vandal_night(ws, "bwrap")
+    managed = (out / "vandal-1.txt").read_text().split("\n") if (out / "vandal-1.txt").is_file() else ["?"]
+    print(f"boxed reviewer: tried 4 changes to the project, {4 - len([m for m in managed if m])} held "
+          f"(it managed: {[m for m in managed if m] or 'nothing'})")
+    assert r.returncode == 0, r.stdout + r.stderr  # its APPROVE counts: it changed nothing
+    assert managed == [""]
+    assert "def f1():" in files["app.py"] and files[".gitignore"] == "__pycache__/\n" and "new.txt" not in files
+    assert "slipped in" not in files[SPEC + "/tasks.md"] and "[x] 1. Add function f1" in files[SPEC + "/tasks.md"]
+    [receipt] = receipts(ws)
+    assert verdicts(receipt) == ["approve"]
+
+
+def test_an_unboxed_reviewer_s_changes_are_put_back_and_its_round_fails(ws: Workspace) -> None:
+    r, out, files = vandal_night(ws, "off")
+    managed = (out / "vandal-1.txt").read_text().split("\n")
+    assert managed == ["wrote app.py", "deleted .gitignore", "created new.txt", "edited tasks.md"]  # no box
+    # every change put back: the step's own work (f1) stays, the reviewer's is gone
+    assert "def f1():" in files["app.py"] and "reviewer was here" not in files["app.py"]
+    assert files[".gitignore"] == "__pycache__/\n" and "new.txt" not in files
+    assert "slipped in" not in files[SPEC + "/tasks.md"]
+    print(f"unboxed reviewer: made {len(managed)} changes, all put back; the loop exited {r.returncode}")
+    print("\n".join(line for line in (r.stdout + r.stderr).splitlines() if "reviewer" in line))
+    # the round failed (tried once more, the same), so the step is not done: the loop waits for a person
+    assert r.returncode == 6, (r.returncode, r.stdout + r.stderr)
+    assert "[ ] 1. Add function f1" in files[SPEC + "/tasks.md"]
+    note = (ws.root / "Needs_Action" / "review_changes_rv.md").read_text()
+    assert "changed the project's files" in note and "changed app.py" in note and "created new.txt" in note
+
+
 def test_a_box_checked_before_a_kill_is_reviewed_before_it_counts(ws: Workspace) -> None:
     """SPEC §14: a box an agent checked during an attempt kiro never recorded (kiro was killed) counts only once
     it is verified and reviewed on the next run; the reviewer's changes reopen it."""
@@ -270,7 +331,23 @@ def test_a_step_agent_that_ignores_the_reviewer_is_caught(ws: Workspace) -> None
     assert caught
     assert len(list(out.glob("agent-1-*.txt"))) == 3
     assert '"""f1."""' in (ws.root / "app.py").read_text()
-    assert receipt["attempts"] == 3
+    assert receipt["attempts"] == 1  # its runs the reviewer sent back are rounds, not attempts
+
+
+def test_review_rounds_do_not_count_toward_max_step_retries(ws: Workspace) -> None:
+    # max_step_retries 1: two attempts. Run 1 is sent back by the reviewer, run 2 fails verify (the step's first
+    # failed attempt), run 3 makes the change and is approved: one failed attempt and one that counted
+    out = project(ws, plan={"1:2": "break", "default": "listen"}, max_rounds=3, steps=1)
+    config = ws.root / "config" / "autonomous_loop.yaml"
+    config.write_text(config.read_text().replace("autonomous_loop:\n", "autonomous_loop:\n  max_step_retries: 1\n", 1))
+    r = start(ws)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert kinds(ws, "step_failed", "review_requested_changes", "review_approved") == \
+        ["review_requested_changes", "step_failed", "review_approved"]
+    assert len(list(out.glob("agent-1-*.txt"))) == 3
+    [receipt] = receipts(ws)
+    assert verdicts(receipt) == ["changes", "approve"]
+    assert receipt["attempts"] == 2
 
 
 def test_when_checkpoint_reviews_the_work_since_the_last_checkpoint_at_checkpoint_steps(ws: Workspace) -> None:
@@ -350,7 +427,7 @@ def test_claude_does_the_steps_and_codex_reviews_them(ws: Workspace, cli_home: P
         assert verdicts(first) == ["changes", "approve"] and verdicts(second) == ["approve"]
         assert first["reviews"][0]["reasons"] == "give NOTES.md a title line"
         assert all(rv["agent"] == "codex" and rv["total_tokens"] > 0 for rv in first["reviews"] + second["reviews"])
-        assert first["attempts"] == 2 and first["agent"] == "claude"
+        assert first["attempts"] == 1 and first["agent"] == "claude"  # its second run was a round's changes
         # claude's second attempt at step 1 was told why
         prompts = [fa.first_user_text(c.body) for c in claude.server.agent_calls()]  # type: ignore[union-attr]
         assert any("give NOTES.md a title line" in p for p in prompts)
@@ -361,7 +438,62 @@ def test_claude_does_the_steps_and_codex_reviews_them(ws: Workspace, cli_home: P
         assert (ws.root / "Logs" / "rv" / "1-review-1.log").is_file()
         state = ws.state("rv")
         spent = sum(rv["total_tokens"] for rv in first["reviews"] + second["reviews"])
-        assert state["usage"]["total_tokens"] >= spent  # the reviewer's usage counts in the loop's
+        # the loop's usage is the steps' and the reviews'; a receipt's tokens are its step's own
+        assert state["usage"]["total_tokens"] == first["total_tokens"] + second["total_tokens"] + spent
+        assert first["total_tokens"] == 2 * second["total_tokens"] > 0  # claude's two runs at step 1, one at 2
+    finally:
+        claude.close()
+        codex.close()
+
+
+def test_a_reviewer_s_usage_limit_is_the_loop_s_sleep_and_its_runs_are_reviews(ws: Workspace, cli_home: Path) -> None:
+    from tests.test_usage_limits import Window, code_of, kiro_json
+
+    claude, codex = Claude(cli_home / "claude"), CodexReviewer(cli_home / "codex")
+    for cli in (claude, codex):
+        (cli_home / cli.name).mkdir()
+        if not cli.installed:
+            pytest.skip(cli.skip_reason())
+    claude.start()
+    codex.start()
+    window = Window(4, fr.usage_limit)  # codex's first review meets its usage limit, resetting 4 s later
+    assert codex.server is not None
+    codex.server.brain = window.wrap(codex.server.brain)  # type: ignore[attr-defined]
+    try:
+        init_repo(ws.root)
+        ws.task(task_text(1))
+        git(ws.root, "add", "-A")
+        git(ws.root, "commit", "-q", "-m", "the plan")
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\nreview:\n  agent: codex\n" + CODEX_PRICE)
+        env = ws.env(**{**codex.env(), **claude.env()})
+        proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "rv", env=env)
+        try:
+            def asleep_or_ended() -> str | None:
+                if proc.poll() is not None:
+                    return "ended"
+                state = ws.state("rv")
+                return "sleeping" if state["status"] == "sleeping" else None
+
+            seen = ws.wait_for(asleep_or_ended, timeout=240, what="the loop to sleep on codex's limit")
+            status = kiro_json(ws, env, "loop", "status", "--task-id", "rv") if seen == "sleeping" else [{}]
+            assert code_of(proc, 300) == 0, ws.output(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        row = status[0] if isinstance(status, list) else status
+        print(f"while codex's review waited for its limit, `kiro loop status` said: {row.get('status')} "
+              f"({row.get('sleep_note')})")
+        assert row.get("status") == "sleeping" and row["sleep_note"].startswith("codex limit, resumes "), row
+        assert window.limited > 0
+        ran = [(e["agent"], e["outcome"], e.get("review", False)) for e in ws.events("rv") if e["event"] == "agent_ran"]
+        assert ("codex", "usage_limit", True) in ran and all(review == (agent == "codex") for agent, _, review in ran)
+        by_agent = kiro_json(ws, env, "loop", "stats")["by_agent"]
+        runs = {name: sum(a == name for a, _, _ in ran) for name in ("claude", "codex")}
+        assert by_agent["codex"]["runs"] == 0 and by_agent["codex"]["reviews"] == runs["codex"]
+        assert by_agent["claude"]["reviews"] == 0 and by_agent["claude"]["runs"] == runs["claude"]
+        shown = ws.kiro("loop", "stats", env=env).stdout
+        print(shown[shown.index("By agent"):])
+        assert f"{by_agent['codex']['reviews']} reviews" in shown, shown
     finally:
         claude.close()
         codex.close()

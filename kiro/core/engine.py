@@ -452,6 +452,9 @@ class Loop:
             self.emit("message_delivered", message_id=m.id, **{"from": m.sender}, where=where)
         return self.redact.text(render(pending))
 
+    def step_guard(self) -> Guard:
+        return _LoopGuard(self)
+
     async def guardrail_wait(self, trigger: Trigger, note: str | None = None) -> Stop | None:
         """Sleep because a guardrail asks for it (status `sleeping`, `sleep_note` what status shows of
         it); a stop condition ends it."""
@@ -711,7 +714,8 @@ class Loop:
         checkpoint = await self._step_done(step, recovering=True)
         self._record_success(step, (timeutil.now() - started).total_seconds(),
                              summary="(recovered after a restart: the box was checked)",
-                             attempts=self.state.step_record(step.id).attempts or 1, checkpoint=checkpoint)
+                             attempts=self._attempts(step.id, self.state.step_record(step.id).attempts) or 1,
+                             checkpoint=checkpoint)
         self.emit(ev.StepRecovered(step_id=step.id, description=step.title))
         self.save()
 
@@ -867,8 +871,8 @@ class Loop:
                 # an attempt run beside others says how long it worked (it began before the engine asked)
                 took = result.seconds if result.seconds is not None else \
                     (timeutil.now() - started).total_seconds() - (self.slept - slept)
-                self._record_success(step, took, summary=result.summary, attempts=attempt, checkpoint=checkpoint,
-                                     agent=result.agent)
+                self._record_success(step, took, summary=result.summary, attempts=self._attempts(step.id, attempt),
+                                     checkpoint=checkpoint, agent=result.agent)
                 self.emit(ev.StepCompleted(step_id=step.id, description=step.title or step.text,
                                            duration_seconds=round(max(took, 0.0), 3),
                                            attempt=attempt, checked=checked, **self._step_extras(result)))
@@ -884,8 +888,8 @@ class Loop:
         repeated = self.guardrails.after_attempt(step.id, result.error or "failed")
         if repeated is not None and s.consecutive_failures < s.failure_threshold:
             stop = self.guardrail_stop(repeated)
-        elif attempt >= allowed and s.consecutive_failures < s.failure_threshold:
-            stop = conditions.step_retries(step.id, attempt, self.settings.max_step_retries)
+        elif (failed := self._attempts(step.id, attempt)) >= allowed and s.consecutive_failures < s.failure_threshold:
+            stop = conditions.step_retries(step.id, failed, self.settings.max_step_retries)
         await self._after_iteration()
         return stop
 
@@ -897,6 +901,7 @@ class Loop:
         self._take_back_box(step)
         rec = s.step_record(step.id)
         rec.attempts = attempt
+        rec.reopened += 1
         rec.last_error = clip(reopen.reason, 3000)
         rec.last_verify_output = None
         rec.next_retry_at = None
@@ -904,6 +909,11 @@ class Loop:
             s.current_step.status = "pending" if reopen.stop is not None else "failed"
         await self._after_iteration()
         return reopen.stop
+
+    def _attempts(self, step_id: str, attempt: int) -> int:
+        """The step's attempts up to `attempt`, less the runs a feature sent back (`_reopen`): what counts toward
+        max_step_retries and the receipt's `attempts`."""
+        return max(attempt - self.state.step_record(step_id).reopened, 0)
 
     def _step_extras(self, result: StepResult, *, log: bool = False) -> dict[str, Any]:
         """A step event's optional fields, written only when there is something to say: the agent CLI
@@ -1013,6 +1023,7 @@ class Loop:
         s.consecutive_failures = 0
         rec = s.step_record(step.id)
         rec.attempts = 0
+        rec.reopened = 0
         rec.last_error = None
         rec.next_retry_at = None
         rec.last_verify_output = None
@@ -1024,7 +1035,8 @@ class Loop:
         s.total_failures += 1
         s.consecutive_failures += 1
         s.failed_steps.append(FailedStep(step_id=step.id, description=step.title or step.text,
-                                         failed_at=timeutil.iso(), error=clip(error, 2000), retry_count=attempt - 1,
+                                         failed_at=timeutil.iso(), error=clip(error, 2000),
+                                         retry_count=self._attempts(step.id, attempt) - 1,
                                          iteration=s.iteration))
         rec = s.step_record(step.id)
         rec.attempts = attempt
@@ -1034,7 +1046,8 @@ class Loop:
             import random
 
             self._rng = random.Random()
-        delay = backoff_delay(attempt, self.settings.backoff_base_seconds, self.settings.backoff_max_seconds,
+        delay = backoff_delay(self._attempts(step.id, attempt), self.settings.backoff_base_seconds,
+                              self.settings.backoff_max_seconds,
                               self.settings.exponential_backoff, self._rng)
         rec.next_retry_at = timeutil.iso(timeutil.now() + timedelta(seconds=delay)) if delay > 0 else None
         if s.current_step is not None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from kiro.core.conditions import Stop
     from kiro.core.guardrails import LoopGuardrails
-    from kiro.executors.base import Executor
+    from kiro.executors.base import Executor, Guard
     from kiro.fs.writer import WriteQueue
     from kiro.status import Status
     from kiro.store.config import Config, LoopSettings
@@ -65,6 +65,11 @@ class LoopHandle(Protocol):
     def interrupt_check(self) -> Stop | None: ...
 
     async def wait(self, seconds: float, *, messages: bool = False) -> Stop | None: ...
+
+    def step_guard(self) -> Guard:
+        """The guard a step's executor is given (its waits are the loop's `sleeping`, its hard limits the
+        loop's stop): for a feature that runs an agent as a step does (a reviewer)."""
+        ...
 
     async def flush(self) -> None: ...
 

@@ -34,9 +34,10 @@ from kiro.core.conditions import Stop
 from kiro.core.hooks import Feature, LoopHandle, Reopen, VerifyRun
 from kiro.errors import ExecutorError, TaskFileError, TaskNotFound
 from kiro.executors.base import StepContext, StepResult
-from kiro.store import events, kirospec, tasks
+from kiro.processes import sandbox
+from kiro.store import events, kirospec, receipts, tasks
 from kiro.store.config import Config
-from kiro.store.receipts import ReviewRound
+from kiro.store.receipts import Receipt, ReviewRound
 from kiro.store.state import clip
 from kiro.store.tasks import Step, TaskFile, is_checkpoint
 
@@ -107,16 +108,17 @@ class Review(Feature):
         for _ in range(TRIES):
             number = len(rec.reviews) + 1
             loop.emit(events.ReviewStarted(step_id=step.id, round=number, reviewer=who))
+            kept = await asyncio.to_thread(_keep, loop)  # unboxed: the project's files as the reviewer found them
             result, seconds = await self._run(loop, step, prompt, number)
+            changed = await asyncio.to_thread(_put_back, *kept) if kept is not None else []
             if result.outcome == "interrupted":
                 return Reopen("the review was cut short; the step is reviewed again when the loop goes on",
                               stop=loop.interrupt_check() or conditions.stopped(
                                   result.stop_reason or "interrupted", "stopped during a review"))
             verdict, reasons = read_answer(result)
-            if verdict != "invalid" and diff is not None:
-                after = await asyncio.to_thread(_diff, loop, base)
-                if after != diff:
-                    verdict, reasons = "invalid", "the reviewer changed the project's files (a reviewer only reads)"
+            if changed:
+                verdict, reasons = "invalid", (f"the reviewer changed the project's files (a reviewer only reads; "
+                                               f"kiro put them back): {'; '.join(changed[:10])}")
             last = ReviewRound(round=number, verdict=verdict, reasons=clip(reasons, 2000), agent=who,
                                prompt_tokens=result.usage.prompt_tokens,
                                completion_tokens=result.usage.completion_tokens,
@@ -192,7 +194,7 @@ class Review(Feature):
                 executor = CommandExecutor(cfg, loop.ws, loop.state.task_id)
             except ExecutorError as exc:
                 raise ExecutorError(f"review: {exc}") from None
-            executor.log_label = "review-"
+            executor.reviewer = True
             self._reviewer = executor
         return self._reviewer
 
@@ -217,7 +219,7 @@ class Review(Feature):
             task=task, step=step, iteration=s.iteration, attempt=number, prompt=prompt, system_prompt="",
             reinjected=False, continuation=None, previous_error=None, verify_output=None,
             timeout_seconds=loop.cfg.step_timeout_seconds, config=executor.config, state=s, cancel=loop.cancel,
-            emit=loop.emit, sleep=sleep, redact=loop.redact)
+            emit=loop.emit, sleep=sleep, guard=loop.step_guard(), redact=loop.redact)
         began = time.monotonic()
         result = await executor.run_step(ctx)
         result.redact(loop.redact)
@@ -261,8 +263,22 @@ class Review(Feature):
             receipt = s.completed_steps[-1].receipt
             if receipt is not None:
                 receipt.reviews = list(rec.reviews)
+                _step_own_usage(receipt)
         rec.reviews = []
         rec.reviews_counted_from = 0
+
+
+def _step_own_usage(receipt: Receipt) -> None:
+    """The receipt's tokens and cost are the step's own: kiro.core.evidence counts what the loop spent from the
+    step's first attempt on, the reviews too; theirs are in their rounds (`reviews`), so they come off here."""
+    began = timeutil.parse(receipt.started_at) if receipt.started_at else None
+    for r in receipt.reviews:
+        if began is None or r.at is None or timeutil.parse(r.at) < began:
+            continue  # a round before the receipt's window (an earlier run of the loop): not counted in it
+        receipt.prompt_tokens = max(receipt.prompt_tokens - r.prompt_tokens, 0)
+        receipt.completion_tokens = max(receipt.completion_tokens - r.completion_tokens, 0)
+        receipt.total_tokens = max(receipt.total_tokens - r.total_tokens, 0)
+        receipt.cost_usd = round(max(receipt.cost_usd - r.cost_usd, 0.0), 6)
 
 
 # -- the prompt and the answer ---------------------------------------------------------------------------
@@ -341,6 +357,49 @@ def _head(project: Path) -> str | None:
     except checkpoints.GitError:
         return None
     return out.strip() or None
+
+
+def _keep(loop: LoopHandle) -> tuple[receipts.Protected, dict[str, str]] | None:
+    """With the box off (`sandbox: off`), before a reviewer runs: a copy of the project's files git knows (tracked,
+    and untracked but not ignored; the task file too), in `.state/review/<task_id>/`, to put back what the
+    reviewer changes, as kiro.core.evidence puts protected paths back. None when the reviewer runs in its box (the
+    project is read-only there) or the project is not in a git work tree."""
+    from kiro.git import checkpoints
+
+    if sandbox.wanted(loop.cfg.sandbox):
+        return None
+    project = Path(loop.project_dir)
+    top = checkpoints.toplevel(project)
+    if top is None:
+        return None
+    rel = os.path.relpath(project.resolve(), top)
+    spec = checkpoints.pathspec("" if rel == "." else Path(rel).as_posix(), checkpoints.kiro_paths(loop.ws, top))
+    task_file: list[str] = []
+    with contextlib.suppress(ValueError):
+        task_file.append(Path(loop.task_path).resolve().relative_to(top).as_posix())
+
+    def files() -> list[str]:
+        out = checkpoints.Git(top).run("ls-files", "--cached", "--others", "--exclude-standard", "-z", "--",
+                                       *spec).stdout
+        return sorted({n for n in out.split("\0") if n} | set(task_file))
+
+    kept = receipts.Protected(loop.ws, loop.state.task_id, top, [], files=files, area="review")
+    try:
+        return kept, kept.snapshot()
+    except (checkpoints.GitError, OSError):
+        return None
+
+
+def _put_back(kept: receipts.Protected, manifest: dict[str, str]) -> list[str]:
+    """What the reviewer changed of the files `_keep` kept ("changed: app.py"), put back."""
+    from kiro.git import checkpoints
+
+    try:
+        changes = kept.changes(manifest)
+    except checkpoints.GitError as exc:
+        return [f"git could not tell ({exc})"]
+    failed = kept.put_back(manifest, changes)
+    return [str(c) for c in changes] + [f"not put back: {f}" for f in failed]
 
 
 def _diff(loop: LoopHandle, base: str | None) -> str | None:

@@ -94,7 +94,9 @@ class CommandExecutor(ExecutorBase):
     name = "command"
     system_template = "agent_cli.md"  # speaks of checkboxes, not tools
     checks_boxes = False  # the agent checks the step's box in its own copy (StepCopy): the task file is never its
-    log_label = ""  # "review-": a reviewer's runs (kiro.core.review), logged as `<step_id>-review-<round>.log`
+    # a reviewer's (kiro.core.review): its box has the project read-only, its runs are logged as
+    # `<step_id>-review-<round>.log` and are `agent_ran` events marked `review`
+    reviewer = False
 
     def __init__(self, config: Config, workspace: Workspace, task_id: str) -> None:
         self.preset, self.argv = agents.resolve(config)
@@ -165,7 +167,7 @@ class CommandExecutor(ExecutorBase):
         safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in shown) or "step"
         if len(safe) > LOG_NAME_CHARS:
             safe = f"{safe[:LOG_NAME_CHARS]}_{hashlib.sha256(shown.encode()).hexdigest()[:12]}"
-        folder, name = self.workspace.logs / self.task_id, f"{safe}-{self.log_label}{ctx.attempt}"
+        folder, name = self.workspace.logs / self.task_id, f"{safe}-{'review-' if self.reviewer else ''}{ctx.attempt}"
         path = folder / (f"{name}.log" if run == 1 else f"{name}.{run}.log")
         while path.exists():
             run += 1
@@ -246,7 +248,7 @@ class CommandExecutor(ExecutorBase):
         for name in preset.env_unset:
             env.pop(name, None)
         box = step_box(ctx, env, preset.home_paths(env), read_paths=preset.read_paths(env),
-                       ports=preset.endpoints(env), task_copy=copy.path)
+                       ports=preset.endpoints(env), task_copy=copy.path, read_only=self.reviewer)
         if box is not None:
             argv = preset.boxed_argv(argv)
             env.update(preset.boxed_env(env, ctx.project_dir))
@@ -338,7 +340,7 @@ class CommandExecutor(ExecutorBase):
         ctx.emit(AgentRan(step_id=ctx.step.id, attempt=ctx.attempt, agent=preset.name,
                           outcome="usage_limit" if limited else outcome.outcome, prompt_tokens=usage.prompt_tokens,
                           completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd,
-                          seconds=round(seconds, 3)))
+                          seconds=round(seconds, 3), **({"review": True} if self.reviewer else {})))
         if failure is not None and failure.fatal and not touched:
             raise ExecutorError(f"{preset.program or argv[0]} failed ({failure.kind.replace('_', ' ')}): "
                                 f"{ctx.redact.text(failure.line)} — {preset.fix(failure)} (full output in "

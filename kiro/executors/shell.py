@@ -58,14 +58,15 @@ def step_env(ctx: StepContext, *, whole: bool = False) -> dict[str, str]:
 
 def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path] = (),
              project: Path | None = None, read_paths: Iterable[Path] = (),
-             ports: Iterable[int] = (), task_copy: Path | None = None) -> sandbox.Box | None:
+             ports: Iterable[int] = (), task_copy: Path | None = None, read_only: bool = False) -> sandbox.Box | None:
     """The box (kiro.processes.sandbox) a step's process runs in, or None with `sandbox: off` (or no
     setting where bwrap is not usable). `project`: where it runs, when not the step's project
     directory (verify in a worker's tree, run_command's confinement root); `ports`: the host's
     loopback ports its own network reaches (an agent CLI's model endpoint). The task file, `Specs/` and
     `.kiro/specs/` are read-only in every box (SPEC §15: a step never writes a task's frontmatter, plants a
     task file, or writes a person's edits away); an agent that checks its box edits `task_copy`, its own
-    copy (kiro.executors.control.StepCopy), read-write."""
+    copy (kiro.executors.control.StepCopy), read-write. `read_only`: the project read-only too (a reviewer's
+    box, kiro.core.review)."""
     cfg = ctx.config
     if not sandbox.wanted(cfg.sandbox):
         return None
@@ -80,7 +81,7 @@ def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path
                            read_paths=read_paths,
                            extra_rw=(*cfg.sandbox_paths.rw, *copy_rw),
                            extra_ro=(*cfg.sandbox_paths.ro, *task_areas, os.path.realpath(ctx.task_path)),
-                           network=cfg.sandbox_network, ports=ports)
+                           network=cfg.sandbox_network, ports=ports, read_only=read_only)
 
 
 class ShellExecutor(ExecutorBase):

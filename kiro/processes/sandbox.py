@@ -49,6 +49,9 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
   with no terminal (spawn's `start_new_session`), and staying in bwrap's process group lets the
   SIGTERM that ends a step reach the command itself (a graceful end) before the SIGKILL.
 
+A reviewer's box (`box_for(read_only=True)`, kiro.core.review) is the same but for the project (and the
+task file's folder), read-only in it too: a reviewer reads the step's work, it never changes it.
+
 `sandbox: off` runs steps as before.
 """
 
@@ -214,6 +217,7 @@ class Box:
     masked: tuple[Path, ...] = ()  # folders that are an empty tmpfs in the box (kiro serve's token)
     home_rw: tuple[Path, ...] = field(default=())  # the agent CLI's own files under `home`, for `describe`
     missing: tuple[Path, ...] = ()  # control folders (in `ro`) absent when the box was planned
+    read_only: bool = False  # the project read-only too: a reviewer's box
 
     def hold(self) -> None:
         """Make the missing control folders, empty, for the box to bind read-only (their missing parents
@@ -300,10 +304,12 @@ class Box:
         """One line: what the box lets a step write, e.g. `project read-write; .state .hooks config Logs .git
         read-only; home: ~/.claude, ~/.claude.json (the rest empty)`."""
         home = ", ".join(_tilde(p, self.home) for p in self.home_rw)
-        names = sorted({_control(p) for p in self.ro if _control(p) in CONTROL}, key=CONTROL.index)
-        extra = [_tilde(p, self.home) for p in self.ro if _control(p) not in CONTROL]
+        ro = self.ro[1:] if self.read_only else self.ro  # a reviewer's: the project first (box_for)
+        names = sorted({_control(p) for p in ro if _control(p) in CONTROL}, key=CONTROL.index)
+        extra = [_tilde(p, self.home) for p in ro if _control(p) not in CONTROL]
         net = f"; {self.network_said()}"
-        return (f"project read-write; {' '.join([*names, *extra]) or 'nothing more'} read-only; "
+        project = "read-only" if self.read_only else "read-write"
+        return (f"project {project}; {' '.join([*names, *extra]) or 'nothing more'} read-only; "
                 f"home: {home + ' (the rest empty)' if home else 'empty'}{net}")
 
 
@@ -483,14 +489,15 @@ def _tilde(path: Path, home: Path | None) -> str:
 def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | None = None,
             home: Path | None = None, home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (),
             extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: str = "on",
-            ports: Iterable[int] = ()) -> Box:
+            ports: Iterable[int] = (), read_only: bool = False) -> Box:
     """The box of a step run in `project` for the loop of `workspace`. `home_paths`: the agent CLI's
     own files and folders (read-write); `read_paths`: files its variables name (read-only);
     `extra_rw` / `extra_ro`: the person's `sandbox_paths`; `network`: `sandbox_network`; `ports`:
-    the host's loopback ports its own network reaches (the agent's model endpoint)."""
+    the host's loopback ports its own network reaches (the agent's model endpoint); `read_only`: the
+    project and the task file's folder read-only too (a reviewer's box: it only reads the step's work)."""
     project = _real(project)
-    rw = [project]
-    if task_file is not None and not _within(_real(task_file), project):
+    rw = [] if read_only else [project]
+    if task_file is not None and not read_only and not _within(_real(task_file), project):
         # the agent checks its box there; its folder, not the file alone: an edit that writes a new file
         # and renames it over the old (sed -i, most editors) needs the folder
         rw.append(_real(task_file).parent)
@@ -517,10 +524,12 @@ def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path 
     if state.exists() and not _within(project, state):
         ro.append(state)
     ro += [Path(p).expanduser() for p in extra_ro]
+    if read_only:  # under what it binds read-write (the agent's copy of the task file, in `.state/`)
+        ro.insert(0, project)
     serve = state / SERVE_FOLDER  # kiro serve's token: never in a box, whatever sandbox_paths grants (made by `hold`)
     return Box(rw=tuple(dict.fromkeys(rw)), ro=tuple(dict.fromkeys(ro)), home=home, network=network,
                ports=tuple(sorted(set(ports))) if network == "on" else (), masked=(serve,),
-               home_rw=tuple(home_rw), missing=tuple(dict.fromkeys(missing)))
+               home_rw=tuple(home_rw), missing=tuple(dict.fromkeys(missing)), read_only=read_only)
 
 
 def _control(path: Path) -> str:

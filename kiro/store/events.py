@@ -290,8 +290,8 @@ class Backoff(Event):
 
 
 class AgentRan(Event):
-    """One run of an agent CLI within an attempt (the command executor): which agent, how it ended
-    (completed, failed, usage_limit, ...) and what it spent."""
+    """One run of an agent CLI within an attempt (the command executor), or of a reviewer (`review`): which
+    agent, how it ended (completed, failed, usage_limit, ...) and what it spent."""
 
     event: Literal["agent_ran"] = "agent_ran"
     step_id: str
@@ -302,6 +302,7 @@ class AgentRan(Event):
     completion_tokens: int = 0
     cost_usd: float = 0.0
     seconds: float = 0.0
+    review: bool = False  # a reviewer's run (kiro.core.review): `attempt` is the review's round
 
 
 class AgentSilent(Event):

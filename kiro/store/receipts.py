@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,10 +210,14 @@ class Protected:
     """The protected files of one loop: their hashes before the step (`manifest.json`) and a copy of each
     version (`blobs/<sha256>`), in `.state/protected/<task_id>/`."""
 
-    def __init__(self, ws: Workspace, task_id: str, root: Path, globs: list[str]) -> None:
+    def __init__(self, ws: Workspace, task_id: str, root: Path, globs: list[str], *,
+                 files: Callable[[], list[str]] | None = None, area: str = "protected") -> None:
+        """`files`: lists the files to keep (relative to `root`) in place of the globs (a reviewer's run:
+        the project's files git knows, kiro.core.review), kept in `.state/<area>/<task_id>/`."""
         self.root = root
         self.globs = globs
-        self.folder = ws.state_dir / "protected" / task_id
+        self.files = files or (lambda: matching(self.root, self.globs))
+        self.folder = ws.state_dir / area / task_id
         self.manifest_path = self.folder / "manifest.json"
 
     def snapshot(self) -> dict[str, str]:
@@ -221,7 +226,7 @@ class Protected:
         blobs = self.folder / "blobs"
         blobs.mkdir(parents=True, exist_ok=True)
         manifest: dict[str, str] = {}
-        for rel in matching(self.root, self.globs):
+        for rel in self.files():
             path = self.root / rel
             digest = _digest(path)
             if digest is None:
@@ -243,7 +248,7 @@ class Protected:
 
     def changes(self, manifest: dict[str, str]) -> list[Change]:
         """What differs from `manifest` now: files created, changed or deleted."""
-        now = {rel: d for rel in matching(self.root, self.globs) if (d := _digest(self.root / rel)) is not None}
+        now = {rel: d for rel in self.files() if (d := _digest(self.root / rel)) is not None}
         out = [Change(rel, "deleted") for rel in manifest if rel not in now]
         out += [Change(rel, "changed") for rel, d in now.items() if rel in manifest and manifest[rel] != d]
         out += [Change(rel, "created") for rel in now if rel not in manifest]

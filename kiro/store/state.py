@@ -163,6 +163,9 @@ class StepRecord(_Model):
     # when there are any: most steps' records (journaled at every save) stay as small as before.
     reviews: list[ReviewRound] = Field(default_factory=list, exclude_if=lambda v: not v)
     reviews_counted_from: int = Field(0, exclude_if=lambda v: not v)
+    # of `attempts`, the runs a feature sent back to the agent (kiro.core.hooks.Reopen: a reviewer's changes): no
+    # failure, so not counted toward max_step_retries nor in the receipt's attempts
+    reopened: int = Field(0, exclude_if=lambda v: not v)
 
 
 class Transition(_Model):

@@ -225,10 +225,11 @@ def render(d: dict[str, Any]) -> str:
         "Nothing waits in Needs_Action/ or Pending_Approval/."]
     out += ["", "## Cost and tokens by agent", ""]
     if d["by_agent"]:
-        out += ["| agent | runs | completed | at usage limit | prompt tokens | completion tokens | cost |",
-                "|---|---|---|---|---|---|---|"]
-        out += [f"| {_cell(name)} | {a['runs']} | {a['completed']} | {a['usage_limits']} | {a['prompt_tokens']} | "
-                f"{a['completion_tokens']} | ${a['cost_usd']:.4f} |" for name, a in d["by_agent"].items()]
+        out += ["| agent | runs | completed | reviews | at usage limit | prompt tokens | completion tokens | cost |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {_cell(name)} | {a['runs']} | {a['completed']} | {a.get('reviews', 0)} | {a['usage_limits']} | "
+                f"{a['prompt_tokens']} | {a['completion_tokens']} | ${a['cost_usd']:.4f} |"
+                for name, a in d["by_agent"].items()]
         out.append("")
     else:
         out += ["No agent CLI ran in this period.", ""]

@@ -99,7 +99,8 @@ def compute(store: StateStore, since: datetime | None = None, until: datetime | 
     stops: Counter[str] = Counter()
     logs = sorted(ws.logs.glob("*.jsonl")) if ws.logs.is_dir() else []
     step_tokens: list[int] = []  # per completed step, from model_called events since its first attempt
-    by_agent: dict[str, dict[str, Any]] = {}  # agent CLI -> runs, completed, usage limits, tokens, cost (agent_ran)
+    # agent CLI -> step runs, completed, reviews, usage limits, tokens, cost (agent_ran)
+    by_agent: dict[str, dict[str, Any]] = {}
     for log in logs:
         current: dict[str, int] = {}  # step id -> tokens spent on it so far (all attempts)
         step_of: str | None = None
@@ -130,10 +131,13 @@ def compute(store: StateStore, since: datetime | None = None, until: datetime | 
             elif kind == "step_failed":
                 failed += 1
             elif kind == "agent_ran" and isinstance(e.get("agent"), str):
-                row = by_agent.setdefault(e["agent"], {"runs": 0, "completed": 0, "usage_limits": 0,
+                row = by_agent.setdefault(e["agent"], {"runs": 0, "completed": 0, "reviews": 0, "usage_limits": 0,
                                                        "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
-                row["runs"] += 1
-                row["completed"] += e.get("outcome") == "completed"
+                if e.get("review") is True:  # a reviewer's run (kiro.core.review), not a step's
+                    row["reviews"] += 1
+                else:
+                    row["runs"] += 1
+                    row["completed"] += e.get("outcome") == "completed"
                 row["usage_limits"] += e.get("outcome") == "usage_limit"
                 for key in ("prompt_tokens", "completion_tokens"):
                     row[key] += int(e.get(key) or 0) if isinstance(e.get(key), int) else 0
@@ -214,7 +218,8 @@ def render(s: dict[str, Any]) -> str:
             ("cost per step", dollars(u["cost_per_step_usd"]))]),
         ("Time spent waiting", [(k.replace("_", " "), timeutil.human_duration(v)) for k, v in w.items()]),
         ("By agent", [(name, f"{a['runs']} runs ({a['completed']} completed, {a['usage_limits']} at the usage limit), "
-                             f"{a['prompt_tokens'] + a['completion_tokens']} tokens, {dollars(a['cost_usd'])}")
+                             + (f"{a['reviews']} reviews, " if a.get("reviews") else "")
+                             + f"{a['prompt_tokens'] + a['completion_tokens']} tokens, {dollars(a['cost_usd'])}")
                       for name, a in s.get("by_agent", {}).items()] or [("-", "")]),
         ("Stop reasons", [(k, str(v)) for k, v in s["stop_reasons"].items()] or [("-", "")]),
     ]
