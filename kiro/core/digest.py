@@ -47,6 +47,8 @@ END_KINDS = {"request_human": "human_requested", "approval_pending": "approval_w
 def write(store: StateStore, day: date, digest_at: str | None, redact: Redactor) -> str:
     """Compute the digest dated `day`, write it to Logs/digest/<day>.md (atomically, redacted); its text."""
     text = redact.text(digest.render(digest.compute(store, day, digest_at)))
+    # a file or folder name that is not UTF-8 (a lone surrogate) is written as \udcXX, never a crash
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     atomic_write(digest.path(store.ws, day), text)
     return text
 
