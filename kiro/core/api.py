@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 LOOP_OUTCOMES = (0, 3, 4, 5, 6)  # SPEC §6 exit codes of a loop that ran; 1 is kiro failing to run it
 EXECUTORS = ("shell", "command", "openai")
+ENDING_WITHIN = 10.0
+"""Seconds `resume` waits for the process of a loop whose saved status says its run ended (paused, stopped,
+failed...) to let go of the loop's lock, before it says the loop is held."""
 
 
 @dataclass(frozen=True)
@@ -286,8 +289,10 @@ def in_background(argv: list[str], ws: Workspace, task_id: str, *, config: Path 
     argv = [*argv, *front.child_flags, "-w", str(ws.root)]
     if config is not None:
         argv += ["--config", str(config.absolute())]
+    # up once it holds the loop's lock and its state is on disk (the lock is taken first): a caller that
+    # lists the loops next (the dashboard after its POST) finds it
     code = start_in_background(argv, out=out_path, cwd=current_folder() or ws.root,
-                               ready=lambda _pid: store.is_locked(task_id))
+                               ready=lambda _pid: store.is_locked(task_id) and store.exists(task_id))
     if code is None or code in LOOP_OUTCOMES:  # it ran and ended before its lock was seen: a short loop
         return
     tail = last_line(out_path)
@@ -305,7 +310,7 @@ def resume(task_id: str | None = None, task: str | None = None, *, spec: str | N
            reset_failures: bool = False, detach: bool = False, front: Front | None = None) -> Started:
     """`kiro loop resume`: continue one loop from its saved state, in the foreground (its exit code) or in
     the background; a loop `kiro loop watch` keeps continues there (exit 0)."""
-    from kiro.core.backends import backend_for
+    from kiro.core.backends import backend_for, wait_unlocked
     from kiro.core.runner import AlreadyFinished, check_resumable, prepare_resume
     from kiro.errors import LockHeld
     from kiro.status import Status
@@ -318,6 +323,10 @@ def resume(task_id: str | None = None, task: str | None = None, *, spec: str | N
     tid = loop_named(ws, store, task_id, task, spec)
     assert tid is not None
     backend = backend_for(ws, config)
+    if store.is_locked(tid) and store.holder_role(tid) != "watch" and not store.load(tid).state.status.is_active:
+        # its run ended (the status it saved says how) and its process is letting go of the lock: a resume
+        # right after the pause is shown (the dashboard's button) waits for that instead of refusing
+        wait_unlocked(store, tid, ENDING_WITHIN)
     if detach and not backend.detaches_itself:
         if store.load(tid).state.status == Status.COMPLETED:  # as in the foreground, before a process is spent
             raise AlreadyFinished(f"loop {tid!r} is already completed; nothing to resume")
