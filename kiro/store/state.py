@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import os
 import re
@@ -724,6 +725,9 @@ class StateStore:
         os.close(fd)
 
     def _lock_file_error(self, path: Path, exc: OSError) -> StateError:
+        if exc.errno == errno.ELOOP:  # kiro's locks never follow a symlink (kiro.fs.locks.Flock)
+            return StateError(f"the lock file {self.ws.relative_name(path)} is a symlink; kiro takes no lock "
+                              f"through one: remove it")
         return StateError(f"cannot create the lock file {self.ws.relative(path)} ({exc.strerror}); make "
                           f"{self.ws.relative(path.parent)} a writable folder (autonomous_loop.state_directory "
                           f"in the config chooses it)")
