@@ -256,8 +256,8 @@ def test_a_waiter_that_locks_a_removed_lock_file_does_not_hold_the_lock(tmp_path
 
 def test_a_symlink_in_place_of_a_lock_file_is_refused_and_its_target_left_alone(ws: Workspace) -> None:
     """Every lock kiro takes is a `Flock`, which never follows a symlink: a person's file linked where a
-    loop's lock file goes is neither locked nor emptied when the lock is let go (it was, through the
-    link), and the start says which file is in the way."""
+    loop's lock file (or watch.lock) goes is neither locked nor emptied when the lock is let go (it was,
+    through the link), and the command says in one line which file is in the way."""
     ws.task(shell_task(1))
     mine = ws.root / "notes.txt"
     mine.write_text("a person's notes\n")
@@ -270,6 +270,14 @@ def test_a_symlink_in_place_of_a_lock_file_is_refused_and_its_target_left_alone(
     assert "the lock file .state/autonomous_loop_linked.lock is a symlink" in r.stderr
     assert "Traceback" not in r.stderr
     assert mine.read_text() == "a person's notes\n" and lock.is_symlink()
+    watch_lock = ws.root / ".state" / "watch.lock"
+    watch_lock.symlink_to(mine)
+    r = ws.kiro("loop", "watch")
+    print(r.stdout + r.stderr)
+    assert r.returncode == 1
+    assert "cannot take the lock .state/watch.lock (Too many levels of symbolic links)" in r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert mine.read_text() == "a person's notes\n"
 
 
 def test_a_second_workspace_worker_names_the_process_that_holds_its_lock(ws: Workspace) -> None:

@@ -719,7 +719,7 @@ class StateStore:
     def probe_lock_file(self, path: Path) -> None:
         """A lock file kiro cannot create would make the wait for it last until its timeout: say so now."""
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise self._lock_file_error(path, exc) from None
         os.close(fd)
