@@ -5,6 +5,7 @@ not fail with "already running"."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -15,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from filelock import FileLock, Timeout
 
 from kiro.core.supervisor import check_watch_free
 from kiro.errors import LockHeld, StateError, UserError
+from kiro.fs.locks import Flock, Timeout
 from kiro.store.state import StateStore
 from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
@@ -147,7 +148,7 @@ def test_watch_probe_does_not_take_the_watch_lock(ws: Workspace) -> None:
     failures = 0
     try:
         for _ in range(300):
-            lock = FileLock(str(path), timeout=0, thread_local=False, is_singleton=False)
+            lock = Flock(path)
             try:
                 lock.acquire()
             except Timeout:
@@ -198,20 +199,20 @@ def test_acquire_waits_for_a_holder_that_lets_go_and_names_one_that_does_not(ws:
 
 def test_a_start_waits_for_the_start_guard_held_by_another_kiro(ws: Workspace) -> None:
     """The start guard (.state/.start.lock) is kiro's own flock now, not filelock's: a guard held by
-    another process (filelock, as an older kiro takes it) still makes `kiro loop start` wait for it,
-    and the start goes on once it is let go."""
+    another process (a plain flock, as an older kiro took it through filelock) still makes `kiro loop
+    start` wait for it, and the start goes on once it is let go."""
     ws.task(shell_task(1))
     guard = ws.root / ".state" / ".start.lock"
     guard.parent.mkdir(parents=True, exist_ok=True)
-    held = FileLock(str(guard), timeout=0, thread_local=False, is_singleton=False)
-    held.acquire()
+    held = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "guarded")
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=2)
         assert not (ws.root / "Logs" / "guarded.jsonl").exists()  # no loop yet
     finally:
-        held.release()
+        os.close(held)
     assert proc.wait(timeout=60) == 0, ws.output(proc)
     assert "completed" in ws.output(proc) and (ws.root / "Logs" / "completion_reports" / "guarded.md").exists()
 
@@ -251,3 +252,54 @@ def test_a_waiter_that_locks_a_removed_lock_file_does_not_hold_the_lock(tmp_path
     b.acquire()  # and once C lets go, B gets the file the path names
     assert b._still_named(b._fd)  # type: ignore[arg-type]
     b.release()
+
+
+def test_a_symlink_in_place_of_a_lock_file_is_refused_and_its_target_left_alone(ws: Workspace) -> None:
+    """Every lock kiro takes is a `Flock`, which never follows a symlink: a person's file linked where a
+    loop's lock file (or watch.lock) goes is neither locked nor emptied when the lock is let go (it was,
+    through the link), and the command says in one line which file is in the way."""
+    ws.task(shell_task(1))
+    mine = ws.root / "notes.txt"
+    mine.write_text("a person's notes\n")
+    lock = ws.root / ".state" / "autonomous_loop_linked.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.symlink_to(mine)
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "linked")
+    print(r.stdout + r.stderr)
+    assert r.returncode == 1
+    assert "the lock file .state/autonomous_loop_linked.lock is a symlink" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert mine.read_text() == "a person's notes\n" and lock.is_symlink()
+    watch_lock = ws.root / ".state" / "watch.lock"
+    watch_lock.symlink_to(mine)
+    r = ws.kiro("loop", "watch")
+    print(r.stdout + r.stderr)
+    assert r.returncode == 1
+    assert "cannot take the lock .state/watch.lock (Too many levels of symbolic links)" in r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert mine.read_text() == "a person's notes\n"
+
+
+def test_a_second_workspace_worker_names_the_process_that_holds_its_lock(ws: Workspace) -> None:
+    """The temporal workspace worker's lock is a `Flock` too: a second `kiro worker --role workspace`
+    refuses in one line that names the holder's pid (read from the kernel's lock table), and the
+    probe `kiro loop start` uses sees the holder without taking its lock."""
+    from kiro.temporal.client import workspace_worker_running
+
+    ws.write("config/autonomous_loop.yaml", "backend:\n  kind: temporal\n  address: 127.0.0.1:9\n")
+    kws = KiroWorkspace(ws.root)
+    assert not workspace_worker_running(kws)
+    body = ("from kiro.fs.locks import Flock\nlock = Flock(pathlib.Path(sys.argv[1]) / '.state' / "
+            "'temporal_worker.lock')\nlock.acquire()\nprint('held', flush=True)\ntime.sleep(60)\n")
+    (ws.root / ".state").mkdir(exist_ok=True)
+    with holder_process(ws, body) as holder:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert workspace_worker_running(kws)
+        r = ws.kiro("worker", "--role", "workspace", "-w", str(ws.root))
+        print(r.stderr)
+        assert r.returncode == 1
+        assert f"a workspace worker already runs for {ws.root} (pid {holder.pid}, which holds " \
+               f".state/temporal_worker.lock); one per workspace" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        assert workspace_worker_running(kws)  # still held: the probe took nothing
+    assert not workspace_worker_running(kws)  # the lock died with its holder

@@ -233,14 +233,8 @@ class Loop:
 
     # -- events ----------------------------------------------------------------------------
 
-    def emit(self, event: Event | str, /, **fields: Any) -> None:
-        """Stamp a typed event with the loop's task id and iteration and hand it to every listener.
-        `emit("name", **fields)` (executors written before events were typed) builds the record
-        through `events.make`, which raises on an unknown name or field."""
-        if isinstance(event, str):
-            event = ev.make(event, **fields)
-        elif fields:
-            raise TypeError("emit(event) takes a typed event, or a name and its fields")
+    def emit(self, event: Event, /) -> None:
+        """Stamp a typed event with the loop's task id and iteration and hand it to every listener."""
         if not self.settings.log_every_iteration and event.event in ("iteration_started", "step_started"):
             return
         event.task_id = self.state.task_id
@@ -448,8 +442,8 @@ class Loop:
             return None
         self.inbox.mark_delivered(pending)
         for m in pending:
-            self.emit("message_received", **m.fields())
-            self.emit("message_delivered", message_id=m.id, **{"from": m.sender}, where=where)
+            self.emit(ev.MessageReceived.model_validate(m.fields()))
+            self.emit(ev.MessageDelivered(message_id=m.id, from_=m.sender, where=where))
         return self.redact.text(render(pending))
 
     def step_guard(self) -> Guard:

@@ -18,6 +18,7 @@ from kiro.executors.control import TaskFiles
 from kiro.git import checkpoints
 from kiro.status import Status
 from kiro.store import approval
+from kiro.store import events as ev
 from kiro.store.state import CompletedStep, LoopState
 from kiro.store.tasks import Step, TaskFile, is_checkpoint
 from kiro.views import reports
@@ -37,8 +38,8 @@ class Git(Feature):
         git.redact = loop.redact.text
         await loop.flush()
         events = await asyncio.to_thread(git.open, loop.resumed)
-        for kind, fields in events:
-            loop.emit(kind, **fields)
+        for event in events:
+            loop.emit(event)
         loop.project_dir = git.project_dir  # with isolation: the loop's worktree
         loop.save()
 
@@ -50,8 +51,8 @@ class Git(Feature):
             result = self.git.step_completed(step.id, title, loop.state.iteration, recovering=True)
         else:
             result = await asyncio.to_thread(self.git.step_completed, step.id, title, loop.state.iteration)
-        for kind, fields in result.events:
-            loop.emit(kind, **fields)
+        for event in result.events:
+            loop.emit(event)
         return result
 
     async def completing(self, loop: LoopHandle, stop: Stop) -> Stop:
@@ -59,8 +60,8 @@ class Git(Feature):
             return stop
         await loop.asave()  # merge_status "merging" etc. are recorded by finish(); a kill mid-merge resumes here
         result = await asyncio.to_thread(self.git.finish)
-        for kind, fields in result.events:
-            loop.emit(kind, **fields)
+        for event in result.events:
+            loop.emit(event)
         if result.problem is None:
             loop.save()
             return stop
@@ -105,10 +106,10 @@ class Approval(Feature):
         try:
             done = approval.apply_decisions(loop.ws, loop.state.task_id, loop.task_path, loop.redact.text)
         except (TaskFileError, TaskNotFound, OSError) as exc:
-            loop.emit("warning", message=f"could not handle a step proposal: {exc}")
+            loop.emit(ev.LoopWarning(message=f"could not handle a step proposal: {exc}"))
             return
         for d in done:
-            loop.emit("proposal_approved" if d.kind == "approved" else "proposal_rejected", **d.fields)
+            loop.emit(ev.ProposalApproved(**d.fields) if d.kind == "approved" else ev.ProposalRejected(**d.fields))
 
     async def all_done(self, loop: LoopHandle, task: TaskFile) -> Stop | bool | None:
         waiting = approval.proposals(loop.ws, loop.state.task_id, approval.PENDING)
@@ -150,7 +151,7 @@ class SealedTaskFiles(Feature):
         files, step_id, self.files = self.files, self.step_id, None
         if files is not None and step_id is not None:
             for line in files.check(boxed=_boxed(loop), task_id=loop.state.task_id, step_id=step_id):
-                loop.emit("warning", message=line)
+                loop.emit(ev.LoopWarning(message=line))
         approval.step_ended(loop.ws, loop.state.task_id)
 
 

@@ -304,9 +304,9 @@ class SideBySide:
             await asyncio.to_thread(stepbranches.take_back, self.top, rec.commit, self.project_rel, self.excludes)
         opened = await asyncio.to_thread(stepbranches.open_attempt, loop.ws, self.top, self.top / self.project_rel,
                                          s.task_id, step.id)
-        for kind, fields in opened.events:  # a worktree a kill left half added, a stale lock cleared
-            if kind != "worktree_created" and not self.closing:  # (parallel_step_started says that one)
-                loop.emit(kind, **fields)
+        for event in opened.events:  # a worktree a kill left half added, a stale lock cleared
+            if event.event != "worktree_created" and not self.closing:  # (parallel_step_started says that one)
+                loop.emit(event)
         rec = ParallelAttempt(step_id=step.id, branch=opened.branch, worktree=str(opened.worktree), base=opened.base,
                               attempt=attempt)
         s.parallel = [r for r in s.parallel if r.step_id != step.id] + [rec]

@@ -120,12 +120,16 @@ class Supervisor:
     async def run(self, *, until: Callable[[], bool] | None = None) -> int:
         """Supervise until stopped (SIGTERM/SIGINT, `stop()`, or `until()` turning true)."""
         self.ws.ensure_folders()
-        self._lock = locks.Flock(self.ws.state_dir / "watch.lock")
+        path = self.ws.state_dir / "watch.lock"
+        self._lock = locks.Flock(path)
         try:
             self._lock.acquire()
         except locks.Timeout:
             pid = _read_pid(self.ws.state_dir / "watch.pid")
             raise LockHeld("watch", pid) from None
+        except OSError as exc:  # not a file in its place (a symlink: never followed)
+            raise UserError(f"cannot take the lock {self.ws.relative_name(path)} ({exc.strerror}); "
+                            f"remove what is in its place") from None
         (self.ws.state_dir / "watch.pid").write_text(f"{os.getpid()}\n")
         self._sem = asyncio.Semaphore(self.limit)
         hub = await acquire_hub(self.ws.root)

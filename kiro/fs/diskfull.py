@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import stat
 import threading
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from kiro.errors import RunError
+from kiro.fs.locks import Flock, Timeout
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 RESERVE_MIN_BYTES = 128 * 1024
@@ -58,10 +58,11 @@ def is_disk_full(exc: BaseException) -> bool:
 
 
 class _Reserve:
-    """This process's reserve file in one state folder: its open, locked descriptor and each loop's share."""
+    """This process's reserve file in one state folder: its lock (the open descriptor) and each loop's share."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, lock: Flock, fd: int) -> None:
         self.path = path
+        self.lock = lock
         self.fd = fd
         self.shares: dict[str, int] = {}
 
@@ -90,11 +91,9 @@ class _Reserve:
     def close(self) -> None:
         """Free the blocks and remove the file (truncated first: an unlinked file keeps its blocks
         while it is open)."""
-        with contextlib.suppress(OSError):
-            os.ftruncate(self.fd, 0)
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-        os.close(self.fd)
+        self.lock.clear()
+        self.lock.remove()
+        self.lock.release()
 
 
 _lock = threading.Lock()
@@ -121,25 +120,26 @@ def _open(state_dir: Path) -> _Reserve:
     base = f"{RESERVE_PREFIX}{os.getpid()}"
     for n in range(100):
         path = state_dir / (base if n == 0 else f"{base}-{n}")
+        lock = Flock(path, mode=0o600)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+            lock.acquire()
+        except Timeout:
+            continue  # a live process of the same pid holds it
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ETXTBSY):
                 continue  # not a file of ours in its place
             raise
+        fd = lock.fd
+        assert fd is not None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
+                lock.release()
                 continue
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
+            os.ftruncate(fd, 0)
         except BaseException:
-            os.close(fd)
+            lock.release()
             raise
-        os.ftruncate(fd, 0)
-        return _Reserve(path, fd)
+        return _Reserve(path, lock, fd)
     raise OSError(errno.EEXIST, "no free name for a reserve file", str(state_dir / base))
 
 
@@ -152,21 +152,15 @@ def sweep(state_dir: Path) -> None:
     except OSError:
         return
     for name in names:
-        path = state_dir / name
+        lock = Flock(state_dir / name)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # free: a dead process's. (A process that created it a moment ago and has not locked it
-            # yet finds it unlinked: its reserve still holds its blocks, under no name.)
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        except OSError:
-            pass  # held by a running process
-        finally:
-            os.close(fd)
+            lock.acquire()
+        except (Timeout, OSError):
+            continue  # held by a running process (or not a file: left alone)
+        # free: a dead process's. (A process that created it a moment ago and has not locked it
+        # yet finds it unlinked: its reserve still holds its blocks, under no name.)
+        lock.remove()
+        lock.release()
 
 
 def reserve(state_dir: Path, owner: str, size: int) -> None:

@@ -1,6 +1,8 @@
-"""Probe an OS file lock without taking it.
+"""kiro's one kind of file lock (`Flock`), and a probe of one that does not take it.
 
-kiro's locks are `flock` locks (`Flock`, the same kernel lock as filelock's UnixFileLock). Asking
+Every lock kiro takes is a `Flock`: a loop's lock, the start guard, watch.lock, the temporal
+workspace worker's lock, a process's disk reserve, the server's event index. They are `flock` locks
+(the same kernel lock as filelock's UnixFileLock), so a lock dies with its holder. Asking
 "is it held?" by trying to take it and letting go again holds it for a moment, and a `kiro loop
 start` that arrives in that moment fails with "already running" (issue 7 item 8). So a probe reads
 the kernel's lock table (`/proc/locks`) instead: it lists every flock with the device and inode of
@@ -85,29 +87,37 @@ def _try_and_release(path: Path) -> bool:
 
 class Flock:
     """An exclusive flock on a file, held from `acquire()` until `release()` or the end of the
-    process, whatever way it ends: a loop's lock, the start guard, watch.lock. What filelock's
-    FileLock did for kiro, at a sixth of its cost (about 100 us less per lock: a batch start of 1,000
-    loops spent 0.1 s in FileLock, issue #12) and without its import on the start path (12 ms). Not
-    re-entrant: kiro takes each lock once."""
+    process, whatever way it ends. What filelock's FileLock did for kiro, at a sixth of its cost
+    (about 100 us less per lock: a batch start of 1,000 loops spent 0.1 s in FileLock, issue #12) and
+    without its import on the start path (12 ms). Not re-entrant: kiro takes each lock once.
+    `mode`: the permissions of a lock file it creates."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, mode: int = 0o644) -> None:
         self.path = os.fspath(path)
+        self.mode = mode
         self._fd: int | None = None
 
-    def acquire(self, timeout: float = 0.0, poll: float = 0.05) -> None:
-        """Take the lock, waiting up to `timeout` seconds for its holder to let go; `Timeout`
-        when it is still held then. An OSError when the file cannot be opened (made if missing;
-        O_NONBLOCK: a FIFO in its place cannot hang the open)."""
-        deadline = time.monotonic() + timeout
+    @property
+    def fd(self) -> int | None:
+        """The locked file's descriptor while the lock is held (a disk reserve sizes the file through it)."""
+        return self._fd
+
+    def acquire(self, timeout: float | None = 0.0, poll: float = 0.05) -> None:
+        """Take the lock, waiting up to `timeout` seconds for its holder to let go (None: until it
+        does); `Timeout` when it is still held then. An OSError when the file cannot be opened (made
+        if missing; O_NONBLOCK: a FIFO in its place cannot hang the open; O_NOFOLLOW: a symlink in its
+        place is not followed, so no file it points at is made, emptied or locked)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         self.mode)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 os.close(fd)
                 if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                     raise
-                if time.monotonic() >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     raise Timeout(self.path) from None
                 time.sleep(poll)
                 continue
@@ -120,7 +130,7 @@ class Flock:
     def _still_named(self, fd: int) -> bool:
         """The locked file is the one the path names now (not one its last holder removed)."""
         try:
-            here, mine = os.stat(self.path), os.fstat(fd)
+            here, mine = os.lstat(self.path), os.fstat(fd)
         except OSError:
             return False
         return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)

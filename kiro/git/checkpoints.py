@@ -38,6 +38,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import KiroError, UserError
 from kiro.fs.atomic import atomic_write
+from kiro.store import events as ev
 from kiro.store.workspace import locate_task
 
 KIRO_NAME = "kiro"
@@ -434,7 +435,7 @@ class Result:
 
     commit: str | None = None
     note: str | None = None
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    events: list[ev.Event] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     problem: str | None = None  # a merge that needs a person
 
@@ -599,7 +600,7 @@ class LoopGit:
         self._common = str((self.tree / lines[0]).resolve())
         self._locks = [(self.tree / p).resolve() for p in lines[1:]]
 
-    def _clear_locks(self, events: list[tuple[str, dict[str, Any]]], extra: Sequence[Path] = ()) -> None:
+    def _clear_locks(self, events: list[ev.Event], extra: Sequence[Path] = ()) -> None:
         roots = [self.tree, self.main_top, Path(self._common)]
         temp = []  # `git commit -- <paths>` builds its commit in next-index-<pid>.lock; a kill leaves it behind
         for folder in {p.parent for p in [*self._locks[:1], *extra[:1]]}:
@@ -608,12 +609,12 @@ class LoopGit:
                 if not (pid.isdigit() and Path("/proc", pid).exists()):
                     temp.append(p)
         for path in clear_stale_locks([*self._locks, *extra, *temp], roots):
-            events.append(("git_lock_cleared", {"path": path}))
+            events.append(ev.GitLockCleared(path=path))
 
-    def open(self, resumed: bool) -> list[tuple[str, dict[str, Any]]]:
+    def open(self, resumed: bool) -> list[ev.Event]:
         """Ready the loop's work tree: record where commits go; with isolation, create (or find
         again) `.kiro/worktrees/<task_id>` on branch `kiro/<task_id>`."""
-        events: list[tuple[str, dict[str, Any]]] = []
+        events: list[ev.Event] = []
         info = self.info
         main = Git(self.main_top)
         head = main.run("rev-parse", "--verify", "-q", "HEAD", check=False).stdout.strip() or None
@@ -634,14 +635,14 @@ class LoopGit:
             self.tree = wt
             self.git = Git(wt)
             if self._half_added(wt):
-                events.append(("worktree_recreated", {"path": self.ws.relative(wt), "branch": name}))
+                events.append(ev.WorktreeRecreated(path=self.ws.relative(wt), branch=name))
             if not (wt / ".git").exists() or not Git(wt).ok("rev-parse", "--verify", "-q", "HEAD"):
                 common = str((self.main_top / main.out("rev-parse", "--git-common-dir")).resolve())
                 with _repo_lock(common):
                     # a kill during `worktree add -b` can leave the new branch's ref lock behind
                     for path in clear_stale_locks([Path(common) / "refs" / "heads" / f"{name}.lock",
                                                    Path(common) / "packed-refs.lock"], [self.main_top, wt]):
-                        events.append(("git_lock_cleared", {"path": path}))
+                        events.append(ev.GitLockCleared(path=path))
                     main.run("worktree", "prune", check=False)
                     if wt.exists() and not any(wt.iterdir()):
                         wt.rmdir()
@@ -658,7 +659,7 @@ class LoopGit:
                         main.run("worktree", "add", "-q", str(wt), name)
                     else:
                         main.run("worktree", "add", "-q", "-b", name, str(wt), info.base_commit or "HEAD")
-                events.append(("worktree_created", {"path": self.ws.relative(wt), "branch": name}))
+                events.append(ev.WorktreeCreated(path=self.ws.relative(wt), branch=name))
             info.worktree = str(wt)
         self._paths()
         self._clear_locks(events)
@@ -893,7 +894,7 @@ class LoopGit:
                     found = self.find(step_id, iteration)
                     if found:
                         res.commit = found
-                        res.events.append(("checkpoint_recovered", {"step_id": step_id, "commit": found}))
+                        res.events.append(ev.CheckpointRecovered(step_id=step_id, commit=found))
                         # a kill may have come before the index took the commit's files: it takes them now
                         paths = [p for p in self.git.run("diff-tree", "--no-commit-id", "--name-only", "-r", "-z",
                                                          "--root", found).stdout.split("\0") if p]
@@ -905,20 +906,20 @@ class LoopGit:
                     self._recover(step_id)
                 ours, left = self._ours(scan(self.git, self.spec))
                 for why, paths in left.items():
-                    res.events.append(("checkpoint_left_out", {"step_id": step_id, "files": paths, "reason": why}))
+                    res.events.append(ev.CheckpointLeftOut(step_id=step_id, files=paths, reason=why))
                 msg = step_message(self.task_id, step_id, title, iteration, self.redact)
                 commit = self._retry(lambda: commit_files(self.git, ours, msg)) if ours else None
                 if commit is None:
                     res.note = "no changes"
-                    res.events.append(("checkpoint_skipped", {"step_id": step_id, "reason": "no_changes"}))
+                    res.events.append(ev.CheckpointSkipped(step_id=step_id, reason="no_changes"))
                     return res
                 res.commit = commit
                 res.files = ours
-                res.events.append(("checkpoint_created", {"step_id": step_id, "commit": res.commit}))
+                res.events.append(ev.CheckpointCreated(step_id=step_id, commit=res.commit))
         except GitError as exc:
             res.commit = None
             res.note = f"failed: {exc}"
-            res.events.append(("checkpoint_failed", {"step_id": step_id, "error": str(exc)}))
+            res.events.append(ev.CheckpointFailed(step_id=step_id, error=str(exc)))
         finally:
             self._retire()
         return res
@@ -931,7 +932,7 @@ class LoopGit:
             except GitError as exc:
                 if (".lock" not in str(exc) and "update-ref" not in str(exc)) or n == attempts - 1:
                     raise
-                events: list[tuple[str, dict[str, Any]]] = []
+                events: list[ev.Event] = []
                 self._clear_locks(events)
                 time.sleep(0.1 * (n + 1))
         return None
@@ -952,7 +953,7 @@ class LoopGit:
             return res
         if info.merge == "manual":
             info.merge_status = "left"
-            res.events.append(("branch_left", {"branch": info.branch, "worktree": self.ws.relative(self.tree)}))
+            res.events.append(ev.BranchLeft(branch=info.branch, worktree=self.ws.relative(self.tree)))
             return res
         main = Git(self.main_top)
         with _repo_lock(self._common):
@@ -1019,10 +1020,11 @@ class LoopGit:
         first = (text.strip().splitlines() or ["git merge failed"])[0]
         res.problem = (f"could not merge {info.branch} into {info.base_branch or 'HEAD'}: {first}"
                        + (f" ({', '.join(files[:5])})" if files else ""))
-        res.events.append(("merge_failed", {"branch": info.branch, "files": files, "error": first}))
+        res.events.append(ev.MergeFailed(branch=info.branch, files=files, error=first))
         return res
 
-    def _heal(self, main: Git, head: str, tree: str, res: Result, event: str = "merge_resumed") -> None:
+    def _heal(self, main: Git, head: str, tree: str, res: Result,
+              event: type[ev.MergeResumed | ev.RollbackResumed] = ev.MergeResumed) -> None:
         """A kill while git moved the main tree to the merge can leave files already as the merge
         has them while the index and HEAD are not: put exactly those back (their content is the
         merge's, so nothing is lost) so that the fast-forward can run again. A person's own change
@@ -1062,7 +1064,7 @@ class LoopGit:
                     (main.cwd / path).unlink()
                 healed.append(path)
         if healed:
-            res.events.append((event, {"branch": self.info.branch, "files": healed}))
+            res.events.append(event(branch=self.info.branch, files=healed))
 
     @staticmethod
     def _torn(main: Git, path: str, merged: str | None) -> bool:
@@ -1092,7 +1094,7 @@ class LoopGit:
         res.files = files
         res.problem = (f"merging {info.branch} into {info.base_branch or 'HEAD'} conflicts in "
                        f"{', '.join(files[:10])}{' ...' if len(files) > 10 else ''}")
-        res.events.append(("merge_conflict", {"branch": info.branch, "into": info.base_branch, "files": files}))
+        res.events.append(ev.MergeConflict(branch=info.branch, into=info.base_branch, files=files))
         return res
 
     def _merged(self, res: Result, main: Git, tip: str) -> Result:
@@ -1101,8 +1103,7 @@ class LoopGit:
         info.conflict_files = []
         info.merge_commit = main.out("rev-parse", "HEAD")
         res.commit = info.merge_commit
-        res.events.append(("merge_completed", {"branch": info.branch, "into": info.base_branch,
-                                               "commit": info.merge_commit}))
+        res.events.append(ev.MergeCompleted(branch=info.branch, into=info.base_branch, commit=info.merge_commit))
         # the branch stays (for `git log`); its work tree goes when it has nothing kiro did not commit
         wt = Path(info.worktree).resolve() if info.worktree else None
         expected = (Path(self.ws.root).resolve() / ".kiro" / "worktrees" / self.task_id)
@@ -1124,7 +1125,7 @@ class LoopGit:
                 info.worktree = None
                 self.tree = self.main_top
                 self.git = main
-                res.events.append(("worktree_removed", {"branch": info.branch}))
+                res.events.append(ev.WorktreeRemoved(branch=info.branch))
         return res
 
 
@@ -1197,7 +1198,7 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
     from kiro.errors import LockHeld
     from kiro.status import Status
     from kiro.store import tasks
-    from kiro.store.events import EventLog, make_event
+    from kiro.store.events import EventLog
 
     loaded = store.load(task_id)
     state = loaded.state
@@ -1253,7 +1254,7 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         if not git.ok("merge-base", "--is-ancestor", target, "HEAD"):
             raise UserError(f"the checkpoint {target[:12]} of step {to_step!r} is not in the history of HEAD in "
                             f"{cfg_project}; check out the loop's branch first")
-        events: list[tuple[str, dict[str, Any]]] = []
+        events: list[ev.Event] = []
         lg._clear_locks(events)
         head = git.out("rev-parse", "HEAD")
         commits = log(git, f"{target}..HEAD")
@@ -1264,7 +1265,7 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         if not others:  # the new tree is made first, in a private index; a kill cannot leave half of it
             tree = _restored_tree(lg, head, target)
             healed = Result()
-            lg._heal(git, head, tree, healed, "rollback_resumed")  # files a killed rollback already moved
+            lg._heal(git, head, tree, healed, ev.RollbackResumed)  # files a killed rollback already moved
             events += healed.events
         # the files the rollback changes must hold nothing kiro did not commit; other files (a person's, another
         # loop's in the same work tree) are not touched and may be as they are
@@ -1335,9 +1336,9 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         if loaded.archived:
             store.unarchive(task_id)
         log_file = EventLog(ws.event_log(task_id), redact)
-        for kind, fields in events:
-            log_file(make_event(task_id, state.iteration, kind, fields))
-        log_file(make_event(task_id, state.iteration, "rolled_back", dict(record)))
+        for event in [*events, ev.RolledBack.model_validate(record)]:
+            event.task_id, event.iteration = task_id, state.iteration
+            log_file(event)
         log_file.close()
         return Rollback(task_id, to_step, target, commit, undone, unchecked, method)
     finally:

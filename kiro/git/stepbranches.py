@@ -32,6 +32,7 @@ from kiro.git.checkpoints import (
     step_message,
     trailers,
 )
+from kiro.store.events import Event
 
 SUFFIX = ".step-"
 
@@ -50,7 +51,7 @@ class Opened:
     worktree: Path
     project_dir: Path  # the step's project directory inside its worktree: where its attempt runs
     base: str
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
 
 
 def open_attempt(ws: Any, top: Path, project_dir: Path, task_id: str, step_id: str) -> Opened:

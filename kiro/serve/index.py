@@ -24,9 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
-
 from kiro import jsonl
+from kiro.fs.locks import Flock
 
 CACHE_LINES = 20_000
 SAFETY_SCAN_SECONDS = 1.0
@@ -128,7 +127,9 @@ class EventIndex:
     def sync(self) -> int:
         """Index every complete line appended to any event log since the last look; returns how many."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self._lock_path), thread_local=False, is_singleton=False):
+        lock = Flock(self._lock_path)
+        lock.acquire(timeout=None)  # another server appending: it is done in a moment
+        with lock:
             self._read_index()
             self._repair()
             found: list[tuple[str, int, int, bytes]] = []

@@ -812,15 +812,6 @@ EVENT_NAMES: frozenset[str] = frozenset(MODELS)
 Listener = Callable[[Event], None]
 
 
-def make(kind: str, /, **fields: Any) -> Event:
-    """The compatibility path: an event from its name and keyword fields (`emit("name", **fields)`).
-    An unknown name or a field the kind does not have raises: a typo is a bug, not a new event."""
-    model = MODELS.get(kind)
-    if model is None:
-        raise ValueError(f"unknown event {kind!r}; add a model for it to kiro/store/events.py")
-    return model.model_validate(fields)
-
-
 def parse(record: dict[str, Any]) -> Event:
     """A record read from disk as its typed event; anything that does not fit (an unknown kind,
     a newer kiro's fields) as a `GenericEvent`. Never raises on a dict."""
@@ -834,13 +825,6 @@ def parse(record: dict[str, Any]) -> Event:
         return GenericEvent.model_validate({**record, "event": str(kind if kind is not None else "unknown")})
     except (ValidationError, TypeError, ValueError):  # keys pydantic will not take as fields
         return GenericEvent(event=str(kind))
-
-
-def make_event(task_id: str, iteration: int, event: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """One event record as a dict (validated by its model). Kept for callers that build records by hand."""
-    ev = make(event, **fields)
-    ev.task_id, ev.iteration = task_id, iteration
-    return ev.to_record()
 
 
 class EventLog:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import os
 import re
@@ -718,12 +719,15 @@ class StateStore:
     def probe_lock_file(self, path: Path) -> None:
         """A lock file kiro cannot create would make the wait for it last until its timeout: say so now."""
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise self._lock_file_error(path, exc) from None
         os.close(fd)
 
     def _lock_file_error(self, path: Path, exc: OSError) -> StateError:
+        if exc.errno == errno.ELOOP:  # kiro's locks never follow a symlink (kiro.fs.locks.Flock)
+            return StateError(f"the lock file {self.ws.relative_name(path)} is a symlink; kiro takes no lock "
+                              f"through one: remove it")
         return StateError(f"cannot create the lock file {self.ws.relative(path)} ({exc.strerror}); make "
                           f"{self.ws.relative(path.parent)} a writable folder (autonomous_loop.state_directory "
                           f"in the config chooses it)")

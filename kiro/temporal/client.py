@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import uuid
 from dataclasses import dataclass
@@ -146,16 +145,10 @@ def worker_lock(ws: Workspace) -> Path:
 
 
 def workspace_worker_running(ws: Workspace) -> bool:
-    path = worker_lock(ws)
-    if not path.exists():
-        return False
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return False
+    """A workspace worker holds `.state/temporal_worker.lock` (asked of the kernel; the lock is not taken)."""
+    from kiro.fs import locks
+
+    return locks.is_held(worker_lock(ws))
 
 
 def ensure_workspace_worker(ws: Workspace) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import signal
 import sys
@@ -14,6 +13,7 @@ from typing import Any
 from temporalio.worker import Worker
 
 from kiro.errors import UserError
+from kiro.fs import locks
 from kiro.store.config import Config
 from kiro.store.workspace import Workspace
 from kiro.temporal import client as tc
@@ -33,17 +33,22 @@ async def _serve(ws: Workspace, cfg: Config, *, role: str, clone: Path | None, r
                  max_concurrent: int) -> None:
     from kiro.temporal.workflow import KiroLoop, KiroStep
 
-    lock_fh: Any = None
+    lock: locks.Flock | None = None
     n = tc.names(ws, cfg)
     if role == "workspace":
         path = tc.worker_lock(ws)
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock_fh = open(path, "a+")  # noqa: SIM115 - held for the life of the process
+        lock = locks.Flock(path)  # held for the life of the process
         try:
-            fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise UserError(f"a workspace worker already runs for {ws.root} (it holds "
-                            f"{ws.relative(path)}); one per workspace") from None
+            lock.acquire()
+        except locks.Timeout:
+            holder = locks.holder_pid(path)
+            who = f"pid {holder}, which holds" if holder else "it holds"
+            raise UserError(f"a workspace worker already runs for {ws.root} ({who} {ws.relative(path)}); one per "
+                            f"workspace") from None
+        except OSError as exc:
+            raise UserError(f"cannot take the workspace worker's lock {ws.relative_name(path)}: "
+                            f"{exc.strerror}") from None
     client = await tc.connect(cfg)
     stop = asyncio.Event()
     segments = None
@@ -76,5 +81,5 @@ async def _serve(ws: Workspace, cfg: Config, *, role: str, clone: Path | None, r
     if not running.done():
         await worker.shutdown()
     await running
-    if lock_fh is not None:
-        lock_fh.close()
+    if lock is not None:
+        lock.release()

@@ -16,6 +16,7 @@ from pydantic import Field
 from kiro.errors import KiroError
 from kiro.executors.tools.base import Args, Tool, ToolEnv, ToolResult
 from kiro.executors.tools.errors import ToolError
+from kiro.store.events import MessageSent
 from kiro.store.messages import MESSAGE_MAX_CHARS, Inbox, known_loops
 
 READ_LAST = 10
@@ -53,7 +54,7 @@ async def send_message(args: SendMessageArgs, env: ToolEnv) -> ToolResult:
     for target in targets:
         msg = await asyncio.to_thread(Inbox(ctx.workspace, target).queue, content, sender=f"loop:{me}",
                                       via="send_message")
-        ctx.emit("message_sent", message_id=msg.id, to=target, chars=len(content))
+        ctx.emit(MessageSent(message_id=msg.id, to=target, chars=len(content)))
     return ToolResult(f"queued for {', '.join(targets)}: it reaches their agent in its next prompt")
 
 

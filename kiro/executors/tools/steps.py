@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 
 from kiro.executors.tools.base import Args, Ending, Tool, ToolEnv, ToolResult
 from kiro.executors.tools.errors import ToolError
+from kiro.store.events import StepsProposed
 
 SLEEP_MAX_SECONDS = 3600.0
 TEXT_LIMIT = 8000
@@ -96,7 +97,7 @@ def _propose(env: ToolEnv, titles: list[str], after: str | None, reason: str) ->
     ctx = env.ctx
     path = approval.propose(ctx.workspace, ctx.task_id, ctx.workspace.relative(ctx.task_path), titles, after, reason)
     rel = ctx.workspace.relative(path)
-    ctx.emit("steps_proposed", proposal=rel, steps=titles, after=after)
+    ctx.emit(StepsProposed(proposal=rel, steps=titles, after=after))
     return ToolResult(f"proposed {len(titles)} step(s) for a person's approval in {rel}; they are not in the task "
                       f"file yet. Go on with the current step; you will be told if they are rejected.")
 
