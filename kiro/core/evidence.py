@@ -105,8 +105,7 @@ class Evidence(Feature):
             if changes:
                 check.ok = False
                 check.changed = [str(c) for c in changes]
-                return (f"step {step.id} {'; '.join(map(str, changes))}, which protected_paths protects; kiro put "
-                        f"it back. A person can let the change through: see {self._proposal_note}")
+                return receipts.changed_reason(step.id, check.changed, self._proposal_note)
         record: VerifyRecord | None = None
         if verify is not None:
             record = verify.record()

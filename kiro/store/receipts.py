@@ -355,6 +355,12 @@ def propose_change(ws: Workspace, task_id: str, step_id: str, changes: list[Chan
     return path
 
 
+def changed_reason(step_id: str, changes: list[str], proposal: str) -> str:
+    """Why the attempt failed: `changes` ("changed tests/a.py") put back; `proposal` says where a person approves."""
+    return (f"step {step_id} {'; '.join(changes)}, which protected_paths protects; kiro put it back. A person can "
+            f"let the change through: see {proposal}")
+
+
 def approved_paths(ws: Workspace, task_id: str, step_id: str) -> list[str]:
     """The paths a person approved changing in step `step_id` (proposals in `Approved/`)."""
     folder = ws.root / APPROVED
