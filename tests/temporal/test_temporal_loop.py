@@ -7,14 +7,13 @@ from tests.conftest import Workspace, shell_task
 from tests.temporal.conftest import Project, Workers
 
 # SPEC §14 on this backend: the worker runs verify (writing a JUnit report) and checks the protected paths in its
-# clone; step 2's first attempt also changes README.md (protected), which the worker puts back, failing it.
-EVIDENCE = """\
-verify: 'printf ''<testsuite><testcase name="a"/></testsuite>'' > verify.xml && wc -l < work.txt'
-verify_report: verify.xml
-protected_paths: [README.md]
-"""
+# clone. Step 2's first attempt also changes README.md (protected), which the worker puts back, failing it; step
+# 3's first attempt leaves a file BAD, which fails verify.
+VERIFY = """test ! -e BAD && printf '<testsuite><testcase name="a"/></testsuite>' > verify.xml && wc -l < work.txt"""
+EVIDENCE = "verify: '" + VERIFY.replace("'", "''") + "'\nverify_report: verify.xml\nprotected_paths: [README.md]\n"
 STEP = ('echo "step $KIRO_STEP_ID" >> work.txt; [ "$KIRO_STEP_ID" != 2 ] || [ -e "$RUNS/touched" ] || '
-        '{ touch "$RUNS/touched"; echo "changed by step 2" >> README.md; }')
+        '{ touch "$RUNS/touched"; echo "changed by step 2" >> README.md; }; [ "$KIRO_STEP_ID" != 3 ] || '
+        '[ -e "$RUNS/bad" ] || { touch "$RUNS/bad" BAD; }')
 
 
 def test_one_loop_on_one_worker(tws: Workspace, project: Project, workers: Workers) -> None:
@@ -30,7 +29,7 @@ def test_one_loop_on_one_worker(tws: Workspace, project: Project, workers: Worke
     # the foreground prints the whole run, as a local loop does: also what the worker wrote at once
     assert "loop one started" in r.stdout and all(f"✓ {n} done" in r.stdout for n in (1, 2, 3)), r.stdout
     st = tws.state("one")
-    assert st["status"] == "completed" and st["total_successes"] == 3 and st["total_failures"] == 1
+    assert st["status"] == "completed" and st["total_successes"] == 3 and st["total_failures"] == 2
     assert [c["step_id"] for c in st["completed_steps"]] == ["1", "2", "3"]
     assert project.branch_file("one", "work.txt") == "step 1\nstep 2\nstep 3\n"
     subjects = project.branch_log("one")
@@ -49,18 +48,23 @@ def test_one_loop_on_one_worker(tws: Workspace, project: Project, workers: Worke
     proposal = tws.root / changed[0]["proposal"]
     assert proposal.parent.name == "Pending_Approval" and "README.md" in proposal.read_text()
     failed = [e for e in tws.events("one") if e["event"] == "step_failed"]
-    assert len(failed) == 1 and "README.md, which protected_paths protects" in failed[0]["error"], failed
+    assert [e["step_id"] for e in failed] == ["2", "3"], failed
+    assert "README.md, which protected_paths protects" in failed[0]["error"], failed
+    # step 3's failed verify on the worker: the typed event, and the attempt's error, as a local loop's
+    bad = [e for e in tws.events("one") if e["event"] == "verify_failed"]
+    assert [(e["step_id"], e["command"]) for e in bad] == [("3", VERIFY)], bad
+    assert failed[1]["error"].startswith(f"verify `{VERIFY}` failed:"), failed
 
     # every step's receipt: verify's command, exit code, output and test counts from the worker, its commit
     for n, (c, sha) in enumerate(zip(st["completed_steps"], shas, strict=True), 1):
         rc = c["receipt"]
         assert rc is not None, c
         v = rc["verify"]
-        assert v["command"].startswith("printf") and v["exit_code"] == 0 and v["output_tail"].strip() == str(n), v
+        assert v["command"] == VERIFY and v["exit_code"] == 0 and v["output_tail"].strip() == str(n), v
         assert v["tests"]["passed"] == 1 and v["seconds"] >= 0, v
         assert rc["checkpoint"] == sha and "work.txt" in rc["diff_stat"], rc
         assert rc["protected"] == {"globs": ["README.md"], "files": 1, "changed": [], "approved": [], "ok": True}
-        assert rc["attempts"] == (2 if n == 2 else 1), rc
+        assert rc["attempts"] == (1 if n == 1 else 2), rc
     shown = tws.kiro("loop", "receipt", "--task-id", "one", timeout=60)
     assert shown.returncode == 0, shown.stderr
     print(shown.stdout)
