@@ -9,6 +9,7 @@ with the attempt's result. One function runs it, one turns a failed run into the
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from kiro.executors.base import StepContext, StepResult
@@ -36,7 +37,8 @@ async def run_verify(command: str, ctx: StepContext) -> VerifyRun:
     run = VerifyRun(command=command, exit_code=code, output=text, started=began,
                     seconds=time.monotonic() - clock, report=cfg.verify_report)
     if cfg.verify_report:
-        run.tests, run.report_problem = receipts.report_counts(ctx.project_dir, str(cfg.verify_report), began)
+        run.tests, run.report_problem = await asyncio.to_thread(receipts.report_counts, ctx.project_dir,
+                                                                str(cfg.verify_report), began)
     return run
 
 
