@@ -30,22 +30,24 @@ from kiro import timeutil
 from kiro.core import conditions, resolved
 from kiro.core.conditions import Stop
 from kiro.core.guardrails import LoopGuardrails, SharedLimits, Trigger
-from kiro.core.hooks import Checkpoint, Feature, LoopListener, Reopen, VerifyRun
+from kiro.core.hooks import Checkpoint, Feature, LoopListener, Reopen
 from kiro.core.watch import ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
 from kiro.executors import prompts
 from kiro.executors.base import Executor, Guard, StepContext, StepResult
+from kiro.executors.verify import run_verify, verify_error, verify_failed
 from kiro.fs import diskfull, writer
 from kiro.fs.atomic import atomic_write
 from kiro.fs.writer import WriteQueue
 from kiro.processes import groups
-from kiro.processes.spawn import run_process, tail
+from kiro.processes.spawn import tail
 from kiro.status import Status
 from kiro.store import events as ev
 from kiro.store import tasks
 from kiro.store.config import Config
 from kiro.store.events import Event, EventLog, Listener
 from kiro.store.messages import Inbox, render
+from kiro.store.receipts import VerifyRun
 from kiro.store.redact import Redactor
 from kiro.store.state import (
     CompletedStep,
@@ -820,18 +822,15 @@ class Loop:
             return conditions.needs_action(f"the agent asks a person: {first_line(question)} "
                                            f"(see {s.report_path})", "request_human")
 
-        verify_output = None
-        verify: VerifyRun | None = None
-        if result.ok and verify_cmd:
-            verify = await self._verify(verify_cmd, ctx)
-            verify_output = verify.output
+        verify = result.verify  # run where the step ran, when that is not here (a temporal worker)
+        if result.ok and verify_cmd and verify is None:
+            verify = await run_verify(verify_cmd, ctx)
             if not verify.passed:
-                self.emit(ev.VerifyFailed(step_id=step.id, command=verify_cmd, output=tail(verify_output, 1000)))
-                result = StepResult("failed", summary=result.summary, usage=Usage(),
-                                    error=f"verify `{verify_cmd}` failed:\n{tail(verify_output, 2000)}")
+                result = verify_failed(ctx, verify, result)
+        verify_output = verify.output if verify is not None else None
         reopen: Reopen | None = None
         if result.ok:
-            problem = await self._check_step(step, verify)
+            problem = await self._check_step(step, verify, result=result)
             if isinstance(problem, Reopen):
                 reopen = problem
             elif problem is not None:
@@ -960,26 +959,13 @@ class Loop:
         v = self.cfg.verify
         return v if isinstance(v, str) and v.strip() else None
 
-    async def _verify(self, command: str, ctx: StepContext) -> VerifyRun:
-        from kiro.executors.shell import step_box, step_env
-
-        env = step_env(ctx)
-        began = time.time()
-        result = await run_process(["bash", "-e", "-c", command], cwd=self.project_dir, env=env,
-                                   timeout=self.cfg.step_timeout_seconds, cancel=self.cancel,
-                                   box=step_box(ctx, env, project=self.project_dir))
-        text = self.redact.text(tail(result.output, 4000))
-        if result.timed_out:
-            return VerifyRun(command, None, f"(timed out after {self.cfg.step_timeout_seconds:g} s)\n{text}", began)
-        return VerifyRun(command, None if result.cancelled else result.returncode, text, began)
-
-    async def _check_step(self, step: tasks.Step, verify: VerifyRun | None, *,
-                          recovering: bool = False) -> str | Reopen | None:
+    async def _check_step(self, step: tasks.Step, verify: VerifyRun | None, *, recovering: bool = False,
+                          result: StepResult | None = None) -> str | Reopen | None:
         """What the features say of a step its executor (or, `recovering`, a box found checked after a
         kill) says is done: the first reason it is not (SPEC §14: protected paths, test counts, a review), or
         None."""
         for feature in self.features:
-            problem = await feature.check_step(self, step, verify, recovering=recovering)
+            problem = await feature.check_step(self, step, verify, recovering=recovering, result=result)
             if problem is not None:
                 return problem
         return None
@@ -997,9 +983,9 @@ class Loop:
                 prompt="", system_prompt="", reinjected=False, continuation=None, previous_error=None,
                 verify_output=None, timeout_seconds=self.cfg.step_timeout_seconds, config=self.cfg, state=s,
                 cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor, redact=self.redact)
-            verify = await self._verify(verify_cmd, ctx)
+            verify = await run_verify(verify_cmd, ctx)
             if not verify.passed:
-                return f"verify `{verify_cmd}` failed:\n{tail(verify.output, 2000)}"
+                return verify_error(verify)
         problem = await self._check_step(step, verify, recovering=True)
         return str(problem) if problem is not None else None
 

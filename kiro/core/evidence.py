@@ -15,31 +15,34 @@
   (`boxes_checked_before`); a box of another step that an agent checks during the attempt is reopened (with an
   agent that checks boxes: the command executor), and after a kill the in-flight step's box counts only once
   verify and these checks pass on the next run (the engine asks `check_step(recovering=True)`).
+- On the temporal backend (`Evidence(remote=True)`, the workspace side) the step runs in a worker's clone: the
+  worker runs verify, reads the report and checks protected paths there (kiro.temporal.attempt), and the
+  attempt's result brings both back (`StepResult.verify`, `.protected`); here they go into the receipt, the test
+  counts are held against the last receipt's, and nothing of the workspace's own checkout is hashed or put back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from pathlib import Path
 from typing import Any
 
 from kiro import timeutil
-from kiro.core.hooks import Feature, LoopHandle, VerifyRun
+from kiro.core.hooks import Feature, LoopHandle
 from kiro.errors import TaskFileError, TaskNotFound
+from kiro.executors.base import StepResult
 from kiro.processes import sandbox
 from kiro.store import events, receipts, tasks
-from kiro.store.receipts import Change, ProtectedCheck, Receipt, TestCounts, VerifyRecord
+from kiro.store.receipts import Change, ProtectedCheck, Receipt, TestCounts, VerifyRecord, VerifyRun
 from kiro.store.state import CompletedStep, LoopState, clip
 from kiro.store.tasks import Step, TaskFile
 from kiro.usage import Usage
 
-REPORT_CLOCK_SLACK = 2.0  # seconds: a report written this long before verify began is still its own (clock steps)
-
 
 class Evidence(Feature):
-    def __init__(self) -> None:
+    def __init__(self, *, remote: bool = False) -> None:
+        self.remote = remote  # the steps run elsewhere (temporal workers), which check protected paths there
         self.loop: LoopHandle | None = None
         self.step_id: str | None = None  # the step being attempted (its first attempt's start and usage below)
         self.first_started: str | None = None
@@ -56,7 +59,7 @@ class Evidence(Feature):
         self.loop = loop
         loop.subscribe(self._on_event)
         cur = loop.state.current_step
-        if cur is None or cur.status != "in_progress":
+        if self.remote or cur is None or cur.status != "in_progress":
             return
         # a killed attempt: what it did to protected paths goes back, boxes it checked for other steps reopen
         protected = self._protected(loop)
@@ -77,6 +80,8 @@ class Evidence(Feature):
             self.step_id = step_id
             self.first_started = timeutil.iso()
             self.usage_before = s.usage.model_copy()
+        if self.remote:
+            return None, True
         if self.task is not None and _agent_writes_task_file(loop):
             s.boxes_checked_before = [st.id for st in self.task.steps if st.done]
         protected = self._protected(loop)
@@ -86,11 +91,11 @@ class Evidence(Feature):
         return None, True
 
     async def check_step(self, loop: LoopHandle, step: Step, verify: VerifyRun | None, *,
-                         recovering: bool = False) -> str | None:
+                         recovering: bool = False, result: StepResult | None = None) -> str | None:
         cfg = loop.cfg
-        check: ProtectedCheck | None = None
-        protected = self._protected(loop)
-        if protected is not None:
+        check: ProtectedCheck | None = result.protected if result is not None else None  # checked where it ran
+        protected = self._protected(loop) if not self.remote else None
+        if protected is not None and check is None:
             manifest = self.manifest if not recovering else protected.manifest()
             check = ProtectedCheck(globs=list(cfg.protected_paths), files=len(manifest or {}),
                                    approved=sorted(set(self.approved)))
@@ -100,21 +105,14 @@ class Evidence(Feature):
             if changes:
                 check.ok = False
                 check.changed = [str(c) for c in changes]
-                return (f"step {step.id} {'; '.join(map(str, changes))}, which protected_paths protects; kiro put "
-                        f"it back. A person can let the change through: see {self._proposal_note}")
-        record = None
+                return receipts.changed_reason(step.id, check.changed, self._proposal_note)
+        record: VerifyRecord | None = None
         if verify is not None:
-            record = VerifyRecord(command=verify.command, exit_code=verify.exit_code,
-                                  output_tail=clip(verify.output[-receipts.OUTPUT_TAIL_CHARS:],
-                                                   receipts.OUTPUT_TAIL_CHARS),
-                                  report=cfg.verify_report)
+            record = verify.record()
             if cfg.verify_report:
-                counts, problem = await asyncio.to_thread(self._counts, loop, verify)
-                if problem is not None:
-                    return problem
-                record.tests = counts
-                before = last_counts(loop.state)
-                problem = receipts.shrank(before, counts) if counts is not None else None
+                if verify.report_problem is not None:
+                    return verify.report_problem
+                problem = receipts.shrank(last_counts(loop.state), verify.tests) if verify.tests is not None else None
                 if problem is not None:
                     loop.emit(events.TestsShrank(step_id=step.id, message=problem))
                     return f"{problem} (verify_report {cfg.verify_report}; tests can only grow)"
@@ -125,7 +123,7 @@ class Evidence(Feature):
         s = loop.state
         done = bool(s.completed_steps) and s.completed_steps[-1].step_id == step_id and \
             s.completed_steps[-1].iteration == s.iteration
-        protected = self._protected(loop)
+        protected = self._protected(loop) if not self.remote else None
         if not done and protected is not None and self.manifest is not None:
             await self._put_back(loop, step_id, self.manifest)  # a failed attempt's changes
         self._reopen_foreign_boxes(loop, step_id, after_kill=False)
@@ -201,7 +199,7 @@ class Evidence(Feature):
         checked there meanwhile is a person's and stays."""
         s = loop.state
         before = s.boxes_checked_before
-        if before is None or not _agent_writes_task_file(loop):
+        if before is None or self.remote or not _agent_writes_task_file(loop):
             return
         try:
             task = tasks.load(loop.task_path)
@@ -218,22 +216,6 @@ class Evidence(Feature):
                 loop.emit(events.StepReopened(step_id=st.id, reason=(
                     f"its box was checked during {when} at step {step_id}, with no receipt; unchecked "
                     f"(a person who meant to skip it checks it again)")))
-
-    # -- verify's report ---------------------------------------------------------------------------------
-
-    def _counts(self, loop: LoopHandle, verify: VerifyRun) -> tuple[TestCounts | None, str | None]:
-        path = Path(loop.project_dir) / str(loop.cfg.verify_report)
-        try:
-            written = os.stat(path).st_mtime
-        except OSError:
-            return None, f"verify did not write its report {loop.cfg.verify_report} (verify_report)"
-        if written < verify.started - REPORT_CLOCK_SLACK:
-            return None, (f"verify did not write its report {loop.cfg.verify_report} this time (the file there is "
-                          f"older than the verify run)")
-        try:
-            return receipts.read_report(path), None
-        except receipts.ReportError as exc:
-            return None, f"{exc} (verify_report)"
 
 
 def _agent_writes_task_file(loop: LoopHandle) -> bool:

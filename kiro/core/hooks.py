@@ -17,11 +17,12 @@ if TYPE_CHECKING:
 
     from kiro.core.conditions import Stop
     from kiro.core.guardrails import LoopGuardrails
-    from kiro.executors.base import Executor, Guard
+    from kiro.executors.base import Executor, Guard, StepResult
     from kiro.fs.writer import WriteQueue
     from kiro.status import Status
     from kiro.store.config import Config, LoopSettings
     from kiro.store.events import Event
+    from kiro.store.receipts import VerifyRun
     from kiro.store.redact import Redactor
     from kiro.store.state import LoopState, StateStore
     from kiro.store.tasks import Step, TaskFile
@@ -103,20 +104,6 @@ class Checkpoint(Protocol):
 
 
 @dataclass
-class VerifyRun:
-    """One run of the `verify` command after a step."""
-
-    command: str
-    exit_code: int | None  # None: timed out or cancelled
-    output: str  # its tail, redacted
-    started: float  # time.time() when it began (a report older than this is not its own)
-
-    @property
-    def passed(self) -> bool:
-        return self.exit_code == 0
-
-
-@dataclass
 class Reopen:
     """What `Feature.check_step` returns for a step sent back to its agent without a failure counted (a
     reviewer asked for changes, SPEC §14): the step runs again with `reason` in its prompt (no backoff, no
@@ -162,11 +149,11 @@ class Feature:
         """After an attempt, however it went."""
 
     async def check_step(self, loop: LoopHandle, step: Step, verify: VerifyRun | None, *,
-                         recovering: bool = False) -> str | Reopen | None:
-        """The executor says the step is done and `verify` (None: none is set) passed; `recovering`: the
-        step's box was found checked after a kill, before kiro recorded it. Why the step is not done after
-        all (the attempt fails with that reason; recovering, the box is reopened), a `Reopen` (the step
-        goes back to its agent, no failure counted), or None."""
+                         recovering: bool = False, result: StepResult | None = None) -> str | Reopen | None:
+        """The executor says the step is done (`result`: what it said) and `verify` (None: none is set)
+        passed; `recovering`: the step's box was found checked after a kill, before kiro recorded it. Why the
+        step is not done after all (the attempt fails with that reason; recovering, the box is reopened), a
+        `Reopen` (the step goes back to its agent, no failure counted), or None."""
         return None
 
     async def step_done(self, loop: LoopHandle, step: Step, *, recovering: bool = False) -> Checkpoint | None:

@@ -31,13 +31,13 @@ from pathlib import Path
 from kiro import timeutil
 from kiro.core import conditions
 from kiro.core.conditions import Stop
-from kiro.core.hooks import Feature, LoopHandle, Reopen, VerifyRun
+from kiro.core.hooks import Feature, LoopHandle, Reopen
 from kiro.errors import ExecutorError, TaskFileError, TaskNotFound
 from kiro.executors.base import StepContext, StepResult
 from kiro.processes import sandbox
 from kiro.store import events, kirospec, receipts, tasks
 from kiro.store.config import Config
-from kiro.store.receipts import Receipt, ReviewRound
+from kiro.store.receipts import Receipt, ReviewRound, VerifyRun
 from kiro.store.state import clip
 from kiro.store.tasks import Step, TaskFile, is_checkpoint
 
@@ -88,7 +88,7 @@ class Review(Feature):
         return None, True
 
     async def check_step(self, loop: LoopHandle, step: Step, verify: VerifyRun | None, *,
-                         recovering: bool = False) -> str | Reopen | None:
+                         recovering: bool = False, result: StepResult | None = None) -> str | Reopen | None:
         review = loop.cfg.review
         if review is None:
             return None

@@ -22,6 +22,7 @@ from kiro.usage import Usage
 
 if TYPE_CHECKING:
     from kiro.store.config import Config
+    from kiro.store.receipts import ProtectedCheck, VerifyRun
     from kiro.store.state import LoopState
     from kiro.store.tasks import Step, TaskFile
     from kiro.store.workspace import Workspace
@@ -44,6 +45,10 @@ class StepResult:
     agent: str | None = None  # the agent CLI that made this attempt (the command executor; a fallback agent's name)
     log: str | None = None  # the attempt's full output, workspace-relative (an agent CLI's Logs/<id>/<step>-<n>.log)
     seconds: float | None = None  # how long the attempt worked, when it began before the engine asked (parallel)
+    # Evidence gathered where the step ran, when that is not the loop's host (the temporal backend's worker):
+    # its verify run (the engine then runs none) and its protected-path check (SPEC §14, kiro.core.evidence)
+    verify: VerifyRun | None = None
+    protected: ProtectedCheck | None = None
 
     @property
     def ok(self) -> bool:

@@ -610,12 +610,13 @@ class Config(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _evidence_is_local(self) -> Config:
-        """Protected paths and test counts are checked by the loop's own process (kiro.core.evidence)."""
-        if self.backend.kind == "temporal" and (self.protected_paths or self.verify_report or self.review):
-            key = "protected_paths" if self.protected_paths else "verify_report" if self.verify_report else "review"
-            raise ValueError(f"{key} is not built on the temporal backend (each step's worker verifies and commits "
-                             f"it); remove {key}, or use backend: local")
+    def _review_is_local(self) -> Config:
+        """The reviewer reads the step's diff in the loop's own git (kiro.core.review); on the temporal backend
+        the step's work is in a worker's clone (protected paths and test counts are checked there:
+        kiro.temporal.attempt)."""
+        if self.backend.kind == "temporal" and self.review:
+            raise ValueError("review is not built on the temporal backend (each step's worker verifies and commits "
+                             "it); remove review, or use backend: local")
         return self
 
     @model_validator(mode="after")

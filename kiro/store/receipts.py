@@ -62,11 +62,39 @@ class TestCounts(_Model):
 
 
 class VerifyRecord(_Model):
+    """What a receipt keeps of the step's verify run."""
+
     command: str
     exit_code: int | None
     output_tail: str = ""
     report: str | None = None  # verify_report, as configured
     tests: TestCounts | None = None
+    seconds: float | None = None  # how long verify ran
+
+
+class VerifyRun(_Model):
+    """One run of the `verify` command after a step (kiro.executors.verify.run_verify), where the step's work
+    is: on the loop's host, or on the temporal backend's worker, which sends it back with the attempt's
+    result. With `verify_report`, the report's test counts are read there too."""
+
+    command: str
+    exit_code: int | None  # None: timed out or cancelled
+    output: str = ""  # its tail, redacted
+    started: float = 0.0  # time.time() when it began (a report older than this is not its own)
+    seconds: float = 0.0
+    report: str | None = None  # verify_report, as configured
+    tests: TestCounts | None = None  # the report's counts
+    report_problem: str | None = None  # why the report could not be read (missing, stale, not JUnit XML)
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    def record(self) -> VerifyRecord:
+        """The receipt's part."""
+        tail = self.output[-OUTPUT_TAIL_CHARS:]
+        return VerifyRecord(command=self.command, exit_code=self.exit_code, output_tail=tail, report=self.report,
+                            tests=self.tests, seconds=round(self.seconds, 3))
 
 
 class ProtectedCheck(_Model):
@@ -152,6 +180,25 @@ def read_report(path: Path) -> TestCounts:
             else:
                 counts.passed += 1
     return counts
+
+
+REPORT_CLOCK_SLACK = 2.0  # seconds: a report written this long before verify began is still its own (clock steps)
+
+
+def report_counts(project: Path, report: str, started: float) -> tuple[TestCounts | None, str | None]:
+    """The counts of the report `verify_report` names (relative to `project`), written by the verify run that
+    began at `started`: (counts, None), or (None, why not)."""
+    path = project / report
+    try:
+        written = os.stat(path).st_mtime
+    except OSError:
+        return None, f"verify did not write its report {report} (verify_report)"
+    if written < started - REPORT_CLOCK_SLACK:
+        return None, f"verify did not write its report {report} this time (the file there is older than the verify run)"
+    try:
+        return read_report(path), None
+    except ReportError as exc:
+        return None, f"{exc} (verify_report)"
 
 
 def shrank(before: TestCounts | None, after: TestCounts) -> str | None:
@@ -306,6 +353,12 @@ def propose_change(ws: Workspace, task_id: str, step_id: str, changes: list[Chan
     (ws.root / APPROVED).mkdir(exist_ok=True)
     atomic_write(path, frontmatter.write(meta) + body)
     return path
+
+
+def changed_reason(step_id: str, changes: list[str], proposal: str) -> str:
+    """Why the attempt failed: `changes` ("changed tests/a.py") put back; `proposal` says where a person approves."""
+    return (f"step {step_id} {'; '.join(changes)}, which protected_paths protects; kiro put it back. A person can "
+            f"let the change through: see {proposal}")
 
 
 def approved_paths(ws: Workspace, task_id: str, step_id: str) -> list[str]:

@@ -8,6 +8,11 @@ whose marker is already on the branch (its worker pushed, then died before Tempo
 
 The executor is kiro's own (`kiro.executors.create`), run with a `StepContext` built from what the engine
 on the workspace host sent: the same prompts, the same task text, the same config.
+
+The step's evidence is gathered here, where its work is (SPEC §14): `verify` runs in the clone
+(kiro.executors.verify, the engine's own function: its test counts with `verify_report`), and the protected paths
+are hashed before the step and checked after it, a change put back and the attempt failed. Both travel back
+with the result as typed records, for the step's receipt on the workspace host (kiro.core.evidence).
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from temporalio.exceptions import ApplicationError
 from kiro import executors
 from kiro.errors import ConfigError, ExecutorError, UserError
 from kiro.executors.base import StepContext, StepResult
+from kiro.executors.verify import run_verify, verify_failed
 from kiro.git import checkpoints
-from kiro.processes.spawn import run_process, tail
-from kiro.store import tasks
+from kiro.store import receipts, tasks
 from kiro.store.config import Config
+from kiro.store.receipts import ProtectedCheck, VerifyRun
 from kiro.store.redact import Redactor
 from kiro.store.state import LoopState
 from kiro.store.workspace import Workspace
@@ -98,6 +104,8 @@ class Attempts:
                 return self._result(inp, "completed", summary="(recovered: a worker pushed this step, then died "
                                     "before reporting it)", commit=found, recovered=True)
             ctx, executor = self._context(inp, cfg, tree, redact)
+            guard = _protected(inp, ctx, tree)
+            manifest = await asyncio.to_thread(guard.snapshot) if guard is not None else None
             cancelled = False
             run = asyncio.create_task(executor.run_step(ctx))
             while True:
@@ -112,15 +120,20 @@ class Attempts:
             if cancelled:
                 raise asyncio.CancelledError()
             result.redact(redact)
-            events: list[dict[str, Any]] = list(ctx._collected)  # type: ignore[attr-defined]
             verify = inp.get("verify")
             if result.ok and verify:
-                passed, output = await _verify(verify, tree, ctx, redact)
-                if not passed:
-                    events.append({"event": "verify_failed", "step_id": inp["step_id"], "command": verify,
-                                   "output": tail(output, 1000)})
-                    result = StepResult("failed", summary=result.summary,
-                                        error=f"verify `{verify}` failed:\n{tail(output, 2000)}")
+                result.verify = await run_verify(verify, ctx)
+                if not result.verify.passed:
+                    result = verify_failed(ctx, result.verify, result)
+            if result.ok and guard is not None and manifest is not None:
+                result.protected = check = ProtectedCheck(globs=guard.globs, files=len(manifest),
+                                                          approved=sorted(inp["protected"]["approved"]))
+                changes = await asyncio.to_thread(_put_back, guard, manifest, check.approved)
+                if changes:  # the workspace host proposes them to a person and says why (kiro.temporal.segment)
+                    check.ok, check.changed = False, [str(c) for c in changes]
+                    result = StepResult("failed", summary=result.summary, usage=result.usage, verify=result.verify,
+                                        protected=check, error="the step changed protected paths")
+            events: list[dict[str, Any]] = list(ctx._collected)  # type: ignore[attr-defined]
             commit = None
             if result.ok:
                 commit = await asyncio.to_thread(self._commit_and_push, inp, tree, redact)
@@ -130,7 +143,7 @@ class Attempts:
             return self._result(inp, result.outcome, summary=result.summary, error=result.error,
                                 question=result.question, usage=result.usage, stop_reason=result.stop_reason,
                                 checked=result.checked_by_executor, commit=commit, events=events,
-                                attempt=info.attempt)
+                                attempt=info.attempt, verify=result.verify, protected=result.protected)
         except (ExecutorError, UserError, ConfigError) as exc:
             raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
         except checkpoints.GitError as exc:
@@ -141,14 +154,17 @@ class Attempts:
     def _result(self, inp: dict[str, Any], outcome: str, *, summary: str = "", error: str | None = None,
                 question: str | None = None, usage: Usage | None = None, stop_reason: str | None = None,
                 checked: bool = False, commit: str | None = None, recovered: bool = False,
-                events: list[dict[str, Any]] | None = None, attempt: int | None = None) -> dict[str, Any]:
+                events: list[dict[str, Any]] | None = None, attempt: int | None = None,
+                verify: VerifyRun | None = None, protected: ProtectedCheck | None = None) -> dict[str, Any]:
         u = usage or Usage()
         return {"outcome": outcome, "summary": summary, "error": error, "question": question,
                 "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
                           "total_tokens": u.total_tokens, "api_calls": u.api_calls, "cost_usd": u.cost_usd},
                 "stop_reason": stop_reason, "checked_by_executor": checked, "commit": commit, "recovered": recovered,
                 "events": events or [], "worker": self.clone.name, "host": socket.gethostname(),
-                "try": attempt if attempt is not None else activity.info().attempt}
+                "try": attempt if attempt is not None else activity.info().attempt,
+                "verify": verify.model_dump(mode="json") if verify is not None else None,
+                "protected": protected.model_dump(mode="json") if protected is not None else None}
 
     # -- git -------------------------------------------------------------------------------------
 
@@ -290,14 +306,18 @@ def _find_done(git: checkpoints.Git, inp: dict[str, Any], tip: str, redact: Reda
     return None
 
 
-async def _verify(command: str, tree: Path, ctx: StepContext, redact: Redactor) -> tuple[bool, str]:
-    from kiro.executors.shell import step_box, step_env
+def _protected(inp: dict[str, Any], ctx: StepContext, tree: Path) -> receipts.Protected | None:
+    """The loop's protected paths in the worker's tree (their copies kept in the attempt's scratch workspace),
+    or None when it has none."""
+    wanted = inp.get("protected")
+    if not wanted or not wanted.get("globs"):
+        return None
+    return receipts.Protected(ctx.workspace, inp["task_id"], tree, [str(g) for g in wanted["globs"]])
 
-    env = step_env(ctx)
-    result = await run_process(["bash", "-e", "-c", command], cwd=tree, env=env,
-                               timeout=ctx.config.step_timeout_seconds, cancel=ctx.cancel,
-                               box=step_box(ctx, env, project=tree))
-    text = redact.text(tail(result.output, 4000))
-    if result.timed_out:
-        return False, f"(timed out after {ctx.config.step_timeout_seconds:g} s)\n{text}"
-    return result.ok, text
+
+def _put_back(guard: receipts.Protected, manifest: dict[str, str], approved: list[str]) -> list[receipts.Change]:
+    """What the step did to protected paths (but what a person approved), put back before anything is committed."""
+    changes = [c for c in guard.changes(manifest) if c.path not in set(approved)]
+    if changes:
+        guard.put_back(manifest, changes)
+    return changes

@@ -26,7 +26,9 @@ from kiro.errors import ExecutorError, KiroError, LockHeld
 from kiro.executors.base import Executor, StepContext, StepResult
 from kiro.git import checkpoints
 from kiro.store import events as ev
+from kiro.store import receipts
 from kiro.store.config import Config
+from kiro.store.receipts import ProtectedCheck, VerifyRun
 from kiro.store.state import GitInfo, LoopState
 from kiro.store.tasks import Step, TaskFile
 from kiro.store.workspace import Workspace
@@ -77,7 +79,7 @@ class RemoteExecutor:
             "verify_output": ctx.verify_output, "verify": verify, "timeout_seconds": ctx.timeout_seconds,
             "config": self.config.model_dump(mode="json"), "state": s.model_dump(mode="json"),
             "executor": self.inner.name, "base_commit": inp["base_commit"], "step_queue": inp["step_queue"],
-            "heartbeat_seconds": inp["heartbeat_seconds"],
+            "heartbeat_seconds": inp["heartbeat_seconds"], "protected": self._protected(ctx),
         }
         wid = f"{inp['workflow_id']}.step.{ctx.iteration}.{ctx.attempt}"
         handle = await _retrying(lambda: self.client.start_workflow(
@@ -102,7 +104,25 @@ class RemoteExecutor:
             cancel_task.cancel()
             if not result_task.done():
                 result_task.cancel()
+        if res.get("commit"):  # the step's commit in the workspace's project, as locally (its receipt's diff stat)
+            await asyncio.to_thread(_fetch_branch, ctx.workspace, self.config, ctx.task_id)
         return self._result(ctx, res)
+
+    def _protected(self, ctx: StepContext) -> dict[str, Any] | None:
+        """What the worker checks of `protected_paths` (SPEC §14): the globs, and the paths a person approved this
+        step changing (Approved/ in the workspace)."""
+        globs = list(self.config.protected_paths)
+        if not globs:
+            return None
+        return {"globs": globs, "approved": receipts.approved_paths(ctx.workspace, ctx.task_id, ctx.step.id)}
+
+    def _changed_protected(self, ctx: StepContext, check: ProtectedCheck) -> str:
+        """The worker put back what the step did to protected paths and failed it: here, where a person reads,
+        the proposal to approve the change (as a local loop writes it), the event, and the attempt's reason."""
+        changes = [receipts.Change(path, kind) for kind, _, path in (c.partition(" ") for c in check.changed)]
+        proposal = ctx.workspace.relative(receipts.propose_change(ctx.workspace, ctx.task_id, ctx.step.id, changes))
+        ctx.emit(ev.ProtectedPathsChanged(step_id=ctx.step.id, changes=check.changed, proposal=proposal))
+        return receipts.changed_reason(ctx.step.id, check.changed, f"{proposal} (move it to Approved/)")
 
     def _result(self, ctx: StepContext, res: dict[str, Any]) -> StepResult:
         if res.get("outcome") == "error":
@@ -120,10 +140,16 @@ class RemoteExecutor:
             ctx.emit(kind(step_id=ctx.step.id, commit=commit))
             checkpoint = checkpoints.Result(commit=commit)
         usage = res.get("usage") or {}
-        return StepResult(res.get("outcome", "failed"), summary=res.get("summary") or "", error=res.get("error"),
+        verify = VerifyRun.model_validate(res["verify"]) if res.get("verify") else None
+        protected = ProtectedCheck.model_validate(res["protected"]) if res.get("protected") else None
+        error = res.get("error")
+        if protected is not None and not protected.ok:
+            error = self._changed_protected(ctx, protected)
+        return StepResult(res.get("outcome", "failed"), summary=res.get("summary") or "", error=error,
                           question=res.get("question"), usage=Usage(**usage),
                           checked_by_executor=bool(res.get("checked_by_executor")),
-                          stop_reason=res.get("stop_reason"), checkpoint=checkpoint)
+                          stop_reason=res.get("stop_reason"), checkpoint=checkpoint, verify=verify,
+                          protected=protected)
 
 
 async def _retrying(call: Any) -> Any:
