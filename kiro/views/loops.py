@@ -16,7 +16,7 @@ from kiro.usage import dollars
 
 # summary fields a summary written by an earlier kiro lacks and a row does without (finished loops never
 # write theirs again: requiring it would read each of their state files on every `status`)
-LATER_FIELDS = frozenset({"stop_message"})
+LATER_FIELDS = frozenset({"stop_message", "timeout_seconds"})
 
 
 def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task: str | None, *,
@@ -144,7 +144,7 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         **_schedule_fields(s),
         **sleep,
         "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook,
-                      stop_reason=s.get("stop_reason")),
+                      stop_reason=s.get("stop_reason"), timeout=s.get("timeout_seconds")),
     }
 
 
