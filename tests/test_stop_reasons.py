@@ -144,17 +144,30 @@ def test_an_old_state_with_each_reason_loads_and_shows_the_same(ws: conftest.Wor
 
 
 def test_each_key_an_advice_names_is_one_the_config_takes() -> None:
-    """The advice names a key to raise: setting that key must be accepted (config refuses unknown keys)."""
-    for status, reason, _hint, advice, _label in OLD_STATES:
-        key = re.match(r"Raise `([a-z_.]+)`", advice or "")
+    """The intervention note of a loop stopped at a limit names the key to raise: setting that key must be
+    accepted (the config refuses keys it does not know)."""
+    refused = []
+    for status, reason, _hint, _advice, _label in OLD_STATES:
+        if status not in ("max_iterations", "timed_out") or not reason:
+            continue
+        st = LoopState(task_id="t", task_path="Specs/t.md", max_iterations=10, timeout_seconds=3600)
+        st.transition(status)
+        st.stop_reason = reason
+        key = re.search(r"- \[ \] Raise `([a-z_.]+)`", reports.intervention_request(st, reason=reason, detail="x"))
         if key is None:
             continue
         *sections, name = key.group(1).split(".")
         data: dict[str, Any] = {name: 1}
         for section in reversed(sections):
             data = {section: data}
-        Config.model_validate(data)  # raises on a key the config does not know
-        print(f"{reason}: `{key.group(1)}` accepted")
+        try:
+            Config.model_validate(data)
+        except ValueError as exc:
+            refused.append((reason, key.group(1)))
+            print(f"{reason}: `{key.group(1)}` REFUSED: {str(exc).splitlines()[0]}")
+        else:
+            print(f"{reason}: `{key.group(1)}` accepted")
+    assert not refused, refused
 
 
 # -- part 2: the enum ----------------------------------------------------------------------------
