@@ -18,7 +18,7 @@ import typer.cli
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from kiro.status import Status
+from kiro.status import Status, StopReason
 from kiro.store import config as config_model
 from kiro.store.events import KINDS, Event
 
@@ -124,15 +124,31 @@ def exit_codes_page() -> str:
     rows = []
     for status in Status:
         code = status.exit_code
+        plain = StopReason.of(None, status)  # the limit a loop recorded in this status reached
+        flag = plain.flag.format(more="N", timeout="SECONDS") if plain is not None and plain.flag else ""
         rows.append(f"| `{status.value}` | {'—' if code is None else code} | {status.group} | "
-                    f"{'yes' if status.is_resumable else 'no'} | {cell(status.resume_flag or '')} |")
+                    f"{'yes' if status.is_resumable else 'no'} | {cell(flag)} |")
+    reasons = []
+    for r in StopReason:
+        raise_first = r.advice is not None and r.flag is None  # a config key, named by the advice
+        advice = r.advice.split(", then")[0] if raise_first and r.advice else ""
+        flag = r.flag.format(more="N", timeout="SECONDS") if r.flag else ""
+        reasons.append(f"| `{r.value}` | `{r.status}` | {'—' if r.exit_code is None else r.exit_code} | "
+                       f"{cell(advice or flag)} | {r.bucket if r.exit_code is None else ''} | {cell(r.label)} |")
     return (GENERATED + "# Statuses and exit codes\n\n"
             "A loop's status and the code `kiro loop start` and `resume` exit with when a run ends in it, from the\n"
             "status enum (`kiro/status.py`). `—`: the loop has not ended. A pause because a person is needed\n"
             "(Needs_Action/, `request_human`, a review point) exits 6; kiro itself exits 1 when it cannot go on (bad\n"
             "config, unreadable task, a lock held by another process), with one line on stderr.\n\n"
             "| status | exit code | dashboard section | plain `resume` goes on | resume needs |\n"
-            "| --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n")
+            "| --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n"
+            "## Stop reasons\n\n"
+            "Why a loop left `running`: `stop_reason` of the state file, `reason` of `loop_finished`, the `limit` of\n"
+            "a wait; from the stop reason enum (`kiro/status.py`, [adding one](../guides/extending.md)). A wait leaves\n"
+            "the loop `sleeping` and counts in a line of `kiro loop stats`' \"Time spent waiting\". `error` exits with\n"
+            "the code of the error that stopped kiro (1 unless it says otherwise).\n\n"
+            "| reason | status | exit code | before resuming | waiting line of `stats` | Dashboard.md says |\n"
+            "| --- | --- | --- | --- | --- | --- |\n" + "\n".join(reasons) + "\n")
 
 
 def api_page() -> str:

@@ -30,6 +30,7 @@ from kiro.core.hooks import LoopListener
 from kiro.core.notify import SEND_TIMEOUT, send
 from kiro.errors import contained
 from kiro.fs.atomic import atomic_write
+from kiro.status import StopReason
 from kiro.store import events
 from kiro.views import digest
 
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 
 CLOCK_TICK = 60.0  # the clock looks at the time at least this often (a suspended laptop, a changed clock)
 # A loop's end says which kind of notification it is: the reason, else loop_finished.
-END_KINDS = {"request_human": "human_requested", "approval_pending": "approval_waiting",
-             "max_limit_wait_seconds": "usage_limit"}
+END_KINDS: dict[str, str] = {StopReason.REQUEST_HUMAN: "human_requested",
+                             StopReason.APPROVAL_PENDING: "approval_waiting",
+                             StopReason.MAX_LIMIT_WAIT_SECONDS: "usage_limit"}
 
 
 def write(store: StateStore, day: date, digest_at: str | None, redact: Redactor) -> str:

@@ -41,7 +41,7 @@ from kiro.fs.atomic import atomic_write
 from kiro.fs.writer import WriteQueue
 from kiro.processes import groups
 from kiro.processes.spawn import tail
-from kiro.status import Status
+from kiro.status import Status, StopReason
 from kiro.store import events as ev
 from kiro.store import tasks
 from kiro.store.config import Config
@@ -394,8 +394,8 @@ class Loop:
         s = self.state
         full = diskfull.hit()
         if full is not None:  # a write found the disk full; the reserve made room to record it
-            return Stop(Status.STOPPED, "disk_full", f"disk full (writing {full}); free some space, then run "
-                        f"`kiro loop resume --task-id {s.task_id}`", 1)
+            return conditions.because(StopReason.DISK_FULL, f"disk full (writing {full}); free some space, then run "
+                                                            f"`kiro loop resume --task-id {s.task_id}`")
         if s.consecutive_failures >= s.failure_threshold:
             return conditions.failure_threshold(s)
         if s.iteration - sum(f.run_base()[1] for f in self.features) >= s.max_iterations:
@@ -473,9 +473,6 @@ class Loop:
 
     def guardrail_stop(self, trigger: Trigger) -> Stop:
         self.emit(ev.GuardrailTriggered(**trigger.fields()))
-        if trigger.action == "escalate":
-            return Stop(Status.FAILED, trigger.limit, trigger.message, conditions._code(Status.FAILED), trigger.limit,
-                        trigger.value, trigger.figure)
         return conditions.guardrail(trigger.limit, trigger.value, trigger.figure, trigger.message)
 
     async def _sleep_for_executor(self, seconds: float) -> str | None:
@@ -520,11 +517,11 @@ class Loop:
                                                  f"{self._hub.poll_interval}s instead"))
             stop = await self._loop()
         except ExecutorError as exc:
-            stop = Stop(Status.STOPPED, "executor_error", str(exc), 1)
+            stop = conditions.because(StopReason.EXECUTOR_ERROR, str(exc))
         except KiroError as exc:
-            stop = Stop(Status.STOPPED, "error", str(exc), exc.exit_code)
+            stop = Stop(Status.STOPPED, StopReason.ERROR, str(exc), exc.exit_code)
         except BaseException as exc:  # an unexpected bug: save what we have, then let it surface
-            stop = Stop(Status.STOPPED, "crash", f"kiro crashed: {type(exc).__name__}: {exc}", 1)
+            stop = conditions.because(StopReason.CRASH, f"kiro crashed: {type(exc).__name__}: {exc}")
             self._finish(stop)
             with contextlib.suppress(Exception):
                 await self.flush()
@@ -1074,17 +1071,8 @@ class Loop:
         (kiro.core.listeners)."""
         s = self.state
         self._release_in_progress_box()
-        flags = s.stop_conditions
-        if stop.status == Status.COMPLETED:
-            flags.task_in_done = True
-        elif stop.reason == "stop_hook":
-            flags.stop_hook_triggered = True
-        elif stop.status == Status.PAUSED:
-            flags.manual_intervention = True
-        elif stop.reason == "max_iterations":
-            flags.max_iterations_reached = True
-        elif stop.status == Status.FAILED:
-            flags.failure_threshold_exceeded = True
+        if stop.reason.state_flag is not None:
+            setattr(s.stop_conditions, stop.reason.state_flag, True)
         if stop.status == Status.TIMED_OUT:
             s.timeout_reached = True
         s.stop_reason = stop.reason
@@ -1109,7 +1097,7 @@ class Loop:
         self.save()
         self.emit(ev.LoopFinished(status=stop.status, reason=stop.reason, exit_code=stop.exit_code,
                                   message=stop.message, iterations=s.iteration, report=report))
-        if report is None and stop.reason == "request_human":
+        if report is None and stop.reason is StopReason.REQUEST_HUMAN:
             report = s.report_path  # the request file, written when the agent asked
         return Outcome(s.task_id, stop.status, stop.reason, stop.message, stop.exit_code, report)
 

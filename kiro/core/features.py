@@ -16,7 +16,7 @@ from kiro.core.hooks import Feature, LoopHandle
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.executors.control import TaskFiles
 from kiro.git import checkpoints
-from kiro.status import Status
+from kiro.status import Status, StopReason
 from kiro.store import approval
 from kiro.store import events as ev
 from kiro.store.state import CompletedStep, LoopState
@@ -236,8 +236,8 @@ class OneStep(Feature):
     def choose_step(self, loop: LoopHandle, task: TaskFile, step: Step | None) -> Step | Stop | None:
         chosen = task.find(self.step_id)
         if chosen is None:
-            return Stop(Status.STOPPED, "step_missing", f"step {self.step_id} is no longer in "
-                                                        f"{loop.state.task_path}", 1)
+            return conditions.because(StopReason.STEP_MISSING, f"step {self.step_id} is no longer in "
+                                                                f"{loop.state.task_path}")
         leaf = _open_leaf(task, chosen)
         if leaf is not None:
             return leaf

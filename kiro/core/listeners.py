@@ -26,7 +26,7 @@ from kiro.core.hooks import LoopListener
 from kiro.core.notify import NOTIFIER_TIMEOUT, run_notifier
 from kiro.errors import KiroError
 from kiro.fs import ownwrites
-from kiro.status import Status
+from kiro.status import Status, StopReason
 from kiro.store import events, tasks
 from kiro.store.state import LoopState
 from kiro.views import dashboard, reports
@@ -42,7 +42,7 @@ class DoneMover(LoopListener):
         if not isinstance(event, events.StopCondition) or event.status != Status.COMPLETED:
             return
         loop = self.loop
-        if event.reason == "task_in_done" or not loop.settings.auto_move_to_done:
+        if event.reason == StopReason.TASK_IN_DONE or not loop.settings.auto_move_to_done:
             return
         if loop.ws.area_of(loop.task_path) != "Specs":
             return
@@ -174,7 +174,7 @@ class Notifier(LoopListener):
             self.notify("limit", event.limit, event.message)
         elif isinstance(event, events.LoopFinished):
             s = self.loop.state
-            report = event.report or (s.report_path if event.reason == "request_human" else None)
+            report = event.report or (s.report_path if event.reason == StopReason.REQUEST_HUMAN else None)
             kind = Status(event.status).notify_kind
             if kind is not None:
                 self.notify(kind, event.reason, event.message, report)

@@ -18,7 +18,6 @@ from typing import Any
 
 from kiro import executors, timeutil
 from kiro.core import features, heap, resolved, schedule
-from kiro.core.conditions import STEP_DONE
 from kiro.core.engine import Loop, LoopRun, Outcome, install_signal_handlers
 from kiro.core.guardrails import SharedLimits
 from kiro.core.listeners import standard as standard_listeners
@@ -28,7 +27,7 @@ from kiro.fs import diskfull, safeio
 from kiro.fs.atomic import Staged
 from kiro.fs.locks import Flock
 from kiro.git import checkpoints, ignore
-from kiro.status import Status
+from kiro.status import Status, StopReason
 from kiro.store import approval, cleanup, kirospec, taskmap, tasks
 from kiro.store.config import FRONTMATTER_KEYS, Config
 from kiro.store.events import Listener
@@ -560,7 +559,7 @@ def _refuse_existing(store: StateStore, existing: LoopState | None, rel: str, *,
     if store.is_locked(existing.task_id):
         raise LockHeld(existing.task_id, store.holder_pid(existing.task_id))
     eff = effective_status(existing, alive=False)
-    if not fresh and existing.stop_reason != STEP_DONE:  # `--step` asked for one step, and got it
+    if not fresh and existing.stop_reason != StopReason.STEP_DONE:  # `--step` asked for one step, and got it
         raise Conflict(
             f"{rel} already has an unfinished loop {existing.task_id!r} ({eff}); continue it "
             f"with `kiro loop resume --task-id {existing.task_id}`, or start it afresh with "
@@ -596,7 +595,6 @@ def check_startable(ws0: Workspace, task_path: Path, *, task_id: str | None, con
     return warnings
 
 
-RESTARTED = "restarted"  # stop_reason of a loop set aside by `kiro loop start --fresh`
 
 
 def set_aside(store: StateStore, task_id: str) -> list[str]:
@@ -608,8 +606,8 @@ def set_aside(store: StateStore, task_id: str) -> list[str]:
     try:
         state = store.load(task_id).state
         was = effective_status(state, alive=False)
-        state.transition(Status.STOPPED, RESTARTED)
-        state.stop_reason, state.pid, state.current_step = RESTARTED, None, None
+        state.transition(Status.STOPPED, StopReason.RESTARTED)
+        state.stop_reason, state.pid, state.current_step = StopReason.RESTARTED, None, None
         state.finished_at = timeutil.iso()
         archived = store.archive(state)
     finally:
@@ -716,7 +714,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         warnings = [loaded.warning] if loaded.warning else []
         if state.status == Status.COMPLETED:
             raise AlreadyFinished(f"loop {task_id!r} is already completed ({state.task_path}); nothing to resume")
-        if state.stop_reason == RESTARTED:  # its task file has a newer loop: two would work on one file
+        if state.stop_reason == StopReason.RESTARTED:  # its task file has a newer loop: two would work on one file
             raise UserError(f"loop {task_id!r} was set aside by `kiro loop start --fresh` ({state.task_path} has a "
                             f"newer loop); `kiro loop status` lists the loops")
         recorded = ws.absolute(state.task_path)
@@ -788,7 +786,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
                    features=features.standard())
 
 
-RESUMED_BY_ALL = ("stop_hook", "checkpoint")
+RESUMED_BY_ALL = (StopReason.STOP_HOOK, StopReason.CHECKPOINT)
 """Why a paused loop is one `kiro loop resume --all` continues: a stop hook (`kiro loop stop`, `--all` or a
 hook file), or a review point (`pause_at_checkpoints`, `pause_every`) the person has now seen."""
 

@@ -40,7 +40,7 @@ from kiro.core.runner import (
 from kiro.core.watch import acquire_hub, release_hub, wait_until
 from kiro.errors import KiroError, LockHeld, UserError, contained
 from kiro.fs import locks
-from kiro.status import Status
+from kiro.status import Status, StopReason
 from kiro.store import approval, kirospec, tasks
 from kiro.store.config import Config
 from kiro.store.events import Event, Listener, LoopWarning, StepStarted
@@ -343,9 +343,9 @@ class Supervisor:
         where, path = locate_task(self.ws, self.ws.absolute(state.task_path), m.task_id)
         if path is None or (self.ws.area_of(path) != "Specs" and not kirospec.in_spec_folder(path)):
             return False  # a Kiro spec's tasks.md runs where it is
-        if state.stop_reason == "request_human":
+        if state.stop_reason == StopReason.REQUEST_HUMAN:
             return not self.ws.human_request(m.task_id).exists()
-        if state.stop_reason == "checkpoint":  # a review point: the person deletes the note when done
+        if state.stop_reason == StopReason.CHECKPOINT:  # a review point: the person deletes the note when done
             return not self.ws.review_note(m.task_id).exists()
         return effective_status(state, alive=False).is_resumable  # we hold its lock: nobody runs it
 
@@ -400,7 +400,8 @@ class Slot:
 
 def _resumable(outcome: Outcome) -> bool:
     """Paused and stopped loops wait for a person; completed, failed and exhausted ones are done."""
-    return outcome.status == Status.PAUSED or (outcome.status == Status.STOPPED and outcome.reason == "task_missing")
+    return outcome.status == Status.PAUSED or (outcome.status == Status.STOPPED
+                                               and outcome.reason == StopReason.TASK_MISSING)
 
 
 def _read_pid(path: Path) -> int | None:

@@ -77,6 +77,7 @@ SUMMARY_FIELDS = (
     "sleep_until", "sleep_note", "timeout_reached", "runs", "metrics", "usage", "journal_seq",
     "billing",  # the credential the loop's agent bills (the dashboard shows it)
     "last_run_at", "next_run_at", "schedule",  # a scheduled task's runs and next run (SPEC §11, kiro.core.schedule)
+    "timeout_seconds",  # the run-time limit `status` suggests doubling (`resume --timeout`), as Dashboard.md does
 )
 READ_LIMIT = 64 * 1024 * 1024
 

@@ -21,7 +21,7 @@ from kiro.core.runner import (
     task_id_hint,
 )
 from kiro.errors import KiroError, LockHeld
-from kiro.status import Status
+from kiro.status import Status, StopReason
 from kiro.store import tasks
 from kiro.store.settings import settings_for
 from kiro.store.workspace import Workspace, task_files
@@ -74,7 +74,7 @@ async def _watch(ws: Workspace, *, config_file: Path | None, overrides: dict[str
                     existing = find_loop_for_task(store, path, task_id_hint(ws, Path(real), task), index,
                                                   refresh=False)
                     if existing is not None:
-                        if (existing.status == Status.PAUSED and existing.stop_reason == "stop_hook"
+                        if (existing.status == Status.PAUSED and existing.stop_reason == StopReason.STOP_HOOK
                                 and not ws.hook_file(existing.task_id).exists()
                                 and not store.is_locked(existing.task_id) and running < limit):
                             run = prepare_resume(ws, existing.task_id, config_file=config_file, overrides=overrides)

@@ -21,7 +21,7 @@ from pathlib import Path
 from kiro import timeutil
 from kiro.fs.atomic import atomic_write
 from kiro.shared import Registry
-from kiro.status import Status, percent
+from kiro.status import Status, StopReason, percent
 from kiro.store import frontmatter
 from kiro.store.state import LoopState, StateStore, effective_status, first_line
 from kiro.store.workspace import Workspace
@@ -30,24 +30,6 @@ from kiro.views import loops
 
 MIN_INTERVAL = 1.0
 SHARE_LIMIT = 20  # a render taking 60 ms (a thousand loops) spaces renders 1.2 s apart
-
-REASONS = {
-    "stop_hook": "Stop Hook",
-    "needs_action": "Task in Needs_Action",
-    "human_request": "Agent asked for help",
-    "agent_request": "Agent asked for help",
-    "task_missing": "Task file missing",
-    "signal": "Stopped by signal",
-    "executor_error": "Executor error",
-    "error": "Error",
-    "crash": "kiro crashed",
-    "failure_threshold": "Threshold Exceeded",
-    "max_step_retries": "Step Retries Exhausted",
-    "max_iterations": "Max Iterations Reached",
-    "timeout_seconds": "Time Limit Reached",
-    "backoff": "Backoff",
-}
-
 
 @dataclass(frozen=True)
 class Entry:
@@ -60,9 +42,11 @@ class Entry:
 
 
 def _reason(code: str | None) -> str:
+    """A stop reason as Dashboard.md names it (kiro.status.StopReason's label)."""
     if not code:
         return ""
-    return REASONS.get(code, code.replace("_", " ").title())
+    reason = StopReason.of(code)
+    return reason.label if reason is not None else code.replace("_", " ").title()
 
 
 def _duration(e: Entry, now: datetime) -> float:
@@ -121,8 +105,9 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
         lines += [f"**Last Step**: {_step(st)}", f"**Duration**: {timeutil.human_duration(_duration(e, now))}"]
         if e.status in (Status.MAX_ITERATIONS, Status.TIMED_OUT) and st.report_path:
             lines.append(f"**Action**: Intervention requested (`{st.report_path}`)")
-        if loops.guardrail_limit(e.status, st.stop_reason) is not None:  # a config key to raise, not a flag
-            lines.append(f"**Resume**: {loops.limit_advice(st, e.status)}")
+        reason = StopReason.of(st.stop_reason, e.status)
+        if reason is not None and reason.flag is None and reason.advice:  # a config key to raise, not a flag
+            lines.append(f"**Resume**: {loops.advice(st, e.status)}")
         else:
             lines.append(f"**Resume**: `{loops.hint(st, e.status) or f'kiro loop resume --task-id {st.task_id}'}`")
     elif section == "completed":

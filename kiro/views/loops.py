@@ -8,7 +8,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.executors.kinds import reads_messages
-from kiro.status import RECORDED, Status, success_rate
+from kiro.status import RECORDED, Status, StopReason, success_rate
 from kiro.store import journal, taskmap
 from kiro.store.state import LoopState, StateStore, to_jsonable
 from kiro.store.workspace import Workspace, check_task_id, frontmatter_task_id, locate_task
@@ -16,7 +16,7 @@ from kiro.usage import dollars
 
 # summary fields a summary written by an earlier kiro lacks and a row does without (finished loops never
 # write theirs again: requiring it would read each of their state files on every `status`)
-LATER_FIELDS = frozenset({"stop_message"})
+LATER_FIELDS = frozenset({"stop_message", "timeout_seconds"})
 
 
 def resolve_task_id(ws: Workspace, store: StateStore, task_id: str | None, task: str | None, *,
@@ -59,38 +59,24 @@ def _hint(task_id: str, max_iterations: int, status: Status, *, global_hook: boo
     command = f"kiro loop resume --task-id {task_id}"
     if status.is_resumable:
         return "kiro loop resume --all" if global_hook else command  # `--task-id` refuses while it holds
-    if guardrail_limit(status, stop_reason) is not None:
-        return command  # the limit is in the config, not a flag of resume (`limit_advice`)
-    if status == Status.TIMED_OUT and timeout:
-        return f"{command} --timeout {timeout * 2:g}"
-    flag = status.resume_flag
-    return f"{command} {flag.format(more=max_iterations * 2)}" if flag else None
+    reason = StopReason.of(stop_reason, status)
+    if status == Status.COMPLETED or reason is None:
+        return None
+    if reason.flag is None:
+        return command  # the limit is in the config, not a flag of resume (`advice`)
+    more, timeout_text = max_iterations * 2, f"{timeout * 2:g}" if timeout else "SECONDS"
+    return f"{command} {reason.flag.format(more=more, timeout=timeout_text)}"
 
 
-def guardrail_limit(status: Status, stop_reason: str | None) -> str | None:
-    """The `guardrails:` key that ended a loop out of budget or time (max_total_tokens, max_cost_usd,
-    idle_timeout_seconds, ...), or None when it was max_iterations or timeout_seconds."""
-    if status in (Status.MAX_ITERATIONS, Status.TIMED_OUT) and stop_reason not in (
-            None, "max_iterations", "timeout_seconds"):
-        return stop_reason
-    return None
-
-
-def limit_advice(state: LoopState, status: Status | str, stop_reason: str | None = None) -> str | None:
-    """For a loop that ran out of iterations, time or a budget: what to raise, and the command that
-    resumes it; None for other statuses."""
+def advice(state: LoopState, status: Status | str, stop_reason: str | None = None) -> str | None:
+    """For a loop that ended where a plain resume will not do (out of iterations, time or a budget): what to
+    raise, and the command that resumes it (the stop reason's advice, kiro.status.StopReason); None otherwise."""
     status = Status(status)
     stop_reason = stop_reason or state.stop_reason
-    command = hint(state, status, stop_reason)
-    limit = guardrail_limit(status, stop_reason)
-    if limit is not None:
-        return (f"Raise `guardrails.{limit}` in config/autonomous_loop.yaml (or "
-                f"KIRO_GUARDRAILS__{limit.upper()}), then resume: `{command}`")
-    if status == Status.TIMED_OUT:
-        return f"Raise the run-time limit and resume: `{command}`"
-    if status == Status.MAX_ITERATIONS:
-        return f"Increase max iterations and resume: `{command}`"
-    return None
+    reason = StopReason.of(stop_reason, status)
+    if reason is None or reason.advice is None:
+        return None
+    return reason.advice.format(command=hint(state, status, stop_reason))
 
 
 def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) -> dict[str, Any]:
@@ -158,7 +144,7 @@ def row(store: StateStore, s: dict[str, Any], *, alive: bool | None, global_hook
         **_schedule_fields(s),
         **sleep,
         "hint": _hint(s["task_id"], s["max_iterations"], status, global_hook=global_hook,
-                      stop_reason=s.get("stop_reason")),
+                      stop_reason=s.get("stop_reason"), timeout=s.get("timeout_seconds")),
     }
 
 

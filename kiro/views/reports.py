@@ -227,7 +227,7 @@ def intervention_request(state: LoopState, *, reason: str, detail: str) -> str:
 **Steps done**: {state.steps_done if state.steps_done is not None else '-'} of {state.steps_total or '-'}
 {_usage(state)}
 ## Options
-- [ ] {loops.limit_advice(state, state.status, reason)}
+- [ ] {loops.advice(state, state.status, reason)}
 - [ ] Review progress and provide guidance (edit the task file, then resume)
 - [ ] Mark task as complete (move the task file to `Done/`)
 - [ ] Cancel task

@@ -26,23 +26,10 @@ from typing import Any
 
 from kiro import timeutil
 from kiro.errors import UserError
-from kiro.status import percent, success_rate
+from kiro.status import StopReason, percent, success_rate
 from kiro.store.logread import read_events
 from kiro.store.state import StateStore, effective_status
 from kiro.usage import Usage, dollars
-
-WAIT_KINDS = {  # `wait_ended.limit` -> the line of "Time spent waiting"
-    "backoff": "backoff",
-    "token_budget_per_hour": "budgets",
-    "max_total_tokens": "budgets",
-    "max_cost_usd": "budgets",
-    "active_hours": "hours",
-    "max_api_calls_per_minute": "rate_limits",
-    "max_actions_per_minute": "rate_limits",
-    "max_cpu_percent": "rate_limits",
-    "max_disk_writes_per_minute": "rate_limits",
-    "usage_limit": "usage_limits",
-}
 
 
 def parse_since(text: str) -> datetime:
@@ -146,7 +133,8 @@ def compute(store: StateStore, since: datetime | None = None, until: datetime | 
             elif kind == "verify_failed":
                 verify_failed += 1
             elif kind == "wait_ended" and isinstance(e.get("seconds"), int | float):  # the time really slept
-                key = WAIT_KINDS.get(str(e.get("limit")), "other")
+                reason = StopReason.of(str(e.get("limit")))  # its stats bucket: the line of "Time spent waiting"
+                key = reason.bucket if reason is not None else "other"
                 waits[key] = waits.get(key, 0.0) + float(e["seconds"])
             elif kind == "loop_finished":
                 stops[f"{e.get('status')}: {e.get('reason')}"] += 1
