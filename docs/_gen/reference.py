@@ -72,7 +72,8 @@ def config_rows(model: type[BaseModel], prefix: str = "") -> list[str]:
     described = config_model.field_descriptions(model)
     for name, field in model.model_fields.items():
         key = prefix + (field.alias or name)
-        rows.append(f"| `{key}` | {type_name(field.annotation)} | {default_of(field)} | {cell(described.get(name, ''))} |")
+        rows.append(f"| `{key}` | {type_name(field.annotation)} | {default_of(field)} | "
+                    f"{cell(described.get(name, ''))} |")
         for sub in models_in(field.annotation):
             if sub is config_model.Price:
                 rows += config_rows(sub, key + ".<model>.")
