@@ -555,6 +555,41 @@ def test_read_commands_import_nothing_that_runs_a_loop(loops: Workspace, args: t
     assert loaded == []
 
 
+SOURCE_PROBE = """
+import inspect, runpy, sys
+read = []
+find = inspect.findsource
+def findsource(obj):
+    code = getattr(obj, "f_code", None)  # pydantic looks a class up by the frame that makes it
+    read.append("/".join(code.co_filename.split("/")[-3:]) if code else getattr(obj, "__qualname__", repr(obj)))
+    return find(obj)
+inspect.findsource = findsource
+sys.argv = ["kiro", *sys.argv[1:]]
+try:
+    runpy.run_module("kiro", run_name="__main__")
+except SystemExit as e:
+    code = e.code
+sys.stdout.flush()
+sys.stderr.write("\\n@@" + " ".join([str(code), *read]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
+                         ids=" ".join)
+def test_read_commands_parse_no_source(loops: Workspace, args: tuple[str, ...]) -> None:
+    """Issue #41: a read command does not read and parse Python source to start. The config's field
+    descriptions (the docstring under each key) are read from kiro/store/config.py only when a schema or
+    the docs are made, not when the config is resolved (it cost about 200 M instructions, a third of
+    kiro's own start-up)."""
+    r = subprocess.run([sys.executable, "-c", SOURCE_PROBE, *args], cwd=loops.root, env=loops.env(),
+                       capture_output=True, text=True, timeout=120)
+    code, *read = r.stderr.rsplit("@@", 1)[1].split()
+    assert code in ("0", "None"), r.stderr
+    assert r.stdout.strip(), "the command showed nothing"
+    print(f"{' '.join(args)}: source looked up for {len(read)} objects: {read or 'none'}")
+    assert read == []
+
+
 def test_a_config_naming_agents_is_checked_without_importing_a_preset(loops: Workspace) -> None:
     """Issue #40 item 2: the agent names are checked against the registry's metadata (kiro.plugins.AGENTS),
     not by importing the presets: `kiro loop status` with `agent:` and `fallback_agents:` set loads none."""

@@ -69,9 +69,11 @@ def models_in(annotation: Any) -> list[type[BaseModel]]:
 
 def config_rows(model: type[BaseModel], prefix: str = "") -> list[str]:
     rows: list[str] = []
+    described = config_model.field_descriptions(model)
     for name, field in model.model_fields.items():
         key = prefix + (field.alias or name)
-        rows.append(f"| `{key}` | {type_name(field.annotation)} | {default_of(field)} | {cell(field.description or '')} |")
+        rows.append(f"| `{key}` | {type_name(field.annotation)} | {default_of(field)} | "
+                    f"{cell(described.get(name, ''))} |")
         for sub in models_in(field.annotation):
             if sub is config_model.Price:
                 rows += config_rows(sub, key + ".<model>.")
@@ -84,14 +86,15 @@ def config_page() -> str:
     head = "| key | type | default | what it does |\n| --- | --- | --- | --- |\n"
     top: list[str] = []
     sections: list[str] = []
+    described = config_model.field_descriptions(config_model.Config)
     for name, field in config_model.Config.model_fields.items():
         subs = models_in(field.annotation)
         if not subs:
             top.append(f"| `{name}` | {type_name(field.annotation)} | {default_of(field)} | "
-                       f"{cell(field.description or '')} |")
+                       f"{cell(described.get(name, ''))} |")
             continue
         rows = [row for sub in subs for row in config_rows(sub)]
-        sections.append(f"## `{name}:`\n\n{cell(field.description or '')}\n\n" + head + "\n".join(rows) + "\n")
+        sections.append(f"## `{name}:`\n\n{cell(described.get(name, ''))}\n\n" + head + "\n".join(rows) + "\n")
     return (GENERATED + "# Configuration keys\n\n"
             "Every key of `config/autonomous_loop.yaml`, from the config model (`kiro/store/config.py`). Every key is\n"
             "optional. Precedence, lowest first: defaults < the config file < task frontmatter < environment\n"

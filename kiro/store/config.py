@@ -60,8 +60,10 @@ _QUIET = "kiro_value_not_shown"  # a validation error whose value is not echoed:
 class _Strict(BaseModel):
     # defer_build: a model's validator is built when a config is first resolved, not at import (a read
     # command that never resolves one never builds it)
-    # use_attribute_docstrings: the line under each field is its description (`kiro config schema`, docs/reference)
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True, use_attribute_docstrings=True)
+    # The line under each field is its description: read from the source only when a schema is made
+    # (`_described`), not by pydantic's use_attribute_docstrings at import, where parsing this file's source
+    # cost every command, a read command too, about a third of kiro's own start-up (issue #41).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
     @field_validator("*")
     @classmethod
@@ -358,7 +360,7 @@ class AgentEnv(_Strict):
 
     # `pass` is a Python keyword: the field is pass_, read and written as `pass`
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True, populate_by_name=True,
-                              serialize_by_alias=True, use_attribute_docstrings=True)
+                              serialize_by_alias=True)
 
     drop: list[str] = Field(default_factory=list)
     """variables kept from the agent CLI, whatever their name."""
@@ -927,10 +929,51 @@ def _widen(schema: dict[str, Any], path: tuple[str, ...]) -> None:
     field.update(kept, anyOf=[*alternatives, *_ALSO_ACCEPTED[path]])
 
 
+def _models(model: type[BaseModel]) -> Iterator[type[BaseModel]]:
+    """`model` and every model its fields hold, however deep (`llm.prices` values, `review`, ...)."""
+    yield model
+    for field in model.model_fields.values():
+        for inner in _annotations(field.annotation):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                yield from _models(inner)
+
+
+def _annotations(annotation: Any) -> Iterator[Any]:
+    yield annotation
+    for arg in get_args(annotation):
+        yield from _annotations(arg)
+
+
+@functools.cache
+def field_descriptions(model: type[BaseModel]) -> dict[str, str]:
+    """Each field of `model` with its description: the docstring under it in this file (as pydantic's
+    use_attribute_docstrings reads it), or its Field's own. For the schema and docs/reference, when asked."""
+    from pydantic._internal._docs_extraction import extract_docstrings_from_cls
+
+    docs = extract_docstrings_from_cls(model, use_inspect=True)
+    return {name: field.description or docs[name] for name, field in model.model_fields.items()
+            if field.description or name in docs}
+
+
+def _described(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with each field's description (`field_descriptions`), where use_attribute_docstrings put it."""
+    nodes = {"Config": schema, **schema.get("$defs", {})}
+    for model in dict.fromkeys(_models(Config)):
+        node = nodes.get(model.__name__)
+        if node is None:
+            continue
+        for name, doc in field_descriptions(model).items():
+            field = model.model_fields[name]
+            prop = node.get("properties", {}).get(field.alias or name)
+            if prop is not None and "description" not in prop:
+                node["properties"][field.alias or name] = dict(sorted({**prop, "description": doc}.items()))
+    return schema  # (pydantic sorts a field's keys)
+
+
 def config_schema() -> dict[str, Any]:
     """The JSON Schema of `config/autonomous_loop.yaml`, from the config model: every key with its type,
     default and description, as kiro reads the file (YAML 1.1 `on`/`off` included)."""
-    schema = Config.model_json_schema(mode="validation")
+    schema = _described(Config.model_json_schema(mode="validation"))
     for path in _ALSO_ACCEPTED:
         _widen(schema, path)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
