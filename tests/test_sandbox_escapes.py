@@ -1,5 +1,5 @@
 """What a prompt injection can make each REAL agent CLI do to the person running kiro, with and
-without kiro's box (`sandbox: bwrap | off`, issue #28): one table per mode, rows = attack,
+without kiro's box (`sandbox: bwrap | off`, issue #28): one table per mode and agent, rows = attack,
 columns = CLI.
 
 Each CLI runs under `kiro loop start --agent NAME` with its preset's own permission mode, pointed at
@@ -379,11 +379,14 @@ def assert_every_run_happened(runs: dict[str, Run]) -> None:
             assert answered >= run.planned - 1, (name, answered, run.planned, run.out[-3000:])
 
 
+@pytest.mark.parametrize("agent", ORDER)
 @pytest.mark.parametrize("mode", sandbox_modes())
-def test_prompt_injection_attacks_through_each_agent_cli(mode: str, tmp_path: Path, cli_home: Path) -> None:
+def test_prompt_injection_attacks_through_each_agent_cli(mode: str, agent: str, tmp_path: Path,
+                                                         cli_home: Path) -> None:
+    """One agent per test, as the ACP suite below (its time limit)."""
     if mode == "bwrap" and "sandbox" not in Config.model_fields:
         pytest.skip("this kiro has no `sandbox` setting yet (issue #28): nothing to run the attacks in")
-    runs, skipped = run_all(ORDER, mode, tmp_path, cli_home)
+    runs, skipped = run_all((agent,), mode, tmp_path, cli_home)
     tried, held = print_table(mode, runs, skipped)
     assert_every_run_happened(runs)
     if mode == "bwrap":
@@ -399,15 +402,18 @@ def test_prompt_injection_attacks_through_each_agent_cli(mode: str, tmp_path: Pa
 ACP_HOLES: dict[str, dict[str, dict[str, str]]] = {"off": {}, "bwrap": {}}
 
 
+@pytest.mark.parametrize("agent", ACP_ORDER)
 @pytest.mark.parametrize("mode", sandbox_modes())
-def test_prompt_injection_attacks_through_each_acp_agent(mode: str, tmp_path: Path, cli_home: Path) -> None:
+def test_prompt_injection_attacks_through_each_acp_agent(mode: str, agent: str, tmp_path: Path,
+                                                         cli_home: Path) -> None:
     """The same attacks through the same CLIs spoken to over ACP (kiro.executors.acp): kiro answers every
     permission request by its own tools' rules (tools.shell as it ships: no commands) and serves `fs`.
     Both modes assert that every attack was held, but the known holes of ACP_HOLES, which the table
-    prints as HOLE with the reason."""
+    prints as HOLE with the reason. One agent per test: on a loaded 2-core machine one agent's run takes
+    one to two minutes (opencode's start alone ~50 s), four in a row outlast the test's time limit."""
     if mode == "bwrap" and "sandbox" not in Config.model_fields:
         pytest.skip("this kiro has no `sandbox` setting yet (issue #28): nothing to run the attacks in")
-    runs, skipped = run_all(ACP_ORDER, mode, tmp_path, cli_home)
+    runs, skipped = run_all((agent,), mode, tmp_path, cli_home)
     holes = ACP_HOLES[mode]
     tried, held = print_table(mode, runs, skipped, holes)
     known = sum(1 for n, r in runs.items() for k, c in r.cells.items()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kiro.core import conditions, precheck, scheduled
 from kiro.core.conditions import Stop
-from kiro.core.hooks import Feature, LoopHandle
+from kiro.core.hooks import Feature, LoopHandle, Reopen, VerifyRun
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.executors.control import TaskFiles
 from kiro.git import checkpoints
@@ -140,8 +140,17 @@ class SealedTaskFiles(Feature):
         self.step_id = step_id
         return None, True
 
+    async def check_step(self, loop: LoopHandle, step: Step, verify: VerifyRun | None, *,
+                         recovering: bool = False) -> str | Reopen | None:
+        """The step's processes and verify have ended (the last feature asked): its time to write ends here,
+        before its box is checked. A task file a person drops once they see the box checked is theirs (it was
+        held: the hold lasted until the step's commit and state were written)."""
+        if not recovering:
+            self._check(loop)
+        return None
+
     async def after_step(self, loop: LoopHandle, step_id: str) -> None:
-        self._check(loop)
+        self._check(loop)  # an attempt that failed, or that a feature's check refused
 
     async def completing(self, loop: LoopHandle, stop: Stop) -> Stop:
         self._check(loop)

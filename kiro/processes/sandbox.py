@@ -65,6 +65,7 @@ import re
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -372,6 +373,8 @@ class Network:
         pid = await loop.run_in_executor(None, _child_pid, self._info_r)
         if pid is None:
             return  # bwrap failed before its namespace: its own error is the step's
+        if not await _loopback_set_up(pid):
+            return  # bwrap ended before its loopback was there: its own error is the step's
         opened: list[int] = []
         try:
             try:
@@ -417,6 +420,43 @@ class Network:
             os.close(self._pidfd)
             self._pidfd = None
         self._close("_info_r", "_block_w", "_info_w", "_block_r")
+
+
+LOOPBACK_WAIT = 60.0  # seconds bwrap's child may take to set up its loopback on a loaded machine
+
+
+async def _loopback_set_up(pid: int) -> bool:
+    """Wait until bwrap's child `pid` has set up its namespace's loopback (127.0.0.1 on `lo`, in the namespace's
+    routing table). bwrap reports the pid before its child does so, and pasta brings `lo` up too: a pasta that
+    comes first gives `lo` its 127.0.0.1, bwrap's own request to add it then fails and so does the box
+    ("loopback: Failed RTM_NEWADDR"), seen on a loaded machine. False: the child ended first (its error is
+    the step's). NetworkError: still not there after LOOPBACK_WAIT seconds."""
+    try:
+        proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # this process, not a reused pid
+    except OSError:
+        return False
+    try:
+        deadline = time.monotonic() + LOOPBACK_WAIT
+        delay = 0.001
+        while True:
+            try:
+                fd = os.open("net/fib_trie", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+            except OSError:
+                return False  # the child has ended
+            try:
+                table = os.read(fd, 1 << 16)
+            except OSError:
+                return False
+            finally:
+                os.close(fd)
+            if b"127.0.0.1" in table:
+                return True
+            if time.monotonic() > deadline:
+                raise NetworkError(f"the box's loopback was not set up within {LOOPBACK_WAIT:.0f} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    finally:
+        os.close(proc)
 
 
 def _child_pid(fd: int) -> int | None:
