@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kiro.core import conditions, precheck, scheduled
 from kiro.core.conditions import Stop
-from kiro.core.hooks import Feature, LoopHandle, Reopen, VerifyRun
+from kiro.core.hooks import Feature, LoopHandle, Reopen
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.executors.control import TaskFiles
 from kiro.git import checkpoints
@@ -22,6 +23,10 @@ from kiro.store import events as ev
 from kiro.store.state import CompletedStep, LoopState
 from kiro.store.tasks import Step, TaskFile, is_checkpoint
 from kiro.views import reports
+
+if TYPE_CHECKING:
+    from kiro.executors.base import StepResult
+    from kiro.store.receipts import VerifyRun
 
 
 class Git(Feature):
@@ -141,7 +146,7 @@ class SealedTaskFiles(Feature):
         return None, True
 
     async def check_step(self, loop: LoopHandle, step: Step, verify: VerifyRun | None, *,
-                         recovering: bool = False) -> str | Reopen | None:
+                         recovering: bool = False, result: StepResult | None = None) -> str | Reopen | None:
         """The step's processes and verify have ended (the last feature asked): its time to write ends here,
         before its box is checked. A task file a person drops once they see the box checked is theirs (it was
         held: the hold lasted until the step's commit and state were written)."""
