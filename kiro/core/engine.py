@@ -650,7 +650,7 @@ class Loop:
         """A stop hook seen when every step is done already (a person's `kiro loop stop` that came
         during the last step) pauses nothing: the loop completes, as it would have a moment earlier. A
         recurring task still pauses: its next run is what the hook stops."""
-        if stop.reason != "stop_hook" or self.state.schedule is not None:
+        if stop.reason != StopReason.STOP_HOOK or self.state.schedule is not None:
             return False
         task = self._read_task()
         return not isinstance(task, Stop) and task.current_step(self.cfg.include_optional) is None
