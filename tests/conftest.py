@@ -141,13 +141,13 @@ def ws(tmp_path: Path) -> Iterator[Workspace]:
 
 def shell_task(n: int, *, cmd: str = 'echo "$KIRO_STEP_ID" >> side_effects.log', title: str = "Test task",
                extra_frontmatter: str = "") -> str:
-    """A task file of n steps, each with a ```sh block."""
+    """A task file of n steps, each with a ```sh block running `cmd` (its lines indented under the step)."""
     lines = ["---", f"title: {title}", "executor: shell"]
     if extra_frontmatter:
         lines.append(extra_frontmatter.rstrip("\n"))
     lines += ["---", "# Plan", ""]
     for i in range(1, n + 1):
-        lines += [f"- [ ] {i}. Step number {i}", "  ```sh", f"  {cmd}", "  ```"]
+        lines += [f"- [ ] {i}. Step number {i}", "  ```sh", *[f"  {line}" for line in cmd.splitlines()], "  ```"]
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.conftest import Workspace
+from tests.conftest import Workspace, shell_task
 from tests.temporal.conftest import Project, Workers
 
 # Step 4's first attempt sleeps a minute (the test stops it with --force); every other step is quick.
@@ -30,10 +30,7 @@ def sleeping() -> bool:
 
 
 def task_text(n: int) -> str:
-    lines = ["---", "title: Control task", "executor: shell", "---", "# Plan", ""]
-    for i in range(1, n + 1):
-        lines += [f"- [ ] {i}. Step number {i}", "  ```sh", *[f"  {line}" for line in STEP.splitlines()], "  ```"]
-    return "\n".join(lines) + "\n"
+    return shell_task(n, cmd=STEP, title="Control task")
 
 
 def test_stop_and_resume_by_hook_file_and_commands(tws: Workspace, project: Project, workers: Workers,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import Workspace
+from tests.conftest import Workspace, shell_task
 from tests.temporal.conftest import Project, TemporalServer, Workers
 
 STEP = """\
@@ -18,10 +18,7 @@ sleep 0.2
 
 
 def task_text(n: int) -> str:
-    lines = ["---", "title: Restart task", "executor: shell", "---", "# Plan", ""]
-    for i in range(1, n + 1):
-        lines += [f"- [ ] {i}. Step number {i}", "  ```sh", *[f"  {line}" for line in STEP.splitlines()], "  ```"]
-    return "\n".join(lines) + "\n"
+    return shell_task(n, cmd=STEP, title="Restart task")
 
 
 def test_server_restart_mid_run_loses_nothing(tws: Workspace, project: Project, workers: Workers,

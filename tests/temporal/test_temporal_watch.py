@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import Workspace
+from tests.conftest import Workspace, shell_task
 from tests.temporal.conftest import Project, Workers
 
 STEP = """\
@@ -19,10 +19,7 @@ if [ "$KIRO_STEP_ID" = 2 ]; then while [ ! -e "$RUNS/gate" ]; do sleep 0.05; don
 
 
 def task_text(n: int) -> str:
-    lines = ["---", "title: Watched", "executor: shell", "---", "# Plan", ""]
-    for i in range(1, n + 1):
-        lines += [f"- [ ] {i}. Step number {i}", "  ```sh", *[f"  {line}" for line in STEP.splitlines()], "  ```"]
-    return "\n".join(lines) + "\n"
+    return shell_task(n, cmd=STEP, title="Watched")
 
 
 def test_watch_starts_new_tasks_and_continues_when_the_hook_goes(tws: Workspace, project: Project,

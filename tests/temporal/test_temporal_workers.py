@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from tests.conftest import FAST_CONFIG, Workspace
+from tests.conftest import FAST_CONFIG, Workspace, shell_task
 from tests.gitutil import git
 from tests.temporal.compare import normal, report_text
 from tests.temporal.conftest import Project, Workers
@@ -28,10 +28,7 @@ sleep 0.2
 
 
 def task_text(n: int) -> str:
-    lines = ["---", "title: Worker task", "executor: shell", "---", "# Plan", ""]
-    for i in range(1, n + 1):
-        lines += [f"- [ ] {i}. Step number {i}", "  ```sh", *[f"  {line}" for line in STEP.splitlines()], "  ```"]
-    return "\n".join(lines) + "\n"
+    return shell_task(n, cmd=STEP, title="Worker task")
 
 
 def runs(path: Path) -> list[tuple[str, str, str]]:
