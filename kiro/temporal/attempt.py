@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import threading
 import time
@@ -210,9 +209,6 @@ class Attempts:
         msg += f"Kiro-Step-Run: {inp['step_run']}\n"
         sha = checkpoints.commit_files(wt, sorted(checkpoints.scan(wt, [":/"]).changed), msg, allow_empty=True)
         assert sha is not None
-        if os.environ.get("KIRO_RAISE_ERRORS") and os.environ.get("KIRO_TEST_PAUSE_BEFORE_PUSH"):
-            marker = Path(os.environ["KIRO_TEST_PAUSE_BEFORE_PUSH"])  # tests: a window to kill the worker here
-            marker.write_text(f"{inp['task_id']} {inp['step_id']}\n")
         with self.clone.lock:
             return self._push_locked(inp, wt, sha, redact)
 
