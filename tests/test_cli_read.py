@@ -504,16 +504,17 @@ def test_an_agent_running_status_in_its_step_is_not_blamed(ws: Workspace) -> Non
     assert ws.state("agent")["total_failures"] == 0
 
 
-PROBE = """
-import runpy, sys
+RUN_KIRO = """
 sys.argv = ["kiro", *sys.argv[1:]]
 try:
     runpy.run_module("kiro", run_name="__main__")
 except SystemExit as e:
     code = e.code
 sys.stdout.flush()
-sys.stderr.write("\\n@@" + " ".join([str(code), *sorted(sys.modules)]) + "\\n")
 """
+"""`kiro ARGS` inside a probe: `code` is its exit code; what the probe says follows on stderr after "@@"."""
+PROBE = ("import runpy, sys" + RUN_KIRO
+         + 'sys.stderr.write("\\n@@" + " ".join([str(code), *sorted(sys.modules)]) + "\\n")\n')
 
 
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "status", "--json"),
@@ -564,13 +565,7 @@ def findsource(obj):
     read.append("/".join(code.co_filename.split("/")[-3:]) if code else getattr(obj, "__qualname__", repr(obj)))
     return find(obj)
 inspect.findsource = findsource
-sys.argv = ["kiro", *sys.argv[1:]]
-try:
-    runpy.run_module("kiro", run_name="__main__")
-except SystemExit as e:
-    code = e.code
-sys.stdout.flush()
-sys.stderr.write("\\n@@" + " ".join([str(code), *read]) + "\\n")
+""" + RUN_KIRO + """sys.stderr.write("\\n@@" + " ".join([str(code), *read]) + "\\n")
 """
 
 
