@@ -41,15 +41,26 @@ n = len(list(out.glob(f"agent-{step}-*.txt"))) + 1
 (out / f"agent-{step}-{n}.txt").write_text(prompt)
 plan = json.loads((out / "plan.json").read_text())
 action = plan.get(f"{step}:{n}", plan.get("default", "listen"))
+(out / f"cwd-{step}-{n}.txt").write_text(os.getcwd())
+if plan.get("together") and n == 1:  # side by side: its first run waits until that many steps run at once
+    import time
+    (out / f"at-{step}").touch()
+    for _ in range(4800):
+        if len(list(out.glob("at-*"))) >= int(plan["together"]):
+            break
+        time.sleep(0.05)
+    else:
+        sys.exit(9)
 if action == "hang" and (out / "ready").exists():
     action = "listen"  # it cheats once; its run after the kill listens
 name = "f" + step.replace(".", "_")
-app = pathlib.Path("app.py")
-text = app.read_text()
+app = pathlib.Path(f"part{step.replace('.', '_')}.py" if plan.get("own_files") else "app.py")  # (side by side)
+text = app.read_text() if app.exists() else ""
+(out / f"found-{step}-{n}.txt").write_text(text)  # what it started from
 text = re.sub(r"\\ndef " + name + r"\\(\\):\\n(    .*\\n)*", "\\n", text)  # its earlier version of the function
 body = "return (" if action == "break" else f"return {step!r}"  # break: a syntax error, so verify fails
 text = text.rstrip("\\n") + f"\\n\\n\\ndef {name}():\\n    {body}\\n"
-if action == "listen" and "add a docstring" in prompt:  # every function without one gets one
+if action == "tidy" or (action == "listen" and "add a docstring" in prompt):  # every function without one gets one
     text = re.sub(r"^def (f\\w+)\\(\\):\\n(?!    \\"\\"\\")", lambda m: m[0] + f'    """{m[1]}."""\\n', text,
                   flags=re.M)
 app.write_text(text)
@@ -374,11 +385,47 @@ def test_when_task_reviews_the_whole_work_once_before_the_loop_completes(ws: Wor
     assert (ws.root / "app.py").read_text().count('"""f') == 2
 
 
+def test_steps_side_by_side_are_each_reviewed_on_their_own_work_and_one_sent_back_keeps_it(ws: Workspace) -> None:
+    """`parallel: 2`: steps 1 and 2 run at once, each in its own worktree (their first runs wait for each other).
+    Step 1's agent adds a docstring at once, so the reviewer approves it; step 2's does not, so the reviewer asks
+    for one: step 2 runs again, its prompt saying why, in a worktree that starts with its first run's work, and
+    is approved. Each review reads its own step's diff, and the receipts show the rounds."""
+    out = project(ws, plan={"own_files": "yes", "together": "2", "1:1": "tidy", "default": "listen"}, steps=2,
+                  titles={1: "(P) Add function f1", 2: "(P) Add function f2"}, extra="parallel: 2\n")
+    r = start(ws)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    runs = sorted(p.name for p in out.glob("agent-*.txt"))
+    assert runs == ["agent-1-1.txt", "agent-2-1.txt", "agent-2-2.txt"], runs
+    for name in ("cwd-1-1", "cwd-2-1", "cwd-2-2"):  # every run in a worktree of its own, beside the other step
+        assert "/.kiro/worktrees/rv.step-" in (out / f"{name}.txt").read_text(), name
+    # step 2's second run: the reviewer's reasons in its prompt, and its first run's work where it began
+    assert "asked for changes" in (out / "agent-2-2.txt").read_text()
+    assert "add a docstring to f2" in (out / "agent-2-2.txt").read_text()
+    assert "def f2():" in (out / "found-2-2.txt").read_text()
+    prompts = {n: (out / f"review-{n}.txt").read_text() for n in (1, 2, 3)}
+    by_step: dict[str, list[str]] = {}
+    for n in (1, 2, 3):
+        step = "1" if "Step 1 of" in prompts[n] else "2"
+        by_step.setdefault(step, []).append(prompts[n])
+        other = "2" if step == "1" else "1"
+        assert f"+def f{step}():" in prompts[n] and f"def f{other}" not in prompts[n]  # the step's own diff
+        assert "checks passed" in prompts[n]  # verify's output
+    assert [len(by_step["1"]), len(by_step["2"])] == [1, 2]
+    assert [(verdicts(x), x["attempts"]) for x in receipts(ws)] == [(["approve"], 1), (["changes", "approve"], 1)]
+    assert receipts(ws)[1]["reviews"][0]["reasons"] == "add a docstring to f2"
+    assert [e["step_id"] for e in ws.events("rv") if e["event"] == "review_requested_changes"] == ["2"]
+    assert kinds(ws, "step_failed") == [] and ws.state("rv")["total_failures"] == 0
+    for n in (1, 2):  # the approved work is what was checkpointed, once
+        assert (ws.root / f"part{n}.py").read_text().count(f'"""f{n}."""') == 1
+    assert git(ws.root, "status", "--porcelain", "--", "part1.py", "part2.py") == ""
+    assert "rv.step-" not in git(ws.root, "worktree", "list")
+
+
 def test_a_review_key_kiro_cannot_honour_is_refused(ws: Workspace) -> None:
     project(ws, steps=1)
     for bad, said in (("review: {agent: codex, command: cat}", "exactly one of agent"),
                       ("review: {command: cat, when: nightly}", "review.when"),
-                      ("review: {command: cat}\nparallel: 2", "steps side by side"),
+                      ("review: {command: cat}\nbackend: temporal", "not built on the temporal backend"),
                       ("review: {command: cat, rounds: 3}", "review.rounds")):
         ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "executor: command\nexecutor_command: cat\n" + bad + "\n")
         r = start(ws)

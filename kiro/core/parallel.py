@@ -13,6 +13,11 @@ later attempts keep running meanwhile and are taken up when the engine gets to t
 conflicts runs again once on the merged tree; when that conflicts too the loop waits for a person
 (Needs_Action/intervention_<task_id>.md names the files).
 
+A step the engine's features send back to its agent after its work was brought in (a reviewer's changes, SPEC
+§14: kiro.core.review reviews it there, after verify, its diff against the last checkpoint being the step's own)
+is taken back out of the loop's tree like a failed one, but its next attempt's worktree starts with that work
+(brought in on top of the loop's current commit), so its agent makes the changes asked for, as in place.
+
 Crash safety: `state.parallel` records each attempt's worktree, branch and how far it got; a finished attempt
 is a commit on its branch (found again by its trailers when a kill came before the state said so), so a
 resumed loop brings that work in instead of running the step again; an attempt killed while it ran runs again
@@ -126,6 +131,10 @@ class Parallel(Feature):
                                        f"({'; '.join(waiting)}); fix the `_Depends:` lines, then `kiro loop resume "
                                        f"--task-id {loop.state.task_id}`", "depends_waiting")
 
+    async def after_step(self, loop: LoopHandle, step_id: str) -> None:
+        if self.steps is not None:
+            self.steps.after_attempt(step_id)
+
     async def all_done(self, loop: LoopHandle, task: TaskFile) -> Stop | bool | None:
         if self.steps is not None:  # before the loop's own git finishes (with isolation: merges, removes its tree)
             await self.steps.clear()
@@ -169,6 +178,7 @@ class SideBySide:
         self.excludes = checkpoints.kiro_paths(loop.ws, top)
         self.flights: dict[str, _Flight] = {}
         self.taken: set[str] = set()  # steps whose work was handed to the engine (their boxes come next)
+        self.handed: dict[str, int] = {}  # those steps' `reopened` counts when handed over (see `after_attempt`)
         self.current: str | None = None  # the step the engine waits for
         self.template: StepContext | None = None
         self.blocked: tuple[str, str, list[str]] | None = None  # (step, branch, files) waiting for a person
@@ -203,8 +213,22 @@ class SideBySide:
             result = await self._take(ctx.step, result)
         if result.ok:
             self.taken.add(ctx.step.id)
+            self.handed[ctx.step.id] = self.loop.state.step_record(ctx.step.id).reopened
         self._top_up()
         return result
+
+    def after_attempt(self, step_id: str) -> None:
+        """The engine is done with the attempt it was handed: when a feature sent the step back to its agent
+        (a reviewer's changes, kiro.core.hooks.Reopen: the engine counts it in `reopened`), its work stays the
+        start of its next attempt, which asks for the changes (`_fly`), as a step done in place keeps its work."""
+        seen = self.handed.pop(step_id, None)
+        rec = self._record(step_id)
+        if seen is None or rec is None or rec.status != "merging":
+            return
+        if self.loop.state.step_record(step_id).reopened > seen:
+            rec.status = "reopened"
+            self.taken.discard(step_id)
+            self.loop.save()
 
     async def _take(self, step: Step, result: StepResult) -> StepResult:
         """Bring the finished attempt's work into the loop's tree; on a conflict run the step again once on the
@@ -298,12 +322,22 @@ class SideBySide:
             # (an earlier attempt's work that the engine took and then failed, verify say, is not taken again)
             return StepResult("completed", summary=f"(done before a restart: its work is {rec.commit[:12]} on "
                                                    f"branch {rec.branch})")
-        if rec is not None and rec.status == "merging" and rec.commit and not rerun:
-            # the engine took that attempt's work and the step failed after all (verify): its files go back out
-            # of the loop's tree, so that the next attempt starts from the last checkpoint as its worktree does
+        carry = rec.commit if rec is not None and rec.status == "reopened" and not rerun else None
+        if rec is not None and rec.status in ("merging", "reopened") and rec.commit and not rerun:
+            # the engine took that attempt's work and the step failed after all (verify), or was sent back (a
+            # reviewer): its files go back out of the loop's tree, so that the next attempt starts from the last
+            # checkpoint as its worktree does; sent back, that worktree starts with the work (`carry`)
             await asyncio.to_thread(stepbranches.take_back, self.top, rec.commit, self.project_rel, self.excludes)
         opened = await asyncio.to_thread(stepbranches.open_attempt, loop.ws, self.top, self.top / self.project_rel,
                                          s.task_id, step.id)
+        if carry is not None:
+            brought = await asyncio.to_thread(stepbranches.bring_in, opened.worktree, carry, self.project_rel,
+                                              self.excludes, again=False)
+            if brought.conflicts and not self.closing:  # the steps merged since changed the same lines
+                files = ", ".join(brought.conflicts[:5])
+                loop.emit(ev.LoopWarning(message=f"step {step.id} was sent back, but its work ({carry[:12]}) does "
+                                                 f"not merge with the steps done since ({files}): it runs again "
+                                                 f"from the last checkpoint"))
         for event in opened.events:  # a worktree a kill left half added, a stale lock cleared
             if event.event != "worktree_created" and not self.closing:  # (parallel_step_started says that one)
                 loop.emit(event)
@@ -390,7 +424,7 @@ class SideBySide:
         kept: list[ParallelAttempt] = []
         for rec in s.parallel:
             if rec.step_id in open_ids and rec.commit and (
-                    rec.status == "merging"  # taken up when the kill came: brought in again, or taken back
+                    rec.status in ("merging", "reopened")  # taken up: brought in again, or taken back (and carried)
                     or (rec.status == "done" and rec.attempt > s.step_record(rec.step_id).attempts)):
                 kept.append(rec)
         for sid in open_ids - {r.step_id for r in kept}:  # finished, and killed before the state said so
@@ -446,7 +480,7 @@ class SideBySide:
         except (TaskFileError, TaskNotFound):
             open_ids = set()
         s.parallel = [r for r in s.parallel if r.step_id in open_ids and r.step_id not in running
-                      and r.status in ("done", "merging", "conflict")]
+                      and r.status in ("done", "merging", "conflict", "reopened")]
 
     async def close(self) -> None:
         """The run is over: attempts still running end (their steps run again later) and their worktrees go;

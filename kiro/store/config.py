@@ -621,14 +621,6 @@ class Config(_Strict):
                              "it); remove review, or use backend: local")
         return self
 
-    @model_validator(mode="after")
-    def _review_one_step_at_a_time(self) -> Config:
-        """The reviewer reads one step's diff (kiro.core.review); steps side by side are merged back as a batch."""
-        if self.review is not None and self.parallel > 1:
-            raise ValueError(f"review is not built for steps side by side (parallel: {self.parallel}); use parallel: "
-                             f"1, or remove review")
-        return self
-
     @field_validator("verify_report")
     @classmethod
     def _report_of_verify(cls, value: str | None, info: ValidationInfo) -> str | None:

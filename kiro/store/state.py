@@ -216,8 +216,9 @@ class ParallelAttempt(_Model):
     base: str  # the commit its worktree was made from
     # running: the attempt runs (a kill: it runs again); done: its work is the branch's commit `commit`;
     # merging: that work is being brought into the loop's tree (a kill: brought in again, the same); conflict:
-    # it conflicted with what was merged before it, also when run again (left for a person to look at)
-    status: Literal["running", "done", "merging", "conflict"] = "running"
+    # it conflicted with what was merged before it, also when run again (left for a person to look at);
+    # reopened: brought in, then sent back to its agent (a reviewer's changes): its next attempt starts from it
+    status: Literal["running", "done", "merging", "conflict", "reopened"] = "running"
     commit: str | None = None
     attempt: int = 1  # the attempt at the step it is (a failed one, once the state counts it, is not taken again)
 
