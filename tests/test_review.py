@@ -81,7 +81,15 @@ out = pathlib.Path(sys.argv[1])
 prompt = sys.stdin.read()
 n = len(list(out.glob("review-*.txt"))) + 1
 (out / f"review-{n}.txt").write_text(prompt)
-mode = json.loads((out / "reviewer.json").read_text())["mode"]
+said = json.loads((out / "reviewer.json").read_text())
+mode = said["mode"]
+if said.get("wait_for"):  # first, the loop's event log must hold this (side by side: another step's attempt ended)
+    import os, time
+    log = pathlib.Path(os.environ["KIRO_WORKSPACE"]) / "Logs" / "rv.jsonl"
+    for _ in range(4800):
+        if log.exists() and said["wait_for"] in log.read_text():
+            break
+        time.sleep(0.05)
 print("I read the step, its diff and verify's output.")
 if mode == "garbage":
     print("Looks fine to me, I guess.")
@@ -419,6 +427,30 @@ def test_steps_side_by_side_are_each_reviewed_on_their_own_work_and_one_sent_bac
         assert (ws.root / f"part{n}.py").read_text().count(f'"""f{n}."""') == 1
     assert git(ws.root, "status", "--porcelain", "--", "part1.py", "part2.py") == ""
     assert "rv.step-" not in git(ws.root, "worktree", "list")
+
+
+def test_side_by_side_a_pause_for_max_rounds_keeps_the_work_for_the_resumed_run(ws: Workspace) -> None:
+    """`parallel: 2`, max_rounds 1: the reviewer sends step 1 back and the loop pauses (exit 6) while step 2's
+    attempt has finished beside it. A person lets the reviewer approve and resumes: step 1 runs again from its
+    work, step 2's finished attempt is taken up without running again, both are approved."""
+    out = project(ws, plan={"own_files": "yes", "together": "2", "default": "listen"}, reviewer="changes",
+                  max_rounds=1, steps=2, titles={1: "(P) Add function f1", 2: "(P) Add function f2"},
+                  extra="parallel: 2\n")
+    (out / "reviewer.json").write_text(json.dumps(  # step 1's review ends once step 2's attempt is done
+        {"mode": "changes", "wait_for": '"event": "parallel_step_finished", "step_id": "2", "outcome": "completed"'}))
+    r = start(ws)
+    assert r.returncode == 6, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "the function still needs work" in (ws.root / "Needs_Action" / "review_changes_rv.md").read_text()
+    assert sorted((p["step_id"], p["status"]) for p in ws.state("rv")["parallel"]) == [("1", "reopened"), ("2", "done")]
+    (out / "reviewer.json").write_text(json.dumps({"mode": "approve"}))
+    r = ws.kiro("loop", "resume", "--task-id", "rv", timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("agent-*.txt")) == ["agent-1-1.txt", "agent-1-2.txt", "agent-2-1.txt"]
+    assert "the function still needs work" in (out / "agent-1-2.txt").read_text()
+    assert "def f1():" in (out / "found-1-2.txt").read_text()  # it began from its first run's work
+    assert [verdicts(x) for x in receipts(ws)] == [["changes", "approve"], ["approve"]]
+    assert (ws.root / "part2.py").exists() and ws.state("rv")["parallel"] == []
+    assert git(ws.root, "status", "--porcelain", "--", "part1.py", "part2.py") == ""
 
 
 def test_a_review_key_kiro_cannot_honour_is_refused(ws: Workspace) -> None:
