@@ -17,6 +17,10 @@ counts), before its box is checked and its receipt made, a reviewer reads the st
   failed review: tried once more, then the same pause.
 - Every round (verdict, reasons, agent, tokens, seconds, log) is kept on the step's record in the state and
   goes into its receipt (`reviews`), shown by `kiro loop receipt`.
+
+Steps side by side (`parallel: N`, kiro.core.parallel) take this same path: the engine brings each step's work
+from its worktree into the loop's tree, one step at a time, before verify and these checks, so the diff since
+the step's start is that step's own; a step sent back starts its next worktree from its work.
 """
 
 from __future__ import annotations
