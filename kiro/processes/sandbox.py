@@ -334,17 +334,17 @@ class NetworkError(ExecutorError):
 class Network:
     """pasta connecting one box's own network namespace (bwrap's `--unshare-net`) to the internet, as
     rootless podman does: bwrap tells kiro its child's pid (`--info-fd`) and waits (`--block-fd`) while
-    kiro starts pasta on that namespace; pasta forks into the background once the namespace is
-    connected, and the command starts. No port of the host is forwarded into the box but `ports` (its
-    127.0.0.1:port reaches the host's 127.0.0.1:port), none of the box's to the host, and the
-    gateway's address is not the host (`--no-map-gw`). pasta ends when the namespace does (kiro ends
-    it sooner: `close`)."""
+    kiro starts pasta on that namespace; once pasta has connected it, the command starts. No port of the
+    host is forwarded into the box but `ports` (its 127.0.0.1:port reaches the host's 127.0.0.1:port), none
+    of the box's to the host, and the gateway's address is not the host (`--no-map-gw`). pasta ends with
+    the step (`close`), or with kiro, whatever ends kiro (`_pasta`)."""
 
     def __init__(self, ports: Sequence[int] = ()) -> None:
         self.ports = tuple(ports)
         self._info_r, self._info_w = os.pipe()
         self._block_r, self._block_w = os.pipe()
-        self._pidfd: int | None = None
+        self._pidfd: int | None = None  # pasta's, while it runs
+        self._pasta_pid = 0
 
     def bwrap_args(self) -> list[str]:
         return ["--info-fd", str(self._info_w), "--block-fd", str(self._block_r)]
@@ -390,35 +390,71 @@ class Network:
         os.write(self._block_w, b"1")
 
     async def _pasta(self, fds: list[int]) -> None:
+        """Start pasta on the namespace (`fds`: its network one, and its user one when kiro is not root) and
+        wait until it has connected it. pasta stays in the foreground, kiro's child in a session of its own;
+        `close` ends it with the step, and the kernel when kiro dies, however it dies (`setpriv --pdeathsig`;
+        kiro's reaper too, kiro.processes.groups.register, also where setpriv is missing). A pasta that forked
+        into the background outlived a kiro that was killed, each with an inotify instance (watching
+        /proc/self/fd, which tells no one of a namespace's end), until none were left for the machine. It
+        tells kiro it is ready by writing its pid to a pipe (`--pid`)."""
+        from kiro.processes import groups
+
         tool = pasta_path()
         assert tool is not None
+        setpriv = groups.setpriv_path()
+        ready_r, ready_w = os.pipe()
         ports = ",".join(map(str, self.ports)) or "none"
-        argv = [tool, *(["--runas", "0:0"] if _root() else []), "--config-net", "--quiet",
-                "--tcp-ports", "none", "--udp-ports", "none", "--tcp-ns", ports, "--udp-ns", "none", "--no-map-gw",
-                "--netns", f"/proc/self/fd/{fds[0]}",
-                *(["--userns", f"/proc/self/fd/{fds[1]}"] if len(fds) > 1 else [])]
-        with tempfile.TemporaryDirectory(prefix="kiro-pasta-") as folder:
-            pidfile = Path(folder) / "pid"
-            with open(Path(folder) / "err", "w+b") as err:
-                proc = await asyncio.create_subprocess_exec(*argv, "--pid", str(pidfile), pass_fds=fds,
-                                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                            stderr=err, start_new_session=True)
+        argv = [*([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []), tool,
+                *(["--runas", "0:0"] if _root() else []), "--config-net", "--quiet", "--foreground",
+                "--no-netns-quit", "--tcp-ports", "none", "--udp-ports", "none", "--tcp-ns", ports,
+                "--udp-ns", "none", "--no-map-gw", "--netns", f"/proc/self/fd/{fds[0]}",
+                *(["--userns", f"/proc/self/fd/{fds[1]}"] if len(fds) > 1 else []),
+                "--pid", f"/proc/self/fd/{ready_w}"]
+        env = dict(os.environ)
+        mark = groups.start_reaper()
+        if mark is not None:
+            env[mark[0]] = mark[1]  # the reaper's second pass finds it also before it is registered
+        loop = asyncio.get_running_loop()
+        try:
+            with tempfile.TemporaryFile() as err:
+                try:
+                    proc = await asyncio.create_subprocess_exec(*argv, pass_fds=(*fds, ready_w), env=env,
+                                                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                                stderr=err, start_new_session=True)
+                finally:
+                    os.close(ready_w)
+                groups.register(proc.pid)
+                self._pasta_pid = proc.pid
+                with contextlib.suppress(OSError):
+                    self._pidfd = os.pidfd_open(proc.pid)
+                readable = loop.create_future()
+                loop.add_reader(ready_r, lambda: readable.done() or readable.set_result(None))
+                try:
+                    await readable
+                finally:
+                    loop.remove_reader(ready_r)
+                if os.read(ready_r, 64):  # its pid; nothing: it ended first
+                    return
                 code = await proc.wait()
                 err.seek(0)
                 said = [line for line in err.read().decode(errors="replace").splitlines()
                         if line.strip() and "syslog" not in line]
-            if code != 0:
-                raise NetworkError(f"pasta could not connect the box's network ({(said or [f'exit {code}'])[-1]})")
-            with contextlib.suppress(OSError, ValueError):
-                self._pidfd = os.pidfd_open(int(pidfile.read_text().strip()))
+        finally:
+            os.close(ready_r)
+        raise NetworkError(f"pasta could not connect the box's network ({(said or [f'exit {code}'])[-1]})")
 
     def close(self) -> None:
-        """The step has ended: end pasta now (it would end within seconds by itself) and close the pipes."""
+        """The step has ended: end pasta (kiro's child: the event loop collects it) and close the pipes."""
+        from kiro.processes import groups
+
         if self._pidfd is not None:
             with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             os.close(self._pidfd)
             self._pidfd = None
+        if self._pasta_pid:
+            groups.unregister(self._pasta_pid)
+            self._pasta_pid = 0
         self._close("_info_r", "_block_w", "_info_w", "_block_r")
 
 
