@@ -4,7 +4,7 @@ box, and the stop-hook reaction of a loop whose steps run in it.
     python bench/sandbox_spawn.py [--runs 50] [--hooks 10] [--before DIR]
 
 - spawn: the median and p95 of N spawns of `true` in a project folder, unboxed and boxed (the box
-  of a shell step: / read-only, project read-write, kiro's folders read-only, empty $HOME, private
+  of a shell step, asked for at each spawn as a step asks for its own: / read-only, project read-write, kiro's folders read-only, empty $HOME, private
   /tmp, own PID namespace), the box once per `sandbox_network`: `on` (its own network, connected by
   pasta), `off` (none), `host` (the host's).
 - `--before DIR`: also the boxed spawn of the kiro package in DIR (a checkout of an earlier kiro, e.g.
@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kiro.processes import sandbox
@@ -31,11 +32,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hook_reaction import one_round  # noqa: E402  (a sibling script, not a package)
 
 
-async def spawn(n: int, cwd: Path, box: sandbox.Box | None) -> list[float]:
+async def spawn(n: int, cwd: Path, box: Callable[[], sandbox.Box] | None) -> list[float]:
+    """`n` spawns of `true`; the box asked for at each, as a step asks for its own (shell.step_box)."""
     out = []
     for _ in range(n):
         started = time.perf_counter()
-        result = await run_process(["true"], cwd=cwd, box=box)
+        result = await run_process(["true"], cwd=cwd, box=box() if box is not None else None)
         assert result.ok, result
         out.append(time.perf_counter() - started)
     return out
@@ -73,15 +75,16 @@ def hook_rounds(root: Path, setting: str, hooks: int) -> list[float]:
 
 
 def boxed_spawns(root: Path, runs: int, networks: tuple[str, ...]) -> None:
-    """Print the figures of `true`, unboxed and boxed with each of `networks` (None: the box's default)."""
+    """Print the figures of `true`, unboxed and boxed with each of `networks`."""
     project = workspace(root / "spawn", "bwrap")
     asyncio.run(spawn(3, project, None))  # warm: the reaper, the program lookup
     bare = asyncio.run(spawn(runs, project, None))
     print(f"spawn of `true` over {runs} runs: unboxed {figures(bare)}")
     for network in networks:
-        extra = {"network": network} if network != "default" else {}
-        box = sandbox.box_for(project=project, workspace=project, state_dir=project / ".state",
-                              home=Path.home(), **extra)  # type: ignore[arg-type]
+        def box(network: str = network) -> sandbox.Box:
+            return sandbox.box_for(project=project, workspace=project, state_dir=project / ".state",
+                                   home=Path.home(), network=network)
+
         asyncio.run(spawn(3, project, box))
         boxed = asyncio.run(spawn(runs, project, box))
         print(f"  boxed, network {network}: {figures(boxed)}; "
@@ -102,7 +105,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if args.spawn_only:
-            boxed_spawns(root, args.runs, ("default",))
+            boxed_spawns(root, args.runs, ("on", "off"))
             return
         if args.before is not None:
             import os
