@@ -598,11 +598,12 @@ def _tilde(path: Path, home: Path | None) -> str:
 # The boxes worked out (`box_for`), by what they were asked for: with the paths each looked at on disk and
 # what it saw there. A loop's next step gets the same box while those stay as they were (a control folder
 # or an agent's file made meanwhile gets a new one): a box is worked out once per loop, not per step.
-_boxes: dict[tuple[object, ...], tuple[tuple[Path, ...], tuple[bool, ...], Box]] = {}
+_boxes: dict[tuple[object, ...], tuple[tuple[Path, ...], tuple[tuple[bool, bool], ...], Box]] = {}
 
 
-def _seen(paths: tuple[Path, ...]) -> tuple[bool, ...]:
-    return tuple(os.path.lexists(p) for p in paths)
+def _seen(paths: tuple[Path, ...]) -> tuple[tuple[bool, bool], ...]:
+    """Whether each path is there, and whether what it names is (a symlink: its target)."""
+    return tuple((os.path.lexists(p), os.path.exists(p)) for p in paths)
 
 
 def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | None = None,
@@ -610,7 +611,7 @@ def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path 
             extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: str = "on",
             ports: Iterable[int] = (), read_only: bool = False) -> Box:
     """The box of a step run in `project` for the loop of `workspace` (`_plan`): the one worked out for the
-    loop's previous step while what it looked at on disk is unchanged (existence only: ~30 lstat calls
+    loop's previous step while what it looked at on disk is unchanged (existence only: ~30 paths looked at
     instead of the realpath of each folder)."""
     home_paths, read_paths, ports = tuple(home_paths), tuple(read_paths), tuple(ports)
     key = (project, workspace, state_dir, task_file, home, home_paths, read_paths, tuple(extra_rw), tuple(extra_ro),
@@ -632,9 +633,9 @@ def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path 
 
 
 def _plan(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | None = None,
-            home: Path | None = None, home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (),
-            extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: str = "on",
-            ports: Iterable[int] = (), read_only: bool = False) -> Box:
+          home: Path | None = None, home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (),
+          extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: str = "on",
+          ports: Iterable[int] = (), read_only: bool = False) -> Box:
     """The box of a step run in `project` for the loop of `workspace`. `home_paths`: the agent CLI's
     own files and folders (read-write); `read_paths`: files its variables name (read-only);
     `extra_rw` / `extra_ro`: the person's `sandbox_paths`; `network`: `sandbox_network`; `ports`:
