@@ -4,11 +4,12 @@ box, and the stop-hook reaction of a loop whose steps run in it.
     python bench/sandbox_spawn.py [--runs 50] [--hooks 10] [--before DIR]
 
 - spawn: the median and p95 of N spawns of `true` in a project folder, unboxed and boxed (the box
-  of a shell step: / read-only, project read-write, kiro's folders read-only, empty $HOME, private
-  /tmp, own PID namespace), the box once per `sandbox_network`: `on` (its own network, connected by
-  pasta), `off` (none), `host` (the host's).
-- `--before DIR`: also the boxed spawn of the kiro package in DIR (a checkout of an earlier kiro, e.g.
-  `git archive main kiro | tar -x -C DIR`), in a child process, in the same run: before and after.
+  of a shell step, asked for at each spawn as a step asks for its own: / read-only, project read-write,
+  kiro's folders read-only, empty $HOME, private /tmp, own PID namespace), the box once per
+  `sandbox_network`: `on` (its own network, connected by pasta), `off` (none), `host` (the host's).
+- `--before DIR`: instead, the boxed spawns of the kiro package in DIR (a checkout of an earlier kiro, e.g.
+  `git archive main kiro | tar -x -C DIR`) and of this checkout, in child processes taking turns
+  (`--rounds`): before and after in one run, under the same load.
 - stop hook: bench/hook_reaction.py's rounds (a loop waiting in backoff after a failed step, a hook
   dropped), with `sandbox: off` and `sandbox: bwrap`: the box must not slow the reaction.
 Asserts only that every spawn succeeded and every round ended on the hook.
@@ -22,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kiro.processes import sandbox
@@ -31,11 +33,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hook_reaction import one_round  # noqa: E402  (a sibling script, not a package)
 
 
-async def spawn(n: int, cwd: Path, box: sandbox.Box | None) -> list[float]:
+async def spawn(n: int, cwd: Path, box: Callable[[], sandbox.Box] | None) -> list[float]:
+    """`n` spawns of `true`; the box asked for at each, as a step asks for its own (shell.step_box)."""
     out = []
     for _ in range(n):
         started = time.perf_counter()
-        result = await run_process(["true"], cwd=cwd, box=box)
+        result = await run_process(["true"], cwd=cwd, box=box() if box is not None else None)
         assert result.ok, result
         out.append(time.perf_counter() - started)
     return out
@@ -72,28 +75,82 @@ def hook_rounds(root: Path, setting: str, hooks: int) -> list[float]:
     return out
 
 
-def boxed_spawns(root: Path, runs: int, networks: tuple[str, ...]) -> None:
-    """Print the figures of `true`, unboxed and boxed with each of `networks` (None: the box's default)."""
+def boxed_spawns(root: Path, runs: int, networks: tuple[str, ...]) -> dict[str, list[float]]:
+    """The times of `true`, unboxed ("bare") and boxed with each of `networks`."""
     project = workspace(root / "spawn", "bwrap")
     asyncio.run(spawn(3, project, None))  # warm: the reaper, the program lookup
-    bare = asyncio.run(spawn(runs, project, None))
-    print(f"spawn of `true` over {runs} runs: unboxed {figures(bare)}")
+    times = {"bare": asyncio.run(spawn(runs, project, None))}
     for network in networks:
-        extra = {"network": network} if network != "default" else {}
-        box = sandbox.box_for(project=project, workspace=project, state_dir=project / ".state",
-                              home=Path.home(), **extra)  # type: ignore[arg-type]
+        def box(network: str = network) -> sandbox.Box:
+            return sandbox.box_for(project=project, workspace=project, state_dir=project / ".state",
+                                   home=Path.home(), network=network)
+
         asyncio.run(spawn(3, project, box))
-        boxed = asyncio.run(spawn(runs, project, box))
-        print(f"  boxed, network {network}: {figures(boxed)}; "
-              f"the box adds {(statistics.median(boxed) - statistics.median(bare)) * 1000:.2f} ms a step (median)")
+        times[network] = asyncio.run(spawn(runs, project, box))
+    times["argv"] = argv_times(project, runs * 5)
+    return times
+
+
+def argv_times(project: Path, n: int) -> list[float]:
+    """kiro's own share of a boxed step, without the processes: the box asked for and its bwrap command line
+    built, as for each step of a loop (the box kept between steps, and what it shows of the command's
+    environment)."""
+    import os
+
+    env = dict(os.environ)
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        box = sandbox.box_for(project=project, workspace=project, state_dir=project / ".state", home=Path.home(),
+                              network="off")
+        box.prefix(project, env, ["bash", "-e", "-c", "true"])
+        out.append(time.perf_counter() - started)
+        box.release()
+    return out
+
+
+def report(times: dict[str, list[float]]) -> None:
+    bare = times["bare"]
+    print(f"spawn of `true` over {len(bare)} runs: unboxed {figures(bare)}")
+    print(f"  kiro's own share of a boxed step (the box and its bwrap command line): {figures(times['argv'])}")
+    for network, boxed in times.items():
+        if network not in ("bare", "argv"):
+            print(f"  boxed, network {network}: {figures(boxed)}; "
+                  f"the box adds {(statistics.median(boxed) - statistics.median(bare)) * 1000:.2f} ms a step (median)")
+
+
+def side_by_side(before: Path, runs: int, rounds: int) -> None:
+    """Boxed spawns of the kiro package in `before` and of this checkout, in child processes taking turns
+    (`rounds` each): on a loaded machine both see the same load. The children run without site's .pth files
+    (`-S`), so an editable install of this checkout cannot stand in for `before`."""
+    import json
+    import os
+    import subprocess
+    import sysconfig
+
+    sides: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
+    here = Path(__file__).resolve().parent.parent
+    for _ in range(rounds):
+        for side, package in (("before", before), ("after", here)):
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(package), sysconfig.get_paths()["purelib"]))}
+            out = subprocess.run([sys.executable, "-S", __file__, "--spawn-only", "--runs", str(runs)], check=True,
+                                 env=env, capture_output=True, text=True).stdout
+            said = json.loads(out.splitlines()[-1])
+            assert Path(said["kiro"]).resolve().is_relative_to(package.resolve()), said["kiro"]
+            for key, values in said["times"].items():
+                sides[side].setdefault(key, []).extend(values)
+    for side, package in (("before", before), ("after", here)):
+        print(f"{side} ({package}), {rounds} rounds taking turns:")
+        report(sides[side])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--hooks", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=4, help="with --before: turns each side takes")
     ap.add_argument("--before", type=Path, help="a checkout of an earlier kiro package, to measure beside this one")
-    ap.add_argument("--spawn-only", action="store_true", help=argparse.SUPPRESS)  # the --before child
+    ap.add_argument("--spawn-only", action="store_true", help=argparse.SUPPRESS)  # a --before child
     args = ap.parse_args()
     why = sandbox.unusable()
     if why is not None:
@@ -102,17 +159,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if args.spawn_only:
-            boxed_spawns(root, args.runs, ("default",))
+            import json
+
+            import kiro
+
+            times = boxed_spawns(root, args.runs, ("on", "off"))
+            print(json.dumps({"kiro": kiro.__file__, "times": times}))
             return
         if args.before is not None:
-            import os
-            import subprocess
-
-            print(f"before ({args.before}):", flush=True)
-            subprocess.run([sys.executable, __file__, "--spawn-only", "--runs", str(args.runs)], check=True,
-                           env={**os.environ, "PYTHONPATH": str(args.before)})
-            print("after (this checkout):", flush=True)
-        boxed_spawns(root, args.runs, ("on", "off", "host"))
+            side_by_side(args.before, args.runs, args.rounds)
+            return
+        report(boxed_spawns(root, args.runs, ("on", "off", "host")))
         for setting in ("off", "bwrap"):
             reactions = hook_rounds(root / f"hook-{setting}", setting, args.hooks)
             print(f"stop-hook reaction, sandbox: {setting}, over {len(reactions)} hooks: {figures(reactions)}")

@@ -193,6 +193,29 @@ def test_a_three_step_task_and_verify_run_in_the_box(ws: Workspace, home: Path) 
     assert not (ws.root / ".state" / "verify_was_here").exists()
 
 
+def test_the_start_line_names_the_box_each_agent_step_runs_in(ws: Workspace, home: Path) -> None:
+    """The loop's start line and the box an agent step runs in come from one place (executors.shell.loop_box):
+    the line a person reads at start is the box the step's attempt log records, word for word (the task files
+    read-only too: Specs/)."""
+    agent_bin = ws.root.parent / "bin" / "quiet-agent"  # outside the project, under /tmp
+    agent_bin.parent.mkdir()
+    agent_bin.write_text("#!/bin/sh\ncat > /dev/null\necho done > agent_ran\n")
+    agent_bin.chmod(0o755)
+    ws.write("config/autonomous_loop.yaml", f"executor: command\nexecutor_command: {agent_bin}\n"
+             "command_success: exit_code\nautonomous_loop:\n  failure_threshold: 1\n  max_step_retries: 0\n")
+    ws.task("- [ ] 1. Do the work\n")
+    r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(HOME=str(home)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    started = [x.removeprefix("sandbox: ") for x in r.stderr.splitlines() if x.startswith("sandbox: bwrap (")]
+    logs = list((ws.root / "Logs").rglob("*.log"))
+    recorded = [x.removeprefix("# sandbox: ") for log in logs for x in log.read_text().splitlines()
+                if x.startswith("# sandbox: ")]
+    print("start line:", started, "\nattempt log:", recorded)
+    assert (ws.root / "agent_ran").exists()
+    assert len(started) == 1 and recorded == started, r.stderr
+    assert " Specs " in started[0]
+
+
 def test_run_command_of_kiros_own_agent_runs_in_the_box(tmp_path: Path) -> None:
     import asyncio
 

@@ -440,15 +440,15 @@ def _sandbox_notes(cfg: Config, ws: Workspace, task_path: Path, executor: Execut
     if unboxed is not None:
         warnings.append(unboxed)
         return []
-    if not sandbox.wanted(cfg.sandbox):
+    from kiro.executors.shell import loop_box
+
+    preset = getattr(executor, "preset", None)  # an agent CLI's: its own files and its model endpoint, as its steps
+    box = loop_box(cfg, ws, ws.root / cfg.project_dir, task_path, os.environ,
+                   home_paths=preset.home_paths(os.environ) if preset is not None else (),
+                   read_paths=preset.read_paths(os.environ) if preset is not None else (),
+                   ports=preset.endpoints(os.environ) if preset is not None else ())
+    if box is None:
         return []
-    preset = getattr(executor, "preset", None)
-    home = os.environ.get("HOME")
-    box = sandbox.box_for(project=ws.root / cfg.project_dir, workspace=ws.root, state_dir=ws.state_dir,
-                          task_file=task_path, home=Path(home) if home and os.path.isabs(home) else None,
-                          home_paths=preset.home_paths(os.environ) if preset is not None else (),
-                          extra_rw=cfg.sandbox_paths.rw, extra_ro=cfg.sandbox_paths.ro,
-                          network=cfg.sandbox_network, ports=preset.endpoints(os.environ) if preset is not None else ())
     return [f"sandbox: bwrap ({box.describe()})"]
 
 

@@ -60,27 +60,34 @@ def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path
              project: Path | None = None, read_paths: Iterable[Path] = (),
              ports: Iterable[int] = (), task_copy: Path | None = None, read_only: bool = False) -> sandbox.Box | None:
     """The box (kiro.processes.sandbox) a step's process runs in, or None with `sandbox: off` (or no
-    setting where bwrap is not usable). `project`: where it runs, when not the step's project
-    directory (verify in a worker's tree, run_command's confinement root); `ports`: the host's
-    loopback ports its own network reaches (an agent CLI's model endpoint). The task file, `Specs/` and
-    `.kiro/specs/` are read-only in every box (SPEC §15: a step never writes a task's frontmatter, plants a
-    task file, or writes a person's edits away); an agent that checks its box edits `task_copy`, its own
-    copy (kiro.executors.control.StepCopy), read-write. `read_only`: the project read-only too (a reviewer's
-    box, kiro.core.review)."""
-    cfg = ctx.config
+    setting where bwrap is not usable): `loop_box` for this step. `project`: where it runs, when not the
+    step's project directory (verify in a worker's tree, run_command's confinement root)."""
+    return loop_box(ctx.config, ctx.workspace, project or ctx.project_dir, ctx.task_path, env, home_paths=home_paths,
+                    read_paths=read_paths, ports=ports, task_copy=task_copy, read_only=read_only)
+
+
+def loop_box(cfg: Config, workspace: Workspace, project: Path, task_path: Path, env: Mapping[str, str], *,
+             home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (), ports: Iterable[int] = (),
+             task_copy: Path | None = None, read_only: bool = False) -> sandbox.Box | None:
+    """The box of a loop's steps, run in `project`: what each step's process runs in, and what the loop's
+    start line names (kiro.core.runner), from this one place. None with `sandbox: off` (or no setting where
+    bwrap is not usable). `ports`: the host's loopback ports its own network reaches (an agent CLI's model
+    endpoint). The task file, `Specs/` and `.kiro/specs/` are read-only in every box (SPEC §15: a step never
+    writes a task's frontmatter, plants a task file, or writes a person's edits away); an agent that checks
+    its box edits `task_copy`, its own copy (kiro.executors.control.StepCopy), read-write. `read_only`: the
+    project read-only too (a reviewer's box, kiro.core.review). Worked out once per loop, not per step
+    (sandbox.box_for keeps it while what it looked at on disk stays as it was)."""
     if not sandbox.wanted(cfg.sandbox):
         return None
     home = env.get("HOME")
     copy_rw = [str(task_copy.parent)] if task_copy is not None else []
     # task files are a person's: the loop's own, and every other in Specs/ and .kiro/specs/ (SPEC §15)
-    task_areas = [os.path.realpath(p) for p in (ctx.workspace.specs, ctx.workspace.root / ".kiro" / "specs")
-                  if p.is_dir()]
-    return sandbox.box_for(project=project or ctx.project_dir, workspace=ctx.workspace.root,
-                           state_dir=ctx.workspace.state_dir, task_file=task_copy,
-                           home=Path(home) if home and os.path.isabs(home) else None, home_paths=home_paths,
-                           read_paths=read_paths,
+    task_areas = [os.path.realpath(p) for p in (workspace.specs, workspace.root / ".kiro" / "specs") if p.is_dir()]
+    return sandbox.box_for(project=project, workspace=workspace.root, state_dir=workspace.state_dir,
+                           task_file=task_copy, home=Path(home) if home and os.path.isabs(home) else None,
+                           home_paths=home_paths, read_paths=read_paths,
                            extra_rw=(*cfg.sandbox_paths.rw, *copy_rw),
-                           extra_ro=(*cfg.sandbox_paths.ro, *task_areas, os.path.realpath(ctx.task_path)),
+                           extra_ro=(*cfg.sandbox_paths.ro, *task_areas, os.path.realpath(task_path)),
                            network=cfg.sandbox_network, ports=ports, read_only=read_only)
 
 

@@ -62,7 +62,6 @@ import atexit
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import tempfile
 import time
@@ -96,6 +95,7 @@ SECRET_NAME = re.compile(r"credential|token|secret|password|\.pem$|\.key$|^\.env
 # A SIGTERM to the group reaches the command (pid 1 ignores it); its end, or bwrap's, ends the namespace.
 INIT = '"$@"; exit $?'
 PREFIX_PARTS = ("lib", "lib64", "pyvenv.cfg")  # what a program in <prefix>/bin loads from its prefix
+_BOXES_KEPT = 256  # boxes (and what they show of a command's environment) kept for the next step: many loops
 
 
 @cache
@@ -307,10 +307,15 @@ class Box:
         home = ", ".join(_tilde(p, self.home) for p in self.home_rw)
         ro = self.ro[1:] if self.read_only else self.ro  # a reviewer's: the project first (box_for)
         names = sorted({_control(p) for p in ro if _control(p) in CONTROL}, key=CONTROL.index)
-        extra = [_tilde(p, self.home) for p in ro if _control(p) not in CONTROL]
+        others = [p for p in ro if _control(p) not in CONTROL]
+        project = (self.ro if self.read_only else self.rw)[:1]
+        # a path in the project by its name there (`Specs`), and not what lies in another named (the task file):
+        # one line for every loop of a workspace
+        extra = [p.relative_to(project[0]).as_posix() if project and _within(p, project[0]) and p != project[0]
+                 else _tilde(p, self.home) for p in others if not any(_within(p, q) and p != q for q in others)]
         net = f"; {self.network_said()}"
-        project = "read-only" if self.read_only else "read-write"
-        return (f"project {project}; {' '.join([*names, *extra]) or 'nothing more'} read-only; "
+        mode = "read-only" if self.read_only else "read-write"
+        return (f"project {mode}; {' '.join([*names, *extra]) or 'nothing more'} read-only; "
                 f"home: {home + ' (the rest empty)' if home else 'empty'}{net}")
 
 
@@ -334,17 +339,16 @@ class NetworkError(ExecutorError):
 class Network:
     """pasta connecting one box's own network namespace (bwrap's `--unshare-net`) to the internet, as
     rootless podman does: bwrap tells kiro its child's pid (`--info-fd`) and waits (`--block-fd`) while
-    kiro starts pasta on that namespace; pasta forks into the background once the namespace is
-    connected, and the command starts. No port of the host is forwarded into the box but `ports` (its
-    127.0.0.1:port reaches the host's 127.0.0.1:port), none of the box's to the host, and the
-    gateway's address is not the host (`--no-map-gw`). pasta ends when the namespace does (kiro ends
-    it sooner: `close`)."""
+    kiro starts pasta on that namespace; once pasta has connected it, the command starts. No port of the
+    host is forwarded into the box but `ports` (its 127.0.0.1:port reaches the host's 127.0.0.1:port), none
+    of the box's to the host, and the gateway's address is not the host (`--no-map-gw`). pasta ends with
+    the step (`close`), or with kiro, whatever ends kiro (`_pasta`)."""
 
     def __init__(self, ports: Sequence[int] = ()) -> None:
         self.ports = tuple(ports)
         self._info_r, self._info_w = os.pipe()
         self._block_r, self._block_w = os.pipe()
-        self._pidfd: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None  # pasta, while it runs
 
     def bwrap_args(self) -> list[str]:
         return ["--info-fd", str(self._info_w), "--block-fd", str(self._block_r)]
@@ -390,38 +394,74 @@ class Network:
         os.write(self._block_w, b"1")
 
     async def _pasta(self, fds: list[int]) -> None:
+        """Start pasta on the namespace (`fds`: its network one, and its user one when kiro is not root) and
+        wait until it has connected it. pasta stays in the foreground, kiro's child in a session of its own;
+        `close` ends it with the step, and the kernel when kiro dies, however it dies (`setpriv --pdeathsig`;
+        kiro's reaper too, kiro.processes.groups.register, also where setpriv is missing). A pasta that forked
+        into the background outlived a kiro that was killed, each with an inotify instance (watching
+        /proc/self/fd, which tells no one of a namespace's end), until none were left for the machine. It
+        tells kiro it is ready by writing its pid to a pipe (`--pid`)."""
+        from kiro.processes import groups
+
         tool = pasta_path()
         assert tool is not None
+        setpriv = groups.setpriv_path()
+        ready_r, ready_w = os.pipe()
         ports = ",".join(map(str, self.ports)) or "none"
-        argv = [tool, *(["--runas", "0:0"] if _root() else []), "--config-net", "--quiet",
-                "--tcp-ports", "none", "--udp-ports", "none", "--tcp-ns", ports, "--udp-ns", "none", "--no-map-gw",
-                "--netns", f"/proc/self/fd/{fds[0]}",
-                *(["--userns", f"/proc/self/fd/{fds[1]}"] if len(fds) > 1 else [])]
-        with tempfile.TemporaryDirectory(prefix="kiro-pasta-") as folder:
-            pidfile = Path(folder) / "pid"
-            with open(Path(folder) / "err", "w+b") as err:
-                proc = await asyncio.create_subprocess_exec(*argv, "--pid", str(pidfile), pass_fds=fds,
-                                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                            stderr=err, start_new_session=True)
-                code = await proc.wait()
+        argv = [*([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []), tool,
+                *(["--runas", "0:0"] if _root() else []), "--config-net", "--quiet", "--foreground",
+                "--no-netns-quit", "--tcp-ports", "none", "--udp-ports", "none", "--tcp-ns", ports,
+                "--udp-ns", "none", "--no-map-gw", "--netns", f"/proc/self/fd/{fds[0]}",
+                *(["--userns", f"/proc/self/fd/{fds[1]}"] if len(fds) > 1 else []),
+                "--pid", f"/proc/self/fd/{ready_w}"]
+        env = dict(os.environ)
+        mark = groups.start_reaper()
+        if mark is not None:
+            env[mark[0]] = mark[1]  # the reaper's second pass finds it also before it is registered
+        loop = asyncio.get_running_loop()
+        try:
+            with tempfile.TemporaryFile() as err:
+                try:  # not asyncio's: `close` collects it at once, also where no event loop runs any more
+                    self._proc = subprocess.Popen(argv, pass_fds=(*fds, ready_w), env=env, stdin=subprocess.DEVNULL,
+                                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+                finally:
+                    os.close(ready_w)
+                groups.register(self._proc.pid)
+                readable: asyncio.Future[None] = loop.create_future()
+
+                def wake() -> None:
+                    if not readable.done():
+                        readable.set_result(None)
+
+                loop.add_reader(ready_r, wake)
+                try:
+                    await readable
+                finally:
+                    loop.remove_reader(ready_r)
+                if os.read(ready_r, 64):  # its pid; nothing: it ended first
+                    return
+                code = await loop.run_in_executor(None, self._proc.wait)
                 err.seek(0)
                 said = [line for line in err.read().decode(errors="replace").splitlines()
                         if line.strip() and "syslog" not in line]
-            if code != 0:
-                raise NetworkError(f"pasta could not connect the box's network ({(said or [f'exit {code}'])[-1]})")
-            with contextlib.suppress(OSError, ValueError):
-                self._pidfd = os.pidfd_open(int(pidfile.read_text().strip()))
+        finally:
+            os.close(ready_r)
+        raise NetworkError(f"pasta could not connect the box's network ({(said or [f'exit {code}'])[-1]})")
 
     def close(self) -> None:
-        """The step has ended: end pasta now (it would end within seconds by itself) and close the pipes."""
-        if self._pidfd is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
-            os.close(self._pidfd)
-            self._pidfd = None
+        """The step has ended: end pasta, collect it, and close the pipes."""
+        from kiro.processes import groups
+
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()  # nothing of it to keep: the box it connected has ended
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=PASTA_END_WAIT)
+            groups.unregister(proc.pid)
         self._close("_info_r", "_block_w", "_info_w", "_block_r")
 
 
+PASTA_END_WAIT = 10.0  # seconds for a SIGKILLed pasta to be gone (at once, but for a machine out of breath)
 LOOPBACK_WAIT = 60.0  # seconds bwrap's child may take to set up its loopback on a loaded machine
 
 
@@ -475,7 +515,35 @@ def _child_pid(fd: int) -> int | None:
         return None
 
 
+# What `_shown` found, by what it was asked: kept while the folders whose entries it read (`_secrets`) are
+# unchanged (their mtime): a credential file made in one meanwhile is masked at the next step, as before.
+_shown_kept: dict[tuple[object, ...], tuple[tuple[tuple[Path, int], ...], tuple[list[Path], list[Path]]]] = {}
+
+
+def _mtime(folder: Path) -> int:
+    try:
+        return os.stat(folder).st_mtime_ns
+    except OSError:
+        return -1
+
+
 def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> tuple[list[Path], list[Path]]:
+    """`_show`, kept from step to step while the folders it looked into are unchanged."""
+    named = tuple(a for a in argv[1:] if os.path.isabs(a) and os.path.exists(a))
+    key = (tuple(hidden), env.get("PATH", ""), argv[0] if argv else None, named)
+    kept = _shown_kept.get(key)
+    if kept is not None and all(_mtime(folder) == mtime for folder, mtime in kept[0]):
+        return kept[1]
+    scanned: list[tuple[Path, int]] = []
+    found = _show(hidden, env, argv, scanned)
+    if len(_shown_kept) >= _BOXES_KEPT:
+        _shown_kept.clear()
+    _shown_kept[key] = (tuple(scanned), found)
+    return found
+
+
+def _show(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str],
+          scanned: list[tuple[Path, int]]) -> tuple[list[Path], list[Path]]:
     """What the tmpfs on /tmp and $HOME would hide of the command's environment, to show read-only: the
     files its command line names, its PATH folders and its program's folder, each with the install
     prefix it is the bin/ of (~/.pyenv for ~/.pyenv/shims, a virtual environment, a node version), but
@@ -506,6 +574,7 @@ def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> t
                 shown += [prefix / name for name in PREFIX_PARTS if os.path.lexists(prefix / name)]
                 continue
             shown.append(prefix)
+            scanned.append((prefix, _mtime(prefix)))  # before it is read: what is made meanwhile is seen next time
             masked += _secrets(prefix)
     shown += [path for path in named if under(path) and path not in tops]
     return list(dict.fromkeys(shown)), list(dict.fromkeys(masked))
@@ -526,10 +595,47 @@ def _tilde(path: Path, home: Path | None) -> str:
     return str(path)
 
 
+# The boxes worked out (`box_for`), by what they were asked for: with the paths each looked at on disk and
+# what it saw there. A loop's next step gets the same box while those stay as they were (a control folder
+# or an agent's file made meanwhile gets a new one): a box is worked out once per loop, not per step.
+_boxes: dict[tuple[object, ...], tuple[tuple[Path, ...], tuple[tuple[bool, bool], ...], Box]] = {}
+
+
+def _seen(paths: tuple[Path, ...]) -> tuple[tuple[bool, bool], ...]:
+    """Whether each path is there, and whether what it names is (a symlink: its target)."""
+    return tuple((os.path.lexists(p), os.path.exists(p)) for p in paths)
+
+
 def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | None = None,
             home: Path | None = None, home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (),
             extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: str = "on",
             ports: Iterable[int] = (), read_only: bool = False) -> Box:
+    """The box of a step run in `project` for the loop of `workspace` (`_plan`): the one worked out for the
+    loop's previous step while what it looked at on disk is unchanged (existence only: ~30 paths looked at
+    instead of the realpath of each folder)."""
+    home_paths, read_paths, ports = tuple(home_paths), tuple(read_paths), tuple(ports)
+    key = (project, workspace, state_dir, task_file, home, home_paths, read_paths, tuple(extra_rw), tuple(extra_ro),
+           network, ports, read_only)
+    kept = _boxes.get(key)
+    if kept is not None and _seen(kept[0]) == kept[1]:
+        return kept[2]
+    looked = tuple(dict.fromkeys((*map(Path, home_paths), *(home / name for name in HOME_READ if home is not None),
+                                  *(Path(base) / name for base in (workspace, project) for name in CONTROL),
+                                  Path(state_dir))))
+    seen = _seen(looked)
+    box = _plan(project=project, workspace=workspace, state_dir=state_dir, task_file=task_file, home=home,
+                home_paths=home_paths, read_paths=read_paths, extra_rw=extra_rw, extra_ro=extra_ro, network=network,
+                ports=ports, read_only=read_only)
+    if len(_boxes) >= _BOXES_KEPT:
+        _boxes.clear()
+    _boxes[key] = (looked, seen, box)
+    return box
+
+
+def _plan(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | None = None,
+          home: Path | None = None, home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (),
+          extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: str = "on",
+          ports: Iterable[int] = (), read_only: bool = False) -> Box:
     """The box of a step run in `project` for the loop of `workspace`. `home_paths`: the agent CLI's
     own files and folders (read-write); `read_paths`: files its variables name (read-only);
     `extra_rw` / `extra_ro`: the person's `sandbox_paths`; `network`: `sandbox_network`; `ports`:
