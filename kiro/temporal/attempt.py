@@ -122,8 +122,9 @@ class Attempts:
                         break
                     _again(inp, ctx, executor, reason)  # SPEC §14: the step's agent again, with the reasons
             finally:
-                with contextlib.suppress(Exception):
-                    await executor.aclose()
+                for each in (executor, *([reviewer.executor] if reviewer is not None else [])):
+                    with contextlib.suppress(Exception):
+                        await each.aclose()
             result.usage = spent
             if reviewer is not None and reviewer.rounds:
                 result.reviews = reviewer.rounds
