@@ -17,6 +17,8 @@ counts), before its box is checked and its receipt made, a reviewer reads the st
   failed review: tried once more, then the same pause.
 - Every round (verdict, reasons, agent, tokens, seconds, log) is kept on the step's record in the state and
   goes into its receipt (`reviews`), shown by `kiro loop receipt`.
+- On the temporal backend the step's worker reviews it in its clone, before it pushes it (kiro.temporal.attempt,
+  with this module's functions); `Review(remote=True)` on the workspace host records its rounds and pauses.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ The step's evidence is gathered here, where its work is (SPEC §14): `verify` ru
 (kiro.executors.verify, the engine's own function: its test counts with `verify_report`), and the protected paths
 are hashed before the step and checked after it, a change put back and the attempt failed. Both travel back
 with the result as typed records, for the step's receipt on the workspace host (kiro.core.evidence).
+
+With `review:` the step is reviewed here too, before anything is committed (`_Reviewer`, with kiro.core.review's
+prompt, executor and reading of the answer): a CHANGES runs the step's agent again in this clone with the reasons in
+its prompt, up to `max_rounds`; a step its reviewer did not approve is not pushed, and its rounds tell the workspace
+host to pause the loop (kiro.core.review's Review(remote=True)). Only approved work reaches the branch.
 """
 
 from __future__ import annotations
