@@ -332,14 +332,15 @@ def _diff_stat(state: LoopState, reviewed: list[CompletedStep]) -> str:
 def standard(*, git: bool = True) -> list[Feature]:
     """Every feature of a loop, in the order the engine asks them (`git=False`: the temporal
     backend's workspace side, where each step's worker makes the commit and gathers the step's evidence, which
-    `Evidence(remote=True)` makes the receipt of; steps side by side need the loop's own git, so `parallel` is
-    not built there)."""
+    `Evidence(remote=True)` makes the receipt of and `Review(remote=True)` adds the worker's review rounds to;
+    steps side by side need the loop's own git, so `parallel` is not built there)."""
     from kiro.core.evidence import Evidence
     from kiro.core.parallel import Parallel
     from kiro.core.review import Review
 
     if not git:
-        return [Evidence(remote=True), Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles()]
+        return [Evidence(remote=True), Review(remote=True), Approval(), Schedule(), ReviewPoints(), PreCheck(),
+                SealedTaskFiles()]
     git_feature = Git()
     return [git_feature, Evidence(), Review(), Approval(), Schedule(), ReviewPoints(), PreCheck(), SealedTaskFiles(),
             Parallel(), GitAttempts(git_feature)]

@@ -17,6 +17,8 @@ counts), before its box is checked and its receipt made, a reviewer reads the st
   failed review: tried once more, then the same pause.
 - Every round (verdict, reasons, agent, tokens, seconds, log) is kept on the step's record in the state and
   goes into its receipt (`reviews`), shown by `kiro loop receipt`.
+- On the temporal backend the step's worker reviews it in its clone, before it pushes it (kiro.temporal.attempt,
+  with this module's functions); `Review(remote=True)` on the workspace host records its rounds and pauses.
 
 Steps side by side (`parallel: N`, kiro.core.parallel) take this same path: the engine brings each step's work
 from its worktree into the loop's tree, one step at a time, before verify and these checks, so the diff since
@@ -42,8 +44,9 @@ from kiro.processes import sandbox
 from kiro.store import events, kirospec, receipts, tasks
 from kiro.store.config import Config
 from kiro.store.receipts import Receipt, ReviewRound, VerifyRun
-from kiro.store.state import clip
+from kiro.store.state import LoopState, clip
 from kiro.store.tasks import Step, TaskFile, is_checkpoint
+from kiro.store.workspace import Workspace
 
 DIFF_CHARS = 24_000  # of the step's diff, in the prompt
 NEW_FILE_CHARS = 4_000  # of each new file's text, in the prompt
@@ -65,7 +68,13 @@ The last line of your answer must be the verdict: `REVIEW: APPROVE` when the ste
 
 
 class Review(Feature):
-    def __init__(self) -> None:
+    """`remote=True`: the temporal backend's workspace side. There the step's worker reviews it in its clone, before
+    it commits and pushes the step (kiro.temporal.attempt, with this module's functions): the rounds come back on
+    the attempt's result (`StepResult.reviews`); here they are recorded for the receipt, and a step its reviewer
+    still did not approve pauses the loop as locally."""
+
+    def __init__(self, *, remote: bool = False) -> None:
+        self.remote = remote
         self.loop: LoopHandle | None = None
         self.task: TaskFile | None = None
         self.base: str | None = None  # the commit the step's attempt began from
@@ -78,7 +87,7 @@ class Review(Feature):
         loop.subscribe(self._on_event)
 
     async def begin(self, loop: LoopHandle, task: TaskFile) -> Stop | None:
-        if loop.cfg.review is not None:
+        if loop.cfg.review is not None and not self.remote:
             self._executor(loop)  # a reviewer that cannot run ends the run now (exit 1), not after a night's step
         return None
 
@@ -87,8 +96,8 @@ class Review(Feature):
         return step
 
     async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[None, bool]:
-        if loop.cfg.review is not None:
-            self.base = await asyncio.to_thread(_head, loop.project_dir)
+        if loop.cfg.review is not None and not self.remote:
+            self.base = await asyncio.to_thread(head_commit, loop.project_dir)
         return None, True
 
     async def check_step(self, loop: LoopHandle, step: Step, verify: VerifyRun | None, *,
@@ -96,25 +105,26 @@ class Review(Feature):
         review = loop.cfg.review
         if review is None:
             return None
+        if self.remote:
+            return await self._remote(loop, step, result, recovering)
         s = loop.state
-        if review.when == "checkpoint" and not is_checkpoint(step.title or step.text):
-            return None
-        if review.when == "task" and not self._last_open(loop, step):
+        if not applies(review.when, step, self._task(loop), loop.cfg.include_optional):
             return None
         rec = s.step_record(step.id)
-        base = self._base(loop, review.when, recovering)
+        base = review_base(s, review.when, self.base if not recovering else None)
         if base is None:
-            base = await asyncio.to_thread(_head, loop.project_dir)
-        diff = await asyncio.to_thread(_diff, loop, base)
-        prompt = loop.redact.text(review_prompt(loop, step, diff, base, verify))
+            base = await asyncio.to_thread(head_commit, loop.project_dir)
+        diff = await asyncio.to_thread(diff_since, loop.ws, loop.project_dir, loop.task_path, base)
+        prompt = loop.redact.text(review_prompt(step, loop.task_path, s.task_path, review.when, diff, base, verify))
         who = reviewer_name(loop.cfg)
         last: ReviewRound | None = None
         for _ in range(TRIES):
             number = len(rec.reviews) + 1
             loop.emit(events.ReviewStarted(step_id=step.id, round=number, reviewer=who))
-            kept = await asyncio.to_thread(_keep, loop)  # unboxed: the project's files as the reviewer found them
+            # unboxed: the project's files as the reviewer found them
+            kept = await asyncio.to_thread(keep, loop.cfg, loop.ws, s.task_id, loop.project_dir, loop.task_path)
             result, seconds = await self._run(loop, step, prompt, number)
-            changed = await asyncio.to_thread(_put_back, *kept) if kept is not None else []
+            changed = await asyncio.to_thread(put_back, *kept) if kept is not None else []
             if result.outcome == "interrupted":
                 return Reopen("the review was cut short; the step is reviewed again when the loop goes on",
                               stop=loop.interrupt_check() or conditions.stopped(
@@ -138,68 +148,49 @@ class Review(Feature):
             loop.emit(events.LoopWarning(message=f"review of step {step.id} (round {number}, {who}) failed: "
                                                  f"{first_line(reasons)}"))
         assert last is not None
+        counted = sum(1 for r in rec.reviews[rec.reviews_counted_from:] if r.verdict == "changes")
+        paused = last.verdict != "changes" or counted >= review.max_rounds
         if last.verdict == "changes":
-            counted = sum(1 for r in rec.reviews[rec.reviews_counted_from:] if r.verdict == "changes")
-            paused = counted >= review.max_rounds
             loop.emit(events.ReviewRequestedChanges(step_id=step.id, round=last.round, reviewer=who,
                                                     reasons=clip(last.reasons, 1000), paused=paused))
-            reason = (f"A reviewer ({who}) read your work on this step and asked for changes before it counts as "
-                      f"done (review round {last.round}): {last.reasons}\nMake these changes, then finish the step "
-                      f"as before.")
-            if not paused:
-                return Reopen(reason)
-            why = (f"the reviewer ({who}) still asks for changes after {counted} round(s) "
-                   f"(max_rounds {review.max_rounds})")
-        else:
-            reason = (f"The review of this step could not be read ({who}: {first_line(last.reasons)}); the step is "
-                      f"reviewed again after it runs again.")
-            why = f"the reviewer ({who}) gave no answer kiro could read, {TRIES} times"
-        return Reopen(reason, stop=self._pause(loop, step, why))
+        if not paused:
+            return Reopen(changes_reason(who, last))
+        return Reopen(changes_reason(who, last), stop=self._pause(loop, step, pause_why(who, last, counted,
+                                                                                        review.max_rounds)))
 
-    def _base(self, loop: LoopHandle, when: str, recovering: bool) -> str | None:
-        """The commit the work under review began from: the step's start (`when: step`); the last checkpoint
-        step's commit, else the loop's first (`checkpoint`); the loop's first commit (`task`)."""
-        s = loop.state
-        first = s.git.base_commit if s.git is not None else None
-        if when == "checkpoint":
-            last = next((c.checkpoint for c in reversed(s.completed_steps)
-                         if c.checkpoint and is_checkpoint(c.description)), None)
-            return last or first
-        if when == "task":
-            return first
-        return self.base if not recovering else None
+    async def _remote(self, loop: LoopHandle, step: Step, result: StepResult | None,
+                      recovering: bool) -> Reopen | None:
+        """The temporal backend: the rounds the worker ran (its events told already) go on the step's record; a
+        step its reviewer did not approve (the worker pushed nothing) pauses the loop, with the note, as locally."""
+        review = loop.cfg.review
+        if recovering or result is None or not result.reviews or review is None:
+            return None  # a step a worker pushed was reviewed there before it was pushed
+        rec = loop.state.step_record(step.id)
+        rounds = [r.model_copy(update={"round": len(rec.reviews) + n}) for n, r in enumerate(result.reviews, 1)]
+        rec.reviews = [*rec.reviews, *rounds]
+        await loop.asave()
+        last = rounds[-1]
+        if last.verdict == "approve":
+            return None
+        counted = sum(1 for r in rounds if r.verdict == "changes")
+        who = reviewer_name(loop.cfg)
+        return Reopen(changes_reason(who, last), stop=self._pause(loop, step, pause_why(who, last, counted,
+                                                                                        review.max_rounds)))
 
-    def _last_open(self, loop: LoopHandle, step: Step) -> bool:
-        """Whether `step` is the last step the loop has to do (`when: task`): every other step is done."""
-        task = self.task
-        if task is None:
-            try:
-                task = tasks.load(loop.task_path)
-            except (TaskFileError, TaskNotFound):
-                return False
-        optional = loop.cfg.include_optional
-        return not any(st.is_leaf and not st.done and st.id != step.id and (optional or not st.optional)
-                       for st in task.steps)
+    def _task(self, loop: LoopHandle) -> TaskFile | None:
+        if self.task is not None:
+            return self.task
+        try:
+            return tasks.load(loop.task_path)
+        except (TaskFileError, TaskNotFound):
+            return None
 
     # -- the reviewer ------------------------------------------------------------------------------------
 
     def _executor(self, loop: LoopHandle) -> object:
-        """The command executor that runs the reviewer: the loop's config with the reviewer's command line."""
+        """The command executor that runs the reviewer, made once per run."""
         if self._reviewer is None:
-            from kiro.executors.command import CommandExecutor
-
-            review = loop.cfg.review
-            assert review is not None
-            cfg = loop.cfg.model_copy(update={
-                "agent": review.agent, "executor_command": review.command, "agent_args": [], "fallback_agents": [],
-                "command_success": "exit_code",
-                "acp_command": loop.cfg.acp_command if review.agent == loop.cfg.agent else None})
-            try:
-                executor = CommandExecutor(cfg, loop.ws, loop.state.task_id)
-            except ExecutorError as exc:
-                raise ExecutorError(f"review: {exc}") from None
-            executor.reviewer = True
-            self._reviewer = executor
+            self._reviewer = reviewer_executor(loop.cfg, loop.ws, loop.state.task_id)
         return self._reviewer
 
     async def _run(self, loop: LoopHandle, step: Step, prompt: str, number: int) -> tuple[StepResult, float]:
@@ -285,6 +276,65 @@ def _step_own_usage(receipt: Receipt) -> None:
         receipt.cost_usd = round(max(receipt.cost_usd - r.cost_usd, 0.0), 6)
 
 
+def reviewer_executor(cfg: Config, ws: Workspace, task_id: str) -> object:
+    """The command executor that runs the reviewer: the loop's config with the reviewer's command line (an
+    ExecutorError, "review: ...", when it cannot run)."""
+    from kiro.executors.command import CommandExecutor
+
+    review = cfg.review
+    assert review is not None
+    rcfg = cfg.model_copy(update={
+        "agent": review.agent, "executor_command": review.command, "agent_args": [], "fallback_agents": [],
+        "command_success": "exit_code", "acp_command": cfg.acp_command if review.agent == cfg.agent else None})
+    try:
+        executor = CommandExecutor(rcfg, ws, task_id)
+    except ExecutorError as exc:
+        raise ExecutorError(f"review: {exc}") from None
+    executor.reviewer = True
+    return executor
+
+
+def applies(when: str, step: Step, task: TaskFile | None, include_optional: bool) -> bool:
+    """Whether `step` is reviewed: every step (`when: step`); Kiro "Checkpoint" steps (`checkpoint`); the last step
+    the loop has to do, every other step done (`task`)."""
+    if when == "checkpoint":
+        return is_checkpoint(step.title or step.text)
+    if when == "task":
+        return task is not None and not any(
+            st.is_leaf and not st.done and st.id != step.id and (include_optional or not st.optional)
+            for st in task.steps)
+    return True
+
+
+def review_base(state: LoopState, when: str, step_base: str | None) -> str | None:
+    """The commit the work under review began from: the step's start (`when: step`, `step_base`); the last
+    checkpoint step's commit, else the loop's first (`checkpoint`); the loop's first commit (`task`)."""
+    first = state.git.base_commit if state.git is not None else None
+    if when == "checkpoint":
+        last = next((c.checkpoint for c in reversed(state.completed_steps)
+                     if c.checkpoint and is_checkpoint(c.description)), None)
+        return last or first
+    if when == "task":
+        return first
+    return step_base
+
+
+def changes_reason(who: str, last: ReviewRound) -> str:
+    """What the step's next prompt says of its last review round (a CHANGES, or an answer kiro could not read)."""
+    if last.verdict == "changes":
+        return (f"A reviewer ({who}) read your work on this step and asked for changes before it counts as done "
+                f"(review round {last.round}): {last.reasons}\nMake these changes, then finish the step as before.")
+    return (f"The review of this step could not be read ({who}: {first_line(last.reasons)}); the step is reviewed "
+            f"again after it runs again.")
+
+
+def pause_why(who: str, last: ReviewRound, counted: int, max_rounds: int) -> str:
+    """Why the loop pauses for a person after `last` (the note and the stop's message say it)."""
+    if last.verdict == "changes":
+        return f"the reviewer ({who}) still asks for changes after {counted} round(s) (max_rounds {max_rounds})"
+    return f"the reviewer ({who}) gave no answer kiro could read, {TRIES} times"
+
+
 # -- the prompt and the answer ---------------------------------------------------------------------------
 
 
@@ -297,15 +347,13 @@ def reviewer_name(cfg: Config) -> str:
     return f"command {os.path.basename(words[0])}" if words else "command"
 
 
-def _when(loop: LoopHandle) -> str:
-    return loop.cfg.review.when if loop.cfg.review is not None else "step"
-
-
-def review_prompt(loop: LoopHandle, step: Step, diff: str | None, base: str | None, verify: VerifyRun | None) -> str:
-    parts = [INSTRUCTIONS, f"## The step\n\nStep {step.id} of `{loop.state.task_path}`: {step.title or step.text}"]
+def review_prompt(step: Step, task_file: Path, shown_path: str, when: str, diff: str | None, base: str | None,
+                  verify: VerifyRun | None) -> str:
+    """The reviewer's prompt for `step` of the task file `task_file` (`shown_path`: its path as the state shows it)."""
+    parts = [INSTRUCTIONS, f"## The step\n\nStep {step.id} of `{shown_path}`: {step.title or step.text}"]
     if step.details:
         parts[-1] += "\n\n" + "\n".join(step.details)
-    cited = kirospec.cited_requirements(loop.task_path, step.details)
+    cited = kirospec.cited_requirements(task_file, step.details)
     if cited:
         parts.append("## The requirements it cites (from the spec's requirements.md)\n\n" + "\n".join(cited))
     if diff is None:
@@ -314,7 +362,7 @@ def review_prompt(loop: LoopHandle, step: Step, diff: str | None, base: str | No
         more = f"\n... ({len(diff) - DIFF_CHARS} more characters)" if len(diff) > DIFF_CHARS else ""
         shown = diff[:DIFF_CHARS] + more
         since = {"step": "the step's start", "checkpoint": "the last checkpoint",
-                 "task": "the loop's start: the whole task's work"}[_when(loop)]
+                 "task": "the loop's start: the whole task's work"}[when]
         parts.append(f"## Its diff (against commit {base[:12] if base else '?'}, {since})\n\n```diff\n"
                      f"{shown or '(no changes)'}\n```")
     if verify is None:
@@ -353,7 +401,7 @@ def first_line(text: str) -> str:
 # -- git ---------------------------------------------------------------------------------------------------
 
 
-def _head(project: Path) -> str | None:
+def head_commit(project: Path) -> str | None:
     from kiro.git import checkpoints
 
     try:
@@ -363,39 +411,40 @@ def _head(project: Path) -> str | None:
     return out.strip() or None
 
 
-def _keep(loop: LoopHandle) -> tuple[receipts.Protected, dict[str, str]] | None:
+def keep(cfg: Config, ws: Workspace, task_id: str, project_dir: Path,
+         task_path: Path) -> tuple[receipts.Protected, dict[str, str]] | None:
     """With the box off (`sandbox: off`), before a reviewer runs: a copy of the project's files git knows (tracked,
     and untracked but not ignored; the task file too), in `.state/review/<task_id>/`, to put back what the
     reviewer changes, as kiro.core.evidence puts protected paths back. None when the reviewer runs in its box (the
     project is read-only there) or the project is not in a git work tree."""
     from kiro.git import checkpoints
 
-    if sandbox.wanted(loop.cfg.sandbox):
+    if sandbox.wanted(cfg.sandbox):
         return None
-    project = Path(loop.project_dir)
+    project = Path(project_dir)
     top = checkpoints.toplevel(project)
     if top is None:
         return None
     rel = os.path.relpath(project.resolve(), top)
-    spec = checkpoints.pathspec("" if rel == "." else Path(rel).as_posix(), checkpoints.kiro_paths(loop.ws, top))
+    spec = checkpoints.pathspec("" if rel == "." else Path(rel).as_posix(), checkpoints.kiro_paths(ws, top))
     task_file: list[str] = []
     with contextlib.suppress(ValueError):
-        task_file.append(Path(loop.task_path).resolve().relative_to(top).as_posix())
+        task_file.append(Path(task_path).resolve().relative_to(top).as_posix())
 
     def files() -> list[str]:
         out = checkpoints.Git(top).run("ls-files", "--cached", "--others", "--exclude-standard", "-z", "--",
                                        *spec).stdout
         return sorted({n for n in out.split("\0") if n} | set(task_file))
 
-    kept = receipts.Protected(loop.ws, loop.state.task_id, top, [], files=files, area="review")
+    kept = receipts.Protected(ws, task_id, top, [], files=files, area="review")
     try:
         return kept, kept.snapshot()
     except (checkpoints.GitError, OSError):
         return None
 
 
-def _put_back(kept: receipts.Protected, manifest: dict[str, str]) -> list[str]:
-    """What the reviewer changed of the files `_keep` kept ("changed: app.py"), put back."""
+def put_back(kept: receipts.Protected, manifest: dict[str, str]) -> list[str]:
+    """What the reviewer changed of the files `keep` kept ("changed: app.py"), put back."""
     from kiro.git import checkpoints
 
     try:
@@ -406,20 +455,20 @@ def _put_back(kept: receipts.Protected, manifest: dict[str, str]) -> list[str]:
     return [str(c) for c in changes] + [f"not put back: {f}" for f in failed]
 
 
-def _diff(loop: LoopHandle, base: str | None) -> str | None:
+def diff_since(ws: Workspace, project_dir: Path, task_path: Path, base: str | None) -> str | None:
     """The step's work: `git diff` of the project's files against `base` (kiro's own folders and the task file
     left out), then
     each new file not ignored, with its text. None when the project is not in a git work tree."""
     from kiro.git import checkpoints
 
-    project = Path(loop.project_dir)
+    project = Path(project_dir)
     top = checkpoints.toplevel(project)
     if top is None or base is None:
         return None
     rel = os.path.relpath(project.resolve(), top)
-    excludes = checkpoints.kiro_paths(loop.ws, top)
+    excludes = checkpoints.kiro_paths(ws, top)
     with contextlib.suppress(ValueError):  # the task file: its boxes are kiro's, not the step's work
-        excludes.append(Path(loop.task_path).resolve().relative_to(top).as_posix())
+        excludes.append(Path(task_path).resolve().relative_to(top).as_posix())
     spec = checkpoints.pathspec("" if rel == "." else Path(rel).as_posix(), excludes)
     git = checkpoints.Git(top)
     try:

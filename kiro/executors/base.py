@@ -22,7 +22,7 @@ from kiro.usage import Usage
 
 if TYPE_CHECKING:
     from kiro.store.config import Config
-    from kiro.store.receipts import ProtectedCheck, VerifyRun
+    from kiro.store.receipts import ProtectedCheck, ReviewRound, VerifyRun
     from kiro.store.state import LoopState
     from kiro.store.tasks import Step, TaskFile
     from kiro.store.workspace import Workspace
@@ -46,9 +46,11 @@ class StepResult:
     log: str | None = None  # the attempt's full output, workspace-relative (an agent CLI's Logs/<id>/<step>-<n>.log)
     seconds: float | None = None  # how long the attempt worked, when it began before the engine asked (parallel)
     # Evidence gathered where the step ran, when that is not the loop's host (the temporal backend's worker):
-    # its verify run (the engine then runs none) and its protected-path check (SPEC §14, kiro.core.evidence)
+    # its verify run (the engine then runs none), its protected-path check (SPEC §14, kiro.core.evidence) and its
+    # review rounds (kiro.core.review's Review(remote=True))
     verify: VerifyRun | None = None
     protected: ProtectedCheck | None = None
+    reviews: list[ReviewRound] | None = None
 
     @property
     def ok(self) -> bool:

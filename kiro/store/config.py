@@ -612,13 +612,12 @@ class Config(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _review_is_local(self) -> Config:
-        """The reviewer reads the step's diff in the loop's own git (kiro.core.review); on the temporal backend
-        the step's work is in a worker's clone (protected paths and test counts are checked there:
-        kiro.temporal.attempt)."""
-        if self.backend.kind == "temporal" and self.review:
-            raise ValueError("review is not built on the temporal backend (each step's worker verifies and commits "
-                             "it); remove review, or use backend: local")
+    def _review_on_temporal(self) -> Config:
+        """On the temporal backend the step's worker runs the reviewer in its clone (kiro.temporal.attempt): a
+        command reviewer; an agent reviewer there is not built yet."""
+        if self.backend.kind == "temporal" and self.review is not None and self.review.agent is not None:
+            raise ValueError("review.agent is not built on the temporal backend yet (the worker runs the reviewer); "
+                             "use review.command, or backend: local")
         return self
 
     @field_validator("verify_report")

@@ -13,6 +13,11 @@ The step's evidence is gathered here, where its work is (SPEC §14): `verify` ru
 (kiro.executors.verify, the engine's own function: its test counts with `verify_report`), and the protected paths
 are hashed before the step and checked after it, a change put back and the attempt failed. Both travel back
 with the result as typed records, for the step's receipt on the workspace host (kiro.core.evidence).
+
+With `review:` the step is reviewed here too, before anything is committed (`_Reviewer`, with kiro.core.review's
+prompt, executor and reading of the answer): a CHANGES runs the step's agent again in this clone with the reasons in
+its prompt, up to `max_rounds`; a step its reviewer did not approve is not pushed, and its rounds tell the workspace
+host to pause the loop (kiro.core.review's Review(remote=True)). Only approved work reaches the branch.
 """
 
 from __future__ import annotations
@@ -29,16 +34,18 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from kiro import executors
+from kiro import executors, timeutil
+from kiro.core import review
 from kiro.errors import ConfigError, ExecutorError, UserError
 from kiro.executors.base import StepContext, StepResult
 from kiro.executors.verify import run_verify, verify_failed
 from kiro.git import checkpoints
+from kiro.store import events as ev
 from kiro.store import receipts, tasks
 from kiro.store.config import Config
-from kiro.store.receipts import ProtectedCheck, VerifyRun
+from kiro.store.receipts import ProtectedCheck, ReviewRound, VerifyRun
 from kiro.store.redact import Redactor
-from kiro.store.state import LoopState
+from kiro.store.state import LoopState, clip
 from kiro.store.workspace import Workspace
 from kiro.usage import Usage
 
@@ -105,36 +112,30 @@ class Attempts:
             ctx, executor = self._context(inp, cfg, tree, redact)
             guard = _protected(inp, ctx, tree)
             manifest = await asyncio.to_thread(guard.snapshot) if guard is not None else None
-            cancelled = False
-            run = asyncio.create_task(executor.run_step(ctx))
-            while True:
-                try:
-                    result = await asyncio.shield(run)
-                    break
-                except asyncio.CancelledError:  # the loop's `stop --force`: end the step's processes now
-                    cancelled = True
-                    ctx.cancel.set()
-            with contextlib.suppress(Exception):
-                await executor.aclose()
-            if cancelled:
-                raise asyncio.CancelledError()
-            result.redact(redact)
-            verify = inp.get("verify")
-            if result.ok and verify:
-                result.verify = await run_verify(verify, ctx)
-                if not result.verify.passed:
-                    result = verify_failed(ctx, result.verify, result)
-            if result.ok and guard is not None and manifest is not None:
-                result.protected = check = ProtectedCheck(globs=guard.globs, files=len(manifest),
-                                                          approved=sorted(inp["protected"]["approved"]))
-                changes = await asyncio.to_thread(_put_back, guard, manifest, check.approved)
-                if changes:  # the workspace host proposes them to a person and says why (kiro.temporal.segment)
-                    check.ok, check.changed = False, [str(c) for c in changes]
-                    result = StepResult("failed", summary=result.summary, usage=result.usage, verify=result.verify,
-                                        protected=check, error="the step changed protected paths")
+            reviewer = _Reviewer.for_attempt(inp, cfg, ctx, start)
+            spent = Usage()  # the step's runs and its reviewer's: all count in the loop's
+            try:
+                while True:
+                    result = await _until_cancelled(executor.run_step(ctx), ctx, executor)
+                    result.redact(redact)
+                    spent.add(result.usage)
+                    result = await self._evidence(inp, ctx, result, guard, manifest)
+                    if reviewer is None or not result.ok:
+                        break
+                    reason = await reviewer.review(ctx, result.verify, spent)
+                    if reason is None:  # approved, or the reviewer gave up: the host pauses the loop
+                        break
+                    _again(inp, ctx, executor, reason)  # SPEC §14: the step's agent again, with the reasons
+            finally:
+                for each in (executor, *([reviewer.executor] if reviewer is not None else [])):
+                    with contextlib.suppress(Exception):
+                        await each.aclose()
+            result.usage = spent
+            if reviewer is not None and reviewer.rounds:
+                result.reviews = reviewer.rounds
             events: list[dict[str, Any]] = list(ctx._collected)  # type: ignore[attr-defined]
             commit = None
-            if result.ok:
+            if result.ok and (reviewer is None or reviewer.approved):
                 commit = await asyncio.to_thread(self._commit_and_push, inp, tree, redact)
                 if commit.startswith("recovered:"):
                     return self._result(inp, "completed", summary=result.summary, commit=commit.split(":", 1)[1],
@@ -142,7 +143,8 @@ class Attempts:
             return self._result(inp, result.outcome, summary=result.summary, error=result.error,
                                 question=result.question, usage=result.usage, stop_reason=result.stop_reason,
                                 checked=result.checked_by_executor, commit=commit, events=events,
-                                attempt=info.attempt, verify=result.verify, protected=result.protected)
+                                attempt=info.attempt, verify=result.verify, protected=result.protected,
+                                reviews=result.reviews)
         except (ExecutorError, UserError, ConfigError) as exc:
             raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
         except checkpoints.GitError as exc:
@@ -154,7 +156,8 @@ class Attempts:
                 question: str | None = None, usage: Usage | None = None, stop_reason: str | None = None,
                 checked: bool = False, commit: str | None = None, recovered: bool = False,
                 events: list[dict[str, Any]] | None = None, attempt: int | None = None,
-                verify: VerifyRun | None = None, protected: ProtectedCheck | None = None) -> dict[str, Any]:
+                verify: VerifyRun | None = None, protected: ProtectedCheck | None = None,
+                reviews: list[ReviewRound] | None = None) -> dict[str, Any]:
         u = usage or Usage()
         return {"outcome": outcome, "summary": summary, "error": error, "question": question,
                 "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
@@ -163,7 +166,26 @@ class Attempts:
                 "events": events or [], "worker": self.clone.name, "host": socket.gethostname(),
                 "try": attempt if attempt is not None else activity.info().attempt,
                 "verify": verify.model_dump(mode="json") if verify is not None else None,
-                "protected": protected.model_dump(mode="json") if protected is not None else None}
+                "protected": protected.model_dump(mode="json") if protected is not None else None,
+                "reviews": [r.model_dump(mode="json") for r in reviews] if reviews else None}
+
+    async def _evidence(self, inp: dict[str, Any], ctx: StepContext, result: StepResult,
+                        guard: receipts.Protected | None, manifest: dict[str, str] | None) -> StepResult:
+        """Verify, in the clone, then the protected paths: the attempt failed when either says so."""
+        verify = inp.get("verify")
+        if result.ok and verify:
+            result.verify = await run_verify(verify, ctx)
+            if not result.verify.passed:
+                result = verify_failed(ctx, result.verify, result)
+        if result.ok and guard is not None and manifest is not None:
+            result.protected = check = ProtectedCheck(globs=guard.globs, files=len(manifest),
+                                                      approved=sorted(inp["protected"]["approved"]))
+            changes = await asyncio.to_thread(_put_back, guard, manifest, check.approved)
+            if changes:  # the workspace host proposes them to a person and says why (kiro.temporal.segment)
+                check.ok, check.changed = False, [str(c) for c in changes]
+                result = StepResult("failed", summary=result.summary, usage=result.usage, verify=result.verify,
+                                    protected=check, error="the step changed protected paths")
+        return result
 
     # -- git -------------------------------------------------------------------------------------
 
@@ -264,6 +286,120 @@ class Attempts:
             emit=emit, sleep=sleep, redact=redact)
         ctx._collected = collected  # type: ignore[attr-defined]
         return ctx, executor
+
+
+async def _until_cancelled(run: Any, ctx: StepContext, executor: Any) -> StepResult:
+    """Run `run` (an executor's `run_step`) to its end; the loop's `stop --force` (this activity cancelled) ends
+    the step's processes now (`ctx.cancel`), then cancels the attempt."""
+    task = asyncio.create_task(run)
+    cancelled = False
+    while True:
+        try:
+            result: StepResult = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            cancelled = True
+            ctx.cancel.set()
+    if cancelled:
+        raise asyncio.CancelledError()
+    return result
+
+
+def _again(inp: dict[str, Any], ctx: StepContext, executor: Any, reason: str) -> None:
+    """`ctx` for the step's next run in the same clone after a reviewer's changes: the prompt the engine would
+    build with the reasons as the step's last error (as a local loop's reopened step gets), the task file as the
+    engine sent it (the box the agent checked is open again)."""
+    ctx.task_path.write_text(inp["task_text"], encoding="utf-8")
+    ctx.attempt += 1
+    ctx.previous_error = reason
+    ctx.system_prompt, ctx.prompt = executor.build_prompts(
+        ctx.task, ctx.step, ctx.state, workspace=ctx.workspace, attempt=ctx.attempt, previous_error=reason,
+        verify_output=None, verify_command=inp.get("verify"), continuation=None, task_file=ctx.task_path)
+    ctx.continuation = None
+    ctx.redacted()
+
+
+@dataclass
+class _Reviewer:
+    """SPEC §14 `review:` where the step's work is: after verify and the protected paths, before the commit, the
+    loop's reviewer (kiro.core.review's prompt, executor and reading of its answer) reviews the step's diff in the
+    clone. Each round becomes an event (replayed on the workspace host) and a ReviewRound on the result."""
+
+    cfg: Config
+    base: str | None
+    first: int  # the rounds the step's record holds already (an earlier pause): this attempt's go on from them
+    executor: Any
+    rounds: list[ReviewRound] = field(default_factory=list)
+    approved: bool = False
+
+    @classmethod
+    def for_attempt(cls, inp: dict[str, Any], cfg: Config, ctx: StepContext, start: str) -> _Reviewer | None:
+        """The attempt's reviewer, or None when its step is not reviewed (no `review:`, or `when` passes it by)."""
+        rv = cfg.review
+        if rv is None or not review.applies(rv.when, ctx.step, ctx.task, cfg.include_optional):
+            return None
+        rec = ctx.state.steps.get(ctx.step.id)
+        return cls(cfg, review.review_base(ctx.state, rv.when, start), len(rec.reviews) if rec is not None else 0,
+                   review.reviewer_executor(cfg, ctx.workspace, ctx.task_id))
+
+    @property
+    def counted(self) -> int:
+        return sum(1 for r in self.rounds if r.verdict == "changes")
+
+    async def review(self, ctx: StepContext, verify: VerifyRun | None, spent: Usage) -> str | None:
+        """One review of the step's work as it is now: None when approved, or when the loop must pause (the
+        reviewer still asks for changes after max_rounds, or gave no answer kiro could read, twice); else the
+        reasons for the step's next run."""
+        rv = self.cfg.review
+        assert rv is not None
+        who = review.reviewer_name(self.cfg)
+        base = self.base or await asyncio.to_thread(review.head_commit, ctx.project_dir)
+        diff = await asyncio.to_thread(review.diff_since, ctx.workspace, ctx.project_dir, ctx.task_path, base)
+        prompt = ctx.redact.text(review.review_prompt(ctx.step, ctx.task_path, ctx.state.task_path, rv.when, diff,
+                                                      base, verify))
+        last: ReviewRound | None = None
+        for _ in range(review.TRIES):
+            number = self.first + len(self.rounds) + 1
+            ctx.emit(ev.ReviewStarted(step_id=ctx.step.id, round=number, reviewer=who))
+            kept = await asyncio.to_thread(review.keep, self.cfg, ctx.workspace, ctx.task_id, ctx.project_dir,
+                                           ctx.task_path)
+            rctx = StepContext(
+                task_id=ctx.task_id, workspace=ctx.workspace, project_dir=ctx.project_dir, task_path=ctx.task_path,
+                task=ctx.task, step=ctx.step, iteration=ctx.iteration, attempt=number, prompt=prompt,
+                system_prompt="", reinjected=False, continuation=None, previous_error=None, verify_output=None,
+                timeout_seconds=self.cfg.step_timeout_seconds, config=self.executor.config, state=ctx.state,
+                cancel=ctx.cancel, emit=ctx.emit, sleep=ctx.sleep, redact=ctx.redact)
+            began = time.monotonic()
+            result = await _until_cancelled(self.executor.run_step(rctx), rctx, self.executor)
+            seconds = time.monotonic() - began
+            result.redact(ctx.redact)
+            spent.add(result.usage)
+            changed = await asyncio.to_thread(review.put_back, *kept) if kept is not None else []
+            verdict, reasons = review.read_answer(result)
+            if changed:
+                verdict, reasons = "invalid", (f"the reviewer changed the project's files (a reviewer only reads; "
+                                               f"kiro put them back): {'; '.join(changed[:10])}")
+            u = result.usage
+            last = ReviewRound(round=number, verdict=verdict, reasons=clip(reasons, 2000), agent=who,
+                               prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                               total_tokens=u.total_tokens, cost_usd=round(u.cost_usd, 6), seconds=round(seconds, 3),
+                               at=timeutil.iso())
+            self.rounds.append(last)
+            if verdict == "approve":
+                ctx.emit(ev.ReviewApproved(step_id=ctx.step.id, round=number, reviewer=who))
+                self.approved = True
+                return None
+            if verdict == "changes":
+                break
+            ctx.emit(ev.LoopWarning(message=f"review of step {ctx.step.id} (round {number}, {who}) failed: "
+                                            f"{review.first_line(reasons)}"))
+        assert last is not None
+        if last.verdict != "changes":
+            return None
+        paused = self.counted >= rv.max_rounds
+        ctx.emit(ev.ReviewRequestedChanges(step_id=ctx.step.id, round=last.round, reviewer=who,
+                                           reasons=clip(last.reasons, 1000), paused=paused))
+        return None if paused else review.changes_reason(who, last)
 
 
 async def _heartbeat(seconds: float) -> None:

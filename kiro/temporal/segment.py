@@ -28,7 +28,7 @@ from kiro.git import checkpoints
 from kiro.store import events as ev
 from kiro.store import receipts
 from kiro.store.config import Config
-from kiro.store.receipts import ProtectedCheck, VerifyRun
+from kiro.store.receipts import ProtectedCheck, ReviewRound, VerifyRun
 from kiro.store.state import GitInfo, LoopState
 from kiro.store.tasks import Step, TaskFile
 from kiro.store.workspace import Workspace
@@ -142,6 +142,7 @@ class RemoteExecutor:
         usage = res.get("usage") or {}
         verify = VerifyRun.model_validate(res["verify"]) if res.get("verify") else None
         protected = ProtectedCheck.model_validate(res["protected"]) if res.get("protected") else None
+        reviews = [ReviewRound.model_validate(r) for r in res.get("reviews") or []] or None
         error = res.get("error")
         if protected is not None and not protected.ok:
             error = self._changed_protected(ctx, protected)
@@ -149,7 +150,7 @@ class RemoteExecutor:
                           question=res.get("question"), usage=Usage(**usage),
                           checked_by_executor=bool(res.get("checked_by_executor")),
                           stop_reason=res.get("stop_reason"), checkpoint=checkpoint, verify=verify,
-                          protected=protected)
+                          protected=protected, reviews=reviews)
 
 
 async def _retrying(call: Any) -> Any:
