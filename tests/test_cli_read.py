@@ -585,6 +585,35 @@ def test_read_commands_parse_no_source(loops: Workspace, args: tuple[str, ...]) 
     assert read == []
 
 
+EVAL_PROBE = """
+import builtins, runpy, sys
+texts = []
+evaluate = builtins.eval
+def eval_(source, *args, **kwargs):
+    if isinstance(source, str) and sys._getframe(1).f_code.co_filename.endswith("inspect.py"):
+        texts.append(source)  # an annotation written as text, evaluated for inspect.signature(eval_str=True)
+    return evaluate(source, *args, **kwargs)
+builtins.eval = eval_
+""" + RUN_KIRO + """sys.stderr.write("\\n@@" + str(code) + " " + str(len(texts)) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
+                         ids=" ".join)
+def test_read_commands_evaluate_no_annotation_text(loops: Workspace, args: tuple[str, ...]) -> None:
+    """Issue #41: Typer reads each command's parameters from its annotations, for every command of the app,
+    on every run. Written as text (`from __future__ import annotations`), each was evaluated again then, twice
+    (about 250 `eval` calls and 60 M instructions for `kiro loop status`); kiro/cli's command modules have
+    their annotations evaluated once, at import."""
+    r = subprocess.run([sys.executable, "-c", EVAL_PROBE, *args], cwd=loops.root, env=loops.env(),
+                       capture_output=True, text=True, timeout=120)
+    code, evaluated = r.stderr.rsplit("@@", 1)[1].split()
+    assert code in ("0", "None"), r.stderr
+    assert r.stdout.strip(), "the command showed nothing"
+    print(f"{' '.join(args)}: {evaluated} annotations evaluated from text")
+    assert evaluated == "0"
+
+
 def test_a_config_naming_agents_is_checked_without_importing_a_preset(loops: Workspace) -> None:
     """Issue #40 item 2: the agent names are checked against the registry's metadata (kiro.plugins.AGENTS),
     not by importing the presets: `kiro loop status` with `agent:` and `fallback_agents:` set loads none."""

@@ -5,8 +5,6 @@ Unexpected exceptions re-raise under `KIRO_RAISE_ERRORS=1` (set by every test) o
 so real bugs surface.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 from collections.abc import Callable

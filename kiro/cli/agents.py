@@ -1,8 +1,6 @@
 """`kiro agents`: the agent CLI presets, whether each is installed, its version, the exact
 command line kiro would run, and the box (bubblewrap) it would run in."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 from typing import Annotated

@@ -2,8 +2,6 @@
 config/autonomous_loop.yaml (or of a task file's frontmatter), made from the same pydantic models kiro reads
 the file with (kiro.store.config); `show` prints the effective config and where each value came from."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import Annotated, Any

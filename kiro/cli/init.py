@@ -1,7 +1,5 @@
 """`kiro init [DIR]`: create a workspace."""
 
-from __future__ import annotations
-
 import json
 import shutil
 from importlib import resources

@@ -1,7 +1,5 @@
 """`kiro loop ...`: start, status, state, progress, logs, stop, resume, stats, digest."""
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 from typing import Annotated, Any

@@ -1,7 +1,5 @@
 """`kiro serve`: the HTTP server over the workspace (SPEC §10), in the foreground."""
 
-from __future__ import annotations
-
 import socket
 from pathlib import Path
 from typing import Annotated

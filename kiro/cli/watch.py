@@ -1,7 +1,5 @@
 """`kiro loop watch`: the supervisor in the foreground (or --detach)."""
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 from typing import Annotated

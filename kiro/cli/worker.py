@@ -1,7 +1,5 @@
 """`kiro worker`: a Temporal worker for the temporal backend (SPEC §12, docs/scale-out.md §10)."""
 
-from __future__ import annotations
-
 import socket
 from pathlib import Path
 from typing import Annotated

@@ -921,18 +921,28 @@ def _widen(schema: dict[str, Any], path: tuple[str, ...]) -> None:
 
 
 def _models(model: type[BaseModel]) -> Iterator[type[BaseModel]]:
-    """`model` and every model its fields hold, however deep (`llm.prices` values, `review`, ...)."""
-    yield model
+    """Every model `model`'s fields hold, however deep (`llm.prices` values, `review`, ...), each before
+    the model that holds it, then `model`."""
     for field in model.model_fields.values():
         for inner in _annotations(field.annotation):
             if isinstance(inner, type) and issubclass(inner, BaseModel):
                 yield from _models(inner)
+    yield model
 
 
 def _annotations(annotation: Any) -> Iterator[Any]:
     yield annotation
     for arg in get_args(annotation):
         yield from _annotations(arg)
+
+
+@functools.cache
+def _build() -> None:
+    """Build the models' validators, each section's before the model that holds it, which then uses the
+    section's schema as it is: built from the top, pydantic makes each section's schema twice (once inside
+    the config's, once for the section's own default, `LoopSettings()`)."""
+    for model in dict.fromkeys(_models(Config)):
+        model.model_rebuild()
 
 
 @functools.cache
@@ -1080,6 +1090,7 @@ def resolve_config(
                 _Origin("llm.base_url", "environment OPENAI_BASE_URL"))
 
     _fallbacks_in_scope(merged, origins)
+    _build()
     try:
         config = Config.model_validate(merged)
     except ValidationError as exc:
