@@ -169,6 +169,12 @@ class Child:
             self.ledger.discard(self.proc.pid)
 
 
+def shell_argv(command: str) -> list[str]:
+    """The command line of a step's shell command (its ```sh block, the loop's `verify`): bash, stopping at
+    the first command that fails (`-e`; SPEC §5: success is exit status 0)."""
+    return ["bash", "-e", "-c", command]
+
+
 async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, confine: bool = False,
                 box: Box | None = None, stdin: int = asyncio.subprocess.DEVNULL,
                 stderr: int = asyncio.subprocess.STDOUT, limit: int = 2**16) -> Child:
