@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,16 +38,22 @@ def make_task(n: int, done: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-def spawns(n: int) -> float:
-    """Seconds for `n` spawns of `bash -c true`, one after the other."""
-    began = time.perf_counter()
+def cpu(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def spawns(n: int) -> tuple[float, float]:
+    """Seconds (wall, CPU: this process and its children) for `n` spawns of `bash -c true`, one after the other."""
+    began, used = time.perf_counter(), cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
     for _ in range(n):
         subprocess.run(["bash", "-c", "true"], check=True)
-    return time.perf_counter() - began
+    return time.perf_counter() - began, cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN) - used
 
 
-def one_run(tree: Path, steps: int, done: int) -> float:
-    """The wall time of `kiro loop start` on the task (checked: exit 0, every box checked, in Done/)."""
+def one_run(tree: Path, steps: int, done: int) -> tuple[float, float]:
+    """The wall and CPU time (kiro's and its children's) of `kiro loop start` on the task (checked: exit 0,
+    every box checked, in Done/)."""
     with tempfile.TemporaryDirectory(prefix="kiro-whole-", dir=os.environ.get("BENCH_TMP")) as tmp:
         root = Path(tmp)
         for name in ("Specs/bench", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
@@ -56,16 +63,16 @@ def one_run(tree: Path, steps: int, done: int) -> float:
         (root / "Specs/bench/tasks.md").write_text(make_task(steps, done))
         env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
         env.pop("KIRO_RAISE_ERRORS", None)
-        began = time.perf_counter()
+        began, used = time.perf_counter(), cpu(resource.RUSAGE_CHILDREN)
         r = subprocess.run([sys.executable, "-m", "kiro", "loop", "start", "--task", "Specs/bench/tasks.md"],
                            cwd=root, env=env, capture_output=True, text=True, timeout=3600)
-        wall = time.perf_counter() - began
+        wall, spent = time.perf_counter() - began, cpu(resource.RUSAGE_CHILDREN) - used
         assert r.returncode == 0, (tree, r.returncode, r.stdout[-1000:], r.stderr[-1000:])
         final = root / "Done/bench/tasks.md"
         assert final.is_file(), f"{tree}: the task is not in Done/"
         text = final.read_text()
         assert text.count("- [x]") == steps and "- [ ]" not in text, f"{tree}: a box is left unchecked"
-        return wall
+        return wall, spent
 
 
 def main() -> None:
@@ -81,23 +88,27 @@ def main() -> None:
         cases.append((f"{args.big:,} steps", args.big, args.big - args.steps))
     loads = [os.getloadavg()[0]]
     per: dict[tuple[str, Path], list[float]] = {}
+    per_cpu: dict[tuple[str, Path], list[float]] = {}
     walls: dict[tuple[str, Path], list[float]] = {}
     for _ in range(args.rounds):
         for label, steps, done in cases:
             for tree in trees:
-                wall = one_run(tree, steps, done)
-                floor = spawns(steps - done)
+                wall, spent = one_run(tree, steps, done)
+                floor, floor_cpu = spawns(steps - done)
                 per.setdefault((label, tree), []).append((wall - floor) / (steps - done) * 1000)
+                per_cpu.setdefault((label, tree), []).append((spent - floor_cpu) / (steps - done) * 1000)
                 walls.setdefault((label, tree), []).append(wall)
                 loads.append(os.getloadavg()[0])
     print(f"python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}, load average "
           f"{min(loads):.2f}-{max(loads):.2f}; medians of {args.rounds} rounds, the trees taking turns; "
-          f"per iteration = (wall of `kiro loop start` - spawns of `bash -c true`) / steps run, unboxed")
+          f"per iteration = (wall of `kiro loop start` - spawns of `bash -c true`) / steps run, unboxed; "
+          f"CPU the same with the CPU time of kiro and its children")
     for label, _steps, _done in cases:
         cells = []
         for tree in trees:
             ms = statistics.median(per[(label, tree)])
-            cells.append(f"{tree}: {ms:.2f} ms per iteration (wall {statistics.median(walls[(label, tree)]):.2f} s; "
+            cells.append(f"{tree}: {ms:.2f} ms per iteration, CPU {statistics.median(per_cpu[(label, tree)]):.2f} ms "
+                         f"(wall {statistics.median(walls[(label, tree)]):.2f} s; "
                          f"rounds {', '.join(f'{v:.2f}' for v in per[(label, tree)])})")
         print(f"{label:>12}: " + " | ".join(cells))
 

@@ -258,7 +258,7 @@ class Watchdog:
         self.last = time.monotonic()  # when the child last said something
         self.held = 0
         self.why: str | None = None  # what `end` said
-        self._ended = asyncio.Event()
+        self._ended: asyncio.Future[None] | None = None  # while `watch` waits
 
     def heard(self) -> None:
         self.last = time.monotonic()
@@ -278,7 +278,8 @@ class Watchdog:
         """End the child now, for `why` (the first reason given stays)."""
         if self.why is None:
             self.why = why
-            self._ended.set()
+            if self._ended is not None and not self._ended.done():
+                self._ended.set_result(None)
 
     async def _silence(self) -> None:
         assert self.idle_timeout is not None
@@ -288,7 +289,10 @@ class Watchdog:
     async def watch(self, *work: asyncio.Future[Any]) -> str | None:
         """Wait until one of `work` is done (None) or the child must end (why: see the class). The child is
         not ended here: its caller ends it its own way (an ACP session is cancelled first)."""
-        watchers: list[tuple[str | None, asyncio.Future[Any]]] = [(None, asyncio.ensure_future(self._ended.wait()))]
+        if self.why is not None:
+            return self.why
+        self._ended = asyncio.get_running_loop().create_future()
+        watchers: list[tuple[str | None, asyncio.Future[Any]]] = [(None, self._ended)]
         if self.cancel is not None:
             watchers.append(("cancelled", asyncio.ensure_future(self.cancel.wait())))
         if self.stop is not None:
@@ -301,7 +305,6 @@ class Watchdog:
         finally:
             for _, future in watchers:
                 future.cancel()
-            await asyncio.gather(*(f for _, f in watchers), return_exceptions=True)
         if any(w in done for w in work):
             return None
         for why, future in watchers:  # an `end` first: it says most of what happened
