@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kiro.processes import groups
-from kiro.processes.spawn import run_process
+from kiro.processes.spawn import ProcessResult, Watchdog, run_process
 
 
 def alive(pid: int) -> bool:
@@ -48,7 +48,7 @@ def test_a_step_is_a_direct_child_of_kiro_in_its_own_group(tmp_path: Path) -> No
 STEP_IN_CHILD = """
 import asyncio, sys
 from pathlib import Path
-from kiro.processes.spawn import run_process
+from kiro.processes.spawn import ProcessResult, Watchdog, run_process
 asyncio.run(run_process(["sh", "-c", "sleep 60 & echo $! > gc.pid; setsid sleep 61 & echo $! > sid.pid; "
                                       "echo $$ > step.pid; sleep 60"], cwd=Path(".")))
 """
@@ -218,3 +218,51 @@ def test_which_finds_what_shutil_which_finds(tmp_path: Path) -> None:
                           ("no-such-program-here", os.defpath), ("bash", "/usr/bin:" + search)]:
         assert which(program, path) == shutil.which(program, path=path), (program, path)
     assert which("tool", search) == str(tmp_path / "c/tool")
+
+
+@pytest.mark.parametrize("why", ["cancelled", "idle", "aborted", "timed_out"])
+def test_the_one_watchdog_ends_a_silent_child_and_says_why(tmp_path: Path, why: str) -> None:
+    """What ends a step's process early (a stop, its silence, its own fatal line, the step's time) is one
+    watchdog (kiro.processes.spawn.Watchdog), the one an ACP agent's turn uses too: the child is ended
+    within the grace period, not left to run its 600 s, and the result says which it was."""
+
+    async def run() -> ProcessResult:
+        cancel = asyncio.Event()
+        if why == "cancelled":
+            asyncio.get_running_loop().call_later(0.5, cancel.set)
+        return await run_process(["bash", "-c", "echo started; sleep 600"], cwd=tmp_path, cancel=cancel,
+                                 idle_timeout=1 if why == "idle" else None, timeout=1 if why == "timed_out" else None,
+                                 on_stdout=(lambda data: b"started" in data) if why == "aborted" else None)
+
+    result = asyncio.run(run())
+    flags = {"cancelled": result.cancelled, "idle": result.idle_timed_out, "aborted": result.aborted,
+             "timed_out": result.timed_out}
+    assert [name for name, on in flags.items() if on] == [why], flags
+    assert result.returncode is not None and result.returncode != 0 and "started" in result.output
+    assert result.duration < 300, result.duration  # ended, not run to its end
+    print(f"{why}: ended after {result.duration:.2f} s, exit status {result.returncode}")
+
+
+def test_while_kiro_holds_the_child_up_its_silence_is_not_an_idle_timeout() -> None:
+    """An ACP agent waiting for kiro's answer to its permission request (a guardrail may make kiro wait) is
+    silent because of kiro: the idle timeout does not end it meanwhile, and counts again from the answer."""
+
+    async def run() -> tuple[str | None, str | None]:
+        dog = Watchdog(idle_timeout=0.2)
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        held_done = asyncio.Event()
+
+        async def held() -> None:
+            with dog.hold():
+                await asyncio.sleep(1.0)  # five idle timeouts, all kiro's
+            held_done.set()
+
+        holder = asyncio.ensure_future(held())
+        during = await dog.watch(turn, holder)  # the holder's end comes first: None
+        assert held_done.is_set()
+        after = await dog.watch(turn)
+        return during, after
+
+    during, after = asyncio.run(run())
+    assert during is None  # the hold ended before any idle timeout fired
+    assert after == "idle"  # then the silence counts again and ends it

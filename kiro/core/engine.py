@@ -31,7 +31,7 @@ from kiro.core import conditions, resolved
 from kiro.core.conditions import Stop
 from kiro.core.guardrails import LoopGuardrails, SharedLimits, Trigger
 from kiro.core.hooks import Checkpoint, Feature, LoopListener, Reopen
-from kiro.core.watch import ChangeHub, acquire_hub, release_hub, wait_until
+from kiro.core.watch import POLL_FALLBACK, ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
 from kiro.executors import prompts
 from kiro.executors.base import Executor, Guard, StepContext, StepResult
@@ -135,11 +135,21 @@ class _LoopGuard(Guard):
     async def before_model_call(self) -> str | None:
         return await self._gate(self.loop.guardrails.before_model_call)
 
-    def interrupted(self) -> str | None:
-        stop = self.loop.interrupt_check()
-        if stop is None:
-            return None
-        self.loop._pending_stop = stop
+    async def interruption(self) -> str:
+        """Woken by the change hub (a hook dropped, the task file moved), as the loop's own waits are."""
+        loop = self.loop
+        changed = asyncio.Event()
+        hub = loop._hub
+        if hub is not None:
+            hub.subscribe_event(changed)
+        try:
+            stop = await wait_until(loop.interrupt_check, changed, None,
+                                    hub.poll_interval if hub is not None else POLL_FALLBACK)
+        finally:
+            if hub is not None:
+                hub.unsubscribe(changed)
+        assert isinstance(stop, Stop)
+        loop._pending_stop = stop
         return stop.reason
 
     async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:

@@ -16,6 +16,7 @@ from kiro.core.conditions import Stop
 from kiro.core.hooks import Feature, LoopHandle, Reopen
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.executors.control import TaskFiles
+from kiro.fs import writer
 from kiro.git import checkpoints
 from kiro.status import Status, StopReason
 from kiro.store import approval
@@ -141,7 +142,11 @@ class SealedTaskFiles(Feature):
     async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
         self._check(loop)  # a step the engine did not end here (another feature ran it, a kill before)
         approval.step_began(loop.ws, loop.state.task_id, boxed=_boxed(loop))
-        self.files = await asyncio.to_thread(TaskFiles.take, loop.ws, loop.task_path)
+        # a few directory listings: at once when this loop runs alone (a thread's hop costs more: issue #41).
+        # Not yielding here also lets the last iteration's owed save and this one's opening save be one
+        # journal record, one append and one fdatasync (Loop.save_soon), as on the rest of the straight path
+        self.files = TaskFiles.take(loop.ws, loop.task_path) if writer.alone() else \
+            await asyncio.to_thread(TaskFiles.take, loop.ws, loop.task_path)
         self.step_id = step_id
         return None, True
 

@@ -30,10 +30,12 @@ attempt, failed closed (a usage error: the run ends), and an agent that offers n
 The turn ends when `session/prompt` answers (its stop reason), the agent exits, or kiro ends it. An
 agent whose only way to take a refusal is to end its turn (codex-acp: `cancel`, stop reason
 `cancelled`) is prompted again in the same session with kiro's reasons (GO_ON_TURNS at most), so the
-attempt goes on as it does with an agent that takes the refusal and carries on. A stop
-(a stop hook, `stop --force`, a signal: polled every POLL_SECONDS) sends `session/cancel` and gives
-the agent CANCEL_GRACE_SECONDS to end its turn; the step timeout and the idle timeout (no message
-and no stderr for `step_idle_timeout_seconds`) do the same. Then its stdin is closed (an ACP agent
+attempt goes on as it does with an agent that takes the refusal and carries on. What ends it early is
+the watchdog of every step's process (kiro.processes.spawn.Watchdog, as for an agent CLI): a stop (a
+stop hook, the task file moved, `stop --force`, a signal), the step timeout, the idle timeout (no
+message and no stderr for `step_idle_timeout_seconds`; not while kiro decides a permission), a mode
+that does not ask, or a guardrail that ended the loop at a tool call. kiro then sends `session/cancel`
+and gives the agent CANCEL_GRACE_SECONDS to end its turn. Then its stdin is closed (an ACP agent
 exits on that: EXIT_GRACE_SECONDS) and its process group is ended as any step's is. The outcome is
 a ProcessResult like an agent CLI's, whose `output` is the transcript: the command executor reads it
 through the preset (kiro.executors.agents.acp) for usage, failures and the summary, and checks the
@@ -85,11 +87,10 @@ from kiro.executors.tools.shell import permitted
 from kiro.fs import safeio
 from kiro.fs.atomic import atomic_write
 from kiro.processes.sandbox import Box
-from kiro.processes.spawn import ProcessResult, end_process, spawn
+from kiro.processes.spawn import ProcessResult, Watchdog, end_process, spawn
 from kiro.store.events import PermissionAnswered, PlanUpdated, ToolCalled
 from kiro.store.redact import Redactor
 
-POLL_SECONDS = 0.2  # how often a stop (hook, signal) and the timeouts are looked at during a turn
 # an agent whose only refusal ends its turn (codex-acp's `cancel`) is prompted again, with kiro's reasons,
 # in the same session, at most this many times a turn
 GO_ON_TURNS = 10
@@ -106,15 +107,15 @@ PATH_KEYS = ("file_path", "path", "filePath", "notebook_path", "absolute_path", 
 class _Transcript:
     """The attempt's JSON-RPC messages, one a line, tagged with who sent it; the tail kept."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, heard: Callable[[], None]) -> None:
         self.limit = limit
         self.data = bytearray()
-        self.last = time.monotonic()  # when the agent last said something (a message, or stderr)
+        self.heard = heard  # the agent said something (its watchdog's idle timer)
 
     def observe(self, event: Any) -> None:
         incoming = event.direction.value == "incoming"
         if incoming:
-            self.last = time.monotonic()
+            self.heard()
         line = json.dumps({"from": "agent" if incoming else "kiro", **event.message}, ensure_ascii=False)
         self.data += line.encode("utf-8", "replace") + b"\n"
         if len(self.data) > self.limit * 2:
@@ -205,9 +206,10 @@ class KiroClient:
     access answered by `Policy`."""
 
     def __init__(self, ctx: StepContext, policy: Policy, *, empty_when_missing: bool = False,
-                 modes: Sequence[str] = ()) -> None:
+                 modes: Sequence[str] = (), watchdog: Watchdog | None = None) -> None:
         self.ctx = ctx
         self.policy = policy
+        self.watchdog = watchdog or Watchdog()  # the turn's: what kiro finds here that ends the turn ends it
         self.empty_when_missing = empty_when_missing  # a missing file reads as "" (AcpPreset.empty_when_missing)
         self.modes = tuple(modes)  # the agent's modes in which it asks kiro (Preset.acp_modes), most asking first
         self.session_id: str | None = None
@@ -218,7 +220,6 @@ class KiroClient:
         self.shown: dict[str, tuple[str | None, str]] = {}  # tool call id -> (status, title) last shown
         self.calls: dict[str, ToolCallUpdate | ToolCallStart] = {}
         self.stopped: str | None = None  # a guardrail ended the loop at a tool call: the turn is cancelled
-        self.holding = False  # kiro is deciding a permission (a guardrail may wait): the agent's silence is kiro's
 
     # -- what the agent reports ------------------------------------------------------------
 
@@ -248,6 +249,7 @@ class KiroClient:
             self.left_mode = (f"the agent switched its session to mode {mode!r} during the turn, in which it does "
                               f"not ask kiro before each edit and command (kiro holds it in "
                               f"{' or '.join(map(repr, self.modes))}): kiro ended the attempt")
+            self.watchdog.end("left_mode")
 
     def _tool(self, update: ToolCallStart | ToolCallProgress | ToolCallUpdate) -> None:
         """One event per tool call once it says what it does, and one when it ends."""
@@ -286,13 +288,11 @@ class KiroClient:
         self._tool(merged)
         why = self.left_mode or self.policy.tool(merged)
         if why is None:
-            self.holding = True
-            try:
+            with self.watchdog.hold():  # kiro decides (a guardrail may wait): the agent's silence is kiro's
                 stop = await self.ctx.guard.before_tool_call(merged.title or merged.kind or "tool", _raw(merged))
-            finally:
-                self.holding = False
             if stop is not None:
                 self.stopped = stop
+                self.watchdog.end("cancelled")
                 why = f"the loop is stopping ({stop})"
         # never an "always" option that lets the agent skip kiro next time (a stricter "reject always" is fine)
         option = next((o for o in options if o.kind == "allow_once"), None) if why is None else None
@@ -477,15 +477,17 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
                         stderr=asyncio.subprocess.PIPE, limit=LINE_LIMIT)
     proc = child.proc
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    transcript = _Transcript(output_limit)
+    dog = Watchdog(timeout=max(ctx.timeout_seconds - (time.monotonic() - started), 0.0), cancel=ctx.cancel,
+                   idle_timeout=idle_timeout, stop=ctx.guard.interruption)
+    transcript = _Transcript(output_limit, dog.heard)
     errors = bytearray()
-    client = KiroClient(ctx, Policy(ctx), empty_when_missing=empty_when_missing, modes=modes)
+    client = KiroClient(ctx, Policy(ctx), empty_when_missing=empty_when_missing, modes=modes, watchdog=dog)
     conn = acp.connect_to_agent(client, proc.stdin, proc.stdout, observers=[transcript.observe])  # type: ignore[arg-type]
     session: list[str] = []
 
     async def pump_stderr(stream: asyncio.StreamReader) -> None:
         while data := await stream.read(65536):
-            transcript.last = time.monotonic()
+            dog.heard()
             errors.extend(data)
             if len(errors) > output_limit * 2:
                 del errors[: len(errors) - output_limit]
@@ -518,23 +520,9 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
     work = asyncio.ensure_future(turn())
     exited = asyncio.ensure_future(proc.wait())
     stderr_pump = asyncio.ensure_future(pump_stderr(proc.stderr))
-    ended: str | None = None  # cancelled | timed_out | idle
+    ended: str | None = None  # left_mode | cancelled | timed_out | idle
     try:
-        while ended is None:
-            done, _ = await asyncio.wait({work, exited}, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-            if work in done or exited in done:
-                break
-            now = time.monotonic()
-            if client.holding:
-                transcript.last = now
-            if client.left_mode is not None:
-                ended = "left_mode"
-            elif ctx.cancel.is_set() or client.stopped is not None or ctx.guard.interrupted() is not None:
-                ended = "cancelled"
-            elif now - started >= ctx.timeout_seconds:
-                ended = "timed_out"
-            elif idle_timeout is not None and now - transcript.last >= idle_timeout:
-                ended = "idle"
+        ended = await dog.watch(work, exited)
         if ended is not None and session and not work.done():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.cancel(session_id=session[0]), CANCEL_GRACE_SECONDS)

@@ -75,11 +75,13 @@ class Guard:
     async def before_model_call(self) -> str | None:
         return None
 
-    def interrupted(self) -> str | None:
-        """A stop that ends the loop now (a stop hook, a signal, the task file moved), as a stop reason; no
-        guardrail is counted or waited for. Cheap (a few stat calls): polled by an executor whose agent
-        runs on its own between the calls kiro sees (an ACP agent's turn)."""
-        return None
+    async def interruption(self) -> str:
+        """Returns, with its stop reason, once a stop ends the loop now (a stop hook, the task file moved; a
+        signal sets the step's `cancel` as well); no guardrail is counted or waited for. Awaited by the
+        watchdog of an agent that runs on its own between the calls kiro sees (an ACP agent's turn:
+        kiro.processes.spawn.Watchdog). Here: never."""
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
 
     async def before_tool_call(self, name: str, arguments: Mapping[str, Any]) -> str | None:
         return None

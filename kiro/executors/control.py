@@ -469,7 +469,8 @@ class TaskFiles:
 
     def check(self, *, boxed: bool, task_id: str, step_id: str) -> list[str]:
         """After a step process ran: hold what it planted or changed, put back the loop's own frontmatter
-        (unboxed); returns what was done, one line each, for a warning. The next check compares with now."""
+        (unboxed); returns what was done, one line each, for a warning. Once: the next step takes a fresh
+        look (`take`), since what a person writes between two steps is theirs."""
         from kiro.store import approval
         from kiro.store.workspace import task_files
 
@@ -504,5 +505,4 @@ class TaskFiles:
             note = approval.hold_task_file(self.ws, path, task_id=task_id, step_id=step_id, why=why)
             said.append(f"{self.ws.relative(path)} was {why} while step {step_id} ran: no loop runs it until a "
                         f"person approves it ({self.ws.relative(note)})")
-        self._look()
         return said

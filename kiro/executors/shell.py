@@ -12,7 +12,7 @@ from kiro.errors import ExecutorError
 from kiro.executors.base import ExecutorBase, StepContext, StepResult
 from kiro.executors.kinds import PROMPTLESS
 from kiro.processes import sandbox
-from kiro.processes.spawn import last_line, run_process, tail
+from kiro.processes.spawn import last_line, run_process, shell_argv, tail
 from kiro.store.config import Config
 from kiro.store.redact import env_key, looks_like_token, looks_secret
 from kiro.store.state import SERVE_TOKEN_ENV
@@ -108,7 +108,7 @@ class ShellExecutor(ExecutorBase):
                                 f"under the step, or run this task with an agent (--agent claude, or "
                                 f"--executor openai), then `kiro loop resume`")
         env = step_env(ctx)
-        result = await run_process(["bash", "-e", "-c", command], cwd=ctx.project_dir, env=env,
+        result = await run_process(shell_argv(command), cwd=ctx.project_dir, env=env,
                                    timeout=ctx.timeout_seconds, cancel=ctx.cancel, box=step_box(ctx, env))
         output = tail(result.output)
         if result.cancelled:

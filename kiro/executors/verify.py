@@ -13,7 +13,7 @@ import asyncio
 import time
 
 from kiro.executors.base import StepContext, StepResult
-from kiro.processes.spawn import run_process, tail
+from kiro.processes.spawn import run_process, shell_argv, tail
 from kiro.store import events, receipts
 from kiro.store.receipts import VerifyRun
 
@@ -27,7 +27,7 @@ async def run_verify(command: str, ctx: StepContext) -> VerifyRun:
     cfg = ctx.config
     env = step_env(ctx)
     began, clock = time.time(), time.monotonic()
-    result = await run_process(["bash", "-e", "-c", command], cwd=ctx.project_dir, env=env,
+    result = await run_process(shell_argv(command), cwd=ctx.project_dir, env=env,
                                timeout=cfg.step_timeout_seconds, cancel=ctx.cancel,
                                box=step_box(ctx, env, project=ctx.project_dir))
     text = ctx.redact.text(tail(result.output, 4000))

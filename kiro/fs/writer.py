@@ -53,6 +53,12 @@ def loop_running() -> Iterator[None]:
             _running_loops -= 1
 
 
+def alone() -> bool:
+    """Whether at most one loop runs in this process (`loop_running`): then a short blocking job is cheaper
+    done at once on the event loop than handed to a thread (nobody else waits for the loop)."""
+    return _running_loops <= 1
+
+
 class _Workers:
     """WORKERS long-lived threads that drain the write queues handed to them, one queue at a time
     each. Cheaper per write than `run_in_executor` (no futures, no event-loop wake-up unless a loop
@@ -180,7 +186,7 @@ class WriteQueue:
             return
         with self._lock:
             start = not self._scheduled
-            here = start and _running_loops <= 1  # one loop, nothing of its own queued before
+            here = start and alone()  # one loop, nothing of its own queued before
             if not here:
                 if key is not None and self._jobs and self._jobs[-1][0] == key:
                     self._jobs[-1] = (key, job)

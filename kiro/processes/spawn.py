@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVarTuple
@@ -169,6 +169,12 @@ class Child:
             self.ledger.discard(self.proc.pid)
 
 
+def shell_argv(command: str) -> list[str]:
+    """The command line of a step's shell command (its ```sh block, the loop's `verify`): bash, stopping at
+    the first command that fails (`-e`; SPEC §5: success is exit status 0)."""
+    return ["bash", "-e", "-c", command]
+
+
 async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, confine: bool = False,
                 box: Box | None = None, stdin: int = asyncio.subprocess.DEVNULL,
                 stderr: int = asyncio.subprocess.STDOUT, limit: int = 2**16) -> Child:
@@ -228,6 +234,86 @@ async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None
     return child
 
 
+class Watchdog:
+    """What ends a step's child before it ends by itself: the one watchdog of every kind of child (an agent
+    CLI or a step's command in `run_process`, an ACP agent's session in kiro.executors.acp.run_turn).
+
+    - `cancel` set (a signal, `stop --force`) or `stop` finishing (kiro.executors.base.Guard.interruption:
+      a stop hook, the task file moved): "cancelled";
+    - `idle_timeout` seconds without a word from the child (`heard` says one came; while kiro itself
+      holds the child up, `hold`, its silence is kiro's): "idle";
+    - `end(why)`: its own output said it cannot go on (a fatal error an agent CLI printed, an ACP agent
+      that left its asking mode): `why`;
+    - the `timeout`: "timed_out".
+
+    Event-driven: each is a future `watch` waits on at once, the silence a timer re-armed only when it runs
+    out; nothing is polled."""
+
+    def __init__(self, *, timeout: float | None = None, cancel: asyncio.Event | None = None,
+                 idle_timeout: float | None = None, stop: Callable[[], Awaitable[object]] | None = None) -> None:
+        self.timeout = timeout
+        self.cancel = cancel
+        self.idle_timeout = idle_timeout
+        self.stop = stop
+        self.last = time.monotonic()  # when the child last said something
+        self.held = 0
+        self.why: str | None = None  # what `end` said
+        self._ended: asyncio.Future[None] | None = None  # while `watch` waits
+
+    def heard(self) -> None:
+        self.last = time.monotonic()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """kiro, not the child, takes its time meanwhile (it decides a permission the child asked for, and a
+        guardrail may make it wait): no idle timeout in it, and the silence counts from its end."""
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+            self.heard()
+
+    def end(self, why: str) -> None:
+        """End the child now, for `why` (the first reason given stays)."""
+        if self.why is None:
+            self.why = why
+            if self._ended is not None and not self._ended.done():
+                self._ended.set_result(None)
+
+    async def _silence(self) -> None:
+        assert self.idle_timeout is not None
+        while self.held or (quiet := time.monotonic() - self.last) < self.idle_timeout:
+            await asyncio.sleep(self.idle_timeout if self.held else self.idle_timeout - quiet)
+
+    async def watch(self, *work: asyncio.Future[Any]) -> str | None:
+        """Wait until one of `work` is done (None) or the child must end (why: see the class). The child is
+        not ended here: its caller ends it its own way (an ACP session is cancelled first)."""
+        if self.why is not None:
+            return self.why
+        self._ended = asyncio.get_running_loop().create_future()
+        watchers: list[tuple[str | None, asyncio.Future[Any]]] = [(None, self._ended)]
+        if self.cancel is not None:
+            watchers.append(("cancelled", asyncio.ensure_future(self.cancel.wait())))
+        if self.stop is not None:
+            watchers.append(("cancelled", asyncio.ensure_future(self.stop())))
+        if self.idle_timeout is not None:
+            watchers.append(("idle", asyncio.ensure_future(self._silence())))
+        try:
+            done, _ = await asyncio.wait({*work, *(f for _, f in watchers)}, timeout=self.timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for _, future in watchers:
+                future.cancel()
+        if any(w in done for w in work):
+            return None
+        for why, future in watchers:  # an `end` first: it says most of what happened
+            if future in done:
+                future.result()  # a `stop` that failed is kiro's bug: raised, not taken for a stop
+                return why if why is not None else self.why
+        return "timed_out"
+
+
 async def run_process(
     argv: Sequence[str],
     *,
@@ -245,7 +331,8 @@ async def run_process(
 ) -> ProcessResult:
     """`confine`: the command is the agent's choice: no capabilities, no new privileges. `box`: run it
     in bubblewrap (kiro.processes.sandbox), which also drops capabilities and new privileges (as
-    setpriv would: `confine` needs nothing more), and dies with the group's leader."""
+    setpriv would: `confine` needs nothing more), and dies with the group's leader. What ends it early
+    (`cancel`, `timeout`, `idle_timeout`, `on_stdout` saying True: a fatal error) is a `Watchdog`."""
     started = time.monotonic()
     child = await spawn(argv, cwd=cwd, env=env, confine=confine, box=box,
                         stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
@@ -253,27 +340,20 @@ async def run_process(
     proc = child.proc
     chunks = bytearray()
     err_chunks = bytearray()
-    last_output = time.monotonic()
-    abort = asyncio.Event()
+    dog = Watchdog(timeout=timeout, cancel=cancel, idle_timeout=idle_timeout)
 
     async def pump(stream: asyncio.StreamReader | None, into: bytearray) -> None:
-        nonlocal last_output
         assert stream is not None
         while True:
             data = await stream.read(65536)
             if not data:
                 return
-            last_output = time.monotonic()
+            dog.heard()
             if on_stdout is not None and into is chunks and on_stdout(data):
-                abort.set()
+                dog.end("aborted")
             into.extend(data)
             if len(into) > output_limit * 2:
                 del into[: len(into) - output_limit]
-
-    async def silence() -> None:
-        assert idle_timeout is not None
-        while (quiet := time.monotonic() - last_output) < idle_timeout:
-            await asyncio.sleep(idle_timeout - quiet)
 
     async def feed() -> None:
         if stdin_data is None or proc.stdin is None:
@@ -286,29 +366,10 @@ async def run_process(
 
     pumps = [pump(proc.stdout, chunks)] + ([pump(proc.stderr, err_chunks)] if separate_stderr else [])
     work = asyncio.ensure_future(asyncio.gather(*pumps, feed(), proc.wait()))
-    waiters: set[asyncio.Future[Any]] = {work}
-    cancel_wait: asyncio.Future[Any] | None = None
-    if cancel is not None:
-        cancel_wait = asyncio.ensure_future(cancel.wait())
-        waiters.add(cancel_wait)
-    idle_wait = asyncio.ensure_future(silence()) if idle_timeout is not None else None
-    if idle_wait is not None:
-        waiters.add(idle_wait)
-    abort_wait = asyncio.ensure_future(abort.wait()) if on_stdout is not None else None
-    if abort_wait is not None:
-        waiters.add(abort_wait)
-    timed_out = cancelled = idle_timed_out = aborted = False
+    ended: str | None = None
     try:
-        done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if work not in done:
-            if cancel_wait is not None and cancel_wait in done:
-                cancelled = True
-            elif idle_wait is not None and idle_wait in done:
-                idle_timed_out = True
-            elif abort_wait is not None and abort_wait in done:
-                aborted = True
-            else:
-                timed_out = True
+        ended = await dog.watch(work)
+        if ended is not None:
             await end_process(proc)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(work, KILL_GRACE_SECONDS)
@@ -317,18 +378,14 @@ async def run_process(
         child.release()
         raise
     finally:
-        if cancel_wait is not None:
-            cancel_wait.cancel()
-        for extra in (idle_wait, abort_wait):
-            if extra is not None:
-                extra.cancel()
         if not work.done():
             work.cancel()
     child.release()
     text = bytes(chunks[-output_limit:]).decode("utf-8", errors="replace")
     err = bytes(err_chunks[-output_limit:]).decode("utf-8", errors="replace")
-    return ProcessResult(proc.returncode, text, time.monotonic() - started, timed_out, cancelled, err, idle_timed_out,
-                         aborted)
+    return ProcessResult(proc.returncode, text, time.monotonic() - started, timed_out=ended == "timed_out",
+                         cancelled=ended == "cancelled", stderr=err, idle_timed_out=ended == "idle",
+                         aborted=ended == "aborted")
 
 
 async def end_process(proc: asyncio.subprocess.Process) -> None:

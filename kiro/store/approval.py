@@ -247,8 +247,11 @@ def step_began(ws: Workspace, task_id: str, *, boxed: bool) -> None:
     if marker.exists():
         return
     with contextlib.suppress(OSError):
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text("boxed\n" if boxed else "unboxed\n")
+        try:
+            marker.write_text("boxed\n" if boxed else "unboxed\n")
+        except FileNotFoundError:  # the folder, made once (not asked for at every step)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text("boxed\n" if boxed else "unboxed\n")
 
 
 def step_ended(ws: Workspace, task_id: str) -> None:
