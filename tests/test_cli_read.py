@@ -303,21 +303,18 @@ def test_sigkilled_loop_shows_as_interrupted_and_resume_finishes_it(ws: Workspac
 
 
 def test_status_watch_json_streams_until_interrupted(ws: Workspace, finished: str) -> None:
-    argv = [sys.executable, "-m", "kiro", "loop", "status", "--watch", "--json", "--interval", "0.1"]
-    # `with`: its pipes closed whatever happens (an open one fails a later test on a ResourceWarning)
-    with subprocess.Popen(argv, cwd=ws.root, env=ws.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as proc:
-        try:
-            assert proc.stdout is not None
-            first, second = proc.stdout.readline(), proc.stdout.readline()
-            assert [r["task_id"] for r in json.loads(first)] == [finished]
-            assert [r["task_id"] for r in json.loads(second)] == [finished]  # refreshed, not printed once
-            proc.send_signal(signal.SIGINT)
-            _out, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert proc.returncode == 0 and "Traceback" not in err
+    proc = ws.spawn("loop", "status", "--watch", "--json", "--interval", "0.1")  # its output: a file
+    try:
+        lines = ws.wait_for(lambda: ws.output(proc).splitlines()[:2] if ws.output(proc).count("\n") >= 2 else None,
+                            what="two refreshes")
+        assert [[r["task_id"] for r in json.loads(line)] for line in lines] == [[finished]] * 2  # refreshed
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, ws.output(proc)  # Ctrl-C ends it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in ws.output(proc)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
