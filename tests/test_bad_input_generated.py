@@ -3,7 +3,7 @@ commands that read it. Each case runs the real CLI on its own copy of a workspac
 unfinished loop, and must hold three properties:
 
     no internal error (no "internal error", no traceback) - it is a KiroError one-liner or it works
-    no hang (done within 10 s)
+    no hang (done within 60 s: a loaded CI machine took over 10 s for a start beside a 1,500-deep tree)
     no file changed when the exit code is 1 (and the one error line names what is wrong)
 
 The cases the issue reported (#7 item 11) must moreover end with exit 1. The suite prints a table
@@ -32,7 +32,7 @@ import pytest
 from tests import cli_forkserver
 from tests.conftest import FAST_CONFIG, shell_task
 
-HANG_SECONDS = 10.0
+HANG_SECONDS = 60.0  # a hang never ends: generous, it costs nothing when kiro answers
 STATE = ".state/autonomous_loop_other.json"
 CONFIG = "config/autonomous_loop.yaml"
 HOOK = ".hooks/stop_autonomous_loop_other.md"
