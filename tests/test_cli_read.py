@@ -321,14 +321,14 @@ def test_status_watch_json_streams_until_interrupted(ws: Workspace, finished: st
 def test_status_watch_json_ends_on_a_ctrl_c_python_lost(capsys: pytest.CaptureFixture[str]) -> None:
     """Ctrl-C raised inside a finaliser is printed as "Exception ignored" and lost: the watch still ends at its
     next turn, not refreshing for ever (a CI run's `status --watch --json` did not end within 30 s of SIGINT)."""
-    import os
+    import threading
 
     from kiro.views import console
 
     class InterruptedWhileCollected:
         def __del__(self) -> None:
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in range(1000):  # a loop's backward jumps: where Python runs the signal's handler
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # to this thread: handled in this loop
+            for _ in range(1_000_000):  # a loop's backward jumps: where Python runs the signal's handler
                 pass
 
     calls = 0
