@@ -130,13 +130,17 @@ class Workspace:
         return ids[0]
 
 
-@pytest.fixture
-def ws(tmp_path: Path) -> Iterator[Workspace]:
-    root = tmp_path / "vault"
+def new_workspace(root: Path) -> Workspace:
+    """kiro's folders under `root`, and a config with short backoffs."""
     for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
         (root / name).mkdir(parents=True)
     (root / "config" / "autonomous_loop.yaml").write_text(FAST_CONFIG)
-    yield Workspace(root)
+    return Workspace(root)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Workspace]:
+    yield new_workspace(tmp_path / "vault")
 
 
 def shell_task(n: int, *, cmd: str = 'echo "$KIRO_STEP_ID" >> side_effects.log', title: str = "Test task",

@@ -20,7 +20,7 @@ from kiro.store.events import EventLog
 from kiro.store.logread import read_events
 from kiro.store.transcript import Transcript
 from tests import cli_forkserver
-from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace, deep_tree, shell_task
+from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace, deep_tree, new_workspace, shell_task
 from tests.fake_openai import invoke, make_harness
 
 # -- item 12: a full disk ------------------------------------------------------------------------------
@@ -196,10 +196,9 @@ def test_status_watch_prints_when_not_on_a_terminal(ws: Workspace) -> None:
         out = ws.wait_for(lambda: ws.output(proc) if "max_iterations" in ws.output(proc) else None,
                           what="the status table in the output file")
         assert "w" in out.split() and "TASK ID" in out
-    finally:
         proc.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+        assert proc.wait(timeout=120) == 0, ws.output(proc)  # Ctrl-C ends the watch
+    finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -424,8 +423,10 @@ FULL_OUTPUT = [
 ]
 
 
-@pytest.fixture
-def one_loop(ws: Workspace) -> Workspace:
+@pytest.fixture(scope="module")
+def one_loop(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """One finished loop, made once for the module: the commands run on it only read it."""
+    ws = new_workspace(tmp_path_factory.mktemp("one_loop") / "vault")
     ws.task(shell_task(2))
     assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "t1").returncode == 0
     return ws

@@ -3,7 +3,7 @@ commands that read it. Each case runs the real CLI on its own copy of a workspac
 unfinished loop, and must hold three properties:
 
     no internal error (no "internal error", no traceback) - it is a KiroError one-liner or it works
-    no hang (done within 10 s)
+    no hang (done within 60 s: a loaded CI machine took over 10 s for a start beside a 1,500-deep tree)
     no file changed when the exit code is 1 (and the one error line names what is wrong)
 
 The cases the issue reported (#7 item 11) must moreover end with exit 1. The suite prints a table
@@ -32,7 +32,7 @@ import pytest
 from tests import cli_forkserver
 from tests.conftest import FAST_CONFIG, shell_task
 
-HANG_SECONDS = 10.0
+HANG_SECONDS = 60.0  # a hang never ends: generous, it costs nothing when kiro answers
 STATE = ".state/autonomous_loop_other.json"
 CONFIG = "config/autonomous_loop.yaml"
 HOOK = ".hooks/stop_autonomous_loop_other.md"
@@ -311,30 +311,36 @@ ALL = list(cases())
 
 
 def snapshot(root: Path) -> dict[str, Any]:
-    """Every entry under root (iteratively: trees may be deep): its type and content (a digest for
-    files, the target for symlinks); lock files left out (empty flock targets)."""
+    """Every entry under root: its type and content (a digest for files, the target for symlinks); lock
+    files left out (empty flock targets). Walked through folder descriptors, each name relative to its
+    folder's, so that a 1,500-deep tree costs a few milliseconds, not seconds of resolving long paths."""
     seen: dict[str, Any] = {}
-    todo = [root]
+    todo = [(os.open(root, os.O_RDONLY | os.O_DIRECTORY), "")]
     while todo:
-        folder = todo.pop()
-        with os.scandir(folder) as it:
-            for entry in it:
-                rel = os.path.relpath(entry.path, root)
-                if entry.name.endswith(".lock"):
-                    continue
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISLNK(st.st_mode):
-                    seen[rel] = ("link", os.readlink(entry.path))
-                elif stat.S_ISDIR(st.st_mode):
-                    seen[rel] = ("dir",)
-                    todo.append(Path(entry.path))
-                elif stat.S_ISREG(st.st_mode):
-                    if st.st_size > 1 << 20:
-                        seen[rel] = ("big", st.st_size, st.st_mtime_ns, st.st_ino)
+        fd, prefix = todo.pop()
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if entry.name.endswith(".lock"):
+                        continue
+                    rel = prefix + entry.name
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):
+                        seen[rel] = ("link", os.readlink(entry.name, dir_fd=fd))
+                    elif stat.S_ISDIR(st.st_mode):
+                        seen[rel] = ("dir",)
+                        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                        todo.append((os.open(entry.name, flags, dir_fd=fd), rel + "/"))
+                    elif stat.S_ISREG(st.st_mode):
+                        if st.st_size > 1 << 20:
+                            seen[rel] = ("big", st.st_size, st.st_mtime_ns, st.st_ino)
+                        else:
+                            with open(os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd), "rb") as fh:
+                                seen[rel] = ("file", hashlib.sha256(fh.read()).hexdigest())
                     else:
-                        seen[rel] = ("file", hashlib.sha256(Path(entry.path).read_bytes()).hexdigest())
-                else:
-                    seen[rel] = ("special", stat.S_IFMT(st.st_mode))
+                        seen[rel] = ("special", stat.S_IFMT(st.st_mode))
+        finally:
+            os.close(fd)
     return seen
 
 
@@ -409,11 +415,10 @@ def run_case(server: ForkServer, base: Path, scratch: Path, case: Case) -> Resul
         case.apply(root / case.target)
     before = snapshot(root)
     out = server.run(root, list(case.args))
-    after = snapshot(root)
     both = out["stdout"] + out["stderr"]
     internal = "internal error" in both or "Traceback" in both
     errors = [line for line in out["stderr"].splitlines() if line.strip() and not line.startswith("kiro: warning:")]
-    changed = diff(before, after) if out["code"] == 1 else []
+    changed = diff(before, snapshot(root)) if out["code"] == 1 else []  # only a refusal must leave all as it was
     problems: list[str] = []
     if internal:
         problems.append("internal error")

@@ -6,6 +6,7 @@ so that `kiro loop status` starts fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from kiro.status import percent
 from kiro.usage import dollars
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
     from typing import Any
 
     from rich.console import Console, Group
@@ -533,13 +534,12 @@ def watch(render: Callable[[], Any], ticks: Iterable[None], plain: Callable[[], 
     if not out.is_terminal:
         _watch_plain(render, ticks, plain)
         return
-    import contextlib
-
     from rich.live import Live
 
-    with contextlib.suppress(KeyboardInterrupt), Live(render(), console=__getattr__("out"),
-                                                      auto_refresh=False) as live:
+    with _until_interrupted() as stopping, Live(render(), console=__getattr__("out"), auto_refresh=False) as live:
         for _ in ticks:
+            if stopping():
+                break
             live.update(render(), refresh=True)
 
 
@@ -558,23 +558,49 @@ def _watch_plain(render: Callable[[], Any], ticks: Iterable[None], plain: Callab
             write(text + "\n")  # a blank line between two views
             last = text
 
-    import contextlib
-
-    with contextlib.suppress(KeyboardInterrupt):
+    with _until_interrupted() as stopping:
         show()
         for _ in ticks:
+            if stopping():
+                break
             show()
 
 
 def watch_json(data: Callable[[], Any], interval: float) -> None:
     """One compact JSON document per line every `interval` seconds until Ctrl-C (or a closed pipe)."""
-    import contextlib
     import time
 
-    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
-        while True:
+    with contextlib.suppress(BrokenPipeError), _until_interrupted() as stopping:
+        while not stopping():
             write(json.dumps(data(), ensure_ascii=False, default=str) + "\n")
             time.sleep(interval)
+
+
+@contextlib.contextmanager
+def _until_interrupted() -> Iterator[Callable[[], bool]]:
+    """A watch's body until Ctrl-C: yields whether SIGINT came. The handler notes it, then raises
+    KeyboardInterrupt to cut short a wait (ended quietly here). A KeyboardInterrupt can be lost on its way
+    (raised in a finaliser or a callback, Python prints "Exception ignored" and goes on): the note still
+    ends the watch at its next turn. Off the main thread (no signal handler there): Python's own."""
+    import signal
+    import threading
+
+    came = False
+
+    def interrupted(signum: int, frame: object) -> None:
+        nonlocal came
+        came = True
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, interrupted) if main else None
+    try:
+        yield lambda: came
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
 
 
 def progress_view(title: str, steps: Sequence[dict[str, Any]], done: int, total: int) -> None:
