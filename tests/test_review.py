@@ -457,7 +457,7 @@ def test_a_review_key_kiro_cannot_honour_is_refused(ws: Workspace) -> None:
     project(ws, steps=1)
     for bad, said in (("review: {agent: codex, command: cat}", "exactly one of agent"),
                       ("review: {command: cat, when: nightly}", "review.when"),
-                      ("review: {agent: codex}\nbackend: temporal", "review.agent is not built on the temporal backend"),
+                      ("review: {agent: codex}\nbackend: temporal", "review.agent is not built on the temporal"),
                       ("review: {command: cat, rounds: 3}", "review.rounds")):
         ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "executor: command\nexecutor_command: cat\n" + bad + "\n")
         r = start(ws)
