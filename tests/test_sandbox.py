@@ -381,6 +381,8 @@ def test_kiro_agents_shows_the_box_each_cli_would_run_in(ws: Workspace, home: Pa
     assert str(home / ".codex") not in claude["rw"] and str(home / ".codex") in codex["rw"]
     assert str(home / ".ssh") not in claude["rw"] + claude["ro"]
     assert {str(ws.root / name) for name in (".state", ".hooks", "config", "Logs")} <= set(claude["ro"])
+    # the box a loop's steps run in (executors.shell.loop_box): the task files are read-only there too
+    assert str((ws.root / "Specs").resolve()) in claude["ro"], claude["ro"]
     text = ws.kiro("agents", "--verbose", env=env).stdout
     print(text.splitlines()[0])
     assert text.startswith("sandbox: bwrap, usable here (project read-write; .state .hooks config Logs")

@@ -22,6 +22,7 @@ def agents(
     """List the agent CLI presets (`agent:` / --agent), one line each: installed or not, version, the credential it would use. `kiro agents NAME` (or --verbose) adds the exact command line and the box it runs in."""
     from kiro.errors import UserError
     from kiro.executors.agents import describe
+    from kiro.executors.shell import loop_box
     from kiro.plugins import AGENTS
     from kiro.processes import sandbox
     from kiro.store.settings import settings_for
@@ -32,12 +33,8 @@ def agents(
     located = settings_for(ws)
     config = located.config
     box = None
-    if sandbox.wanted(config.sandbox) and sandbox.unusable() is None:
-        home = os.environ.get("HOME")
-        box = sandbox.box_for(project=located.ws.root / config.project_dir, workspace=located.ws.root,
-                              state_dir=located.ws.state_dir, home=Path(home) if home and os.path.isabs(home) else None,
-                              extra_rw=config.sandbox_paths.rw, extra_ro=config.sandbox_paths.ro,
-                              network=config.sandbox_network)
+    if sandbox.unusable() is None:  # the box a loop's steps run in (None with sandbox: off)
+        box = loop_box(config, located.ws, located.ws.root / config.project_dir, None, os.environ)
     rows = describe(config, box)
     if name is not None:
         rows = [row for row in rows if row["name"] == name]

@@ -129,24 +129,16 @@ class Review(Feature):
                 return Reopen("the review was cut short; the step is reviewed again when the loop goes on",
                               stop=loop.interrupt_check() or conditions.stopped(
                                   result.stop_reason or "interrupted", "stopped during a review"))
-            verdict, reasons = read_answer(result)
-            if changed:
-                verdict, reasons = "invalid", (f"the reviewer changed the project's files (a reviewer only reads; "
-                                               f"kiro put them back): {'; '.join(changed[:10])}")
-            last = ReviewRound(round=number, verdict=verdict, reasons=clip(reasons, 2000), agent=who,
-                               prompt_tokens=result.usage.prompt_tokens,
-                               completion_tokens=result.usage.completion_tokens,
-                               total_tokens=result.usage.total_tokens, cost_usd=round(result.usage.cost_usd, 6),
-                               seconds=round(seconds, 3), log=result.log, at=timeutil.iso())
+            last = round_of(number, who, result, seconds, changed)
             rec.reviews = [*rec.reviews, last]  # a new list: the journal sees the change
             await loop.asave()
-            if verdict == "approve":
+            if last.verdict == "approve":
                 loop.emit(events.ReviewApproved(step_id=step.id, round=number, reviewer=who))
                 return None
-            if verdict == "changes":
+            if last.verdict == "changes":
                 break
             loop.emit(events.LoopWarning(message=f"review of step {step.id} (round {number}, {who}) failed: "
-                                                 f"{first_line(reasons)}"))
+                                                 f"{first_line(last.reasons)}"))
         assert last is not None
         counted = sum(1 for r in rec.reviews[rec.reviews_counted_from:] if r.verdict == "changes")
         paused = last.verdict != "changes" or counted >= review.max_rounds
@@ -317,6 +309,21 @@ def review_base(state: LoopState, when: str, step_base: str | None) -> str | Non
     if when == "task":
         return first
     return step_base
+
+
+def round_of(number: int, who: str, result: StepResult, seconds: float, changed: list[str]) -> ReviewRound:
+    """The record of one review round (both backends: the local loop above, the temporal worker's
+    kiro.temporal.attempt): the reviewer's verdict and reasons as kiro read them (`invalid` when it changed the
+    project's files, `changed`, which kiro put back), its usage, time and log."""
+    verdict, reasons = read_answer(result)
+    if changed:
+        verdict, reasons = "invalid", (f"the reviewer changed the project's files (a reviewer only reads; "
+                                       f"kiro put them back): {'; '.join(changed[:10])}")
+    u = result.usage
+    return ReviewRound(round=number, verdict=verdict, reasons=clip(reasons, 2000), agent=who,
+                       prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                       total_tokens=u.total_tokens, cost_usd=round(u.cost_usd, 6), seconds=round(seconds, 3),
+                       log=result.log, at=timeutil.iso())
 
 
 def changes_reason(who: str, last: ReviewRound) -> str:

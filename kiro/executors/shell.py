@@ -66,7 +66,7 @@ def step_box(ctx: StepContext, env: Mapping[str, str], home_paths: Iterable[Path
                     read_paths=read_paths, ports=ports, task_copy=task_copy, read_only=read_only)
 
 
-def loop_box(cfg: Config, workspace: Workspace, project: Path, task_path: Path, env: Mapping[str, str], *,
+def loop_box(cfg: Config, workspace: Workspace, project: Path, task_path: Path | None, env: Mapping[str, str], *,
              home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (), ports: Iterable[int] = (),
              task_copy: Path | None = None, read_only: bool = False) -> sandbox.Box | None:
     """The box of a loop's steps, run in `project`: what each step's process runs in, and what the loop's
@@ -75,7 +75,8 @@ def loop_box(cfg: Config, workspace: Workspace, project: Path, task_path: Path, 
     endpoint). The task file, `Specs/` and `.kiro/specs/` are read-only in every box (SPEC §15: a step never
     writes a task's frontmatter, plants a task file, or writes a person's edits away); an agent that checks
     its box edits `task_copy`, its own copy (kiro.executors.control.StepCopy), read-write. `read_only`: the
-    project read-only too (a reviewer's box, kiro.core.review). Worked out once per loop, not per step
+    project read-only too (a reviewer's box, kiro.core.review). `task_path` None: no loop's task file yet
+    (`kiro agents` shows the box its presets would run in). Worked out once per loop, not per step
     (sandbox.box_for keeps it while what it looked at on disk stays as it was)."""
     if not sandbox.wanted(cfg.sandbox):
         return None
@@ -87,7 +88,8 @@ def loop_box(cfg: Config, workspace: Workspace, project: Path, task_path: Path, 
                            task_file=task_copy, home=Path(home) if home and os.path.isabs(home) else None,
                            home_paths=home_paths, read_paths=read_paths,
                            extra_rw=(*cfg.sandbox_paths.rw, *copy_rw),
-                           extra_ro=(*cfg.sandbox_paths.ro, *task_areas, os.path.realpath(task_path)),
+                           extra_ro=(*cfg.sandbox_paths.ro, *task_areas,
+                                     *([os.path.realpath(task_path)] if task_path is not None else [])),
                            network=cfg.sandbox_network, ports=ports, read_only=read_only)
 
 

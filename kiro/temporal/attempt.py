@@ -34,7 +34,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from kiro import executors, timeutil
+from kiro import executors
 from kiro.core import review
 from kiro.errors import ConfigError, ExecutorError, UserError
 from kiro.executors.base import StepContext, StepResult
@@ -375,24 +375,16 @@ class _Reviewer:
             result.redact(ctx.redact)
             spent.add(result.usage)
             changed = await asyncio.to_thread(review.put_back, *kept) if kept is not None else []
-            verdict, reasons = review.read_answer(result)
-            if changed:
-                verdict, reasons = "invalid", (f"the reviewer changed the project's files (a reviewer only reads; "
-                                               f"kiro put them back): {'; '.join(changed[:10])}")
-            u = result.usage
-            last = ReviewRound(round=number, verdict=verdict, reasons=clip(reasons, 2000), agent=who,
-                               prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                               total_tokens=u.total_tokens, cost_usd=round(u.cost_usd, 6), seconds=round(seconds, 3),
-                               at=timeutil.iso())
-            self.rounds.append(last)
-            if verdict == "approve":
+            last = review.round_of(number, who, result, seconds, changed).model_copy(update={"log": None})
+            self.rounds.append(last)  # the round's log stays on the worker
+            if last.verdict == "approve":
                 ctx.emit(ev.ReviewApproved(step_id=ctx.step.id, round=number, reviewer=who))
                 self.approved = True
                 return None
-            if verdict == "changes":
+            if last.verdict == "changes":
                 break
             ctx.emit(ev.LoopWarning(message=f"review of step {ctx.step.id} (round {number}, {who}) failed: "
-                                            f"{review.first_line(reasons)}"))
+                                            f"{review.first_line(last.reasons)}"))
         assert last is not None
         if last.verdict != "changes":
             return None
