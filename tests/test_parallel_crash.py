@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from kiro.git import stepbranches
 from kiro.store import journal, tasks
 from kiro.store.state import LoopState
+from tests.conftest import Workspace
 from tests.gitutil import files_in, fsck_problems, git, init_repo, trailers
 
 STEP = ('echo "$KIRO_STEP_ID" >> "$CRASH_SIDE_LOG"; sleep 0.$((RANDOM % 4)); mkdir -p files; '
@@ -172,3 +174,28 @@ def test_sigkill_during_side_by_side_attempts_and_merges_loses_nothing(tmp_path:
     assert fsck_problems(root) == []
     assert problems == []
     assert done_kills >= kills // 2  # most aims land (a run that finishes first is not killed)
+
+
+def test_a_step_branch_whose_ref_lock_a_kill_left_is_removed_when_the_loop_ends(ws: Workspace) -> None:
+    """A SIGKILL while git moves or deletes an attempt's branch (its commit, `worktree add -b`, `branch -D`)
+    leaves `refs/heads/kiro/<attempt>.lock` behind, and git refuses to delete that branch. Here step 1 was done
+    and its branch's deletion killed: the resumed loop's clean-up removes that lock (no git holds it) and the
+    branch, as it does every other attempt's. (The crash test above left `kiro/px.step-8-*` so once, in CI.)"""
+    init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  backoff_base_seconds: 0.01\n")
+    lines = ["---", "title: side by side", "executor: shell", "parallel: 2", "---", "# Plan",
+             "- [x] 1. (P) Part 1"]
+    for i in (2, 3):
+        lines += [f"- [ ] {i}. (P) Part {i}", "  ```sh", '  mkdir -p files; echo ok > "files/$KIRO_STEP_ID.txt"',
+                  "  ```"]
+    ws.task("\n".join(lines) + "\n")
+    name = stepbranches.attempt_name("px", "1")
+    git(ws.root, "branch", f"kiro/{name}")
+    lock = ws.root / ".git" / "refs" / "heads" / "kiro" / f"{name}.lock"
+    lock.write_text("")  # as git's killed `branch -D` left it (a minute ago)
+    os.utime(lock, (time.time() - 60, time.time() - 60))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "px", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [s.id for s in tasks.load(ws.root / ws.state("px")["task_path"]).steps if s.done] == ["1", "2", "3"]
+    assert git(ws.root, "branch", "--format=%(refname:short)").split() == ["main"]
+    assert [str(p) for p in (ws.root / ".git").rglob("*.lock")] == []
