@@ -143,6 +143,7 @@ def _child(job: dict[str, Any], fds: list[int]) -> None:
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
+    time.tzset()  # the local time zone is the caller's TZ, as a new interpreter reads it at its start
     sys.path[0] = job["cwd"]  # `-m` puts the working directory first
     sys.argv = ["-m", *job["args"]]  # runpy makes argv[0] kiro/__main__.py's path, as `-m` does
     import runpy
