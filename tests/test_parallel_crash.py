@@ -14,8 +14,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,6 +23,7 @@ import pytest
 from kiro.git import stepbranches
 from kiro.store import journal, tasks
 from kiro.store.state import LoopState
+from tests import cli_forkserver, crashgit
 from tests.conftest import Workspace
 from tests.gitutil import files_in, fsck_problems, git, init_repo, trailers
 
@@ -46,7 +45,7 @@ def _state(root: Path, tid: str) -> LoopState | None:
     return None
 
 
-def _aim(root: Path, mode: str, proc: subprocess.Popen[bytes], rng: random.Random) -> None:
+def _aim(root: Path, mode: str, proc: cli_forkserver.ForkedProcess, rng: random.Random) -> None:
     """Wait for the moment a kill is aimed at (at most 3 s): a random one, a new attempt's worktree appearing,
     an attempt just finished (its commit made on its branch), the engine just taking up a step (its work being
     merged into the main tree), the main tree's index lock held (a checkpoint commit), or main's branch just
@@ -95,7 +94,7 @@ def test_sigkill_during_side_by_side_attempts_and_merges_loses_nothing(tmp_path:
     (root / "Specs/crashy/tasks.md").write_text(_plan(steps))
     init_repo(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "GIT_"))}
-    env.update(KIRO_RAISE_ERRORS="1", CRASH_SIDE_LOG=str(side))
+    env.update(KIRO_RAISE_ERRORS="1", PYTHONUNBUFFERED="1", CRASH_SIDE_LOG=str(side))
     env.pop("PYTEST_CURRENT_TEST", None)
     rng = random.Random(int(os.environ.get('PARALLEL_CRASH_SEED', '20261127')))
     problems: list[str] = []
@@ -107,8 +106,7 @@ def test_sigkill_during_side_by_side_attempts_and_merges_loses_nothing(tmp_path:
     while True:
         args = (["loop", "start", "--task", "Specs/crashy/tasks.md", "--task-id", tid] if state is None
                 else ["loop", "resume", "--task-id", tid])
-        proc = subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=root, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = crashgit.start(args, root, env)
         runs += 1
         if done_kills < kills:
             deadline = time.monotonic() + 30
