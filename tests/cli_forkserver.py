@@ -140,9 +140,12 @@ def _child(job: dict[str, Any], fds: list[int]) -> None:
         os.dup2(passed, target)
     os.closerange(3, 1 << 16)  # the server's sockets and pidfds, the other jobs': only 0-2 are open, as in
     # a process subprocess started (close_fds)
+    if job.get("session"):
+        os.setsid()
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
+    time.tzset()  # the local time zone is the caller's TZ, as a new interpreter reads it at its start
     sys.path[0] = job["cwd"]  # `-m` puts the working directory first
     sys.argv = ["-m", *job["args"]]  # runpy makes argv[0] kiro/__main__.py's path, as `-m` does
     import runpy
@@ -206,10 +209,11 @@ class _Server:
         self.lock = threading.Lock()
 
     def start(self, cwd: Path | str, args: Sequence[str], env: Mapping[str, str],
-              std: Sequence[int]) -> tuple[int, socket.socket]:
-        """Fork a child for `python -m kiro *args` with stdin, stdout, stderr `std`: its pid and the socket
-        its exit code will come on."""
-        job = json.dumps({"cwd": str(cwd), "args": list(args), "env": dict(env)}).encode()
+              std: Sequence[int], *, session: bool = False) -> tuple[int, socket.socket]:
+        """Fork a child for `python -m kiro *args` with stdin, stdout, stderr `std` (`session`: in a session
+        and process group of its own, as Popen's start_new_session): its pid and the socket its exit code will
+        come on."""
+        job = json.dumps({"cwd": str(cwd), "args": list(args), "env": dict(env), "session": session}).encode()
         spill = None
         if len(job) > _MAX_MESSAGE // 2:
             spill = tempfile.NamedTemporaryFile(delete=False, suffix=".json")
@@ -390,19 +394,21 @@ class ForkedProcess:
     to the file descriptors `stdout` and `stderr`."""
 
     def __init__(self, args: Sequence[str], *, cwd: Path | str, env: Mapping[str, str], stdout: int,
-                 stderr: int) -> None:
+                 stderr: int, start_new_session: bool = False) -> None:
         self.args = [sys.executable, "-m", "kiro", *args]
         self.returncode: int | None = None
         self._server = _server_for(env)
         self._popen: subprocess.Popen[bytes] | None = None
         self._reply: socket.socket | None = None
         if self._server is None:
-            self._popen = subprocess.Popen(self.args, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+            self._popen = subprocess.Popen(self.args, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
+                                           start_new_session=start_new_session)
             self.pid = self._popen.pid
             return
         stdin = os.open(os.devnull, os.O_RDONLY)
         try:
-            self.pid, self._reply = self._server.start(cwd, args, env, [stdin, stdout, stderr])
+            self.pid, self._reply = self._server.start(cwd, args, env, [stdin, stdout, stderr],
+                                                       session=start_new_session)
         finally:
             os.close(stdin)
         self._wait_lock = threading.Lock()

@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from kiro.store import tasks
 from kiro.store.state import LoopState
+from tests import cli_forkserver
 from tests.gitutil import changed_in, files_in, fsck_problems, git, git_env, init_repo, trailers
 
 STEP = ('mkdir -p files; echo "$KIRO_STEP_ID" >> "$CRASH_SIDE_LOG"; '
@@ -64,9 +64,24 @@ def _setup(root: Path, config: str) -> dict[str, str]:
         config + f"sandbox_paths:\n  rw: [{json.dumps(str(side_log(root).parent))}]\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "GIT_"))}
     env["KIRO_RAISE_ERRORS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"  # (as the other tests' kiro runs: one fork server serves them all)
     env["CRASH_SIDE_LOG"] = str(side_log(root))
     env.pop("PYTEST_CURRENT_TEST", None)
     return env
+
+
+def start(args: list[str], root: Path, env: dict[str, str], out: int | None = None) -> cli_forkserver.ForkedProcess:
+    """`python -m kiro *args` in `root`, in a session and process group of its own (a kill of the group takes
+    the gits it runs too), its output to the file descriptor `out` (None: nowhere). A process of its own, forked
+    from the test process's kiro fork server (tests/cli_forkserver.py): no interpreter start and imports each
+    time (3-7 s on a loaded machine), the rest as a `subprocess.Popen` of it."""
+    null = os.open(os.devnull, os.O_WRONLY) if out is None else None
+    try:
+        return cli_forkserver.ForkedProcess(args, cwd=root, env=env, stdout=out if null is None else null,
+                                            stderr=out if null is None else null, start_new_session=True)
+    finally:
+        if null is not None:
+            os.close(null)
 
 
 def _counts(root: Path) -> Counter[str]:
@@ -74,7 +89,7 @@ def _counts(root: Path) -> Counter[str]:
     return Counter(p.read_text().split()) if p.exists() else Counter()
 
 
-def _wait_for_git(root: Path, mode: str, proc: subprocess.Popen[bytes], rng: random.Random) -> None:
+def _wait_for_git(root: Path, mode: str, proc: cli_forkserver.ForkedProcess, rng: random.Random) -> None:
     lock = root / ".git/index.lock"
     ref = root / ".git/refs/heads/main"
     try:
@@ -114,9 +129,8 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
     while rep.kills < kills:
         args = (["loop", "start", "--task", "Specs/crashy/tasks.md", "--task-id", tid] if not created
                 else ["loop", "resume", "--task-id", tid])
-        out = open(root.parent / "crash_run.out", "w")  # noqa: SIM115
-        proc = subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=root, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        with open(root.parent / "crash_run.out", "w") as out:
+            proc = start(args, root, env, out.fileno())
         rep.runs += 1
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:  # wait until this process runs the loop
@@ -141,7 +155,6 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
                 proc.send_signal(signal.SIGKILL)
             rep.kills += 1
         code = proc.wait(timeout=60)
-        out.close()
         p = _state_file(root, tid)
         if p is None:
             continue
@@ -163,8 +176,7 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
                 rep.problems.append(f"completed with exit {code}")
             break
     if state is None or state.status != "completed":
-        r = subprocess.run([sys.executable, "-m", "kiro", "loop", "resume", "--task-id", tid], cwd=root, env=env,
-                           capture_output=True, text=True, timeout=600)
+        r = cli_forkserver.run(["loop", "resume", "--task-id", tid], cwd=root, env=env, timeout=600)
         if r.returncode != 0:
             rep.problems.append(f"final resume exit {r.returncode}: {r.stdout[-500:]} {r.stderr[-500:]}")
     p = _state_file(root, tid)
@@ -246,8 +258,7 @@ def run_merges(root: Path, *, loops: int, seed: int) -> Report:
         for attempt in range(10):
             args = (["loop", "start", "--task", f"Specs/{tid}/tasks.md", "--task-id", tid] if not created
                     else ["loop", "resume", "--task-id", tid])
-            proc = subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=root, env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            proc = start(args, root, env)
             rep.runs += 1
             if attempt < 2:
                 mode = rng.choice(("index_lock", "new_commit", "random"))

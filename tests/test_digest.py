@@ -10,7 +10,7 @@ import shutil
 import socket
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -143,22 +143,35 @@ def test_bad_digest_settings_are_one_line_and_the_notify_url_is_not_echoed(ws: W
         assert not (ws.root / ".state" / "autonomous_loop_feature.json").exists()
 
 
+def _zone_at(seconds: int) -> tuple[dict[str, str], datetime]:
+    """A time zone (TZ) in which the local time now is `seconds` past a minute (UTC shifted by under a minute),
+    and that local time now, naive."""
+    utc = datetime.now(UTC).replace(tzinfo=None)
+    shift = (seconds - utc.second) % 60
+    return {"TZ": f"<KIRO>-00:00:{shift:02d}"}, utc + timedelta(seconds=shift)
+
+
 def test_notify_sends_the_digest_at_digest_at_and_the_loop_finished_with_the_digest(ws: Workspace) -> None:
-    """digest_at is the next minute; the step waits until the receiver has the daily digest (the receiver opens
-    the step's gate), then the loop ends and its loop_finished notification carries the digest too."""
+    """digest_at is the next minute (always 30 s away, in a time zone made for it: kiro has that long to start
+    its loop, whose digest clock then waits for that minute; a minute that comes before the loop runs is
+    tomorrow's); the step waits until the receiver has the daily digest (the receiver opens the step's gate),
+    then the loop ends and its loop_finished notification carries the digest too."""
     gate = ws.root / "gate"
     r = Receiver(on_message=lambda m: m["title"].startswith("kiro digest") and gate.write_text("open"))
     try:
-        at = (datetime.now() + timedelta(minutes=1)).strftime("%H:%M")
-        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"digest_at: '{at}'\n"
+        assert ws.kiro("--version").returncode == 0  # (the first kiro of a test process waits for its imports)
+        zone, local = _zone_at(30)
+        at = local + timedelta(seconds=30)
+        ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"digest_at: '{at:%H:%M}'\n"
                  f"notify: ['json://127.0.0.1:{r.port}/hook']\nstep_timeout_seconds: 300\n")
         wait = f'for i in $(seq 1 3000); do [ -f "{gate}" ] && exit 0; sleep 0.05; done; exit 1'
         ws.task(shell_task(1, cmd=wait, title="Waits for the digest"))
-        done = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "night", timeout=280)
+        done = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "night", timeout=280,
+                       env=ws.env(**zone))
         assert done.returncode == 0, done.stderr
         titles = [m["title"] for m in r.got]
         print(titles)
-        today = datetime.now().astimezone().date().isoformat()
+        today = at.date().isoformat()
         daily = next(m for m in r.got if m["title"] == f"kiro digest {today}")
         assert "## Done" in daily["message"] and "## Waiting for you" in daily["message"]
         assert (ws.root / "Logs" / "digest" / f"{today}.md").exists()

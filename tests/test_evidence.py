@@ -92,7 +92,7 @@ VERIFY = '''\
 n=${KIRO_STEP_ID%%.*}
 files=""
 for i in $(seq 1 "$n"); do files="$files tests/test_step$i.py"; done
-exec "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml=.kiro-verify.xml $files
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 exec "$PYTHON" -m pytest -q -p no:cacheprovider --junitxml=.kiro-verify.xml $files
 '''
 
 
@@ -117,7 +117,7 @@ def project(ws: Workspace, plan: dict[str, str], *, protected: bool = False, rep
     (out / "funcs.json").write_text(json.dumps({str(k): v for k, v in FUNCS.items()}))
     script = ws.root.parent / "agent.py"
     script.write_text(AGENT)
-    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {shlex.quote(str(out))}"
+    cmd = f"{shlex.quote(sys.executable)} -S {shlex.quote(str(script))} {shlex.quote(str(out))}"  # (stdlib only)
     config = FAST_CONFIG + textwrap.dedent(f"""\
         executor_command: {json.dumps(cmd)}
         sandbox_paths: {{rw: [{json.dumps(str(out))}]}}

@@ -10,6 +10,7 @@ from tests.crashgit import run, run_merges
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 50 kills and a 120-step loop: ~100 s, ~260 s at load 50 (pytest-timeout's 300 s is close)
 def test_sigkill_around_commits_never_reruns_a_step_nor_leaves_half_a_commit(tmp_path: Path) -> None:
     rep = run(tmp_path / "vault", steps=120, kills=50, seed=20261122)
     ev = rep.events

@@ -14,16 +14,17 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from kiro.git import stepbranches
 from kiro.store import journal, tasks
 from kiro.store.state import LoopState
+from tests import cli_forkserver, crashgit
+from tests.conftest import Workspace
 from tests.gitutil import files_in, fsck_problems, git, init_repo, trailers
 
 STEP = ('echo "$KIRO_STEP_ID" >> "$CRASH_SIDE_LOG"; sleep 0.$((RANDOM % 4)); mkdir -p files; '
@@ -44,7 +45,7 @@ def _state(root: Path, tid: str) -> LoopState | None:
     return None
 
 
-def _aim(root: Path, mode: str, proc: subprocess.Popen[bytes], rng: random.Random) -> None:
+def _aim(root: Path, mode: str, proc: cli_forkserver.ForkedProcess, rng: random.Random) -> None:
     """Wait for the moment a kill is aimed at (at most 3 s): a random one, a new attempt's worktree appearing,
     an attempt just finished (its commit made on its branch), the engine just taking up a step (its work being
     merged into the main tree), the main tree's index lock held (a checkpoint commit), or main's branch just
@@ -93,7 +94,7 @@ def test_sigkill_during_side_by_side_attempts_and_merges_loses_nothing(tmp_path:
     (root / "Specs/crashy/tasks.md").write_text(_plan(steps))
     init_repo(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_", "GIT_"))}
-    env.update(KIRO_RAISE_ERRORS="1", CRASH_SIDE_LOG=str(side))
+    env.update(KIRO_RAISE_ERRORS="1", PYTHONUNBUFFERED="1", CRASH_SIDE_LOG=str(side))
     env.pop("PYTEST_CURRENT_TEST", None)
     rng = random.Random(int(os.environ.get('PARALLEL_CRASH_SEED', '20261127')))
     problems: list[str] = []
@@ -105,8 +106,7 @@ def test_sigkill_during_side_by_side_attempts_and_merges_loses_nothing(tmp_path:
     while True:
         args = (["loop", "start", "--task", "Specs/crashy/tasks.md", "--task-id", tid] if state is None
                 else ["loop", "resume", "--task-id", tid])
-        proc = subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=root, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = crashgit.start(args, root, env)
         runs += 1
         if done_kills < kills:
             deadline = time.monotonic() + 30
@@ -172,3 +172,28 @@ def test_sigkill_during_side_by_side_attempts_and_merges_loses_nothing(tmp_path:
     assert fsck_problems(root) == []
     assert problems == []
     assert done_kills >= kills // 2  # most aims land (a run that finishes first is not killed)
+
+
+def test_a_step_branch_whose_ref_lock_a_kill_left_is_removed_when_the_loop_ends(ws: Workspace) -> None:
+    """A SIGKILL while git moves or deletes an attempt's branch (its commit, `worktree add -b`, `branch -D`)
+    leaves `refs/heads/kiro/<attempt>.lock` behind, and git refuses to delete that branch. Here step 1 was done
+    and its branch's deletion killed: the resumed loop's clean-up removes that lock (no git holds it) and the
+    branch, as it does every other attempt's. (The crash test above left `kiro/px.step-8-*` so once, in CI.)"""
+    init_repo(ws.root)
+    ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  backoff_base_seconds: 0.01\n")
+    lines = ["---", "title: side by side", "executor: shell", "parallel: 2", "---", "# Plan",
+             "- [x] 1. (P) Part 1"]
+    for i in (2, 3):
+        lines += [f"- [ ] {i}. (P) Part {i}", "  ```sh", '  mkdir -p files; echo ok > "files/$KIRO_STEP_ID.txt"',
+                  "  ```"]
+    ws.task("\n".join(lines) + "\n")
+    name = stepbranches.attempt_name("px", "1")
+    git(ws.root, "branch", f"kiro/{name}")
+    lock = ws.root / ".git" / "refs" / "heads" / "kiro" / f"{name}.lock"
+    lock.write_text("")  # as git's killed `branch -D` left it (a minute ago)
+    os.utime(lock, (time.time() - 60, time.time() - 60))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "px", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [s.id for s in tasks.load(ws.root / ws.state("px")["task_path"]).steps if s.done] == ["1", "2", "3"]
+    assert git(ws.root, "branch", "--format=%(refname:short)").split() == ["main"]
+    assert [str(p) for p in (ws.root / ".git").rglob("*.lock")] == []

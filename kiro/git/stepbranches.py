@@ -25,6 +25,7 @@ from kiro.git.checkpoints import (
     GitError,
     LoopGit,
     _repo_lock,
+    clear_stale_locks,
     commit_files,
     pathspec,
     scan,
@@ -134,6 +135,11 @@ def remove(ws: Any, top: Path, task_id: str, name: str) -> bool:
         main.run("worktree", "prune", check=False)
         if main.ok("rev-parse", "--verify", "-q", f"refs/heads/kiro/{name}"):
             found = True
+            # a kill while git moved or deleted the branch (its commit, `worktree add -b`, this `branch -D`)
+            # leaves the ref's lock behind, and git then refuses to delete the branch (a live git's: it stays)
+            with contextlib.suppress(GitError):
+                clear_stale_locks([Path(common) / "refs" / "heads" / "kiro" / f"{name}.lock",
+                                   Path(common) / "packed-refs.lock"], [top, wt])
             main.run("branch", "-q", "-D", f"kiro/{name}", check=False)
     return found
 
