@@ -1,5 +1,6 @@
 """Shared fixtures: real workspaces in tmp_path, and `kiro` run as a process of its own the way a person
-or a script runs it (forked from a server that imported kiro once: tests/cli_forkserver.py)."""
+or a script runs it (`ws.kiro`, forked from a server that imported kiro once: tests/cli_forkserver.py),
+or in the test's own process where no process of its own is the point (`ws.run`: tests/cli_inprocess.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests import cli_forkserver
+from tests import cli_forkserver, cli_inprocess
 
 if TYPE_CHECKING:
     from tests.fake_openai import FakeOpenAI
@@ -93,6 +94,13 @@ class Workspace:
              input: str | None = None) -> subprocess.CompletedProcess[str]:
         """`python -m kiro *args` in the workspace: as subprocess.run(capture_output=True, text=True)."""
         return cli_forkserver.run(args, cwd=self.root, env=env or self.env(), timeout=timeout, input=input)
+
+    def run(self, *args: str, env: dict[str, str] | None = None, input: str | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """`kiro *args` in the workspace (or `cwd`), run in this process (tests/cli_inprocess.py), with what
+        `kiro()` gives back: for a command that needs no process of its own (no loop run, no signal, kill,
+        detach, watch or serve), at a fraction of a process's cost."""
+        return cli_inprocess.run(args, cwd=cwd or self.root, env=env or self.env(), input=input)
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> cli_forkserver.ForkedProcess:
         """Start kiro in the background; its output goes to a file beside the workspace (`output()`).

@@ -535,11 +535,11 @@ def test_a_line_nested_100000_deep_in_an_event_log_is_skipped_by_every_reader(ws
     }
     held = []
     for name, args in tried.items():
-        r = ws.kiro(*args)
+        r = ws.run(*args)
         if r.returncode == 0 and "internal error" not in r.stdout + r.stderr and "Traceback" not in r.stderr:
             held.append(name)
         else:
             print(f"  {name}: exit {r.returncode}: {(r.stdout + r.stderr)[-300:]}")
     print(f"a hostile line in an event log: {len(held)} of {len(tried)} readers held ({', '.join(held)})")
     assert len(held) == len(tried)
-    assert '"loop_finished"' in ws.kiro("loop", "logs", "--task-id", "t", "--json").stdout  # the rest is shown
+    assert '"loop_finished"' in ws.run("loop", "logs", "--task-id", "t", "--json").stdout  # the rest is shown

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests import cli_forkserver
+from tests import cli_forkserver, cli_inprocess
 from tests.conftest import FAST_CONFIG, shell_task
 
 HANG_SECONDS = 60.0  # a hang never ends: generous, it costs nothing when kiro answers
@@ -381,10 +381,16 @@ def _env() -> dict[str, str]:
 
 
 class ForkServer:
-    """Each case as `python -m kiro` forked from the suite's fork server (tests/cli_forkserver.py): a cold
-    interpreter per case would cost ~1 s of start and imports."""
+    """Each case that runs a loop (start, resume, --detach) as `python -m kiro` forked from the suite's fork
+    server (tests/cli_forkserver.py): a cold interpreter per case would cost ~1 s of start and imports.
+    A read command or `stop` runs in this process (tests/cli_inprocess.py): a fork costs a second on a
+    loaded machine. The same properties hold either way: an exception kiro lets through is a traceback
+    on stderr and exit 1 there too. (In process, a hang is pytest-timeout's: nothing to kill.)"""
 
     def run(self, cwd: Path, args: list[str]) -> dict[str, Any]:
+        if not cli_inprocess.needs_a_process(args):
+            r = cli_inprocess.run(args, cwd=cwd, env=_env())
+            return {"code": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "hung": False}
         try:
             r = cli_forkserver.run(args, cwd=cwd, env=_env(), timeout=HANG_SECONDS)
         except subprocess.TimeoutExpired as exc:

@@ -1,7 +1,11 @@
 """The read commands as a person or a script uses them: `--help` everywhere, `status`, `state`,
 `progress`, `logs` (also `--json`, `--follow`, a torn last line), naming a loop by `--task` or
 `--task-id`, finding the workspace by `-w` or `$KIRO_WORKSPACE`, and a SIGKILLed loop shown as
-`interrupted` and finished by `resume`."""
+`interrupted` and finished by `resume`.
+
+The read commands run in the test's process (`ws.run`); a loop runs as a process of its own (`ws.kiro`,
+`ws.spawn`). Tests that only read a finished loop, or the three loops of `loops`, share one workspace per
+module (`done`, `shared_loops`): each made by running real loops once, not once per test."""
 
 from __future__ import annotations
 
@@ -17,15 +21,15 @@ from typer.testing import CliRunner
 
 from kiro.cli import app
 from tests import cli_forkserver
-from tests.conftest import Workspace, shell_task
+from tests.conftest import Workspace, new_workspace, shell_task
 
 TASK = "Specs/feature/tasks.md"
 SLOW = 'echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.2'
 
 
 def kiro_from(cwd: Path, ws: Workspace, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """kiro run from another folder than the workspace."""
-    return cli_forkserver.run(args, cwd=cwd, env=ws.env(**env), timeout=120)
+    """A read command run from another folder than the workspace (in this process)."""
+    return ws.run(*args, cwd=cwd, env=ws.env(**env))
 
 
 def ok_json(r: subprocess.CompletedProcess[str]) -> Any:
@@ -40,6 +44,17 @@ def finished(ws: Workspace) -> str:
     r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "done1")
     assert r.returncode == 0, r.stdout + r.stderr
     return "done1"
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """A workspace with one loop, `done1`, finished (3 steps), shared by the tests of this module that only
+    read it."""
+    ws = new_workspace(tmp_path_factory.mktemp("done") / "vault")
+    ws.task(shell_task(3))
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "done1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return ws
 
 
 @pytest.fixture
@@ -92,25 +107,28 @@ def test_status_on_an_empty_workspace_says_how_to_start(ws: Workspace) -> None:
 # -- status / state / progress ---------------------------------------------------------------------
 
 
-def test_status_json_is_a_list_without_an_id_and_an_object_with_one(ws: Workspace, finished: str) -> None:
-    rows = ok_json(ws.kiro("loop", "status", "--json"))
+def test_status_json_is_a_list_without_an_id_and_an_object_with_one(done: Workspace) -> None:
+    ws, finished = done, "done1"
+    rows = ok_json(ws.run("loop", "status", "--json"))
     assert isinstance(rows, list) and [r["task_id"] for r in rows] == [finished]
     assert rows[0]["status"] == "completed" and rows[0]["iteration"] == 3
-    row = ok_json(ws.kiro("loop", "status", "--task-id", finished, "--json"))
+    row = ok_json(ws.run("loop", "status", "--task-id", finished, "--json"))
     assert isinstance(row, dict)
     assert row["task_id"] == finished and row["status"] == "completed"
     assert row["steps_done"] == row["steps_total"] == 3 and row["success_rate"] == 1.0
 
 
-def test_status_human_table_and_detail(ws: Workspace, finished: str) -> None:
-    r = ws.kiro("loop", "status", env=ws.env(COLUMNS="200"))
+def test_status_human_table_and_detail(done: Workspace) -> None:
+    ws, finished = done, "done1"
+    r = ws.run("loop", "status", env=ws.env(COLUMNS="200"))
     assert r.returncode == 0 and finished in r.stdout and "completed" in r.stdout
-    r = ws.kiro("loop", "status", "--task-id", finished, env=ws.env(COLUMNS="200"))
+    r = ws.run("loop", "status", "--task-id", finished, env=ws.env(COLUMNS="200"))
     assert r.returncode == 0 and "completed" in r.stdout and "3/3" in r.stdout
 
 
-def test_state_prints_the_state_file_as_json(ws: Workspace, finished: str) -> None:
-    st = ok_json(ws.kiro("loop", "state", "--task-id", finished))
+def test_state_prints_the_state_file_as_json(done: Workspace) -> None:
+    ws, finished = done, "done1"
+    st = ok_json(ws.run("loop", "state", "--task-id", finished))
     assert st == ws.state(finished)  # the file itself (archived on completion), not a summary
     assert st["status"] == "completed" and [c["step_id"] for c in st["completed_steps"]] == ["1", "2", "3"]
 
@@ -121,19 +139,19 @@ def test_progress_json_lists_every_step_with_status_and_attempts(ws: Workspace) 
     ws.task(shell_task(3, cmd=cmd))
     r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "p")
     assert r.returncode == 0, r.stdout + r.stderr
-    data = ok_json(ws.kiro("loop", "progress", "--task-id", "p", "--json"))
+    data = ok_json(ws.run("loop", "progress", "--task-id", "p", "--json"))
     assert data["steps_done"] == data["steps_total"] == 3
     steps = {s["step_id"]: s for s in data["steps"]}
     assert list(steps) == ["1", "2", "3"]
     assert all(s["status"] == "done" for s in steps.values())
     assert [steps[i]["attempts"] for i in ("1", "2", "3")] == [1, 2, 1]
     assert all(s["duration_seconds"] is not None for s in steps.values())
-    r = ws.kiro("loop", "progress", "--task-id", "p", env=ws.env(COLUMNS="200"))
+    r = ws.run("loop", "progress", "--task-id", "p", env=ws.env(COLUMNS="200"))
     assert r.returncode == 0 and "3/3" in r.stdout
 
 
 def test_progress_of_an_unfinished_loop(ws: Workspace, unfinished: str) -> None:
-    data = ok_json(ws.kiro("loop", "progress", "--task-id", unfinished, "--json"))
+    data = ok_json(ws.run("loop", "progress", "--task-id", unfinished, "--json"))
     assert [s["status"] for s in data["steps"]] == ["done", "todo", "todo"]
     assert data["steps_done"] == 1 and data["steps_total"] == 3
 
@@ -141,8 +159,9 @@ def test_progress_of_an_unfinished_loop(ws: Workspace, unfinished: str) -> None:
 # -- logs ------------------------------------------------------------------------------------------
 
 
-def test_logs_json_prints_the_event_log_as_jsonl(ws: Workspace, finished: str) -> None:
-    r = ws.kiro("loop", "logs", "--task-id", finished, "--json")
+def test_logs_json_prints_the_event_log_as_jsonl(done: Workspace) -> None:
+    ws, finished = done, "done1"
+    r = ws.run("loop", "logs", "--task-id", finished, "--json")
     assert r.returncode == 0, r.stderr
     events = [json.loads(line) for line in r.stdout.splitlines()]
     names = [e["event"] for e in events]
@@ -152,11 +171,12 @@ def test_logs_json_prints_the_event_log_as_jsonl(ws: Workspace, finished: str) -
     assert events == ws.events(finished)
 
 
-def test_logs_human_readable(ws: Workspace, finished: str) -> None:
-    r = ws.kiro("loop", "logs", "--task-id", finished)
+def test_logs_human_readable(done: Workspace) -> None:
+    ws, finished = done, "done1"
+    r = ws.run("loop", "logs", "--task-id", finished)
     assert r.returncode == 0, r.stderr
     assert f"loop {finished} started" in r.stdout and "completed" in r.stdout
-    r = ws.kiro("loop", "logs", "--task-id", finished, "--json", "--tail", "1")
+    r = ws.run("loop", "logs", "--task-id", finished, "--json", "--tail", "1")
     assert [json.loads(x)["event"] for x in r.stdout.splitlines()] == ["loop_finished"]
 
 
@@ -164,17 +184,18 @@ def test_logs_tolerate_a_torn_last_line(ws: Workspace, finished: str) -> None:
     good = ws.events(finished)
     with open(ws.root / "Logs" / f"{finished}.jsonl", "a") as fh:
         fh.write('{"ts": "2026-01-01T00:00:00+00:00", "task_id": "done1", "iteration": 3, "ev')
-    r = ws.kiro("loop", "logs", "--task-id", finished, "--json")
+    r = ws.run("loop", "logs", "--task-id", finished, "--json")
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     assert [json.loads(line) for line in r.stdout.splitlines()] == good
-    r = ws.kiro("loop", "logs", "--task-id", finished)
+    r = ws.run("loop", "logs", "--task-id", finished)
     assert r.returncode == 0 and "Traceback" not in r.stderr and f"loop {finished} started" in r.stdout
     r = ws.kiro("loop", "logs", "--task-id", finished, "--follow", timeout=30)
     assert r.returncode == 0, r.stderr
 
 
-def test_logs_follow_on_a_finished_loop_returns(ws: Workspace, finished: str) -> None:
+def test_logs_follow_on_a_finished_loop_returns(done: Workspace) -> None:
+    ws, finished = done, "done1"
     r = ws.kiro("loop", "logs", "--task-id", finished, "--follow", "--json", timeout=30)
     assert r.returncode == 0, r.stderr
     assert [json.loads(x) for x in r.stdout.splitlines()][-1]["event"] == "loop_finished"
@@ -225,24 +246,25 @@ def test_logs_follow_shows_an_event_half_written_when_it_started(ws: Workspace, 
 
 @pytest.mark.parametrize("task_arg", [TASK, "/" + TASK])
 def test_task_path_works_in_place_of_task_id(ws: Workspace, unfinished: str, task_arg: str) -> None:
-    assert ok_json(ws.kiro("loop", "status", "--task", task_arg, "--json"))["task_id"] == unfinished
-    assert ok_json(ws.kiro("loop", "state", "--task", task_arg))["task_id"] == unfinished
-    assert ok_json(ws.kiro("loop", "progress", "--task", task_arg, "--json"))["task_id"] == unfinished
-    r = ws.kiro("loop", "logs", "--task", task_arg, "--json")
+    assert ok_json(ws.run("loop", "status", "--task", task_arg, "--json"))["task_id"] == unfinished
+    assert ok_json(ws.run("loop", "state", "--task", task_arg))["task_id"] == unfinished
+    assert ok_json(ws.run("loop", "progress", "--task", task_arg, "--json"))["task_id"] == unfinished
+    r = ws.run("loop", "logs", "--task", task_arg, "--json")
     assert r.returncode == 0 and {json.loads(x)["task_id"] for x in r.stdout.splitlines()} == {unfinished}
     r = ws.kiro("loop", "resume", "--task", task_arg, "--max-iterations", "10")
     assert r.returncode == 0, r.stdout + r.stderr
     assert ws.state(unfinished)["status"] == "completed"
     # once finished and moved, the task's new place names it
     done = "Done/feature/tasks.md"
-    assert ok_json(ws.kiro("loop", "status", "--task", done, "--json"))["task_id"] == unfinished
+    assert ok_json(ws.run("loop", "status", "--task", done, "--json"))["task_id"] == unfinished
 
 
 def test_workspace_flag_from_another_directory(ws: Workspace, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     ws.task(shell_task(2))
-    r = kiro_from(elsewhere, ws, "loop", "start", "-w", str(ws.root), "--task", TASK, "--task-id", "w1")
+    r = cli_forkserver.run(["loop", "start", "-w", str(ws.root), "--task", TASK, "--task-id", "w1"], cwd=elsewhere,
+                           env=ws.env(), timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert ws.state("w1")["status"] == "completed"
     assert not (elsewhere / ".state").exists() and not (elsewhere / "side_effects.log").exists()
@@ -254,7 +276,8 @@ def test_workspace_flag_from_another_directory(ws: Workspace, tmp_path: Path) ->
     assert row["status"] == "completed"
 
 
-def test_kiro_workspace_environment_variable(ws: Workspace, finished: str, tmp_path: Path) -> None:
+def test_kiro_workspace_environment_variable(done: Workspace, tmp_path: Path) -> None:
+    ws, finished = done, "done1"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     rows = ok_json(kiro_from(elsewhere, ws, "loop", "status", "--json", KIRO_WORKSPACE=str(ws.root)))
@@ -265,9 +288,10 @@ def test_kiro_workspace_environment_variable(ws: Workspace, finished: str, tmp_p
     assert ok_json(kiro_from(elsewhere, ws, "loop", "status", "--json")) == []
 
 
-def test_workspace_found_from_a_subfolder(ws: Workspace, finished: str) -> None:
-    sub = ws.root / "Specs" / "deep"
-    sub.mkdir(parents=True)
+def test_workspace_found_from_a_subfolder(done: Workspace) -> None:
+    ws, finished = done, "done1"
+    sub = ws.root / "Done" / "feature"  # the finished task's folder, two levels down
+    assert sub.is_dir()
     rows = ok_json(kiro_from(sub, ws, "loop", "status", "--json"))
     assert [r["task_id"] for r in rows] == [finished]
 
@@ -285,12 +309,12 @@ def test_sigkilled_loop_shows_as_interrupted_and_resume_finishes_it(ws: Workspac
     assert st["status"] in ("running", "sleeping")  # what the dead process last wrote
     done_before = [c["step_id"] for c in st["completed_steps"]]
 
-    row = ok_json(ws.kiro("loop", "status", "--task-id", "k", "--json"))
+    row = ok_json(ws.run("loop", "status", "--task-id", "k", "--json"))
     assert row["status"] == "interrupted" and row["alive"] is False and row["pid"] is None
     assert row["hint"] == "kiro loop resume --task-id k"
-    rows = ok_json(ws.kiro("loop", "status", "--json"))
+    rows = ok_json(ws.run("loop", "status", "--json"))
     assert [(r["task_id"], r["status"]) for r in rows] == [("k", "interrupted")]
-    r = ws.kiro("loop", "status", env=ws.env(COLUMNS="200"))
+    r = ws.run("loop", "status", env=ws.env(COLUMNS="200"))
     assert "interrupted" in r.stdout
 
     r = ws.kiro("loop", "resume", "--task-id", "k")
@@ -350,8 +374,7 @@ def test_status_watch_json_ends_on_a_ctrl_c_python_lost(capsys: pytest.CaptureFi
 # -- status reads each loop's summary --------------------------------------------------------------
 
 
-@pytest.fixture
-def loops(ws: Workspace) -> Workspace:
+def three_loops(ws: Workspace) -> Workspace:
     """Three loops: one completed (archived), one stopped at max_iterations, one paused by its hook."""
     ws.task(shell_task(3))
     assert ws.kiro("loop", "start", "--task", TASK, "--task-id", "done1").returncode == 0
@@ -362,6 +385,18 @@ def loops(ws: Workspace) -> Workspace:
     (ws.root / ".hooks" / "stop_autonomous_loop_held.md").write_text("stop\n")
     assert ws.kiro("loop", "start", "--task", "Specs/third/tasks.md", "--task-id", "held").returncode == 3
     return ws
+
+
+@pytest.fixture
+def loops(ws: Workspace) -> Workspace:
+    """The three loops in this test's own workspace, for a test that changes it."""
+    return three_loops(ws)
+
+
+@pytest.fixture(scope="module")
+def shared_loops(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """The three loops in one workspace shared by the tests of this module that only read it."""
+    return three_loops(new_workspace(tmp_path_factory.mktemp("loops") / "vault"))
 
 
 def rows_by_id(ws: Workspace) -> dict[str, dict[str, Any]]:
@@ -397,11 +432,11 @@ def test_a_loops_row_in_the_table_is_its_row_in_detail(ws: Workspace, loops: Wor
     assert table["nightly"]["schedule"] == "every 1h" and table["nightly"]["next_run"].startswith("in 1h")
     assert table["half"]["hint"] == "kiro loop resume --task-id half --max-iterations 2"
     for tid, row in table.items():
-        detail = ok_json(ws.kiro("loop", "status", "--task-id", tid, "--json"))
+        detail = ok_json(ws.run("loop", "status", "--task-id", tid, "--json"))
         assert timeless(detail) == timeless(row), tid
-    updated = [r["updated_at"] for r in ok_json(ws.kiro("loop", "status", "--json"))]
+    updated = [r["updated_at"] for r in ok_json(ws.run("loop", "status", "--json"))]
     assert updated == sorted(updated, reverse=True)  # newest first
-    text = ws.kiro("loop", "status")
+    text = ws.run("loop", "status")
     assert text.returncode == 0 and text.stdout.splitlines()[0].startswith("TASK ID")
     assert len(text.stdout.splitlines()) == 6
 
@@ -448,7 +483,7 @@ def test_a_live_loop_then_killed_then_locked_by_another_process(ws: Workspace) -
                     what="the step to start")
         row = rows_by_id(ws)["live"]
         assert (row["status"], row["alive"], row["pid"]) == ("running", True, proc.pid)
-        detail = ok_json(ws.kiro("loop", "status", "--task-id", "live", "--json"))
+        detail = ok_json(ws.run("loop", "status", "--task-id", "live", "--json"))
         assert timeless(detail) == timeless(row)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -485,7 +520,7 @@ def test_a_sleeping_loop_says_why_with_or_without_its_summary(ws: Workspace) -> 
     try:
         for _ in range(2):
             table = rows_by_id(ws)["napping"]
-            detail = ok_json(ws.kiro("loop", "status", "--task-id", "napping", "--json"))
+            detail = ok_json(ws.run("loop", "status", "--task-id", "napping", "--json"))
             for row in (table, detail):
                 assert (row["status"], row["sleeping_because"], row["alive"]) == ("sleeping", "max_cpu_percent", True)
                 assert row["sleep_until"] == st.sleep_until
@@ -502,7 +537,7 @@ def test_a_global_stop_hook_changes_the_hint_of_every_resumable_loop(loops: Work
     rows = rows_by_id(ws)
     assert rows["held"]["hint"] == "kiro loop resume --all"
     assert rows["half"]["hint"] == "kiro loop resume --task-id half --max-iterations 2"  # a limit to raise
-    assert ok_json(ws.kiro("loop", "status", "--task-id", "held", "--json"))["hint"] == "kiro loop resume --all"
+    assert ok_json(ws.run("loop", "status", "--task-id", "held", "--json"))["hint"] == "kiro loop resume --all"
 
 
 def test_loops_added_and_gone_show_in_the_table(loops: Workspace) -> None:
@@ -553,10 +588,10 @@ PROBE = ("import runpy, sys" + RUN_KIRO
                                   ("loop", "status", "--task-id", "half"), ("loop", "state", "--task-id", "half"),
                                   ("loop", "logs", "--task-id", "done1", "--tail", "3"),
                                   ("loop", "progress", "--task-id", "half")], ids=" ".join)
-def test_read_commands_import_no_agent_client_and_no_watcher(loops: Workspace, args: tuple[str, ...]) -> None:
+def test_read_commands_import_no_agent_client_and_no_watcher(shared_loops: Workspace, args: tuple[str, ...]) -> None:
     """STYLE 11: a read command does not import openai or watchfiles."""
-    r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=loops.root, env=loops.env(), capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=shared_loops.root,
+                       env=shared_loops.env(), capture_output=True, text=True, timeout=60)
     code, *modules = r.stderr.rsplit("@@", 1)[1].split()
     assert code in ("0", "None"), r.stderr
     heavy = [m for m in modules if m.split(".")[0] in ("openai", "watchfiles", "httpx", "temporalio")]
@@ -572,11 +607,11 @@ LIGHT = ("kiro.executors.kinds",)
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "status", "--json"),
                                   ("loop", "logs", "--task-id", "done1", "--tail", "3"),
                                   ("loop", "logs", "--task-id", "done1", "--tail", "3", "--json")], ids=" ".join)
-def test_read_commands_import_nothing_that_runs_a_loop(loops: Workspace, args: tuple[str, ...]) -> None:
+def test_read_commands_import_nothing_that_runs_a_loop(shared_loops: Workspace, args: tuple[str, ...]) -> None:
     """`kiro loop status` and `kiro loop logs` load what reads the state and the log, no more: a person
     waits for every module a command imports."""
-    r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=loops.root, env=loops.env(), capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=shared_loops.root,
+                       env=shared_loops.env(), capture_output=True, text=True, timeout=60)
     code, *modules = r.stderr.rsplit("@@", 1)[1].split()
     assert code in ("0", "None"), r.stderr
     assert r.stdout.strip(), "the command showed nothing"
@@ -603,12 +638,12 @@ inspect.findsource = findsource
 
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
                          ids=" ".join)
-def test_read_commands_parse_no_source(loops: Workspace, args: tuple[str, ...]) -> None:
+def test_read_commands_parse_no_source(shared_loops: Workspace, args: tuple[str, ...]) -> None:
     """Issue #41: a read command does not read and parse Python source to start. The config's field
     descriptions (the docstring under each key) are read from kiro/store/config.py only when a schema or
     the docs are made, not when the config is resolved (it cost about 200 M instructions, a third of
     kiro's own start-up)."""
-    r = subprocess.run([sys.executable, "-c", SOURCE_PROBE, *args], cwd=loops.root, env=loops.env(),
+    r = subprocess.run([sys.executable, "-c", SOURCE_PROBE, *args], cwd=shared_loops.root, env=shared_loops.env(),
                        capture_output=True, text=True, timeout=120)
     code, *read = r.stderr.rsplit("@@", 1)[1].split()
     assert code in ("0", "None"), r.stderr
@@ -632,12 +667,12 @@ builtins.eval = eval_
 
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
                          ids=" ".join)
-def test_read_commands_evaluate_no_annotation_text(loops: Workspace, args: tuple[str, ...]) -> None:
+def test_read_commands_evaluate_no_annotation_text(shared_loops: Workspace, args: tuple[str, ...]) -> None:
     """Issue #41: Typer reads each command's parameters from its annotations, for every command of the app,
     on every run. Written as text (`from __future__ import annotations`), each was evaluated again then, twice
     (about 250 `eval` calls and 60 M instructions for `kiro loop status`); kiro/cli's command modules have
     their annotations evaluated once, at import."""
-    r = subprocess.run([sys.executable, "-c", EVAL_PROBE, *args], cwd=loops.root, env=loops.env(),
+    r = subprocess.run([sys.executable, "-c", EVAL_PROBE, *args], cwd=shared_loops.root, env=shared_loops.env(),
                        capture_output=True, text=True, timeout=120)
     code, evaluated = r.stderr.rsplit("@@", 1)[1].split()
     assert code in ("0", "None"), r.stderr
@@ -684,13 +719,14 @@ def test_logs_tail_reads_from_the_end_as_read_events_would(tmp_path: Path, monke
     assert events.read_last(tmp_path / "missing.jsonl", 3) == []
 
 
-def test_logs_tail_prints_the_last_events(ws: Workspace, finished: str) -> None:
-    every = ok_json_lines(ws.kiro("loop", "logs", "--task-id", finished, "--json"))
-    assert ok_json_lines(ws.kiro("loop", "logs", "--task-id", finished, "--tail", "3", "--json")) == every[-3:]
-    assert ok_json_lines(ws.kiro("loop", "logs", "--task-id", finished, "-n", "0", "--json")) == []
-    assert ok_json_lines(ws.kiro("loop", "logs", "--task-id", finished, "--tail=100000", "--json")) == every
-    text = ws.kiro("loop", "logs", "--task-id", finished, "--tail", "2")
-    assert text.returncode == 0 and text.stdout.splitlines() == ws.kiro(
+def test_logs_tail_prints_the_last_events(done: Workspace) -> None:
+    ws, finished = done, "done1"
+    every = ok_json_lines(ws.run("loop", "logs", "--task-id", finished, "--json"))
+    assert ok_json_lines(ws.run("loop", "logs", "--task-id", finished, "--tail", "3", "--json")) == every[-3:]
+    assert ok_json_lines(ws.run("loop", "logs", "--task-id", finished, "-n", "0", "--json")) == []
+    assert ok_json_lines(ws.run("loop", "logs", "--task-id", finished, "--tail=100000", "--json")) == every
+    text = ws.run("loop", "logs", "--task-id", finished, "--tail", "2")
+    assert text.returncode == 0 and text.stdout.splitlines() == ws.run(
         "loop", "logs", "--task-id", finished).stdout.splitlines()[-2:]
 
 

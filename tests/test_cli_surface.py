@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kiro.cli import app
+from tests.conftest import Workspace
 
 COMMANDS = [(), ("loop",), ("loop", "start"), ("loop", "resume"), ("loop", "status"), ("loop", "state"),
             ("loop", "progress"), ("loop", "rollback"), ("loop", "logs"), ("loop", "stop"), ("loop", "stats"),
@@ -90,3 +91,34 @@ def test_the_kiro_command_comes_from_the_kiro_loop_distribution() -> None:
     assert script.value == "kiro.cli:main"
     assert script.dist is not None and script.dist.name == "kiro-loop"
     assert metadata.version("kiro-loop") == __import__("kiro").__version__
+
+
+# -- the CLI in the test's process (tests/cli_inprocess.py) -------------------------------------------
+
+SAME_BOTH_WAYS = [("loop", "status"), ("loop", "state", "--task-id", "nosuch"), ("loop", "status", "--bogus"),
+                  ("loop", "stop", "--help")]
+
+
+def test_a_command_run_in_process_is_what_the_process_prints(ws: Workspace) -> None:
+    """`ws.run` (in this process) and `ws.kiro` (a process of its own) give the same exit code, stdout and
+    stderr: an empty table, a refusal (exit 1, one line), a usage error, a help page at a set width."""
+    env = ws.env(COLUMNS="200")
+    for args in SAME_BOTH_WAYS:
+        here, there = ws.run(*args, env=env), ws.kiro(*args, env=env)
+        assert (here.returncode, here.stdout, here.stderr) == (there.returncode, there.stdout, there.stderr), args
+    print(f"{len(SAME_BOTH_WAYS)} command lines: the same exit code, stdout and stderr both ways")
+
+
+def test_a_command_run_in_process_leaves_the_test_process_as_it_found_it(ws: Workspace, tmp_path: Path) -> None:
+    """The environment, the working directory, argv and the SIGINT handler are the test's again after a
+    run; a command that needs a process of its own (a loop, a watch, a detach) is refused, not run here."""
+    import signal
+
+    before = (dict(os.environ), os.getcwd(), list(sys.argv), signal.getsignal(signal.SIGINT))
+    r = ws.run("loop", "status", "--json", cwd=tmp_path, env=ws.env(KIRO_WORKSPACE=str(ws.root), ONLY_HERE="1"))
+    assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
+    assert (dict(os.environ), os.getcwd(), list(sys.argv), signal.getsignal(signal.SIGINT)) == before
+    for args in (("loop", "start", "--task", "x.md"), ("loop", "status", "--watch"), ("loop", "logs", "-f"),
+                 ("loop", "resume", "--all", "--detach"), ("serve",)):
+        with pytest.raises(AssertionError, match="needs a process of its own"):
+            ws.run(*args)

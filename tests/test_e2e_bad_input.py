@@ -1,5 +1,6 @@
 """Bad input gets one line on stderr naming the file (and key or line), exit 1, no traceback, and
-no state lost: `kiro loop start`, `resume` and `status` run as a subprocess on a real workspace.
+no state lost: `kiro loop start` and `resume` run as a subprocess on a real workspace, the read
+commands in the test's process (`ws.run`).
 
 Each test first runs another loop to an unfinished state, snapshots every file of the workspace,
 feeds kiro the bad input, and checks the workspace is byte for byte what it was (lock files aside):
@@ -102,7 +103,7 @@ def test_bad_config_is_one_line_naming_file_line_and_key(ws: Workspace, other: s
 
 def test_read_commands_still_work_on_a_bad_config_with_a_warning(ws: Workspace, other: str) -> None:
     config(ws, "  max_iteration: 5\n")
-    r = ws.kiro("loop", "status", "--json")
+    r = ws.run("loop", "status", "--json")
     warned(r, "config/autonomous_loop.yaml:4:", "max_iteration")
     assert r.returncode == 0
     assert [row["task_id"] for row in json.loads(r.stdout)] == [other]
@@ -170,7 +171,7 @@ def test_task_id_with_a_slash(ws: Workspace, other: str, bad_id: str) -> None:
     before = snapshot(ws)
     one_line_error(ws.kiro("loop", "start", "--task", TASK, "--task-id", bad_id), repr(bad_id))
     one_line_error(ws.kiro("loop", "resume", "--task-id", bad_id), repr(bad_id))
-    one_line_error(ws.kiro("loop", "status", "--task-id", bad_id), repr(bad_id))
+    one_line_error(ws.run("loop", "status", "--task-id", bad_id), repr(bad_id))
     assert snapshot(ws) == before
     assert not (ws.root.parent / "escape").exists()
 
@@ -178,7 +179,7 @@ def test_task_id_with_a_slash(ws: Workspace, other: str, bad_id: str) -> None:
 def test_resume_and_status_of_an_unknown_task_id(ws: Workspace, other: str) -> None:
     before = snapshot(ws)
     one_line_error(ws.kiro("loop", "resume", "--task-id", "nosuch"), "'nosuch'")
-    one_line_error(ws.kiro("loop", "status", "--task-id", "nosuch"), "'nosuch'")
+    one_line_error(ws.run("loop", "status", "--task-id", "nosuch"), "'nosuch'")
     assert snapshot(ws) == before
 
 
@@ -211,12 +212,12 @@ def test_corrupt_state_read_commands_fall_back_to_the_newest_backup_and_say_so(
         ws: Workspace, corrupt: tuple[str, Path]) -> None:
     tid, main = corrupt
     torn = main.read_bytes()
-    r = ws.kiro("loop", "status", "--task-id", tid, "--json")
+    r = ws.run("loop", "status", "--task-id", tid, "--json")
     assert r.returncode == 0, r.stderr
     warned(r, ".state/autonomous_loop_t.json", ".state/backups/")
     row = json.loads(r.stdout)
     assert row["task_id"] == tid and row["iteration"] == 2
-    r = ws.kiro("loop", "state", "--task-id", tid)
+    r = ws.run("loop", "state", "--task-id", tid)
     assert r.returncode == 0, r.stderr
     warned(r, ".state/autonomous_loop_t.json", "backup")
     assert json.loads(r.stdout)["iteration"] == 2
@@ -225,7 +226,7 @@ def test_corrupt_state_read_commands_fall_back_to_the_newest_backup_and_say_so(
 
 def test_corrupt_state_shows_in_the_table_from_its_backup(ws: Workspace, corrupt: tuple[str, Path]) -> None:
     tid, _main = corrupt
-    r = ws.kiro("loop", "status", "--json")
+    r = ws.run("loop", "status", "--json")
     assert r.returncode == 0, r.stderr
     warned(r, ".state/autonomous_loop_t.json", "backup")
     assert [row["task_id"] for row in json.loads(r.stdout)] == [tid]
@@ -250,7 +251,8 @@ def test_corrupt_state_without_a_backup_is_one_line_naming_the_state_file(
         p.unlink()
     before = snapshot(ws)
     for cmd in ("status", "resume", "state", "progress"):
-        one_line_error(ws.kiro("loop", cmd, "--task-id", tid), ".state/autonomous_loop_t.json")
+        run = ws.kiro if cmd == "resume" else ws.run  # resume runs a loop: a process of its own
+        one_line_error(run("loop", cmd, "--task-id", tid), ".state/autonomous_loop_t.json")
     # a fresh start of the same task refuses too, rather than silently dropping the old loop
     r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "t")
     one_line_error(r, ".state/autonomous_loop_t.json")
@@ -261,7 +263,7 @@ def test_corrupt_state_without_a_backup_is_named_by_the_table(ws: Workspace, cor
                                                              ) -> None:
     for p in (ws.root / ".state/backups").iterdir():
         p.unlink()
-    r = ws.kiro("loop", "status", "--json")
+    r = ws.run("loop", "status", "--json")
     assert r.returncode == 0, r.stderr
     warned(r, ".state/autonomous_loop_t.json")
     assert json.loads(r.stdout) == []
@@ -444,7 +446,7 @@ def test_a_task_file_or_steps_output_sends_no_control_sequence_to_the_terminal(w
     runs = {"start": ws.kiro("loop", "start", "--task", TASK, "--task-id", "esc", "--failure-threshold", "1")}
     for args in (("status",), ("status", "--task-id", "esc"), ("progress", "--task-id", "esc"),
                  ("logs", "--task-id", "esc"), ("history",)):
-        runs[" ".join(args)] = ws.kiro("loop", *args, env=ws.env(COLUMNS="400"))
+        runs[" ".join(args)] = ws.run("loop", *args, env=ws.env(COLUMNS="400"))
     assert runs["start"].returncode == 5, runs["start"].stderr
     held = 0
     for what, r in runs.items():

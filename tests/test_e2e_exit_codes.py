@@ -37,7 +37,7 @@ def test_exit_0_completed_moves_task_writes_report_and_archives_state(ws: Worksp
     dash = (ws.root / "Dashboard.md").read_text()
     assert "## Completed Today (1)" in dash and tid in dash and "✅ COMPLETED" in dash
     # `status` still finds the archived loop
-    s = ws.kiro("loop", "status", "--task-id", tid, "--json")
+    s = ws.run("loop", "status", "--task-id", tid, "--json")
     assert s.returncode == 0 and '"status": "completed"' in s.stdout
 
 
@@ -57,7 +57,7 @@ def test_exit_0_when_a_person_moves_the_task_to_done(ws: Workspace) -> None:
 def test_exit_3_stop_hook_then_resume_finishes_without_rerunning(ws: Workspace) -> None:
     ws.task(shell_task(20, cmd=SLOW))  # 6 s of steps: room for a `kiro loop stop` that starts slowly on a busy machine
     proc, tid = _start_and_wait_running(ws)
-    r = ws.kiro("loop", "stop", "--task-id", tid, "--reason", "lunch")
+    r = ws.run("loop", "stop", "--task-id", tid, "--reason", "lunch")
     assert r.returncode == 0, r.stderr
     hook = ws.root / ".hooks" / f"stop_autonomous_loop_{tid}.md"
     text = hook.read_text()

@@ -178,7 +178,7 @@ def test_checkpoint_commits_carry_the_spec_boxes_and_kiros_folders_stay_out_of_g
     assert "[x] 1. Set up" in git(root, "show", "HEAD~1:.kiro/specs/auth/tasks.md")
     exclude = (root / ".git/info/exclude").read_text()
     assert exclude.count("# >>> kiro") == 1 and "/.state/" in exclude and "/Logs/" in exclude
-    r = ws.kiro("init", ".")  # says nothing new, writes the block no second time
+    r = ws.run("init", ".")  # says nothing new, writes the block no second time
     assert (root / ".git/info/exclude").read_text() == exclude, r.stdout
     assert "info/exclude" not in r.stdout
 
@@ -232,7 +232,7 @@ def test_kiro_init_in_a_repository_keeps_its_folders_out_and_says_so(tmp_path: P
     (repo / "src").mkdir(parents=True)
     (repo / "src/main.py").write_text("print(1)\n")
     git_project(repo)
-    r = Workspace(repo).kiro("init", "vault")  # a workspace in a subfolder of the project
+    r = Workspace(repo).run("init", "vault")  # a workspace in a subfolder of the project
     assert r.returncode == 0 and "kept kiro's own folders out of git commits" in r.stdout, r.stdout + r.stderr
     (repo / "vault/.state/x.json").write_text("{}")
     (repo / "vault/Logs/a.jsonl").write_text("{}")
