@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from kiro.fs.locks import Flock
+from tests.conftest import AGENTS_CACHE, Workspace
 from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import anthropic as fa
 from tests.fakes import responses as fr
@@ -217,6 +219,20 @@ def task_text(n: int) -> str:
     lines = ["---", "title: Greeting", "---", "# Implementation Plan", ""]
     lines += [f"- [ ] {i}. Write part {i} of the greeting" for i in range(1, n + 1)]
     return "\n".join(lines) + "\n"
+
+
+def listed_agents(ws: Workspace, env: dict[str, str]) -> tuple[dict[str, dict[str, Any]], str]:
+    """`kiro agents --json` in `ws` with `env` and the test run's version cache (AGENTS_CACHE): its rows by
+    name, and its stderr. One at a time across the run's workers: the first asks the installed CLIs their
+    versions (eleven node CLIs, about a minute on a loaded machine), the next find them kept. Run side by
+    side, two workers' cold caches each asked them all, and each took twice as long."""
+    cache = Path(AGENTS_CACHE["XDG_CACHE_HOME"])
+    cache.mkdir(parents=True, exist_ok=True)
+    with Flock(cache / "probing.lock") as lock:
+        lock.acquire(timeout=None)
+        r = ws.kiro("agents", "--json", env={**env, **AGENTS_CACHE}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return {row["name"]: row for row in json.loads(r.stdout)}, r.stderr
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent_clis import CODEX_PRICE, PROMPT_RE, Claude, Codex, serving, task_text
+from tests.agent_clis import CODEX_PRICE, PROMPT_RE, Claude, Codex, listed_agents, serving, task_text
 from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace
 from tests.fakes import Recorded
 from tests.fakes import responses as fr
@@ -119,13 +119,13 @@ def test_kiro_agents_names_the_credential_and_never_shows_it(ws: Workspace, clau
     log_in(Path(claude.env()["HOME"]))
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
     env = ws.env(**{**claude.env(), "ANTHROPIC_API_KEY": API_KEY, **AGENTS_CACHE})
-    r = ws.kiro("agents", "--json", env=env)
-    assert r.returncode == 0, r.stderr
-    row = {row["name"]: row for row in json.loads(r.stdout)}["claude"]
+    rows, err = listed_agents(ws, env)
+    row = rows["claude"]
     assert row["credential"] == "login" and row["kept_from_agent"] == ["ANTHROPIC_API_KEY"], row
     text = ws.kiro("agents", "claude", env=env)
     assert "credential: claude uses its login (~/.claude/.credentials.json)" in text.stdout, text.stdout
-    assert API_KEY not in r.stdout + text.stdout + text.stderr and LOGIN_TOKEN not in r.stdout + text.stdout
+    listed = json.dumps(list(rows.values()))
+    assert API_KEY not in listed + err + text.stdout + text.stderr and LOGIN_TOKEN not in listed + text.stdout
 
 
 # -- codex: a ChatGPT login in $CODEX_HOME/auth.json, and CODEX_API_KEY ---------------------------------
