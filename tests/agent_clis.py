@@ -221,17 +221,23 @@ def task_text(n: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def listed_agents(ws: Workspace, env: dict[str, str]) -> tuple[dict[str, dict[str, Any]], str]:
-    """`kiro agents --json` in `ws` with `env` and the test run's version cache (AGENTS_CACHE): its rows by
-    name, and its stderr. One at a time across the run's workers: the first asks the installed CLIs their
-    versions (eleven node CLIs, about a minute on a loaded machine), the next find them kept. Run side by
-    side, two workers' cold caches each asked them all, and each took twice as long."""
+def kiro_agents(ws: Workspace, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`kiro agents ARGS` in `ws` with `env` and the test run's version cache (AGENTS_CACHE). One at a time
+    across the run's workers: the first asks the installed CLIs their versions (eleven node CLIs, a minute
+    or more on a loaded machine), the next find them kept. Run side by side, two workers' cold caches each
+    asked them all, and each took twice as long."""
     cache = Path(AGENTS_CACHE["XDG_CACHE_HOME"])
     cache.mkdir(parents=True, exist_ok=True)
     with Flock(cache / "probing.lock") as lock:
         lock.acquire(timeout=None)
-        r = ws.kiro("agents", "--json", env={**env, **AGENTS_CACHE}, timeout=300)
+        r = ws.kiro("agents", *args, env={**env, **AGENTS_CACHE}, timeout=240)
     assert r.returncode == 0, r.stderr
+    return r
+
+
+def listed_agents(ws: Workspace, env: dict[str, str]) -> tuple[dict[str, dict[str, Any]], str]:
+    """`kiro agents --json` (`kiro_agents`): its rows by name, and its stderr."""
+    r = kiro_agents(ws, env, "--json")
     return {row["name"]: row for row in json.loads(r.stdout)}, r.stderr
 
 
