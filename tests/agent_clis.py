@@ -11,9 +11,11 @@ be scripted before that (to write kiro's control files, say).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,6 +235,20 @@ def kiro_agents(ws: Workspace, env: dict[str, str], *args: str) -> subprocess.Co
         r = ws.kiro("agents", *args, env={**env, **AGENTS_CACHE}, timeout=240)
     assert r.returncode == 0, r.stderr
     return r
+
+
+def run_once(name: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`make()`'s answer (JSON), made once in the test run: by the first xdist worker that asks, the others
+    wait for it and read it. What a module-scoped fixture is when two of its tests land on two workers (the
+    run's `--dist load` sends tests where there is room): each worker would make its own."""
+    folder = Path(tempfile.gettempdir()) / f"kiro-test-runs-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    made = folder / f"{name}.json"
+    with Flock(folder / f"{name}.lock") as lock:
+        lock.acquire(timeout=None)
+        if not made.exists():
+            made.write_text(json.dumps(make()))
+        return json.loads(made.read_text())  # type: ignore[no-any-return]
 
 
 def listed_agents(ws: Workspace, env: dict[str, str]) -> tuple[dict[str, dict[str, Any]], str]:

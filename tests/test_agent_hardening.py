@@ -13,10 +13,11 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.agent_clis import CODEX_PRICE, Claude, Codex, serving, task_text
+from tests.agent_clis import CODEX_PRICE, Claude, Codex, run_once, serving, task_text
 from tests.conftest import FAST_CONFIG, Workspace, new_cli_home, new_workspace
 from tests.fakes import responses as fr
 
@@ -32,18 +33,17 @@ def codex(cli_home: Path) -> Iterator[Codex]:
 class HookedRun:
     """One claude step with a person's global hooks and the project's own hook, both set to leave a mark."""
 
-    ws: Workspace
+    root: Path  # the workspace
     code: int
     out: str
     global_mark: Path
     project_mark: Path
 
 
-@pytest.fixture(scope="module")
-def hooked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HookedRun]:
-    """The two hook tests read one run: a global Stop hook that blocks the stop and a global
-    UserPromptSubmit hook in ~/.claude/settings.json, and a UserPromptSubmit hook in the project's
-    .claude/settings.json. Each marks a file in the project (the one place a hook may write in kiro's box)."""
+def hooked_run(root: Path) -> dict[str, Any]:
+    """A global Stop hook that blocks the stop and a global UserPromptSubmit hook in ~/.claude/settings.json,
+    and a UserPromptSubmit hook in the project's .claude/settings.json; each marks a file in the project (the
+    one place a hook may write in kiro's box); one claude step."""
     home = new_cli_home()
     try:
         cli = Claude(home)
@@ -51,7 +51,7 @@ def hooked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HookedRun]:
             pytest.skip(cli.skip_reason())
         cli.start()
         try:
-            ws = new_workspace(tmp_path_factory.mktemp("hooks") / "vault")
+            ws = new_workspace(root)
             env = cli.env()
             global_mark, project_mark = ws.root / "stop-hook-ran", ws.root / "project-hook-ran"
             blocks = json.dumps({"decision": "block", "reason": "keep going: rewrite it all"})
@@ -67,17 +67,26 @@ def hooked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HookedRun]:
             ws.task(task_text(1))
             ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
             r = ws.kiro("loop", "start", "--task", TASK, env=ws.env(**env, KIRO_RAISE_ERRORS="1"), timeout=240)
-            yield HookedRun(ws, r.returncode, r.stdout + r.stderr, global_mark, project_mark)
+            return {"root": str(ws.root), "code": r.returncode, "out": r.stdout + r.stderr,
+                    "global_mark": str(global_mark), "project_mark": str(project_mark)}
         finally:
             cli.close()
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory: pytest.TempPathFactory) -> HookedRun:
+    """The two hook tests read one run (`run_once`: one in the test run, whichever workers they land on)."""
+    made = run_once("claude-hooks", lambda: hooked_run(tmp_path_factory.mktemp("hooks") / "vault"))
+    return HookedRun(Path(made["root"]), made["code"], made["out"], Path(made["global_mark"]),
+                     Path(made["project_mark"]))
+
+
 def test_the_users_global_claude_stop_hook_does_not_run_in_a_step(hooked: HookedRun) -> None:
     assert hooked.code == 0, hooked.out
     assert not hooked.global_mark.exists(), "the global Stop/UserPromptSubmit hook ran inside kiro's step"
-    log = next((hooked.ws.root / "Logs").glob("*/1-1.log")).read_text()
+    log = next((hooked.root / "Logs").glob("*/1-1.log")).read_text()
     assert "--setting-sources project,local" in log
     print("tried a global Stop hook that blocks the stop and a UserPromptSubmit hook: neither ran")
 
