@@ -11,9 +11,11 @@ be scripted before that (to write kiro's control files, say).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from kiro.fs.locks import Flock
+from tests.conftest import AGENTS_CACHE, Workspace
 from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import anthropic as fa
 from tests.fakes import responses as fr
@@ -217,6 +221,40 @@ def task_text(n: int) -> str:
     lines = ["---", "title: Greeting", "---", "# Implementation Plan", ""]
     lines += [f"- [ ] {i}. Write part {i} of the greeting" for i in range(1, n + 1)]
     return "\n".join(lines) + "\n"
+
+
+def kiro_agents(ws: Workspace, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`kiro agents ARGS` in `ws` with `env` and the test run's version cache (AGENTS_CACHE). One at a time
+    across the run's workers: the first asks the installed CLIs their versions (eleven node CLIs, a minute
+    or more on a loaded machine), the next find them kept. Run side by side, two workers' cold caches each
+    asked them all, and each took twice as long."""
+    cache = Path(AGENTS_CACHE["XDG_CACHE_HOME"])
+    cache.mkdir(parents=True, exist_ok=True)
+    with Flock(cache / "probing.lock") as lock:
+        lock.acquire(timeout=None)
+        r = ws.kiro("agents", *args, env={**env, **AGENTS_CACHE}, timeout=240)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def run_once(name: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`make()`'s answer (JSON), made once in the test run: by the first xdist worker that asks, the others
+    wait for it and read it. What a module-scoped fixture is when two of its tests land on two workers (the
+    run's `--dist load` sends tests where there is room): each worker would make its own."""
+    folder = Path(tempfile.gettempdir()) / f"kiro-test-runs-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    made = folder / f"{name}.json"
+    with Flock(folder / f"{name}.lock") as lock:
+        lock.acquire(timeout=None)
+        if not made.exists():
+            made.write_text(json.dumps(make()))
+        return json.loads(made.read_text())  # type: ignore[no-any-return]
+
+
+def listed_agents(ws: Workspace, env: dict[str, str]) -> tuple[dict[str, dict[str, Any]], str]:
+    """`kiro agents --json` (`kiro_agents`): its rows by name, and its stderr."""
+    r = kiro_agents(ws, env, "--json")
+    return {row["name"]: row for row in json.loads(r.stdout)}, r.stderr
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:

@@ -181,11 +181,16 @@ def cli_home() -> Iterator[Path]:
     """A folder for an agent CLI's HOME and config files, outside the temp directory: codex refuses to
     make its sandbox helper under it, and its sandboxed commands then fail (`bwrap: execvp
     codex-linux-sandbox`) wherever bubblewrap is installed. `$KIRO_TEST_HOMES` moves it."""
-    base = Path(os.environ.get("KIRO_TEST_HOMES") or Path.home() / ".cache" / "kiro-test-homes")
-    base.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(dir=base))
+    home = new_cli_home()
     yield home
     shutil.rmtree(home, ignore_errors=True)
+
+
+def new_cli_home() -> Path:
+    """A new folder for the `cli_home` fixture (a module-scoped fixture removes it itself)."""
+    base = Path(os.environ.get("KIRO_TEST_HOMES") or Path.home() / ".cache" / "kiro-test-homes")
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=base))
 
 
 @pytest.fixture

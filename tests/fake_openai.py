@@ -6,7 +6,8 @@ errors and response parsing are the client's own, not a mock's. It serves
     POST /v1/chat/completions   (non-streaming) replies from a queue the test fills
     GET  /v1/models             the known models
 
-and records every request (headers and body) for assertions.
+and records every request (headers and body) for assertions. It is a `tests.fakes.FakeServer`, as the
+fakes of the APIs the agent CLIs speak are: the same start/stop, request record, `hang` and HTTPS.
 
 In a test (the `fake` fixture of tests/conftest.py, or `with FakeOpenAI() as fake:`):
 
@@ -42,12 +43,10 @@ import socket
 import ssl
 import struct
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +62,7 @@ from kiro.store.memory import MemoryStore
 from kiro.store.state import LoopState
 from kiro.store.transcript import Redactor
 from kiro.store.workspace import Workspace as KiroWorkspace
+from tests.fakes import FakeServer, Handler, HttpError, Recorded
 
 DEFAULT_USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 
@@ -80,23 +80,8 @@ def usage(prompt: int, completion: int, total: int | None = None) -> dict[str, i
 
 
 @dataclass
-class Recorded:
-    method: str
-    path: str
-    headers: dict[str, str]  # lower-case names
-    body: Any  # parsed JSON, or None
-    raw: bytes
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        if isinstance(self.body, dict):
-            return list(self.body.get("messages", []))
-        return []
-
-
-@dataclass
 class Item:
-    """One scripted answer: a reply (status 200) or an error."""
+    """One scripted answer: a reply, an error (`error`) or a body sent verbatim (`raw_body`, `status`)."""
 
     status: int = 200
     content: str | None = None
@@ -105,65 +90,26 @@ class Item:
     finish_reason: str | None = None
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
-    error: dict[str, Any] | None = None
+    error: HttpError | None = None
     raw_body: bytes | None = None
     fault: str | None = None  # "reset": the connection is reset; "truncate": half the body, then closed
 
 
-class FakeOpenAI:
+class FakeOpenAI(FakeServer):
+    name = "fake-openai"
+
     def __init__(self, *, known_models: Iterable[str] | None = None, require_key: str | None = None,
                  tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(tls=tls)
         self.known_models = list(known_models) if known_models is not None else None
         self.require_key = require_key
-        self.tls = tls  # serve HTTPS with this server context
-        self.requests: list[Recorded] = []
         self.responder: Callable[[dict[str, Any]], Mapping[str, Any] | None] | None = None
         self._queue: deque[Item] = deque()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._ids = itertools.count(1)
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- life cycle ------------------------------------------------------------------------
-
-    def start(self) -> FakeOpenAI:
-        fake = self
-
-        class Handler(_Handler):
-            owner = fake
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        if self.tls is not None:  # a client that refuses the certificate fails the handshake in accept()
-            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
-                                        name="fake-openai", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()  # wakes slow replies
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeOpenAI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None, "start() the server first"
-        return int(self._server.server_address[1])
 
     @property
     def base_url(self) -> str:
-        return f"{'https' if self.tls is not None else 'http'}://127.0.0.1:{self.port}/v1"
+        return f"{self.url}/v1"
 
     # -- scripting -------------------------------------------------------------------------
 
@@ -179,10 +125,9 @@ class FakeOpenAI:
               retry_after_ms: int | None = None, headers: Mapping[str, str] | None = None,
               times: int = 1, delay: float = 0.0) -> None:
         """Queue an HTTP error (`times` of them), in the OpenAI error body format."""
-        item = _error(status, message, code=code, type=type, retry_after=retry_after,
-                      retry_after_ms=retry_after_ms, headers=headers, delay=delay)
         for _ in range(times):
-            self._push(replace(item, headers=dict(item.headers)))
+            self._push(_error(status, message, code=code, type=type, retry_after=retry_after,
+                              retry_after_ms=retry_after_ms, headers=headers, delay=delay))
 
     def raw(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
         """Queue a response body sent verbatim (for malformed responses)."""
@@ -217,21 +162,86 @@ class FakeOpenAI:
 
     @property
     def chat_requests(self) -> list[Recorded]:
-        with self._lock:
-            return [r for r in self.requests if r.path.endswith("/chat/completions")]
+        return self.posts("/chat/completions")
 
     def all_bodies(self) -> bytes:
         with self._lock:
             return b"\n".join(r.raw for r in self.requests)
 
-    def wait_for_requests(self, n: int, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.chat_requests) < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"expected {n} chat requests, got {len(self.chat_requests)}")
-            time.sleep(0.01)
+    def wait_for_requests(self, n: int, timeout: float = 60.0) -> None:
+        self.wait_until(lambda: len(self.chat_requests) >= n, timeout, what=f"{n} chat requests")
 
     # -- serving (called from handler threads) ---------------------------------------------
+
+    def _auth_ok(self, handler: Handler) -> bool:
+        key = self.require_key
+        if key is None or handler.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        handler.send_http_error(HttpError(401, {"error": {"message": "Incorrect API key provided.",
+                                                          "type": "invalid_request_error", "param": None,
+                                                          "code": "invalid_api_key"}}))
+        return False
+
+    def answer_get(self, handler: Handler, rec: Recorded) -> None:
+        if not self._auth_ok(handler):
+            return
+        if rec.path.rstrip("/").endswith("/models"):
+            models = self.known_models or ["fake-model"]
+            handler.send_json(200, {"object": "list", "data": [
+                {"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in models]})
+        else:
+            handler.send_json(404, NOT_FOUND)
+
+    def answer(self, handler: Handler, rec: Recorded) -> None:
+        if not self._auth_ok(handler):
+            return
+        if not rec.path.rstrip("/").endswith("/chat/completions"):
+            handler.send_json(404, NOT_FOUND)
+            return
+        body = rec.body if isinstance(rec.body, dict) else {}
+        model = str(body.get("model", "fake-model"))
+        if self.known_models is not None and model not in self.known_models:
+            msg = f"The model `{model}` does not exist or you do not have access to it."
+            handler.send_http_error(HttpError(404, {"error": {"message": msg, "type": "invalid_request_error",
+                                                              "param": None, "code": "model_not_found"}}))
+            return
+        item = self._next(body)
+        if item.delay and self.pause(item.delay):
+            handler.close_connection = True
+            return
+        if item.fault is not None:
+            self._fault(handler, item, model)
+        elif item.raw_body is not None:
+            handler.send_bytes(item.status, item.raw_body, item.headers)
+        elif item.error is not None:
+            handler.send_http_error(item.error)
+        else:
+            handler.send_json(200, self._completion(item, model), item.headers)
+
+    def _fault(self, handler: Handler, item: Item, model: str) -> None:
+        handler.close_connection = True
+        if item.fault == "reset":
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            handler.connection.close()
+        elif item.fault == "truncate":
+            payload = json.dumps(self._completion(item, model)).encode()
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(payload)))
+            handler.end_headers()
+            handler.wfile.write(payload[: len(payload) // 2])
+            handler.wfile.flush()
+            handler.connection.shutdown(socket.SHUT_RDWR)
+        else:  # "unbounded"
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Connection", "close")
+            handler.end_headers()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client stopped reading
+                handler.wfile.write(b'"')
+                for _ in range(80):
+                    handler.wfile.write(b"x" * (1 << 20))
+                handler.wfile.write(b'"')
 
     def _next(self, body: dict[str, Any]) -> Item:
         with self._lock:
@@ -242,9 +252,8 @@ class FakeOpenAI:
             if d is not None:
                 return _items(d)[0]
         n = len(self.chat_requests)
-        return Item(status=500, headers={"x-should-retry": "false"},
-                    error={"message": f"fake_openai: no scripted reply left (chat request #{n})",
-                           "type": "server_error", "param": None, "code": None})
+        return _error(500, f"fake_openai: no scripted reply left (chat request #{n})",
+                      headers={"x-should-retry": "false"})
 
     def _completion(self, item: Item, model: str) -> dict[str, Any]:
         n = next(self._ids)
@@ -285,133 +294,27 @@ def _error(status: int, message: str | None = None, *, code: str | None = None, 
         h["retry-after-ms"] = str(retry_after_ms)
     body = {"message": message or f"fake error {status}", "type": type or _error_type(status),
             "param": None, "code": code}
-    return Item(status=status, headers=h, error=body, delay=delay)
+    return Item(status=status, error=HttpError(status, {"error": body}, h), delay=delay)
 
 
 def _items(d: Mapping[str, Any]) -> list[Item]:
     """Script-format dict -> items (an error with "times" gives several)."""
     if int(d.get("status", 200)) != 200:
-        item = _error(int(d["status"]), d.get("message"), code=d.get("code"), type=d.get("type"),
-                      retry_after=d.get("retry_after"), retry_after_ms=d.get("retry_after_ms"),
-                      headers=d.get("headers"), delay=float(d.get("delay", 0)))
-        return [replace(item, headers=dict(item.headers)) for _ in range(int(d.get("times", 1)))]
+        return [_error(int(d["status"]), d.get("message"), code=d.get("code"), type=d.get("type"),
+                       retry_after=d.get("retry_after"), retry_after_ms=d.get("retry_after_ms"),
+                       headers=d.get("headers"), delay=float(d.get("delay", 0)))
+                for _ in range(int(d.get("times", 1)))]
     calls = [call(c["name"], c.get("arguments", {}), c.get("id")) for c in d.get("tool_calls", [])]
     return [_reply(d.get("content"), tool_calls=calls, usage=d.get("usage"),
                    finish_reason=d.get("finish_reason"), delay=float(d.get("delay", 0)))]
 
 
+NOT_FOUND = {"error": {"message": "not found", "type": "invalid_request_error"}}
+
+
 def _error_type(status: int) -> str:
     return {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
             404: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    owner: FakeOpenAI
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet
-        return None
-
-    def _record(self, body: bytes) -> Any:
-        try:
-            parsed = json.loads(body) if body else None
-        except ValueError:
-            parsed = None
-        rec = Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, parsed, body)
-        with self.owner._lock:
-            self.owner.requests.append(rec)
-        return parsed
-
-    def _send(self, status: int, payload: bytes, headers: Mapping[str, str] | None = None) -> None:
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(payload)
-            self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
-            self.close_connection = True
-
-    def _auth_ok(self) -> bool:
-        key = self.owner.require_key
-        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
-            return True
-        err = {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
-                         "param": None, "code": "invalid_api_key"}}
-        self._send(401, json.dumps(err).encode())
-        return False
-
-    def do_GET(self) -> None:
-        self._record(b"")
-        if not self._auth_ok():
-            return
-        if self.path.rstrip("/").endswith("/models"):
-            models = self.owner.known_models or ["fake-model"]
-            data = {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "fake"}
-                                               for m in models]}
-            self._send(200, json.dumps(data).encode())
-        else:
-            self._send(404, b'{"error": {"message": "not found", "type": "invalid_request_error"}}')
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        body = self._record(raw)
-        if not self._auth_ok():
-            return
-        if not self.path.rstrip("/").endswith("/chat/completions"):
-            self._send(404, b'{"error": {"message": "not found", "type": "invalid_request_error"}}')
-            return
-        body = body if isinstance(body, dict) else {}
-        model = str(body.get("model", "fake-model"))
-        known = self.owner.known_models
-        if known is not None and model not in known:
-            msg = f"The model `{model}` does not exist or you do not have access to it."
-            err = {"error": {"message": msg,
-                             "type": "invalid_request_error", "param": None, "code": "model_not_found"}}
-            self._send(404, json.dumps(err).encode())
-            return
-        item = self.owner._next(body)
-        if item.delay and self.owner._stop.wait(item.delay):
-            self.close_connection = True
-            return
-        if item.fault == "reset":
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.close_connection = True
-            self.connection.close()
-            return
-        if item.fault == "truncate":
-            payload = json.dumps(self.owner._completion(item, model)).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload[: len(payload) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)
-            return
-        if item.fault == "unbounded":
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client stopped reading
-                self.wfile.write(b'"')
-                for _ in range(80):
-                    self.wfile.write(b"x" * (1 << 20))
-                self.wfile.write(b'"')
-            return
-        if item.raw_body is not None:
-            self._send(item.status, item.raw_body, item.headers)
-        elif item.status != 200:
-            self._send(item.status, json.dumps({"error": item.error}).encode(), item.headers)
-        else:
-            self._send(200, json.dumps(self.owner._completion(item, model)).encode(), item.headers)
 
 
 # -- a step to run: workspace, task file, StepContext (for executor and tool tests) ---------------

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.agent_clis import CODEX_PRICE, PROMPT_RE, Claude, Codex, serving, task_text
-from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace
+from tests.agent_clis import CODEX_PRICE, PROMPT_RE, Claude, Codex, kiro_agents, listed_agents, serving, task_text
+from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace, new_cli_home, new_workspace
 from tests.fakes import Recorded
 from tests.fakes import responses as fr
 
@@ -69,17 +71,59 @@ def everything_written(ws: Workspace) -> str:
         "\n".join(p.read_text(errors="replace") for p in (ws.root / ".state").rglob("*.json") if p.is_file())
 
 
-def test_claude_with_a_login_and_an_api_key_uses_the_login_and_says_so(ws: Workspace, claude: Claude) -> None:
-    home = Path(claude.env()["HOME"])
-    log_in(home)
-    code, out = run_claude(ws, claude, ANTHROPIC_API_KEY=API_KEY)
-    assert code == 0, out
-    assert claude.server is not None
-    assert credentials_seen(claude.server.requests) == {f"Bearer {LOGIN_TOKEN}"}  # the key never went out
+@dataclass
+class LoginStart:
+    """A two-step loop started with claude logged in and ANTHROPIC_API_KEY set, stopped after its first
+    step (`--max-iterations 1`), and what it billed, said and wrote by then."""
+
+    ws: Workspace
+    claude: Claude
+    env: dict[str, str]
+    tid: str
+    code: int
+    out: str
+    completed: list[str]  # the steps done
+    billed: set[str]
+    written: str
+
+
+@pytest.fixture(scope="module")
+def login_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoginStart]:
+    """One claude run read by two tests: how a login and a key are billed, and (resumed) that a loop keeps
+    the billing it started with."""
+    home = new_cli_home()
+    try:
+        claude = Claude(home)
+        if not claude.installed:
+            pytest.skip(claude.skip_reason())
+        claude.start()
+        try:
+            ws = new_workspace(tmp_path_factory.mktemp("billing") / "vault")
+            log_in(Path(claude.env()["HOME"]))
+            ws.task(task_text(2))
+            ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
+            env = ws.env(**{**claude.env(), "ANTHROPIC_API_KEY": API_KEY}, KIRO_RAISE_ERRORS="1")
+            r = ws.kiro("loop", "start", "--task", TASK, "--max-iterations", "1", env=env, timeout=240)
+            assert claude.server is not None
+            tid = ws.only_task_id()
+            yield LoginStart(ws, claude, env, tid, r.returncode, r.stdout + r.stderr,
+                             [c["step_id"] for c in ws.state(tid)["completed_steps"]],
+                             credentials_seen(claude.server.requests), everything_written(ws))
+        finally:
+            claude.close()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_claude_with_a_login_and_an_api_key_uses_the_login_and_says_so(login_start: LoginStart) -> None:
+    run, out = login_start, login_start.out
+    assert run.code == 4, out  # --max-iterations 1
+    assert run.completed == ["1"], out
+    assert run.billed == {f"Bearer {LOGIN_TOKEN}"}  # the key never went out
     assert "claude uses its login (~/.claude/.credentials.json); kiro keeps ANTHROPIC_API_KEY from it" in out, out
     assert "agent_env: {pass: [ANTHROPIC_API_KEY]}" in out
-    assert "# credential: claude uses its login" in everything_written(ws)
-    assert API_KEY not in out and API_KEY not in everything_written(ws)
+    assert "# credential: claude uses its login" in run.written
+    assert API_KEY not in out and API_KEY not in run.written
 
 
 def test_agent_env_pass_bills_the_key_and_says_so(ws: Workspace, claude: Claude) -> None:
@@ -119,13 +163,13 @@ def test_kiro_agents_names_the_credential_and_never_shows_it(ws: Workspace, clau
     log_in(Path(claude.env()["HOME"]))
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
     env = ws.env(**{**claude.env(), "ANTHROPIC_API_KEY": API_KEY, **AGENTS_CACHE})
-    r = ws.kiro("agents", "--json", env=env)
-    assert r.returncode == 0, r.stderr
-    row = {row["name"]: row for row in json.loads(r.stdout)}["claude"]
+    rows, err = listed_agents(ws, env)
+    row = rows["claude"]
     assert row["credential"] == "login" and row["kept_from_agent"] == ["ANTHROPIC_API_KEY"], row
-    text = ws.kiro("agents", "claude", env=env)
+    text = kiro_agents(ws, env, "claude")
     assert "credential: claude uses its login (~/.claude/.credentials.json)" in text.stdout, text.stdout
-    assert API_KEY not in r.stdout + text.stdout + text.stderr and LOGIN_TOKEN not in r.stdout + text.stdout
+    listed = json.dumps(list(rows.values()))
+    assert API_KEY not in listed + err + text.stdout + text.stderr and LOGIN_TOKEN not in listed + text.stdout
 
 
 # -- codex: a ChatGPT login in $CODEX_HOME/auth.json, and CODEX_API_KEY ---------------------------------
@@ -190,24 +234,19 @@ def test_codex_with_a_chatgpt_login_and_codex_api_key(ws: Workspace, codex: Code
     assert "sk-codex-billing-test-KEY" not in out
 
 
-def test_a_loop_keeps_the_billing_it_started_with_whoever_resumes_it(ws: Workspace, claude: Claude) -> None:
+def test_a_loop_keeps_the_billing_it_started_with_whoever_resumes_it(login_start: LoginStart) -> None:
     """Issue #38 item 3: a loop started on claude's login, resumed where claude would bill the API key instead
     (a `kiro serve` started in another shell, with no login in its HOME): refused, saying why, from the CLI
     and from the server alike; the dashboard's row names the billing; resumed where the login is, it goes on
     on the login."""
     from tests.serve_helpers import start_server
 
+    ws, claude, env, tid = login_start.ws, login_start.claude, login_start.env, login_start.tid
     home = Path(claude.env()["HOME"])
-    log_in(home)
-    ws.task(task_text(2))
-    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "agent: claude\n")
-    env = ws.env(**claude.env(), KIRO_RAISE_ERRORS="1")  # a login and ANTHROPIC_API_KEY: the login is used
-    r = ws.kiro("loop", "start", "--task", TASK, "--max-iterations", "1", env=env, timeout=240)
-    assert r.returncode == 4, r.stdout + r.stderr
-    tid = ws.only_task_id()
+    assert login_start.code == 4, login_start.out
     login = "claude uses its login (~/.claude/.credentials.json)"
     assert claude.server is not None
-    billed = credentials_seen(claude.server.requests)
+    billed = login_start.billed
     assert billed == {f"Bearer {LOGIN_TOKEN}"}, billed
 
     creds = home / ".claude" / ".credentials.json"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from kiro.processes import sandbox
-from tests.agent_clis import CLIS, CODEX_PRICE, Cli, serving, task_text
-from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace
+from tests.agent_clis import CLIS, CODEX_PRICE, Cli, listed_agents, serving, task_text
+from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import anthropic as fa
 from tests.fakes import responses as fr
 
@@ -220,10 +220,7 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
 
 def test_kiro_agents_lists_installed_cli_version_and_command(ws: Workspace, cli: Cli) -> None:
     configure(ws, cli)
-    r = ws.kiro("agents", "--json", env=ws.env(**{**cli.env(), **AGENTS_CACHE}))
-    assert r.returncode == 0, r.stderr
-    rows = {row["name"]: row for row in json.loads(r.stdout)}
-    row = rows[cli.name]
+    row = listed_agents(ws, ws.env(**cli.env()))[0][cli.name]
     assert row["installed"] is True and row["selected"] is True
     assert row["version"] and any(ch.isdigit() for ch in row["version"])
     assert row["command"].startswith(f"{cli.program} ")

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.agent_clis import Cli, serving, task_text
+from tests.agent_clis import Cli, listed_agents, serving, task_text
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, MORE_CLIS, PRICE_IN, PRICE_OUT, aider_token_lines
-from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace
+from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import chat as fc
 from tests.fakes import gemini as fg
 
@@ -203,9 +203,7 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
 
 def test_kiro_agents_lists_installed_cli_version_and_command(ws: Workspace, cli: Cli) -> None:
     configure(ws, cli)
-    r = ws.kiro("agents", "--json", env=ws.env(**{**cli.env(), **AGENTS_CACHE}))
-    assert r.returncode == 0, r.stderr
-    row = {row["name"]: row for row in json.loads(r.stdout)}[cli.name]
+    row = listed_agents(ws, ws.env(**cli.env()))[0][cli.name]
     assert row["installed"] is True and row["selected"] is True
     assert row["version"] and any(ch.isdigit() for ch in row["version"])
     assert row["command"].startswith(f"{cli.program} ")

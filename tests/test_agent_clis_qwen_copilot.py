@@ -8,15 +8,14 @@ key, a server error, and `kiro agents`. A CLI that is not installed makes its te
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agent_clis import Cli, serving, task_text
+from tests.agent_clis import Cli, listed_agents, serving, task_text
 from tests.agent_clis_qwen_copilot import NEW_CLIS, PRICE_IN, PRICE_OUT, QWEN_PRICE
-from tests.conftest import AGENTS_CACHE, FAST_CONFIG, Workspace
+from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import chat as fc
 
 TASK = "Specs/feature/tasks.md"
@@ -116,9 +115,7 @@ def test_a_server_error_is_a_failed_attempt_not_a_success(ws: Workspace, cli: Cl
 
 def test_kiro_agents_lists_installed_cli_version_and_command(ws: Workspace, cli: Cli) -> None:
     configure(ws, cli)
-    r = ws.kiro("agents", "--json", env=ws.env(**{**cli.env(), **AGENTS_CACHE}))
-    assert r.returncode == 0, r.stderr
-    row = {row["name"]: row for row in json.loads(r.stdout)}[cli.name]
+    row = listed_agents(ws, ws.env(**cli.env()))[0][cli.name]
     assert row["installed"] is True and row["selected"] is True
     assert row["version"] and any(ch.isdigit() for ch in row["version"])
     assert row["command"].startswith(f"{cli.program} ") and Path(row["path"]).name == cli.program

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes import FakeServer, HttpError, Recorded, _Handler
+from tests.fakes import FakeServer, Handler, HttpError, Recorded
 
 MODEL = "claude-sonnet-4-5-20250929"
 
@@ -89,7 +89,7 @@ class FakeAnthropic(FakeServer):
     def agent_calls(self) -> list[Recorded]:
         return [r for r in self.posts("/v1/messages") if is_agent_call(r.body)]
 
-    def answer(self, handler: _Handler, rec: Recorded) -> None:
+    def answer(self, handler: Handler, rec: Recorded) -> None:
         path = rec.path.split("?")[0]
         if path.endswith("/count_tokens"):
             handler.send_json(200, {"input_tokens": 100})
@@ -99,7 +99,7 @@ class FakeAnthropic(FakeServer):
             return
         reply = self.brain(rec)
         if isinstance(reply, HttpError):
-            handler.send_json(reply.status, reply.body, {"request-id": "req_fake", **reply.headers})
+            handler.send_http_error(reply, {"request-id": "req_fake"})
             return
         stop = "tool_use" if any(b["type"] == "tool_use" for b in reply.blocks) else "end_turn"
         msg_id = f"msg_{next(_ids):06d}"

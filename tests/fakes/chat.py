@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes import FakeServer, HttpError, Recorded, _Handler
+from tests.fakes import FakeServer, Handler, HttpError, Recorded
 
 MODEL = "fake-coder"
 
@@ -89,7 +89,7 @@ class FakeChat(FakeServer):
     def calls(self) -> list[Recorded]:
         return self.posts("/chat/completions")
 
-    def answer(self, handler: _Handler, rec: Recorded) -> None:
+    def answer(self, handler: Handler, rec: Recorded) -> None:
         path = rec.path.split("?")[0].rstrip("/")
         if not path.endswith("/chat/completions"):
             handler.send_json(404, {"error": {"message": f"no {path} here", "type": "invalid_request_error",
@@ -97,7 +97,7 @@ class FakeChat(FakeServer):
             return
         reply = self.brain(rec)
         if isinstance(reply, HttpError):
-            handler.send_json(reply.status, reply.body, reply.headers)
+            handler.send_http_error(reply)
             return
         body = rec.body if isinstance(rec.body, dict) else {}
         model = str(body.get("model") or MODEL)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes import FakeServer, HttpError, Recorded, _Handler
+from tests.fakes import FakeServer, Handler, HttpError, Recorded
 
 MODEL = "gemini-2.5-flash"
 
@@ -83,7 +83,7 @@ class FakeGemini(FakeServer):
         """The agent's streamed turns (side calls such as model routing are not streamed)."""
         return self.posts(":streamGenerateContent")
 
-    def answer(self, handler: _Handler, rec: Recorded) -> None:
+    def answer(self, handler: Handler, rec: Recorded) -> None:
         path = rec.path.split("?")[0]
         model, _, method = path.rpartition("/")[2].partition(":")
         if method == "countTokens":
@@ -94,7 +94,7 @@ class FakeGemini(FakeServer):
             return
         reply = self.brain(rec)
         if isinstance(reply, HttpError):
-            handler.send_json(reply.status, reply.body, reply.headers)
+            handler.send_http_error(reply)
             return
         usage = {"promptTokenCount": reply.prompt_tokens, "candidatesTokenCount": reply.output_tokens,
                  "totalTokenCount": reply.prompt_tokens + reply.output_tokens}

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes import FakeServer, HttpError, Recorded, _Handler
+from tests.fakes import FakeServer, Handler, HttpError, Recorded
 
 MODEL = "gpt-5-codex"
 
@@ -89,14 +89,14 @@ class FakeResponses(FakeServer):
     def calls(self) -> list[Recorded]:
         return self.posts("/responses")
 
-    def answer(self, handler: _Handler, rec: Recorded) -> None:
+    def answer(self, handler: Handler, rec: Recorded) -> None:
         path = rec.path.split("?")[0]
         if not path.endswith("/responses"):
             handler.send_json(404, {"error": {"message": f"no {path} here", "type": "invalid_request_error"}})
             return
         reply = self.brain(rec)
         if isinstance(reply, HttpError):
-            handler.send_json(reply.status, reply.body, reply.headers)
+            handler.send_http_error(reply)
             return
         resp_id = f"resp_{next(_ids):06d}"
         usage = {"input_tokens": reply.input_tokens, "input_tokens_details": {"cached_tokens": 0},
