@@ -24,6 +24,7 @@ from tests.agent_clis_acp import (
     Held,
     configure,
     dead_endpoint_ends_the_attempt,
+    descendants,
     kinds,
     run,
     shows_a_tool_call_while_the_step_runs,
@@ -69,10 +70,20 @@ def test_three_steps_complete_with_tool_calls_and_permissions_as_events(ws: Work
 
 
 def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspace, cli: AcpCli) -> None:
+    """...and Gemini CLI runs as one node process: left to itself it starts a second one of itself under
+    the first (kiro sets GEMINI_CLI_NO_RELAUNCH: kiro.executors.agents.acp), a third longer a step."""
     ws.task(task_text(1))
     configure(ws, cli)
     cli.held = Held(at=2)  # the model call after the first tool call waits for the test
-    shows_a_tool_call_while_the_step_runs(ws, cli, "a tool call in `kiro loop logs --follow`")
+
+    def one_gemini(proc: Any) -> None:
+        nodes = [argv for argv in descendants(proc.pid) if argv[0].rsplit("/", 1)[-1] == "node"
+                 and "--acp" in argv and any(a.rsplit("/", 1)[-1] == "gemini" for a in argv)]
+        print(f"{cli.name}: its node processes while the step runs: {[' '.join(a) for a in nodes]}")
+        assert len(nodes) == 1, nodes
+
+    shows_a_tool_call_while_the_step_runs(ws, cli, "a tool call in `kiro loop logs --follow`",
+                                          one_gemini if cli.name == "gemini-acp" else None)
 
 
 @pytest.mark.parametrize("sandbox", ["bwrap", "off"])
