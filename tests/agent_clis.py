@@ -57,7 +57,9 @@ def ran(program: str, path: str) -> str:
     first version number its `--version` prints (asked once a session)."""
     if path not in _versions:
         try:
-            said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120).stdout
+            # Gemini CLI would start a second node process of itself to print it (kiro.executors.agents.acp)
+            said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "GEMINI_CLI_NO_RELAUNCH": "true"}).stdout
         except (OSError, subprocess.SubprocessError) as exc:
             said = f"? ({exc})"
         found = re.search(r"\d+\.\d+(?:\.\d+)?\S*", said)

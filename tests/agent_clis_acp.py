@@ -67,14 +67,40 @@ def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [e for e in events if e["event"] == name]
 
 
-def shows_a_tool_call_while_the_step_runs(ws: Workspace, cli: Any, what: str) -> None:
+def descendants(pid: int) -> list[list[str]]:
+    """The command lines of the processes below `pid` (its children, theirs, ...), as /proc shows them."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2:].split()[1])  # after "(comm) state"
+        parents.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], list(parents.get(pid, []))
+    while todo:
+        child = todo.pop()
+        todo += parents.get(child, [])
+        try:
+            argv = (Path("/proc") / str(child) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found.append([a.decode("utf-8", "replace") for a in argv if a])
+    return found
+
+
+def shows_a_tool_call_while_the_step_runs(ws: Workspace, cli: Any, what: str,
+                                          while_held: Callable[[Any], None] | None = None) -> None:
     """Start a 1-step loop whose second model call the test holds (`cli.held`, set up by the caller), and
-    show that `kiro loop logs --follow` prints the agent's tool call on tasks.md while the step still runs."""
+    show that `kiro loop logs --follow` prints the agent's tool call on tasks.md while the step still runs.
+    `while_held`: more to check while the model call is held, given the loop's process."""
     held: Held = cli.held
     proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
     follow = None
     try:
         assert held.reached.wait(120), ws.output(proc)
+        if while_held is not None:
+            while_held(proc)
         tid = ws.only_task_id()
         follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
         line = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()

@@ -19,7 +19,10 @@ agent CLI's own preset's.
   only when the error it gets is a JavaScript Error saying ENOENT, and its ACP SDK hands it the bare
   JSON-RPC error object, so kiro answers its read of a file that does not exist with "" instead.
   Its permission requests carry no command (only a title, which may be the model's description of
-  it): kiro refuses the commands it asks for.
+  it): kiro refuses the commands it asks for. kiro starts it with GEMINI_CLI_NO_RELAUNCH set: else
+  Gemini CLI starts a second node process of itself (to raise its heap limit to half the machine's
+  memory) under a first one that only waits for it, which made each step's start 7-9 s (a third)
+  longer at load 20.
 - The mode: kiro sets each session to the agent's most asking mode (`asking_modes`, read from each
   adapter's bundle) with `session/set_mode`, and holds it: a `current_mode_update` (or `mode` config
   option update) to any other mode ends the attempt, failed closed; an agent that offers none of them
@@ -43,7 +46,7 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
-from kiro.executors.agents import Failure, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
 from kiro.executors.agents.claude import _LIMIT_TEXT, ClaudePreset
 from kiro.executors.agents.gemini import GeminiPreset
 from kiro.executors.base import Usage
@@ -235,6 +238,10 @@ class GeminiAcpPreset(AcpPreset, GeminiPreset):
     command = "gemini --acp"
     empty_when_missing = True
     asking_modes = ("default", "plan")
+
+    def env(self, inv: Invocation) -> dict[str, str]:
+        """gemini's, and one node process instead of two (see the module's account)."""
+        return {**super().env(inv), "GEMINI_CLI_NO_RELAUNCH": "true"}
 
 
 def _messages(stdout: str, sender: str = "agent") -> Iterator[dict[str, Any]]:
