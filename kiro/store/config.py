@@ -5,8 +5,6 @@ Precedence, lowest first: defaults < config file < task frontmatter < environmen
 line and the key, and suggest the closest known key.
 """
 
-from __future__ import annotations
-
 import copy
 import functools
 import os
@@ -349,7 +347,7 @@ class TemporalBackend(_Strict):
     """a worker heartbeats each step; 3 missed = the step is retried elsewhere."""
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # compiled by `re` when first used
 
 
 class AgentEnv(_Strict):
@@ -371,13 +369,13 @@ class AgentEnv(_Strict):
     @field_validator("drop", "pass_")
     @classmethod
     def _names(cls, value: list[str]) -> list[str]:
-        bad = [name for name in value if not _ENV_NAME.match(name)]
+        bad = [name for name in value if not re.match(_ENV_NAME, name)]
         if bad:
             raise ValueError(f"{bad[0]!r} is not an environment variable name")
         return value
 
     @model_validator(mode="after")
-    def _not_both(self) -> AgentEnv:
+    def _not_both(self) -> "AgentEnv":
         both = sorted(set(self.drop) & set(self.pass_))
         if both:
             raise ValueError(f"{both[0]} is under both drop and pass; keep it in one")
@@ -424,7 +422,7 @@ class Review(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_reviewer(self) -> Review:
+    def _one_reviewer(self) -> "Review":
         if (self.agent is None) == (self.command is None):
             raise ValueError("needs exactly one of agent (a preset: claude, codex, ...) or command (a command line "
                              "given the review prompt on stdin)")
@@ -612,7 +610,7 @@ class Config(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _review_on_temporal(self) -> Config:
+    def _review_on_temporal(self) -> "Config":
         """On the temporal backend the step's worker runs the reviewer in its clone (kiro.temporal.attempt): a
         command reviewer; an agent reviewer there is not built yet."""
         if self.backend.kind == "temporal" and self.review is not None and self.review.agent is not None:
@@ -836,7 +834,7 @@ def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]
     return data, safeio.yaml_key_lines(node)
 
 
-def _yaml_error(exc: yaml.YAMLError, text: str, name: str) -> ConfigError:
+def _yaml_error(exc: "yaml.YAMLError", text: str, name: str) -> ConfigError:
     """PyYAML's multi-line report, as one line that names the line number."""
     import yaml
 
@@ -853,7 +851,7 @@ def _yaml_error(exc: yaml.YAMLError, text: str, name: str) -> ConfigError:
     return ConfigError(f"invalid YAML: {' '.join(str(exc).split())}", file=name)
 
 
-def _check_duplicate_keys(node: yaml.Node, name: str, active: frozenset[int] = frozenset()) -> None:
+def _check_duplicate_keys(node: "yaml.Node", name: str, active: frozenset[int] = frozenset()) -> None:
     """PyYAML keeps the last of two equal keys silently; a person almost always meant one of them."""
     import yaml
 
