@@ -38,6 +38,18 @@ if TYPE_CHECKING:
     import yaml
 
 
+def _list() -> list[Any]:
+    """An empty list, as `default_factory`: pydantic reads a factory's signature as it builds a model, and
+    that of `list` (or `dict`), a builtin, is parsed from its text signature, tokenized (issue #41: a
+    tenth of building the config's validators, which every command does)."""
+    return []
+
+
+def _dict() -> dict[str, Any]:
+    """An empty dict, as `default_factory` (`_list` says why not `dict`)."""
+    return {}
+
+
 def _none_is_empty(value: Any) -> Any:
     """`llm:` with every child commented out is YAML null; a person means "all defaults", not an error."""
     return {} if value is None else value
@@ -199,7 +211,7 @@ class LLMSettings(_Strict):
     and waiting messages always pass)."""
     precheck_sleep_seconds: float = Field(300.0, gt=0)  # every_iteration: the wait after a skipped iteration
     """every_iteration: how long a skipped loop sleeps before it looks again."""
-    prices: dict[str, Price] = Field(default_factory=dict)
+    prices: dict[str, Price] = Field(default_factory=_dict)
     """model -> {input_per_1m: USD, output_per_1m: USD}, for cost limits."""
 
     _empty_prices = field_validator("prices", mode="before")(_none_is_empty)
@@ -231,7 +243,7 @@ class ShellToolSettings(_Strict):
     """offer run_command to the agent."""
     trust_agent_code: bool = False
     """true: allow those too, accepting that the agent runs code of its own."""
-    allow: list[str] = Field(default_factory=list)
+    allow: list[str] = Field(default_factory=_list)
     """commands it may run, e.g. ["git status", "git diff", ls]; programs that run code the agent writes (shells,
     python, make, npm, pytest ...) are refused unless trust_agent_code (docs/security.md)."""
     timeout_seconds: float = Field(120.0, gt=0)
@@ -305,9 +317,9 @@ class SandboxPaths(_Strict):
     """`sandbox_paths:` — more of the file system for the box (kiro.processes.sandbox): `rw` read-write,
     `ro` read-only on top. Absolute paths or `~/...`; each must exist."""
 
-    rw: list[str] = Field(default_factory=list)
+    rw: list[str] = Field(default_factory=_list)
     """read-write."""
-    ro: list[str] = Field(default_factory=list)
+    ro: list[str] = Field(default_factory=_list)
     """read-only."""
 
     @field_validator("rw", "ro")
@@ -360,9 +372,9 @@ class AgentEnv(_Strict):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True, populate_by_name=True,
                               serialize_by_alias=True)
 
-    drop: list[str] = Field(default_factory=list)
+    drop: list[str] = Field(default_factory=_list)
     """variables kept from the agent CLI, whatever their name."""
-    pass_: list[str] = Field(default_factory=list, alias="pass")
+    pass_: list[str] = Field(default_factory=_list, alias="pass")
     """variables let through to the agent CLI that kiro would keep from it (an API key it would bill before its
     login, a variable that is not its own)."""
 
@@ -451,7 +463,7 @@ class Config(_Strict):
     """a preset: a maintained command line and output parser (tokens, cost, errors) for an agent CLI, or an agent kiro
     speaks the Agent Client Protocol to (names ending in -acp, and acp); `kiro agents` lists them, with those installed
     packages add. executor_command, when set, overrides the command line."""
-    agent_args: list[str] = Field(default_factory=list)
+    agent_args: list[str] = Field(default_factory=_list)
     """extra arguments appended to the agent's command line, e.g. ["--model", "x"]."""
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
     """checkbox: exit 0 and the agent checked the box | exit_code: exit 0 alone."""
@@ -489,9 +501,9 @@ class Config(_Strict):
     parallel_by: Literal["marker", "depends"] = "marker"
     """marker: the steps marked `(P)` after their number | depends: every step whose `_Depends: 1.2, 3_` lines name
     only done steps."""
-    on_event: dict[str, str] = Field(default_factory=dict)
+    on_event: dict[str, str] = Field(default_factory=_dict)
     """completed | failed | paused | limit | finished -> shell command, e.g. {completed: "notify-send kiro done"}."""
-    secret_env: list[str] = Field(default_factory=list)
+    secret_env: list[str] = Field(default_factory=_list)
     """more variables whose values are secrets, besides *_KEY, *_TOKEN, *_SECRET, *PASSWORD* ...: kiro cuts their
     values from every file, log and prompt."""
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
@@ -515,7 +527,7 @@ class Config(_Strict):
     """Where loops run (SPEC §12, docs/scale-out.md)."""
     # While `agent` is at its usage limit, steps go to these agents in turn (their own presets; not
     # agent_args), and back to `agent` when its window resets (kiro.executors.command).
-    fallback_agents: list[AgentName] = Field(default_factory=list)
+    fallback_agents: list[AgentName] = Field(default_factory=_list)
     """e.g. [codex, gemini]: while `agent` is at its usage limit, steps go to the next of these that is not, and back
     to `agent` when its window resets."""
     # The longest an agent CLI's usage limit is waited out (until its reset, or probed without one);
@@ -536,14 +548,14 @@ class Config(_Strict):
     verify_report: str | None = None
     """a JUnit XML file verify writes (pytest --junitxml=PATH): a step whose report has fewer passed or more
     skipped/xfailed tests than the last completed step's fails, whatever verify's exit code."""
-    protected_paths: list[str] = Field(default_factory=list)
+    protected_paths: list[str] = Field(default_factory=_list)
     """globs (tests/**, ci/*.yml) a step may not create, change or delete: it fails and they are put back; frontmatter
     can add globs, never remove."""
     # SPEC §14 digest (kiro.views.digest, kiro.core.digest): Logs/digest/<date>.md when a loop ends and each day
     # at `digest_at` (local time); `notify`: Apprise URLs the digest and the `notify_on` events are sent to
     digest_at: str | None = Field(None, pattern=_HH_MM)
     """"HH:MM" (local time): besides when a loop ends, write Logs/digest/<date>.md and send it each day at this time."""
-    notify: list[str] = Field(default_factory=list)
+    notify: list[str] = Field(default_factory=_list)
     """Apprise URLs (ntfy://, tgram://, slack://, json://...) the digest and the notify_on events are sent to."""
     notify_on: list[NotifyKind] = Field(default_factory=lambda: list(NOTIFY_KINDS))
     """which events are sent to notify: digest, loop_finished, human_requested, approval_waiting, usage_limit."""
