@@ -765,9 +765,6 @@ ENV_KEYS: dict[str, str] = {
 # -- reading YAML ------------------------------------------------------------------------------
 
 
-_BASE_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
-
-
 @functools.cache
 def _loader() -> type:
     """PyYAML's safe loader (safeio.yaml_loader), reading `17:30` as the text "17:30".
@@ -777,8 +774,9 @@ def _loader() -> type:
     """
     base: Any = safeio.yaml_loader()
     resolvers = {first: list(found) for first, found in base.yaml_implicit_resolvers.items()}
+    base_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
     for first in "-+0123456789":
-        resolvers[first].insert(0, ("tag:yaml.org,2002:str", _BASE_60))
+        resolvers[first].insert(0, ("tag:yaml.org,2002:str", base_60))
     return type("ConfigLoader", (base,), {"yaml_implicit_resolvers": resolvers})
 
 
