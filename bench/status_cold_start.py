@@ -4,12 +4,18 @@ above it, issue #41); and `kiro loop logs --tail 10` on a 100,000-event log (tim
 kiro and, with --other, another checkout's, side by side in one run.
 
     python bench/status_cold_start.py [--loops 50,1000] [--runs 15] [--events 100000]
-                                      [--other /work/main/.venv/bin]
+                                      [--other /work/main/.venv/bin] [--instructions]
 
 Each time is the median wall time of fresh processes, run interleaved (after one warm-up run that
 writes the byte-code caches). `kiro` is timed as the installed script (`<venv>/bin/kiro`). Every run's
 output is checked: the table lists every loop, the tail is the last 10 events. Also prints which heavy
 modules `status` imports (STYLE 11: never openai or watchfiles).
+
+With --instructions, also the instructions each command executes (valgrind's callgrind, one run each:
+stable under load, where wall times are not), and kiro's own share above Typer's import, the rail of
+issue #41 (<= ~180 M, 60 ms). Typer's parameters are pydantic TypeAdapters: the first one built imports
+importlib.metadata and scans the installed packages for pydantic plugins (~130 M), inside that share
+whatever kiro does; the `typer parse` line shows it with a small Typer app parsing one option.
 """
 
 from __future__ import annotations
@@ -89,6 +95,23 @@ def heavy_imports(argv: list[str], cwd: Path) -> list[str]:
     return sorted(names & set(HEAVY))
 
 
+TYPER_PARSE = """import typer
+from pathlib import Path
+app = typer.Typer()
+@app.command()
+def show(workspace: Path | None = typer.Option(None), task_id: str | None = None, json: bool = False) -> None:
+    pass
+app(["--task-id", "x"], standalone_mode=False)
+"""
+
+
+def instructions(argv: list[str], cwd: Path) -> int:
+    """The instructions one run executes, as callgrind counts them (its own start-up excluded)."""
+    r = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], cwd=cwd, env=ENV,
+                       capture_output=True, text=True, check=True)
+    return int(next(line for line in r.stderr.splitlines() if "Collected :" in line).split()[-1])
+
+
 def make_workspace(root: Path, loops: int) -> None:
     for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
         (root / name).mkdir()
@@ -142,6 +165,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--other", type=Path, help="the bin/ folder of another checkout's venv (e.g. main's)")
+    ap.add_argument("--instructions", action="store_true", help="also count instructions with callgrind")
     args = ap.parse_args()
     trees = {"this": Path(sys.executable).parent}
     if args.other:
@@ -215,6 +239,20 @@ def main() -> None:
             heavy = heavy_imports([*kiro, "loop", "logs", "--tail", "10"], logs)
             lines.append(f"    heavy modules imported: {', '.join(heavy) if heavy else 'none'}")
         lines.append(f"python -c pass peak RSS {rss_of([sys.executable, '-c', 'pass'], logs) / 1024:.1f} MiB")
+        if args.instructions:
+            n = loop_counts[0]
+            typer_ir = instructions([sys.executable, "-c", "import typer, typer._adapters"], base_dir)
+            parse_ir = instructions([sys.executable, "-c", TYPER_PARSE], base_dir)
+            lines.append(f"instructions (callgrind): import typer, typer._adapters {typer_ir / 1e6:.0f} M; "
+                         f"typer parse (its adapters, the plugin scan) {parse_ir / 1e6:.0f} M")
+            for tree, bin_dir in trees.items():
+                kiro = [str(bin_dir / "kiro")]
+                status_ir = instructions([*kiro, "loop", "status"], base_dir / f"{tree}{n}")
+                logs_ir = instructions([*kiro, "loop", "logs", "--tail", "10"], logs)
+                lines.append(f"  {tree}: loop status ({n} loops) {status_ir / 1e6:.0f} M, kiro's own "
+                             f"{(status_ir - typer_ir) / 1e6:.0f} M ({(status_ir - parse_ir) / 1e6:.0f} M above typer "
+                             f"parse); loop logs --tail 10 {logs_ir / 1e6:.0f} M, kiro's own "
+                             f"{(logs_ir - typer_ir) / 1e6:.0f} M ({(logs_ir - parse_ir) / 1e6:.0f} M)")
         print("\n".join(lines))
 
 

@@ -3,8 +3,6 @@ executor fills it, the guardrails count it) and a loop's (`LoopState.usage`, whi
 attempts') are the same record; a leaf module, so that storage (`kiro.store.state`) does not import
 the executors."""
 
-from __future__ import annotations
-
 from pydantic import BaseModel, ConfigDict
 
 
@@ -19,7 +17,7 @@ class Usage(BaseModel):
     api_calls: int = 0
     cost_usd: float = 0.0
 
-    def add(self, other: Usage) -> None:
+    def add(self, other: "Usage") -> None:
         """Add another tally (an attempt's to a loop's, a model call's to an attempt's)."""
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens

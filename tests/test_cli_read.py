@@ -599,7 +599,8 @@ def test_read_commands_import_no_agent_client_and_no_watcher(shared_loops: Works
 
 
 # What a command that only reads has no use for (issue #41): the engine, an executor (beyond the table of
-# which kinds read messages), git, the server; and the event kinds' models, where the records are shown as read.
+# which kinds read messages), git, the server; the event kinds' models, where the records are shown as read;
+# the Kiro specs' reader in a workspace laid out by `kiro init`.
 RUNS_LOOPS = ("kiro.core.engine", "kiro.core.runner", "kiro.executors.", "kiro.git", "kiro.serve", "kiro.temporal")
 LIGHT = ("kiro.executors.kinds",)
 
@@ -618,6 +619,7 @@ def test_read_commands_import_nothing_that_runs_a_loop(shared_loops: Workspace, 
     loaded = [m for m in modules if m.startswith(RUNS_LOOPS) and m not in LIGHT]
     if "logs" in args:
         loaded += [m for m in modules if m == "kiro.store.events"]
+    loaded += [m for m in modules if m == "kiro.store.kirospec"]  # the Kiro specs' reader: no spec is read
     print(f"{' '.join(args)}: {len([m for m in modules if m.startswith('kiro')])} kiro modules; "
           f"of the engine's: {loaded or 'none'}")
     assert loaded == []
@@ -816,3 +818,77 @@ def test_a_read_command_in_a_folder_that_is_no_workspace_creates_nothing(ws: Wor
     assert failed == []
     r = kiro_from(plain, ws, "loop", "history", "-w", str(plain))
     assert (r.returncode, r.stdout.strip()) == (0, "no history yet"), r.stderr
+
+
+MODELS_PROBE = """
+import builtins, inspect, runpy, sys
+evaluated, parsed = [], []
+evaluate = builtins.eval
+def eval_(source, *args, **kwargs):
+    if sys._getframe(1).f_code.co_filename.endswith(("typing.py", "_typing_extra.py")):
+        evaluated.append(source)  # a ForwardRef: an annotation written as text, evaluated for pydantic
+    return evaluate(source, *args, **kwargs)
+builtins.eval = eval_
+from_text = inspect._signature_fromstr
+def signature_fromstr(cls, obj, text, *args, **kwargs):
+    parsed.append(getattr(obj, "__qualname__", repr(obj)))  # a builtin's signature, tokenized from its text
+    return from_text(cls, obj, text, *args, **kwargs)
+inspect._signature_fromstr = signature_fromstr
+""" + RUN_KIRO + """sys.stderr.write("\\n@@" + " ".join([str(code), str(len(evaluated)), *parsed]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
+                         ids=" ".join)
+def test_read_commands_build_the_models_without_evaluating_or_tokenizing_text(
+        loops: Workspace, args: tuple[str, ...]) -> None:
+    """Issue #41: the config's and the state's models are made with their annotations as objects (their
+    modules have no `from __future__ import annotations`: pydantic evaluated each field's text, about 300
+    `eval` calls for `kiro loop status`), and an empty list or dict default comes from a Python function, not
+    `list` or `dict` (pydantic reads a default factory's signature, and a builtin's is tokenized from its text)."""
+    r = subprocess.run([sys.executable, "-c", MODELS_PROBE, *args], cwd=loops.root, env=loops.env(),
+                       capture_output=True, text=True, timeout=120)
+    code, evaluated, *parsed = r.stderr.rsplit("@@", 1)[1].split()
+    assert code in ("0", "None"), r.stderr
+    assert r.stdout.strip(), "the command showed nothing"
+    print(f"{' '.join(args)}: {evaluated} annotations evaluated from text; builtin signatures tokenized: "
+          f"{parsed or 'none'}")
+    assert (evaluated, parsed) == ("0", [])
+
+
+REGEX_PROBE = """
+import re, runpy, sys
+made = []
+compile_ = re._compile
+def _compile(pattern, flags):
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.endswith(("re/__init__.py", "functools.py")):
+        frame = frame.f_back
+    if frame is not None and frame.f_globals.get("__name__", "").startswith("kiro.") and pattern not in seen:
+        made.append(frame.f_globals["__name__"] + ":" + frame.f_code.co_name)
+    seen.add(pattern)
+    return compile_(pattern, flags)
+seen = set()
+re._compile = _compile
+""" + RUN_KIRO + """sys.stderr.write("\\n@@" + " ".join([str(code), *made]) + "\\n")
+"""
+# What a read command compiles of kiro's own patterns: what it prints is cleaned of control characters
+# (console) and of words in a credential format (redact), task ids are checked (workspace), the environment
+# is scanned for tokens (redact), and the config file is read (config's YAML loader).
+READ_PATTERNS = {"kiro.views.console:<module>", "kiro.store.workspace:<module>", "kiro.store.redact:_token_formats",
+                 "kiro.store.redact:_token_words", "kiro.store.config:_loader"}
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
+                         ids=" ".join)
+def test_read_commands_compile_only_the_patterns_they_use(loops: Workspace, args: tuple[str, ...]) -> None:
+    """Issue #41: Python compiles a regex in Python code; kiro's patterns for command lines and URLs
+    (redact), backup names (state), Kiro specs (kirospec) and environment names (config) are compiled
+    where first used, not at import: a read command compiles none of them."""
+    r = subprocess.run([sys.executable, "-c", REGEX_PROBE, *args], cwd=loops.root, env=loops.env(),
+                       capture_output=True, text=True, timeout=120)
+    code, *made = r.stderr.rsplit("@@", 1)[1].split()
+    assert code in ("0", "None"), r.stderr
+    assert r.stdout.strip(), "the command showed nothing"
+    print(f"{' '.join(args)}: kiro's patterns compiled by {sorted(set(made))}")
+    assert set(made) <= READ_PATTERNS

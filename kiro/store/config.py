@@ -5,8 +5,6 @@ Precedence, lowest first: defaults < config file < task frontmatter < environmen
 line and the key, and suggest the closest known key.
 """
 
-from __future__ import annotations
-
 import copy
 import functools
 import os
@@ -38,6 +36,18 @@ from kiro.store.workspace import CONFIG_RELPATH
 
 if TYPE_CHECKING:
     import yaml
+
+
+def _list() -> list[Any]:
+    """An empty list, as `default_factory`: pydantic reads a factory's signature as it builds a model, and
+    that of `list` (or `dict`), a builtin, is parsed from its text signature, tokenized (issue #41: a
+    tenth of building the config's validators, which every command does)."""
+    return []
+
+
+def _dict() -> dict[str, Any]:
+    """An empty dict, as `default_factory` (`_list` says why not `dict`)."""
+    return {}
 
 
 def _none_is_empty(value: Any) -> Any:
@@ -201,7 +211,7 @@ class LLMSettings(_Strict):
     and waiting messages always pass)."""
     precheck_sleep_seconds: float = Field(300.0, gt=0)  # every_iteration: the wait after a skipped iteration
     """every_iteration: how long a skipped loop sleeps before it looks again."""
-    prices: dict[str, Price] = Field(default_factory=dict)
+    prices: dict[str, Price] = Field(default_factory=_dict)
     """model -> {input_per_1m: USD, output_per_1m: USD}, for cost limits."""
 
     _empty_prices = field_validator("prices", mode="before")(_none_is_empty)
@@ -233,7 +243,7 @@ class ShellToolSettings(_Strict):
     """offer run_command to the agent."""
     trust_agent_code: bool = False
     """true: allow those too, accepting that the agent runs code of its own."""
-    allow: list[str] = Field(default_factory=list)
+    allow: list[str] = Field(default_factory=_list)
     """commands it may run, e.g. ["git status", "git diff", ls]; programs that run code the agent writes (shells,
     python, make, npm, pytest ...) are refused unless trust_agent_code (docs/security.md)."""
     timeout_seconds: float = Field(120.0, gt=0)
@@ -307,9 +317,9 @@ class SandboxPaths(_Strict):
     """`sandbox_paths:` — more of the file system for the box (kiro.processes.sandbox): `rw` read-write,
     `ro` read-only on top. Absolute paths or `~/...`; each must exist."""
 
-    rw: list[str] = Field(default_factory=list)
+    rw: list[str] = Field(default_factory=_list)
     """read-write."""
-    ro: list[str] = Field(default_factory=list)
+    ro: list[str] = Field(default_factory=_list)
     """read-only."""
 
     @field_validator("rw", "ro")
@@ -349,7 +359,7 @@ class TemporalBackend(_Strict):
     """a worker heartbeats each step; 3 missed = the step is retried elsewhere."""
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # compiled by `re` when first used
 
 
 class AgentEnv(_Strict):
@@ -362,22 +372,22 @@ class AgentEnv(_Strict):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True, populate_by_name=True,
                               serialize_by_alias=True)
 
-    drop: list[str] = Field(default_factory=list)
+    drop: list[str] = Field(default_factory=_list)
     """variables kept from the agent CLI, whatever their name."""
-    pass_: list[str] = Field(default_factory=list, alias="pass")
+    pass_: list[str] = Field(default_factory=_list, alias="pass")
     """variables let through to the agent CLI that kiro would keep from it (an API key it would bill before its
     login, a variable that is not its own)."""
 
     @field_validator("drop", "pass_")
     @classmethod
     def _names(cls, value: list[str]) -> list[str]:
-        bad = [name for name in value if not _ENV_NAME.match(name)]
+        bad = [name for name in value if not re.match(_ENV_NAME, name)]
         if bad:
             raise ValueError(f"{bad[0]!r} is not an environment variable name")
         return value
 
     @model_validator(mode="after")
-    def _not_both(self) -> AgentEnv:
+    def _not_both(self) -> "AgentEnv":
         both = sorted(set(self.drop) & set(self.pass_))
         if both:
             raise ValueError(f"{both[0]} is under both drop and pass; keep it in one")
@@ -424,7 +434,7 @@ class Review(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_reviewer(self) -> Review:
+    def _one_reviewer(self) -> "Review":
         if (self.agent is None) == (self.command is None):
             raise ValueError("needs exactly one of agent (a preset: claude, codex, ...) or command (a command line "
                              "given the review prompt on stdin)")
@@ -453,7 +463,7 @@ class Config(_Strict):
     """a preset: a maintained command line and output parser (tokens, cost, errors) for an agent CLI, or an agent kiro
     speaks the Agent Client Protocol to (names ending in -acp, and acp); `kiro agents` lists them, with those installed
     packages add. executor_command, when set, overrides the command line."""
-    agent_args: list[str] = Field(default_factory=list)
+    agent_args: list[str] = Field(default_factory=_list)
     """extra arguments appended to the agent's command line, e.g. ["--model", "x"]."""
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
     """checkbox: exit 0 and the agent checked the box | exit_code: exit 0 alone."""
@@ -491,9 +501,9 @@ class Config(_Strict):
     parallel_by: Literal["marker", "depends"] = "marker"
     """marker: the steps marked `(P)` after their number | depends: every step whose `_Depends: 1.2, 3_` lines name
     only done steps."""
-    on_event: dict[str, str] = Field(default_factory=dict)
+    on_event: dict[str, str] = Field(default_factory=_dict)
     """completed | failed | paused | limit | finished -> shell command, e.g. {completed: "notify-send kiro done"}."""
-    secret_env: list[str] = Field(default_factory=list)
+    secret_env: list[str] = Field(default_factory=_list)
     """more variables whose values are secrets, besides *_KEY, *_TOKEN, *_SECRET, *PASSWORD* ...: kiro cuts their
     values from every file, log and prompt."""
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
@@ -517,7 +527,7 @@ class Config(_Strict):
     """Where loops run (SPEC §12, docs/scale-out.md)."""
     # While `agent` is at its usage limit, steps go to these agents in turn (their own presets; not
     # agent_args), and back to `agent` when its window resets (kiro.executors.command).
-    fallback_agents: list[AgentName] = Field(default_factory=list)
+    fallback_agents: list[AgentName] = Field(default_factory=_list)
     """e.g. [codex, gemini]: while `agent` is at its usage limit, steps go to the next of these that is not, and back
     to `agent` when its window resets."""
     # The longest an agent CLI's usage limit is waited out (until its reset, or probed without one);
@@ -538,14 +548,14 @@ class Config(_Strict):
     verify_report: str | None = None
     """a JUnit XML file verify writes (pytest --junitxml=PATH): a step whose report has fewer passed or more
     skipped/xfailed tests than the last completed step's fails, whatever verify's exit code."""
-    protected_paths: list[str] = Field(default_factory=list)
+    protected_paths: list[str] = Field(default_factory=_list)
     """globs (tests/**, ci/*.yml) a step may not create, change or delete: it fails and they are put back; frontmatter
     can add globs, never remove."""
     # SPEC §14 digest (kiro.views.digest, kiro.core.digest): Logs/digest/<date>.md when a loop ends and each day
     # at `digest_at` (local time); `notify`: Apprise URLs the digest and the `notify_on` events are sent to
     digest_at: str | None = Field(None, pattern=_HH_MM)
     """"HH:MM" (local time): besides when a loop ends, write Logs/digest/<date>.md and send it each day at this time."""
-    notify: list[str] = Field(default_factory=list)
+    notify: list[str] = Field(default_factory=_list)
     """Apprise URLs (ntfy://, tgram://, slack://, json://...) the digest and the notify_on events are sent to."""
     notify_on: list[NotifyKind] = Field(default_factory=lambda: list(NOTIFY_KINDS))
     """which events are sent to notify: digest, loop_finished, human_requested, approval_waiting, usage_limit."""
@@ -612,7 +622,7 @@ class Config(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _review_on_temporal(self) -> Config:
+    def _review_on_temporal(self) -> "Config":
         """On the temporal backend the step's worker runs the reviewer in its clone (kiro.temporal.attempt): a
         command reviewer; an agent reviewer there is not built yet."""
         if self.backend.kind == "temporal" and self.review is not None and self.review.agent is not None:
@@ -755,9 +765,6 @@ ENV_KEYS: dict[str, str] = {
 # -- reading YAML ------------------------------------------------------------------------------
 
 
-_BASE_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
-
-
 @functools.cache
 def _loader() -> type:
     """PyYAML's safe loader (safeio.yaml_loader), reading `17:30` as the text "17:30".
@@ -767,8 +774,9 @@ def _loader() -> type:
     """
     base: Any = safeio.yaml_loader()
     resolvers = {first: list(found) for first, found in base.yaml_implicit_resolvers.items()}
+    base_60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
     for first in "-+0123456789":
-        resolvers[first].insert(0, ("tag:yaml.org,2002:str", _BASE_60))
+        resolvers[first].insert(0, ("tag:yaml.org,2002:str", base_60))
     return type("ConfigLoader", (base,), {"yaml_implicit_resolvers": resolvers})
 
 
@@ -836,7 +844,7 @@ def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]
     return data, safeio.yaml_key_lines(node)
 
 
-def _yaml_error(exc: yaml.YAMLError, text: str, name: str) -> ConfigError:
+def _yaml_error(exc: "yaml.YAMLError", text: str, name: str) -> ConfigError:
     """PyYAML's multi-line report, as one line that names the line number."""
     import yaml
 
@@ -853,7 +861,7 @@ def _yaml_error(exc: yaml.YAMLError, text: str, name: str) -> ConfigError:
     return ConfigError(f"invalid YAML: {' '.join(str(exc).split())}", file=name)
 
 
-def _check_duplicate_keys(node: yaml.Node, name: str, active: frozenset[int] = frozenset()) -> None:
+def _check_duplicate_keys(node: "yaml.Node", name: str, active: frozenset[int] = frozenset()) -> None:
     """PyYAML keeps the last of two equal keys silently; a person almost always meant one of them."""
     import yaml
 

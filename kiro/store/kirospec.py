@@ -126,13 +126,14 @@ def steering(project: Path) -> list[Steering]:
     return out
 
 
-_PATHISH = re.compile(r"`([^`\s]+)`|([\w@.\-]*[\w\-]/[\w@./\-*]+|[\w@\-]+\.[A-Za-z][\w]{0,7})\b")
+# The patterns are text, compiled by `re` where first used (and kept in its cache), not at import.
+_PATHISH = r"`([^`\s]+)`|([\w@.\-]*[\w\-]/[\w@./\-*]+|[\w@\-]+\.[A-Za-z][\w]{0,7})\b"
 
 
 def mentioned_files(text: str) -> list[str]:
     """Path-like words of a step's text: backticked names, words with a `/`, names with an extension."""
     out: list[str] = []
-    for m in _PATHISH.finditer(text):
+    for m in re.finditer(_PATHISH, text):
         word = (m.group(1) or m.group(2) or "").strip(".,;:()[]\"'").lstrip("./")
         if word and word not in out and not re.fullmatch(r"[\d.]+", word):
             out.append(word)
@@ -162,9 +163,9 @@ def included(steer: Steering, step_text: str) -> str | None:
 
 # -- requirements ------------------------------------------------------------------------------
 
-_HEADING = re.compile(r"^#{2,5}\s+(?:\*\*)?(?:[^\d\n#]{0,24}?)\s*(\d+)(?=[\s.:)*]|$)(.*)$")
-_ITEM = re.compile(r"^\s{0,3}(\d+)[.)]\s+(.+)$")
-_CITED = re.compile(r"_?\s*Requirements?\s*:?\s*(.+?)_?\s*$", re.I)
+_HEADING = r"^#{2,5}\s+(?:\*\*)?(?:[^\d\n#]{0,24}?)\s*(\d+)(?=[\s.:)*]|$)(.*)$"
+_ITEM = r"^\s{0,3}(\d+)[.)]\s+(.+)$"
+_CITED = r"(?i)_?\s*Requirements?\s*:?\s*(.+?)_?\s*$"
 
 
 def cited_ids(details: list[str]) -> list[str]:
@@ -174,7 +175,7 @@ def cited_ids(details: list[str]) -> list[str]:
         text = line.strip().lstrip("-*").strip()
         if not re.match(r"_?\s*Requirements?\b", text, re.I):
             continue
-        m = _CITED.match(text)
+        m = re.match(_CITED, text)
         for found in re.findall(r"\d+(?:\.\d+)*", m.group(1) if m else ""):
             if found not in ids:
                 ids.append(found)
@@ -193,14 +194,14 @@ def criteria(text: str) -> dict[str, str]:
             continue
         if in_code:
             continue
-        h = _HEADING.match(line)
+        h = re.match(_HEADING, line)
         if h is not None:
             current = h.group(1)
             out.setdefault(current, line.lstrip("#").strip().strip("*").strip())
             continue
         if current is None:
             continue
-        item = _ITEM.match(line)
+        item = re.match(_ITEM, line)
         if item is not None:
             out.setdefault(f"{current}.{item.group(1)}", " ".join(item.group(2).split()))
     return out

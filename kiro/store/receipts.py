@@ -13,8 +13,6 @@ and the protected paths a step may not touch.
 This module knows no loop and no executor (kiro.core.evidence runs it beside the engine).
 """
 
-from __future__ import annotations
-
 import contextlib
 import hashlib
 import json

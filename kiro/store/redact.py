@@ -30,6 +30,7 @@ is linear in its input: a megabyte-long command or environment value costs milli
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -73,24 +74,45 @@ _FORMATS = (r"sk-[A-Za-z0-9_\-]{16,}+", r"sk_(?:live|test)_[A-Za-z0-9]{16,}+", r
             r"github_pat_[A-Za-z0-9_]{20,}+", r"xox[abposr]-[A-Za-z0-9\-]{10,}+", r"AKIA[0-9A-Z]{16}",
             r"glpat-[A-Za-z0-9_\-]{16,}+", r"AIza[0-9A-Za-z_\-]{30,}+",
             r"eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+")
-_TOKEN_FORMATS = re.compile(r"^(?:" + "|".join(_FORMATS) + r")$")
-_TOKEN_WORDS = re.compile(r"(?<![A-Za-z0-9_\-])(?:" + "|".join(_FORMATS) + r")(?![A-Za-z0-9_\-])")
+# Each pattern is compiled where it is first used, not at import (functools.cache): Python compiles a
+# regex in Python code, and a read command that never looks at a command line pays for none of these.
+
+
+@functools.cache
+def _token_formats() -> re.Pattern[str]:
+    return re.compile(r"^(?:" + "|".join(_FORMATS) + r")$")
+
+
+@functools.cache
+def _token_words() -> re.Pattern[str]:
+    return re.compile(r"(?<![A-Za-z0-9_\-])(?:" + "|".join(_FORMATS) + r")(?![A-Za-z0-9_\-])")
+
+
 # Every pattern here is linear in its input (issue #27 item 12: a 40 KB value cost seconds on every
 # command): a match may start only where a run of its characters starts (the lookbehinds), and the
 # run is taken whole (`*+`, `++`), never given back a character at a time.
-# A URL: the first letter of a run of scheme characters, the run, `://`, the rest up to a space or quote.
-_URL = re.compile(r"(?<![A-Za-z0-9+.\-])[0-9+.\-]*+([A-Za-z][A-Za-z0-9+.\-]*+://[^\s'\"<>]++)")
-_SECRET_QUERY = re.compile(r"(?i)(token|key|secret|password|passwd|sig|signature|auth|credential)")
-# Credentials written into a command line: `Bearer X`, `--token X`, `--password=X`, `API_KEY=X`. The
-# name is found first (`_IN_COMMAND`), then its value (`_COMMAND_VALUE`) when the name says secret.
-_IN_COMMAND = re.compile(
-    r"(?i)\b(?:bearer|basic)\s++"
-    r"|(?<![\w\-])(--?[a-z0-9_\-]*+)(?:=|\s++)"
-    r"|(?<!\w)([a-z0-9_]++)="
-)
-_OPTION_SAYS_SECRET = re.compile(r"(?i)token|key|secret|pass|auth")
-_ASSIGNMENT_SAYS_SECRET = re.compile(r"(?i)token|key|secret|password|passwd|auth")
-_COMMAND_VALUE = re.compile(r"['\"]?([^\s'\"&;|]+)")
+@functools.cache
+def _url() -> re.Pattern[str]:
+    """A URL: the first letter of a run of scheme characters, the run, `://`, the rest up to a space or quote."""
+    return re.compile(r"(?<![A-Za-z0-9+.\-])[0-9+.\-]*+([A-Za-z][A-Za-z0-9+.\-]*+://[^\s'\"<>]++)")
+
+
+@functools.cache
+def _secret_query() -> re.Pattern[str]:
+    return re.compile(r"(?i)(token|key|secret|password|passwd|sig|signature|auth|credential)")
+
+
+@functools.cache
+def _in_command() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    """Credentials written into a command line: `Bearer X`, `--token X`, `--password=X`, `API_KEY=X`. The
+    name is found first (the first pattern), then its value (the last) when the name says secret (the
+    option's name by the second, an assignment's by the third)."""
+    return (re.compile(r"(?i)\b(?:bearer|basic)\s++"
+                       r"|(?<![\w\-])(--?[a-z0-9_\-]*+)(?:=|\s++)"
+                       r"|(?<!\w)([a-z0-9_]++)="),
+            re.compile(r"(?i)token|key|secret|pass|auth"),
+            re.compile(r"(?i)token|key|secret|password|passwd|auth"),
+            re.compile(r"['\"]?([^\s'\"&;|]+)"))
 
 
 def looks_secret(name: str) -> bool:
@@ -101,14 +123,14 @@ def looks_secret(name: str) -> bool:
 
 def looks_like_token(value: str) -> bool:
     """True for a value in a well-known credential format (OpenAI, GitHub, Slack, AWS, GitLab, Google, JWT)."""
-    return bool(_TOKEN_FORMATS.match(value.strip()))
+    return bool(_token_formats().match(value.strip()))
 
 
 def url_secrets(text: str) -> tuple[list[str], list[str]]:
     """Credentials inside the URLs of `text`: (secret values, literal `user:password@` forms)."""
     values: list[str] = []
     forms: list[str] = []
-    for match in _URL.finditer(text):
+    for match in _url().finditer(text):
         try:
             parts = urlsplit(match.group(1))
             password = parts.password
@@ -121,7 +143,7 @@ def url_secrets(text: str) -> tuple[list[str], list[str]]:
             if userinfo:
                 forms.append(userinfo + "@")
         for key, value in query:
-            if _SECRET_QUERY.search(key):
+            if _secret_query().search(key):
                 values.append(value)
     return values, forms
 
@@ -130,22 +152,25 @@ def command_secrets(text: str) -> list[str]:
     """Credentials written into a command line (`Authorization: Bearer X`, `--token X`, `KEY=X`)."""
     found: list[str] = []
     pos = 0
-    while (name := _IN_COMMAND.search(text, pos)) is not None:
+    in_command, option_says_secret, assignment_says_secret, command_value = _in_command()
+    while (name := in_command.search(text, pos)) is not None:
         pos = name.end()
         option, assigned = name.group(1), name.group(2)
-        if option is not None and not _OPTION_SAYS_SECRET.search(option):
+        if option is not None and not option_says_secret.search(option):
             continue
-        if assigned is not None and not _ASSIGNMENT_SAYS_SECRET.search(assigned):
+        if assigned is not None and not assignment_says_secret.search(assigned):
             continue
-        value = _COMMAND_VALUE.match(text, pos)
+        value = command_value.match(text, pos)
         if value is not None:
             found.append(value.group(1))
             pos = value.end()
     return found + url_secrets(text)[0]
 
 
-_URL_PARTS = re.compile(r"[/:@?&=#]+")
-_HOST_NAME = re.compile(r"^(?:[A-Za-z0-9\-]+\.)+[A-Za-z0-9\-]+$|^\d+$")  # ntfy.sh, 127.0.0.1, a port
+@functools.cache
+def _url_parts() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """What splits a URL into parts, and a part that is a host name or a number (ntfy.sh, 127.0.0.1, a port)."""
+    return re.compile(r"[/:@?&=#]+"), re.compile(r"^(?:[A-Za-z0-9\-]+\.)+[A-Za-z0-9\-]+$|^\d+$")
 
 
 def notify_secrets(url: str) -> list[str]:
@@ -153,7 +178,8 @@ def notify_secrets(url: str) -> list[str]:
     dotted host names and numbers; an Apprise URL keeps its tokens anywhere (Telegram's bot token is where a
     host would be, ntfy's topic is a path)."""
     scheme, sep, rest = url.partition("://")
-    parts = [p for p in _URL_PARTS.split(rest if sep else url) if p and not _HOST_NAME.match(p)]
+    splitter, host_name = _url_parts()
+    parts = [p for p in splitter.split(rest if sep else url) if p and not host_name.match(p)]
     return [url, *parts, *url_secrets(url)[0]]
 
 
@@ -161,7 +187,7 @@ def written_in(text: str) -> Redactor | None:
     """A redactor for the secrets `text` itself shows to be secrets: the password of a URL in it
     (`scheme://user:password@host`) and words in a well-known credential format; None when there is
     none. For lines printed before, or without, a run's redactor (a config error echoing a value)."""
-    values = [m.group(0) for m in _TOKEN_WORDS.finditer(text)]
+    values = [m.group(0) for m in _token_words().finditer(text)]
     forms: list[str] = []
     if "://" in text and "@" in text:
         found, forms = url_secrets(text)

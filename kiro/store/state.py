@@ -6,8 +6,6 @@ Field names and meanings follow the source spec (seed 004, "State File Format");
 `usage`, `steps` and `history`.
 """
 
-from __future__ import annotations
-
 import collections
 import contextlib
 import errno
@@ -44,8 +42,9 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 BACKUPS_KEPT = 5
 # A backup's name (`_backup_name`), its journal's too; the task id may hold dots, the stamp never does.
-_BACKUP_NAME = re.compile(rf"^autonomous_loop_(?P<task_id>.+)\.\d{{8}}T\d+\.i\d+"
-                          rf"(?P<suffix>\.json|{re.escape(journal.JOURNAL_SUFFIX)})$")
+# Text, compiled by `re` where first used: a read command never lists backups.
+_BACKUP_NAME = (rf"^autonomous_loop_(?P<task_id>.+)\.\d{{8}}T\d+\.i\d+"
+                rf"(?P<suffix>\.json|{re.escape(journal.JOURNAL_SUFFIX)})$")
 HISTORY_KEPT = 200
 FAILED_KEPT = 100  # failed_steps: the newest attempts (total_failures counts them all)
 LOW_SPACE_BYTES = 256 * 1024  # free space under which a journal append notes the disk as full (kiro.fs.diskfull)
@@ -380,7 +379,7 @@ class LoadResult:
 # step's box hides (kiro.processes.sandbox.SERVE_FOLDER); or the person's own, in this variable, never a step's.
 SERVE_TOKEN = "serve/token"
 SERVE_TOKEN_ENV = "KIRO_SERVE_TOKEN"
-_GENERATED_TOKEN = re.compile(r"[A-Za-z0-9_\-]{43}")  # what secrets.token_urlsafe(32) makes
+_GENERATED_TOKEN = r"[A-Za-z0-9_\-]{43}"  # what secrets.token_urlsafe(32) makes
 
 
 def serve_token(ws: Workspace) -> Redactor:
@@ -391,7 +390,7 @@ def serve_token(ws: Workspace) -> Redactor:
         text = safeio.read_bytes(ws.state_dir / SERVE_TOKEN, limit=safeio.SMALL_MAX_BYTES).decode().strip()
     except (OSError, UnicodeDecodeError, safeio.UnreadableFile):
         return Redactor()
-    return Redactor([text]) if _GENERATED_TOKEN.fullmatch(text) else Redactor()
+    return Redactor([text]) if re.fullmatch(_GENERATED_TOKEN, text) else Redactor()
 
 
 class StateStore:
@@ -582,7 +581,7 @@ class StateStore:
         if not folder.is_dir():
             return []
         found = [p for p in folder.glob(f"autonomous_loop_{task_id}.*{suffix}")
-                 if (m := _BACKUP_NAME.match(p.name)) and m["task_id"] == task_id and m["suffix"] == suffix]
+                 if (m := re.match(_BACKUP_NAME, p.name)) and m["task_id"] == task_id and m["suffix"] == suffix]
         return sorted(found, key=lambda p: p.name, reverse=True)  # newest first: the stamp sorts
 
     def archive(self, state: LoopState) -> Path:
@@ -790,10 +789,10 @@ class StateStore:
         return locks.is_held(self.ws.lock_file(task_id))
 
 
-_live_journals: weakref.WeakSet[LiveJournal] = weakref.WeakSet()  # the journals open in this process
+_live_journals: "weakref.WeakSet[LiveJournal]" = weakref.WeakSet()  # the journals open in this process
 
 
-def live_journal(task_id: str) -> LiveJournal | None:
+def live_journal(task_id: str) -> "LiveJournal | None":
     """The open journal of loop `task_id` in this process, if any."""
     return next((j for j in list(_live_journals) if j.task_id == task_id and not j.closed), None)
 
@@ -1161,7 +1160,7 @@ class LiveJournal:
         delay = max(0.05, self._interval() - (time.monotonic() - self.last_snapshot))
         self.timer = loop.call_later(delay, self._timer_fired, loop)
 
-    def _timer_fired(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _timer_fired(self, loop: "asyncio.AbstractEventLoop") -> None:
         self.timer = None
         if not self.closed:
             writer.background(self.flush)  # not run_in_executor: its futures cost the event loop more

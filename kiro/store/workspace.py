@@ -18,7 +18,7 @@ from pathlib import Path
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.fs import safeio
 from kiro.fs.walk import walk
-from kiro.store import frontmatter, kirospec, taskmap
+from kiro.store import frontmatter, taskmap
 
 CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
 FOLDERS = ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks")
@@ -43,6 +43,8 @@ def is_task_candidate(path: Path) -> bool:
 
 def kiro_specs(root: Path) -> list[Path]:
     """The Kiro specs' task files of the project at `root`: `.kiro/specs/*/tasks.md`, run in place."""
+    from kiro.store import kirospec  # the Kiro specs' reader, imported where they are read (not by `status`)
+
     return [kirospec.specs_folder(root) / name / "tasks.md" for name in kirospec.spec_names(root)]
 
 
@@ -403,6 +405,8 @@ class Workspace:
         runs its specs in place: kiro makes none of its layout's folders or Dashboard.md at the project's root,
         only its own `.state/` and `Logs/` (kept out of git, kiro.git.ignore); Needs_Action/ and the others
         are made when a note is first written there (kiro.fs.atomic)."""
+        from kiro.store import kirospec
+
         return (self.config_file.is_file() or self.specs.is_dir()
                 or not kirospec.specs_folder(self.root).is_dir())
 
