@@ -425,7 +425,8 @@ def _step_before(lines: list[str], index: int) -> str | None:
 # kernel's clock as the read may leave its times as they were (git's "racily clean" files), so a file changed
 # that recently is read at every look.
 _read: dict[str, tuple[tuple[int, int, int, int, int], bytes | None]] = {}
-READ_KEPT = 100_000  # entries; then the memory starts again
+READ_KEPT = 20_000  # entries (then the memory starts again), each of at most KEPT_BYTES: 80 MB at worst
+KEPT_BYTES = 4096  # a longer frontmatter (or a file without its closing line) is read at every look
 RACY_NS = 2_000_000_000
 
 
@@ -440,7 +441,7 @@ def _frontmatter(path: str, st: os.stat_result | None = None) -> bytes | None:
     if kept is not None and kept[0] == key:
         return kept[1]
     data = _frontmatter_bytes(path)
-    if time.time_ns() - st.st_ctime_ns > RACY_NS:
+    if time.time_ns() - st.st_ctime_ns > RACY_NS and (data is None or len(data) <= KEPT_BYTES):
         if len(_read) >= READ_KEPT:
             _read.clear()
         _read[path] = (key, data)
