@@ -66,6 +66,7 @@ class Counts:
     steps_recorded: int = 0
     reserves_left: int = 0
     reserves_killed: int = 0
+    kills_after_a_step: int = 0  # kills of a process that had run a step of its own by then
     problems: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -73,7 +74,8 @@ class Counts:
                 f"({self.tasks_completed} completed); unparsable states: {self.unparsable_states}; "
                 f"completed steps re-run: {self.completed_steps_rerun}; boxes lost: {self.boxes_lost}; "
                 f"steps recorded completed: {self.steps_recorded}; reserves of killed processes: "
-                f"{self.reserves_killed}, left after the next start: {self.reserves_left}")
+                f"{self.reserves_killed}, left after the next start: {self.reserves_left}; kills after the killed "
+                f"process had run a step: {self.kills_after_a_step}")
 
 
 def _env() -> dict[str, str]:
@@ -152,8 +154,11 @@ def _check(task: _Task, counts: Counts) -> None:
 
 
 def crash_run(base: Path, kills: int, *, seed: int = 20261122, steps: int = 60,
-              progress: bool = False) -> Counts:
-    """Kill kiro `kills` times at random moments across tasks of `steps` steps under `base`."""
+              progress: bool = False, after_step: float = 0.0) -> Counts:
+    """Kill kiro `kills` times at random moments across tasks of `steps` steps under `base`. With
+    `after_step` (a probability), a round in the loop proper first waits until the process has run a step
+    of its own: on a loaded machine a process's start-up outlasts the random moment, and without it no
+    kill lands where steps complete (`kills after the killed process had run a step` says how many did)."""
     rng = random.Random(seed)
     counts = Counts()
     everything: list[_Task] = []
@@ -164,6 +169,7 @@ def crash_run(base: Path, kills: int, *, seed: int = 20261122, steps: int = 60,
             task = _new_task(base, len(everything), steps)
             everything.append(task)
         counts.rounds += 1
+        ran_before = sum(task.side_effects().values())
         with open(task.root.parent / f"{task.tid}.out", "ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", "kiro", *task.args()], cwd=task.root, env=_env(),
                                     stdout=out, stderr=subprocess.STDOUT)
@@ -179,10 +185,15 @@ def crash_run(base: Path, kills: int, *, seed: int = 20261122, steps: int = 60,
                 except ValueError:
                     pass
                 time.sleep(0.01)
+            if after_step and rng.random() < after_step:
+                while time.monotonic() < deadline + 60 and proc.poll() is None \
+                        and sum(task.side_effects().values()) == ran_before:
+                    time.sleep(0.01)
             time.sleep(rng.uniform(0.0, 0.3))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             counts.kills += 1
+            counts.kills_after_a_step += sum(task.side_effects().values()) > ran_before
         proc.wait(timeout=60)
         _check(task, counts)
         if progress and counts.kills and counts.kills % 50 == 0 and proc.returncode == -signal.SIGKILL:
@@ -220,10 +231,13 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=20261122)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--after-step", type=float, default=0.5, metavar="P",
+                    help="the share of rounds in the loop proper that wait for a step of the process first")
     args = ap.parse_args()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kiro-crash-") as tmp:
-        counts = crash_run(Path(tmp), args.kills, seed=args.seed, steps=args.steps, progress=True)
+        counts = crash_run(Path(tmp), args.kills, seed=args.seed, steps=args.steps, progress=True,
+                           after_step=args.after_step)
     print(f"crash-safety run (seed {args.seed}, {args.steps}-step tasks, "
           f"{time.monotonic() - started:.0f} s): {counts.line()}")
     for problem in counts.problems[:20]:

@@ -50,6 +50,7 @@ import hashlib
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -417,6 +418,36 @@ def _step_before(lines: list[str], index: int) -> str | None:
     return before[-1].id if before else None
 
 
+# The frontmatter of each task file as last read, by path, beside the file's identity and times then: the look
+# around every step of every loop (`TaskFiles`) reads again only what changed since, not every task file of the
+# workspace twice a step (with a thousand loops that was most of their time: issue #41). An entry is kept only
+# once the file's last change (its ctime, which no process sets) is RACY_NS old: a write in the same tick of the
+# kernel's clock as the read may leave its times as they were (git's "racily clean" files), so a file changed
+# that recently is read at every look.
+_read: dict[str, tuple[tuple[int, int, int, int, int], bytes | None]] = {}
+READ_KEPT = 20_000  # entries (then the memory starts again), each of at most KEPT_BYTES: 80 MB at worst
+KEPT_BYTES = 4096  # a longer frontmatter (or a file without its closing line) is read at every look
+RACY_NS = 2_000_000_000
+
+
+def _frontmatter(path: str, st: os.stat_result | None = None) -> bytes | None:
+    """`_frontmatter_bytes(path)`, read again only when the file changed since it was last read."""
+    try:
+        st = st if st is not None else os.stat(path)
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    kept = _read.get(path)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    data = _frontmatter_bytes(path)
+    if time.time_ns() - st.st_ctime_ns > RACY_NS and (data is None or len(data) <= KEPT_BYTES):
+        if len(_read) >= READ_KEPT:
+            _read.clear()
+        _read[path] = (key, data)
+    return data
+
+
 def _frontmatter_bytes(path: str) -> bytes | None:
     """The frontmatter block of the file at `path` (first line `---` to its closing line), b"" without
     one; None when it cannot be read."""
@@ -459,13 +490,13 @@ class TaskFiles:
     def _look(self) -> None:
         from kiro.store.workspace import markdown_files, task_files
 
-        self.by_path = {real: _frontmatter_bytes(real) for _path, real in task_files(self.ws)}
+        self.by_path = {real: _frontmatter(real) for _path, real in task_files(self.ws)}
         self.moved_in = {}
         for folder in (self.ws.done, self.ws.needs_action):
             for path in markdown_files(folder):
                 with contextlib.suppress(OSError):
                     st = os.stat(path)
-                    self.moved_in[(st.st_dev, st.st_ino)] = _frontmatter_bytes(str(path))
+                    self.moved_in[(st.st_dev, st.st_ino)] = _frontmatter(str(path), st)
 
     def check(self, *, boxed: bool, task_id: str, step_id: str) -> list[str]:
         """After a step process ran: hold what it planted or changed, put back the loop's own frontmatter
@@ -490,12 +521,12 @@ class TaskFiles:
         for path, real in task_files(self.ws):
             if real == own or (boxed and real.startswith(specs)):
                 continue  # boxed, Specs/ is read-only to the step: what changed there is a person's
-            now = _frontmatter_bytes(real)
-            if real in self.by_path and self.by_path[real] == now:
-                continue
             try:
                 st = os.stat(real)
             except OSError:
+                continue
+            now = _frontmatter(real, st)
+            if real in self.by_path and self.by_path[real] == now:
                 continue
             if real not in self.by_path and self.moved_in.get((st.st_dev, st.st_ino), b"\0") == now:
                 continue  # moved back from Done/ or Needs_Action/

@@ -53,10 +53,24 @@ def task_files(ws: Workspace) -> Iterator[tuple[Path, str]]:
     depth) and each Kiro spec's `.kiro/specs/*/tasks.md`, as (the path found, its real path), each real file
     once: a symlinked folder (`ln -s .kiro/specs Specs`, a spec folder linked to another) is one file once."""
     seen: set[str] = set()
+    # the walk never goes through a symlinked folder: below Specs/ (itself maybe a link) only a file that is a
+    # link needs its real path asked for, component by component (a look at every step of every loop: issue #41)
+    specs = os.fspath(ws.specs) + os.sep
+    specs_real = os.path.realpath(ws.specs) + os.sep
     for path in [*markdown_files(ws.specs), *kiro_specs(ws.root)]:  # moved by their loops meanwhile
-        if not path.is_file() or not is_task_candidate(path):
+        if not is_task_candidate(path):
             continue
-        real = os.path.realpath(path)
+        name = os.fspath(path)
+        try:
+            mode = os.lstat(name).st_mode
+        except OSError:
+            continue
+        if stat.S_ISREG(mode) and name.startswith(specs):
+            real = specs_real + name[len(specs):]
+        elif path.is_file():
+            real = os.path.realpath(name)
+        else:
+            continue
         if real not in seen:
             seen.add(real)
             yield path, real
