@@ -19,11 +19,13 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tests.agent_clis import INSTALL, Cli, filled, parse_prompt
+from tests.conftest import cli_homes
 from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import chat as fc
 from tests.fakes import gemini as fg
@@ -184,16 +186,50 @@ class ChatEditCli(Cli):
         return fc.Reply(self.reply(new), **usage)
 
 
+# what opencode installs from the npm registry into a fresh home on its first start (its plugin package in the
+# config folder, the provider's package in its cache): kept from the first test's run, copied into each new home
+OPENCODE_INSTALLS = (Path(".config") / "opencode", Path(".cache") / "opencode")
+
+
+def opencode_seed() -> Path:
+    """Where a test run keeps opencode's first installs, beside the CLI homes (tests/conftest.py cli_homes)."""
+    return cli_homes() / "opencode-installs"
+
+
 class Opencode(ChatEditCli):
+    """opencode, with its config in its own HOME. A person's opencode installs its packages once, on its first
+    start; each test's fresh home would install them again from the npm registry (10-40 s a start), so a home
+    starts with what the first run installed (`opencode_seed`), and opencode itself checks them as it does a
+    person's."""
+
     def __init__(self, tmp: Path) -> None:
         super().__init__("opencode", "opencode", "opencode-ai", tmp)
+
+    def close(self) -> None:
+        super().close()
+        seed, home = opencode_seed(), self.tmp / "opencode-home"
+        if seed.exists() or not all((home / part / "node_modules").is_dir() for part in OPENCODE_INSTALLS[:1]):
+            return
+        staging = Path(tempfile.mkdtemp(dir=seed.parent))
+        for part in OPENCODE_INSTALLS:
+            if (home / part).is_dir():
+                shutil.copytree(home / part, staging / part, symlinks=True,
+                                ignore=shutil.ignore_patterns("opencode.json"))
+        try:
+            staging.rename(seed)  # whole or not at all: another worker's may have landed first
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def edit_plan(self, path: str, old: str, new: str) -> list[tuple[str, dict[str, str]]]:
         return [("read", {"filePath": path}), ("edit", {"filePath": path, "oldString": old, "newString": new})]
 
     def start(self) -> FakeServer:
         self.server = fc.FakeChat(self.brain).start()
-        config = self.tmp / "opencode-home" / ".config" / "opencode" / "opencode.json"
+        home, seed = self.tmp / "opencode-home", opencode_seed()
+        for part in OPENCODE_INSTALLS:
+            if (seed / part).is_dir():
+                shutil.copytree(seed / part, home / part, symlinks=True, dirs_exist_ok=True)
+        config = home / ".config" / "opencode" / "opencode.json"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(json.dumps({
             "$schema": "https://opencode.ai/config.json",

@@ -186,11 +186,16 @@ def cli_home() -> Iterator[Path]:
     shutil.rmtree(home, ignore_errors=True)
 
 
-def new_cli_home() -> Path:
-    """A new folder for the `cli_home` fixture (a module-scoped fixture removes it itself)."""
+def cli_homes() -> Path:
+    """Where the agent CLIs' test homes are made (outside the temp directory, see `cli_home`)."""
     base = Path(os.environ.get("KIRO_TEST_HOMES") or Path.home() / ".cache" / "kiro-test-homes")
     base.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=base))
+    return base
+
+
+def new_cli_home() -> Path:
+    """A new folder for the `cli_home` fixture (a module-scoped fixture removes it itself)."""
+    return Path(tempfile.mkdtemp(dir=cli_homes()))
 
 
 @pytest.fixture
