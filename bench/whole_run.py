@@ -63,6 +63,7 @@ def one_run(tree: Path, steps: int, done: int) -> tuple[float, float]:
         (root / "Specs/bench/tasks.md").write_text(make_task(steps, done))
         env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
         env.pop("KIRO_RAISE_ERRORS", None)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # byte code cached, as a normal install has it (not compiled each run)
         began, used = time.perf_counter(), cpu(resource.RUSAGE_CHILDREN)
         r = subprocess.run([sys.executable, "-m", "kiro", "loop", "start", "--task", "Specs/bench/tasks.md"],
                            cwd=root, env=env, capture_output=True, text=True, timeout=3600)
