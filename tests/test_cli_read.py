@@ -580,6 +580,20 @@ except SystemExit as e:
 sys.stdout.flush()
 """
 """`kiro ARGS` inside a probe: `code` is its exit code; what the probe says follows on stderr after "@@"."""
+
+
+def probed(script: str, ws: Workspace, *args: str, shows: bool = True) -> list[str]:
+    """A read command run under a probe `script` (it prints `@@ <exit code> <what it saw...>` last on
+    stderr): what the probe saw. The command must end well and (`shows`) print something."""
+    r = subprocess.run([sys.executable, "-c", script, *args], cwd=ws.root, env=ws.env(), capture_output=True,
+                       text=True, timeout=120)
+    code, *seen = r.stderr.rsplit("@@", 1)[1].split()
+    assert code in ("0", "None"), r.stderr
+    if shows:
+        assert r.stdout.strip(), "the command showed nothing"
+    return seen
+
+
 PROBE = ("import runpy, sys" + RUN_KIRO
          + 'sys.stderr.write("\\n@@" + " ".join([str(code), *sorted(sys.modules)]) + "\\n")\n')
 
@@ -590,10 +604,7 @@ PROBE = ("import runpy, sys" + RUN_KIRO
                                   ("loop", "progress", "--task-id", "half")], ids=" ".join)
 def test_read_commands_import_no_agent_client_and_no_watcher(shared_loops: Workspace, args: tuple[str, ...]) -> None:
     """STYLE 11: a read command does not import openai or watchfiles."""
-    r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=shared_loops.root,
-                       env=shared_loops.env(), capture_output=True, text=True, timeout=60)
-    code, *modules = r.stderr.rsplit("@@", 1)[1].split()
-    assert code in ("0", "None"), r.stderr
+    modules = probed(PROBE, shared_loops, *args, shows=False)
     heavy = [m for m in modules if m.split(".")[0] in ("openai", "watchfiles", "httpx", "temporalio")]
     assert heavy == []
 
@@ -611,11 +622,7 @@ LIGHT = ("kiro.executors.kinds",)
 def test_read_commands_import_nothing_that_runs_a_loop(shared_loops: Workspace, args: tuple[str, ...]) -> None:
     """`kiro loop status` and `kiro loop logs` load what reads the state and the log, no more: a person
     waits for every module a command imports."""
-    r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=shared_loops.root,
-                       env=shared_loops.env(), capture_output=True, text=True, timeout=60)
-    code, *modules = r.stderr.rsplit("@@", 1)[1].split()
-    assert code in ("0", "None"), r.stderr
-    assert r.stdout.strip(), "the command showed nothing"
+    modules = probed(PROBE, shared_loops, *args)
     loaded = [m for m in modules if m.startswith(RUNS_LOOPS) and m not in LIGHT]
     if "logs" in args:
         loaded += [m for m in modules if m == "kiro.store.events"]
@@ -645,11 +652,7 @@ def test_read_commands_parse_no_source(shared_loops: Workspace, args: tuple[str,
     descriptions (the docstring under each key) are read from kiro/store/config.py only when a schema or
     the docs are made, not when the config is resolved (it cost about 200 M instructions, a third of
     kiro's own start-up)."""
-    r = subprocess.run([sys.executable, "-c", SOURCE_PROBE, *args], cwd=shared_loops.root, env=shared_loops.env(),
-                       capture_output=True, text=True, timeout=120)
-    code, *read = r.stderr.rsplit("@@", 1)[1].split()
-    assert code in ("0", "None"), r.stderr
-    assert r.stdout.strip(), "the command showed nothing"
+    read = probed(SOURCE_PROBE, shared_loops, *args)
     print(f"{' '.join(args)}: source looked up for {len(read)} objects: {read or 'none'}")
     assert read == []
 
@@ -674,11 +677,7 @@ def test_read_commands_evaluate_no_annotation_text(shared_loops: Workspace, args
     on every run. Written as text (`from __future__ import annotations`), each was evaluated again then, twice
     (about 250 `eval` calls and 60 M instructions for `kiro loop status`); kiro/cli's command modules have
     their annotations evaluated once, at import."""
-    r = subprocess.run([sys.executable, "-c", EVAL_PROBE, *args], cwd=shared_loops.root, env=shared_loops.env(),
-                       capture_output=True, text=True, timeout=120)
-    code, evaluated = r.stderr.rsplit("@@", 1)[1].split()
-    assert code in ("0", "None"), r.stderr
-    assert r.stdout.strip(), "the command showed nothing"
+    (evaluated,) = probed(EVAL_PROBE, shared_loops, *args)
     print(f"{' '.join(args)}: {evaluated} annotations evaluated from text")
     assert evaluated == "0"
 
@@ -688,10 +687,7 @@ def test_a_config_naming_agents_is_checked_without_importing_a_preset(loops: Wor
     not by importing the presets: `kiro loop status` with `agent:` and `fallback_agents:` set loads none."""
     config = loops.root / "config" / "autonomous_loop.yaml"
     config.write_text(config.read_text() + "agent: codex\nfallback_agents: [gemini, claude-acp]\n")
-    r = subprocess.run([sys.executable, "-c", PROBE, "loop", "status"], cwd=loops.root, env=loops.env(),
-                       capture_output=True, text=True, timeout=60)
-    code, *modules = r.stderr.rsplit("@@", 1)[1].split()
-    assert code in ("0", "None"), r.stderr
+    modules = probed(PROBE, loops, "loop", "status", shows=False)
     presets = [m for m in modules if m.startswith("kiro.executors.agents")]
     print(f"loop status with agent: codex: preset modules imported: {presets or 'none'}")
     assert presets == []
@@ -846,11 +842,7 @@ def test_read_commands_build_the_models_without_evaluating_or_tokenizing_text(
     modules have no `from __future__ import annotations`: pydantic evaluated each field's text, about 300
     `eval` calls for `kiro loop status`), and an empty list or dict default comes from a Python function, not
     `list` or `dict` (pydantic reads a default factory's signature, and a builtin's is tokenized from its text)."""
-    r = subprocess.run([sys.executable, "-c", MODELS_PROBE, *args], cwd=loops.root, env=loops.env(),
-                       capture_output=True, text=True, timeout=120)
-    code, evaluated, *parsed = r.stderr.rsplit("@@", 1)[1].split()
-    assert code in ("0", "None"), r.stderr
-    assert r.stdout.strip(), "the command showed nothing"
+    evaluated, *parsed = probed(MODELS_PROBE, loops, *args)
     print(f"{' '.join(args)}: {evaluated} annotations evaluated from text; builtin signatures tokenized: "
           f"{parsed or 'none'}")
     assert (evaluated, parsed) == ("0", [])
@@ -885,10 +877,6 @@ def test_read_commands_compile_only_the_patterns_they_use(loops: Workspace, args
     """Issue #41: Python compiles a regex in Python code; kiro's patterns for command lines and URLs
     (redact), backup names (state), Kiro specs (kirospec) and environment names (config) are compiled
     where first used, not at import: a read command compiles none of them."""
-    r = subprocess.run([sys.executable, "-c", REGEX_PROBE, *args], cwd=loops.root, env=loops.env(),
-                       capture_output=True, text=True, timeout=120)
-    code, *made = r.stderr.rsplit("@@", 1)[1].split()
-    assert code in ("0", "None"), r.stderr
-    assert r.stdout.strip(), "the command showed nothing"
+    made = probed(REGEX_PROBE, loops, *args)
     print(f"{' '.join(args)}: kiro's patterns compiled by {sorted(set(made))}")
     assert set(made) <= READ_PATTERNS
