@@ -35,11 +35,9 @@ def agents(
     box = None
     if sandbox.unusable() is None:  # the box a loop's steps run in (None with sandbox: off)
         box = loop_box(config, located.ws, located.ws.root / config.project_dir, None, os.environ)
-    rows = describe(config, box)
-    if name is not None:
-        rows = [row for row in rows if row["name"] == name]
-        if not rows:
-            raise UserError(f"no agent preset {name!r}: choose {', '.join(AGENTS.names())}")
+    if name is not None and name not in AGENTS.names():
+        raise UserError(f"no agent preset {name!r}: choose {', '.join(AGENTS.names())}")
+    rows = describe(config, box, name)  # with a name, only its CLI is asked its version
     why = sandbox.unusable()
     for row in rows:
         row["bwrap_usable"] = why is None
@@ -56,7 +54,8 @@ def agents(
         console.line(f"sandbox: none: {why}; steps run unconfined", style="bold")
     if compact:  # one line each (the details: a name, or --verbose)
         table = [(("* " if row["selected"] else "  ") + row["name"],
-                  (row["version"] or "installed") if row["installed"] else "not installed",
+                  (row["version"] or ("version unknown (--version timed out)" if row["version_timed_out"]
+                                      else "installed")) if row["installed"] else "not installed",
                   str(row["billing"]).split(";")[0] if row["installed"] else f"install: {row['install']}")
                  for row in rows]
         wide = [max(len(cells[i]) for cells in table) for i in range(2)]
@@ -67,6 +66,9 @@ def agents(
     for row in rows:
         mark = "installed" if row["installed"] else f"not installed ({row['install']})"
         version = f" {row['version']}" if row["version"] else ""
+        if row["version_timed_out"]:
+            version = (f", version unknown: `{row['program']} --version` timed out (asked again when the CLI "
+                       f"changes)")
         chosen = "  <- agent in config" if row["selected"] else ""
         console.line(f"{row['name']}: {mark}{version}{chosen}", style="bold")
         console.line(f"  command: {row['command']}   (prompt on {row['prompt']})")

@@ -769,16 +769,19 @@ def kept(preset: Preset, name: str, value: str) -> bool:
     return preset.passes(name)
 
 
-def describe(config: Config | None = None, box: Box | None = None) -> list[dict[str, Any]]:
-    """What `kiro agents` shows: each preset, whether its CLI is installed, its version, and the
-    exact command line kiro would run with this config (the configured agent's executor_command
-    override included). `box`: the workspace's step box (kiro.processes.sandbox) when steps run in one;
-    each row then names what its CLI may write in it (the project, and its own files under $HOME)."""
-    from kiro.executors.agents.versions import versions
+def describe(config: Config | None = None, box: Box | None = None, name: str | None = None) -> list[dict[str, Any]]:
+    """What `kiro agents` shows: each preset (only `name`'s, when given: only its CLI is asked its version),
+    whether its CLI is installed, its version, and the exact command line kiro would run with this config
+    (the configured agent's executor_command override included). `box`: the workspace's step box
+    (kiro.processes.sandbox) when steps run in one; each row then names what its CLI may write in it (the
+    project, and its own files under $HOME). A version whose probe timed out is None, with
+    `version_timed_out` true."""
+    from kiro.executors.agents.versions import TimedOut, versions
 
-    presets = [cls(config) for cls in available()]
+    presets = [cls(config) for cls in available() if name is None or cls.name == name]
     rows: list[dict[str, Any]] = []
-    for preset, version in zip(presets, versions(presets), strict=True):
+    for preset, said in zip(presets, versions(presets), strict=True):
+        version = None if isinstance(said, TimedOut) else said
         line = preset.command_line()
         chosen = config is not None and config.agent == preset.name
         if chosen and config is not None and config.executor_command:
@@ -789,7 +792,7 @@ def describe(config: Config | None = None, box: Box | None = None) -> list[dict[
         boxed = box is not None
         rows.append({
             "name": preset.name, "program": preset.program, "installed": preset.installed() is not None,
-            "path": preset.installed(), "version": version,
+            "path": preset.installed(), "version": version, "version_timed_out": isinstance(said, TimedOut),
             "command": shlex.join(preset.boxed_argv(shlex.split(line))) if boxed else line,
             "prompt": "ACP" if preset.speaks_acp else "file" if "{prompt_file}" in line else "stdin",
             "idle_timeout_seconds": idle, "env": list(preset.env_keys), "install": preset.install,
