@@ -10,6 +10,7 @@ be scripted before that (to write kiro's control files, say).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -49,13 +50,15 @@ def parse_prompt(text: str) -> tuple[str, str, str]:
     return m["file"], m["old"], m["new"]
 
 
-_versions: dict[str, str] = {}  # program path -> its version, asked once a test session
+_versions: dict[str, str] = {}  # program path -> its version, asked once a test run (`run_once`)
 
 
 def ran(program: str, path: str) -> str:
     """Print (in the test's output) the version of the real CLI the test runs, e.g. `claude 2.1.332`: the
-    first version number its `--version` prints (asked once a session)."""
-    if path not in _versions:
+    first version number its `--version` prints (asked once a test run, by the first worker that needs it:
+    a node CLI's `--version` takes seconds on a loaded machine)."""
+
+    def probe() -> dict[str, str]:
         try:
             # Gemini CLI would start a second node process of itself to print it (kiro.executors.agents.acp)
             said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120,
@@ -63,7 +66,11 @@ def ran(program: str, path: str) -> str:
         except (OSError, subprocess.SubprocessError) as exc:
             said = f"? ({exc})"
         found = re.search(r"\d+\.\d+(?:\.\d+)?\S*", said)
-        _versions[path] = found[0] if found else (said.strip().splitlines() or ["?"])[0]
+        return {"version": found[0] if found else (said.strip().splitlines() or ["?"])[0]}
+
+    if path not in _versions:
+        where = hashlib.sha256(path.encode()).hexdigest()[:12]
+        _versions[path] = str(run_once(f"version-{program}-{where}", probe)["version"])
     print(f"{program} {_versions[path]}")
     return _versions[path]
 
@@ -226,15 +233,16 @@ def task_text(n: int) -> str:
 
 
 def kiro_agents(ws: Workspace, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`kiro agents ARGS` in `ws` with `env` and the test run's version cache (AGENTS_CACHE). One at a time
-    across the run's workers: the first asks the installed CLIs their versions (eleven node CLIs, a minute
-    or more on a loaded machine), the next find them kept. Run side by side, two workers' cold caches each
+    """`kiro agents ARGS` in `ws` (in-process: it needs no process of its own) with `env` and the test
+    run's version cache (AGENTS_CACHE). One at a time across the run's workers: the first asks the
+    installed CLIs their versions (eleven node CLIs, a minute or more on a loaded machine; `kiro agents
+    NAME` asks NAME's alone), the next find them kept. Run side by side, two workers' cold caches each
     asked them all, and each took twice as long."""
     cache = Path(AGENTS_CACHE["XDG_CACHE_HOME"])
     cache.mkdir(parents=True, exist_ok=True)
     with Flock(cache / "probing.lock") as lock:
         lock.acquire(timeout=None)
-        r = ws.kiro("agents", *args, env={**env, **AGENTS_CACHE}, timeout=240)
+        r = ws.run("agents", *args, env={**env, **AGENTS_CACHE})
     assert r.returncode == 0, r.stderr
     return r
 
@@ -253,9 +261,10 @@ def run_once(name: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return json.loads(made.read_text())  # type: ignore[no-any-return]
 
 
-def listed_agents(ws: Workspace, env: dict[str, str]) -> tuple[dict[str, dict[str, Any]], str]:
-    """`kiro agents --json` (`kiro_agents`): its rows by name, and its stderr."""
-    r = kiro_agents(ws, env, "--json")
+def listed_agents(ws: Workspace, env: dict[str, str], name: str | None = None) -> tuple[dict[str, dict[str, Any]], str]:
+    """`kiro agents [NAME] --json` (`kiro_agents`): its rows by name (NAME's alone: only its CLI is asked its
+    version), and its stderr."""
+    r = kiro_agents(ws, env, *([name] if name else []), "--json")
     return {row["name"]: row for row in json.loads(r.stdout)}, r.stderr
 
 

@@ -220,7 +220,7 @@ def test_an_agent_that_writes_kiros_control_files_is_undone_and_fails(ws: Worksp
 
 def test_kiro_agents_lists_installed_cli_version_and_command(ws: Workspace, cli: Cli) -> None:
     configure(ws, cli)
-    row = listed_agents(ws, ws.env(**cli.env()))[0][cli.name]
+    row = listed_agents(ws, ws.env(**cli.env()), cli.name)[0][cli.name]
     assert row["installed"] is True and row["selected"] is True
     assert row["version"] and any(ch.isdigit() for ch in row["version"])
     assert row["command"].startswith(f"{cli.program} ")

@@ -115,7 +115,7 @@ def test_a_server_error_is_a_failed_attempt_not_a_success(ws: Workspace, cli: Cl
 
 def test_kiro_agents_lists_installed_cli_version_and_command(ws: Workspace, cli: Cli) -> None:
     configure(ws, cli)
-    row = listed_agents(ws, ws.env(**cli.env()))[0][cli.name]
+    row = listed_agents(ws, ws.env(**cli.env()), cli.name)[0][cli.name]
     assert row["installed"] is True and row["selected"] is True
     assert row["version"] and any(ch.isdigit() for ch in row["version"])
     assert row["command"].startswith(f"{cli.program} ") and Path(row["path"]).name == cli.program

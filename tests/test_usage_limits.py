@@ -45,11 +45,15 @@ OAUTH = "sk-ant-oat01-fake-subscription-token"
 
 class Window:
     """A usage window on a fake: from the first request, for `seconds`, every request is answered
-    with the service's limit answer for a reset at the window's end; then the model answers again."""
+    with the service's limit answer for a reset at the window's end; then the model answers again.
+    With `answers`, the window is that many requests instead (a provider whose reset the CLI learns from
+    its Retry-After, not from the window: it lasts as long as the CLI's own retries, however slow they
+    are on a loaded machine)."""
 
-    def __init__(self, seconds: float, limit: Callable[[float], HttpError]) -> None:
+    def __init__(self, seconds: float, limit: Callable[[float], HttpError], answers: int | None = None) -> None:
         self.seconds = seconds
         self.limit = limit
+        self.answers = answers
         self.ends: float | None = None
         self.limited = 0
         self.lock = threading.Lock()
@@ -59,7 +63,7 @@ class Window:
             with self.lock:
                 if self.ends is None:
                     self.ends = time.time() + self.seconds
-                limited = time.time() < self.ends
+                limited = time.time() < self.ends if self.answers is None else self.limited < self.answers
                 self.limited += limited
             return self.limit(self.ends) if limited else brain(rec)
         return answer

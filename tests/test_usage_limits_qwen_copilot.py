@@ -3,14 +3,16 @@ a step's qwen does not run the person's own hooks: both CLIs pointed at the scri
 server (tests/fakes/chat.py), which answers as an OpenAI-compatible provider does when a plan's
 window is used up.
 
-- qwen retries a 429 itself for ~77 s (7 tries; kiro's step settings turn off its further hour of
-  rounds), then ends with "[API Error: 429 <message>]". The provider's message states the reset ("It
-  will reset at 2026-08-29 23:59:59 +0800 CST.", as a coding plan's 429 does), so the window here
-  is longer than qwen's own retries: about two minutes.
+- The provider's message states the reset ("It will reset at 2026-08-29 23:59:59 +0800 CST.", as a
+  coding plan's 429 does). qwen (0.24) does not retry a 429 whose message says the quota is exceeded and
+  when it resets (its `isQuotaExhaustedError`: "Quota exhausted, fast-failing"): it ends at once with
+  "Quota exhausted: <message>", so the window here is 8 s (kiro sleeps to the reset and 5 s more), as
+  long as the test needs to see the loop asleep. (A 429 without the reset, qwen retries for ~77 s.)
 - copilot retries a 429 five times itself, each after the server's Retry-After (up to ~3 min), then
   ends with `session.error` "Failed to get response from the AI model; retried 5 times ...". Here the
-  provider's Retry-After is 5 s while its window lasts 30 s: copilot gives up, and kiro takes the
-  reset from copilot's log (the last failure's time plus its Retry-After).
+  provider's Retry-After is 1 s, the shortest it states, and its window lasts as many answers as
+  copilot's one run asks (six): copilot gives up, and kiro takes the reset from copilot's log (the last
+  failure's time plus its Retry-After).
 
 The loop sleeps (status `sleeping`, `usage_limit`), wakes and finishes with no failure counted and no
 step started twice. No assertion is about elapsed time.
@@ -31,7 +33,7 @@ from tests.agent_clis_qwen_copilot import NEW_CLIS, QWEN_PRICE
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError
 from tests.fakes import chat as fc
-from tests.test_usage_limits import Window, code_of, kiro_json
+from tests.test_usage_limits import Window, code_of
 
 TASK = "Specs/feature/tasks.md"
 
@@ -45,16 +47,17 @@ def qwen_limit(ends: float) -> HttpError:
 
 
 def copilot_limit(ends: float) -> HttpError:
-    """A provider whose Retry-After (5 s) is shorter than its window: copilot's own retries run out."""
+    """A provider whose Retry-After (1 s) is shorter than its window: copilot's own retries run out."""
     error = fc.error(429, "You exceeded your current quota, please check your plan and billing details.",
                      "insufficient_quota")
-    error.headers["retry-after"] = "5"
+    error.headers["retry-after"] = "1"
     return error
 
 
-# the limit answer and how long the window lasts from the first request
-LIMITS: dict[str, tuple[Callable[[float], HttpError], float]] = {"qwen": (qwen_limit, 110),
-                                                                  "copilot": (copilot_limit, 30)}
+# the limit answer, how long the window lasts from the first request, and how many answers it lasts (None:
+# until then); copilot's: its first run's (a request and its 5 retries)
+LIMITS: dict[str, tuple[Callable[[float], HttpError], float, int | None]] = {
+    "qwen": (qwen_limit, 8, None), "copilot": (copilot_limit, 1, 6)}
 
 
 @pytest.fixture(params=sorted(NEW_CLIS))
@@ -65,8 +68,8 @@ def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[Cli]:
 def test_the_loop_sleeps_through_a_usage_limit_wakes_and_finishes_with_no_failure(ws: Workspace, cli: Cli) -> None:
     ws.task(task_text(2))
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"agent: {cli.name}\n" + QWEN_PRICE)
-    limit, seconds = LIMITS[cli.name]
-    window = Window(seconds, limit)
+    limit, seconds, answers = LIMITS[cli.name]
+    window = Window(seconds, limit, answers)
     assert cli.server is not None
     cli.server.brain = window.wrap(cli.server.brain)  # type: ignore[attr-defined]
     env = ws.env(**cli.env())
@@ -74,7 +77,9 @@ def test_the_loop_sleeps_through_a_usage_limit_wakes_and_finishes_with_no_failur
     try:
         tid = ws.wait_for(lambda: ws.only_task_id(), timeout=60, what="the loop to start")
         ws.wait_for(lambda: ws.state(tid)["status"] == "sleeping", timeout=240, what="the loop to sleep")
-        progress = kiro_json(ws, env, "loop", "progress", "--task-id", tid)
+        shown = ws.run("loop", "progress", "--task-id", tid, "--json", env=env)  # in-process: while it sleeps
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        progress = json.loads(shown.stdout)
         print("progress --json while limited:", {k: progress[k] for k in ("status", "sleeping_because",
                                                                          "sleep_until", "sleep_note")})
         assert code_of(proc, 300) == 0, ws.output(proc)
