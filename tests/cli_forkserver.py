@@ -96,8 +96,9 @@ _RUN_IMPORTS = ("yaml", "anyio._backends._asyncio", "anyio.streams.memory", "any
 def _warm() -> None:
     """Do once here what each child would otherwise do again on its first use, none of it kiro's doing:
     build kiro's pydantic models' validators (`defer_build`: built on first use, so that a read command
-    builds only the few it needs) and import the modules a command imports when it runs. A forked
-    one-step `loop start` spent ~0.9 of its 2.3 s on those (cProfile, load 9)."""
+    builds only the few it needs), import the modules a command imports when it runs and load Apprise's
+    plugins. A forked one-step `loop start` spent ~0.9 of its 2.3 s on the first two (cProfile, load 9),
+    one with a `notify:` URL ~0.8 s of CPU more on Apprise."""
     import importlib
 
     from pydantic import BaseModel
@@ -107,6 +108,9 @@ def _warm() -> None:
             importlib.import_module(name)
         except ImportError:  # another version of a dependency: the child imports what it needs itself
             pass
+    import apprise  # a config with `notify:` checks its URLs through Apprise, whose plugins load on first use
+
+    apprise.Apprise.instantiate("json://localhost/", suppress_exceptions=True)
     todo = list(BaseModel.__subclasses__())
     while todo:
         model = todo.pop()
