@@ -33,8 +33,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kiro.store import journal, tasks
 from kiro.store.state import LoopState
@@ -153,12 +155,22 @@ def _check(task: _Task, counts: Counts) -> None:
         task.done = True
 
 
+def cold_kiro(args: list[str], cwd: Path, env: dict[str, str], out: int) -> Any:
+    """`python -m kiro *args` in `cwd`, its stdout and stderr to the file descriptor `out`: a Popen."""
+    return subprocess.Popen([sys.executable, "-m", "kiro", *args], cwd=cwd, env=env, stdout=out,
+                            stderr=subprocess.STDOUT)
+
+
 def crash_run(base: Path, kills: int, *, seed: int = 20261122, steps: int = 60,
-              progress: bool = False, after_step: float = 0.0) -> Counts:
+              progress: bool = False, after_step: float = 0.0,
+              kiro: Callable[[list[str], Path, dict[str, str], int], Any] = cold_kiro) -> Counts:
     """Kill kiro `kills` times at random moments across tasks of `steps` steps under `base`. With
     `after_step` (a probability), a round in the loop proper first waits until the process has run a step
     of its own: on a loaded machine a process's start-up outlasts the random moment, and without it no
-    kill lands where steps complete (`kills after the killed process had run a step` says how many did)."""
+    kill lands where steps complete (`kills after the killed process had run a step` says how many did).
+    `kiro` starts each kiro process (a Popen or what behaves as one: pid, poll, wait, send_signal); the
+    tests pass one forked from their fork server (tests/cli_forkserver.py), which skips the interpreter's
+    start and imports (3-7 s a process on a loaded machine), and so also kills that land in them."""
     rng = random.Random(seed)
     counts = Counts()
     everything: list[_Task] = []
@@ -171,8 +183,7 @@ def crash_run(base: Path, kills: int, *, seed: int = 20261122, steps: int = 60,
         counts.rounds += 1
         ran_before = sum(task.side_effects().values())
         with open(task.root.parent / f"{task.tid}.out", "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "kiro", *task.args()], cwd=task.root, env=_env(),
-                                    stdout=out, stderr=subprocess.STDOUT)
+            proc = kiro(task.args(), task.root, _env(), out.fileno())
         if rng.random() < 0.15:
             time.sleep(rng.uniform(0.0, 0.4))  # somewhere in start-up
         else:  # somewhere in the loop proper: wait until this process runs, then a random moment
@@ -200,10 +211,9 @@ def crash_run(base: Path, kills: int, *, seed: int = 20261122, steps: int = 60,
             print(f"  ... {counts.line()}", flush=True)
     for t in everything:  # finish every task and check it whole
         if not t.done:
-            r = subprocess.run([sys.executable, "-m", "kiro", *t.args()], cwd=t.root, env=_env(),
-                               capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                counts.problems.append(f"{t.tid}: final resume exited {r.returncode}: {r.stdout[-300:]}")
+            code, said = _run(kiro, t.args(), t.root)
+            if code != 0:
+                counts.problems.append(f"{t.tid}: final resume exited {code}: {said[-300:]}")
             _check(t, counts)
         counts.tasks += 1
         counts.tasks_completed += t.done
@@ -215,15 +225,28 @@ def crash_run(base: Path, kills: int, *, seed: int = 20261122, steps: int = 60,
         counts.reserves_killed += len(list((t.root / ".state").glob(".kiro-reserve-*")))
         (t.root / "Specs/after").mkdir(exist_ok=True)  # the next loop in the workspace: it removes them
         (t.root / "Specs/after/tasks.md").write_text(shell_task(1, "true"))
-        r = subprocess.run([sys.executable, "-m", "kiro", "loop", "start", "--task", "Specs/after/tasks.md"],
-                           cwd=t.root, env=_env(), capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            counts.problems.append(f"{t.tid}: the start after the run exited {r.returncode}: {r.stdout[-300:]}")
+        code, said = _run(kiro, ["loop", "start", "--task", "Specs/after/tasks.md"], t.root)
+        if code != 0:
+            counts.problems.append(f"{t.tid}: the start after the run exited {code}: {said[-300:]}")
         left = sorted(p.name for p in (t.root / ".state").glob(".kiro-reserve-*"))
         if left:
             counts.reserves_left += len(left)
             counts.problems.append(f"{t.tid}: reserve files left after the next start: {left}")
     return counts
+
+
+def _run(kiro: Callable[[list[str], Path, dict[str, str], int], Any], args: list[str], root: Path) -> tuple[int, str]:
+    """Run kiro to its end (300 s at most): its exit code and what it printed."""
+    out = root.parent / f"{root.name}.final.out"
+    with open(out, "wb") as fh:
+        proc = kiro(args, root, _env(), fh.fileno())
+    try:
+        code = proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        raise
+    return int(code), out.read_text(errors="replace")
 
 
 def main() -> None:

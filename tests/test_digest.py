@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import FAST_CONFIG, Workspace, openai_config, shell_task
+from tests.conftest import FAST_CONFIG, Workspace, new_workspace, openai_config, shell_task
 from tests.fake_openai import FakeOpenAI, call, usage
 from tests.serve_helpers import start_server, stop_loops
 
@@ -87,16 +87,24 @@ def _three_loops(ws: Workspace) -> None:
     assert ws.kiro("loop", "start", "--task", "Specs/broken/tasks.md", "--task-id", "broken").returncode == 5
 
 
-def test_loops_that_end_write_the_digest_and_its_figures_agree_with_stats_and_receipts(ws: Workspace) -> None:
+@pytest.fixture(scope="module")
+def three_loops(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """`_three_loops` run once, shared by the tests that only read its workspace (or serve it)."""
+    ws = new_workspace(tmp_path_factory.mktemp("three") / "vault")
     _three_loops(ws)
+    return ws
+
+
+def test_loops_that_end_write_the_digest_and_its_figures_agree_with_stats_and_receipts(three_loops: Workspace) -> None:
+    ws = three_loops
     path = ws.root / "Logs" / "digest" / f"{_today()}.md"
     text = path.read_text()
     print(text)
     for section in SECTIONS:
         assert f"\n{section}\n" in text, section
 
-    stats = json.loads(ws.kiro("loop", "stats", "--json", "--since", _today()).stdout)
-    digest = json.loads(ws.kiro("loop", "digest", "--json").stdout)
+    stats = json.loads(ws.run("loop", "stats", "--json", "--since", _today()).stdout)
+    digest = json.loads(ws.run("loop", "digest", "--json").stdout)
     assert digest["date"] == _today()
     assert len(digest["done"]) == stats["steps"]["completed"] == 5
     assert digest["steps"] == stats["steps"] and digest["usage"] == stats["usage"]
@@ -105,7 +113,7 @@ def test_loops_that_end_write_the_digest_and_its_figures_agree_with_stats_and_re
 
     # each step done is a row naming its receipt, with the receipt's figures
     for tid in ("plain", "flaky"):
-        receipts = json.loads(ws.kiro("loop", "receipt", "--task-id", tid, "--json").stdout)
+        receipts = json.loads(ws.run("loop", "receipt", "--task-id", tid, "--json").stdout)
         for r in receipts:
             row = next(d for d in digest["done"] if d["task_id"] == tid and d["step_id"] == r["step_id"])
             assert row["attempts"] == r["receipt"]["attempts"] and row["by"] == r["receipt"]["executor"] == "shell"
@@ -119,13 +127,13 @@ def test_loops_that_end_write_the_digest_and_its_figures_agree_with_stats_and_re
     assert "loop broken: failed (failure_threshold)" in text
 
     # `kiro loop digest` prints the same digest (computed now: only its "written" time may differ)
-    printed = ws.kiro("loop", "digest")
+    printed = ws.run("loop", "digest")
     assert printed.returncode == 0
     assert [ln for ln in printed.stdout.splitlines() if "written" not in ln] == \
         [ln for ln in text.splitlines() if "written" not in ln]
-    other = ws.kiro("loop", "digest", "--date", "2020-01-01")
+    other = ws.run("loop", "digest", "--date", "2020-01-01")
     assert other.returncode == 0 and "No step was done in this period." in other.stdout
-    bad = ws.kiro("loop", "digest", "--date", "yesterday")
+    bad = ws.run("loop", "digest", "--date", "yesterday")
     assert bad.returncode == 1 and bad.stderr.strip() == "kiro: --date 'yesterday': use a date like 2026-11-28"
 
 
@@ -200,7 +208,7 @@ def test_a_question_for_a_person_is_sent_as_human_requested_with_tokens_and_cost
     assert receiver.got[0]["type"] == "warning"
 
     st = ws.state("ai")
-    digest = json.loads(ws.kiro("loop", "digest", "--json").stdout)
+    digest = json.loads(ws.run("loop", "digest", "--json").stdout)
     assert digest["usage"]["total_tokens"] == st["usage"]["total_tokens"] == 550
     assert digest["usage"]["cost_usd"] == pytest.approx(st["usage"]["cost_usd"])
     receipt = st["completed_steps"][0]["receipt"]
@@ -254,7 +262,7 @@ def test_a_dead_receiver_is_a_notifier_failed_event_and_its_token_is_nowhere(ws:
     shown = [run.stdout, run.stderr]
     for args in (("loop", "status"), ("loop", "status", "--json"), ("loop", "logs", "--task-id", "deaf"),
                  ("loop", "state", "--task-id", "deaf"), ("loop", "digest"), ("loop", "stats")):
-        r = ws.kiro(*args)
+        r = ws.run(*args)
         shown += [r.stdout, r.stderr]
     files = [p for p in ws.root.rglob("*") if p.is_file() and "config" not in p.parts]
     tried = {"console lines": "\n".join(shown),
@@ -266,8 +274,8 @@ def test_a_dead_receiver_is_a_notifier_failed_event_and_its_token_is_nowhere(ws:
     assert all(token not in json.dumps(m) for m in receiver.got)
 
 
-def test_the_serve_digest_page_needs_the_token_and_shows_the_digest(ws: Workspace) -> None:
-    _three_loops(ws)
+def test_the_serve_digest_page_needs_the_token_and_shows_the_digest(three_loops: Workspace) -> None:
+    ws = three_loops
     served = start_server(ws)
     try:
         page = served.get("/digest")
@@ -275,7 +283,7 @@ def test_the_serve_digest_page_needs_the_token_and_shows_the_digest(ws: Workspac
         assert f"<h1>kiro digest {_today()}</h1>" in page.text
         assert "<td>plain</td>" in page.text and "<code>Needs_Action/escalation_broken.md</code>" in page.text
         data = served.get("/api/digest").json()
-        cli = json.loads(ws.kiro("loop", "digest", "--json").stdout)
+        cli = json.loads(ws.run("loop", "digest", "--json").stdout)
         assert [(d["task_id"], d["step_id"]) for d in data["done"]] == [(d["task_id"], d["step_id"])
                                                                         for d in cli["done"]]
         old = served.get("/digest", params={"date": "2020-01-01"})
@@ -295,14 +303,15 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no chromium (apt-get install chromium)")
-def test_the_dashboards_digest_link_opens_the_digest_in_a_browser(ws: Workspace) -> None:
+def test_the_dashboards_digest_link_opens_the_digest_in_a_browser(three_loops: Workspace) -> None:
     """Set KIRO_DIGEST_SCREENSHOT=docs/digest.png to save the screenshot the docs show."""
     sync_api = pytest.importorskip("playwright.sync_api")
     from tests.test_dashboard_browser import FLAGS
 
-    _three_loops(ws)
+    ws = three_loops
     (ws.root / "Pending_Approval").mkdir()
-    (ws.root / "Pending_Approval" / "steps_plain_1.md").write_text("# proposed steps\n")
+    waiting = ws.root / "Pending_Approval" / "steps_plain_1.md"
+    waiting.write_text("# proposed steps\n")
     served = start_server(ws)
     try:
         with sync_api.sync_playwright() as p:
@@ -321,6 +330,7 @@ def test_the_dashboards_digest_link_opens_the_digest_in_a_browser(ws: Workspace)
     finally:
         served.stop()
         stop_loops(ws.root)
+        shutil.rmtree(waiting.parent)  # the other tests of `three_loops` read what waits for a person
 
 
 def test_a_digests_date_names_the_24_hours_up_to_digest_at() -> None:

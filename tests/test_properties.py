@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests import cli_forkserver
 from tests.conftest import Workspace, shell_task
 
 
@@ -25,12 +26,17 @@ def _bench(name: str) -> Any:
     return module
 
 
+def _forked(args: list[str], cwd: Path, env: dict[str, str], out: int) -> cli_forkserver.ForkedProcess:
+    return cli_forkserver.ForkedProcess(args, cwd=cwd, env=env, stdout=out, stderr=out)
+
+
 @pytest.mark.slow
 def test_p1_state_survives_sigkill_at_random_points(tmp_path: Path) -> None:
     """P-1: kill -9 at random points, 50 times (bench/crash_kills.py does 1,000). Each time the state
     file parses; no step the state recorded as completed runs again, none loses its box; in the end
-    resume finishes every task."""
-    counts = _bench("crash_kills").crash_run(tmp_path, 50, seed=20261122, steps=60)
+    resume finishes every task. Each kiro is forked from the test process's fork server, as `ws.kiro` is:
+    the same 50 kills, none spent on a cold interpreter's start and imports (no state exists there yet)."""
+    counts = _bench("crash_kills").crash_run(tmp_path, 50, seed=20261122, steps=60, kiro=_forked)
     print(counts.line())
     assert counts.kills == 50
     assert counts.unparsable_states == 0 and counts.completed_steps_rerun == 0 and counts.boxes_lost == 0, \

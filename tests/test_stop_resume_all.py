@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Workspace, shell_task
+import pytest
+
+from tests.conftest import Workspace, new_workspace, shell_task
 
 SLOW = 'echo "$KIRO_STEP_ID" >> "side_$KIRO_TASK_ID.log"; sleep 0.3'
 STEPS = 30
@@ -33,15 +35,23 @@ def _two_paused_loops(ws: Workspace) -> None:
         assert ws.state(n)["status"] == "paused"
 
 
-def test_the_global_hook_tells_the_truth(ws: Workspace) -> None:
+@pytest.fixture(scope="module")
+def paused(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """Two loops paused by `stop --all`, shared by the tests that only read them (or are refused)."""
+    ws = new_workspace(tmp_path_factory.mktemp("paused") / "vault")
     _two_paused_loops(ws)
+    return ws
+
+
+def test_the_global_hook_tells_the_truth(paused: Workspace) -> None:
+    ws = paused
     hook = (ws.root / ".hooks/stop_autonomous_loop.md").read_text()
     assert "kiro loop resume --all" in hook
     assert "--task-id *" not in hook
     assert "No state recorded" not in hook
     event = [e for e in ws.events("a") if e["event"] == "stop_condition"][-1]
     assert "kiro loop resume --all" in event["message"]
-    status = json.loads(ws.kiro("loop", "status", "--task-id", "a", "--json").stdout)
+    status = json.loads(ws.run("loop", "status", "--task-id", "a", "--json").stdout)
     assert status["hint"] == "kiro loop resume --all"
 
 
@@ -56,8 +66,8 @@ def test_resume_all_removes_the_global_hook_and_continues_every_paused_loop(ws: 
         assert sorted(runs, key=int) == [str(i) for i in range(1, STEPS + 1)]  # every step once
 
 
-def test_resume_one_loop_under_the_global_hook_says_what_to_do_and_changes_nothing(ws: Workspace) -> None:
-    _two_paused_loops(ws)
+def test_resume_one_loop_under_the_global_hook_says_what_to_do_and_changes_nothing(paused: Workspace) -> None:
+    ws = paused
     before = (ws.root / ".state/autonomous_loop_a.json").read_bytes()
     r = ws.kiro("loop", "resume", "--task-id", "a")
     assert r.returncode == 1
