@@ -496,7 +496,7 @@ class TaskFiles:
         from kiro.store.workspace import markdown_files, task_files
 
         specs = os.path.realpath(self.ws.specs) + os.sep
-        self.by_path = {real: _frontmatter(real) for _path, real in task_files(self.ws)
+        self.by_path = {real: _frontmatter(real) for _path, real in task_files(self.ws, in_specs=not self.boxed)
                         if not (self.boxed and real.startswith(specs))}
         self.moved_in = {}
         if self.boxed and not self.by_path:
@@ -528,7 +528,7 @@ class TaskFiles:
                     said.append(f"{self.ws.relative(self.own)}: its frontmatter changed while step {step_id} ran "
                                 f"unboxed; kiro put it back (a step never sets a task's settings)")
         specs = os.path.realpath(self.ws.specs) + os.sep
-        for path, real in task_files(self.ws):
+        for path, real in task_files(self.ws, in_specs=not boxed):
             if real == own or (boxed and real.startswith(specs)):
                 continue  # boxed, Specs/ is read-only to the step: what changed there is a person's
             try:

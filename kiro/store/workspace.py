@@ -115,10 +115,12 @@ def kiro_specs(root: Path) -> list[Path]:
     return [kirospec.specs_folder(root) / name / "tasks.md" for name in kirospec.spec_names(root)]
 
 
-def task_files(ws: Workspace) -> Iterator[tuple[Path, str]]:
+def task_files(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[Path, str]]:
     """The task files a watch looks after (SPEC §3, §13), on either backend: every `*.md` in Specs/ (any
     depth) and each Kiro spec's `.kiro/specs/*/tasks.md`, as (the path found, its real path), each real file
-    once: a symlinked folder (`ln -s .kiro/specs Specs`, a spec folder linked to another) is one file once."""
+    once: a symlinked folder (`ln -s .kiro/specs Specs`, a spec folder linked to another) is one file once.
+    `in_specs` False: not the files that are Specs/'s own (the look around a boxed step, where Specs/ is
+    read-only: kiro.executors.control.TaskFiles), only those elsewhere (a link's target, a Kiro spec)."""
     seen: set[str] = set()
     # the walk never goes through a symlinked folder: below Specs/ (itself maybe a link) only a file that is a
     # link needs its real path asked for, component by component (a look at every step of every loop: issue #41)
@@ -126,10 +128,12 @@ def task_files(ws: Workspace) -> Iterator[tuple[Path, str]]:
     specs_real = os.path.realpath(ws.specs) + os.sep
     found = [*_markdown(ws.specs), *((os.fspath(p), "spec", p) for p in kiro_specs(ws.root))]
     for name, kind, path in found:  # moved by their loops meanwhile
-        if not is_task_candidate(path):
-            continue
         if kind == "file" and name.startswith(specs):
+            if not in_specs or not is_task_candidate(path):
+                continue
             real = specs_real + name[len(specs):]
+        elif not is_task_candidate(path):
+            continue
         elif path.is_file():
             real = os.path.realpath(name)
         else:
