@@ -51,15 +51,16 @@ def spawns(n: int) -> tuple[float, float]:
     return time.perf_counter() - began, cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN) - used
 
 
-def one_run(tree: Path, steps: int, done: int) -> tuple[float, float]:
+def one_run(tree: Path, steps: int, done: int, settings: str = "sandbox: off\n") -> tuple[float, float]:
     """The wall and CPU time (kiro's and its children's) of `kiro loop start` on the task (checked: exit 0,
-    every box checked, in Done/)."""
+    every box checked, in Done/). `settings`: more of the config, unboxed by default (bench/box_whole_run.py
+    boxes it)."""
     with tempfile.TemporaryDirectory(prefix="kiro-whole-", dir=os.environ.get("BENCH_TMP")) as tmp:
         root = Path(tmp)
         for name in ("Specs/bench", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
             (root / name).mkdir(parents=True, exist_ok=True)
         (root / "config/autonomous_loop.yaml").write_text(
-            "autonomous_loop:\n  max_iterations: 100000\nsandbox: off\n")
+            "autonomous_loop:\n  max_iterations: 100000\n" + settings)
         (root / "Specs/bench/tasks.md").write_text(make_task(steps, done))
         env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
         env.pop("KIRO_RAISE_ERRORS", None)

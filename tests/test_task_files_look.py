@@ -59,3 +59,80 @@ def test_a_frontmatter_changed_during_a_step_with_its_times_put_back_is_held(
     said = look.check(boxed=False, task_id="mine", step_id="1")
     assert any("Specs/other/tasks.md was changed (its frontmatter)" in line for line in said), said
     assert sorted(p.name for p in (ws.root / "Pending_Approval").glob("task_file_*.md")), "no hold written"
+
+
+@pytest.fixture
+def listings_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every folder's listing kept at once (kiro.store.workspace._listing), as for folders last changed long ago:
+    the next look lists a folder again only because its times moved."""
+    from kiro.store import workspace
+
+    monkeypatch.setattr(workspace, "RACY_NS", -(10**18))
+    workspace._listed.clear()
+
+
+@pytest.mark.usefixtures("listings_kept")
+def test_a_task_file_planted_in_a_folder_listed_before_is_held_though_the_folders_mtime_was_put_back(
+        ws: Workspace) -> None:
+    """The folders' listings are kept between looks; an unboxed step that plants a task file in a folder the
+    look listed before, and puts the folder's mtime back, is still seen (the folder's ctime moved) and held."""
+    own = ws.task(OTHER.replace("other", "mine!"), "Specs/feature/tasks.md")
+    (ws.root / "Specs/other").mkdir()
+    kws = KiroWorkspace(ws.root)
+    look = control.TaskFiles.take(kws, own)
+    assert control.TaskFiles.take(kws, own).by_path == look.by_path  # from the kept listings: the same
+    folder = ws.root / "Specs/other"
+    before = os.stat(folder)
+    (folder / "tasks.md").write_text(OTHER)
+    os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(folder).st_mtime_ns == before.st_mtime_ns
+    said = look.check(boxed=False, task_id="mine", step_id="1")
+    print(said)
+    assert any("Specs/other/tasks.md was created" in line for line in said), said
+
+
+@pytest.mark.usefixtures("listings_kept")
+def test_a_boxed_steps_look_still_holds_what_it_wrote_outside_specs(ws: Workspace) -> None:
+    """Boxed, the look leaves Specs/'s own files alone (read-only to the step), but not what lies elsewhere: a
+    Kiro spec the step planted, a file in the project a link in Specs/ names (made between the two looks, as
+    a person may), each frontmatter changed, are held."""
+    own = ws.task(OTHER.replace("other", "mine!"), "Specs/feature/tasks.md")
+    ws.task(OTHER, ".kiro/specs/known/tasks.md")
+    notes = ws.write("notes/plan.md", OTHER)
+    kws = KiroWorkspace(ws.root)
+    look = control.TaskFiles.take(kws, own, boxed=True)
+    assert set(look.by_path) == {os.path.realpath(ws.root / ".kiro/specs/known/tasks.md")}  # Specs/ not read
+    (ws.root / "Specs/linked.md").symlink_to(notes)  # a person's link: the folder listed before changed
+    notes.write_text(SAME_SIZE)  # the step's edit of the file it names
+    ws.task(OTHER, ".kiro/specs/planted/tasks.md")
+    said = look.check(boxed=True, task_id="mine", step_id="1")
+    print(said)
+    assert any("notes/plan.md was created" in line for line in said), said  # by the file the link names
+    assert any(".kiro/specs/planted/tasks.md was created" in line for line in said), said
+    held = sorted(p.name for p in (ws.root / "Pending_Approval").glob("task_file_*.md"))
+    assert len(held) == 2, held
+
+
+@pytest.mark.usefixtures("listings_kept")
+def test_the_task_files_found_from_kept_listings_are_those_a_fresh_walk_finds(ws: Workspace, tmp_path: Path) -> None:
+    """Files added, removed, replaced by a link and moved between two looks: the look from the kept listings
+    finds what a walk without them finds, in the same order."""
+    from kiro.store import workspace
+
+    for name in ("a", "b", "c/d", "c/e"):
+        ws.task(OTHER, f"Specs/{name}/tasks.md")
+    kws = KiroWorkspace(ws.root)
+    list(task_files(kws))
+    (ws.root / "Specs/a/tasks.md").unlink()
+    ws.task(OTHER, "Specs/c/d/more.md")
+    (ws.root / "Specs/b/tasks.md").unlink()
+    outside = tmp_path / "outside.md"
+    outside.write_text(OTHER)
+    (ws.root / "Specs/b/tasks.md").symlink_to(outside)
+    (ws.root / "Specs/c/e").rename(ws.root / "Specs/f")
+    kept = list(task_files(kws))
+    workspace._listed.clear()
+    assert kept == list(task_files(kws))
+    assert [real for _path, real in kept] == [
+        os.path.realpath(outside), *(os.path.realpath(ws.root / f"Specs/{name}") for name in
+                                     ("c/d/more.md", "c/d/tasks.md", "f/tasks.md"))]

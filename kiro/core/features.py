@@ -145,8 +145,9 @@ class SealedTaskFiles(Feature):
         # a few directory listings: at once when this loop runs alone (a thread's hop costs more: issue #41).
         # Not yielding here also lets the last iteration's owed save and this one's opening save be one
         # journal record, one append and one fdatasync (Loop.save_soon), as on the rest of the straight path
-        self.files = TaskFiles.take(loop.ws, loop.task_path) if writer.alone() else \
-            await asyncio.to_thread(TaskFiles.take, loop.ws, loop.task_path)
+        boxed = _boxed(loop)
+        self.files = TaskFiles.take(loop.ws, loop.task_path, boxed=boxed) if writer.alone() else \
+            await asyncio.to_thread(TaskFiles.take, loop.ws, loop.task_path, boxed=boxed)
         self.step_id = step_id
         return None, True
 

@@ -480,18 +480,27 @@ class TaskFiles:
     own: Path
     by_path: dict[str, bytes | None] = field(default_factory=dict)
     moved_in: dict[tuple[int, int], bytes | None] = field(default_factory=dict)
+    boxed: bool = False
 
     @classmethod
-    def take(cls, ws: Workspace, own: Path) -> TaskFiles:
-        snap = cls(ws, own)
+    def take(cls, ws: Workspace, own: Path, *, boxed: bool = False) -> TaskFiles:
+        """The look before a step. `boxed`: the step runs in the box, where Specs/ is read-only: only the task
+        files whose real path lies elsewhere (`.kiro/specs/`, a link in Specs/ to a file in the project) are
+        read, and the files in Done/ and Needs_Action/ only when there is one (a file a person moves from there
+        during the step into a `.kiro/specs/` that had no task file is held, as a new one)."""
+        snap = cls(ws, own, boxed=boxed)
         snap._look()
         return snap
 
     def _look(self) -> None:
         from kiro.store.workspace import markdown_files, task_files
 
-        self.by_path = {real: _frontmatter(real) for _path, real in task_files(self.ws)}
+        specs = os.path.realpath(self.ws.specs) + os.sep
+        self.by_path = {real: _frontmatter(real) for _path, real in task_files(self.ws, in_specs=not self.boxed)
+                        if not (self.boxed and real.startswith(specs))}
         self.moved_in = {}
+        if self.boxed and not self.by_path:
+            return
         for folder in (self.ws.done, self.ws.needs_action):
             for path in markdown_files(folder):
                 with contextlib.suppress(OSError):
@@ -506,6 +515,7 @@ class TaskFiles:
         from kiro.store.workspace import task_files
 
         said: list[str] = []
+        boxed = boxed or self.boxed  # taken boxed: Specs/ was not read (the step's box is the one it began in)
         own = os.path.realpath(self.own)
         before = self.by_path.get(own)
         if not boxed and before is not None:
@@ -518,7 +528,7 @@ class TaskFiles:
                     said.append(f"{self.ws.relative(self.own)}: its frontmatter changed while step {step_id} ran "
                                 f"unboxed; kiro put it back (a step never sets a task's settings)")
         specs = os.path.realpath(self.ws.specs) + os.sep
-        for path, real in task_files(self.ws):
+        for path, real in task_files(self.ws, in_specs=not boxed):
             if real == own or (boxed and real.startswith(specs)):
                 continue  # boxed, Specs/ is read-only to the step: what changed there is a person's
             try:

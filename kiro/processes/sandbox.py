@@ -577,7 +577,18 @@ def _show(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str],
             scanned.append((prefix, _mtime(prefix)))  # before it is read: what is made meanwhile is seen next time
             masked += _secrets(prefix)
     shown += [path for path in named if under(path) and path not in tops]
-    return list(dict.fromkeys(shown)), list(dict.fromkeys(masked))
+    return _outermost(list(dict.fromkeys(shown)), [*masked, *hidden]), list(dict.fromkeys(masked))
+
+
+def _outermost(shown: list[Path], covers: list[Path]) -> list[Path]:
+    """`shown` without what another of them, bound before it, already shows as it is (`~/.pyenv/shims` in a shown
+    `~/.pyenv`): a bind mount fewer for each, at every step. Only a path that is its own real path covers
+    another (not a link's name), and not across something masked or hidden (`covers`) in between or on itself
+    (`~/tool/secrets/bin` in a masked `~/tool/secrets`), which the inner one's own bind shows again."""
+    real = {q for q in shown if os.path.realpath(q) == str(q)}
+    return [p for p in shown if not any(
+        q != p and _within(p, q) and not any(_within(c, q) and _within(p, c) for c in covers)
+        for q in real)]
 
 
 def _secrets(folder: Path) -> list[Path]:

@@ -12,12 +12,13 @@ import errno
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.fs import safeio
-from kiro.fs.walk import walk
+from kiro.fs.walk import WALK_MAX_DEPTH
 from kiro.store import frontmatter, taskmap
 
 CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
@@ -26,15 +27,81 @@ NOT_TASKS = frozenset({"requirements.md", "design.md", "readme.md"})
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
+# A process-wide view of the folders walked for *.md files (Specs/, Done/, Needs_Action/): each folder's entries
+# as last listed, kept while the folder's identity, mtime and ctime are as they were, so that a look around every
+# step of every loop (kiro.executors.control.TaskFiles) lists again only the folders that changed since: a stat
+# per folder, no listing, no sort, no Path built (with a thousand loops the walk was most of their time: issue
+# #41). A listing is kept only once the folder's last change (its ctime, which no process sets) is RACY_NS old:
+# a change in the same tick of the kernel's clock as the listing may leave its times as they were (git's
+# "racily clean" files), so a folder changed that recently is listed again at every look.
+Kind = str  # an entry's kind: "dir" (a folder, not a link: walked), "file" (a regular file), "link", "other"
+_listed: dict[str, tuple[tuple[int, int, int, int], tuple[tuple[str, Kind, Path], ...]]] = {}
+LISTED_KEPT = 50_000  # folders (then the memory starts again)
+RACY_NS = 2_000_000_000
+
+
+def _listing(folder: str) -> tuple[tuple[str, Kind, Path], ...] | None:
+    """The entries of `folder` a walk for *.md files needs, sorted by name: its folders that are not links and
+    its *.md files (path, kind, Path); None when it cannot be listed (gone)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+    kept = _listed.get(folder)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    found: list[tuple[str, Kind, Path]] = []
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                try:  # as kiro.fs.walk: a link to a folder is no file and is not walked
+                    if entry.is_dir():
+                        if not entry.is_symlink():
+                            found.append((entry.path, "dir", Path(entry.path)))
+                        continue
+                except OSError:
+                    pass
+                if entry.name.endswith(".md"):
+                    try:
+                        kind = "file" if entry.is_file(follow_symlinks=False) else \
+                            "link" if entry.is_symlink() else "other"
+                    except OSError:
+                        kind = "other"
+                    found.append((entry.path, kind, Path(entry.path)))
+    except OSError:
+        return None
+    listing = tuple(sorted(found, key=lambda e: os.path.basename(e[0])))
+    if time.time_ns() - st.st_ctime_ns > RACY_NS:
+        if len(_listed) >= LISTED_KEPT:
+            _listed.clear()
+        _listed[folder] = (key, listing)
+    return listing
+
+
+def _markdown(folder: Path) -> list[tuple[str, Kind, Path]]:
+    """Every `*.md` under `folder` (path, kind, Path), in the order of their sorted paths, not through
+    symlinked folders, at most WALK_MAX_DEPTH levels deep, from the folders' kept listings (`_listing`)."""
+    out: list[tuple[str, Kind, Path]] = []
+    stack: list[tuple[str, Kind, Path, int]] = [(os.fspath(folder), "dir", folder, 0)]
+    while stack:
+        name, kind, path, depth = stack.pop()
+        if kind != "dir":
+            out.append((name, kind, path))
+            continue
+        listing = _listing(name) if depth <= WALK_MAX_DEPTH else None
+        if listing is not None:  # files and folders by name: depth first, each path after the one it sorts after
+            stack.extend((n, k, p, depth + 1) for n, k, p in reversed(listing))
+    return out
+
+
 def markdown_files(folder: Path) -> list[Path]:
     """Every `*.md` under `folder`, sorted, not through symlinked folders (as `Path.rglob`). A folder
     that goes away meanwhile (a loop moving its task to Done/, in this process or another) is passed
     over, where `rglob` raised FileNotFoundError and ended `kiro loop watch`. Without recursion and at most
-    WALK_MAX_DEPTH levels deep (kiro.fs.walk): os.walk ended a start with RecursionError on a 1,500-deep tree."""
-    found: list[Path] = []
-    for top, _dirs, files in walk(folder):  # a folder that cannot be listed (gone) is skipped
-        found.extend(Path(top, name) for name in files if name.endswith(".md"))
-    return sorted(found)
+    WALK_MAX_DEPTH levels deep: os.walk ended a start with RecursionError on a 1,500-deep tree. Listed again
+    only where a folder changed (`_listing`)."""
+    return [path for _name, _kind, path in _markdown(folder)]
 
 
 def is_task_candidate(path: Path) -> bool:
@@ -48,25 +115,25 @@ def kiro_specs(root: Path) -> list[Path]:
     return [kirospec.specs_folder(root) / name / "tasks.md" for name in kirospec.spec_names(root)]
 
 
-def task_files(ws: Workspace) -> Iterator[tuple[Path, str]]:
+def task_files(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[Path, str]]:
     """The task files a watch looks after (SPEC §3, §13), on either backend: every `*.md` in Specs/ (any
     depth) and each Kiro spec's `.kiro/specs/*/tasks.md`, as (the path found, its real path), each real file
-    once: a symlinked folder (`ln -s .kiro/specs Specs`, a spec folder linked to another) is one file once."""
+    once: a symlinked folder (`ln -s .kiro/specs Specs`, a spec folder linked to another) is one file once.
+    `in_specs` False: not the files that are Specs/'s own (the look around a boxed step, where Specs/ is
+    read-only: kiro.executors.control.TaskFiles), only those elsewhere (a link's target, a Kiro spec)."""
     seen: set[str] = set()
     # the walk never goes through a symlinked folder: below Specs/ (itself maybe a link) only a file that is a
     # link needs its real path asked for, component by component (a look at every step of every loop: issue #41)
     specs = os.fspath(ws.specs) + os.sep
     specs_real = os.path.realpath(ws.specs) + os.sep
-    for path in [*markdown_files(ws.specs), *kiro_specs(ws.root)]:  # moved by their loops meanwhile
-        if not is_task_candidate(path):
-            continue
-        name = os.fspath(path)
-        try:
-            mode = os.lstat(name).st_mode
-        except OSError:
-            continue
-        if stat.S_ISREG(mode) and name.startswith(specs):
+    found = [*_markdown(ws.specs), *((os.fspath(p), "spec", p) for p in kiro_specs(ws.root))]
+    for name, kind, path in found:  # moved by their loops meanwhile
+        if kind == "file" and name.startswith(specs):
+            if not in_specs or not is_task_candidate(path):
+                continue
             real = specs_real + name[len(specs):]
+        elif not is_task_candidate(path):
+            continue
         elif path.is_file():
             real = os.path.realpath(name)
         else:

@@ -1,0 +1,81 @@
+"""The box is worked out once per loop (kiro.executors.shell.loop_box, kiro.processes.sandbox.box_for keeps it
+between steps), yet what changes between two steps is sealed in the next one (SPEC §15): a task file a person
+adds, in Specs/ or in a `.kiro/specs/` that was not there when the loop's first step ran, is read-only to the
+second step's process as to the first's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from kiro.executors.shell import loop_box
+from kiro.processes import sandbox
+from kiro.processes.spawn import run_process
+from kiro.store.config import Config
+from kiro.store.workspace import Workspace as KiroWorkspace
+from tests.conftest import Workspace
+
+pytestmark = pytest.mark.skipif(sandbox.unusable() is not None, reason=f"no usable bwrap: {sandbox.unusable()}")
+
+TASK = "---\nexecutor: shell\n---\n- [ ] 1. Step\n"
+
+
+def step(ws: KiroWorkspace, task: Path, script: str) -> int:
+    """One step's process in the loop's box (network off: no pasta needed to show what it may write)."""
+    cfg = Config(sandbox_network="off")
+    env = {"PATH": os.environ["PATH"], "HOME": str(ws.root / "home")}
+    box = loop_box(cfg, ws, ws.root, task, env)
+    assert box is not None
+    result = asyncio.run(run_process(["bash", "-c", script], cwd=ws.root, env=env, timeout=120, box=box))
+    return result.returncode
+
+
+def test_a_task_file_added_between_two_steps_is_read_only_in_the_second_steps_box(ws: Workspace) -> None:
+    own = ws.task(TASK)
+    kws = KiroWorkspace(ws.root)
+    assert not (ws.root / ".kiro").exists()
+    assert step(kws, own, "echo first > first.txt") == 0  # the first step: its box kept for the next
+    assert (ws.root / "first.txt").read_text() == "first\n"
+    added = {".kiro/specs/new/tasks.md": ws.task(TASK, ".kiro/specs/new/tasks.md"),  # a person, between steps
+             "Specs/added/tasks.md": ws.task(TASK, "Specs/added/tasks.md")}
+    tried = {}
+    for name, path in added.items():
+        tried[name] = step(kws, own, f"echo 'executor: codex' >> {name}") != 0 and path.read_text() == TASK
+        print(f"{'held   ' if tried[name] else 'ESCAPED'} {name} appended to by the second step")
+    print(f"{sum(tried.values())} of {len(tried)} held")
+    assert all(tried.values()), tried
+    assert step(kws, own, "echo second > second.txt") == 0  # the project is still the step's to write
+    assert (ws.root / "second.txt").read_text() == "second\n"
+
+
+def test_what_the_box_shows_of_a_tools_install_is_bound_once_and_its_credentials_stay_masked(
+        ws: Workspace, cli_home: Path) -> None:
+    """A tool installed in the emptied $HOME (`~/tool/bin` on PATH, its `lib/`, a credentials file beside them,
+    and a `bin/` on PATH inside a folder named like a secret): the step runs the tool, reads its lib, not its
+    credentials, and finds the bin/ under the masked folder. `~/tool` is bound once: the PATH folder inside it
+    is not bound again (a mount fewer per step)."""
+    tool = cli_home / "tool"
+    for folder in ("bin", "lib", "secrets/bin"):
+        (tool / folder).mkdir(parents=True)
+    (tool / "lib" / "data.txt").write_text("lib data\n")
+    (tool / "credentials.toml").write_text("token = 'kiro-test-secret'\n")
+    for prog in (tool / "bin" / "prog", tool / "secrets" / "bin" / "inner"):
+        prog.write_text(f"#!/bin/sh\ncat {tool}/lib/data.txt\n")
+        prog.chmod(0o755)
+    env = {"PATH": f"{tool / 'bin'}:{tool / 'secrets' / 'bin'}:{os.environ['PATH']}", "HOME": str(cli_home)}
+    own = ws.task(TASK)
+    box = loop_box(Config(sandbox_network="off"), KiroWorkspace(ws.root), ws.root, own, env)
+    assert box is not None
+    argv = box.prefix(ws.root, env, ["prog"])
+    box.release()
+    binds = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--ro-bind-try"]
+    assert str(tool) in binds and str(tool / "bin") not in binds, binds
+    script = f"prog > out.txt; inner >> out.txt; cat {tool}/credentials.toml >> out.txt 2>&1 || true"
+    result = asyncio.run(run_process(["bash", "-c", script], cwd=ws.root, env=env, timeout=120, box=box))
+    seen = (ws.root / "out.txt").read_text()
+    print(seen)
+    assert result.returncode == 0 and seen.startswith("lib data\nlib data\n"), (result, seen)
+    assert "kiro-test-secret" not in seen
