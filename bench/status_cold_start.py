@@ -16,6 +16,11 @@ stable under load, where wall times are not), and kiro's own share above Typer's
 issue #41 (<= ~180 M, 60 ms). Typer's parameters are pydantic TypeAdapters: the first one built imports
 importlib.metadata and scans the installed packages for pydantic plugins (~130 M), inside that share
 whatever kiro does; the `typer parse` line shows it with a small Typer app parsing one option.
+
+With --stages (and --instructions), also where this tree's `kiro loop status` spends its share: the
+instructions of each stage of its start-up, each run on top of the ones before it (Typer; kiro's CLI
+modules; the config's module; the state's; pydantic's plugin lookup, which imports importlib.metadata
+and scans the installed packages; the config's validators built; the config resolved; the whole command).
 """
 
 from __future__ import annotations
@@ -112,6 +117,32 @@ def instructions(argv: list[str], cwd: Path) -> int:
     return int(next(line for line in r.stderr.splitlines() if "Collected :" in line).split()[-1])
 
 
+# `kiro loop status`'s start-up in stages, each run with the ones before it (--stages).
+STAGES = [
+    ("import typer, typer._adapters", "import typer, typer._adapters"),
+    ("kiro's CLI modules", "import kiro.cli, kiro.cli.loop, kiro.cli.launch"),
+    ("kiro.store.config imported", "import kiro.store.config"),
+    ("kiro.store.state imported", "import kiro.store.state"),
+    ("pydantic's plugin lookup", "import pydantic.plugin._loader as loader; loader.get_plugins()"),
+    ("the config's validators built", "import kiro.store.config as config; config._build()"),
+    ("the config resolved", "from kiro.store.settings import settings_for; from kiro.store.workspace import "
+                            "Workspace; settings_for(Workspace.find(None))"),
+    ("the whole command", "import sys; sys.argv = ['kiro', 'loop', 'status']; from kiro.cli import main; main()"),
+]
+
+
+def stages(cwd: Path) -> list[str]:
+    """Each stage's instructions above the one before it (callgrind, one run each)."""
+    lines, before = [], 0
+    for i, (name, _code) in enumerate(STAGES):
+        code = "\n".join(c for _n, c in STAGES[:i + 1])
+        subprocess.run([sys.executable, "-c", code], cwd=cwd, env=ENV, capture_output=True, check=True)  # byte code
+        ir = instructions([sys.executable, "-c", code], cwd)
+        lines.append(f"    {name}: {ir / 1e6:.0f} M" + (f" (+{(ir - before) / 1e6:.0f} M)" if before else ""))
+        before = ir
+    return lines
+
+
 def make_workspace(root: Path, loops: int) -> None:
     for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
         (root / name).mkdir()
@@ -166,6 +197,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--other", type=Path, help="the bin/ folder of another checkout's venv (e.g. main's)")
     ap.add_argument("--instructions", action="store_true", help="also count instructions with callgrind")
+    ap.add_argument("--stages", action="store_true", help="with --instructions: `loop status`'s start-up in stages")
     args = ap.parse_args()
     trees = {"this": Path(sys.executable).parent}
     if args.other:
@@ -253,6 +285,9 @@ def main() -> None:
                              f"{(status_ir - typer_ir) / 1e6:.0f} M ({(status_ir - parse_ir) / 1e6:.0f} M above typer "
                              f"parse); loop logs --tail 10 {logs_ir / 1e6:.0f} M, kiro's own "
                              f"{(logs_ir - typer_ir) / 1e6:.0f} M ({(logs_ir - parse_ir) / 1e6:.0f} M)")
+            if args.stages:
+                lines.append(f"  this: loop status ({n} loops) in stages, each with the ones before it:")
+                lines += stages(base_dir / f"this{n}")
         print("\n".join(lines))
 
 
