@@ -138,10 +138,12 @@ class SealedTaskFiles(Feature):
     def __init__(self) -> None:
         self.files: TaskFiles | None = None
         self.step_id: str | None = None
+        self.marked = True  # `.state/running/<task_id>` may be there: a kill's at first, then this run's own
 
     async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
         self._check(loop)  # a step the engine did not end here (another feature ran it, a kill before)
         approval.step_began(loop.ws, loop.state.task_id, boxed=_boxed(loop))
+        self.marked = True
         # a few directory listings: at once when this loop runs alone (a thread's hop costs more: issue #41).
         # Not yielding here also lets the last iteration's owed save and this one's opening save be one
         # journal record, one append and one fdatasync (Loop.save_soon), as on the rest of the straight path
@@ -172,7 +174,9 @@ class SealedTaskFiles(Feature):
         if files is not None and step_id is not None:
             for line in files.check(boxed=_boxed(loop), task_id=loop.state.task_id, step_id=step_id):
                 loop.emit(ev.LoopWarning(message=line))
-        approval.step_ended(loop.ws, loop.state.task_id)
+        if self.marked:  # removed once a step ends, not at each of the three looks around it (a file system call)
+            approval.step_ended(loop.ws, loop.state.task_id)
+            self.marked = False
 
 
 def _boxed(loop: LoopHandle) -> bool:
