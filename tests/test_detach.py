@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import Workspace, shell_task
 
 HOLD = """\
 import os, sys, time
-if "--held-lock" in sys.argv:  # the loop's own process, started by --detach: wait here, before any kiro code
+if "-w" in sys.argv:  # the loop's own process, started by --detach (-w ROOT): wait here, before any kiro code
     here = os.environ["HELD_AT"]
     with open(here + ".tmp", "w") as fh:
         fh.write(str(os.getpid()))
@@ -28,16 +31,24 @@ if "--held-lock" in sys.argv:  # the loop's own process, started by --detach: wa
 """
 
 
-def held_env(ws: Workspace, tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
+Held = tuple[dict[str, str], Path, Path]
+
+
+@pytest.fixture
+def held(ws: Workspace, tmp_path: Path) -> Iterator[Held]:
     """The environment of a `--detach` whose background process waits at its start; the file it writes its pid
-    to when it is there, and the file that lets it go on."""
+    to when it is there, and the file that lets it go on (touched at the end of the test whatever happened: no
+    process is left waiting)."""
     hook = tmp_path / "hold"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(HOLD)
     held_at, let_go = tmp_path / "held.pid", tmp_path / "let_go"
     env = ws.env(PYTHONPATH=os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]),
                  HELD_AT=str(held_at), LET_GO=str(let_go))
-    return env, held_at, let_go
+    try:
+        yield env, held_at, let_go
+    finally:
+        let_go.touch()
 
 
 def status_json(ws: Workspace, tid: str) -> dict[str, object]:
@@ -61,12 +72,12 @@ def test_detach_prints_the_id_and_the_loop_runs_to_its_end_in_its_own_process(ws
     assert state["runs"] == 1
 
 
-def test_the_loop_is_held_from_the_moment_detach_returns(ws: Workspace, tmp_path: Path) -> None:
+def test_the_loop_is_held_from_the_moment_detach_returns(ws: Workspace, held: Held) -> None:
     """No moment in which a second start, resume or --fresh start could take the loop: the lock is held
     across the hand-over, also while the loop's process has not run a line of kiro yet. A `kiro loop stop`
     then is the loop's to obey (not removed as a resume removes a hook): it pauses before its first step."""
     ws.task(shell_task(1))
-    env, held_at, let_go = held_env(ws, tmp_path)
+    env, held_at, let_go = held
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "bg", "--detach", env=env)
     assert r.returncode == 0, r.stderr
     ws.wait_for(held_at.exists, what="the loop's process to be at its start")
@@ -77,10 +88,10 @@ def test_the_loop_is_held_from_the_moment_detach_returns(ws: Workspace, tmp_path
         "resume": ws.kiro("loop", "resume", "--task-id", "bg"),
         "resume --detach": ws.kiro("loop", "resume", "--task-id", "bg", "--detach"),
     }
-    held = {what: r.returncode != 0 and "already running" in r.stderr for what, r in tried.items()}
+    refused = {what: r.returncode != 0 and "already running" in r.stderr for what, r in tried.items()}
     print(f"tried {len(tried)} ways to take the detached loop before its process began: "
-          f"{sum(held.values())} refused ({held})")
-    assert all(held.values()), {what: (r.returncode, r.stderr) for what, r in tried.items()}
+          f"{sum(refused.values())} refused ({refused})")
+    assert all(refused.values()), {what: (r.returncode, r.stderr) for what, r in tried.items()}
     assert status_json(ws, "bg")["alive"] is True
     assert ws.kiro("loop", "stop", "--task-id", "bg").returncode == 0
     let_go.touch()
@@ -90,9 +101,9 @@ def test_the_loop_is_held_from_the_moment_detach_returns(ws: Workspace, tmp_path
 
 
 def test_a_loop_whose_process_dies_before_its_first_step_is_not_running_and_resumes_once(
-        ws: Workspace, tmp_path: Path) -> None:
+        ws: Workspace, held: Held) -> None:
     ws.task(shell_task(1))
-    env, held_at, _let_go = held_env(ws, tmp_path)
+    env, held_at, _let_go = held
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "bg", "--detach", env=env)
     assert r.returncode == 0, r.stderr
     pid = int(ws.wait_for(lambda: held_at.exists() and held_at.read_text(), what="the loop's process"))
@@ -107,11 +118,11 @@ def test_a_loop_whose_process_dies_before_its_first_step_is_not_running_and_resu
     assert ws.state("bg")["status"] == "completed"
 
 
-def test_a_resume_detached_dies_at_its_start_and_the_loop_stays_resumable(ws: Workspace, tmp_path: Path) -> None:
+def test_a_resume_detached_dies_at_its_start_and_the_loop_stays_resumable(ws: Workspace, held: Held) -> None:
     ws.task(shell_task(2))
     assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "bg",
                    "--max-iterations", "1").returncode == 4
-    env, held_at, _let_go = held_env(ws, tmp_path)
+    env, held_at, _let_go = held
     r = ws.kiro("loop", "resume", "--task-id", "bg", "--max-iterations", "10", "--detach", env=env)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "bg", r.stderr
     os.kill(int(ws.wait_for(lambda: held_at.exists() and held_at.read_text(), what="the loop's process")),
