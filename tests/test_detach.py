@@ -141,3 +141,18 @@ def test_what_refuses_the_loop_is_said_by_the_command_itself(ws: Workspace) -> N
     assert r.returncode == 1 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "max_iterations" in r.stderr, r.stderr
     assert not (ws.root / "Logs" / "bg.out").exists() and not (ws.root / ".state" / "autonomous_loop_bg.json").exists()
+
+
+def test_a_held_lock_that_is_not_the_loops_is_refused_in_one_line(ws: Workspace) -> None:
+    """`--held-lock` is how `--detach` hands a loop's lock over; given by hand, a descriptor that holds no lock of
+    that loop is one clear line, exit 1, and the loop is left as it was."""
+    ws.task(shell_task(2))
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "fg",
+                   "--max-iterations", "1").returncode == 4
+    before = (ws.root / ".state" / "autonomous_loop_fg.json").read_bytes()
+    for cmd in (("loop", "start", "--task-id", "fg"), ("loop", "resume", "--task-id", "fg")):
+        r = ws.kiro(*cmd, "--held-lock", "0")
+        assert r.returncode == 1 and r.stdout == "", (cmd, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "--held-lock 0" in r.stderr, (cmd, r.stderr)
+    assert (ws.root / ".state" / "autonomous_loop_fg.json").read_bytes() == before
+    assert (ws.root / "side_effects.log").read_text().split() == ["1"]  # no step ran
