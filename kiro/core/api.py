@@ -289,10 +289,12 @@ def in_background(run: LoopRun, argv: list[str], *, config: Path | None, front: 
         start_in_background(argv, out=ws.detached_output(tid), cwd=current_folder() or ws.root, keep_fd=lock.fd)
         lock.hand_over()
     finally:
-        if run.executor is not None:
-            asyncio.run(run.executor.aclose())
-        if run.release:
-            run.release()  # this process's share of the loop (its disk reserve); the lock, unless handed over
+        try:
+            if run.executor is not None:
+                asyncio.run(run.executor.aclose())
+        finally:
+            if run.release:
+                run.release()  # this process's share of the loop (its disk reserve); the lock, unless handed over
 
 
 def _take_over(ws0: Workspace, task_id: str, fd: int, *, config: Path | None, resumed: bool, step: str | None,
