@@ -5,10 +5,11 @@
 Each round times, in fresh processes taking turns: `python -c "import typer, typer._adapters"` (the
 floor any command of this CLI pays), then `kiro loop start --detach` on a one-step shell task (`sleep 1`)
 in a fresh workspace: the command's wall time until it returns, and its own CPU (user+sys, from wait4:
-the loop's process runs in its own session and is not counted). The command returns once the loop's
-process holds the loop's lock with its state on disk (kiro.core.api.in_background), so its wall time
-is the parent's own work + the background process's start up to its lock. Each round then waits until
-the loop has ended (its task moved to Done/) and checks the loop id was printed and the step is done.
+the loop's process runs in its own session and is not counted). The command takes the loop's lock and
+writes its state itself, then hands the lock to the loop's process and returns without waiting for that
+process's start (kiro.core.api.in_background; before, it waited until that process held the lock, so its
+wall time held a whole fresh start of it). Each round then waits until the loop has ended (its task moved
+to Done/, its lock file gone) and checks the loop id was printed and the step is done.
 
 With --previous-tree (an older checkout, e.g. `git worktree add /tmp/old main`, or /work/main) the
 same command of that tree runs in the same round (with this venv's packages). Prints medians. Wall
@@ -63,6 +64,10 @@ def detach_once(root: Path, env: dict[str, str]) -> tuple[float, float]:
     while not done.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert done.exists() and "[x]" in done.read_text(), (root / "Logs/d1.out").read_text()
+    lock = root / ".state/autonomous_loop_d1.lock"  # gone once the loop's process let go of it: it has ended
+    while lock.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not lock.exists(), "the loop's process did not end"
     return wall, cpu
 
 

@@ -88,6 +88,10 @@ SandboxOpt = Annotated[str | None, typer.Option("--sandbox", help="bwrap | off: 
                                                 "bubblewrap box, or not (default: bwrap when installed).",
                                                 show_default=False)]
 
+HeldLockOpt = Annotated[int | None, typer.Option("--held-lock", metavar="FD", hidden=True, show_default=False,
+                                                 help="kiro's own: the loop a --detach made ready, its lock this "
+                                                      "inherited descriptor (kiro.core.api.in_background).")]
+
 
 @app.command()
 @guarded
@@ -126,6 +130,7 @@ def start(
                                                         "that loop's state goes to .state/archive/ (still shown by "
                                                         "status), its requests to Logs/resolved/; the task file's "
                                                         "checked boxes stay checked.")] = False,
+    held_lock: HeldLockOpt = None,
 ) -> None:
     """Start a loop on a task file, in the foreground. Exits with the loop's exit code: 0 completed (or, with --step, that step done), 3 paused/stopped, 4 max iterations or time limit, 5 failed, 6 waiting for a person, 1 kiro could not go on."""
     from kiro.cli import launch
@@ -135,7 +140,7 @@ def start(
                           executor=executor, model=model, agent=agent, sandbox=sandbox, parallel=parallel)
     _exit(launch.started(api.start(task or [], specs=spec or [], workspace_path=workspace, config=config,
                                    options=opts, task_id=task_id, step=step, fresh=fresh, detach=detach,
-                                   front=launch.ConsoleFront(quiet=quiet, verbose=verbose))))
+                                   front=launch.ConsoleFront(quiet=quiet, verbose=verbose), held_lock=held_lock)))
 
 
 @app.command()
@@ -165,6 +170,7 @@ def resume(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print tool calls and reinjections.")] = False,
     all_loops: Annotated[bool, typer.Option("--all", help="Remove the global hook of `kiro loop stop --all` and "
                                                           "continue every loop a stop hook paused.")] = False,
+    held_lock: HeldLockOpt = None,
 ) -> None:
     """Remove the stop hook and continue a loop from its saved state, whatever its status (paused, stopped, interrupted by a crash, failed, out of iterations). Completed steps never run again."""
     from kiro.cli import launch
@@ -181,7 +187,7 @@ def resume(
                                 detach=detach, front=front)
     else:
         result = api.resume(task_id, task, spec=spec, workspace_path=workspace, config=config, options=opts,
-                            reset_failures=reset_failures, detach=detach, front=front)
+                            reset_failures=reset_failures, detach=detach, front=front, held_lock=held_lock)
     _exit(launch.started(result))
 
 
@@ -408,7 +414,10 @@ def logs(
     for e in kept:
         show(e)
     sys.stdout.flush()
-    finished = last is not None and last.get("event") == "loop_finished"
+    # the last run's end, unless a process holds the loop for its next run (a `--detach` resume that has not
+    # begun it yet: kiro.core.api.in_background); a `kiro loop watch` that keeps it paused is no such run
+    finished = last is not None and last.get("event") == "loop_finished" and (
+        not store.is_locked(tid) or store.holder_role(tid) == "watch")
     from kiro.core.watch import ticks
 
     for _ in ticks([path.parent], 1.0):  # wakes on each append to the log, and every second

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiro.core.front import Front
-from kiro.errors import Conflict, RunError, UserError
+from kiro.errors import Conflict, UserError
 
 if TYPE_CHECKING:
     from kiro.core.engine import LoopRun
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from kiro.store.state import StateStore
     from kiro.store.workspace import Workspace
 
-LOOP_OUTCOMES = (0, 3, 4, 5, 6)  # SPEC §6 exit codes of a loop that ran; 1 is kiro failing to run it
 EXECUTORS = ("shell", "command", "openai")
 ENDING_WITHIN = 10.0
 """Seconds `resume` waits for the process of a loop whose saved status says its run ended (paused, stopped,
@@ -59,16 +58,6 @@ class Options:
             "agent": self.agent,
             "llm.model": self.model,
         }
-
-    def argv(self) -> list[str]:
-        """As `kiro loop start|resume` flags, for a loop started in the background."""
-        out: list[str] = []
-        for flag, value in (("--max-iterations", self.max_iterations), ("--failure-threshold", self.failure_threshold),
-                            ("--timeout", self.timeout), ("--executor", self.executor), ("--model", self.model),
-                            ("--agent", self.agent), ("--sandbox", self.sandbox), ("--parallel", self.parallel)):
-            if value is not None:
-                out += [flag, str(value)]
-        return out
 
     def check(self) -> None:
         if self.executor is not None and self.executor not in EXECUTORS:
@@ -160,25 +149,32 @@ def status(ws: Workspace, store: StateStore, task_id: str | None, warnings: list
 
 def start(tasks: Sequence[str], *, specs: Sequence[str] = (), workspace_path: Path | None = None,
           config: Path | None = None, options: Options | None = None, task_id: str | None = None,
-          step: str | None = None, fresh: bool = False, detach: bool = False, front: Front | None = None) -> Started:
+          step: str | None = None, fresh: bool = False, detach: bool = False, front: Front | None = None,
+          held_lock: int | None = None) -> Started:
     """`kiro loop start`: new loops on task files, run in the foreground to their outcome, or one in the
     background (`detach`). `step`: only that step (kiro.core.features.OneStep). `fresh`: set the task's
     unfinished loop aside first (kiro.core.runner.set_aside). A start that is refused leaves the workspace
     as it found it: what it made of kiro's folders is taken away again
-    (kiro.store.workspace.nothing_made_if_refused)."""
+    (kiro.store.workspace.nothing_made_if_refused). `held_lock`: this is the process a `--detach` start
+    started (`in_background`); loop `task_id` was made by it, whose lock is this descriptor."""
     from kiro.store.settings import settings_for
     from kiro.store.workspace import nothing_made_if_refused
 
+    front = front or Front()
     ws = workspace(workspace_path)
+    if held_lock is not None:
+        if tasks or specs or fresh or detach or options not in (None, Options()) or task_id is None:
+            raise UserError("--held-lock goes with --task-id and --step only: the loop is made already")
+        return _take_over(ws, task_id, held_lock, config=config, resumed=False, step=step, front=front)
     with nothing_made_if_refused(ws.root, lambda: settings_for(ws, config_file=config).ws.state_dir):
         return _start(ws, list(tasks), specs=specs, config=config, options=options or Options(), task_id=task_id,
-                      step=step, fresh=fresh, detach=detach, front=front or Front())
+                      step=step, fresh=fresh, detach=detach, front=front)
 
 
 def _start(ws: Workspace, task: list[str], *, specs: Sequence[str], config: Path | None, options: Options,
            task_id: str | None, step: str | None, fresh: bool, detach: bool, front: Front) -> Started:
     from kiro.core.backends import backend_for
-    from kiro.core.runner import check_new_task_id, new_task_id, prepare_start
+    from kiro.core.runner import prepare_start
     from kiro.store.workspace import check_task_id
 
     options.check()
@@ -203,20 +199,9 @@ def _start(ws: Workspace, task: list[str], *, specs: Sequence[str], config: Path
     for flag, given in (("--step", step is not None), ("--fresh", fresh)):
         if given and flag in backend.unbuilt:
             raise UserError(f"{flag} is not built for backend: {backend.name} yet")
-    if detach and not backend.detaches_itself:
-        if len(task) > 1:
-            raise UserError("--detach starts one loop; run it once per task")
-        store = store_of(ws, front, lenient=False)
-        path = ws.resolve_task(task[0])
-        from kiro.core.runner import check_startable
-
-        for w in check_startable(ws, path, task_id=task_id, config_file=config, overrides=changes, fresh=fresh):
-            front.warning(w)  # said here: the loop's own output goes to Logs/<id>.out
-        tid = check_new_task_id(store, task_id) if task_id else new_task_id(store)
-        argv = ["loop", "start", "--task", str(path), "--task-id", tid, *options.argv(),
-                *(["--step", step] if step is not None else []), *(["--fresh"] if fresh else [])]
-        in_background(argv, ws, tid, config=config, front=front)
-        return Started(0, [tid], detached=True)
+    local_detach = detach and not backend.detaches_itself  # the loop goes on in a process of its own, from here
+    if local_detach and len(task) > 1:
+        raise UserError("--detach starts one loop; run it once per task")
     backend.preflight(ws, config)  # the server is reachable, the project is in git: before any state is written
     runs: list[LoopRun] = []
     index = batch = None
@@ -234,6 +219,10 @@ def _start(ws: Workspace, task: list[str], *, specs: Sequence[str], config: Path
     except BaseException:
         _release(runs)
         raise
+    if local_detach:
+        in_background(runs[0], ["loop", "start", "--task-id", runs[0].state.task_id,
+                                *(["--step", step] if step is not None else [])], config=config, front=front)
+        return Started(0, [runs[0].state.task_id], detached=True)
     if one_step is not None:
         runs[0].features.append(one_step)
     return _run(backend, runs, detach=detach, front=front)
@@ -276,30 +265,63 @@ def _run(backend: Any, runs: list[LoopRun], *, detach: bool, front: Front) -> St
     return Started(combined_exit_code(outcomes), tids)
 
 
-def in_background(argv: list[str], ws: Workspace, task_id: str, *, config: Path | None, front: Front) -> None:
-    """`--detach`: run `kiro ARGV` in the background, in its own session, output to Logs/<id>.out; wait
-    until it has taken the loop's lock (or ended) so that a refusal still reaches the caller."""
-    from kiro.core.backends import last_line, start_in_background
-    from kiro.store.state import StateStore
-    from kiro.store.workspace import check_task_id, current_folder
+def in_background(run: LoopRun, argv: list[str], *, config: Path | None, front: Front) -> None:
+    """`--detach`: the loop `run`, prepared here as in the foreground (its lock held, its state on disk, what
+    would refuse it said as this command's error), goes on in a process of its own: `kiro ARGV --held-lock FD`
+    in its own session, output to Logs/<id>.out, handed the loop's lock as the descriptor FD it inherits. The
+    lock stays held across the hand-over (no second start or resume can take the loop meanwhile), and this
+    process does not wait for the other's start. A process that dies before it takes over lets the lock go
+    with it: the loop stays `pending` (kiro.core.runner's first save), for `kiro loop resume`."""
+    import asyncio
 
-    out_path = ws.detached_output(check_task_id(task_id))  # the id names the file: checked before it is made
-    store = StateStore(ws)
-    made, existed = not out_path.exists(), store.exists(task_id)
-    argv = [*argv, *front.child_flags, "-w", str(ws.root)]
-    if config is not None:
-        argv += ["--config", str(config.absolute())]
-    # up once it holds the loop's lock and its state is on disk (the lock is taken first): a caller that
-    # lists the loops next (the dashboard after its POST) finds it
-    code = start_in_background(argv, out=out_path, cwd=current_folder() or ws.root,
-                               ready=lambda _pid: store.is_locked(task_id) and store.exists(task_id))
-    if code is None or code in LOOP_OUTCOMES:  # it ran and ended before its lock was seen: a short loop
-        return
-    tail = last_line(out_path)
-    if made and tail and store.exists(task_id) == existed:  # refused: its line is said here, and the file
-        out_path.unlink(missing_ok=True)  # made for it goes (kiro.store.workspace.nothing_made_if_refused)
-    raise RunError(f"the background loop exited at once (exit {code}): "
-                   f"{tail if tail else 'see ' + ws.relative(out_path)}")
+    from kiro.core.backends import start_in_background
+    from kiro.store.redact import Redactor
+    from kiro.store.workspace import current_folder
+
+    ws, tid, lock = run.ws, run.state.task_id, run.lock
+    try:
+        front.redact_with(Redactor.for_run(run.config))
+        for w in run.warnings:
+            front.warning(w)  # said here: the loop's own output goes to Logs/<id>.out
+        argv = [*argv, "--held-lock", str(lock.fd), *front.child_flags, "-w", str(ws.root)]
+        if config is not None:
+            argv += ["--config", str(config.absolute())]
+        start_in_background(argv, out=ws.detached_output(tid), cwd=current_folder() or ws.root, keep_fd=lock.fd)
+        lock.hand_over()
+    finally:
+        try:
+            if run.executor is not None:
+                asyncio.run(run.executor.aclose())
+        finally:
+            if run.release:
+                run.release()  # this process's share of the loop (its disk reserve); the lock, unless handed over
+
+
+def _take_over(ws0: Workspace, task_id: str, fd: int, *, config: Path | None, resumed: bool, step: str | None,
+               front: Front) -> Started:
+    """The process `in_background` started: the loop its parent made ready (state on disk, lock handed over
+    as the descriptor `fd`) runs here to its outcome, as it would have there. Stop hooks written since are
+    kept (a `kiro loop stop` right after the detach pauses it)."""
+    from kiro.core.backends import backend_for
+    from kiro.core.runner import prepare_resume
+    from kiro.fs.locks import Flock, Timeout
+    from kiro.store.settings import settings_for
+    from kiro.store.workspace import check_task_id
+
+    store = settings_for(ws0, config_file=config).store
+    try:
+        lock = Flock.handed(store.ws.lock_file(check_task_id(task_id)), fd)
+    except (OSError, Timeout):
+        raise UserError(f"--held-lock {fd}: no descriptor of loop {task_id!r}'s lock file that holds its lock "
+                        f"(`kiro loop start|resume --detach` hands it to the loop it starts)") from None
+    store.set_role(task_id, "loop")
+    run = prepare_resume(ws0, task_id, config_file=config, held_lock=lock, keep_hooks=True)
+    run.resumed = resumed
+    if step is not None:
+        from kiro.core.features import OneStep
+
+        run.features.append(OneStep(step))
+    return _run(backend_for(ws0, config), [run], detach=False, front=front)
 
 
 # -- resume ---------------------------------------------------------------------------------------
@@ -307,37 +329,32 @@ def in_background(argv: list[str], ws: Workspace, task_id: str, *, config: Path 
 
 def resume(task_id: str | None = None, task: str | None = None, *, spec: str | None = None,
            workspace_path: Path | None = None, config: Path | None = None, options: Options | None = None,
-           reset_failures: bool = False, detach: bool = False, front: Front | None = None) -> Started:
+           reset_failures: bool = False, detach: bool = False, front: Front | None = None,
+           held_lock: int | None = None) -> Started:
     """`kiro loop resume`: continue one loop from its saved state, in the foreground (its exit code) or in
-    the background; a loop `kiro loop watch` keeps continues there (exit 0)."""
+    the background; a loop `kiro loop watch` keeps continues there (exit 0). `held_lock`: this is the process
+    a `--detach` resume started (`in_background`), handed the loop's lock as this descriptor."""
     from kiro.core.backends import backend_for, wait_unlocked
-    from kiro.core.runner import AlreadyFinished, check_resumable, prepare_resume
+    from kiro.core.runner import prepare_resume
     from kiro.errors import LockHeld
-    from kiro.status import Status
 
     front = front or Front()
     options = options or Options()
     options.check()
     ws = workspace(workspace_path)
+    if held_lock is not None:
+        if task or spec or detach or reset_failures or options != Options() or task_id is None:
+            raise UserError("--held-lock goes with --task-id only: the loop is made ready already")
+        return _take_over(ws, task_id, held_lock, config=config, resumed=True, step=None, front=front)
     store = store_of(ws, front, lenient=False)
     tid = loop_named(ws, store, task_id, task, spec)
     assert tid is not None
     backend = backend_for(ws, config)
-    if store.is_locked(tid) and store.holder_role(tid) != "watch" and not store.load(tid).state.status.is_active:
+    if store.is_locked(tid) and store.holder_role(tid) != "watch" and not store.load(tid).state.status.may_be_alive:
         # its run ended (the status it saved says how) and its process is letting go of the lock: a resume
-        # right after the pause is shown (the dashboard's button) waits for that instead of refusing
+        # right after the pause is shown (the dashboard's button) waits for that instead of refusing (a loop
+        # still `pending` is one a --detach start made, whose process is beginning it: refused at once)
         wait_unlocked(store, tid, ENDING_WITHIN)
-    if detach and not backend.detaches_itself:
-        if store.load(tid).state.status == Status.COMPLETED:  # as in the foreground, before a process is spent
-            raise AlreadyFinished(f"loop {tid!r} is already completed; nothing to resume")
-        if store.is_locked(tid) and store.holder_role(tid) == "watch":
-            return _kept_by_watch(store, tid, front)
-        if store.is_locked(tid):
-            raise LockHeld(tid, store.holder_pid(tid))
-        check_resumable(ws, tid, config_file=config, overrides=options.overrides(limits=False))
-        argv = ["loop", "resume", "--task-id", tid, *options.argv(), *(["--reset-failures"] if reset_failures else [])]
-        in_background(argv, store.ws, tid, config=config, front=front)
-        return Started(0, [tid], detached=True)
     try:
         run = prepare_resume(ws, tid, config_file=config, overrides=options.overrides(limits=False),
                              max_iterations=options.max_iterations, failure_threshold=options.failure_threshold,
@@ -346,6 +363,9 @@ def resume(task_id: str | None = None, task: str | None = None, *, spec: str | N
         if store.holder_role(tid) != "watch":
             raise
         return _kept_by_watch(store, tid, front)
+    if detach and not backend.detaches_itself:
+        in_background(run, ["loop", "resume", "--task-id", tid], config=config, front=front)
+        return Started(0, [tid], detached=True)
     return _run(backend, [run], detach=detach, front=front)
 
 
@@ -397,13 +417,8 @@ def resume_all(*, workspace_path: Path | None = None, config: Path | None = None
         front.line("no paused loop to continue")
         return Started(0)
     backend = backend_for(ws0, config)
-    if detach and not backend.detaches_itself:
-        for tid in targets:
-            argv = ["loop", "resume", "--task-id", tid, *options.argv(),
-                    *(["--reset-failures"] if reset_failures else [])]
-            in_background(argv, ws, tid, config=config, front=front)
-        return Started(0, targets, detached=True)
-    room_for_loops(len(targets))  # a limit of open files too low for them all: said before any loop moves
+    local_detach = detach and not backend.detaches_itself  # each goes on in a process of its own
+    room_for_loops(1 if local_detach else len(targets))  # too few open files for them all: said before any moves
     runs: list[LoopRun] = []
     try:
         for tid in targets:
@@ -411,9 +426,13 @@ def resume_all(*, workspace_path: Path | None = None, config: Path | None = None
                                        max_iterations=options.max_iterations,
                                        failure_threshold=options.failure_threshold, timeout=options.timeout,
                                        reset_failures=reset_failures))
+            if local_detach:  # handed over before the next is made ready
+                in_background(runs.pop(), ["loop", "resume", "--task-id", tid], config=config, front=front)
     except BaseException:
         _release(runs)
         raise
+    if local_detach:
+        return Started(0, targets, detached=True)
     return _run(backend, runs, detach=detach, front=front)
 
 

@@ -85,19 +85,24 @@ def uses_temporal(ws: Workspace, config: Path | None) -> bool:
     return True
 
 
-def start_in_background(argv: list[str], *, out: Path, cwd: Path, ready: Callable[[int], bool]) -> int | None:
+def start_in_background(argv: list[str], *, out: Path, cwd: Path, ready: Callable[[int], bool] | None = None,
+                        keep_fd: int | None = None) -> int | None:
     """Run `python -m kiro ARGV` in its own session (closing the terminal does not end it), its output
     appended to `out`, and wait until `ready(pid)` says it is up: None then; its exit code when it ended
-    first. The process never sees the token of `kiro serve`. RunError when it is neither up nor ended
-    within STARTED_WITHIN seconds."""
+    first. No `ready`: None once it is started (a loop handed its lock as `keep_fd`, the descriptor it
+    inherits: kiro.core.api.in_background). The process never sees the token of `kiro serve`. RunError
+    when it is neither up nor ended within STARTED_WITHIN seconds."""
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "KIRO_SERVE_TOKEN"}
     env["PYTHONUNBUFFERED"] = "1"
     with open(out, "ab") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "kiro", *argv], stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd, env=env)
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd, env=env,
+                                pass_fds=() if keep_fd is None else (keep_fd,))
     # waited for when it ends, by a thread of its own: a process that lives on (`kiro serve`) leaves no zombie
     threading.Thread(target=proc.wait, name=f"kiro {argv[0]} in the background", daemon=True).start()
+    if ready is None:
+        return None
     deadline = time.monotonic() + STARTED_WITHIN
     while time.monotonic() < deadline:
         code = proc.poll()
@@ -108,15 +113,6 @@ def start_in_background(argv: list[str], *, out: Path, cwd: Path, ready: Callabl
         time.sleep(0.05)
     raise RunError(f"`kiro {' '.join(argv[:2])}` in the background did not start within {STARTED_WITHIN:.0f} s; "
                    f"see {out}")
-
-
-def last_line(path: Path) -> str | None:
-    """The last line a process started in the background wrote (its refusal)."""
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return None
-    return lines[-1] if lines else None
 
 
 def wait_unlocked(store: StateStore, task_id: str, seconds: float) -> bool:

@@ -575,28 +575,6 @@ def _refuse_taken_id(store: StateStore, task_id: str) -> str:
     return tid
 
 
-def check_startable(ws0: Workspace, task_path: Path, *, task_id: str | None, config_file: Path | None,
-                    overrides: Mapping[str, Any] | None, fresh: bool) -> list[str]:
-    """Before a loop is started in the background: what `prepare_start` would refuse of the task file's
-    loops and the id (said by the command that starts it, as its error, not from Logs/<id>.out), and the
-    warnings it would give about the task file and the config (its own output goes to that file). The
-    loop's own process checks again under the start guard."""
-    task = tasks.load(task_path)
-    _check_kiro_task_id(ws0, task_path, task)
-    loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
-    store, rel = loc.store, loc.ws.relative_name(task_path)
-    _refuse_existing(store, find_loop_for_task(store, task_path, task_id_hint(loc.ws, task_path, task), rel=rel),
-                     rel, fresh=fresh)
-    if task_id:
-        _refuse_taken_id(store, task_id)
-    warnings = _task_warnings(task, loc.ws) + not_built_warnings(loc.config, task, loc.ws)
-    with contextlib.suppress(KiroError):  # no executor: the loop says so, as the reason it exits at once
-        warnings += unused_command_warning(loc.config, choose_executor(loc.config, task))
-    return warnings
-
-
-
-
 def set_aside(store: StateStore, task_id: str) -> list[str]:
     """`kiro loop start --fresh`: the task file's unfinished loop, which no process runs, is over: its state
     is recorded `stopped` (`restarted`) and moved to .state/archive/ (every command still finds it there), and
@@ -815,27 +793,6 @@ def _same_billing(state: LoopState, executor: Executor) -> str | None:
                    f"keeps the billing it started with; resume it where that holds (the same HOME and key "
                    f"variables; agent_env in config/autonomous_loop.yaml), or start it afresh with "
                    f"`kiro loop start --fresh`")
-
-
-def check_resumable(ws0: Workspace, task_id: str, *, config_file: Path | None,
-                    overrides: Mapping[str, Any] | None) -> None:
-    """Before a loop is continued in the background: a billing its own process would refuse (`_same_billing`)
-    is said by the command that continues it (`kiro serve` answers 409), not from Logs/<id>.out."""
-    loc = settings_for(ws0, config_file=config_file, overrides=overrides)
-    state = loc.store.load(check_task_id(task_id)).state
-    if state.billing is None:
-        return
-    _where, path = locate_task(loc.ws, loc.ws.absolute(state.task_path), task_id)
-    if path is None:
-        return  # the loop's own process says so
-    task = tasks.load(path)
-    cfg = settings_for(ws0, config_file=config_file, task=task,
-                       overrides={**state.overrides, **kept_overrides(overrides)}).config
-    executor = executors.create(choose_executor(cfg, task, recorded=state.executor), cfg, loc.ws, task_id)
-    try:
-        _same_billing(state, executor)
-    finally:
-        asyncio.run(executor.aclose())
 
 
 def _task_warnings(task: tasks.TaskFile, ws: Workspace) -> list[str]:

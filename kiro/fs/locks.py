@@ -127,6 +127,35 @@ class Flock:
             self._fd = fd
             return
 
+    @classmethod
+    def handed(cls, path: Path | str, fd: int) -> Flock:
+        """The lock on `path` a parent process took and handed to this one as the inherited descriptor
+        `fd` (kiro.core.api.in_background): held all along, now this process's. It is taken again on the
+        same open file (shared, then exclusive: at no moment can another holder get it) so that the
+        kernel's lock table names this process, not the parent that took it. An OSError when `fd` is not
+        an open descriptor of the file `path` names; `Timeout` when it does not hold the lock."""
+        lock = cls(path)
+        here, mine = os.lstat(lock.path), os.fstat(fd)
+        if (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino):
+            raise OSError(errno.EBADF, f"descriptor {fd} is not the lock file", lock.path)
+        try:
+            for how in (fcntl.LOCK_SH, fcntl.LOCK_EX):
+                fcntl.flock(fd, how | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            raise Timeout(lock.path) from None
+        os.set_inheritable(fd, False)
+        lock._fd = fd
+        return lock
+
+    def hand_over(self) -> None:
+        """Close this process's descriptor without letting the lock go: a process started with an
+        inherited copy of it (`handed`) holds the lock from here on, and it is let go when that one ends."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
     def _still_named(self, fd: int) -> bool:
         """The locked file is the one the path names now (not one its last holder removed)."""
         try:

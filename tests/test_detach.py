@@ -1,0 +1,158 @@
+"""`kiro loop start|resume --detach` (kiro.core.api.in_background): the command takes the loop's lock and
+writes its state as a foreground start does, then hands the held lock to the loop's own process as an
+inherited descriptor and returns without waiting for that process's start.
+
+Some tests hold the background process still at its very first line, before any kiro code runs: a
+`sitecustomize` on its PYTHONPATH (a real interpreter, a real process) waits there until the test lets it go
+or kills it. That makes "the moment after the command returned" a state the test can look at, not a race.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Workspace, shell_task
+
+HOLD = """\
+import os, sys, time
+if "-w" in sys.argv:  # the loop's own process, started by --detach (-w ROOT): wait here, before any kiro code
+    here = os.environ["HELD_AT"]
+    with open(here + ".tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(here + ".tmp", here)
+    while not os.path.exists(os.environ["LET_GO"]):
+        time.sleep(0.02)
+"""
+
+
+Held = tuple[dict[str, str], Path, Path]
+
+
+@pytest.fixture
+def held(ws: Workspace, tmp_path: Path) -> Iterator[Held]:
+    """The environment of a `--detach` whose background process waits at its start; the file it writes its pid
+    to when it is there, and the file that lets it go on (touched at the end of the test whatever happened: no
+    process is left waiting)."""
+    hook = tmp_path / "hold"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD)
+    held_at, let_go = tmp_path / "held.pid", tmp_path / "let_go"
+    env = ws.env(PYTHONPATH=os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                 HELD_AT=str(held_at), LET_GO=str(let_go))
+    try:
+        yield env, held_at, let_go
+    finally:
+        let_go.touch()
+
+
+def status_json(ws: Workspace, tid: str) -> dict[str, object]:
+    r = ws.kiro("loop", "status", "--task-id", tid, "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    return data[0] if isinstance(data, list) else data  # type: ignore[no-any-return]
+
+
+def test_detach_prints_the_id_and_the_loop_runs_to_its_end_in_its_own_process(ws: Workspace) -> None:
+    ws.task(shell_task(2, cmd='echo "$KIRO_STEP_ID $PPID" >> side_effects.log'))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "bg", "--detach")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "bg"
+    assert (ws.root / ".state" / "autonomous_loop_bg.json").exists()  # its state is on disk when the command returns
+    state = ws.wait_for(lambda: (s := ws.state("bg"))["status"] == "completed" and s, what="the loop to complete")
+    assert [line.split()[0] for line in (ws.root / "side_effects.log").read_text().splitlines()] == ["1", "2"]
+    events = [e["event"] for e in ws.events("bg")]
+    assert events.count("loop_started") == 1 and "loop_resumed" not in events  # a start, run once
+    assert "loop bg started" in (ws.root / "Logs" / "bg.out").read_text()  # its own output went to its file
+    assert state["runs"] == 1
+
+
+def test_the_loop_is_held_from_the_moment_detach_returns(ws: Workspace, held: Held) -> None:
+    """No moment in which a second start, resume or --fresh start could take the loop: the lock is held
+    across the hand-over, also while the loop's process has not run a line of kiro yet. A `kiro loop stop`
+    then is the loop's to obey (not removed as a resume removes a hook): it pauses before its first step."""
+    ws.task(shell_task(1))
+    env, held_at, let_go = held
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "bg", "--detach", env=env)
+    assert r.returncode == 0, r.stderr
+    ws.wait_for(held_at.exists, what="the loop's process to be at its start")
+    tried = {
+        "start": ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md"),
+        "start --fresh": ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--fresh"),
+        "start --detach": ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--detach"),
+        "resume": ws.kiro("loop", "resume", "--task-id", "bg"),
+        "resume --detach": ws.kiro("loop", "resume", "--task-id", "bg", "--detach"),
+    }
+    refused = {what: r.returncode != 0 and "already running" in r.stderr for what, r in tried.items()}
+    print(f"tried {len(tried)} ways to take the detached loop before its process began: "
+          f"{sum(refused.values())} refused ({refused})")
+    assert all(refused.values()), {what: (r.returncode, r.stderr) for what, r in tried.items()}
+    assert status_json(ws, "bg")["alive"] is True
+    assert ws.kiro("loop", "stop", "--task-id", "bg").returncode == 0
+    let_go.touch()
+    state = ws.wait_for(lambda: (s := ws.state("bg"))["status"] == "paused" and s, what="the loop to pause")
+    assert state["stop_reason"] == "stop_hook"
+    assert not (ws.root / "side_effects.log").exists()  # paused before its step
+
+
+def test_a_loop_whose_process_dies_before_its_first_step_is_not_running_and_resumes_once(
+        ws: Workspace, held: Held) -> None:
+    ws.task(shell_task(1))
+    env, held_at, _let_go = held
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "bg", "--detach", env=env)
+    assert r.returncode == 0, r.stderr
+    pid = int(ws.wait_for(lambda: held_at.exists() and held_at.read_text(), what="the loop's process"))
+    os.kill(pid, signal.SIGKILL)
+    row = ws.wait_for(lambda: (s := status_json(ws, "bg"))["alive"] is False and s, what="the lock to be let go")
+    assert row["status"] != "running", row
+    r = ws.kiro("loop", "status")
+    assert "running" not in r.stdout, r.stdout
+    r = ws.kiro("loop", "resume", "--task-id", "bg")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (ws.root / "side_effects.log").read_text().split() == ["1"]  # the step ran once
+    assert ws.state("bg")["status"] == "completed"
+
+
+def test_a_resume_detached_dies_at_its_start_and_the_loop_stays_resumable(ws: Workspace, held: Held) -> None:
+    ws.task(shell_task(2))
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "bg",
+                   "--max-iterations", "1").returncode == 4
+    env, held_at, _let_go = held
+    r = ws.kiro("loop", "resume", "--task-id", "bg", "--max-iterations", "10", "--detach", env=env)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "bg", r.stderr
+    os.kill(int(ws.wait_for(lambda: held_at.exists() and held_at.read_text(), what="the loop's process")),
+            signal.SIGKILL)
+    ws.wait_for(lambda: status_json(ws, "bg")["alive"] is False, what="the lock to be let go")
+    assert ws.kiro("loop", "resume", "--task-id", "bg").returncode == 0
+    assert (ws.root / "side_effects.log").read_text().split() == ["1", "2"]  # step 1 once, step 2 once
+    assert ws.state("bg")["max_iterations"] == 10  # what the detached resume set was saved before it returned
+
+
+def test_what_refuses_the_loop_is_said_by_the_command_itself(ws: Workspace) -> None:
+    """A bad config, a task with nothing to run: one line, exit 1, no loop made, no Logs/<id>.out."""
+    ws.task(shell_task(1))
+    ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  max_iterations: many\n")
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "bg", "--detach")
+    assert r.returncode == 1 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "max_iterations" in r.stderr, r.stderr
+    assert not (ws.root / "Logs" / "bg.out").exists() and not (ws.root / ".state" / "autonomous_loop_bg.json").exists()
+
+
+def test_a_held_lock_that_is_not_the_loops_is_refused_in_one_line(ws: Workspace) -> None:
+    """`--held-lock` is how `--detach` hands a loop's lock over; given by hand, a descriptor that holds no lock of
+    that loop is one clear line, exit 1, and the loop is left as it was."""
+    ws.task(shell_task(2))
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "fg",
+                   "--max-iterations", "1").returncode == 4
+    before = (ws.root / ".state" / "autonomous_loop_fg.json").read_bytes()
+    for cmd in (("loop", "start", "--task-id", "fg"), ("loop", "resume", "--task-id", "fg")):
+        r = ws.kiro(*cmd, "--held-lock", "0")
+        assert r.returncode == 1 and r.stdout == "", (cmd, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "--held-lock 0" in r.stderr, (cmd, r.stderr)
+    assert (ws.root / ".state" / "autonomous_loop_fg.json").read_bytes() == before
+    assert (ws.root / "side_effects.log").read_text().split() == ["1"]  # no step ran
