@@ -131,9 +131,10 @@ class Flock:
     def handed(cls, path: Path | str, fd: int) -> Flock:
         """The lock on `path` a parent process took and handed to this one as the inherited descriptor
         `fd` (kiro.core.api.in_background): held all along, now this process's. It is taken again on the
-        same open file (shared, then exclusive: at no moment can another holder get it) so that the
-        kernel's lock table names this process, not the parent that took it. An OSError when `fd` is not
-        an open descriptor of the file `path` names; `Timeout` when it does not hold the lock."""
+        same open file (shared, then exclusive) so that the kernel's lock table names this process, not the
+        parent that took it. flock(2) does not promise a conversion is atomic: a start or resume that takes the
+        lock in between keeps it (one holder at any moment), and this process gets `Timeout`. An OSError when
+        `fd` is not an open descriptor of the file `path` names; `Timeout` when it does not hold the lock."""
         lock = cls(path)
         here, mine = os.lstat(lock.path), os.fstat(fd)
         if (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino):
