@@ -134,7 +134,7 @@ class Checks:
 
     def workspace(self, tids: list[str]) -> None:
         ws = self.ws
-        logs = [p for p in (ws.root / "Logs").rglob("*") if p.is_file()]
+        logs = [p for p in (ws.root / "Logs").rglob("*") if p.is_file() and not p.name.endswith(".kiro.tmp")]
         blamed = [str(p) for p in logs if BLAME in p.read_text(errors="replace")]
         self.ok(not blamed, f"an attempt was blamed for another loop's writes: {blamed}")
         r = ws.kiro("loop", "status", "--json")
@@ -253,6 +253,8 @@ def test_in_one_process_a_change_written_over_in_another_loops_state_is_that_loo
 def _wait_all(ws: Workspace, tids: list[str], timeout: float = 60) -> None:
     for tid in tids:
         ws.wait_for(lambda tid=tid: archived(ws, tid), what=f"{tid} archived", timeout=timeout)
+        lock = ws.root / f".state/autonomous_loop_{tid}.lock"  # its process ended too (its digest is written last)
+        ws.wait_for(lambda lock=lock: not locks.is_held(lock), what=f"{tid}'s process ended", timeout=timeout)
 
 
 def test_loops_side_by_side_under_watch_and_detached_with_a_kill_lose_nothing(ws: Workspace) -> None:
