@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kiro.executors import control
+from kiro.fs import statcache
 from kiro.store.workspace import Workspace as KiroWorkspace
 from kiro.store.workspace import task_files
 from tests.conftest import Workspace
@@ -45,7 +46,7 @@ def test_a_frontmatter_changed_during_a_step_with_its_times_put_back_is_held(
     """A step that rewrites another loop's frontmatter, keeps the file's size and puts its mtime back: the
     file is still read again (its ctime moved, which no process sets) and held for a person's approval."""
     if kept:  # the first read is remembered at once, as for a file last changed long ago
-        monkeypatch.setattr(control, "RACY_NS", -(10**18))
+        monkeypatch.setattr(statcache, "RACY_NS", -(10**18))
     own = ws.task(OTHER.replace("other", "mine!"), "Specs/feature/tasks.md")
     other = ws.task(OTHER, "Specs/other/tasks.md")
     kws = KiroWorkspace(ws.root)
@@ -63,11 +64,11 @@ def test_a_frontmatter_changed_during_a_step_with_its_times_put_back_is_held(
 
 @pytest.fixture
 def listings_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every folder's listing kept at once (kiro.store.workspace._listing), as for folders last changed long ago:
-    the next look lists a folder again only because its times moved."""
+    """Every folder's listing kept at once (kiro.store.workspace._listing, kiro.fs.statcache), as for folders last
+    changed long ago: the next look lists a folder again only because its times moved."""
     from kiro.store import workspace
 
-    monkeypatch.setattr(workspace, "RACY_NS", -(10**18))
+    monkeypatch.setattr(statcache, "RACY_NS", -(10**18))
     workspace._listed.clear()
 
 

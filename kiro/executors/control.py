@@ -50,7 +50,6 @@ import hashlib
 import os
 import re
 import shutil
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -59,6 +58,7 @@ from typing import Literal
 
 from kiro.fs.diskfull import RESERVE_PREFIX
 from kiro.fs.ownwrites import TEMP_SUFFIX
+from kiro.fs.statcache import StatCache
 from kiro.store import journal, state, taskmap
 from kiro.store.workspace import Workspace
 
@@ -418,16 +418,12 @@ def _step_before(lines: list[str], index: int) -> str | None:
     return before[-1].id if before else None
 
 
-# The frontmatter of each task file as last read, by path, beside the file's identity and times then: the look
-# around every step of every loop (`TaskFiles`) reads again only what changed since, not every task file of the
-# workspace twice a step (with a thousand loops that was most of their time: issue #41). An entry is kept only
-# once the file's last change (its ctime, which no process sets) is RACY_NS old: a write in the same tick of the
-# kernel's clock as the read may leave its times as they were (git's "racily clean" files), so a file changed
-# that recently is read at every look.
-_read: dict[str, tuple[tuple[int, int, int, int, int], bytes | None]] = {}
-READ_KEPT = 20_000  # entries (then the memory starts again), each of at most KEPT_BYTES: 80 MB at worst
+# The frontmatter of each task file as last read (kiro.fs.statcache: read again only when the file changed, by
+# git's racily-clean rule): the look around every step of every loop (`TaskFiles`) reads again only what changed
+# since, not every task file of the workspace twice a step (with a thousand loops that was most of their time:
+# issue #41). A step that rewrites a frontmatter and puts the mtime back still moves the ctime: read again.
+_read: StatCache[bytes | None] = StatCache(most=20_000)  # each of at most KEPT_BYTES: 80 MB at worst
 KEPT_BYTES = 4096  # a longer frontmatter (or a file without its closing line) is read at every look
-RACY_NS = 2_000_000_000
 
 
 def _frontmatter(path: str, st: os.stat_result | None = None) -> bytes | None:
@@ -436,16 +432,11 @@ def _frontmatter(path: str, st: os.stat_result | None = None) -> bytes | None:
         st = st if st is not None else os.stat(path)
     except OSError:
         return None
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    kept = _read.get(path)
-    if kept is not None and kept[0] == key:
-        return kept[1]
-    data = _frontmatter_bytes(path)
-    if time.time_ns() - st.st_ctime_ns > RACY_NS and (data is None or len(data) <= KEPT_BYTES):
-        if len(_read) >= READ_KEPT:
-            _read.clear()
-        _read[path] = (key, data)
-    return data
+    return _read.read(path, st, lambda: _frontmatter_bytes(path), keep=_small)
+
+
+def _small(data: bytes | None) -> bool:
+    return data is None or len(data) <= KEPT_BYTES
 
 
 def _frontmatter_bytes(path: str) -> bytes | None:

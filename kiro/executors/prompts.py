@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import re
 import stat
-import time
 from functools import lru_cache
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING
 
+from kiro.fs.statcache import StatCache
 from kiro.status import percent
 from kiro.store import kirospec
 from kiro.store.state import clip
@@ -35,31 +35,25 @@ def _packaged(name: str) -> str:
     return resources.files("kiro").joinpath("prompts", name).read_text(encoding="utf-8")
 
 
-_RACY_NS = 100_000_000  # an mtime this recent may be shared by a later write (a coarse clock): read again
-_files: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+_files: StatCache[str] = StatCache(most=256)  # the files' texts, read again only when changed (kiro.fs.statcache)
 
 
 def _read_text(path: str, errors: str = "strict") -> str | None:
     """The text of the file at `path`, or None when there is no file there. Read once per version
-    of the file (its inode, size and mtime, once that mtime is not too recent to tell edits apart):
-    a loop builds prompts every iteration, and a person may edit these files at any time."""
+    of the file (kiro.fs.statcache): a loop builds prompts every iteration, and a person may edit
+    these files at any time."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    hit = _files.get(path)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    with open(path, encoding="utf-8", errors=errors) as fh:
-        text = fh.read()
-    if st.st_mtime_ns + _RACY_NS < time.time_ns():
-        if len(_files) > 256:
-            _files.clear()
-        _files[path] = (key, text)
-    return text
+
+    def read() -> str:
+        with open(path, encoding="utf-8", errors=errors) as fh:
+            return fh.read()
+
+    return _files.read(path, st, read)
 
 
 @lru_cache(maxsize=64)

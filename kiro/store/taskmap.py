@@ -27,6 +27,7 @@ from typing import Any
 from kiro.errors import StateError
 from kiro.fs import safeio
 from kiro.fs.atomic import Staged, atomic_write
+from kiro.fs.statcache import StatCache
 
 FILE = "task_files.json"
 
@@ -46,7 +47,7 @@ class _Map:
 
 
 _EMPTY = _Map({})
-_cache: dict[str, tuple[tuple[int, int, int, int], _Map]] = {}  # the file's path -> (its stat, its map)
+_maps: StatCache[_Map] = StatCache(most=64)  # the file's path -> its map, read again only when changed
 
 
 def _map(state_dir: Path) -> _Map:
@@ -56,17 +57,15 @@ def _map(state_dir: Path) -> _Map:
         st = os.stat(path)
     except OSError:
         return _EMPTY
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    cached = _cache.get(path)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    return _maps.read(path, st, lambda: _parse(path), keep=lambda found: found is not _EMPTY)
+
+
+def _parse(path: str) -> _Map:
     try:  # the one safe reader: a FIFO or a huge file in its place must not hang or fill memory
         data = json.loads(safeio.read_bytes(path, limit=safeio.STATE_MAX_BYTES))
     except (OSError, ValueError, safeio.UnreadableFile):
         return _EMPTY  # an unreadable map finds no moved file: the relative path still finds it
-    found = _Map({k: v for k, v in data.items() if _valid(v)} if isinstance(data, dict) else {})
-    _cache[path] = (key, found)
-    return found
+    return _Map({k: v for k, v in data.items() if _valid(v)} if isinstance(data, dict) else {})
 
 
 def _valid(entry: object) -> bool:
@@ -111,13 +110,10 @@ def remember_all(state_dir: Path, loops: Iterable[tuple[str, Path]], staged: Sta
     if staged is not None:
         staged.add(state_dir / FILE, raw, error=_cannot_write)
         return
-    path = state_dir / FILE
-    try:
-        atomic_write(path, raw)
-        st = os.stat(path)
+    try:  # read again at the next look (kiro.fs.statcache: a file this fresh is not kept)
+        atomic_write(state_dir / FILE, raw)
     except OSError as exc:
         raise _cannot_write(exc) from None
-    _cache[os.fspath(path)] = ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), _Map(data))  # not read again
 
 
 def _cannot_write(exc: OSError) -> StateError:

@@ -12,12 +12,12 @@ import errno
 import os
 import re
 import stat
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.fs import safeio
+from kiro.fs.statcache import StatCache
 from kiro.fs.walk import WALK_MAX_DEPTH
 from kiro.store import frontmatter, taskmap
 
@@ -28,29 +28,26 @@ TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 # A process-wide view of the folders walked for *.md files (Specs/, Done/, Needs_Action/): each folder's entries
-# as last listed, kept while the folder's identity, mtime and ctime are as they were, so that a look around every
-# step of every loop (kiro.executors.control.TaskFiles) lists again only the folders that changed since: a stat
-# per folder, no listing, no sort, no Path built (with a thousand loops the walk was most of their time: issue
-# #41). A listing is kept only once the folder's last change (its ctime, which no process sets) is RACY_NS old:
-# a change in the same tick of the kernel's clock as the listing may leave its times as they were (git's
-# "racily clean" files), so a folder changed that recently is listed again at every look.
+# as last listed, listed again only when the folder changed (kiro.fs.statcache, git's racily-clean rule), so that
+# a look around every step of every loop (kiro.executors.control.TaskFiles) lists again only the folders that
+# changed since: a stat per folder, no listing, no sort, no Path built (with a thousand loops the walk was most of
+# their time: issue #41). A file planted with the folder's mtime put back still moves its ctime: listed again.
 Kind = str  # an entry's kind: "dir" (a folder, not a link: walked), "file" (a regular file), "link", "other"
-_listed: dict[str, tuple[tuple[int, int, int, int], tuple[tuple[str, Kind, Path], ...]]] = {}
-LISTED_KEPT = 50_000  # folders (then the memory starts again)
-RACY_NS = 2_000_000_000
+Listing = tuple[tuple[str, Kind, Path], ...]
+_listed: StatCache[Listing | None] = StatCache(most=50_000)
 
 
-def _listing(folder: str) -> tuple[tuple[str, Kind, Path], ...] | None:
+def _listing(folder: str) -> Listing | None:
     """The entries of `folder` a walk for *.md files needs, sorted by name: its folders that are not links and
     its *.md files (path, kind, Path); None when it cannot be listed (gone)."""
     try:
         st = os.stat(folder)
     except OSError:
         return None
-    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-    kept = _listed.get(folder)
-    if kept is not None and kept[0] == key:
-        return kept[1]
+    return _listed.read(folder, st, lambda: _list(folder), keep=lambda listing: listing is not None)
+
+
+def _list(folder: str) -> Listing | None:
     found: list[tuple[str, Kind, Path]] = []
     try:
         with os.scandir(folder) as it:
@@ -71,12 +68,7 @@ def _listing(folder: str) -> tuple[tuple[str, Kind, Path], ...] | None:
                     found.append((entry.path, kind, Path(entry.path)))
     except OSError:
         return None
-    listing = tuple(sorted(found, key=lambda e: os.path.basename(e[0])))
-    if time.time_ns() - st.st_ctime_ns > RACY_NS:
-        if len(_listed) >= LISTED_KEPT:
-            _listed.clear()
-        _listed[folder] = (key, listing)
-    return listing
+    return tuple(sorted(found, key=lambda e: os.path.basename(e[0])))
 
 
 def _markdown(folder: Path) -> list[tuple[str, Kind, Path]]:
