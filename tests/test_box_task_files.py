@@ -79,3 +79,49 @@ def test_what_the_box_shows_of_a_tools_install_is_bound_once_and_its_credentials
     print(seen)
     assert result.returncode == 0 and seen.startswith("lib data\nlib data\n"), (result, seen)
     assert "kiro-test-secret" not in seen
+
+
+def ro_binds(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--ro-bind-try"]
+
+
+def test_the_task_file_is_sealed_by_specs_own_bind_and_stays_read_only(ws: Workspace) -> None:
+    """The task file lies in Specs/, bound read-only: its own bind is left out (a mount fewer at every step), and
+    a step still cannot write it, replace it or move it away."""
+    own = ws.task(TASK)
+    kws = KiroWorkspace(ws.root)
+    env = {"PATH": os.environ["PATH"], "HOME": str(ws.root / "home")}
+    box = loop_box(Config(sandbox_network="off"), kws, ws.root, own, env)
+    assert box is not None
+    binds = ro_binds(box.prefix(ws.root, env, ["true"]))
+    box.release()
+    assert os.path.realpath(ws.root / "Specs") in binds and os.path.realpath(own) not in binds, binds
+    rel = own.relative_to(ws.root)
+    tries = {"append": f"echo '- [x] 9. Mine' >> {rel}", "replace": f"echo x > t.md && mv t.md {rel}",
+             "move away": f"mv {rel} moved.md", "remove": f"rm -f {rel}"}
+    held = {name: step(kws, own, script) != 0 and own.read_text() == TASK for name, script in tries.items()}
+    for name, ok in held.items():
+        print(f"{'held   ' if ok else 'ESCAPED'} {name} the task file")
+    print(f"{sum(held.values())} of {len(held)} held")
+    assert all(held.values()), held
+
+
+def test_a_read_only_bind_inside_another_is_kept_where_something_lies_between_or_it_is_a_link(tmp_path: Path) -> None:
+    """The bind left out only where the outer read-only bind shows it as it is: not under a folder bound
+    read-write between them (the inner one would be writable), nor for a link (its target is what is sealed)."""
+    project = tmp_path / "project"
+    (project / "Specs" / "open").mkdir(parents=True)
+    inner = project / "Specs" / "open" / "tasks.md"
+    inner.write_text(TASK)
+    plain = project / "Specs" / "plain.md"
+    plain.write_text(TASK)
+    target = tmp_path / "elsewhere.md"
+    target.write_text(TASK)
+    link = project / "Specs" / "link.md"
+    link.symlink_to(target)
+    box = sandbox.Box(rw=(project, project / "Specs" / "open"),
+                      ro=(project / "Specs", inner, plain, link), network="off")
+    binds = ro_binds(box.prefix(project, {"PATH": os.environ["PATH"]}, ["true"]))
+    box.release()
+    assert str(project / "Specs") in binds and str(inner) in binds and str(link) in binds, binds
+    assert str(plain) not in binds, binds

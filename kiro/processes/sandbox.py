@@ -17,7 +17,9 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
   when the step starts, where the step could create it, is made, empty, for the box to bind (so the
   step cannot: a task in `Needs_Action/`, a `.git` with hooks kiro's git would run), once per loop: kept
   for the loop's next step, and removed when the process's loops end if it is still empty (`tidy`;
-  a `.git` after each step, `Box.release`); kiro's own writes to it meanwhile keep it.
+  a `.git` after each step, `Box.release`: renamed, empty, into the state folder and back in for the
+  next step, as removing a folder costs a disk with online discard ~2-4 ms a step); kiro's own writes
+  to it meanwhile keep it.
   `.kiro/worktrees` is read-only also for a step that runs in one of its worktrees, whose own
   worktree alone is bound read-write over it (another loop's stays out of reach even when the task
   file's folder, read-write, is the workspace root);
@@ -60,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import itertools
 import os
 import re
 import subprocess
@@ -183,6 +186,12 @@ def _real(path: Path) -> Path:
 _held: dict[Path, int] = {}
 _made: set[Path] = set()
 _idle: set[Path] = set()
+# A `.git` made for the boxes goes after each step (kiro's git would take it for a repository), but not by
+# rmdir: removing a folder frees its block, which a disk mounted with online discard makes cost ~2-4 ms, at every
+# step. It is renamed, empty, into the state folder (kiro's own, read-only in every box: SPARE_PREFIX) and back
+# in for the loop's next step; `tidy` removes these at the end of the process's loops.
+SPARE_PREFIX = ".box-spare-"
+_spares: dict[Path, Path] = {}  # a `.git` this process made -> where it waits, empty, between steps
 
 
 def tidy() -> None:
@@ -192,6 +201,61 @@ def tidy() -> None:
         if not _held.get(folder):
             _remove(folder)
     _idle.clear()
+    for folder, spare in list(_spares.items()):
+        if not _held.get(folder):
+            del _spares[folder]
+            with contextlib.suppress(OSError):
+                spare.rmdir()
+
+
+def _put_back(folder: Path) -> bool:
+    """The `.git` kept for `folder` (`_set_aside`) renamed back in place; False: none kept, or `folder` is
+    there now (made meanwhile: bound as it is)."""
+    spare = _spares.get(folder)
+    if spare is None or os.path.lexists(folder):
+        return False
+    try:
+        os.rename(spare, folder)
+    except OSError:
+        return False
+    return True
+
+
+def _set_aside(folder: Path, state: Path | None) -> bool:
+    """`folder`, a `.git` made for the boxes and still empty, renamed into the state folder `state` for the
+    loop's next step (`_put_back`). False: not done (no state folder on its disk, or something was written in
+    it meanwhile, which stays where it was), and `_remove` is left to try."""
+    if state is None:
+        return False
+    spare = _spares.get(folder) or state / f"{SPARE_PREFIX}{os.getpid()}-{next(_numbers)}"
+    try:
+        os.rename(folder, spare)  # an empty folder, or one something wrote in meanwhile: looked at below
+    except OSError:
+        return False
+    _spares[folder] = spare
+    _tidy_at_exit()
+    try:
+        with os.scandir(spare) as entries:
+            empty = next(entries, None) is None
+    except OSError:
+        empty = False
+    if not empty:  # not kiro's to keep: back where it was written
+        del _spares[folder]
+        with contextlib.suppress(OSError):
+            if not os.path.lexists(folder):
+                os.rename(spare, folder)
+    return True
+
+
+def _tidy_at_exit() -> None:
+    """A process that ends without `run_loops`' own `tidy` (a worker) tidies as it exits."""
+    if not _tidy_registered:
+        _tidy_registered.append(True)
+        atexit.register(tidy)
+
+
+_numbers = itertools.count()
+_tidy_registered: list[bool] = []
 
 
 def _remove(folder: Path) -> None:
@@ -219,6 +283,7 @@ class Box:
     home_rw: tuple[Path, ...] = field(default=())  # the agent CLI's own files under `home`, for `describe`
     missing: tuple[Path, ...] = ()  # control folders (in `ro`) absent when the box was planned
     read_only: bool = False  # the project read-only too: a reviewer's box
+    state: Path | None = None  # kiro's state folder, where a `.git` made for the box waits between steps
 
     def hold(self) -> None:
         """Make the missing control folders, empty, for the box to bind read-only (their missing parents
@@ -229,6 +294,10 @@ class Box:
                 folder.mkdir(mode=0o700, exist_ok=True)
         for folder in self.missing:
             _idle.discard(folder)
+            if _put_back(folder):
+                _made.add(folder)
+                _held[folder] = _held.get(folder, 0) + 1
+                continue
             for level in reversed((folder, *folder.parents)):
                 if os.path.lexists(level):
                     continue
@@ -251,10 +320,12 @@ class Box:
                 continue
             _held.pop(folder, None)
             if folder.name == ".git":
-                _remove(folder)
+                if folder in _made and _set_aside(folder, self.state):
+                    _made.discard(folder)
+                else:
+                    _remove(folder)
             elif folder in _made:
-                if not _idle:
-                    atexit.register(tidy)  # a process that ends without `run_loops`' own tidy (a worker)
+                _tidy_at_exit()
                 _idle.add(folder)
 
     def link(self) -> Network | None:
@@ -289,6 +360,20 @@ class Box:
             args += ["--size", str(tmpfs_bytes()), "--tmpfs", str(folder)]
         hidden = [Path("/tmp"), *homes]
         shown, masked = _shown(hidden, env, argv)
+        key = (self, tuple(homes), tuple(shown), tuple((p, p.is_dir()) for p in (*masked, *self.masked)))
+        mounts = _mounts_kept.get(key)
+        if mounts is None:
+            mounts = self._mounts(homes, shown, masked)
+            if len(_mounts_kept) >= _BOXES_KEPT:
+                _mounts_kept.clear()
+            _mounts_kept[key] = mounts
+        return [*args, *mounts, "--chdir", str(cwd), "--", "/bin/sh", "-c", INIT, "kiro-box"]
+
+    def _mounts(self, homes: list[Path], shown: list[Path], masked: list[Path]) -> list[str]:
+        """The bind and tmpfs options of `prefix` after the base ones and the homes' tmpfs, in the order bwrap
+        needs them: parents before what lies in them; at one depth, read-only after read-write (it wins). A
+        read-only bind inside another, with nothing bound or emptied between them, is left out: the outer one
+        shows it read-only already (a bind mount fewer, e.g. the task file in Specs/)."""
         shown = [p for p in shown if not any(_within(p, q) for q in (*self.rw, *self.ro))]
         mounts = [(p, 0, ["--bind-try", str(p), str(p)]) for p in dict.fromkeys(self.rw)]
         mounts += [(p, 1, ["--ro-bind-try", str(p), str(p)]) for p in dict.fromkeys(self.ro)]
@@ -296,10 +381,23 @@ class Box:
         mounts += [(p, 2, ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]) for p in masked]
         mounts += [(p, 3, ["--size", "4096", "--tmpfs", str(p), "--remount-ro", str(p)]) for p in self.masked
                    if p.is_dir()]
-        # parents before what lies in them; at one depth, read-only after read-write (it wins)
-        for _path, _rank, mount in sorted(mounts, key=lambda m: (len(m[0].parts), m[1])):
-            args += mount
-        return [*args, "--chdir", str(cwd), "--", "/bin/sh", "-c", INIT, "kiro-box"]
+        # what is mounted before the binds (rank -1: the base's, the homes' tmpfs) and the other binds and masks
+        between = [*((b, -1) for b in (*BASE_MOUNTS, *homes)), *((p, rank) for p, rank, _ in mounts if rank != 1)]
+        read_only = [p for p, rank, _ in mounts if rank == 1]
+
+        def covered(p: Path) -> bool:
+            """p, its own real path (a link's bind would make its target read-only), lies in another read-only
+            bind q with nothing mounted between them (nor on q after it: a mask)."""
+            return os.path.realpath(p) == str(p) and any(
+                q != p and _within(p, q) and not any(
+                    _within(b, q) and _within(p, b) and (b != q or rank > 1) for b, rank in between)
+                for q in read_only)
+
+        out: list[str] = []
+        for path, rank, mount in sorted(mounts, key=lambda m: (len(m[0].parts), m[1])):
+            if rank != 1 or not covered(path):
+                out += mount
+        return out
 
     def describe(self) -> str:
         """One line: what the box lets a step write, e.g. `project read-write; .state .hooks config Logs .git
@@ -515,6 +613,11 @@ def _child_pid(fd: int) -> int | None:
         return None
 
 
+BASE_MOUNTS = (Path("/dev"), Path("/dev/shm"), Path("/proc"), Path("/tmp"))  # what `_base` mounts on the root
+# The bind and tmpfs options of a box's command line (`Box._mounts`), by the box and what `prefix` found to
+# show and to mask: worked out once per loop, not per step.
+_mounts_kept: dict[tuple[object, ...], list[str]] = {}
+
 # What `_shown` found, by what it was asked: kept while the folders whose entries it read (`_secrets`) are
 # unchanged (their mtime): a credential file made in one meanwhile is masked at the next step, as before.
 _shown_kept: dict[tuple[object, ...], tuple[tuple[tuple[Path, int], ...], tuple[list[Path], list[Path]]]] = {}
@@ -686,7 +789,8 @@ def _plan(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | 
     serve = state / SERVE_FOLDER  # kiro serve's token: never in a box, whatever sandbox_paths grants (made by `hold`)
     return Box(rw=tuple(dict.fromkeys(rw)), ro=tuple(dict.fromkeys(ro)), home=home, network=network,
                ports=tuple(sorted(set(ports))) if network == "on" else (), masked=(serve,),
-               home_rw=tuple(home_rw), missing=tuple(dict.fromkeys(missing)), read_only=read_only)
+               home_rw=tuple(home_rw), missing=tuple(dict.fromkeys(missing)), read_only=read_only,
+               state=state if state.is_dir() else None)
 
 
 def _control(path: Path) -> str:
