@@ -65,6 +65,7 @@ import contextlib
 import itertools
 import os
 import re
+import stat
 import subprocess
 import tempfile
 import time
@@ -716,8 +717,17 @@ _boxes: dict[tuple[object, ...], tuple[tuple[Path, ...], tuple[tuple[bool, bool]
 
 
 def _seen(paths: tuple[Path, ...]) -> tuple[tuple[bool, bool], ...]:
-    """Whether each path is there, and whether what it names is (a symlink: its target)."""
-    return tuple((os.path.lexists(p), os.path.exists(p)) for p in paths)
+    """Whether each path is there, and whether what it names is (a symlink: its target): one `lstat` each, a
+    second `stat` only for a link."""
+    return tuple(_there(p) for p in paths)
+
+
+def _there(path: Path) -> tuple[bool, bool]:
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):
+        return False, False
+    return True, not stat.S_ISLNK(mode) or os.path.exists(path)
 
 
 def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | None = None,
