@@ -228,6 +228,9 @@ def _set_aside(folder: Path, state: Path | None) -> bool:
     it meanwhile, which stays where it was), and `_remove` is left to try."""
     if state is None:
         return False
+    if state not in _swept:
+        _swept.add(state)
+        _sweep(state)
     spare = _spares.get(folder) or state / f"{SPARE_PREFIX}{os.getpid()}-{next(_numbers)}"
     try:
         os.rename(folder, spare)  # an empty folder, or one something wrote in meanwhile: looked at below
@@ -248,6 +251,28 @@ def _set_aside(folder: Path, state: Path | None) -> bool:
     return True
 
 
+def _sweep(state: Path) -> None:
+    """Remove the spare folders a killed kiro left in `state` (its pid is in their name and ends no more),
+    still empty: once per state folder and process."""
+    try:
+        names = [e.name for e in os.scandir(state) if e.name.startswith(SPARE_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(SPARE_PREFIX):].partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # its kiro runs
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue  # another user's process: running
+        with contextlib.suppress(OSError):
+            (state / name).rmdir()
+
+
 def _tidy_at_exit() -> None:
     """A process that ends without `run_loops`' own `tidy` (a worker) tidies as it exits."""
     if not _tidy_registered:
@@ -257,6 +282,7 @@ def _tidy_at_exit() -> None:
 
 _numbers = itertools.count()
 _tidy_registered: list[bool] = []
+_swept: set[Path] = set()  # the state folders `_sweep` has looked at
 
 
 def _remove(folder: Path) -> None:
