@@ -2,9 +2,10 @@
 no state lost: `kiro loop start` and `resume` run as a subprocess on a real workspace, the read
 commands in the test's process (`ws.run`).
 
-Each test first runs another loop to an unfinished state, snapshots every file of the workspace,
-feeds kiro the bad input, and checks the workspace is byte for byte what it was (lock files aside):
-no state file rewritten, no half-created loop left behind.
+Each test finds another loop in an unfinished state (run once for the module's tests, the workspace put
+back after each: conftest.Kept), snapshots every file of the workspace, feeds kiro the bad input, and
+checks the workspace is byte for byte what it was (lock files aside): no state file rewritten, no
+half-created loop left behind.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import cli_forkserver
-from tests.conftest import FAST_CONFIG, Workspace, shell_task
+from tests.conftest import FAST_CONFIG, Kept, Workspace, new_workspace, shell_task
 
 TASK = "Specs/feature/tasks.md"
 OTHER = "Specs/other/tasks.md"
@@ -60,14 +61,46 @@ def warned(r: subprocess.CompletedProcess[str], *needles: str) -> str:
     return hits[0]
 
 
-@pytest.fixture
-def other(ws: Workspace) -> str:
+def _other_loop(ws: Workspace) -> None:
     """An unfinished loop on another task (out of iterations after step 1), whose state must survive."""
     ws.task(shell_task(2), rel=OTHER)
     ws.task(shell_task(2))
     r = ws.kiro("loop", "start", "--task", OTHER, "--task-id", "other", "--max-iterations", "1")
     assert r.returncode == 4, r.stderr
     assert ws.state("other")["status"] == "max_iterations"
+
+
+def _corrupt_loop(ws: Workspace) -> None:
+    """A loop stopped at iteration 2 of 3 with a backup every iteration, its state file then torn."""
+    config(ws, "  backup_state_every_n_iterations: 1\n")
+    ws.task(shell_task(3))
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "t", "--max-iterations", "2")
+    assert r.returncode == 4, r.stderr
+    assert len(list((ws.root / ".state/backups").glob("autonomous_loop_t.*.json"))) == 2
+    (ws.root / ".state/autonomous_loop_t.json").write_text('{"task_id": "t", "status": "run')  # a torn write
+
+
+@pytest.fixture(scope="module")
+def _kept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Kept]:
+    base = tmp_path_factory.mktemp("bad-input")
+    return {"other": Kept(base / "other", _other_loop), "corrupt": Kept(base / "corrupt", _corrupt_loop)}
+
+
+@pytest.fixture
+def ws(request: pytest.FixtureRequest, tmp_path: Path, _kept: dict[str, Kept]) -> Iterator[Workspace]:
+    """A test that asks for `other` or `corrupt` gets the workspace holding that loop, run once for the
+    module's tests (conftest.Kept: each test finds it as the loop left it); any other test, a new workspace."""
+    for name, kept in _kept.items():
+        if name in request.fixturenames:
+            with kept.lent() as shared:
+                yield shared
+            return
+    yield new_workspace(tmp_path / "vault")
+
+
+@pytest.fixture
+def other(ws: Workspace) -> str:
+    """The task id of the unfinished loop of `ws` (out of iterations after step 1), whose state must survive."""
     return "other"
 
 
@@ -197,15 +230,9 @@ def test_a_negative_tail_is_one_line(ws: Workspace, other: str, args: tuple[str,
 
 @pytest.fixture
 def corrupt(ws: Workspace) -> tuple[str, Path]:
-    """A loop stopped at iteration 2 of 3 with a backup every iteration, its state file then torn."""
-    config(ws, "  backup_state_every_n_iterations: 1\n")
-    ws.task(shell_task(3))
-    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "t", "--max-iterations", "2")
-    assert r.returncode == 4, r.stderr
-    assert len(list((ws.root / ".state/backups").glob("autonomous_loop_t.*.json"))) == 2
-    main = ws.root / ".state/autonomous_loop_t.json"
-    main.write_text('{"task_id": "t", "status": "run')  # a torn write
-    return "t", main
+    """The loop `t` of `ws`, stopped at iteration 2 of 3 with a backup every iteration, its state file then
+    torn; and that state file."""
+    return "t", ws.root / ".state/autonomous_loop_t.json"
 
 
 def test_corrupt_state_read_commands_fall_back_to_the_newest_backup_and_say_so(
