@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import cli_forkserver
+from tests import cli_forkserver, cli_inprocess
 from tests.conftest import FAST_CONFIG, Kept, Workspace, new_workspace, shell_task
 
 TASK = "Specs/feature/tasks.md"
@@ -220,7 +220,8 @@ def test_resume_and_status_of_an_unknown_task_id(ws: Workspace, other: str) -> N
 def test_a_negative_tail_is_one_line(ws: Workspace, other: str, args: tuple[str, ...]) -> None:
     """`logs --tail -5` printed nothing and exited 0."""
     before = snapshot(ws)
-    one_line_error(ws.kiro("loop", "logs", "--task-id", other, *args),
+    run = ws.kiro if cli_inprocess.needs_a_process(args) else ws.run  # --follow: a process of its own
+    one_line_error(run("loop", "logs", "--task-id", other, *args),
                    "--tail must be 0 or more", args[-1] if args[-1] != "--follow" else "-2")
     assert snapshot(ws) == before
 
