@@ -80,16 +80,25 @@ def _corrupt_loop(ws: Workspace) -> None:
     (ws.root / ".state/autonomous_loop_t.json").write_text('{"task_id": "t", "status": "run')  # a torn write
 
 
+def _corrupt_loop_without_a_backup(ws: Workspace) -> None:
+    """That loop with its backups gone."""
+    _corrupt_loop(ws)
+    for p in (ws.root / ".state/backups").iterdir():
+        p.unlink()
+
+
 @pytest.fixture(scope="module")
 def _kept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Kept]:
     base = tmp_path_factory.mktemp("bad-input")
-    return {"other": Kept(base / "other", _other_loop), "corrupt": Kept(base / "corrupt", _corrupt_loop)}
+    return {"other": Kept(base / "other", _other_loop), "corrupt": Kept(base / "corrupt", _corrupt_loop),
+            "corrupt_without_a_backup": Kept(base / "nobackup", _corrupt_loop_without_a_backup)}
 
 
 @pytest.fixture
 def ws(request: pytest.FixtureRequest, tmp_path: Path, _kept: dict[str, Kept]) -> Iterator[Workspace]:
-    """A test that asks for `other` or `corrupt` gets the workspace holding that loop, run once for the
-    module's tests (conftest.Kept: each test finds it as the loop left it); any other test, a new workspace."""
+    """A test that asks for `other`, `corrupt` or `corrupt_without_a_backup` gets the workspace holding that
+    loop, run once for the module's tests (conftest.Kept: each test finds it as the loop left it); any other
+    test, a new workspace."""
     for name, kept in _kept.items():
         if name in request.fixturenames:
             with kept.lent() as shared:
@@ -236,6 +245,12 @@ def corrupt(ws: Workspace) -> tuple[str, Path]:
     return "t", ws.root / ".state/autonomous_loop_t.json"
 
 
+@pytest.fixture
+def corrupt_without_a_backup(ws: Workspace) -> tuple[str, Path]:
+    """That loop of `ws`, its backups gone; and its state file."""
+    return "t", ws.root / ".state/autonomous_loop_t.json"
+
+
 def test_corrupt_state_read_commands_fall_back_to_the_newest_backup_and_say_so(
         ws: Workspace, corrupt: tuple[str, Path]) -> None:
     tid, main = corrupt
@@ -260,6 +275,14 @@ def test_corrupt_state_shows_in_the_table_from_its_backup(ws: Workspace, corrupt
     assert [row["task_id"] for row in json.loads(r.stdout)] == [tid]
 
 
+def test_start_refuses_a_task_whose_unfinished_loop_has_a_corrupt_state(ws: Workspace,
+                                                                        corrupt: tuple[str, Path]) -> None:
+    before = snapshot(ws)
+    r = ws.kiro("loop", "start", "--task", TASK)
+    one_line_error(r, "kiro loop resume --task-id t")
+    assert snapshot(ws) == before
+
+
 def test_corrupt_state_resume_continues_from_the_backup_and_says_so(
         ws: Workspace, corrupt: tuple[str, Path]) -> None:
     tid, _main = corrupt
@@ -273,10 +296,8 @@ def test_corrupt_state_resume_continues_from_the_backup_and_says_so(
 
 
 def test_corrupt_state_without_a_backup_is_one_line_naming_the_state_file(
-        ws: Workspace, corrupt: tuple[str, Path]) -> None:
-    tid, main = corrupt
-    for p in (ws.root / ".state/backups").iterdir():
-        p.unlink()
+        ws: Workspace, corrupt_without_a_backup: tuple[str, Path]) -> None:
+    tid, main = corrupt_without_a_backup
     before = snapshot(ws)
     for cmd in ("status", "resume", "state", "progress"):
         run = ws.kiro if cmd == "resume" else ws.run  # resume runs a loop: a process of its own
@@ -287,10 +308,8 @@ def test_corrupt_state_without_a_backup_is_one_line_naming_the_state_file(
     assert snapshot(ws) == before
 
 
-def test_corrupt_state_without_a_backup_is_named_by_the_table(ws: Workspace, corrupt: tuple[str, Path],
-                                                             ) -> None:
-    for p in (ws.root / ".state/backups").iterdir():
-        p.unlink()
+def test_corrupt_state_without_a_backup_is_named_by_the_table(ws: Workspace,
+                                                             corrupt_without_a_backup: tuple[str, Path]) -> None:
     r = ws.run("loop", "status", "--json")
     assert r.returncode == 0, r.stderr
     warned(r, ".state/autonomous_loop_t.json")
@@ -315,14 +334,6 @@ def test_start_with_a_missing_executor_program_creates_no_loop(ws: Workspace, ot
     before = snapshot(ws)
     r = ws.kiro("loop", "start", "--task", TASK, "--executor", "command")
     one_line_error(r, "definitely-not-an-agent-cli-xyz", "PATH")
-    assert snapshot(ws) == before
-
-
-def test_start_refuses_a_task_whose_unfinished_loop_has_a_corrupt_state(ws: Workspace,
-                                                                        corrupt: tuple[str, Path]) -> None:
-    before = snapshot(ws)
-    r = ws.kiro("loop", "start", "--task", TASK)
-    one_line_error(r, "kiro loop resume --task-id t")
     assert snapshot(ws) == before
 
 
