@@ -5,9 +5,11 @@ milliseconds here against a forked process's second on a loaded machine (tests/c
 The command sees what a process of its own would: the environment given (whole, not merged into the
 test's), the working directory, `sys.argv`, stdin (the `input` text, else empty) and a stdout and
 stderr that are no terminal. Typer's CliRunner provides the streams (`isolation`); click's forced
-help width of 80 is lifted, as a process with no terminal has none. What it leaves behind is put back:
-the environment, the working directory, argv, the stop signals' handlers, the warnings kiro printed
-once per process (kiro.views.console).
+help width of 80 is lifted, as a process with no terminal has none. It starts with no redactor made
+(kiro.views.console, kiro.store.redact): a process knows the secrets of its own environment and config,
+not those of the command run before it. What it leaves behind is put back: the environment, the
+working directory, argv, the stop signals' handlers, the warnings kiro printed once per process and the
+redactors (kiro.views.console).
 
 Not for a command that needs a process of its own (`NEEDS_A_PROCESS`): one that runs a loop, serves,
 watches or follows, detaches, or is signalled or killed. `run` refuses those by their words, and fails
@@ -52,6 +54,7 @@ def run(args: Sequence[str], *, cwd: Path | str, env: Mapping[str, str],
         raise AssertionError(f"`kiro {' '.join(args)}` needs a process of its own: run it with ws.kiro")
     import kiro
     import kiro.cli
+    from kiro.store import redact
     from kiro.views import console
 
     kiro.cli.app  # noqa: B018 - every command registered, whatever the first command run here was
@@ -62,6 +65,7 @@ def run(args: Sequence[str], *, cwd: Path | str, env: Mapping[str, str],
     threads = set(threading.enumerate())
     exit_now = kiro.cli._exit_now  # type: ignore[attr-defined]
     warned = list(console._warned)
+    redactors = list(console._redactor), list(console._merged), list(redact._run_seen)
     with CliRunner().isolation(input=input) as (out, err, _):
         width, formatting.FORCED_WIDTH = formatting.FORCED_WIDTH, None
         os.environ.clear()
@@ -70,6 +74,9 @@ def run(args: Sequence[str], *, cwd: Path | str, env: Mapping[str, str],
         sys.argv = [str(Path(kiro.__file__).parent / "__main__.py"), *args]  # as `-m` makes it
         sys.modules["__main__"] = _as_main()  # click names the program from it: `python -m kiro`
         console._warned.clear()
+        console._redactor.clear()  # made from this command's environment on its first line, as in a process
+        console._merged[:] = [None]
+        redact._run_seen.clear()
         kiro.cli._exit_now = _raise_exit  # type: ignore[attr-defined] # no os._exit in the test's process
         try:
             code = _main(kiro.cli.main)
@@ -79,6 +86,7 @@ def run(args: Sequence[str], *, cwd: Path | str, env: Mapping[str, str],
         finally:
             kiro.cli._exit_now = exit_now  # type: ignore[attr-defined]
             console._warned[:] = warned
+            console._redactor[:], console._merged[:], redact._run_seen[:] = redactors
             sys.argv = saved_argv
             sys.modules["__main__"] = saved_main
             os.chdir(saved_cwd)

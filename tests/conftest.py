@@ -4,6 +4,7 @@ or in the test's own process where no process of its own is the point (`ws.run`:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -149,6 +150,61 @@ def new_workspace(root: Path) -> Workspace:
 @pytest.fixture
 def ws(tmp_path: Path) -> Iterator[Workspace]:
     yield new_workspace(tmp_path / "vault")
+
+
+class Kept:
+    """A workspace built once for the tests of a module (a module-scoped fixture) that each test may change
+    and is then put back for the next: for tests that need the same loop run beforehand (a loop costs
+    seconds; putting back, milliseconds). `lent()` gives it to one test; after it, what appeared in it is
+    removed and what changed is written back in place with its bytes and modification time, so every file keeps its
+    inode (kiro knows a task file or a log by its inode). A file the test removed or replaced cannot be put
+    back so: the workspace is then built again, before the next test that borrows it."""
+
+    def __init__(self, base: Path, build: Callable[[Workspace], None]) -> None:
+        self.base, self.build, self.builds = base, build, 0
+        self.ws: Workspace | None = None
+
+    def lent(self) -> contextlib.AbstractContextManager[Workspace]:
+        return self._lent()
+
+    @contextlib.contextmanager
+    def _lent(self) -> Iterator[Workspace]:
+        if self.ws is None:
+            self.builds += 1
+            self.ws = new_workspace(self.base / f"build{self.builds}" / "vault")
+            self.build(self.ws)
+            self.files, self.dirs = _tree(self.ws.root)
+        yield self.ws
+        if not self._put_back(self.ws.root):
+            self.ws = None
+
+    def _put_back(self, root: Path) -> bool:
+        files, dirs = _tree(root)
+        for rel in sorted(files.keys() - self.files.keys(), reverse=True):
+            (root / rel).unlink()
+        for rel in sorted(dirs - self.dirs, reverse=True):
+            shutil.rmtree(root / rel, ignore_errors=True)
+        for rel, (ino, mtime, data) in self.files.items():
+            now = files.get(rel)
+            if now is None or now[0] != ino:
+                return False
+            if now[1:] != (mtime, data):
+                (root / rel).write_bytes(data)
+                os.utime(root / rel, ns=(mtime, mtime))
+        return not self.dirs - dirs
+
+
+def _tree(root: Path) -> tuple[dict[str, tuple[int, int, bytes]], set[str]]:
+    """The files under `root` (inode, modification time and bytes by relative path) and its folders."""
+    files, dirs = {}, set()
+    for p in root.rglob("*"):
+        rel = p.relative_to(root).as_posix()
+        st = p.lstat()
+        if p.is_dir() and not p.is_symlink():
+            dirs.add(rel)
+        else:
+            files[rel] = (st.st_ino, st.st_mtime_ns, os.readlink(p).encode() if p.is_symlink() else p.read_bytes())
+    return files, dirs
 
 
 def shell_task(n: int, *, cmd: str = 'echo "$KIRO_STEP_ID" >> side_effects.log', title: str = "Test task",

@@ -52,9 +52,9 @@ def test_the_shipped_config_starts_without_warnings(ws: Workspace) -> None:
 def test_the_specs_accepted_no_ops_say_so(ws: Workspace) -> None:
     ws.task(shell_task(1))
     assert _start(ws).returncode == 0  # type: ignore[attr-defined]
-    plain, with_flag = ws.kiro("loop", "state", "--task-id", "k"), ws.kiro("loop", "state", "--task-id", "k", "--json")
+    plain, with_flag = ws.run("loop", "state", "--task-id", "k"), ws.run("loop", "state", "--task-id", "k", "--json")
     assert json.loads(plain.stdout) == json.loads(with_flag.stdout)
     assert "always printed as JSON" in _help(ws, "state")
-    r = ws.kiro("loop", "stop", "--task-id", "k", "--save-state")
+    r = ws.run("loop", "stop", "--task-id", "k", "--save-state")
     assert r.returncode == 0, r.stderr
     assert "the state is always saved" in _help(ws, "stop")

@@ -122,3 +122,14 @@ def test_a_command_run_in_process_leaves_the_test_process_as_it_found_it(ws: Wor
                  ("loop", "resume", "--all", "--detach"), ("serve",)):
         with pytest.raises(AssertionError, match="needs a process of its own"):
             ws.run(*args)
+
+
+def test_a_command_run_in_process_knows_the_secrets_of_its_own_environment(ws: Workspace) -> None:
+    """A process of its own makes its redactor from its own environment; in the test's process, the first
+    command run there once made it for every later one: a secret in a later command's environment was
+    printed as it is (`loop status KEY` echoed the key), as no process of its own would print it."""
+    secret = "acme-planted-" + "8" * 16
+    assert ws.run("loop", "status").returncode == 0  # the first command of this process, no secret around
+    here = ws.run("loop", "status", secret, env=ws.env(ACME_DEPLOY_TOKEN=secret))
+    print("in process:", here.stderr.strip())
+    assert here.returncode == 1 and secret not in here.stderr and "[REDACTED]" in here.stderr, here.stderr

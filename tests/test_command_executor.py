@@ -206,7 +206,7 @@ def test_force_stop_ends_the_agents_process_group(ws: Workspace) -> None:
         pids = ws.wait_for(lambda: (out / "pids").read_text().split(), what="the agent running")
         agent_pid, grandchild = map(int, pids)
         tid = ws.only_task_id()
-        r = ws.kiro("loop", "stop", "--task-id", tid, "--force")
+        r = ws.run("loop", "stop", "--task-id", tid, "--force")
         assert r.returncode == 0, r.stderr
         assert proc.wait(timeout=30) == 3
     finally:

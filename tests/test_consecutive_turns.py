@@ -28,7 +28,7 @@ def test_forced_sleep_after_max_turns_is_interrupted_by_a_stop_hook(ws: Workspac
     proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ai")
     ws.wait_for(lambda: ws.state("ai")["status"] == "sleeping", what="the forced sleep")
     assert len(fake.chat_requests) == 2  # the third model call waits for the end of the forced sleep
-    r = ws.kiro("loop", "stop", "--task-id", "ai")
+    r = ws.run("loop", "stop", "--task-id", "ai")
     assert r.returncode == 0, r.stderr
     try:
         code = proc.wait(timeout=60)
@@ -91,7 +91,7 @@ def test_the_count_survives_a_restart_and_a_rest_cut_short_is_taken_again(ws: Wo
     proc = ws.spawn("loop", "resume", "--task-id", "ai")
     ws.wait_for(lambda: ws.state("ai")["status"] == "sleeping", what="the forced sleep after the restart")
     assert len(fake.chat_requests) == 3  # not 2 + 3: the count did not start again at 0
-    assert ws.kiro("loop", "stop", "--task-id", "ai").returncode == 0
+    assert ws.run("loop", "stop", "--task-id", "ai").returncode == 0
     assert proc.wait(timeout=60) == 3, ws.output(proc)
     t = [e for e in ws.events("ai") if e["event"] == "guardrail_triggered"]
     assert [(e["limit"], e["figure"]) for e in t] == [("max_consecutive_turns", 3)]
@@ -99,7 +99,7 @@ def test_the_count_survives_a_restart_and_a_rest_cut_short_is_taken_again(ws: Wo
     # resumed at once: the rest the stop cut short is taken again before any model call
     proc = ws.spawn("loop", "resume", "--task-id", "ai")
     ws.wait_for(lambda: ws.state("ai")["status"] == "sleeping", what="the owed rest")
-    assert ws.kiro("loop", "stop", "--task-id", "ai").returncode == 0
+    assert ws.run("loop", "stop", "--task-id", "ai").returncode == 0
     assert proc.wait(timeout=60) == 3, ws.output(proc)
     assert len(fake.chat_requests) == 3
     t = [e for e in ws.events("ai") if e["event"] == "guardrail_triggered"]

@@ -2,9 +2,10 @@
 no state lost: `kiro loop start` and `resume` run as a subprocess on a real workspace, the read
 commands in the test's process (`ws.run`).
 
-Each test first runs another loop to an unfinished state, snapshots every file of the workspace,
-feeds kiro the bad input, and checks the workspace is byte for byte what it was (lock files aside):
-no state file rewritten, no half-created loop left behind.
+Each test finds another loop in an unfinished state (run once for the module's tests, the workspace put
+back after each: conftest.Kept), snapshots every file of the workspace, feeds kiro the bad input, and
+checks the workspace is byte for byte what it was (lock files aside): no state file rewritten, no
+half-created loop left behind.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests import cli_forkserver
-from tests.conftest import FAST_CONFIG, Workspace, shell_task
+from tests import cli_forkserver, cli_inprocess
+from tests.conftest import FAST_CONFIG, Kept, Workspace, new_workspace, shell_task
 
 TASK = "Specs/feature/tasks.md"
 OTHER = "Specs/other/tasks.md"
@@ -60,14 +61,55 @@ def warned(r: subprocess.CompletedProcess[str], *needles: str) -> str:
     return hits[0]
 
 
-@pytest.fixture
-def other(ws: Workspace) -> str:
+def _other_loop(ws: Workspace) -> None:
     """An unfinished loop on another task (out of iterations after step 1), whose state must survive."""
     ws.task(shell_task(2), rel=OTHER)
     ws.task(shell_task(2))
     r = ws.kiro("loop", "start", "--task", OTHER, "--task-id", "other", "--max-iterations", "1")
     assert r.returncode == 4, r.stderr
     assert ws.state("other")["status"] == "max_iterations"
+
+
+def _corrupt_loop(ws: Workspace) -> None:
+    """A loop stopped at iteration 2 of 3 with a backup every iteration, its state file then torn."""
+    config(ws, "  backup_state_every_n_iterations: 1\n")
+    ws.task(shell_task(3))
+    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "t", "--max-iterations", "2")
+    assert r.returncode == 4, r.stderr
+    assert len(list((ws.root / ".state/backups").glob("autonomous_loop_t.*.json"))) == 2
+    (ws.root / ".state/autonomous_loop_t.json").write_text('{"task_id": "t", "status": "run')  # a torn write
+
+
+def _corrupt_loop_without_a_backup(ws: Workspace) -> None:
+    """That loop with its backups gone."""
+    _corrupt_loop(ws)
+    for p in (ws.root / ".state/backups").iterdir():
+        p.unlink()
+
+
+@pytest.fixture(scope="module")
+def _kept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Kept]:
+    base = tmp_path_factory.mktemp("bad-input")
+    return {"other": Kept(base / "other", _other_loop), "corrupt": Kept(base / "corrupt", _corrupt_loop),
+            "corrupt_without_a_backup": Kept(base / "nobackup", _corrupt_loop_without_a_backup)}
+
+
+@pytest.fixture
+def ws(request: pytest.FixtureRequest, tmp_path: Path, _kept: dict[str, Kept]) -> Iterator[Workspace]:
+    """A test that asks for `other`, `corrupt` or `corrupt_without_a_backup` gets the workspace holding that
+    loop, run once for the module's tests (conftest.Kept: each test finds it as the loop left it); any other
+    test, a new workspace."""
+    for name, kept in _kept.items():
+        if name in request.fixturenames:
+            with kept.lent() as shared:
+                yield shared
+            return
+    yield new_workspace(tmp_path / "vault")
+
+
+@pytest.fixture
+def other(ws: Workspace) -> str:
+    """The task id of the unfinished loop of `ws` (out of iterations after step 1), whose state must survive."""
     return "other"
 
 
@@ -187,7 +229,8 @@ def test_resume_and_status_of_an_unknown_task_id(ws: Workspace, other: str) -> N
 def test_a_negative_tail_is_one_line(ws: Workspace, other: str, args: tuple[str, ...]) -> None:
     """`logs --tail -5` printed nothing and exited 0."""
     before = snapshot(ws)
-    one_line_error(ws.kiro("loop", "logs", "--task-id", other, *args),
+    run = ws.kiro if cli_inprocess.needs_a_process(args) else ws.run  # --follow: a process of its own
+    one_line_error(run("loop", "logs", "--task-id", other, *args),
                    "--tail must be 0 or more", args[-1] if args[-1] != "--follow" else "-2")
     assert snapshot(ws) == before
 
@@ -197,15 +240,15 @@ def test_a_negative_tail_is_one_line(ws: Workspace, other: str, args: tuple[str,
 
 @pytest.fixture
 def corrupt(ws: Workspace) -> tuple[str, Path]:
-    """A loop stopped at iteration 2 of 3 with a backup every iteration, its state file then torn."""
-    config(ws, "  backup_state_every_n_iterations: 1\n")
-    ws.task(shell_task(3))
-    r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "t", "--max-iterations", "2")
-    assert r.returncode == 4, r.stderr
-    assert len(list((ws.root / ".state/backups").glob("autonomous_loop_t.*.json"))) == 2
-    main = ws.root / ".state/autonomous_loop_t.json"
-    main.write_text('{"task_id": "t", "status": "run')  # a torn write
-    return "t", main
+    """The loop `t` of `ws`, stopped at iteration 2 of 3 with a backup every iteration, its state file then
+    torn; and that state file."""
+    return "t", ws.root / ".state/autonomous_loop_t.json"
+
+
+@pytest.fixture
+def corrupt_without_a_backup(ws: Workspace) -> tuple[str, Path]:
+    """That loop of `ws`, its backups gone; and its state file."""
+    return "t", ws.root / ".state/autonomous_loop_t.json"
 
 
 def test_corrupt_state_read_commands_fall_back_to_the_newest_backup_and_say_so(
@@ -232,6 +275,14 @@ def test_corrupt_state_shows_in_the_table_from_its_backup(ws: Workspace, corrupt
     assert [row["task_id"] for row in json.loads(r.stdout)] == [tid]
 
 
+def test_start_refuses_a_task_whose_unfinished_loop_has_a_corrupt_state(ws: Workspace,
+                                                                        corrupt: tuple[str, Path]) -> None:
+    before = snapshot(ws)
+    r = ws.kiro("loop", "start", "--task", TASK)
+    one_line_error(r, "kiro loop resume --task-id t")
+    assert snapshot(ws) == before
+
+
 def test_corrupt_state_resume_continues_from_the_backup_and_says_so(
         ws: Workspace, corrupt: tuple[str, Path]) -> None:
     tid, _main = corrupt
@@ -245,10 +296,8 @@ def test_corrupt_state_resume_continues_from_the_backup_and_says_so(
 
 
 def test_corrupt_state_without_a_backup_is_one_line_naming_the_state_file(
-        ws: Workspace, corrupt: tuple[str, Path]) -> None:
-    tid, main = corrupt
-    for p in (ws.root / ".state/backups").iterdir():
-        p.unlink()
+        ws: Workspace, corrupt_without_a_backup: tuple[str, Path]) -> None:
+    tid, main = corrupt_without_a_backup
     before = snapshot(ws)
     for cmd in ("status", "resume", "state", "progress"):
         run = ws.kiro if cmd == "resume" else ws.run  # resume runs a loop: a process of its own
@@ -259,10 +308,8 @@ def test_corrupt_state_without_a_backup_is_one_line_naming_the_state_file(
     assert snapshot(ws) == before
 
 
-def test_corrupt_state_without_a_backup_is_named_by_the_table(ws: Workspace, corrupt: tuple[str, Path],
-                                                             ) -> None:
-    for p in (ws.root / ".state/backups").iterdir():
-        p.unlink()
+def test_corrupt_state_without_a_backup_is_named_by_the_table(ws: Workspace,
+                                                             corrupt_without_a_backup: tuple[str, Path]) -> None:
     r = ws.run("loop", "status", "--json")
     assert r.returncode == 0, r.stderr
     warned(r, ".state/autonomous_loop_t.json")
@@ -287,14 +334,6 @@ def test_start_with_a_missing_executor_program_creates_no_loop(ws: Workspace, ot
     before = snapshot(ws)
     r = ws.kiro("loop", "start", "--task", TASK, "--executor", "command")
     one_line_error(r, "definitely-not-an-agent-cli-xyz", "PATH")
-    assert snapshot(ws) == before
-
-
-def test_start_refuses_a_task_whose_unfinished_loop_has_a_corrupt_state(ws: Workspace,
-                                                                        corrupt: tuple[str, Path]) -> None:
-    before = snapshot(ws)
-    r = ws.kiro("loop", "start", "--task", TASK)
-    one_line_error(r, "kiro loop resume --task-id t")
     assert snapshot(ws) == before
 
 
@@ -381,8 +420,11 @@ def test_the_attacks_that_still_worked_are_one_line_and_change_nothing(ws: Works
         if setup is not None:
             setup(here / "vault")
         before = tree(here)
-        r = cli_forkserver.run([a.replace("{here}", str(here)) for a in args], cwd=here / where, env=ws.env(),
-                               timeout=120)
+        line = [a.replace("{here}", str(here)) for a in args]
+        if cli_inprocess.needs_a_process(line):
+            r = cli_forkserver.run(line, cwd=here / where, env=ws.env(), timeout=120)
+        else:  # a refusal of a command that needs no process of its own: in this process
+            r = cli_inprocess.run(line, cwd=here / where, env=ws.env())
         _end_background(here)
         try:
             one_line_error(r, *needles)

@@ -105,7 +105,7 @@ def test_exit_3_force_stop(ws: Workspace) -> None:
     proc, tid = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md"), None
     tid = ws.wait_for(lambda: ws.only_task_id(), what="state")
     ws.wait_for(lambda: ws.state(tid)["iteration"] >= 1, what="iteration")
-    r = ws.kiro("loop", "stop", "--task-id", tid, "--force")
+    r = ws.run("loop", "stop", "--task-id", tid, "--force")
     assert r.returncode == 0, r.stderr
     assert proc.wait(timeout=20) == 3
     assert ws.state(tid)["status"] == "stopped"

@@ -180,16 +180,16 @@ def test_honest_night_completes_with_a_receipt_per_step(ws: Workspace) -> None:
         assert rc["checkpoint"] and "app.py" in rc["diff_stat"]  # type: ignore[operator]
         assert rc["protected"] == {"globs": ["tests/**"], "files": 3, "changed": [], "approved": [], "ok": True}
         assert rc["attempts"] == 1 and rc["started_at"] and rc["finished_at"]
-    shown = ws.kiro("loop", "receipt", "--task-id", "night", "--step", "2", "--json")
+    shown = ws.run("loop", "receipt", "--task-id", "night", "--step", "2", "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["receipt"]["verify"]["tests"]["passed"] == 2
-    text = ws.kiro("loop", "receipt", "--task-id", "night").stdout
+    text = ws.run("loop", "receipt", "--task-id", "night").stdout
     assert "step 3: Implement sub" in text and "verify `bash verify.sh` exit 0; tests: 3 passed" in text
-    progress = json.loads(ws.kiro("loop", "progress", "--task-id", "night", "--json").stdout)
+    progress = json.loads(ws.run("loop", "progress", "--task-id", "night", "--json").stdout)
     assert all(row["receipt"]["verify"]["exit_code"] == 0 for row in progress["steps"])
     completion = (ws.root / "Logs" / "completion_reports" / "night.md").read_text()
     assert "## Receipts" in completion and "3 passed" in completion
-    bad = ws.kiro("loop", "receipt", "--task-id", "night", "--step", "9")
+    bad = ws.run("loop", "receipt", "--task-id", "night", "--step", "9")
     assert bad.returncode == 1 and "no completed step '9'" in bad.stderr and "Traceback" not in bad.stderr
 
 

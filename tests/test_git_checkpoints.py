@@ -194,7 +194,7 @@ def test_rollback_refusals_leave_everything_as_it_was(ws: Workspace) -> None:
     def refused(*args: str, says: str) -> None:
         nonlocal tried, held
         tried += 1
-        r = ws.kiro("loop", "rollback", "--task-id", "rr", *args)
+        r = ws.run("loop", "rollback", "--task-id", "rr", *args)
         ok = (r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
               and "Traceback" not in r.stderr and state_file.read_bytes() == before
               and git(ws.root, "rev-parse", "HEAD").strip() == head)
@@ -220,7 +220,7 @@ def test_rollback_is_refused_while_the_loop_runs(ws: Workspace) -> None:
     proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "live")
     try:
         ws.wait_for(lambda: (ws.state("live")["current_step"] or {}).get("step_id") == "4", what="step 4 running")
-        r = ws.kiro("loop", "rollback", "--task-id", "live", "--to-step", "1")
+        r = ws.run("loop", "rollback", "--task-id", "live", "--to-step", "1")
         assert r.returncode == 1 and "is running" in r.stderr and "kiro loop stop" in r.stderr, r.stderr
         assert (ws.root / "src/extra.txt").exists()
     finally:
@@ -228,7 +228,7 @@ def test_rollback_is_refused_while_the_loop_runs(ws: Workspace) -> None:
         proc.wait(timeout=30)
     # stopped now: the half-done step 4 left README.md changed, which kiro did not commit; the rollback changes
     # only the files of this loop's commits after step 1, and leaves that change as it is
-    r = ws.kiro("loop", "rollback", "--task-id", "live", "--to-step", "1")
+    r = ws.run("loop", "rollback", "--task-id", "live", "--to-step", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert not (ws.root / "src/extra.txt").exists() and "greets" in (ws.root / "README.md").read_text()
 
@@ -239,7 +239,7 @@ def test_a_rollback_torn_by_a_kill_is_finished_by_running_it_again(ws: Workspace
     init_repo(ws.root)
     _run(ws, "tr")
     (ws.root / "src/greet.txt").write_text("hello\n")  # already back to step 1's bytes; the rest not yet
-    r = ws.kiro("loop", "rollback", "--task-id", "tr", "--to-step", "1")
+    r = ws.run("loop", "rollback", "--task-id", "tr", "--to-step", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (ws.root / "src/blob.bin").read_bytes() == b"\x00\x01\xff" and not (ws.root / "src/extra.txt").exists()
     assert (ws.root / "src/greet.txt").read_text() == "hello\n"

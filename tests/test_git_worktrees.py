@@ -196,7 +196,7 @@ def test_rollback_of_an_isolated_loop_works_in_its_worktree_and_leaves_main_alon
     assert r.returncode == 0, r.stdout + r.stderr
     tree = ws.root / ".kiro/worktrees/wr"
     assert (tree / "notes.txt").read_text() == "one\ntwo\n"
-    r = ws.kiro("loop", "rollback", "--task-id", "wr", "--to-step", "1")
+    r = ws.run("loop", "rollback", "--task-id", "wr", "--to-step", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tree / "notes.txt").read_text() == "one\n"
     assert git(ws.root, "show", "kiro/wr:notes.txt") == "one\n"

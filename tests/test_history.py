@@ -12,7 +12,7 @@ from tests.conftest import Workspace, shell_task
 
 
 def _history(ws: Workspace, *args: str) -> list[dict[str, Any]]:
-    r = ws.kiro("loop", "history", "--json", *args)
+    r = ws.run("loop", "history", "--json", *args)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout)  # type: ignore[no-any-return]
 
@@ -40,14 +40,14 @@ def test_history_lists_transitions_runs_and_attempts_in_order(ws: Workspace) -> 
     failed = [r for r in both if r["kind"] == "attempt" and r["task_id"] == "two"]
     assert [r["outcome"] for r in failed] == ["failed"]
     assert (ws.root / ".state/kiro.db").exists()
-    text = ws.kiro("loop", "history", "--task-id", "one")
+    text = ws.run("loop", "history", "--task-id", "one")
     assert text.returncode == 0 and "step 2 attempt 1 completed" in text.stdout
 
     # missing or corrupt: rebuilt from the logs, same answer
     (ws.root / ".state/kiro.db").unlink()
     assert _history(ws) == both
     (ws.root / ".state/kiro.db").write_bytes(b"this is not a database" * 100)
-    r = ws.kiro("loop", "history", "--json")
+    r = ws.run("loop", "history", "--json")
     assert r.returncode == 0 and json.loads(r.stdout) == both and "rebuilt" in r.stderr
 
 
@@ -73,7 +73,7 @@ def test_history_answers_after_a_crash_and_catches_up(ws: Workspace) -> None:
 
 
 def test_history_refuses_an_unknown_loop(ws: Workspace) -> None:
-    r = ws.kiro("loop", "history", "--task-id", "ghost")
+    r = ws.run("loop", "history", "--task-id", "ghost")
     assert r.returncode == 1 and "ghost" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -84,7 +84,7 @@ def test_an_index_kiro_cannot_open_or_delete_is_one_line(ws: Workspace) -> None:
     assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "one").returncode == 0
     (ws.root / ".state/kiro.db").unlink(missing_ok=True)
     (ws.root / ".state/kiro.db").mkdir()
-    r = ws.kiro("loop", "history")
+    r = ws.run("loop", "history")
     assert r.returncode == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
     assert r.stderr.startswith("kiro: the history index .state/kiro.db cannot be opened") and "move it away" in r.stderr
     (ws.root / ".state/kiro.db").rmdir()

@@ -16,7 +16,7 @@ def test_start_detach_prints_the_task_id_and_the_loop_runs_in_the_background(ws:
     assert r.returncode == 0, r.stderr
     tid = r.stdout.strip().splitlines()[-1]
     assert tid.startswith("task_")
-    st = ws.kiro("loop", "status", "--task-id", tid, "--json")
+    st = ws.run("loop", "status", "--task-id", tid, "--json")
     assert '"alive": true' in st.stdout or '"status": "completed"' in st.stdout
     ws.wait_for(lambda: ws.state(tid)["status"] == "completed", timeout=60, what="background loop completes")
     assert (ws.root / "side_effects.log").read_text().split() == [str(i) for i in range(1, 7)]

@@ -52,7 +52,7 @@ def test_tell_wakes_a_sleeping_agent_and_reaches_its_next_prompt_once(ws: Worksp
     fake.reply(call("complete_step", {"summary": "changelog written"}))
     proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ai")
     fake.wait_for_requests(1, timeout=30)  # the agent has been told to sleep (or is about to)
-    r = ws.kiro("loop", "tell", "--task-id", "ai", NOTE)
+    r = ws.run("loop", "tell", "--task-id", "ai", NOTE)
     assert r.returncode == 0, r.stderr
     assert "queued message" in r.stdout and "next prompt" in r.stdout
     assert _finish(proc, ws) == 0, ws.output(proc)  # the 600 s sleep ended: the message woke it
@@ -74,7 +74,7 @@ def test_tell_survives_a_sigkill_between_queueing_and_delivery(ws: Workspace, fa
     fake.reply(call("complete_step", {"summary": "never seen"}), delay=5)  # in flight when the loop is killed
     proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "ai")
     fake.wait_for_requests(1, timeout=30)
-    r = ws.kiro("loop", "tell", "--task-id", "ai", NOTE)
+    r = ws.run("loop", "tell", "--task-id", "ai", NOTE)
     assert r.returncode == 0, r.stderr
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
@@ -92,7 +92,7 @@ def test_tell_survives_a_sigkill_between_queueing_and_delivery(ws: Workspace, fa
 
 
 def test_tell_refuses_an_unknown_loop_and_an_empty_message(ws: Workspace) -> None:
-    r = ws.kiro("loop", "tell", "--task-id", "nope", "hello")
+    r = ws.run("loop", "tell", "--task-id", "nope", "hello")
     assert r.returncode == 1 and "nope" in r.stderr and "Traceback" not in r.stderr
     assert not (ws.root / ".state/inbox").exists() or not list((ws.root / ".state/inbox").iterdir())
 
@@ -161,8 +161,8 @@ def test_a_message_to_a_shell_loop_stays_queued_and_does_not_cut_its_backoff(ws:
              "  backoff_max_seconds: 600\n  failure_threshold: 3\n")
     proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "sh")
     ws.wait_for(lambda: any(e["event"] == "backoff" for e in ws.events("sh")), what="the backoff")
-    assert ws.kiro("loop", "tell", "--task-id", "sh", NOTE).returncode == 0
-    assert ws.kiro("loop", "stop", "--task-id", "sh").returncode == 0
+    assert ws.run("loop", "tell", "--task-id", "sh", NOTE).returncode == 0
+    assert ws.run("loop", "stop", "--task-id", "sh").returncode == 0
     assert _finish(proc, ws) == 3, ws.output(proc)
     assert ws.state("sh")["iteration"] == 1  # no retry before the backoff was over
     assert not (ws.root / ".state/inbox/sh.delivered").exists()

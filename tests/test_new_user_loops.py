@@ -165,7 +165,7 @@ def test_fresh_sets_the_unfinished_loop_aside_and_starts_anew_keeping_the_checke
     assert not (ws.root / ".state" / "autonomous_loop_old.json").exists()
     assert not (ws.root / "Needs_Action" / "intervention_old.md").exists()
     assert list((ws.root / "Logs" / "resolved").glob("intervention_old_*.md"))
-    status = ws.kiro("loop", "status", "--task-id", "old", "--json")
+    status = ws.run("loop", "status", "--task-id", "old", "--json")
     assert status.returncode == 0 and '"restarted"' in status.stdout
     r = ws.kiro("loop", "resume", "--task-id", "old")  # two loops on one task file: refused
     assert r.returncode == 1 and "was set aside by `kiro loop start --fresh`" in r.stderr

@@ -114,7 +114,7 @@ def test_a_spec_with_an_optional_step_left_open_says_how_many_were_done(ws: Work
             "  true\n  ```\n")
     r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "opt")
     assert r.returncode == 0, r.stdout + r.stderr
-    row = json.loads(ws.kiro("loop", "status", "--task-id", "opt", "--json").stdout)
+    row = json.loads(ws.run("loop", "status", "--task-id", "opt", "--json").stdout)
     row = row[0] if isinstance(row, list) else row
     said = [line for line in (r.stdout + r.stderr).splitlines() if "steps done" in line]
     print("the CLI said:", said, "| the card shows", f"{row['steps_done']}/{row['steps_total']}")

@@ -61,7 +61,7 @@ def test_nothing_changed_skips_the_turn_and_a_message_passes_the_gate(ws: Worksp
         assert "Task file: unchanged." in digest and "Fix the flaky build" not in digest.split("The step now")[0]
         assert "the build server is down" in digest  # the retried step's last error
 
-        r = ws.kiro("loop", "tell", "--task-id", "ai", "CI is green again, please retry")
+        r = ws.run("loop", "tell", "--task-id", "ai", "CI is green again, please retry")
         assert r.returncode == 0, r.stderr
         code = proc.wait(timeout=60)
     finally:
@@ -121,7 +121,7 @@ def test_a_change_made_while_the_loop_slept_is_in_the_digest_and_runs(ws: Worksp
     try:
         ws.wait_for(lambda: _named(ws, "precheck_skipped"), what="the skipped turn")
         (ws.root / "incoming.patch").write_text("+ the fix\n")  # a person, while the loop sleeps
-        assert ws.kiro("loop", "stop", "--task-id", "ai").returncode == 0
+        assert ws.run("loop", "stop", "--task-id", "ai").returncode == 0
         assert proc.wait(timeout=60) == 3, ws.output(proc)
     finally:
         if proc.poll() is None:
@@ -199,7 +199,7 @@ def test_a_scheduled_run_is_skipped_when_nothing_changed_until_a_message_arrives
         ws.wait_for(lambda: len([e for e in ws.events("nightly") if e["event"] == "precheck_skipped"]) >= 2,
                     timeout=60, what="two skipped fires")
         assert ws.state("nightly")["runs"] == 1
-        r = ws.kiro("loop", "tell", "--task-id", "nightly", "Look again: the boss wrote at 03:00")
+        r = ws.run("loop", "tell", "--task-id", "nightly", "Look again: the boss wrote at 03:00")
         assert r.returncode == 0, r.stderr
         code = proc.wait(timeout=60)
     finally:
@@ -235,7 +235,7 @@ def test_a_stop_hook_ends_the_wait_for_a_slow_precheck_answer(ws: Workspace, fak
     try:
         fake.wait_for_requests(2, timeout=60)
         assert fake.chat_requests[1].body["model"] == CHEAP
-        assert ws.kiro("loop", "stop", "--task-id", "ai").returncode == 0
+        assert ws.run("loop", "stop", "--task-id", "ai").returncode == 0
         code = proc.wait(timeout=60)  # well before the answer would come
     finally:
         if proc.poll() is None:

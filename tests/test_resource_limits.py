@@ -125,12 +125,12 @@ def _run_until_waiting(ws: Workspace, script: str, limits: str, limit: str) -> N
         # the next step waits: step 2 has not started
         assert [e["step_id"] for e in ws.events("rl") if e["event"] == "step_started"] == ["1"]
         assert (ws.root / "side_effects.log").read_text().split() == ["1"]
-        st = ws.kiro("loop", "status", "--task-id", "rl", "--json")
+        st = ws.run("loop", "status", "--task-id", "rl", "--json")
         row = json.loads(st.stdout)
         assert row["status"] == "sleeping" and row["sleeping_because"] == limit and row["sleep_until"], st.stdout
-        plain = ws.kiro("loop", "status", "--task-id", "rl", env=ws.env(COLUMNS="200")).stdout
+        plain = ws.run("loop", "status", "--task-id", "rl", env=ws.env(COLUMNS="200")).stdout
         assert f"Sleeping      {limit} until" in plain, plain
-        r = ws.kiro("loop", "stop", "--task-id", "rl")
+        r = ws.run("loop", "stop", "--task-id", "rl")
         assert r.returncode == 0, r.stderr
         code = proc.wait(timeout=60)
     finally:

@@ -182,7 +182,7 @@ def kinds(ws: Workspace, *names: str) -> list[str]:
 
 
 def receipts(ws: Workspace) -> list[dict[str, Any]]:
-    r = ws.kiro("loop", "receipt", "--task-id", "rv", "--json")
+    r = ws.run("loop", "receipt", "--task-id", "rv", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     return [entry["receipt"] for entry in (data if isinstance(data, list) else data["receipts"])]
@@ -207,7 +207,7 @@ def test_an_approved_step_completes_and_its_receipt_says_so(ws: Workspace) -> No
     assert "+def f1():" in prompt and "checks passed" in prompt
     assert prompt.rstrip().endswith("REVIEW: line.")
     assert "[x] 1. Add function f1" in (ws.root / SPEC / "tasks.md").read_text()
-    shown = ws.kiro("loop", "receipt", "--task-id", "rv", "--step", "1")
+    shown = ws.run("loop", "receipt", "--task-id", "rv", "--step", "1")
     assert "review round 1 by command" in shown.stdout and ": approve" in shown.stdout, shown.stdout
 
 
@@ -500,7 +500,7 @@ def test_claude_does_the_steps_and_codex_reviews_them(ws: Workspace, cli_home: P
         env = ws.env(**{**codex.env(), **claude.env()})  # HOME: claude's; codex reads CODEX_HOME
         r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "rv", env=env, timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
-        shown = ws.kiro("loop", "receipt", "--task-id", "rv", env=env)
+        shown = ws.run("loop", "receipt", "--task-id", "rv", env=env)
         print(shown.stdout)
         [first, second] = receipts(ws)
         assert verdicts(first) == ["changes", "approve"] and verdicts(second) == ["approve"]
@@ -570,7 +570,7 @@ def test_a_reviewer_s_usage_limit_is_the_loop_s_sleep_and_its_runs_are_reviews(w
         runs = {name: sum(a == name for a, _, _ in ran) for name in ("claude", "codex")}
         assert by_agent["codex"]["runs"] == 0 and by_agent["codex"]["reviews"] == runs["codex"]
         assert by_agent["claude"]["reviews"] == 0 and by_agent["claude"]["runs"] == runs["claude"]
-        shown = ws.kiro("loop", "stats", env=env).stdout
+        shown = ws.run("loop", "stats", env=env).stdout
         print(shown[shown.index("By agent"):])
         assert f"{by_agent['codex']['reviews']} reviews" in shown, shown
     finally:

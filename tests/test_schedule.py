@@ -237,7 +237,7 @@ def test_every_2s_under_watch_runs_three_times_with_recall_and_ends_in_done(ws: 
     assert done.count("- [x]") == 2 and "schedule: {every: 2s}" in done
 
     # `kiro loop history` lists the runs
-    hist = json.loads(ws.kiro("loop", "history", "--task-id", tid, "--json").stdout)
+    hist = json.loads(ws.run("loop", "history", "--task-id", tid, "--json").stdout)
     runs = [(r["event"], r["run"]) for r in hist if r["kind"] == "run" and "run" in r]
     assert runs == [("scheduled", 1), ("run_finished", 1), ("scheduled", 2), ("run_finished", 2),
                     ("scheduled", 3), ("run_finished", 3)]
@@ -288,7 +288,7 @@ def test_start_stays_between_runs_and_a_killed_loop_catches_up_once(ws: Workspac
     due = datetime.fromisoformat(ws.state("cu")["next_run_at"])
     # downtime: wait until at least two more fires (every 2s) have passed
     ws.wait_for(lambda: datetime.now(UTC) > due + timedelta(seconds=2.5), timeout=30, what="downtime")
-    status = ws.kiro("loop", "status", "--task-id", "cu", "--json")
+    status = ws.run("loop", "status", "--task-id", "cu", "--json")
     assert json.loads(status.stdout)["status"] == "interrupted"
     proc = ws.spawn("loop", "resume", "--task-id", "cu")
     try:
@@ -324,16 +324,16 @@ def test_outside_active_hours_the_run_waits_and_status_shows_the_next_run(ws: Wo
         opening = datetime.fromisoformat(st["next_run_at"]).astimezone()
         assert (opening.hour, opening.minute) == (start.hour, start.minute)
         assert st["runs"] == 0 and not (ws.root / "side_effects.log").exists()  # nothing ran
-        row = json.loads(ws.kiro("loop", "status", "--task-id", "ah", "--json").stdout)
+        row = json.loads(ws.run("loop", "status", "--task-id", "ah", "--json").stdout)
         assert row["schedule"] == "every 1s" and row["next_run_at"] == st["next_run_at"]
         assert row["next_run"].startswith("in 1h") or row["next_run"].startswith("in 2h")
-        table = ws.kiro("loop", "status").stdout
+        table = ws.run("loop", "status").stdout
         assert "next run in" in table
-        detail = ws.kiro("loop", "status", "--task-id", "ah").stdout
+        detail = ws.run("loop", "status", "--task-id", "ah").stdout
         assert "Next run" in detail and "every 1s" in detail
-        progress = ws.kiro("loop", "progress", "--task-id", "ah")
+        progress = ws.run("loop", "progress", "--task-id", "ah")
         assert "next run in" in progress.stdout and "0 run(s)" in progress.stdout
-        r = ws.kiro("loop", "stop", "--task-id", "ah")
+        r = ws.run("loop", "stop", "--task-id", "ah")
         assert r.returncode == 0
         assert proc.wait(timeout=60) == 3  # a stop hook ends the wait at once
     finally:

@@ -168,7 +168,7 @@ def test_a_message_to_a_loop_is_cut_of_the_secrets_the_config_names(ws: Workspac
     ws.task("---\ntitle: t\nexecutor: shell\n---\n- [ ] 1. one\n  ```sh\n  true\n  ```\n", rel="Specs/m/tasks.md")
     env = ws.env(DB_WORD=SECRET)
     assert ws.kiro("loop", "start", "--task", "Specs/m/tasks.md", "--task-id", "m", env=env).returncode == 0
-    r = ws.kiro("loop", "tell", "--task-id", "m", f"the database word is {SECRET}", env=env)
+    r = ws.run("loop", "tell", "--task-id", "m", f"the database word is {SECRET}", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     files, found = _files_holding(ws.root)
     inbox = [p for p in (ws.root / ".state").rglob("*") if p.is_file() and b"the database word is" in p.read_bytes()]

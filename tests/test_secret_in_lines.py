@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli_inprocess
 from tests.conftest import Workspace
 
 PASSWORD = "pw-planted-" + "7" * 12
@@ -48,7 +49,7 @@ def _try(ws: Workspace, secret: str, *, detach: bool, env: dict[str, str]) -> tu
     printed = r.stdout + r.stderr + (out.read_text() if out.exists() else "")
     found = [where for where, text in (("stdout", r.stdout), ("stderr", r.stderr)) if secret in text]
     for read in (("loop", "status"), ("loop", "logs", "--task-id", tid)):  # and what a person reads afterwards
-        shown = ws.kiro(*read, env=env)
+        shown = ws.run(*read, env=env)
         found += [" ".join(read)] if secret in shown.stdout + shown.stderr else []
     return found + _files_holding(ws.root, secret), "[REDACTED]" in printed
 
@@ -131,7 +132,7 @@ def test_a_usage_error_is_one_line_without_the_secret_it_quotes(ws: Workspace) -
     env = ws.env(OPENAI_API_KEY=ENV_SECRET)
     held = 0
     for what, args in USAGE_ERRORS:
-        r = ws.kiro(*args, env=env)
+        r = (ws.kiro if cli_inprocess.needs_a_process(args) else ws.run)(*args, env=env)
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         leaked = [s for s in (FORMAT_TOKEN, ENV_SECRET, TOKEN) if s in r.stdout + r.stderr]
         ok = r.returncode == 1 and len(lines) == 1 and lines[0].startswith("kiro: ") and not leaked
@@ -140,7 +141,7 @@ def test_a_usage_error_is_one_line_without_the_secret_it_quotes(ws: Workspace) -
               f"{len(lines)} line(s): {lines[:1]}")
     print(f"usage errors: {held} of {len(USAGE_ERRORS)} held")
     assert held == len(USAGE_ERRORS)
-    r = ws.kiro("loop", "rollback", "--task-id", "x")
+    r = ws.run("loop", "rollback", "--task-id", "x")
     assert r.returncode == 1 and r.stderr.startswith("kiro: Missing option '--to-step'; `"), r.stderr
     assert r.stderr.endswith(" loop rollback -h` shows the usage\n"), r.stderr
 
@@ -165,8 +166,8 @@ def test_a_secret_a_person_types_or_a_task_file_holds_reaches_no_file_or_line(ws
     assert ran.returncode == 5, ran.stdout + ran.stderr
     ws.write("Specs/o/tasks.md", "---\ntitle: o\nexecutor: shell\n---\n- [ ] 1. One\n  ```sh\n  true\n  ```\n")
     tries = {
-        "stop --reason": ws.kiro("loop", "stop", "--task-id", "s", "--reason", f"rotating {ENV_SECRET}", env=env),
-        "progress": ws.kiro("loop", "progress", "--task-id", "s", env=env),
+        "stop --reason": ws.run("loop", "stop", "--task-id", "s", "--reason", f"rotating {ENV_SECRET}", env=env),
+        "progress": ws.run("loop", "progress", "--task-id", "s", env=env),
         "start --task-id <secret>": ws.kiro("loop", "start", "--task", "Specs/o/tasks.md", "--task-id",
                                             f"x-{ENV_SECRET}", env=env),
         "start --detach --task-id <secret>": ws.kiro("loop", "start", "--task", "Specs/o/tasks.md", "--detach",
@@ -185,7 +186,7 @@ def test_a_secret_a_person_types_or_a_task_file_holds_reaches_no_file_or_line(ws
     for what in ("start --task-id <secret>", "start --detach --task-id <secret>"):
         r = tries[what]
         assert r.returncode == 1 and "holds a secret kiro knows of" in r.stderr, (what, r.stdout, r.stderr)
-    assert ws.kiro("loop", "status", "--json", env=env).stdout.count('"task_id"') == 1  # only the loop `s`
+    assert ws.run("loop", "status", "--json", env=env).stdout.count('"task_id"') == 1  # only the loop `s`
 
 
 @pytest.mark.parametrize("written", [

@@ -183,11 +183,11 @@ def test_the_generated_token_typed_at_a_terminal_or_read_by_a_step_is_cut(ws: Wo
         ran = ws.kiro("loop", "start", "--task", "Specs/reads/tasks.md", "--task-id", "reads", "--sandbox", "off")
         assert ran.returncode == 0, ran.stdout + ran.stderr
         tries = {
-            "kiro loop tell with the token": ws.kiro("loop", "tell", f"the server's token is {token}", "--task-id",
+            "kiro loop tell with the token": ws.run("loop", "tell", f"the server's token is {token}", "--task-id",
                                                      "reads"),
-            "the token as a task id": ws.kiro("loop", "status", "--task-id", token),
-            "the token as an extra argument": ws.kiro("loop", "status", token),
-            "the token as a --token value": ws.kiro("loop", "stop", "--token", token),
+            "the token as a task id": ws.run("loop", "status", "--task-id", token),
+            "the token as an extra argument": ws.run("loop", "status", token),
+            "the token as a --token value": ws.run("loop", "stop", "--token", token),
             "a step that read the token file": ran,
         }
     finally:

@@ -13,7 +13,7 @@ FLAKY = 'if [ -f "tried_$KIRO_STEP_ID" ]; then exit 0; fi; touch "tried_$KIRO_ST
 
 
 def _stats(ws: Workspace, *args: str) -> dict:  # type: ignore[type-arg]
-    r = ws.kiro("loop", "stats", "--json", *args)
+    r = ws.run("loop", "stats", "--json", *args)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)  # type: ignore[no-any-return]
 
@@ -47,7 +47,7 @@ def test_stats_across_completed_retried_and_failed_loops(ws: Workspace) -> None:
     assert slept > 0 and abs(s["waiting_seconds"]["backoff"] - slept) < 1e-6  # what was slept, not planned
     assert s["stop_reasons"] == {"completed: all_steps_done": 2, "failed: failure_threshold": 1}
 
-    text = ws.kiro("loop", "stats")
+    text = ws.run("loop", "stats")
     assert text.returncode == 0
     for heading in ("Loops", "Steps", "Step duration", "Usage", "Time spent waiting", "Stop reasons"):
         assert f"\n{heading}" in "\n" + text.stdout
@@ -83,7 +83,7 @@ def test_stats_usage_per_step_and_since(ws: Workspace) -> None:
     assert recent["usage"]["total_tokens"] == 1000 and recent["usage"]["api_calls"] == 4
     assert recent["usage"]["tokens_per_step"] == 500.0 and recent["usage"]["cost_per_step_usd"] == 0.01
 
-    bad = ws.kiro("loop", "stats", "--since", "last tuesday")
+    bad = ws.run("loop", "stats", "--since", "last tuesday")
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "--since" in bad.stderr
     assert "Traceback" not in bad.stderr
 
@@ -104,22 +104,22 @@ def test_an_interrupted_attempt_is_no_failure_and_stats_and_status_say_the_same_
     finally:
         if proc.poll() is None:
             proc.kill()
-    row = json.loads(ws.kiro("loop", "status", "--task-id", "cut", "--json").stdout)
+    row = json.loads(ws.run("loop", "status", "--task-id", "cut", "--json").stdout)
     row = row[0] if isinstance(row, list) else row
     print("status of a stopped loop that finished nothing:", row["success_rate"], "stats:",
           _stats(ws)["steps"]["success_rate"])
     assert row["success_rate"] is None and _stats(ws)["steps"]["success_rate"] is None
-    assert "0%" not in ws.kiro("loop", "status", "--task-id", "cut").stdout
+    assert "0%" not in ws.run("loop", "status", "--task-id", "cut").stdout
     assert ws.kiro("loop", "resume", "--task-id", "cut").returncode == 0
 
     s = _stats(ws)
-    row = json.loads(ws.kiro("loop", "status", "--task-id", "cut", "--json").stdout)
+    row = json.loads(ws.run("loop", "status", "--task-id", "cut", "--json").stdout)
     row = row[0] if isinstance(row, list) else row
     print("attempts", s["steps"]["attempts"], "completed", s["steps"]["completed"], "failed", s["steps"]["failed"],
           "-> stats", s["steps"]["success_rate"], "status", row["success_rate"])
     assert s["steps"]["attempts"] == 3 and s["steps"]["completed"] == 2 and s["steps"]["failed"] == 0
     assert s["steps"]["success_rate"] == row["success_rate"] == 1.0
-    assert re.search(r"success rate\s+100%", ws.kiro("loop", "stats").stdout)
+    assert re.search(r"success rate\s+100%", ws.run("loop", "stats").stdout)
 
 
 def test_stats_of_an_empty_workspace(ws: Workspace) -> None:
@@ -150,5 +150,5 @@ def test_tokens_per_step_spread_comes_from_the_model_calls_of_each_step(ws: Work
         + ev("step_started", step_id="3", attempt=1) + ev("model_called", prompt_tokens=7, completion_tokens=7))
     u = _stats(ws)["usage"]
     assert (u["tokens_per_step_p50"], u["tokens_per_step_p95"]) == (650.0, percentile([300.0, 1000.0], 0.95))
-    text = ws.kiro("loop", "stats").stdout
+    text = ws.run("loop", "stats").stdout
     assert "(p50 650, p95 965)" in text

@@ -25,7 +25,7 @@ def task_of(*commands: str) -> str:
 
 
 def row(ws: Workspace, tid: str) -> dict[str, Any]:
-    r = ws.kiro("loop", "status", "--json")
+    r = ws.run("loop", "status", "--json")
     assert r.returncode == 0, r.stderr
     return next(x for x in json.loads(r.stdout) if x["task_id"] == tid)
 
@@ -47,7 +47,7 @@ def test_a_stop_hook_before_the_last_step_still_pauses_with_no_current_step_or_e
     assert shown["status"] == "paused" and shown["steps_done"] == 2
     # step 2 is done: it is not "current", and a loop that is not running has no time to finish
     assert (shown["current_step"], shown["eta"]) == (None, None), shown
-    table = ws.kiro("loop", "status").stdout.splitlines()
+    table = ws.run("loop", "status").stdout.splitlines()
     cells = table[1].split()
     assert cells[:2] == ["mid", "paused"] and "2 Step 2" not in table[1], table
 
@@ -84,7 +84,7 @@ def test_one_step_one_iteration_are_said_in_the_singular(ws: Workspace) -> None:
     ws.task(shell_task(1))
     r = ws.kiro("loop", "start", "--task", TASK, "--task-id", "one")
     assert r.returncode == 0, r.stderr
-    for said in (r.stdout, ws.kiro("loop", "logs", "--task-id", "one").stdout):
+    for said in (r.stdout, ws.run("loop", "logs", "--task-id", "one").stdout):
         assert "1 steps" not in said and "1 iterations" not in said, said
         assert "after 1 iteration (exit 0)" in said, said
     assert "the one step is done" in r.stdout
@@ -96,7 +96,7 @@ def test_logs_read_as_words_not_json(ws: Workspace) -> None:
     ws.wait_for((ws.root / "started").exists, what="step 1 running")
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 3
-    logs = ws.kiro("loop", "logs", "--task-id", "words").stdout
+    logs = ws.run("loop", "logs", "--task-id", "words").stdout
     assert "{" not in logs and '"step_id"' not in logs, logs
     assert "iteration 1: step 1" in logs and "1 interrupted (stop)" in logs, logs
 

@@ -60,7 +60,7 @@ def test_stop_force_leaves_no_marker(ws: Workspace) -> None:
     proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "sf")
     ws.wait_for(lambda: (ws.root / "started_1").exists(), what="step 1 running")
     assert "- [-] 1." in (ws.root / "Specs/feature/tasks.md").read_text()  # while it runs
-    r = ws.kiro("loop", "stop", "--task-id", "sf", "--force")
+    r = ws.run("loop", "stop", "--task-id", "sf", "--force")
     assert r.returncode == 0, r.stderr
     assert proc.wait(timeout=30) == 3
     assert "[-]" not in (ws.root / "Specs/feature/tasks.md").read_text()
@@ -123,7 +123,7 @@ def test_stop_force_that_must_kill_still_takes_the_marker_back(ws: Workspace) ->
         stdout=subprocess.PIPE, text=True, env=ws.env())
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        r = ws.kiro("loop", "stop", "--task-id", "hk", "--force")
+        r = ws.run("loop", "stop", "--task-id", "hk", "--force")
         assert r.returncode == 0, r.stderr
         assert "was killed" in r.stderr
     finally:

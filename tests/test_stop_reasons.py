@@ -111,7 +111,7 @@ def _dashboard_reason(board: str, tid: str) -> tuple[str, str | None]:
 def test_an_old_state_with_each_reason_loads_and_shows_the_same(ws: conftest.Workspace) -> None:
     store = StateStore(Workspace(ws.root))
     tids = {(status, reason): _old_state(store, status, reason) for status, reason, *_ in OLD_STATES}
-    r = ws.kiro("loop", "status", "--json")  # how a person reads them: every state file, one command
+    r = ws.run("loop", "status", "--json")  # how a person reads them: every state file, one command
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
     rows = {row["task_id"]: row for row in json.loads(r.stdout)}
     held, wrong = 0, []

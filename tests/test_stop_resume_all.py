@@ -21,7 +21,7 @@ def _two_paused_loops(ws: Workspace) -> None:
     try:
         for n in "ab":
             ws.wait_for(lambda n=n: ws.state(n)["iteration"] >= 1, what=f"loop {n} running")
-        r = ws.kiro("loop", "stop", "--all")
+        r = ws.run("loop", "stop", "--all")
         assert r.returncode == 0, r.stderr
         assert "kiro loop resume --all" in r.stdout
         for p in procs:

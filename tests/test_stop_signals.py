@@ -73,5 +73,5 @@ def test_ctrl_c_pressed_again_and_again_while_the_loop_stops_still_exits_3(ws: W
     out, _ = proc.communicate(timeout=120)
     print(f"Ctrl-C pressed {presses} times")
     stopped_cleanly(ws, proc.returncode, out, "SIGINT")
-    history = ws.kiro("loop", "history")
+    history = ws.run("loop", "history")
     assert "step 1 interrupted" in history.stdout and "attempt None" not in history.stdout, history.stdout

@@ -30,7 +30,7 @@ def test_a_plain_task_file_gets_boxes_only_and_is_followed_through_moves_and_ren
     moved = ws.root / "Needs_Action" / "review" / "auth-plan.md"  # a person moves and renames it
     moved.parent.mkdir(parents=True)
     path.rename(moved)
-    r = ws.kiro("loop", "status", "--task", "Needs_Action/review/auth-plan.md", "--json")
+    r = ws.run("loop", "status", "--task", "Needs_Action/review/auth-plan.md", "--json")
     assert r.returncode == 0 and '"task_id": "t"' in r.stdout, r.stdout + r.stderr
 
     done = ws.root / "Done" / "finished.md"  # then calls it done: the loop is completed, nothing runs again

@@ -137,11 +137,11 @@ class Checks:
         logs = [p for p in (ws.root / "Logs").rglob("*") if p.is_file() and not p.name.endswith(".kiro.tmp")]
         blamed = [str(p) for p in logs if BLAME in p.read_text(errors="replace")]
         self.ok(not blamed, f"an attempt was blamed for another loop's writes: {blamed}")
-        r = ws.kiro("loop", "status", "--json")
+        r = ws.run("loop", "status", "--json")
         self.ok(r.returncode == 0, r.stdout + r.stderr)
         listed = {s["task_id"] for s in json.loads(r.stdout)}
         for tid in tids:
-            one = ws.kiro("loop", "status", "--task-id", tid)
+            one = ws.run("loop", "status", "--task-id", tid)
             self.ok(one.returncode == 0 and "no loop with task id" not in one.stdout + one.stderr,
                     f"status {tid}: {one.stdout}{one.stderr}")
         self.ok(set(tids) <= listed, f"status --json lists {sorted(listed)}")

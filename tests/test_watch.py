@@ -89,10 +89,10 @@ def test_paused_loop_continues_when_its_hook_is_deleted(ws: Workspace, watch: su
     ws.task(shell_task(12, cmd=SLOW), "Specs/alpha/tasks.md")
     ids = ws.wait_for(lambda: _ids_by_path(ws).get("alpha"), what="loop created")
     ws.wait_for(lambda: ws.state(ids)["iteration"] >= 1, what="running")
-    r = ws.kiro("loop", "stop", "--task-id", ids)
+    r = ws.run("loop", "stop", "--task-id", ids)
     assert r.returncode == 0
     ws.wait_for(lambda: ws.state(ids)["status"] == "paused", what="paused")
-    st = ws.kiro("loop", "status", "--task-id", ids, "--json")
+    st = ws.run("loop", "status", "--task-id", ids, "--json")
     assert '"status": "paused"' in st.stdout
     frozen = ws.state(ids)["iteration"]
     time.sleep(0.5)
@@ -122,7 +122,7 @@ def test_resume_of_a_loop_kept_by_watch_hands_it_back(ws: Workspace, watch: subp
     ws.task(shell_task(12, cmd=SLOW), "Specs/alpha/tasks.md")
     tid = ws.wait_for(lambda: _ids_by_path(ws).get("alpha"), what="loop created")
     ws.wait_for(lambda: ws.state(tid)["iteration"] >= 1, what="running")
-    assert ws.kiro("loop", "stop", "--task-id", tid).returncode == 0
+    assert ws.run("loop", "stop", "--task-id", tid).returncode == 0
     ws.wait_for(lambda: ws.state(tid)["status"] == "paused", what="paused")
     r = ws.kiro("loop", "resume", "--task-id", tid)
     assert r.returncode == 0, r.stderr
