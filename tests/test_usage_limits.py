@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from kiro.executors import agents
+from kiro.executors.command import RESET_MARGIN_SECONDS
 from tests.agent_clis import CLIS, CODEX_PRICE, Cli, task_text
 from tests.agent_clis_aider_gemini_opencode import MORE_CLIS
 from tests.conftest import FAST_CONFIG, Workspace
@@ -263,14 +264,26 @@ def test_fallback_agents_finish_the_task_while_the_first_is_limited(ws: Workspac
 
 
 def test_the_step_goes_back_to_the_first_agent_when_its_window_resets(ws: Workspace, cli_home: Path) -> None:
-    """Claude limited for 2 s: step 1 goes to codex; a verify command that takes 8 s lets the window
-    (and kiro's margin after the reset) pass, so step 2 is claude's again."""
+    """Claude limited for 2 s: step 1 goes to codex; its verify command waits until the window and kiro's
+    margin after the reset (RESET_MARGIN_SECONDS) have passed, by a file the test writes 3 s after them
+    (outside the box's HOME and /tmp: the box shows it read-only), so step 2 is claude's again. Step 2's
+    verify finds the file there at once."""
     claude = start("claude", cli_home / "claude")
     codex = start("codex", cli_home / "codex")
+    passed = cli_home / "window-and-margin-passed"
     try:
         ws.task(task_text(2))
-        configure(ws, claude, "fallback_agents: [codex]\nverify: sleep 8\n")
-        limit_window(claude, 2)
+        configure(ws, claude, f"fallback_agents: [codex]\nverify: \"until [ -e {passed} ]; do sleep 0.2; done\"\n")
+        window = limit_window(claude, 2)
+        assert claude.server is not None
+        server = claude.server
+
+        def mark() -> None:
+            ends = server.wait_until(lambda: window.ends, timeout=240, what="claude's first request")
+            time.sleep(max(0.0, ends + RESET_MARGIN_SECONDS + 3 - time.time()))  # a time to come, not a race
+            passed.touch()
+
+        threading.Thread(target=mark, daemon=True).start()
         env = ws.env(**{**codex.env(), **env_of(claude)})
         r = ws.kiro("loop", "start", "--task", TASK, env=env, timeout=240)
         assert r.returncode == 0, r.stdout + r.stderr
