@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from kiro.executors import agents
+from kiro.executors.command import RESET_MARGIN_SECONDS
 from tests.agent_clis import CLIS, CODEX_PRICE, Cli, task_text
 from tests.agent_clis_aider_gemini_opencode import MORE_CLIS
 from tests.conftest import FAST_CONFIG, Workspace
@@ -263,14 +264,26 @@ def test_fallback_agents_finish_the_task_while_the_first_is_limited(ws: Workspac
 
 
 def test_the_step_goes_back_to_the_first_agent_when_its_window_resets(ws: Workspace, cli_home: Path) -> None:
-    """Claude limited for 2 s: step 1 goes to codex; a verify command that takes 8 s lets the window
-    (and kiro's margin after the reset) pass, so step 2 is claude's again."""
+    """Claude limited for 2 s: step 1 goes to codex; its verify command waits until the window and kiro's
+    margin after the reset (RESET_MARGIN_SECONDS) have passed, by a file the test writes 3 s after them
+    (outside the box's HOME and /tmp: the box shows it read-only), so step 2 is claude's again. Step 2's
+    verify finds the file there at once."""
     claude = start("claude", cli_home / "claude")
     codex = start("codex", cli_home / "codex")
+    passed = cli_home / "window-and-margin-passed"
     try:
         ws.task(task_text(2))
-        configure(ws, claude, "fallback_agents: [codex]\nverify: sleep 8\n")
-        limit_window(claude, 2)
+        configure(ws, claude, f"fallback_agents: [codex]\nverify: \"until [ -e {passed} ]; do sleep 0.2; done\"\n")
+        window = limit_window(claude, 2)
+        assert claude.server is not None
+        server = claude.server
+
+        def mark() -> None:
+            ends = server.wait_until(lambda: window.ends, timeout=240, what="claude's first request")
+            time.sleep(max(0.0, ends + RESET_MARGIN_SECONDS + 3 - time.time()))  # a time to come, not a race
+            passed.touch()
+
+        threading.Thread(target=mark, daemon=True).start()
         env = ws.env(**{**codex.env(), **env_of(claude)})
         r = ws.kiro("loop", "start", "--task", TASK, env=env, timeout=240)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -328,10 +341,9 @@ def test_gemini_daily_quota_is_a_usage_limit_without_a_reset_time(cli_home: Path
 
 
 def test_opencode_429_that_outlasts_its_retries_is_a_usage_limit_at_its_retry_after(cli_home: Path) -> None:
-    """opencode retries a 429 five times itself, each after the server's retry-after (so it is 1 s
-    here), then prints the error with the response headers."""
-    error = fc.error(429, "Rate limit reached for requests", "rate_limit_exceeded")
-    error.headers["retry-after"] = "1"
+    """opencode retries a 429 five times itself, each after the server's retry-after (`retry-after-ms`, 100
+    here, before `retry-after`, 1), then prints the error with the response headers."""
+    error = fc.error(429, "Rate limit reached for requests", "rate_limit_exceeded", retry_after_ms=100)
     limit, out, began = run_cli("opencode", cli_home, error)
     assert limit is not None and limit.kind == "usage_limit", out[-2000:]
     assert "Rate limit reached" in limit.line and limit.resets_at is not None, limit
@@ -387,9 +399,15 @@ def test_opencode_waiting_hours_inside_its_own_retry_is_a_usage_limit_wait_at_on
 
 
 def test_aider_rate_limit_after_its_own_retries_is_a_usage_limit(cli_home: Path) -> None:
-    """aider retries a RateLimitError for about a minute itself, then prints it (no reset time). (A
-    used-up balance, "check your plan and billing", is left a failed attempt: it does not reset.)"""
-    error = fc.error(429, "Rate limit reached for requests", "rate_limit_exceeded")
+    """aider retries a RateLimitError itself, then prints it (no reset time). (A used-up balance, "check
+    your plan and billing", is left a failed attempt: it does not reset.)
+
+    aider 0.86's schedule is its own and fixed: 8 retries 0.25 s to 32 s apart (coders/base_coder.py
+    `retry_delay`, doubling until it passes models.RETRY_TIMEOUT, 60 s; no option or variable sets it, and
+    it ignores the server's Retry-After): ~64 s of its sleeps this test cannot shorten. Inside each of
+    its 9 tries, litellm's OpenAI client retries twice more after the server's retry hint, or after its
+    own backoff (~0.5 s, ~1 s) without one: the provider's shortest hint (100 ms) keeps that to 0.2 s."""
+    error = fc.error(429, "Rate limit reached for requests", "rate_limit_exceeded", retry_after_ms=100)
     limit, out, _ = run_cli("aider", cli_home, error)
     assert limit is not None and limit.kind == "usage_limit" and limit.resets_at is None, out[-2000:]
     assert limit.line.startswith("litellm.RateLimitError"), limit

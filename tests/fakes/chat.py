@@ -40,12 +40,17 @@ def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"id": f"call_{next(_ids):05d}", "name": name, "arguments": arguments}
 
 
-def error(status: int, message: str, code: str | None = None) -> HttpError:
+def error(status: int, message: str, code: str | None = None, retry_after_ms: int | None = None) -> HttpError:
+    """The API's error answer; with `retry_after_ms`, the retry hints a rate limit sends: `retry-after-ms`
+    (read first by the OpenAI SDKs, litellm's inside aider included, and by opencode) and `retry-after` in
+    whole seconds, rounded up."""
     kind = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
             404: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
     if code is None:
         code = {401: "invalid_api_key", 429: "rate_limit_exceeded"}.get(status)
-    return HttpError(status, {"error": {"message": message, "type": kind, "param": None, "code": code}})
+    headers = {} if retry_after_ms is None else {"retry-after-ms": str(retry_after_ms),
+                                                 "retry-after": str(-(-retry_after_ms // 1000))}
+    return HttpError(status, {"error": {"message": message, "type": kind, "param": None, "code": code}}, headers)
 
 
 def messages(body: Any) -> list[dict[str, Any]]:
