@@ -880,3 +880,28 @@ def test_read_commands_compile_only_the_patterns_they_use(loops: Workspace, args
     made = probed(REGEX_PROBE, loops, *args)
     print(f"{' '.join(args)}: kiro's patterns compiled by {sorted(set(made))}")
     assert set(made) <= READ_PATTERNS
+
+
+PLUGIN_PROBE = """
+import importlib.metadata, os, runpy, sys
+groups = []
+entry_points = importlib.metadata.entry_points
+def entry_points_(**params):
+    groups.append(params.get("group", "*"))  # pydantic.plugin._loader binds this name when first imported
+    return entry_points(**params)
+importlib.metadata.entry_points = entry_points_
+""" + RUN_KIRO + """sys.stderr.write("\\n@@" + " ".join([str(code), str("PYDANTIC_DISABLE_PLUGINS" in os.environ),
+                                         *groups]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
+                         ids=" ".join)
+def test_read_commands_look_for_no_pydantic_plugin(loops: Workspace, args: tuple[str, ...]) -> None:
+    """Issue #41: pydantic's first model build scans every installed package's entry points for a pydantic
+    plugin (~26 M instructions); kiro runs none and says so in the process (kiro.plugins.no_pydantic_plugins),
+    without PYDANTIC_DISABLE_PLUGINS in the environment a step or a hook would inherit."""
+    in_environment, *groups = probed(PLUGIN_PROBE, loops, *args)
+    print(f"{' '.join(args)}: entry point groups scanned: {groups or 'none'}; "
+          f"PYDANTIC_DISABLE_PLUGINS left in the environment: {in_environment}")
+    assert "pydantic" not in groups and in_environment == "False"

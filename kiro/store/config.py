@@ -30,7 +30,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from kiro.errors import ConfigError
 from kiro.fs import safeio
-from kiro.plugins import AGENTS
+from kiro.plugins import AGENTS, no_pydantic_plugins
 from kiro.store import redact
 from kiro.store.workspace import CONFIG_RELPATH
 
@@ -948,7 +948,9 @@ def _annotations(annotation: Any) -> Iterator[Any]:
 def _build() -> None:
     """Build the models' validators, each section's before the model that holds it, which then uses the
     section's schema as it is: built from the top, pydantic makes each section's schema twice (once inside
-    the config's, once for the section's own default, `LoopSettings()`)."""
+    the config's, once for the section's own default, `LoopSettings()`). The first build of every command that
+    reads a workspace: no pydantic plugin is looked for from here on (kiro.plugins.no_pydantic_plugins)."""
+    no_pydantic_plugins()
     for model in dict.fromkeys(_models(Config)):
         model.model_rebuild()
 
