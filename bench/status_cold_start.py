@@ -37,7 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kiro import timeutil
-from kiro.store.state import CompletedStep, CurrentStep, LoopState, StateStore
+from kiro.store.state import CompletedStep, CurrentStep, LoopState
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 
 # Byte-code caching on, as in a normal install (some sandboxes set PYTHONDONTWRITEBYTECODE, which

@@ -20,7 +20,7 @@ import pytest
 from kiro.core.supervisor import check_watch_free
 from kiro.errors import LockHeld, StateError, UserError
 from kiro.fs.locks import Flock, Timeout
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 
