@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kiro.errors import LockHeld
 from kiro.fs import locks
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 
 

@@ -110,7 +110,8 @@ def one_run(label: str, steps: int, done_before: int, history: int) -> dict[str,
     from kiro import timeutil
     from kiro.core.runner import prepare_start, run_loops
     from kiro.store import tasks
-    from kiro.store.state import CompletedStep, StateStore
+    from kiro.store.state import CompletedStep
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace
 
     c = Counters()

@@ -185,7 +185,7 @@ def main() -> int:
     port = q.get(timeout=30)
 
     from kiro.core.runner import LoopIndex, StartBatch, prepare_start, run_loops
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace
 
     counter = SyscallCount()

@@ -33,7 +33,7 @@ import json, os, sys, tempfile
 from pathlib import Path
 n, frontmatter, start = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
 from kiro.core.runner import LoopIndex, StartBatch, prepare_start
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 import kiro.executors.openai_agent  # noqa: F401 - imported by a real start before its loops
 with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:

@@ -19,8 +19,9 @@ whatever kiro does; the `typer parse` line shows it with a small Typer app parsi
 
 With --stages (and --instructions), also where this tree's `kiro loop status` spends its share: the
 instructions of each stage of its start-up, each run on top of the ones before it (Typer; kiro's CLI
-modules; the config's module; the state's; pydantic's plugin lookup, which imports importlib.metadata
-and scans the installed packages; the config's validators built; the config resolved; the whole command).
+modules; the config's module; the state store's (the state's models are not imported: status reads the
+summaries); pydantic's plugin loader, which imports importlib.metadata (kiro scans for no plugin:
+kiro.plugins.no_pydantic_plugins); the config's validators built; the config resolved; the whole command).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kiro import timeutil
-from kiro.store.state import CompletedStep, CurrentStep, LoopState, StateStore
+from kiro.store.state import CompletedStep, CurrentStep, LoopState
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 
 # Byte-code caching on, as in a normal install (some sandboxes set PYTHONDONTWRITEBYTECODE, which
@@ -122,8 +124,8 @@ STAGES = [
     ("import typer, typer._adapters", "import typer, typer._adapters"),
     ("kiro's CLI modules", "import kiro.cli, kiro.cli.loop, kiro.cli.launch"),
     ("kiro.store.config imported", "import kiro.store.config"),
-    ("kiro.store.state imported", "import kiro.store.state"),
-    ("pydantic's plugin lookup", "import pydantic.plugin._loader as loader; loader.get_plugins()"),
+    ("kiro.store.statestore imported", "import kiro.store.statestore"),
+    ("pydantic's plugin loader imported", "import pydantic.plugin._loader"),
     ("the config's validators built", "import kiro.store.config as config; config._build()"),
     ("the config resolved", "from kiro.store.settings import settings_for; from kiro.store.workspace import "
                             "Workspace; settings_for(Workspace.find(None))"),

@@ -63,5 +63,17 @@ class Registry:
         return getattr(module, attr.strip()) if attr else module
 
 
+def no_pydantic_plugins() -> None:
+    """kiro runs no pydantic plugin: pydantic's first model build in a process otherwise scans every installed
+    package's entry points for one (`pydantic.plugin._loader.get_plugins`, ~26 M instructions a read command
+    waits for). Its cache of loaded plugins is set empty, in this process only: unlike PYDANTIC_DISABLE_PLUGINS
+    (which Typer sets around its own builds), nothing reaches the environment a step, a hook or git inherits.
+    A pydantic that no longer has that cache ignores the name, and scans as before."""
+    from pydantic.plugin import _loader
+
+    if _loader._plugins is None:
+        _loader._plugins = {}
+
+
 AGENTS = Registry("kiro.agents", "agent")
 """The agent presets (kiro.executors.agents): a `Preset` subclass per name."""

@@ -260,7 +260,7 @@ def test_loops_of_one_process_share_one_reserve_file_that_shrinks_as_they_end(tm
     """Three loops started together take one reserve file (one new file, not three), holding each
     loop's share; a loop that ends gives its share back, and the last one removes the file."""
     from kiro.core.runner import LoopIndex, StartBatch, prepare_start
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace as KiroWorkspace
 
     root = tmp_path / "vault"

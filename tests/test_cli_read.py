@@ -418,7 +418,8 @@ def test_a_loops_row_in_the_table_is_its_row_in_detail(ws: Workspace, loops: Wor
     from datetime import timedelta
 
     from kiro import timeutil
-    from kiro.store.state import LoopState, ScheduleInfo, StateStore
+    from kiro.store.state import LoopState, ScheduleInfo
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace as KiroWorkspace
 
     store = StateStore(KiroWorkspace(ws.root))
@@ -509,7 +510,8 @@ def test_a_live_loop_then_killed_then_locked_by_another_process(ws: Workspace) -
 
 def test_a_sleeping_loop_says_why_with_or_without_its_summary(ws: Workspace) -> None:
     from kiro import timeutil
-    from kiro.store.state import LoopState, StateStore
+    from kiro.store.state import LoopState
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace as KiroWorkspace
 
     store = StateStore(KiroWorkspace(ws.root))
@@ -630,6 +632,18 @@ def test_read_commands_import_nothing_that_runs_a_loop(shared_loops: Workspace, 
     print(f"{' '.join(args)}: {len([m for m in modules if m.startswith('kiro')])} kiro modules; "
           f"of the engine's: {loaded or 'none'}")
     assert loaded == []
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "status", "--json"),
+                                  ("loop", "logs", "--task-id", "done1", "--tail", "3")], ids=" ".join)
+def test_status_and_logs_make_no_state_model(shared_loops: Workspace, args: tuple[str, ...]) -> None:
+    """Issue #41: the table of loops is read from the summaries the loops write beside their states, and the
+    log as its records: neither command imports the state's models, its receipts or the event kinds (about
+    60 M instructions of class making); kiro.store.statestore imports them when a state is first read."""
+    modules = probed(PROBE, shared_loops, *args)
+    models = [m for m in modules if m in ("kiro.store.state", "kiro.store.receipts", "kiro.store.events")]
+    print(f"{' '.join(args)}: model modules imported: {models or 'none'}")
+    assert models == []
 
 
 SOURCE_PROBE = """
@@ -880,3 +894,28 @@ def test_read_commands_compile_only_the_patterns_they_use(loops: Workspace, args
     made = probed(REGEX_PROBE, loops, *args)
     print(f"{' '.join(args)}: kiro's patterns compiled by {sorted(set(made))}")
     assert set(made) <= READ_PATTERNS
+
+
+PLUGIN_PROBE = """
+import importlib.metadata, os, runpy, sys
+groups = []
+entry_points = importlib.metadata.entry_points
+def entry_points_(**params):
+    groups.append(params.get("group", "*"))  # pydantic.plugin._loader binds this name when first imported
+    return entry_points(**params)
+importlib.metadata.entry_points = entry_points_
+""" + RUN_KIRO + """sys.stderr.write("\\n@@" + " ".join([str(code), str("PYDANTIC_DISABLE_PLUGINS" in os.environ),
+                                         *groups]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
+                         ids=" ".join)
+def test_read_commands_look_for_no_pydantic_plugin(loops: Workspace, args: tuple[str, ...]) -> None:
+    """Issue #41: pydantic's first model build scans every installed package's entry points for a pydantic
+    plugin (~26 M instructions); kiro runs none and says so in the process (kiro.plugins.no_pydantic_plugins),
+    without PYDANTIC_DISABLE_PLUGINS in the environment a step or a hook would inherit."""
+    in_environment, *groups = probed(PLUGIN_PROBE, loops, *args)
+    print(f"{' '.join(args)}: entry point groups scanned: {groups or 'none'}; "
+          f"PYDANTIC_DISABLE_PLUGINS left in the environment: {in_environment}")
+    assert "pydantic" not in groups and in_environment == "False"

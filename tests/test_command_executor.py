@@ -316,7 +316,8 @@ def test_kiros_own_temp_files_that_come_and_go_during_a_step_are_not_the_agents(
 def _journaled_loop(ws: Workspace) -> tuple[Any, Any, Any, Path]:
     """A running loop's store and state (journal open, a snapshot and one record made) and its task."""
     from kiro.status import Status
-    from kiro.store.state import LoopState, StateStore
+    from kiro.store.state import LoopState
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace as KiroWorkspace
 
     task = ws.task(agent_task(1))
@@ -378,7 +379,7 @@ def test_an_agents_change_to_the_state_after_the_timers_snapshot_is_undone_witho
     state on disk went back to before the records the emptied journal held (a kill -9 then lost
     them). Now kiro writes it again from what it last saved."""
     from kiro.executors.control import ControlSnapshot
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
 
     kws, store, state, task = _journaled_loop(ws)
     snap = ControlSnapshot.take(kws, "t", task)
@@ -398,7 +399,7 @@ def test_an_agents_change_to_the_state_after_the_timers_snapshot_is_undone_witho
 def _later_saves_reach_readers(kws: Any, store: Any, state: Any, state_file: Path) -> None:
     """Two more saves, each read back whole by a reader and by the summary; then the journal closes."""
     from kiro.store import journal as kjournal
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
 
     for i in (2, 3):
         state.iteration = i

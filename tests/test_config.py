@@ -624,6 +624,35 @@ def test_text_with_a_nul_or_a_byte_that_is_not_utf8_is_refused_by_key(tmp_path: 
         assert message.startswith(f"environment {var}: holds a byte that is not UTF-8"), message
 
 
+def test_every_key_that_can_hold_text_refuses_a_nul() -> None:
+    """The plain-text check is added to each key whose type can hold text, in one place (issue #41: it wrapped
+    every key, numbers and flags too, at every command's start): no key that takes text lets a NUL through,
+    whatever section it is in; a key of a narrower type (a pattern, an agent's name) refuses it as its type."""
+    from typing import get_origin
+
+    from kiro.store import config
+
+    config._build()
+    refused: dict[str, list[str]] = {"by the plain-text check": [], "by its type": [], "NOT AT ALL": []}
+    for model in dict.fromkeys(config._models(Config)):
+        for name, field in model.model_fields.items():
+            if not any(inner is str for inner in config._annotations(field.annotation)):
+                continue
+            kinds = {get_origin(a) for a in config._annotations(field.annotation)}
+            value: Any = ["a\0b"] if list in kinds else {"k": "a\0b"} if dict in kinds else "a\0b"
+            key = field.alias or name
+            try:
+                model.model_validate({key: value})
+            except ValidationError as exc:
+                said = [e["msg"] for e in exc.errors() if e["loc"][:1] == (key,)]
+                refused["by the plain-text check" if any("NUL" in m for m in said) else "by its type"].append(key)
+            else:
+                refused["NOT AT ALL"].append(f"{model.__name__}.{key}")
+    for how, keys in refused.items():
+        print(f"{len(keys)} keys refused a NUL {how}: {', '.join(keys)}")
+    assert refused["NOT AT ALL"] == [] and len(refused["by the plain-text check"]) >= 20
+
+
 @pytest.mark.parametrize(("url", "words"), [
     ("http://127.0.0.1:99999/v1", "Port out of range 0-65535"),
     ("http://127.0.0.1:port/v1", "could not be cast to integer"),

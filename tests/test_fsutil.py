@@ -80,7 +80,8 @@ def test_storage_loads_without_the_executors() -> None:
     """Storage (state, tasks, events) and the reports load no executor (STYLE: the house this round); the
     views may know executors by name only (kiro.executors.kinds, written for readers of a loop's state)."""
     names_only = ("kiro.executors", "kiro.executors.kinds")
-    code = ("import sys, kiro.store.state, kiro.store.tasks, kiro.store.events, kiro.views.reports\n"
+    code = ("import sys, kiro.store.state, kiro.store.statestore, kiro.store.tasks, kiro.store.events\n"
+            "import kiro.views.reports\n"
             f"print(sorted(m for m in sys.modules if m.startswith(('kiro.executors', 'kiro.core.engine', 'openai'))"
             f" and m not in {names_only!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -14,16 +14,8 @@ from pathlib import Path
 from kiro import timeutil
 from kiro.status import Status
 from kiro.store import journal
-from kiro.store.state import (
-    FAILED_KEPT,
-    HISTORY_KEPT,
-    CompletedStep,
-    CurrentStep,
-    FailedStep,
-    LoopState,
-    StateStore,
-    to_jsonable,
-)
+from kiro.store.state import FAILED_KEPT, HISTORY_KEPT, CompletedStep, CurrentStep, FailedStep, LoopState, to_jsonable
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kiro.core.runner import prepare_start, run_loops
 from kiro.store import journal
-from kiro.store.state import BACKUPS_KEPT, StateStore
+from kiro.store.statestore import BACKUPS_KEPT, StateStore
 from kiro.store.workspace import Workspace
 
 
@@ -96,7 +96,7 @@ def test_each_due_iteration_gets_a_backup_that_reads_back_as_that_iterations_sta
 def test_a_step_is_never_recorded_completed_on_disk_before_its_checked_box_is_synced(
         tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The `[x]` byte is written on the event loop and fdatasync'd on the loop's writer thread
-    (kiro.store.state LiveJournal.sync_first), before any journal append or snapshot that records the step."""
+    (kiro.store.statestore LiveJournal.sync_first), before any journal append or snapshot that records the step."""
     ws = _workspace(tmp_path / "ws", 8)
     state_file = StateStore(ws).path("t")
     real_sync = os.fdatasync

@@ -20,11 +20,11 @@ import pytest
 from kiro.core.supervisor import check_watch_free
 from kiro.errors import LockHeld, StateError, UserError
 from kiro.fs.locks import Flock, Timeout
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 
-HOLDER_PRELUDE = ("import pathlib, subprocess, sys, time\nfrom kiro.store.state import StateStore\n"
+HOLDER_PRELUDE = ("import pathlib, subprocess, sys, time\nfrom kiro.store.statestore import StateStore\n"
                   "from kiro.store.workspace import Workspace\n"
                   "store = StateStore(Workspace(pathlib.Path(sys.argv[1])))\n")
 

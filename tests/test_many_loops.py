@@ -25,7 +25,7 @@ from kiro.fs import writer
 from kiro.fs.atomic import atomic_write
 from kiro.fs.writer import WriteQueue
 from kiro.store import journal, taskmap, tasks
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import Workspace, shell_task
 from tests.fake_openai import FakeOpenAI

@@ -108,7 +108,7 @@ def test_empty_dashboard_snapshot() -> None:
 
 def test_dashboard_of_a_real_workspace_shows_a_dead_process_as_interrupted(tmp_path: Path) -> None:
     """The state says running, but no process holds its lock: interrupted, under Paused."""
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace
 
     ws = Workspace(tmp_path)

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kiro.store.state import CompletedStep, LoopState, Transition, _short
+from kiro.store.state import CompletedStep, LoopState, Transition
+from kiro.store.statestore import _short
 
 
 def test_the_state_keeps_what_it_does_not_know_and_writes_what_it_read() -> None:

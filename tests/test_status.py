@@ -11,7 +11,8 @@ import pytest
 from kiro.core import conditions
 from kiro.errors import StateError
 from kiro.status import RECORDED, Status
-from kiro.store.state import LoopState, StateStore, effective_status
+from kiro.store.state import LoopState, effective_status
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, locate_task
 from kiro.views import dashboard, loops
 

@@ -115,7 +115,7 @@ def test_stop_force_that_must_kill_still_takes_the_marker_back(ws: Workspace) ->
     assert "- [-] 1." in (ws.root / "Specs/feature/tasks.md").read_text()
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import pathlib, signal, sys, time\nfrom kiro.store.state import StateStore\n"
+         "import pathlib, signal, sys, time\nfrom kiro.store.statestore import StateStore\n"
          "from kiro.store.workspace import Workspace\n"
          "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
          "lock = StateStore(Workspace(pathlib.Path(sys.argv[1]))).acquire('hk')\n"

@@ -28,7 +28,8 @@ import pytest
 from kiro.core import conditions
 from kiro.status import Status
 from kiro.store.config import Config
-from kiro.store.state import LoopState, StateStore
+from kiro.store.state import LoopState
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 from kiro.views import dashboard, reports
 from tests import conftest

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kiro.executors.control import ControlSnapshot
 from kiro.fs import locks
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace as KiroWorkspace
 from tests.conftest import FAST_CONFIG, Workspace, shell_task
 from tests.test_command_executor import PRELUDE, agent_task

@@ -158,7 +158,7 @@ def api_page() -> str:
     from starlette.routing import Route, WebSocketRoute
 
     from kiro.serve.app import create_app
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace
 
     with tempfile.TemporaryDirectory() as tmp:

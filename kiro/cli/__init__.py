@@ -188,7 +188,7 @@ def usage_error(exc: typer.TyperException) -> int:
     the token `kiro serve` generated for the workspace."""
     from kiro.errors import UserError
     from kiro.store.redact import Redactor, command_secrets, looks_like_token
-    from kiro.store.state import serve_token
+    from kiro.store.statestore import serve_token
     from kiro.store.workspace import Workspace
     from kiro.views import console
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from kiro.core.engine import Outcome
     from kiro.store.events import Listener
     from kiro.store.redact import Redactor
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kiro.core.engine import LoopRun
     from kiro.store.messages import Message
     from kiro.store.redact import Redactor
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace
 
 EXECUTORS = ("shell", "command", "openai")
@@ -94,7 +94,7 @@ def store_of(ws: Workspace, front: Front, *, lenient: bool = True) -> StateStore
     except ConfigError as exc:
         if not lenient:
             raise
-        from kiro.store.state import StateStore
+        from kiro.store.statestore import StateStore
 
         front.warning(f"{exc} (using defaults to read the state)")
         store = StateStore(ws)

@@ -25,7 +25,7 @@ from kiro.errors import RunError, UserError
 if TYPE_CHECKING:
     from kiro.core.engine import LoopRun, Outcome
     from kiro.core.front import Front
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace
 
 BACKENDS = {"local": "kiro.core.backends:LocalBackend", "temporal": "kiro.temporal.commands:TemporalBackend"}

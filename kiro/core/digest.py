@@ -37,7 +37,7 @@ from kiro.views import digest
 if TYPE_CHECKING:
     from kiro.core.hooks import LoopHandle
     from kiro.store.redact import Redactor
-    from kiro.store.state import StateStore
+    from kiro.store.statestore import StateStore
 
 CLOCK_TICK = 60.0  # the clock looks at the time at least this often (a suspended laptop, a changed clock)
 # A loop's end says which kind of notification it is: the reason, else loop_finished.

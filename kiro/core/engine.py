@@ -49,15 +49,8 @@ from kiro.store.events import Event, EventLog, Listener
 from kiro.store.messages import Inbox, render
 from kiro.store.receipts import VerifyRun
 from kiro.store.redact import Redactor
-from kiro.store.state import (
-    CompletedStep,
-    CurrentStep,
-    FailedStep,
-    LoopState,
-    StateStore,
-    clip,
-    first_line,
-)
+from kiro.store.state import CompletedStep, CurrentStep, FailedStep, LoopState, clip, first_line
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, locate_task
 from kiro.usage import Usage
 

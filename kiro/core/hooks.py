@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from kiro.store.events import Event
     from kiro.store.receipts import VerifyRun
     from kiro.store.redact import Redactor
-    from kiro.store.state import LoopState, StateStore
+    from kiro.store.state import LoopState
+    from kiro.store.statestore import StateStore
     from kiro.store.tasks import Step, TaskFile
     from kiro.store.workspace import Workspace
 

@@ -33,7 +33,8 @@ from kiro.store.config import FRONTMATTER_KEYS, Config
 from kiro.store.events import Listener
 from kiro.store.redact import Redactor
 from kiro.store.settings import Located, settings_for
-from kiro.store.state import LoopState, StateStore, effective_status
+from kiro.store.state import LoopState, effective_status
+from kiro.store.statestore import StateStore
 from kiro.store.unbuilt import not_built_warnings
 from kiro.store.workspace import START_GUARD, Workspace, check_task_id, is_task_id, locate_task
 

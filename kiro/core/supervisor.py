@@ -44,7 +44,8 @@ from kiro.status import Status, StopReason
 from kiro.store import approval, kirospec, tasks
 from kiro.store.config import Config
 from kiro.store.events import Event, Listener, LoopWarning, StepStarted
-from kiro.store.state import StateStore, effective_status
+from kiro.store.state import effective_status
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, locate_task, task_files
 
 RESCAN_SECONDS = 30.0  # a safety net; changes normally wake the supervisor at once

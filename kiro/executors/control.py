@@ -59,7 +59,7 @@ from typing import Literal
 from kiro.fs.diskfull import RESERVE_PREFIX
 from kiro.fs.ownwrites import TEMP_SUFFIX
 from kiro.fs.statcache import StatCache
-from kiro.store import journal, state, taskmap
+from kiro.store import journal, statestore, taskmap
 from kiro.store.workspace import Workspace
 
 KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
@@ -77,7 +77,7 @@ STATE_SHARED_FILES = frozenset({".starts", ".start.lock", "watch.lock", "workspa
 STATE_LOOP_DIRS = {"transcripts": ".jsonl", "precheck": ".json"}
 LOOP_PREFIX = "autonomous_loop_"
 LOOP_SUFFIXES = (".json", journal.JOURNAL_SUFFIX, journal.SUMMARY_SUFFIX, ".lock")
-# a backup's name after its task id: `.<%Y%m%dT%H%M%S%f>.i<iteration>.json` (kiro.store.state), and its journal
+# a backup's name after its task id: `.<%Y%m%dT%H%M%S%f>.i<iteration>.json` (kiro.store.statestore), and its journal
 BACKUP_TAIL = re.compile(r"\.\d{8}T\d{12}\.i\d+\.json(?:" + re.escape(journal.JOURNAL_SUFFIX) + ")?")
 UNCHECKED_NAMED = 6  # of the other loops' files that changed during an attempt, named in its log
 Owner = Literal["loop", "kiro"]  # this loop's file in .state/; kiro's file of another loop, or shared
@@ -198,7 +198,7 @@ class ControlSnapshot:
         """Put back what the agent changed; return what it touched, one phrase each. What changed among
         the files not checked is in `unchecked` afterwards. (The task file is not among them: the agent
         edits its own copy, `StepCopy`.)"""
-        live = state.live_journal(self.task_id)
+        live = statestore.live_journal(self.task_id)
         own = self._own_files() if live is not None else set()
         with journal.task_lock(self.task_id):  # no snapshot of this loop's state is half made meanwhile
             touched, rewrite = self._restore(own)

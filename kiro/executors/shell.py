@@ -15,7 +15,7 @@ from kiro.processes import sandbox
 from kiro.processes.spawn import last_line, run_process, shell_argv, tail
 from kiro.store.config import Config
 from kiro.store.redact import env_key, looks_like_token, looks_secret
-from kiro.store.state import SERVE_TOKEN_ENV
+from kiro.store.statestore import SERVE_TOKEN_ENV
 from kiro.store.workspace import Workspace
 
 # kiro's environment without its secrets, for one `agent_env.pass`: the last one worked out (every step of a

@@ -42,7 +42,8 @@ from kiro.serve.control import ControlError, Controller
 from kiro.serve.index import EventIndex
 from kiro.store.logread import read_events
 from kiro.store.redact import Redactor
-from kiro.store.state import StateStore, effective_status, to_jsonable
+from kiro.store.state import effective_status, to_jsonable
+from kiro.store.statestore import StateStore
 from kiro.views import dashboard, loops
 
 KEEPALIVE_SECONDS = 15.0

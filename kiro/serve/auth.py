@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kiro.errors import UserError
 from kiro.fs.atomic import atomic_write
-from kiro.store.state import SERVE_TOKEN, SERVE_TOKEN_ENV
+from kiro.store.statestore import SERVE_TOKEN, SERVE_TOKEN_ENV
 
 TOKEN_ENV = SERVE_TOKEN_ENV
 LOGIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>kiro · token needed</title>
@@ -69,7 +69,7 @@ def resolve_token(host: str) -> tuple[str, bool]:
     if not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: set ${TOKEN_ENV} to a long random token "
                         f"first, or serve on 127.0.0.1")
-    return secrets.token_urlsafe(32), True  # kiro.store.state.serve_token knows this shape: 43 URL-safe characters
+    return secrets.token_urlsafe(32), True  # kiro.store.statestore.serve_token knows this shape: 43 URL-safe characters
 
 
 def keep_token(state_dir: Path, token: str) -> Path:

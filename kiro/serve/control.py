@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kiro.core import api
 from kiro.errors import Conflict, KiroError, TaskNotFound
 from kiro.store import kirospec
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, check_task_id
 
 T = TypeVar("T")

@@ -30,7 +30,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from kiro.errors import ConfigError
 from kiro.fs import safeio
-from kiro.plugins import AGENTS
+from kiro.plugins import AGENTS, no_pydantic_plugins
 from kiro.store import redact
 from kiro.store.workspace import CONFIG_RELPATH
 
@@ -67,6 +67,32 @@ NOTIFY_KINDS: tuple[NotifyKind, ...] = get_args(NotifyKind)
 _QUIET = "kiro_value_not_shown"  # a validation error whose value is not echoed: it may hold a secret
 
 
+def _annotations(annotation: Any) -> Iterator[Any]:
+    yield annotation
+    for arg in get_args(annotation):
+        yield from _annotations(arg)
+
+
+def _plain_text(value: Any) -> Any:
+    """No text in the config may hold a NUL character (no path, command, argument or URL can) or a byte
+    that is not UTF-8 (from a `KIRO_*` variable or a flag; no state file can): the first file call on it
+    would end kiro with an internal error, in a loop already started."""
+    texts = value if isinstance(value, list) else value.values() if isinstance(value, dict) else [value]
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        if "\0" in text:
+            raise ValueError("holds a NUL character (\\0), which no path, command or name can hold")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: Python's stand-in for a byte that is not UTF-8
+            raise ValueError("holds a byte that is not UTF-8 (shown as \\udc..); give it as UTF-8 text") from None
+    return value
+
+
+_PLAIN_TEXT = AfterValidator(_plain_text)
+
+
 class _Strict(BaseModel):
     # defer_build: a model's validator is built when a config is first resolved, not at import (a read
     # command that never resolves one never builds it)
@@ -75,23 +101,15 @@ class _Strict(BaseModel):
     # cost every command, a read command too, about a third of kiro's own start-up (issue #41).
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
-    @field_validator("*")
     @classmethod
-    def _plain_text(cls, value: Any) -> Any:
-        """No text in the config may hold a NUL character (no path, command, argument or URL can) or a byte
-        that is not UTF-8 (from a `KIRO_*` variable or a flag; no state file can): the first file call on it
-        would end kiro with an internal error, in a loop already started."""
-        texts = value if isinstance(value, list) else value.values() if isinstance(value, dict) else [value]
-        for text in texts:
-            if not isinstance(text, str):
-                continue
-            if "\0" in text:
-                raise ValueError("holds a NUL character (\\0), which no path, command or name can hold")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate: Python's stand-in for a byte that is not UTF-8
-                raise ValueError("holds a byte that is not UTF-8 (shown as \\udc..); give it as UTF-8 text") from None
-        return value
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """Every field that can hold text gets `_plain_text`, as its first validator after its type's: one
+        place, where a `field_validator("*")` wrapped every field of every section (ints and flags too) when the
+        validators were built, at every command's start (issue #41)."""
+        super().__pydantic_init_subclass__(**kwargs)
+        for field in cls.model_fields.values():
+            if _PLAIN_TEXT not in field.metadata and any(inner is str for inner in _annotations(field.annotation)):
+                field.metadata.append(_PLAIN_TEXT)
 
 
 class LoopSettings(_Strict):
@@ -938,17 +956,13 @@ def _models(model: type[BaseModel]) -> Iterator[type[BaseModel]]:
     yield model
 
 
-def _annotations(annotation: Any) -> Iterator[Any]:
-    yield annotation
-    for arg in get_args(annotation):
-        yield from _annotations(arg)
-
-
 @functools.cache
 def _build() -> None:
     """Build the models' validators, each section's before the model that holds it, which then uses the
     section's schema as it is: built from the top, pydantic makes each section's schema twice (once inside
-    the config's, once for the section's own default, `LoopSettings()`)."""
+    the config's, once for the section's own default, `LoopSettings()`). The first build of every command that
+    reads a workspace: no pydantic plugin is looked for from here on (kiro.plugins.no_pydantic_plugins)."""
+    no_pydantic_plugins()
     for model in dict.fromkeys(_models(Config)):
         model.model_rebuild()
 

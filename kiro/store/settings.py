@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiro.store.config import Config, resolve_config
 from kiro.store.redact import Redactor
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Any
 from kiro.core.engine import STOP_SIGNALS, LoopRun, Outcome
 from kiro.core.front import Front
 from kiro.status import Status
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 from kiro.temporal import client as tc
 

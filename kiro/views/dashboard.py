@@ -23,7 +23,8 @@ from kiro.fs.atomic import atomic_write
 from kiro.shared import Registry
 from kiro.status import Status, StopReason, percent
 from kiro.store import frontmatter
-from kiro.store.state import LoopState, StateStore, effective_status, first_line
+from kiro.store.state import LoopState, effective_status, first_line
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 from kiro.usage import dollars
 from kiro.views import loops

@@ -27,7 +27,7 @@ from kiro import timeutil
 from kiro.errors import UserError
 from kiro.store.approval import PENDING
 from kiro.store.logread import read_events
-from kiro.store.state import StateStore
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, markdown_files
 from kiro.views import stats
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiro import timeutil
 from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.executors.kinds import reads_messages
 from kiro.status import RECORDED, Status, StopReason, success_rate
 from kiro.store import journal, taskmap
-from kiro.store.state import LoopState, StateStore, to_jsonable
+from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, check_task_id, frontmatter_task_id, locate_task
 from kiro.usage import dollars
+
+if TYPE_CHECKING:
+    from kiro.store.state import LoopState  # its models are imported where a state is read (kiro.store.statestore)
 
 # summary fields a summary written by an earlier kiro lacks and a row does without (finished loops never
 # write theirs again: requiring it would read each of their state files on every `status`)
@@ -81,6 +84,8 @@ def advice(state: LoopState, status: Status | str, stop_reason: str | None = Non
 
 def loop_row(store: StateStore, state: LoopState, *, alive: bool | None = None) -> dict[str, Any]:
     """What `status` shows of one loop."""
+    from kiro.store.state import to_jsonable
+
     shown = journal.summary_of(to_jsonable(state))
     if state.status == Status.SLEEPING:  # why it sleeps: its last transition (not in the summary)
         last = state.history[-1] if state.history else None
@@ -156,6 +161,8 @@ def cost(usage: dict[str, Any] | None) -> str | None:
 
 def schedule_fields(state: LoopState) -> dict[str, Any]:
     """A recurring task's schedule, runs and next run (SPEC §11); {} for a plain loop."""
+    from kiro.store.state import to_jsonable
+
     return _schedule_fields(journal.summary_of(to_jsonable(state)))
 
 

@@ -28,7 +28,8 @@ from kiro import timeutil
 from kiro.errors import UserError
 from kiro.status import StopReason, percent, success_rate
 from kiro.store.logread import read_events
-from kiro.store.state import StateStore, effective_status
+from kiro.store.state import effective_status
+from kiro.store.statestore import StateStore
 from kiro.usage import Usage, dollars
 
 

@@ -34,7 +34,7 @@ from kiro.errors import ExecutorError
 from kiro.executors.base import Usage
 from kiro.plugins import AGENTS, UnknownName
 from kiro.store.redact import looks_like_token, looks_secret
-from kiro.store.state import SERVE_TOKEN_ENV
+from kiro.store.statestore import SERVE_TOKEN_ENV
 
 if TYPE_CHECKING:
     from kiro.processes.sandbox import Box
