@@ -15,6 +15,13 @@ an iteration's cost grows with the size of the task file.
 
 With --previous-tree DIR (a checkout of an older kiro, e.g. `git worktree add /tmp/old <commit>`) the
 same runs are made with that tree, and the ratio is printed. Each run is checked: every box checked.
+
+With --sandbox off the config says `sandbox: off`: the figure leaves out the step box (bwrap's command line,
+its control folders, pasta for its network), which is on by default where bwrap is usable since the sandbox
+landed (523f972, 2026-11-27); a tree older than that has no box, so only `--sandbox off` compares like with
+like. (Work kiro does on a timer, the state file's snapshot once a second, and the change hub's wake-ups come
+more often per step under callgrind, whose runs are ~50x slower: a change to them moves this figure more than
+it moves a real run.)
 """
 
 from __future__ import annotations
@@ -40,13 +47,17 @@ def task(n: int, done: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-def count(tree: Path, steps: int, done: int = 0) -> int:
-    """Instructions of one `kiro loop start` of `steps` steps, with `tree`'s kiro."""
+def count(tree: Path, steps: int, done: int = 0, sandbox: str | None = None) -> int:
+    """Instructions of one `kiro loop start` of `steps` steps, with `tree`'s kiro (`sandbox`: the config's
+    `sandbox:`, None for the default; left out for a tree from before the box, which would refuse the key)."""
+    if not (tree / "kiro/processes/sandbox.py").exists():
+        sandbox = None
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "ws"
         for name in ("Specs/a", "config"):
             (root / name).mkdir(parents=True)
-        (root / "config/autonomous_loop.yaml").write_text("autonomous_loop:\n  max_iterations: 100000\n")
+        (root / "config/autonomous_loop.yaml").write_text("autonomous_loop:\n  max_iterations: 100000\n"
+                                                          + (f"sandbox: {sandbox}\n" if sandbox else ""))
         (root / "Specs/a/tasks.md").write_text(task(steps, done))
         r = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out", sys.executable,
                             "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md", "-q"], cwd=root,
@@ -62,9 +73,9 @@ def count(tree: Path, steps: int, done: int = 0) -> int:
     raise AssertionError("no count from callgrind")
 
 
-def per_iteration(tree: Path, few: int, many: int, done: int) -> tuple[float, int, int]:
-    count(tree, 1)  # byte-code caches written, not counted
-    a, b = count(tree, few, done), count(tree, many, done)
+def per_iteration(tree: Path, few: int, many: int, done: int, sandbox: str | None) -> tuple[float, int, int]:
+    count(tree, 1, sandbox=sandbox)  # byte-code caches written, not counted
+    a, b = count(tree, few, done, sandbox), count(tree, many, done, sandbox)
     return (b - a) / (many - few), a, b
 
 
@@ -73,6 +84,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs=2, default=(20, 120), metavar=("FEW", "MANY"))
     ap.add_argument("--done", type=int, default=0, metavar="N", help="steps already checked at the top of the task")
     ap.add_argument("--previous-tree", type=Path)
+    ap.add_argument("--sandbox", choices=("off", "bwrap"), help="the config's `sandbox:` (default: kiro's default)")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("this bench needs valgrind (apt-get install valgrind)")
@@ -80,9 +92,10 @@ def main() -> None:
     trees = [("this tree", HERE)]
     if args.previous_tree is not None:
         trees.append((str(args.previous_tree), args.previous_tree.resolve()))
-    results = {label: per_iteration(tree, few, many, args.done) for label, tree in trees}
+    results = {label: per_iteration(tree, few, many, args.done, args.sandbox) for label, tree in trees}
     print(f"instructions per loop iteration, shell steps running `true` (callgrind, kiro's process; "
-          f"runs of {few} and {many} steps{f', after {args.done} steps already done' if args.done else ''}):")
+          f"runs of {few} and {many} steps{f', after {args.done} steps already done' if args.done else ''}; "
+          f"sandbox: {args.sandbox or 'default'}):")
     mine = results["this tree"][0]
     for label, (each, a, b) in results.items():
         ratio = f"; {each / mine:.2f}x this tree" if label != "this tree" else ""
