@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,3 +158,52 @@ def test_a_held_lock_that_is_not_the_loops_is_refused_in_one_line(ws: Workspace)
         assert len(r.stderr.strip().splitlines()) == 1 and "--held-lock 0" in r.stderr, (cmd, r.stderr)
     assert (ws.root / ".state" / "autonomous_loop_fg.json").read_bytes() == before
     assert (ws.root / "side_effects.log").read_text().split() == ["1"]  # no step ran
+
+
+PROBE = """\
+import runpy, sys
+sys.argv = ["kiro", *sys.argv[1:]]
+code = 0
+try:
+    runpy.run_module("kiro", run_name="__main__")
+except SystemExit as e:
+    code = e.code
+sys.stdout.flush()
+sys.stderr.write("\\n@@" + " ".join([str(code), *sorted(sys.modules)]) + "\\n")
+"""
+"""A cold `kiro ARGS` (not the tests' fork server, which holds every module already) that says last on stderr,
+after "@@", its exit code and the modules it imported."""
+
+RUNS_THE_LOOP = ("kiro.core.engine", "kiro.core.features", "kiro.core.listeners", "kiro.core.precheck",
+                 "kiro.core.scheduled", "kiro.core.parallel", "kiro.core.review", "kiro.core.evidence",
+                 "kiro.core.guardrails", "kiro.core.supervisor", "kiro.executors.verify", "kiro.serve",
+                 "kiro.temporal", "openai", "watchfiles")
+"""What only a running loop needs: its own process imports them, not the `--detach` command that prepares it."""
+GIT_AND_EVENTS = ("kiro.git", "kiro.store.events")
+
+
+def detach_imports(ws: Workspace, task: str, tid: str) -> list[str]:
+    """The modules a cold `kiro loop start --detach` imports (its loop's process not counted); waits for the
+    loop to complete."""
+    r = subprocess.run([sys.executable, "-c", PROBE, "loop", "start", "--detach", "--task", task, "--task-id", tid],
+                       cwd=ws.root, env=ws.env(), capture_output=True, text=True, timeout=300)
+    code, *modules = r.stderr.rsplit("@@", 1)[1].split()
+    assert code == "0" and r.stdout.strip().splitlines()[-1] == tid, r.stdout + r.stderr
+    ws.wait_for(lambda: ws.state(tid)["status"] == "completed", what=f"loop {tid} to complete")
+    return modules
+
+
+def test_the_detach_command_imports_nothing_only_the_running_loop_needs(ws: Workspace) -> None:
+    """Issue #41: `start --detach` returns once its loop is prepared (config, state, lock) and handed over; the
+    engine, its features and listeners, git, the event models, the server are imported by the loop's own
+    process, which runs it. (The first start in a workspace also keeps kiro's folders out of git,
+    kiro.git.ignore: here a loop ran before.)"""
+    ws.task(shell_task(1))
+    ws.task(shell_task(1, title="Other task"), "Specs/other/tasks.md")
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md").returncode == 0
+    modules = detach_imports(ws, "Specs/other/tasks.md", "bg")
+    ran = [m for m in modules if m.startswith(RUNS_THE_LOOP + GIT_AND_EVENTS)]
+    print(f"--detach: {len([m for m in modules if m.startswith('kiro')])} kiro modules imported, of the running "
+          f"loop's, git's or the events': {ran or 'none'}")
+    assert ran == []
+    assert (ws.root / "side_effects.log").read_text().split() == ["1", "1"]  # each loop ran its step

@@ -20,7 +20,7 @@ from kiro.core.front import Front
 from kiro.errors import Conflict, UserError
 
 if TYPE_CHECKING:
-    from kiro.core.engine import LoopRun
+    from kiro.core.looprun import LoopRun
     from kiro.store.messages import Message
     from kiro.store.redact import Redactor
     from kiro.store.statestore import StateStore

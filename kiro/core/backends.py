@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kiro.errors import RunError, UserError
 
 if TYPE_CHECKING:
-    from kiro.core.engine import LoopRun, Outcome
+    from kiro.core.engine import Outcome
     from kiro.core.front import Front
+    from kiro.core.looprun import LoopRun
     from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace
 

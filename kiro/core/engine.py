@@ -21,7 +21,7 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,8 @@ from kiro import timeutil
 from kiro.core import conditions, resolved
 from kiro.core.conditions import Stop
 from kiro.core.guardrails import LoopGuardrails, SharedLimits, Trigger
-from kiro.core.hooks import Checkpoint, Feature, LoopListener, Reopen
+from kiro.core.hooks import Checkpoint, LoopListener, Reopen
+from kiro.core.looprun import LoopRun
 from kiro.core.watch import POLL_FALLBACK, ChangeHub, acquire_hub, release_hub, wait_until
 from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, raise_errors
 from kiro.executors import prompts
@@ -44,14 +45,12 @@ from kiro.processes.spawn import tail
 from kiro.status import Status, StopReason
 from kiro.store import events as ev
 from kiro.store import tasks
-from kiro.store.config import Config
 from kiro.store.events import Event, EventLog, Listener
 from kiro.store.messages import Inbox, render
 from kiro.store.receipts import VerifyRun
 from kiro.store.redact import Redactor
-from kiro.store.state import CompletedStep, CurrentStep, FailedStep, LoopState, clip, first_line
-from kiro.store.statestore import StateStore
-from kiro.store.workspace import Workspace, locate_task
+from kiro.store.state import CompletedStep, CurrentStep, FailedStep, clip, first_line
+from kiro.store.workspace import locate_task
 from kiro.usage import Usage
 
 if TYPE_CHECKING:
@@ -68,25 +67,6 @@ class Outcome:
     message: str
     exit_code: int
     report: str | None = None
-
-
-@dataclass
-class LoopRun:
-    """Everything one loop needs, prepared by `kiro.core.runner` (config resolved, lock held)."""
-
-    ws: Workspace
-    store: StateStore
-    config: Config
-    state: LoopState
-    task_path: Path
-    executor_name: str
-    resumed: bool = False
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # lines to show at start that are no warning (the sandbox's)
-    release: Callable[[], None] | None = None
-    executor: Executor | None = None
-    lock: Any = None  # the loop's FileLock, for a supervisor that keeps it across runs
-    features: list[Feature] = field(default_factory=list)  # git, approval, schedule, pre-check (kiro.core.features)
 
 
 def backoff_delay(attempts: int, base: float, cap: float, exponential: bool, rng: random.Random) -> float:

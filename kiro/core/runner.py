@@ -4,7 +4,6 @@ executor. The CLI calls these; the engine runs what they return.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -14,29 +13,32 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiro import executors, timeutil
-from kiro.core import features, heap, resolved, schedule
-from kiro.core.engine import Loop, LoopRun, Outcome, install_signal_handlers
-from kiro.core.guardrails import SharedLimits
-from kiro.core.listeners import standard as standard_listeners
+from kiro.core import heap, resolved, schedule
+from kiro.core.looprun import LoopRun
 from kiro.errors import Conflict, ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
-from kiro.executors.base import Executor
 from kiro.fs import diskfull, safeio
 from kiro.fs.atomic import Staged
 from kiro.fs.locks import Flock
-from kiro.git import checkpoints, ignore
 from kiro.status import Status, StopReason
 from kiro.store import approval, cleanup, kirospec, taskmap, tasks
 from kiro.store.config import FRONTMATTER_KEYS, Config
-from kiro.store.events import Listener
 from kiro.store.redact import Redactor
 from kiro.store.settings import Located, settings_for
 from kiro.store.state import LoopState, effective_status
 from kiro.store.statestore import StateStore
 from kiro.store.unbuilt import not_built_warnings
 from kiro.store.workspace import START_GUARD, Workspace, check_task_id, is_task_id, locate_task
+
+# What only running a loop needs (the engine, its features and listeners, git) is imported where a loop runs:
+# `kiro loop start --detach` prepares its loop with these functions and runs none (tests/test_detach.py).
+if TYPE_CHECKING:
+    from kiro.core.engine import Outcome
+    from kiro.core.hooks import Feature
+    from kiro.executors.base import Executor
+    from kiro.store.events import Listener
 
 __all__ = ["Located", "settings_for", "prepare_start", "prepare_resume", "run_loops", "LoopIndex", "StartBatch"]
 
@@ -249,7 +251,7 @@ class StartBatch:
             loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
             _check_project_dir(loc.ws, loc.config)
             loc.ws.ensure_folders()
-            checkpoints.preflight(loc.config, loc.ws.root / loc.config.project_dir)
+            _git_preflight(loc.config, loc.ws.root / loc.config.project_dir)
             cached = (loc.config, loc.ws, loc.store.redact)
             if key is not None:
                 self._settings[key] = cached
@@ -410,6 +412,8 @@ def _remember_task_id(ws: Workspace, path: Path, task: tasks.TaskFile, tid: str)
 
 def _keep_out(ws: Workspace, warnings: list[str]) -> None:
     """kiro's folders stay out of the person's commits (kiro.git.ignore), and the person is told so."""
+    from kiro.git import ignore
+
     said = ignore.keep_out(ws)
     if said:
         warnings.append(said)
@@ -423,6 +427,21 @@ def check_new_task_id(store: StateStore, task_id: str) -> str:
         raise UserError(f"--task-id {store.redact.text(tid)!r} holds a secret kiro knows of (an API key, a "
                         f"token); every file of the loop names its id: choose another")
     return tid
+
+
+def _git_preflight(cfg: Config, project_dir: Path) -> None:
+    """kiro.git.checkpoints.preflight, when the config asks for git: a loop without it imports no kiro.git."""
+    if cfg.checkpoints == "git" or cfg.isolation == "worktree":
+        from kiro.git import checkpoints
+
+        checkpoints.preflight(cfg, project_dir)
+
+
+def _standard_features() -> list[Feature]:
+    """The features a prepared loop runs with (kiro.core.features), made where it runs (kiro.core.looprun)."""
+    from kiro.core import features
+
+    return features.standard()
 
 
 def _check_sandbox(cfg: Config) -> None:
@@ -473,7 +492,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         loc = settings_for(ws0, config_file=config_file, task=task, overrides=overrides)
         ws, store, cfg = loc.ws, loc.store, loc.config
         _check_project_dir(ws, cfg)
-        checkpoints.preflight(cfg, ws.root / cfg.project_dir)
+        _git_preflight(cfg, ws.root / cfg.project_dir)
     rel = ws.relative_name(task_path)  # resolve_task walked it (a real path): the loop's three uses need no walk
     _check_sandbox(cfg)
     schedule.of_task(task, rel)  # a bad `schedule:` is one clear line, before anything starts
@@ -549,7 +568,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
                    notes=_sandbox_notes(cfg, ws, task_path, executor, warnings),
                    release=lambda: _release(store, tid, lock), executor=executor, lock=lock,
-                   features=features.standard())
+                   make_features=_standard_features)
 
 
 def _refuse_existing(store: StateStore, existing: LoopState | None, rel: str, *, fresh: bool) -> None:
@@ -762,7 +781,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
                    notes=[*(f"answered: {a}" for a in answered), *_sandbox_notes(cfg, ws, path, executor, warnings)],
                    release=lambda: _release(store, task_id, lock), executor=executor, lock=lock,
-                   features=features.standard())
+                   make_features=_standard_features)
 
 
 RESUMED_BY_ALL = (StopReason.STOP_HOOK, StopReason.CHECKPOINT)
@@ -808,6 +827,12 @@ def _task_warnings(task: tasks.TaskFile, ws: Workspace) -> list[str]:
 
 async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None) -> list[Outcome]:
     """Run prepared loops side by side in this process; SIGTERM, SIGINT and SIGHUP stop them all."""
+    import asyncio
+
+    from kiro.core.engine import Loop, install_signal_handlers
+    from kiro.core.guardrails import SharedLimits
+    from kiro.core.listeners import standard as standard_listeners
+
     loops: list[Loop] = []
     shared = SharedLimits(runs[0].config) if runs else None
     try:

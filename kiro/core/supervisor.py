@@ -25,9 +25,10 @@ from typing import Any
 
 from kiro import executors
 from kiro.core import heap, resolved
-from kiro.core.engine import Loop, LoopRun, Outcome, on_signals
+from kiro.core.engine import Loop, Outcome, on_signals
 from kiro.core.guardrails import SharedLimits
 from kiro.core.listeners import standard as standard_listeners
+from kiro.core.looprun import LoopRun
 from kiro.core.runner import (
     LoopIndex,
     find_loop_for_task,

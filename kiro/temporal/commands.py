@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kiro.core.engine import STOP_SIGNALS, LoopRun, Outcome
+from kiro.core.engine import STOP_SIGNALS, Outcome
 from kiro.core.front import Front
+from kiro.core.looprun import LoopRun
 from kiro.status import Status
 from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
