@@ -220,6 +220,8 @@ def test_rollback_is_refused_while_the_loop_runs(ws: Workspace) -> None:
     proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "live")
     try:
         ws.wait_for(lambda: (ws.state("live")["current_step"] or {}).get("step_id") == "4", what="step 4 running")
+        # the state names step 4 as its shell starts: its first command has written README.md only some time later
+        ws.wait_for(lambda: "greets" in (ws.root / "README.md").read_text(), what="step 4's change to README.md")
         r = ws.run("loop", "rollback", "--task-id", "live", "--to-step", "1")
         assert r.returncode == 1 and "is running" in r.stderr and "kiro loop stop" in r.stderr, r.stderr
         assert (ws.root / "src/extra.txt").exists()
