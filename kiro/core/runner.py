@@ -431,7 +431,7 @@ def check_new_task_id(store: StateStore, task_id: str) -> str:
 
 def _git_preflight(cfg: Config, project_dir: Path) -> None:
     """kiro.git.checkpoints.preflight, when the config asks for git: a loop without it imports no kiro.git."""
-    if cfg.checkpoints == "git" or cfg.isolation == "worktree":
+    if cfg.git_demanded:
         from kiro.git import checkpoints
 
         checkpoints.preflight(cfg, project_dir)

@@ -1132,7 +1132,7 @@ class LoopGit:
 def preflight(cfg: Any, project_dir: Path) -> None:
     """Before a loop is created: a git setting that cannot work is the person's mistake (exit 1,
     one line, no state written)."""
-    if cfg.checkpoints != "git" and cfg.isolation != "worktree":
+    if not cfg.git_demanded:
         return
     if cfg.checkpoints == "off":
         raise UserError("isolation: worktree needs checkpoints: git (the loop's work is kept as commits on its "

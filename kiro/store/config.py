@@ -639,6 +639,12 @@ class Config(_Strict):
             raise ValueError(f"{twice!r} is named twice (agent and fallback_agents together list each agent once)")
         return value
 
+    @property
+    def git_demanded(self) -> bool:
+        """The person asked for git (`checkpoints: git` or `isolation: worktree`): a loop where it cannot work is
+        refused before it starts (kiro.git.checkpoints.preflight)."""
+        return self.checkpoints == "git" or self.isolation == "worktree"
+
     @model_validator(mode="after")
     def _review_on_temporal(self) -> "Config":
         """On the temporal backend the step's worker runs the reviewer in its clone (kiro.temporal.attempt): a
