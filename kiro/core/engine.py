@@ -40,7 +40,7 @@ from kiro.executors.verify import run_verify, verify_error, verify_failed
 from kiro.fs import diskfull, writer
 from kiro.fs.atomic import atomic_write
 from kiro.fs.writer import WriteQueue
-from kiro.processes import groups
+from kiro.processes import groups, sandbox
 from kiro.processes.spawn import tail
 from kiro.status import Status, StopReason
 from kiro.store import events as ev
@@ -518,6 +518,7 @@ class Loop:
                 await release_hub(self._hub)
                 self._hub = None
             if self._ledger is not None:
+                sandbox.close_networks(self._ledger.token)  # the network namespace its boxes joined
                 self._ledger.close()  # its file goes when no step's group is left
         outcome = self._finish(stop)
         await self.flush()  # the end is observable (exit code, outcome, the dashboard): on disk first

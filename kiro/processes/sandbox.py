@@ -69,7 +69,6 @@ import select
 import stat
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -356,12 +355,14 @@ class Box:
                 _tidy_at_exit()
                 _idle.add(folder)
 
-    def link(self) -> Network | None:
-        """What connects this box's own network namespace to the internet (`on` with pasta installed),
-        or None: no network (`off`), the host's (`host`), or no pasta (the host's, said at start)."""
+    async def link(self, loop: str | None) -> Network | None:
+        """The network namespace this box's bwrap joins (`on` with pasta installed): the one kept for `loop` (a
+        loop's ledger token) and this box's ports, made on the loop's first step that needs it; with no loop, one
+        of the step's own (`Network.loop` None: the caller closes it with the step). None: no network (`off`), the
+        host's (`host`), or no pasta (the host's, said at start)."""
         if self.network != "on" or pasta_path() is None:
             return None
-        return Network(self.ports)
+        return await Network.held(self.ports, loop)
 
     def own_network(self) -> bool:
         return self.network == "off" or (self.network == "on" and pasta_path() is not None)
@@ -372,15 +373,16 @@ class Box:
         tmpfs (also one that is not the box's: run_command's own temporary home). What the tmpfs on
         /tmp or $HOME would hide of the folders on its PATH, of the program's folder and of the files
         its command line names (`python /tmp/agent.py`) stays visible read-only: the command runs
-        as kiro gives it. Makes the missing control folders it binds (`hold`): the caller `release`s
-        the box when the command has ended."""
+        as kiro gives it. `link`: the network namespace it joins (`Box.link`). Makes the missing control
+        folders it binds (`hold`): the caller `release`s the box when the command has ended."""
         tool = bwrap_path()
         if tool is None:
             raise FileNotFoundError(2, f"bwrap is not installed ({INSTALL})", "bwrap")
         self.hold()
-        args = [tool, *_base(own_network=self.own_network())]
-        if link is not None:
-            args += link.bwrap_args()
+        # joining the network kept for the loop (`link`), or a namespace of its own: without a link a box that
+        # should have its own network gets none, never the host's
+        args = [*(link.join_args() if link is not None else ()), tool,
+                *_base(own_network=self.own_network() and link is None)]
         child_home = env.get("HOME")
         homes = [p for p in (self.home, Path(child_home) if child_home else None)
                  if p is not None and p.is_absolute() and p != Path("/")]
@@ -463,66 +465,117 @@ class NetworkError(ExecutorError):
 
 
 class Network:
-    """pasta connecting one box's own network namespace (bwrap's `--unshare-net`) to the internet, as
-    rootless podman does: bwrap tells kiro its child's pid (`--info-fd`) and waits (`--block-fd`) while
-    kiro starts pasta on that namespace; once pasta has connected it, the command starts. No port of the
-    host is forwarded into the box but `ports` (its 127.0.0.1:port reaches the host's 127.0.0.1:port), none
-    of the box's to the host, and the gateway's address is not the host (`--no-map-gw`). pasta ends with
-    the step (`close`), or with kiro, whatever ends kiro (`_pasta`)."""
+    """A network namespace of kiro's own, connected to the internet by pasta (as rootless podman does), that each
+    box of one loop joins (`join_args`: `nsenter --net`, bwrap has no option to join one) instead of making its
+    own (`--unshare-net`) with a pasta for every step: ~60 ms of CPU a step less (docs/guides/box-cost.md).
 
-    def __init__(self, ports: Sequence[int] = ()) -> None:
+    Made on the loop's first step that needs it (`held`), one per loop and per set of `ports` (a box reaches the
+    host's 127.0.0.1 on exactly its own ports, as before: a shell step's box does not get the agent's model
+    port), never shared with another loop. Ended when the loop ends (`close_networks`, kiro.core.engine), when
+    kiro exits (atexit), and when kiro is killed, however: the holder of the namespace reads a pipe only kiro
+    writes (its end is the holder's), pasta gets SIGKILL from the kernel (`setpriv --pdeathsig`) and from
+    kiro's reaper. A step's processes still end with the step (its own PID namespace): nothing of one step
+    listens in the namespace for the next. A pasta or holder that ended mid-loop is replaced at the next step.
+
+    No port of the host is forwarded into the namespace but `ports` (its 127.0.0.1:port reaches the host's
+    127.0.0.1:port), none of the namespace's to the host, and the gateway's address is not the host
+    (`--no-map-gw`). As root the holder makes a network namespace only; otherwise a user namespace too (the
+    person's uid mapped to itself), which the box's bwrap joins with it and makes its own inside."""
+
+    def __init__(self, ports: Sequence[int] = (), loop: str | None = None) -> None:
         self.ports = tuple(ports)
-        self._info_r, self._info_w = os.pipe()
-        self._block_r, self._block_w = os.pipe()
+        self.loop = loop  # the loop it is kept for; None: one step's, closed with it
+        self._holder: subprocess.Popen[bytes] | None = None  # in the namespace, until its stdin ends
         self._proc: subprocess.Popen[bytes] | None = None  # pasta, while it runs
+        self._opened: asyncio.Future[None] | None = None
 
-    def bwrap_args(self) -> list[str]:
-        return ["--info-fd", str(self._info_w), "--block-fd", str(self._block_r)]
+    @classmethod
+    async def held(cls, ports: Sequence[int], loop: str | None) -> Network:
+        """The network kept for `loop` and `ports`, made now when there is none or what held it has ended."""
+        if loop is None:
+            net = cls(ports)
+            try:
+                await net._open()
+            except BaseException:
+                net.close()
+                raise
+            return net
+        key = (loop, tuple(ports))
+        kept = _networks.get(key)
+        if kept is not None and not kept.alive():  # pasta or the holder ended mid-loop: a new one
+            del _networks[key]
+            kept.close()
+            kept = None
+        if kept is None:
+            kept = _networks[key] = cls(ports, loop)
+            _close_networks_at_exit()
+        net = kept
+        if net._opened is None:  # the loop's steps that start together wait for the same one
+            net._opened = asyncio.ensure_future(net._open())
+        try:
+            await asyncio.shield(net._opened)
+        except BaseException:
+            if _networks.get(key) is net and net._opened.done():
+                del _networks[key]
+                net.close()
+            raise
+        return net
 
-    @property
-    def child_fds(self) -> tuple[int, int]:
-        return self._info_w, self._block_r
+    def alive(self) -> bool:
+        """Still there to join: its holder and its pasta run (or it is being made)."""
+        if self._opened is None or not self._opened.done():
+            return True
+        return (self._holder is not None and self._holder.poll() is None
+                and self._proc is not None and self._proc.poll() is None)
 
-    def started(self) -> None:
-        """bwrap runs: its ends of the pipes are its own now."""
-        self._close("_info_w", "_block_r")
+    def join_args(self) -> list[str]:
+        """What to put before bwrap's command line for it to run in this namespace (and, when kiro is not root,
+        in the user namespace that owns it: bwrap makes its own inside it)."""
+        from kiro.processes import groups
 
-    def _close(self, *names: str) -> None:
-        """Close these fds once (a number closed twice may be another's by then: a pidfd, a pipe)."""
-        for name in names:
-            fd = getattr(self, name)
-            if fd >= 0:
-                setattr(self, name, -1)
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        assert self._holder is not None
+        tool = groups.which("nsenter") or "nsenter"
+        ns = f"/proc/{self._holder.pid}/ns"  # kiro's child, not collected before `close`: its pid is not reused
+        return [tool, f"--net={ns}/net", *([] if _root() else [f"--user={ns}/user", "--preserve-credentials"]), "--"]
 
-    async def connect(self) -> None:
-        """Connect the namespace of the bwrap just started, then let its command run. Raises
-        NetworkError (bwrap ended before it had a namespace, or pasta refused)."""
+    async def _open(self) -> None:
+        """Make the namespace (its holder) and connect it (pasta). Raises NetworkError."""
+        from kiro.processes import groups
+
+        tool = groups.which("unshare")
+        if tool is None:
+            raise NetworkError("the box's network cannot be made: unshare is not installed (apt-get install "
+                               "util-linux)")
+        argv = [tool, "--net", *([] if _root() else ["--user", "--map-current-user"]), "--", "/bin/sh", "-c",
+                "echo; read _"]  # says it is in the namespace, then holds it until kiro's end of stdin closes
         loop = asyncio.get_running_loop()
-        pid = await loop.run_in_executor(None, _child_pid, self._info_r)
-        if pid is None:
-            return  # bwrap failed before its namespace: its own error is the step's
-        if not await _loopback_set_up(pid):
-            return  # bwrap ended before its loopback was there: its own error is the step's
+        self._holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True)
+        assert self._holder.stdout is not None
+        if not await loop.run_in_executor(None, self._holder.stdout.readline):
+            said = await loop.run_in_executor(None, self._holder.communicate)
+            lines = [x for x in said[1].decode(errors="replace").splitlines() if x.strip()]
+            raise NetworkError(f"the box's network namespace cannot be made ({(lines or ['exit status'])[-1]})")
+        for pipe in (self._holder.stdout, self._holder.stderr):  # it says nothing more: only its stdin is kept
+            if pipe is not None:
+                pipe.close()
         opened: list[int] = []
         try:
             try:
-                opened.append(os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC))
-                if not _root():  # bwrap's user namespace owns the network one: pasta joins both
-                    opened.append(os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC))
+                opened.append(os.open(f"/proc/{self._holder.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+                if not _root():  # the holder's user namespace owns the network one: pasta joins both
+                    opened.append(os.open(f"/proc/{self._holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC))
             except OSError as exc:
                 raise NetworkError(f"the box's network namespace cannot be opened ({exc.strerror})") from None
             await self._pasta(opened)
         finally:
             for fd in opened:
                 os.close(fd)
-        os.write(self._block_w, b"1")
 
     async def _pasta(self, fds: list[int]) -> None:
         """Start pasta on the namespace (`fds`: its network one, and its user one when kiro is not root) and
         wait until it has connected it. pasta stays in the foreground, kiro's child in a session of its own;
-        `close` ends it with the step, and the kernel when kiro dies, however it dies (`setpriv --pdeathsig`;
+        `close` ends it with the loop, and the kernel when kiro dies, however it dies (`setpriv --pdeathsig`;
         kiro's reaper too, kiro.processes.groups.register, also where setpriv is missing). A pasta that forked
         into the background outlived a kiro that was killed, each with an inotify instance (watching
         /proc/self/fd, which tells no one of a namespace's end), until none were left for the machine. It
@@ -575,15 +628,23 @@ class Network:
         raise NetworkError(f"pasta could not connect the box's network ({(said or [f'exit {code}'])[-1]})")
 
     def close(self) -> None:
-        """The step has ended: end pasta, collect it, and close the pipes."""
+        """End pasta and the holder (the namespace goes with the last process in it) and collect them: the loop
+        (or, with no loop, the step) has ended, or they have and the next step gets a new one."""
         from kiro.processes import groups
 
         proc, self._proc = self._proc, None
         if proc is not None:
-            proc.kill()  # nothing of it to keep: the box it connected has ended
+            proc.kill()  # nothing of it to keep: the boxes it connected have ended
             _wait_ended(proc, PASTA_END_WAIT)
             groups.unregister(proc.pid)
-        self._close("_info_r", "_block_w", "_info_w", "_block_r")
+        holder, self._holder = self._holder, None
+        if holder is not None:
+            holder.kill()
+            _wait_ended(holder, PASTA_END_WAIT)
+            for pipe in (holder.stdin, holder.stdout, holder.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
 
 
 def _wait_ended(proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -604,57 +665,24 @@ def _wait_ended(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 
 PASTA_END_WAIT = 10.0  # seconds for a SIGKILLed pasta to be gone (at once, but for a machine out of breath)
-LOOPBACK_WAIT = 60.0  # seconds bwrap's child may take to set up its loopback on a loaded machine
+_networks: dict[tuple[str, tuple[int, ...]], Network] = {}  # kept for each loop (its ledger's token) and ports
 
 
-async def _loopback_set_up(pid: int) -> bool:
-    """Wait until bwrap's child `pid` has set up its namespace's loopback (127.0.0.1 on `lo`, in the namespace's
-    routing table). bwrap reports the pid before its child does so, and pasta brings `lo` up too: a pasta that
-    comes first gives `lo` its 127.0.0.1, bwrap's own request to add it then fails and so does the box
-    ("loopback: Failed RTM_NEWADDR"), seen on a loaded machine. False: the child ended first (its error is
-    the step's). NetworkError: still not there after LOOPBACK_WAIT seconds."""
-    try:
-        proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # this process, not a reused pid
-    except OSError:
-        return False
-    try:
-        deadline = time.monotonic() + LOOPBACK_WAIT
-        delay = 0.001
-        while True:
-            try:
-                fd = os.open("net/fib_trie", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
-            except OSError:
-                return False  # the child has ended
-            try:
-                table = os.read(fd, 1 << 16)
-            except OSError:
-                return False
-            finally:
-                os.close(fd)
-            if b"127.0.0.1" in table:
-                return True
-            if time.monotonic() > deadline:
-                raise NetworkError(f"the box's loopback was not set up within {LOOPBACK_WAIT:.0f} s")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
-    finally:
-        os.close(proc)
+def close_networks(loop: str | None = None) -> None:
+    """The loop `loop` has ended (None: every loop of the process, as it exits): end the networks kept for it."""
+    for key, net in list(_networks.items()):
+        if loop is None or key[0] == loop:
+            del _networks[key]
+            net.close()
 
 
-def _child_pid(fd: int) -> int | None:
-    """The pid bwrap reports on its info fd (`{"child-pid": N, ...}`), or None when it ended without one."""
-    import json
+def _close_networks_at_exit() -> None:
+    if not _networks_registered:
+        _networks_registered.append(True)
+        atexit.register(close_networks)
 
-    data = b""
-    while b"}" not in data:
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return None
-        data += chunk
-    try:
-        return int(json.loads(data[: data.index(b"}") + 1])["child-pid"])
-    except (ValueError, KeyError, TypeError):
-        return None
+
+_networks_registered: list[bool] = []
 
 
 BASE_MOUNTS = (Path("/dev"), Path("/dev/shm"), Path("/proc"), Path("/tmp"))  # what `_base` mounts on the root

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVarTuple
 
 from kiro.processes import groups
-from kiro.processes.sandbox import Box, Network, NetworkError
+from kiro.processes.sandbox import Box, Network
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -153,14 +153,14 @@ class Child:
     proc: asyncio.subprocess.Process
     ledger: groups.Ledger | None
     box: Box | None = None
-    link: Network | None = None  # pasta, for a box with its own network
+    link: Network | None = None  # the network namespace its box joined, when it is the step's own (no loop)
 
     def release(self) -> None:
         """End what is left of its group (a step that exits may leave a background server behind), take
         it off the reaper's list and the ledger, and let its box remove the control folders it made for
         the step (if still empty)."""
         kill_group(self.proc.pid, signal.SIGKILL)
-        if self.link is not None:
+        if self.link is not None and self.link.loop is None:
             self.link.close()
         if self.box is not None:
             self.box.release()
@@ -190,16 +190,16 @@ async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None
     if mark is not None:
         child_env[mark[0]] = mark[1]
     wait_by_pidfd()
-    link = box.link() if box is not None else None
+    # the box's own network, connected before its command starts (kiro.processes.sandbox.Network): the loop's
+    link = await box.link(ledger.token if ledger is not None else None) if box is not None else None
     command = groups.wrap(list(argv), confine=confine) if box is None else \
         [*box.prefix(cwd, child_env, argv, link=link), *argv]
     try:
         proc = await asyncio.create_subprocess_exec(*command, cwd=str(cwd), env=child_env, stdin=stdin,
                                                     stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                                                    start_new_session=True, limit=limit,
-                                                    pass_fds=link.child_fds if link is not None else ())
+                                                    start_new_session=True, limit=limit)
     except BaseException:
-        if link is not None:
+        if link is not None and link.loop is None:
             link.close()
         if box is not None:
             box.release()
@@ -207,31 +207,7 @@ async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None
     groups.register(proc.pid)
     if ledger is not None:
         ledger.add(proc.pid)
-    child = Child(proc, ledger, box, link)
-    if link is not None:
-        link.started()
-        try:  # the box's own network, connected before its command starts (kiro.processes.sandbox.Network)
-            await link.connect()
-        except (NetworkError, OSError):  # OSError: bwrap's block pipe was closed (BrokenPipeError)
-            # bwrap ended meanwhile (killed by a stop, which ends the loop's process groups, or failed by itself):
-            # the box's namespace went with it; its end and its own output are the step's, as when it ends
-            # before it has a namespace (Network.connect), not a kiro crash
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(proc.wait(), 0.5)
-            if proc.returncode is not None:
-                return child
-            kill_group(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                await proc.wait()
-            child.release()
-            raise
-        except BaseException:
-            kill_group(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                await proc.wait()
-            child.release()
-            raise
-    return child
+    return Child(proc, ledger, box, link)
 
 
 class Watchdog:

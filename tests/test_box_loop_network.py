@@ -1,0 +1,150 @@
+"""One network namespace per loop (`sandbox_network: on`): a loop's boxed steps join one namespace, connected once
+by one pasta, instead of a pasta per step (kiro.processes.sandbox.Network). What must hold:
+
+- the steps of one loop share one pasta; two loops running in one process have two, each ended when its loop ends
+  (the process still runs);
+- a step's processes still end with the step: a listener one step leaves behind is not there for the next;
+- a pasta that dies mid-loop is replaced at the next step, whose network works.
+
+kiro's pastas and namespace holders are told apart from other runs' by a variable only this test's kiro has in
+its environment (they inherit kiro's). The steps wait on files the test makes, so that it looks at what runs
+while a step runs (no timing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kiro.processes import sandbox
+from tests.conftest import Workspace
+
+pytestmark = pytest.mark.skipif(sandbox.unusable() is not None or sandbox.pasta_path() is None,
+                                reason="needs a usable bwrap and pasta (Debian's passt)")
+
+MARK_VAR = "KIRO_TEST_LOOP_NETWORK"
+CONFIG = "sandbox: bwrap\nsandbox_network: on\nautonomous_loop:\n  failure_threshold: 1\n  max_step_retries: 0\n"
+HOLDER = b"echo; read _"  # the holder's command line (Network._open)
+
+
+def marked(mark: str) -> dict[int, str]:
+    """The processes that carry `mark` in their environment and are a pasta or a holder: {pid: which}."""
+    needle = f"{MARK_VAR}={mark}".encode()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                    if os.path.basename(argv[0]) in (b"pasta", b"pasta.avx2"):
+                        found[int(entry.name)] = "pasta"
+                    elif HOLDER in argv:
+                        found[int(entry.name)] = "holder"
+    return found
+
+
+def pastas(mark: str) -> list[int]:
+    return sorted(pid for pid, what in marked(mark).items() if what == "pasta")
+
+
+@pytest.fixture
+def mark() -> Iterator[str]:
+    """This test's mark; a pasta or holder that still carries it afterwards is killed (a failing run leaks none)."""
+    value = uuid.uuid4().hex
+    yield value
+    for pid in marked(value):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def waiting_step(n: int, name: str, then: str = "") -> str:
+    """Step `n` of a shell task: saves its routes and its namespace, says it runs, waits for the test's go."""
+    return (f"- [ ] {n}. Step {n}\n  ```sh\n  cat /proc/net/route > {name}.route{n}; "
+            f"readlink /proc/self/ns/net > {name}.ns{n}; {then}touch {name}.started{n}; "
+            f"while [ ! -e {name}.go{n} ]; do sleep 0.05; done\n  ```\n")
+
+
+def default_route(ws: Workspace, name: str) -> bool:
+    """pasta configured the step's network: a default route (a namespace without it has only its loopback)."""
+    return any(line.split("\t")[1:2] == ["00000000"] for line in (ws.root / name).read_text().splitlines())
+
+
+def test_one_pasta_serves_a_loops_steps_and_a_dead_one_is_replaced(ws: Workspace, cli_home: Path,
+                                                                     mark: str) -> None:
+    ws.write("config/autonomous_loop.yaml", CONFIG)
+    ws.task("---\nexecutor: shell\n---\n" + "".join(waiting_step(n, "a") for n in (1, 2, 3)))
+    proc = ws.spawn("loop", "start", "--task", "Specs/feature/tasks.md",
+                    env=ws.env(HOME=str(cli_home), **{MARK_VAR: mark}))
+    seen = {}
+    try:
+        for n in (1, 2, 3):
+            ws.wait_for(lambda n=n: (ws.root / f"a.started{n}").exists(), what=f"step {n} running")
+            seen[n] = pastas(mark)
+            if n == 2:
+                os.kill(seen[2][0], signal.SIGKILL)  # pasta dies mid-loop: the next step must get a new one
+                ws.wait_for(lambda: seen[2][0] not in pastas(mark), timeout=60, what="the killed pasta gone")
+            (ws.root / f"a.go{n}").touch()
+        assert proc.wait(timeout=120) == 0, ws.output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(f"pastas while each step ran: {seen}")
+    assert len(seen[1]) == 1 and seen[2] == seen[1], "steps 1 and 2 shared the loop's one pasta"
+    assert len(seen[3]) == 1 and seen[3] != seen[1], "step 3 got a new pasta after the first one was killed"
+    assert all(default_route(ws, f"a.route{n}") for n in (1, 2, 3)), "pasta connected every step's network"
+    namespaces = [(ws.root / f"a.ns{n}").read_text() for n in (1, 2, 3)]
+    assert namespaces[0] == namespaces[1], namespaces
+    ws.wait_for(lambda: not marked(mark), timeout=60, what="no pasta nor holder left once the loop is done")
+
+
+def test_two_loops_in_one_process_have_two_networks_each_ended_with_its_loop(ws: Workspace, cli_home: Path,
+                                                                             mark: str) -> None:
+    ws.write("config/autonomous_loop.yaml", CONFIG)
+    for name in ("a", "b"):
+        ws.task("---\nexecutor: shell\n---\n" + waiting_step(1, name), f"Specs/{name}/tasks.md")
+    proc = ws.spawn("loop", "watch", env=ws.env(HOME=str(cli_home), **{MARK_VAR: mark}))
+    try:
+        ws.wait_for(lambda: all((ws.root / f"{n}.started1").exists() for n in ("a", "b")), what="both loops' steps")
+        both = pastas(mark)
+        namespaces = {n: (ws.root / f"{n}.ns1").read_text() for n in ("a", "b")}
+        (ws.root / "a.go1").touch()
+        ws.wait_for(lambda: (ws.root / "Done/a/tasks.md").exists(), what="loop a done")
+        ws.wait_for(lambda: len(pastas(mark)) == 1, timeout=60, what="loop a's pasta gone with loop a")
+        left = pastas(mark)
+        (ws.root / "b.go1").touch()
+        ws.wait_for(lambda: (ws.root / "Done/b/tasks.md").exists(), what="loop b done")
+        ws.wait_for(lambda: not marked(mark), timeout=60, what="loop b's pasta and holder gone with loop b")
+        assert proc.poll() is None, "watch still runs: the networks ended with their loops, not with kiro"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    print(f"two loops at once: pastas {both}, namespaces {namespaces}; after loop a ended: {left}")
+    assert len(both) == 2 and set(left) < set(both), both
+    assert namespaces["a"] != namespaces["b"], "each loop its own namespace"
+    assert default_route(ws, "a.route1") and default_route(ws, "b.route1")
+
+
+def test_a_listener_a_step_leaves_is_gone_for_the_next_step(ws: Workspace, cli_home: Path, mark: str) -> None:
+    """Both steps in the loop's one namespace; the first starts a server in the background, reaches it, and ends:
+    its PID namespace ends with it, the server too, and the second step finds nothing listening."""
+    ws.write("config/autonomous_loop.yaml", CONFIG)
+    serve = ("python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 &\n"
+             "  for i in $(seq 600); do if (echo > /dev/tcp/127.0.0.1/8765) 2>/dev/null; then echo reached > first; "
+             "break; fi; sleep 0.1; done\n  readlink /proc/self/ns/net > ns1\n")
+    probe = ("readlink /proc/self/ns/net > ns2\n  if (echo > /dev/tcp/127.0.0.1/8765) 2>/dev/null; then echo reached > "
+             "second; else echo refused > second; fi\n")
+    ws.task(f"---\nexecutor: shell\n---\n- [ ] 1. Serve\n  ```sh\n  {serve}  ```\n"
+            f"- [ ] 2. Probe\n  ```sh\n  {probe}  ```\n")
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", env=ws.env(HOME=str(cli_home), **{MARK_VAR: mark}))
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = {name: (ws.root / name).read_text().strip() for name in ("first", "second", "ns1", "ns2")}
+    print(f"the first step's own server: {said['first']}; the next step: {said['second']} (namespaces "
+          f"{said['ns1']} {said['ns2']})")
+    assert said["ns1"] == said["ns2"], "one namespace for the loop's steps"
+    assert (said["first"], said["second"]) == ("reached", "refused")
