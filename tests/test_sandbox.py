@@ -495,59 +495,30 @@ def test_watch_names_the_box_once_as_start_does(ws: Workspace, home: Path) -> No
     assert said == line, ws.output(proc)
 
 
-def test_pasta_joins_a_box_only_once_bwrap_has_set_up_its_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bwrap reports its child's pid (`--info-fd`) before that child sets up the loopback of its new network;
-    pasta, started on that pid at once, brings `lo` up too, and when it comes first bwrap's own request for
-    127.0.0.1 fails: "loopback: Failed RTM_NEWADDR", a boxed step that fails for nothing on a loaded machine.
-    Made likely here: the child is stopped the moment kiro has its pid, and let go once pasta has brought `lo`
-    up (kiro did not wait) or half a second passed (kiro waits for bwrap's loopback, as it should)."""
+def test_a_boxed_process_outside_a_loop_gets_a_network_of_its_own_ended_with_it(tmp_path: Path) -> None:
+    """A boxed process with no loop around it (no ledger) joins a network namespace made for it alone, connected
+    by pasta, which ends with it (a loop's steps share the loop's: tests/test_box_network_ends.py)."""
     import asyncio
-    import threading
+
+    from kiro.processes.spawn import spawn
 
     assert sandbox.pasta_path() is not None, "pasta (Debian's passt) is installed on every test machine"
-    before_loopback = 0
-    real_child_pid = sandbox._child_pid
+    box = sandbox.box_for(project=tmp_path, workspace=tmp_path, state_dir=tmp_path / ".state", network="on")
 
-    def table(pid: int) -> bytes:
-        with contextlib.suppress(OSError):
-            return Path(f"/proc/{pid}/net/fib_trie").read_bytes()
-        return b""
+    async def run() -> tuple[str, list[int]]:
+        child = await spawn(["sh", "-c", "cat /proc/net/route; readlink /proc/self/ns/net"], cwd=tmp_path, box=box)
+        assert child.proc.stdout is not None
+        out = (await child.proc.stdout.read()).decode()
+        await child.proc.wait()
+        assert child.link is not None and child.link.loop is None
+        held = [p.pid for p in (child.link._proc, child.link._holder) if p is not None]
+        child.release()
+        return out, held
 
-    def let_go(pid: int) -> None:
-        deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline and b"127.0.0.1" not in table(pid):
-            time.sleep(0.005)
-        os.kill(pid, signal.SIGCONT)
-
-    def stopped_child_pid(fd: int) -> int | None:
-        nonlocal before_loopback
-        pid = real_child_pid(fd)
-        if pid is not None:
-            os.kill(pid, signal.SIGSTOP)
-            before_loopback += b"127.0.0.1" not in table(pid)
-            threading.Thread(target=let_go, args=(pid,), daemon=True).start()
-        return pid
-
-    monkeypatch.setattr(sandbox, "_child_pid", stopped_child_pid)
-
-    async def box() -> tuple[int, str]:
-        link = sandbox.Network()
-        proc = await asyncio.create_subprocess_exec(
-            "bwrap", *sandbox._base(), *link.bwrap_args(), "true", pass_fds=link.child_fds,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        link.started()
-        try:
-            with contextlib.suppress(OSError):  # bwrap ended meanwhile (its block pipe closed): its output says why
-                await link.connect()
-            _, err = await proc.communicate()
-        finally:
-            link.close()
-        return proc.returncode or 0, err.decode(errors="replace").strip()
-
-    ends = []
-    while before_loopback < 3 and len(ends) < 30:  # the stop comes before bwrap's loopback about half the time
-        ends.append(asyncio.run(box()))
-    failed = [end for end in ends if end != (0, "")]
-    print(f"{len(ends)} boxes started, {before_loopback} stopped before their loopback was set up, "
-          f"{len(ends) - len(failed)} held: {failed[:2]}")
-    assert before_loopback >= 1 and not failed, failed
+    out, held = asyncio.run(run())
+    gone = [pid for pid in held if not Path(f"/proc/{pid}").exists()]
+    print(f"its routes and namespace: {out.split()[-1]} (kiro's {os.readlink('/proc/self/ns/net')}); pasta and "
+          f"holder {held}, gone once it ended: {gone}")
+    assert any(line.split("\t")[1:2] == ["00000000"] for line in out.splitlines()), "pasta connected it"
+    assert out.split()[-1] != os.readlink("/proc/self/ns/net"), "not the host's network"
+    assert len(held) == 2 and gone == held
