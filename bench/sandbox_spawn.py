@@ -34,13 +34,24 @@ from hook_reaction import one_round  # noqa: E402  (a sibling script, not a pack
 
 
 async def spawn(n: int, cwd: Path, box: Callable[[], sandbox.Box] | None) -> list[float]:
-    """`n` spawns of `true`; the box asked for at each, as a step asks for its own (shell.step_box)."""
+    """`n` spawns of `true`; the box asked for at each, as a step asks for its own (shell.step_box); the spawns
+    are one loop's steps (its ledger: with network `on` they join the loop's one network namespace)."""
+    from kiro.processes import groups
+
+    ledger = groups.Ledger(cwd / ".state" / "processes" / "bench.json")
+    groups.current_ledger.set(ledger)
     out = []
-    for _ in range(n):
-        started = time.perf_counter()
-        result = await run_process(["true"], cwd=cwd, box=box() if box is not None else None)
-        assert result.ok, result
-        out.append(time.perf_counter() - started)
+    try:
+        for _ in range(n):
+            started = time.perf_counter()
+            result = await run_process(["true"], cwd=cwd, box=box() if box is not None else None)
+            assert result.ok, result
+            out.append(time.perf_counter() - started)
+    finally:
+        close = getattr(sandbox, "close_networks", None)  # a kiro before one network per loop has none
+        if close is not None:
+            close(ledger.token)
+        ledger.close()
     return out
 
 

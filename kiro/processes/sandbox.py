@@ -3,7 +3,8 @@
 `sandbox: bwrap` (the default where bwrap is installed and usable) runs every process kiro starts
 for a step (a shell step, verify, an agent CLI, `run_command`) as
 
-    bwrap --die-with-parent --unshare-pid --as-pid-1 --unshare-net [--cap-drop ALL]
+    [nsenter --net=<the loop's network namespace>] bwrap --die-with-parent --unshare-pid --as-pid-1
+          [--unshare-net] [--cap-drop ALL]
           --ro-bind / / --dev /dev --size S --tmpfs /dev/shm --remount-ro /dev --proc /proc
           --size S --tmpfs /tmp --size S --tmpfs $HOME
           --bind <project> ... --ro-bind <kiro's folders> ... --tmpfs .state/serve
@@ -34,14 +35,17 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
   eighth of the machine's memory), and `/dev` is read-only: a step cannot fill the machine's memory;
 - `.state/serve/`, where `kiro serve` keeps its token, is an empty tmpfs in every box, whatever else
   `sandbox_paths` grants: a step cannot read the token that steers every loop;
-- its own network namespace (`sandbox_network`, `Network`): `on` (the default) connects it to the
-  internet through `pasta` (Debian's passt, as rootless podman does) with no way back to the machine:
+- a network namespace of kiro's own (`sandbox_network`, `Network`): `on` (the default) is one namespace
+  per loop (and per set of ports below), made at the loop's first boxed step, that every box of the loop
+  joins, connected once to the internet through `pasta` (Debian's passt, as rootless podman does), ended
+  with the loop; a step's processes still end with the step (its PID namespace), so nothing one step
+  leaves listening is there for the next. No way back to the machine:
   no port of the host's 127.0.0.1 (`kiro serve`, databases) and no abstract unix socket is reachable,
   except the loopback ports of the agent's model endpoint (`Box.ports`: a base URL on 127.0.0.1 the
   person gave the CLI in its environment or its config files: kiro.executors.agents.Preset.endpoints);
-  `off` gives it no network at all; `host` is the person's explicit grant of the host's network (every
-  127.0.0.1 service, as before). Without pasta installed, `on` runs with the host's network and the
-  step-start line says so (install passt);
+  `off` gives each box a network namespace of its own with nothing in it; `host` is the person's explicit
+  grant of the host's network (every 127.0.0.1 service, as before). Without pasta installed, `on` runs
+  with the host's network and the step-start line says so (install passt);
 - its own PID namespace with a fresh /proc: kiro's processes are not there to kill or read, and
   `--die-with-parent` ends the box's init when bwrap or kiro dies, which ends everything inside,
   also what left the process group (`setsid`);
