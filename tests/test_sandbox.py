@@ -522,3 +522,43 @@ def test_a_boxed_process_outside_a_loop_gets_a_network_of_its_own_ended_with_it(
     assert any(line.split("\t")[1:2] == ["00000000"] for line in out.splitlines()), "pasta connected it"
     assert out.split()[-1] != os.readlink("/proc/self/ns/net"), "not the host's network"
     assert len(held) == 2 and gone == held
+
+
+def test_boxes_of_one_loop_that_run_at_once_have_a_network_each_kept_for_the_next(tmp_path: Path) -> None:
+    """A loop's boxes join the network it keeps, one box at a time: two that run at once (parallel steps, each
+    with its dev server on the same port) get one each; the next box takes one of them again; the loop's end
+    ends both (their pasta and holder)."""
+    import asyncio
+
+    from kiro.processes import groups
+    from kiro.processes.spawn import spawn
+
+    box = sandbox.box_for(project=tmp_path, workspace=tmp_path, state_dir=tmp_path / ".state", network="on")
+    argv = ["sh", "-c", "readlink /proc/self/ns/net; read _"]  # says its namespace, runs until its stdin ends
+
+    async def run() -> tuple[list[str], list[int]]:
+        ledger = groups.Ledger(tmp_path / ".state" / "processes" / "loop.json")
+        groups.current_ledger.set(ledger)
+        seen, held = [], []
+        try:
+            for together in (2, 1):
+                children = [await spawn(argv, cwd=tmp_path, box=box, stdin=subprocess.PIPE) for _ in range(together)]
+                for child in children:
+                    assert child.proc.stdout is not None and child.proc.stdin is not None and child.link is not None
+                    seen.append((await child.proc.stdout.readline()).decode().strip())
+                    held += [p.pid for p in (child.link._proc, child.link._holder) if p is not None]
+                for child in children:
+                    child.proc.stdin.close()  # type: ignore[union-attr]
+                    await child.proc.wait()
+                    child.release()
+        finally:
+            sandbox.close_networks(ledger.token)
+            ledger.close()
+        return seen, sorted(set(held))
+
+    seen, held = asyncio.run(run())
+    gone = [pid for pid in held if not Path(f"/proc/{pid}").exists()]
+    print(f"two boxes at once: {seen[:2]}; the next one: {seen[2]}; pastas and holders {held}, gone at the loop's "
+          f"end: {gone}")
+    assert seen[0] != seen[1] and seen[2] in seen[:2]
+    assert len(held) == 4 and gone == held

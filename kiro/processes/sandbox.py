@@ -469,17 +469,20 @@ class NetworkError(ExecutorError):
 
 
 class Network:
-    """A network namespace of kiro's own, connected to the internet by pasta (as rootless podman does), that each
-    box of one loop joins (`join_args`: `nsenter --net`, bwrap has no option to join one) instead of making its
-    own (`--unshare-net`) with a pasta for every step: ~60 ms of CPU a step less (docs/guides/box-cost.md).
+    """A network namespace of kiro's own, connected to the internet by pasta (as rootless podman does), that the
+    boxes of one loop join (`join_args`: `nsenter --net`, bwrap has no option to join one), one box at a time,
+    instead of each making its own (`--unshare-net`) with a pasta of its own: ~60 ms of CPU a step less
+    (docs/guides/box-cost.md).
 
-    Made on the loop's first step that needs it (`held`), one per loop and per set of `ports` (a box reaches the
-    host's 127.0.0.1 on exactly its own ports, as before: a shell step's box does not get the agent's model
-    port), never shared with another loop. Ended when the loop ends (`close_networks`, kiro.core.engine), when
-    kiro exits (atexit), and when kiro is killed, however: the holder of the namespace reads a pipe only kiro
-    writes (its end is the holder's), pasta gets SIGKILL from the kernel (`setpriv --pdeathsig`) and from
-    kiro's reaper. A step's processes still end with the step (its own PID namespace): nothing of one step
-    listens in the namespace for the next. A pasta or holder that ended mid-loop is replaced at the next step.
+    Made for the loop's first box that needs it (`held`) and kept, idle, for its next (`give_back`): one per loop
+    and set of `ports` (a box reaches the host's 127.0.0.1 on exactly its own ports, as before: a shell step's box
+    does not get the agent's model port), one more for each box of the loop that runs at the same time as
+    another (parallel steps: each its own, so their servers' ports do not meet), never one of another loop's.
+    Ended when the loop ends (`close_networks`, kiro.core.engine), when kiro exits (atexit), and when kiro is
+    killed, however: the holder of the namespace reads a pipe only kiro writes (its end is the holder's), pasta
+    gets SIGKILL from the kernel (`setpriv --pdeathsig`) and from kiro's reaper. A box's processes end with it
+    (its own PID namespace): nothing of one step listens in the namespace for the next. One whose pasta or
+    holder has ended is not used again: the next box gets a new one.
 
     No port of the host is forwarded into the namespace but `ports` (its 127.0.0.1:port reaches the host's
     127.0.0.1:port), none of the namespace's to the host, and the gateway's address is not the host
@@ -488,47 +491,41 @@ class Network:
 
     def __init__(self, ports: Sequence[int] = (), loop: str | None = None) -> None:
         self.ports = tuple(ports)
-        self.loop = loop  # the loop it is kept for; None: one step's, closed with it
+        self.loop = loop  # the loop it is kept for; None: one box's, ended with it
         self._holder: subprocess.Popen[bytes] | None = None  # in the namespace, until its stdin ends
         self._proc: subprocess.Popen[bytes] | None = None  # pasta, while it runs
-        self._opened: asyncio.Future[None] | None = None
 
     @classmethod
     async def held(cls, ports: Sequence[int], loop: str | None) -> Network:
-        """The network kept for `loop` and `ports`, made now when there is none or what held it has ended."""
-        if loop is None:
-            net = cls(ports)
-            try:
-                await net._open()
-            except BaseException:
-                net.close()
-                raise
-            return net
-        key = (loop, tuple(ports))
-        kept = _networks.get(key)
-        if kept is not None and not kept.alive():  # pasta or the holder ended mid-loop: a new one
-            del _networks[key]
-            kept.close()
-            kept = None
-        if kept is None:
-            kept = _networks[key] = cls(ports, loop)
-            _close_networks_at_exit()
-        net = kept
-        if net._opened is None:  # the loop's steps that start together wait for the same one
-            net._opened = asyncio.ensure_future(net._open())
+        """A network for one box: an idle one kept for `loop` and `ports`, or a new one (none idle: the first
+        box, or one running beside another; or what held the idle ones has ended)."""
+        if loop is not None:
+            _loops.add(loop)
+            idle = _networks.get((loop, tuple(ports)), [])
+            while idle:
+                net = idle.pop()
+                if net.alive():
+                    return net
+                net.close()  # pasta or the holder ended mid-loop
+        net = cls(ports, loop)
         try:
-            await asyncio.shield(net._opened)
+            await net._open()
         except BaseException:
-            if _networks.get(key) is net and net._opened.done():
-                del _networks[key]
-                net.close()
+            net.close()
             raise
         return net
 
+    def give_back(self) -> None:
+        """Its box has ended (every process in it): kept, idle, for the loop's next box; ended when it has no
+        loop or its loop has ended meanwhile."""
+        if self.loop is None or self.loop not in _loops:
+            self.close()
+            return
+        _networks.setdefault((self.loop, self.ports), []).append(self)
+        _close_networks_at_exit()
+
     def alive(self) -> bool:
-        """Still there to join: its holder and its pasta run (or it is being made)."""
-        if self._opened is None or not self._opened.done():
-            return True
+        """Still there to join: its holder and its pasta run."""
         return (self._holder is not None and self._holder.poll() is None
                 and self._proc is not None and self._proc.poll() is None)
 
@@ -669,15 +666,23 @@ def _wait_ended(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 
 PASTA_END_WAIT = 10.0  # seconds for a SIGKILLed pasta to be gone (at once, but for a machine out of breath)
-_networks: dict[tuple[str, tuple[int, ...]], Network] = {}  # kept for each loop (its ledger's token) and ports
+# The networks kept, idle, for each loop (its ledger's token) and ports, and the loops that have some in use or kept
+_networks: dict[tuple[str, tuple[int, ...]], list[Network]] = {}
+_loops: set[str] = set()
 
 
 def close_networks(loop: str | None = None) -> None:
-    """The loop `loop` has ended (None: every loop of the process, as it exits): end the networks kept for it."""
-    for key, net in list(_networks.items()):
+    """The loop `loop` has ended (None: every loop of the process, as it exits): end the networks kept for it (one
+    still in use ends when its box gives it back)."""
+    for key, nets in list(_networks.items()):
         if loop is None or key[0] == loop:
             del _networks[key]
-            net.close()
+            for net in nets:
+                net.close()
+    if loop is None:
+        _loops.clear()
+    else:
+        _loops.discard(loop)
 
 
 def _close_networks_at_exit() -> None:

@@ -153,15 +153,15 @@ class Child:
     proc: asyncio.subprocess.Process
     ledger: groups.Ledger | None
     box: Box | None = None
-    link: Network | None = None  # the network namespace its box joined, when it is the step's own (no loop)
+    link: Network | None = None  # the network namespace its box joined (kiro.processes.sandbox.Network)
 
     def release(self) -> None:
         """End what is left of its group (a step that exits may leave a background server behind), take
         it off the reaper's list and the ledger, and let its box remove the control folders it made for
         the step (if still empty)."""
         kill_group(self.proc.pid, signal.SIGKILL)
-        if self.link is not None and self.link.loop is None:
-            self.link.close()
+        if self.link is not None:
+            self.link.give_back()
         if self.box is not None:
             self.box.release()
         groups.unregister(self.proc.pid)
@@ -190,7 +190,7 @@ async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None
     if mark is not None:
         child_env[mark[0]] = mark[1]
     wait_by_pidfd()
-    # the box's own network, connected before its command starts (kiro.processes.sandbox.Network): the loop's
+    # the box's network, connected before its command starts (kiro.processes.sandbox.Network): one the loop keeps
     link = await box.link(ledger.token if ledger is not None else None) if box is not None else None
     command = groups.wrap(list(argv), confine=confine) if box is None else \
         [*box.prefix(cwd, child_env, argv, link=link), *argv]
@@ -199,8 +199,8 @@ async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None
                                                     stdout=asyncio.subprocess.PIPE, stderr=stderr,
                                                     start_new_session=True, limit=limit)
     except BaseException:
-        if link is not None and link.loop is None:
-            link.close()
+        if link is not None:
+            link.give_back()
         if box is not None:
             box.release()
         raise
