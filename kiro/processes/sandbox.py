@@ -121,6 +121,13 @@ def pasta_path() -> str | None:
 
 
 @cache
+def nsenter_path() -> str | None:
+    from kiro.processes.groups import which
+
+    return which("nsenter")
+
+
+@cache
 def tmpfs_bytes() -> int:
     """The size cap of each RAM folder in the box: TMPFS_BYTES, or less on a machine with little memory."""
     try:
@@ -360,10 +367,10 @@ class Box:
                 _idle.add(folder)
 
     async def link(self, loop: str | None) -> Network | None:
-        """The network namespace this box's bwrap joins (`on` with pasta installed): the one kept for `loop` (a
-        loop's ledger token) and this box's ports, made on the loop's first step that needs it; with no loop, one
-        of the step's own (`Network.loop` None: the caller closes it with the step). None: no network (`off`), the
-        host's (`host`), or no pasta (the host's, said at start)."""
+        """The network namespace this box's bwrap joins (`on` with pasta installed): one kept for `loop` (a loop's
+        ledger token) and this box's ports (`Network.held`), or with no loop one of its own; the caller gives it
+        back when the box has ended. None: no network (`off`), the host's (`host`), or no pasta (the host's,
+        said at start)."""
         if self.network != "on" or pasta_path() is None:
             return None
         return await Network.held(self.ports, loop)
@@ -532,10 +539,8 @@ class Network:
     def join_args(self) -> list[str]:
         """What to put before bwrap's command line for it to run in this namespace (and, when kiro is not root,
         in the user namespace that owns it: bwrap makes its own inside it)."""
-        from kiro.processes import groups
-
         assert self._holder is not None
-        tool = groups.which("nsenter") or "nsenter"
+        tool = nsenter_path() or "nsenter"  # util-linux, as unshare: its absence is exec's error, the step's
         ns = f"/proc/{self._holder.pid}/ns"  # kiro's child, not collected before `close`: its pid is not reused
         return [tool, f"--net={ns}/net", *([] if _root() else [f"--user={ns}/user", "--preserve-credentials"]), "--"]
 
