@@ -1213,8 +1213,8 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
     holds changes kiro did not make."""
     from kiro.errors import LockHeld
     from kiro.status import Status
+    from kiro.store import events as ev
     from kiro.store import tasks
-    from kiro.store.events import EventLog
 
     loaded = store.load(task_id)
     state = loaded.state
@@ -1351,7 +1351,7 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         store.save(state)
         if loaded.archived:
             store.unarchive(task_id)
-        log_file = EventLog(ws.event_log(task_id), redact)
+        log_file = ev.EventLog(ws.event_log(task_id), redact)
         for event in [*events, ev.RolledBack.model_validate(record)]:
             event.task_id, event.iteration = task_id, state.iteration
             log_file(event)
