@@ -207,3 +207,56 @@ def test_the_detach_command_imports_nothing_only_the_running_loop_needs(ws: Work
           f"loop's, git's or the events': {ran or 'none'}")
     assert ran == []
     assert (ws.root / "side_effects.log").read_text().split() == ["1", "1"]  # each loop ran its step
+
+
+BOX_PROBE = """\
+import runpy, sys
+from kiro.processes import sandbox
+boxes = []
+box_for = sandbox.box_for
+def counted(*args, **kwargs):
+    boxes.append(1)  # the box of a loop's steps worked out (kiro.executors.shell.loop_box)
+    return box_for(*args, **kwargs)
+sandbox.box_for = counted
+sys.argv = ["kiro", *sys.argv[1:]]
+code = 0
+try:
+    runpy.run_module("kiro", run_name="__main__")
+except SystemExit as e:
+    code = e.code
+sys.stdout.flush()
+sys.stderr.write("\\n@@" + " ".join([str(code), str(len(boxes)), *sorted(sys.modules)]) + "\\n")
+"""
+"""A cold `kiro ARGS` that says last on stderr, after "@@", its exit code, how many boxes it worked out, and the
+modules it imported."""
+
+
+def test_a_first_detach_in_a_git_work_tree_keeps_kiro_out_of_git_without_the_event_models_or_the_box(
+        ws: Workspace) -> None:
+    """Issue #41: the first start in a workspace keeps kiro's folders out of git (kiro.git.ignore, the command's
+    own job, said on its stderr) without importing the event models (kiro.git.checkpoints makes its events where
+    git acts), and the line naming the box the steps run in is worked out by the loop's own process, which
+    shows it in Logs/<id>.out, not by the command, which never showed it."""
+    from tests.gitutil import init_repo
+
+    init_repo(ws.root)
+    ws.task(shell_task(1))
+    r = subprocess.run([sys.executable, "-c", BOX_PROBE, "loop", "start", "--detach", "--task",
+                        "Specs/feature/tasks.md", "--task-id", "first"],
+                       cwd=ws.root, env=ws.env(), capture_output=True, text=True, timeout=300)
+    code, boxes, *modules = r.stderr.rsplit("@@", 1)[1].split()
+    assert code == "0" and r.stdout.strip().splitlines()[-1] == "first", r.stdout + r.stderr
+    ws.wait_for(lambda: ws.state("first")["status"] == "completed", what="loop first to complete")
+    kept_out = "kept kiro's own folders out of git commits" in r.stderr
+    exclude = (ws.root / ".git" / "info" / "exclude").read_text()
+    shown = (ws.root / "Logs" / "first.out").read_text().splitlines()
+    said = [line for line in [*shown, *r.stderr.splitlines()]  # the box; or, where bwrap is missing, the warning
+            if line.startswith("sandbox: bwrap (") or "steps run unconfined" in line]
+    events = [m for m in modules if m == "kiro.store.events"]
+    print(f"first --detach in a git work tree: kept out of git {kept_out} ({'/.state/' in exclude} in "
+          f".git/info/exclude); event models imported: {events or 'none'}; boxes worked out by the command: "
+          f"{boxes}; the loop's own output names its box: {said or 'no'}")
+    assert kept_out and "/.state/" in exclude and "kiro.git.ignore" in modules
+    assert events == [] and boxes == "0"
+    assert said  # the box (or why there is none) is said where the loop runs
+    assert (ws.root / "side_effects.log").read_text().split() == ["1"]

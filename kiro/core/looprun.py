@@ -32,7 +32,6 @@ class LoopRun:
     executor_name: str
     resumed: bool = False
     warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # lines to show at start that are no warning (the sandbox's)
     release: Callable[[], None] | None = None
     executor: Executor | None = None
     lock: Any = None  # the loop's FileLock, for a supervisor that keeps it across runs
@@ -40,6 +39,10 @@ class LoopRun:
     """The features the loop runs with (`features`), made when first asked for: where the loop runs, not in
     a `--detach` start's command, which only prepares it (kiro.core.runner: kiro.core.features.standard)."""
     _features: list[Feature] | None = field(default=None, init=False, repr=False)
+    make_notes: Callable[[], list[str]] = list
+    """The lines to show at its start that are no warning (`notes`), made when first asked for: the box its steps
+    run in is worked out where the loop runs, not by a `--detach` start's command, which shows none."""
+    _notes: list[str] | None = field(default=None, init=False, repr=False)
 
     @property
     def features(self) -> list[Feature]:
@@ -51,3 +54,10 @@ class LoopRun:
     @features.setter
     def features(self, value: list[Feature]) -> None:
         self._features = value
+
+    @property
+    def notes(self) -> list[str]:
+        """What a resume answered, the box its steps run in: shown at its start (kiro.core.api, the supervisor)."""
+        if self._notes is None:
+            self._notes = self.make_notes()
+        return self._notes

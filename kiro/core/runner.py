@@ -452,24 +452,29 @@ def _check_sandbox(cfg: Config) -> None:
     sandbox.status_line(cfg.sandbox)
 
 
-def _sandbox_notes(cfg: Config, ws: Workspace, task_path: Path, executor: Executor, warnings: list[str]) -> list[str]:
-    """The line that names the box steps run in; or, where bwrap is missing, a warning saying so."""
+def _sandbox_notes(cfg: Config, ws: Workspace, task_path: Path, executor: Executor,
+                   warnings: list[str]) -> Callable[[], list[str]]:
+    """Where bwrap is missing, a warning saying so, now; else what makes the line that names the box steps run
+    in, when it is first shown (`LoopRun.notes`): where the loop runs, not in a `--detach` start's command,
+    which shows no note."""
     from kiro.processes import sandbox
 
     unboxed = sandbox.status_line(cfg.sandbox)
     if unboxed is not None:
         warnings.append(unboxed)
-        return []
-    from kiro.executors.shell import loop_box
+        return list
 
-    preset = getattr(executor, "preset", None)  # an agent CLI's: its own files and its model endpoint, as its steps
-    box = loop_box(cfg, ws, ws.root / cfg.project_dir, task_path, os.environ,
-                   home_paths=preset.home_paths(os.environ) if preset is not None else (),
-                   read_paths=preset.read_paths(os.environ) if preset is not None else (),
-                   ports=preset.endpoints(os.environ) if preset is not None else ())
-    if box is None:
-        return []
-    return [f"sandbox: bwrap ({box.describe()})"]
+    def box_line() -> list[str]:
+        from kiro.executors.shell import loop_box
+
+        preset = getattr(executor, "preset", None)  # an agent CLI's: its own files and its model endpoint
+        box = loop_box(cfg, ws, ws.root / cfg.project_dir, task_path, os.environ,
+                       home_paths=preset.home_paths(os.environ) if preset is not None else (),
+                       read_paths=preset.read_paths(os.environ) if preset is not None else (),
+                       ports=preset.endpoints(os.environ) if preset is not None else ())
+        return [] if box is None else [f"sandbox: bwrap ({box.describe()})"]
+
+    return box_line
 
 
 def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, config_file: Path | None = None,
@@ -566,7 +571,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
             _release(store, tid, lock)
             raise
     return LoopRun(ws, store, cfg, state, task_path, executor_name, resumed=False, warnings=warnings,
-                   notes=_sandbox_notes(cfg, ws, task_path, executor, warnings),
+                   make_notes=_sandbox_notes(cfg, ws, task_path, executor, warnings),
                    release=lambda: _release(store, tid, lock), executor=executor, lock=lock,
                    make_features=_standard_features)
 
@@ -778,8 +783,9 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
         if held_lock is None:
             store.release(task_id, lock)
         raise
+    box_line = _sandbox_notes(cfg, ws, path, executor, warnings)
     return LoopRun(ws, store, cfg, state, path, executor_name, resumed=True, warnings=warnings,
-                   notes=[*(f"answered: {a}" for a in answered), *_sandbox_notes(cfg, ws, path, executor, warnings)],
+                   make_notes=lambda: [*(f"answered: {a}" for a in answered), *box_line()],
                    release=lambda: _release(store, task_id, lock), executor=executor, lock=lock,
                    make_features=_standard_features)
 

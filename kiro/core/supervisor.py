@@ -274,6 +274,11 @@ class Supervisor:
                     except KiroError as exc:
                         self._say(m.task_id, LoopWarning(message=f"could not continue: {exc}"))
                         return
+                try:
+                    await asyncio.to_thread(getattr, run, "notes")  # the box's line: worked out off the event loop
+                except KiroError as exc:
+                    self._say(m.task_id, LoopWarning(message=f"could not continue: {exc}"))
+                    return
                 self._note(run)
                 assert self._sem is not None
                 slot = Slot(self._sem)  # a scheduled loop gives it back while it waits between runs

@@ -33,13 +33,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiro import timeutil
 from kiro.errors import KiroError, UserError
 from kiro.fs.atomic import atomic_write
-from kiro.store import events as ev
 from kiro.store.workspace import locate_task
+
+if TYPE_CHECKING:
+    from kiro.store import events as ev  # imported where an event is made: kiro.git.ignore needs none
 
 KIRO_NAME = "kiro"
 KIRO_EMAIL = "kiro@localhost"
@@ -601,6 +603,8 @@ class LoopGit:
         self._locks = [(self.tree / p).resolve() for p in lines[1:]]
 
     def _clear_locks(self, events: list[ev.Event], extra: Sequence[Path] = ()) -> None:
+        from kiro.store import events as ev
+
         roots = [self.tree, self.main_top, Path(self._common)]
         temp = []  # `git commit -- <paths>` builds its commit in next-index-<pid>.lock; a kill leaves it behind
         for folder in {p.parent for p in [*self._locks[:1], *extra[:1]]}:
@@ -614,6 +618,8 @@ class LoopGit:
     def open(self, resumed: bool) -> list[ev.Event]:
         """Ready the loop's work tree: record where commits go; with isolation, create (or find
         again) `.kiro/worktrees/<task_id>` on branch `kiro/<task_id>`."""
+        from kiro.store import events as ev
+
         events: list[ev.Event] = []
         info = self.info
         main = Git(self.main_top)
@@ -885,6 +891,8 @@ class LoopGit:
 
     def step_completed(self, step_id: str, title: str, iteration: int, *, recovering: bool = False) -> Result:
         """Commit the files the step changed (see above); no commit when it changed none."""
+        from kiro.store import events as ev
+
         res = Result()
         try:
             # one commit at a time per index: loops sharing a work tree take turns, worktrees do not wait
@@ -947,6 +955,8 @@ class LoopGit:
 
     def finish(self) -> Result:
         """On completion, with isolation: leave the branch (manual) or merge it back (auto)."""
+        from kiro.store import events as ev
+
         res = Result()
         info = self.info
         if info.isolation != "worktree" or info.branch is None:
@@ -985,6 +995,8 @@ class LoopGit:
         """Merge without a window for a kill to leave half a merge: the merged tree and its commit
         are made as objects first (`merge-tree`, `commit-tree`), then the main tree moves to that
         commit by a fast-forward. A kill mid-checkout is healed on the next try (`_heal`)."""
+        from kiro.store import events as ev
+
         info = self.info
         assert info.branch is not None
         info.merge_status = "merging"
@@ -994,7 +1006,7 @@ class LoopGit:
         if planned.returncode == 0:
             tree = planned.stdout.split()[0]
             commit = main.run("commit-tree", tree, "-p", head, "-p", tip, "-F", "-", commit=True, input=msg).stdout
-            self._heal(main, head, tree, res)
+            self._heal(main, head, tree, res, ev.MergeResumed)
             for n in range(5):  # another process's git may hold the main tree's lock for a moment
                 proc = main.run("merge", "--ff-only", "-q", commit.strip(), check=False, commit=True)
                 if proc.returncode == 0 or ".lock" not in proc.stderr:
@@ -1024,7 +1036,7 @@ class LoopGit:
         return res
 
     def _heal(self, main: Git, head: str, tree: str, res: Result,
-              event: type[ev.MergeResumed | ev.RollbackResumed] = ev.MergeResumed) -> None:
+              event: type[ev.MergeResumed | ev.RollbackResumed]) -> None:
         """A kill while git moved the main tree to the merge can leave files already as the merge
         has them while the index and HEAD are not: put exactly those back (their content is the
         merge's, so nothing is lost) so that the fast-forward can run again. A person's own change
@@ -1088,6 +1100,8 @@ class LoopGit:
         return [f for f in out.split("\0") if f]
 
     def _conflict(self, res: Result, files: list[str]) -> Result:
+        from kiro.store import events as ev
+
         info = self.info
         info.merge_status = "conflict"
         info.conflict_files = files
@@ -1098,6 +1112,8 @@ class LoopGit:
         return res
 
     def _merged(self, res: Result, main: Git, tip: str) -> Result:
+        from kiro.store import events as ev
+
         info = self.info
         info.merge_status = "merged"
         info.conflict_files = []
@@ -1197,8 +1213,8 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
     holds changes kiro did not make."""
     from kiro.errors import LockHeld
     from kiro.status import Status
+    from kiro.store import events as ev
     from kiro.store import tasks
-    from kiro.store.events import EventLog
 
     loaded = store.load(task_id)
     state = loaded.state
@@ -1335,7 +1351,7 @@ def rollback(ws: Any, store: Any, task_id: str, to_step: str) -> Rollback:
         store.save(state)
         if loaded.archived:
             store.unarchive(task_id)
-        log_file = EventLog(ws.event_log(task_id), redact)
+        log_file = ev.EventLog(ws.event_log(task_id), redact)
         for event in [*events, ev.RolledBack.model_validate(record)]:
             event.task_id, event.iteration = task_id, state.iteration
             log_file(event)
