@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.agent_clis import Cli
 from tests.agent_clis_aider_gemini_opencode import ChatEditCli
-from tests.fakes import FakeServer
+from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import chat as fc
 
 # $ per 1M tokens kiro prices the fake's model at (qwen reports tokens only)
@@ -32,6 +32,11 @@ class Qwen(ChatEditCli):
     def edit_plan(self, path: str, old: str, new: str) -> list[tuple[str, dict[str, str]]]:
         return [("read_file", {"file_path": path}),
                 ("edit", {"file_path": path, "old_string": old, "new_string": new})]
+
+    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
+        if "edit" in fc.tool_names(rec.body):  # the agent's turn, not a side call
+            self.saw_nodes(self.tmp / "qwen-home")
+        return super().brain(rec)
 
     def start(self) -> FakeServer:
         self.server = fc.FakeChat(self.brain).start()

@@ -61,6 +61,8 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
     price = (counted * cli.input_tokens * PRICE_IN + counted * cli.output_tokens * PRICE_OUT) / 1e6
     assert usage["cost_usd"] == pytest.approx(price, rel=1e-6), usage
     assert f"agent {cli.name} bills the API key in {KEY[cli.name]}" in out, out
+    if cli.name == "qwen":  # its entry's node process and the CLI's at each call: kiro tells it not to start a third
+        assert len(cli.nodes) == calls and all(len(nodes) == 2 for nodes in cli.nodes), cli.nodes
     print(f"{cli.name}: 3 steps, {calls} model calls, usage {usage}")
 
 

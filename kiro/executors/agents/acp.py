@@ -239,10 +239,6 @@ class GeminiAcpPreset(AcpPreset, GeminiPreset):
     empty_when_missing = True
     asking_modes = ("default", "plan")
 
-    def env(self, inv: Invocation) -> dict[str, str]:
-        """gemini's, and one node process instead of two (see the module's account)."""
-        return {**super().env(inv), "GEMINI_CLI_NO_RELAUNCH": "true"}
-
 
 def _messages(stdout: str, sender: str = "agent") -> Iterator[dict[str, Any]]:
     """The JSON-RPC messages `sender` (agent, kiro) sent: the transcript tags each with `"from"`."""
