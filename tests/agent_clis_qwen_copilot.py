@@ -11,12 +11,16 @@ its tools `view` and `edit`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.agent_clis import Cli
+from tests.agent_clis import Cli, run_once
 from tests.agent_clis_aider_gemini_opencode import ChatEditCli
+from tests.conftest import cli_homes
 from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import chat as fc
 
@@ -56,6 +60,23 @@ class Qwen(ChatEditCli):
         return len([r for r in self.server.calls() if "edit" in fc.tool_names(r.body)])
 
 
+# Copilot CLI unpacks itself (~235 MB) into its cache on a HOME's first run, half its CPU a run: the tests'
+# CLIs share one cache (COPILOT_CACHE_HOME; kiro's box shows it read-only, as a folder a COPILOT_ variable
+# names), unpacked once a test run, as a person's ~/.cache/copilot is after their first run.
+PACKAGES = cli_homes() / "copilot-cache"
+
+
+def unpacked(cache: str) -> None:
+    """Copilot's package unpacked in `cache` (its `--version` does it), once a test run."""
+
+    def unpack() -> dict[str, str]:
+        said = subprocess.run(["copilot", "--version"], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "COPILOT_CACHE_HOME": cache})
+        return {"said": said.stdout + said.stderr}
+
+    run_once(f"copilot-unpacked-{hashlib.sha256(cache.encode()).hexdigest()[:12]}", unpack)
+
+
 class Copilot(ChatEditCli):
     def __init__(self, tmp: Path) -> None:
         super().__init__("copilot", "copilot", "@github/copilot", tmp)
@@ -66,13 +87,14 @@ class Copilot(ChatEditCli):
     def start(self) -> FakeServer:
         self.server = fc.FakeChat(self.brain).start()
         (self.tmp / "copilot-home").mkdir(exist_ok=True)
+        unpacked(str(PACKAGES))
         return self.server
 
     def env(self) -> dict[str, str]:
         assert self.server is not None
         return {"HOME": str(self.tmp / "copilot-home"), "COPILOT_OFFLINE": "true",
                 "COPILOT_PROVIDER_BASE_URL": f"{self.server.url}/v1", "COPILOT_PROVIDER_API_KEY": "sk-test-key",
-                "COPILOT_MODEL": fc.MODEL}
+                "COPILOT_MODEL": fc.MODEL, "COPILOT_CACHE_HOME": str(PACKAGES)}
 
     def calls(self) -> int:
         assert isinstance(self.server, fc.FakeChat)
