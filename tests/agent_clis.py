@@ -75,22 +75,27 @@ def ran(program: str, path: str) -> str:
     return _versions[path]
 
 
-def node_processes(home: Path) -> list[list[str]]:
-    """The command lines of the node processes running with HOME at `home` (a test's CLI has a home of its
-    own: these are its processes, whichever worker or box runs them)."""
+def processes(home: Path) -> list[tuple[int, list[str]]]:
+    """The processes running with HOME at `home` and their command lines (a test's CLI has a home of its own:
+    these are its processes, whichever worker or box runs them)."""
     found = []
     want = b"HOME=" + bytes(home)
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if argv[0].rsplit(b"/", 1)[-1] != b"node" or want not in (proc / "environ").read_bytes().split(b"\0"):
+            if want not in (proc / "environ").read_bytes().split(b"\0"):
                 continue
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:  # gone, or not ours to read
             continue
-        found.append([a.decode(errors="replace") for a in argv if a])
+        found.append((int(proc.name), [a.decode(errors="replace") for a in argv if a]))
     return found
+
+
+def node_processes(home: Path) -> list[list[str]]:
+    """The command lines of the node processes running with HOME at `home` (`processes`)."""
+    return [argv for _, argv in processes(home) if argv and argv[0].rsplit("/", 1)[-1] == "node"]
 
 
 @dataclass

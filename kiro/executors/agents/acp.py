@@ -46,7 +46,7 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
-from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.agents import Failure, Preset, clean, error_line, json_lines, last_line, tail
 from kiro.executors.agents.claude import _LIMIT_TEXT, ClaudePreset
 from kiro.executors.agents.gemini import GeminiPreset
 from kiro.executors.base import Usage
