@@ -75,6 +75,29 @@ def ran(program: str, path: str) -> str:
     return _versions[path]
 
 
+def processes(home: Path) -> list[tuple[int, list[str]]]:
+    """The processes running with HOME at `home` and their command lines (a test's CLI has a home of its own:
+    these are its processes, whichever worker or box runs them)."""
+    found = []
+    want = b"HOME=" + bytes(home)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if want not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        found.append((int(proc.name), [a.decode(errors="replace") for a in argv if a]))
+    return found
+
+
+def node_processes(home: Path) -> list[list[str]]:
+    """The command lines of the node processes running with HOME at `home` (`processes`)."""
+    return [argv for _, argv in processes(home) if argv and argv[0].rsplit("/", 1)[-1] == "node"]
+
+
 @dataclass
 class Cli:
     name: str
@@ -89,6 +112,11 @@ class Cli:
     server: FakeServer | None = None
     retries: bool = False
     said: str | None = None  # the model's last reply, instead of "Checked the box: ..."
+    nodes: list[list[list[str]]] = field(default_factory=list)  # its node processes at each agent call (`saw_nodes`)
+
+    def saw_nodes(self, home: Path) -> None:
+        """Note the CLI's node processes (HOME at `home`) while it waits for this model call."""
+        self.nodes.append(node_processes(home))
 
     def reply(self, new: str) -> str:
         """What the model says once the box is checked (its last message of the step)."""

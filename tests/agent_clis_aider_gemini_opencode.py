@@ -133,6 +133,7 @@ class Gemini(Cli):
         usage = {"prompt_tokens": self.input_tokens, "output_tokens": self.output_tokens}
         if ":streamGenerateContent" not in rec.path:  # a side call (routing, checks): not the agent's turn
             return fg.Turn([fg.text(fg.side_call_answer(rec.body))], **usage)
+        self.saw_nodes(self.tmp / "gemini-home")
         done = len(fg.function_responses(rec.body))
         path, old, new = parse_prompt(fg.user_text(rec.body))
         plan = [*filled(self.extra, path), ("replace", {"file_path": path, "old_string": old, "new_string": new,

@@ -11,13 +11,17 @@ its tools `view` and `edit`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.agent_clis import Cli
+from tests.agent_clis import Cli, processes, run_once
 from tests.agent_clis_aider_gemini_opencode import ChatEditCli
-from tests.fakes import FakeServer
+from tests.conftest import cli_homes
+from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import chat as fc
 
 # $ per 1M tokens kiro prices the fake's model at (qwen reports tokens only)
@@ -32,6 +36,11 @@ class Qwen(ChatEditCli):
     def edit_plan(self, path: str, old: str, new: str) -> list[tuple[str, dict[str, str]]]:
         return [("read_file", {"file_path": path}),
                 ("edit", {"file_path": path, "old_string": old, "new_string": new})]
+
+    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
+        if "edit" in fc.tool_names(rec.body):  # the agent's turn, not a side call
+            self.saw_nodes(self.tmp / "qwen-home")
+        return super().brain(rec)
 
     def start(self) -> FakeServer:
         self.server = fc.FakeChat(self.brain).start()
@@ -51,16 +60,57 @@ class Qwen(ChatEditCli):
         return len([r for r in self.server.calls() if "edit" in fc.tool_names(r.body)])
 
 
+# Copilot CLI unpacks itself (~235 MB) into ~/.cache/copilot/pkg on a HOME's first run, a third of its CPU a
+# run: the tests' CLIs share one cache folder (each test HOME's .cache links to it), unpacked once a test run,
+# as a person's ~/.cache is after their first run of it (kiro's box shows that package read-only, where the
+# rest of HOME is empty: CopilotPreset.read_paths).
+CACHE = cli_homes() / "copilot-cache"
+PACKAGE = CACHE / "copilot" / "pkg"
+
+
+def unpacked() -> None:
+    """Copilot's package unpacked in CACHE (its `--version` does it), once a test run."""
+
+    def unpack() -> dict[str, str]:
+        said = subprocess.run(["copilot", "--version"], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "XDG_CACHE_HOME": str(CACHE)})
+        return {"said": said.stdout + said.stderr}
+
+    run_once(f"copilot-unpacked-{hashlib.sha256(bytes(CACHE)).hexdigest()[:12]}", unpack)
+
+
+def sees_as_is(pid: int, path: Path, folder: Path) -> bool:
+    """Whether process `pid` sees at `path` this machine's `folder` (not a copy of it made in its box)."""
+    try:
+        inside, outside = (Path(f"/proc/{pid}/root") / path.relative_to("/")).stat(), folder.stat()
+    except OSError:
+        return False
+    return (inside.st_dev, inside.st_ino) == (outside.st_dev, outside.st_ino)
+
+
 class Copilot(ChatEditCli):
     def __init__(self, tmp: Path) -> None:
         super().__init__("copilot", "copilot", "@github/copilot", tmp)
+        self.package_seen: list[list[bool]] = []  # at each agent call, per copilot process: sees PACKAGE as is
 
     def edit_plan(self, path: str, old: str, new: str) -> list[tuple[str, dict[str, str]]]:
         return [("view", {"path": path}), ("edit", {"path": path, "old_str": old, "new_str": new})]
 
+    def brain(self, rec: Recorded) -> fc.Reply | HttpError:
+        if "edit" in fc.tool_names(rec.body):  # the agent's turn: whether it runs from the unpacked package
+            home = self.tmp / "copilot-home"
+            self.package_seen.append([sees_as_is(pid, home / ".cache" / "copilot" / "pkg", PACKAGE)
+                                      for pid, argv in processes(home)
+                                      if argv and argv[0].rsplit("/", 1)[-1] == "copilot"])
+        return super().brain(rec)
+
     def start(self) -> FakeServer:
         self.server = fc.FakeChat(self.brain).start()
-        (self.tmp / "copilot-home").mkdir(exist_ok=True)
+        home = self.tmp / "copilot-home"
+        home.mkdir(exist_ok=True)
+        unpacked()
+        if not (home / ".cache").exists():
+            (home / ".cache").symlink_to(CACHE)
         return self.server
 
     def env(self) -> dict[str, str]:

@@ -80,6 +80,8 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
         assert usage["prompt_tokens"] == calls * cli.input_tokens
         price = (calls * cli.input_tokens * PRICE_IN + calls * cli.output_tokens * PRICE_OUT) / 1e6
         assert usage["cost_usd"] == pytest.approx(price, rel=1e-6), usage
+    if cli.name == "gemini":  # one node process at each model call: kiro tells it not to start a second copy of itself
+        assert len(cli.nodes) == calls and all(len(nodes) == 1 for nodes in cli.nodes), cli.nodes
     if cli.name in ("gemini", "opencode"):  # their JSON streams name each tool call: one event each
         called = [e for e in ws.events(tid) if e["event"] == "tool_called"]
         assert len(called) >= 3 and all("Specs/feature/tasks.md" in e["arguments"] for e in called), called

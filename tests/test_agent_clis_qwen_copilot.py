@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent_clis import Cli, listed_agents, serving, task_text
-from tests.agent_clis_qwen_copilot import NEW_CLIS, PRICE_IN, PRICE_OUT, QWEN_PRICE
+from tests.agent_clis_qwen_copilot import NEW_CLIS, PRICE_IN, PRICE_OUT, QWEN_PRICE, Copilot
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import chat as fc
 
@@ -61,6 +61,11 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
     price = (counted * cli.input_tokens * PRICE_IN + counted * cli.output_tokens * PRICE_OUT) / 1e6
     assert usage["cost_usd"] == pytest.approx(price, rel=1e-6), usage
     assert f"agent {cli.name} bills the API key in {KEY[cli.name]}" in out, out
+    if cli.name == "qwen":  # its entry's node process and the CLI's at each call: kiro tells it not to start a third
+        assert len(cli.nodes) == calls and all(len(nodes) == 2 for nodes in cli.nodes), cli.nodes
+    if isinstance(cli, Copilot):  # in kiro's box it runs from the package it unpacked before, not a new copy
+        seen = cli.package_seen
+        assert len(seen) == calls and all(each and all(each) for each in seen), seen
     print(f"{cli.name}: 3 steps, {calls} model calls, usage {usage}")
 
 

@@ -46,7 +46,7 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
-from kiro.executors.agents import Failure, Invocation, Preset, clean, error_line, json_lines, last_line, tail
+from kiro.executors.agents import Failure, Preset, clean, error_line, json_lines, last_line, tail
 from kiro.executors.agents.claude import _LIMIT_TEXT, ClaudePreset
 from kiro.executors.agents.gemini import GeminiPreset
 from kiro.executors.base import Usage
@@ -238,10 +238,6 @@ class GeminiAcpPreset(AcpPreset, GeminiPreset):
     command = "gemini --acp"
     empty_when_missing = True
     asking_modes = ("default", "plan")
-
-    def env(self, inv: Invocation) -> dict[str, str]:
-        """gemini's, and one node process instead of two (see the module's account)."""
-        return {**super().env(inv), "GEMINI_CLI_NO_RELAUNCH": "true"}
 
 
 def _messages(stdout: str, sender: str = "agent") -> Iterator[dict[str, Any]]:

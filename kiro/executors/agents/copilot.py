@@ -31,7 +31,8 @@
   (COPILOT_OFFLINE=true skips GitHub entirely); otherwise GitHub Copilot, billed to the account of
   COPILOT_GITHUB_TOKEN, GH_TOKEN or GITHUB_TOKEN (in that order, before a stored `/login`).
 - An unknown flag: clap's `error: unexpected argument '--x' found`, exit 1.
-- It unpacks itself into `~/.cache/copilot/pkg` (about 235 MB) on a HOME's first run.
+- It unpacks itself into `~/.cache/copilot/pkg` (`$XDG_CACHE_HOME/copilot/pkg`, about 235 MB) on a HOME's
+  first run; kiro's box shows that folder read-only (`read_paths`), else it unpacked itself at every step.
 - What kiro reads for a failure (never the model's text: its `assistant.message` events): the exit code,
   stderr, copilot's `session.error` events (`errorType`, `statusCode`), the `result`'s `exitCode`, and
   its process log for the Retry-After.
@@ -123,6 +124,14 @@ class CopilotPreset(Preset):
         """$COPILOT_HOME (`~/.copilot`): its config, login, session records and logs."""
         folder = env_folder(env, "COPILOT_HOME", ".copilot")
         return [folder] if folder is not None else []
+
+    def read_paths(self, env: Mapping[str, str]) -> list[Path]:
+        """Also the package it unpacked itself into on its first run (`~/.cache/copilot/pkg`, ~235 MB), read-only:
+        in kiro's box, where the rest of $HOME is empty, it unpacked it again at every step (a third of its CPU,
+        and 235 MB of the box's memory). Read-only: the agent cannot change the program it runs outside the box."""
+        cache = env_folder(env, "XDG_CACHE_HOME", ".cache")
+        unpacked = cache / "copilot" / "pkg" if cache is not None else None
+        return [*super().read_paths(env), *([unpacked] if unpacked is not None and unpacked.is_dir() else [])]
 
     def credential(self, env: Mapping[str, str]) -> Credential:
         if env.get("COPILOT_PROVIDER_BASE_URL"):

@@ -135,7 +135,10 @@ class GeminiPreset(Preset):
         return super().credential(env)
 
     def env(self, inv: Any) -> dict[str, str]:
-        return {"NO_COLOR": "1"}
+        """No colours, and one node process a step: left to itself Gemini CLI starts a second node process of
+        itself (to raise its heap limit to half the machine's memory) under a first one that only waits for
+        it, a third more CPU a step."""
+        return {"NO_COLOR": "1", "GEMINI_CLI_NO_RELAUNCH": "true"}
 
     def home_paths(self, env: Mapping[str, str]) -> list[Path]:
         """`~/.gemini`, or the folder `GEMINI_CLI_HOME` names (gemini keeps its `.gemini` in it)."""

@@ -130,15 +130,18 @@ class QwenPreset(ClaudePreset):
         return []  # its tools are approved by --approval-mode, not Claude's --allowedTools
 
     def env(self, inv: Invocation) -> dict[str, str]:
+        """No colours, one node process fewer (qwen's entry starts the CLI in a second one, which would start
+        a third to raise its heap limit: QWEN_CODE_NO_RELAUNCH), and its settings for the step."""
+        plain = {"NO_COLOR": "1", "QWEN_CODE_NO_RELAUNCH": "true"}
         real = qwen_dir(os.environ)
         if real is None:
-            return {"NO_COLOR": "1"}
+            return plain
         try:
             home = self.step_home(real)
         except OSError as exc:  # never a run with the person's hooks because their folder could not be read
             raise ExecutorError(f"cannot prepare qwen's settings for the step in {real / STEP_HOME}: "
                                 f"{exc.strerror or exc}") from None
-        return {"NO_COLOR": "1", "QWEN_HOME": str(home),
+        return {**plain, "QWEN_HOME": str(home),
                 "QWEN_RUNTIME_DIR": os.environ.get("QWEN_RUNTIME_DIR") or str(real)}
 
     @staticmethod
