@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from kiro.fs import ownwrites
 from kiro.shared import Registry
@@ -33,6 +34,7 @@ WATCHED_IF_THERE = (".kiro/specs", "Approved")
 STEP_MS = 5
 DEBOUNCE_MS = 50
 RUST_TIMEOUT_MS = 5_000  # a watcher whose event loop went away unstopped ends its thread within this
+SETUP_SECONDS = 10.0  # at most, for a watch thread to set its watches up (or end)
 
 
 def _relevant(change: object, path: str) -> bool:
@@ -48,6 +50,7 @@ class ChangeHub:
         self._stop: asyncio.Event | None = None
         self.failed: str | None = None
         self.users = 0
+        self._setting_up: set[asyncio.Future[None]] = set()  # the watches not set up yet (`_watched`)
 
     def subscribe_event(self, ev: asyncio.Event) -> None:
         self._waiters.add(ev)
@@ -77,6 +80,9 @@ class ChangeHub:
         self._task = asyncio.create_task(self._run(), name=f"kiro-watch:{self.root}")
         for _turn in range(3):  # the watches' first turns (the folders' watch, then the top level's)
             await asyncio.sleep(0)
+        if self._setting_up:  # each watch's thread: its watches set up, or it failed
+            await asyncio.wait(set(self._setting_up), timeout=SETUP_SECONDS)
+            await asyncio.sleep(0)  # a failure is the hub's (`failed`) before this returns
 
     def _present(self) -> set[str]:
         return {name for name in WATCHED if (self.root / name).is_dir()}
@@ -114,41 +120,95 @@ class ChangeHub:
             self.notify()
 
     async def _watch(self, paths: list[Path], stop: asyncio.Event) -> None:
-        from watchfiles import awatch
-
         if not paths:
             await stop.wait()
             return
-        async for _changes in awatch(*paths, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
-                                     stop_event=stop, rust_timeout=RUST_TIMEOUT_MS, recursive=True,
-                                     ignore_permission_denied=True):
-            self.notify()  # awatch yields only batches with a change the filter let through
+        await self._watched(paths, stop, recursive=True, on_change=self.notify)
 
     async def _watch_top(self, again: asyncio.Event, present: set[str]) -> None:
         """The workspace's top level, not recursively, while a watched folder is missing: sets `again` when
         one appears (or the hub stops)."""
-        from watchfiles import awatch
-
         assert self._stop is not None
         stop = self._stop
         relay = asyncio.create_task(stop.wait())
         relay.add_done_callback(lambda _t: again.set())
 
-        def appeared() -> None:  # a folder made before the watch below was set up (in this task's first turn)
+        def changed() -> None:
+            self.notify()
+            appeared()
+
+        def appeared() -> None:  # also a folder made before the watch was set up
             if self._present() != present:
                 again.set()
 
-        asyncio.get_running_loop().call_soon(appeared)
         try:
-            async for _changes in awatch(self.root, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
-                                         stop_event=again, rust_timeout=RUST_TIMEOUT_MS, recursive=False,
-                                         ignore_permission_denied=True):
-                self.notify()
-                if self._present() != present:
-                    again.set()
-                    return
+            await self._watched([self.root], again, recursive=False, on_change=changed, on_ready=appeared)
         finally:
             relay.cancel()
+
+    async def _watched(self, paths: list[Path], stop: asyncio.Event, *, recursive: bool,
+                       on_change: Callable[[], object], on_ready: Callable[[], object] | None = None) -> None:
+        """watchfiles' `watch` over `paths` on a thread of its own until `stop` is set: `on_change()` runs on
+        the event loop for each batch that holds a change not kiro's own. The filter looks first on that
+        thread, so kiro's own edits in these folders (a step's box, twice a step) never wake the event loop
+        (`awatch` handed every batch to it through anyio). A batch that passes is looked at again on the
+        event loop, where kiro notes its own writes, so an edit noted just after the thread's look wakes
+        nobody. `on_ready()`: once the watches are set up. Raises what the watch raised (it could not
+        start)."""
+        import threading
+
+        from watchfiles import watch
+
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        ended: asyncio.Future[object] = loop.create_future()
+        self._setting_up.add(ready)
+        ready.add_done_callback(self._setting_up.discard)
+        if on_ready is not None:
+            ready.add_done_callback(lambda _f: on_ready())
+        halt = threading.Event()
+        asked: list[bool] = []
+
+        class Halt:
+            """watchfiles' stop event: asked at each of its steps, from its first wait on (the watches are
+            set up by then)."""
+
+            @staticmethod
+            def is_set() -> bool:
+                if not asked:
+                    asked.append(True)
+                    _call(loop, _settle, ready, None)
+                return halt.is_set()
+
+        def batch(changes: set[tuple[object, str]]) -> None:
+            if any(_relevant(change, path) for change, path in changes):
+                on_change()
+
+        def run() -> None:
+            failure: BaseException | None = None
+            try:
+                for changes in watch(*paths, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
+                                     stop_event=Halt(), rust_timeout=RUST_TIMEOUT_MS, recursive=recursive,
+                                     ignore_permission_denied=True, raise_interrupt=False):
+                    _call(loop, batch, changes)
+            except BaseException as exc:  # noqa: BLE001 - raised in the task that awaits the watch
+                failure = exc
+            _call(loop, _settle, ended, failure)
+
+        threading.Thread(target=run, name="kiro-watch", daemon=True).start()
+        stopped: asyncio.Future[object] = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({ended, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            halt.set()  # the thread ends within STEP_MS, its watches with it
+            stopped.cancel()
+        try:
+            if not ended.done():
+                await asyncio.wait({ended}, timeout=SETUP_SECONDS)
+            if ended.done():
+                ended.result()
+        finally:  # a watch that never set up (it failed: `_run` says so before `start` goes on)
+            _settle(ready, None)
 
     async def aclose(self) -> None:
         if self._task is None:
@@ -158,6 +218,20 @@ class ChangeHub:
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self._task, 2)
         self._task = None
+
+
+def _call(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
+    """`fn(*args)` on `loop`, from another thread; nothing once that event loop is closed."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def _settle(fut: asyncio.Future[Any], error: BaseException | None) -> None:
+    if not fut.done():
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
 
 
 _hubs: Registry[ChangeHub] = Registry()
