@@ -194,8 +194,8 @@ OPENCODE_INSTALLS = (Path(".config") / "opencode", Path(".cache") / "opencode")
 # What opencode starts beside a run that the tests never use, turned off as its documented variables allow (its
 # own config skill lists them): its built-in plugins (the logins of providers other than the fake's), its watcher
 # of the project's files, its scans of ~/.claude and ~/.agents for skills and prompts. With `"snapshot": false`,
-# one 3-call `opencode run` costs ~15% less CPU (~12 s -> ~10 s on a loaded machine, 1.18.33): most of what is
-# left is opencode's own start (its bundle, its database, its project, its provider), which no setting skips.
+# one 3-call `opencode run` starts ~50 fewer git processes and costs 0.2-1.6 s less CPU of 11-13 s (1.18.33,
+# load 4-15; docs/guides/opencode-cost.md): the rest is opencode's own start, which no setting skips.
 OPENCODE_FEATURES = {"OPENCODE_DISABLE_DEFAULT_PLUGINS": "true", "OPENCODE_EXPERIMENTAL_DISABLE_FILEWATCHER": "true",
                      "OPENCODE_DISABLE_CLAUDE_CODE": "true", "OPENCODE_DISABLE_EXTERNAL_SKILLS": "true"}
 
