@@ -180,8 +180,8 @@ def test_one_look_serves_every_loop_that_asks_in_the_same_turn_and_is_taken_afte
 
 
 def test_loops_sharing_looks_in_one_process_hold_the_task_file_a_boxed_step_planted(ws: Workspace) -> None:
-    """Three shell loops in one process, boxed (their looks shared): the one whose step plants a Kiro spec gets
-    it held for a person's approval; every loop completes, and nothing else is held."""
+    """Three shell loops in one process, boxed (their looks shared): the Kiro spec one loop's step plants is held
+    for a person's approval, once; every loop completes, and nothing else is held."""
     import asyncio
 
     from kiro.core.runner import LoopIndex, prepare_start, run_loops
@@ -205,5 +205,4 @@ def test_loops_sharing_looks_in_one_process_hold_the_task_file_a_boxed_step_plan
     assert [o.exit_code for o in outcomes] == [0, 0, 0], [o.message for o in outcomes]
     notes = sorted((ws.root / "Pending_Approval").glob("task_file_*.md"))
     named = [n.read_text().split("path: ", 1)[1].split("\n", 1)[0] for n in notes]
-    assert named == [".kiro/specs/x/tasks.md"], named
-    assert "task_id: c" in notes[0].read_text(), notes[0].read_text()
+    assert named == [".kiro/specs/x/tasks.md"], named  # once (by whichever loop's step overlapped the planting)
