@@ -206,3 +206,31 @@ def test_loops_sharing_looks_in_one_process_hold_the_task_file_a_boxed_step_plan
     notes = sorted((ws.root / "Pending_Approval").glob("task_file_*.md"))
     named = [n.read_text().split("path: ", 1)[1].split("\n", 1)[0] for n in notes]
     assert named == [".kiro/specs/x/tasks.md"], named  # once (by whichever loop's step overlapped the planting)
+
+
+def test_a_shared_look_after_unboxed_steps_holds_the_frontmatter_one_of_them_changed(ws: Workspace) -> None:
+    """Unboxed, the shared look reads Specs/ too: a step of one loop that rewrites a third task file's frontmatter
+    gets it held, and each loop's own file gets its frontmatter put back by its own check."""
+    import asyncio
+
+    first = ws.task(OTHER.replace("other", "first"), "Specs/first/tasks.md")
+    second = ws.task(OTHER.replace("other", "second"), "Specs/second/tasks.md")
+    third = ws.task(OTHER, "Specs/third/tasks.md")
+    kws = KiroWorkspace(ws.root)
+
+    async def steps() -> list[str]:
+        before = await control.shared_look(kws, boxed=False)
+        files = [control.TaskFiles.take(kws, own, boxed=False, look=before) for own in (first, second)]
+        third.write_text(SAME_SIZE)  # the first loop's step
+        first.write_text(SAME_SIZE.replace("other", "first"))  # and its own settings
+        after = await control.shared_look(kws, boxed=False)
+        return [line for f, (tid, own) in zip(files, (("first", first), ("second", second)), strict=True)
+                for line in f.check(boxed=False, task_id=tid, step_id="1", look=after)]
+
+    said = asyncio.run(steps())
+    print(said)
+    assert any("Specs/third/tasks.md was changed (its frontmatter)" in line for line in said), said
+    assert any("Specs/first/tasks.md: its frontmatter changed" in line for line in said), said
+    assert "executor: shell" in first.read_text()  # put back
+    held = sorted(p.name for p in (ws.root / "Pending_Approval").glob("task_file_*.md"))
+    assert len(held) == 1, held

@@ -579,12 +579,14 @@ class TaskFiles:
                                 f"unboxed; kiro put it back (a step never sets a task's settings)")
         look = look if look is not None else Look.now(self.ws, boxed=boxed)
         for path, real, st, now in look.files:  # boxed: none in Specs/, read-only to the step (a change is a person's)
-            if real == own or st is None:
+            if real == own or st is None or self._unchanged(real, st, now):
                 continue
-            if real in self.by_path and self.by_path[real] == now:
+            try:  # read again: a look shared with other loops was taken before their checks (their own files put back)
+                st = os.stat(real)
+            except OSError:
                 continue
-            if real not in self.by_path and self.moved_in.get((st.st_dev, st.st_ino), b"\0") == now:
-                continue  # moved back from Done/ or Needs_Action/
+            if self._unchanged(real, st, _frontmatter(real, st)):
+                continue
             if approval.held_by(self.ws, path) is not None:
                 continue
             why = "created" if real not in self.by_path else "changed (its frontmatter)"
@@ -592,6 +594,13 @@ class TaskFiles:
             said.append(f"{self.ws.relative(path)} was {why} while step {step_id} ran: no loop runs it until a "
                         f"person approves it ({self.ws.relative(note)})")
         return said
+
+    def _unchanged(self, real: str, st: os.stat_result, now: bytes | None) -> bool:
+        """The file at `real` (stat'ed as `st`, its frontmatter `now`) is as the look before the step found it, or
+        was moved back from Done/ or Needs_Action/ as it was there."""
+        if real in self.by_path:
+            return self.by_path[real] == now
+        return self.moved_in.get((st.st_dev, st.st_ino), b"\0") == now  # moved back from Done/ or Needs_Action/
 
     def looks_boxed(self, boxed: bool) -> bool:
         """Whether the look after the step is a boxed one: the step ran boxed, or the look before it was taken
