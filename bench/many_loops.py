@@ -130,6 +130,27 @@ class SyscallCount:
             return Counter(self.counts)
 
 
+class LookCount:
+    """The looks at the workspace's task files taken around the steps (SPEC §15), counted: one per loop per step
+    before kiro.executors.control.shared_look, one per turn of the event loop for all loops that ask in it since
+    (None on a tree without it)."""
+
+    def __init__(self) -> None:
+        from kiro.executors import control
+
+        self.taken: int | None = None
+        look = getattr(control, "Look", None)
+        if look is None:
+            return
+        self.taken = 0
+        now = look.now.__func__
+
+        def counted(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            self.taken = (self.taken or 0) + 1
+            return now(cls, *args, **kwargs)
+        look.now = classmethod(counted)
+
+
 class CollectorTime:
     """Collections of the cyclic garbage collector and the time they took (gc.callbacks), while on."""
 
@@ -190,6 +211,7 @@ def main() -> int:
 
     counter = SyscallCount()
     collector = CollectorTime()
+    looks = LookCount()
     with tempfile.TemporaryDirectory(dir=os.environ.get("KIRO_BENCH_DIR")) as tmp:
         root = Path(tmp)
         for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
@@ -255,6 +277,8 @@ def main() -> int:
               f"threads) {cpu * 1000 / per:.2f} ms per model call (the load of the machine: {os.getloadavg()[0]:.1f})")
         print(f"  per model call: {renames / per:.2f} renames, {syncs / per:.2f} fsyncs "
               f"({ops['fsync']} fsync, {ops['fdatasync']} fdatasync, {renames} renames in all)")
+        if looks.taken is not None:
+            print(f"  looks at the task files around the steps: {looks.taken} ({looks.taken / per:.2f} per model call)")
         print(f"  the garbage collector: {collector.runs} collections ({collector.full} full), "
               f"{collector.seconds:.2f} s of the run")
         print(f"  peak resident memory of the kiro process: {peak:.0f} MB")

@@ -137,3 +137,100 @@ def test_the_task_files_found_from_kept_listings_are_those_a_fresh_walk_finds(ws
     assert [real for _path, real in kept] == [
         os.path.realpath(outside), *(os.path.realpath(ws.root / f"Specs/{name}") for name in
                                      ("c/d/more.md", "c/d/tasks.md", "f/tasks.md"))]
+
+
+def test_one_look_serves_every_loop_that_asks_in_the_same_turn_and_is_taken_after_the_last_asked(
+        ws: Workspace) -> None:
+    """Many loops in one process share a look (kiro.executors.control.shared_look, issue #41): those that ask in
+    the same turn of the event loop get one look, taken after all of them asked. A loop whose step planted a
+    task file just before asking finds the file in it and holds it, though another loop asked first."""
+    import asyncio
+
+    first = ws.task(OTHER.replace("other", "first"), "Specs/first/tasks.md")
+    second = ws.task(OTHER.replace("other", "second"), "Specs/second/tasks.md")
+    ws.task(OTHER, ".kiro/specs/known/tasks.md")
+    kws = KiroWorkspace(ws.root)
+
+    async def steps() -> tuple[control.Look, control.Look, control.Look, list[str], list[str]]:
+        before = await control.shared_look(kws, boxed=True)
+        files = [control.TaskFiles.take(kws, own, boxed=True, look=before) for own in (first, second)]
+
+        async def first_ends() -> control.Look:
+            return await control.shared_look(kws, boxed=True)
+
+        async def second_ends() -> control.Look:  # its step planted a Kiro spec, then it asks, after the first
+            ws.task(OTHER, ".kiro/specs/planted/tasks.md")
+            return await control.shared_look(kws, boxed=True)
+
+        after_first, after_second = await asyncio.gather(first_ends(), second_ends())
+        said_second = files[1].check(boxed=True, task_id="second", step_id="1", look=after_second)
+        said_first = files[0].check(boxed=True, task_id="first", step_id="1", look=after_first)
+        return before, after_first, after_second, said_first, said_second
+
+    before, after_first, after_second, said_first, said_second = asyncio.run(steps())
+    planted = os.path.realpath(ws.root / ".kiro/specs/planted/tasks.md")
+    assert after_first is after_second  # one look for both loops
+    assert planted in {real for _path, real, _st, _fm in after_first.files}
+    assert planted not in {real for _path, real, _st, _fm in before.files}
+    print(said_second, said_first)
+    assert any(".kiro/specs/planted/tasks.md was created" in line for line in said_second), said_second
+    assert said_first == []  # held once, by the loop that found it first
+    held = sorted(p.name for p in (ws.root / "Pending_Approval").glob("task_file_*.md"))
+    assert len(held) == 1, held
+
+
+def test_loops_sharing_looks_in_one_process_hold_the_task_file_a_boxed_step_planted(ws: Workspace) -> None:
+    """Three shell loops in one process, boxed (their looks shared): the Kiro spec one loop's step plants is held
+    for a person's approval, once; every loop completes, and nothing else is held."""
+    import asyncio
+
+    from kiro.core.runner import LoopIndex, prepare_start, run_loops
+    from kiro.store.statestore import StateStore
+    from tests.conftest import FAST_CONFIG
+
+    def shell_steps(*commands: str) -> str:
+        return "---\ntitle: t\nexecutor: shell\n---\n# Plan\n\n" + "".join(
+            f"- [ ] {i}. Step {i}\n  ```sh\n  {cmd}\n  ```\n" for i, cmd in enumerate(commands, 1))
+
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "sandbox: bwrap\n")
+    for name in ("a", "b"):
+        ws.task(shell_steps("true", "true"), f"Specs/{name}/tasks.md")
+    ws.write("payload/planted.md", OTHER)
+    ws.task(shell_steps("true", "mkdir -p .kiro/specs/x && cp payload/planted.md .kiro/specs/x/tasks.md"),
+            "Specs/c/tasks.md")
+    kws = KiroWorkspace(ws.root)
+    index = LoopIndex(StateStore(kws))
+    runs = [prepare_start(kws, f"Specs/{name}/tasks.md", task_id=name, index=index) for name in ("a", "b", "c")]
+    outcomes = asyncio.run(run_loops(runs))
+    assert [o.exit_code for o in outcomes] == [0, 0, 0], [o.message for o in outcomes]
+    notes = sorted((ws.root / "Pending_Approval").glob("task_file_*.md"))
+    named = [n.read_text().split("path: ", 1)[1].split("\n", 1)[0] for n in notes]
+    assert named == [".kiro/specs/x/tasks.md"], named  # once (by whichever loop's step overlapped the planting)
+
+
+def test_a_shared_look_after_unboxed_steps_holds_the_frontmatter_one_of_them_changed(ws: Workspace) -> None:
+    """Unboxed, the shared look reads Specs/ too: a step of one loop that rewrites a third task file's frontmatter
+    gets it held, and each loop's own file gets its frontmatter put back by its own check."""
+    import asyncio
+
+    first = ws.task(OTHER.replace("other", "first"), "Specs/first/tasks.md")
+    second = ws.task(OTHER.replace("other", "second"), "Specs/second/tasks.md")
+    third = ws.task(OTHER, "Specs/third/tasks.md")
+    kws = KiroWorkspace(ws.root)
+
+    async def steps() -> list[str]:
+        before = await control.shared_look(kws, boxed=False)
+        files = [control.TaskFiles.take(kws, own, boxed=False, look=before) for own in (first, second)]
+        third.write_text(SAME_SIZE)  # the first loop's step
+        first.write_text(SAME_SIZE.replace("other", "first"))  # and its own settings
+        after = await control.shared_look(kws, boxed=False)
+        return [line for f, (tid, own) in zip(files, (("first", first), ("second", second)), strict=True)
+                for line in f.check(boxed=False, task_id=tid, step_id="1", look=after)]
+
+    said = asyncio.run(steps())
+    print(said)
+    assert any("Specs/third/tasks.md was changed (its frontmatter)" in line for line in said), said
+    assert any("Specs/first/tasks.md: its frontmatter changed" in line for line in said), said
+    assert "executor: shell" in first.read_text()  # put back
+    held = sorted(p.name for p in (ws.root / "Pending_Approval").glob("task_file_*.md"))
+    assert len(held) == 1, held

@@ -15,7 +15,7 @@ from kiro.core import conditions, precheck, scheduled
 from kiro.core.conditions import Stop
 from kiro.core.hooks import Feature, LoopHandle, Reopen
 from kiro.errors import TaskFileError, TaskNotFound
-from kiro.executors.control import TaskFiles
+from kiro.executors.control import Look, TaskFiles, shared_look
 from kiro.fs import writer
 from kiro.git import checkpoints
 from kiro.status import Status, StopReason
@@ -141,15 +141,15 @@ class SealedTaskFiles(Feature):
         self.marked = True  # `.state/running/<task_id>` may be there: a kill's at first, then this run's own
 
     async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
-        self._check(loop)  # a step the engine did not end here (another feature ran it, a kill before)
+        await self._check(loop)  # a step the engine did not end here (another feature ran it, a kill before)
         approval.step_began(loop.ws, loop.state.task_id, boxed=_boxed(loop))
         self.marked = True
-        # a few directory listings: at once when this loop runs alone (a thread's hop costs more: issue #41).
-        # Not yielding here also lets the last iteration's owed save and this one's opening save be one
-        # journal record, one append and one fdatasync (Loop.save_soon), as on the rest of the straight path
+        # a few directory listings: at once when this loop runs alone (no other loop to share a look with, and
+        # not yielding here lets the last iteration's owed save and this one's opening save be one journal
+        # record, one append and one fdatasync: Loop.save_soon); with many loops, one look taken for all that
+        # ask in the same turn of the event loop (issue #41)
         boxed = _boxed(loop)
-        self.files = TaskFiles.take(loop.ws, loop.task_path, boxed=boxed) if writer.alone() else \
-            await asyncio.to_thread(TaskFiles.take, loop.ws, loop.task_path, boxed=boxed)
+        self.files = TaskFiles.take(loop.ws, loop.task_path, boxed=boxed, look=await _look(loop, boxed))
         self.step_id = step_id
         return None, True
 
@@ -159,24 +159,32 @@ class SealedTaskFiles(Feature):
         before its box is checked. A task file a person drops once they see the box checked is theirs (it was
         held: the hold lasted until the step's commit and state were written)."""
         if not recovering:
-            self._check(loop)
+            await self._check(loop)
         return None
 
     async def after_step(self, loop: LoopHandle, step_id: str) -> None:
-        self._check(loop)  # an attempt that failed, or that a feature's check refused
+        await self._check(loop)  # an attempt that failed, or that a feature's check refused
 
     async def completing(self, loop: LoopHandle, stop: Stop) -> Stop:
-        self._check(loop)
+        await self._check(loop)
         return stop
 
-    def _check(self, loop: LoopHandle) -> None:
+    async def _check(self, loop: LoopHandle) -> None:
         files, step_id, self.files = self.files, self.step_id, None
         if files is not None and step_id is not None:
-            for line in files.check(boxed=_boxed(loop), task_id=loop.state.task_id, step_id=step_id):
+            boxed = files.looks_boxed(_boxed(loop))
+            look = await _look(loop, boxed)  # taken after the step ended: all its writes are in it
+            for line in files.check(boxed=boxed, task_id=loop.state.task_id, step_id=step_id, look=look):
                 loop.emit(ev.LoopWarning(message=line))
         if self.marked:  # removed once a step ends, not at each of the three looks around it (a file system call)
             approval.step_ended(loop.ws, loop.state.task_id)
             self.marked = False
+
+
+async def _look(loop: LoopHandle, boxed: bool) -> Look | None:
+    """None (`TaskFiles` looks at once) when this loop runs alone in the process, else the look shared by every
+    loop that asks in this turn of the event loop (kiro.executors.control.shared_look)."""
+    return None if writer.alone() else await shared_look(loop.ws, boxed=boxed)
 
 
 def _boxed(loop: LoopHandle) -> bool:

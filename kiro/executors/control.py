@@ -45,6 +45,7 @@ not watched at all.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -455,6 +456,78 @@ def _frontmatter_bytes(path: str) -> bytes | None:
     return _KIRO_KEY.sub(b"", block)  # kiro's own key (kiro.core.runner keeps a person's `kiro_task_id` current)
 
 
+FileSeen = tuple[Path, str, "os.stat_result | None", "bytes | None"]  # path found, real path, stat, frontmatter
+
+
+@dataclass(frozen=True)
+class Look:
+    """The workspace's task files at one instant, as a step's look before or after it needs them (`TaskFiles`):
+    each file's path, real path, stat and frontmatter (`files`), and, when `moved`, the frontmatter of each file
+    in Done/ and Needs_Action/ by inode (`moved_in`). `boxed`: only the files whose real path lies outside
+    Specs/ (read-only to a boxed step). One look serves every loop of the process that asks in the same
+    instant (`shared_look`)."""
+
+    files: tuple[FileSeen, ...]
+    moved_in: dict[tuple[int, int], bytes | None] | None
+
+    @classmethod
+    def now(cls, ws: Workspace, *, boxed: bool) -> Look:
+        from kiro.store.workspace import markdown_files, task_files
+
+        specs = os.path.realpath(ws.specs) + os.sep
+        files: list[FileSeen] = []
+        for path, real in task_files(ws, in_specs=not boxed):
+            if boxed and real.startswith(specs):
+                continue
+            try:
+                st: os.stat_result | None = os.stat(real)
+            except OSError:
+                st = None
+            files.append((path, real, st, _frontmatter(real, st) if st is not None else None))
+        moved_in: dict[tuple[int, int], bytes | None] | None = None
+        if not boxed or files:  # boxed with no file outside Specs/: no file a step could write (see `take`)
+            moved_in = {}
+            for folder in (ws.done, ws.needs_action):
+                for found in markdown_files(folder):
+                    with contextlib.suppress(OSError):
+                        st = os.stat(found)
+                        moved_in[(st.st_dev, st.st_ino)] = _frontmatter(str(found), st)
+        return cls(tuple(files), moved_in)
+
+
+# The looks asked for and not taken yet, by (workspace, boxed): every loop of this process whose step ended (or
+# is about to begin) in one turn of the event loop waits for the same look, taken once at the next turn, after
+# all of them asked (issue #41: a look per loop per step cost each step a walk of every loop's task file, with
+# a thousand loops most of their time). A look taken after a step ended sees all its writes, one taken before a
+# step began none of them: sharing it takes nothing from SPEC §15.
+_asked: dict[tuple[str, bool], asyncio.Future[Look]] = {}
+
+
+async def shared_look(ws: Workspace, *, boxed: bool) -> Look:
+    """A look at the workspace's task files (`Look.now`) taken after this call, shared with every other caller
+    of the same turn of the event loop."""
+    loop = asyncio.get_running_loop()
+    key = (os.fspath(ws.root), boxed)
+    asked = _asked.get(key)
+    if asked is None or asked.get_loop() is not loop:
+        asked = _asked[key] = loop.create_future()
+        loop.call_soon(_take_look, key, asked, ws, boxed)
+    return await asyncio.shield(asked)
+
+
+def _take_look(key: tuple[str, bool], asked: asyncio.Future[Look], ws: Workspace, boxed: bool) -> None:
+    if _asked.get(key) is asked:
+        del _asked[key]
+    try:
+        look = Look.now(ws, boxed=boxed)
+    except BaseException as exc:  # every waiter gets it, as each got it from its own look before
+        asked.set_exception(exc)
+        if not isinstance(exc, Exception):
+            raise
+        return
+    asked.set_result(look)
+
+
 @dataclass
 class TaskFiles:
     """The workspace's task files (`Specs/`, `.kiro/specs/*/tasks.md`, and `Done/`, `Needs_Action/` for files
@@ -474,39 +547,25 @@ class TaskFiles:
     boxed: bool = False
 
     @classmethod
-    def take(cls, ws: Workspace, own: Path, *, boxed: bool = False) -> TaskFiles:
-        """The look before a step. `boxed`: the step runs in the box, where Specs/ is read-only: only the task
-        files whose real path lies elsewhere (`.kiro/specs/`, a link in Specs/ to a file in the project) are
-        read, and the files in Done/ and Needs_Action/ only when there is one (a file a person moves from there
-        during the step into a `.kiro/specs/` that had no task file is held, as a new one)."""
-        snap = cls(ws, own, boxed=boxed)
-        snap._look()
-        return snap
+    def take(cls, ws: Workspace, own: Path, *, boxed: bool = False, look: Look | None = None) -> TaskFiles:
+        """The look before a step (`look`, taken before it began; else one now). `boxed`: the step runs in the
+        box, where Specs/ is read-only: only the task files whose real path lies elsewhere (`.kiro/specs/`, a
+        link in Specs/ to a file in the project) are read, and the files in Done/ and Needs_Action/ only when
+        there is one (a file a person moves from there during the step into a `.kiro/specs/` that had no task
+        file is held, as a new one)."""
+        look = look if look is not None else Look.now(ws, boxed=boxed)
+        return cls(ws, own, {real: seen for _path, real, _st, seen in look.files}, dict(look.moved_in or {}),
+                   boxed=boxed)
 
-    def _look(self) -> None:
-        from kiro.store.workspace import markdown_files, task_files
-
-        specs = os.path.realpath(self.ws.specs) + os.sep
-        self.by_path = {real: _frontmatter(real) for _path, real in task_files(self.ws, in_specs=not self.boxed)
-                        if not (self.boxed and real.startswith(specs))}
-        self.moved_in = {}
-        if self.boxed and not self.by_path:
-            return
-        for folder in (self.ws.done, self.ws.needs_action):
-            for path in markdown_files(folder):
-                with contextlib.suppress(OSError):
-                    st = os.stat(path)
-                    self.moved_in[(st.st_dev, st.st_ino)] = _frontmatter(str(path), st)
-
-    def check(self, *, boxed: bool, task_id: str, step_id: str) -> list[str]:
+    def check(self, *, boxed: bool, task_id: str, step_id: str, look: Look | None = None) -> list[str]:
         """After a step process ran: hold what it planted or changed, put back the loop's own frontmatter
-        (unboxed); returns what was done, one line each, for a warning. Once: the next step takes a fresh
-        look (`take`), since what a person writes between two steps is theirs."""
+        (unboxed); returns what was done, one line each, for a warning. `look`: one taken after the step
+        ended, boxed as `boxed or self.boxed` (else one now). Once: the next step takes a fresh look (`take`),
+        since what a person writes between two steps is theirs."""
         from kiro.store import approval
-        from kiro.store.workspace import task_files
 
         said: list[str] = []
-        boxed = boxed or self.boxed  # taken boxed: Specs/ was not read (the step's box is the one it began in)
+        boxed = self.looks_boxed(boxed)
         own = os.path.realpath(self.own)
         before = self.by_path.get(own)
         if not boxed and before is not None:
@@ -518,19 +577,16 @@ class TaskFiles:
                     _write_back(Path(own), bom + before + raw[len(bom) + len(now):], None)
                     said.append(f"{self.ws.relative(self.own)}: its frontmatter changed while step {step_id} ran "
                                 f"unboxed; kiro put it back (a step never sets a task's settings)")
-        specs = os.path.realpath(self.ws.specs) + os.sep
-        for path, real in task_files(self.ws, in_specs=not boxed):
-            if real == own or (boxed and real.startswith(specs)):
-                continue  # boxed, Specs/ is read-only to the step: what changed there is a person's
-            try:
+        look = look if look is not None else Look.now(self.ws, boxed=boxed)
+        for path, real, st, now in look.files:  # boxed: none in Specs/, read-only to the step (a change is a person's)
+            if real == own or st is None or self._unchanged(real, st, now):
+                continue
+            try:  # read again: a look shared with other loops was taken before their checks (their own files put back)
                 st = os.stat(real)
             except OSError:
                 continue
-            now = _frontmatter(real, st)
-            if real in self.by_path and self.by_path[real] == now:
+            if self._unchanged(real, st, _frontmatter(real, st)):
                 continue
-            if real not in self.by_path and self.moved_in.get((st.st_dev, st.st_ino), b"\0") == now:
-                continue  # moved back from Done/ or Needs_Action/
             if approval.held_by(self.ws, path) is not None:
                 continue
             why = "created" if real not in self.by_path else "changed (its frontmatter)"
@@ -538,3 +594,15 @@ class TaskFiles:
             said.append(f"{self.ws.relative(path)} was {why} while step {step_id} ran: no loop runs it until a "
                         f"person approves it ({self.ws.relative(note)})")
         return said
+
+    def _unchanged(self, real: str, st: os.stat_result, now: bytes | None) -> bool:
+        """The file at `real` (stat'ed as `st`, its frontmatter `now`) is as the look before the step found it, or
+        was moved back from Done/ or Needs_Action/ as it was there."""
+        if real in self.by_path:
+            return self.by_path[real] == now
+        return self.moved_in.get((st.st_dev, st.st_ino), b"\0") == now  # moved back from Done/ or Needs_Action/
+
+    def looks_boxed(self, boxed: bool) -> bool:
+        """Whether the look after the step is a boxed one: the step ran boxed, or the look before it was taken
+        boxed (Specs/ was not read: the step's box is the one it began in)."""
+        return boxed or self.boxed

@@ -33,13 +33,13 @@ TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # changed since: a stat per folder, no listing, no sort, no Path built (with a thousand loops the walk was most of
 # their time: issue #41). A file planted with the folder's mtime put back still moves its ctime: listed again.
 Kind = str  # an entry's kind: "dir" (a folder, not a link: walked), "file" (a regular file), "link", "other"
-Listing = tuple[tuple[str, Kind, Path], ...]
+Listing = tuple[tuple[str, Kind], ...]  # (path, kind): no Path built per entry (a thousand loops' folders: #41)
 _listed: StatCache[Listing | None] = StatCache(most=50_000)
 
 
 def _listing(folder: str) -> Listing | None:
     """The entries of `folder` a walk for *.md files needs, sorted by name: its folders that are not links and
-    its *.md files (path, kind, Path); None when it cannot be listed (gone)."""
+    its *.md files (path, kind); None when it cannot be listed (gone)."""
     try:
         st = os.stat(folder)
     except OSError:
@@ -48,14 +48,14 @@ def _listing(folder: str) -> Listing | None:
 
 
 def _list(folder: str) -> Listing | None:
-    found: list[tuple[str, Kind, Path]] = []
+    found: list[tuple[str, str, Kind]] = []  # (name, path, kind), sorted by name
     try:
         with os.scandir(folder) as it:
             for entry in it:
                 try:  # as kiro.fs.walk: a link to a folder is no file and is not walked
                     if entry.is_dir():
                         if not entry.is_symlink():
-                            found.append((entry.path, "dir", Path(entry.path)))
+                            found.append((entry.name, entry.path, "dir"))
                         continue
                 except OSError:
                     pass
@@ -65,25 +65,27 @@ def _list(folder: str) -> Listing | None:
                             "link" if entry.is_symlink() else "other"
                     except OSError:
                         kind = "other"
-                    found.append((entry.path, kind, Path(entry.path)))
+                    found.append((entry.name, entry.path, kind))
     except OSError:
         return None
-    return tuple(sorted(found, key=lambda e: os.path.basename(e[0])))
+    found.sort()
+    return tuple((path, kind) for _name, path, kind in found)
 
 
-def _markdown(folder: Path) -> list[tuple[str, Kind, Path]]:
-    """Every `*.md` under `folder` (path, kind, Path), in the order of their sorted paths, not through
-    symlinked folders, at most WALK_MAX_DEPTH levels deep, from the folders' kept listings (`_listing`)."""
-    out: list[tuple[str, Kind, Path]] = []
-    stack: list[tuple[str, Kind, Path, int]] = [(os.fspath(folder), "dir", folder, 0)]
+def _markdown(folder: Path) -> list[tuple[str, Kind]]:
+    """Every `*.md` under `folder` (path, kind), in the order of their sorted paths, not through symlinked
+    folders, at most WALK_MAX_DEPTH levels deep, from the folders' kept listings (`_listing`)."""
+    out: list[tuple[str, Kind]] = []
+    stack: list[tuple[str, Kind, int]] = [(os.fspath(folder), "dir", 0)]
     while stack:
-        name, kind, path, depth = stack.pop()
+        name, kind, depth = stack.pop()
         if kind != "dir":
-            out.append((name, kind, path))
+            out.append((name, kind))
             continue
         listing = _listing(name) if depth <= WALK_MAX_DEPTH else None
         if listing is not None:  # files and folders by name: depth first, each path after the one it sorts after
-            stack.extend((n, k, p, depth + 1) for n, k, p in reversed(listing))
+            below = depth + 1
+            stack.extend([(n, k, below) for n, k in reversed(listing)])
     return out
 
 
@@ -93,11 +95,12 @@ def markdown_files(folder: Path) -> list[Path]:
     over, where `rglob` raised FileNotFoundError and ended `kiro loop watch`. Without recursion and at most
     WALK_MAX_DEPTH levels deep: os.walk ended a start with RecursionError on a 1,500-deep tree. Listed again
     only where a folder changed (`_listing`)."""
-    return [path for _name, _kind, path in _markdown(folder)]
+    return [Path(name) for name, _kind in _markdown(folder)]
 
 
-def is_task_candidate(path: Path) -> bool:
-    return path.suffix == ".md" and path.name.lower() not in NOT_TASKS and not path.name.startswith(".")
+def _is_task_name(name: str) -> bool:
+    """A file name a task file may have: `*.md`, not hidden, not a spec's requirements, design or readme."""
+    return name.endswith(".md") and name.lower() not in NOT_TASKS and not name.startswith(".")
 
 
 def kiro_specs(root: Path) -> list[Path]:
@@ -118,21 +121,21 @@ def task_files(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[Path, 
     # link needs its real path asked for, component by component (a look at every step of every loop: issue #41)
     specs = os.fspath(ws.specs) + os.sep
     specs_real = os.path.realpath(ws.specs) + os.sep
-    found = [*_markdown(ws.specs), *((os.fspath(p), "spec", p) for p in kiro_specs(ws.root))]
-    for name, kind, path in found:  # moved by their loops meanwhile
+    found = [*_markdown(ws.specs), *((os.fspath(p), "spec") for p in kiro_specs(ws.root))]
+    for name, kind in found:  # moved by their loops meanwhile
         if kind == "file" and name.startswith(specs):
-            if not in_specs or not is_task_candidate(path):
+            if not in_specs or not _is_task_name(os.path.basename(name)):
                 continue
             real = specs_real + name[len(specs):]
-        elif not is_task_candidate(path):
+        elif not _is_task_name(os.path.basename(name)):
             continue
-        elif path.is_file():
+        elif os.path.isfile(name):
             real = os.path.realpath(name)
         else:
             continue
         if real not in seen:
             seen.add(real)
-            yield path, real
+            yield Path(name), real
 
 
 def is_task_id(value: object) -> bool:
