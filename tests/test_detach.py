@@ -162,55 +162,6 @@ def test_a_held_lock_that_is_not_the_loops_is_refused_in_one_line(ws: Workspace)
 
 PROBE = """\
 import runpy, sys
-sys.argv = ["kiro", *sys.argv[1:]]
-code = 0
-try:
-    runpy.run_module("kiro", run_name="__main__")
-except SystemExit as e:
-    code = e.code
-sys.stdout.flush()
-sys.stderr.write("\\n@@" + " ".join([str(code), *sorted(sys.modules)]) + "\\n")
-"""
-"""A cold `kiro ARGS` (not the tests' fork server, which holds every module already) that says last on stderr,
-after "@@", its exit code and the modules it imported."""
-
-RUNS_THE_LOOP = ("kiro.core.engine", "kiro.core.features", "kiro.core.listeners", "kiro.core.precheck",
-                 "kiro.core.scheduled", "kiro.core.parallel", "kiro.core.review", "kiro.core.evidence",
-                 "kiro.core.guardrails", "kiro.core.supervisor", "kiro.executors.verify", "kiro.serve",
-                 "kiro.temporal", "openai", "watchfiles")
-"""What only a running loop needs: its own process imports them, not the `--detach` command that prepares it."""
-GIT_AND_EVENTS = ("kiro.git", "kiro.store.events")
-
-
-def detach_imports(ws: Workspace, task: str, tid: str) -> list[str]:
-    """The modules a cold `kiro loop start --detach` imports (its loop's process not counted); waits for the
-    loop to complete."""
-    r = subprocess.run([sys.executable, "-c", PROBE, "loop", "start", "--detach", "--task", task, "--task-id", tid],
-                       cwd=ws.root, env=ws.env(), capture_output=True, text=True, timeout=300)
-    code, *modules = r.stderr.rsplit("@@", 1)[1].split()
-    assert code == "0" and r.stdout.strip().splitlines()[-1] == tid, r.stdout + r.stderr
-    ws.wait_for(lambda: ws.state(tid)["status"] == "completed", what=f"loop {tid} to complete")
-    return modules
-
-
-def test_the_detach_command_imports_nothing_only_the_running_loop_needs(ws: Workspace) -> None:
-    """Issue #41: `start --detach` returns once its loop is prepared (config, state, lock) and handed over; the
-    engine, its features and listeners, git, the event models, the server are imported by the loop's own
-    process, which runs it. (The first start in a workspace also keeps kiro's folders out of git,
-    kiro.git.ignore: here a loop ran before.)"""
-    ws.task(shell_task(1))
-    ws.task(shell_task(1, title="Other task"), "Specs/other/tasks.md")
-    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md").returncode == 0
-    modules = detach_imports(ws, "Specs/other/tasks.md", "bg")
-    ran = [m for m in modules if m.startswith(RUNS_THE_LOOP + GIT_AND_EVENTS)]
-    print(f"--detach: {len([m for m in modules if m.startswith('kiro')])} kiro modules imported, of the running "
-          f"loop's, git's or the events': {ran or 'none'}")
-    assert ran == []
-    assert (ws.root / "side_effects.log").read_text().split() == ["1", "1"]  # each loop ran its step
-
-
-BOX_PROBE = """\
-import runpy, sys
 from kiro.processes import sandbox
 boxes = []
 box_for = sandbox.box_for
@@ -227,8 +178,42 @@ except SystemExit as e:
 sys.stdout.flush()
 sys.stderr.write("\\n@@" + " ".join([str(code), str(len(boxes)), *sorted(sys.modules)]) + "\\n")
 """
-"""A cold `kiro ARGS` that says last on stderr, after "@@", its exit code, how many boxes it worked out, and the
-modules it imported."""
+"""A cold `kiro ARGS` (not the tests' fork server, which holds every module already) that says last on stderr,
+after "@@", its exit code, how many boxes it worked out, and the modules it imported."""
+
+RUNS_THE_LOOP = ("kiro.core.engine", "kiro.core.features", "kiro.core.listeners", "kiro.core.precheck",
+                 "kiro.core.scheduled", "kiro.core.parallel", "kiro.core.review", "kiro.core.evidence",
+                 "kiro.core.guardrails", "kiro.core.supervisor", "kiro.executors.verify", "kiro.serve",
+                 "kiro.temporal", "openai", "watchfiles")
+"""What only a running loop needs: its own process imports them, not the `--detach` command that prepares it."""
+GIT_AND_EVENTS = ("kiro.git", "kiro.store.events")
+
+
+def detach_probed(ws: Workspace, task: str, tid: str) -> tuple[subprocess.CompletedProcess[str], str, list[str]]:
+    """A cold `kiro loop start --detach` (`PROBE`): its run, the boxes it worked out and the modules it imported
+    (its loop's process not counted); waits for the loop to complete."""
+    r = subprocess.run([sys.executable, "-c", PROBE, "loop", "start", "--detach", "--task", task, "--task-id", tid],
+                       cwd=ws.root, env=ws.env(), capture_output=True, text=True, timeout=300)
+    code, boxes, *modules = r.stderr.rsplit("@@", 1)[1].split()
+    assert code == "0" and r.stdout.strip().splitlines()[-1] == tid, r.stdout + r.stderr
+    ws.wait_for(lambda: ws.state(tid)["status"] == "completed", what=f"loop {tid} to complete")
+    return r, boxes, modules
+
+
+def test_the_detach_command_imports_nothing_only_the_running_loop_needs(ws: Workspace) -> None:
+    """Issue #41: `start --detach` returns once its loop is prepared (config, state, lock) and handed over; the
+    engine, its features and listeners, git, the event models, the server are imported by the loop's own
+    process, which runs it. (The first start in a workspace also keeps kiro's folders out of git,
+    kiro.git.ignore: here a loop ran before.)"""
+    ws.task(shell_task(1))
+    ws.task(shell_task(1, title="Other task"), "Specs/other/tasks.md")
+    assert ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md").returncode == 0
+    _r, _boxes, modules = detach_probed(ws, "Specs/other/tasks.md", "bg")
+    ran = [m for m in modules if m.startswith(RUNS_THE_LOOP + GIT_AND_EVENTS)]
+    print(f"--detach: {len([m for m in modules if m.startswith('kiro')])} kiro modules imported, of the running "
+          f"loop's, git's or the events': {ran or 'none'}")
+    assert ran == []
+    assert (ws.root / "side_effects.log").read_text().split() == ["1", "1"]  # each loop ran its step
 
 
 def test_a_first_detach_in_a_git_work_tree_keeps_kiro_out_of_git_without_the_event_models_or_the_box(
@@ -241,12 +226,7 @@ def test_a_first_detach_in_a_git_work_tree_keeps_kiro_out_of_git_without_the_eve
 
     init_repo(ws.root)
     ws.task(shell_task(1))
-    r = subprocess.run([sys.executable, "-c", BOX_PROBE, "loop", "start", "--detach", "--task",
-                        "Specs/feature/tasks.md", "--task-id", "first"],
-                       cwd=ws.root, env=ws.env(), capture_output=True, text=True, timeout=300)
-    code, boxes, *modules = r.stderr.rsplit("@@", 1)[1].split()
-    assert code == "0" and r.stdout.strip().splitlines()[-1] == "first", r.stdout + r.stderr
-    ws.wait_for(lambda: ws.state("first")["status"] == "completed", what="loop first to complete")
+    r, boxes, modules = detach_probed(ws, "Specs/feature/tasks.md", "first")
     kept_out = "kept kiro's own folders out of git commits" in r.stderr
     exclude = (ws.root / ".git" / "info" / "exclude").read_text()
     shown = (ws.root / "Logs" / "first.out").read_text().splitlines()
