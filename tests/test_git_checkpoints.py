@@ -338,7 +338,7 @@ def test_a_project_with_no_git_folder_above_it_runs_no_git(tmp_path: Path, monke
     import os
     import shutil
 
-    from kiro.git import checkpoints
+    from kiro.git import gitcli
 
     real_git = shutil.which("git")
     assert real_git is not None
@@ -354,7 +354,7 @@ def test_a_project_with_no_git_folder_above_it_runs_no_git(tmp_path: Path, monke
     plain.mkdir(parents=True)
     if any((p / ".git").exists() for p in (plain, *plain.parents)):
         pytest.skip("the temp folder is inside a git work tree")
-    assert checkpoints.toplevel(plain) is None
+    assert gitcli.toplevel(plain) is None
     assert not calls.exists(), calls.read_text()
 
     repo = tmp_path / "repo"
@@ -362,7 +362,7 @@ def test_a_project_with_no_git_folder_above_it_runs_no_git(tmp_path: Path, monke
     git(repo, "init", "-q")
     link = tmp_path / "plain" / "link"
     link.symlink_to(repo / "sub")
-    assert checkpoints.toplevel(link) == repo.resolve()
+    assert gitcli.toplevel(link) == repo.resolve()
     assert "rev-parse --show-toplevel" in calls.read_text()
 
 

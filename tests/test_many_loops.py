@@ -339,16 +339,16 @@ def test_a_work_tree_made_or_removed_between_two_looks_is_seen_at_once(tmp_path:
     import shutil
     import subprocess
 
-    from kiro.git import checkpoints
+    from kiro.git import gitcli
 
     project = tmp_path / "p"
     project.mkdir()
-    if checkpoints.toplevel(project) is not None:
+    if gitcli.toplevel(project) is not None:
         pytest.skip("the temp folder is inside a git work tree")
     subprocess.run(["git", "init", "-q", str(project)], check=True)
-    assert checkpoints.toplevel(project) == project.resolve()
+    assert gitcli.toplevel(project) == project.resolve()
     shutil.rmtree(project / ".git")
-    assert checkpoints.toplevel(project) is None
+    assert gitcli.toplevel(project) is None
 
 
 def test_a_blocking_write_awaited_through_the_writer_threads_returns_or_raises_in_the_loop(tmp_path: Path) -> None:

@@ -242,15 +242,15 @@ def _seconds(started: str | None, finished: str, fallback: float) -> float:
 
 def _diff_stat(state: LoopState, commit: str) -> str | None:
     """`git show --stat` of the step's checkpoint commit."""
-    from kiro.git import checkpoints
+    from kiro.git import gitcli
 
     g = state.git
     if g is None or not g.toplevel:
         return None
     try:
-        out = checkpoints.Git(Path(g.worktree or g.toplevel)).run(
+        out = gitcli.Git(Path(g.worktree or g.toplevel)).run(
             "show", "--stat", "--format=", "--no-color", "--no-ext-diff", commit).stdout
-    except checkpoints.GitError as exc:
+    except gitcli.GitError as exc:
         return f"(git could not tell: {exc})"
     return clip(out.strip(), 2000) or "(no changes)"
 

@@ -17,7 +17,7 @@ from kiro.core.hooks import Feature, LoopHandle, Reopen
 from kiro.errors import TaskFileError, TaskNotFound
 from kiro.executors.control import Look, TaskFiles, shared_look
 from kiro.fs import writer
-from kiro.git import checkpoints
+from kiro.git import checkpoints, gitcli
 from kiro.status import Status, StopReason
 from kiro.store import approval
 from kiro.store import events as ev
@@ -340,10 +340,10 @@ def _diff_stat(state: LoopState, reviewed: list[CompletedStep]) -> str:
     base = next((c.checkpoint for c in reversed(reviewed) if c.checkpoint), None) or g.base_commit
     if base is None:
         return "(no commit to compare with)"
-    tree = checkpoints.Git(Path(g.worktree or g.toplevel))
+    tree = gitcli.Git(Path(g.worktree or g.toplevel))
     try:
         return tree.run("diff", "--stat", "--no-ext-diff", "--no-color", base, "HEAD").stdout.rstrip() or "(no changes)"
-    except checkpoints.GitError as exc:
+    except gitcli.GitError as exc:
         return f"(git could not tell: {exc})"
 
 

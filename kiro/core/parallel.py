@@ -47,7 +47,7 @@ from kiro.core.conditions import Stop
 from kiro.core.hooks import Feature, LoopHandle, LoopListener
 from kiro.errors import ExecutorError, TaskFileError, TaskNotFound, raise_errors
 from kiro.executors.base import Executor, StepContext, StepResult
-from kiro.git import checkpoints, stepbranches
+from kiro.git import checkpoints, gitcli, stepbranches
 from kiro.store import events as ev
 from kiro.store import tasks
 from kiro.store.state import ParallelAttempt
@@ -368,7 +368,7 @@ class SideBySide:
                     stepbranches.commit_attempt, self.top, opened.worktree, self.project_rel, excludes, s.task_id,
                     step.id, step.title or step.text, s.iteration, loop.redact.text)
                 rec.status = "done"
-            except checkpoints.GitError as exc:
+            except gitcli.GitError as exc:
                 result = StepResult("failed", summary=result.summary,
                                     error=f"could not commit the step's work in its worktree: {exc}")
         if not result.ok:

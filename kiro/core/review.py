@@ -409,11 +409,11 @@ def first_line(text: str) -> str:
 
 
 def head_commit(project: Path) -> str | None:
-    from kiro.git import checkpoints
+    from kiro.git import gitcli
 
     try:
-        out = checkpoints.Git(project).run("rev-parse", "--verify", "-q", "HEAD", check=False, timeout=30).stdout
-    except checkpoints.GitError:
+        out = gitcli.Git(project).run("rev-parse", "--verify", "-q", "HEAD", check=False, timeout=30).stdout
+    except gitcli.GitError:
         return None
     return out.strip() or None
 
@@ -424,12 +424,12 @@ def keep(cfg: Config, ws: Workspace, task_id: str, project_dir: Path,
     and untracked but not ignored; the task file too), in `.state/review/<task_id>/`, to put back what the
     reviewer changes, as kiro.core.evidence puts protected paths back. None when the reviewer runs in its box (the
     project is read-only there) or the project is not in a git work tree."""
-    from kiro.git import checkpoints
+    from kiro.git import checkpoints, gitcli
 
     if sandbox.wanted(cfg.sandbox):
         return None
     project = Path(project_dir)
-    top = checkpoints.toplevel(project)
+    top = gitcli.toplevel(project)
     if top is None:
         return None
     rel = os.path.relpath(project.resolve(), top)
@@ -439,24 +439,24 @@ def keep(cfg: Config, ws: Workspace, task_id: str, project_dir: Path,
         task_file.append(Path(task_path).resolve().relative_to(top).as_posix())
 
     def files() -> list[str]:
-        out = checkpoints.Git(top).run("ls-files", "--cached", "--others", "--exclude-standard", "-z", "--",
+        out = gitcli.Git(top).run("ls-files", "--cached", "--others", "--exclude-standard", "-z", "--",
                                        *spec).stdout
         return sorted({n for n in out.split("\0") if n} | set(task_file))
 
     kept = receipts.Protected(ws, task_id, top, [], files=files, area="review")
     try:
         return kept, kept.snapshot()
-    except (checkpoints.GitError, OSError):
+    except (gitcli.GitError, OSError):
         return None
 
 
 def put_back(kept: receipts.Protected, manifest: dict[str, str]) -> list[str]:
     """What the reviewer changed of the files `keep` kept ("changed: app.py"), put back."""
-    from kiro.git import checkpoints
+    from kiro.git import gitcli
 
     try:
         changes = kept.changes(manifest)
-    except checkpoints.GitError as exc:
+    except gitcli.GitError as exc:
         return [f"git could not tell ({exc})"]
     failed = kept.put_back(manifest, changes)
     return [str(c) for c in changes] + [f"not put back: {f}" for f in failed]
@@ -466,10 +466,10 @@ def diff_since(ws: Workspace, project_dir: Path, task_path: Path, base: str | No
     """The step's work: `git diff` of the project's files against `base` (kiro's own folders and the task file
     left out), then
     each new file not ignored, with its text. None when the project is not in a git work tree."""
-    from kiro.git import checkpoints
+    from kiro.git import checkpoints, gitcli
 
     project = Path(project_dir)
-    top = checkpoints.toplevel(project)
+    top = gitcli.toplevel(project)
     if top is None or base is None:
         return None
     rel = os.path.relpath(project.resolve(), top)
@@ -477,11 +477,11 @@ def diff_since(ws: Workspace, project_dir: Path, task_path: Path, base: str | No
     with contextlib.suppress(ValueError):  # the task file: its boxes are kiro's, not the step's work
         excludes.append(Path(task_path).resolve().relative_to(top).as_posix())
     spec = checkpoints.pathspec("" if rel == "." else Path(rel).as_posix(), excludes)
-    git = checkpoints.Git(top)
+    git = gitcli.Git(top)
     try:
         diff = git.run("diff", "--no-color", "--no-ext-diff", "--no-textconv", base, "--", *spec).stdout
         new = git.run("ls-files", "--others", "--exclude-standard", "-z", "--", *spec).stdout.split("\0")
-    except checkpoints.GitError as exc:
+    except gitcli.GitError as exc:
         return f"(git could not tell: {exc})"
     parts = [diff.rstrip()] if diff.strip() else []
     new = sorted(n for n in new if n)

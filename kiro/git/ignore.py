@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kiro.fs.atomic import atomic_write
-from kiro.git.checkpoints import Git, GitError, toplevel
+from kiro.git.gitcli import Git, GitError, toplevel
 
 BEGIN = "# >>> kiro: its own folders, kept out of commits (kiro writes this block; edit above or below it)"
 END = "# <<< kiro"

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from kiro.git.checkpoints import (
-    Git,
-    GitError,
     LoopGit,
     _repo_lock,
     clear_stale_locks,
@@ -33,6 +31,7 @@ from kiro.git.checkpoints import (
     step_message,
     trailers,
 )
+from kiro.git.gitcli import Git, GitError
 from kiro.store.events import Event
 
 SUFFIX = ".step-"

@@ -39,7 +39,7 @@ from kiro.core import review
 from kiro.errors import ConfigError, ExecutorError, UserError
 from kiro.executors.base import StepContext, StepResult
 from kiro.executors.verify import run_verify, verify_failed
-from kiro.git import checkpoints
+from kiro.git import checkpoints, gitcli
 from kiro.store import events as ev
 from kiro.store import receipts, tasks
 from kiro.store.config import Config
@@ -63,8 +63,8 @@ class Clone:
     name: str
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def git(self, cwd: Path | None = None) -> checkpoints.Git:
-        return checkpoints.Git(cwd or self.path)
+    def git(self, cwd: Path | None = None) -> gitcli.Git:
+        return gitcli.Git(cwd or self.path)
 
     @classmethod
     def prepare(cls, path: Path, remote: str | None, name: str) -> Clone:
@@ -73,9 +73,9 @@ class Clone:
             if not remote:
                 raise UserError(f"--clone {path}: no git clone there; pass --remote URL to clone the project into it")
             path.parent.mkdir(parents=True, exist_ok=True)
-            checkpoints.Git(path.parent).run("clone", "-q", remote, str(path), timeout=600)
+            gitcli.Git(path.parent).run("clone", "-q", remote, str(path), timeout=600)
         elif remote:
-            checkpoints.Git(path).run("remote", "set-url", "origin", remote)
+            gitcli.Git(path).run("remote", "set-url", "origin", remote)
         exclude = path / ".git" / "info" / "exclude"
         exclude.parent.mkdir(parents=True, exist_ok=True)
         text = exclude.read_text() if exclude.exists() else ""
@@ -147,7 +147,7 @@ class Attempts:
                                 reviews=result.reviews)
         except (ExecutorError, UserError, ConfigError) as exc:
             raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
-        except checkpoints.GitError as exc:
+        except gitcli.GitError as exc:
             raise ApplicationError(f"git on worker {self.clone.name}: {exc}", type="GitError") from None
         finally:
             beat.cancel()
@@ -234,7 +234,7 @@ class Attempts:
         with self.clone.lock:
             return self._push_locked(inp, wt, sha, redact)
 
-    def _push_locked(self, inp: dict[str, Any], wt: checkpoints.Git, sha: str, redact: Redactor) -> str:
+    def _push_locked(self, inp: dict[str, Any], wt: gitcli.Git, sha: str, redact: Redactor) -> str:
         push = wt.run("push", "-q", "origin", f"HEAD:refs/heads/kiro/{inp['task_id']}", check=False, timeout=300)
         if push.returncode == 0:
             return sha
@@ -242,12 +242,12 @@ class Attempts:
         # dead) pushed first. Its push is the step; ours is dropped.
         main = self.clone.git()
         remote_ref = f"refs/remotes/origin/kiro/{inp['task_id']}"
-        with contextlib.suppress(checkpoints.GitError):  # then nothing is found: the push's own error says why
+        with contextlib.suppress(gitcli.GitError):  # then nothing is found: the push's own error says why
             _fetch_branch(main, f"kiro/{inp['task_id']}", remote_ref)
         found = _find_done(main, inp, remote_ref, redact)
         if found:
             return "recovered:" + found
-        raise checkpoints.GitError(f"push of kiro/{inp['task_id']} failed: {(push.stderr or '').strip()[-300:]}")
+        raise gitcli.GitError(f"push of kiro/{inp['task_id']} failed: {(push.stderr or '').strip()[-300:]}")
 
     # -- the executor ----------------------------------------------------------------------------
 
@@ -400,7 +400,7 @@ async def _heartbeat(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
 
-def _fetch_branch(main: checkpoints.Git, branch: str, remote_ref: str) -> bool:
+def _fetch_branch(main: gitcli.Git, branch: str, remote_ref: str) -> bool:
     """Fetch the loop's branch into `remote_ref`: True when the remote has it, False when it does not
     (the loop's first step: it starts from the base commit). Any other failure is tried again, then a
     GitError: starting from the base commit when the branch exists would run the step on old files."""
@@ -411,10 +411,10 @@ def _fetch_branch(main: checkpoints.Git, branch: str, remote_ref: str) -> bool:
         if "couldn't find remote ref" in (r.stderr or ""):
             return False
         time.sleep(0.2 * (attempt + 1))
-    raise checkpoints.GitError(f"fetch of {branch} failed: {(r.stderr or '').strip()[-300:]}")
+    raise gitcli.GitError(f"fetch of {branch} failed: {(r.stderr or '').strip()[-300:]}")
 
 
-def _find_done(git: checkpoints.Git, inp: dict[str, Any], tip: str, redact: Redactor) -> str | None:
+def _find_done(git: gitcli.Git, inp: dict[str, Any], tip: str, redact: Redactor) -> str | None:
     """The commit on `tip` that completed this run of this step, if a worker pushed it already."""
     base = inp["base_commit"]
     rng = [tip, f"^{base}"] if base and tip != base else [tip]

@@ -80,10 +80,10 @@ async def connect(cfg: Config) -> Client:
 
 def base_commit(ws: Workspace, cfg: Config) -> str:
     """The commit the loop's branch starts from: the project's HEAD, which must be on the remote."""
-    from kiro.git import checkpoints
+    from kiro.git import gitcli
 
     project = (ws.root / cfg.project_dir).resolve()
-    git = checkpoints.Git(project)
+    git = gitcli.Git(project)
     head = git.run("rev-parse", "--verify", "-q", "HEAD", check=False).stdout.strip()
     if not head:
         raise UserError(f"backend: temporal needs the project ({cfg.project_dir}) in a git repository with a commit "

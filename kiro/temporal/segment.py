@@ -24,7 +24,7 @@ from kiro.core.listeners import standard as standard_listeners
 from kiro.core.runner import AlreadyFinished, prepare_resume
 from kiro.errors import ExecutorError, KiroError, LockHeld
 from kiro.executors.base import Executor, StepContext, StepResult
-from kiro.git import checkpoints
+from kiro.git import checkpoints, gitcli
 from kiro.store import events as ev
 from kiro.store import receipts
 from kiro.store.config import Config
@@ -199,7 +199,7 @@ class Segments:
         st = run.state
         if st.git is None or not st.git.checkpoints:  # what the reports and `status` say of the loop's git side
             project = (ws.root / cfg.project_dir).resolve()
-            base_branch = checkpoints.Git(project).run("symbolic-ref", "-q", "--short", "HEAD",
+            base_branch = gitcli.Git(project).run("symbolic-ref", "-q", "--short", "HEAD",
                                                        check=False).stdout.strip() or None
             st.git = GitInfo(checkpoints=True, isolation="worktree", merge="manual", toplevel=str(project),
                              branch=f"kiro/{tid}", base_branch=base_branch, base_commit=inp["base_commit"])
@@ -240,7 +240,7 @@ class Segments:
 
 def _fetch_branch(ws: Workspace, cfg: Config, task_id: str) -> None:
     """The loop's work, for review in the workspace's project: branch kiro/<task_id> fetched from the remote."""
-    git = checkpoints.Git((ws.root / cfg.project_dir).resolve())
+    git = gitcli.Git((ws.root / cfg.project_dir).resolve())
     git.run("fetch", "-q", "origin", f"+refs/heads/kiro/{task_id}:refs/heads/kiro/{task_id}", check=False,
             timeout=300)
 

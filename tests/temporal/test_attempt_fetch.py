@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiro.git import checkpoints
+from kiro.git import gitcli
 from kiro.temporal.attempt import _fetch_branch
 
 
@@ -30,14 +30,14 @@ def clone(tmp_path: Path) -> Path:
 
 
 def test_the_branch_on_the_remote_is_fetched_and_a_missing_one_says_so(clone: Path) -> None:
-    main = checkpoints.Git(clone)
+    main = gitcli.Git(clone)
     assert _fetch_branch(main, "kiro/t1", "refs/remotes/origin/kiro/t1") is True
     assert main.ok("rev-parse", "--verify", "-q", "refs/remotes/origin/kiro/t1")
     assert _fetch_branch(main, "kiro/t2", "refs/remotes/origin/kiro/t2") is False  # the loop's first step
 
 
 def test_a_fetch_that_fails_is_an_error_not_a_start_from_the_base_commit(clone: Path) -> None:
-    main = checkpoints.Git(clone)
+    main = gitcli.Git(clone)
     _git(clone, "remote", "set-url", "origin", str(clone.parent / "gone.git"))  # the remote cannot be read
-    with pytest.raises(checkpoints.GitError, match="fetch of kiro/t1 failed"):
+    with pytest.raises(gitcli.GitError, match="fetch of kiro/t1 failed"):
         _fetch_branch(main, "kiro/t1", "refs/remotes/origin/kiro/t1")
