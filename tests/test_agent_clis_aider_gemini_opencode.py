@@ -8,16 +8,18 @@ installed makes its tests SKIP with the reason (never pass).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.agent_clis import Cli, listed_agents, serving, task_text
+from tests.agent_clis import PROMPT_RE, Cli, listed_agents, run_once, serving, task_text
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, MORE_CLIS, PRICE_IN, PRICE_OUT, aider_token_lines
-from tests.conftest import FAST_CONFIG, Workspace
+from tests.conftest import FAST_CONFIG, Workspace, new_cli_home, new_workspace
 from tests.fakes import chat as fc
 from tests.fakes import gemini as fg
 
@@ -49,10 +51,81 @@ def git_init(root: Path) -> None:
         subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
 
 
-def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: Cli) -> None:
-    ws.task(task_text(3))
-    configure(ws, cli)
-    code, out = run(ws, cli, "--agent", cli.name)
+GREETING = "src/greeting.txt"
+
+
+def writes_greeting(cli: Cli, target: Path) -> list[Any]:
+    """The CLI's own edit tool writing a new file, `target` (GREETING in the project), with "Hello from the agent"."""
+    if cli.name == "aider":  # a SEARCH/REPLACE block with an empty SEARCH makes a new file
+        return [(GREETING, "", "Hello from the agent")]
+    if cli.name == "gemini":
+        return [("write_file", {"file_path": str(target), "content": "Hello from the agent\n"})]
+    return [("write", {"filePath": str(target), "content": "Hello from the agent\n"})]
+
+
+def in_step_1(cli: Cli, extra: list[Any]) -> None:
+    """`extra` tool calls in step 1's model calls only (the CLI's later steps are new conversations that would
+    repeat them): the model sees which step it is from the line kiro's prompt says to change."""
+    assert cli.server is not None
+    brain = cli.server.brain  # type: ignore[attr-defined]
+    text = fg.user_text if cli.name == "gemini" else fc.user_text
+
+    def step_1_only(rec: Any) -> Any:
+        said = list(PROMPT_RE.finditer(text(rec.body)))
+        cli.extra = extra if said and said[-1]["old"].startswith("- [-] 1. ") else []
+        return brain(rec)
+
+    cli.server.brain = step_1_only  # type: ignore[attr-defined]
+
+
+@dataclass
+class ThreeSteps:
+    """One run of the CLI through a 3-step task whose first step also writes a new file (GREETING): what
+    the two tests that read it need (`three_steps`)."""
+
+    name: str
+    ws: Workspace
+    code: int
+    out: str
+    calls: int
+    nodes: list[list[list[str]]]
+    input_tokens: int
+    output_tokens: int
+
+
+def three_steps_run(name: str, base: Path) -> dict[str, Any]:
+    home = new_cli_home()
+    try:
+        cli = MORE_CLIS[name](home)
+        if not cli.installed:
+            pytest.skip(cli.skip_reason())
+        cli.start()
+        try:
+            ws = new_workspace(base / "vault")
+            ws.task(task_text(3))
+            in_step_1(cli, writes_greeting(cli, ws.root / GREETING))
+            configure(ws, cli, loop="  failure_threshold: 1\n")
+            code, out = run(ws, cli, "--agent", cli.name)
+            return {"root": str(ws.root), "code": code, "out": out, "calls": cli.calls(), "nodes": cli.nodes,
+                    "input_tokens": cli.input_tokens, "output_tokens": cli.output_tokens}
+        finally:
+            cli.close()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=sorted(MORE_CLIS))
+def three_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ThreeSteps:
+    """The two tests that only read a successful run share one per CLI (`run_once`: one in the test run,
+    whichever workers they land on; a start of aider or opencode costs ~9 s of CPU)."""
+    name = request.param
+    made = run_once(f"three-steps-{name}", lambda: three_steps_run(name, tmp_path_factory.mktemp(f"three-{name}")))
+    return ThreeSteps(name, Workspace(Path(made["root"])), made["code"], made["out"], made["calls"], made["nodes"],
+                      made["input_tokens"], made["output_tokens"])
+
+
+def test_three_steps_complete_with_tokens_and_cost_in_usage(three_steps: ThreeSteps) -> None:
+    ws, cli, code, out, calls = three_steps.ws, three_steps, three_steps.code, three_steps.out, three_steps.calls
     assert code == 0, out
     done = ws.root / "Done" / "feature" / "tasks.md"
     assert done.read_text().count("- [x]") == 3, done.read_text()
@@ -63,7 +136,6 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
     logs = [(ws.root / "Logs" / tid / f"{step}-1.log").read_text() for step in ("1", "2", "3")]
     for log in logs:  # each attempt's full output is kept
         assert f"agent: {cli.name}" in log and "## stdout" in log
-    calls = cli.calls()
     if cli.name == "aider":
         # aider counts tokens itself (the stream carries no usage) and prints one line per model call:
         # what kiro recorded is what aider said, summed
@@ -81,10 +153,14 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
         price = (calls * cli.input_tokens * PRICE_IN + calls * cli.output_tokens * PRICE_OUT) / 1e6
         assert usage["cost_usd"] == pytest.approx(price, rel=1e-6), usage
     if cli.name == "gemini":  # one node process at each model call: kiro tells it not to start a second copy of itself
-        assert len(cli.nodes) == calls and all(len(nodes) == 1 for nodes in cli.nodes), cli.nodes
+        nodes = three_steps.nodes
+        assert len(nodes) == calls and all(len(n) == 1 for n in nodes), nodes
     if cli.name in ("gemini", "opencode"):  # their JSON streams name each tool call: one event each
         called = [e for e in ws.events(tid) if e["event"] == "tool_called"]
-        assert len(called) >= 3 and all("Specs/feature/tasks.md" in e["arguments"] for e in called), called
+        wrote = [e for e in called if GREETING in e["arguments"]]  # step 1's new file (the test below)
+        checked = [e for e in called if e not in wrote]
+        assert len(wrote) == 1, called
+        assert len(checked) >= 3 and all("Specs/feature/tasks.md" in e["arguments"] for e in checked), called
     print(f"{cli.name}: 3 steps, {calls} model calls, usage {usage}")
 
 
@@ -268,18 +344,11 @@ def test_aider_retries_a_server_error_itself_and_the_step_still_counts(ws: Works
     assert sorted(p.name for p in (ws.root / "Logs" / tid).iterdir()) == ["1-1.log"]  # one attempt, not failed
 
 
-def test_a_new_file_the_agent_writes_lands_in_the_project(ws: Workspace, cli: Cli) -> None:
+def test_a_new_file_the_agent_writes_lands_in_the_project(three_steps: ThreeSteps) -> None:
     """The step's work is a new file in the project (the common case), written by the CLI's own edit
-    tool, and the box checked: the step completes with the file in place."""
-    ws.task(task_text(1))
-    target = ws.root / "src" / "greeting.txt"
-    if cli.name == "aider":  # a SEARCH/REPLACE block with an empty SEARCH makes a new file
-        cli.extra = [("src/greeting.txt", "", "Hello from the agent")]
-    elif cli.name == "gemini":
-        cli.extra = [("write_file", {"file_path": str(target), "content": "Hello from the agent\n"})]
-    else:
-        cli.extra = [("write", {"filePath": str(target), "content": "Hello from the agent\n"})]
-    configure(ws, cli, loop="  failure_threshold: 1\n")
-    code, out = run(ws, cli)
-    assert code == 0, out
-    assert target.read_text().strip() == "Hello from the agent"
+    tool, and the box checked: the step completes with the file in place (step 1 of the shared run, which
+    stops at the first failed attempt)."""
+    ws = three_steps.ws
+    assert three_steps.code == 0, three_steps.out
+    assert (ws.root / GREETING).read_text().strip() == "Hello from the agent"
+    assert ws.state(ws.only_task_id())["completed_steps"][0]["step_id"] == "1"
