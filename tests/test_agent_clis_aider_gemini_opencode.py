@@ -2,7 +2,8 @@
 (npm), pointed at scripted API servers on 127.0.0.1 that speak their wire protocols (tests/fakes):
 Chat Completions with SSE for aider and opencode, the Gemini API (`streamGenerateContent?alt=sse`)
 for gemini. kiro runs them as a user would: `kiro loop start --agent NAME`. A CLI that is not
-installed makes its tests SKIP with the reason (never pass).
+installed makes its tests SKIP with the reason (never pass). Tests that only read a successful run share
+one per CLI and test run (`three_steps`): a start of aider or opencode costs ~9 s of CPU.
 """
 
 from __future__ import annotations
