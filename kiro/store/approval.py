@@ -249,14 +249,25 @@ def step_began(ws: Workspace, task_id: str, *, boxed: bool) -> None:
     """Mark that a step of loop `task_id` runs from now, in the box or not (an older mark, left by a kill,
     keeps its time)."""
     marker = ws.state_dir / RUNNING / task_id
-    if marker.exists():
-        return
     with contextlib.suppress(OSError):
         try:
-            marker.write_text("boxed\n" if boxed else "unboxed\n")
+            _make_marker(marker, boxed)
         except FileNotFoundError:  # the folder, made once (not asked for at every step)
             marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text("boxed\n" if boxed else "unboxed\n")
+            _make_marker(marker, boxed)
+
+
+def _make_marker(marker: Path, boxed: bool) -> None:
+    """The marker, made only when there is none (O_EXCL: an older one keeps its time), with two system calls
+    and no file object (one per step: issue #41)."""
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, b"boxed\n" if boxed else b"unboxed\n")
+    finally:
+        os.close(fd)
 
 
 def step_ended(ws: Workspace, task_id: str) -> None:
