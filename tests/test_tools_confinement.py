@@ -214,3 +214,25 @@ def test_a_symlink_swapped_in_after_the_check_is_not_followed(world: tuple[StepH
     with pytest.raises(Exception, match="not a plain folder"):
         env.confinement.write_bytes(real, b"pwned")
     assert not (outside / "file.txt").exists()
+
+
+def test_control_folders_and_records_behind_symlinks_are_refused_by_their_real_names(tmp_path: Path) -> None:
+    """A workspace whose `config/`, `.hooks/` and `Logs/` are symbolic links to plain folders of the project:
+    the agent cannot reach them by the folders' own names either (each name is looked at for a link)."""
+    h = make_harness(tmp_path / "ws")
+    root = h.root
+    for name, kept in (("config", "kept_config"), (".hooks", "kept_hooks"), ("Logs", "kept_logs")):
+        if (root / name).is_dir():
+            (root / name).rename(root / kept)
+        else:
+            (root / kept).mkdir()
+        (root / name).symlink_to(root / kept)
+        (root / kept / "note.md").write_text(SECRET)
+    before = snapshot(root)
+    refused = call(h, "write_file", {"path": "kept_config/autonomous_loop.yaml", "content": "x"})
+    assert not refused.ok and "control folder config/" in refused.text
+    assert "control folder .hooks/" in call(h, "read_file", {"path": "kept_hooks/note.md"}).text
+    logs = call(h, "write_file", {"path": "kept_logs/note.md", "content": "pwned"})
+    assert not logs.ok and "may read but not change" in logs.text
+    assert snapshot(root) == before
+    assert call(h, "write_file", {"path": "src/new.txt", "content": "fine"}).ok  # the rest stays writable

@@ -6,11 +6,11 @@ Field names and meanings follow the source spec (seed 004, "State File Format");
 `usage`, `steps` and `history`.
 """
 
-import json
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic_core import to_json
 
 from kiro import timeutil
 from kiro.status import RECORDED, Status, success_rate
@@ -334,8 +334,12 @@ class LoopState(_Model):
 
 
 def state_text(data: dict[str, Any]) -> str:
-    """A state file's text, from the state as `model_dump(mode="json", by_alias=True)` gives it."""
-    return json.dumps(data, indent=2, ensure_ascii=False)
+    """A state file's text, from the state as `model_dump(mode="json", by_alias=True)` gives it: indented JSON,
+    written by pydantic's own encoder (Python's `json.dumps(indent=2)` has no C encoder: ~5x the CPU, ~8 ms for
+    a state of 200 completed steps, paid at a loop's first save and at its end; issue #41). The same text as
+    `json.dumps(data, indent=2, ensure_ascii=False)` but for how a float under 1e-4 is spelled (`0.00001` for
+    `1e-05`: the same number)."""
+    return to_json(data, indent=2).decode("utf-8")
 
 
 def effective_status(state: LoopState, alive: bool) -> Status:

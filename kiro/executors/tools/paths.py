@@ -41,6 +41,18 @@ def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def _real_child(real: Path, name: str) -> Path:
+    """`_real(real / name)` for a folder `real` that is real already and one plain name: one `lstat`, not one for
+    every component of the path (`os.path.realpath` looks at each; a loop's `Confinement` asks for ~20 of them,
+    issue #41). The same answer: a name that is no symlink, or that is not there, is itself."""
+    path = real / name
+    try:
+        link = stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return path
+    return _real(path) if link else path
+
+
 def _within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
@@ -60,17 +72,16 @@ class Confinement:
         self.root = _real(project_dir)
         ws = _real(workspace_root)
         forbidden: dict[Path, _Forbidden] = {}
-        candidates = [(ws / name, name) for name in CONTROL_FOLDERS]
-        candidates += [(self.root / name, name) for name in CONTROL_FOLDERS]
+        candidates = [(_real_child(ws, name), name) for name in CONTROL_FOLDERS]
+        candidates += [(_real_child(self.root, name), name) for name in CONTROL_FOLDERS]
         if state_dir is not None:
-            candidates.append((state_dir, state_dir.name))
+            candidates.append((_real(state_dir), state_dir.name))
         # loops' own worktrees (SPEC §9); a loop isolated in one works inside it. The rest of `.kiro/` is a Kiro
         # project's specs and steering, which the agent reads (kiro.store.kirospec)
-        kiro_dir = _real(ws / ".kiro" / "worktrees")
+        kiro_dir = _real_child(_real_child(ws, ".kiro"), "worktrees")
         if not _within(self.root, kiro_dir):
             candidates.append((kiro_dir, ".kiro/worktrees"))
-        for folder, label in candidates:
-            real = _real(folder)
+        for real, label in candidates:
             if real in forbidden:
                 continue
             ident: tuple[int, int] | None = None
@@ -79,7 +90,7 @@ class Confinement:
                 ident = (st.st_dev, st.st_ino)
             forbidden[real] = _Forbidden(real, label, ident)
         self.forbidden = list(forbidden.values())
-        self.read_only = [(_real(ws / name), name) for name in READ_ONLY_AREAS]
+        self.read_only = [(_real_child(ws, name), name) for name in READ_ONLY_AREAS]
         self.task_file = _real(task_file) if task_file is not None else None
 
     # -- checks ----------------------------------------------------------------------------
