@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 
 from kiro.cli import app
 from tests import cli_forkserver
-from tests.conftest import Workspace, new_workspace, shell_task
+from tests.conftest import Kept, Workspace, new_workspace, shell_task
 
 TASK = "Specs/feature/tasks.md"
 SLOW = 'echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.2'
@@ -387,10 +388,17 @@ def three_loops(ws: Workspace) -> Workspace:
     return ws
 
 
+@pytest.fixture(scope="module")
+def kept_loops(tmp_path_factory: pytest.TempPathFactory) -> Kept:
+    return Kept(tmp_path_factory.mktemp("kept_loops"), three_loops)
+
+
 @pytest.fixture
-def loops(ws: Workspace) -> Workspace:
-    """The three loops in this test's own workspace, for a test that changes it."""
-    return three_loops(ws)
+def loops(kept_loops: Kept) -> Iterator[Workspace]:
+    """The three loops, for a test that changes them: lent to it and put back after it (conftest.Kept), the
+    loops run again only after a test that removed or replaced one of their files."""
+    with kept_loops.lent() as ws:
+        yield ws
 
 
 @pytest.fixture(scope="module")
@@ -412,7 +420,7 @@ def timeless(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k not in ("duration_seconds", "duration", "next_run")}
 
 
-def test_a_loops_row_in_the_table_is_its_row_in_detail(ws: Workspace, loops: Workspace) -> None:
+def test_a_loops_row_in_the_table_is_its_row_in_detail(loops: Workspace) -> None:
     """The table reads each loop's summary, the detail its state file: the same row either way, for
     plain, paused, archived and scheduled loops."""
     from datetime import timedelta
@@ -422,6 +430,7 @@ def test_a_loops_row_in_the_table_is_its_row_in_detail(ws: Workspace, loops: Wor
     from kiro.store.statestore import StateStore
     from kiro.store.workspace import Workspace as KiroWorkspace
 
+    ws = loops
     store = StateStore(KiroWorkspace(ws.root))
     for tid, status, stateful in (("nightly", "paused", True), ("ended", "completed", True)):
         store.save(LoopState(task_id=tid, task_path=f"Specs/{tid}/tasks.md", status=status, runs=3,
@@ -851,12 +860,12 @@ inspect._signature_fromstr = signature_fromstr
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
                          ids=" ".join)
 def test_read_commands_build_the_models_without_evaluating_or_tokenizing_text(
-        loops: Workspace, args: tuple[str, ...]) -> None:
+        shared_loops: Workspace, args: tuple[str, ...]) -> None:
     """Issue #41: the config's and the state's models are made with their annotations as objects (their
     modules have no `from __future__ import annotations`: pydantic evaluated each field's text, about 300
     `eval` calls for `kiro loop status`), and an empty list or dict default comes from a Python function, not
     `list` or `dict` (pydantic reads a default factory's signature, and a builtin's is tokenized from its text)."""
-    evaluated, *parsed = probed(MODELS_PROBE, loops, *args)
+    evaluated, *parsed = probed(MODELS_PROBE, shared_loops, *args)
     print(f"{' '.join(args)}: {evaluated} annotations evaluated from text; builtin signatures tokenized: "
           f"{parsed or 'none'}")
     assert (evaluated, parsed) == ("0", [])
@@ -887,11 +896,11 @@ READ_PATTERNS = {"kiro.views.console:<module>", "kiro.store.workspace:<module>",
 
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
                          ids=" ".join)
-def test_read_commands_compile_only_the_patterns_they_use(loops: Workspace, args: tuple[str, ...]) -> None:
+def test_read_commands_compile_only_the_patterns_they_use(shared_loops: Workspace, args: tuple[str, ...]) -> None:
     """Issue #41: Python compiles a regex in Python code; kiro's patterns for command lines and URLs
     (redact), backup names (state), Kiro specs (kirospec) and environment names (config) are compiled
     where first used, not at import: a read command compiles none of them."""
-    made = probed(REGEX_PROBE, loops, *args)
+    made = probed(REGEX_PROBE, shared_loops, *args)
     print(f"{' '.join(args)}: kiro's patterns compiled by {sorted(set(made))}")
     assert set(made) <= READ_PATTERNS
 
@@ -911,11 +920,11 @@ importlib.metadata.entry_points = entry_points_
 
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
                          ids=" ".join)
-def test_read_commands_look_for_no_pydantic_plugin(loops: Workspace, args: tuple[str, ...]) -> None:
+def test_read_commands_look_for_no_pydantic_plugin(shared_loops: Workspace, args: tuple[str, ...]) -> None:
     """Issue #41: pydantic's first model build scans every installed package's entry points for a pydantic
     plugin (~26 M instructions); kiro runs none and says so in the process (kiro.plugins.no_pydantic_plugins),
     without PYDANTIC_DISABLE_PLUGINS in the environment a step or a hook would inherit."""
-    in_environment, *groups = probed(PLUGIN_PROBE, loops, *args)
+    in_environment, *groups = probed(PLUGIN_PROBE, shared_loops, *args)
     print(f"{' '.join(args)}: entry point groups scanned: {groups or 'none'}; "
           f"PYDANTIC_DISABLE_PLUGINS left in the environment: {in_environment}")
     assert "pydantic" not in groups and in_environment == "False"

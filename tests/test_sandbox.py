@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from kiro.processes import sandbox
-from tests.conftest import Workspace, shell_task
+from tests.conftest import AGENTS_CACHE, Workspace, shell_task
 
 pytestmark = pytest.mark.skipif(sandbox.unusable() is not None, reason=f"no usable bwrap: {sandbox.unusable()}")
 
@@ -373,7 +373,7 @@ def test_sandbox_network_says_what_a_step_reaches_of_this_machine(ws: Workspace,
 def test_kiro_agents_shows_the_box_each_cli_would_run_in(ws: Workspace, home: Path) -> None:
     (home / ".claude").mkdir()
     (home / ".codex").mkdir()
-    env = ws.env(HOME=str(home))
+    env = ws.env(HOME=str(home), **AGENTS_CACHE)  # the CLIs' versions asked once per run, not again for this home
     rows = {row["name"]: row for row in json.loads(ws.kiro("agents", "--json", env=env).stdout)}
     claude, codex = rows["claude"]["sandbox"], rows["codex"]["sandbox"]
     assert rows["claude"]["bwrap_usable"] is True
