@@ -12,12 +12,16 @@ call, until the test releases it, so a test sees what kiro shows while a step is
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.agent_clis import CODEX_PRICE, Claude, Cli
+import pytest
+
+from tests.agent_clis import CODEX_PRICE, Claude, Cli, run_once
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, Gemini
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError, Recorded
@@ -89,34 +93,83 @@ def descendants(pid: int) -> list[list[str]]:
     return found
 
 
-def shows_a_tool_call_while_the_step_runs(ws: Workspace, cli: Any, what: str,
-                                          while_held: Callable[[Any], None] | None = None) -> None:
-    """Start a 1-step loop whose second model call the test holds (`cli.held`, set up by the caller), and
-    show that `kiro loop logs --follow` prints the agent's tool call on tasks.md while the step still runs.
-    `while_held`: more to check while the model call is held, given the loop's process."""
-    held: Held = cli.held
-    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+def followed_run(name: str, make: Callable[[Path], Any], base: Path, steps: int, what: str,
+                 extra: Callable[[Any, Workspace], list[Any]] | None = None,
+                 while_held: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """One real run that a module's tests read (`run_once`: one in the test run, whichever workers they land
+    on): `kiro loop start --agent NAME` on a task of `steps` steps whose second model call the scripted model
+    holds, and meanwhile `kiro loop logs --follow` looking for the agent's tool call on tasks.md (`what`),
+    then released to finish. What the tests read: the workspace (`root`), the loop's exit code and output,
+    the model calls made, and what was seen while the call was held: the follow's line, the step's status,
+    whether the loop still ran, and `while_held(proc)`'s answer. `make(home)` is the CLI; `extra(cli, ws)`
+    its tool calls before it checks the box."""
+
+    def made() -> dict[str, Any]:
+        from tests.agent_clis import task_text
+        from tests.conftest import new_cli_home, new_workspace
+
+        home = new_cli_home()
+        try:
+            cli = make(home)
+            if not cli.installed:
+                pytest.skip(cli.skip_reason())
+            cli.start()
+            try:
+                ws = new_workspace(base / "vault")
+                ws.task(task_text(steps))
+                configure(ws, cli)
+                if extra is not None:
+                    cli.extra = extra(cli, ws)
+                cli.held = held = Held(at=2)
+                return {"root": str(ws.root), **_followed(ws, cli, held, what, while_held), "calls": cli.calls(),
+                        "input_tokens": cli.input_tokens}
+            finally:
+                cli.close()
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+    return run_once(f"followed-{name}", made)
+
+
+def _followed(ws: Workspace, cli: Any, held: Held, what: str,
+              while_held: Callable[[Any], Any] | None) -> dict[str, Any]:
+    seen: dict[str, Any] = {"reached": False, "line": None, "status": None, "running": None, "while_held": None}
+    proc = ws.spawn("loop", "start", "--task", TASK, "--agent", cli.name, env=ws.env(**cli.env()))
     follow = None
     try:
-        assert held.reached.wait(120), ws.output(proc)
-        if while_held is not None:
-            while_held(proc)
-        tid = ws.only_task_id()
-        follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
-        line = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
-                                         if "tasks.md" in x and "(completed)" in x), None),
-                           timeout=60, what=what)
-        assert ws.state(tid)["current_step"]["status"] == "in_progress"  # the step is still running...
-        assert proc.poll() is None and not held.released.is_set()  # ...its model call held by the test
+        if held.reached.wait(120):
+            seen["reached"] = True
+            if while_held is not None:
+                seen["while_held"] = while_held(proc)
+            tid = ws.only_task_id()
+            follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
+            with contextlib.suppress(AssertionError):  # not seen: `line` stays None, and the test says so
+                seen["line"] = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
+                                                         if "tasks.md" in x and "(completed)" in x), None),
+                                           timeout=60, what=what)
+            seen["status"] = ws.state(tid)["current_step"]["status"]
+            seen["running"] = proc.poll() is None and not held.released.is_set()
         held.released.set()
-        assert proc.wait(timeout=120) == 0, ws.output(proc)
-        assert follow.wait(timeout=60) == 0, ws.output(follow)
-        print(f"{cli.name}: while the step ran, `logs --follow` showed: {line.strip()}")
+        seen["code"] = proc.wait(timeout=240)
+        seen["follow_code"] = follow.wait(timeout=60) if follow is not None else None
     finally:
         held.released.set()
         for p in (proc, follow):
             if p is not None and p.poll() is None:
                 p.kill()
+    return {**seen, "out": ws.output(proc), "follow_out": ws.output(follow) if follow is not None else ""}
+
+
+def shows_a_tool_call_while_the_step_ran(run: dict[str, Any], name: str) -> None:
+    """What `followed_run` saw while the step's model call was held: `kiro loop logs --follow` printed the
+    agent's tool call on tasks.md while the step still ran; released, the loop and the follow ended well."""
+    assert run["reached"], run["out"]  # the held model call came
+    assert run["line"], f"timed out waiting for the tool call in `kiro loop logs --follow`:\n{run['follow_out']}"
+    assert run["status"] == "in_progress"  # the step is still running...
+    assert run["running"]  # ...its model call held by the test
+    assert run["code"] == 0, run["out"]
+    assert run["follow_code"] == 0, run["follow_out"]
+    print(f"{name}: while the step ran, `logs --follow` showed: {run['line'].strip()}")
 
 
 class Held:

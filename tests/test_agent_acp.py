@@ -25,9 +25,10 @@ from tests.agent_clis_acp import (
     configure,
     dead_endpoint_ends_the_attempt,
     descendants,
+    followed_run,
     kinds,
     run,
-    shows_a_tool_call_while_the_step_runs,
+    shows_a_tool_call_while_the_step_ran,
 )
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE
 from tests.conftest import FAST_CONFIG, Workspace
@@ -41,11 +42,26 @@ def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpCli]:
 
 
 
-def test_two_steps_complete_with_tool_calls_and_permissions_as_events(ws: Workspace, cli: AcpCli) -> None:
+def gemini_nodes(proc: Any) -> list[str]:
+    """Gemini CLI's node processes under the loop's process (`kiro loop start`) while its step runs."""
+    return [" ".join(argv) for argv in descendants(proc.pid) if argv[0].rsplit("/", 1)[-1] == "node"
+            and "--acp" in argv and any(a.rsplit("/", 1)[-1] == "gemini" for a in argv)]
+
+
+@pytest.fixture(scope="module", params=sorted(ACP_CLIS))
+def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One real two-step run per agent that two tests read (tests/agent_clis_acp.followed_run): its second
+    model call held while `kiro loop logs --follow` looks for the tool call, then finished."""
+    name = request.param
+    return {"name": name, **followed_run(name, ACP_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"), 2,
+                                         "a tool call in `kiro loop logs --follow`",
+                                         while_held=gemini_nodes if name == "gemini-acp" else None)}
+
+
+def test_two_steps_complete_with_tool_calls_and_permissions_as_events(two_steps: dict[str, Any]) -> None:
     """Each step a session of its own (its own adapter process): two show it as well as more would."""
-    ws.task(task_text(2))
-    configure(ws, cli)
-    code, out = run(ws, cli, "--agent", cli.name)
+    name, code, out = two_steps["name"], two_steps["code"], two_steps["out"]
+    ws = Workspace(Path(two_steps["root"]))
     assert code == 0, out
     done = ws.root / "Done" / "feature" / "tasks.md"
     assert done.read_text().count("- [x]") == 2, done.read_text()
@@ -53,10 +69,11 @@ def test_two_steps_complete_with_tool_calls_and_permissions_as_events(ws: Worksp
     state = ws.state(tid)
     assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2"]
     usage = state["usage"]
-    calls = cli.calls()
+    calls = two_steps["calls"]
     # each step's turn reports its model calls' tokens (claude-code 2.1.332 sometimes makes one more call of
     # its own, with the agent's tools, that its turn does not count: at most one a step)
-    assert usage["prompt_tokens"] >= (calls - 2) * cli.input_tokens and usage["completion_tokens"] > 0, (usage, calls)
+    assert usage["prompt_tokens"] >= (calls - 2) * two_steps["input_tokens"] and usage["completion_tokens"] > 0, \
+        (usage, calls)
     assert usage["cost_usd"] > 0, usage
     events = ws.events(tid)
     edits = [e for e in kinds(events, "tool_called") if e.get("kind") == "edit"]
@@ -65,26 +82,19 @@ def test_two_steps_complete_with_tool_calls_and_permissions_as_events(ws: Worksp
     answers = kinds(events, "permission_answered")
     assert answers and all(a["allowed"] for a in answers), answers
     log = (ws.root / "Logs" / tid / "1-1.log").read_text()
-    assert f"agent: {cli.name}" in log and '"method": "session/prompt"' in log and "Checked the box" in log
-    print(f"{cli.name}: 2 steps, {calls} model calls, usage {usage}, {len(edits)} edit events, "
+    assert f"agent: {name}" in log and '"method": "session/prompt"' in log and "Checked the box" in log
+    print(f"{name}: 2 steps, {calls} model calls, usage {usage}, {len(edits)} edit events, "
           f"{len(answers)} permission answers")
 
 
-def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspace, cli: AcpCli) -> None:
+def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: dict[str, Any]) -> None:
     """...and Gemini CLI runs as one node process: left to itself it starts a second one of itself under
     the first (kiro sets GEMINI_CLI_NO_RELAUNCH: kiro.executors.agents.acp), a third longer a step."""
-    ws.task(task_text(1))
-    configure(ws, cli)
-    cli.held = Held(at=2)  # the model call after the first tool call waits for the test
-
-    def one_gemini(proc: Any) -> None:
-        nodes = [argv for argv in descendants(proc.pid) if argv[0].rsplit("/", 1)[-1] == "node"
-                 and "--acp" in argv and any(a.rsplit("/", 1)[-1] == "gemini" for a in argv)]
-        print(f"{cli.name}: its node processes while the step runs: {[' '.join(a) for a in nodes]}")
-        assert len(nodes) == 1, nodes
-
-    shows_a_tool_call_while_the_step_runs(ws, cli, "a tool call in `kiro loop logs --follow`",
-                                          one_gemini if cli.name == "gemini-acp" else None)
+    if two_steps["name"] == "gemini-acp":
+        nodes = two_steps["while_held"]
+        print(f"gemini-acp: its node processes while the step runs: {nodes}")
+        assert nodes is not None and len(nodes) == 1, nodes
+    shows_a_tool_call_while_the_step_ran(two_steps, two_steps["name"])
 
 
 @pytest.mark.parametrize("sandbox", ["bwrap", "off"])

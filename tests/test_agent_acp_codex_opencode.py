@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,9 +19,10 @@ from tests.agent_clis_acp import (
     TASK,
     configure,
     dead_endpoint_ends_the_attempt,
+    followed_run,
     kinds,
     run,
-    shows_a_tool_call_while_the_step_runs,
+    shows_a_tool_call_while_the_step_ran,
 )
 from tests.agent_clis_codex_opencode_acp import ACP_MORE_CLIS, AcpMoreCli, CodexAcp, Held
 from tests.conftest import Workspace
@@ -35,11 +37,21 @@ def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpMoreCli]:
 
 
 
-def test_two_steps_complete(ws: Workspace, cli: AcpMoreCli) -> None:
+@pytest.fixture(scope="module", params=sorted(ACP_MORE_CLIS))
+def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One real two-step run per agent that two tests read (tests/agent_clis_acp.followed_run): each step reads
+    the task file before it checks the box, the second model call held while `kiro loop logs --follow` looks
+    for that read, then finished."""
+    name = request.param
+    return {"name": name, **followed_run(name, ACP_MORE_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"),
+                                         2, "the read in `kiro loop logs --follow`",
+                                         extra=lambda cli, ws: [cli.read_call(str(ws.root / TASK))])}
+
+
+def test_two_steps_complete(two_steps: dict[str, Any]) -> None:
     """Each step a session of its own (its own adapter process): two show it as well as more would."""
-    ws.task(task_text(2))
-    configure(ws, cli)
-    code, out = run(ws, cli, "--agent", cli.name)
+    code, out = two_steps["code"], two_steps["out"]
+    ws = Workspace(Path(two_steps["root"]))
     assert code == 0, out
     done = ws.root / "Done" / "feature" / "tasks.md"
     assert done.read_text().count("- [x]") == 2, done.read_text()
@@ -57,7 +69,7 @@ def test_two_steps_complete(ws: Workspace, cli: AcpMoreCli) -> None:
     shown = [f"{e['tool']} {e.get('arguments', '')}" for e in edits]
     assert len(edits) == 2 and all(".state/steps/" in s for s in shown), shown
     answers = kinds(events, "permission_answered")
-    print(f"{cli.name}: 2 steps, {cli.calls()} model calls, usage {usage}, {len(edits)} edits, "
+    print(f"{two_steps['name']}: 2 steps, {two_steps['calls']} model calls, usage {usage}, {len(edits)} edits, "
           f"{len(answers)} permission answers")
 
 
@@ -81,12 +93,8 @@ def test_a_refused_write_to_state_or_outside_leaves_no_file_and_the_attempt_goes
     print(f"{cli.name}: refused {[(a['kind'], a['paths'], a['reason']) for a in refused]}")
 
 
-def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspace, cli: AcpMoreCli) -> None:
-    ws.task(task_text(1))
-    configure(ws, cli)
-    cli.extra = [cli.read_call(str(ws.root / TASK))]
-    cli.held = Held(at=2)  # the model call after the read waits for the test
-    shows_a_tool_call_while_the_step_runs(ws, cli, "the read in `kiro loop logs --follow`")
+def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: dict[str, Any]) -> None:
+    shows_a_tool_call_while_the_step_ran(two_steps, two_steps["name"])
 
 
 def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace,
