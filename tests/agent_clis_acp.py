@@ -93,16 +93,15 @@ def descendants(pid: int) -> list[list[str]]:
     return found
 
 
-def followed_run(name: str, make: Callable[[Path], Any], base: Path, steps: int, what: str,
-                 extra: Callable[[Any, Workspace], list[Any]] | None = None,
-                 while_held: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-    """One real run that a module's tests read (`run_once`: one in the test run, whichever workers they land
-    on): `kiro loop start --agent NAME` on a task of `steps` steps whose second model call the scripted model
-    holds, and meanwhile `kiro loop logs --follow` looking for the agent's tool call on tasks.md (`what`),
-    then released to finish. What the tests read: the workspace (`root`), the loop's exit code and output,
-    the model calls made, and what was seen while the call was held: the follow's line, the step's status,
-    whether the loop still ran, and `while_held(proc)`'s answer. `make(home)` is the CLI; `extra(cli, ws)`
-    its tool calls before it checks the box."""
+def shared_run(key: str, make: Callable[[Path], Any], base: Path, steps: int, config: str = "",
+               extra: Callable[[Any, Workspace], list[Any]] | None = None,
+               body: Callable[[Workspace, Any], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One real run that several tests read (`run_once`: one in the test run under `key`, whichever workers
+    they land on): the CLI `make(home)` on its scripted server, a workspace under `base` with a task of
+    `steps` steps, `configure`d with `config`, the CLI's tool calls before it checks the box `extra(cli, ws)`,
+    then `body(ws, cli)` (by default `kiro loop start` on the task: its exit code `code` and output `out`).
+    What the tests read: `body`'s answer, the workspace (`root`), the model calls made (`calls`) and the
+    tokens each reported (`input_tokens`). Skipped, saying why, when the CLI is not installed."""
 
     def made() -> dict[str, Any]:
         from tests.agent_clis import task_text
@@ -117,18 +116,36 @@ def followed_run(name: str, make: Callable[[Path], Any], base: Path, steps: int,
             try:
                 ws = new_workspace(base / "vault")
                 ws.task(task_text(steps))
-                configure(ws, cli)
+                configure(ws, cli, config)
                 if extra is not None:
                     cli.extra = extra(cli, ws)
-                cli.held = held = Held(at=2)
-                return {"root": str(ws.root), **_followed(ws, cli, held, what, while_held), "calls": cli.calls(),
-                        "input_tokens": cli.input_tokens}
+                if body is None:
+                    code, out = run(ws, cli)
+                    answer: dict[str, Any] = {"code": code, "out": out}
+                else:
+                    answer = body(ws, cli)
+                return {"root": str(ws.root), **answer, "calls": cli.calls(), "input_tokens": cli.input_tokens}
             finally:
                 cli.close()
         finally:
             shutil.rmtree(home, ignore_errors=True)
 
-    return run_once(f"followed-{name}", made)
+    return run_once(key, made)
+
+
+def followed_run(name: str, make: Callable[[Path], Any], base: Path, steps: int, what: str,
+                 extra: Callable[[Any, Workspace], list[Any]] | None = None,
+                 while_held: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """A `shared_run` of `kiro loop start --agent NAME` whose second model call the scripted model holds, and
+    meanwhile `kiro loop logs --follow` looking for the agent's tool call on tasks.md (`what`), then released
+    to finish. Besides the loop's exit code and output, what was seen while the call was held: the follow's
+    line and exit code, the step's status, whether the loop still ran, and `while_held(proc)`'s answer."""
+
+    def body(ws: Workspace, cli: Any) -> dict[str, Any]:
+        cli.held = held = Held(at=2)
+        return _followed(ws, cli, held, what, while_held)
+
+    return shared_run(f"followed-{name}", make, base, steps, extra=extra, body=body)
 
 
 def _followed(ws: Workspace, cli: Any, held: Held, what: str,

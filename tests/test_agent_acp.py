@@ -28,6 +28,7 @@ from tests.agent_clis_acp import (
     followed_run,
     kinds,
     run,
+    shared_run,
     shows_a_tool_call_while_the_step_ran,
 )
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE
@@ -97,25 +98,49 @@ def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: d
     shows_a_tool_call_while_the_step_ran(two_steps, two_steps["name"])
 
 
+SHELL_RULES = "tools:\n  shell:\n    enabled: true\n    allow: [ls]\n"
+COMMANDS = ["touch pwned.txt", "ls; touch pwned2.txt", "ls -la"]
+
+
+def guarded_run(name: str, sandbox: str, base: Path) -> dict[str, Any]:
+    """A one-step run (`shared_run`) whose agent first tries to write `.state/x` and `../outside.txt` (out of
+    the project); in kiro's box, with `tools.shell` allowing `ls`, it then runs COMMANDS too: the run the
+    shell rules' test reads as well."""
+    shells = sandbox == "bwrap"
+
+    def extra(cli: AcpCli, ws: Workspace) -> list[Any]:
+        writes = [cli.write_call(str(ws.root / ".state" / "x"), "forged\n"),
+                  cli.write_call(str(ws.root.parent / "outside.txt"), "escaped\n")]
+        return writes + ([cli.shell_call(c) for c in COMMANDS] if shells else [])
+
+    return shared_run(f"guarded-{name}-{sandbox}", ACP_CLIS[name], base, 1,
+                      f"sandbox: {sandbox}\n" + (SHELL_RULES if shells else ""), extra)
+
+
+@pytest.fixture(scope="module", params=sorted(ACP_CLIS))
+def acp_name(request: pytest.FixtureRequest) -> str:
+    """An ACP agent's name, for tests that read a `shared_run` of it."""
+    return str(request.param)
+
+
 @pytest.mark.parametrize("sandbox", ["bwrap", "off"])
 def test_writes_to_kiros_state_or_outside_the_project_are_refused_and_the_attempt_goes_on(
-        ws: Workspace, cli: AcpCli, sandbox: str) -> None:
-    ws.task(task_text(1))
-    configure(ws, cli, f"sandbox: {sandbox}\n")
+        acp_name: str, sandbox: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = guarded_run(acp_name, sandbox, tmp_path_factory.mktemp(f"guarded-{acp_name}-{sandbox}"))
+    ws = Workspace(Path(run["root"]))
     forged, outside = ws.root / ".state" / "x", ws.root.parent / "outside.txt"  # ../outside from the project
-    cli.extra = [cli.write_call(str(forged), "forged\n"), cli.write_call(str(outside), "escaped\n")]
-    code, out = run(ws, cli)
-    assert code == 0, out
+    assert run["code"] == 0, run["out"]
     assert not forged.exists() and not outside.exists()
     tid = ws.only_task_id()
     assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1"]  # the attempt went on
-    refused = [a for a in kinds(ws.events(tid), "permission_answered") if not a["allowed"]]
+    refused = [a for a in kinds(ws.events(tid), "permission_answered")
+               if not a["allowed"] and a.get("kind") != "execute"]  # (the commands: the shell rules' test)
     by_kiro = {p for a in refused for p in a["paths"]}
     assert any(".state/x" in p for p in by_kiro), refused  # kiro refused it; the agent did not ask for less
     assert all("off limits" in a["reason"] or "outside the project" in a["reason"] for a in refused), refused
     held = "outside.txt refused by kiro" if any("outside.txt" in p for p in by_kiro) else \
         "outside.txt refused by the agent itself (it never asked)"
-    print(f"{cli.name} (sandbox {sandbox}): 2 writes tried, 2 held; .state/x refused by kiro; {held}")
+    print(f"{acp_name} (sandbox {sandbox}): 2 writes tried, 2 held; .state/x refused by kiro; {held}")
 
 
 @pytest.mark.parametrize("how", ["stop hook", "stop --force"])
@@ -212,21 +237,21 @@ def test_a_bad_acp_command_is_one_clear_line_and_exit_1(ws: Workspace, case: str
     print(f"{case}: {lines[0]}")
 
 
-def test_commands_are_answered_by_the_shell_tool_rules(ws: Workspace, cli: AcpCli) -> None:
+def test_commands_are_answered_by_the_shell_tool_rules(acp_name: str,
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
     """`tools.shell` allows `ls`: `touch` is not on the allow-list, and `ls; touch` needs a shell. Gemini CLI's
     permission request does not carry the command (only a title, which may be the model's own description
-    of it): kiro refuses what it cannot read. Both run a read-only command such as `ls -la` without asking."""
-    ws.task(task_text(1))
-    configure(ws, cli, "tools:\n  shell:\n    enabled: true\n    allow: [ls]\n")
-    cli.extra = [cli.shell_call("touch pwned.txt"), cli.shell_call("ls; touch pwned2.txt"), cli.shell_call("ls -la")]
-    code, out = run(ws, cli)
-    assert code == 0, out
+    of it): kiro refuses what it cannot read. Both run a read-only command such as `ls -la` without asking.
+    (The run of the writes' test in kiro's box: COMMANDS come after its two writes.)"""
+    run = guarded_run(acp_name, "bwrap", tmp_path_factory.mktemp(f"guarded-{acp_name}-bwrap"))
+    ws = Workspace(Path(run["root"]))
+    assert run["code"] == 0, run["out"]
     tid = ws.only_task_id()
     assert not (ws.root / "pwned.txt").exists() and not (ws.root / "pwned2.txt").exists()
     answers = kinds(ws.events(tid), "permission_answered")
     refused = [a for a in answers if a.get("kind") == "execute" and not a["allowed"]]
     allowed = [a for a in answers if a.get("kind") == "execute" and a["allowed"]]
-    if cli.name == "claude-acp":
+    if acp_name == "claude-acp":
         reasons = " | ".join(a["reason"] for a in refused)
         assert len(refused) == 2 and "'touch' is not on the allow-list" in reasons and "without a shell" in reasons, \
             refused
@@ -234,7 +259,7 @@ def test_commands_are_answered_by_the_shell_tool_rules(ws: Workspace, cli: AcpCl
         assert len(refused) == 2 and all("cannot tell which command" in a["reason"] for a in refused), refused
     # `ls -la` is run without asking by both (read-only commands are their own policy's): kiro never saw it
     assert all(a["tool"] == "ls -la" for a in allowed), allowed
-    print(f"{cli.name}: 3 commands tried; refused {len(refused)}, allowed {len(allowed)} "
+    print(f"{acp_name}: 3 commands tried; refused {len(refused)}, allowed {len(allowed)} "
           f"({', '.join(a['tool'] for a in allowed) or 'none'}); no file made by a refused one")
 
 
