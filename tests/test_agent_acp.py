@@ -100,18 +100,21 @@ def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: d
 
 SHELL_RULES = "tools:\n  shell:\n    enabled: true\n    allow: [ls]\n"
 COMMANDS = ["touch pwned.txt", "ls; touch pwned2.txt", "ls -la"]
+TODOS = [{"content": "Read the task file", "status": "completed", "activeForm": "Reading the task file"},
+         {"content": "Check the box of step 1", "status": "in_progress", "activeForm": "Checking the box"}]
 
 
 def guarded_run(name: str, sandbox: str, base: Path) -> dict[str, Any]:
     """A one-step run (`shared_run`) whose agent first tries to write `.state/x` and `../outside.txt` (out of
-    the project); in kiro's box, with `tools.shell` allowing `ls`, it then runs COMMANDS too: the run the
-    shell rules' test reads as well."""
+    the project); in kiro's box, with `tools.shell` allowing `ls`, it then runs COMMANDS too, and claude-acp
+    first writes its todo list (TODOS): the run the shell rules' test and the plan's test read as well."""
     shells = sandbox == "bwrap"
 
     def extra(cli: AcpCli, ws: Workspace) -> list[Any]:
         writes = [cli.write_call(str(ws.root / ".state" / "x"), "forged\n"),
                   cli.write_call(str(ws.root.parent / "outside.txt"), "escaped\n")]
-        return writes + ([cli.shell_call(c) for c in COMMANDS] if shells else [])
+        todos = [("TodoWrite", {"todos": TODOS})] if shells and isinstance(cli, ClaudeAcp) else []
+        return todos + writes + ([cli.shell_call(c) for c in COMMANDS] if shells else [])
 
     return shared_run(f"guarded-{name}-{sandbox}", ACP_CLIS[name], base, 1,
                       f"sandbox: {sandbox}\n" + (SHELL_RULES if shells else ""), extra)
@@ -470,21 +473,12 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
     print(f"{cli.name}: {lines[0]}")
 
 
-@pytest.fixture
-def claude_acp(cli_home: Path) -> Iterator[ClaudeAcp]:
-    yield from serving(ClaudeAcp(cli_home))
-
-
-def test_the_agents_plan_is_an_event(ws: Workspace, claude_acp: ClaudeAcp) -> None:
+def test_the_agents_plan_is_an_event(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Claude Code's todo list (its TodoWrite tool) reaches kiro as ACP's `plan` update: a `plan_updated` event,
-    shown by `kiro loop logs`."""
-    ws.task(task_text(1))
-    configure(ws, claude_acp)
-    todos = [{"content": "Read the task file", "status": "completed", "activeForm": "Reading the task file"},
-             {"content": "Check the box of step 1", "status": "in_progress", "activeForm": "Checking the box"}]
-    claude_acp.extra = [("TodoWrite", {"todos": todos})]
-    code, out = run(ws, claude_acp)
-    assert code == 0, out
+    shown by `kiro loop logs`. (The run of the writes test in kiro's box: TODOS is its agent's first call.)"""
+    run = guarded_run("claude-acp", "bwrap", tmp_path_factory.mktemp("guarded-claude-acp-bwrap"))
+    ws = Workspace(Path(run["root"]))
+    assert run["code"] == 0, run["out"]
     tid = ws.only_task_id()
     plans = kinds(ws.events(tid), "plan_updated")
     # claude-agent-acp 0.101 names an entry in progress by its activeForm
