@@ -16,6 +16,7 @@ import contextlib
 import shutil
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +94,31 @@ def descendants(pid: int) -> list[list[str]]:
     return found
 
 
+@dataclass
+class SharedRun:
+    """What the tests that read one `shared_run` are given."""
+
+    name: str  # the agent's
+    root: Path  # the workspace
+    code: int  # `kiro loop start`'s exit code...
+    out: str  # ...and what it printed
+    calls: int  # the model calls made
+    input_tokens: int  # the input tokens each reported
+    seen: dict[str, Any]  # what the run's `body` saw besides (followed_run: while the model call was held)
+
+    @property
+    def ws(self) -> Workspace:
+        return Workspace(self.root)
+
+
 def shared_run(key: str, make: Callable[[Path], Any], base: Path, steps: int, config: str = "",
                extra: Callable[[Any, Workspace], list[Any]] | None = None,
-               body: Callable[[Workspace, Any], dict[str, Any]] | None = None) -> dict[str, Any]:
+               body: Callable[[Workspace, Any], dict[str, Any]] | None = None) -> SharedRun:
     """One real run that several tests read (`run_once`: one in the test run under `key`, whichever workers
     they land on): the CLI `make(home)` on its scripted server, a workspace under `base` with a task of
     `steps` steps, `configure`d with `config`, the CLI's tool calls before it checks the box `extra(cli, ws)`,
-    then `body(ws, cli)` (by default `kiro loop start` on the task: its exit code `code` and output `out`).
-    What the tests read: `body`'s answer, the workspace (`root`), the model calls made (`calls`) and the
-    tokens each reported (`input_tokens`). Skipped, saying why, when the CLI is not installed."""
+    then `body(ws, cli)` (by default `kiro loop start` on the task; a body answers its exit code `code`, its
+    output `out` and what else it saw). Skipped, saying why, when the CLI is not installed."""
 
     def made() -> dict[str, Any]:
         from tests.agent_clis import task_text
@@ -124,18 +141,22 @@ def shared_run(key: str, make: Callable[[Path], Any], base: Path, steps: int, co
                     answer: dict[str, Any] = {"code": code, "out": out}
                 else:
                     answer = body(ws, cli)
-                return {"root": str(ws.root), **answer, "calls": cli.calls(), "input_tokens": cli.input_tokens}
+                return {"name": cli.name, "root": str(ws.root), **answer, "calls": cli.calls(),
+                        "input_tokens": cli.input_tokens}
             finally:
                 cli.close()
         finally:
             shutil.rmtree(home, ignore_errors=True)
 
-    return run_once(key, made)
+    made_run = run_once(key, made)
+    code, out = made_run.pop("code"), made_run.pop("out")
+    return SharedRun(made_run.pop("name"), Path(made_run.pop("root")), code, out, made_run.pop("calls"),
+                     made_run.pop("input_tokens"), made_run)
 
 
 def followed_run(name: str, make: Callable[[Path], Any], base: Path, steps: int, what: str,
                  extra: Callable[[Any, Workspace], list[Any]] | None = None,
-                 while_held: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+                 while_held: Callable[[Any], Any] | None = None) -> SharedRun:
     """A `shared_run` of `kiro loop start --agent NAME` whose second model call the scripted model holds, and
     meanwhile `kiro loop logs --follow` looking for the agent's tool call on tasks.md (`what`), then released
     to finish. Besides the loop's exit code and output, what was seen while the call was held: the follow's
@@ -177,16 +198,17 @@ def _followed(ws: Workspace, cli: Any, held: Held, what: str,
     return {**seen, "out": ws.output(proc), "follow_out": ws.output(follow) if follow is not None else ""}
 
 
-def shows_a_tool_call_while_the_step_ran(run: dict[str, Any], name: str) -> None:
+def shows_a_tool_call_while_the_step_ran(run: SharedRun) -> None:
     """What `followed_run` saw while the step's model call was held: `kiro loop logs --follow` printed the
     agent's tool call on tasks.md while the step still ran; released, the loop and the follow ended well."""
-    assert run["reached"], run["out"]  # the held model call came
-    assert run["line"], f"timed out waiting for the tool call in `kiro loop logs --follow`:\n{run['follow_out']}"
-    assert run["status"] == "in_progress"  # the step is still running...
-    assert run["running"]  # ...its model call held by the test
-    assert run["code"] == 0, run["out"]
-    assert run["follow_code"] == 0, run["follow_out"]
-    print(f"{name}: while the step ran, `logs --follow` showed: {run['line'].strip()}")
+    seen = run.seen
+    assert seen["reached"], run.out  # the held model call came
+    assert seen["line"], f"timed out waiting for the tool call in `kiro loop logs --follow`:\n{seen['follow_out']}"
+    assert seen["status"] == "in_progress"  # the step is still running...
+    assert seen["running"]  # ...its model call held by the test
+    assert run.code == 0, run.out
+    assert seen["follow_code"] == 0, seen["follow_out"]
+    print(f"{run.name}: while the step ran, `logs --follow` showed: {seen['line'].strip()}")
 
 
 class Held:

@@ -22,6 +22,7 @@ from tests.agent_clis_acp import (
     ClaudeAcp,
     GeminiAcp,
     Held,
+    SharedRun,
     configure,
     dead_endpoint_ends_the_attempt,
     descendants,
@@ -50,19 +51,18 @@ def gemini_nodes(proc: Any) -> list[str]:
 
 
 @pytest.fixture(scope="module", params=sorted(ACP_CLIS))
-def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedRun:
     """One real two-step run per agent that two tests read (tests/agent_clis_acp.followed_run): its second
     model call held while `kiro loop logs --follow` looks for the tool call, then finished."""
     name = request.param
-    return {"name": name, **followed_run(name, ACP_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"), 2,
-                                         "a tool call in `kiro loop logs --follow`",
-                                         while_held=gemini_nodes if name == "gemini-acp" else None)}
+    return followed_run(name, ACP_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"), 2,
+                        "a tool call in `kiro loop logs --follow`",
+                        while_held=gemini_nodes if name == "gemini-acp" else None)
 
 
-def test_two_steps_complete_with_tool_calls_and_permissions_as_events(two_steps: dict[str, Any]) -> None:
+def test_two_steps_complete_with_tool_calls_and_permissions_as_events(two_steps: SharedRun) -> None:
     """Each step a session of its own (its own adapter process): two show it as well as more would."""
-    name, code, out = two_steps["name"], two_steps["code"], two_steps["out"]
-    ws = Workspace(Path(two_steps["root"]))
+    name, code, out, ws = two_steps.name, two_steps.code, two_steps.out, two_steps.ws
     assert code == 0, out
     done = ws.root / "Done" / "feature" / "tasks.md"
     assert done.read_text().count("- [x]") == 2, done.read_text()
@@ -70,10 +70,10 @@ def test_two_steps_complete_with_tool_calls_and_permissions_as_events(two_steps:
     state = ws.state(tid)
     assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2"]
     usage = state["usage"]
-    calls = two_steps["calls"]
+    calls = two_steps.calls
     # each step's turn reports its model calls' tokens (claude-code 2.1.332 sometimes makes one more call of
     # its own, with the agent's tools, that its turn does not count: at most one a step)
-    assert usage["prompt_tokens"] >= (calls - 2) * two_steps["input_tokens"] and usage["completion_tokens"] > 0, \
+    assert usage["prompt_tokens"] >= (calls - 2) * two_steps.input_tokens and usage["completion_tokens"] > 0, \
         (usage, calls)
     assert usage["cost_usd"] > 0, usage
     events = ws.events(tid)
@@ -88,14 +88,14 @@ def test_two_steps_complete_with_tool_calls_and_permissions_as_events(two_steps:
           f"{len(answers)} permission answers")
 
 
-def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: dict[str, Any]) -> None:
+def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: SharedRun) -> None:
     """...and Gemini CLI runs as one node process: left to itself it starts a second one of itself under
     the first (kiro sets GEMINI_CLI_NO_RELAUNCH: kiro.executors.agents.acp), a third longer a step."""
-    if two_steps["name"] == "gemini-acp":
-        nodes = two_steps["while_held"]
+    if two_steps.name == "gemini-acp":
+        nodes = two_steps.seen["while_held"]
         print(f"gemini-acp: its node processes while the step runs: {nodes}")
         assert nodes is not None and len(nodes) == 1, nodes
-    shows_a_tool_call_while_the_step_ran(two_steps, two_steps["name"])
+    shows_a_tool_call_while_the_step_ran(two_steps)
 
 
 SHELL_RULES = "tools:\n  shell:\n    enabled: true\n    allow: [ls]\n"
@@ -104,7 +104,7 @@ TODOS = [{"content": "Read the task file", "status": "completed", "activeForm": 
          {"content": "Check the box of step 1", "status": "in_progress", "activeForm": "Checking the box"}]
 
 
-def guarded_run(name: str, sandbox: str, base: Path) -> dict[str, Any]:
+def guarded_run(name: str, sandbox: str, base: Path) -> SharedRun:
     """A one-step run (`shared_run`) whose agent first tries to write `.state/x` and `../outside.txt` (out of
     the project); in kiro's box, with `tools.shell` allowing `ls`, it then runs COMMANDS too, and claude-acp
     first writes its todo list (TODOS): the run the shell rules' test and the plan's test read as well."""
@@ -130,9 +130,9 @@ def acp_name(request: pytest.FixtureRequest) -> str:
 def test_writes_to_kiros_state_or_outside_the_project_are_refused_and_the_attempt_goes_on(
         acp_name: str, sandbox: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     run = guarded_run(acp_name, sandbox, tmp_path_factory.mktemp(f"guarded-{acp_name}-{sandbox}"))
-    ws = Workspace(Path(run["root"]))
+    ws = run.ws
     forged, outside = ws.root / ".state" / "x", ws.root.parent / "outside.txt"  # ../outside from the project
-    assert run["code"] == 0, run["out"]
+    assert run.code == 0, run.out
     assert not forged.exists() and not outside.exists()
     tid = ws.only_task_id()
     assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1"]  # the attempt went on
@@ -247,8 +247,8 @@ def test_commands_are_answered_by_the_shell_tool_rules(acp_name: str,
     of it): kiro refuses what it cannot read. Both run a read-only command such as `ls -la` without asking.
     (The run of the writes' test in kiro's box: COMMANDS come after its two writes.)"""
     run = guarded_run(acp_name, "bwrap", tmp_path_factory.mktemp(f"guarded-{acp_name}-bwrap"))
-    ws = Workspace(Path(run["root"]))
-    assert run["code"] == 0, run["out"]
+    ws = run.ws
+    assert run.code == 0, run.out
     tid = ws.only_task_id()
     assert not (ws.root / "pwned.txt").exists() and not (ws.root / "pwned2.txt").exists()
     answers = kinds(ws.events(tid), "permission_answered")
@@ -477,8 +477,8 @@ def test_the_agents_plan_is_an_event(tmp_path_factory: pytest.TempPathFactory) -
     """Claude Code's todo list (its TodoWrite tool) reaches kiro as ACP's `plan` update: a `plan_updated` event,
     shown by `kiro loop logs`. (The run of the writes test in kiro's box: TODOS is its agent's first call.)"""
     run = guarded_run("claude-acp", "bwrap", tmp_path_factory.mktemp("guarded-claude-acp-bwrap"))
-    ws = Workspace(Path(run["root"]))
-    assert run["code"] == 0, run["out"]
+    ws = run.ws
+    assert run.code == 0, run.out
     tid = ws.only_task_id()
     plans = kinds(ws.events(tid), "plan_updated")
     # claude-agent-acp 0.101 names an entry in progress by its activeForm

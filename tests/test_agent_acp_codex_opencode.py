@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.agent_clis import serving, task_text
 from tests.agent_clis_acp import (
     TASK,
+    SharedRun,
     configure,
     dead_endpoint_ends_the_attempt,
     followed_run,
@@ -38,20 +38,19 @@ def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpMoreCli]:
 
 
 @pytest.fixture(scope="module", params=sorted(ACP_MORE_CLIS))
-def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedRun:
     """One real two-step run per agent that two tests read (tests/agent_clis_acp.followed_run): each step reads
     the task file before it checks the box, the second model call held while `kiro loop logs --follow` looks
     for that read, then finished."""
     name = request.param
-    return {"name": name, **followed_run(name, ACP_MORE_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"),
-                                         2, "the read in `kiro loop logs --follow`",
-                                         extra=lambda cli, ws: [cli.read_call(str(ws.root / TASK))])}
+    return followed_run(name, ACP_MORE_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"), 2,
+                        "the read in `kiro loop logs --follow`",
+                        extra=lambda cli, ws: [cli.read_call(str(ws.root / TASK))])
 
 
-def test_two_steps_complete(two_steps: dict[str, Any]) -> None:
+def test_two_steps_complete(two_steps: SharedRun) -> None:
     """Each step a session of its own (its own adapter process): two show it as well as more would."""
-    code, out = two_steps["code"], two_steps["out"]
-    ws = Workspace(Path(two_steps["root"]))
+    code, out, ws = two_steps.code, two_steps.out, two_steps.ws
     assert code == 0, out
     done = ws.root / "Done" / "feature" / "tasks.md"
     assert done.read_text().count("- [x]") == 2, done.read_text()
@@ -69,7 +68,7 @@ def test_two_steps_complete(two_steps: dict[str, Any]) -> None:
     shown = [f"{e['tool']} {e.get('arguments', '')}" for e in edits]
     assert len(edits) == 2 and all(".state/steps/" in s for s in shown), shown
     answers = kinds(events, "permission_answered")
-    print(f"{two_steps['name']}: 2 steps, {two_steps['calls']} model calls, usage {usage}, {len(edits)} edits, "
+    print(f"{two_steps.name}: 2 steps, {two_steps.calls} model calls, usage {usage}, {len(edits)} edits, "
           f"{len(answers)} permission answers")
 
 
@@ -93,8 +92,8 @@ def test_a_refused_write_to_state_or_outside_leaves_no_file_and_the_attempt_goes
     print(f"{cli.name}: refused {[(a['kind'], a['paths'], a['reason']) for a in refused]}")
 
 
-def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: dict[str, Any]) -> None:
-    shows_a_tool_call_while_the_step_ran(two_steps, two_steps["name"])
+def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: SharedRun) -> None:
+    shows_a_tool_call_while_the_step_ran(two_steps)
 
 
 def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace,
