@@ -12,12 +12,17 @@ call, until the test releases it, so a test sees what kiro shows while a step is
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.agent_clis import CODEX_PRICE, Claude, Cli
+import pytest
+
+from tests.agent_clis import CODEX_PRICE, Claude, Cli, run_once
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, Gemini
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError, Recorded
@@ -89,34 +94,121 @@ def descendants(pid: int) -> list[list[str]]:
     return found
 
 
-def shows_a_tool_call_while_the_step_runs(ws: Workspace, cli: Any, what: str,
-                                          while_held: Callable[[Any], None] | None = None) -> None:
-    """Start a 1-step loop whose second model call the test holds (`cli.held`, set up by the caller), and
-    show that `kiro loop logs --follow` prints the agent's tool call on tasks.md while the step still runs.
-    `while_held`: more to check while the model call is held, given the loop's process."""
-    held: Held = cli.held
-    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+@dataclass
+class SharedRun:
+    """What the tests that read one `shared_run` are given."""
+
+    name: str  # the agent's
+    root: Path  # the workspace
+    code: int  # `kiro loop start`'s exit code...
+    out: str  # ...and what it printed
+    calls: int  # the model calls made
+    input_tokens: int  # the input tokens each reported
+    seen: dict[str, Any]  # what the run's `body` saw besides (followed_run: while the model call was held)
+
+    @property
+    def ws(self) -> Workspace:
+        return Workspace(self.root)
+
+
+def shared_run(key: str, make: Callable[[Path], Any], base: Path, steps: int, config: str = "",
+               extra: Callable[[Any, Workspace], list[Any]] | None = None,
+               body: Callable[[Workspace, Any], dict[str, Any]] | None = None) -> SharedRun:
+    """One real run that several tests read (`run_once`: one in the test run under `key`, whichever workers
+    they land on): the CLI `make(home)` on its scripted server, a workspace under `base` with a task of
+    `steps` steps, `configure`d with `config`, the CLI's tool calls before it checks the box `extra(cli, ws)`,
+    then `body(ws, cli)` (by default `kiro loop start` on the task; a body answers its exit code `code`, its
+    output `out` and what else it saw). Skipped, saying why, when the CLI is not installed."""
+
+    def made() -> dict[str, Any]:
+        from tests.agent_clis import task_text
+        from tests.conftest import new_cli_home, new_workspace
+
+        home = new_cli_home()
+        try:
+            cli = make(home)
+            if not cli.installed:
+                pytest.skip(cli.skip_reason())
+            cli.start()
+            try:
+                ws = new_workspace(base / "vault")
+                ws.task(task_text(steps))
+                configure(ws, cli, config)
+                if extra is not None:
+                    cli.extra = extra(cli, ws)
+                if body is None:
+                    code, out = run(ws, cli)
+                    answer: dict[str, Any] = {"code": code, "out": out}
+                else:
+                    answer = body(ws, cli)
+                return {"name": cli.name, "root": str(ws.root), **answer, "calls": cli.calls(),
+                        "input_tokens": cli.input_tokens}
+            finally:
+                cli.close()
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+    made_run = run_once(key, made)
+    code, out = made_run.pop("code"), made_run.pop("out")
+    return SharedRun(made_run.pop("name"), Path(made_run.pop("root")), code, out, made_run.pop("calls"),
+                     made_run.pop("input_tokens"), made_run)
+
+
+def followed_run(name: str, make: Callable[[Path], Any], base: Path, steps: int, what: str,
+                 extra: Callable[[Any, Workspace], list[Any]] | None = None,
+                 while_held: Callable[[Any], Any] | None = None) -> SharedRun:
+    """A `shared_run` of `kiro loop start --agent NAME` whose second model call the scripted model holds, and
+    meanwhile `kiro loop logs --follow` looking for the agent's tool call on tasks.md (`what`), then released
+    to finish. Besides the loop's exit code and output, what was seen while the call was held: the follow's
+    line and exit code, the step's status, whether the loop still ran, and `while_held(proc)`'s answer."""
+
+    def body(ws: Workspace, cli: Any) -> dict[str, Any]:
+        cli.held = held = Held(at=2)
+        return _followed(ws, cli, held, what, while_held)
+
+    return shared_run(f"followed-{name}", make, base, steps, extra=extra, body=body)
+
+
+def _followed(ws: Workspace, cli: Any, held: Held, what: str,
+              while_held: Callable[[Any], Any] | None) -> dict[str, Any]:
+    seen: dict[str, Any] = {"reached": False, "line": None, "status": None, "running": None, "while_held": None}
+    proc = ws.spawn("loop", "start", "--task", TASK, "--agent", cli.name, env=ws.env(**cli.env()))
     follow = None
     try:
-        assert held.reached.wait(120), ws.output(proc)
-        if while_held is not None:
-            while_held(proc)
-        tid = ws.only_task_id()
-        follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
-        line = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
-                                         if "tasks.md" in x and "(completed)" in x), None),
-                           timeout=60, what=what)
-        assert ws.state(tid)["current_step"]["status"] == "in_progress"  # the step is still running...
-        assert proc.poll() is None and not held.released.is_set()  # ...its model call held by the test
+        if held.reached.wait(120):
+            seen["reached"] = True
+            if while_held is not None:
+                seen["while_held"] = while_held(proc)
+            tid = ws.only_task_id()
+            follow = ws.spawn("loop", "logs", "--task-id", tid, "--follow")
+            with contextlib.suppress(AssertionError):  # not seen: `line` stays None, and the test says so
+                seen["line"] = ws.wait_for(lambda: next((x for x in ws.output(follow).splitlines()
+                                                         if "tasks.md" in x and "(completed)" in x), None),
+                                           timeout=60, what=what)
+            seen["status"] = ws.state(tid)["current_step"]["status"]
+            seen["running"] = proc.poll() is None and not held.released.is_set()
         held.released.set()
-        assert proc.wait(timeout=120) == 0, ws.output(proc)
-        assert follow.wait(timeout=60) == 0, ws.output(follow)
-        print(f"{cli.name}: while the step ran, `logs --follow` showed: {line.strip()}")
+        seen["code"] = proc.wait(timeout=240)
+        seen["follow_code"] = follow.wait(timeout=60) if follow is not None else None
     finally:
         held.released.set()
         for p in (proc, follow):
             if p is not None and p.poll() is None:
                 p.kill()
+    return {**seen, "out": ws.output(proc), "follow_out": ws.output(follow) if follow is not None else ""}
+
+
+def shows_a_tool_call_while_the_step_ran(run: SharedRun) -> None:
+    """What `followed_run` saw while the step's model call was held: `kiro loop logs --follow` printed the
+    agent's tool call on tasks.md while the step still ran; released, the loop and the follow ended well."""
+    seen = run.seen
+    assert seen["reached"], run.out  # the held model call came
+    assert seen["line"], f"timed out waiting for the tool call in `kiro loop logs --follow`:\n{seen['follow_out']}"
+    assert seen["status"] == "in_progress"  # the step is still running...
+    assert seen["running"]  # ...its model call held by the test
+    assert run.code == 0, run.out
+    assert seen["follow_code"] == 0, seen["follow_out"]
+    print(f"{run.name}: while the step ran, `logs --follow` showed: {seen['line'].strip()}")
 
 
 class Held:

@@ -22,12 +22,15 @@ from tests.agent_clis_acp import (
     ClaudeAcp,
     GeminiAcp,
     Held,
+    SharedRun,
     configure,
     dead_endpoint_ends_the_attempt,
     descendants,
+    followed_run,
     kinds,
     run,
-    shows_a_tool_call_while_the_step_runs,
+    shared_run,
+    shows_a_tool_call_while_the_step_ran,
 )
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE
 from tests.conftest import FAST_CONFIG, Workspace
@@ -41,11 +44,25 @@ def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpCli]:
 
 
 
-def test_two_steps_complete_with_tool_calls_and_permissions_as_events(ws: Workspace, cli: AcpCli) -> None:
+def gemini_nodes(proc: Any) -> list[str]:
+    """Gemini CLI's node processes under the loop's process (`kiro loop start`) while its step runs."""
+    return [" ".join(argv) for argv in descendants(proc.pid) if argv[0].rsplit("/", 1)[-1] == "node"
+            and "--acp" in argv and any(a.rsplit("/", 1)[-1] == "gemini" for a in argv)]
+
+
+@pytest.fixture(scope="module", params=sorted(ACP_CLIS))
+def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedRun:
+    """One real two-step run per agent that two tests read (tests/agent_clis_acp.followed_run): its second
+    model call held while `kiro loop logs --follow` looks for the tool call, then finished."""
+    name = request.param
+    return followed_run(name, ACP_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"), 2,
+                        "a tool call in `kiro loop logs --follow`",
+                        while_held=gemini_nodes if name == "gemini-acp" else None)
+
+
+def test_two_steps_complete_with_tool_calls_and_permissions_as_events(two_steps: SharedRun) -> None:
     """Each step a session of its own (its own adapter process): two show it as well as more would."""
-    ws.task(task_text(2))
-    configure(ws, cli)
-    code, out = run(ws, cli, "--agent", cli.name)
+    name, code, out, ws = two_steps.name, two_steps.code, two_steps.out, two_steps.ws
     assert code == 0, out
     done = ws.root / "Done" / "feature" / "tasks.md"
     assert done.read_text().count("- [x]") == 2, done.read_text()
@@ -53,10 +70,11 @@ def test_two_steps_complete_with_tool_calls_and_permissions_as_events(ws: Worksp
     state = ws.state(tid)
     assert [c["step_id"] for c in state["completed_steps"]] == ["1", "2"]
     usage = state["usage"]
-    calls = cli.calls()
+    calls = two_steps.calls
     # each step's turn reports its model calls' tokens (claude-code 2.1.332 sometimes makes one more call of
     # its own, with the agent's tools, that its turn does not count: at most one a step)
-    assert usage["prompt_tokens"] >= (calls - 2) * cli.input_tokens and usage["completion_tokens"] > 0, (usage, calls)
+    assert usage["prompt_tokens"] >= (calls - 2) * two_steps.input_tokens and usage["completion_tokens"] > 0, \
+        (usage, calls)
     assert usage["cost_usd"] > 0, usage
     events = ws.events(tid)
     edits = [e for e in kinds(events, "tool_called") if e.get("kind") == "edit"]
@@ -65,47 +83,67 @@ def test_two_steps_complete_with_tool_calls_and_permissions_as_events(ws: Worksp
     answers = kinds(events, "permission_answered")
     assert answers and all(a["allowed"] for a in answers), answers
     log = (ws.root / "Logs" / tid / "1-1.log").read_text()
-    assert f"agent: {cli.name}" in log and '"method": "session/prompt"' in log and "Checked the box" in log
-    print(f"{cli.name}: 2 steps, {calls} model calls, usage {usage}, {len(edits)} edit events, "
+    assert f"agent: {name}" in log and '"method": "session/prompt"' in log and "Checked the box" in log
+    print(f"{name}: 2 steps, {calls} model calls, usage {usage}, {len(edits)} edit events, "
           f"{len(answers)} permission answers")
 
 
-def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspace, cli: AcpCli) -> None:
+def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: SharedRun) -> None:
     """...and Gemini CLI runs as one node process: left to itself it starts a second one of itself under
     the first (kiro sets GEMINI_CLI_NO_RELAUNCH: kiro.executors.agents.acp), a third longer a step."""
-    ws.task(task_text(1))
-    configure(ws, cli)
-    cli.held = Held(at=2)  # the model call after the first tool call waits for the test
+    if two_steps.name == "gemini-acp":
+        nodes = two_steps.seen["while_held"]
+        print(f"gemini-acp: its node processes while the step runs: {nodes}")
+        assert nodes is not None and len(nodes) == 1, nodes
+    shows_a_tool_call_while_the_step_ran(two_steps)
 
-    def one_gemini(proc: Any) -> None:
-        nodes = [argv for argv in descendants(proc.pid) if argv[0].rsplit("/", 1)[-1] == "node"
-                 and "--acp" in argv and any(a.rsplit("/", 1)[-1] == "gemini" for a in argv)]
-        print(f"{cli.name}: its node processes while the step runs: {[' '.join(a) for a in nodes]}")
-        assert len(nodes) == 1, nodes
 
-    shows_a_tool_call_while_the_step_runs(ws, cli, "a tool call in `kiro loop logs --follow`",
-                                          one_gemini if cli.name == "gemini-acp" else None)
+SHELL_RULES = "tools:\n  shell:\n    enabled: true\n    allow: [ls]\n"
+COMMANDS = ["touch pwned.txt", "ls; touch pwned2.txt", "ls -la"]
+TODOS = [{"content": "Read the task file", "status": "completed", "activeForm": "Reading the task file"},
+         {"content": "Check the box of step 1", "status": "in_progress", "activeForm": "Checking the box"}]
+
+
+def guarded_run(name: str, sandbox: str, base: Path) -> SharedRun:
+    """A one-step run (`shared_run`) whose agent first tries to write `.state/x` and `../outside.txt` (out of
+    the project); in kiro's box, with `tools.shell` allowing `ls`, it then runs COMMANDS too, and claude-acp
+    first writes its todo list (TODOS): the run the shell rules' test and the plan's test read as well."""
+    shells = sandbox == "bwrap"
+
+    def extra(cli: AcpCli, ws: Workspace) -> list[Any]:
+        writes = [cli.write_call(str(ws.root / ".state" / "x"), "forged\n"),
+                  cli.write_call(str(ws.root.parent / "outside.txt"), "escaped\n")]
+        todos = [("TodoWrite", {"todos": TODOS})] if shells and isinstance(cli, ClaudeAcp) else []
+        return todos + writes + ([cli.shell_call(c) for c in COMMANDS] if shells else [])
+
+    return shared_run(f"guarded-{name}-{sandbox}", ACP_CLIS[name], base, 1,
+                      f"sandbox: {sandbox}\n" + (SHELL_RULES if shells else ""), extra)
+
+
+@pytest.fixture(scope="module", params=sorted(ACP_CLIS))
+def acp_name(request: pytest.FixtureRequest) -> str:
+    """An ACP agent's name, for tests that read a `shared_run` of it."""
+    return str(request.param)
 
 
 @pytest.mark.parametrize("sandbox", ["bwrap", "off"])
 def test_writes_to_kiros_state_or_outside_the_project_are_refused_and_the_attempt_goes_on(
-        ws: Workspace, cli: AcpCli, sandbox: str) -> None:
-    ws.task(task_text(1))
-    configure(ws, cli, f"sandbox: {sandbox}\n")
+        acp_name: str, sandbox: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = guarded_run(acp_name, sandbox, tmp_path_factory.mktemp(f"guarded-{acp_name}-{sandbox}"))
+    ws = run.ws
     forged, outside = ws.root / ".state" / "x", ws.root.parent / "outside.txt"  # ../outside from the project
-    cli.extra = [cli.write_call(str(forged), "forged\n"), cli.write_call(str(outside), "escaped\n")]
-    code, out = run(ws, cli)
-    assert code == 0, out
+    assert run.code == 0, run.out
     assert not forged.exists() and not outside.exists()
     tid = ws.only_task_id()
     assert [c["step_id"] for c in ws.state(tid)["completed_steps"]] == ["1"]  # the attempt went on
-    refused = [a for a in kinds(ws.events(tid), "permission_answered") if not a["allowed"]]
+    refused = [a for a in kinds(ws.events(tid), "permission_answered")
+               if not a["allowed"] and a.get("kind") != "execute"]  # (the commands: the shell rules' test)
     by_kiro = {p for a in refused for p in a["paths"]}
     assert any(".state/x" in p for p in by_kiro), refused  # kiro refused it; the agent did not ask for less
     assert all("off limits" in a["reason"] or "outside the project" in a["reason"] for a in refused), refused
     held = "outside.txt refused by kiro" if any("outside.txt" in p for p in by_kiro) else \
         "outside.txt refused by the agent itself (it never asked)"
-    print(f"{cli.name} (sandbox {sandbox}): 2 writes tried, 2 held; .state/x refused by kiro; {held}")
+    print(f"{acp_name} (sandbox {sandbox}): 2 writes tried, 2 held; .state/x refused by kiro; {held}")
 
 
 @pytest.mark.parametrize("how", ["stop hook", "stop --force"])
@@ -202,21 +240,21 @@ def test_a_bad_acp_command_is_one_clear_line_and_exit_1(ws: Workspace, case: str
     print(f"{case}: {lines[0]}")
 
 
-def test_commands_are_answered_by_the_shell_tool_rules(ws: Workspace, cli: AcpCli) -> None:
+def test_commands_are_answered_by_the_shell_tool_rules(acp_name: str,
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
     """`tools.shell` allows `ls`: `touch` is not on the allow-list, and `ls; touch` needs a shell. Gemini CLI's
     permission request does not carry the command (only a title, which may be the model's own description
-    of it): kiro refuses what it cannot read. Both run a read-only command such as `ls -la` without asking."""
-    ws.task(task_text(1))
-    configure(ws, cli, "tools:\n  shell:\n    enabled: true\n    allow: [ls]\n")
-    cli.extra = [cli.shell_call("touch pwned.txt"), cli.shell_call("ls; touch pwned2.txt"), cli.shell_call("ls -la")]
-    code, out = run(ws, cli)
-    assert code == 0, out
+    of it): kiro refuses what it cannot read. Both run a read-only command such as `ls -la` without asking.
+    (The run of the writes' test in kiro's box: COMMANDS come after its two writes.)"""
+    run = guarded_run(acp_name, "bwrap", tmp_path_factory.mktemp(f"guarded-{acp_name}-bwrap"))
+    ws = run.ws
+    assert run.code == 0, run.out
     tid = ws.only_task_id()
     assert not (ws.root / "pwned.txt").exists() and not (ws.root / "pwned2.txt").exists()
     answers = kinds(ws.events(tid), "permission_answered")
     refused = [a for a in answers if a.get("kind") == "execute" and not a["allowed"]]
     allowed = [a for a in answers if a.get("kind") == "execute" and a["allowed"]]
-    if cli.name == "claude-acp":
+    if acp_name == "claude-acp":
         reasons = " | ".join(a["reason"] for a in refused)
         assert len(refused) == 2 and "'touch' is not on the allow-list" in reasons and "without a shell" in reasons, \
             refused
@@ -224,7 +262,7 @@ def test_commands_are_answered_by_the_shell_tool_rules(ws: Workspace, cli: AcpCl
         assert len(refused) == 2 and all("cannot tell which command" in a["reason"] for a in refused), refused
     # `ls -la` is run without asking by both (read-only commands are their own policy's): kiro never saw it
     assert all(a["tool"] == "ls -la" for a in allowed), allowed
-    print(f"{cli.name}: 3 commands tried; refused {len(refused)}, allowed {len(allowed)} "
+    print(f"{acp_name}: 3 commands tried; refused {len(refused)}, allowed {len(allowed)} "
           f"({', '.join(a['tool'] for a in allowed) or 'none'}); no file made by a refused one")
 
 
@@ -435,21 +473,12 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
     print(f"{cli.name}: {lines[0]}")
 
 
-@pytest.fixture
-def claude_acp(cli_home: Path) -> Iterator[ClaudeAcp]:
-    yield from serving(ClaudeAcp(cli_home))
-
-
-def test_the_agents_plan_is_an_event(ws: Workspace, claude_acp: ClaudeAcp) -> None:
+def test_the_agents_plan_is_an_event(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Claude Code's todo list (its TodoWrite tool) reaches kiro as ACP's `plan` update: a `plan_updated` event,
-    shown by `kiro loop logs`."""
-    ws.task(task_text(1))
-    configure(ws, claude_acp)
-    todos = [{"content": "Read the task file", "status": "completed", "activeForm": "Reading the task file"},
-             {"content": "Check the box of step 1", "status": "in_progress", "activeForm": "Checking the box"}]
-    claude_acp.extra = [("TodoWrite", {"todos": todos})]
-    code, out = run(ws, claude_acp)
-    assert code == 0, out
+    shown by `kiro loop logs`. (The run of the writes test in kiro's box: TODOS is its agent's first call.)"""
+    run = guarded_run("claude-acp", "bwrap", tmp_path_factory.mktemp("guarded-claude-acp-bwrap"))
+    ws = run.ws
+    assert run.code == 0, run.out
     tid = ws.only_task_id()
     plans = kinds(ws.events(tid), "plan_updated")
     # claude-agent-acp 0.101 names an entry in progress by its activeForm

@@ -16,11 +16,13 @@ import pytest
 from tests.agent_clis import serving, task_text
 from tests.agent_clis_acp import (
     TASK,
+    SharedRun,
     configure,
     dead_endpoint_ends_the_attempt,
+    followed_run,
     kinds,
     run,
-    shows_a_tool_call_while_the_step_runs,
+    shows_a_tool_call_while_the_step_ran,
 )
 from tests.agent_clis_codex_opencode_acp import ACP_MORE_CLIS, AcpMoreCli, CodexAcp, Held
 from tests.conftest import Workspace
@@ -35,11 +37,20 @@ def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpMoreCli]:
 
 
 
-def test_two_steps_complete(ws: Workspace, cli: AcpMoreCli) -> None:
+@pytest.fixture(scope="module", params=sorted(ACP_MORE_CLIS))
+def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedRun:
+    """One real two-step run per agent that two tests read (tests/agent_clis_acp.followed_run): each step reads
+    the task file before it checks the box, the second model call held while `kiro loop logs --follow` looks
+    for that read, then finished."""
+    name = request.param
+    return followed_run(name, ACP_MORE_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"), 2,
+                        "the read in `kiro loop logs --follow`",
+                        extra=lambda cli, ws: [cli.read_call(str(ws.root / TASK))])
+
+
+def test_two_steps_complete(two_steps: SharedRun) -> None:
     """Each step a session of its own (its own adapter process): two show it as well as more would."""
-    ws.task(task_text(2))
-    configure(ws, cli)
-    code, out = run(ws, cli, "--agent", cli.name)
+    code, out, ws = two_steps.code, two_steps.out, two_steps.ws
     assert code == 0, out
     done = ws.root / "Done" / "feature" / "tasks.md"
     assert done.read_text().count("- [x]") == 2, done.read_text()
@@ -57,7 +68,7 @@ def test_two_steps_complete(ws: Workspace, cli: AcpMoreCli) -> None:
     shown = [f"{e['tool']} {e.get('arguments', '')}" for e in edits]
     assert len(edits) == 2 and all(".state/steps/" in s for s in shown), shown
     answers = kinds(events, "permission_answered")
-    print(f"{cli.name}: 2 steps, {cli.calls()} model calls, usage {usage}, {len(edits)} edits, "
+    print(f"{two_steps.name}: 2 steps, {two_steps.calls} model calls, usage {usage}, {len(edits)} edits, "
           f"{len(answers)} permission answers")
 
 
@@ -81,12 +92,8 @@ def test_a_refused_write_to_state_or_outside_leaves_no_file_and_the_attempt_goes
     print(f"{cli.name}: refused {[(a['kind'], a['paths'], a['reason']) for a in refused]}")
 
 
-def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(ws: Workspace, cli: AcpMoreCli) -> None:
-    ws.task(task_text(1))
-    configure(ws, cli)
-    cli.extra = [cli.read_call(str(ws.root / TASK))]
-    cli.held = Held(at=2)  # the model call after the read waits for the test
-    shows_a_tool_call_while_the_step_runs(ws, cli, "the read in `kiro loop logs --follow`")
+def test_a_tool_call_shows_in_logs_follow_while_the_step_still_runs(two_steps: SharedRun) -> None:
+    shows_a_tool_call_while_the_step_ran(two_steps)
 
 
 def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace,
@@ -122,9 +129,16 @@ def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again
     print(f"{cli.name}: the stop hook ended the loop {seconds:.2f} s after it was written; {ended}")
 
 
+# The silence kiro counts begins at the agent's spawn and ends with its first word: `opencode acp` answers
+# `initialize` only once it has started, 15-50 s after its spawn at load 12 (its first request came 56 s after
+# `kiro loop start`, the ACP messages before it ending each silence), so 5 s always ended its first attempt before
+# it reached the endpoint and the test ran a second one with 60 s. codex-acp answers within a few seconds.
+IDLE = {"codex-acp": 5, "opencode-acp": 30}
+
+
 def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpMoreCli) -> None:
     assert cli.server is not None
-    dead_endpoint_ends_the_attempt(ws, cli, idle=5)
+    dead_endpoint_ends_the_attempt(ws, cli, idle=IDLE[cli.name])
 
 
 def test_codex_acp_with_an_api_key_and_no_login_is_authenticated_by_kiro(ws: Workspace, cli_home: Path) -> None:
