@@ -28,10 +28,17 @@ STEP = ('mkdir -p files; echo "$KIRO_STEP_ID" >> "$CRASH_SIDE_LOG"; '
 
 
 def task_text(n: int) -> str:
-    lines = ["---", "title: crashy", "executor: shell", "---", "# Plan"]
-    for i in range(1, n + 1):
+    return "\n".join(["---", "title: crashy", "executor: shell", "---", "# Plan"]) + "\n" + step_lines(1, n)
+
+
+def step_lines(first: int, last: int) -> str:
+    lines = []
+    for i in range(first, last + 1):
         lines += [f"- [ ] {i}. Step {i}", "  ```sh", f"  {STEP}", "  ```"]
     return "\n".join(lines) + "\n"
+
+
+AHEAD = 15  # steps left to do at each start while kills remain (a round does 0-5 on a fast machine: never all)
 
 
 @dataclass
@@ -43,6 +50,7 @@ class Report:
     events: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    steps: int = 0  # the task's steps at the end
 
 
 def _state_file(root: Path, tid: str) -> Path | None:
@@ -112,7 +120,11 @@ def _wait_for_git(root: Path, mode: str, proc: cli_forkserver.ForkedProcess, rng
 
 def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2) -> Report:
     """Kill `kills` times, then let the loop finish; check every promise. Problems are collected,
-    not raised, so that a benchmark can print them."""
+    not raised, so that a benchmark can print them.
+
+    The task starts with `steps` steps; while kills remain, steps are added to its end between runs (as a
+    person may add to a plan) so that AHEAD are left at each start: however fast the machine, the loop is
+    killed mid-task every time, and what is left to run unkilled after the last kill is short."""
     started = time.monotonic()
     rep = Report()
     for name in ("Specs/crashy", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
@@ -126,7 +138,12 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
     seen_commits: dict[str, str] = {}  # step id -> the checkpoint the state first recorded
     created = False
     state: LoopState | None = None
+    total = steps
     while rep.kills < kills:
+        if state is not None and total - len(state.completed_steps) < AHEAD:  # (kiro is not running)
+            with open(root / state.task_path, "a") as fh:
+                fh.write(step_lines(total + 1, total + AHEAD))
+            total += AHEAD
         args = (["loop", "start", "--task", "Specs/crashy/tasks.md", "--task-id", tid] if not created
                 else ["loop", "resume", "--task-id", tid])
         with open(root.parent / "crash_run.out", "w") as out:
@@ -189,13 +206,14 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
     for sid, n in frozen.items():
         if counts[sid] != n:
             rep.problems.append(f"step {sid} ran again after the state recorded it completed ({n} -> {counts[sid]})")
-    ids = [str(i) for i in range(1, steps + 1)]
+    rep.steps = total
+    ids = [str(i) for i in range(1, total + 1)]
     if [c.step_id for c in final.completed_steps] != ids:
         rep.problems.append(f"completed steps {[c.step_id for c in final.completed_steps]}")
     # git: one commit per step, whole, in the history, with the step's change; nothing half-made
+    history = _history(root)
     per_step: Counter[str] = Counter()
-    for line in git(root, "log", "--format=%H", "HEAD").split():
-        t = trailers(root, line)
+    for t, _ in history.values():
         if t.get("Kiro-Task-Id") == tid:
             per_step[t.get("Kiro-Step-Id", "?")] += 1
     for sid in ids:
@@ -207,9 +225,10 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
             continue
         if seen_commits.get(c.step_id, c.checkpoint) != c.checkpoint:
             rep.problems.append(f"step {c.step_id}: final checkpoint differs from the first one recorded")
-        if trailers(root, c.checkpoint).get("Kiro-Step-Id") != c.step_id:
+        found, changed = history.get(c.checkpoint) or (trailers(root, c.checkpoint), changed_in(root, c.checkpoint))
+        if found.get("Kiro-Step-Id") != c.step_id:
             rep.problems.append(f"step {c.step_id}: checkpoint {c.checkpoint} has other trailers")
-        if f"files/{c.step_id}.txt" not in changed_in(root, c.checkpoint):
+        if f"files/{c.step_id}.txt" not in changed:
             rep.problems.append(f"step {c.step_id}: checkpoint does not hold files/{c.step_id}.txt")
     head_files = files_in(root, "HEAD")
     missing = [s for s in ids if f"files/{s}.txt" not in head_files]
@@ -229,6 +248,22 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
         except (ValueError, KeyError):
             continue
     return rep
+
+
+def _history(root: Path) -> dict[str, tuple[dict[str, str], set[str]]]:
+    """Each commit of HEAD's history: its Kiro- trailers and the files it changed, as tests.gitutil's
+    `trailers` and `changed_in` read them, from one `git log` (not two git processes a commit)."""
+    out: dict[str, tuple[dict[str, str], set[str]]] = {}
+    for record in git(root, "log", "--format=%x1e%H%n%B%x1f", "--name-only", "HEAD").split("\x1e")[1:]:
+        head, _, names = record.partition("\x1f")
+        sha, _, body = head.partition("\n")
+        found = {}
+        for line in body.splitlines():
+            if line.startswith("Kiro-") and ":" in line:
+                k, _, v = line.partition(":")
+                found[k] = v.strip()
+        out[sha] = found, set(names.split())
+    return out
 
 
 MERGE_STEP = ('echo "$KIRO_TASK_ID" >> "$CRASH_SIDE_LOG"; mkdir -p "out/$KIRO_TASK_ID"; '

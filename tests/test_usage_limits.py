@@ -119,7 +119,7 @@ def kiro_json(ws: Workspace, env: dict[str, str], *args: str) -> Any:
 def test_the_loop_sleeps_through_a_usage_limit_wakes_and_finishes_with_no_failure(ws: Workspace, cli: Cli) -> None:
     ws.task(task_text(2))
     configure(ws, cli)
-    window = limit_window(cli, 4)
+    window = limit_window(cli, 2)
     env = ws.env(**env_of(cli))
     proc = ws.spawn("loop", "start", "--task", TASK, env=env)
     try:
@@ -264,10 +264,11 @@ def test_fallback_agents_finish_the_task_while_the_first_is_limited(ws: Workspac
 
 
 def test_the_step_goes_back_to_the_first_agent_when_its_window_resets(ws: Workspace, cli_home: Path) -> None:
-    """Claude limited for 2 s: step 1 goes to codex; its verify command waits until the window and kiro's
-    margin after the reset (RESET_MARGIN_SECONDS) have passed, by a file the test writes 3 s after them
-    (outside the box's HOME and /tmp: the box shows it read-only), so step 2 is claude's again. Step 2's
-    verify finds the file there at once."""
+    """Claude limited for 2 s: step 1 goes to codex; its verify command waits until claude's window and
+    kiro's margin after the reset (RESET_MARGIN_SECONDS) have passed, by a file the test writes half a second
+    after them (outside the box's HOME and /tmp: the box shows it read-only), so step 2 is claude's again.
+    Step 2's verify finds the file there at once. The reset is the one kiro read (its `usage_limit` event),
+    or the moment kiro noted the limit when the CLI took longer than the window to say it."""
     claude = start("claude", cli_home / "claude")
     codex = start("codex", cli_home / "codex")
     passed = cli_home / "window-and-margin-passed"
@@ -278,10 +279,19 @@ def test_the_step_goes_back_to_the_first_agent_when_its_window_resets(ws: Worksp
         assert claude.server is not None
         server = claude.server
 
+        def limit_noted() -> dict[str, Any] | None:
+            return next((e for e in ws.events(ws.only_task_id()) if e["event"] == "usage_limit"), None)
+
         def mark() -> None:
-            ends = server.wait_until(lambda: window.ends, timeout=240, what="claude's first request")
-            time.sleep(max(0.0, ends + RESET_MARGIN_SECONDS + 3 - time.time()))  # a time to come, not a race
-            passed.touch()
+            try:
+                server.wait_until(lambda: window.ends, timeout=240, what="claude's first request")
+                noted = ws.wait_for(limit_noted, timeout=240, what="kiro to note claude's limit")
+                # kiro's `until`: the later of the reset and its clock when it noted the limit (before the event)
+                until = max(datetime.fromisoformat(noted["resets_at"] or noted["ts"]),
+                            datetime.fromisoformat(noted["ts"])).timestamp()
+                time.sleep(max(0.0, until + RESET_MARGIN_SECONDS + 0.5 - time.time()))  # a time to come, not a race
+            finally:
+                passed.touch()  # (on a failure here too: step 2 then is codex's, and the test says so)
 
         threading.Thread(target=mark, daemon=True).start()
         env = ws.env(**{**codex.env(), **env_of(claude)})

@@ -369,6 +369,16 @@ class LoopGit:
                 pid = p.name[len("next-index-"):-len(".lock")]
                 if not (pid.isdigit() and Path("/proc", pid).exists()):
                     temp.append(p)
+            # commit_files' private index kiro-commit-<pid>-<thread>.index, and its .lock while git writes it
+            for p in folder.glob("kiro-commit-*.index*"):
+                pid = p.name.split("-")[2]
+                if pid.isdigit() and Path("/proc", pid).exists():
+                    continue
+                if p.name.endswith(".index.lock"):
+                    temp.append(p)
+                elif p.name.endswith(".index"):  # not a lock: only left behind
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
         for path in clear_stale_locks([*self._locks, *extra, *temp], roots):
             events.append(ev.GitLockCleared(path=path))
 
