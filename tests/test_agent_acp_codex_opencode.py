@@ -177,7 +177,7 @@ def test_a_refused_api_key_ends_the_run_with_exit_1_saying_what_to_fix(ws: Works
 
 def test_codex_acp_out_of_the_box_runs_only_the_commands_tools_shell_allows(ws: Workspace, cli_home: Path) -> None:
     """With `sandbox: off` codex-acp runs commands in Codex's own read-only sandbox without asking kiro; kiro's
-    hook (kiro.executors.agents.codex_hook) puts `tools.shell` on them: `cat` on the allow-list runs and shows
+    hook (kiro.processes.codex_hook) puts `tools.shell` on them: `cat` on the allow-list runs and shows
     as a tool call; a planted ~/.ssh key read through a second line, `$(...)` or a program off the list is
     refused with kiro's reason, which is what the model reads."""
     cli = CodexAcp(cli_home)

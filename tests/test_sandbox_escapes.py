@@ -407,7 +407,7 @@ def test_prompt_injection_attacks_through_each_agent_cli(mode: str, agent: str, 
 
 # What gets through kiro as the ACP client, and why: shown as HOLE in the table, never counted as held.
 # Anything else that gets through fails the test. None today: codex-acp's own commands out of kiro's box,
-# which its read-only mode runs without asking, go through kiro's hook (kiro.executors.agents.codex_hook).
+# which its read-only mode runs without asking, go through kiro's hook (kiro.processes.codex_hook).
 ACP_HOLES: dict[str, dict[str, dict[str, str]]] = {"off": {}, "bwrap": {}}
 
 

@@ -2,7 +2,7 @@
 
 kiro checks an agent's command against `tools.shell.allow` in three places: its own run_command, Codex's
 PreToolUse hook (codex-acp) and an ACP agent's `execute` permission; the last two are run by the agent's
-own shell afterwards. All three use one reading, `kiro.executors.tools.shell.shell_words`: literal words
+own shell afterwards. All three use one reading, `kiro.processes.shellwords.shell_words`: literal words
 only. Each hostile line below is run by REAL bash in a scratch git repository first, to show what it would
 do there (a CANARY file written, a program run besides the allowed one), then given to kiro's check and to
 the real hook command line as Codex runs it. Every one must be refused. Commands kiro does accept are
@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from kiro.executors import agents
-from kiro.executors.agents.codex_hook import codex_config
+from kiro.executors.agents.codex_acp import codex_config
 from kiro.executors.tools.errors import ToolError
-from kiro.executors.tools.shell import permitted, shell_words
+from kiro.executors.tools.shell import permitted
+from kiro.processes.shellwords import shell_words
 from kiro.store.config import ShellToolSettings
 from tests.agent_clis import CLIS, Cli, serving, task_text
 from tests.conftest import FAST_CONFIG, Workspace

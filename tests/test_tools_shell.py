@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from kiro.executors.tools import ToolResult, toolset
-from kiro.executors.tools.shell import allowed, clean_environment, shell_words
+from kiro.executors.tools.shell import clean_environment
+from kiro.processes.shellwords import allowed, shell_words
 from tests.fake_openai import StepHarness, invoke, make_harness
 
 KEY_ENV = "KIRO_TEST_OPENAI_KEY"

@@ -46,7 +46,7 @@ The mode kiro sets and holds (`session/set_mode` after `session/new`: kiro.execu
 - out of kiro's box (`sandbox: off`): `read-only`. Every edit asks kiro, which answers by its path
   rules (kiro.executors.acp); commands run in Codex's own read-only sandbox, which would read any file
   the user can, without asking. So kiro passes, in `CODEX_CONFIG`, a PreToolUse hook of this run only
-  (kiro.executors.agents.codex_hook): each command is refused unless `tools.shell` allows it, as
+  (kiro.processes.codex_hook): each command is refused unless `tools.shell` allows it, as
   kiro's own agent's are, and the model reads kiro's reason. A refused command is not reported to
   kiro as a tool call (Codex stops it before it starts one). Codex offers no other way short of the
   person's config.toml: restricted reads need a permission profile, and codex-acp offers only those
@@ -61,15 +61,39 @@ The mode kiro sets and holds (`session/set_mode` after `session/new`: kiro.execu
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shlex
+import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kiro.executors.agents import Credential, Invocation, codex_hook
+from kiro.executors.agents import Credential, Invocation
 from kiro.executors.agents.acp import AcpPreset, _prompt_result
 from kiro.executors.agents.codex import CodexPreset
 from kiro.executors.base import Usage
+
+if TYPE_CHECKING:
+    from kiro.store.config import ShellToolSettings
+
+HOOK_MATCHER = "^Bash$"  # Codex's name for its shell tools in hooks
+HOOK_TIMEOUT_SECONDS = 30
+
+
+def codex_config(settings: ShellToolSettings) -> dict[str, object]:
+    """codex-acp's CODEX_CONFIG: kiro's hook (kiro.processes.codex_hook) for every shell command, trusted by
+    its hash."""
+    # Codex runs a command that fails otherwise (exit 1: kiro cannot start) as if the hook allowed it
+    hook = shlex.join([sys.executable, "-m", "kiro.processes.codex_hook", settings.model_dump_json()])
+    handler = {"type": "command", "command": f"{hook} || exit 2", "timeout": HOOK_TIMEOUT_SECONDS, "async": False}
+    # Codex trusts a hook whose identity (its event, matcher and handler as sorted compact JSON) hashes so
+    identity = {"event_name": "pre_tool_use", "matcher": HOOK_MATCHER, "hooks": [handler]}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    key = "/<session-flags>/config.toml:pre_tool_use:0:0"  # its first group's first handler, given with -c
+    return {"hooks": {"PreToolUse": [{"matcher": HOOK_MATCHER, "hooks": [handler]}],
+                      "state": {key: {"trusted_hash": f"sha256:{digest}", "enabled": True}}}}
+
 
 API_KEY_METHOD = "api-key"  # its auth method that takes CODEX_API_KEY, else OPENAI_API_KEY
 ASKING_MODE = "read-only"  # out of kiro's box: every edit is asked of kiro
@@ -105,8 +129,8 @@ class CodexAcpPreset(AcpPreset, CodexPreset):
         return (BOXED_MODE,) if boxed else (ASKING_MODE,)
 
     def env(self, inv: Invocation) -> dict[str, str]:
-        """Out of kiro's box: kiro's hook on each command (kiro.executors.agents.codex_hook)."""
-        hook = json.dumps(codex_hook.codex_config(self.config.tools.shell))
+        """Out of kiro's box: kiro's hook on each command (kiro.processes.codex_hook)."""
+        hook = json.dumps(codex_config(self.config.tools.shell))
         return {**super().env(inv), "NO_BROWSER": "1", "CODEX_CONFIG": hook}
 
     def boxed_env(self, env: Mapping[str, str], project_dir: Path) -> dict[str, str]:

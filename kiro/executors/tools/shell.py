@@ -2,8 +2,8 @@
 
 Off unless `tools.shell.enabled`; then the command's leading words must equal one allow-list
 entry (`pytest` allows `pytest -q tests/`; `git status` allows `git status --short` but not
-`git push`). Its words are read as bash would read them and must be literal (`shell_words`: the one
-check every allow-list shares, also where an agent's own shell runs the command), so `pytest; rm -rf ~`,
+`git push`). Its words are read as bash would read them and must be literal (kiro.processes.shellwords: the
+one check every allow-list shares, also where an agent's own shell runs the command), so `pytest; rm -rf ~`,
 `{a,b}`, `*`, `$VAR` or `~` are refused with a message saying so rather than passed on.
 
 The child gets its own process group (killed whole on timeout or when kiro stops), a bounded
@@ -18,11 +18,9 @@ are refused on the allow-list unless `tools.shell.trust_agent_code` (see kiro.pr
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,85 +29,16 @@ from pydantic import Field
 from kiro.executors.shell import step_box
 from kiro.executors.tools.base import Args, Tool, ToolEnv, ToolResult
 from kiro.executors.tools.errors import ToolError
-from kiro.processes import groups, programs
+from kiro.processes import groups, programs, shellwords
 from kiro.processes.spawn import run_process
 from kiro.store.config import ShellToolSettings
 from kiro.store.redact import looks_secret
-
-# The one reading of a command's words that every allow-list shares (kiro's run_command, Codex's shell hook, an
-# ACP agent's `execute` permission): literal words only, so what kiro checks is what bash runs. Outside
-# quotes a word is made of these characters; anything else (braces, globs, ~, $, `, \\, #, !, ;, &, |, <, >,
-# parentheses, a newline) bash would expand, split or run, and is refused.
-PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:=@%+,-")
-BLANKS = " \t"
-OPERATORS = frozenset(";&|<>()")
-IN_DOUBLE_QUOTES = frozenset("$`\\!\n\r\0")  # what bash expands inside "..." (or history would)
-IN_SINGLE_QUOTES = frozenset("\n\r\0'")
-ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 
 
 class RunCommandArgs(Args):
     command: str = Field(min_length=1, max_length=10_000,
                          description="one program and its arguments, e.g. 'pytest -q tests/test_x.py'")
     timeout_seconds: float | None = Field(None, gt=0, description="time limit in seconds (capped by kiro)")
-
-
-def shell_words(command: str) -> list[str]:
-    """The words bash would run for `command`, when they are literal: plain characters (PLAIN), and
-    quoted parts that bash takes as they are ('...' without a newline, "..." without $, `, \\ or !).
-    Anything bash would expand, split, redirect or run as a second command is a ToolError naming it."""
-    words: list[str] = []
-    word: list[str] | None = None
-    i, n = 0, len(command)
-    while i < n:
-        ch = command[i]
-        if ch in BLANKS:
-            if word is not None:
-                words.append("".join(word))
-                word = None
-            i += 1
-            continue
-        if ch in ("'", '"'):
-            close = command.find(ch, i + 1)
-            inside = command[i + 1:close] if close >= 0 else command[i + 1:]
-            bad = IN_SINGLE_QUOTES if ch == "'" else IN_DOUBLE_QUOTES
-            odd = next((c for c in inside if c in bad), None)
-            if close < 0:
-                raise ToolError(f"cannot parse the command (no closing quote {ch})")
-            if odd is not None:
-                raise ToolError(f"kiro refuses {odd!r} inside {ch}...{ch} in a command: a shell would expand it or "
-                                f"it would span lines; give literal words that mean the same without a shell")
-            word = [*(word or []), inside]
-            i = close + 1
-            continue
-        if ch in OPERATORS:
-            raise ToolError(f"kiro runs one program per command, without a shell, so {ch!r} (pipes, redirection, "
-                            f"';', '&&', subshells) is refused; run one command per call")
-        if ch not in PLAIN:
-            raise ToolError(f"kiro refuses {ch!r} outside quotes in a command: a shell would expand it (braces, "
-                            f"globs, ~, $, `, \\, #, a second line); give literal words that mean the same without a "
-                            f"shell, quoted if need be")
-        word = [*(word or []), ch]
-        i += 1
-    if word is not None:
-        words.append("".join(word))
-    if not words:
-        raise ToolError("the command is empty")
-    if ASSIGNMENT.match(command.lstrip(BLANKS)):
-        raise ToolError("kiro refuses a command that starts with a variable assignment (NAME=value program)")
-    return words
-
-
-def allowed(argv: Sequence[str], allow: Sequence[str]) -> bool:
-    """Whether the command's leading words equal those of one allow-list entry."""
-    for entry in allow:
-        try:
-            words = shell_words(entry)
-        except ToolError:
-            continue
-        if words and list(argv[: len(words)]) == words:
-            return True
-    return False
 
 
 def clean_environment(api_key_env: str, api_key: str | None = None,
@@ -127,23 +56,12 @@ def clean_environment(api_key_env: str, api_key: str | None = None,
 
 
 def permitted(command: str, settings: ShellToolSettings) -> list[str]:
-    """The argv of an agent's command when `tools.shell` lets it run (enabled, one program, on the
-    allow-list, no code runner unless `trust_agent_code`, no refused argument); else a ToolError
-    saying why. kiro's own run_command and an ACP agent's permission requests (kiro.executors.acp)."""
-    if not settings.enabled:
-        raise ToolError("run_command is disabled (tools.shell.enabled is false)")
-    argv = shell_words(command)
-    if not allowed(argv, settings.allow):
-        allow = ", ".join(repr(a) for a in settings.allow) or "(empty: tools.shell.allow lists nothing)"
-        raise ToolError(f"{argv[0]!r} is not on the allow-list; allowed commands start with: {allow}")
-    if not settings.trust_agent_code:
-        why = programs.refusal(shlex.join(argv[:2]))
-        if why is not None:
-            raise ToolError(f"kiro refuses to run this: {why}")
-    why = programs.refused_arguments(argv)
-    if why is not None:
-        raise ToolError(why)
-    return argv
+    """The argv of an agent's command when `tools.shell` lets it run (kiro.processes.shellwords.permitted);
+    else a ToolError saying why."""
+    try:
+        return shellwords.permitted(command, settings)
+    except shellwords.Refused as exc:
+        raise ToolError(str(exc)) from None
 
 
 async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
