@@ -20,8 +20,9 @@ whatever kiro does; the `typer parse` line shows it with a small Typer app parsi
 With --stages (and --instructions), also where this tree's `kiro loop status` spends its share: the
 instructions of each stage of its start-up, each run on top of the ones before it (Typer; kiro's CLI
 modules; the config's module; the state store's (the state's models are not imported: status reads the
-summaries); pydantic's plugin loader, which imports importlib.metadata (kiro scans for no plugin:
-kiro.plugins.no_pydantic_plugins); the config's validators built; the config resolved; the whole command).
+summaries); pydantic's plugin loader replaced by one of no plugins, as kiro.cli.main does before Typer's first
+validator (kiro.plugins.no_pydantic_plugins: no importlib.metadata); the config's validators built; the config
+resolved; the whole command).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ STAGES = [
     ("kiro's CLI modules", "import kiro.cli, kiro.cli.loop, kiro.cli.launch"),
     ("kiro.store.config imported", "import kiro.store.config"),
     ("kiro.store.statestore imported", "import kiro.store.statestore"),
-    ("pydantic's plugin loader imported", "import pydantic.plugin._loader"),
+    ("no pydantic plugin loader (kiro.plugins)", "from kiro.plugins import no_pydantic_plugins; no_pydantic_plugins()"),
     ("the config's validators built", "import kiro.store.config as config; config._build()"),
     ("the config resolved", "from kiro.store.settings import settings_for; from kiro.store.workspace import "
                             "Workspace; settings_for(Workspace.find(None))"),

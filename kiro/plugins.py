@@ -12,6 +12,8 @@ command that only validates a config does not load the presets. `load` imports o
 from __future__ import annotations
 
 import functools
+import sys
+import types
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -63,16 +65,31 @@ class Registry:
         return getattr(module, attr.strip()) if attr else module
 
 
-def no_pydantic_plugins() -> None:
-    """kiro runs no pydantic plugin: pydantic's first model build in a process otherwise scans every installed
-    package's entry points for one (`pydantic.plugin._loader.get_plugins`, ~26 M instructions a read command
-    waits for). Its cache of loaded plugins is set empty, in this process only: unlike PYDANTIC_DISABLE_PLUGINS
-    (which Typer sets around its own builds), nothing reaches the environment a step, a hook or git inherits.
-    A pydantic that no longer has that cache ignores the name, and scans as before."""
-    from pydantic.plugin import _loader
+_PYDANTIC_LOADER = "pydantic.plugin._loader"
 
-    if _loader._plugins is None:
-        _loader._plugins = {}
+
+def _no_plugins() -> tuple[()]:
+    return ()
+
+
+def no_pydantic_plugins() -> None:
+    """kiro runs no pydantic plugin, in this process only: unlike PYDANTIC_DISABLE_PLUGINS (which Typer sets
+    around its own builds), nothing reaches the environment a step, a hook or git inherits.
+
+    pydantic's first validator build in a process imports its plugin loader, which imports importlib.metadata
+    (email, csv, zipfile: ~53 M instructions), then scans every installed package's entry points for a plugin
+    (~26 M): a read command waited for both (issue #41). Called before that first build (kiro.cli.main, before
+    Typer builds its options' validators), the loader's module is one that finds no plugin: pydantic's one use of
+    it (`from ._loader import get_plugins`, in pydantic.plugin._schema_validator) gets no plugins, and neither
+    import is made. If pydantic's loader is imported already, its cache of loaded plugins is set empty."""
+    loader = sys.modules.get(_PYDANTIC_LOADER)
+    if loader is None:
+        loader = types.ModuleType(_PYDANTIC_LOADER, "pydantic's plugin loader in kiro: no plugin (kiro.plugins)")
+        loader.get_plugins = _no_plugins  # type: ignore[attr-defined]
+        loader._plugins = {}  # type: ignore[attr-defined]
+        sys.modules[_PYDANTIC_LOADER] = loader
+    elif getattr(loader, "_plugins", {}) is None:
+        loader._plugins = {}  # type: ignore[attr-defined]
 
 
 AGENTS = Registry("kiro.agents", "agent")

@@ -928,3 +928,53 @@ def test_read_commands_look_for_no_pydantic_plugin(shared_loops: Workspace, args
     print(f"{' '.join(args)}: entry point groups scanned: {groups or 'none'}; "
           f"PYDANTIC_DISABLE_PLUGINS left in the environment: {in_environment}")
     assert "pydantic" not in groups and in_environment == "False"
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
+                         ids=" ".join)
+def test_read_commands_read_no_package_metadata(shared_loops: Workspace, args: tuple[str, ...]) -> None:
+    """Issue #41: pydantic's plugin loader imports importlib.metadata (email, csv, zipfile: ~53 M instructions)
+    on the first validator any code builds, Typer's for the command's options included; kiro puts a loader of
+    no plugins in its place first (kiro.plugins.no_pydantic_plugins), and a read command reads no package's
+    metadata for anything else."""
+    modules = probed(PROBE, shared_loops, *args)
+    metadata = [m for m in modules if m.startswith(("importlib.metadata", "email", "zipfile", "csv"))]
+    print(f"{' '.join(args)}: package metadata modules imported: {metadata or 'none'}")
+    assert metadata == []
+
+
+COMMANDS_PROBE = """
+import runpy, sys, typer.main
+built = []
+from_info = typer.main.get_command_from_info
+def get_command_from_info(command_info, **kwargs):
+    command = from_info(command_info, **kwargs)
+    built.append(command.name)
+    return command
+typer.main.get_command_from_info = get_command_from_info
+""" + RUN_KIRO + """sys.stderr.write("\\n@@" + " ".join([str(code), *built]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
+                         ids=" ".join)
+def test_loop_commands_make_only_the_command_run(shared_loops: Workspace, args: tuple[str, ...]) -> None:
+    """Issue #41: Typer reads the parameters of every command of a group it runs (the loop group's fourteen,
+    ~35 M instructions); `kiro loop <command>` registers the one command it names (`kiro loop --help`, a
+    misspelt command and the shell's completion still get every one)."""
+    built = probed(COMMANDS_PROBE, shared_loops, *args)
+    print(f"{' '.join(args)}: commands Typer made: {built}")
+    assert built == [args[1]]
+
+
+@pytest.mark.parametrize("args", [("loop", "--help"), ("loop", "stauts")], ids=" ".join)
+def test_loop_help_and_a_misspelt_command_know_every_loop_command(ws: Workspace, args: tuple[str, ...]) -> None:
+    """`kiro loop --help` lists, and a misspelt `kiro loop stauts` suggests from, every loop command: only a
+    command named in full is registered alone (test_loop_commands_make_only_the_command_run)."""
+    r = ws.kiro(*args)
+    shown = r.stdout + r.stderr
+    if "--help" in args:
+        assert r.returncode == 0, shown
+        assert all(name in shown for name in ("start", "resume", "status", "logs", "stop", "watch", "history")), shown
+    else:
+        assert r.returncode == 1 and "'status'" in shown and "'stats'" in shown, shown

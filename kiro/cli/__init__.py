@@ -15,6 +15,7 @@ import typer
 from typer.core import TyperGroup, TyperOption
 
 from kiro import __version__
+from kiro.plugins import no_pydantic_plugins
 from kiro.views import output
 
 
@@ -125,16 +126,23 @@ def _root(
     """kiro: autonomous task loops."""
 
 
-def _register(only: str | None = None) -> None:
+def _register(only: str | None = None, sub: str | None = None) -> None:
     """Add the commands; with `only` (the command line's first word, when it names one) just that one:
     `kiro loop start` need not import what `kiro serve` or `kiro init` need. Help, an unknown command or
-    no command at all get every one (`main` decides)."""
+    no command at all get every one (`main` decides). With `sub` (the second word of `kiro loop ...`), the
+    loop group has only the command it names, when it names one: Typer reads the parameters of every command
+    of a group it runs, ~35 M instructions for the loop group's fourteen (issue #41)."""
     from kiro.cli import loop
 
     if only in (None, "loop"):
-        from kiro.cli import watch
+        named = {typer.main.get_command_name(info.name or info.callback.__name__): info
+                 for info in loop.app.registered_commands if info.callback is not None}
+        if sub in named or sub == "watch":
+            loop.app.registered_commands = [named[sub]] if sub in named else []
+        if sub not in named:
+            from kiro.cli import watch
 
-        loop.app.command("watch")(watch.watch)
+            loop.app.command("watch")(watch.watch)
         _app.add_typer(loop.app, name="loop")
     if only in (None, "init"):
         from kiro.cli import init
@@ -177,7 +185,8 @@ def _register_for(argv: list[str]) -> None:
     if _registered:
         return
     _registered = True
-    _register(argv[0] if argv and argv[0] in COMMANDS else None)
+    only = argv[0] if argv and argv[0] in COMMANDS else None
+    _register(only, argv[1] if only == "loop" and len(argv) > 1 else None)
 
 
 def usage_error(exc: typer.TyperException) -> int:
@@ -210,6 +219,7 @@ def usage_error(exc: typer.TyperException) -> int:
 def main() -> None:
     """`kiro` (the script) and `python -m kiro`."""
     _register_for(sys.argv[1:])
+    no_pydantic_plugins()  # before Typer builds its options' validators: no plugin loader, no importlib.metadata
     try:
         # not standalone: the parser's errors come here (`usage_error`), and `typer.Exit(n)` is returned
         code = _app(standalone_mode=False)
