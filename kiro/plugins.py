@@ -72,6 +72,25 @@ def _no_plugins() -> tuple[()]:
     return ()
 
 
+def _real_loader_attribute(name: str) -> Any:
+    """A name the stand-in lacks (a later pydantic's loader may offer more): the real loader takes its place,
+    its cache of loaded plugins set empty, rather than a command failing on the stand-in. (The import system's
+    own questions, `__path__` and the like, are answered as for any module.)"""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if sys.modules.get(_PYDANTIC_LOADER) is _STAND_IN:
+        del sys.modules[_PYDANTIC_LOADER]
+    real = import_module(_PYDANTIC_LOADER)
+    real._plugins = {}  # type: ignore[attr-defined]
+    return getattr(real, name)
+
+
+_STAND_IN = types.ModuleType(_PYDANTIC_LOADER, "pydantic's plugin loader in kiro: no plugin (kiro.plugins)")
+_STAND_IN.get_plugins = _no_plugins  # type: ignore[attr-defined]
+_STAND_IN._plugins = {}  # type: ignore[attr-defined]
+_STAND_IN.__getattr__ = _real_loader_attribute  # type: ignore[method-assign]
+
+
 def no_pydantic_plugins() -> None:
     """kiro runs no pydantic plugin, in this process only: unlike PYDANTIC_DISABLE_PLUGINS (which Typer sets
     around its own builds), nothing reaches the environment a step, a hook or git inherits.
@@ -84,10 +103,7 @@ def no_pydantic_plugins() -> None:
     import is made. If pydantic's loader is imported already, its cache of loaded plugins is set empty."""
     loader = sys.modules.get(_PYDANTIC_LOADER)
     if loader is None:
-        loader = types.ModuleType(_PYDANTIC_LOADER, "pydantic's plugin loader in kiro: no plugin (kiro.plugins)")
-        loader.get_plugins = _no_plugins  # type: ignore[attr-defined]
-        loader._plugins = {}  # type: ignore[attr-defined]
-        sys.modules[_PYDANTIC_LOADER] = loader
+        sys.modules[_PYDANTIC_LOADER] = _STAND_IN
     elif getattr(loader, "_plugins", {}) is None:
         loader._plugins = {}  # type: ignore[attr-defined]
 
