@@ -85,9 +85,6 @@ class Workspace:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KIRO_", "OPENAI_"))}
-        # byte code cached, as a normal install has it: where PYTHONDONTWRITEBYTECODE is set (some sandboxes set
-        # it), each `kiro` interpreter (the fork server, a detached loop, a probe) compiled kiro's source again
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONUNBUFFERED"] = "1"
         env["KIRO_RAISE_ERRORS"] = "1"
         env.pop("PYTEST_CURRENT_TEST", None)
