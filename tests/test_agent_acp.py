@@ -229,9 +229,9 @@ def test_a_stop_mid_step_cancels_the_turn_and_resume_starts_that_step_again(stop
     ended = "the agent ended its turn (stopReason cancelled)" if '"stopReason": "cancelled"' in log else \
         "kiro ended the agent's process after the grace second"
     # the run after this stop (a `kiro loop resume`) began with the step the stop cut short, and finished it
+    assert stopped_twice.code == 0, stopped_twice.out  # (the last resume; None: the run ended before it)
     after = stopped_twice.seen["stop --force"] if how == "stop hook" else stopped_twice.seen
     assert after["started"][len(seen["started"]):][:1] == ["1"], (seen["started"], after["started"])
-    assert stopped_twice.code == 0, stopped_twice.out
     assert stopped_twice.seen["completed"] == ["1"], stopped_twice.seen["completed"]
     assert stopped_twice.seen["started"] == ["1", "1", "1"], stopped_twice.seen["started"]
     print(f"{stopped_twice.name}: `{how}` ended the loop {seen['seconds']:.2f} s after it was given; {ended}")
