@@ -6,8 +6,10 @@ installed makes its tests SKIP, saying how to install it (.ci/install-agent-clis
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,7 +154,7 @@ def _stop_mid_step(ws: Workspace, cli: AcpCli, how: str, *command: str) -> dict[
     before = set((ws.root / "Logs").rglob("1-*.log")) if (ws.root / "Logs").exists() else set()
     cli.held = held = Held(at=2)
     proc = ws.spawn(*command, env=ws.env(**cli.env()))
-    seen: dict[str, Any] = {"reached": False, "stopped": None}
+    seen: dict[str, Any] = {"reached": False, "stopped": None, "code": None}
     try:
         if held.reached.wait(120):
             seen["reached"] = True
@@ -163,7 +165,8 @@ def _stop_mid_step(ws: Workspace, cli: AcpCli, how: str, *command: str) -> dict[
             else:
                 stopped = ws.kiro("loop", "stop", "--task-id", tid, "--force")
                 seen["stopped"] = [stopped.returncode, stopped.stdout + stopped.stderr]
-            seen["code"] = proc.wait(timeout=60)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # not ended: `code` stays None, the test says so
+                seen["code"] = proc.wait(timeout=60)
             seen["seconds"] = time.monotonic() - asked
     finally:
         held.released.set()
@@ -185,14 +188,14 @@ def _stop_mid_step(ws: Workspace, cli: AcpCli, how: str, *command: str) -> dict[
 def _stopped_twice(ws: Workspace, cli: AcpCli) -> dict[str, Any]:
     """`kiro loop start` stopped mid-step by a stop hook; `kiro loop resume` stopped mid-step by `kiro loop stop
     --force`; `kiro loop resume` again, to the end. Each stop's run begins with an agent start of its own, and
-    the resume after one stop is the run the next stop ends: three agent starts for the two stops' tests."""
+    the resume after one stop is the run the next stop ends: three agent starts for the two stops' tests. A stop
+    hook that did not end the loop ends the run there."""
     seen: dict[str, Any] = {"stop hook": _stop_mid_step(ws, cli, "stop hook", "loop", "start", "--task", TASK)}
     if seen["stop hook"].get("code") != 3:
         return {**seen, "code": None, "out": seen["stop hook"]["out"]}
     tid = ws.only_task_id()
     seen["stop --force"] = _stop_mid_step(ws, cli, "stop --force", "loop", "resume", "--task-id", tid)
-    if seen["stop --force"].get("code") != 3:
-        return {**seen, "code": None, "out": seen["stop --force"]["out"]}
+    # resumed again whatever `--force` did (a loop it did not end was killed): the stop hook's test reads this run
     r = ws.kiro("loop", "resume", "--task-id", tid, env=ws.env(**cli.env()), timeout=240)
     state = ws.state(tid)
     return {**seen, "code": r.returncode, "out": r.stdout + r.stderr,
