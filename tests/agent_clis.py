@@ -50,13 +50,15 @@ def parse_prompt(text: str) -> tuple[str, str, str]:
     return m["file"], m["old"], m["new"]
 
 
-_versions: dict[str, str] = {}  # program path -> its version, asked once a test run (`run_once`)
+_versions: dict[str, str] = {}  # program path -> its version, asked once a test run
 
 
-def ran(program: str, path: str) -> str:
+def ran(program: str, path: str, name: str | None = None) -> str:
     """Print (in the test's output) the version of the real CLI the test runs, e.g. `claude 2.1.332`: the
-    first version number its `--version` prints (asked once a test run, by the first worker that needs it:
-    a node CLI's `--version` takes seconds on a loaded machine)."""
+    first version number its `--version` prints, asked once a test run (a node CLI's `--version` takes seconds
+    on a loaded machine). When kiro's preset `name` runs that very executable, it is asked through kiro's own
+    version cache, the test run's (`kept_version`): what `kiro agents` in a later test finds kept, or found
+    kept by one before; else by the first worker that needs it (`run_once`)."""
 
     def probe() -> dict[str, str]:
         try:
@@ -65,14 +67,42 @@ def ran(program: str, path: str) -> str:
                                   env={**os.environ, "GEMINI_CLI_NO_RELAUNCH": "true"}).stdout
         except (OSError, subprocess.SubprocessError) as exc:
             said = f"? ({exc})"
-        found = re.search(r"\d+\.\d+(?:\.\d+)?\S*", said)
-        return {"version": found[0] if found else (said.strip().splitlines() or ["?"])[0]}
+        return {"version": said}
 
     if path not in _versions:
-        where = hashlib.sha256(path.encode()).hexdigest()[:12]
-        _versions[path] = str(run_once(f"version-{program}-{where}", probe)["version"])
+        said = kept_version(name, path)
+        if said is None:
+            where = hashlib.sha256(path.encode()).hexdigest()[:12]
+            said = str(run_once(f"version-{program}-{where}", probe)["version"])
+        found = re.search(r"\d+\.\d+(?:\.\d+)?\S*", said)
+        _versions[path] = found[0] if found else (said.strip().splitlines() or ["?"])[0]
     print(f"{program} {_versions[path]}")
     return _versions[path]
+
+
+def kept_version(name: str | None, path: str) -> str | None:
+    """What kiro's preset `name` says its CLI's `--version` printed (kiro.executors.agents.versions), in the
+    test run's version cache (AGENTS_CACHE; asked now, one at a time across workers as `kiro_agents` does,
+    unless kept); None when kiro has no such preset or it would run another executable than `path`."""
+    from unittest import mock
+
+    from kiro.errors import KiroError
+    from kiro.executors.agents import get
+    from kiro.executors.agents.versions import TimedOut, versions
+
+    try:
+        preset = get(name) if name else None
+    except KiroError:
+        return None
+    mine = preset.installed() if preset is not None else None
+    if preset is None or mine is None or os.path.realpath(mine) != os.path.realpath(path):
+        return None
+    cache = Path(AGENTS_CACHE["XDG_CACHE_HOME"])
+    cache.mkdir(parents=True, exist_ok=True)
+    with Flock(cache / "probing.lock") as lock, mock.patch.dict(os.environ, AGENTS_CACHE):
+        lock.acquire(timeout=None)
+        said = versions([preset])[0]
+    return f"? ({said})" if isinstance(said, TimedOut) else said or "?"
 
 
 def processes(home: Path) -> list[tuple[int, list[str]]]:
@@ -127,7 +157,7 @@ class Cli:
         """Whether the CLI is there; when it is, the test prints the version it runs (`ran`)."""
         found = self.where()
         if found is not None:
-            ran(self.program, found)
+            ran(self.program, found, self.name)
         return found is not None
 
     def where(self) -> str | None:

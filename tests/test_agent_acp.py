@@ -6,8 +6,10 @@ installed makes its tests SKIP, saying how to install it (.ci/install-agent-clis
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,42 +148,96 @@ def test_writes_to_kiros_state_or_outside_the_project_are_refused_and_the_attemp
     print(f"{acp_name} (sandbox {sandbox}): 2 writes tried, 2 held; .state/x refused by kiro; {held}")
 
 
-@pytest.mark.parametrize("how", ["stop hook", "stop --force"])
-def test_a_stop_mid_step_cancels_the_turn_and_resume_starts_that_step_again(ws: Workspace, cli: AcpCli,
-                                                                           how: str) -> None:
-    ws.task(task_text(1))
-    configure(ws, cli)
-    cli.extra = [cli.read_call(str(ws.root / TASK))]  # a tool call, then the model is held: the box is not checked
+def _stop_mid_step(ws: Workspace, cli: AcpCli, how: str, *command: str) -> dict[str, Any]:
+    """`kiro COMMAND` with its step's second model call held (after a tool call: the box is not checked), then
+    stopped `how` (a stop hook, or `kiro loop stop --force`): what was seen, for the test of that stop."""
+    before = set((ws.root / "Logs").rglob("1-*.log")) if (ws.root / "Logs").exists() else set()
     cli.held = held = Held(at=2)
-    proc = ws.spawn("loop", "start", "--task", TASK, env=ws.env(**cli.env()))
+    proc = ws.spawn(*command, env=ws.env(**cli.env()))
+    seen: dict[str, Any] = {"reached": False, "stopped": None, "code": None}
     try:
-        assert held.reached.wait(120), ws.output(proc)
-        tid = ws.only_task_id()
-        asked = time.monotonic()
-        if how == "stop hook":
-            ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "stop now\n")
-        else:
-            stopped = ws.kiro("loop", "stop", "--task-id", tid, "--force")
-            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        assert proc.wait(timeout=60) == 3, ws.output(proc)
-        seconds = time.monotonic() - asked
+        if held.reached.wait(120):
+            seen["reached"] = True
+            tid = ws.only_task_id()
+            asked = time.monotonic()
+            if how == "stop hook":
+                ws.write(f".hooks/stop_autonomous_loop_{tid}.md", "stop now\n")
+            else:
+                stopped = ws.kiro("loop", "stop", "--task-id", tid, "--force")
+                seen["stopped"] = [stopped.returncode, stopped.stdout + stopped.stderr]
+            with contextlib.suppress(subprocess.TimeoutExpired):  # not ended: `code` stays None, the test says so
+                seen["code"] = proc.wait(timeout=60)
+            seen["seconds"] = time.monotonic() - asked
     finally:
         held.released.set()
+        cli.held = None
         if proc.poll() is None:
             proc.kill()
+    seen["out"] = ws.output(proc)
+    if seen["reached"]:
+        state = ws.state(tid)
+        seen["completed"] = [c["step_id"] for c in state["completed_steps"]]
+        seen["current"] = state["current_step"]["step_id"]
+        logs = sorted(set((ws.root / "Logs" / tid).glob("1-*.log")) - before)
+        seen["logs"] = [p.name for p in logs]
+        seen["log"] = logs[-1].read_text() if logs else ""
+        seen["started"] = [e["step_id"] for e in kinds(ws.events(tid), "step_started")]
+    return seen
+
+
+def _stopped_twice(ws: Workspace, cli: AcpCli) -> dict[str, Any]:
+    """`kiro loop start` stopped mid-step by a stop hook; `kiro loop resume` stopped mid-step by `kiro loop stop
+    --force`; `kiro loop resume` again, to the end. Each stop's run begins with an agent start of its own, and
+    the resume after one stop is the run the next stop ends: three agent starts for the two stops' tests. A stop
+    hook that did not end the loop ends the run there."""
+    seen: dict[str, Any] = {"stop hook": _stop_mid_step(ws, cli, "stop hook", "loop", "start", "--task", TASK)}
+    if seen["stop hook"].get("code") != 3:
+        return {**seen, "code": None, "out": seen["stop hook"]["out"]}
+    tid = ws.only_task_id()
+    seen["stop --force"] = _stop_mid_step(ws, cli, "stop --force", "loop", "resume", "--task-id", tid)
+    # resumed again whatever `--force` did (a loop it did not end was killed): the stop hook's test reads this run
+    r = ws.kiro("loop", "resume", "--task-id", tid, env=ws.env(**cli.env()), timeout=240)
     state = ws.state(tid)
-    assert state["completed_steps"] == [] and state["current_step"]["step_id"] == "1", state["current_step"]
-    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
+    return {**seen, "code": r.returncode, "out": r.stdout + r.stderr,
+            "completed": [c["step_id"] for c in state["completed_steps"]],
+            "started": [e["step_id"] for e in kinds(ws.events(tid), "step_started")]}
+
+
+@pytest.fixture(scope="module", params=sorted(ACP_CLIS))
+def stopped_twice(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedRun:
+    """One real one-step run per agent that both stop tests read (`shared_run`, `_stopped_twice`): stopped by a
+    stop hook, resumed, stopped by `kiro loop stop --force`, resumed to the end."""
+    name = request.param
+    return shared_run(f"stopped-twice-{name}", ACP_CLIS[name], tmp_path_factory.mktemp(f"stopped-{name}"), 1,
+                      extra=lambda cli, ws: [cli.read_call(str(ws.root / TASK))], body=_stopped_twice)
+
+
+@pytest.mark.parametrize("how", ["stop hook", "stop --force"])
+def test_a_stop_mid_step_cancels_the_turn_and_resume_starts_that_step_again(stopped_twice: SharedRun,
+                                                                           how: str) -> None:
+    """The stop (`how`) ends the loop (exit 3) while the agent's turn is held mid-step: the turn is cancelled
+    (`session/cancel`, the attempt's log says so), the step is not done, and the next `kiro loop resume`
+    starts that step again and, unheld, finishes it. The stop hook cuts a `kiro loop start` short, `--force`
+    the `kiro loop resume` after it (`stopped_twice`)."""
+    seen = stopped_twice.seen.get(how)
+    assert seen is not None, f"the run did not get to `{how}`: {stopped_twice.seen['stop hook']}"
+    assert seen["reached"], seen["out"]  # the held model call came
+    if how == "stop --force":
+        assert seen["stopped"][0] == 0, seen["stopped"][1]
+    assert seen["code"] == 3, seen["out"]
+    assert seen["completed"] == [] and seen["current"] == "1", seen
+    assert len(seen["logs"]) == 1, seen["logs"]  # the stopped attempt's log
+    log = seen["log"]
     assert "# result: cancelled" in log and '"method": "session/cancel"' in log, log[-2000:]
     ended = "the agent ended its turn (stopReason cancelled)" if '"stopReason": "cancelled"' in log else \
         "kiro ended the agent's process after the grace second"
-    r = ws.kiro("loop", "resume", "--task-id", tid, env=ws.env(**cli.env()), timeout=240)
-    assert r.returncode == 0, r.stdout + r.stderr
-    state = ws.state(tid)
-    assert [c["step_id"] for c in state["completed_steps"]] == ["1"]
-    started = [e["step_id"] for e in kinds(ws.events(tid), "step_started")]
-    assert started == ["1", "1"], started  # the resumed loop began with the step the hook cut short
-    print(f"{cli.name}: `{how}` ended the loop {seconds:.2f} s after it was given; {ended}")
+    # the run after this stop (a `kiro loop resume`) began with the step the stop cut short, and finished it
+    assert stopped_twice.code == 0, stopped_twice.out  # (the last resume; None: the run ended before it)
+    after = stopped_twice.seen["stop --force"] if how == "stop hook" else stopped_twice.seen
+    assert after["started"][len(seen["started"]):][:1] == ["1"], (seen["started"], after["started"])
+    assert stopped_twice.seen["completed"] == ["1"], stopped_twice.seen["completed"]
+    assert stopped_twice.seen["started"] == ["1", "1", "1"], stopped_twice.seen["started"]
+    print(f"{stopped_twice.name}: `{how}` ended the loop {seen['seconds']:.2f} s after it was given; {ended}")
 
 
 def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpCli) -> None:
