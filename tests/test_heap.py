@@ -101,3 +101,49 @@ def test_nested_use_changes_the_collector_once_and_leaves_a_freeze_made_before_i
     # the caller's freeze is the caller's to undo (an unfreeze would leave 0; objects frozen and freed
     # meanwhile by reference counting leave the count a little lower)
     assert gc.get_freeze_count() > frozen // 2
+
+
+_START_UP = """
+import gc, json, sys, typing
+from kiro.core import heap
+collections = 0
+def count(phase, info):
+    global collections
+    collections += phase == "start"
+gc.callbacks.append(count)
+seen = []
+real = heap.started
+def started():
+    seen.append(collections)
+    real()
+heap.started = started
+body = []
+def store_of(*args, **kwargs):
+    body.append(gc.isenabled())
+    raise SystemExit(0)
+import kiro.cli  # Typer's import
+import kiro.cli.loop
+kiro.cli.loop._store = store_of  # the command's body: how is the collector set there?
+collections = 0
+sys.argv = ["kiro", "loop", "status"]
+try:
+    kiro.cli.main()
+except SystemExit:
+    pass
+print(json.dumps({"seen": seen, "body": body, "after": gc.isenabled()}))
+"""
+
+
+def test_a_command_starts_up_without_cyclic_collections_and_runs_its_body_with_the_collector_on(ws: Workspace) -> None:
+    """Issue #41: Typer's import, and in `main` kiro's command modules and the parameters' validators (pydantic's
+    import), made at every command's start, are walked by no cyclic collection (it would free nothing); the
+    command's body runs with the collector on, and it is on afterwards."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _START_UP], cwd=ws.root, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result["body"] == [True] and result["after"] is True, result
+    typer_imported, body_began, _end = result["seen"]
+    assert typer_imported == 0 and body_began == 0, result  # no collection in either

@@ -11,8 +11,11 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
 
-import typer
-from typer.core import TyperGroup, TyperOption
+from kiro.core import heap
+
+with heap.starting_up():  # Typer's import
+    import typer
+    from typer.core import TyperGroup, TyperOption
 
 from kiro import __version__
 from kiro.plugins import no_pydantic_plugins
@@ -87,6 +90,7 @@ def guarded(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        heap.started()  # the command's body: the collector back on (`main`)
         try:
             return fn(*args, **kwargs)
         except BrokenPipeError:
@@ -218,6 +222,11 @@ def usage_error(exc: typer.TyperException) -> int:
 
 def main() -> None:
     """`kiro` (the script) and `python -m kiro`."""
+    with heap.starting_up():  # no cyclic collection until the command's body (`guarded`) or the end
+        _main()
+
+
+def _main() -> None:
     _register_for(sys.argv[1:])
     no_pydantic_plugins()  # before Typer builds its options' validators: no plugin loader, no importlib.metadata
     try:

@@ -10,10 +10,10 @@ import functools
 import os
 import re
 import types
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -37,6 +37,8 @@ from kiro.store.workspace import CONFIG_RELPATH
 if TYPE_CHECKING:
     import yaml
 
+_M = TypeVar("_M", bound=BaseModel)
+
 
 def _list() -> list[Any]:
     """An empty list, as `default_factory`: pydantic reads a factory's signature as it builds a model, and
@@ -48,6 +50,15 @@ def _list() -> list[Any]:
 def _dict() -> dict[str, Any]:
     """An empty dict, as `default_factory` (`_list` says why not `dict`)."""
     return {}
+
+
+def _made(model: type[_M]) -> Callable[[], _M]:
+    """A `default_factory` that makes a section with its defaults. Not the class itself: pydantic reads a
+    factory's signature as it builds a model, and a model class's signature is made from all its fields
+    (issue #41: ~3 M instructions of building the config's validators, which every command does)."""
+    def make() -> _M:
+        return model()
+    return make
 
 
 def _none_is_empty(value: Any) -> Any:
@@ -288,7 +299,7 @@ class ShellToolSettings(_Strict):
 
 
 class ToolsSettings(_Strict):
-    shell: ShellToolSettings = Field(default_factory=ShellToolSettings)
+    shell: ShellToolSettings = Field(default_factory=_made(ShellToolSettings))
     """`run_command`: whether the agent may run commands, and which."""
 
     _empty_shell = field_validator("shell", mode="before")(_none_is_empty)
@@ -467,9 +478,9 @@ def _speaks_acp(agent: str | None) -> bool:
 class Config(_Strict):
     """The whole of `config/autonomous_loop.yaml`; every key has a default."""
 
-    autonomous_loop: LoopSettings = Field(default_factory=LoopSettings)
+    autonomous_loop: LoopSettings = Field(default_factory=_made(LoopSettings))
     """the loop's limits, state, stop conditions, reports and retries."""
-    resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    resource_limits: ResourceLimits = Field(default_factory=_made(ResourceLimits))
     """Resource limits (null = no limit)."""
     executor: Literal["openai", "command", "shell"] | None = None
     """openai | command | shell; null = command when executor_command or agent is set, else openai when an endpoint is
@@ -494,13 +505,13 @@ class Config(_Strict):
     """where the agent works, relative to the workspace."""
     verify: str | None = None
     """a command that must exit 0 for a step to count; task frontmatter overrides."""
-    llm: LLMSettings = Field(default_factory=LLMSettings)
+    llm: LLMSettings = Field(default_factory=_made(LLMSettings))
     """The openai executor: any OpenAI-compatible Chat Completions endpoint."""
-    tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    tools: ToolsSettings = Field(default_factory=_made(ToolsSettings))
     """The agent's tools."""
-    guardrails: Guardrails = Field(default_factory=Guardrails)
+    guardrails: Guardrails = Field(default_factory=_made(Guardrails))
     """Guardrails (null = off)."""
-    approval: Approval = Field(default_factory=Approval)
+    approval: Approval = Field(default_factory=_made(Approval))
     """whether steps an agent adds wait for a person in Pending_Approval/."""
     max_parallel_loops: int = Field(4, ge=1)
     """loops `kiro loop watch` runs at once."""
@@ -533,7 +544,7 @@ class Config(_Strict):
     """bwrap | off; null = bwrap when installed and usable (apt-get install bubblewrap), else unconfined with one line
     saying so. In the box: the project read-write; .state .hooks config Logs .git read-only; $HOME empty but for the
     agent CLI's own config; a private /tmp; its own processes."""
-    sandbox_paths: SandboxPaths = Field(default_factory=SandboxPaths)
+    sandbox_paths: SandboxPaths = Field(default_factory=_made(SandboxPaths))
     """more for the box: absolute or ~/ paths that exist."""
     # on: the box's own network, the internet only (pasta) | off: none | host: the host's, every service on it
     sandbox_network: Literal["on", "off", "host"] = "on"
@@ -553,7 +564,8 @@ class Config(_Strict):
     max_limit_wait_seconds: float = Field(28800.0, gt=0, le=30 * 86400)
     """the longest kiro waits for an agent CLI's usage limit to reset (8 h); a longer one ends the loop (exit 4). No
     reset time given: it probes after 5 min, doubling to 1 h."""
-    agent_env: AgentEnv = Field(default_factory=AgentEnv)  # what reaches an agent CLI (kiro.executors.agents.billing)
+    # what reaches an agent CLI (kiro.executors.agents.billing)
+    agent_env: AgentEnv = Field(default_factory=_made(AgentEnv))
     """which of kiro's variables reach the agent CLI (`drop`, `pass`); `kiro agents` and the start line say which
     credential it bills."""
     # An ACP agent's command line, one argument per item (`[gemini, --acp]`): needed by `agent: acp`,
