@@ -111,6 +111,15 @@ def count(phase, info):
     global collections
     collections += phase == "start"
 gc.callbacks.append(count)
+real_starting_up = heap.starting_up
+import contextlib
+@contextlib.contextmanager
+def starting_up():  # counted from where kiro starts it up (compiling kiro.cli itself, before, may collect)
+    global collections
+    collections = 0
+    with real_starting_up():
+        yield
+heap.starting_up = starting_up
 seen = []
 real = heap.started
 def started():
