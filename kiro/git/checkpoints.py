@@ -313,6 +313,11 @@ WINDOW_KEEP_NS = 12 * 3600 * 10**9  # another loop's attempts older than this ca
 WINDOW_KEEP = 1000  # nor more than this many of them
 
 
+def _orphaned(pid: str) -> bool:
+    """Whether a file named after process `pid` (a git kiro ran) outlived it: no such process is running."""
+    return not (pid.isdigit() and Path("/proc", pid).exists())
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -365,14 +370,10 @@ class LoopGit:
         roots = [self.tree, self.main_top, Path(self._common)]
         temp = []  # `git commit -- <paths>` builds its commit in next-index-<pid>.lock; a kill leaves it behind
         for folder in {p.parent for p in [*self._locks[:1], *extra[:1]]}:
-            for p in folder.glob("next-index-*.lock"):
-                pid = p.name[len("next-index-"):-len(".lock")]
-                if not (pid.isdigit() and Path("/proc", pid).exists()):
-                    temp.append(p)
+            temp += [p for p in folder.glob("next-index-*.lock") if _orphaned(p.name[len("next-index-"):-len(".lock")])]
             # commit_files' private index kiro-commit-<pid>-<thread>.index, and its .lock while git writes it
             for p in folder.glob("kiro-commit-*.index*"):
-                pid = p.name.split("-")[2]
-                if pid.isdigit() and Path("/proc", pid).exists():
+                if not _orphaned(p.name.split("-")[2]):
                     continue
                 if p.name.endswith(".index.lock"):
                     temp.append(p)
