@@ -311,12 +311,15 @@ def run_merges(root: Path, *, loops: int, seed: int) -> Report:
                     time.sleep(0.0002)
                 time.sleep(rng.uniform(0.0, 0.002))
                 if proc.poll() is None:
-                    if rng.random() < 0.5:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        rep.group_kills += 1
-                    else:
-                        proc.send_signal(signal.SIGKILL)
-                    rep.kills += 1
+                    try:
+                        if rng.random() < 0.5:
+                            os.killpg(proc.pid, signal.SIGKILL)
+                            rep.group_kills += 1
+                        else:
+                            proc.send_signal(signal.SIGKILL)
+                        rep.kills += 1
+                    except ProcessLookupError:  # it ended on its own between the poll and the kill: no kill
+                        pass
             code = proc.wait(timeout=120)
             created = created or _state_file(root, tid) is not None
             if code == 0:
