@@ -40,11 +40,12 @@ def step_env(ctx: StepContext, *, whole: bool = False) -> dict[str, str]:
     one: AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, a `ghp_...` value), but those `agent_env.pass` names: a
     step's command may have been written by an agent, and whatever it prints reaches the next one.
     `whole`: all of it, for an agent CLI, whose preset then keeps only what it needs (agents.billing).
-    kiro serve's token is never in it."""
+    kiro serve's token is never in it; with `protected_paths`, Python writes no bytecode (`no_bytecode`)."""
     if whole:
         env = {name: value for name, value in os.environ.items() if name != SERVE_TOKEN_ENV}
     else:
         env = _without_secrets(frozenset(ctx.config.agent_env.pass_))
+    no_bytecode(ctx.config, env)
     env.update({
         "KIRO_TASK_ID": ctx.task_id,
         "KIRO_STEP_ID": ctx.step.id,
@@ -53,6 +54,17 @@ def step_env(ctx: StepContext, *, whole: bool = False) -> dict[str, str]:
         "KIRO_ATTEMPT": str(ctx.attempt),
         "KIRO_WORKSPACE": str(ctx.workspace.root),
     })
+    return env
+
+
+def no_bytecode(cfg: Config, env: dict[str, str]) -> dict[str, str]:
+    """With `protected_paths`, Python writes no bytecode in a step's processes (PYTHONDONTWRITEBYTECODE=1) and
+    keeps none elsewhere (no PYTHONPYCACHEPREFIX): pytest run as verify, or by an agent, would otherwise write
+    `tests/__pycache__/*.pyc`, a protected file the step created (kiro.store.receipts.bytecode), and bytecode
+    kept outside the project is bytecode kiro does not check. Returns `env`, changed."""
+    if cfg.protected_paths:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPYCACHEPREFIX", None)
     return env
 
 

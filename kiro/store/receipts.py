@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,8 +225,31 @@ def _digest(path: Path) -> str | None:
         return None
 
 
+def bytecode(root: Path, sources: Iterable[str]) -> list[str]:
+    """The bytecode Python and pytest keep of these Python files, relative: `D/__pycache__/NAME.*.pyc` of
+    `D/NAME.py` (`NAME.cpython-311.pyc`, pytest's `NAME.cpython-311-pytest-9.0.3.pyc`). Python (and pytest)
+    loads such a file in place of its source when the hash or time and size it records match the source's,
+    so a protected Python file's bytecode is protected with it."""
+    stems: dict[str, set[str]] = {}
+    for rel in sources:
+        folder, _, name = rel.rpartition("/")
+        if name.endswith(".py") and len(name) > 3:
+            stems.setdefault(folder, set()).add(name[:-3] + ".")
+    found: list[str] = []
+    for folder, prefixes in stems.items():
+        cache = root / folder / "__pycache__"
+        try:
+            names = os.listdir(cache)
+        except OSError:
+            continue
+        prefix = f"{folder}/__pycache__/" if folder else "__pycache__/"
+        found += [prefix + n for n in names if n.endswith(".pyc") and n.startswith(tuple(prefixes))]
+    return found
+
+
 def matching(root: Path, globs: list[str]) -> list[str]:
-    """The files under `root` that the globs match (a glob naming a folder: every file in it), relative."""
+    """The files under `root` that the globs match (a glob naming a folder: every file in it), and the
+    bytecode of the Python files among them (`bytecode`), relative."""
     found: set[str] = set()
     for pattern in globs:
         pattern = pattern.strip().lstrip("/")
@@ -239,6 +262,7 @@ def matching(root: Path, globs: list[str]) -> list[str]:
                 rel = p.relative_to(root)
                 if not NOT_PROTECTED.intersection(rel.parts):
                     found.add(rel.as_posix())
+    found.update(bytecode(root, list(found)))
     return sorted(found)
 
 
@@ -261,6 +285,7 @@ class Protected:
         the project's files git knows, kiro.core.review), kept in `.state/<area>/<task_id>/`."""
         self.root = root
         self.globs = globs
+        self.by_globs = files is None
         self.files = files or (lambda: matching(self.root, self.globs))
         self.folder = ws.state_dir / area / task_id
         self.manifest_path = self.folder / "manifest.json"
@@ -292,8 +317,12 @@ class Protected:
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
 
     def changes(self, manifest: dict[str, str]) -> list[Change]:
-        """What differs from `manifest` now: files created, changed or deleted."""
-        now = {rel: d for rel in self.files() if (d := _digest(self.root / rel)) is not None}
+        """What differs from `manifest` now: files created, changed or deleted. The bytecode of a protected
+        Python file the step deleted counts too: the file is put back, and what Python would load for it with it."""
+        files = self.files()
+        if self.by_globs:
+            files += bytecode(self.root, set(manifest).difference(files))
+        now = {rel: d for rel in files if (d := _digest(self.root / rel)) is not None}
         out = [Change(rel, "deleted") for rel in manifest if rel not in now]
         out += [Change(rel, "changed") for rel, d in now.items() if rel in manifest and manifest[rel] != d]
         out += [Change(rel, "created") for rel in now if rel not in manifest]

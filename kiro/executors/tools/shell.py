@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import Field
 
-from kiro.executors.shell import step_box
+from kiro.executors.shell import no_bytecode, step_box
 from kiro.executors.tools.base import Args, Tool, ToolEnv, ToolResult
 from kiro.executors.tools.errors import ToolError
 from kiro.processes import groups, programs, shellwords
@@ -82,7 +82,7 @@ async def run_command(args: RunCommandArgs, env: ToolEnv) -> ToolResult:
         # Also drop what the loop's redactor knows is secret (key formats, URL passwords, secret_env).
         known = {k: v for k, v in clean_environment(env.api_key_env, api_key).items()
                  if not env.ctx.redact.contains_secret(v)}
-        child_env = programs.safe_home_environment(known, home, env.confinement.root)
+        child_env = no_bytecode(env.ctx.config, programs.safe_home_environment(known, home, env.confinement.root))
         if programs.program_name(argv[0]) == "git":
             try:
                 child_env = programs.git_environment(env.confinement.root, child_env)
