@@ -127,3 +127,27 @@ def test_the_bytecode_of_a_deleted_protected_test_is_put_back_with_it(tmp_path: 
     assert test.read_text() == "def test_mul():\n    assert False\n" and kept.read_bytes() == b"person"
     assert not planted.exists() and (tmp_path / "tests" / "__pycache__" / "helpers.cpython-311.pyc").exists()
     assert guard.changes(manifest) == []
+
+
+@pytest.mark.parametrize("protected", [[], ["tests/**"]])
+def test_run_command_writes_bytecode_only_without_protected_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   protected: list[str]) -> None:
+    """kiro's own agent's run_command, importing a module of the tests: Python leaves its bytecode beside it
+    as ever, but not while protected_paths is set."""
+    import asyncio
+
+    from tests.fake_openai import invoke, make_harness
+
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    h = make_harness(tmp_path / "ws", llm={"api_key_env": "KIRO_TEST_OPENAI_KEY"}, protected_paths=protected,
+                     tools={"shell": {"enabled": True, "allow": ["python3"], "trust_agent_code": True}})
+    (h.root / "tests").mkdir()
+    (h.root / "tests" / "helper.py").write_text("X = 41 + 1\n")
+    command = "python3 -c 'import sys; sys.path.insert(0, \"tests\"); import helper; print(helper.X)'"
+    result = asyncio.run(invoke(h.tool_env(), "run_command", {"command": command}))
+    assert result.ok and result.text.endswith("42\n"), result.text
+    written = bytecode(h.root)
+    if protected:
+        assert written == []
+    else:
+        assert len(written) == 1 and written[0].startswith("tests/__pycache__/helper."), written
