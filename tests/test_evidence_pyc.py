@@ -40,18 +40,32 @@ print("planted", pyc.relative_to(pathlib.Path.cwd()))
 '''
 
 
-def night(ws: Workspace, command: str, protected: str, *, retries: int = 3) -> subprocess.CompletedProcess[str]:
-    """The person's project (app.py, tests/ with a conftest, tests of mul), one shell step running `command`,
-    pytest as verify; kiro started without PYTHONDONTWRITEBYTECODE."""
+# a stand-in agent CLI (`executor_command`): writes mul, runs the tests as an agent checks its work, checks its box
+AGENT = f'''\
+import os, pathlib, re, subprocess
+with open("app.py", "a") as fh:
+    fh.write("\\n\\ndef mul(a, b):\\n    return a * b\\n")
+subprocess.run([{sys.executable!r}, "-m", "pytest", "-q", "tests"], check=True)
+task = pathlib.Path(os.environ["KIRO_TASK_FILE"])
+task.write_text(re.sub(r"^- \\[[ ~-]\\] 1\\.", "- [x] 1.", task.read_text(), flags=re.M))
+'''
+
+
+def night(ws: Workspace, command: str, protected: str, *, retries: int = 3,
+          executor: str = "shell") -> subprocess.CompletedProcess[str]:
+    """The person's project (app.py, tests/ with a conftest, tests of mul), one step (a shell step running
+    `command`, or the stand-in agent), pytest as verify; kiro started without PYTHONDONTWRITEBYTECODE."""
     ws.write("app.py", '"""The app."""\n')
     ws.write("tests/conftest.py", "import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parents[1]))\n")
     ws.write("tests/test_app.py", "from app import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n")
     ws.write("plant.py", PLANT)
+    ws.write("agent.py", AGENT)
     ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"  max_step_retries: {retries}\n" + textwrap.dedent(f"""\
         verify: {json.dumps(f"{PY} -m pytest -q -p no:cacheprovider tests")}
         protected_paths: [{json.dumps(protected)}]
+        executor_command: {json.dumps(f"{PY} -S agent.py")}
         """))
-    ws.task("\n".join(["---", "title: Arithmetic", "executor: shell", "---", "# Plan", "",
+    ws.task("\n".join(["---", "title: Arithmetic", f"executor: {executor}", "---", "# Plan", "",
                        "- [ ] 1. Implement mul", "  ```sh", *[f"  {line}" for line in command.splitlines()],
                        "  ```"]) + "\n")
     env = ws.env()
@@ -63,11 +77,13 @@ def bytecode(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in (root / "tests").rglob("*.pyc"))
 
 
-def test_pytest_as_verify_writes_no_protected_bytecode(ws: Workspace) -> None:
-    """The step runs the tests itself too (as an agent does while it works): neither its pytest nor verify's
-    leaves bytecode beside the protected tests, and the step completes with its protected paths untouched."""
+@pytest.mark.parametrize("executor", ["shell", "command"])
+def test_pytest_as_verify_writes_no_protected_bytecode(ws: Workspace, executor: str) -> None:
+    """The step (a shell step, or an agent CLI) runs the tests itself too, as an agent does while it works:
+    neither its pytest nor verify's leaves bytecode beside the protected tests, and the step completes with
+    its protected paths untouched."""
     step = f"printf '\\n\\ndef mul(a, b):\\n    return a * b\\n' >> app.py\n{PY} -m pytest -q tests"
-    r = night(ws, step, "tests/**")
+    r = night(ws, step, "tests/**", executor=executor)
     assert r.returncode == 0, r.stdout + r.stderr
     receipt = ws.state("night")["completed_steps"][-1]["receipt"]
     assert receipt["protected"] == {"globs": ["tests/**"], "files": 2, "changed": [], "approved": [], "ok": True}
