@@ -486,7 +486,7 @@ def test_watch_names_the_box_once_as_start_does(ws: Workspace, home: Path) -> No
     proc = ws.spawn("loop", "watch", env=ws.env(HOME=str(home)))
     try:
         ws.wait_for(lambda: all((ws.root / f"Done/{n}/tasks.md").exists() for n in ("alpha", "beta", "gamma")),
-                    timeout=90, what="three loops done under watch")
+                    what="three loops done under watch")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
