@@ -658,7 +658,8 @@ def _running(proc: subprocess.Popen[bytes]) -> bool:
     them (the namespace's route goes with it), before kiro can collect it: slow where other namespaces come and go
     (rtnl lock, RCU grace periods; up to 190 ms measured beside two loops making namespaces), and a step started
     in that while joined a namespace no pasta served. The kernel marks it ending (PF_EXITING in
-    /proc/<pid>/stat's flags) before it closes anything."""
+    /proc/<pid>/stat's flags) before it closes anything (its main thread's flag: pasta and the holder have no
+    other thread)."""
     if proc.poll() is not None:
         return False
     try:
