@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +36,9 @@ KIRO_SECRET = "sandbox-test-env-7d4a"  # in kiro's environment only: a step that
 
 # What the hostile step runs, in the project directory. Each attack ends in `|| true`: the step goes
 # on, and the test judges the attack by its effect on disk, not by what the step says. `kill` comes
-# last: without the box it ends kiro, and the step with it.
+# last: without the box it ends kiro, and the step with it. The step goes on from its leftover once it
+# runs as `sleep {marker}` (its /proc/<pid>/cmdline; `[s]` keeps grep's own from matching): a look after
+# kiro ended cannot miss one that was still starting.
 ATTACKS = """\
 cat "$HOME/.ssh/id_ed25519" > stolen_ssh_key 2>/dev/null || true
 cat "$HOME/.aws/credentials" > stolen_aws 2>/dev/null || true
@@ -50,7 +51,7 @@ printf '#!/bin/sh\\ntouch pwned\\n' > .git/hooks/pre-commit 2>/dev/null || true
 while [ ! -s kiro.pid ]; do sleep 0.05; done
 cat "/proc/$(cat kiro.pid)/environ" > stolen_environ 2>/dev/null || true
 env -i setsid sleep {marker} > /dev/null 2>&1 < /dev/null &
-sleep 0.2
+until grep -qsa '^[s]leep.{marker}' /proc/[0-9]*/cmdline; do sleep 0.05; done
 kill -9 "$(cat kiro.pid)" 2>/dev/null || true
 echo attacks done
 """
@@ -119,8 +120,7 @@ def run_attacks(ws: Workspace, home: Path, marker: str, setting: str, *, agent: 
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     (ws.root / "kiro.pid").write_text(str(proc.pid))
     out, _ = proc.communicate(timeout=120)
-    time.sleep(0.5)  # what the step left behind has had time to start (it is looked for after kiro ended)
-    left = sleepers(marker)
+    left = sleepers(marker)  # the step went on once it ran: alive now unless its end took it
     held = {
         "read ~/.ssh/id_ed25519": "sandbox-test-key" not in _read(ws.root / "stolen_ssh_key"),
         "read ~/.aws/credentials": "sandbox-test-aws" not in _read(ws.root / "stolen_aws"),
@@ -486,7 +486,7 @@ def test_watch_names_the_box_once_as_start_does(ws: Workspace, home: Path) -> No
     proc = ws.spawn("loop", "watch", env=ws.env(HOME=str(home)))
     try:
         ws.wait_for(lambda: all((ws.root / f"Done/{n}/tasks.md").exists() for n in ("alpha", "beta", "gamma")),
-                    timeout=90, what="three loops done under watch")
+                    what="three loops done under watch")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

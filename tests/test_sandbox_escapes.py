@@ -35,8 +35,10 @@ namespace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -244,6 +246,24 @@ def boxed(pid: int) -> bool:
         return True  # gone, or going: look again
 
 
+def ended(pids: list[int], timeout: float) -> None:
+    """Wait for each of `pids` to end, at most `timeout` seconds: a PID namespace's processes die as its first
+    process does, and the kernel says so through each one's pidfd the moment it has ended."""
+    fds = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds.append(os.pidfd_open(pid))
+    deadline = time.monotonic() + timeout
+    try:
+        waiting = fds
+        while waiting and deadline > time.monotonic():
+            ready = select.select(waiting, [], [], deadline - time.monotonic())[0]
+            waiting = [fd for fd in waiting if fd not in ready]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def project_texts(root: Path) -> Iterator[tuple[str, str]]:
     for path in root.rglob("*"):
         if path.is_file() and ".git/objects" not in str(path):
@@ -308,11 +328,8 @@ def run_cli(name: str, mode: str, ws: Workspace, home: Path) -> Run:
                 proc.kill()
                 proc.wait()
         run.out = ws.output(proc)
+        ended([pid for pid in leftovers(run.mark) if boxed(pid)], timeout=60)  # (one in ours has nothing to die with)
         survivors = leftovers(run.mark)
-        deadline = time.monotonic() + 5  # a PID namespace's processes die as its first process does
-        while any(map(boxed, survivors)) and time.monotonic() < deadline:  # (one in ours has nothing to die with)
-            time.sleep(0.1)
-            survivors = leftovers(run.mark)
         judge(run, survivors)
         for pid in survivors:  # the attack's own leftover, found by its marker
             os.kill(pid, signal.SIGKILL)

@@ -489,7 +489,7 @@ class Network:
     killed, however: the holder of the namespace reads a pipe only kiro writes (its end is the holder's), pasta
     gets SIGKILL from the kernel (`setpriv --pdeathsig`) and from kiro's reaper. A box's processes end with it
     (its own PID namespace): nothing of one step listens in the namespace for the next. One whose pasta or
-    holder has ended is not used again: the next box gets a new one.
+    holder has ended, or is ending, is not used again: the next box gets a new one.
 
     No port of the host is forwarded into the namespace but `ports` (its 127.0.0.1:port reaches the host's
     127.0.0.1:port), none of the namespace's to the host, and the gateway's address is not the host
@@ -532,9 +532,9 @@ class Network:
         _close_networks_at_exit()
 
     def alive(self) -> bool:
-        """Still there to join: its holder and its pasta run."""
-        return (self._holder is not None and self._holder.poll() is None
-                and self._proc is not None and self._proc.poll() is None)
+        """Still there to join: its holder and its pasta run, neither ending (`_running`)."""
+        return (self._holder is not None and _running(self._holder)
+                and self._proc is not None and _running(self._proc))
 
     def join_args(self) -> list[str]:
         """What to put before bwrap's command line for it to run in this namespace (and, when kiro is not root,
@@ -651,6 +651,25 @@ class Network:
                 if pipe is not None:
                     with contextlib.suppress(OSError):
                         pipe.close()
+
+
+def _running(proc: subprocess.Popen[bytes]) -> bool:
+    """`proc` runs and the kernel has not begun to end it. A killed pasta closes its files, its tap device among
+    them (the namespace's route goes with it), before kiro can collect it: slow where other namespaces come and go
+    (rtnl lock, RCU grace periods; up to 190 ms measured beside two loops making namespaces), and a step started
+    in that while joined a namespace no pasta served. The kernel marks it ending (PF_EXITING in
+    /proc/<pid>/stat's flags) before it closes anything (its main thread's flag: pasta and the holder have no
+    other thread)."""
+    if proc.poll() is not None:
+        return False
+    try:
+        flags = int(Path(f"/proc/{proc.pid}/stat").read_bytes().rpartition(b")")[2].split()[6])
+    except (OSError, IndexError, ValueError):  # no /proc to read: poll's word, as before
+        return True
+    return not flags & PF_EXITING
+
+
+PF_EXITING = 0x4  # include/linux/sched.h: do_exit has begun
 
 
 def _wait_ended(proc: subprocess.Popen[bytes], timeout: float) -> None:
