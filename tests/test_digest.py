@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -151,6 +152,9 @@ def test_bad_digest_settings_are_one_line_and_the_notify_url_is_not_echoed(ws: W
         assert not (ws.root / ".state" / "autonomous_loop_feature.json").exists()
 
 
+DIGEST_MARGIN = 8  # seconds from the test's start of a loop to its digest_at
+
+
 def _zone_at(seconds: int) -> tuple[dict[str, str], datetime]:
     """A time zone (TZ) in which the local time now is `seconds` past a minute (UTC shifted by under a minute),
     and that local time now, naive."""
@@ -160,22 +164,26 @@ def _zone_at(seconds: int) -> tuple[dict[str, str], datetime]:
 
 
 def test_notify_sends_the_digest_at_digest_at_and_the_loop_finished_with_the_digest(ws: Workspace) -> None:
-    """digest_at is the next minute (always 30 s away, in a time zone made for it: kiro has that long to start
-    its loop, whose digest clock then waits for that minute; a minute that comes before the loop runs is
-    tomorrow's); the step waits until the receiver has the daily digest (the receiver opens the step's gate),
-    then the loop ends and its loop_finished notification carries the digest too."""
-    gate = ws.root / "gate"
+    """digest_at is the next minute (always DIGEST_MARGIN s away, in a time zone made for it: kiro has that long
+    to start its loop, whose digest clock then waits for that minute; a minute that comes before the loop runs
+    is tomorrow's, and the step says so if it began too late); the step waits until the receiver has the daily
+    digest (the receiver opens the step's gate), then the loop ends and its loop_finished notification carries
+    the digest too. The wait for digest_at is inherent: whole minutes, the margin is the loop's start."""
+    gate, late = ws.root / "gate", ws.root / "late"
     r = Receiver(on_message=lambda m: m["title"].startswith("kiro digest") and gate.write_text("open"))
     try:
         assert ws.kiro("--version").returncode == 0  # (the first kiro of a test process waits for its imports)
-        zone, local = _zone_at(30)
-        at = local + timedelta(seconds=30)
+        zone, local = _zone_at(60 - DIGEST_MARGIN)
+        at = local + timedelta(seconds=DIGEST_MARGIN)
+        due = int(time.time() + (at.replace(microsecond=0) - local).total_seconds())  # digest_at, epoch seconds
         ws.write("config/autonomous_loop.yaml", FAST_CONFIG + f"digest_at: '{at:%H:%M}'\n"
                  f"notify: ['json://127.0.0.1:{r.port}/hook']\nstep_timeout_seconds: 300\n")
-        wait = f'for i in $(seq 1 3000); do [ -f "{gate}" ] && exit 0; sleep 0.05; done; exit 1'
+        wait = (f'[ "$(date +%s)" -lt {due} ] || {{ date +%s > "{late}"; exit 1; }}\n'  # the clock began after it
+                f'for i in $(seq 1 3000); do [ -f "{gate}" ] && exit 0; sleep 0.05; done; exit 1')
         ws.task(shell_task(1, cmd=wait, title="Waits for the digest"))
         done = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "night", timeout=280,
                        env=ws.env(**zone))
+        assert not late.exists(), f"the step began {int(late.read_text()) - due} s after digest_at: too loaded?"
         assert done.returncode == 0, done.stderr
         titles = [m["title"] for m in r.got]
         print(titles)

@@ -55,7 +55,12 @@ def test_exit_0_when_a_person_moves_the_task_to_done(ws: Workspace) -> None:
 
 
 def test_exit_3_stop_hook_then_resume_finishes_without_rerunning(ws: Workspace) -> None:
-    ws.task(shell_task(20, cmd=SLOW))  # 6 s of steps: room for a `kiro loop stop` that starts slowly on a busy machine
+    # while `held` is there a step runs until the loop's stop hook appears: a `kiro loop stop` that starts slowly on
+    # a busy machine still finds the loop mid-step; once the loop paused, steps take no time
+    held = 'echo "$KIRO_STEP_ID" >> side_effects.log; ' \
+           'while [ -e held ] && [ ! -e ".hooks/stop_autonomous_loop_$KIRO_TASK_ID.md" ]; do sleep 0.02; done'
+    ws.write("held", "")
+    ws.task(shell_task(6, cmd=held))
     proc, tid = _start_and_wait_running(ws)
     r = ws.run("loop", "stop", "--task-id", tid, "--reason", "lunch")
     assert r.returncode == 0, r.stderr
@@ -68,7 +73,8 @@ def test_exit_3_stop_hook_then_resume_finishes_without_rerunning(ws: Workspace) 
     assert st["stop_conditions"]["stop_hook_triggered"]
     assert hook.exists()
     done_before = [c["step_id"] for c in st["completed_steps"]]
-    assert 0 < len(done_before) < 20
+    assert 0 < len(done_before) < 6
+    (ws.root / "held").unlink()
 
     r = ws.kiro("loop", "resume", "--task-id", tid)
     assert r.returncode == 0, r.stderr
@@ -76,7 +82,7 @@ def test_exit_3_stop_hook_then_resume_finishes_without_rerunning(ws: Workspace) 
     runs = (ws.root / "side_effects.log").read_text().split()
     for sid in done_before:
         assert runs.count(sid) == 1, f"step {sid} ran again after resume"
-    assert sorted(set(runs), key=int) == [str(i) for i in range(1, 21)]
+    assert sorted(set(runs), key=int) == [str(i) for i in range(1, 7)]
 
 
 def test_exit_3_hook_dropped_by_hand_for_every_loop(ws: Workspace) -> None:

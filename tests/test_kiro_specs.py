@@ -498,8 +498,8 @@ def test_under_watch_a_review_point_goes_on_when_the_person_deletes_the_note(ws:
         ws.wait_for(lambda: ws.state(tid)["status"] == "paused", what="paused")
         assert ws.state(tid)["stop_reason"] == "checkpoint"
         assert (ws.root / "runs.log").read_text().split() == ["1", "2"]  # step 3 waits for the person
-        note.unlink()
-        ws.wait_for(lambda: (ws.root / "Done/feature/tasks.md").exists(), timeout=60, what="done after the review")
+        note.unlink()  # seen at once: a deletion the supervisor missed would wait out its 30 s rescan
+        ws.wait_for(lambda: (ws.root / "Done/feature/tasks.md").exists(), timeout=25, what="done after the review")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

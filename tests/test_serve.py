@@ -397,12 +397,17 @@ def test_two_servers_over_one_workspace_number_events_alike(ws: Workspace, serve
                 for n in range(5):
                     fh.write(_line(tid, n))
                     fh.flush()
+        written = time.monotonic()
         one = [(e.id, e.data) for e in _collect_until(s1, lambda out: len(out) == 15)]
         two = [(e.id, e.data) for e in _collect_until(s2, lambda out: len(out) == 15)]
+        late = time.monotonic() - written
         s1.close()
         s2.close()
     finally:
         other.stop()
+    # at once on both: a server that read the events from the other's index without waking its clients sent
+    # them with its next keepalive (KEEPALIVE_SECONDS, 15 s)
+    assert late < 10, f"the events came {late:.1f} s after they were written"
     assert one == two
     assert [int(i) for i, _ in one] == list(range(1, 16))
     assert sorted(d for _, d in one) == sorted(_line(t, n).strip() for t in "abc" for n in range(5))

@@ -123,7 +123,7 @@ def test_stop_force_that_must_kill_still_takes_the_marker_back(ws: Workspace) ->
         stdout=subprocess.PIPE, text=True, env=ws.env())
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        r = ws.run("loop", "stop", "--task-id", "hk", "--force")
+        r = ws.run("loop", "stop", "--task-id", "hk", "--force")  # inherent: its 10 s for SIGTERM pass first
         assert r.returncode == 0, r.stderr
         assert "was killed" in r.stderr
     finally:

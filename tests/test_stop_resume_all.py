@@ -10,13 +10,17 @@ import pytest
 
 from tests.conftest import Workspace, new_workspace, shell_task
 
-SLOW = 'echo "$KIRO_STEP_ID" >> "side_$KIRO_TASK_ID.log"; sleep 0.3'
-STEPS = 30
+# While `held` is there, a step runs until the global hook appears: both loops are mid-step when `stop --all`
+# comes, whatever the machine's load; once it is gone (the loops paused), steps take no time.
+SLOW = ('echo "$KIRO_STEP_ID" >> "side_$KIRO_TASK_ID.log"; '
+        'while [ -e held ] && [ ! -e .hooks/stop_autonomous_loop.md ]; do sleep 0.02; done')
+STEPS = 5
 
 
 def _two_paused_loops(ws: Workspace) -> None:
     ws.task(shell_task(STEPS, cmd=SLOW), "Specs/a/tasks.md")
     ws.task(shell_task(STEPS, cmd=SLOW), "Specs/b/tasks.md")
+    ws.write("held", "")
     procs = [ws.spawn("loop", "start", "--task", f"Specs/{n}/tasks.md", "--task-id", n) for n in "ab"]
     try:
         for n in "ab":
@@ -33,6 +37,7 @@ def _two_paused_loops(ws: Workspace) -> None:
                 p.wait()
     for n in "ab":
         assert ws.state(n)["status"] == "paused"
+    (ws.root / "held").unlink()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ VERIFY = 'if [ -e HANG ]; then sleep 600; fi; echo "verified step $KIRO_STEP_ID"
 
 
 def test_a_hung_verify_is_cut_and_each_receipt_keeps_the_verify_run(ws: Workspace) -> None:
-    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "  max_step_retries: 4\nstep_timeout_seconds: 8\n"
+    ws.write("config/autonomous_loop.yaml", FAST_CONFIG + "  max_step_retries: 4\nstep_timeout_seconds: 5\n"
              f"verify: '{VERIFY}'\n")
     ws.task(shell_task(2, cmd=STEP))
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md", "--task-id", "v", timeout=240)
@@ -23,7 +23,7 @@ def test_a_hung_verify_is_cut_and_each_receipt_keeps_the_verify_run(ws: Workspac
     cut = [e for e in events if e["event"] == "verify_failed"]
     print(f"verify_failed: {[(e['step_id'], e['output'][:40]) for e in cut]}")
     assert [(e["step_id"], e["command"]) for e in cut] == [("2", VERIFY)], cut
-    assert cut[0]["output"].startswith("(timed out after 8 s)"), cut
+    assert cut[0]["output"].startswith("(timed out after 5 s)"), cut
     failed = [e for e in events if e["event"] == "step_failed"]
     assert len(failed) == 1 and failed[0]["error"].startswith(f"verify `{VERIFY}` failed:\n"), failed
     st = ws.state("v")
@@ -31,5 +31,5 @@ def test_a_hung_verify_is_cut_and_each_receipt_keeps_the_verify_run(ws: Workspac
     for n, c in enumerate(st["completed_steps"], 1):
         v = c["receipt"]["verify"]
         assert v["command"] == VERIFY and v["exit_code"] == 0 and v["output_tail"].strip() == f"verified step {n}"
-        assert 0 <= v["seconds"] < 8, v
+        assert 0 <= v["seconds"] < 5, v
     assert st["completed_steps"][1]["receipt"]["attempts"] == 2

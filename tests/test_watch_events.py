@@ -22,7 +22,7 @@ import pytest
 import kiro.core.supervisor
 import kiro.core.watch
 from kiro.core.supervisor import Supervisor
-from kiro.store.events import Event, LoopStarted, StepStarted
+from kiro.store.events import Event, LoopFinished, LoopStarted, StepStarted
 from kiro.store.workspace import Workspace as KiroWorkspace
 from kiro.store.workspace import markdown_files
 from tests.conftest import Workspace, shell_task
@@ -94,6 +94,35 @@ def test_a_paused_loop_continues_on_the_deletion_of_its_hook(ws: Workspace) -> N
     asyncio.run(scenario())
     lines = (ws.root / "side_effects.log").read_text().split()
     assert sorted(lines) == [str(i) for i in range(1, 7)]  # every step once, none twice
+
+
+def test_a_review_note_deleted_as_the_loop_pauses_is_acted_on(ws: Workspace) -> None:
+    """The person deletes the review note the moment the loop pauses at it (here: as the loop says it paused,
+    before its run has closed its executor): that deletion is the change the paused loop waits for, not one
+    from before the pause. (The supervisor counted changes from when it got round to waiting: this one was
+    lost and the loop went on only at the next rescan, 30 s later; 600 s here.)"""
+    ws.task("---\nexecutor: shell\npause_at_checkpoints: true\n---\n"
+            "- [ ] 1. Checkpoint - Ensure all tests pass\n  ```sh\n  echo 1 >> side_effects.log\n  ```\n"
+            "- [ ] 2. Ship\n  ```sh\n  echo 2 >> side_effects.log\n  ```\n", "Specs/alpha/tasks.md")
+    deleted: list[str] = []
+
+    def listener(event: Event) -> None:
+        if isinstance(event, LoopFinished) and event.reason == "checkpoint" and event.task_id:
+            (ws.root / "Needs_Action" / f"review_{event.task_id}.md").unlink()
+            deleted.append(event.task_id)
+
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=2, listeners=[listener])
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: (ws.root / "Done/alpha/tasks.md").exists(), BOUND, "going on after the review")
+        finally:
+            sup.stop()
+            await runner
+
+    asyncio.run(scenario())
+    assert len(deleted) == 1
+    assert (ws.root / "side_effects.log").read_text().split() == ["1", "2"]
 
 
 def test_a_slow_start_does_not_hold_the_loops_already_running(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:

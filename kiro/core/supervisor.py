@@ -44,7 +44,7 @@ from kiro.fs import locks
 from kiro.status import Status, StopReason
 from kiro.store import approval, kirospec, tasks
 from kiro.store.config import Config
-from kiro.store.events import Event, Listener, LoopWarning, StepStarted
+from kiro.store.events import Event, Listener, LoopFinished, LoopWarning, StepStarted
 from kiro.store.state import effective_status
 from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, locate_task, task_files
@@ -317,6 +317,8 @@ class Supervisor:
         def begun(event: Event) -> None:
             if isinstance(event, StepStarted):
                 turn.give_back()
+            elif isinstance(event, LoopFinished):  # the pause is made: a change from now on is one it waits for
+                m.wake.clear()  # (`_wait_to_continue`), also one made while the run still closes its executor
 
         # a loop that waits before its first step (a schedule) gives its turn back soon all the same
         timer = asyncio.get_running_loop().call_later(STARTING_AT_MOST, turn.give_back)
@@ -361,10 +363,10 @@ class Supervisor:
         event, a scan): a pause whose cause is still there the moment it is made (proposals waiting, a
         planted task that cannot run) would otherwise be resumed and paused again as fast as the loop
         starts (issue #39: ~100 times a second until max_iterations): when that cause is there at once, it waits for
-        a change (or RESCAN_SECONDS) before it looks."""
+        a change (or RESCAN_SECONDS) before it looks. A change counts from the moment the pause is made (the
+        run's LoopFinished), not from here: a note deleted while the run closed its executor is not missed."""
         m.status = Status.PAUSED
-        if m.outcome is not None and self._resume_ready(m):
-            m.wake.clear()
+        if m.outcome is not None and not m.wake.is_set() and self._resume_ready(m):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(m.wake.wait(), RESCAN_SECONDS)
         found = await wait_until(lambda: self.stopping or self._resume_ready(m), m.wake, None, self._poll)

@@ -125,10 +125,12 @@ class EventIndex:
                 fh.truncate(self._idx_offset + rest.rfind(b"\n") + 1)
 
     def sync(self) -> int:
-        """Index every complete line appended to any event log since the last look; returns how many."""
+        """Index every complete line appended to any event log since the last look; returns how many.
+        Waiters are woken by new events, also those another server over the workspace indexed first."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock = Flock(self._lock_path)
         lock.acquire(timeout=None)  # another server appending: it is done in a moment
+        known = self.last
         with lock:
             self._read_index()
             self._repair()
@@ -162,6 +164,8 @@ class EventIndex:
                         found.append((tid, line_start, pos, body))
                 self._indexed[tid] = start + end + 1
             if not found:
+                if self.last > known:  # indexed by another server first: our clients wait for them too
+                    self._wake()
                 return 0
             # per log in offset order (never re-sorted by time: the last entry of a log must be its furthest)
             text = "".join(f"{tid} {s} {e}\n" for tid, s, e, _b in found).encode()
