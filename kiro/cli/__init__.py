@@ -222,6 +222,7 @@ def usage_error(exc: typer.TyperException) -> int:
 
 def main() -> None:
     """`kiro` (the script) and `python -m kiro`."""
+    heap.left_alone_at_exit()  # no cyclic collection as the interpreter ends, either
     with heap.starting_up():  # no cyclic collection until the command's body (`guarded`) or the end
         _main()
 

@@ -19,7 +19,6 @@ from kiro.errors import KiroError, TaskNotFound, UserError
 from kiro.fs import safeio
 from kiro.fs.statcache import StatCache
 from kiro.fs.walk import WALK_MAX_DEPTH
-from kiro.store import frontmatter, taskmap
 
 CONFIG_RELPATH = Path("config") / "autonomous_loop.yaml"
 FOLDERS = ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks")
@@ -558,6 +557,8 @@ def _remove_guard(path: Path) -> None:
 def frontmatter_task_id(path: Path) -> str | None:
     """The `kiro_task_id` a task file's frontmatter names (kiro.store.frontmatter), when it is a valid one;
     None for a file kiro cannot read."""
+    from kiro.store import frontmatter  # (not at import: a read command that locates no task file needs none)
+
     try:
         text = safeio.read_bytes(path, limit=safeio.TASK_MAX_BYTES).decode("utf-8-sig")
         found = frontmatter.read(text).data.get("kiro_task_id")
@@ -596,6 +597,8 @@ def locate_task(ws: Workspace, recorded: Path, task_id: str) -> tuple[str | None
 
 def _moved(ws: Workspace, task_id: str, folder: Path) -> Path | None:
     """A task file kiro writes nothing into, moved under `folder` (kiro.store.taskmap)."""
+    from kiro.store import taskmap  # (not at import, as frontmatter_task_id's)
+
     return taskmap.find_moved(ws.state_dir, task_id, lambda: markdown_files(folder)) if folder.is_dir() else None
 
 
