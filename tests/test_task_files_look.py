@@ -5,6 +5,8 @@ for only where a link may be. Neither may let a step's change of a task file go 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -234,3 +236,38 @@ def test_a_shared_look_after_unboxed_steps_holds_the_frontmatter_one_of_them_cha
     assert "executor: shell" in first.read_text()  # put back
     held = sorted(p.name for p in (ws.root / "Pending_Approval").glob("task_file_*.md"))
     assert len(held) == 1, held
+
+
+OPENS = """
+import os, sys
+task = os.path.realpath(sys.argv[1])
+opened = [0]
+def count(event, args):
+    if event == "open" and isinstance(args[0], (str, os.PathLike)) and os.fspath(args[0]).endswith("tasks.md"):
+        opened[0] += os.path.realpath(args[0]) == task
+sys.addaudithook(count)
+import kiro.cli
+sys.argv = ["kiro", "loop", "start", "--task", sys.argv[1]]
+try:
+    kiro.cli.main()
+finally:
+    print(f"opened {opened[0]}", file=sys.stderr)
+"""
+
+
+def test_a_step_opens_its_task_file_at_most_seven_times(ws: Workspace) -> None:
+    """Every open of the task file wakes the change hub's thread, which watches Specs/ (docs/guides/step-cost.md).
+    A step of a shell loop opens it seven times, counted by an audit hook: the re-read before the step, the
+    frontmatter in the looks before and after it (SPEC §15: the look after serves the put-back of the loop's own
+    frontmatter too), and two for each box edit ([-] and [x]: the edit's own read, and its last look through the
+    path)."""
+    steps = 10
+    ws.write("config/autonomous_loop.yaml", "sandbox: off\n")
+    body = "".join(f"- [ ] {i}. Step {i}\n  ```sh\n  true\n  ```\n" for i in range(1, steps + 1))
+    ws.task("---\ntitle: opens\nexecutor: shell\n---\n" + body, "Specs/opens/tasks.md")
+    r = subprocess.run([sys.executable, "-c", OPENS, "Specs/opens/tasks.md"], cwd=ws.root, env=ws.env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (ws.root / "Done/opens/tasks.md").read_text().count("- [x]") == steps
+    opened = int(r.stderr.rsplit("opened ", 1)[1].split()[0])
+    assert steps <= opened <= 7 * steps + 2, opened  # + the first read at the start and the last look at the end
