@@ -271,3 +271,17 @@ def test_a_step_opens_its_task_file_at_most_five_times(ws: Workspace) -> None:
     assert (ws.root / "Done/opens/tasks.md").read_text().count("- [x]") == steps
     opened = int(r.stderr.rsplit("opened ", 1)[1].split()[0])
     assert steps <= opened <= 5 * steps + 2, opened  # + the first read at the start and the last look at the end
+
+
+def test_a_fifo_named_like_a_task_file_in_done_does_not_hold_up_the_loop(ws: Workspace) -> None:
+    """The look around each step reads the frontmatter of every `*.md` in Done/ and Needs_Action/ (a file moved
+    back from there is not a new one). A FIFO named `pipe.md` there (a person's, or an unboxed step's `mkfifo`)
+    is no task file: the look passes it by, where opening it to read blocked the loop, before its first step,
+    until something wrote into it (and a SIGTERM could not end it)."""
+    os.mkfifo(ws.root / "Done/pipe.md")
+    os.mkfifo(ws.root / "Needs_Action/pipe.md")
+    ws.write("config/autonomous_loop.yaml", "sandbox: off\n")
+    ws.task("---\ntitle: fifo\nexecutor: shell\n---\n- [ ] 1. Step\n  ```sh\n  true\n  ```\n", "Specs/fifo/tasks.md")
+    r = ws.kiro("loop", "start", "--task", "Specs/fifo/tasks.md", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "- [x] 1. Step" in (ws.root / "Done/fifo/tasks.md").read_text()

@@ -57,6 +57,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+from kiro.fs import safeio
 from kiro.fs.diskfull import RESERVE_PREFIX
 from kiro.fs.ownwrites import TEMP_SUFFIX
 from kiro.fs.statcache import StatCache
@@ -442,12 +443,18 @@ def _small(data: bytes | None) -> bool:
 
 def _frontmatter_bytes(path: str) -> bytes | None:
     """The frontmatter block of the file at `path` (first line `---` to its closing line), b"" without
-    one; None when it cannot be read."""
+    one; None when it cannot be read or is no regular file (a FIFO named `*.md` in Done/ is not waited on:
+    opening it to read would block the loop until something writes into it)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(FRONTMATTER_READ)
+        fd = safeio.open_regular(path)
+    except (OSError, safeio.UnreadableFile):
+        return None
+    try:
+        head = os.pread(fd, FRONTMATTER_READ, 0)
     except OSError:
         return None
+    finally:
+        os.close(fd)
     text = head.removeprefix(b"\xef\xbb\xbf")
     if not text.startswith(b"---"):
         return b""
