@@ -5,6 +5,8 @@ for only where a link may be. Neither may let a step's change of a task file go 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -234,3 +236,52 @@ def test_a_shared_look_after_unboxed_steps_holds_the_frontmatter_one_of_them_cha
     assert "executor: shell" in first.read_text()  # put back
     held = sorted(p.name for p in (ws.root / "Pending_Approval").glob("task_file_*.md"))
     assert len(held) == 1, held
+
+
+OPENS = """
+import os, sys
+task = os.path.realpath(sys.argv[1])
+opened = [0]
+def count(event, args):
+    if event == "open" and isinstance(args[0], (str, os.PathLike)) and os.fspath(args[0]).endswith("tasks.md"):
+        opened[0] += os.path.realpath(args[0]) == task
+sys.addaudithook(count)
+import kiro.cli
+sys.argv = ["kiro", "loop", "start", "--task", sys.argv[1]]
+try:
+    kiro.cli.main()
+finally:
+    print(f"opened {opened[0]}", file=sys.stderr)
+"""
+
+
+def test_a_step_opens_its_task_file_at_most_five_times(ws: Workspace) -> None:
+    """Every open of the task file wakes the change hub's thread, which watches Specs/ (docs/guides/step-cost.md).
+    A step of a shell loop opens it five times, counted by an audit hook: the re-read before the step, the
+    frontmatter in the looks before and after it (SPEC §15: the look after serves the put-back of the loop's own
+    frontmatter too), and once for each box edit ([-] and [x]: its last look before the write reads through the
+    descriptor it writes through, while the path still names that file)."""
+    steps = 10
+    ws.write("config/autonomous_loop.yaml", "sandbox: off\n")
+    body = "".join(f"- [ ] {i}. Step {i}\n  ```sh\n  true\n  ```\n" for i in range(1, steps + 1))
+    ws.task("---\ntitle: opens\nexecutor: shell\n---\n" + body, "Specs/opens/tasks.md")
+    r = subprocess.run([sys.executable, "-c", OPENS, "Specs/opens/tasks.md"], cwd=ws.root, env=ws.env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (ws.root / "Done/opens/tasks.md").read_text().count("- [x]") == steps
+    opened = int(r.stderr.rsplit("opened ", 1)[1].split()[0])
+    assert steps <= opened <= 5 * steps + 2, opened  # + the first read at the start and the last look at the end
+
+
+def test_a_fifo_named_like_a_task_file_in_done_does_not_hold_up_the_loop(ws: Workspace) -> None:
+    """The look around each step reads the frontmatter of every `*.md` in Done/ and Needs_Action/ (a file moved
+    back from there is not a new one). A FIFO named `pipe.md` there (a person's, or an unboxed step's `mkfifo`)
+    is no task file: the look passes it by, where opening it to read blocked the loop, before its first step,
+    until something wrote into it (and a SIGTERM could not end it)."""
+    os.mkfifo(ws.root / "Done/pipe.md")
+    os.mkfifo(ws.root / "Needs_Action/pipe.md")
+    ws.write("config/autonomous_loop.yaml", "sandbox: off\n")
+    ws.task("---\ntitle: fifo\nexecutor: shell\n---\n- [ ] 1. Step\n  ```sh\n  true\n  ```\n", "Specs/fifo/tasks.md")
+    r = ws.kiro("loop", "start", "--task", "Specs/fifo/tasks.md", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "- [x] 1. Step" in (ws.root / "Done/fifo/tasks.md").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -112,11 +113,11 @@ def test_a_persons_edit_during_kiros_write_survives(
     real_last_look = tasks._last_look
     calls: list[Path] = []
 
-    def person_saves_first(p: Path) -> bytes | None:
+    def person_saves_first(p: Path, *through: Any) -> bytes | None:
         if not calls:
             path.write_bytes(persons.encode())
         calls.append(p)
-        return real_last_look(p)
+        return real_last_look(p, *through)
 
     monkeypatch.setattr(tasks, "_last_look", person_saves_first)
     _, checked = tasks.mark_done(path, "1", expected=seen)
@@ -172,10 +173,10 @@ def test_a_file_that_never_stops_changing_is_an_error_not_a_lost_edit(
     real_last_look = tasks._last_look
     saves = []
 
-    def person_saves_again(p: Path) -> bytes | None:
+    def person_saves_again(p: Path, *through: Any) -> bytes | None:
         saves.append(1)
         path.write_text(BASE + f"<!-- save {len(saves)} -->\n")
-        return real_last_look(p)
+        return real_last_look(p, *through)
 
     monkeypatch.setattr(tasks, "_last_look", person_saves_again)
     with pytest.raises(TaskFileError, match="kept changing"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,8 +61,8 @@ def test_an_editor_that_saves_by_rename_during_kiros_edit_keeps_its_save_and_get
     real_last_look = tasks._last_look
     calls: list[int] = []
 
-    def editor_saves_by_rename(p: Path) -> bytes | None:
-        look = real_last_look(p)
+    def editor_saves_by_rename(p: Path, *through: Any) -> bytes | None:
+        look = real_last_look(p, *through)
         if not calls:
             tmp = tmp_path / ".tasks.md.swp"
             tmp.write_text(persons, encoding="utf-8")

@@ -57,6 +57,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+from kiro.fs import safeio
 from kiro.fs.diskfull import RESERVE_PREFIX
 from kiro.fs.ownwrites import TEMP_SUFFIX
 from kiro.fs.statcache import StatCache
@@ -442,12 +443,18 @@ def _small(data: bytes | None) -> bool:
 
 def _frontmatter_bytes(path: str) -> bytes | None:
     """The frontmatter block of the file at `path` (first line `---` to its closing line), b"" without
-    one; None when it cannot be read."""
+    one; None when it cannot be read or is no regular file (a FIFO named `*.md` in Done/ is not waited on:
+    opening it to read would block the loop until something writes into it)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(FRONTMATTER_READ)
+        fd = safeio.open_regular(path)
+    except (OSError, safeio.UnreadableFile):
+        return None
+    try:
+        head = os.pread(fd, FRONTMATTER_READ, 0)
     except OSError:
         return None
+    finally:
+        os.close(fd)
     text = head.removeprefix(b"\xef\xbb\xbf")
     if not text.startswith(b"---"):
         return b""
@@ -472,9 +479,9 @@ class Look:
 
     @classmethod
     def now(cls, ws: Workspace, *, boxed: bool) -> Look:
-        from kiro.store.workspace import markdown_files, task_files
+        from kiro.store.workspace import markdown_names, task_files
 
-        specs = os.path.realpath(ws.specs) + os.sep
+        specs = os.path.realpath(ws.specs) + os.sep if boxed else ""  # unboxed, every file is looked at
         files: list[FileSeen] = []
         for path, real in task_files(ws, in_specs=not boxed):
             if boxed and real.startswith(specs):
@@ -488,11 +495,20 @@ class Look:
         if not boxed or files:  # boxed with no file outside Specs/: no file a step could write (see `take`)
             moved_in = {}
             for folder in (ws.done, ws.needs_action):
-                for found in markdown_files(folder):
+                for found in markdown_names(folder):
                     with contextlib.suppress(OSError):
                         st = os.stat(found)
-                        moved_in[(st.st_dev, st.st_ino)] = _frontmatter(str(found), st)
+                        moved_in[(st.st_dev, st.st_ino)] = _frontmatter(found, st)
         return cls(tuple(files), moved_in)
+
+    def own(self, path: Path) -> tuple[str, bytes | None]:
+        """(its real path, its frontmatter) of the task file at `path`, as this look found it: a file the look
+        did not find (boxed: the files in Specs/ are not read) has the real path it has now and no frontmatter."""
+        mine = os.fspath(path)
+        for found, real, _st, seen in self.files:
+            if os.fspath(found) == mine:
+                return real, seen
+        return os.path.realpath(mine), None
 
 
 # The looks asked for and not taken yet, by (workspace, boxed): every loop of this process whose step ended (or
@@ -566,10 +582,10 @@ class TaskFiles:
 
         said: list[str] = []
         boxed = self.looks_boxed(boxed)
-        own = os.path.realpath(self.own)
+        look = look if look is not None else Look.now(self.ws, boxed=boxed)
+        own, now = look.own(self.own)  # the look's own read of it: the file is not opened again for this
         before = self.by_path.get(own)
         if not boxed and before is not None:
-            now = _frontmatter_bytes(own)
             if now is not None and now != before:
                 with contextlib.suppress(OSError):
                     raw = Path(own).read_bytes()
@@ -577,7 +593,6 @@ class TaskFiles:
                     _write_back(Path(own), bom + before + raw[len(bom) + len(now):], None)
                     said.append(f"{self.ws.relative(self.own)}: its frontmatter changed while step {step_id} ran "
                                 f"unboxed; kiro put it back (a step never sets a task's settings)")
-        look = look if look is not None else Look.now(self.ws, boxed=boxed)
         for path, real, st, now in look.files:  # boxed: none in Specs/, read-only to the step (a change is a person's)
             if real == own or st is None or self._unchanged(real, st, now):
                 continue

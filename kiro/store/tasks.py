@@ -724,10 +724,22 @@ def forget_cache() -> None:
 # -- atomic, compare-and-swap edits --------------------------------------------------------------
 
 
-def _last_look(path: Path) -> bytes | bytearray | None:
+def _last_look(path: Path, through: tuple[int, os.stat_result] | None = None) -> bytes | bytearray | None:
     """The file's bytes right before the write (a seam the tests use to play a racing editor), in
-    this thread's scratch buffer (`_read_scratch`): compare them at once."""
-    return _read_path_scratch(path)
+    this thread's scratch buffer (`_read_scratch`): compare them at once. `through`: the descriptor a box
+    edit writes through and its stat: while `path` still names that file, the bytes are read through it (a
+    stat, no open: each open of a task file wakes the change hub's thread, docs/guides/step-cost.md); None
+    when `path` names another file now (an editor saved by rename) or none."""
+    if through is None:
+        return _read_path_scratch(path)
+    fd, held = through
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+        return None
+    return _read_scratch(fd, path)
 
 
 def _write_if_unchanged(path: Path, data: bytes, was: bytes, durable: bool = True, *, shown: Path) -> bool:
@@ -975,7 +987,8 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
             raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
         try:
             read_at = time.time_ns()
-            real = _real_path(path, _check_fd(fd, path))
+            held = _check_fd(fd, path)
+            real = _real_path(path, held)
             wanted = marks(unread) if unread is not None else None
             if wanted:
                 tf = unread
@@ -993,7 +1006,7 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
                     return tf
             assert tf is not None
             new = _with_boxes(tf, wanted)
-            look = _last_look(real)
+            look = _last_look(real, (fd, held))
             if look is None or not tf._holds(look):  # changed since `tf` was read: do it again on the new bytes
                 if unread is None:
                     attempt += 1

@@ -94,7 +94,12 @@ def markdown_files(folder: Path) -> list[Path]:
     over, where `rglob` raised FileNotFoundError and ended `kiro loop watch`. Without recursion and at most
     WALK_MAX_DEPTH levels deep: os.walk ended a start with RecursionError on a 1,500-deep tree. Listed again
     only where a folder changed (`_listing`)."""
-    return [Path(name) for name, _kind in _markdown(folder)]
+    return [Path(name) for name in markdown_names(folder)]
+
+
+def markdown_names(folder: Path) -> list[str]:
+    """`markdown_files(folder)` as strings: no Path built per file (the look around every step: issue #41)."""
+    return [name for name, _kind in _markdown(folder)]
 
 
 def _is_task_name(name: str) -> bool:
@@ -118,9 +123,10 @@ def task_files(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[Path, 
     seen: set[str] = set()
     # the walk never goes through a symlinked folder: below Specs/ (itself maybe a link) only a file that is a
     # link needs its real path asked for, component by component (a look at every step of every loop: issue #41)
-    specs = os.fspath(ws.specs) + os.sep
-    specs_real = os.path.realpath(ws.specs) + os.sep
-    found = [*_markdown(ws.specs), *((os.fspath(p), "spec") for p in kiro_specs(ws.root))]
+    folder = ws.specs
+    specs = os.fspath(folder) + os.sep
+    specs_real = os.path.realpath(folder) + os.sep
+    found = [*_markdown(folder), *((os.fspath(p), "spec") for p in kiro_specs(ws.root))]
     for name, kind in found:  # moved by their loops meanwhile
         if kind == "file" and name.startswith(specs):
             if not in_specs or not _is_task_name(os.path.basename(name)):
@@ -218,16 +224,23 @@ class Workspace:
     """A workspace folder and its state directory; immutable, compared and hashed by value. (A plain
     class, not a frozen dataclass: the read path imports this module, and dataclasses costs ~10 ms.)"""
 
-    __slots__ = ("root", "state_directory", "state_dir")
+    __slots__ = ("root", "state_directory", "state_dir", "specs", "done", "needs_action")
     root: Path
     state_directory: str
     state_dir: Path
     """The state folder (`root / state_directory`), made once: a loop's start asks for it ~17 times."""
+    specs: Path
+    done: Path
+    needs_action: Path
+    """The folders of task files, made once: the look around every step asks for each (issue #41)."""
 
     def __init__(self, root: Path, state_directory: str = ".state") -> None:
         object.__setattr__(self, "root", root)
         object.__setattr__(self, "state_directory", state_directory)
         object.__setattr__(self, "state_dir", root / state_directory)
+        object.__setattr__(self, "specs", root / "Specs")
+        object.__setattr__(self, "done", root / "Done")
+        object.__setattr__(self, "needs_action", root / "Needs_Action")
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"cannot assign to field {name!r}")
@@ -292,18 +305,6 @@ class Workspace:
         return Workspace(self.root, state_directory)
 
     # -- folders ---------------------------------------------------------------------------
-
-    @property
-    def specs(self) -> Path:
-        return self.root / "Specs"
-
-    @property
-    def done(self) -> Path:
-        return self.root / "Done"
-
-    @property
-    def needs_action(self) -> Path:
-        return self.root / "Needs_Action"
 
     @property
     def logs(self) -> Path:
