@@ -168,7 +168,9 @@ LOOPS_PER_CLIENT = 8
 # How long a client keeps an idle connection for the next call (httpx: 5 s). With many loops in one process a
 # loop's next call comes long after its last (1,000 loops at 20 calls a second: a minute), and a connection
 # that expired is a new TCP connect, and TLS handshake, for nearly every call. A connection the endpoint
-# closed meanwhile is not used: the pool sees it end (readable at idle) and opens another.
+# closed meanwhile is not used: the pool sees it end (readable at idle) and opens another. Two minutes stays
+# under the idle timeouts of NATs and load balancers that drop a connection without a word (4 minutes and up;
+# RFC 5382 asks for over two hours).
 KEEPALIVE_SECONDS = 120.0
 MAX_REPLY_BYTES = 64 * 1024 * 1024  # a reply body longer than this is refused, not read into memory
 
