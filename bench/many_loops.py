@@ -12,9 +12,11 @@ redactor looks for it in everything kiro writes; since 2026-11-23, figures befor
 
 The bench CHECKS the work: it counts the loops that ended `completed`, the checked boxes in the task
 files (in Done/ by then) and the model calls the server answered, and exits 1 when any loop did not
-complete. It prints calls per second, peak RSS, the start time of all loops, and the renames and
+complete. It prints calls per second, peak RSS, the start time of all loops, the renames and
 fsyncs per model call (os.rename/os.replace/os.fsync/os.fdatasync counted in this process, every
-thread).
+thread), kiro's CPU per model call split into the event loop's thread, the other threads (the write
+queues' workers) and the kernel's part, the collector's collections and their CPU, and the TCP
+connections the server accepted (one per model call means the openai client's pools kept none).
 
 The start depends on what ran before it. This machine's ext4 is mounted without a journal, and
 there a new file's inode is found by a scan that steps over every inode deleted in the last minute
@@ -60,7 +62,7 @@ def reply(step: str) -> bytes:
     }).encode()
 
 
-def serve(port_queue: multiprocessing.Queue, count: Any) -> None:  # type: ignore[type-arg]
+def serve(port_queue: multiprocessing.Queue, count: Any, connections: Any = None) -> None:  # type: ignore[type-arg]
     cache: dict[bytes, bytes] = {}
 
     def answer(body: bytes) -> bytes:
@@ -74,6 +76,9 @@ def serve(port_queue: multiprocessing.Queue, count: Any) -> None:  # type: ignor
         return out
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if connections is not None:
+            with connections.get_lock():
+                connections.value += 1
         try:
             while True:
                 header = await reader.readuntil(b"\r\n\r\n")
@@ -152,23 +157,29 @@ class LookCount:
 
 
 class CollectorTime:
-    """Collections of the cyclic garbage collector and the time they took (gc.callbacks), while on."""
+    """Collections of the cyclic garbage collector while on: how many of each generation, their wall time and
+    their CPU time (the thread time of the thread that collected: the collector runs in whichever thread
+    allocated past the threshold)."""
 
     def __init__(self) -> None:
         self.on = False
         self.runs = 0
+        self.by_generation = [0, 0, 0]
         self.full = 0
         self.seconds = 0.0
-        self._t0 = 0.0
+        self.cpu = 0.0
+        self._t0 = threading.local()
         gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._t0 = time.perf_counter()
-        elif self.on:
+            self._t0.wall, self._t0.cpu = time.perf_counter(), time.thread_time()
+        elif self.on and hasattr(self._t0, "wall"):
             self.runs += 1
+            self.by_generation[info["generation"]] += 1
             self.full += info["generation"] == 2
-            self.seconds += time.perf_counter() - self._t0
+            self.seconds += time.perf_counter() - self._t0.wall
+            self.cpu += time.thread_time() - self._t0.cpu
 
 
 def create_cost(folder: Path, n: int = 1000) -> float:
@@ -201,7 +212,8 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     q: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     answered = multiprocessing.Value("q", 0)
-    server = multiprocessing.Process(target=serve, args=(q, answered), daemon=True)
+    connected = multiprocessing.Value("q", 0)
+    server = multiprocessing.Process(target=serve, args=(q, answered, connected), daemon=True)
     server.start()
     port = q.get(timeout=30)
 
@@ -249,11 +261,16 @@ def main() -> int:
             prof.enable()
         t1 = time.perf_counter()
         cpu0 = time.process_time()
+        thread0 = time.thread_time()
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
         collector.on = True
         outcomes = asyncio.run(run_loops(runs))
         collector.on = False
         elapsed = time.perf_counter() - t1
         cpu = time.process_time() - cpu0
+        loop_cpu = time.thread_time() - thread0
+        usage1 = resource.getrusage(resource.RUSAGE_SELF)
+        sys_cpu = usage1.ru_stime - usage0.ru_stime
         if prof is not None:
             prof.disable()
             prof.dump_stats(args.profile)
@@ -275,12 +292,16 @@ def main() -> int:
               f"{args.loops * args.steps}; model calls: {calls}")
         print(f"  ran in {elapsed:.1f} s: {calls / elapsed:.0f} model calls per second; kiro's CPU (user+sys, all "
               f"threads) {cpu * 1000 / per:.2f} ms per model call (the load of the machine: {os.getloadavg()[0]:.1f})")
+        print(f"  of it: the event loop's thread {loop_cpu * 1000 / per:.2f} ms, the other threads "
+              f"{(cpu - loop_cpu) * 1000 / per:.2f} ms; in the kernel (sys, all threads) {sys_cpu * 1000 / per:.2f} ms")
+        print(f"  connections the server accepted: {connected.value} ({connected.value / per:.2f} per model call)")
         print(f"  per model call: {renames / per:.2f} renames, {syncs / per:.2f} fsyncs "
               f"({ops['fsync']} fsync, {ops['fdatasync']} fdatasync, {renames} renames in all)")
         if looks.taken is not None:
             print(f"  looks at the task files around the steps: {looks.taken} ({looks.taken / per:.2f} per model call)")
-        print(f"  the garbage collector: {collector.runs} collections ({collector.full} full), "
-              f"{collector.seconds:.2f} s of the run")
+        young, middle, full = collector.by_generation
+        print(f"  the garbage collector: {collector.runs} collections ({young} young, {middle} middle, {full} full), "
+              f"{collector.seconds:.2f} s of the run, {collector.cpu * 1000 / per:.2f} ms of CPU per model call")
         print(f"  peak resident memory of the kiro process: {peak:.0f} MB")
         first = f" ({leaked[0]}, ...)" if leaked else ""
         print(f"  files in the workspace holding the API key: {len(leaked)}{first}")

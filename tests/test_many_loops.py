@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,47 @@ def test_many_openai_loops_in_one_process_complete_every_step_with_everything_on
         assert kinds.count("request") == steps and kinds.count("attempt_finished") == steps
         assert [r["iteration"] for r in records if r["kind"] == "attempt_started"] == list(range(1, steps + 1))
     assert not list(root.rglob("*.kiro.tmp"))
+
+
+def test_a_loops_next_model_call_minutes_later_goes_over_the_connection_its_last_one_used(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a thousand loops in one process a loop's next model call comes a minute or more after its last
+    (bench/many_loops.py: 20 calls a second). The openai client keeps its idle connection that long, where
+    httpx alone drops it after 5 s: a new TCP connect, and TLS handshake, for nearly every call. Kept for
+    two minutes, not for ever. The connection pool's clock is moved on instead of waiting."""
+    import httpcore2._async.http11 as http11
+
+    from kiro.executors.openai_agent import SharedClient
+    from kiro.store.config import Config
+
+    ahead = [0.0]
+
+    class PoolClock:
+        @staticmethod
+        def monotonic() -> float:
+            return time.monotonic() + ahead[0]
+
+    monkeypatch.setattr(http11, "time", PoolClock)
+    body = {"model": "m", "messages": [{"role": "user", "content": "# Current step: 1"}]}
+
+    async def calls(base_url: str) -> None:
+        shared = SharedClient(base_url, "sk-test", Config().llm)
+        try:
+            await shared.chat(body)
+            ahead[0] += 90  # a minute and a half idle
+            await shared.chat(body)
+            ahead[0] += 300  # five minutes idle
+            await shared.chat(body)
+        finally:
+            await shared.close()
+
+    with FakeOpenAI() as fake:
+        fake.responder = _answer_current_step
+        asyncio.run(calls(fake.base_url))
+        peers = [r.peer for r in fake.chat_requests]
+    assert len(peers) == 3 and None not in peers
+    assert peers[1] == peers[0], "a call 90 s after the last opened a new connection"
+    assert peers[2] != peers[1], "a connection idle for five minutes was used again"
 
 
 def test_the_state_is_on_disk_before_the_model_is_called(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

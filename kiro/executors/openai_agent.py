@@ -165,6 +165,13 @@ try:
 except ImportError:  # pragma: no cover - older clients waited up to 60 s
     CLIENT_RETRY_AFTER_LIMIT = 60
 LOOPS_PER_CLIENT = 8
+# How long a client keeps an idle connection for the next call (httpx: 5 s). With many loops in one process a
+# loop's next call comes long after its last (1,000 loops at 20 calls a second: a minute), and a connection
+# that expired is a new TCP connect, and TLS handshake, for nearly every call. A connection the endpoint
+# closed meanwhile is not used: the pool sees it end (readable at idle) and opens another. Two minutes stays
+# under the idle timeouts of NATs and load balancers that drop a connection without a word (4 minutes and up;
+# RFC 5382 asks for over two hours).
+KEEPALIVE_SECONDS = 120.0
 MAX_REPLY_BYTES = 64 * 1024 * 1024  # a reply body longer than this is refused, not read into memory
 
 
@@ -226,7 +233,12 @@ class SharedClient:
         entries = self._open.setdefault(self.key, [])
         entry = next((e for e in entries if e[1] < LOOPS_PER_CLIENT), None)
         if entry is None:
-            http = openai.DefaultAsyncHttpxClient(verify=_tls_context(), event_hooks={"response": [_bound_reply]})
+            limits = openai.DEFAULT_CONNECTION_LIMITS
+            http = openai.DefaultAsyncHttpxClient(
+                verify=_tls_context(), event_hooks={"response": [_bound_reply]},
+                limits=httpx2.Limits(max_connections=limits.max_connections,
+                                     max_keepalive_connections=limits.max_keepalive_connections,
+                                     keepalive_expiry=KEEPALIVE_SECONDS))
             client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=llm.max_retries,
                                         timeout=llm.request_timeout_seconds, http_client=http)
             entry = [client, 0]

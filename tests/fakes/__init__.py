@@ -40,6 +40,7 @@ class Recorded:
     headers: dict[str, str]  # lower-case names
     body: Any  # parsed JSON, or None
     raw: bytes = b""  # the body's bytes as sent
+    peer: tuple[str, int] | None = None  # the client's address and port: one per TCP connection
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -166,7 +167,8 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        return Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body, raw)
+        return Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body, raw,
+                        peer=self.client_address[:2])
 
     def _serve(self, answer: Callable[[Handler, Recorded], None]) -> None:
         rec = self._read()
