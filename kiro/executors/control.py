@@ -504,11 +504,17 @@ class Look:
     def own(self, path: Path) -> tuple[str, bytes | None]:
         """(its real path, its frontmatter) of the task file at `path`, as this look found it: a file the look
         did not find (boxed: the files in Specs/ are not read) has the real path it has now and no frontmatter."""
-        mine = os.fspath(path)
-        for found, real, _st, seen in self.files:
-            if os.fspath(found) == mine:
-                return real, seen
-        return os.path.realpath(mine), None
+        found = self._by_path.get(os.fspath(path))
+        return (found[1], found[3]) if found is not None else (os.path.realpath(path), None)
+
+    @cached_property
+    def _by_path(self) -> dict[str, FileSeen]:
+        """`files` by path, made once a look: one look serves every loop of the process (`shared_look`), and
+        each asks it for its own file."""
+        by_path: dict[str, FileSeen] = {}
+        for seen in self.files:
+            by_path.setdefault(os.fspath(seen[0]), seen)
+        return by_path
 
 
 # The looks asked for and not taken yet, by (workspace, boxed): every loop of this process whose step ended (or
