@@ -92,6 +92,21 @@ def start(args: list[str], root: Path, env: dict[str, str], out: int | None = No
             os.close(null)
 
 
+def kill(proc: cli_forkserver.ForkedProcess, rng: random.Random) -> bool | None:
+    """SIGKILL a loop's process group (the gits and steps it runs with it) or its process alone, by a coin toss
+    of `rng`: True for the group, False for the process alone, None when it ended on its own between the
+    caller's poll and the kill (no kill)."""
+    group = rng.random() < 0.5
+    try:
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.send_signal(signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    return group
+
+
 def _counts(root: Path) -> Counter[str]:
     p = side_log(root)
     return Counter(p.read_text().split()) if p.exists() else Counter()
@@ -164,12 +179,8 @@ def run(root: Path, *, steps: int, kills: int, seed: int, max_delay: float = 0.2
             time.sleep(rng.uniform(0.0, max_delay))
         else:  # aim: while git holds the index lock, or right after a commit moved the branch
             _wait_for_git(root, mode, proc, rng)
-        if proc.poll() is None:
-            if rng.random() < 0.5:
-                os.killpg(proc.pid, signal.SIGKILL)
-                rep.group_kills += 1
-            else:
-                proc.send_signal(signal.SIGKILL)
+        if proc.poll() is None and (group := kill(proc, rng)) is not None:
+            rep.group_kills += group
             rep.kills += 1
         code = proc.wait(timeout=60)
         p = _state_file(root, tid)
@@ -310,16 +321,9 @@ def run_merges(root: Path, *, loops: int, seed: int) -> Report:
                         break
                     time.sleep(0.0002)
                 time.sleep(rng.uniform(0.0, 0.002))
-                if proc.poll() is None:
-                    try:
-                        if rng.random() < 0.5:
-                            os.killpg(proc.pid, signal.SIGKILL)
-                            rep.group_kills += 1
-                        else:
-                            proc.send_signal(signal.SIGKILL)
-                        rep.kills += 1
-                    except ProcessLookupError:  # it ended on its own between the poll and the kill: no kill
-                        pass
+                if proc.poll() is None and (group := kill(proc, rng)) is not None:
+                    rep.group_kills += group
+                    rep.kills += 1
             code = proc.wait(timeout=120)
             created = created or _state_file(root, tid) is not None
             if code == 0:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -122,12 +121,8 @@ def test_sigkill_during_side_by_side_attempts_and_merges_loses_nothing(tmp_path:
             mode = rng.choice(("random", "new_worktree", "attempt_done", "taking", "index_lock", "new_commit"))
             modes[mode] += 1
             _aim(root, mode, proc, rng)
-            if proc.poll() is None:
-                if rng.random() < 0.5:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    group_kills += 1
-                else:
-                    proc.send_signal(signal.SIGKILL)
+            if proc.poll() is None and (group := crashgit.kill(proc, rng)) is not None:
+                group_kills += group
                 done_kills += 1
         code = proc.wait(timeout=300)
         state = _state(root, tid)
