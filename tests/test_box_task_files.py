@@ -73,12 +73,19 @@ def test_what_the_box_shows_of_a_tools_install_is_bound_once_and_its_credentials
     box.release()
     binds = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--ro-bind-try"]
     assert str(tool) in binds and str(tool / "bin") not in binds, binds
-    script = f"prog > out.txt; inner >> out.txt; cat {tool}/credentials.toml >> out.txt 2>&1 || true"
+    # the masked folder holds a few KiB at most (RAM: a step cannot fill the machine's memory through it), and what
+    # is written there stays in the box
+    script = (f"prog > out.txt; inner >> out.txt; cat {tool}/credentials.toml >> out.txt 2>&1 || true; "
+              f"head -c 1048576 /dev/zero > {tool}/secrets/fill 2>/dev/null; "
+              f"echo filled $(wc -c < {tool}/secrets/fill) >> out.txt")
     result = asyncio.run(run_process(["bash", "-c", script], cwd=ws.root, env=env, timeout=120, box=box))
     seen = (ws.root / "out.txt").read_text()
     print(seen)
     assert result.returncode == 0 and seen.startswith("lib data\nlib data\n"), (result, seen)
     assert "kiro-test-secret" not in seen
+    filled = int(seen.rpartition("filled ")[2])
+    assert filled <= 64 << 10, f"a masked folder took {filled} bytes"
+    assert not (tool / "secrets" / "fill").exists()
 
 
 def ro_binds(argv: list[str]) -> list[str]:

@@ -34,7 +34,9 @@ for a step (a shell step, verify, an agent CLI, `run_command`) as
 - `/tmp`, `/dev/shm` and the emptied `$HOME` are RAM with a size cap each (`TMPFS_BYTES`: 1 GiB, at most an
   eighth of the machine's memory), and `/dev` is read-only: a step cannot fill the machine's memory;
 - `.state/serve/`, where `kiro serve` keeps its token, is an empty tmpfs in every box, whatever else
-  `sandbox_paths` grants: a step cannot read the token that steers every loop;
+  `sandbox_paths` grants: a step cannot read the token that steers every loop. Each masked folder (this one,
+  a credential folder in a shown install prefix) holds at most `MASK_BYTES`, and what a step writes there
+  stays in its box;
 - a network namespace of kiro's own (`sandbox_network`, `Network`): `on` (the default) is one namespace
   per loop (and per set of ports below), made at the loop's first boxed step, that every box of the loop
   joins, connected once to the internet through `pasta` (Debian's passt, as rootless podman does), ended
@@ -87,6 +89,7 @@ NETWORKS = ("on", "off", "host")  # sandbox_network: the internet only / none / 
 SERVE_FOLDER = "serve"  # in the state folder: where `kiro serve` keeps its token (kiro.serve.auth); masked in every box
 TMPFS_BYTES = 1 << 30  # the most each of the box's RAM folders (/tmp, /dev/shm, $HOME) may hold...
 TMPFS_SHARE = 8  # ...and at most this fraction of the machine's memory
+MASK_BYTES = 4096  # what a step may write in a folder the box masks (`.state/serve/`, a credential folder)
 
 # kiro's folders a step reads but never writes, by their name in the workspace (and in the project).
 # Folders only: a file kiro replaces by rename (Dashboard.md, rewritten by every loop) cannot be bound
@@ -419,9 +422,12 @@ class Box:
         mounts = [(p, 0, ["--bind-try", str(p), str(p)]) for p in dict.fromkeys(self.rw)]
         mounts += [(p, 1, ["--ro-bind-try", str(p), str(p)]) for p in dict.fromkeys(self.ro)]
         mounts += [(p, 1, ["--ro-bind-try", str(p), str(p)]) for p in shown]
-        mounts += [(p, 2, ["--tmpfs", str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]) for p in masked]
-        mounts += [(p, 3, ["--size", "4096", "--tmpfs", str(p), "--remount-ro", str(p)]) for p in self.masked
-                   if p.is_dir()]
+        # a masked folder is an empty tmpfs of MASK_BYTES: what a step writes there stays in its box and cannot fill
+        # the machine's memory; not remounted read-only (bwrap reads the whole mount table again for a remount, at
+        # every step, and it would guard nothing: the folder's own files are not there to change)
+        mask = ["--size", str(MASK_BYTES), "--tmpfs"]
+        mounts += [(p, 2, [*mask, str(p)] if p.is_dir() else ["--ro-bind", "/dev/null", str(p)]) for p in masked]
+        mounts += [(p, 3, [*mask, str(p)]) for p in self.masked if p.is_dir()]
         # what is mounted before the binds (rank -1: the base's, the homes' tmpfs) and the other binds and masks
         between = [*((b, -1) for b in (*BASE_MOUNTS, *homes)), *((p, rank) for p, rank, _ in mounts if rank != 1)]
         read_only = [p for p, rank, _ in mounts if rank == 1]
