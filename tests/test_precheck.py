@@ -159,7 +159,7 @@ def test_a_loop_without_schedule_is_told_the_gate_needs_every_iteration(ws: Work
 SCHEDULED = """\
 ---
 title: Nightly inbox check
-schedule: {every: 2s}
+schedule: {every: 1s}
 ---
 - [ ] 1. Read the inbox
 - [ ] 2. Write the digest

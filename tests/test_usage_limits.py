@@ -483,13 +483,22 @@ def test_the_run_time_limit_ends_a_usage_limit_wait_as_timed_out_not_failed(ws: 
         ws.task(task_text(1))
         configure(ws, cli)
         limit_window(cli, 3600)
-        # the run-time limit (from the loop's start) leaves the CLI's start a loaded machine's margin before the wait
-        r = ws.kiro("loop", "start", "--task", TASK, "--timeout", "10", env=ws.env(**env_of(cli)), timeout=180)
-        tid = ws.only_task_id()
+        # the run-time limit counts from the loop's start: 5 s leaves the CLI's start (~1 s) a margin before the
+        # wait; a loaded machine may take longer to start it and have it meet the limit: then the time ran out
+        # before the limit's wait, and it is tried once more, afresh, with 30 s
+        for attempt, seconds in enumerate((5, 30)):
+            tid = f"limited{attempt}"
+            asked = len(cli.server.requests)
+            r = ws.kiro("loop", "start", "--task", TASK, "--task-id", tid, "--timeout", str(seconds),
+                        *(("--fresh",) if attempt else ()), env=ws.env(**env_of(cli)), timeout=180)
+            if [e for e in ws.events(tid) if e["event"] == "usage_limit"]:
+                break
+            print(f"claude did not meet its limit within {seconds} s of the loop's start (a slow start): again")
         state = ws.state(tid)
         assert state["status"] == "timed_out" and state["total_failures"] == 0, (r.returncode, state["status"])
         assert [e for e in ws.events(tid) if e["event"] == "usage_limit"], "the time ran out before the limit's wait"
-        assert len(cli.server.requests) <= 3, len(cli.server.requests)  # no calls spun while the time ran out
+        asked = len(cli.server.requests) - asked
+        assert asked <= 3, asked  # no calls spun while the time ran out
     finally:
         cli.close()
 
