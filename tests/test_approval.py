@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 from pathlib import Path
 
 import yaml
 
+from tests import cli_inprocess
 from tests.conftest import Workspace, openai_config
 from tests.fake_openai import FakeOpenAI, call, invoke, make_harness
 
@@ -182,12 +184,8 @@ def test_kiro_init_makes_the_folders_a_person_approves_in(tmp_path: Path) -> Non
     """SPEC §1 lists Pending_Approval/, Approved/ and Rejected/ in a workspace; `kiro init` made none, so a
     person told to move a proposal to `Approved/` had to make the folder first. init makes them, and
     nothing else in the person's folder (no .gitignore: kiro hides none of the person's files)."""
-    import subprocess
-    import sys
-
     target = tmp_path / "vault"
-    r = subprocess.run([sys.executable, "-m", "kiro", "init", str(target)], capture_output=True, text=True,
-                       timeout=60)
+    r = cli_inprocess.run(["init", str(target)], cwd=tmp_path, env=dict(os.environ))
     assert r.returncode == 0, r.stderr
     made = sorted(p.name for p in target.iterdir())
     print(f"kiro init made: {made}")

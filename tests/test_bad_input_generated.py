@@ -359,8 +359,8 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for rel in (FEATURE, OTHER_TASK):
         (root / rel).parent.mkdir(parents=True)
         (root / rel).write_text(shell_task(2))
-    r = subprocess.run([sys.executable, "-m", "kiro", "loop", "start", "--task", OTHER_TASK, "--task-id", "other",
-                        "--max-iterations", "1"], cwd=root, env=_env(), capture_output=True, text=True, timeout=60)
+    r = cli_forkserver.run(["loop", "start", "--task", OTHER_TASK, "--task-id", "other", "--max-iterations", "1"],
+                           cwd=root, env=_env(), timeout=60)  # the fork server the cases' runs use (ForkServer)
     assert r.returncode == 4, r.stdout + r.stderr
     shutil.rmtree(root / ".state" / "backups", ignore_errors=True)
     for rel in (STATE, EVENTS, "Logs/completion_reports", ".state/archive"):

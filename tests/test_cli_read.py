@@ -13,7 +13,7 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -593,11 +593,18 @@ sys.stdout.flush()
 """`kiro ARGS` inside a probe: `code` is its exit code; what the probe says follows on stderr after "@@"."""
 
 
-def probed(script: str, ws: Workspace, *args: str, shows: bool = True) -> list[str]:
+def probed(script: str, ws: Workspace, *args: str, shows: bool = True,
+           runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]] | None = None) -> list[str]:
     """A read command run under a probe `script` (it prints `@@ <exit code> <what it saw...>` last on
-    stderr): what the probe saw. The command must end well and (`shows`) print something."""
-    r = subprocess.run([sys.executable, "-c", script, *args], cwd=ws.root, env=ws.env(), capture_output=True,
-                       text=True, timeout=120)
+    stderr): what the probe saw. The command must end well and (`shows`) print something. With `runs`
+    (shared_probe), a run already made of the same script and command in the same workspace is read again."""
+    key = (script, *args)
+    r = runs.get(key) if runs is not None else None
+    if r is None:
+        r = subprocess.run([sys.executable, "-c", script, *args], cwd=ws.root, env=ws.env(), capture_output=True,
+                           text=True, timeout=120)
+        if runs is not None:
+            runs[key] = r
     code, *seen = r.stderr.rsplit("@@", 1)[1].split()
     assert code in ("0", "None"), r.stderr
     if shows:
@@ -608,14 +615,27 @@ def probed(script: str, ws: Workspace, *args: str, shows: bool = True) -> list[s
 PROBE = ("import runpy, sys" + RUN_KIRO
          + 'sys.stderr.write("\\n@@" + " ".join([str(code), *sorted(sys.modules)]) + "\\n")\n')
 
+Probe = Callable[..., list[str]]  # shared_probe(script, *args, shows=True): what the probe saw
+
+
+@pytest.fixture(scope="module")
+def shared_probe(shared_loops: Workspace) -> Probe:
+    """probed() in shared_loops, each probe of a command run once for the module: the tests that read the
+    modules one `kiro loop status` imported ask different questions of the same run, as a person's one run."""
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = {}
+
+    def probe(script: str, *args: str, shows: bool = True) -> list[str]:
+        return probed(script, shared_loops, *args, shows=shows, runs=runs)
+    return probe
+
 
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "status", "--json"),
                                   ("loop", "status", "--task-id", "half"), ("loop", "state", "--task-id", "half"),
                                   ("loop", "logs", "--task-id", "done1", "--tail", "3"),
                                   ("loop", "progress", "--task-id", "half")], ids=" ".join)
-def test_read_commands_import_no_agent_client_and_no_watcher(shared_loops: Workspace, args: tuple[str, ...]) -> None:
+def test_read_commands_import_no_agent_client_and_no_watcher(shared_probe: Probe, args: tuple[str, ...]) -> None:
     """STYLE 11: a read command does not import openai or watchfiles."""
-    modules = probed(PROBE, shared_loops, *args, shows=False)
+    modules = shared_probe(PROBE, *args, shows=False)
     heavy = [m for m in modules if m.split(".")[0] in ("openai", "watchfiles", "httpx", "temporalio")]
     assert heavy == []
 
@@ -630,10 +650,10 @@ LIGHT = ("kiro.executors.kinds",)
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "status", "--json"),
                                   ("loop", "logs", "--task-id", "done1", "--tail", "3"),
                                   ("loop", "logs", "--task-id", "done1", "--tail", "3", "--json")], ids=" ".join)
-def test_read_commands_import_nothing_that_runs_a_loop(shared_loops: Workspace, args: tuple[str, ...]) -> None:
+def test_read_commands_import_nothing_that_runs_a_loop(shared_probe: Probe, args: tuple[str, ...]) -> None:
     """`kiro loop status` and `kiro loop logs` load what reads the state and the log, no more: a person
     waits for every module a command imports."""
-    modules = probed(PROBE, shared_loops, *args)
+    modules = shared_probe(PROBE, *args)
     loaded = [m for m in modules if m.startswith(RUNS_LOOPS) and m not in LIGHT]
     if "logs" in args:
         loaded += [m for m in modules if m == "kiro.store.events"]
@@ -646,11 +666,11 @@ def test_read_commands_import_nothing_that_runs_a_loop(shared_loops: Workspace, 
 
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "status", "--json"),
                                   ("loop", "logs", "--task-id", "done1", "--tail", "3")], ids=" ".join)
-def test_status_and_logs_make_no_state_model(shared_loops: Workspace, args: tuple[str, ...]) -> None:
+def test_status_and_logs_make_no_state_model(shared_probe: Probe, args: tuple[str, ...]) -> None:
     """Issue #41: the table of loops is read from the summaries the loops write beside their states, and the
     log as its records: neither command imports the state's models, its receipts or the event kinds (about
     60 M instructions of class making); kiro.store.statestore imports them when a state is first read."""
-    modules = probed(PROBE, shared_loops, *args)
+    modules = shared_probe(PROBE, *args)
     models = [m for m in modules if m in ("kiro.store.state", "kiro.store.receipts", "kiro.store.events")]
     print(f"{' '.join(args)}: model modules imported: {models or 'none'}")
     assert models == []
@@ -933,12 +953,12 @@ def test_read_commands_look_for_no_pydantic_plugin(shared_loops: Workspace, args
 
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
                          ids=" ".join)
-def test_read_commands_read_no_package_metadata(shared_loops: Workspace, args: tuple[str, ...]) -> None:
+def test_read_commands_read_no_package_metadata(shared_probe: Probe, args: tuple[str, ...]) -> None:
     """Issue #41: pydantic's plugin loader imports importlib.metadata (email, csv, zipfile: ~53 M instructions)
     on the first validator any code builds, Typer's for the command's options included; kiro puts a loader of
     no plugins in its place first (kiro.plugins.no_pydantic_plugins), and a read command reads no package's
     metadata for anything else."""
-    modules = probed(PROBE, shared_loops, *args)
+    modules = shared_probe(PROBE, *args)
     metadata = [m for m in modules if m.startswith(("importlib.metadata", "email", "zipfile", "csv"))]
     print(f"{' '.join(args)}: package metadata modules imported: {metadata or 'none'}")
     assert metadata == []

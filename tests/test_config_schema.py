@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def schema_from_kiro(ws: Workspace, *args: str) -> dict[str, Any]:
-    r = ws.kiro("config", "schema", *args)
+    r = ws.run("config", "schema", *args)
     assert r.returncode == 0, r.stdout + r.stderr
     found: dict[str, Any] = json.loads(r.stdout)
     jsonschema.Draft202012Validator.check_schema(found)
@@ -102,7 +102,7 @@ def test_a_typo_or_a_wrong_type_is_what_the_schema_refuses(ws: Workspace) -> Non
 def test_kiro_init_writes_the_schema_beside_the_config_and_names_it_on_the_first_line(tmp_path: Path) -> None:
     ws = Workspace(tmp_path / "fresh")
     ws.root.mkdir()
-    r = ws.kiro("init", ".")
+    r = ws.run("init", ".")
     assert r.returncode == 0, r.stdout + r.stderr
     text = (ws.root / "config/autonomous_loop.yaml").read_text()
     assert text.splitlines()[0] == "# yaml-language-server: $schema=autonomous_loop.schema.json"
@@ -117,7 +117,7 @@ def test_config_show_says_where_each_value_came_from_and_shows_no_secret(ws: Wor
     ws.write("config/autonomous_loop.yaml", "autonomous_loop:\n  max_iterations: 7\n  failure_threshold: 2\n"
                                             f"agent: claude\nexecutor_command: my-agent --key {secret}\n")
     ws.task("---\nfailure_threshold: 4\n---\n- [ ] 1. a step\n", "Specs/x/tasks.md")
-    r = ws.kiro("config", "show", "--json", "--task", "Specs/x/tasks.md", env=ws.env(KIRO_AGENT="codex"))
+    r = ws.run("config", "show", "--json", "--task", "Specs/x/tasks.md", env=ws.env(KIRO_AGENT="codex"))
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {row["key"]: (row["value"], row["from"]) for row in json.loads(r.stdout)}
     print("\n".join(f"{k}: {v}" for k, v in rows.items() if v[1] != "default"))
@@ -126,8 +126,8 @@ def test_config_show_says_where_each_value_came_from_and_shows_no_secret(ws: Wor
     assert rows["agent"] == ("codex", "environment KIRO_AGENT")  # and the environment over both
     assert rows["autonomous_loop.timeout_seconds"] == (43200.0, "default")
     assert secret not in r.stdout and "[REDACTED]" in rows["executor_command"][0]
-    plain = ws.kiro("config", "show")
+    plain = ws.run("config", "show")
     assert plain.returncode == 0 and "(config/autonomous_loop.yaml:2)" in plain.stdout and secret not in plain.stdout
-    missing = ws.kiro("config", "show", "--task", "Specs/none/tasks.md")
+    missing = ws.run("config", "show", "--task", "Specs/none/tasks.md")
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert "Traceback" not in missing.stderr

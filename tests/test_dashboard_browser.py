@@ -33,8 +33,10 @@ if not os.path.exists(CHROMIUM):
     pytest.skip("no chromium (apt-get install chromium)", allow_module_level=True)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One chromium for the module's tests (its start is most of a test's CPU): each test opens its pages in
+    a context of its own (`new_page`), which shares no cookies, storage or routes with another's."""
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         yield b
