@@ -13,6 +13,7 @@ call, until the test releases it, so a test sees what kiro shows while a step is
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import threading
 import time
@@ -24,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.agent_clis import CODEX_PRICE, Claude, Cli, run_once
+from kiro.fs.locks import Flock, Timeout
+from tests.agent_clis import CODEX_PRICE, Claude, Cli, run_folder, run_once
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, Gemini
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError, Recorded
@@ -78,28 +80,45 @@ def dead_run(name: str, key: str, makers: dict[str, Callable[[Path], Any]],
     `idle[name]` s to start the agent and have it reach the endpoint: then the attempt ended before the
     test's point, and it is tried once more, afresh, with RETRY_IDLE s.
 
-    The runs of `makers` are made together, once in the test run (`run_once` under `key`, whichever worker
-    asks first): they mostly wait, so their waits overlap, the longest first; each starts once the one before
-    has reached its endpoint (or ended), so one agent starts up at a time, as when they ran one by one.
+    Each agent's run is made once in the test run (under `key`), and the runs of `makers` are made together:
+    they mostly wait, so their waits overlap, the longest first. Each starts once the one before has reached
+    its endpoint (or ended), so one agent starts up at a time, as when they ran one by one. A run another
+    worker has begun is left to it (its test waits for it, as long as it would have taken to make it).
     `configure(ws, cli, extra, loop=...)` writes a workspace's config. Skipped, saying why, when the agent is
     not installed."""
-
-    def made() -> dict[str, Any]:
-        answers: dict[str, Any] = {}
-        threads = []
-        for each in sorted(makers, key=lambda n: (-idle[n], n)):
-            reached = threading.Event()
-            thread = threading.Thread(target=_dead, args=(each, makers[each], configure, idle[each], base / each,
-                                                          reached, answers), name=f"dead-{each}")
-            thread.start()
-            threads.append(thread)
-            reached.wait()
-        for thread in threads:
-            thread.join()
-        return answers
-
-    answers = run_once(key, made)
-    answer = answers[name]
+    folder = run_folder()
+    made = folder / f"{key}-{name}.json"
+    own = Flock(folder / f"{key}-{name}.lock")
+    try:
+        own.acquire()
+    except Timeout:  # another worker makes it
+        own.acquire(timeout=None)
+    try:
+        if not made.exists():
+            threads = []
+            for each in sorted(makers, key=lambda n: (-idle[n], n != name, n)):
+                lock = own if each == name else Flock(folder / f"{key}-{each}.lock")
+                if lock is not own:
+                    try:
+                        lock.acquire()
+                    except Timeout:  # another worker makes it
+                        continue
+                if (folder / f"{key}-{each}.json").exists():
+                    if lock is not own:
+                        lock.release()
+                    continue
+                reached = threading.Event()
+                thread = threading.Thread(target=_dead, name=f"dead-{each}",
+                                          args=(each, makers[each], configure, idle[each], base / each, reached,
+                                                folder / f"{key}-{each}.json", None if lock is own else lock))
+                thread.start()
+                threads.append(thread)
+                reached.wait()
+            for thread in threads:
+                thread.join()
+        answer = json.loads(made.read_text())
+    finally:
+        own.release()
     if "skip" in answer:
         pytest.skip(answer["skip"])
     assert "failed" not in answer, answer["failed"]
@@ -107,18 +126,19 @@ def dead_run(name: str, key: str, makers: dict[str, Callable[[Path], Any]],
 
 
 def _dead(name: str, make: Callable[[Path], Any], configure: Callable[..., None], idle: int, base: Path,
-          reached: threading.Event, answers: dict[str, Any]) -> None:
-    """One `dead_run`: its answer into `answers`; `reached` set once its agent reached the endpoint (or its
-    run ended)."""
+          reached: threading.Event, made: Path, lock: Flock | None) -> None:
+    """One `dead_run`: its answer into `made` (then `lock` is released); `reached` set once its agent reached
+    the endpoint (or its run ended)."""
     from tests.agent_clis import task_text
     from tests.conftest import new_cli_home, new_workspace
 
     home = new_cli_home()
     cli = None
+    answer: dict[str, Any] = {}
     try:
         cli = make(home)
         if not cli.installed:
-            answers[name] = {"skip": cli.skip_reason()}
+            answer = {"skip": cli.skip_reason()}
             return
         cli.start()
         ws = new_workspace(base / "vault")
@@ -142,17 +162,21 @@ def _dead(name: str, make: Callable[[Path], Any], configure: Callable[..., None]
             if cli.server.requests:
                 break
             print(f"{name} did not reach its endpoint within {seconds} s of its start (a slow start): again")
-        answers[name] = {"name": name, "code": code, "out": ws.output(proc),
+        answer = {"name": name, "code": code, "out": ws.output(proc),
                          "error": ws.state(tid)["steps"]["1"]["last_error"], "seconds": seconds,
                          "requests": len(cli.server.requests),
                          "silent": [e for e in ws.events(tid) if e["event"] == "agent_silent"]}
     except BaseException:
-        answers[name] = {"failed": traceback.format_exc()}  # the test raises it
+        answer = {"failed": traceback.format_exc()}  # the test raises it
     finally:
         reached.set()
         if cli is not None:
             cli.close()
         shutil.rmtree(home, ignore_errors=True)
+        made.with_suffix(".part").write_text(json.dumps(answer))
+        made.with_suffix(".part").rename(made)
+        if lock is not None:
+            lock.release()
 
 
 def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
