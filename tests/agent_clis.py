@@ -305,12 +305,18 @@ def kiro_agents(ws: Workspace, env: dict[str, str], *args: str) -> subprocess.Co
     return r
 
 
+def run_folder() -> Path:
+    """Where the test run's workers share what one of them made (`run_once`, tests/agent_clis_acp.dead_run)."""
+    folder = Path(tempfile.gettempdir()) / f"kiro-test-runs-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def run_once(name: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """`make()`'s answer (JSON), made once in the test run: by the first xdist worker that asks, the others
     wait for it and read it. What a module-scoped fixture is when two of its tests land on two workers (the
     run's `--dist load` sends tests where there is room): each worker would make its own."""
-    folder = Path(tempfile.gettempdir()) / f"kiro-test-runs-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = run_folder()
     made = folder / f"{name}.json"
     with Flock(folder / f"{name}.lock") as lock:
         lock.acquire(timeout=None)

@@ -13,8 +13,11 @@ call, until the test releases it, so a test sees what kiro shows while a step is
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.agent_clis import CODEX_PRICE, Claude, Cli, run_once
+from kiro.fs.locks import Flock, Timeout
+from tests.agent_clis import CODEX_PRICE, Claude, Cli, run_folder, run_once
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, Gemini
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import HttpError, Recorded
@@ -44,28 +48,135 @@ def run(ws: Workspace, cli: Cli, *args: str, timeout: float = 240) -> tuple[int,
     return r.returncode, r.stdout + r.stderr
 
 
-def dead_endpoint_ends_the_attempt(ws: Workspace, cli: Any, idle: int) -> None:
-    """An agent whose endpoint accepts and never answers falls silent: the idle timeout (`idle` s) ends
-    the attempt, and the error says so. The silence counts from the agent's start, and a loaded machine
-    may take longer than `idle` s to start it and have it reach the endpoint: then the attempt ended
-    before the test's point, and it is tried once more, afresh, with 60 s (what must hold is the
-    idle timeout ending an attempt stuck on the dead endpoint)."""
-    from tests.agent_clis import task_text
+RETRY_IDLE = 60  # the idle timeout of a dead-endpoint run's second attempt (its first ended before the endpoint)
 
-    ws.task(task_text(1))
-    cli.server.hang = True  # accepts the connection, never answers
-    for attempt, seconds in enumerate((idle, 60)):
-        configure(ws, cli, f"step_idle_timeout_seconds: {seconds}\n", loop="  failure_threshold: 1\n")
-        tid = f"dead{attempt}"
-        r = ws.kiro("loop", "start", "--task", TASK, "--task-id", tid, *(("--fresh",) if attempt else ()),
-                    env=ws.env(**cli.env()), timeout=240)
-        if cli.server.requests:
-            break
-        print(f"{cli.name} did not reach its endpoint within {seconds} s of its start (a slow start): again")
-    assert r.returncode == 5, r.stdout + r.stderr
-    error = ws.state(tid)["steps"]["1"]["last_error"]
-    assert f"printed nothing for {seconds} s" in error and "step_idle_timeout_seconds" in error, error
-    assert len(cli.server.requests) >= 1  # it did reach the endpoint
+
+@dataclass
+class DeadRun:
+    """One agent's `kiro loop start` on an endpoint that accepts its request and never answers (`dead_run`)."""
+
+    name: str
+    code: int  # the loop's exit code...
+    out: str  # ...and what it printed
+    error: str  # the step's last_error
+    seconds: int  # the idle timeout of the attempt that reached the endpoint
+    requests: int  # the requests the endpoint got
+    silent: list[dict[str, Any]]  # the agent_silent events: the silence said while it lasted
+
+    def assert_ended_by_the_idle_timeout(self) -> None:
+        """The attempt ended by the idle timeout, and the error says so: the behaviour every dead-endpoint
+        test asserts."""
+        assert self.code == 5, self.out
+        assert f"printed nothing for {self.seconds} s" in self.error, self.error
+        assert "step_idle_timeout_seconds" in self.error, self.error
+        assert self.requests >= 1, self.out  # it did reach the endpoint
+
+
+def dead_run(name: str, key: str, makers: dict[str, Callable[[Path], Any]],
+             configure: Callable[..., None], idle: dict[str, int], base: Path) -> DeadRun:
+    """Agent `name`'s run on a dead endpoint: the idle timeout (`idle[name]` s) ends the attempt. The silence
+    counts from the agent's spawn (SPEC: "printed nothing for that long"), so the idle timeout is longer than
+    the agent's silent start-up and each run waits at least that long; a loaded machine may take longer than
+    `idle[name]` s to start the agent and have it reach the endpoint: then the attempt ended before the
+    test's point, and it is tried once more, afresh, with RETRY_IDLE s.
+
+    Each agent's run is made once in the test run (under `key`), and the runs of `makers` are made together:
+    they mostly wait, so their waits overlap, the longest first. Each starts once the one before has reached
+    its endpoint (or ended), so one agent starts up at a time, as when they ran one by one. A run another
+    worker has begun is left to it (its test waits for it, as long as it would have taken to make it).
+    `configure(ws, cli, extra, loop=...)` writes a workspace's config. Skipped, saying why, when the agent is
+    not installed."""
+    folder = run_folder()
+    made = folder / f"{key}-{name}.json"
+    own = Flock(folder / f"{key}-{name}.lock")
+    try:
+        own.acquire()
+    except Timeout:  # another worker makes it
+        own.acquire(timeout=None)
+    try:
+        if not made.exists():
+            threads = []
+            for each in sorted(makers, key=lambda n: (-idle[n], n != name, n)):
+                lock = own if each == name else Flock(folder / f"{key}-{each}.lock")
+                if lock is not own:
+                    try:
+                        lock.acquire()
+                    except Timeout:  # another worker makes it
+                        continue
+                if (folder / f"{key}-{each}.json").exists():
+                    if lock is not own:
+                        lock.release()
+                    continue
+                reached = threading.Event()
+                thread = threading.Thread(target=_dead, name=f"dead-{each}",
+                                          args=(each, makers[each], configure, idle[each], base / each, reached,
+                                                folder / f"{key}-{each}.json", None if lock is own else lock))
+                thread.start()
+                threads.append(thread)
+                reached.wait()
+            for thread in threads:
+                thread.join()
+        answer = json.loads(made.read_text())
+    finally:
+        own.release()
+    if "skip" in answer:
+        pytest.skip(answer["skip"])
+    assert "failed" not in answer, answer["failed"]
+    return DeadRun(**answer)
+
+
+def _dead(name: str, make: Callable[[Path], Any], configure: Callable[..., None], idle: int, base: Path,
+          reached: threading.Event, made: Path, lock: Flock | None) -> None:
+    """One `dead_run`: its answer into `made` (then `lock` is released); `reached` set once its agent reached
+    the endpoint (or its run ended)."""
+    from tests.agent_clis import task_text
+    from tests.conftest import new_cli_home, new_workspace
+
+    home = new_cli_home()
+    cli = None
+    answer: dict[str, Any] = {}
+    try:
+        cli = make(home)
+        if not cli.installed:
+            answer = {"skip": cli.skip_reason()}
+            return
+        cli.start()
+        ws = new_workspace(base / "vault")
+        ws.task(task_text(1))
+        cli.server.hang = True  # accepts the connection, never answers
+        for attempt, seconds in enumerate((idle, RETRY_IDLE)):
+            configure(ws, cli, f"step_idle_timeout_seconds: {seconds}\nstep_timeout_seconds: 3000\n",
+                      loop="  failure_threshold: 1\n")
+            tid = f"dead{attempt}"
+            proc = ws.spawn("loop", "start", "--task", TASK, "--task-id", tid, *(("--fresh",) if attempt else ()),
+                            env=ws.env(**cli.env(), KIRO_RAISE_ERRORS="1"))
+            try:
+                while proc.poll() is None and not cli.server.requests:
+                    time.sleep(0.1)
+                if cli.server.requests:
+                    reached.set()
+                code = proc.wait(timeout=seconds + 240)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            if cli.server.requests:
+                break
+            print(f"{name} did not reach its endpoint within {seconds} s of its start (a slow start): again")
+        answer = {"name": name, "code": code, "out": ws.output(proc),
+                         "error": ws.state(tid)["steps"]["1"]["last_error"], "seconds": seconds,
+                         "requests": len(cli.server.requests),
+                         "silent": [e for e in ws.events(tid) if e["event"] == "agent_silent"]}
+    except BaseException:
+        answer = {"failed": traceback.format_exc()}  # the test raises it
+    finally:
+        reached.set()
+        if cli is not None:
+            cli.close()
+        shutil.rmtree(home, ignore_errors=True)
+        made.with_suffix(".part").write_text(json.dumps(answer))
+        made.with_suffix(".part").rename(made)
+        if lock is not None:
+            lock.release()
 
 
 def kinds(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from tests.agent_clis_acp import (
     Held,
     SharedRun,
     configure,
-    dead_endpoint_ends_the_attempt,
+    dead_run,
     descendants,
     followed_run,
     kinds,
@@ -240,9 +240,11 @@ def test_a_stop_mid_step_cancels_the_turn_and_resume_starts_that_step_again(stop
     print(f"{stopped_twice.name}: `{how}` ended the loop {seen['seconds']:.2f} s after it was given; {ended}")
 
 
-def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpCli) -> None:
-    assert cli.server is not None
-    dead_endpoint_ends_the_attempt(ws, cli, idle=10)
+@pytest.mark.parametrize("name", sorted(ACP_CLIS))
+def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(name: str,
+                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    dead_run(name, "dead-claude-gemini-acp", ACP_CLIS, configure, {"claude-acp": 10, "gemini-acp": 10},
+             tmp_path_factory.mktemp("dead")).assert_ended_by_the_idle_timeout()
 
 
 def test_the_step_timeout_ends_a_turn_that_does_not_end(ws: Workspace, cli: AcpCli) -> None:

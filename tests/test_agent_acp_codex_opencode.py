@@ -18,7 +18,7 @@ from tests.agent_clis_acp import (
     TASK,
     SharedRun,
     configure,
-    dead_endpoint_ends_the_attempt,
+    dead_run,
     followed_run,
     kinds,
     run,
@@ -137,9 +137,11 @@ def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again
 IDLE = {"codex-acp": 10, "opencode-acp": 30}
 
 
-def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: AcpMoreCli) -> None:
-    assert cli.server is not None
-    dead_endpoint_ends_the_attempt(ws, cli, idle=IDLE[cli.name])
+@pytest.mark.parametrize("name", sorted(ACP_MORE_CLIS))
+def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(name: str,
+                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    dead_run(name, "dead-codex-opencode-acp", ACP_MORE_CLIS, configure, IDLE,
+             tmp_path_factory.mktemp("dead")).assert_ended_by_the_idle_timeout()
 
 
 def test_codex_acp_with_an_api_key_and_no_login_is_authenticated_by_kiro(ws: Workspace, cli_home: Path) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.agent_clis import Cli, listed_agents, serving, task_text
-from tests.agent_clis_acp import dead_endpoint_ends_the_attempt
+from tests.agent_clis_acp import configure as acp_configure
+from tests.agent_clis_acp import dead_run
 from tests.agent_clis_qwen_copilot import NEW_CLIS, PRICE_IN, PRICE_OUT, QWEN_PRICE, Copilot
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import chat as fc
@@ -72,13 +73,15 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
 
 # Long enough for each CLI's silent start-up on a lightly loaded machine (kiro counts the silence from the spawn,
 # so the test lasts at least this long); a start slower than that is tried once more with 60 s
-# (tests/agent_clis_acp.dead_endpoint_ends_the_attempt).
+# (tests/agent_clis_acp.dead_run).
 IDLE = {"qwen": 15, "copilot": 10}
 
 
-def test_dead_endpoint_ends_the_attempt_by_the_idle_timeout(ws: Workspace, cli: Cli) -> None:
-    assert cli.server is not None
-    dead_endpoint_ends_the_attempt(ws, cli, idle=IDLE[cli.name])
+@pytest.mark.parametrize("name", sorted(NEW_CLIS))
+def test_dead_endpoint_ends_the_attempt_by_the_idle_timeout(name: str,
+                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    dead_run(name, "dead-qwen-copilot", NEW_CLIS, acp_configure, IDLE,
+             tmp_path_factory.mktemp("dead")).assert_ended_by_the_idle_timeout()
 
 
 def test_a_usage_error_ends_the_run_with_exit_1_and_the_clis_own_line(ws: Workspace, cli: Cli) -> None:
