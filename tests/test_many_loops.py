@@ -85,6 +85,32 @@ def test_many_openai_loops_in_one_process_complete_every_step_with_everything_on
     assert not list(root.rglob("*.kiro.tmp"))
 
 
+def test_with_many_loops_in_one_process_a_loop_makes_no_more_state_records_than_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's closing save and the next step's opening save are one journal record (one append, one
+    fdatasync: Loop.save_soon). With many loops, the look at the task files they share before a step is a
+    yield of the loop's task; it made the owed save on its own there: 9-10 records a 4-step loop instead of
+    7, a fdatasync more a step (issue #41). The archived state's journal_seq counts a run's records."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    steps = 4
+
+    def records(root: Path, loops: int) -> list[int]:
+        with FakeOpenAI() as fake:
+            fake.responder = _answer_current_step
+            ws = _workspace(root, fake.base_url, loops, steps)
+            index = LoopIndex(StateStore(ws))
+            runs = [prepare_start(ws, f"Specs/t{i:02d}/tasks.md", task_id=f"t{i:02d}", index=index)
+                    for i in range(loops)]
+            outcomes = asyncio.run(run_loops(runs))
+        assert [o.exit_code for o in outcomes] == [0] * loops, [o.message for o in outcomes]
+        return [json.loads((root / f".state/archive/autonomous_loop_t{i:02d}.json").read_text())["journal_seq"]
+                for i in range(loops)]
+
+    [alone] = records(tmp_path / "alone", 1)
+    many = records(tmp_path / "many", 4)
+    assert alone >= steps and max(many) <= alone, (alone, many)
+
+
 def test_a_loops_next_model_call_minutes_later_goes_over_the_connection_its_last_one_used(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With a thousand loops in one process a loop's next model call comes a minute or more after its last

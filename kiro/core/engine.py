@@ -20,11 +20,11 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kiro import timeutil
 from kiro.core import conditions, resolved
@@ -56,6 +56,7 @@ from kiro.usage import Usage
 if TYPE_CHECKING:
     import random
 
+T = TypeVar("T")
 CAUSE_CHARS = 1000  # of each line of a loop's `stop_message`: a path in it (an attempt's log) stays whole
 
 
@@ -196,6 +197,7 @@ class Loop:
         self._write_problems: list[str] = []
         self._hooks: tuple[str, tuple[Path, Path]] | None = None  # (task id, its stop hooks)
         self._save_owed = False  # `save_soon()` was called and no save has been made since
+        self._save_held = 0  # inside `aside()`: a yield there does not make the owed save
 
     @property
     def resumed(self) -> bool:
@@ -262,8 +264,22 @@ class Loop:
             asyncio.get_running_loop().call_soon(self._owed_save)
 
     def _owed_save(self) -> None:
-        if self._save_owed:
+        if self._save_owed and not self._save_held:
             self.save()
+
+    async def aside(self, waiting: Awaitable[T]) -> T:
+        """Await `waiting`, a wait in which this loop does nothing anyone can see (the look at the task
+        files that the loops of the process share, kiro.executors.control.shared_look): a save `save_soon()`
+        owes is not made at that yield but at the loop's next one, or its next `save()`, as when it runs
+        alone. So with many loops, too, an iteration's closing save and the next one's opening save are one
+        journal record, one append and one fdatasync (issue #41: the look's yield had split them)."""
+        self._save_held += 1
+        try:
+            return await waiting
+        finally:
+            self._save_held -= 1
+            if self._save_owed and not self._save_held:
+                asyncio.get_running_loop().call_soon(self._owed_save)
 
     async def asave(self) -> None:
         """`save()`, then wait until it is on disk (without holding up the other loops)."""

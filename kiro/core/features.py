@@ -144,10 +144,10 @@ class SealedTaskFiles(Feature):
         await self._check(loop)  # a step the engine did not end here (another feature ran it, a kill before)
         approval.step_began(loop.ws, loop.state.task_id, boxed=_boxed(loop))
         self.marked = True
-        # a few directory listings: at once when this loop runs alone (no other loop to share a look with, and
-        # not yielding here lets the last iteration's owed save and this one's opening save be one journal
-        # record, one append and one fdatasync: Loop.save_soon); with many loops, one look taken for all that
-        # ask in the same turn of the event loop (issue #41)
+        # a few directory listings: at once when this loop runs alone (no other loop to share a look with); with
+        # many loops, one look taken for all that ask in the same turn of the event loop (issue #41), a yield
+        # that leaves the last iteration's owed save to this one's opening save (Loop.aside): one journal
+        # record, one append and one fdatasync either way (Loop.save_soon)
         boxed = _boxed(loop)
         self.files = TaskFiles.take(loop.ws, loop.task_path, boxed=boxed, look=await _look(loop, boxed))
         self.step_id = step_id
@@ -184,7 +184,7 @@ class SealedTaskFiles(Feature):
 async def _look(loop: LoopHandle, boxed: bool) -> Look | None:
     """None (`TaskFiles` looks at once) when this loop runs alone in the process, else the look shared by every
     loop that asks in this turn of the event loop (kiro.executors.control.shared_look)."""
-    return None if writer.alone() else await shared_look(loop.ws, boxed=boxed)
+    return None if writer.alone() else await loop.aside(shared_look(loop.ws, boxed=boxed))
 
 
 def _boxed(loop: LoopHandle) -> bool:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from kiro.core.conditions import Stop
     from kiro.core.guardrails import LoopGuardrails
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from kiro.store.statestore import StateStore
     from kiro.store.tasks import Step, TaskFile
     from kiro.store.workspace import Workspace
+
+T = TypeVar("T")
 
 
 class LoopHandle(Protocol):
@@ -55,6 +57,11 @@ class LoopHandle(Protocol):
     def subscribe(self, *listeners: Callable[[Event], None]) -> None: ...
 
     async def asave(self) -> None: ...
+
+    async def aside(self, waiting: Awaitable[T]) -> T:
+        """Await `waiting`, in which the loop does nothing anyone can see: the save it owes waits for its next
+        yield (for the look the loops of a process share)."""
+        ...
 
     def write_report(self, path: Path, text: str, *, fsync: bool = True) -> None: ...
 
