@@ -158,10 +158,6 @@ def test_a_step_whose_pidfd_cannot_be_opened_is_waited_for_by_a_thread(
     comes back, through a waiting thread as before."""
     import errno
 
-    from kiro.processes import spawn
-
-    spawn.wait_by_pidfd()  # installed while pidfd_open works
-
     def no_fd(pid: int, flags: int = 0) -> int:
         raise OSError(errno.EMFILE, "Too many open files")
 
@@ -266,3 +262,14 @@ def test_while_kiro_holds_the_child_up_its_silence_is_not_an_idle_timeout() -> N
     during, after = asyncio.run(run())
     assert during is None  # the hold ended before any idle timeout fired
     assert after == "idle"  # then the silence counts again and ends it
+
+
+def test_a_prompt_on_stdin_reaches_the_child_whole_or_as_far_as_it_reads(tmp_path: Path) -> None:
+    """An agent CLI given its prompt on stdin (`stdin_data`) reads all of it, even past what a pipe holds at
+    once; a child that exits without reading it is not an error; stderr apart comes back apart."""
+    prompt = b"".join(b"line %d of the prompt\n" % i for i in range(50_000))  # ~1.1 MB: many pipe bufferfuls
+    read = asyncio.run(run_process(["sh", "-c", "wc -c; echo said >&2"], cwd=tmp_path, stdin_data=prompt,
+                                   separate_stderr=True))
+    assert (read.returncode, read.output.strip(), read.stderr.strip()) == (0, str(len(prompt)), "said")
+    unread = asyncio.run(run_process(["sh", "-c", "echo left; exit 3"], cwd=tmp_path, stdin_data=prompt))
+    assert (unread.returncode, unread.output.strip()) == (3, "left")

@@ -9,17 +9,16 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
+import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVarTuple
+from typing import IO, Any
 
 from kiro.processes import groups
 from kiro.processes.sandbox import Box, Network
-
-_Ts = TypeVarTuple("_Ts")
 
 OUTPUT_KEPT = 64_000  # bytes of combined stdout+stderr kept (the tail)
 KILL_GRACE_SECONDS = 3.0
@@ -66,78 +65,98 @@ def _check_program(program: str, cwd: Path, env: Mapping[str, str]) -> None:
         raise PermissionError(13, "Permission denied", program)
 
 
-class _PidfdWatcher(asyncio.AbstractChildWatcher):
-    """Waits for a child through a pidfd on the event loop that spawned it (Python 3.12's
-    PidfdChildWatcher; 3.11's is bound to one loop, so this one, ~20 lines, is kiro's own). A child
-    whose pidfd cannot be opened (no file descriptor left) is waited for by a thread, as before."""
+class Process:
+    """A step's child as kiro holds it: its `Popen` (spawned by vfork: no `preexec_fn`), its exit status
+    (`wait`), reaped on the event loop through a pidfd (Linux 5.3+; no thread per child), and its pipes:
+    asyncio streams (`stdin`, `stdout`, `stderr`) when a caller talks to it (`spawn`), the bare pipes read by
+    the event loop's reader when `run_process` only collects its output (no transport or protocol per step)."""
 
-    def __init__(self) -> None:
-        self._threads = asyncio.ThreadedChildWatcher()
-
-    def add_child_handler(self, pid: int, callback: Callable[[int, int, *_Ts], object],
-                          *args: *_Ts) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.stdin: asyncio.StreamWriter | None = None
+        self.stdout: asyncio.StreamReader | None = None
+        self.stderr: asyncio.StreamReader | None = None
         loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = loop.create_future()
         try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            self._threads.add_child_handler(pid, callback, *args)
+            pidfd = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):  # no file descriptor left (or no pidfd): a thread waits for it
+            threading.Thread(target=self._wait_thread, args=(loop,), name=f"waitpid-{popen.pid}", daemon=True).start()
             return
         try:
-            loop.add_reader(pidfd, self._reap, loop, pid, pidfd, callback, args)
+            loop.add_reader(pidfd, self._reap, loop, pidfd)
         except BaseException:
             os.close(pidfd)
             raise
 
-    @staticmethod
-    def _reap(loop: asyncio.AbstractEventLoop, pid: int, pidfd: int, callback: Callable[..., object],
-              args: tuple[Any, ...]) -> None:
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def _status(self) -> int:
+        try:
+            _, status = os.waitpid(self.pid, 0)
+            return os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped by someone else: its status is lost
+            return 255
+
+    def _exit(self, returncode: int) -> None:
+        self.popen.returncode = returncode
+        if not self._exited.done():
+            self._exited.set_result(returncode)
+
+    def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
         loop.remove_reader(pidfd)
         try:
-            _, status = os.waitpid(pid, 0)
-            returncode = os.waitstatus_to_exitcode(status)
-        except ChildProcessError:  # reaped by someone else: its status is lost
-            returncode = 255
+            returncode = self._status()
         finally:
             os.close(pidfd)
-        callback(pid, returncode, *args)
+        self._exit(returncode)
 
-    def remove_child_handler(self, pid: int) -> bool:
-        return True  # the reader goes when the child ends
+    def _wait_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        returncode = self._status()
+        with contextlib.suppress(RuntimeError):  # the event loop closed meanwhile
+            loop.call_soon_threadsafe(self._exit, returncode)
 
-    def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        pass
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
 
-    def close(self) -> None:
-        pass
+    async def open_streams(self, limit: int) -> None:
+        """Its pipes as asyncio streams, for a caller that talks to it while it runs."""
+        loop = asyncio.get_running_loop()
+        popen = self.popen
+        if popen.stdin is not None:
+            transport, protocol = await loop.connect_write_pipe(lambda: _Writing(loop), popen.stdin)
+            self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+        self.stdout = await self._reader(popen.stdout, limit)
+        self.stderr = await self._reader(popen.stderr, limit)
 
-    def is_active(self) -> bool:
-        return True
-
-    def __enter__(self) -> _PidfdWatcher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-_watcher_chosen = False
+    @staticmethod
+    async def _reader(pipe: IO[bytes] | None, limit: int) -> asyncio.StreamReader | None:
+        if pipe is None:
+            return None
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=limit, loop=loop)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+        return reader
 
 
-def wait_by_pidfd() -> None:
-    """On Python 3.11, asyncio waits for each child on a thread started for it (ThreadedChildWatcher);
-    with a pidfd (Linux 5.3+) the event loop waits for it instead, as Python 3.12 does by default: a
-    thread less per step process (bench/step_spawn.py). Called before a spawn; acts once per process."""
-    global _watcher_chosen
-    if _watcher_chosen or sys.version_info >= (3, 12):
-        return
-    _watcher_chosen = True
-    if type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
-        return  # another event loop (uvloop) waits for children its own way
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except (AttributeError, OSError):  # not Linux, a kernel before 5.3, or a seccomp filter that refuses it
-        return
-    asyncio.set_child_watcher(_PidfdWatcher())
+class _Writing(asyncio.streams.FlowControlMixin, asyncio.Protocol):
+    """The protocol of a child's stdin as a StreamWriter: `drain` waits while the pipe is full, `wait_closed`
+    until the pipe is closed (as asyncio's subprocess protocol does for its stdin)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self._closed: asyncio.Future[None] = loop.create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def _get_close_waiter(self, stream: asyncio.StreamWriter) -> asyncio.Future[None]:
+        return self._closed
 
 
 def kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
@@ -150,7 +169,7 @@ class Child:
     """A process started for a step (`spawn`): in its own process group, registered with the reaper and
     the loop's ledger until `release`."""
 
-    proc: asyncio.subprocess.Process
+    proc: Process
     ledger: groups.Ledger | None
     box: Box | None = None
     link: Network | None = None  # the network namespace its box joined (kiro.processes.sandbox.Network)
@@ -176,11 +195,25 @@ def shell_argv(command: str) -> list[str]:
 
 
 async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, confine: bool = False,
-                box: Box | None = None, stdin: int = asyncio.subprocess.DEVNULL,
-                stderr: int = asyncio.subprocess.STDOUT, limit: int = 2**16) -> Child:
-    """Start a step's process as `run_process` does (its own session and group, the reaper's mark, the
-    ledger's token, the box or `confine`), stdout a pipe; for a caller that talks to it while it runs
-    (an ACP agent on stdin and stdout). The caller ends it (`end_process`) and then `release`s it."""
+                box: Box | None = None, stdin: int = subprocess.DEVNULL, stderr: int = subprocess.STDOUT,
+                limit: int = 2**16) -> Child:
+    """Start a step's process as `run_process` does, its pipes as asyncio streams (`Process.open_streams`,
+    stdout a pipe); for a caller that talks to it while it runs (an ACP agent on stdin and stdout). The
+    caller ends it (`end_process`) and then `release`s it."""
+    child = await _start(argv, cwd=cwd, env=env, confine=confine, box=box, stdin=stdin, stderr=stderr)
+    try:
+        await child.proc.open_streams(limit)
+    except BaseException:
+        kill_group(child.proc.pid, signal.SIGKILL)
+        child.release()
+        raise
+    return child
+
+
+async def _start(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None, confine: bool, box: Box | None,
+                 stdin: int, stderr: int) -> Child:
+    """The one way a step's process starts: its own session and group, the reaper's mark, the ledger's
+    token, the box or `confine`; stdout a pipe."""
     child_env = dict(os.environ if env is None else env)
     _check_program(argv[0], cwd, child_env)
     ledger = groups.current_ledger.get()
@@ -189,24 +222,28 @@ async def spawn(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None
     mark = groups.start_reaper()
     if mark is not None:
         child_env[mark[0]] = mark[1]
-    wait_by_pidfd()
     # the box's network, connected before its command starts (kiro.processes.sandbox.Network): one the loop keeps
     link = await box.link(ledger.token if ledger is not None else None) if box is not None else None
     command = groups.wrap(list(argv), confine=confine) if box is None else \
         [*box.prefix(cwd, child_env, argv, link=link), *argv]
     try:
-        proc = await asyncio.create_subprocess_exec(*command, cwd=str(cwd), env=child_env, stdin=stdin,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                                                    start_new_session=True, limit=limit)
+        popen = subprocess.Popen(command, cwd=str(cwd), env=child_env, stdin=stdin, stdout=subprocess.PIPE,
+                                 stderr=stderr, start_new_session=True)
+        try:
+            proc = Process(popen)
+        except BaseException:  # not watched (the event loop is closing): it goes at once
+            with popen:  # its pipes closed, then waited for
+                kill_group(popen.pid, signal.SIGKILL)
+            raise
     except BaseException:
         if link is not None:
             link.give_back()
         if box is not None:
             box.release()
         raise
-    groups.register(proc.pid)
+    groups.register(popen.pid)
     if ledger is not None:
-        ledger.add(proc.pid)
+        ledger.add(popen.pid)
     return Child(proc, ledger, box, link)
 
 
@@ -310,40 +347,82 @@ async def run_process(
     setpriv would: `confine` needs nothing more), and dies with the group's leader. What ends it early
     (`cancel`, `timeout`, `idle_timeout`, `on_stdout` saying True: a fatal error) is a `Watchdog`."""
     started = time.monotonic()
-    child = await spawn(argv, cwd=cwd, env=env, confine=confine, box=box,
-                        stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
-                        stderr=asyncio.subprocess.PIPE if separate_stderr else asyncio.subprocess.STDOUT)
+    child = await _start(argv, cwd=cwd, env=env, confine=confine, box=box,
+                         stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+                         stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT)
     proc = child.proc
+    popen = proc.popen
+    loop = asyncio.get_running_loop()
     chunks = bytearray()
     err_chunks = bytearray()
     dog = Watchdog(timeout=timeout, cancel=cancel, idle_timeout=idle_timeout)
+    # done when every pipe has reached its end, stdin_data is written and the child has exited
+    work: asyncio.Future[None] = loop.create_future()
+    pending = 0
 
-    async def pump(stream: asyncio.StreamReader | None, into: bytearray) -> None:
-        assert stream is not None
-        while True:
-            data = await stream.read(65536)
-            if not data:
+    def one_done(error: BaseException | None = None) -> None:
+        nonlocal pending
+        pending -= 1
+        if work.done():
+            return
+        if error is not None:
+            work.set_exception(error)
+        elif not pending:
+            work.set_result(None)
+
+    def pump(fd: int, into: bytearray) -> None:
+        def readable() -> None:
+            try:
+                data = os.read(fd, 65536)
+                if not data:
+                    loop.remove_reader(fd)
+                    one_done()
+                    return
+                dog.heard()
+                if on_stdout is not None and into is chunks and on_stdout(data):
+                    dog.end("aborted")
+            except (BlockingIOError, InterruptedError):
                 return
-            dog.heard()
-            if on_stdout is not None and into is chunks and on_stdout(data):
-                dog.end("aborted")
+            except Exception as exc:  # kiro's bug (in `on_stdout`): raised by `run_process`
+                loop.remove_reader(fd)
+                one_done(exc)
+                return
             into.extend(data)
             if len(into) > output_limit * 2:
                 del into[: len(into) - output_limit]
 
-    async def feed() -> None:
-        if stdin_data is None or proc.stdin is None:
-            return
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write(stdin_data)
-            await proc.stdin.drain()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.close()
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, readable)
 
-    pumps = [pump(proc.stdout, chunks)] + ([pump(proc.stderr, err_chunks)] if separate_stderr else [])
-    work = asyncio.ensure_future(asyncio.gather(*pumps, feed(), proc.wait()))
+    def feed(fd: int, data: memoryview) -> None:
+        def writable() -> None:
+            nonlocal data
+            try:
+                while data:
+                    data = data[os.write(fd, data):]
+            except (BlockingIOError, InterruptedError):
+                loop.add_writer(fd, writable)  # a pipe full: on when it has room again
+                return
+            except (BrokenPipeError, ConnectionResetError):  # it did not read it all
+                pass
+            loop.remove_writer(fd)
+            assert popen.stdin is not None
+            popen.stdin.close()
+            one_done()
+
+        os.set_blocking(fd, False)
+        writable()
+
+    pipes = [(popen.stdout, chunks), (popen.stderr, err_chunks)]
+    pending = sum(pipe is not None for pipe, _ in pipes) + (popen.stdin is not None) + 1
+    proc._exited.add_done_callback(lambda _: one_done())
     ended: str | None = None
     try:
+        for pipe, into in pipes:
+            if pipe is not None:
+                pump(pipe.fileno(), into)
+        if popen.stdin is not None and stdin_data is not None:
+            feed(popen.stdin.fileno(), memoryview(stdin_data))
         ended = await dog.watch(work)
         if ended is not None:
             await end_process(proc)
@@ -356,7 +435,14 @@ async def run_process(
     finally:
         if not work.done():
             work.cancel()
+        for pipe in (popen.stdin, popen.stdout, popen.stderr):
+            if pipe is not None and not pipe.closed:
+                loop.remove_reader(pipe.fileno())
+                loop.remove_writer(pipe.fileno())
+                pipe.close()
     child.release()
+    if ended is None and work.exception() is not None:
+        raise work.exception()  # type: ignore[misc]
     text = bytes(chunks[-output_limit:]).decode("utf-8", errors="replace")
     err = bytes(err_chunks[-output_limit:]).decode("utf-8", errors="replace")
     return ProcessResult(proc.returncode, text, time.monotonic() - started, timed_out=ended == "timed_out",
@@ -364,7 +450,7 @@ async def run_process(
                          aborted=ended == "aborted")
 
 
-async def end_process(proc: asyncio.subprocess.Process) -> None:
+async def end_process(proc: Process) -> None:
     """SIGTERM the whole group, then SIGKILL after a grace period."""
     kill_group(proc.pid, signal.SIGTERM)
     try:
