@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kiro import jsonl
+from kiro import jsonl, timeutil
 from kiro.fs import safeio
 
 
@@ -27,6 +28,63 @@ def read_events(path: Path, *, offset: int = 0) -> Iterator[dict[str, Any]]:
 
 
 TAIL_BLOCK = 64 * 1024
+SINCE_SLACK = timedelta(days=1)  # how far back a clock set back between two events may have gone
+SINCE_WHOLE_BYTES = 1024 * 1024  # a log this small is read whole: as quick as looking for where to begin
+
+
+def read_since(path: Path, since: datetime) -> Iterator[dict[str, Any]]:
+    """The events of `read_events(path)` from about `since` on: a log is appended in the order its events
+    happen, so where to begin is found by bisecting the file on the events' `ts`, with a day's slack for a
+    clock set back between two events. Every event written at or after `since` is among them (and some
+    before it: the caller filters); what it costs is the events of the period, not the whole history (a
+    loop's end computes the day's digest over every log of the workspace)."""
+    try:
+        fd = safeio.open_regular(path, fix="move it away; kiro starts a new one")
+    except FileNotFoundError:
+        return
+    try:
+        offset = _offset_before(fd, since - SINCE_SLACK)
+    finally:
+        os.close(fd)
+    yield from read_events(path, offset=offset)
+
+
+def _offset_before(fd: int, bound: datetime) -> int:
+    """The start of a line before which every event was written before `bound` (0 when unsure)."""
+    size = os.fstat(fd).st_size
+    lo, hi = 0, size  # lo: a line start with only earlier events before it; hi: past the answer
+    if size <= SINCE_WHOLE_BYTES:
+        return 0
+    while hi - lo > TAIL_BLOCK:
+        mid = (lo + hi) // 2
+        found = _event_after(fd, mid, hi)
+        if found is None:
+            break  # no dated event there (a torn or hand-made stretch): begin at what is known
+        start, when = found
+        if when < bound:
+            lo = start
+        else:
+            hi = mid
+    return lo
+
+
+def _event_after(fd: int, pos: int, end: int) -> tuple[int, datetime] | None:
+    """The first dated event whose line starts after `pos` and before `end`: its line's start and its time."""
+    block = os.pread(fd, TAIL_BLOCK, pos)
+    cut = block.find(b"\n")
+    while cut >= 0 and pos + cut + 1 < end:
+        start = cut + 1
+        cut = block.find(b"\n", start)
+        if cut < 0:
+            return None  # a line longer than the block: leave it to the reading
+        record = jsonl.record(block[start:cut])
+        raw = record.get("ts") if record is not None else None
+        if isinstance(raw, str):
+            try:
+                return pos + start, timeutil.parse(raw)
+            except ValueError:
+                pass
+    return None
 
 
 def read_last(path: Path, n: int) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import UserError
 from kiro.store.approval import PENDING
-from kiro.store.logread import read_events
+from kiro.store.logread import read_since
 from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, markdown_files
 from kiro.views import stats
@@ -124,7 +124,7 @@ def compute(store: StateStore, day: date, digest_at: str | None, *, now: datetim
     ended: list[dict[str, Any]] = []
     logs = sorted(ws.logs.glob("*.jsonl")) if ws.logs.is_dir() else []
     for log in logs:
-        for e in read_events(log):
+        for e in read_since(log, start):
             kind = e.get("event")
             if kind not in ("step_failed", "loop_finished", "notifier_failed", "usage_limit") \
                     or not _in(e.get("ts") if isinstance(e.get("ts"), str) else None, start, end):

@@ -27,7 +27,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import UserError
 from kiro.status import StopReason, percent, success_rate
-from kiro.store.logread import read_events
+from kiro.store.logread import read_events, read_since
 from kiro.store.state import effective_status
 from kiro.store.statestore import StateStore
 from kiro.usage import Usage, dollars
@@ -92,7 +92,7 @@ def compute(store: StateStore, since: datetime | None = None, until: datetime | 
     for log in logs:
         current: dict[str, int] = {}  # step id -> tokens spent on it so far (all attempts)
         step_of: str | None = None
-        for e in read_events(Path(log)):
+        for e in read_events(Path(log)) if since is None else read_since(Path(log), since):
             if since is not None or until is not None:
                 when = _ts(e)
                 if when is None or (since is not None and when < since) or (until is not None and when >= until):
