@@ -18,10 +18,15 @@ from kiro.fs import safeio
 def read_events(path: Path, *, offset: int = 0) -> Iterator[dict[str, Any]]:
     """Every well-formed event in the file; broken lines (a torn tail) are skipped."""
     try:
-        fh = open(safeio.open_regular(path, fix="move it away; kiro starts a new one"), "rb")  # noqa: SIM115
+        fd = safeio.open_regular(path, fix="move it away; kiro starts a new one")
     except FileNotFoundError:
         return
-    with fh:
+    yield from _records(fd, offset)
+
+
+def _records(fd: int, offset: int) -> Iterator[dict[str, Any]]:
+    """The events of the open log `fd` from `offset` on; the file is closed after them."""
+    with open(fd, "rb") as fh:
         if offset:
             fh.seek(offset)
         yield from jsonl.records(fh)
@@ -44,9 +49,10 @@ def read_since(path: Path, since: datetime) -> Iterator[dict[str, Any]]:
         return
     try:
         offset = _offset_before(fd, since - SINCE_SLACK)
-    finally:
+    except BaseException:
         os.close(fd)
-    yield from read_events(path, offset=offset)
+        raise
+    yield from _records(fd, offset)  # the file it bisected, opened once
 
 
 def _offset_before(fd: int, bound: datetime) -> int:
