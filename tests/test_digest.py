@@ -411,3 +411,29 @@ def test_a_long_history_costs_the_digest_the_events_of_its_day_with_the_same_fig
     assert bisected[0]["failures"]["count"] == 2, bisected[0]["failures"]  # today's step and the loop's end
     assert [f["cause"] for f in bisected[0]["failures"]["latest"]][:1] == ["today's failure"]
     assert len(parsed) > 2 * 30_000 and lines < 2_000, (lines, len(parsed))
+
+
+def test_the_digest_reads_each_log_once(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest's figures (kiro.views.stats) and its own lists (failures, usage limits, loops ended) come from
+    one reading of each event log: a day of 2,000 events is parsed 2,000 times, not twice that."""
+    from kiro import jsonl
+
+    now = datetime.now().astimezone()
+    events = [{"ts": now.isoformat(), "event": "step_failed", "task_id": "busy", "step_id": "1", "attempt": i,
+               "error": f"failure {i}"} for i in range(2_000)]
+    (ws.root / "Logs").mkdir(exist_ok=True)
+    (ws.root / "Logs" / "busy.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    parsed: list[int] = []
+    record = jsonl.record
+
+    def counted(line: bytes | str) -> dict[str, Any] | None:
+        parsed.append(1)
+        return record(line)
+
+    monkeypatch.setattr(jsonl, "record", counted)
+    done = ws.run("loop", "digest", "--json")
+    assert done.returncode == 0, done.stderr
+    digest = json.loads(done.stdout)
+    assert digest["failures"]["count"] == 2_000 and digest["steps"]["failed"] == 2_000, digest["failures"]
+    assert digest["failures"]["latest"][-1]["cause"] == "failure 1999"
+    assert 2_000 <= len(parsed) < 2 * 2_000, len(parsed)

@@ -26,7 +26,6 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import UserError
 from kiro.store.approval import PENDING
-from kiro.store.logread import read_since
 from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, markdown_files
 from kiro.views import stats
@@ -96,10 +95,36 @@ def compute(store: StateStore, day: date, digest_at: str | None, *, now: datetim
     cost and tokens by agent, time slept on usage limits, failures with their causes, loops that ended."""
     ws = store.ws
     start, end = period(day, digest_at)
-    figures = stats.compute(store, since=start, until=end)
+    failures: list[dict[str, Any]] = []
+    limits: list[dict[str, Any]] = []
+    ended: list[dict[str, Any]] = []
+
+    def note(e: dict[str, Any]) -> None:  # an event of the period, as stats counts it (one read of each log)
+        kind = e.get("event")
+        base = {"ts": e.get("ts"), "task_id": e.get("task_id")}
+        if kind == "step_failed":
+            failures.append({**base, "what": f"step {e.get('step_id')} attempt {e.get('attempt')}",
+                             "cause": str(e.get("error") or ""), "log": e.get("log")})
+        elif kind == "notifier_failed":
+            failures.append({**base, "what": f"notifier ({e.get('kind')})", "cause": str(e.get("error") or ""),
+                             "log": None})
+        elif kind == "usage_limit":
+            limits.append({**base, "agent": e.get("agent"), "step_id": e.get("step_id"),
+                           "resets_at": e.get("resets_at"), "fallback": e.get("fallback")})
+        elif kind == "loop_finished":
+            ended.append({**base, "status": e.get("status"), "reason": e.get("reason"),
+                          "message": str(e.get("message") or ""), "report": e.get("report")})
+            if e.get("status") in ("failed", "timed_out", "max_iterations"):
+                failures.append({**base, "what": f"loop {e.get('status')} ({e.get('reason')})",
+                                 "cause": str(e.get("message") or ""), "log": e.get("report")})
+
+    states = store.all_states()
+    figures = stats.compute(store, since=start, until=end, states=states, each_event=note)
+    for items in (failures, limits, ended):
+        items.sort(key=lambda x: str(x["ts"]))
 
     done: list[dict[str, Any]] = []
-    for _path, st in store.all_states():
+    for _path, st in states:
         if st is None:
             continue
         for c in st.completed_steps:
@@ -118,35 +143,6 @@ def compute(store: StateStore, day: date, digest_at: str | None, *, now: datetim
                 "receipt": f"kiro loop receipt --task-id {st.task_id} --step {c.step_id}" if r else None,
             })
     done.sort(key=lambda d: (d["completed_at"], d["task_id"]))
-
-    failures: list[dict[str, Any]] = []
-    limits: list[dict[str, Any]] = []
-    ended: list[dict[str, Any]] = []
-    logs = sorted(ws.logs.glob("*.jsonl")) if ws.logs.is_dir() else []
-    for log in logs:
-        for e in read_since(log, start):
-            kind = e.get("event")
-            if kind not in ("step_failed", "loop_finished", "notifier_failed", "usage_limit") \
-                    or not _in(e.get("ts") if isinstance(e.get("ts"), str) else None, start, end):
-                continue
-            base = {"ts": e.get("ts"), "task_id": e.get("task_id")}
-            if kind == "step_failed":
-                failures.append({**base, "what": f"step {e.get('step_id')} attempt {e.get('attempt')}",
-                                 "cause": str(e.get("error") or ""), "log": e.get("log")})
-            elif kind == "notifier_failed":
-                failures.append({**base, "what": f"notifier ({e.get('kind')})", "cause": str(e.get("error") or ""),
-                                 "log": None})
-            elif kind == "usage_limit":
-                limits.append({**base, "agent": e.get("agent"), "step_id": e.get("step_id"),
-                               "resets_at": e.get("resets_at"), "fallback": e.get("fallback")})
-            else:
-                ended.append({**base, "status": e.get("status"), "reason": e.get("reason"),
-                              "message": str(e.get("message") or ""), "report": e.get("report")})
-                if e.get("status") in ("failed", "timed_out", "max_iterations"):
-                    failures.append({**base, "what": f"loop {e.get('status')} ({e.get('reason')})",
-                                     "cause": str(e.get("message") or ""), "log": e.get("report")})
-    for items in (failures, limits, ended):
-        items.sort(key=lambda x: str(x["ts"]))
 
     waiting: list[dict[str, Any]] = []
     for folder in (ws.needs_action, ws.root / PENDING):

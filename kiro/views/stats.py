@@ -13,13 +13,16 @@ analytics"), computed from the state files and the event logs, nothing else.
 
 `since` keeps events at or after that time, and the states of loops updated since then (usage is a
 loop's running total: a loop active in the window counts whole); `until` (the digest's day,
-kiro.views.digest) keeps events before that time, and the states of loops that began before it.
+kiro.views.digest) keeps events before that time, and the states of loops that began before it. The digest
+reads the states and the logs once, through `compute`: it passes the states it read and is handed every event
+of the window (`each_event`).
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ from kiro import timeutil
 from kiro.errors import UserError
 from kiro.status import StopReason, percent, success_rate
 from kiro.store.logread import read_events, read_since
-from kiro.store.state import effective_status
+from kiro.store.state import LoopState, effective_status
 from kiro.store.statestore import StateStore
 from kiro.usage import Usage, dollars
 
@@ -62,13 +65,17 @@ def _ts(record: dict[str, Any]) -> datetime | None:
         return None
 
 
-def compute(store: StateStore, since: datetime | None = None, until: datetime | None = None) -> dict[str, Any]:
+def compute(store: StateStore, since: datetime | None = None, until: datetime | None = None, *,
+            states: list[tuple[Path, LoopState | None]] | None = None,
+            each_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The figures; `states`: `store.all_states()` when the caller has read them already; `each_event` is
+    handed every event of the window, in each log's order, as it is counted."""
     ws = store.ws
     by_status: Counter[str] = Counter()
     total = Usage()
     loops = 0
     iterations = 0
-    for _path, st in store.all_states():
+    for _path, st in store.all_states() if states is None else states:
         if st is None:
             continue
         if since is not None and timeutil.parse(st.updated_at) < since:
@@ -97,6 +104,8 @@ def compute(store: StateStore, since: datetime | None = None, until: datetime | 
                 when = _ts(e)
                 if when is None or (since is not None and when < since) or (until is not None and when >= until):
                     continue
+            if each_event is not None:
+                each_event(e)
             kind = e.get("event")
             if kind in ("loop_started", "loop_resumed"):
                 runs += 1
