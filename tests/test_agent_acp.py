@@ -278,6 +278,10 @@ BAD_COMMANDS = {
     "not a list": ("agent: acp\nacp_command: gemini --acp\n", "acp_command"),
     "not an ACP agent's": ("agent: claude\nacp_command: [claude-agent-acp]\n", "agent is 'claude'"),
     "no ACP on its stdio": ("agent: acp\nacp_command: [\"true\"]\n", "did not answer ACP's initialize"),
+    # kiro's initialize meets a closed pipe: the acp library's own error record (with its traceback) stays in
+    # the attempt's log, not on the person's terminal
+    "its stdin closed at once": ("sandbox: off\nagent: acp\nacp_command: [sh, -c, \"exec 0<&-; sleep 0.5\"]\n",
+                                 "did not answer ACP's initialize"),
     "acp as a fallback": ("agent: claude\nfallback_agents: [acp]\n", "'acp' has no command line of its own"),
     "executor_command instead": ("agent: gemini-acp\nexecutor_command: gemini --acp\n", "set its command line as "
                                                                                           "acp_command"),

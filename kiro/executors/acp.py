@@ -46,7 +46,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -128,6 +131,30 @@ class _Transcript:
 
     def text(self) -> str:
         return bytes(self.data[-self.limit:]).decode("utf-8", "replace")
+
+
+_turn: contextvars.ContextVar[_Transcript | None] = contextvars.ContextVar("kiro_acp_turn", default=None)
+_ACP_DIR = str(Path(acp.__file__).parent) + os.sep
+
+
+class _LibraryErrors(logging.Filter):
+    """The acp library logs what fails on its side of a connection on Python's root logger, traceback and all
+    (a write to an agent that closed its stdin: "Send loop failed ... ConnectionResetError"), which reaches the
+    person's terminal. kiro says what went wrong with the agent in its own words; the library's record becomes
+    one line of the turn's transcript (its log), where the connection it belongs to is known."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        transcript = _turn.get()
+        if transcript is None or not record.pathname.startswith(_ACP_DIR):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        transcript.note("connection", record.getMessage() + (f": {type(exc).__name__}: {exc}" if exc else ""))
+        return False
+
+
+@functools.cache
+def _quiet_library() -> None:
+    logging.getLogger().addFilter(_LibraryErrors())  # acp logs through the root logger itself
 
 
 class Refused(Exception):
@@ -480,6 +507,8 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
     dog = Watchdog(timeout=max(ctx.timeout_seconds - (time.monotonic() - started), 0.0), cancel=ctx.cancel,
                    idle_timeout=idle_timeout, stop=ctx.guard.interruption)
     transcript = _Transcript(output_limit, dog.heard)
+    _quiet_library()
+    _turn.set(transcript)  # seen by the connection's tasks, made below in this context (`_LibraryErrors`)
     errors = bytearray()
     client = KiroClient(ctx, Policy(ctx), empty_when_missing=empty_when_missing, modes=modes, watchdog=dog)
     conn = acp.connect_to_agent(client, proc.stdin, proc.stdout, observers=[transcript.observe])  # type: ignore[arg-type]
