@@ -8,7 +8,8 @@ loop's writes at once), so the Nth call is the Nth of the run. Each killed run i
 - the state parses, both after the kill and at the end, and records each step completed once, with its
   receipt (kiro.core.evidence);
 - the log holds exactly one completion record (`step_completed` or `step_recovered`) a step, and no
-  `step_started` of a step after it;
+  `step_started` of a step after it (the log begins with an earlier loop's on the same task id, whose steps
+  completed at the same iterations: they are not this loop's);
 - a step whose box was checked when kiro was killed never ran again (each step appends its id to a side log
   beside the workspace);
 - every box of the task file is checked.
@@ -19,14 +20,17 @@ completion record (session 29's `test_sigkill_around_auto_merges_finishes_each_m
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from kiro import timeutil
 from kiro.store import journal, tasks
 from tests.conftest import Workspace, new_workspace, shell_task
 
@@ -56,6 +60,20 @@ def _template(base: Path) -> None:
     cfg = ws.root / "config/autonomous_loop.yaml"
     cfg.write_text(cfg.read_text() + "sandbox: off\n")
     ws.task(shell_task(STEPS, cmd='echo "$KIRO_STEP_ID" >> "$CRASH_SIDE_LOG"'))
+    (ws.root / "Logs/c.jsonl").write_text("".join(json.dumps(e) + "\n" for e in EARLIER))
+
+
+# The log of an earlier loop on the same task id, an hour ago: its steps completed at the iterations this one's
+# will (a resume must not take them for the records of this loop's attempts)
+_AGO = timeutil.iso(timeutil.now() - timedelta(hours=1))
+EARLIER = [
+    {"ts": _AGO, "task_id": "c", "iteration": 0, "event": "loop_started", "task_path": TASK, "executor": "shell",
+     "max_iterations": 100},
+    *({"ts": _AGO, "task_id": "c", "iteration": i, "event": kind, "step_id": str(i)}
+      for i in range(1, STEPS + 1) for kind in ("iteration_started", "step_started", "step_completed")),
+    {"ts": _AGO, "task_id": "c", "iteration": STEPS, "event": "loop_finished", "status": "completed",
+     "reason": "all_steps_done", "exit_code": 0, "message": "done", "iterations": STEPS},
+]
 
 
 def _side(base: Path) -> Counter[str]:
@@ -106,7 +124,7 @@ def _one_kill(template: Path, base: Path, syscall: str, n: int) -> list[str] | N
     if resumed.returncode != 0:
         return [*problems, f"{where}: the resume ended with {resumed.returncode}: "
                                  f"{(resumed.stdout + resumed.stderr)[-800:]}"]
-    kinds = [(e["event"], e.get("step_id")) for e in ws.events("c")]
+    kinds = [(e["event"], e.get("step_id")) for e in ws.events("c")[len(EARLIER):]]  # this loop's
     for i in range(1, STEPS + 1):
         sid = str(i)
         done = [k for k, (kind, step) in enumerate(kinds)
@@ -157,4 +175,4 @@ def test_a_kill_at_each_write_leaves_each_step_completed_once(syscall: str, tmp_
     print(f"kiro killed at each of the {kills} {syscall} calls of a {STEPS}-step run, each resumed to its end: "
           f"{held} held")
     assert kills >= 2, f"no {syscall} call to kill kiro at"
-    assert problems == []
+    assert problems == [], "\n".join(problems)
