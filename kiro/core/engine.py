@@ -8,6 +8,10 @@ Ordering that makes a crash at any instant safe (P-1):
 so a state that records a step completed implies its box is checked, and a resumed loop never runs
 a completed step again. A crash between 2 and the state save is reconciled on resume (the box is
 checked, so the step is recorded as completed, `step_recovered`).
+  3. the step's completion is in the event log (`step_completed`, written as it is emitted) before
+     the state records it (the save after it, one fdatasync a step); a crash between the two leaves
+     the log ahead of the state, and the resume records the step from the log's line, adding no
+     second completion line (`_completion_logged`). A step is in its log completed exactly once.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from kiro.status import Status, StopReason
 from kiro.store import events as ev
 from kiro.store import tasks
 from kiro.store.events import Event, EventLog, Listener
+from kiro.store.logread import read_since
 from kiro.store.messages import Inbox, render
 from kiro.store.receipts import VerifyRun
 from kiro.store.redact import Redactor
@@ -692,6 +697,23 @@ class Loop:
             cur.status = "interrupted"
             self.save()
             return
+        logged = self._completion_logged(cur)
+        if logged is not None:  # the kill fell after the completion's log line, before its state record
+            checkpoint = await self._step_done(step, recovering=True)  # the commit made before the kill
+            if isinstance(logged, ev.StepCompleted):
+                seconds, attempts = logged.duration_seconds, self._attempts(step.id, logged.attempt)
+                summary, agent = "(completed before a restart; recorded after it)", logged.agent
+            else:
+                seconds = (timeutil.now() - timeutil.parse(cur.started_at)).total_seconds() if cur.started_at else 0
+                attempts = self._attempts(step.id, self.state.step_record(step.id).attempts) or 1
+                summary, agent = "(recovered after a restart: the box was checked)", None
+            self._record_success(step, seconds, summary=summary, attempts=attempts, checkpoint=checkpoint,
+                                 agent=agent)
+            for listener in self.listeners:  # the receipt (kiro.core.evidence) and the terminal: the log has it
+                if listener is not self.log:
+                    listener(logged)
+            self.save()
+            return
         problem = await self._confirm_recovered(task, step)
         if problem is not None:  # SPEC §14: the box is reopened, the step runs again
             with contextlib.suppress(TaskFileError, TaskNotFound):
@@ -711,6 +733,25 @@ class Loop:
                              checkpoint=checkpoint)
         self.emit(ev.StepRecovered(step_id=step.id, description=step.title))
         self.save()
+
+    def _completion_logged(self, cur: CurrentStep) -> ev.StepCompleted | ev.StepRecovered | None:
+        """The completion record of the attempt a kill cut short (`cur`, in progress in the state) that the
+        log already holds: the event log is written when the step completes, its state record at the
+        loop's next save (`save_soon`, one fdatasync a step), so a kill between the two leaves the first
+        without the second. Its step, at the state's iteration, in the loop's own part of the log (after its
+        last `loop_started`: an iteration number is used once a loop, by the attempt that completes)."""
+        if not cur.started_at:
+            return None
+        found: dict[str, Any] | None = None
+        for record in read_since(self.log.path, timeutil.parse(cur.started_at)):
+            kind = record.get("event")
+            if kind == "loop_started":
+                found = None  # a new loop on this task id: its iterations count afresh
+            elif (kind in ("step_completed", "step_recovered") and record.get("step_id") == cur.step_id
+                  and record.get("iteration") == self.state.iteration):
+                found = record
+        logged = ev.parse(found) if found is not None else None
+        return logged if isinstance(logged, (ev.StepCompleted, ev.StepRecovered)) else None
 
     # -- one iteration ---------------------------------------------------------------------
 
