@@ -20,6 +20,7 @@ from tests.agent_clis import Cli, serving, task_text
 from tests.agent_clis_acp import ACP_CLIS, TASK, SharedRun, configure, kinds, run
 from tests.agent_clis_codex_opencode_acp import ACP_MORE_CLIS
 from tests.conftest import FAST_CONFIG, Workspace
+from tests.test_agent_acp import guarded_run
 from tests.test_agent_acp import two_steps_run as acp_two_steps
 from tests.test_agent_acp_codex_opencode import two_steps_run as more_two_steps
 
@@ -78,22 +79,19 @@ def test_each_adapter_runs_in_its_most_asking_mode_which_kiro_sets(name: str, ws
           (f"set {wanted!r} (session/set_mode)" if set_to else f"kept {wanted!r}") + "; the step completed")
 
 
-def test_claude_acp_opened_in_auto_asks_kiro_before_writing_state(ws: Workspace, cli_home: Path) -> None:
+def test_claude_acp_opened_in_auto_asks_kiro_before_writing_state(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The case of the issue: `sandbox: off`, claude-agent-acp's default model (its session opens in `auto`). The
-    write to `.state/` is asked, refused by kiro, and never lands; the step completes."""
-    claude = ACP_CLIS["claude-acp"](cli_home)
-    for _ in serving(claude):
-        ws.task(task_text(1))
-        configure(ws, claude, "sandbox: off\n")
-        forged = ws.root / ".state" / "forged.json"
-        claude.extra = [claude.write_call(str(forged), "{}\n")]
-        code, out = run(ws, claude)
-        assert code == 0, out
-        assert not forged.exists()
-        tid = ws.only_task_id()
-        asked = [a for a in kinds(ws.events(tid), "permission_answered") if any("forged" in p for p in a["paths"])]
-        assert asked and not asked[0]["allowed"] and "off limits" in asked[0]["reason"], asked
-        print(f"claude-acp: the write to .state/ was asked and refused: {asked[0]['reason']}")
+    write to `.state/` is asked, refused by kiro, and never lands; the step completes. Read from the one-step
+    run of tests/test_agent_acp.py that tries it (`guarded_run`, out of the box: a claude-acp start a test less),
+    whose agent then tries `../outside.txt` too."""
+    shared = guarded_run("claude-acp", "off", tmp_path_factory.mktemp("guarded-claude-acp-off"))
+    ws, forged = shared.ws, shared.ws.root / ".state" / "x"
+    assert shared.code == 0, shared.out
+    assert not forged.exists()
+    tid = ws.only_task_id()
+    asked = [a for a in kinds(ws.events(tid), "permission_answered") if any(".state/x" in p for p in a["paths"])]
+    assert asked and not asked[0]["allowed"] and "off limits" in asked[0]["reason"], asked
+    print(f"claude-acp: the write to .state/ was asked and refused: {asked[0]['reason']}")
 
 
 def _scripted(ws: Workspace, how: str) -> tuple[int, str]:
