@@ -52,14 +52,18 @@ def gemini_nodes(proc: Any) -> list[str]:
             and "--acp" in argv and any(a.rsplit("/", 1)[-1] == "gemini" for a in argv)]
 
 
+def two_steps_run(name: str, base: Path) -> SharedRun:
+    """One real two-step run per agent that two tests here and one of tests/test_agent_acp_modes.py read
+    (tests/agent_clis_acp.followed_run): its second model call held while `kiro loop logs --follow` looks for
+    the tool call, then finished."""
+    return followed_run(name, ACP_CLIS[name], base, 2, "a tool call in `kiro loop logs --follow`",
+                        while_held=gemini_nodes if name == "gemini-acp" else None)
+
+
 @pytest.fixture(scope="module", params=sorted(ACP_CLIS))
 def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedRun:
-    """One real two-step run per agent that two tests read (tests/agent_clis_acp.followed_run): its second
-    model call held while `kiro loop logs --follow` looks for the tool call, then finished."""
     name = request.param
-    return followed_run(name, ACP_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"), 2,
-                        "a tool call in `kiro loop logs --follow`",
-                        while_held=gemini_nodes if name == "gemini-acp" else None)
+    return two_steps_run(name, tmp_path_factory.mktemp(f"two-steps-{name}"))
 
 
 def test_two_steps_complete_with_tool_calls_and_permissions_as_events(two_steps: SharedRun) -> None:

@@ -37,15 +37,18 @@ def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[AcpMoreCli]:
 
 
 
+def two_steps_run(name: str, base: Path) -> SharedRun:
+    """One real two-step run per agent that two tests here and one of tests/test_agent_acp_modes.py read
+    (tests/agent_clis_acp.followed_run): each step reads the task file before it checks the box, the second
+    model call held while `kiro loop logs --follow` looks for that read, then finished."""
+    return followed_run(name, ACP_MORE_CLIS[name], base, 2, "the read in `kiro loop logs --follow`",
+                        extra=lambda cli, ws: [cli.read_call(str(ws.root / TASK))])
+
+
 @pytest.fixture(scope="module", params=sorted(ACP_MORE_CLIS))
 def two_steps(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedRun:
-    """One real two-step run per agent that two tests read (tests/agent_clis_acp.followed_run): each step reads
-    the task file before it checks the box, the second model call held while `kiro loop logs --follow` looks
-    for that read, then finished."""
     name = request.param
-    return followed_run(name, ACP_MORE_CLIS[name], tmp_path_factory.mktemp(f"two-steps-{name}"), 2,
-                        "the read in `kiro loop logs --follow`",
-                        extra=lambda cli, ws: [cli.read_call(str(ws.root / TASK))])
+    return two_steps_run(name, tmp_path_factory.mktemp(f"two-steps-{name}"))
 
 
 def test_two_steps_complete(two_steps: SharedRun) -> None:

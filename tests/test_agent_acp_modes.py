@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.agent_clis import Cli, serving, task_text
-from tests.agent_clis_acp import ACP_CLIS, TASK, configure, kinds, run
+from tests.agent_clis_acp import ACP_CLIS, TASK, SharedRun, configure, kinds, run
 from tests.agent_clis_codex_opencode_acp import ACP_MORE_CLIS
 from tests.conftest import FAST_CONFIG, Workspace
+from tests.test_agent_acp import guarded_run
+from tests.test_agent_acp import two_steps_run as acp_two_steps
+from tests.test_agent_acp_codex_opencode import two_steps_run as more_two_steps
 
 ALL = {**ACP_CLIS, **ACP_MORE_CLIS}
 # the mode kiro must hold each in (codex-acp in kiro's box: `agent-full-access`, the box confines it)
@@ -27,19 +30,34 @@ ASKING = {"claude-acp": "default", "gemini-acp": "default", "codex-acp": "read-o
 SWITCHING = Path(__file__).with_name("agent_clis_acp_switching.py")
 
 
-@pytest.fixture(params=sorted(ALL))
-def cli(request: pytest.FixtureRequest, cli_home: Path) -> Iterator[Cli]:
-    yield from serving(ALL[request.param](cli_home))
+# The agents whose most asking mode is the same in kiro's box and out of it (kiro.executors.acp.hold_mode: only
+# codex-acp's differs): the session kiro opened and held is read from step 1 of the two-step run their own test
+# modules share (`run_once`: one in the test run), not from a run of its own (an opencode start costs ~9 s of
+# CPU). codex-acp runs here, out of the box, where its most asking mode is `read-only`.
+SHARED: dict[str, Callable[[str, Path], SharedRun]] = {
+    "claude-acp": acp_two_steps, "gemini-acp": acp_two_steps, "opencode-acp": more_two_steps}
 
 
 def _conversation(log: str) -> list[dict[str, Any]]:
     return [json.loads(x) for x in log.splitlines() if x.startswith('{"from"')]
 
 
-def test_each_adapter_runs_in_its_most_asking_mode_which_kiro_sets(ws: Workspace, cli: Cli) -> None:
+def _own_run(ws: Workspace, cli: Cli) -> tuple[int, str]:
     ws.task(task_text(1))
     configure(ws, cli, "sandbox: off\n")
-    code, out = run(ws, cli)
+    return run(ws, cli)
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_each_adapter_runs_in_its_most_asking_mode_which_kiro_sets(name: str, ws: Workspace, cli_home: Path,
+                                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    if name in SHARED:
+        shared = SHARED[name](name, tmp_path_factory.mktemp(f"two-steps-{name}"))
+        ws, code, out = shared.ws, shared.code, shared.out
+    else:
+        cli = ALL[name](cli_home)
+        for _ in serving(cli):
+            code, out = _own_run(ws, cli)
     assert code == 0, out
     tid = ws.only_task_id()
     said = _conversation((ws.root / "Logs" / tid / "1-1.log").read_text())
@@ -48,35 +66,32 @@ def test_each_adapter_runs_in_its_most_asking_mode_which_kiro_sets(ws: Workspace
     modes = opened.get("modes") or {}
     options = {o.get("id"): o for o in opened.get("configOptions") or []}
     was = modes.get("currentModeId") or options.get("mode", {}).get("currentValue")
-    wanted = ASKING[cli.name]
+    wanted = ASKING[name]
     notes = [m["mode"] for m in said if m.get("from") == "kiro" and "mode" in m]
     assert notes and notes[0].startswith(f"mode {wanted}"), notes
     set_to = [m["params"]["modeId"] for m in said if m.get("method") == "session/set_mode"]
     assert set_to == ([] if was == wanted else [wanted]), (was, set_to)
     refused = [a for a in kinds(ws.events(tid), "permission_answered") if not a["allowed"]]
     assert not refused, refused
-    if cli.name == "claude-acp":
+    if name == "claude-acp":
         assert was == "auto", opened  # what kiro fixes: edits would not be asked
-    print(f"{cli.name}: the session opened in {was!r}; kiro " +
+    print(f"{name}: the session opened in {was!r}; kiro " +
           (f"set {wanted!r} (session/set_mode)" if set_to else f"kept {wanted!r}") + "; the step completed")
 
 
-def test_claude_acp_opened_in_auto_asks_kiro_before_writing_state(ws: Workspace, cli_home: Path) -> None:
+def test_claude_acp_opened_in_auto_asks_kiro_before_writing_state(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The case of the issue: `sandbox: off`, claude-agent-acp's default model (its session opens in `auto`). The
-    write to `.state/` is asked, refused by kiro, and never lands; the step completes."""
-    claude = ACP_CLIS["claude-acp"](cli_home)
-    for _ in serving(claude):
-        ws.task(task_text(1))
-        configure(ws, claude, "sandbox: off\n")
-        forged = ws.root / ".state" / "forged.json"
-        claude.extra = [claude.write_call(str(forged), "{}\n")]
-        code, out = run(ws, claude)
-        assert code == 0, out
-        assert not forged.exists()
-        tid = ws.only_task_id()
-        asked = [a for a in kinds(ws.events(tid), "permission_answered") if any("forged" in p for p in a["paths"])]
-        assert asked and not asked[0]["allowed"] and "off limits" in asked[0]["reason"], asked
-        print(f"claude-acp: the write to .state/ was asked and refused: {asked[0]['reason']}")
+    write to `.state/` is asked, refused by kiro, and never lands; the step completes. Read from the one-step
+    run of tests/test_agent_acp.py that tries it (`guarded_run`, out of the box: a claude-acp start a test less),
+    whose agent then tries `../outside.txt` too."""
+    shared = guarded_run("claude-acp", "off", tmp_path_factory.mktemp("guarded-claude-acp-off"))
+    ws, forged = shared.ws, shared.ws.root / ".state" / "x"
+    assert shared.code == 0, shared.out
+    assert not forged.exists()
+    tid = ws.only_task_id()
+    asked = [a for a in kinds(ws.events(tid), "permission_answered") if any(".state/x" in p for p in a["paths"])]
+    assert asked and not asked[0]["allowed"] and "off limits" in asked[0]["reason"], asked
+    print(f"claude-acp: the write to .state/ was asked and refused: {asked[0]['reason']}")
 
 
 def _scripted(ws: Workspace, how: str) -> tuple[int, str]:
