@@ -71,7 +71,12 @@ def _holder(path: Path) -> int | bool | None:
 def _listed(table: str, want_ino: str, want_dev: tuple[int, int]) -> int | bool:
     """The holder's pid in one reading of /proc/locks (0 when it does not show it), False when the lock is
     not listed."""
+    inode = f":{want_ino} "  # as a line names it ("... 12345 fe:00:2148472 0 EOF"): a free lock costs one scan
+    if inode not in table:
+        return False
     for line in table.splitlines():
+        if inode not in line:
+            continue
         # "1: FLOCK  ADVISORY  WRITE 12345 fe:00:2148472 0 EOF" ("-> ..." lines are waiters)
         fields = line.split()
         if len(fields) < 6 or fields[1] != "FLOCK" or "->" in fields[:2]:
