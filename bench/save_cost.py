@@ -89,7 +89,8 @@ def run(tree: Path, saves: int, callgrind: bool) -> tuple[float, int | None]:
         out = Path(tmp) / "callgrind.out"
         if callgrind:
             cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        # cwd: not a tree (`python -c` puts the current folder before PYTHONPATH)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, cwd=tmp)
         assert r.returncode == 0, r.stderr[-2000:]
         thread_ns = float(__import__("json").loads(r.stdout.strip().splitlines()[-1])["thread_ns"])
         found = re.search(r"Collected : (\d+)", r.stderr) if callgrind else None
