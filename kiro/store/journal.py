@@ -31,8 +31,8 @@ The summary file (`read_summary`; `kiro loop status` reads it instead of each lo
             status}, `metrics`, `usage`), then spaces up to the file's previous length
 
 A reader that finds a CRC mismatch (it read during a write) reads again; after a few tries, or
-with no summary file, it reads the state file instead. This module imports only the standard
-library.
+with no summary file, it reads the state file instead. This module imports the standard library
+and pydantic_core's JSON encoder (`dumps`), which writes the journal's records and the summary.
 
 The bare `.json` of a running loop (or of one killed mid-run) may lack its last saves;
 `read_state_dict(state_file)` gives the state as kiro sees it, and `read_summary(state_file)` what
@@ -50,6 +50,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from pydantic_core import to_json
 
 from kiro import jsonl
 
@@ -80,6 +82,13 @@ SUMMARY_FIELDS = (
     "timeout_seconds",  # the run-time limit `status` suggests doubling (`resume --timeout`), as Dashboard.md does
 )
 READ_LIMIT = 64 * 1024 * 1024
+
+
+def dumps(value: Any) -> bytes:
+    """`value` as compact JSON in UTF-8: what `json.dumps(value, ensure_ascii=False, separators=(",", ":"))`
+    writes, encoded, but for how a float under 1e-4 is spelled (`0.00001` for `1e-05`: the same number).
+    pydantic's encoder, not Python's: 3 to 5 times less CPU for a step's record and its summary (issue #41)."""
+    return to_json(value, inf_nan_mode="constants")
 
 
 def journal_path(state_file: Path) -> Path:
@@ -273,7 +282,7 @@ def summary_of(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def encode_summary(summary: dict[str, Any]) -> bytes:
-    body = json.dumps(summary, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    body = dumps(summary)
     return SUMMARY_MAGIC + f"{zlib.crc32(body):08x} {len(body)}\n".encode() + body + b"\n"
 
 

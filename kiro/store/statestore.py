@@ -628,7 +628,7 @@ class LiveJournal:
             record = self._diff(state, shadow)
             self.seq += 1
             record["seq"] = state.journal_seq = self.seq
-            line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+            line = journal.dumps(record).decode("utf-8")
             clean = self.store.redact.text(line)
             if clean != line:
                 line, record = clean, json.loads(clean)
@@ -960,7 +960,7 @@ def _pread_all(path: Path, size: int) -> bytes:
 
 
 def _item_json(item: Any) -> str:
-    return json.dumps(item, ensure_ascii=False, separators=(", ", ": "))
+    return journal.dumps(item).decode("utf-8")
 
 
 

@@ -418,11 +418,11 @@ class EventPrinter:
         self.plain = not getattr(sys.stdout, "isatty", lambda: False)()
 
     def __call__(self, event: Event | dict[str, Any]) -> None:
+        kind = event.get("event") if isinstance(event, dict) else event.event
+        if not self.verbose and kind in ("tool_called", "model_called", "iteration_started", "reinjected",
+                                         "report_written", "permission_answered", "plan_updated"):
+            return  # before the record is made: a step's `iteration_started` is not dumped for nothing
         e = event if isinstance(event, dict) else event.to_record()
-        if not self.verbose and e.get("event") in ("tool_called", "model_called", "iteration_started",
-                                                    "reinjected", "report_written", "permission_answered",
-                                                    "plan_updated"):
-            return
         if e.get("event") == "warning" and clean(str(e.get("message"))) in _warned:
             _warned.remove(clean(str(e.get("message"))))  # the start's warning, on stderr already: once
             return
