@@ -758,3 +758,39 @@ def test_a_batch_start_killed_at_any_moment_loses_no_task_and_runs_no_step_twice
               f"{len(ids_in_files)} of {tasks_n} tasks had their id")
     assert list(ws.root.rglob("*.kiro.tmp")) == []  # the starts after each kill swept what it left
     print(f"{rounds} batch starts killed: {held} held (no task lost, no step run twice, nothing torn)")
+
+
+def test_a_loop_that_ended_has_its_executor_closed_while_the_others_of_its_process_still_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thousand loops in one process: each one that ended kept its executor (tools, transcript, its share of
+    a model client) open, and the run held the loop, until the last one ended: ~40 MB of the peak at 1,000
+    loops x 10 steps (issue #41, docs/guides/many-loops.md). Now a loop's executor is closed when it ends: a
+    loop of one step is closed while another of the same process still has steps to make."""
+    from kiro.executors.openai_agent import OpenAIExecutor
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    closed: list[str] = []
+    aclose = OpenAIExecutor.aclose
+
+    async def closing(self: OpenAIExecutor) -> None:
+        closed.append(self.task_id)
+        await aclose(self)
+
+    monkeypatch.setattr(OpenAIExecutor, "aclose", closing)
+    seen: list[bool] = []  # at each of the long loop's calls: whether the short one's executor was closed
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        if "Specs/t01/" in json.dumps(body["messages"]):
+            seen.append("t00" in closed)
+        return _answer_current_step(body)
+
+    with FakeOpenAI() as fake:
+        fake.responder = answer
+        ws = _workspace(tmp_path / "ws", fake.base_url, 2, 1)
+        (ws.root / "Specs/t01/tasks.md").write_text("".join(f"- [ ] {i}. Step {i}\n" for i in range(1, 9)))
+        index = LoopIndex(StateStore(ws))
+        runs = [prepare_start(ws, f"Specs/t{i:02d}/tasks.md", task_id=f"t{i:02d}", index=index) for i in range(2)]
+        outcomes = asyncio.run(run_loops(runs))
+    assert [o.exit_code for o in outcomes] == [0, 0], [o.message for o in outcomes]
+    assert len(seen) == 8 and seen[-1], seen  # closed before the long loop's last call
+    assert sorted(closed) == ["t00", "t01"]  # every executor closed once, when its loop ended

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kiro.store import tasks
-from kiro.store.state import CompletedStep, CurrentStep, FailedStep, LoopState
+from kiro.store.state import CompletedStep, Context, CurrentStep, FailedStep, LoopState
 from kiro.views import dashboard, reports
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -118,6 +118,27 @@ def test_dashboard_of_a_real_workspace_shows_a_dead_process_as_interrupted(tmp_p
     text = dashboard.render(ws, store, {})
     assert "## Active Loops (0)" in text
     assert "## Paused (1)" in text and "🟠 INTERRUPTED (process 999999 died)" in text
+
+
+def test_the_dashboard_keeps_of_the_states_it_read_only_what_it_shows(tmp_path: Path) -> None:
+    """The dashboard of a process with many loops keeps the states it read from disk between renders (those
+    of other processes, and of its own loops that ended), without their per-step records (issue #41:
+    a second whole copy of every ended loop's state): the same Dashboard.md as from the whole states."""
+    from kiro.store.statestore import StateStore
+    from kiro.store.workspace import Workspace
+
+    ws = Workspace(tmp_path)
+    store = StateStore(ws)
+    for e in _loops():
+        store.save(e.state.model_copy(update={"context": Context(last_prompt="p" * 5000, last_response="r")}))
+    disk = dashboard.DiskStates(store)
+    kept = dashboard.render(ws, store, {}, NOW, disk=disk)
+    assert kept == dashboard.render(ws, store, {}, NOW)  # read whole, every time
+    assert "## Completed Today (1)" in kept and "## Failed (1)" in kept and "**Failed Step**: 5.2" in kept
+    states = [st for _p, st in disk.read(set()) if st is not None]
+    assert len(states) == len(_loops())
+    assert all(not st.completed_steps and not st.context.last_prompt and len(st.failed_steps) <= 1 for st in states)
+    assert kept == dashboard.render(ws, store, {}, NOW, disk=disk)  # from what it kept
 
 
 def _report_state() -> LoopState:

@@ -854,13 +854,24 @@ async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None
             if r.release:
                 r.release()
         raise
+
+    async def run_one(lp: Loop) -> Outcome:
+        """One loop's run. When it ends, its executor is closed and the loop let go: with a thousand loops in
+        one process, the ones that ended (their executors, listeners, queues) are not kept until the last ends."""
+        try:
+            return await lp.run()
+        finally:
+            loops.remove(lp)  # a signal then stops the loops still running
+            with contained():
+                await lp.executor.aclose()
+
     remove = install_signal_handlers(loops)
     try:
         with heap.long_lived():  # the collector leaves the run's long-lived objects alone (kiro.core.heap)
-            results = await asyncio.gather(*(lp.run() for lp in loops), return_exceptions=True)
+            results = await asyncio.gather(*[run_one(lp) for lp in loops], return_exceptions=True)
     finally:
         remove()
-        for lp in loops:
+        for lp in list(loops):  # a run that did not end (cancelled before it began)
             with contained():
                 await lp.executor.aclose()
         from kiro.processes import sandbox

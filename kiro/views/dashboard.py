@@ -23,7 +23,7 @@ from kiro.fs.atomic import atomic_write
 from kiro.shared import Registry
 from kiro.status import Status, StopReason, percent
 from kiro.store import frontmatter
-from kiro.store.state import LoopState, effective_status, first_line
+from kiro.store.state import Context, LoopState, effective_status, first_line
 from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace
 from kiro.usage import dollars
@@ -170,10 +170,22 @@ def markdown(entries: list[Entry], now: datetime | None = None) -> str:
     return "".join(out)
 
 
+def _shown(state: LoopState | None) -> LoopState | None:
+    """What `DiskStates` keeps of a state between renders: all the dashboard shows, without the per-step
+    records it never reads (the completed steps, `steps{}`, the last prompt and reply, the failed attempts
+    but the newest, the parallel attempts). With a thousand loops of one process ended, the cache held a
+    second whole copy of each one's state (docs/guides/many-loops.md, session 30)."""
+    if state is not None:  # just read from its file: nobody else holds it
+        state.completed_steps, state.steps, state.context, state.parallel = [], {}, Context(), []
+        del state.failed_steps[:-1]
+    return state
+
+
 class DiskStates:
     """The state files on disk (the live folder, then the archive), each parsed again only when it
     changed (inode, mtime, size): the dashboard of a process with a thousand loops looks at every
-    file each second, and reads only the few that moved."""
+    file each second, and reads only the few that moved. Of each it keeps what the dashboard shows
+    (`_shown`)."""
 
     def __init__(self, store: StateStore) -> None:
         self.store = store
@@ -200,7 +212,10 @@ class DiskStates:
                     continue
                 sig = (st.st_ino, st.st_mtime_ns, st.st_size)
                 cached = self._cache.get(entry.path)
-                state = cached[1] if cached is not None and cached[0] == sig else self.store.try_read(Path(entry.path))
+                if cached is not None and cached[0] == sig:
+                    state = cached[1]
+                else:
+                    state = _shown(self.store.try_read(Path(entry.path)))
                 keep[entry.path] = (sig, state)
                 seen[tid] = (Path(entry.path), state)
         self._cache = keep
