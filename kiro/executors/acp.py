@@ -508,7 +508,7 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
                    idle_timeout=idle_timeout, stop=ctx.guard.interruption)
     transcript = _Transcript(output_limit, dog.heard)
     _quiet_library()
-    _turn.set(transcript)  # seen by the connection's tasks, made below in this context (`_LibraryErrors`)
+    turn_token = _turn.set(transcript)  # seen by the connection's tasks, made below in this context (`_LibraryErrors`)
     errors = bytearray()
     client = KiroClient(ctx, Policy(ctx), empty_when_missing=empty_when_missing, modes=modes, watchdog=dog)
     conn = acp.connect_to_agent(client, proc.stdin, proc.stdout, observers=[transcript.observe])  # type: ignore[arg-type]
@@ -570,6 +570,7 @@ async def run_turn(argv: list[str], *, ctx: StepContext, env: dict[str, str], bo
             if not task.done():
                 task.cancel()
         await asyncio.gather(work, exited, stderr_pump, return_exceptions=True)
+        _turn.reset(turn_token)  # the step's task holds no finished turn's transcript
     refused = work.exception() if work.done() and not work.cancelled() else None
     if isinstance(refused, Refused):
         transcript.note("refused", str(refused))
