@@ -17,6 +17,8 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kiro.fs.locks import Flock
+from kiro.fs.locks import Flock, Timeout
 from tests.conftest import AGENTS_CACHE, Workspace
 from tests.fakes import FakeServer, HttpError, Recorded
 from tests.fakes import anthropic as fa
@@ -323,6 +325,55 @@ def run_once(name: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         if not made.exists():
             made.write_text(json.dumps(make()))
         return json.loads(made.read_text())  # type: ignore[no-any-return]
+
+
+T = TypeVar("T")
+
+
+def made_early(key: str, make: Callable[[], dict[str, Any]]) -> Callable[[T], T]:
+    """A test decorator: `run_once(key, make)` is begun in the background as soon as a worker has collected
+    the test (tests/conftest.py `pytest_collection_finish`), so a run that mostly waits (a CLI's own fixed
+    retry schedule) waits while the worker runs other tests; the test reads it with `early(key, make)`,
+    waiting for it if it is still being made (or making it, if nothing began it). `make` returns its answer
+    with no exception: {"skip": why} or {"failed": traceback} when it could not make it."""
+
+    def mark(test: T) -> T:
+        test.start_early = lambda: _begin(key, make)  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def early(key: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The answer of a `made_early` run: skipped, saying why, or failed as its maker failed."""
+    answer = run_once(key, make)
+    if "skip" in answer:
+        pytest.skip(answer["skip"])
+    assert "failed" not in answer, answer["failed"]
+    return answer
+
+
+def _begin(key: str, make: Callable[[], dict[str, Any]]) -> None:
+    """`run_once(key, make)` in a thread of its own, unless another worker (or the test) is making it."""
+    folder = run_folder()
+    lock = Flock(folder / f"{key}.lock")
+
+    def work() -> None:
+        try:
+            if not (folder / f"{key}.json").exists():
+                try:
+                    answer = make()
+                except BaseException:
+                    answer = {"failed": traceback.format_exc()}
+                (folder / f"{key}.json").write_text(json.dumps(answer))
+        finally:
+            lock.release()
+
+    try:
+        lock.acquire()
+    except Timeout:
+        return
+    threading.Thread(target=work, name=f"early-{key}", daemon=True).start()
 
 
 def listed_agents(ws: Workspace, env: dict[str, str], name: str | None = None) -> tuple[dict[str, dict[str, Any]], str]:

@@ -48,6 +48,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         compileall.compile_dir(Path(__file__).resolve().parents[1] / "kiro", quiet=1)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Begin the runs of the tests marked `made_early` (tests/agent_clis.py) this worker collected: they
+    mostly wait, and wait in the background while the worker runs the tests before them."""
+    begun = set()
+    for item in session.items:
+        begin = getattr(getattr(item, "function", None), "start_early", None)
+        if begin is not None and begin not in begun:
+            begun.add(begin)
+            begin()
+
+
 # `kiro agents` keeps the agent CLIs' versions in the user's cache (kiro.executors.agents.versions): a test
 # that lists the real CLIs points it at this one folder of the test run (`env=ws.env(**AGENTS_CACHE)`), so
 # the CLIs are asked once per run, not once per test, and the real home's cache is left alone.

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -31,9 +33,9 @@ import pytest
 
 from kiro.executors import agents
 from kiro.executors.command import RESET_MARGIN_SECONDS
-from tests.agent_clis import CLIS, CODEX_PRICE, Cli, task_text
+from tests.agent_clis import CLIS, CODEX_PRICE, Cli, early, made_early, task_text
 from tests.agent_clis_aider_gemini_opencode import MORE_CLIS
-from tests.conftest import FAST_CONFIG, Workspace
+from tests.conftest import FAST_CONFIG, Workspace, new_cli_home
 from tests.fakes import HttpError, Recorded
 from tests.fakes import anthropic as fa
 from tests.fakes import chat as fc
@@ -408,19 +410,40 @@ def test_opencode_waiting_hours_inside_its_own_retry_is_a_usage_limit_wait_at_on
     print("opencode said, and kiro slept on:", limits[0]["message"])
 
 
-def test_aider_rate_limit_after_its_own_retries_is_a_usage_limit(cli_home: Path) -> None:
+def aider_rate_limit() -> dict[str, Any]:
+    """aider's run on a provider that answers every request with a rate limit (made early: see the test)."""
+    home = new_cli_home()
+    try:
+        error = fc.error(429, "Rate limit reached for requests", "rate_limit_exceeded", retry_after_ms=100)
+        limit, out, _ = run_cli("aider", home, error)
+    except pytest.skip.Exception as skipped:
+        return {"skip": str(skipped)}
+    except BaseException:
+        return {"failed": traceback.format_exc()}
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    resets_at = limit and limit.resets_at and limit.resets_at.isoformat()
+    return {"limit": None if limit is None else [limit.kind, limit.line, resets_at], "out": out[-2000:]}
+
+
+@made_early("aider-rate-limit", aider_rate_limit)
+def test_aider_rate_limit_after_its_own_retries_is_a_usage_limit() -> None:
     """aider retries a RateLimitError itself, then prints it (no reset time). (A used-up balance, "check
     your plan and billing", is left a failed attempt: it does not reset.)
 
     aider 0.86's schedule is its own and fixed: 8 retries 0.25 s to 32 s apart (coders/base_coder.py
     `retry_delay`, doubling until it passes models.RETRY_TIMEOUT, 60 s; no option or variable sets it, and
-    it ignores the server's Retry-After): ~64 s of its sleeps this test cannot shorten. Inside each of
-    its 9 tries, litellm's OpenAI client retries twice more after the server's retry hint, or after its
-    own backoff (~0.5 s, ~1 s) without one: the provider's shortest hint (100 ms) keeps that to 0.2 s."""
-    error = fc.error(429, "Rate limit reached for requests", "rate_limit_exceeded", retry_after_ms=100)
-    limit, out, _ = run_cli("aider", cli_home, error)
-    assert limit is not None and limit.kind == "usage_limit" and limit.resets_at is None, out[-2000:]
-    assert limit.line.startswith("litellm.RateLimitError"), limit
+    it ignores the server's Retry-After): ~64 s of its sleeps this test cannot shorten, so its run begins in
+    the background as soon as the worker has collected the tests (`made_early`) and sleeps while the worker
+    runs others. Inside each of its 9 tries, litellm's OpenAI client retries twice more after the server's
+    retry hint, or after its own backoff (~0.5 s, ~1 s) without one: the provider's shortest hint (100 ms)
+    keeps that to 0.2 s."""
+    answer = early("aider-rate-limit", aider_rate_limit)
+    limit, out = answer["limit"], answer["out"]
+    assert limit is not None, out
+    kind, line, resets_at = limit
+    assert kind == "usage_limit" and resets_at is None, out
+    assert line.startswith("litellm.RateLimitError"), limit
     print("aider:", limit)
 
 
