@@ -8,6 +8,7 @@ one-line error when it stops, and - where the endpoint recovers - the step done 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -96,12 +97,17 @@ def _run(ws: Workspace, fault: Fault) -> dict[str, object]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_api_faults_table(tmp_path_factory: pytest.TempPathFactory) -> None:
-    rows = []
-    for fault in FAULTS:
+    """Each fault's run is a `kiro loop start` of its own, in a workspace and against a server of its own;
+    they mostly wait (the request timeout, retries, Retry-After), so four run at a time."""
+
+    workspaces = []
+    for _ in FAULTS:
         root = tmp_path_factory.mktemp("fault") / "vault"
         for name in ("Specs", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
             (root / name).mkdir(parents=True)
-        rows.append((fault, _run(Workspace(root), fault)))
+        workspaces.append(Workspace(root))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        rows = list(zip(FAULTS, pool.map(_run, workspaces, FAULTS), strict=True))
     print(f"\n{'API fault':<40} {'exit':>4} {'status':<15} {'failed':>6} {'requests':>8} {'step done':>9}  stop reason")
     for fault, row in rows:
         print(f"{fault.name:<40} {row['code']:>4} {row['status']!s:<15} {row['failures']:>6} {row['requests']:>8} "
