@@ -17,8 +17,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,51 +327,52 @@ def run_once(name: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 T = TypeVar("T")
 
+# The runs begun early (`made_early`), by key: registered as their test modules are imported
+EARLY: dict[str, Callable[[], None]] = {}
 
-def made_early(key: str, make: Callable[[], dict[str, Any]]) -> Callable[[T], T]:
-    """A test decorator: `run_once(key, make)` is begun in the background as soon as a worker has collected
-    the test (tests/conftest.py `pytest_collection_finish`), so a run that mostly waits (a CLI's own fixed
-    retry schedule) waits while the worker runs other tests; the test reads it with `early(key, make)`,
-    waiting for it if it is still being made (or making it, if nothing began it). `make` returns its answer
-    with no exception: {"skip": why} or {"failed": traceback} when it could not make it."""
+
+def made_early(key: str, make: Callable[[], None]) -> Callable[[T], T]:
+    """A test decorator: `make()` (a run that mostly waits: a CLI's own fixed retry schedule, an idle timeout)
+    is begun as soon as a worker has collected the test (tests/conftest.py `pytest_collection_finish`), in a
+    process of its own (tests/early.py: it sees none of the environment the tests change meanwhile), so it
+    waits while the workers run other tests. One process a test run makes them all, one after another, in
+    the tests' order. `make` takes the lock its test takes (`run_once`, tests/agent_clis_acp.dead_run) without
+    waiting, and leaves a run another worker (or its test) makes; the test then reads the answer, waiting for
+    it if it is still being made, or making it, if nothing began it."""
 
     def mark(test: T) -> T:
-        test.start_early = lambda: _begin(key, make)  # type: ignore[attr-defined]
+        EARLY[key] = make
+        test.made_early = (test.__module__, key)  # type: ignore[attr-defined]
         return test
 
     return mark
 
 
+def once_early(key: str, make: Callable[[], dict[str, Any]]) -> Callable[[], None]:
+    """A `made_early` maker for `early(key, make)`'s answer: made unless another process makes or made it."""
+
+    def begin() -> None:
+        folder = run_folder()
+        with Flock(folder / f"{key}.lock") as lock:
+            try:
+                lock.acquire()
+            except Timeout:
+                return
+            if not (folder / f"{key}.json").exists():
+                (folder / f"{key}.json").write_text(json.dumps(make()))
+
+    return begin
+
+
 def early(key: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The answer of a `made_early` run: skipped, saying why, or failed as its maker failed."""
+    """`run_once(key, make)`, made early (`made_early(key, once_early(key, make))`): skipped, saying why, or
+    failed as `make` failed. `make` returns its answer with no exception: {"skip": why} or {"failed":
+    traceback} when it could not make it."""
     answer = run_once(key, make)
     if "skip" in answer:
         pytest.skip(answer["skip"])
     assert "failed" not in answer, answer["failed"]
     return answer
-
-
-def _begin(key: str, make: Callable[[], dict[str, Any]]) -> None:
-    """`run_once(key, make)` in a thread of its own, unless another worker (or the test) is making it."""
-    folder = run_folder()
-    lock = Flock(folder / f"{key}.lock")
-
-    def work() -> None:
-        try:
-            if not (folder / f"{key}.json").exists():
-                try:
-                    answer = make()
-                except BaseException:
-                    answer = {"failed": traceback.format_exc()}
-                (folder / f"{key}.json").write_text(json.dumps(answer))
-        finally:
-            lock.release()
-
-    try:
-        lock.acquire()
-    except Timeout:
-        return
-    threading.Thread(target=work, name=f"early-{key}", daemon=True).start()
 
 
 def listed_agents(ws: Workspace, env: dict[str, str], name: str | None = None) -> tuple[dict[str, dict[str, Any]], str]:

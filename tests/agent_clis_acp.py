@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import tempfile
 import threading
 import time
 import traceback
@@ -123,6 +124,29 @@ def dead_run(name: str, key: str, makers: dict[str, Callable[[Path], Any]],
         pytest.skip(answer["skip"])
     assert "failed" not in answer, answer["failed"]
     return DeadRun(**answer)
+
+
+def dead_early(key: str, makers: dict[str, Callable[[Path], Any]], configure: Callable[..., None],
+               idle: dict[str, int]) -> Callable[[], None]:
+    """A `made_early` maker (tests/agent_clis.py) of `dead_run`'s runs under `key`, in a folder of its own
+    (removed after: what the tests read of a run is its answer), unless another process makes or made them."""
+
+    def begin() -> None:
+        first = min(makers, key=lambda n: (-idle[n], n))  # the one `dead_run` makes first
+        with Flock(run_folder() / f"{key}-{first}.lock") as lock:
+            try:
+                lock.acquire()
+            except Timeout:
+                return
+        if (run_folder() / f"{key}-{first}.json").exists():
+            return
+        base = Path(tempfile.mkdtemp(prefix=f"kiro-{key}-"))
+        try:
+            dead_run(first, key, makers, configure, idle, base)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+    return begin
 
 
 def _dead(name: str, make: Callable[[Path], Any], configure: Callable[..., None], idle: int, base: Path,

@@ -8,7 +8,9 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -48,15 +50,32 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         compileall.compile_dir(Path(__file__).resolve().parents[1] / "kiro", quiet=1)
 
 
+_early: subprocess.Popen[bytes] | None = None
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Begin the runs of the tests marked `made_early` (tests/agent_clis.py) this worker collected: they
-    mostly wait, and wait in the background while the worker runs the tests before them."""
-    begun = set()
-    for item in session.items:
-        begin = getattr(getattr(item, "function", None), "start_early", None)
-        if begin is not None and begin not in begun:
-            begun.add(begin)
-            begin()
+    """Begin the runs of the tests marked `made_early` (tests/agent_clis.py) this worker collected, in a
+    process of its own (tests/early.py): they mostly wait, and wait while the workers run the tests before
+    them. (Without xdist, the process names the run's folder by this process's id, as the tests do.)"""
+    global _early
+    specs = list(dict.fromkeys(":".join(spec) for item in session.items
+                               if (spec := getattr(getattr(item, "function", None), "made_early", None))))
+    if not specs:
+        return
+    env = {**os.environ, "PYTEST_XDIST_TESTRUNUID": os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())}
+    from tests.agent_clis import run_folder
+
+    with open(run_folder() / f"early-{os.getpid()}.out", "wb") as out:
+        _early = subprocess.Popen([sys.executable, "-m", "tests.early", *specs], cwd=Path(__file__).parents[1],
+                                  env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A `made_early` process still making runs when the worker ends (its tests not run) ends with it."""
+    if _early is not None and _early.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(_early.pid, signal.SIGKILL)
+        _early.wait()
 
 
 # `kiro agents` keeps the agent CLIs' versions in the user's cache (kiro.executors.agents.versions): a test

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent_clis import serving, task_text
+from tests.agent_clis import made_early, serving, task_text
 from tests.agent_clis_acp import (
     ACP_CLIS,
     TASK,
@@ -26,6 +26,7 @@ from tests.agent_clis_acp import (
     Held,
     SharedRun,
     configure,
+    dead_early,
     dead_run,
     descendants,
     followed_run,
@@ -244,10 +245,14 @@ def test_a_stop_mid_step_cancels_the_turn_and_resume_starts_that_step_again(stop
     print(f"{stopped_twice.name}: `{how}` ended the loop {seen['seconds']:.2f} s after it was given; {ended}")
 
 
+DEAD_IDLE = {"claude-acp": 10, "gemini-acp": 10}
+
+
+@made_early("dead-claude-gemini-acp", dead_early("dead-claude-gemini-acp", ACP_CLIS, configure, DEAD_IDLE))
 @pytest.mark.parametrize("name", sorted(ACP_CLIS))
 def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(name: str,
                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
-    dead_run(name, "dead-claude-gemini-acp", ACP_CLIS, configure, {"claude-acp": 10, "gemini-acp": 10},
+    dead_run(name, "dead-claude-gemini-acp", ACP_CLIS, configure, DEAD_IDLE,
              tmp_path_factory.mktemp("dead")).assert_ended_by_the_idle_timeout()
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_clis import serving, task_text
+from tests.agent_clis import made_early, serving, task_text
 from tests.agent_clis_acp import (
     TASK,
     SharedRun,
     configure,
+    dead_early,
     dead_run,
     followed_run,
     kinds,
@@ -140,6 +141,7 @@ def test_a_stop_hook_mid_step_cancels_the_turn_and_resume_starts_that_step_again
 IDLE = {"codex-acp": 10, "opencode-acp": 30}
 
 
+@made_early("dead-codex-opencode-acp", dead_early("dead-codex-opencode-acp", ACP_MORE_CLIS, configure, IDLE))
 @pytest.mark.parametrize("name", sorted(ACP_MORE_CLIS))
 def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(name: str,
                                                               tmp_path_factory: pytest.TempPathFactory) -> None:

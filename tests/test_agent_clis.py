@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from kiro.processes import sandbox
-from tests.agent_clis import CLIS, CODEX_PRICE, Cli, listed_agents, serving, task_text
-from tests.agent_clis_acp import dead_run
+from tests.agent_clis import CLIS, CODEX_PRICE, Cli, listed_agents, made_early, serving, task_text
+from tests.agent_clis_acp import dead_early, dead_run
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import anthropic as fa
 from tests.fakes import responses as fr
@@ -103,11 +103,14 @@ def test_token_budget_per_hour_makes_the_loop_wait(ws: Workspace, cli: Cli) -> N
             proc.kill()
 
 
+DEAD_IDLE = {"claude": 10, "codex": 10}
+
+
+@made_early("dead-claude-codex", dead_early("dead-claude-codex", CLIS, configure, DEAD_IDLE))
 @pytest.mark.parametrize("name", sorted(CLIS))
 def test_dead_endpoint_ends_the_attempt_by_the_idle_timeout(name: str,
                                                             tmp_path_factory: pytest.TempPathFactory) -> None:
-    run = dead_run(name, "dead-claude-codex", CLIS, configure, {"claude": 10, "codex": 10},
-                   tmp_path_factory.mktemp("dead"))
+    run = dead_run(name, "dead-claude-codex", CLIS, configure, DEAD_IDLE, tmp_path_factory.mktemp("dead"))
     run.assert_ended_by_the_idle_timeout()
     # issue #38 item 17: a dead endpoint printed nothing for 170 s; now the silence is said while it lasts
     print("said while silent:", [line for line in run.out.splitlines() if "has printed nothing" in line])

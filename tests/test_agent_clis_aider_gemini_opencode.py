@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.agent_clis import PROMPT_RE, Cli, listed_agents, run_once, serving, task_text
-from tests.agent_clis_acp import dead_run
+from tests.agent_clis import PROMPT_RE, Cli, listed_agents, made_early, run_once, serving, task_text
+from tests.agent_clis_acp import dead_early, dead_run
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE, MORE_CLIS, PRICE_IN, PRICE_OUT, aider_token_lines
 from tests.conftest import FAST_CONFIG, Workspace, new_cli_home, new_workspace
 from tests.fakes import chat as fc
@@ -187,6 +187,7 @@ def test_max_total_tokens_stops_the_loop_with_exit_4(ws: Workspace, cli: Cli) ->
 IDLE = {"aider": 30, "gemini": 30, "opencode": 60}
 
 
+@made_early("dead-aider-gemini-opencode", dead_early("dead-aider-gemini-opencode", MORE_CLIS, configure, IDLE))
 @pytest.mark.parametrize("name", sorted(MORE_CLIS))
 def test_dead_endpoint_ends_the_attempt_by_the_idle_timeout(name: str,
                                                             tmp_path_factory: pytest.TempPathFactory) -> None:

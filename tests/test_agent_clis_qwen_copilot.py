@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_clis import Cli, listed_agents, serving, task_text
+from tests.agent_clis import Cli, listed_agents, made_early, serving, task_text
 from tests.agent_clis_acp import configure as acp_configure
-from tests.agent_clis_acp import dead_run
+from tests.agent_clis_acp import dead_early, dead_run
 from tests.agent_clis_qwen_copilot import NEW_CLIS, PRICE_IN, PRICE_OUT, QWEN_PRICE, Copilot
 from tests.conftest import FAST_CONFIG, Workspace
 from tests.fakes import chat as fc
@@ -77,6 +77,7 @@ def test_three_steps_complete_with_tokens_and_cost_in_usage(ws: Workspace, cli: 
 IDLE = {"qwen": 15, "copilot": 10}
 
 
+@made_early("dead-qwen-copilot", dead_early("dead-qwen-copilot", NEW_CLIS, acp_configure, IDLE))
 @pytest.mark.parametrize("name", sorted(NEW_CLIS))
 def test_dead_endpoint_ends_the_attempt_by_the_idle_timeout(name: str,
                                                             tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -33,7 +33,7 @@ import pytest
 
 from kiro.executors import agents
 from kiro.executors.command import RESET_MARGIN_SECONDS
-from tests.agent_clis import CLIS, CODEX_PRICE, Cli, early, made_early, task_text
+from tests.agent_clis import CLIS, CODEX_PRICE, Cli, early, made_early, once_early, task_text
 from tests.agent_clis_aider_gemini_opencode import MORE_CLIS
 from tests.conftest import FAST_CONFIG, Workspace, new_cli_home
 from tests.fakes import HttpError, Recorded
@@ -426,7 +426,7 @@ def aider_rate_limit() -> dict[str, Any]:
     return {"limit": None if limit is None else [limit.kind, limit.line, resets_at], "out": out[-2000:]}
 
 
-@made_early("aider-rate-limit", aider_rate_limit)
+@made_early("aider-rate-limit", once_early("aider-rate-limit", aider_rate_limit))
 def test_aider_rate_limit_after_its_own_retries_is_a_usage_limit() -> None:
     """aider retries a RateLimitError itself, then prints it (no reset time). (A used-up balance, "check
     your plan and billing", is left a failed attempt: it does not reset.)
@@ -434,8 +434,8 @@ def test_aider_rate_limit_after_its_own_retries_is_a_usage_limit() -> None:
     aider 0.86's schedule is its own and fixed: 8 retries 0.25 s to 32 s apart (coders/base_coder.py
     `retry_delay`, doubling until it passes models.RETRY_TIMEOUT, 60 s; no option or variable sets it, and
     it ignores the server's Retry-After): ~64 s of its sleeps this test cannot shorten, so its run begins in
-    the background as soon as the worker has collected the tests (`made_early`) and sleeps while the worker
-    runs others. Inside each of its 9 tries, litellm's OpenAI client retries twice more after the server's
+    the background as soon as a worker has collected the tests (`made_early`) and sleeps while the workers
+    run others. Inside each of its 9 tries, litellm's OpenAI client retries twice more after the server's
     retry hint, or after its own backoff (~0.5 s, ~1 s) without one: the provider's shortest hint (100 ms)
     keeps that to 0.2 s."""
     answer = early("aider-rate-limit", aider_rate_limit)
