@@ -9,15 +9,18 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.agent_clis import made_early, serving, task_text
+from tests.agent_clis import early, made_early, once_early, serving, task_text
 from tests.agent_clis_acp import (
     ACP_CLIS,
     TASK,
@@ -36,7 +39,7 @@ from tests.agent_clis_acp import (
     shows_a_tool_call_while_the_step_ran,
 )
 from tests.agent_clis_aider_gemini_opencode import GEMINI_PRICE
-from tests.conftest import FAST_CONFIG, Workspace
+from tests.conftest import FAST_CONFIG, Workspace, new_cli_home, new_workspace
 
 AcpCli = ClaudeAcp | GeminiAcp
 
@@ -256,27 +259,55 @@ def test_a_dead_endpoint_ends_the_attempt_by_the_idle_timeout(name: str,
              tmp_path_factory.mktemp("dead")).assert_ended_by_the_idle_timeout()
 
 
-def test_the_step_timeout_ends_a_turn_that_does_not_end(ws: Workspace, cli: AcpCli) -> None:
-    """The step's time counts from the agent's start; a loaded machine may take longer than 15 s to start it
-    and have it ask its model (Gemini CLI at load 11): then it is tried once more, afresh, with 60 s (what
-    must hold is the step timeout ending a turn whose model never answers)."""
-    ws.task(task_text(1))
-    for attempt, seconds in enumerate((15, 60)):
-        configure(ws, cli, f"step_timeout_seconds: {seconds}\n", loop="  failure_threshold: 1\n")
-        cli.held = held = Held(at=1)  # the model never answers within the step's time
-        tid = f"slow{attempt}"
-        try:
-            code, out = run(ws, cli, "--task-id", tid, *(("--fresh",) if attempt else ()))
-        finally:
-            held.released.set()
-        if held.reached.is_set():  # the turn had begun: the model was asked
-            break
-        print(f"{cli.name} did not ask its model within {seconds} s of its start (a slow start): again")
+def turn_that_does_not_end(name: str) -> dict[str, Any]:
+    """Agent `name`'s one-step run whose model never answers within the step's time: what the test reads of it.
+    The step's time counts from the agent's start; a loaded machine may take longer than 15 s to start it and
+    have it ask its model (Gemini CLI at load 11): then it is tried once more, afresh, with 60 s (what must
+    hold is the step timeout ending a turn whose model never answers)."""
+    home, base = new_cli_home(), Path(tempfile.mkdtemp(prefix="kiro-step-timeout-"))
+    cli = ACP_CLIS[name](home)
+    try:
+        if not cli.installed:
+            return {"skip": cli.skip_reason()}
+        cli.start()
+        ws = new_workspace(base / "vault")
+        ws.task(task_text(1))
+        for attempt, seconds in enumerate((15, 60)):
+            configure(ws, cli, f"step_timeout_seconds: {seconds}\n", loop="  failure_threshold: 1\n")
+            cli.held = held = Held(at=1)  # the model never answers within the step's time
+            tid = f"slow{attempt}"
+            try:
+                code, out = run(ws, cli, "--task-id", tid, *(("--fresh",) if attempt else ()))
+            finally:
+                held.released.set()
+            if held.reached.is_set():  # the turn had begun: the model was asked
+                break
+            print(f"{cli.name} did not ask its model within {seconds} s of its start (a slow start): again")
+        return {"code": code, "out": out, "reached": held.reached.is_set(), "seconds": seconds,
+                "error": ws.state(tid)["steps"]["1"]["last_error"],
+                "log": (ws.root / "Logs" / tid / "1-1.log").read_text()}
+    except BaseException:
+        return {"failed": traceback.format_exc()}
+    finally:
+        cli.close()
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _turns_that_do_not_end() -> None:
+    for name in sorted(ACP_CLIS):
+        once_early(f"step-timeout-{name}", lambda name=name: turn_that_does_not_end(name))()
+
+
+@made_early("step-timeout-acp", _turns_that_do_not_end)
+@pytest.mark.parametrize("name", sorted(ACP_CLIS))
+def test_the_step_timeout_ends_a_turn_that_does_not_end(name: str) -> None:
+    """Its run mostly waits for the step's time to pass: it is made early (`turn_that_does_not_end`)."""
+    run = early(f"step-timeout-{name}", lambda: turn_that_does_not_end(name))
+    code, out, seconds, error, log = run["code"], run["out"], run["seconds"], run["error"], run["log"]
     assert code == 5, out
-    assert held.reached.is_set()
-    error = ws.state(tid)["steps"]["1"]["last_error"]
+    assert run["reached"]
     assert f"timed out after {seconds} s" in error, error
-    log = (ws.root / "Logs" / tid / "1-1.log").read_text()
     assert "# result: timed out" in log and '"method": "session/cancel"' in log, log[-1500:]
 
 
