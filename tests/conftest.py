@@ -60,7 +60,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _early
     specs = list(dict.fromkeys(":".join(spec) for item in session.items
                                if (spec := getattr(getattr(item, "function", None), "made_early", None))))
-    if not specs:
+    if not specs or session.config.option.collectonly:
         return
     env = {**os.environ, "PYTEST_XDIST_TESTRUNUID": os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())}
     from tests.agent_clis import run_folder
