@@ -220,3 +220,63 @@ def test_a_save_that_changes_one_steps_record_journals_that_record_only(tmp_path
                                              "last_verify_output": None}}}, record
     assert "steps" not in record["set"] and len(line) < 400, line
     assert store.load("q").state.steps["7"].last_error == "boom"
+
+
+def _done(i: int) -> CompletedStep:
+    return CompletedStep(step_id=f"d{i}", description=f"Step {i}, déjà vu ✓", completed_at=timeutil.iso(),
+                         duration_seconds=i / 7, iteration=i, summary="did the thing " * 3)
+
+
+def test_a_long_history_s_snapshot_alone_is_the_last_save(tmp_path: Path) -> None:
+    """A snapshot of a state with a long history is written from its cached items' JSON a batch at a
+    time (kiro.store.statestore LiveJournal._snapshot_data, issue #41): the bare state file, read alone
+    with no journal, is exactly the save it holds, across every batch's seam, the lists' items in order."""
+    store = _store(tmp_path)
+    state = LoopState(task_id="h", task_path="Specs/h/tasks.md", status=Status.RUNNING)
+    state.completed_steps = [_done(i) for i in range(1000)]  # a few batches and a part of one
+    for i in range(40):
+        state.failed_steps.append(FailedStep(step_id=f"f{i}", description="d", failed_at=timeutil.iso(),
+                                             error="boom\n", retry_count=1))
+        state.transition(Status.SLEEPING if i % 2 else Status.RUNNING, f"r{i}")
+    store.open_journal(state)
+    store.save(state)
+    bare = json.loads(store.path("h").read_bytes())
+    assert bare == to_jsonable(state)
+    for i in range(1000, 1300):  # appended: the cached items grow by the journal's records
+        state.completed_steps.append(_done(i))
+        state.iteration = i
+        store.save(state)
+    state.transition(Status.PAUSED, "stop_hook")  # a status change: a snapshot at once
+    store.save(state)
+    assert journal.journal_path(store.path("h")).stat().st_size == 0  # every record is in the snapshot
+    bare = json.loads(store.path("h").read_bytes())
+    assert [c["step_id"] for c in bare["completed_steps"]] == [f"d{i}" for i in range(1300)]
+    assert bare == to_jsonable(state)
+    store.close_journal("h")
+
+
+def test_a_resume_replays_at_most_a_snapshot_s_worth_of_journal(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With no timer (no event loop: a long run of saves in a row), the journal is folded into a new
+    snapshot once it is larger than the snapshot and JOURNAL_MIN_BYTES, so what a resume after a kill
+    reads and replays stays bounded by the state's own size, however many steps the loop has done."""
+    monkeypatch.setattr(journal, "JOURNAL_MIN_BYTES", 16 * 1024)
+    store = _store(tmp_path)
+    state = LoopState(task_id="r", task_path="Specs/r/tasks.md", status=Status.RUNNING)
+    state.completed_steps = [_done(i) for i in range(100)]
+    store.open_journal(state)
+    store.save(state)
+    path = journal.journal_path(store.path("r"))
+    most, folds, last = 0, 0, 0
+    for i in range(100, 700):
+        state.completed_steps.append(_done(i))
+        state.iteration = i
+        store.save(state)
+        size = path.stat().st_size
+        folds += size < last
+        bound = max(journal.JOURNAL_MIN_BYTES, store.path("r").stat().st_size)
+        assert size <= bound + 1024, (i, size, bound)  # the bound, and the one record that crossed it
+        most, last = max(most, size), size
+    print(f"600 saves: the journal at most {most:,} B, folded {folds} times")
+    assert folds >= 2
+    assert to_jsonable(store.load("r").state) == to_jsonable(state)
+    store.close_journal("r")

@@ -48,18 +48,19 @@ def fsync_dir(folder: Path | str | int) -> None:
         os.close(fd)
 
 
-def _fill(fd: int, raw: bytes, mode: int | None, keep: os.stat_result | None) -> None:
+def _fill(fd: int, raw: bytes | list[bytes], mode: int | None, keep: os.stat_result | None) -> None:
     """A new temp file's permission bits (`mode` exactly, or those of the file it replaces, `keep`,
-    with its owner where allowed), then its bytes."""
+    with its owner where allowed), then its bytes (in pieces, written one after the other)."""
     if mode is not None:
         os.fchmod(fd, mode)
     elif keep is not None:
         os.fchmod(fd, stat.S_IMODE(keep.st_mode))
         with contextlib.suppress(OSError):  # not root: the file becomes ours, as with any editor
             os.fchown(fd, keep.st_uid, keep.st_gid)
-    view = memoryview(raw)
-    while view:
-        view = view[os.write(fd, view):]
+    for chunk in (raw,) if isinstance(raw, bytes) else raw:
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view):]
 
 
 def _open_temp(name: str, mode: int, folder: int) -> int:
@@ -70,7 +71,7 @@ def _open_temp(name: str, mode: int, folder: int) -> int:
 
 def atomic_write(
     path: Path | str,
-    data: str | bytes,
+    data: str | bytes | list[bytes],
     *,
     fsync: bool = True,
     mode: int | None = None,
@@ -79,7 +80,8 @@ def atomic_write(
     dir_fd: int | None = None,
     unchanged: Callable[[], bool] | None = None,
 ) -> bool:
-    """Replace (or create) `path` with `data`, atomically.
+    """Replace (or create) `path` with `data`, atomically. `data` in pieces (a list of bytes): the file is
+    their concatenation, written piece by piece (a large state's snapshot, never joined into one string).
 
     - `fsync=False` skips both fsyncs (files that are rewritten often and cheap to lose: Dashboard.md,
       progress reports, hooks); the rename is still atomic.
@@ -103,8 +105,8 @@ def atomic_write(
     return written
 
 
-def _atomic_write(path: Path | str, raw: bytes, *, fsync: bool, mode: int | None, new_mode: int, keep_mode: bool,
-                  dir_fd: int | None, unchanged: Callable[[], bool] | None) -> bool:
+def _atomic_write(path: Path | str, raw: bytes | list[bytes], *, fsync: bool, mode: int | None, new_mode: int,
+                  keep_mode: bool, dir_fd: int | None, unchanged: Callable[[], bool] | None) -> bool:
     if dir_fd is None:
         target = Path(path)
         try:
