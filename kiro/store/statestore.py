@@ -486,8 +486,7 @@ class LiveJournal:
 
     `prepare(state)` works out what changed since the last save (on the caller's thread: the
     loop's own task, the only writer of its state) and applies it to `shadow`, the state as
-    recorded (a JSON dict, its long lists empty), and to `encoded`, the JSON text of each item of
-    its long lists; the
+    recorded (a JSON dict), and to `encoded`, the JSON text of each item of its long lists; the
     call it returns appends the record and fdatasyncs, or writes a snapshot. A snapshot is made
     from `shadow`, never from the live model, so it is always exactly some save, also when the
     timer writes it while a step runs; its text is a join of cached pieces (no O(history)
@@ -504,7 +503,7 @@ class LiveJournal:
         self.snap_lock = threading.Lock()
         self.fd: int | None = None
         self.shadow: dict[str, Any] | None = None
-        self.encoded: dict[str, list[str]] = {}  # long list -> JSON text of each item (the shadow: an empty list)
+        self.encoded: dict[str, list[str]] = {}  # long list -> JSON text of each item, as in shadow
         self.tracked: dict[str, tuple[list[Any], int, Any]] = {}  # list -> (object, items recorded, last item)
         self.steps_seen: dict[str, tuple[Any, dict[str, Any], str | None]] = {}  # steps{} as recorded (_step_marks)
         self.seq = state.journal_seq
@@ -613,9 +612,10 @@ class LiveJournal:
 
     @staticmethod
     def _drop_listed(shadow: dict[str, Any]) -> None:
-        """The long lists' items are kept once, as their text in `encoded` (what a snapshot joins): the
-        shadow holds an empty list in their place. Their dicts as well were a third copy of every completed
-        step and its receipt (beside the live model and the text), ~1 KB a step of a loop (issue #41)."""
+        """The long lists' items are kept once, as their JSON in `encoded` (what a snapshot joins): the
+        shadow (the state as recorded) holds an empty list in their place. Their dicts as well were a
+        third copy of every completed step and its receipt (beside the live model and the text), ~1 KB
+        a step of a loop (issue #41)."""
         for name in journal.BIG_LISTS:
             if shadow.get(name):
                 shadow[name] = []
