@@ -233,6 +233,27 @@ def test_active_hours_window_arithmetic() -> None:
     assert seconds_until_active(Night, day.replace(hour=21)) == 3600
 
 
+def test_token_window_keeps_only_the_last_hour_without_a_budget() -> None:
+    """The window is kept without a budget (one set later counts the hour before), but what left the hour is
+    dropped as calls are made: a long run's state does not grow by a pair a model call."""
+    cfg = Config()
+    assert cfg.guardrails.token_budget_per_hour is None
+    st = LoopState(task_id="t", task_path="x")
+    clock = [1000.0]
+    g = LoopGuardrails(cfg, st, SharedLimits(cfg), clock=lambda: clock[0])
+    for _ in range(50):
+        g.record_model_call(Usage(total_tokens=10))
+        clock[0] += 120  # 50 calls over 100 minutes
+    g.record_side_call(Usage(total_tokens=7))
+    window = st.guardrails["token_window"]
+    assert [n for _, n in window] == [10] * 29 + [7]  # the last hour: from the 22nd call on
+    assert all(clock[0] - t < 3600 for t, _ in window)
+    later = Config(guardrails=Guardrails(token_budget_per_hour=100))  # a budget set on a resume counts that hour
+    again = LoopGuardrails(later, LoopState.model_validate_json(st.model_dump_json()), SharedLimits(later),
+                           clock=lambda: clock[0])
+    assert again.tokens_last_hour() == 297
+
+
 def test_rate_limiter_window() -> None:
     now = [0.0]
     rl = RateLimiter(2, clock=lambda: now[0])

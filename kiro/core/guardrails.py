@@ -250,16 +250,27 @@ class LoopGuardrails:
             self.shared.api.record()
         self.pending.add(usage)
         self.turns_without_sleep += 1
-        if usage.total_tokens:
-            self._book["token_window"].append([round(self.clock(), 3), int(usage.total_tokens)])
+        self._count_tokens(usage)
 
     def record_side_call(self, usage: Usage) -> None:
         """A model call that is not an agent turn (the pre-check gate): it counts against the rate
         limit and the token budget, not against max_consecutive_turns."""
         if self.shared.api is not None:
             self.shared.api.record()
+        self._count_tokens(usage)
+
+    def _count_tokens(self, usage: Usage) -> None:
+        """The call's tokens into the last hour's window (`token_budget_per_hour`, kept also without a
+        budget: one set later counts the hour before). What left the hour is dropped here, not only when a
+        budget looks: unbounded, the window grew by a pair a model call for a loop's whole run, and the
+        state's guardrails (the whole window) is dumped and compared at every save (issue #41)."""
         if usage.total_tokens:
-            self._book["token_window"].append([round(self.clock(), 3), int(usage.total_tokens)])
+            now = self.clock()
+            window = self._book["token_window"]
+            window.append([round(now, 3), int(usage.total_tokens)])
+            old = next((i for i, pair in enumerate(window) if now - pair[0] < WINDOW_SECONDS), len(window))
+            if old:
+                del window[:old]
 
     def attempt_done(self) -> None:
         """The attempt's usage has been added to the state."""

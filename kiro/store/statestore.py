@@ -611,6 +611,16 @@ class LiveJournal:
             if len(pieces) > n:
                 del pieces[: len(pieces) - n]
 
+    @staticmethod
+    def _drop_listed(shadow: dict[str, Any]) -> None:
+        """The long lists' items are kept once, as their JSON in `encoded` (what a snapshot joins): the
+        shadow (the state as recorded) holds an empty list in their place. Their dicts as well were a
+        third copy of every completed step and its receipt (beside the live model and the text), ~1 KB
+        a step of a loop (issue #41)."""
+        for name in journal.BIG_LISTS:
+            if shadow.get(name):
+                shadow[name] = []
+
     def prepare(self, state: LoopState) -> Callable[[], None]:
         """Make the record of what changed (or owe a snapshot) now; the returned job writes what
         is pending. Any later job writes this record too: jobs are interchangeable."""
@@ -622,6 +632,7 @@ class LiveJournal:
                 self.shadow = self._clean_dump(state)
                 self.encoded = {name: [_item_json(x) for x in self.shadow.get(name, [])]
                                 for name in journal.BIG_LISTS}
+                self._drop_listed(self.shadow)
                 self._track(state)
                 self.snapshot_owed = True
                 return self.drain
@@ -635,6 +646,7 @@ class LiveJournal:
                 line, record = clean, json.loads(clean)
             journal.apply(shadow, record)
             self._encode_lists(record)
+            self._drop_listed(shadow)
             data = (line + "\n").encode("utf-8")
             self.pending.append((self.seq, data))
             self.pending_bytes += len(data)
