@@ -9,11 +9,12 @@ Field names and meanings follow the source spec (seed 004, "State File Format");
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, ConfigDict, Field, PrivateAttr
 from pydantic_core import to_json
 
 from kiro import timeutil
 from kiro.status import RECORDED, Status, success_rate
+from kiro.store.models import InsideOut
 from kiro.store.receipts import Receipt, ReviewRound
 from kiro.store.workspace import TASK_ID_RE
 from kiro.usage import Usage
@@ -43,11 +44,11 @@ def first_line(text: str | None, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-class _Model(BaseModel):
+class _Model(InsideOut):
     # Forward compatible: a newer kiro's extra fields survive a round trip through an older one.
     # No NaN or infinity: kiro never writes one, and one read back poisons every sum and average.
     # An assignment is not checked: kiro's own code sets the fields as it runs. defer_build: the
-    # validators are built when a state is first read or made, not at import.
+    # validators are built when a state is first read or made, not at import, inside out (kiro.store.models).
     model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False, defer_build=True)
 
 
