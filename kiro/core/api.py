@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kiro.core import heap
 from kiro.core.front import Front
 from kiro.errors import Conflict, UserError
 
@@ -147,6 +148,7 @@ def status(ws: Workspace, store: StateStore, task_id: str | None, warnings: list
 # -- start ---------------------------------------------------------------------------------------
 
 
+@heap.preparing
 def start(tasks: Sequence[str], *, specs: Sequence[str] = (), workspace_path: Path | None = None,
           config: Path | None = None, options: Options | None = None, task_id: str | None = None,
           step: str | None = None, fresh: bool = False, detach: bool = False, front: Front | None = None,
@@ -327,6 +329,7 @@ def _take_over(ws0: Workspace, task_id: str, fd: int, *, config: Path | None, re
 # -- resume ---------------------------------------------------------------------------------------
 
 
+@heap.preparing
 def resume(task_id: str | None = None, task: str | None = None, *, spec: str | None = None,
            workspace_path: Path | None = None, config: Path | None = None, options: Options | None = None,
            reset_failures: bool = False, detach: bool = False, front: Front | None = None,
@@ -387,6 +390,7 @@ def resumable(store: StateStore) -> Iterator[str]:
         yield st.task_id
 
 
+@heap.preparing
 def resume_all(*, workspace_path: Path | None = None, config: Path | None = None, options: Options | None = None,
                reset_failures: bool = False, detach: bool = False, front: Front | None = None) -> Started:
     """`kiro loop resume --all`: remove the global hook, then continue every loop a stop hook (or a review
