@@ -1,9 +1,9 @@
-"""kiro's stored models build their validators when first used (pydantic's `defer_build`), inside out: the
-models a model's fields hold before the model itself, which then uses each one's schema as it is.
+"""The models a model's fields hold, for building validators inside out: each inner model's before the model
+that holds it, which then uses each one's schema as it is (kiro.store.config's `_build`, kiro.store.state's
+`build_for_a_run`).
 
-Built from the top, pydantic makes the schema of every model inside again as part of the outer one's, and
-once more when the inner model is first used on its own (a loop's state is made, then a `CompletedStep`, a
-`Receipt`, a `Context()` default): about 7 ms of every `kiro loop start` and `resume` (issue #41).
+Built from the top (pydantic's own way, on first use), the outer model's schema holds each inner model's
+schema made anew, and an inner model used on its own later makes its schema once more (issue #41).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 
 def inner_types(annotation: Any) -> Iterator[Any]:
@@ -31,20 +31,3 @@ def models_within(model: type[BaseModel], seen: set[type[BaseModel]] | None = No
             if isinstance(inner, type) and issubclass(inner, BaseModel) and inner not in seen:
                 yield from models_within(inner, seen)
     yield model
-
-
-class InsideOut(BaseModel):
-    """A model whose validator is built when it is first used, after those of the models its fields hold."""
-
-    model_config = ConfigDict(defer_build=True)
-
-    @classmethod
-    def model_rebuild(cls, *, force: bool = False, raise_errors: bool = True, _parent_namespace_depth: int = 2,
-                      _types_namespace: Any = None) -> bool | None:
-        if not cls.__pydantic_complete__:
-            for inner in models_within(cls):
-                if inner is not cls and not inner.__pydantic_complete__:
-                    inner.model_rebuild(raise_errors=raise_errors)
-        return super().model_rebuild(force=force, raise_errors=raise_errors,
-                                     _parent_namespace_depth=_parent_namespace_depth + 1,
-                                     _types_namespace=_types_namespace)

@@ -22,19 +22,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from kiro import timeutil
 from kiro.fs.atomic import atomic_write
 from kiro.store import frontmatter
-from kiro.store.models import InsideOut
 from kiro.store.workspace import Workspace
 
 OUTPUT_TAIL_CHARS = 1500  # of verify's output, in a receipt
 NOT_PROTECTED = frozenset({".git", ".state", ".hooks"})  # kiro's own and git's folders: never a protected file
 
 
-class _Model(InsideOut):
+class _Model(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False, defer_build=True)
 
 

@@ -6,15 +6,16 @@ Field names and meanings follow the source spec (seed 004, "State File Format");
 `usage`, `steps` and `history`.
 """
 
+import functools
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic_core import to_json
 
 from kiro import timeutil
 from kiro.status import RECORDED, Status, success_rate
-from kiro.store.models import InsideOut
+from kiro.store.models import models_within
 from kiro.store.receipts import Receipt, ReviewRound
 from kiro.store.workspace import TASK_ID_RE
 from kiro.usage import Usage
@@ -44,11 +45,11 @@ def first_line(text: str | None, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-class _Model(InsideOut):
+class _Model(BaseModel):
     # Forward compatible: a newer kiro's extra fields survive a round trip through an older one.
     # No NaN or infinity: kiro never writes one, and one read back poisons every sum and average.
     # An assignment is not checked: kiro's own code sets the fields as it runs. defer_build: the
-    # validators are built when a state is first read or made, not at import, inside out (kiro.store.models).
+    # validators are built when a state is first read or made, not at import (`build_for_a_run`).
     model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False, defer_build=True)
 
 
@@ -332,6 +333,18 @@ class LoopState(_Model):
 
     def dump_json(self) -> str:
         return state_text(self.model_dump(mode="json", by_alias=True))
+
+
+@functools.cache
+def build_for_a_run() -> None:
+    """Before a process runs a loop: the validators of the models a state holds built inside out, each one's
+    (`CompletedStep`, its `Receipt`, `Context`, `GitInfo`, ...) before `LoopState`'s, which then uses their
+    schemas as they are. A running loop uses most of them on its own (a completed step, its receipt, a
+    transition); built from the top, pydantic made each of their schemas twice (~20 M instructions of a
+    one-step `kiro loop start`, issue #41). A command that only reads a state uses `LoopState` alone, and
+    builds it from the top, on first use (cheaper for it: no validator of each inner model)."""
+    for model in models_within(LoopState):
+        model.model_rebuild()
 
 
 def state_text(data: dict[str, Any]) -> str:
