@@ -79,10 +79,14 @@ def preparing(fn: Callable[P, R]) -> Callable[P, R]:
     """`fn` makes loops ready and runs them (`kiro loop start`, `resume`): all of it `long_lived`. Making a loop
     ready imports most of kiro (the runner, the engine, its features) and builds the config's, the state's and
     the events' validators: ~50 young and 4 middle collections of a one-step `kiro loop start` walked it and
-    freed ~500 objects (issue #41). `run_loops` freezes what was made (`settled`) before the loops run."""
+    freed ~500 objects (issue #41). `run_loops` freezes what was made (`settled`) before the loops run. A call
+    with `detach=True` runs no loop here (`kiro serve` starts loops so, in its own long-lived process): the
+    collector is left as it is."""
 
     @wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if kwargs.get("detach"):
+            return fn(*args, **kwargs)
         with long_lived():
             return fn(*args, **kwargs)
 
