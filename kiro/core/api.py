@@ -232,8 +232,8 @@ def _start(ws: Workspace, task: list[str], *, specs: Sequence[str], config: Path
 
 
 def _runs_here(backend: Any, detach: bool) -> None:
-    """The loops run in this process (a local backend, not detached): the state's validators are built for a run,
-    inside out (kiro.store.state.build_for_a_run), before a state is made or read."""
+    """The loops run in this process (a local backend, not detached): the state's validators, when first used,
+    are built inside out (kiro.store.state.build_for_a_run)."""
     if backend.name == "local" and not detach:
         from kiro.store.state import build_for_a_run
 

@@ -6,7 +6,6 @@ Field names and meanings follow the source spec (seed 004, "State File Format");
 `usage`, `steps` and `history`.
 """
 
-import functools
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -223,6 +222,9 @@ def _plain_task_id(value: str) -> str:
     return value
 
 
+_inside_out = False  # `build_for_a_run`: this process runs a loop
+
+
 class LoopState(_Model):
     schema_version: int = SCHEMA_VERSION
     task_id: Annotated[str, AfterValidator(_plain_task_id)]
@@ -282,6 +284,23 @@ class LoopState(_Model):
     # adds only the new ones
     _durations: tuple[object, int, float] = PrivateAttr(default=(None, 0, 0.0))
 
+    @classmethod
+    def model_rebuild(cls, *, force: bool = False, raise_errors: bool = True, _parent_namespace_depth: int = 2,
+                      _types_namespace: Any = None) -> bool | None:
+        """pydantic builds the validator here on first use. Where a loop runs (`build_for_a_run`), each model the
+        state holds (`CompletedStep`, its `Receipt`, `Context`, `GitInfo`, ...) is built first, and `LoopState`
+        uses their schemas as they are: a running loop uses most of them on its own, and built from the top,
+        pydantic made each of their schemas twice (~20 M instructions of a one-step `kiro loop start`, issue #41).
+        A command that only reads a state uses `LoopState` alone: built from the top, with no validator of each
+        inner model, is cheaper for it."""
+        if _inside_out and not cls.__pydantic_complete__:
+            for inner in models_within(cls):
+                if inner is not cls and not inner.__pydantic_complete__:
+                    inner.model_rebuild(raise_errors=raise_errors)
+        return super().model_rebuild(force=force, raise_errors=raise_errors,
+                                     _parent_namespace_depth=_parent_namespace_depth + 1,
+                                     _types_namespace=_types_namespace)
+
     # -- transitions -----------------------------------------------------------------------
 
     def transition(self, to: Status | str, reason: str | None = None) -> bool:
@@ -335,16 +354,12 @@ class LoopState(_Model):
         return state_text(self.model_dump(mode="json", by_alias=True))
 
 
-@functools.cache
 def build_for_a_run() -> None:
-    """Before a process runs a loop: the validators of the models a state holds built inside out, each one's
-    (`CompletedStep`, its `Receipt`, `Context`, `GitInfo`, ...) before `LoopState`'s, which then uses their
-    schemas as they are. A running loop uses most of them on its own (a completed step, its receipt, a
-    transition); built from the top, pydantic made each of their schemas twice (~20 M instructions of a
-    one-step `kiro loop start`, issue #41). A command that only reads a state uses `LoopState` alone, and
-    builds it from the top, on first use (cheaper for it: no validator of each inner model)."""
-    for model in models_within(LoopState):
-        model.model_rebuild()
+    """This process runs a loop: from here on, the state's validators are built inside out when first used
+    (`LoopState.model_rebuild`). A command that only reads a state, or a start refused before it makes one,
+    is left as it was."""
+    global _inside_out
+    _inside_out = True
 
 
 def state_text(data: dict[str, Any]) -> str:
