@@ -631,14 +631,15 @@ def test_every_key_that_can_hold_text_refuses_a_nul() -> None:
     from typing import get_origin
 
     from kiro.store import config
+    from kiro.store.models import inner_types, models_within
 
     config._build()
     refused: dict[str, list[str]] = {"by the plain-text check": [], "by its type": [], "NOT AT ALL": []}
-    for model in dict.fromkeys(config._models(Config)):
+    for model in models_within(Config):
         for name, field in model.model_fields.items():
-            if not any(inner is str for inner in config._annotations(field.annotation)):
+            if not any(inner is str for inner in inner_types(field.annotation)):
                 continue
-            kinds = {get_origin(a) for a in config._annotations(field.annotation)}
+            kinds = {get_origin(a) for a in inner_types(field.annotation)}
             value: Any = ["a\0b"] if list in kinds else {"k": "a\0b"} if dict in kinds else "a\0b"
             key = field.alias or name
             try:

@@ -79,6 +79,38 @@ def test_a_batch_start_prepares_its_loops_with_the_collector_slowed_and_puts_it_
     assert gc.get_threshold() == young and gc.get_freeze_count() == 0
 
 
+def test_a_start_makes_its_loop_ready_with_the_collector_slowed_and_freezes_what_it_made_before_the_run(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #41: `kiro loop start` (kiro.core.api.start) makes its loop ready inside `long_lived`: importing the
+    runner, the engine and its features and building the validators is walked by no young collection every 700
+    allocations; what it made is frozen before the loop runs (`settled`); afterwards all is as it was."""
+    from kiro.core import api, runner
+
+    ws.task(shell_task(1))
+    young = gc.get_threshold()
+    preparing: list[tuple[int, int]] = []
+    frozen: list[tuple[int, int]] = []
+    real_prepare, real_settled = runner.prepare_start, heap.settled
+
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        preparing.append((gc.get_threshold()[0], gc.get_freeze_count()))
+        return real_prepare(*args, **kwargs)
+
+    def settled() -> None:
+        before = gc.get_freeze_count()
+        real_settled()
+        frozen.append((before, gc.get_freeze_count()))
+
+    monkeypatch.setattr(runner, "prepare_start", prepare)
+    monkeypatch.setattr(heap, "settled", settled)
+    started = api.start(["Specs/feature/tasks.md"], workspace_path=ws.root)
+    assert started.exit_code == 0
+    assert preparing and all(threshold == heap.YOUNG_THRESHOLD and count > 1000 for threshold, count in preparing)
+    [(before, after)] = frozen
+    assert after > before  # the loop made ready (its state, its executor, its listeners): frozen too
+    assert gc.get_threshold() == young and gc.get_freeze_count() == 0
+
+
 def test_a_cycle_made_while_loops_run_is_still_collected() -> None:
     with heap.long_lived():
         cycle: Any = _Cycle()

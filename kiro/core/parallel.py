@@ -55,7 +55,7 @@ from kiro.store.tasks import Step, TaskFile
 from kiro.usage import Usage
 from kiro.views import reports
 
-_DEPENDS = re.compile(r"^_?\s*Depends(?:\s+on)?\s*:\s*(?P<ids>.+?)\s*_?$", re.I)
+_DEPENDS = r"(?i)^_?\s*Depends(?:\s+on)?\s*:\s*(?P<ids>.+?)\s*_?$"  # compiled when first used (re's cache)
 
 
 def marked(step: Step) -> bool:
@@ -67,7 +67,7 @@ def depends_on(step: Step) -> list[str]:
     """The step ids a step's `_Depends: 1.2, 3_` lines name."""
     ids: list[str] = []
     for line in step.details:
-        m = _DEPENDS.match(line.strip().lstrip("-*+ ").strip())
+        m = re.match(_DEPENDS, line.strip().lstrip("-*+ ").strip())
         if m is not None:
             ids += [x.strip().rstrip(".") for x in re.split(r"[,;\s]+", m.group("ids").strip("_ ")) if x.strip()]
     return ids

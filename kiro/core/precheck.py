@@ -52,7 +52,7 @@ REPLY_TOKENS = 200
 SKIP_NAMES = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache",
                         ".pytest_cache", ".ruff_cache", ".tox", ".kiro"})
 KIRO_OWN = frozenset({".state", ".hooks", "Logs", "Dashboard.md"})
-_IN_PROGRESS = re.compile(r"^(\s*[-*+]\s+)\[-\]", re.MULTILINE)
+_IN_PROGRESS = r"(?m)^(\s*[-*+]\s+)\[-\]"  # compiled when first used (re's cache)
 
 TOOL: dict[str, Any] = {
     "type": "function",
@@ -180,7 +180,7 @@ def take(loop: LoopHandle, attempted_step: str | None = None) -> Snapshot:
         task_text = loop.task_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         task_text = ""
-    task_text = _IN_PROGRESS.sub(r"\1[ ]", task_text)  # kiro's own `[-]` while a step runs is no change
+    task_text = re.sub(_IN_PROGRESS, r"\1[ ]", task_text)  # kiro's own `[-]` while a step runs is no change
     files, truncated = _walk(loop.project_dir, loop.ws.root.resolve())
     with contextlib.suppress(ValueError):
         files.pop(str(loop.task_path.resolve().relative_to(loop.project_dir.resolve())), None)  # described apart

@@ -54,7 +54,8 @@ NEW_FILES_SHOWN = 20
 VERIFY_TAIL_CHARS = 2_000
 TRIES = 2  # a review whose answer kiro cannot read is made once more, then the loop pauses
 
-VERDICT = re.compile(r"^REVIEW:\s*(APPROVE|CHANGES)\b[\s:.\-—]*(.*)$", re.I)
+# compiled when a review is first read (re's cache): no work at import
+VERDICT = r"(?i)^REVIEW:\s*(APPROVE|CHANGES)\b[\s:.\-—]*(.*)$"
 
 INSTRUCTIONS = """\
 You are reviewing one step of a plan that another agent has just done. Read the step, the requirements it
@@ -388,7 +389,7 @@ def read_answer(result: StepResult) -> tuple[str, str]:
     lines = [ln.strip().strip("*`_> ").strip() for ln in (result.summary or "").splitlines() if ln.strip()]
     if not lines:
         return "invalid", "the reviewer said nothing"
-    m = VERDICT.match(lines[-1])
+    m = re.match(VERDICT, lines[-1])
     if m is None:
         return "invalid", f"its answer does not end with a REVIEW: APPROVE or REVIEW: CHANGES line (it ends: " \
                           f"{clip(lines[-1], 200)!r})"

@@ -868,6 +868,7 @@ async def run_loops(runs: list[LoopRun], listeners: list[Listener] | None = None
     remove = install_signal_handlers(loops)
     try:
         with heap.long_lived():  # the collector leaves the run's long-lived objects alone (kiro.core.heap)
+            heap.settled()  # and what making the loops ready made (kiro.core.api's `heap.preparing`)
             results = await asyncio.gather(*[run_one(lp) for lp in loops], return_exceptions=True)
     finally:
         remove()

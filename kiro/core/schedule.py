@@ -42,8 +42,8 @@ from kiro.errors import UserError
 if TYPE_CHECKING:
     from kiro.store.tasks import TaskFile
 
-_HH_MM_RE = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")
-_EVERY_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd])\s*")
+_HH_MM_RE = r"([01][0-9]|2[0-3]):[0-5][0-9]"  # both compiled when a schedule is first read (re's cache)
+_EVERY_RE = r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd])\s*"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 ALIASES = ("@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually")
 MIN_EVERY_SECONDS = 1.0
@@ -137,7 +137,7 @@ def _window(raw: Any, where: str) -> Window:
     if not isinstance(raw, dict) or set(raw) != {"start", "end"}:
         raise UserError(f"{where}: schedule.active_hours {raw!r} is not a window; {fix}")
     for key in ("start", "end"):
-        if not isinstance(raw[key], str) or not _HH_MM_RE.fullmatch(raw[key]):
+        if not isinstance(raw[key], str) or not re.fullmatch(_HH_MM_RE, raw[key]):
             raise UserError(f"{where}: schedule.active_hours.{key} {raw[key]!r} is not a time like 09:00; {fix}")
     return Window(raw["start"], raw["end"])
 
@@ -169,7 +169,7 @@ def _every(raw: Any, where: str, stateful: bool) -> Schedule:
         raise UserError(f"{where}: schedule.every {raw!r} is not an interval; {FIX}")
     if isinstance(raw, int | float):
         raise UserError(f"{where}: schedule.every {raw!r} needs a unit: {raw}s, {raw}m, {raw}h or {raw}d")
-    m = _EVERY_RE.fullmatch(raw)
+    m = re.fullmatch(_EVERY_RE, raw)
     if m is None:
         raise UserError(f"{where}: schedule.every {raw!r} is not an interval like 30s, 15m, 2h or 1d; {FIX}")
     seconds = float(m.group(1)) * _UNITS[m.group(2)]

@@ -57,7 +57,7 @@ _NEVER = frozenset({"add", "commit", "stash", "submodule", "pull", "am", "rebase
 # may name any of them, so each one the config kiro's git reads defines is switched off for kiro's git (an
 # empty command runs nothing; a merge driver becomes `false`, a conflict for a person). That config is the
 # top repository's alone: kiro's git never reads another repository's (`_LOOKS`, `_NEVER`, `scan`).
-_DRIVER = re.compile(r"^(filter|diff|merge)\.(.+)\.(clean|smudge|process|command|textconv|driver)$")
+_DRIVER = r"^(filter|diff|merge)\.(.+)\.(clean|smudge|process|command|textconv|driver)$"  # compiled when first used
 _OFF = {"clean": "", "smudge": "", "process": "", "command": "", "textconv": "", "driver": "false"}
 _COMMIT = ("-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false",
            "-c", f"user.name={KIRO_NAME}", "-c", f"user.email={KIRO_EMAIL}", "-c", "merge.ff=false",
@@ -202,7 +202,7 @@ class Git:
                 keep = False
             if name.lower().startswith(("include.", "includeif.")):
                 keep = False
-            m = _DRIVER.match(name.strip())
+            m = re.match(_DRIVER, name.strip())
             if m is not None:
                 off += ["-c", f"{m.group(1)}.{m.group(2)}.{m.group(3)}={_OFF[m.group(3)]}"]
                 if m.group(1) == "filter":

@@ -99,7 +99,7 @@ CONTROL = (".state", ".hooks", "config", "Logs", ".git", ".kiro/worktrees", "Don
 
 
 HOME_READ = (".gitconfig", ".config/git/config")  # git's identity and settings: read-only in the empty $HOME
-SECRET_NAME = re.compile(r"credential|token|secret|password|\.pem$|\.key$|^\.env$|^auth", re.I)
+SECRET_NAME = r"(?i)credential|token|secret|password|\.pem$|\.key$|^\.env$|^auth"  # compiled when first used
 # The box's init (pid 1 of its PID namespace, `--as-pid-1`): runs the command, reaps what is orphaned
 # meanwhile, and exits with its status. bwrap's own init is not waited for by bwrap, so the CPU and the
 # disk writes of a step would not reach kiro's RUSAGE_CHILDREN (resource_limits reads them); this one is.
@@ -808,7 +808,7 @@ def _outermost(shown: list[Path], covers: list[Path]) -> list[Path]:
 def _secrets(folder: Path) -> list[Path]:
     """The files and folders in `folder` named like a credential (not symlinks: bwrap mounts on none)."""
     try:
-        return [Path(entry.path) for entry in os.scandir(folder) if SECRET_NAME.search(entry.name)
+        return [Path(entry.path) for entry in os.scandir(folder) if re.search(SECRET_NAME, entry.name)
                 and not entry.is_symlink() and (entry.is_file() or entry.is_dir())]
     except OSError:
         return []

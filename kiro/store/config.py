@@ -32,6 +32,7 @@ from kiro.errors import ConfigError
 from kiro.fs import safeio
 from kiro.plugins import AGENTS, no_pydantic_plugins
 from kiro.store import redact
+from kiro.store.models import inner_types, models_within
 from kiro.store.workspace import CONFIG_RELPATH
 
 if TYPE_CHECKING:
@@ -78,12 +79,6 @@ NOTIFY_KINDS: tuple[NotifyKind, ...] = get_args(NotifyKind)
 _QUIET = "kiro_value_not_shown"  # a validation error whose value is not echoed: it may hold a secret
 
 
-def _annotations(annotation: Any) -> Iterator[Any]:
-    yield annotation
-    for arg in get_args(annotation):
-        yield from _annotations(arg)
-
-
 def _plain_text(value: Any) -> Any:
     """No text in the config may hold a NUL character (no path, command, argument or URL can) or a byte
     that is not UTF-8 (from a `KIRO_*` variable or a flag; no state file can): the first file call on it
@@ -119,7 +114,7 @@ class _Strict(BaseModel):
         validators were built, at every command's start (issue #41)."""
         super().__pydantic_init_subclass__(**kwargs)
         for field in cls.model_fields.values():
-            if _PLAIN_TEXT not in field.metadata and any(inner is str for inner in _annotations(field.annotation)):
+            if _PLAIN_TEXT not in field.metadata and any(inner is str for inner in inner_types(field.annotation)):
                 field.metadata.append(_PLAIN_TEXT)
 
 
@@ -964,16 +959,6 @@ def _widen(schema: dict[str, Any], path: tuple[str, ...]) -> None:
     field.update(kept, anyOf=[*alternatives, *_ALSO_ACCEPTED[path]])
 
 
-def _models(model: type[BaseModel]) -> Iterator[type[BaseModel]]:
-    """Every model `model`'s fields hold, however deep (`llm.prices` values, `review`, ...), each before
-    the model that holds it, then `model`."""
-    for field in model.model_fields.values():
-        for inner in _annotations(field.annotation):
-            if isinstance(inner, type) and issubclass(inner, BaseModel):
-                yield from _models(inner)
-    yield model
-
-
 @functools.cache
 def _build() -> None:
     """Build the models' validators, each section's before the model that holds it, which then uses the
@@ -981,7 +966,7 @@ def _build() -> None:
     the config's, once for the section's own default, `LoopSettings()`). The first build of every command that
     reads a workspace: no pydantic plugin is looked for from here on (kiro.plugins.no_pydantic_plugins)."""
     no_pydantic_plugins()
-    for model in dict.fromkeys(_models(Config)):
+    for model in models_within(Config):
         model.model_rebuild()
 
 
@@ -999,7 +984,7 @@ def field_descriptions(model: type[BaseModel]) -> dict[str, str]:
 def _described(schema: dict[str, Any]) -> dict[str, Any]:
     """`schema` with each field's description (`field_descriptions`), where use_attribute_docstrings put it."""
     nodes = {"Config": schema, **schema.get("$defs", {})}
-    for model in dict.fromkeys(_models(Config)):
+    for model in models_within(Config):
         node = nodes.get(model.__name__)
         if node is None:
             continue
