@@ -741,6 +741,7 @@ class LiveJournal:
                 lead = _ITEM_SEPARATOR
             out.append(b"\n  ]")
         out.append(b"\n}\n")
+        out = _coalesced(out)  # a small state is one write, as before (each write is a kill point: SPEC §4)
         return int(shadow.get("journal_seq", 0)), out, sum(map(len, out)), journal.summary_of(shadow)
 
     # -- the writes ------------------------------------------------------------------------
@@ -999,6 +1000,24 @@ def _item_json(item: Any) -> bytes:
 
 
 _SNAPSHOT_BATCH = 256  # items of a long list joined into one piece of a snapshot (`_snapshot_data`)
+_PIECE_BYTES = 1 << 17  # a snapshot's pieces are written ~this much at a time (`_coalesced`)
+
+
+def _coalesced(pieces: list[bytes]) -> list[bytes]:
+    """`pieces` joined into runs of about _PIECE_BYTES: the snapshot's small fields go to the file with their
+    neighbours in one write, not one write each."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        run.append(piece)
+        size += len(piece)
+        if size >= _PIECE_BYTES:
+            out.append(b"".join(run))
+            run, size = [], 0
+    if run:
+        out.append(b"".join(run))
+    return out
 _ITEM_SEPARATOR = b",\n    "
 
 
