@@ -202,7 +202,6 @@ def _start(ws: Workspace, task: list[str], *, specs: Sequence[str], config: Path
         if given and flag in backend.unbuilt:
             raise UserError(f"{flag} is not built for backend: {backend.name} yet")
     local_detach = detach and not backend.detaches_itself  # the loop goes on in a process of its own, from here
-    _runs_here(backend, detach)
     if local_detach and len(task) > 1:
         raise UserError("--detach starts one loop; run it once per task")
     backend.preflight(ws, config)  # the server is reachable, the project is in git: before any state is written
@@ -229,15 +228,6 @@ def _start(ws: Workspace, task: list[str], *, specs: Sequence[str], config: Path
     if one_step is not None:
         runs[0].features.append(one_step)
     return _run(backend, runs, detach=detach, front=front)
-
-
-def _runs_here(backend: Any, detach: bool) -> None:
-    """The loops run in this process (a local backend, not detached): the state's validators, when first used,
-    are built inside out (kiro.store.state.build_for_a_run)."""
-    if backend.name == "local" and not detach:
-        from kiro.store.state import build_for_a_run
-
-        build_for_a_run()
 
 
 def _release(runs: list[LoopRun]) -> None:
@@ -321,7 +311,6 @@ def _take_over(ws0: Workspace, task_id: str, fd: int, *, config: Path | None, re
     from kiro.store.workspace import check_task_id
 
     store = settings_for(ws0, config_file=config).store
-    _runs_here(backend_for(ws0, config), detach=False)
     try:
         lock = Flock.handed(store.ws.lock_file(check_task_id(task_id)), fd)
     except (OSError, Timeout):
@@ -364,7 +353,6 @@ def resume(task_id: str | None = None, task: str | None = None, *, spec: str | N
     tid = loop_named(ws, store, task_id, task, spec)
     assert tid is not None
     backend = backend_for(ws, config)
-    _runs_here(backend, detach)
     if store.is_locked(tid) and store.holder_role(tid) != "watch" and not store.load(tid).state.status.may_be_alive:
         # its run ended (the status it saved says how) and its process is letting go of the lock: a resume
         # right after the pause is shown (the dashboard's button) waits for that instead of refusing (a loop
@@ -434,7 +422,6 @@ def resume_all(*, workspace_path: Path | None = None, config: Path | None = None
         return Started(0)
     backend = backend_for(ws0, config)
     local_detach = detach and not backend.detaches_itself  # each goes on in a process of its own
-    _runs_here(backend, detach)
     room_for_loops(1 if local_detach else len(targets))  # too few open files for them all: said before any moves
     runs: list[LoopRun] = []
     try:

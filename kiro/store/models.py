@@ -1,6 +1,5 @@
 """The models a model's fields hold, for building validators inside out: each inner model's before the model
-that holds it, which then uses each one's schema as it is (kiro.store.config's `_build`, kiro.store.state's
-`build_for_a_run`).
+that holds it, which then uses each one's schema as it is (kiro.store.config's `_build`).
 
 Built from the top (pydantic's own way, on first use), the outer model's schema holds each inner model's
 schema made anew, and an inner model used on its own later makes its schema once more (issue #41).

@@ -14,7 +14,6 @@ from pydantic_core import to_json
 
 from kiro import timeutil
 from kiro.status import RECORDED, Status, success_rate
-from kiro.store.models import models_within
 from kiro.store.receipts import Receipt, ReviewRound, StoredModel
 from kiro.store.workspace import TASK_ID_RE
 from kiro.usage import Usage
@@ -44,8 +43,7 @@ def first_line(text: str | None, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-_Model = StoredModel  # kiro.store.receipts: the config and what a record keeps; validators built when
-# a state is first read or made, not at import (`build_for_a_run`)
+_Model = StoredModel  # kiro.store.receipts: a state file's record (its config, and what a record keeps)
 
 
 RETRY_HORIZON_DAYS = 366
@@ -218,9 +216,6 @@ def _plain_task_id(value: str) -> str:
     return value
 
 
-_inside_out = False  # `build_for_a_run`: this process runs a loop
-
-
 class LoopState(_Model):
     schema_version: int = SCHEMA_VERSION
     task_id: Annotated[str, AfterValidator(_plain_task_id)]
@@ -280,23 +275,6 @@ class LoopState(_Model):
     # adds only the new ones
     _durations: tuple[object, int, float] = PrivateAttr(default=(None, 0, 0.0))
 
-    @classmethod
-    def model_rebuild(cls, *, force: bool = False, raise_errors: bool = True, _parent_namespace_depth: int = 2,
-                      _types_namespace: Any = None) -> bool | None:
-        """pydantic builds the validator here on first use. Where a loop runs (`build_for_a_run`), each model the
-        state holds (`CompletedStep`, its `Receipt`, `Context`, `GitInfo`, ...) is built first, and `LoopState`
-        uses their schemas as they are: a running loop uses most of them on its own, and built from the top,
-        pydantic made each of their schemas twice (~20 M instructions of a one-step `kiro loop start`, issue #41).
-        A command that only reads a state uses `LoopState` alone: built from the top, with no validator of each
-        inner model, is cheaper for it."""
-        if _inside_out and not cls.__pydantic_complete__:
-            for inner in models_within(cls):
-                if inner is not cls and not inner.__pydantic_complete__:
-                    inner.model_rebuild(raise_errors=raise_errors)
-        return super().model_rebuild(force=force, raise_errors=raise_errors,
-                                     _parent_namespace_depth=_parent_namespace_depth + 1,
-                                     _types_namespace=_types_namespace)
-
     # -- transitions -----------------------------------------------------------------------
 
     def transition(self, to: Status | str, reason: str | None = None) -> bool:
@@ -348,14 +326,6 @@ class LoopState(_Model):
 
     def dump_json(self) -> str:
         return state_text(self.model_dump(mode="json", by_alias=True))
-
-
-def build_for_a_run() -> None:
-    """This process runs a loop: from here on, the state's validators are built inside out when first used
-    (`LoopState.model_rebuild`). A command that only reads a state, or a start refused before it makes one,
-    is left as it was."""
-    global _inside_out
-    _inside_out = True
 
 
 def state_text(data: dict[str, Any]) -> str:

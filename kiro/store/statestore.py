@@ -1000,6 +1000,7 @@ def _item_json(item: Any) -> bytes:
 
 
 _SNAPSHOT_BATCH = 256  # items of a long list joined into one piece of a snapshot (`_snapshot_data`)
+_ITEM_SEPARATOR = b",\n    "
 _PIECE_BYTES = 1 << 17  # a snapshot's pieces are written ~this much at a time (`_coalesced`)
 
 
@@ -1018,7 +1019,6 @@ def _coalesced(pieces: list[bytes]) -> list[bytes]:
     if run:
         out.append(b"".join(run))
     return out
-_ITEM_SEPARATOR = b",\n    "
 
 
 
