@@ -648,6 +648,23 @@ def _steps_alive(root: Path) -> list[int]:
     return alive
 
 
+def _lock_holders(root: Path) -> list[str]:
+    """Processes (other than this one) that have a loop's lock file under `root` open, with their command
+    lines: a child of a killed kiro caught between its fork and its exec holds every descriptor kiro had,
+    the loops' locks among them, until its exec closes them."""
+    held = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if any(f.startswith(f"{root}/.state/autonomous_loop_") and f.endswith(".lock") for f in fds):
+                held.append(f"{proc.name}: {cmd.strip() or '(no command line yet)'}")
+    return held
+
+
 def _reaper_gone(kiro_pid: int) -> bool:
     """Whether the reaper of the kiro process `kiro_pid` has ended (`kiro.processes.groups`:
     its arguments end with the mark it looks for, which begins with kiro's pid)."""
@@ -710,6 +727,12 @@ def test_a_batch_start_killed_at_any_moment_loses_no_task_and_runs_no_step_twice
         # the kill caught between fork and exec carries no KIRO_WORKSPACE yet, and holds kiro's files
         # (the loop's lock) until its exec: the reaper ends after it has let go, and after its last look
         ws.wait_for(functools.partial(_reaper_gone, proc.pid), timeout=30, what="the killed start's reaper to end")
+        ws.wait_for(lambda: not _steps_alive(ws.root), timeout=30, what="the killed start's steps to end")
+        # and its children have let go of the loops' locks (CI once resumed while one still held a lock:
+        # LockHeld naming the killed kiro, which the kernel's lock table names as the taker)
+        with contextlib.suppress(AssertionError):
+            ws.wait_for(lambda: not _lock_holders(ws.root), timeout=30, what="the loops' locks to be let go")
+        assert not _lock_holders(ws.root), f"30 s after the kill, still holding a loop's lock: {_lock_holders(ws.root)}"
         ws.wait_for(lambda: not _steps_alive(ws.root), timeout=30, what="the killed start's steps to end")
         # what the kill left: everything reads, nothing torn
         ids_in_files = {}
