@@ -84,12 +84,19 @@ class Conflict(UserError):
 class LockHeld(Conflict):
     """Another process runs this loop."""
 
-    def __init__(self, task_id: str, pid: int | None) -> None:
+    def __init__(self, task_id: str, pid: int | None, *, ended_lock_file: str = "") -> None:
         who = f"process {pid}" if pid else "another process"
-        super().__init__(
-            f"loop {task_id!r} is already running in {who}; "
-            f"stop it with `kiro loop stop --task-id {task_id}` or wait for it to finish"
-        )
+        if ended_lock_file:  # the kiro that took the lock has ended; a process it started still holds a copy
+            super().__init__(
+                f"loop {task_id!r} is not running (its {who} has ended), but a process it started still holds "
+                f"its lock file {ended_lock_file}; wait for that process to end (`fuser -v {ended_lock_file}` "
+                f"names it), then try again"
+            )
+        else:
+            super().__init__(
+                f"loop {task_id!r} is already running in {who}; "
+                f"stop it with `kiro loop stop --task-id {task_id}` or wait for it to finish"
+            )
         self.task_id = task_id
         self.pid = pid
 

@@ -95,6 +95,42 @@ def test_the_probe_sees_a_holder_in_another_process_and_its_death(ws: Workspace)
     store.release("q", store.acquire("q"))
 
 
+def test_a_lock_whose_taker_was_killed_is_waited_for_while_a_child_of_it_still_holds_a_copy(ws: Workspace) -> None:
+    """kiro killed (-9) while it starts a step: the child, caught between its fork and its exec, holds a copy
+    of every lock kiro had until its exec closes it (CI, stop 52: a resume right after the kill failed with
+    "already running in process N", N the dead kiro). A resume then waits a moment for that copy to go; a copy
+    still held after it gets a message that says the loop's process has ended and which file is held."""
+    store = StateStore(KiroWorkspace(ws.root))
+    body = ("import os\nlock = store.acquire('q')\npid = os.fork()\n"
+            "if pid == 0:\n    time.sleep(float(sys.argv[2]))\n    os._exit(0)\n"
+            "print(pid, flush=True)\nos._exit(0)\n")
+    for hold, waits in ((0.5, True), (30.0, False)):
+        taker = subprocess.Popen([sys.executable, "-c", HOLDER_PRELUDE + body, str(ws.root), str(hold)],
+                                 stdout=subprocess.PIPE, text=True, env=ws.env())
+        assert taker.stdout is not None
+        child = int(taker.stdout.readline())
+        taker.stdout.close()
+        taker.wait()  # the taker is gone; its child holds the lock for `hold` seconds
+        try:
+            assert store.is_locked("q")
+            if waits:
+                store.release("q", store.acquire("q"))  # within the wait: no "already running"
+                print(f"a copy held {hold} s after its taker ended: waited for, then taken")
+            else:
+                with pytest.raises(LockHeld) as caught:
+                    store.acquire("q")
+                message = str(caught.value)
+                assert f"its process {taker.pid} has ended" in message, message
+                assert ".state/autonomous_loop_q.lock" in message, message
+                assert "already running" not in message, message
+                print(f"a copy held {hold} s: {message}")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+    ws.wait_for(lambda: not store.is_locked("q"), timeout=30, what="the child's copy to go")
+    store.release("q", store.acquire("q"))
+
+
 def test_the_holder_is_named_in_the_lock_file_and_the_kernel_has_the_last_word(ws: Workspace) -> None:
     """A loop's holder (pid, host, role) is written into its lock file: no `.pid` file beside it (one
     new file less per start). The pid `kiro loop stop --force` signals comes from the kernel's lock

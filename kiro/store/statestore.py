@@ -73,6 +73,21 @@ def serve_token(ws: Workspace) -> Redactor:
     return Redactor([text]) if re.fullmatch(_GENERATED_TOKEN, text) else Redactor()
 
 
+# Seconds to wait for a lock whose taker has ended: what holds it then is a process that kiro was starting when
+# it was killed, which lets go at its exec (tests/test_lock_probe.py)
+ENDED_HOLDER_WAIT = 2.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
 class StateStore:
     """Reads and writes the state files of one workspace."""
 
@@ -391,9 +406,18 @@ class StateStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = locks.Flock(path)
         try:
-            lock.acquire(wait_seconds)
-        except locks.Timeout:
-            raise LockHeld(task_id, self.holder_pid(task_id)) from None
+            try:
+                lock.acquire(wait_seconds)
+            except locks.Timeout:
+                pid = self.holder_pid(task_id)
+                if pid is None or _alive(pid):
+                    raise LockHeld(task_id, pid) from None
+                # the kiro that took it has ended (a kill -9): a child it was starting, caught between its
+                # fork and its exec, holds a copy of the lock until its exec closes it, a moment later
+                try:
+                    lock.acquire(ENDED_HOLDER_WAIT)
+                except locks.Timeout:
+                    raise LockHeld(task_id, pid, ended_lock_file=self.ws.relative_name(path)) from None
         except OSError as exc:
             raise self._lock_file_error(path, exc) from None
         if write_role:
