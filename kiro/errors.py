@@ -86,11 +86,13 @@ class LockHeld(Conflict):
 
     def __init__(self, task_id: str, pid: int | None, *, ended_lock_file: str = "") -> None:
         who = f"process {pid}" if pid else "another process"
-        if ended_lock_file:  # the kiro that took the lock has ended; a process it started still holds a copy
+        if ended_lock_file:  # its taker has ended; a process it started holds a copy (a step's child before its
+            # exec, or the loop's own process of a --detach start before it took the lock over)
             super().__init__(
-                f"loop {task_id!r} is not running (its {who} has ended), but a process it started still holds "
-                f"its lock file {ended_lock_file}; wait for that process to end (`fuser -v {ended_lock_file}` "
-                f"names it), then try again"
+                f"loop {task_id!r} is already running in another process: its lock file {ended_lock_file} was "
+                f"taken by process {pid}, which has ended, and is held by a process it started (`fuser -v "
+                f"{ended_lock_file}` names it); stop it with `kiro loop stop --task-id {task_id}` or wait for it "
+                f"to finish"
             )
         else:
             super().__init__(
