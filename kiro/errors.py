@@ -88,17 +88,12 @@ class LockHeld(Conflict):
         who = f"process {pid}" if pid else "another process"
         if ended_lock_file:  # its taker has ended; a process it started holds a copy (a step's child before its
             # exec, or the loop's own process of a --detach start before it took the lock over)
-            super().__init__(
-                f"loop {task_id!r} is already running in another process: its lock file {ended_lock_file} was "
-                f"taken by process {pid}, which has ended, and is held by a process it started (`fuser -v "
-                f"{ended_lock_file}` names it); stop it with `kiro loop stop --task-id {task_id}` or wait for it "
-                f"to finish"
-            )
-        else:
-            super().__init__(
-                f"loop {task_id!r} is already running in {who}; "
-                f"stop it with `kiro loop stop --task-id {task_id}` or wait for it to finish"
-            )
+            who = (f"another process: its lock file {ended_lock_file} was taken by process {pid}, which has ended, "
+                   f"and is held by a process it started (`fuser -v {ended_lock_file}` names it)")
+        super().__init__(
+            f"loop {task_id!r} is already running in {who}; "
+            f"stop it with `kiro loop stop --task-id {task_id}` or wait for it to finish"
+        )
         self.task_id = task_id
         self.pid = pid
 

@@ -94,6 +94,18 @@ def _listed(table: str, want_ino: str, want_dev: tuple[int, int]) -> int | bool:
     return False
 
 
+def process_exists(pid: int) -> bool:
+    """Whether process `pid` exists (another user's process counts; a pid too large for the kernel does not
+    raise). kiro asks it of the pid a lock's taker, a temp file or a step's record names."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 class Timeout(TimeoutError):
     """The lock is still held by another holder when the wait ends (`Flock.acquire`)."""
 

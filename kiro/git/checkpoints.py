@@ -32,6 +32,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import KiroError, UserError
 from kiro.fs.atomic import atomic_write
+from kiro.fs.locks import process_exists
 from kiro.git.gitcli import Git, GitError, git_env, toplevel
 from kiro.store import events as ev
 from kiro.store.workspace import locate_task
@@ -318,16 +319,6 @@ def _orphaned(pid: str) -> bool:
     return not (pid.isdigit() and Path("/proc", pid).exists())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class LoopGit:
     """Checkpoints (and the worktree, with isolation) of one loop. Built by `attach`; all methods
     are blocking, for a worker thread."""
@@ -527,7 +518,8 @@ class LoopGit:
             self._attempts[-1][1] = now  # an attempt that never reported its end
         if self._before is None:
             rec = self._record()
-            if rec.get("step") == step_id and not _alive(int(rec.get("pid") or 0)) and rec.get("pid") != os.getpid():
+            if (rec.get("step") == step_id and not process_exists(int(rec.get("pid") or 0))
+                    and rec.get("pid") != os.getpid()):
                 self._recover(step_id)  # a kill cut this step short: what it wrote then is the step's still
                 for a in self._attempts:
                     a[1] = a[1] or now
@@ -594,7 +586,7 @@ class LoopGit:
                     rec = json.loads(path.read_text())
                     if rec.get("tree") != me:
                         continue
-                    alive = _alive(int(rec.get("pid", 0)))
+                    alive = process_exists(int(rec.get("pid", 0)))
                     stamp = path.stat().st_mtime_ns
                     if rec.get("own"):
                         files.add(str(rec["own"]))

@@ -16,23 +16,12 @@ import re
 import time
 from pathlib import Path
 
+from kiro.fs.locks import process_exists
 from kiro.store.workspace import Workspace
 
 _PID_TMP = re.compile(r"^\..+\.(?P<pid>\d+)(?:-[0-9a-f]+\.kiro)?\.tmp$")
 _TASK_TMP = re.compile(r"^\..+\.kiro-tmp$")
 TASK_TMP_MIN_AGE_SECONDS = 60.0
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True  # this process may be writing right now (several loops in one process)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 def remove_stale_temp_files(ws: Workspace, task_path: Path | None = None, *,
@@ -56,7 +45,7 @@ def remove_stale_temp_files(ws: Workspace, task_path: Path | None = None, *,
         for entry in entries:
             m = _PID_TMP.match(entry.name)
             if m is not None:
-                stale = not _alive(int(m["pid"]))
+                stale = not process_exists(int(m["pid"]))  # this process too (several loops)
             elif _TASK_TMP.match(entry.name):
                 try:
                     stale = now - entry.stat(follow_symlinks=False).st_mtime > TASK_TMP_MIN_AGE_SECONDS

@@ -78,16 +78,6 @@ def serve_token(ws: Workspace) -> Redactor:
 ENDED_HOLDER_WAIT = 2.0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
-
-
 class StateStore:
     """Reads and writes the state files of one workspace."""
 
@@ -406,23 +396,28 @@ class StateStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = locks.Flock(path)
         try:
-            try:
-                lock.acquire(wait_seconds)
-            except locks.Timeout:
-                pid = self.holder_pid(task_id)
-                if pid is None or _alive(pid):
-                    raise LockHeld(task_id, pid) from None
-                # the kiro that took it has ended (a kill -9): a child it was starting, caught between its
-                # fork and its exec, holds a copy of the lock until its exec closes it, a moment later
-                try:
-                    lock.acquire(ENDED_HOLDER_WAIT)
-                except locks.Timeout:
-                    raise LockHeld(task_id, pid, ended_lock_file=self.ws.relative_name(path)) from None
+            self._take(lock, task_id, wait_seconds)
         except OSError as exc:
             raise self._lock_file_error(path, exc) from None
         if write_role:
             self.set_role(task_id, role)
         return lock
+
+    def _take(self, lock: locks.Flock, task_id: str, wait_seconds: float) -> None:
+        """`lock` taken, or LockHeld: after a wait of ENDED_HOLDER_WAIT more when its taker has ended."""
+        try:
+            lock.acquire(wait_seconds)
+            return
+        except locks.Timeout:
+            pid = self.holder_pid(task_id)
+        if pid is None or locks.process_exists(pid):
+            raise LockHeld(task_id, pid)
+        # the kiro that took it has ended (a kill -9): a child it was starting, caught between its fork and its
+        # exec, holds a copy of the lock until its exec closes it, a moment later
+        try:
+            lock.acquire(ENDED_HOLDER_WAIT)
+        except locks.Timeout:
+            raise LockHeld(task_id, pid, ended_lock_file=self.ws.relative_name(Path(lock.path))) from None
 
     def probe_lock_file(self, path: Path) -> None:
         """A lock file kiro cannot create would make the wait for it last until its timeout: say so now."""
