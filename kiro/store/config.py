@@ -10,10 +10,10 @@ import functools
 import os
 import re
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -32,34 +32,11 @@ from kiro.errors import ConfigError
 from kiro.fs import safeio
 from kiro.plugins import AGENTS, no_pydantic_plugins
 from kiro.store import redact
-from kiro.store.models import inner_types, models_within
+from kiro.store.models import empty_dict, empty_list, inner_types, made, models_within
 from kiro.store.workspace import CONFIG_RELPATH
 
 if TYPE_CHECKING:
     import yaml
-
-_M = TypeVar("_M", bound=BaseModel)
-
-
-def _list() -> list[Any]:
-    """An empty list, as `default_factory`: pydantic reads a factory's signature as it builds a model, and
-    that of `list` (or `dict`), a builtin, is parsed from its text signature, tokenized (issue #41: a
-    tenth of building the config's validators, which every command does)."""
-    return []
-
-
-def _dict() -> dict[str, Any]:
-    """An empty dict, as `default_factory` (`_list` says why not `dict`)."""
-    return {}
-
-
-def _made(model: type[_M]) -> Callable[[], _M]:
-    """A `default_factory` that makes a section with its defaults. Not the class itself: pydantic reads a
-    factory's signature as it builds a model, and a model class's signature is made from all its fields
-    (issue #41: ~3 M instructions of building the config's validators, which every command does)."""
-    def make() -> _M:
-        return model()
-    return make
 
 
 def _none_is_empty(value: Any) -> Any:
@@ -235,7 +212,7 @@ class LLMSettings(_Strict):
     and waiting messages always pass)."""
     precheck_sleep_seconds: float = Field(300.0, gt=0)  # every_iteration: the wait after a skipped iteration
     """every_iteration: how long a skipped loop sleeps before it looks again."""
-    prices: dict[str, Price] = Field(default_factory=_dict)
+    prices: dict[str, Price] = Field(default_factory=empty_dict)
     """model -> {input_per_1m: USD, output_per_1m: USD}, for cost limits."""
 
     _empty_prices = field_validator("prices", mode="before")(_none_is_empty)
@@ -267,7 +244,7 @@ class ShellToolSettings(_Strict):
     """offer run_command to the agent."""
     trust_agent_code: bool = False
     """true: allow those too, accepting that the agent runs code of its own."""
-    allow: list[str] = Field(default_factory=_list)
+    allow: list[str] = Field(default_factory=empty_list)
     """commands it may run, e.g. ["git status", "git diff", ls]; programs that run code the agent writes (shells,
     python, make, npm, pytest ...) are refused unless trust_agent_code (docs/security.md)."""
     timeout_seconds: float = Field(120.0, gt=0)
@@ -294,7 +271,7 @@ class ShellToolSettings(_Strict):
 
 
 class ToolsSettings(_Strict):
-    shell: ShellToolSettings = Field(default_factory=_made(ShellToolSettings))
+    shell: ShellToolSettings = Field(default_factory=made(ShellToolSettings))
     """`run_command`: whether the agent may run commands, and which."""
 
     _empty_shell = field_validator("shell", mode="before")(_none_is_empty)
@@ -341,9 +318,9 @@ class SandboxPaths(_Strict):
     """`sandbox_paths:` — more of the file system for the box (kiro.processes.sandbox): `rw` read-write,
     `ro` read-only on top. Absolute paths or `~/...`; each must exist."""
 
-    rw: list[str] = Field(default_factory=_list)
+    rw: list[str] = Field(default_factory=empty_list)
     """read-write."""
-    ro: list[str] = Field(default_factory=_list)
+    ro: list[str] = Field(default_factory=empty_list)
     """read-only."""
 
     @field_validator("rw", "ro")
@@ -396,9 +373,9 @@ class AgentEnv(_Strict):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True, populate_by_name=True,
                               serialize_by_alias=True)
 
-    drop: list[str] = Field(default_factory=_list)
+    drop: list[str] = Field(default_factory=empty_list)
     """variables kept from the agent CLI, whatever their name."""
-    pass_: list[str] = Field(default_factory=_list, alias="pass")
+    pass_: list[str] = Field(default_factory=empty_list, alias="pass")
     """variables let through to the agent CLI that kiro would keep from it (an API key it would bill before its
     login, a variable that is not its own)."""
 
@@ -473,9 +450,9 @@ def _speaks_acp(agent: str | None) -> bool:
 class Config(_Strict):
     """The whole of `config/autonomous_loop.yaml`; every key has a default."""
 
-    autonomous_loop: LoopSettings = Field(default_factory=_made(LoopSettings))
+    autonomous_loop: LoopSettings = Field(default_factory=made(LoopSettings))
     """the loop's limits, state, stop conditions, reports and retries."""
-    resource_limits: ResourceLimits = Field(default_factory=_made(ResourceLimits))
+    resource_limits: ResourceLimits = Field(default_factory=made(ResourceLimits))
     """Resource limits (null = no limit)."""
     executor: Literal["openai", "command", "shell"] | None = None
     """openai | command | shell; null = command when executor_command or agent is set, else openai when an endpoint is
@@ -487,7 +464,7 @@ class Config(_Strict):
     """a preset: a maintained command line and output parser (tokens, cost, errors) for an agent CLI, or an agent kiro
     speaks the Agent Client Protocol to (names ending in -acp, and acp); `kiro agents` lists them, with those installed
     packages add. executor_command, when set, overrides the command line."""
-    agent_args: list[str] = Field(default_factory=_list)
+    agent_args: list[str] = Field(default_factory=empty_list)
     """extra arguments appended to the agent's command line, e.g. ["--model", "x"]."""
     command_success: Literal["checkbox", "exit_code"] = "checkbox"
     """checkbox: exit 0 and the agent checked the box | exit_code: exit 0 alone."""
@@ -500,13 +477,13 @@ class Config(_Strict):
     """where the agent works, relative to the workspace."""
     verify: str | None = None
     """a command that must exit 0 for a step to count; task frontmatter overrides."""
-    llm: LLMSettings = Field(default_factory=_made(LLMSettings))
+    llm: LLMSettings = Field(default_factory=made(LLMSettings))
     """The openai executor: any OpenAI-compatible Chat Completions endpoint."""
-    tools: ToolsSettings = Field(default_factory=_made(ToolsSettings))
+    tools: ToolsSettings = Field(default_factory=made(ToolsSettings))
     """The agent's tools."""
-    guardrails: Guardrails = Field(default_factory=_made(Guardrails))
+    guardrails: Guardrails = Field(default_factory=made(Guardrails))
     """Guardrails (null = off)."""
-    approval: Approval = Field(default_factory=_made(Approval))
+    approval: Approval = Field(default_factory=made(Approval))
     """whether steps an agent adds wait for a person in Pending_Approval/."""
     max_parallel_loops: int = Field(4, ge=1)
     """loops `kiro loop watch` runs at once."""
@@ -525,9 +502,9 @@ class Config(_Strict):
     parallel_by: Literal["marker", "depends"] = "marker"
     """marker: the steps marked `(P)` after their number | depends: every step whose `_Depends: 1.2, 3_` lines name
     only done steps."""
-    on_event: dict[str, str] = Field(default_factory=_dict)
+    on_event: dict[str, str] = Field(default_factory=empty_dict)
     """completed | failed | paused | limit | finished -> shell command, e.g. {completed: "notify-send kiro done"}."""
-    secret_env: list[str] = Field(default_factory=_list)
+    secret_env: list[str] = Field(default_factory=empty_list)
     """more variables whose values are secrets, besides *_KEY, *_TOKEN, *_SECRET, *PASSWORD* ...: kiro cuts their
     values from every file, log and prompt."""
     checkpoints: Literal["git", "off"] | None = None  # None: git inside a git work tree (kiro.git.checkpoints)
@@ -539,7 +516,7 @@ class Config(_Strict):
     """bwrap | off; null = bwrap when installed and usable (apt-get install bubblewrap), else unconfined with one line
     saying so. In the box: the project read-write; .state .hooks config Logs .git read-only; $HOME empty but for the
     agent CLI's own config; a private /tmp; its own processes."""
-    sandbox_paths: SandboxPaths = Field(default_factory=_made(SandboxPaths))
+    sandbox_paths: SandboxPaths = Field(default_factory=made(SandboxPaths))
     """more for the box: absolute or ~/ paths that exist."""
     # on: the box's own network, the internet only (pasta) | off: none | host: the host's, every service on it
     sandbox_network: Literal["on", "off", "host"] = "on"
@@ -551,7 +528,7 @@ class Config(_Strict):
     """Where loops run (SPEC §12, docs/scale-out.md)."""
     # While `agent` is at its usage limit, steps go to these agents in turn (their own presets; not
     # agent_args), and back to `agent` when its window resets (kiro.executors.command).
-    fallback_agents: list[AgentName] = Field(default_factory=_list)
+    fallback_agents: list[AgentName] = Field(default_factory=empty_list)
     """e.g. [codex, gemini]: while `agent` is at its usage limit, steps go to the next of these that is not, and back
     to `agent` when its window resets."""
     # The longest an agent CLI's usage limit is waited out (until its reset, or probed without one);
@@ -560,7 +537,7 @@ class Config(_Strict):
     """the longest kiro waits for an agent CLI's usage limit to reset (8 h); a longer one ends the loop (exit 4). No
     reset time given: it probes after 5 min, doubling to 1 h."""
     # what reaches an agent CLI (kiro.executors.agents.billing)
-    agent_env: AgentEnv = Field(default_factory=_made(AgentEnv))
+    agent_env: AgentEnv = Field(default_factory=made(AgentEnv))
     """which of kiro's variables reach the agent CLI (`drop`, `pass`); `kiro agents` and the start line say which
     credential it bills."""
     # An ACP agent's command line, one argument per item (`[gemini, --acp]`): needed by `agent: acp`,
@@ -573,14 +550,14 @@ class Config(_Strict):
     verify_report: str | None = None
     """a JUnit XML file verify writes (pytest --junitxml=PATH): a step whose report has fewer passed or more
     skipped/xfailed tests than the last completed step's fails, whatever verify's exit code."""
-    protected_paths: list[str] = Field(default_factory=_list)
+    protected_paths: list[str] = Field(default_factory=empty_list)
     """globs (tests/**, ci/*.yml) a step may not create, change or delete: it fails and they are put back; frontmatter
     can add globs, never remove."""
     # SPEC §14 digest (kiro.views.digest, kiro.core.digest): Logs/digest/<date>.md when a loop ends and each day
     # at `digest_at` (local time); `notify`: Apprise URLs the digest and the `notify_on` events are sent to
     digest_at: str | None = Field(None, pattern=_HH_MM)
     """"HH:MM" (local time): besides when a loop ends, write Logs/digest/<date>.md and send it each day at this time."""
-    notify: list[str] = Field(default_factory=_list)
+    notify: list[str] = Field(default_factory=empty_list)
     """Apprise URLs (ntfy://, tgram://, slack://, json://...) the digest and the notify_on events are sent to."""
     notify_on: list[NotifyKind] = Field(default_factory=lambda: list(NOTIFY_KINDS))
     """which events are sent to notify: digest, loop_finished, human_requested, approval_waiting, usage_limit."""

@@ -25,6 +25,7 @@ from kiro import timeutil
 from kiro.fs import diskfull, safeio
 from kiro.fs.bounds import EVENT_FIELD_CHARS, clip_fields
 from kiro.store.logread import read_events
+from kiro.store.models import empty_list
 from kiro.store.redact import Redactor
 
 
@@ -194,7 +195,7 @@ class PermissionAnswered(Event):
     event: Literal["permission_answered"] = "permission_answered"
     tool: str  # the tool call's title, or fs/read_text_file, fs/write_text_file
     kind: str | None = None
-    paths: list[str] = Field(default_factory=list)
+    paths: list[str] = Field(default_factory=empty_list)
     allowed: bool
     reason: str | None = None  # why it was refused
 
@@ -203,7 +204,7 @@ class PlanUpdated(Event):
     """An ACP agent's plan for the step, as it reported it: each entry `[status] what`."""
 
     event: Literal["plan_updated"] = "plan_updated"
-    entries: list[str] = Field(default_factory=list)
+    entries: list[str] = Field(default_factory=empty_list)
 
 
 class ModelCalled(Event):
@@ -215,7 +216,7 @@ class ModelCalled(Event):
     seconds: float
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    tool_calls: list[str] = Field(default_factory=list)
+    tool_calls: list[str] = Field(default_factory=empty_list)
 
 
 class ContextWrapped(Event):
@@ -237,7 +238,7 @@ class StepCompleted(Event):
     description: str = ""
     duration_seconds: float = 0.0
     attempt: int = 1
-    checked: list[str] = Field(default_factory=list)
+    checked: list[str] = Field(default_factory=empty_list)
     agent: str | None = None  # the agent CLI that did the step (command executor)
     cost_usd: float | None = None  # the loop's cost so far, when its executor reports one
 
@@ -479,7 +480,7 @@ class StepsProposed(Event):
 
     event: Literal["steps_proposed"] = "steps_proposed"
     proposal: str
-    steps: list[str] = Field(default_factory=list)
+    steps: list[str] = Field(default_factory=empty_list)
     after: str | None = None
 
 
@@ -488,7 +489,7 @@ class ProposalApproved(Event):
 
     event: Literal["proposal_approved"] = "proposal_approved"
     proposal: str
-    steps: list[str] = Field(default_factory=list)
+    steps: list[str] = Field(default_factory=empty_list)
 
 
 class ProposalRejected(Event):
@@ -496,7 +497,7 @@ class ProposalRejected(Event):
 
     event: Literal["proposal_rejected"] = "proposal_rejected"
     proposal: str
-    steps: list[str] = Field(default_factory=list)
+    steps: list[str] = Field(default_factory=empty_list)
 
 
 # -- git (SPEC §9, kiro.git.checkpoints) --------------------------------------------------------
@@ -597,7 +598,7 @@ class MergeConflict(Event):
     event: Literal["merge_conflict"] = "merge_conflict"
     branch: str
     into: str | None = None
-    files: list[str] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=empty_list)
 
 
 class ParallelStepStarted(Event):
@@ -624,7 +625,7 @@ class ParallelConflict(Event):
 
     event: Literal["parallel_conflict"] = "parallel_conflict"
     step_id: str
-    files: list[str] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=empty_list)
     again: bool = False
 
 
@@ -633,7 +634,7 @@ class MergeFailed(Event):
 
     event: Literal["merge_failed"] = "merge_failed"
     branch: str
-    files: list[str] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=empty_list)
     error: str = ""
 
 
@@ -642,7 +643,7 @@ class MergeResumed(Event):
 
     event: Literal["merge_resumed"] = "merge_resumed"
     branch: str
-    files: list[str] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=empty_list)
 
 
 class RollbackResumed(Event):
@@ -650,7 +651,7 @@ class RollbackResumed(Event):
 
     event: Literal["rollback_resumed"] = "rollback_resumed"
     branch: str | None = None
-    files: list[str] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=empty_list)
 
 
 class RolledBack(Event):
@@ -662,8 +663,8 @@ class RolledBack(Event):
     checkpoint: str | None = None
     commit: str | None = None
     method: str | None = None
-    undone: list[str] = Field(default_factory=list)
-    unchecked: list[str] = Field(default_factory=list)
+    undone: list[str] = Field(default_factory=empty_list)
+    unchecked: list[str] = Field(default_factory=empty_list)
 
 
 # -- schedules (SPEC §11, kiro.core.schedule) ---------------------------------------------------------
@@ -723,9 +724,9 @@ class ProtectedPathsChanged(Event):
 
     event: Literal["protected_paths_changed"] = "protected_paths_changed"
     step_id: str
-    changes: list[str] = Field(default_factory=list)  # "changed tests/test_a.py"
+    changes: list[str] = Field(default_factory=empty_list)  # "changed tests/test_a.py"
     proposal: str | None = None
-    not_put_back: list[str] = Field(default_factory=list)
+    not_put_back: list[str] = Field(default_factory=empty_list)
 
 
 class TestsShrank(Event):

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiro import timeutil
 from kiro.fs.atomic import atomic_write
 from kiro.store import frontmatter
+from kiro.store.models import empty_list
 from kiro.store.workspace import Workspace
 
 OUTPUT_TAIL_CHARS = 1500  # of verify's output, in a receipt
@@ -112,10 +113,10 @@ class VerifyRun(StoredModel):
 
 
 class ProtectedCheck(StoredModel):
-    globs: list[str] = Field(default_factory=list)
+    globs: list[str] = Field(default_factory=empty_list)
     files: int = 0  # protected files there were before the step
-    changed: list[str] = Field(default_factory=list)  # "changed: tests/test_a.py" etc., put back (or approved)
-    approved: list[str] = Field(default_factory=list)  # paths a person let this step change
+    changed: list[str] = Field(default_factory=empty_list)  # "changed: tests/test_a.py" etc., put back (or approved)
+    approved: list[str] = Field(default_factory=empty_list)  # paths a person let this step change
     ok: bool = True
 
 
@@ -157,7 +158,7 @@ class Receipt(StoredModel):
     diff_stat: str | None = None
     protected: ProtectedCheck | None = None  # None: no protected_paths
     recovered: bool = False  # counted on the run after a kill: verified and checked then
-    reviews: list[ReviewRound] = Field(default_factory=list)  # each review round (SPEC §14 `review:`)
+    reviews: list[ReviewRound] = Field(default_factory=empty_list)  # each review round (SPEC §14 `review:`)
 
 
 # -- test counts -----------------------------------------------------------------------------------

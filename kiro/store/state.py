@@ -14,6 +14,7 @@ from pydantic_core import to_json
 
 from kiro import timeutil
 from kiro.status import RECORDED, Status, success_rate
+from kiro.store.models import empty_dict, empty_list, made
 from kiro.store.receipts import Receipt, ReviewRound, StoredModel
 from kiro.store.workspace import TASK_ID_RE
 from kiro.usage import Usage
@@ -103,7 +104,7 @@ class FailedStep(_Model):
 class Context(_Model):
     last_prompt: str = ""
     last_response: str = ""
-    environment: dict[str, str] = Field(default_factory=dict)
+    environment: dict[str, str] = Field(default_factory=empty_dict)
 
 
 class StopConditions(_Model):
@@ -129,7 +130,7 @@ class StepRecord(_Model):
     # before `reviews_counted_from` were shown to a person at a pause, and no longer count to max_rounds.
     # The list is replaced, never changed in place (the journal compares a record's fields by value). Written only
     # when there are any: most steps' records (journaled at every save) stay as small as before.
-    reviews: list[ReviewRound] = Field(default_factory=list, exclude_if=lambda v: not v)
+    reviews: list[ReviewRound] = Field(default_factory=empty_list, exclude_if=lambda v: not v)
     reviews_counted_from: int = Field(0, exclude_if=lambda v: not v)
     # of `attempts`, the runs a feature sent back to the agent (kiro.core.hooks.Reopen: a reviewer's changes): no
     # failure, so not counted toward max_step_retries nor in the receipt's attempts
@@ -151,8 +152,8 @@ class RollbackRecord(_Model):
     checkpoint: str | None = None  # the commit whose files came back
     commit: str | None = None  # the rollback's own commit (None: the files already matched)
     method: Literal["restore", "revert"] = "restore"
-    undone: list[str] = Field(default_factory=list)  # steps no longer completed
-    unchecked: list[str] = Field(default_factory=list)  # boxes unchecked (parents included)
+    undone: list[str] = Field(default_factory=empty_list)  # steps no longer completed
+    unchecked: list[str] = Field(default_factory=empty_list)  # boxes unchecked (parents included)
 
 
 class GitInfo(_Model):
@@ -169,8 +170,8 @@ class GitInfo(_Model):
     base_commit: str | None = None  # HEAD when the loop started (None: no commit yet)
     merge_status: Literal["merging", "merged", "conflict", "left"] | None = None
     merge_commit: str | None = None
-    conflict_files: list[str] = Field(default_factory=list)
-    rollbacks: list[RollbackRecord] = Field(default_factory=list)
+    conflict_files: list[str] = Field(default_factory=empty_list)
+    rollbacks: list[RollbackRecord] = Field(default_factory=empty_list)
 
 
 class ParallelAttempt(_Model):
@@ -230,11 +231,11 @@ class LoopState(_Model):
     total_failures: int = 0
     total_successes: int = 0
     current_step: CurrentStep | None = None
-    completed_steps: list[CompletedStep] = Field(default_factory=list)
-    failed_steps: list[FailedStep] = Field(default_factory=list)
-    context: Context = Field(default_factory=Context)
-    stop_conditions: StopConditions = Field(default_factory=StopConditions)
-    metrics: Metrics = Field(default_factory=Metrics)
+    completed_steps: list[CompletedStep] = Field(default_factory=empty_list)
+    failed_steps: list[FailedStep] = Field(default_factory=empty_list)
+    context: Context = Field(default_factory=made(Context))
+    stop_conditions: StopConditions = Field(default_factory=made(StopConditions))
+    metrics: Metrics = Field(default_factory=made(Metrics))
     # added by kiro (SPEC §4)
     workspace: str = ""
     pid: int | None = None
@@ -242,7 +243,7 @@ class LoopState(_Model):
     executor: str | None = None
     # the settings `start` was given on its command line (dotted paths: executor, agent, llm.model);
     # `resume` applies them again unless it names its own (kiro.core.runner.prepare_resume)
-    overrides: dict[str, Any] = Field(default_factory=dict)
+    overrides: dict[str, Any] = Field(default_factory=empty_dict)
     billing: str | None = None  # the credential its agent CLI bills, as at its start; every resume keeps it
     stop_reason: str | None = None
     stop_message: str | None = None  # how the last run ended, one line (the error that ended it), for `status`
@@ -251,17 +252,17 @@ class LoopState(_Model):
     timeout_reached: bool = False
     timeout_seconds: float | None = None
     title: str | None = None
-    usage: Usage = Field(default_factory=Usage)
-    steps: dict[str, StepRecord] = Field(default_factory=dict)
-    history: list[Transition] = Field(default_factory=list)
-    guardrails: dict[str, Any] = Field(default_factory=dict)  # budgets that survive a restart (kiro.core.guardrails)
+    usage: Usage = Field(default_factory=made(Usage))
+    steps: dict[str, StepRecord] = Field(default_factory=empty_dict)
+    history: list[Transition] = Field(default_factory=empty_list)
+    guardrails: dict[str, Any] = Field(default_factory=empty_dict)  # budgets kept over a restart (kiro.core.guardrails)
     runs: int = 0
     finished_at: IsoTime | None = None
     report_path: str | None = None
     steps_total: int | None = None
     steps_done: int | None = None
     git: GitInfo | None = None
-    parallel: list[ParallelAttempt] = Field(default_factory=list)  # steps in flight side by side (`parallel: N`)
+    parallel: list[ParallelAttempt] = Field(default_factory=empty_list)  # steps in flight side by side (`parallel: N`)
     # recurring tasks (SPEC §11): `runs` then counts scheduled runs
     last_run_at: IsoTime | None = None
     next_run_at: IsoTime | None = None
