@@ -87,3 +87,21 @@ def test_storage_loads_without_the_executors() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.stdout.strip() == "[]"
+
+
+def test_yamls_own_reader_refuses_the_same_characters_as_pyyamls_spelling() -> None:
+    """kiro imports PyYAML with its reader's character class compiled from a cheaper spelling
+    (kiro.fs.safeio.yaml_module): the pure-Python reader (where libyaml is missing, and the wording of a
+    syntax error) refuses exactly the characters PyYAML's own pattern refuses, and accepts the rest."""
+    import re
+
+    from kiro.fs import safeio
+
+    yaml = safeio.yaml_module()
+    every = "".join(map(chr, range(0x110000)))
+    theirs = re.compile(safeio._YAML_NON_PRINTABLE, re.UNICODE)  # (another key than the cached one: compiled)
+    assert re.compile(safeio._YAML_NON_PRINTABLE_SAME).findall(every) == theirs.findall(every)
+    assert yaml.reader.Reader.NON_PRINTABLE.findall(every) == theirs.findall(every)
+    with pytest.raises(yaml.reader.ReaderError, match="#x0007"):
+        yaml.compose("key: a\x07b\n", Loader=yaml.SafeLoader)
+    assert yaml.compose("key: \u00e9\U0001f600\n", Loader=yaml.SafeLoader) is not None

@@ -18,6 +18,8 @@ import contextlib
 import errno
 import os
 import stat
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,9 +189,31 @@ class YamlRefused(ValueError):
     """YAML too deep or expanding too far to load; the message says which, and where."""
 
 
+# PyYAML's own reader (`yaml.reader.Reader`) compiles this character class as PyYAML is imported: its ranges up
+# to U+10FFFF cost `re` ~13 ms (~57 M instructions, a twentieth of a `kiro loop start`), for a reader kiro uses
+# only where libyaml is missing and to word a syntax error. The same set of characters, spelled by what is not
+# printable, compiles in ~1 ms; placed in `re`'s cache under the reader's spelling, the import finds it there.
+_YAML_NON_PRINTABLE = "[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010ffff]"
+_YAML_NON_PRINTABLE_SAME = "[\x00-\x08\x0B\x0C\x0E-\x1F\x7F-\x84\x86-\x9F\uD800-\uDFFF\uFFFE\uFFFF]"
+
+
+def yaml_module() -> types.ModuleType:
+    """PyYAML, imported through here by kiro's code (its first import in a process is ~57 M instructions
+    lighter: `_YAML_NON_PRINTABLE`). Where `re` keeps no such cache, PyYAML compiles its own."""
+    if "yaml" not in sys.modules:
+        import re
+
+        cache = getattr(re, "_cache", None)
+        if isinstance(cache, dict):
+            cache[str, _YAML_NON_PRINTABLE, 0] = re.compile(_YAML_NON_PRINTABLE_SAME)
+    import yaml
+
+    return yaml
+
+
 def yaml_loader() -> type:
     """PyYAML's safe loader: libyaml's (CSafeLoader) where PyYAML has it, else its own."""
-    import yaml
+    yaml = yaml_module()
 
     loader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return loader
@@ -200,7 +224,7 @@ def load_yaml(text: str, loader: type | None = None) -> tuple[Any, yaml.Node | N
     `loader` (a subclass of `yaml_loader()`; default: that). The one place kiro loads such YAML:
     a text too deep or expanding too far is refused first (YamlRefused), before the loader
     recurses or expands it. A syntax error is PyYAML's YAMLError, with the line in its mark."""
-    import yaml
+    yaml = yaml_module()
 
     try:
         text.encode("utf-8")
@@ -230,7 +254,7 @@ def load_yaml(text: str, loader: type | None = None) -> tuple[Any, yaml.Node | N
 def yaml_key_lines(node: yaml.Node | None, *, nested: bool = True) -> dict[str, int]:
     """The 1-based line of each key of a loaded mapping, by dotted path (`llm.model`; only the
     top-level keys unless `nested`); of two equal keys the later, as in the loaded mapping."""
-    import yaml
+    lib = yaml_module()
 
     lines: dict[str, int] = {}
     active: set[int] = set()
@@ -238,15 +262,15 @@ def yaml_key_lines(node: yaml.Node | None, *, nested: bool = True) -> dict[str, 
     def walk(node: yaml.MappingNode, prefix: tuple[str, ...]) -> None:
         active.add(id(node))
         for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
+            if not isinstance(key_node, lib.ScalarNode):
                 continue
             path = (*prefix, str(key_node.value))
             lines[".".join(path)] = key_node.start_mark.line + 1
-            if nested and isinstance(value_node, yaml.MappingNode) and id(value_node) not in active:
+            if nested and isinstance(value_node, lib.MappingNode) and id(value_node) not in active:
                 walk(value_node, path)  # (an alias to a mapping still open is a recursive one: not again)
         active.discard(id(node))
 
-    if isinstance(node, yaml.MappingNode):
+    if isinstance(node, lib.MappingNode):
         walk(node, ())
     return lines
 
@@ -259,7 +283,7 @@ def yaml_shape_problem(text: str) -> str | None:
     counted as it closes, each alias adds the size of what it names, and an alias to a collection
     still open (a recursive structure) is refused outright.
     """
-    import yaml
+    yaml = yaml_module()
 
     fast: type | None = getattr(yaml, "CSafeLoader", None)
     if fast is not None:
@@ -280,7 +304,7 @@ def yaml_shape_problem(text: str) -> str | None:
 
 def _yaml_shape_walk(text: str, loader_cls: type) -> str | None:
     """`yaml_shape_problem` through `loader_cls`'s event parser; its YAMLError is the caller's."""
-    import yaml
+    yaml = yaml_module()
 
     sizes: list[int] = [0]  # per open collection: nodes inside so far
     anchors_open: list[str | None] = [None]

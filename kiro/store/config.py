@@ -830,7 +830,7 @@ def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]
             f"not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8", file=name, line=line
         ) from None
 
-    import yaml
+    yaml = safeio.yaml_module()
 
     try:
         data, node = safeio.load_yaml(text, _loader())
@@ -854,7 +854,7 @@ def _parse_config(raw: bytes, name: str) -> tuple[dict[str, Any], dict[str, int]
 
 def _yaml_error(exc: "yaml.YAMLError", text: str, name: str) -> ConfigError:
     """PyYAML's multi-line report, as one line that names the line number."""
-    import yaml
+    yaml = safeio.yaml_module()
 
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
@@ -871,7 +871,7 @@ def _yaml_error(exc: "yaml.YAMLError", text: str, name: str) -> ConfigError:
 
 def _check_duplicate_keys(node: "yaml.Node", name: str, active: frozenset[int] = frozenset()) -> None:
     """PyYAML keeps the last of two equal keys silently; a person almost always meant one of them."""
-    import yaml
+    yaml = safeio.yaml_module()
 
     if id(node) in active:  # a recursive alias
         return
@@ -1236,7 +1236,7 @@ def _env_value(var: str, dotted: str, text: str) -> Any:
     annotation = _annotation_at(_split(dotted))
     if annotation is not None and _accepts_text(annotation):
         return None if text.strip() in _YAML_NULLS and _is_optional(annotation) else text
-    import yaml
+    yaml = safeio.yaml_module()
 
     try:
         return safeio.load_yaml(text, _loader())[0]

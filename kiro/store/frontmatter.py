@@ -70,7 +70,7 @@ def read(text: str) -> Frontmatter:
     body, close, rest = found
     if not body.strip():
         return Frontmatter(close=close, rest=rest)
-    import yaml
+    yaml = safeio.yaml_module()
 
     try:
         data, node = safeio.load_yaml(body)
@@ -103,7 +103,7 @@ def _dump(fields: Mapping[str, Any], newline: str) -> str:
     """`fields` as block YAML lines, in their order, through PyYAML's safe dumper (libyaml's where
     PyYAML has it: its text reads back as the same data where PyYAML's own emitter's may not, a
     string holding NEL for one)."""
-    import yaml
+    yaml = safeio.yaml_module()
 
     dumper: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return str(yaml.dump(dict(fields), Dumper=dumper, sort_keys=False, allow_unicode=True,
