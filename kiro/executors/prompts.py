@@ -28,11 +28,15 @@ if TYPE_CHECKING:
 TEMPLATE_NAMES = ("system.md", "agent_cli.md", "step.md", "continuation.md")
 
 
+_PACKAGED = Path(__file__).parent.parent / "prompts"  # kiro/prompts/, installed as files beside the modules
+
+
 @lru_cache(maxsize=32)
 def _packaged(name: str) -> str:
-    from importlib import resources  # imported by the agents' runs only: it imports tempfile, random, ...
-
-    return resources.files("kiro").joinpath("prompts", name).read_text(encoding="utf-8")
+    """A template kiro ships. Read from the package's folder, not through importlib.resources: every loop reads
+    one (a shell step's prompt too), and importlib.resources' import (its readers, zipfile) was ~9 M
+    instructions of every start (issue #41)."""
+    return (_PACKAGED / name).read_text(encoding="utf-8")
 
 
 _files: StatCache[str] = StatCache(most=256)  # the files' texts, read again only when changed (kiro.fs.statcache)
