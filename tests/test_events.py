@@ -113,6 +113,18 @@ def test_typed_events_read_like_the_dict_records_for_older_listeners() -> None:
         assert isinstance(parse(odd), GenericEvent), odd
 
 
+def test_the_record_an_emit_keeps_follows_a_field_set_later_and_is_no_reader_s_to_change() -> None:
+    e = events.StepStarted(step_id="1", description="x", attempt=1)
+    record = e.stamped("task_1", 3)
+    assert record == e.to_record() and record["task_id"] == "task_1" and e["iteration"] == 3
+    e.step_id = "2"  # a field set after the loop made the record: every reader sees the new value
+    assert e["step_id"] == "2" and e.get("step_id") == "2" and e.to_record()["step_id"] == "2"
+    copy = e.to_record()
+    copy["step_id"] = "changed by a reader"
+    assert e["step_id"] == "2" and e.to_record()["step_id"] == "2"
+    assert e.model_copy() == e and e.model_copy().to_record() == e.to_record()
+
+
 def test_a_real_run_writes_the_same_keys_as_before(ws: Workspace) -> None:
     ws.task(shell_task(2))
     r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md")

@@ -229,13 +229,11 @@ class Loop:
         """Stamp a typed event with the loop's task id and iteration and hand it to every listener."""
         if not self.settings.log_every_iteration and event.event in ("iteration_started", "step_started"):
             return
-        event.task_id = self.state.task_id
-        event.iteration = self.state.iteration
-        record = event.to_record()
+        record = event.stamped(self.state.task_id, self.state.iteration)
         clean, line = self.redact.record(record)
-        if clean != record:  # what every listener sees (log, terminal, server) is clean
+        if clean is not record and clean != record:  # what every listener sees (log, terminal, server) is clean
             event = type(event).model_validate(clean)
-            record = event.to_record()
+            record = event.stamped(self.state.task_id, self.state.iteration)
         if self._finishing and isinstance(event, ev.ReportWritten):
             self._finish_report = event.path
         log = self.log

@@ -12,8 +12,8 @@ or a record that does not fit its model reads as `GenericEvent` with every key k
 
 # No `from __future__ import annotations` here: pydantic would evaluate every kind's annotations from their
 # text when it builds the ~70 classes at import (31M of the module's ~150M instructions; issue #41).
+import contextlib
 import functools
-import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from kiro import timeutil
+from kiro import jsonl, timeutil
 from kiro.fs import diskfull, safeio
 from kiro.fs.bounds import EVENT_FIELD_CHARS, clip_fields
 from kiro.store.logread import read_events
@@ -36,6 +36,9 @@ class Event(BaseModel):
 
     # defer_build: a kind's validator is built when it is first used, not at import (~50 kinds)
     model_config = ConfigDict(extra="forbid", populate_by_name=True, defer_build=True)
+    # The record `Loop.emit` made, kept for its listeners (the terminal's line, the mapping view below):
+    # an event is dumped once however many listeners read it. Dropped when a field is set (`__setattr__`).
+    __slots__ = ("_record",)
 
     ts: str = Field(default_factory=timeutil.iso)
     task_id: str = ""
@@ -46,7 +49,20 @@ class Event(BaseModel):
 
     def to_record(self) -> dict[str, Any]:
         """The JSON object written to the log: the envelope, then the fields the emitter set
-        (a field left at its default is not written, as before events were typed)."""
+        (a field left at its default is not written, as before events were typed). A new dict each call."""
+        return dict(self.as_record())
+
+    def stamped(self, task_id: str, iteration: int) -> dict[str, Any]:
+        """Set the envelope's `task_id` and `iteration`, and return the record (kept: read, not changed, by
+        the caller and every later reader until a field is set again)."""
+        set_field = BaseModel.__setattr__  # the kept record is replaced just below
+        set_field(self, "task_id", task_id)
+        set_field(self, "iteration", iteration)
+        record = self._dump()
+        object.__setattr__(self, "_record", record)
+        return record
+
+    def _dump(self) -> dict[str, Any]:
         record: dict[str, Any] = {"ts": self.ts, "task_id": self.task_id, "iteration": self.iteration,
                                   "event": self.event}
         for key, value in self.model_dump(exclude_unset=True, by_alias=True).items():
@@ -54,16 +70,28 @@ class Event(BaseModel):
                 record[key] = value
         return record
 
+    def as_record(self) -> dict[str, Any]:
+        """`to_record()` for reading only: the record kept by `stamped`, not a copy of it."""
+        try:
+            return object.__getattribute__(self, "_record")  # type: ignore[no-any-return]
+        except AttributeError:  # not stamped: made, not kept (a field may still be set)
+            return self._dump()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        with contextlib.suppress(AttributeError):
+            object.__delattr__(self, "_record")
+
     # -- a thin read-only mapping view, for listeners written against the dict records ---------
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.to_record().get(key, default)
+        return self.as_record().get(key, default)
 
     def __getitem__(self, key: str) -> Any:
-        return self.to_record()[key]
+        return self.as_record()[key]
 
     def __contains__(self, key: object) -> bool:
-        return key in self.to_record()
+        return key in self.as_record()
 
 
 class GenericEvent(Event):
@@ -77,7 +105,7 @@ class GenericEvent(Event):
     iteration: Any = 0
     event: str = "unknown"
 
-    def to_record(self) -> dict[str, Any]:
+    def _dump(self) -> dict[str, Any]:
         return self.model_dump(exclude_unset=True, by_alias=True)  # exactly the keys that were read
 
 # -- the loop's life -------------------------------------------------------------------------
@@ -841,7 +869,7 @@ class EventLog:
         self.append(event)
 
     def append(self, event: Event | dict[str, Any]) -> None:
-        self.append_record(event.to_record() if isinstance(event, Event) else event)
+        self.append_record(event.as_record() if isinstance(event, Event) else event)
 
     def append_record(self, record: dict[str, Any], *, clean_json: str | None = None) -> None:
         """`clean_json`: the record's JSON as `Redactor.record` of this log's redactor returned it
@@ -853,17 +881,22 @@ class EventLog:
         if clean_json is not None and len(clean_json) <= EVENT_FIELD_CHARS:
             line = clean_json + "\n"
         else:
-            text = json.dumps(record, ensure_ascii=False, default=str)
+            text = jsonl.line(record)
             if len(text) > EVENT_FIELD_CHARS:  # no string in a shorter line can be longer than the cap
-                text = json.dumps(clip_fields(record, EVENT_FIELD_CHARS), ensure_ascii=False, default=str)
+                text = jsonl.line(clip_fields(record, EVENT_FIELD_CHARS))
             line = self.redact.text(text) + "\n"
-        data = memoryview(line.encode("utf-8"))
+        data = line.encode("utf-8")
         written = 0
+        with contextlib.suppress(OSError):  # the whole line in one write, as a rule; else, below
+            written = os.write(self._fh, data)
+        if written == len(data):
+            return
+        rest = memoryview(data)
 
         def write_rest() -> None:  # one line, written whole even across a retry after a full disk
             nonlocal written
-            while written < len(data):
-                written += os.write(self._fh, data[written:])
+            while written < len(rest):
+                written += os.write(self._fh, rest[written:])
 
         diskfull.retry(write_rest, self.path.name)
 

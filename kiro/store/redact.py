@@ -38,6 +38,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
+from kiro import jsonl
+
 
 class _Llm(Protocol):
     @property
@@ -303,7 +305,7 @@ class Redactor:
         when it holds none, else (the value walked, None)."""
         assert self._pattern is not None
         try:
-            text = json.dumps(value, ensure_ascii=False, default=str)
+            text = jsonl.line(value)
         except (TypeError, ValueError):
             return self._walk(value), None
         if not self._pattern.search(text):

@@ -422,7 +422,7 @@ class EventPrinter:
         if not self.verbose and kind in ("tool_called", "model_called", "iteration_started", "reinjected",
                                          "report_written", "permission_answered", "plan_updated"):
             return  # before the record is made: a step's `iteration_started` is not dumped for nothing
-        e = event if isinstance(event, dict) else event.to_record()
+        e = event if isinstance(event, dict) else event.as_record()  # the record the loop made, not another
         if e.get("event") == "warning" and clean(str(e.get("message"))) in _warned:
             _warned.remove(clean(str(e.get("message"))))  # the start's warning, on stderr already: once
             return
