@@ -145,18 +145,22 @@ class Evidence(Feature):
         s, cfg = loop.state, loop.cfg
         verify, check = self.pending.pop(c.step_id, (None, None))
         ours = self.step_id == c.step_id
-        used = Usage()
+        prompt = completion = total = 0  # what the loop spent from the step's first attempt on (its own run)
+        cost: float = 0
         if ours:
-            for name in ("prompt_tokens", "completion_tokens", "total_tokens", "cost_usd"):
-                setattr(used, name, max(getattr(s.usage, name) - getattr(self.usage_before, name), 0))
+            now, before = s.usage, self.usage_before
+            prompt = max(now.prompt_tokens - before.prompt_tokens, 0)
+            completion = max(now.completion_tokens - before.completion_tokens, 0)
+            total = max(now.total_tokens - before.total_tokens, 0)
+            cost = max(now.cost_usd - before.cost_usd, 0)
         model = cfg.llm.model if s.executor == "openai" or "model" in cfg.llm.model_fields_set else None
         started = self.first_started if ours else (s.current_step.started_at if s.current_step else None)
         return Receipt(
             step_id=c.step_id, title=c.description, executor=s.executor, agent=c.agent, model=model,
             attempts=c.attempts, started_at=started, finished_at=c.completed_at,
             duration_seconds=_seconds(started, c.completed_at, c.duration_seconds),
-            prompt_tokens=used.prompt_tokens, completion_tokens=used.completion_tokens,
-            total_tokens=used.total_tokens, cost_usd=round(used.cost_usd, 6), verify=verify,
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, cost_usd=round(cost, 6),
+            verify=verify,
             checkpoint=c.checkpoint, checkpoint_note=c.checkpoint_note,
             diff_stat=_diff_stat(s, c.checkpoint) if c.checkpoint else None,
             protected=check, recovered=recovered)

@@ -55,9 +55,10 @@ class Event(BaseModel):
     def stamped(self, task_id: str, iteration: int) -> dict[str, Any]:
         """Set the envelope's `task_id` and `iteration`, and return the record (kept: read, not changed, by
         the caller and every later reader until a field is set again)."""
-        set_field = BaseModel.__setattr__  # the kept record is replaced just below
-        set_field(self, "task_id", task_id)
-        set_field(self, "iteration", iteration)
+        fields = self.__dict__  # as pydantic sets a field of a model that does not validate assignments,
+        fields["task_id"] = task_id  # without dropping the kept record: it is replaced just below
+        fields["iteration"] = iteration
+        self.__pydantic_fields_set__.update(("task_id", "iteration"))
         record = self._dump()
         object.__setattr__(self, "_record", record)
         return record
@@ -65,9 +66,7 @@ class Event(BaseModel):
     def _dump(self) -> dict[str, Any]:
         record: dict[str, Any] = {"ts": self.ts, "task_id": self.task_id, "iteration": self.iteration,
                                   "event": self.event}
-        for key, value in self.model_dump(exclude_unset=True, by_alias=True).items():
-            if key not in record:
-                record[key] = value
+        record.update(self.model_dump(exclude_unset=True, by_alias=True))  # an envelope key set: same value, same place
         return record
 
     def as_record(self) -> dict[str, Any]:
