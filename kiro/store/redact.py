@@ -189,7 +189,7 @@ def written_in(text: str) -> Redactor | None:
     """A redactor for the secrets `text` itself shows to be secrets: the password of a URL in it
     (`scheme://user:password@host`) and words in a well-known credential format; None when there is
     none. For lines printed before, or without, a run's redactor (a config error echoing a value)."""
-    values = [m.group(0) for m in _token_words().finditer(text)]
+    values: list[str] = _token_words().findall(text)  # the whole words: the pattern has no group
     forms: list[str] = []
     if "://" in text and "@" in text:
         found, forms = url_secrets(text)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kiro import timeutil
 from kiro.status import percent
+from kiro.store.redact import Redactor, last_run, written_in  # every line passes them: not imported a line
 from kiro.usage import dollars
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from rich.text import Text
 
     from kiro.store.events import Event
-    from kiro.store.redact import Redactor
 
 _consoles: dict[str, Console] = {}
 
@@ -92,8 +92,6 @@ def redact_with(redactor: Redactor) -> None:
 def _known() -> Redactor:
     """The environment's secrets, the loops' given to `redact_with`, and those of the config resolved last
     in this process (its error, or its executor's, is printed before any loop runs)."""
-    from kiro.store.redact import Redactor, last_run
-
     if not _redactor:
         _redactor.append(Redactor.from_environment(None))
     latest = last_run()
@@ -110,8 +108,6 @@ def clean(text: str) -> str:
     """`text` with every secret kiro knows of cut: the environment's, the running loops' (`redact_with`),
     and what the text itself shows to be one (a URL's password, a word in a credential format: a config
     error that echoes a value); and with no control character a terminal would obey (`printable`)."""
-    from kiro.store.redact import written_in
-
     text = printable(_known().text(text))
     own = written_in(text)
     return own.text(text) if own is not None else text
