@@ -118,12 +118,21 @@ def note_own_write(path: Path | str, fd: int | None = None) -> os.stat_result | 
         seen: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
     except FileNotFoundError:
         st = seen = None
+    _note(key, seen)
+    return st
+
+
+def note_own_removal(path: Path | str) -> None:
+    """`note_own_write` of a file kiro just removed (a pruned backup): no stat to ask."""
+    _note(os.path.normpath(os.fspath(path)), None)
+
+
+def _note(key: str, seen: tuple[int, int] | None) -> None:
     with _own_lock:
         _own[key] = seen
         _own.move_to_end(key)
         while len(_own) > _OWN_KEPT:
             _own.popitem(last=False)
-    return st
 
 
 _task_locks: dict[str, threading.Lock] = {}

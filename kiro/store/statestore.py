@@ -228,14 +228,17 @@ class StateStore:
         snapshot's file, which kiro never writes in place (a new snapshot is a new file). Every kiro
         reader replays a state file's journal (`StateStore._read`), backups included."""
         target = self._backup_name(task_id, iteration)
-        target.parent.mkdir(parents=True, exist_ok=True)
         side = journal.journal_path(target)
         with journal.task_lock(task_id):  # made while an agent may run: each write noted as kiro's own
             if records:
-                atomic_write(side, records)
+                atomic_write(side, records)  # the folder made on first need
                 journal.note_own_write(side)
             try:
-                os.link(snapshot, target)
+                try:
+                    os.link(snapshot, target)
+                except FileNotFoundError:  # no folder yet (no records above): made, and linked again
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(snapshot, target)
             except OSError:
                 with contextlib.suppress(FileNotFoundError):
                     side.unlink()
@@ -248,28 +251,45 @@ class StateStore:
 
     def _prune_backups(self, task_id: str) -> None:
         """Keep the newest BACKUPS_KEPT backups of `task_id`, with their journals; a journal left
-        without its backup (a kill between the two) goes too."""
-        kept = self._backups(task_id)
-        for old in kept[BACKUPS_KEPT:]:
-            for path in (old, journal.journal_path(old)):
+        without its backup (a kill between the two) goes too. One listing of the folder for both."""
+        folder = self.ws.backups_dir()
+        backups, sides = self._listed(folder, task_id)
+        for old in backups[BACKUPS_KEPT:]:
+            for name in (old, old[: -len(".json")] + journal.JOURNAL_SUFFIX):
+                path = folder / name
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-                journal.note_own_write(path)
-        names = {p.name for p in kept[:BACKUPS_KEPT]}
-        for side in self._backups(task_id, journal.JOURNAL_SUFFIX):
-            if side.with_suffix(".json").name not in names:
+                journal.note_own_removal(path)
+        kept = {name[: -len(".json")] for name in backups[:BACKUPS_KEPT]}
+        gone = {name[: -len(".json")] for name in backups[BACKUPS_KEPT:]}
+        for side in sides:
+            stem = side[: -len(journal.JOURNAL_SUFFIX)]
+            if stem not in kept and stem not in gone:  # an old backup's journal went with it above
                 with contextlib.suppress(FileNotFoundError):
-                    side.unlink()
+                    (folder / side).unlink()
 
     def _backups(self, task_id: str, suffix: str = ".json") -> list[Path]:
-        """`task_id`'s backups (or their journals, by `suffix`), newest first. Matched by the whole id:
-        the prefix `autonomous_loop_a.` is also that of loop `a.b`'s backups."""
+        """`task_id`'s backups (or their journals, by `suffix`), newest first."""
         folder = self.ws.backups_dir()
-        if not folder.is_dir():
-            return []
-        found = [p for p in folder.glob(f"autonomous_loop_{task_id}.*{suffix}")
-                 if (m := re.match(_BACKUP_NAME, p.name)) and m["task_id"] == task_id and m["suffix"] == suffix]
-        return sorted(found, key=lambda p: p.name, reverse=True)  # newest first: the stamp sorts
+        backups, sides = self._listed(folder, task_id)
+        return [folder / name for name in (backups if suffix == ".json" else sides)]
+
+    @staticmethod
+    def _listed(folder: Path, task_id: str) -> tuple[list[str], list[str]]:
+        """The names of `task_id`'s backups and of their journals in `folder`, each newest first (the stamp
+        sorts). Matched by the whole id: the prefix `autonomous_loop_a.` is also that of loop `a.b`'s backups."""
+        try:
+            names = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return [], []
+        backups: list[str] = []
+        sides: list[str] = []
+        for name in names:
+            if (m := re.match(_BACKUP_NAME, name)) and m["task_id"] == task_id:
+                (backups if m["suffix"] == ".json" else sides).append(name)
+        backups.sort(reverse=True)
+        sides.sort(reverse=True)
+        return backups, sides
 
     def archive(self, state: LoopState) -> Path:
         return self.archive_job(state)()
