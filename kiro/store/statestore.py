@@ -229,44 +229,52 @@ class StateStore:
         reader replays a state file's journal (`StateStore._read`), backups included."""
         target = self._backup_name(task_id, iteration)
         side = journal.journal_path(target)
-        with journal.task_lock(task_id):  # made while an agent may run: each write noted as kiro's own
-            if records:
-                atomic_write(side, records)  # the folder made on first need
-                journal.note_own_write(side)
-            try:
+        try:
+            folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:  # made on first need
+            target.parent.mkdir(parents=True, exist_ok=True)
+            folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:  # every step through the one descriptor of the folder (one open, no path walked again)
+            with journal.task_lock(task_id):  # made while an agent may run: each write noted as kiro's own
+                if records:
+                    atomic_write(side.name, records, dir_fd=folder)
+                    ownwrites.note_own_write(side, journal.note_own_write(side))
                 try:
-                    os.link(snapshot, target)
-                except FileNotFoundError:  # no folder yet (no records above): made, and linked again
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.link(snapshot, target)
-            except OSError:
-                with contextlib.suppress(FileNotFoundError):
-                    side.unlink()
-                journal.note_own_write(side)
-                raise
-            fsync_dir(target.parent)
-            journal.note_own_write(target)
-            self._prune_backups(task_id)
+                    os.link(snapshot, target.name, dst_dir_fd=folder)
+                except OSError:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(side.name, dir_fd=folder)
+                    journal.note_own_removal(side)
+                    raise
+                fsync_dir(folder)
+                journal.note_own_write(target)
+                self._prune_backups(task_id, folder)
+        finally:
+            os.close(folder)
         return target
 
-    def _prune_backups(self, task_id: str) -> None:
+    def _prune_backups(self, task_id: str, folder_fd: int | None = None) -> None:
         """Keep the newest BACKUPS_KEPT backups of `task_id`, with their journals; a journal left
-        without its backup (a kill between the two) goes too. One listing of the folder for both."""
+        without its backup (a kill between the two) goes too. One listing of the folder for both
+        (`folder_fd`: the backups folder, open)."""
         folder = self.ws.backups_dir()
-        backups, sides = self._listed(folder, task_id)
+        backups, sides = self._listed(folder if folder_fd is None else folder_fd, task_id)
+
+        def remove(name: str) -> None:
+            with contextlib.suppress(FileNotFoundError):
+                if folder_fd is None:
+                    (folder / name).unlink()
+                else:
+                    os.unlink(name, dir_fd=folder_fd)
+
         for old in backups[BACKUPS_KEPT:]:
             for name in (old, old[: -len(".json")] + journal.JOURNAL_SUFFIX):
-                path = folder / name
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                journal.note_own_removal(path)
-        kept = {name[: -len(".json")] for name in backups[:BACKUPS_KEPT]}
-        gone = {name[: -len(".json")] for name in backups[BACKUPS_KEPT:]}
+                remove(name)
+                journal.note_own_removal(folder / name)
+        listed = {name[: -len(".json")] for name in backups}  # an old backup's journal went with it above
         for side in sides:
-            stem = side[: -len(journal.JOURNAL_SUFFIX)]
-            if stem not in kept and stem not in gone:  # an old backup's journal went with it above
-                with contextlib.suppress(FileNotFoundError):
-                    (folder / side).unlink()
+            if side[: -len(journal.JOURNAL_SUFFIX)] not in listed:
+                remove(side)
 
     def _backups(self, task_id: str, suffix: str = ".json") -> list[Path]:
         """`task_id`'s backups (or their journals, by `suffix`), newest first."""
@@ -275,7 +283,7 @@ class StateStore:
         return [folder / name for name in (backups if suffix == ".json" else sides)]
 
     @staticmethod
-    def _listed(folder: Path, task_id: str) -> tuple[list[str], list[str]]:
+    def _listed(folder: Path | int, task_id: str) -> tuple[list[str], list[str]]:
         """The names of `task_id`'s backups and of their journals in `folder`, each newest first (the stamp
         sorts). Matched by the whole id: the prefix `autonomous_loop_a.` is also that of loop `a.b`'s backups."""
         try:
