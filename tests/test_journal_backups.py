@@ -143,3 +143,35 @@ def test_pruning_one_loops_backups_leaves_another_loops_whose_id_starts_with_its
     store.save(LoopState(task_id="a", task_path="Specs/t/tasks.md", iteration=9))
     store.path("a").write_text('{"task_id": "a", "stat')
     assert store.load("a").state.iteration == BACKUPS_KEPT + 2
+
+
+def test_a_backups_journal_left_without_its_backup_goes_at_the_loops_next_backup(tmp_path: Path) -> None:
+    """A kill between a backup's journal and its link leaves the journal alone in `.state/backups/`: the loop's
+    next backup removes it (another loop's stays), keeps the newest BACKUPS_KEPT backups each with its journal,
+    and each still reads back as the iteration in its name."""
+    from kiro.store.state import LoopState
+
+    ws = _workspace(tmp_path / "ws", 1)
+    store = StateStore(ws)
+    folder = ws.backups_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    orphan = folder / "autonomous_loop_t.20200101T000000000000.i000001.journal"
+    other = folder / "autonomous_loop_t.b.20200101T000000000000.i000001.journal"
+    for path in (orphan, other):
+        path.write_bytes(b'{"seq":1,"set":{}}\n')
+    state = LoopState(task_id="t", task_path="Specs/t/tasks.md")
+    store.open_journal(state)
+    try:
+        store.save(state)  # the first save: a snapshot; each later one a journal record after it
+        for iteration in range(1, BACKUPS_KEPT + 3):
+            state.iteration = iteration
+            store.save(state)
+            assert store.backup(state) is None  # linked to the snapshot, with the records after it
+    finally:
+        store.close_journal("t")
+    names = sorted(p.name for p in folder.iterdir())
+    print(f"left in backups/: {names}")
+    assert not orphan.exists() and other.exists()
+    backups = store._backups("t")
+    assert [store._read(p, "t").iteration for p in backups] == list(range(BACKUPS_KEPT + 2, 2, -1))
+    assert sorted(store._backups("t", journal.JOURNAL_SUFFIX)) == sorted(journal.journal_path(p) for p in backups)
