@@ -42,6 +42,7 @@ reads it).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -111,7 +112,7 @@ def note_own_write(path: Path | str, fd: int | None = None) -> os.stat_result | 
     check of kiro's control files (kiro.executors.control) does not take a snapshot or journal write
     made while an agent runs (the timer's) for the agent's doing. Returns the file's stat (None when
     it is gone), for `ownwrites.note_own_write` to note the same write without another."""
-    key = os.path.normpath(os.fspath(path))
+    key = _key(path)
     st: os.stat_result | None
     try:
         st = os.fstat(fd) if fd is not None else os.stat(key)
@@ -124,7 +125,14 @@ def note_own_write(path: Path | str, fd: int | None = None) -> os.stat_result | 
 
 def note_own_removal(path: Path | str) -> None:
     """`note_own_write` of a file kiro just removed (a pruned backup): no stat to ask."""
-    _note(os.path.normpath(os.fspath(path)), None)
+    _note(_key(path), None)
+
+
+@functools.lru_cache(maxsize=_OWN_KEPT)
+def _key(path: Path | str) -> str:
+    """A path's key in the notes: normalized by its text alone (no file system, no working directory), so
+    the same path always gives the same key (a loop's journal and summary, noted at every save)."""
+    return os.path.normpath(os.fspath(path))
 
 
 def _note(key: str, seen: tuple[int, int] | None) -> None:

@@ -565,6 +565,7 @@ class LiveJournal:
         self.pending: list[tuple[int, bytes]] = []  # records made, not yet appended: (seq, the line)
         self.pending_bytes = 0
         self.task_id = state.task_id
+        self.task_lock = journal.task_lock(self.task_id)  # one lock a task id for the process's life
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.sync_lock = threading.Lock()  # held while the files below are synced: no write overtakes them
@@ -817,7 +818,7 @@ class LiveJournal:
         fd = self.fd
         assert fd is not None  # opened by the first snapshot
         data = b"".join(d for _n, d in pending)
-        with journal.task_lock(self.task_id):  # the write and its note are one step for kiro.executors.control
+        with self.task_lock:  # the write and its note are one step for kiro.executors.control
             diskfull.retry(lambda: _append_all(fd, data), self.path.name)
             st = journal.note_own_write(self.path, fd)
         os.fdatasync(fd)
@@ -854,12 +855,12 @@ class LiveJournal:
                 seq, data, size, summary = self._snapshot_data()
                 self.pending = [(n, data) for n, data in self.pending if n > seq]  # the rest is in the snapshot
                 self.pending_bytes = sum(len(data) for _n, data in self.pending)
-            with journal.task_lock(self.task_id):
+            with self.task_lock:
                 journal.note_replacing(self.state_file)
                 atomic_write(self.state_file, data)
                 journal.note_own_write(self.state_file)
             with self.file_lock:
-                with journal.task_lock(self.task_id):
+                with self.task_lock:
                     if fresh and self.journal_last_seq <= seq:  # else records after the snapshot are in it
                         self._forget_files()
                     if self.fd is None:  # the journal of this run starts empty: older records are in the snapshot
@@ -899,7 +900,7 @@ class LiveJournal:
     def _summary(self, summary: dict[str, Any]) -> None:
         """Under file_lock (the summary's writer is not shared between threads)."""
         if summary:  # a view: when it cannot be written, status falls back to the state file
-            with contextlib.suppress(OSError), journal.task_lock(self.task_id):
+            with contextlib.suppress(OSError), self.task_lock:
                 self.summary.write(summary)
                 st = journal.note_own_write(self.summary.path, self.summary.fd)
                 ownwrites.note_own_write(self.summary.path, st)
@@ -1013,7 +1014,7 @@ def _step_marks(steps: dict[str, Any]) -> dict[str, tuple[Any, dict[str, Any], s
 def _append_all(fd: int, data: bytes) -> None:
     """Append `data` whole, or not at all: a write cut short (a full disk) is taken back, so the
     retry does not leave half a record in the middle of the journal."""
-    size = os.fstat(fd).st_size
+    size = os.lseek(fd, 0, os.SEEK_END)  # the journal's size (O_APPEND: every write lands there)
     try:
         done = 0
         while done < len(data):
