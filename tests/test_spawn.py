@@ -167,8 +167,8 @@ def test_a_step_whose_pidfd_cannot_be_opened_is_waited_for_by_a_thread(
 
 
 def test_a_program_found_once_is_looked_up_again_when_it_is_gone(tmp_path: Path) -> None:
-    """Where a program was found in PATH is remembered (every shell step runs `bash`), and checked before
-    each spawn: removed, or no longer executable, the step's error is exec's, as without the memory."""
+    """Where a program is in PATH is looked up at each spawn (every shell step runs `bash`): removed, or no
+    longer executable, the step's error is exec's, as if exec had searched PATH itself."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     tool = bin_dir / "kiro-test-tool"
@@ -192,6 +192,28 @@ def test_a_program_found_once_is_looked_up_again_when_it_is_gone(tmp_path: Path)
     (bin_dir / "kiro-test-tool").mkdir()  # a folder of that name is not a program either
     with pytest.raises(FileNotFoundError):
         run()
+
+
+def test_a_program_is_looked_up_in_path_at_each_spawn_and_keeps_its_name(tmp_path: Path) -> None:
+    """exec is handed the program where PATH has it now (no search of PATH in the child): one put in an
+    earlier PATH folder during a run is the one the next step runs, as a terminal would run it, and the
+    program still sees the name it was called by (argv[0]), not the path it was found at."""
+    late, early = tmp_path / "late", tmp_path / "early"
+    for folder, says in ((late, "late"), (early, "early")):
+        folder.mkdir()
+        (folder / "kiro-test-tool").write_text(f"#!/bin/sh\necho {says}\n")
+    (late / "kiro-test-tool").chmod(0o755)  # early/'s is not executable yet
+    env = {**os.environ, "PATH": f"{early}:{late}:{os.environ['PATH']}"}
+
+    def run(argv: list[str]) -> str:
+        return asyncio.run(run_process(argv, cwd=tmp_path, env=env)).output.strip()
+
+    assert run(["kiro-test-tool"]) == "late"
+    (early / "kiro-test-tool").chmod(0o755)
+    assert run(["kiro-test-tool"]) == "early"
+    probe = "import sys; print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode())"
+    assert run(["python3", "-c", probe]) == "python3"  # argv[0] as given
+    assert run(["bash", "-c", 'echo "$BASH"']) == groups.which("bash", env["PATH"])
 
 
 def test_which_finds_what_shutil_which_finds(tmp_path: Path) -> None:

@@ -40,29 +40,23 @@ class ProcessResult:
         return self.returncode == 0 and not self.timed_out and not self.cancelled
 
 
-_found: dict[tuple[str, str], str] = {}  # (program, PATH) -> where `which` last found it
-
-
-def _check_program(program: str, cwd: Path, env: Mapping[str, str]) -> None:
+def _check_program(program: str, cwd: Path, env: Mapping[str, str]) -> str | None:
     """The errors exec would give (FileNotFoundError, PermissionError), also when setpriv (`confine`)
-    would hide them behind its own exit status."""
+    would hide them behind its own exit status. Returns where a bare program name is in the child's PATH
+    now (absolute), for exec to run it without searching PATH again (a failed execve in the child for each
+    folder before it, and `Popen` joining every folder to the name); None for a path. Looked up at each
+    spawn, not remembered: a program put in an earlier PATH folder during a run is the one that runs."""
     if "/" not in program:
-        search = env.get("PATH", os.defpath)
-        where = _found.get((program, search))
-        if where is not None and os.access(where, os.X_OK) and not os.path.isdir(where):
-            return  # still there: exec finds it, or one before it in PATH (every step runs `bash`; #12)
-        where = groups.which(program, search)
+        where = groups.which(program, env.get("PATH", os.defpath))
         if where is None:
             raise FileNotFoundError(2, "No such file or directory", program)
-        if len(_found) > 64:
-            _found.clear()
-        _found[(program, search)] = where
-        return
+        return where if os.path.isabs(where) else None  # a relative folder: exec searches from the step's folder
     path = Path(program) if os.path.isabs(program) else cwd / program
     if not path.exists():
         raise FileNotFoundError(2, "No such file or directory", program)
     if path.is_dir() or not os.access(path, os.X_OK):
         raise PermissionError(13, "Permission denied", program)
+    return None
 
 
 class Process:
@@ -215,7 +209,7 @@ async def _start(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | Non
     """The one way a step's process starts: its own session and group, the reaper's mark, the ledger's
     token, the box or `confine`; stdout a pipe."""
     child_env = dict(os.environ if env is None else env)
-    _check_program(argv[0], cwd, child_env)
+    where = _check_program(argv[0], cwd, child_env)
     ledger = groups.current_ledger.get()
     if ledger is not None:
         child_env[groups.TOKEN_VAR] = ledger.token
@@ -227,7 +221,8 @@ async def _start(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | Non
     command = groups.wrap(list(argv), confine=confine) if box is None else \
         [*box.prefix(cwd, child_env, argv, link=link), *argv]
     try:
-        popen = subprocess.Popen(command, cwd=str(cwd), env=child_env, stdin=stdin, stdout=subprocess.PIPE,
+        popen = subprocess.Popen(command, executable=where if command[0] == argv[0] else None, cwd=str(cwd),
+                                 env=child_env, stdin=stdin, stdout=subprocess.PIPE,
                                  stderr=stderr, start_new_session=True)
         try:
             proc = Process(popen)
@@ -301,29 +296,45 @@ class Watchdog:
 
     async def watch(self, *work: asyncio.Future[Any]) -> str | None:
         """Wait until one of `work` is done (None) or the child must end (why: see the class). The child is
-        not ended here: its caller ends it its own way (an ACP session is cancelled first)."""
+        not ended here: its caller ends it its own way (an ACP session is cancelled first). One future wakes
+        it, set by whichever comes first (no `asyncio.wait`: its sets, callbacks and coroutines a step)."""
         if self.why is not None:
             return self.why
-        self._ended = asyncio.get_running_loop().create_future()
-        watchers: list[tuple[str | None, asyncio.Future[Any]]] = [(None, self._ended)]
+        loop = asyncio.get_running_loop()
+        self._ended = wake = loop.create_future()
+
+        def rouse(_: object = None) -> None:
+            if not wake.done():
+                wake.set_result(None)
+
+        watchers: list[asyncio.Future[Any]] = []
         if self.cancel is not None:
-            watchers.append(("cancelled", asyncio.ensure_future(self.cancel.wait())))
+            watchers.append(asyncio.ensure_future(self.cancel.wait()))
         if self.stop is not None:
-            watchers.append(("cancelled", asyncio.ensure_future(self.stop())))
-        if self.idle_timeout is not None:
-            watchers.append(("idle", asyncio.ensure_future(self._silence())))
+            watchers.append(asyncio.ensure_future(self.stop()))
+        idle = asyncio.ensure_future(self._silence()) if self.idle_timeout is not None else None
+        timer = loop.call_later(self.timeout, rouse) if self.timeout is not None else None
+        for future in (*work, *watchers, *([idle] if idle is not None else [])):
+            future.add_done_callback(rouse)
         try:
-            done, _ = await asyncio.wait({*work, *(f for _, f in watchers)}, timeout=self.timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            await wake
         finally:
-            for _, future in watchers:
+            if timer is not None:
+                timer.cancel()
+            for future in work:
+                future.remove_done_callback(rouse)
+            for future in (*watchers, *([idle] if idle is not None else [])):
                 future.cancel()
-        if any(w in done for w in work):
+        if any(w.done() for w in work):
             return None
-        for why, future in watchers:  # an `end` first: it says most of what happened
-            if future in done:
+        if self.why is not None:  # an `end` first: it says most of what happened
+            return self.why
+        for future in watchers:
+            if future.done():
                 future.result()  # a `stop` that failed is kiro's bug: raised, not taken for a stop
-                return why if why is not None else self.why
+                return "cancelled"
+        if idle is not None and idle.done():
+            return "idle"
         return "timed_out"
 
 
