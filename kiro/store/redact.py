@@ -362,14 +362,15 @@ def last_run() -> Redactor | None:
     """The redactor `Redactor.for_run` made last in this process (of the config resolved last), if any."""
     return _run_seen[0][1] if _run_seen else None
 
-_env_seen: list[tuple[frozenset[tuple[str, str]], list[str], list[str]]] = []  # the last environment scanned
+_env_seen: list[tuple[dict[Any, Any], list[str], list[str]]] = []  # the last environment scanned
 
 
-def env_key(env: Mapping[str, str]) -> frozenset[tuple[Any, Any]]:
-    """What an environment holds, to compare with another; `os.environ` by its bytes (no decoding of
-    every name and value: ~10x cheaper, paid per loop started)."""
+def env_key(env: Mapping[str, str]) -> dict[Any, Any]:
+    """What an environment holds, to compare with another (a copy: a dict compares in C, ~5x cheaper than
+    a set of its items, and a shell step's environment is checked against it at every step);
+    `os.environ` by its bytes (no decoding of every name and value: ~10x cheaper)."""
     data = getattr(env, "_data", None) if env is os.environ else None
-    return frozenset((data if isinstance(data, dict) else env).items())
+    return dict(data if isinstance(data, dict) else env)
 
 
 def _environment_secrets(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
