@@ -73,6 +73,7 @@ class Process:
         self.stderr: asyncio.StreamReader | None = None
         loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = loop.create_future()
+        self.on_exit: list[Callable[[], None]] = []  # called as it is reaped (not a loop turn later)
         try:
             pidfd = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):  # no file descriptor left (or no pidfd): a thread waits for it
@@ -99,6 +100,8 @@ class Process:
         self.popen.returncode = returncode
         if not self._exited.done():
             self._exited.set_result(returncode)
+            for call in self.on_exit:
+                call()
 
     def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
         loop.remove_reader(pidfd)
@@ -282,6 +285,11 @@ class Watchdog:
             self.held -= 1
             self.heard()
 
+    def wake(self) -> None:
+        """`watch` looks again now (what it waits for may be done), not a loop turn later."""
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
+
     def end(self, why: str) -> None:
         """End the child now, for `why` (the first reason given stays)."""
         if self.why is None:
@@ -380,6 +388,8 @@ async def run_process(
             work.set_exception(error)
         elif not pending:
             work.set_result(None)
+        if work.done():
+            dog.wake()
 
     def pump(fd: int, into: bytearray) -> None:
         def readable() -> None:
@@ -426,7 +436,7 @@ async def run_process(
 
     pipes = [(popen.stdout, chunks), (popen.stderr, err_chunks)]
     pending = sum(pipe is not None for pipe, _ in pipes) + (popen.stdin is not None) + 1
-    proc._exited.add_done_callback(lambda _: one_done())
+    proc.on_exit.append(one_done)
     ended: str | None = None
     try:
         for pipe, into in pipes:
