@@ -911,9 +911,10 @@ re._compile = _compile
 """
 # What a read command compiles of kiro's own patterns: what it prints is cleaned of control characters
 # (console) and of words in a credential format (redact), task ids are checked (workspace), the environment
-# is scanned for tokens (redact), and the config file is read (config's YAML loader).
+# is scanned for tokens (redact), and the config file is read (config's YAML loader, and PyYAML's reader's
+# character class in its quick spelling: kiro.fs.safeio.yaml_module).
 READ_PATTERNS = {"kiro.views.console:<module>", "kiro.store.workspace:<module>", "kiro.store.redact:_token_formats",
-                 "kiro.store.redact:_token_words", "kiro.store.config:_loader"}
+                 "kiro.store.redact:_token_words", "kiro.store.config:_loader", "kiro.fs.safeio:yaml_module"}
 
 
 @pytest.mark.parametrize("args", [("loop", "status"), ("loop", "logs", "--task-id", "done1", "--tail", "3")],
