@@ -69,6 +69,35 @@ def test_a_task_file_dropped_into_specs_starts_on_its_file_event(ws: Workspace) 
     assert (ws.root / "side_effects.log").read_text().split() == ["1", "2"]
 
 
+def test_a_task_file_made_in_a_new_folder_before_the_watcher_watches_it_still_starts(ws: Workspace) -> None:
+    """`mkdir Specs/beta && cp tasks.md Specs/beta/`: inotify watches a new folder only after it is made, so the
+    file can be made before the watch and no change of it ever comes. Here the file's change is dropped for
+    sure (noted as kiro's own, which the watcher ignores): the scan that found the new folder looks again once
+    the folder is still (SETTLE_SECONDS), not only at the rescan (600 s here)."""
+    from kiro.fs import ownwrites
+
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=2)
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: (ws.root / ".state/watch.pid").exists(), 10, "watch start")
+            await asyncio.sleep(2.5)  # the first scan found nothing, and the workspace's folders are still
+            (ws.root / "Specs/beta").mkdir()  # its event wakes a scan, which finds no task file in it
+            await asyncio.sleep(0.5)
+            made = ws.root / "beta.md"
+            made.write_text(shell_task(2))
+            path = ws.root / "Specs/beta/tasks.md"
+            os.rename(made, path)
+            ownwrites.note_own_write(path)  # its change wakes nobody: as if the folder had no watch yet
+            await until(lambda: (ws.root / "Done/beta/tasks.md").exists(), BOUND, "loop for the task file")
+        finally:
+            sup.stop()
+            await runner
+
+    asyncio.run(scenario())
+    assert (ws.root / "side_effects.log").read_text().split() == ["1", "2"]
+
+
 def test_a_paused_loop_continues_on_the_deletion_of_its_hook(ws: Workspace) -> None:
     ws.task(shell_task(6, cmd='echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.2'), "Specs/alpha/tasks.md")
 

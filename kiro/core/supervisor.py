@@ -204,6 +204,8 @@ class Supervisor:
         if self.ws.global_hook_file.exists():
             return found  # every loop is to pause: start nothing new
         self.index.refresh()  # once per scan, not once per task file (a start refreshes it again, guarded)
+        if self._folder_changed_lately():
+            self._settling = True
         for path, real in task_files(self.ws):
             if self.stopping:
                 break
@@ -256,6 +258,25 @@ class Supervisor:
                     self.skipped[path] = path.stat().st_mtime
                 found.append(LoopWarning(message=f"could not start {self.ws.relative(path)}: {exc}"))
         return found
+
+    def _folder_changed_lately(self) -> bool:
+        """A task folder (`Specs/<name>/`, `.kiro/specs/<name>/`, or either parent) changed less than SETTLE_SECONDS
+        ago: a person's `mkdir Specs/feature && cp tasks.md Specs/feature/` may make the file before the watcher
+        watches the new folder (inotify adds a new folder's watch after it is made), so no change of the file
+        comes; the scan is made again once the folder is still, not only at RESCAN_SECONDS."""
+        now = time.time()
+        for parent in (self.ws.specs, kirospec.specs_folder(self.ws.root)):
+            try:
+                if now - parent.stat().st_ctime < SETTLE_SECONDS:
+                    return True
+                with os.scandir(parent) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False) and \
+                                now - entry.stat(follow_symlinks=False).st_ctime < SETTLE_SECONDS:
+                            return True
+            except OSError:
+                continue
+        return False
 
     # -- one loop --------------------------------------------------------------------------
 
