@@ -40,23 +40,20 @@ import dataclasses
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kiro.core import conditions
 from kiro.core.conditions import Stop
 from kiro.core.hooks import Feature, LoopHandle, LoopListener
 from kiro.errors import ExecutorError, TaskFileError, TaskNotFound, raise_errors
 from kiro.executors.base import Executor, StepContext, StepResult
-from kiro.git import checkpoints, gitcli
+from kiro.git import checkpoints, gitcli, stepbranches
 from kiro.store import events as ev
 from kiro.store import tasks
 from kiro.store.state import ParallelAttempt
 from kiro.store.tasks import Step, TaskFile
 from kiro.usage import Usage
 from kiro.views import reports
-
-if TYPE_CHECKING:
-    from kiro.git import stepbranches
 
 _DEPENDS = r"(?i)^_?\s*Depends(?:\s+on)?\s*:\s*(?P<ids>.+?)\s*_?$"  # compiled when first used (re's cache)
 
@@ -260,8 +257,6 @@ class SideBySide:
 
     async def _bring_in(self, rec: ParallelAttempt) -> list[str]:
         """The conflicting files (none: the work is in the loop's tree, uncommitted, for the checkpoint)."""
-        from kiro.git import stepbranches  # the attempts' branches: only where steps run side by side
-
         loop = self.loop
         again = rec.status == "merging"  # a kill fell while it was brought in: its files may be half written
         rec.status = "merging"
@@ -319,8 +314,6 @@ class SideBySide:
 
     async def _fly(self, step: Step, *, rerun: bool) -> StepResult:
         """One attempt at `step` in a fresh worktree (or, after a restart, the one that finished before it)."""
-        from kiro.git import stepbranches  # the attempts' branches: only where steps run side by side
-
         loop, s = self.loop, self.loop.state
         rec = self._record(step.id)
         attempt = s.step_record(step.id).attempts + 1
@@ -421,8 +414,6 @@ class SideBySide:
     async def recover(self) -> None:
         """After a restart: keep the attempts that finished (their work is brought in when the engine gets to
         their steps); remove every other worktree and branch of this loop's attempts."""
-        from kiro.git import stepbranches  # the attempts' branches: only where steps run side by side
-
         loop, s = self.loop, self.loop.state
         try:
             task = tasks.load(loop.task_path)
@@ -457,8 +448,6 @@ class SideBySide:
 
     async def _sweep(self, task: TaskFile) -> None:
         """Remove the worktrees and branches of steps whose boxes are checked now."""
-        from kiro.git import stepbranches  # the attempts' branches: only where steps run side by side
-
         loop, s = self.loop, self.loop.state
         gone = [r for r in s.parallel if r.step_id not in self.flights
                 and ((st := task.find(r.step_id)) is None or st.done)]
@@ -471,8 +460,6 @@ class SideBySide:
 
     async def clear(self) -> None:
         """Every step is done: no worktree or branch of this loop's attempts is left."""
-        from kiro.git import stepbranches  # the attempts' branches: only where steps run side by side
-
         await self._stop_flights()
         loop, s = self.loop, self.loop.state
         for name in await asyncio.to_thread(stepbranches.leftovers, loop.ws, self.top, s.task_id):
@@ -498,8 +485,6 @@ class SideBySide:
     async def close(self) -> None:
         """The run is over: attempts still running end (their steps run again later) and their worktrees go;
         finished ones stay for the next run to take up."""
-        from kiro.git import stepbranches  # the attempts' branches: only where steps run side by side
-
         if not self.closing:
             self.settle()
         await self._stop_flights()
