@@ -79,6 +79,38 @@ def test_step_done_by_tool_calls(tmp_path: Path, fake: FakeOpenAI) -> None:
                      "attempt_finished"]
 
 
+def test_the_request_is_the_bytes_the_openai_clients_create_sends(tmp_path: Path, fake: FakeOpenAI) -> None:
+    """kiro sends a model call through the openai client's `post` with the body's bytes, the loop's tool
+    schemas encoded once: the endpoint gets the body and headers the client's typed
+    `chat.completions.create` sends for the same model, messages and tools, call after call (a text
+    beyond ASCII included, as the client sends it: UTF-8, not escaped)."""
+    import openai
+
+    h = harness(tmp_path, fake)
+    fake.reply(call("write_file", {"path": "hello.txt", "content": "héllo ✓ \u2028 \"quoted\"\n"}))
+    fake.reply(call("read_file", {"path": "hello.txt"}))
+    fake.reply(call("complete_step", {"summary": "created hello.txt"}))
+    assert run(h).outcome == "completed"
+    sent = fake.chat_requests
+    assert len(sent) == 3 and "héllo ✓" in sent[2].raw.decode()
+
+    async def typed() -> None:
+        client = openai.AsyncOpenAI(api_key="not-needed", base_url=fake.base_url, max_retries=2,
+                                    timeout=h.config.llm.request_timeout_seconds)
+        try:
+            for rec in sent:
+                fake.reply(call("complete_step", {"summary": "again"}))
+                await client.chat.completions.create(model=rec.body["model"], messages=rec.body["messages"],
+                                                     tools=rec.body["tools"])
+        finally:
+            await client.close()
+
+    asyncio.run(typed())
+    again = fake.chat_requests[3:]
+    assert [r.raw for r in again] == [r.raw for r in sent]
+    assert [r.headers for r in again] == [r.headers for r in sent]
+
+
 def test_parallel_tool_calls_run_in_order(tmp_path: Path, fake: FakeOpenAI) -> None:
     h = harness(tmp_path, fake)
     fake.reply(tool_calls=[
