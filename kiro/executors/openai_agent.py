@@ -259,19 +259,17 @@ class SharedClient:
 
     def encode(self, body: dict[str, Any]) -> bytes:
         """The body as the openai client sends a `body=` (compact JSON, UTF-8, no NaN: openai's
-        `openapi_dumps`), the same bytes. A `tools` list that is the same object as the last call's
-        (a loop's schemas, built once per loop and never changed) is not encoded again: ~0.7 M
-        instructions of the ~5 M a call of the client, at 14 tool schemas."""
-        parts = []
-        for key, value in body.items():
-            if key == "tools":
-                if self._tools is None or self._tools[0] is not value:
-                    self._tools = (value, _json(value))
-                encoded = self._tools[1]
-            else:
-                encoded = _json(value)
-            parts.append(_json(key) + b":" + encoded)
-        return b"{" + b",".join(parts) + b"}"
+        `openapi_dumps`), the same bytes, its `tools` last (where `chat.completions.create` puts them,
+        after the model and the messages). A `tools` list that is the same object as the last call's (a
+        loop's schemas, built once per loop and never changed) is not encoded again: ~0.4-0.6 M
+        instructions of the client's ~5.5 M a call, at kiro's 14 tool schemas."""
+        tools = body.get("tools")
+        if tools is None:
+            return _json(body)
+        if self._tools is None or self._tools[0] is not tools:
+            self._tools = (tools, _json(tools))
+        rest = _json({key: value for key, value in body.items() if key != "tools"})
+        return rest[:-1] + (b',"tools":' if len(rest) > 2 else b'"tools":') + self._tools[1] + b"}"
 
     async def chat(self, body: dict[str, Any]) -> Completion:
         """POST /chat/completions: the reply's JSON. openai's exceptions, or ValueError for a reply
