@@ -255,21 +255,25 @@ class SharedClient:
         entry[1] += 1
         self.client: openai.AsyncOpenAI = entry[0]
         self.closed = False
-        self._tools: tuple[Any, bytes] | None = None  # the last body's `tools` and their JSON
+
+    _encoded: dict[int, tuple[Any, bytes]] = {}  # id(tools) -> (tools, their JSON); the few lists of the process
 
     def encode(self, body: dict[str, Any]) -> bytes:
         """The body as the openai client sends a `body=` (compact JSON, UTF-8, no NaN: openai's
         `openapi_dumps`), the same bytes, its `tools` last (where `chat.completions.create` puts them,
-        after the model and the messages). A `tools` list that is the same object as the last call's (a
-        loop's schemas, built once per loop and never changed) is not encoded again: ~0.4-0.6 M
-        instructions of the client's ~5.5 M a call, at kiro's 14 tool schemas."""
+        after the model and the messages). A `tools` list is encoded once while it is one of the last
+        few the process sent (every loop with the same tools sends the same list, `_schemas`; never
+        changed): ~0.4-0.6 M instructions of the client's ~5.5 M a call, at kiro's 14 tool schemas."""
         tools = body.get("tools")
         if tools is None:
             return _json(body)
-        if self._tools is None or self._tools[0] is not tools:
-            self._tools = (tools, _json(tools))
+        held = self._encoded.get(id(tools))
+        if held is None or held[0] is not tools:
+            if len(self._encoded) >= 8:
+                del self._encoded[next(iter(self._encoded))]
+            held = self._encoded[id(tools)] = (tools, _json(tools))
         rest = _json({key: value for key, value in body.items() if key != "tools"})
-        return rest[:-1] + (b',"tools":' if len(rest) > 2 else b'"tools":') + self._tools[1] + b"}"
+        return rest[:-1] + (b',"tools":' if len(rest) > 2 else b'"tools":') + held[1] + b"}"
 
     async def chat(self, body: dict[str, Any]) -> Completion:
         """POST /chat/completions: the reply's JSON. openai's exceptions, or ValueError for a reply
@@ -339,8 +343,7 @@ class OpenAIExecutor(ExecutorBase):
         key = config.tools.shell.enabled
         if self._tools is None or self._tools[0] != key:
             tools = toolset(config)
-            schemas = cast(list[ChatCompletionToolUnionParam], [t.schema() for t in tools.values()])
-            self._tools = (key, tools, schemas)
+            self._tools = (key, tools, _schemas(tuple(tools.values())))
         return self._tools[1], self._tools[2]
 
     def confinement_for(self, ctx: StepContext) -> Confinement:
@@ -396,6 +399,13 @@ class OpenAIExecutor(ExecutorBase):
         self.transcript.write("run_summary_response", iteration=iteration, attempt=0, content=text,
                               usage=vars(usage))
         return text, usage, None
+
+
+@functools.lru_cache(maxsize=8)
+def _schemas(tools: tuple[Tool[Any], ...]) -> list[ChatCompletionToolUnionParam]:
+    """The tools' schemas as one list for every loop of the process with these tools: its JSON is then
+    encoded once for all of them (`SharedClient.encode`). Never changed."""
+    return cast(list[ChatCompletionToolUnionParam], [t.schema() for t in tools])
 
 
 @dataclass
