@@ -9,6 +9,7 @@ The temporal implementation lives in `kiro.temporal.commands` (above core); it i
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -147,29 +148,95 @@ class LocalBackend:
 
     def force_stop(self, store: StateStore, task_id: str, front: Front) -> None:
         """SIGTERM (the loop saves its state and stops), SIGKILL after 10 s; a killed loop's `[-]` box is
-        taken back here, since it could not do it itself."""
+        taken back here, since it could not do it itself. Only a process that holds the loop's lock is
+        signalled: the pid the lock table names took it, and may have ended (a `kill -9`) while a process it
+        started still holds a copy, its pid free for any other process to get (`loop_processes`)."""
         pid = store.holder_pid(task_id)
         if pid is None:
             front.warning(f"loop {task_id}: no process id recorded; cannot signal it")
             return
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
+        kiro, others = loop_processes(store, task_id, pid)
+        if kiro:
+            targets = [pid]
+        elif others:
+            names = ", ".join(map(str, others))
+            front.warning(f"loop {task_id}: process {pid}, which took its lock, has ended; process {names}, which "
+                          f"it started, holds the lock: ending it")
+            targets = others
+        else:
+            if not wait_unlocked(store, task_id, ENDED_HOLDER_WAIT):
+                lock = store.ws.relative_name(store.ws.lock_file(task_id))
+                raise RunError(f"loop {task_id}: process {pid}, which took its lock, has ended, and its lock file "
+                               f"{lock} is held by a process kiro may not look at (`fuser -v {lock}` names it); the "
+                               f"loop is stopped when that process ends")
+            _take_back_box(store, task_id)
+            front.line(f"loop {task_id}: its process {pid} had already ended; nothing is left to stop; resume "
+                       f"picks up from the last saved state")
             return
+        for target in targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGTERM)
         if wait_unlocked(store, task_id, 10):
-            front.line(f"loop {task_id} (process {pid}) stopped; state saved")
+            if kiro:
+                front.line(f"loop {task_id} (process {pid}) stopped; state saved")
+            else:
+                _take_back_box(store, task_id)
+                front.line(f"loop {task_id}: its processes ended; resume picks up from the last saved state")
             return
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
+        holding = [t for t in targets if _still_holds(store, task_id, t)]  # the pid of one that ended is free
+        for target in holding:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGKILL)
         if not wait_unlocked(store, task_id, 5):
-            raise RunError(f"loop {task_id}: process {pid} did not stop after SIGKILL")
-        from kiro.core.resolved import release_in_progress_box
+            raise RunError(f"loop {task_id}: process {', '.join(map(str, holding))} did not stop after SIGKILL")
+        _take_back_box(store, task_id)
+        front.warning(f"loop {task_id} (process {', '.join(map(str, targets))}) did not stop within 10 s and was "
+                      f"killed; resume picks up from the last saved state")
 
+
+ENDED_HOLDER_WAIT = 2.0  # seconds: the lock of a loop whose process has ended is let go by then (its steps reaped)
+
+
+def loop_processes(store: StateStore, task_id: str, pid: int) -> tuple[bool, list[int]]:
+    """Who holds the loop's lock, whose process the kernel's lock table names as `pid`: (True, []) when that
+    process is there and holds it (or this process cannot tell: not Linux, or its descriptors may not be
+    read); else (False, the processes that hold the lock now, children of the ended `pid`)."""
+    from kiro.fs import locks
+
+    if _still_holds(store, task_id, pid):
+        return True, []
+    return False, [p for p in locks.holders(store.ws.lock_file(task_id)) or [] if p != pid]
+
+
+def _still_holds(store: StateStore, task_id: str, pid: int) -> bool:
+    """Process `pid` is there and holds the loop's lock (true when this process cannot tell: `loop_processes`)."""
+    from kiro.fs import locks
+
+    if not locks.process_exists(pid):
+        return False
+    if not locks.PROC_LOCKS.exists():
+        return True
+    try:
+        st = os.stat(store.ws.lock_file(task_id))
+    except OSError:
+        return False  # let go, and its file removed
+    return locks.holds(pid, st) is not False
+
+
+def _take_back_box(store: StateStore, task_id: str) -> None:
+    """The loop's process was killed, so its `[-]` box stays in the task file: take it back to `[ ]`, under the
+    loop's lock (unless a start or resume took the lock first: that one does it)."""
+    from kiro.core.resolved import release_in_progress_box
+    from kiro.errors import Conflict
+
+    try:
+        lock = store.acquire(task_id)
+    except Conflict:
+        return
+    try:
         state = store.load(task_id).state
-        if state.current_step is not None:  # the killed loop could not take its `[-]` back itself
+        if state.current_step is not None:
             release_in_progress_box(store.ws, store.ws.absolute(state.task_path), task_id,
                                     state.current_step.step_id)
-        front.warning(f"loop {task_id} (process {pid}) did not stop within 10 s and was killed; resume picks up "
-                      f"from the last saved state")
+    finally:
+        store.release(task_id, lock)

@@ -94,6 +94,50 @@ def _listed(table: str, want_ino: str, want_dev: tuple[int, int]) -> int | bool:
     return False
 
 
+def holders(path: Path) -> list[int] | None:
+    """The processes that hold the flock on `path` now: each one with an open descriptor of the locked open
+    file (the process that took the lock, and a child that inherited the descriptor from it), as
+    /proc/<pid>/fdinfo shows them. The pid the lock table names (`holder_pid`) is the process that took the
+    lock, which may have ended while a child it started still holds it, its pid free for another process.
+    A process whose descriptors this one may not read (another user's; kiro, undumpable, read by a user
+    without privileges) is not listed. None when there is no /proc to read (not Linux)."""
+    try:
+        st = os.stat(path)
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None
+    return [pid for pid in pids if holds(pid, st)]
+
+
+def holds(pid: int, lock_file: os.stat_result) -> bool | None:
+    """Whether process `pid` has an open descriptor that holds the flock on the file `lock_file` is the
+    stat of (`holders`): None when its descriptors cannot be read (another user's, or undumpable), False
+    when it has ended."""
+    folder = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(folder)
+    except PermissionError:
+        return None
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            st = os.stat(f"{folder}/{fd}")
+            if st.st_ino != lock_file.st_ino or st.st_dev != lock_file.st_dev:
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as fh:
+                info = fh.read()
+        except OSError:
+            continue
+        # "lock:\t1: FLOCK  ADVISORY  WRITE 12345 fe:00:2148472 0 EOF": listed for each descriptor of the open
+        # file that holds it, not for one opened apart (`cat` of the lock file)
+        if any(line.startswith(b"lock:") and b" FLOCK " in line for line in info.splitlines()):
+            return True
+    return False
+
+
 def process_exists(pid: int) -> bool:
     """Whether process `pid` exists (another user's process counts; a pid too large for the kernel does not
     raise). kiro asks it of the pid a lock's taker, a temp file or a step's record names."""
