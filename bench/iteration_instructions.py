@@ -19,9 +19,14 @@ same runs are made with that tree, and the ratio is printed. Each run is checked
 With --sandbox off the config says `sandbox: off`: the figure leaves out the step box (bwrap's command line,
 its control folders, pasta for its network), which is on by default where bwrap is usable since the sandbox
 landed (523f972, 2026-11-27); a tree older than that has no box, so only `--sandbox off` compares like with
-like. (Work kiro does on a timer, the state file's snapshot once a second, and the change hub's wake-ups come
-more often per step under callgrind, whose runs are ~50x slower: a change to them moves this figure more than
-it moves a real run.)
+like.
+
+Work kiro does on a wall-clock timer comes ~50x more often per step under callgrind (its runs are that much
+slower), and as often as the machine's load makes a run slow: the state file's snapshot (once a second,
+O(history)) and the change hub's watchfiles thread (it takes the GIL every 5 ms). They moved the figure by
+±0.6 M an iteration from run to run (docs/guides/step-cost.md, "Session 33: the save"), more than most cuts.
+So both trees run with those clocks held still (`HOLD`, set before `kiro` runs; a tree without one of them
+skips it): the figure weighs the loop's own work and repeats. --live-timers runs kiro as it is.
 """
 
 from __future__ import annotations
@@ -36,6 +41,21 @@ from pathlib import Path
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 HERE = Path(__file__).resolve().parent.parent
+# `python -c HOLD loop start ...`: kiro as `python -m kiro` runs it, its wall-clock timers held still first: the
+# state file's snapshot every SNAPSHOT_SECONDS (an hour: never within a bench run), the watchfiles thread's
+# wake-up every STEP_MS (a second). Set in both trees alike, where the tree has them.
+HOLD = """
+import runpy, sys
+for module, name, value in (("kiro.store.journal", "SNAPSHOT_SECONDS", 3600.0), ("kiro.core.watch", "STEP_MS", 1000)):
+    try:
+        held = __import__(module, fromlist=["_"])
+    except ImportError:
+        continue
+    if hasattr(held, name):
+        setattr(held, name, value)
+sys.argv[0] = "kiro"
+runpy.run_module("kiro", run_name="__main__", alter_sys=True)
+"""
 
 
 def task(n: int, done: int = 0) -> str:
@@ -47,9 +67,10 @@ def task(n: int, done: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-def count(tree: Path, steps: int, done: int = 0, sandbox: str | None = None) -> int:
+def count(tree: Path, steps: int, done: int = 0, sandbox: str | None = None, held: bool = True) -> int:
     """Instructions of one `kiro loop start` of `steps` steps, with `tree`'s kiro (`sandbox`: the config's
-    `sandbox:`, None for the default; left out for a tree from before the box, which would refuse the key)."""
+    `sandbox:`, None for the default; left out for a tree from before the box, which would refuse the key;
+    `held`: its timers held still, `HOLD`)."""
     if not (tree / "kiro/processes/sandbox.py").exists():
         sandbox = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,8 +80,9 @@ def count(tree: Path, steps: int, done: int = 0, sandbox: str | None = None) -> 
         (root / "config/autonomous_loop.yaml").write_text("autonomous_loop:\n  max_iterations: 100000\n"
                                                           + (f"sandbox: {sandbox}\n" if sandbox else ""))
         (root / "Specs/a/tasks.md").write_text(task(steps, done))
+        kiro = ["-c", HOLD] if held else ["-m", "kiro"]
         r = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out", sys.executable,
-                            "-m", "kiro", "loop", "start", "--task", "Specs/a/tasks.md", "-q"], cwd=root,
+                            *kiro, "loop", "start", "--task", "Specs/a/tasks.md", "-q"], cwd=root,
                            env={**ENV, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree)}, capture_output=True,
                            text=True)
         assert r.returncode == 0, r.stdout + r.stderr[-2000:]
@@ -73,9 +95,10 @@ def count(tree: Path, steps: int, done: int = 0, sandbox: str | None = None) -> 
     raise AssertionError("no count from callgrind")
 
 
-def per_iteration(tree: Path, few: int, many: int, done: int, sandbox: str | None) -> tuple[float, int, int]:
-    count(tree, 1, sandbox=sandbox)  # byte-code caches written, not counted
-    a, b = count(tree, few, done, sandbox), count(tree, many, done, sandbox)
+def per_iteration(tree: Path, few: int, many: int, done: int, sandbox: str | None,
+                  held: bool = True) -> tuple[float, int, int]:
+    count(tree, 1, sandbox=sandbox, held=held)  # byte-code caches written, not counted
+    a, b = count(tree, few, done, sandbox, held), count(tree, many, done, sandbox, held)
     return (b - a) / (many - few), a, b
 
 
@@ -85,6 +108,8 @@ def main() -> None:
     ap.add_argument("--done", type=int, default=0, metavar="N", help="steps already checked at the top of the task")
     ap.add_argument("--previous-tree", type=Path)
     ap.add_argument("--sandbox", choices=("off", "bwrap"), help="the config's `sandbox:` (default: kiro's default)")
+    ap.add_argument("--live-timers", action="store_true",
+                    help="run kiro's wall-clock timers as they are (the figure then moves with the load)")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("this bench needs valgrind (apt-get install valgrind)")
@@ -92,10 +117,11 @@ def main() -> None:
     trees = [("this tree", HERE)]
     if args.previous_tree is not None:
         trees.append((str(args.previous_tree), args.previous_tree.resolve()))
-    results = {label: per_iteration(tree, few, many, args.done, args.sandbox) for label, tree in trees}
+    held = not args.live_timers
+    results = {label: per_iteration(tree, few, many, args.done, args.sandbox, held) for label, tree in trees}
     print(f"instructions per loop iteration, shell steps running `true` (callgrind, kiro's process; "
           f"runs of {few} and {many} steps{f', after {args.done} steps already done' if args.done else ''}; "
-          f"sandbox: {args.sandbox or 'default'}):")
+          f"sandbox: {args.sandbox or 'default'}; timers {'held' if held else 'live'}):")
     mine = results["this tree"][0]
     for label, (each, a, b) in results.items():
         ratio = f"; {each / mine:.2f}x this tree" if label != "this tree" else ""
