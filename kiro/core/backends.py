@@ -183,15 +183,17 @@ class LocalBackend:
                 _take_back_box(store, task_id)
                 front.line(f"loop {task_id}: its processes ended; resume picks up from the last saved state")
             return
-        holding = [t for t in targets if _still_holds(store, task_id, t)]  # the pid of one that ended is free
+        holding = _holding(store, task_id)  # those that hold it now: the pid of one that ended is free
         for target in holding:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target, signal.SIGKILL)
         if not wait_unlocked(store, task_id, 5):
-            raise RunError(f"loop {task_id}: process {', '.join(map(str, holding))} did not stop after SIGKILL")
+            who = f"process {', '.join(map(str, holding))}" if holding else "a process kiro may not look at"
+            raise RunError(f"loop {task_id}: {who} still holds its lock after SIGKILL")
         _take_back_box(store, task_id)
-        front.warning(f"loop {task_id} (process {', '.join(map(str, targets))}) did not stop within 10 s and was "
-                      f"killed; resume picks up from the last saved state")
+        killed = ", ".join(map(str, holding or targets))
+        front.warning(f"loop {task_id} (process {killed}) did not stop within 10 s and was killed; resume picks up "
+                      f"from the last saved state")
 
 
 ENDED_HOLDER_WAIT = 2.0  # seconds: the lock of a loop whose process has ended is let go by then (its steps reaped)
@@ -206,6 +208,15 @@ def loop_processes(store: StateStore, task_id: str, pid: int) -> tuple[bool, lis
     if _still_holds(store, task_id, pid):
         return True, []
     return False, [p for p in locks.holders(store.ws.lock_file(task_id)) or [] if p != pid]
+
+
+def _holding(store: StateStore, task_id: str) -> list[int]:
+    """The processes that hold the loop's lock now (`loop_processes`): none once it is let go."""
+    pid = store.holder_pid(task_id)
+    if pid is None:
+        return []
+    kiro, others = loop_processes(store, task_id, pid)
+    return [pid] if kiro else others
 
 
 def _still_holds(store: StateStore, task_id: str, pid: int) -> bool:
