@@ -103,3 +103,21 @@ def test_stop_force_right_after_a_kill_says_the_loop_had_ended(ws: Workspace) ->
     out = r.stdout + r.stderr
     assert "state saved" not in out and ("not running" in out or "had already ended" in out), out
     ws.wait_for(lambda: not _running(step_pid), timeout=30, what="the killed loop's step to end")
+
+
+def test_stop_force_of_one_loop_of_a_process_names_its_other_loops_that_stop_too(ws: Workspace) -> None:
+    """Loops started together run in one process, and a signal reaches all of them: `stop --force` of one says
+    which others stop with it, before they do."""
+    ws.write("config/autonomous_loop.yaml", "sandbox: off\n")
+    for name in ("a", "b"):
+        ws.task(shell_task(1, cmd=f'touch "started_{name}"; sleep 60'), rel=f"Specs/{name}/tasks.md")
+    proc = ws.spawn("loop", "start", "--task", "Specs/a/tasks.md", "--task", "Specs/b/tasks.md")
+    ws.wait_for(lambda: (ws.root / "started_a").exists() and (ws.root / "started_b").exists(), what="both steps")
+    states = (ws.root / ".state").glob("autonomous_loop_*.json")
+    ids = {ws.state(tid)["task_path"]: tid for tid in (p.name[len("autonomous_loop_"):-len(".json")] for p in states)}
+    a, b = ids["Specs/a/tasks.md"], ids["Specs/b/tasks.md"]
+    r = ws.run("loop", "stop", "--task-id", a, "--force")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"process {proc.pid} also runs loop {b}: those stop too" in r.stderr, r.stdout + r.stderr
+    assert proc.wait(timeout=60) == 3
+    assert ws.state(b)["status"] == "stopped"

@@ -158,6 +158,10 @@ class LocalBackend:
         kiro, others = loop_processes(store, task_id, pid)
         if kiro:
             targets = [pid]
+            siblings = _loops_of(store, pid, but=task_id)
+            if siblings:  # `kiro loop start --task A --task B`: one process, and a signal reaches all its loops
+                front.warning(f"process {pid} also runs loop {', '.join(siblings)}: those stop too (state saved; "
+                              f"`kiro loop resume --task-id ID` continues each)")
         elif others:
             names = ", ".join(map(str, others))
             front.warning(f"loop {task_id}: process {pid}, which took its lock, has ended; process {names}, which "
@@ -208,6 +212,19 @@ def loop_processes(store: StateStore, task_id: str, pid: int) -> tuple[bool, lis
     if _still_holds(store, task_id, pid):
         return True, []
     return False, [p for p in locks.holders(store.ws.lock_file(task_id)) or [] if p != pid]
+
+
+def _loops_of(store: StateStore, pid: int, *, but: str) -> list[str]:
+    """The other loops whose lock process `pid` holds (the loops it runs), by the kernel's lock table."""
+    from kiro.fs import locks
+
+    prefix, suffix = "autonomous_loop_", ".lock"
+    try:
+        names = [n for n in os.listdir(store.ws.state_dir) if n.startswith(prefix) and n.endswith(suffix)]
+    except OSError:
+        return []
+    found = [n[len(prefix):-len(suffix)] for n in names]
+    return sorted(t for t in found if t != but and locks.holder_pid(store.ws.lock_file(t)) == pid)
 
 
 def _holding(store: StateStore, task_id: str) -> list[int]:
