@@ -156,6 +156,8 @@ class LocalBackend:
             front.warning(f"loop {task_id}: no process id recorded; cannot signal it")
             return
         kiro, others = loop_processes(store, task_id, pid)
+        if not kiro and not others:  # none this process may look at: a --detach loop's own, before it names itself
+            pid, kiro = _named_holder(store, task_id, pid)
         if kiro:
             targets = [pid]
             siblings = _loops_of(store, pid, but=task_id)
@@ -168,7 +170,7 @@ class LocalBackend:
                           f"it started, holds the lock: ending it")
             targets = others
         else:
-            if not wait_unlocked(store, task_id, ENDED_HOLDER_WAIT):
+            if store.is_locked(task_id):
                 lock = store.ws.relative_name(store.ws.lock_file(task_id))
                 raise RunError(f"loop {task_id}: process {pid}, which took its lock, has ended, and its lock file "
                                f"{lock} is held by a process kiro may not look at (`fuser -v {lock}` names it); the "
@@ -225,6 +227,21 @@ def _loops_of(store: StateStore, pid: int, *, but: str) -> list[str]:
         return []
     found = [n[len(prefix):-len(suffix)] for n in names]
     return sorted(t for t in found if t != but and locks.holder_pid(store.ws.lock_file(t)) == pid)
+
+
+def _named_holder(store: StateStore, task_id: str, ended: int) -> tuple[int, bool]:
+    """The loop's lock, taken by process `ended`, which has ended, is held by no process this one may look at:
+    wait up to ENDED_HOLDER_WAIT for it to be let go, or for the lock table to name a live holder (a `--detach`
+    loop's process takes the lock it inherited over in its first second). (its pid, True) when one is named."""
+    deadline = time.monotonic() + ENDED_HOLDER_WAIT
+    while store.is_locked(task_id):
+        now = store.holder_pid(task_id)
+        if now is not None and now != ended and _still_holds(store, task_id, now):
+            return now, True
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    return ended, False
 
 
 def _holding(store: StateStore, task_id: str) -> list[int]:
