@@ -4,6 +4,8 @@ unchanged, and readers that never crash on what they find in a log."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,24 @@ def test_every_kind_kiro_emits_has_a_model_and_the_old_log_covers_the_spec_names
               "loop_finished"}
     assert spec_8 <= EVENT_NAMES
     assert spec_8 <= {f["event"] for f in OLD_LOG}
+
+
+def test_every_kind_is_read_by_name_from_the_events_module_and_a_family_is_made_when_first_asked_for() -> None:
+    for kind in events.KINDS:  # the kinds of every family, made in kiro.store.events.<family> or here
+        assert getattr(events, kind.__name__) is kind
+        assert events.MODELS[kind.model_fields["event"].default] is kind
+    assert len(events.KINDS) == len(EVENT_NAMES) == len({kind.__name__ for kind in events.KINDS})
+    with pytest.raises(AttributeError, match="NoSuchKind"):
+        events.NoSuchKind  # noqa: B018
+    with pytest.raises(ImportError):
+        exec("from kiro.store.events import NoSuchKind", {})
+    script = ("import sys\nfrom kiro.store import events\n"
+              "before = sorted(m for m in sys.modules if m.startswith('kiro.store.events.'))\n"
+              "from kiro.store.events import CheckpointCreated\n"
+              "print(before, sorted(m for m in sys.modules if m.startswith('kiro.store.events.')), "
+              "CheckpointCreated(step_id='1', commit='c').to_record()['event'])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "['kiro.store.events.git']", "checkpoint_created"]
 
 
 def test_a_log_with_unknown_kinds_misfits_and_a_torn_tail_reads_without_crashing(tmp_path: Path) -> None:

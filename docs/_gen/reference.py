@@ -107,7 +107,7 @@ def config_page() -> str:
 
 def events_page() -> str:
     out = [GENERATED, "# Events\n\n",
-           "Every line of `Logs/<task_id>.jsonl` is one event, from the event models (`kiro/store/events.py`): the\n"
+           "Every line of `Logs/<task_id>.jsonl` is one event, from the event models (`kiro/store/events/`): the\n"
            "envelope `ts`, `task_id`, `iteration`, `event`, then the kind's fields (a field left at its default is\n"
            "not written). The same records reach the terminal, the dashboard, `kiro serve`'s SSE and WebSocket and\n"
            "`on_event` notifiers. An unknown kind (a newer kiro's) is read with every key kept.\n\n"]

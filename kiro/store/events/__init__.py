@@ -14,10 +14,12 @@ or a record that does not fit its model reads as `GenericEvent` with every key k
 # text when it builds the ~70 classes at import (31M of the module's ~150M instructions; issue #41).
 import contextlib
 import functools
+import importlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeAlias, Union, get_args
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -202,59 +204,6 @@ class StepStarted(Event):
     attempt: int = 1
 
 
-class ToolCalled(Event):
-    """The agent called a tool (kiro's own agent, an agent CLI's stream, an ACP agent): its main argument, redacted."""
-
-    event: Literal["tool_called"] = "tool_called"
-    tool: str
-    arguments: Any = None
-    ok: bool = True
-    seconds: float | None = None
-    error: str | None = None
-    kind: str | None = None  # an ACP agent's tool kind (read, edit, execute, ...)
-    status: str | None = None  # an ACP agent's report of the call: pending, in_progress, completed, failed
-
-
-class PermissionAnswered(Event):
-    """An ACP agent asked to use a tool, or to read or write a file through kiro (kiro.executors.acp):
-    kiro's answer, by the rules of its own agent's tools."""
-
-    event: Literal["permission_answered"] = "permission_answered"
-    tool: str  # the tool call's title, or fs/read_text_file, fs/write_text_file
-    kind: str | None = None
-    paths: list[str] = Field(default_factory=empty_list)
-    allowed: bool
-    reason: str | None = None  # why it was refused
-
-
-class PlanUpdated(Event):
-    """An ACP agent's plan for the step, as it reported it: each entry `[status] what`."""
-
-    event: Literal["plan_updated"] = "plan_updated"
-    entries: list[str] = Field(default_factory=empty_list)
-
-
-class ModelCalled(Event):
-    """kiro's own agent made one model call: its tokens, time and tool calls."""
-
-    event: Literal["model_called"] = "model_called"
-    turn: int
-    model: str
-    seconds: float
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    tool_calls: list[str] = Field(default_factory=empty_list)
-
-
-class ContextWrapped(Event):
-    """kiro's agent reached its wrap-up threshold: its summary was saved and the next call starts afresh."""
-
-    event: Literal["context_wrapped"] = "context_wrapped"
-    tokens: int
-    threshold: int | float
-    window: int | None = None
-    turn: int = 0
-    restart: int = 0
 
 
 class StepCompleted(Event):
@@ -317,44 +266,6 @@ class Backoff(Event):
     attempts: int = 0
 
 
-class AgentRan(Event):
-    """One run of an agent CLI within an attempt (the command executor), or of a reviewer (`review`): which
-    agent, how it ended (completed, failed, usage_limit, ...) and what it spent."""
-
-    event: Literal["agent_ran"] = "agent_ran"
-    step_id: str
-    attempt: int
-    agent: str
-    outcome: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-    seconds: float = 0.0
-    review: bool = False  # a reviewer's run (kiro.core.review): `attempt` is the review's round
-
-
-class AgentSilent(Event):
-    """An agent CLI has printed nothing for `seconds` (a minute, or a quarter of its idle timeout; then again):
-    it may be retrying a dead endpoint. Said so that a silent night is seen; the idle timeout ends it."""
-
-    event: Literal["agent_silent"] = "agent_silent"
-    step_id: str
-    agent: str
-    seconds: float
-    idle_timeout: float
-
-
-class UsageLimit(Event):
-    """An agent CLI said its usage window is used up: the loop waits for `resets_at` (or probes
-    without one), or hands the step to `fallback`."""
-
-    event: Literal["usage_limit"] = "usage_limit"
-    agent: str
-    step_id: str
-    attempt: int
-    resets_at: str | None = None
-    message: str = ""
-    fallback: str | None = None
 
 
 class GuardrailTriggered(Event):
@@ -441,64 +352,6 @@ class NotifierFailed(Event):
     command: str | None = None  # logs before redaction landed; no longer written (it may hold a token)
 
 
-# -- messages (SPEC §11, kiro.store.messages) ------------------------------------------------------
-
-
-class MessageReceived(Event):
-    """A message for the loop's agent arrived (`kiro loop tell`, the API, another loop)."""
-
-    event: Literal["message_received"] = "message_received"
-    message_id: str
-    from_: str = Field(alias="from")
-    via: str | None = None
-    queued_at: str | None = None
-    chars: int = 0
-
-
-class MessageDelivered(Event):
-    """A waiting message was put in the agent's prompt."""
-
-    event: Literal["message_delivered"] = "message_delivered"
-    message_id: str
-    from_: str = Field(alias="from")
-    where: str | None = None
-
-
-class MessageSent(Event):
-    """The agent sent another loop a message (`send_message`)."""
-
-    event: Literal["message_sent"] = "message_sent"
-    message_id: str
-    to: str
-    chars: int = 0
-
-
-# -- the pre-check gate (SPEC §11, kiro.core.precheck) --------------------------------------------
-
-
-class PrecheckPassed(Event):
-    """The pre-check gate let a run (or an attempt) go on: something changed, or the check failed open."""
-
-    event: Literal["precheck_passed"] = "precheck_passed"
-    model: str
-    scope: str  # "run" | "iteration"
-    reason: str
-    asked: bool = False  # the pre-check model was called (else: a message waits, no baseline, new work)
-    failed: bool = False  # the call failed or gave no answer: the gate failed open
-    changes: str | None = None
-
-
-class PrecheckSkipped(Event):
-    """The pre-check gate found nothing changed: the run (or attempt) was skipped."""
-
-    event: Literal["precheck_skipped"] = "precheck_skipped"
-    model: str
-    scope: str
-    reason: str  # the pre-check model's
-    changes: str = ""  # what the digest held, in one line
-    next_check_seconds: float | None = None  # every_iteration: how long the loop sleeps before it looks again
-
-
 # -- approval of agent-proposed steps (SPEC §11, kiro.store.approval) ----------------------------
 
 
@@ -525,221 +378,6 @@ class ProposalRejected(Event):
     event: Literal["proposal_rejected"] = "proposal_rejected"
     proposal: str
     steps: list[str] = Field(default_factory=empty_list)
-
-
-# -- git (SPEC §9, kiro.git.checkpoints) --------------------------------------------------------
-
-
-class CheckpointCreated(Event):
-    """A step's git checkpoint commit was made."""
-
-    event: Literal["checkpoint_created"] = "checkpoint_created"
-    step_id: str
-    commit: str | None = None
-
-
-class CheckpointSkipped(Event):
-    """A step made no checkpoint commit (nothing changed, or checkpoints are off), and why."""
-
-    event: Literal["checkpoint_skipped"] = "checkpoint_skipped"
-    step_id: str
-    reason: str
-
-
-class CheckpointLeftOut(Event):
-    """Files a step's checkpoint does not hold although they differ from HEAD, and why (kiro cannot tell
-    they are the step's: a person's, another loop's, another repository)."""
-
-    event: Literal["checkpoint_left_out"] = "checkpoint_left_out"
-    step_id: str
-    files: list[str]
-    reason: str
-
-
-class CheckpointFailed(Event):
-    """git could not make a step's checkpoint commit."""
-
-    event: Literal["checkpoint_failed"] = "checkpoint_failed"
-    step_id: str
-    error: str
-
-
-class CheckpointRecovered(Event):
-    """A checkpoint commit made before a kill was found and recorded."""
-
-    event: Literal["checkpoint_recovered"] = "checkpoint_recovered"
-    step_id: str
-    commit: str | None = None
-
-
-class GitLockCleared(Event):
-    """A stale `index.lock` left by a killed git was removed."""
-
-    event: Literal["git_lock_cleared"] = "git_lock_cleared"
-    path: str
-
-
-class WorktreeCreated(Event):
-    """A git worktree and branch were made for a loop or a step."""
-
-    event: Literal["worktree_created"] = "worktree_created"
-    path: str
-    branch: str
-
-
-class WorktreeRecreated(Event):
-    """A worktree a kill left half-added (its checkout unfinished) was removed, to be added again."""
-
-    event: Literal["worktree_recreated"] = "worktree_recreated"
-    path: str
-    branch: str
-
-
-class WorktreeRemoved(Event):
-    """A finished worktree was removed."""
-
-    event: Literal["worktree_removed"] = "worktree_removed"
-    branch: str
-
-
-class BranchLeft(Event):
-    """A loop's branch was left for review (`merge: manual`)."""
-
-    event: Literal["branch_left"] = "branch_left"
-    branch: str
-    worktree: str | None = None
-
-
-class MergeCompleted(Event):
-    """A branch was merged back into the loop's branch."""
-
-    event: Literal["merge_completed"] = "merge_completed"
-    branch: str
-    into: str | None = None
-    commit: str | None = None
-
-
-class MergeConflict(Event):
-    """A merge back conflicted: the files named."""
-
-    event: Literal["merge_conflict"] = "merge_conflict"
-    branch: str
-    into: str | None = None
-    files: list[str] = Field(default_factory=empty_list)
-
-
-class ParallelStepStarted(Event):
-    """`parallel: N`: a step's attempt began in its own worktree, beside others (kiro.core.parallel)."""
-
-    event: Literal["parallel_step_started"] = "parallel_step_started"
-    step_id: str
-    branch: str
-    worktree: str
-
-
-class ParallelStepFinished(Event):
-    """A side-by-side attempt ended: ok (its work is `commit` on its branch, merged in plan order) or failed."""
-
-    event: Literal["parallel_step_finished"] = "parallel_step_finished"
-    step_id: str
-    outcome: str
-    commit: str | None = None
-
-
-class ParallelConflict(Event):
-    """A side-by-side step's work conflicts with what was merged before it: it runs again on the merged
-    tree (`again` false), or, when that conflicts too, waits for a person (`again` true)."""
-
-    event: Literal["parallel_conflict"] = "parallel_conflict"
-    step_id: str
-    files: list[str] = Field(default_factory=empty_list)
-    again: bool = False
-
-
-class MergeFailed(Event):
-    """A merge back failed for another reason than a conflict."""
-
-    event: Literal["merge_failed"] = "merge_failed"
-    branch: str
-    files: list[str] = Field(default_factory=empty_list)
-    error: str = ""
-
-
-class MergeResumed(Event):
-    """A merge interrupted by a kill was finished."""
-
-    event: Literal["merge_resumed"] = "merge_resumed"
-    branch: str
-    files: list[str] = Field(default_factory=empty_list)
-
-
-class RollbackResumed(Event):
-    """A rollback interrupted by a kill was finished."""
-
-    event: Literal["rollback_resumed"] = "rollback_resumed"
-    branch: str | None = None
-    files: list[str] = Field(default_factory=empty_list)
-
-
-class RolledBack(Event):
-    """`kiro loop rollback`: the project back at a step's checkpoint, later boxes unchecked."""
-
-    event: Literal["rolled_back"] = "rolled_back"
-    at: str
-    to_step: str
-    checkpoint: str | None = None
-    commit: str | None = None
-    method: str | None = None
-    undone: list[str] = Field(default_factory=empty_list)
-    unchecked: list[str] = Field(default_factory=empty_list)
-
-
-# -- schedules (SPEC §11, kiro.core.schedule) ---------------------------------------------------------
-
-
-class ScheduleFired(Event):
-    """A scheduled task's run starts: its boxes were unchecked."""
-
-    event: Literal["schedule_fired"] = "schedule_fired"
-    run: int
-    schedule: str
-    catch_up: bool = False
-    missed: int = 0  # fires missed while nothing ran, made up by this one run
-    unchecked: int = 0  # boxes kiro unchecked for this run
-
-
-class RunSummarySaved(Event):
-    """The summary of a finished run, saved as a memory tagged `schedule:<task_id>`."""
-
-    event: Literal["run_summary_saved"] = "run_summary_saved"
-    run: int
-    source: str  # "model" (the agent wrote it) or "kiro" (made from the steps' summaries)
-    memory_id: int | None = None
-    chars: int = 0
-    note: str | None = None  # why kiro wrote it, when the model did not
-
-
-class RunFinished(Event):
-    """A scheduled task's run is done; the loop waits for the next fire."""
-
-    event: Literal["run_finished"] = "run_finished"
-    run: int
-    report: str
-    next_run_at: str | None = None
-    duration_seconds: float = 0.0
-
-
-# -- the temporal backend (SPEC §12, docs/scale-out.md) ----------------------------------------
-
-
-class WorkerLost(Event):
-    """A `kiro worker` died (or went silent) during this step's attempt; Temporal ran it again elsewhere.
-    `tries`: the try that finished (1 = nothing was lost); `worker`: the one that finished it."""
-
-    event: Literal["worker_lost"] = "worker_lost"
-    step_id: str
-    tries: int
-    worker: str
 
 
 # -- evidence for the morning (SPEC §14, kiro.core.evidence) -------------------------------------
@@ -775,67 +413,69 @@ class StepReopened(Event):
     reason: str
 
 
-class ReviewStarted(Event):
-    """A second agent (or command) reviews a step its executor says is done and verify passed (SPEC §14)."""
-
-    event: Literal["review_started"] = "review_started"
-    step_id: str
-    round: int
-    reviewer: str
 
 
-class ReviewApproved(Event):
-    """The reviewer answered `REVIEW: APPROVE`: the step counts as done (its receipt holds the round)."""
+# The kinds only some runs emit live in modules of their own, kiro.store.events.<family>, imported when one
+# of their names is first asked for here (a module `__getattr__`, PEP 562): pydantic takes ~1.5 M instructions to
+# make each class, and a run of shell steps emits none of these (issue #41). `ev.CheckpointCreated` and
+# `from kiro.store.events import CheckpointCreated` read as before; readers of the log take every family.
+_FAMILIES: dict[str, str] = {
+    "agent": "ToolCalled PermissionAnswered PlanUpdated ModelCalled ContextWrapped AgentRan AgentSilent UsageLimit",
+    "messages": "MessageReceived MessageDelivered MessageSent",
+    "precheck": "PrecheckPassed PrecheckSkipped",
+    "git": "CheckpointCreated CheckpointSkipped CheckpointLeftOut CheckpointFailed CheckpointRecovered GitLockCleared "
+           "WorktreeCreated WorktreeRecreated WorktreeRemoved BranchLeft MergeCompleted MergeConflict "
+           "ParallelStepStarted ParallelStepFinished ParallelConflict MergeFailed MergeResumed RollbackResumed "
+           "RolledBack",
+    "schedule": "ScheduleFired RunSummarySaved RunFinished",
+    "temporal": "WorkerLost",
+    "review": "ReviewStarted ReviewApproved ReviewRequestedChanges",
+}
+_FAMILY_OF: dict[str, str] = {name: family for family, names in _FAMILIES.items() for name in names.split()}
 
-    event: Literal["review_approved"] = "review_approved"
-    step_id: str
-    round: int
-    reviewer: str
+if TYPE_CHECKING:  # what mypy reads: the same names, where they are made
+    from kiro.store.events.agent import *  # noqa: F403
+    from kiro.store.events.git import *  # noqa: F403
+    from kiro.store.events.messages import *  # noqa: F403
+    from kiro.store.events.precheck import *  # noqa: F403
+    from kiro.store.events.review import *  # noqa: F403
+    from kiro.store.events.schedule import *  # noqa: F403
+    from kiro.store.events.temporal import *  # noqa: F403
+
+    KINDS: tuple[type[Event], ...]  # every kind
+    MODELS: dict[str, type[Event]]  # every kind by the tag it fixes
+    EVENT_NAMES: frozenset[str]  # every tag
 
 
-class ReviewRequestedChanges(Event):
-    """The reviewer asked for changes: the step runs again with `reasons` in its prompt, or (`paused`) the
-    loop pauses for a person after max_rounds, or after a reviewer whose answer kiro could not read."""
-
-    event: Literal["review_requested_changes"] = "review_requested_changes"
-    step_id: str
-    round: int
-    reviewer: str
-    reasons: str
-    paused: bool = False
-
-
-AnyEvent: TypeAlias = Annotated[
-    Union[  # noqa: UP007 - a discriminated union reads best spelled out
-        LoopStarted, LoopResumed, StateChanged, StateRecovered, StopCondition, LoopFinished,
-        IterationStarted, Reinjected, StepStarted, ToolCalled, PermissionAnswered, PlanUpdated, ModelCalled,
-        ContextWrapped, StepCompleted,
-        StepFailed, StepInterrupted, StepRecovered, VerifyFailed, Backoff, AgentRan, AgentSilent, UsageLimit,
-        GuardrailTriggered, WaitEnded, RequestResolved, HumanRequested,
-        TaskMoved, TaskEdited, LoopWarning, ReportWritten, NotifierFailed,
-        MessageReceived, MessageDelivered, MessageSent, StepsProposed, ProposalApproved, ProposalRejected,
-        CheckpointCreated, CheckpointSkipped, CheckpointLeftOut, CheckpointFailed, CheckpointRecovered, GitLockCleared,
-        WorktreeCreated,
-        WorktreeRecreated, WorktreeRemoved, BranchLeft, MergeCompleted, MergeConflict, MergeFailed, MergeResumed,
-        RollbackResumed, ParallelStepStarted, ParallelStepFinished, ParallelConflict,
-        RolledBack, ScheduleFired, RunSummarySaved, RunFinished,
-        PrecheckPassed, PrecheckSkipped, WorkerLost, ProtectedPathsChanged, TestsShrank, StepReopened,
-        ReviewStarted, ReviewApproved, ReviewRequestedChanges,
-    ],
-    Field(discriminator="event"),
-]
+def __getattr__(name: str) -> Any:
+    """A kind of a family (its module imported), or one of the tables of every kind; kept once made."""
+    family = _FAMILY_OF.get(name)
+    if family is not None:
+        value = getattr(importlib.import_module(f"kiro.store.events.{family}"), name)
+    elif name in ("KINDS", "MODELS", "EVENT_NAMES"):
+        tags = models()
+        value = {"KINDS": tuple(tags.values()), "MODELS": tags, "EVENT_NAMES": frozenset(tags)}[name]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 @functools.cache
-def event_adapter() -> TypeAdapter[AnyEvent]:
+def models() -> dict[str, type[Event]]:
+    """Every kind by the tag it fixes (`event`), this module's and every family's (each imported)."""
+    modules = [sys.modules[__name__]] + [importlib.import_module(f"kiro.store.events.{f}") for f in _FAMILIES]
+    return {cls.model_fields["event"].default: cls for module in modules for cls in vars(module).values()
+            if isinstance(cls, type) and issubclass(cls, Event) and cls.__module__ == module.__name__
+            and cls not in (Event, GenericEvent)}
+
+
+@functools.cache
+def event_adapter() -> TypeAdapter[Event]:
     """The reader of any kind (the discriminated union), built on first use: building it builds every
     kind's validator, which a run that only writes events never needs."""
-    return TypeAdapter(AnyEvent)
-
-
-KINDS: tuple[type[Event], ...] = get_args(get_args(AnyEvent)[0])
-MODELS: dict[str, type[Event]] = {cls.model_fields["event"].default: cls for cls in KINDS}  # the tag each kind fixes
-EVENT_NAMES: frozenset[str] = frozenset(MODELS)
+    union: Any = Annotated[Union[tuple(models().values())], Field(discriminator="event")]  # noqa: UP007
+    return TypeAdapter(union)
 
 Listener = Callable[[Event], None]
 
@@ -844,7 +484,7 @@ def parse(record: dict[str, Any]) -> Event:
     """A record read from disk as its typed event; anything that does not fit (an unknown kind,
     a newer kiro's fields) as a `GenericEvent`. Never raises on a dict."""
     kind = record.get("event")
-    if isinstance(kind, str) and kind in EVENT_NAMES:
+    if isinstance(kind, str) and kind in models():
         try:
             return event_adapter().validate_python(record)
         except ValidationError:
