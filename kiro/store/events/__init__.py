@@ -123,15 +123,6 @@ class LoopStarted(Event):
     workspace: str = ""
 
 
-class LoopResumed(Event):
-    """A process took up a paused, stopped or interrupted loop again."""
-
-    event: Literal["loop_resumed"] = "loop_resumed"
-    task_path: str
-    executor: str
-    max_iterations: int
-    pid: int | None = None
-    workspace: str = ""
 
 
 class StateChanged(Event):
@@ -143,12 +134,6 @@ class StateChanged(Event):
     reason: str | None = None
 
 
-class StateRecovered(Event):
-    """A broken state file was replaced by the newest good backup (or its journal replayed)."""
-
-    event: Literal["state_recovered"] = "state_recovered"
-    message: str = ""
-    path: str | None = None
 
 
 class StopCondition(Event):
@@ -186,13 +171,6 @@ class IterationStarted(Event):
     step_id: str
 
 
-class Reinjected(Event):
-    """The full task context was sent to the agent again (on a schedule, after a failure, when stale)."""
-
-    event: Literal["reinjected"] = "reinjected"
-    reason: str
-    step_id: str
-    chars: int = 0
 
 
 class StepStarted(Event):
@@ -232,12 +210,6 @@ class StepFailed(Event):
     cost_usd: float | None = None  # the loop's cost so far, when its executor reports one
 
 
-class StepInterrupted(Event):
-    """An attempt was cut short (a person moved the task, a timeout, stop --force): not a failure."""
-
-    event: Literal["step_interrupted"] = "step_interrupted"
-    step_id: str
-    reason: str
 
 
 class StepRecovered(Event):
@@ -246,24 +218,6 @@ class StepRecovered(Event):
     event: Literal["step_recovered"] = "step_recovered"
     step_id: str
     description: str | None = None
-
-
-class VerifyFailed(Event):
-    """The step's `verify` command exited non-zero: the step does not count as done."""
-
-    event: Literal["verify_failed"] = "verify_failed"
-    step_id: str
-    command: str
-    output: str = ""
-
-
-class Backoff(Event):
-    """The loop waits before the next attempt at a failed step."""
-
-    event: Literal["backoff"] = "backoff"
-    step_id: str
-    seconds: float
-    attempts: int = 0
 
 
 
@@ -280,23 +234,6 @@ class GuardrailTriggered(Event):
     seconds: float | None = None
 
 
-class WaitEnded(Event):
-    """A wait (`backoff`, or a guardrail's: `limit` names it) is over: `seconds` is the time really slept,
-    less than `planned` when a stop condition (`stopped_by`) cut it short. `kiro loop stats` adds these up."""
-
-    event: Literal["wait_ended"] = "wait_ended"
-    limit: str
-    seconds: float
-    planned: float
-    stopped_by: str | None = None
-
-
-class RequestResolved(Event):
-    """A request the loop left for a person (a review note, an intervention) is answered: moved to Logs/resolved/.
-    The normal end of a review point, not a warning."""
-
-    event: Literal["request_resolved"] = "request_resolved"
-    message: str
 
 
 class HumanRequested(Event):
@@ -320,12 +257,6 @@ class TaskMoved(Event):
     area: str | None = None
 
 
-class TaskEdited(Event):
-    """kiro changed the task file (a box, or its frontmatter put back)."""
-
-    event: Literal["task_edited"] = "task_edited"
-    path: str | None = None
-    message: str = ""
 
 
 class LoopWarning(Event):
@@ -352,7 +283,7 @@ class NotifierFailed(Event):
     command: str | None = None  # logs before redaction landed; no longer written (it may hold a token)
 
 
-# -- approval of agent-proposed steps (SPEC §11, kiro.store.approval) ----------------------------
+# -- asked about by every run's digest (kiro.core.digest): approval (SPEC §11), evidence (SPEC §14) -------
 
 
 class StepsProposed(Event):
@@ -362,25 +293,6 @@ class StepsProposed(Event):
     proposal: str
     steps: list[str] = Field(default_factory=empty_list)
     after: str | None = None
-
-
-class ProposalApproved(Event):
-    """A person approved a proposal (moved it to Approved/): its steps were added."""
-
-    event: Literal["proposal_approved"] = "proposal_approved"
-    proposal: str
-    steps: list[str] = Field(default_factory=empty_list)
-
-
-class ProposalRejected(Event):
-    """A person rejected a proposal (moved it to Rejected/): the agent is told."""
-
-    event: Literal["proposal_rejected"] = "proposal_rejected"
-    proposal: str
-    steps: list[str] = Field(default_factory=empty_list)
-
-
-# -- evidence for the morning (SPEC §14, kiro.core.evidence) -------------------------------------
 
 
 class ProtectedPathsChanged(Event):
@@ -394,33 +306,17 @@ class ProtectedPathsChanged(Event):
     not_put_back: list[str] = Field(default_factory=empty_list)
 
 
-class TestsShrank(Event):
-    """verify_report counted fewer passed, or more skipped or xfailed, tests than the last completed step's."""
-
-    __test__ = False  # not a pytest test class
-
-    event: Literal["tests_shrank"] = "tests_shrank"
-    step_id: str
-    message: str
-
-
-class StepReopened(Event):
-    """A box found checked after a kill (or stop) that kiro never recorded did not pass verify or the
-    protected-path check (or was checked by the agent during an attempt at another step): unchecked."""
-
-    event: Literal["step_reopened"] = "step_reopened"
-    step_id: str
-    reason: str
-
-
-
-
-# The kinds only some runs emit live in modules of their own, kiro.store.events.<family>, imported when one
-# of their names is first asked for here (a module `__getattr__`, PEP 562): pydantic takes ~1.5 M instructions to
-# make each class, and a run of shell steps emits none of these (issue #41). `ev.CheckpointCreated` and
-# `from kiro.store.events import CheckpointCreated` read as before; readers of the log take every family.
+# The kinds above are those every run emits or its listeners ask about (`isinstance`). The others live in modules
+# of their own, kiro.store.events.<family>, imported when one of their names is first asked for here (a module
+# `__getattr__`, PEP 562): pydantic takes ~1.5-2 M instructions to make each class, and a run of shell steps that
+# all pass makes none of them (issue #41). `ev.CheckpointCreated` and `from kiro.store.events import
+# CheckpointCreated` read as before; a reader of the log (`parse`, `event_adapter`) imports every family.
 _FAMILIES: dict[str, str] = {
-    "agent": "ToolCalled PermissionAnswered PlanUpdated ModelCalled ContextWrapped AgentRan AgentSilent UsageLimit",
+    "agent": "Reinjected ToolCalled PermissionAnswered PlanUpdated ModelCalled ContextWrapped AgentRan AgentSilent "
+             "UsageLimit",
+    "failure": "VerifyFailed TestsShrank Backoff",
+    "recovery": "LoopResumed StateRecovered StepInterrupted StepReopened",
+    "person": "WaitEnded RequestResolved TaskEdited ProposalApproved ProposalRejected",
     "messages": "MessageReceived MessageDelivered MessageSent",
     "precheck": "PrecheckPassed PrecheckSkipped",
     "git": "CheckpointCreated CheckpointSkipped CheckpointLeftOut CheckpointFailed CheckpointRecovered GitLockCleared "
@@ -435,9 +331,12 @@ _FAMILY_OF: dict[str, str] = {name: family for family, names in _FAMILIES.items(
 
 if TYPE_CHECKING:  # what mypy reads: the same names, where they are made
     from kiro.store.events.agent import *  # noqa: F403
+    from kiro.store.events.failure import *  # noqa: F403
     from kiro.store.events.git import *  # noqa: F403
     from kiro.store.events.messages import *  # noqa: F403
+    from kiro.store.events.person import *  # noqa: F403
     from kiro.store.events.precheck import *  # noqa: F403
+    from kiro.store.events.recovery import *  # noqa: F403
     from kiro.store.events.review import *  # noqa: F403
     from kiro.store.events.schedule import *  # noqa: F403
     from kiro.store.events.temporal import *  # noqa: F403

@@ -104,3 +104,12 @@ class UsageLimit(Event):
     resets_at: str | None = None
     message: str = ""
     fallback: str | None = None
+
+
+class Reinjected(Event):
+    """The full task context was sent to the agent again (on a schedule, after a failure, when stale)."""
+
+    event: Literal["reinjected"] = "reinjected"
+    reason: str
+    step_id: str
+    chars: int = 0
