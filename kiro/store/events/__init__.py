@@ -2,8 +2,10 @@
 happens (SPEC §8), and the typed records it holds (SPEC §10).
 
 Every kind of event is one pydantic model with a `Literal` `event` tag; `event_adapter()` reads any of
-them (a discriminated union). The engine emits typed records; listeners (the log, the terminal,
-Dashboard.md, reports, notifiers, a server) receive them. On disk a record is
+them (a discriminated union). The kinds only some runs emit are made, on first use, in a module per family
+(`kiro.store.events.git`, `.agent`, ...); every kind is read from here (`from kiro.store.events import X`).
+The engine emits typed records; listeners (the log, the terminal, Dashboard.md, reports, notifiers, a
+server) receive them. On disk a record is
 `{"ts", "task_id", "iteration", "event", ...the kind's fields}`, exactly the keys the call set.
 
 Readers never crash on what they find: a torn last line is skipped, an unknown kind (a newer kiro's)
@@ -11,7 +13,7 @@ or a record that does not fit its model reads as `GenericEvent` with every key k
 """
 
 # No `from __future__ import annotations` here: pydantic would evaluate every kind's annotations from their
-# text when it builds the ~70 classes at import (31M of the module's ~150M instructions; issue #41).
+# text when it builds each class (31M of the module's ~150M instructions; issue #41).
 import contextlib
 import functools
 import importlib
@@ -306,11 +308,12 @@ class ProtectedPathsChanged(Event):
     not_put_back: list[str] = Field(default_factory=empty_list)
 
 
-# The kinds above are those every run emits or its listeners ask about (`isinstance`). The others live in modules
-# of their own, kiro.store.events.<family>, imported when one of their names is first asked for here (a module
-# `__getattr__`, PEP 562): pydantic takes ~1.5-2 M instructions to make each class, and a run of shell steps that
-# all pass makes none of them (issue #41). `ev.CheckpointCreated` and `from kiro.store.events import
-# CheckpointCreated` read as before; a reader of the log (`parse`, `event_adapter`) imports every family.
+# The kinds above are those every run emits or its listeners ask about (`isinstance`), and the warnings many parts
+# emit. The others live in modules of their own, kiro.store.events.<family>, imported when one of their names is
+# first asked for here (a module `__getattr__`, PEP 562): pydantic takes ~1.5-2 M instructions to make each class,
+# and a run of shell steps that all pass makes none of them (issue #41). `ev.CheckpointCreated` and
+# `from kiro.store.events import CheckpointCreated` read as before; a reader of the log (`parse`,
+# `event_adapter`) imports every family.
 _FAMILIES: dict[str, str] = {
     "agent": "Reinjected ToolCalled PermissionAnswered PlanUpdated ModelCalled ContextWrapped AgentRan AgentSilent "
              "UsageLimit",
