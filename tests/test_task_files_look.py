@@ -285,3 +285,24 @@ def test_a_fifo_named_like_a_task_file_in_done_does_not_hold_up_the_loop(ws: Wor
     r = ws.kiro("loop", "start", "--task", "Specs/fifo/tasks.md", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "- [x] 1. Step" in (ws.root / "Done/fifo/tasks.md").read_text()
+
+
+def test_a_folders_real_path_is_realpaths(tmp_path: Path) -> None:
+    """`real_folder` (the look's real path of Specs/, asked of the kernel) names what `os.path.realpath` names:
+    through links, relative links, `..` after a link, a folder moved and a link left in its place, and for
+    what is no folder (missing, a file, deleted) realpath's own answer."""
+    from kiro.store.workspace import real_folder
+
+    (tmp_path / "a/b").mkdir(parents=True)
+    (tmp_path / "l").symlink_to(tmp_path / "a")
+    (tmp_path / "rel").symlink_to("a/b")
+    (tmp_path / "f").write_text("")
+    paths = ["/", str(tmp_path), f"{tmp_path}/a/b", f"{tmp_path}/l", f"{tmp_path}/l/b", f"{tmp_path}/rel",
+             f"{tmp_path}/l/../a", f"{tmp_path}/missing", f"{tmp_path}/f", f"{tmp_path}/l/missing"]
+    for path in paths:
+        assert real_folder(path) == os.path.realpath(path), path
+    (tmp_path / "a").rename(tmp_path / "moved")
+    (tmp_path / "a").symlink_to(tmp_path / "moved")
+    for path in paths:
+        assert real_folder(path) == os.path.realpath(path), path
+    assert real_folder(f"{tmp_path}/a/b") == f"{tmp_path.resolve()}/moved/b"

@@ -479,9 +479,9 @@ class Look:
 
     @classmethod
     def now(cls, ws: Workspace, *, boxed: bool) -> Look:
-        from kiro.store.workspace import markdown_names, task_files
+        from kiro.store.workspace import markdown_names, real_folder, task_files
 
-        specs = os.path.realpath(ws.specs) + os.sep if boxed else ""  # unboxed, every file is looked at
+        specs = real_folder(os.fspath(ws.specs)) + os.sep if boxed else ""  # unboxed, every file is looked at
         files: list[FileSeen] = []
         for path, real in task_files(ws, in_specs=not boxed):
             if boxed and real.startswith(specs):

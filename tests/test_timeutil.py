@@ -1,0 +1,25 @@
+"""kiro.timeutil: the times kiro writes (SPEC §4: ISO 8601 with a UTC offset, to the millisecond)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+from kiro import timeutil
+
+
+def test_iso_of_now_is_what_isoformat_gives_at_that_instant() -> None:
+    for _ in range(2000):  # across a few second boundaries' worth of calls, the text kept a second is current
+        before = datetime.now(UTC).isoformat(timespec="milliseconds")
+        stamp = timeutil.iso()
+        after = datetime.now(UTC).isoformat(timespec="milliseconds")
+        assert before <= stamp <= after
+        assert len(stamp) == len("2026-11-30T07:43:20.807+00:00") and stamp.endswith("+00:00")
+        assert timeutil.parse(stamp).tzinfo is not None
+
+
+def test_iso_of_a_given_time_keeps_its_offset() -> None:
+    when = datetime(2026, 1, 31, 9, 0, 5, 123999, tzinfo=UTC)
+    assert timeutil.iso(when) == "2026-01-31T09:00:05.123+00:00"
+    there = when.astimezone(timezone(timedelta(hours=2)))
+    assert timeutil.iso(there) == "2026-01-31T11:00:05.123+02:00"
+    assert timeutil.parse(timeutil.iso(there)) == when.replace(microsecond=123000)
