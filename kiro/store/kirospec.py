@@ -45,7 +45,10 @@ def spec_of(task_path: Path | str) -> Spec | None:
     """The Kiro spec a task file belongs to: `<project>/.kiro/specs/<feature>/tasks.md`. By the path as
     given (asked on every step prompt): kiro's task paths are real paths already (Workspace.resolve_task),
     so a task reached through a symlinked folder names the spec it points into."""
-    path = Path(task_path)
+    text = os.fspath(task_path)
+    if ".kiro" not in text or "specs" not in text:  # most task files: no Path made and taken apart (~35 K instructions)
+        return None
+    path = Path(text)
     parts = path.parts
     if len(parts) < 5 or parts[-4:-2] != (".kiro", "specs") or path.name.lower() != "tasks.md":
         return None
