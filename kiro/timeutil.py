@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 # `iso()` of now, as `now().isoformat(timespec="milliseconds")` gives it, made from the clock's nanoseconds: the
 # text up to the second made once a second, the milliseconds and offset from a table (isoformat was ~12 K
@@ -18,14 +18,25 @@ def now() -> datetime:
 
 
 def iso(dt: datetime | None = None) -> str:
-    if dt is not None:
-        return dt.isoformat(timespec="milliseconds")
+    if dt is None:
+        sec, ns = divmod(time.time_ns(), 1_000_000_000)  # datetime.now rounds down to the microsecond, as this does
+        return _seconds_text(sec) + _MILLIS[ns // 1_000_000]
+    if dt.tzinfo is UTC:  # kiro's own times (`now()`): the same table
+        return _seconds_text((dt - _EPOCH) // _SECOND) + _MILLIS[dt.microsecond // 1000]
+    return dt.isoformat(timespec="milliseconds")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND = timedelta(seconds=1)
+
+
+def _seconds_text(sec: int) -> str:
+    """`YYYY-MM-DDTHH:MM:SS` of the UTC second `sec` since the epoch, made once a second."""
     global _second
-    sec, ns = divmod(time.time_ns(), 1_000_000_000)  # datetime.now rounds down to the microsecond, as this does
     kept = _second
     if kept[0] != sec:
-        kept = _second = (sec, datetime.fromtimestamp(sec, UTC).isoformat()[:19])
-    return kept[1] + _MILLIS[ns // 1_000_000]
+        kept = _second = (sec, (_EPOCH + timedelta(seconds=sec)).isoformat()[:19])
+    return kept[1]
 
 
 def parse(text: str) -> datetime:
