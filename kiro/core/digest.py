@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import os
 from datetime import date, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from kiro import timeutil
 from kiro.core.hooks import LoopListener
@@ -102,14 +102,18 @@ class DigestFeed(LoopListener):
                                                                 name="kiro-digest-clock")
         if isinstance(event, events.LoopFinished):
             self.finished = event
-        elif isinstance(event, events.StepsProposed):
+        elif event.event == "steps_proposed":
+            proposed = cast("events.StepsProposed", event)
             self._beside("approval_waiting", f"kiro: loop {self.loop.state.task_id}: a step proposal waits for a "
-                                             f"person", f"{event.proposal}: move it to Approved/ or Rejected/ "
-                                                        f"({len(event.steps)} steps proposed)")
-        elif isinstance(event, events.ProtectedPathsChanged) and event.proposal:
-            self._beside("approval_waiting", f"kiro: loop {self.loop.state.task_id}: step {event.step_id} changed "
-                                             f"protected paths", f"{event.proposal}: move it to Approved/ to let the "
-                                                                 f"change through ({', '.join(event.changes[:10])})")
+                                             f"person", f"{proposed.proposal}: move it to Approved/ or Rejected/ "
+                                                        f"({len(proposed.steps)} steps proposed)")
+        elif event.event == "protected_paths_changed":
+            changed = cast("events.ProtectedPathsChanged", event)
+            if changed.proposal:
+                self._beside("approval_waiting", f"kiro: loop {self.loop.state.task_id}: step {changed.step_id} "
+                                                 f"changed protected paths", f"{changed.proposal}: move it to "
+                                                 f"Approved/ to let the change through "
+                                                 f"({', '.join(changed.changes[:10])})")
 
     # -- sending -----------------------------------------------------------------------------------
 

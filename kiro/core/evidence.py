@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kiro import timeutil
 from kiro.core.hooks import Feature, LoopHandle
@@ -134,11 +134,12 @@ class Evidence(Feature):
     # -- receipts ----------------------------------------------------------------------------------------
 
     def _on_event(self, event: events.Event) -> None:
-        if isinstance(event, (events.StepCompleted, events.StepRecovered)) and self.loop is not None:
+        if event.event in ("step_completed", "step_recovered") and self.loop is not None:  # by tag: no class made
             s = self.loop.state
-            if s.completed_steps and s.completed_steps[-1].step_id == event.step_id:
+            step_id = cast("events.StepCompleted | events.StepRecovered", event).step_id
+            if s.completed_steps and s.completed_steps[-1].step_id == step_id:
                 c = s.completed_steps[-1]
-                c.receipt = self._receipt(self.loop, c, recovered=isinstance(event, events.StepRecovered))
+                c.receipt = self._receipt(self.loop, c, recovered=event.event == "step_recovered")
                 self.killed_changes = []
 
     def _receipt(self, loop: LoopHandle, c: CompletedStep, *, recovered: bool) -> Receipt:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import errno
 import os
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from kiro import timeutil
 from kiro.core.hooks import LoopListener
@@ -83,11 +83,11 @@ class ReportWriter(LoopListener):
     def __call__(self, event: events.Event) -> None:
         if isinstance(event, events.StopCondition):
             self._final(event)
-        elif isinstance(event, events.HumanRequested):
-            loop = self.loop  # the agent asked a person (request_human): the file the pause names
-            text = reports.human_request(loop.state, question=event.question)
+        elif event.event == "human_requested":  # the agent asked a person (request_human): the file the pause names
+            loop = self.loop
+            text = reports.human_request(loop.state, question=cast("events.HumanRequested", event).question)
             loop.write_report(loop.ws.human_request(loop.state.task_id), text)
-        elif isinstance(event, (events.StepCompleted, events.StepFailed)):
+        elif event.event in ("step_completed", "step_failed"):
             self._progress()
 
     def _final(self, stop: events.StopCondition) -> None:
@@ -170,8 +170,9 @@ class Notifier(LoopListener):
         self.running: set[asyncio.Task[None]] = set()
 
     def __call__(self, event: events.Event) -> None:
-        if isinstance(event, events.GuardrailTriggered):
-            self.notify("limit", event.limit, event.message)
+        if event.event == "guardrail_triggered":
+            limit = cast("events.GuardrailTriggered", event)
+            self.notify("limit", limit.limit, limit.message)
         elif isinstance(event, events.LoopFinished):
             s = self.loop.state
             report = event.report or (s.report_path if event.reason == StopReason.REQUEST_HUMAN else None)

@@ -33,6 +33,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import cast
 
 from kiro import timeutil
 from kiro.core import conditions
@@ -241,13 +242,14 @@ class Review(Feature):
     def _on_event(self, event: events.Event) -> None:
         """The step's review rounds go into its receipt (made by kiro.core.evidence on the same event, before
         this listener hears it)."""
-        if not isinstance(event, (events.StepCompleted, events.StepRecovered)) or self.loop is None:
+        if event.event not in ("step_completed", "step_recovered") or self.loop is None:
             return
+        step_id = cast("events.StepCompleted | events.StepRecovered", event).step_id  # StepRecovered: by its tag
         s = self.loop.state
-        rec = s.steps.get(event.step_id)
+        rec = s.steps.get(step_id)
         if rec is None or not rec.reviews:
             return
-        if s.completed_steps and s.completed_steps[-1].step_id == event.step_id:
+        if s.completed_steps and s.completed_steps[-1].step_id == step_id:
             receipt = s.completed_steps[-1].receipt
             if receipt is not None:
                 receipt.reviews = list(rec.reviews)

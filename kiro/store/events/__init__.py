@@ -125,8 +125,6 @@ class LoopStarted(Event):
     workspace: str = ""
 
 
-
-
 class StateChanged(Event):
     """The loop's status changed (`from` → `to`), and why."""
 
@@ -134,8 +132,6 @@ class StateChanged(Event):
     from_: str = Field(alias="from")
     to: str
     reason: str | None = None
-
-
 
 
 class StopCondition(Event):
@@ -173,8 +169,6 @@ class IterationStarted(Event):
     step_id: str
 
 
-
-
 class StepStarted(Event):
     """An attempt at a step began."""
 
@@ -182,8 +176,6 @@ class StepStarted(Event):
     step_id: str
     description: str = ""
     attempt: int = 1
-
-
 
 
 class StepCompleted(Event):
@@ -199,54 +191,6 @@ class StepCompleted(Event):
     cost_usd: float | None = None  # the loop's cost so far, when its executor reports one
 
 
-class StepFailed(Event):
-    """An attempt at a step failed: the error, the failures in a row, the attempt's log."""
-
-    event: Literal["step_failed"] = "step_failed"
-    step_id: str
-    attempt: int
-    error: str
-    consecutive_failures: int = 0
-    agent: str | None = None
-    log: str | None = None  # the attempt's full output (workspace-relative), shown whole
-    cost_usd: float | None = None  # the loop's cost so far, when its executor reports one
-
-
-
-
-class StepRecovered(Event):
-    """A step's box checked while kiro was not running was taken as done."""
-
-    event: Literal["step_recovered"] = "step_recovered"
-    step_id: str
-    description: str | None = None
-
-
-
-
-class GuardrailTriggered(Event):
-    """A guardrail acted (a wait, or a stop at a budget): which limit, its value and the figure reached."""
-
-    event: Literal["guardrail_triggered"] = "guardrail_triggered"
-    limit: str
-    value: Any = None
-    figure: Any = None
-    action: str = ""
-    message: str = ""
-    seconds: float | None = None
-
-
-
-
-class HumanRequested(Event):
-    """The agent asked for a person (`request_human`): the loop pauses (exit 6)."""
-
-    event: Literal["human_requested"] = "human_requested"
-    step_id: str
-    question: str
-    path: str | None = None
-
-
 # -- around the loop -------------------------------------------------------------------------
 
 
@@ -257,8 +201,6 @@ class TaskMoved(Event):
     from_: str = Field(alias="from")
     to: str
     area: str | None = None
-
-
 
 
 class LoopWarning(Event):
@@ -285,41 +227,19 @@ class NotifierFailed(Event):
     command: str | None = None  # logs before redaction landed; no longer written (it may hold a token)
 
 
-# -- asked about by every run's digest (kiro.core.digest): approval (SPEC §11), evidence (SPEC §14) -------
-
-
-class StepsProposed(Event):
-    """The agent proposed new steps: a proposal waits in Pending_Approval/."""
-
-    event: Literal["steps_proposed"] = "steps_proposed"
-    proposal: str
-    steps: list[str] = Field(default_factory=empty_list)
-    after: str | None = None
-
-
-class ProtectedPathsChanged(Event):
-    """A step created, changed or deleted protected paths: they were put back and the attempt failed;
-    `proposal`: the file in Pending_Approval/ a person moves to Approved/ to let the change through."""
-
-    event: Literal["protected_paths_changed"] = "protected_paths_changed"
-    step_id: str
-    changes: list[str] = Field(default_factory=empty_list)  # "changed tests/test_a.py"
-    proposal: str | None = None
-    not_put_back: list[str] = Field(default_factory=empty_list)
-
-
-# The kinds above are those every run emits or its listeners ask about (`isinstance`), and the warnings many parts
-# emit. The others live in modules of their own, kiro.store.events.<family>, imported when one of their names is
-# first asked for here (a module `__getattr__`, PEP 562): pydantic takes ~1.5-2 M instructions to make each class,
-# and a run of shell steps that all pass makes none of them (issue #41). `ev.CheckpointCreated` and
-# `from kiro.store.events import CheckpointCreated` read as before; a reader of the log (`parse`,
-# `event_adapter`) imports every family.
+# The kinds above are those every run emits, and the warnings many parts emit; a listener asks about another
+# kind by its tag (`event.event == "step_failed"`), which makes no class. The others live in modules of their
+# own, kiro.store.events.<family>, imported when one of their names is first asked for here (a module
+# `__getattr__`, PEP 562): pydantic takes ~1.5-2 M instructions to make each class, and a run of shell steps that
+# all pass makes none of them (issue #41). `ev.CheckpointCreated` and `from kiro.store.events import
+# CheckpointCreated` read as before; a reader of the log (`parse`, `event_adapter`) imports every family.
 _FAMILIES: dict[str, str] = {
     "agent": "Reinjected ToolCalled PermissionAnswered PlanUpdated ModelCalled ContextWrapped AgentRan AgentSilent "
              "UsageLimit",
-    "failure": "VerifyFailed TestsShrank Backoff",
-    "recovery": "LoopResumed StateRecovered StepInterrupted StepReopened",
-    "person": "WaitEnded RequestResolved TaskEdited ProposalApproved ProposalRejected",
+    "failure": "StepFailed GuardrailTriggered VerifyFailed TestsShrank Backoff",
+    "recovery": "StepRecovered LoopResumed StateRecovered StepInterrupted StepReopened",
+    "person": "HumanRequested StepsProposed ProtectedPathsChanged WaitEnded RequestResolved TaskEdited "
+              "ProposalApproved ProposalRejected",
     "messages": "MessageReceived MessageDelivered MessageSent",
     "precheck": "PrecheckPassed PrecheckSkipped",
     "git": "CheckpointCreated CheckpointSkipped CheckpointLeftOut CheckpointFailed CheckpointRecovered GitLockCleared "

@@ -12,6 +12,35 @@ from kiro.store.events import Event
 from kiro.store.models import empty_list
 
 
+class HumanRequested(Event):
+    """The agent asked for a person (`request_human`): the loop pauses (exit 6)."""
+
+    event: Literal["human_requested"] = "human_requested"
+    step_id: str
+    question: str
+    path: str | None = None
+
+
+class StepsProposed(Event):
+    """The agent proposed new steps: a proposal waits in Pending_Approval/."""
+
+    event: Literal["steps_proposed"] = "steps_proposed"
+    proposal: str
+    steps: list[str] = Field(default_factory=empty_list)
+    after: str | None = None
+
+
+class ProtectedPathsChanged(Event):
+    """A step created, changed or deleted protected paths: they were put back and the attempt failed;
+    `proposal`: the file in Pending_Approval/ a person moves to Approved/ to let the change through."""
+
+    event: Literal["protected_paths_changed"] = "protected_paths_changed"
+    step_id: str
+    changes: list[str] = Field(default_factory=empty_list)  # "changed tests/test_a.py"
+    proposal: str | None = None
+    not_put_back: list[str] = Field(default_factory=empty_list)
+
+
 class WaitEnded(Event):
     """A wait (`backoff`, or a guardrail's: `limit` names it) is over: `seconds` is the time really slept,
     less than `planned` when a stop condition (`stopped_by`) cut it short. `kiro loop stats` adds these up."""

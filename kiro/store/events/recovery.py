@@ -8,6 +8,14 @@ from typing import Literal
 from kiro.store.events import Event
 
 
+class StepRecovered(Event):
+    """A step's box checked while kiro was not running was taken as done."""
+
+    event: Literal["step_recovered"] = "step_recovered"
+    step_id: str
+    description: str | None = None
+
+
 class LoopResumed(Event):
     """A process took up a paused, stopped or interrupted loop again."""
 
