@@ -370,7 +370,7 @@ def test_a_secret_in_a_steps_title_or_text_reaches_no_commit_and_the_commit_is_s
     """Commit messages pass through the run's redactor: a known secret in a step's title, or in the
     text of a step with no number (its text is its id, written in the Kiro-Step-Id trailer), is cut;
     the look for a step's commit after a kill compares the id as written."""
-    from kiro.git import checkpoints
+    from kiro.core.features import attach
     from kiro.store.config import Config
     from kiro.store.redact import Redactor
     from kiro.store.state import LoopState
@@ -388,7 +388,7 @@ def test_a_secret_in_a_steps_title_or_text_reaches_no_commit_and_the_commit_is_s
     assert "kiro(k1): 1 Use [REDACTED] for the greeting" in messages
     state = LoopState.model_validate(ws.state("k1"))
     assert [c.step_id for c in state.completed_steps] == ["1", "Deploy with [REDACTED]"]  # the state is cut too
-    lg = checkpoints.attach(KiroWorkspace(ws.root), Config(), state, ws.root)
+    lg = attach(KiroWorkspace(ws.root), Config(), state, ws.root)
     assert lg is not None
     lg.redact = Redactor([secret]).text  # as Engine._open_git sets it
     for step_id, c in zip(["1", f"Deploy with {secret}"], state.completed_steps, strict=True):

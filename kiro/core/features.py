@@ -14,20 +14,55 @@ from typing import TYPE_CHECKING
 from kiro.core import conditions, precheck, scheduled
 from kiro.core.conditions import Stop
 from kiro.core.hooks import Feature, LoopHandle, Reopen
-from kiro.errors import TaskFileError, TaskNotFound
+from kiro.errors import TaskFileError, TaskNotFound, UserError
 from kiro.executors.control import Look, TaskFiles, shared_look
 from kiro.fs import writer
-from kiro.git import checkpoints, gitcli
+from kiro.git import gitcli
 from kiro.status import Status, StopReason
 from kiro.store import approval
 from kiro.store import events as ev
-from kiro.store.state import CompletedStep, LoopState
+from kiro.store.state import CompletedStep, GitInfo, LoopState
 from kiro.store.tasks import Step, TaskFile, is_checkpoint
 from kiro.views import reports
 
 if TYPE_CHECKING:
     from kiro.executors.base import StepResult
+    from kiro.git import checkpoints
+    from kiro.store.config import Config
     from kiro.store.receipts import VerifyRun
+    from kiro.store.workspace import Workspace
+
+
+def attach(ws: Workspace, cfg: Config, state: LoopState, project_dir: Path) -> checkpoints.LoopGit | None:
+    """The loop's git side (kiro.git.checkpoints, imported only then), or None when checkpoints are off or the
+    project is in no git work tree. Records the choice in the state the first time; a resumed loop keeps the
+    worktree and branch it started with."""
+    info = state.git
+    if info is not None and info.toplevel:
+        if not info.checkpoints:
+            return None
+        top = Path(info.toplevel)
+    else:
+        mode = cfg.checkpoints
+        if mode == "off":
+            if cfg.isolation == "worktree":
+                raise UserError("isolation: worktree needs checkpoints: git (the loop's work is kept as commits on "
+                                "its branch); set checkpoints: git or isolation: none")
+            state.git = GitInfo(checkpoints=False)
+            return None
+        found = gitcli.toplevel(project_dir)
+        if found is None:
+            if mode == "git" or cfg.isolation == "worktree":
+                key = "checkpoints: git" if mode == "git" else "isolation: worktree"
+                raise UserError(f"{key} needs the project directory {project_dir} inside a git work tree "
+                                f"(run `git init` there, or set checkpoints: off and isolation: none)")
+            state.git = GitInfo(checkpoints=False)
+            return None
+        top = found
+        state.git = info = GitInfo(checkpoints=True, isolation=cfg.isolation, merge=cfg.merge)
+    from kiro.git import checkpoints
+
+    return checkpoints.LoopGit(ws, info, state.task_id, project_dir, top)
 
 
 class Git(Feature):
@@ -38,7 +73,7 @@ class Git(Feature):
         self.git: checkpoints.LoopGit | None = None
 
     async def open(self, loop: LoopHandle) -> None:
-        self.git = git = checkpoints.attach(loop.ws, loop.cfg, loop.state, loop.project_dir)
+        self.git = git = attach(loop.ws, loop.cfg, loop.state, loop.project_dir)
         if git is None:
             return
         git.redact = loop.redact.text
@@ -249,8 +284,6 @@ class OneStep(Feature):
     def for_task(cls, task: TaskFile, step_id: str, where: str) -> OneStep:
         """The feature, once `step_id` is known to name a step of `task` with something still to do; else a
         UserError (one line: the ids there are, or that the step is done)."""
-        from kiro.errors import UserError
-
         step = task.find(step_id)
         if step is None:
             ids = list(dict.fromkeys(s.id for s in task.steps if s.id[:1].isdigit() and len(s.id) <= 24))

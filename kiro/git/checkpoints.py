@@ -912,35 +912,6 @@ def preflight(cfg: Any, project_dir: Path) -> None:
                         f"(make a first commit, or set isolation: none)")
 
 
-def attach(ws: Any, cfg: Any, state: Any, project_dir: Path) -> LoopGit | None:
-    """The loop's git side, or None when checkpoints are off. Records the choice in the state the
-    first time; a resumed loop keeps the worktree and branch it started with."""
-    from kiro.store.state import GitInfo
-
-    info = state.git
-    if info is not None and info.toplevel:
-        if not info.checkpoints:
-            return None
-        return LoopGit(ws, info, state.task_id, project_dir, Path(info.toplevel))
-    mode = cfg.checkpoints
-    if mode == "off":
-        if cfg.isolation == "worktree":
-            raise UserError("isolation: worktree needs checkpoints: git (the loop's work is kept as commits on its "
-                            "branch); set checkpoints: git or isolation: none")
-        state.git = GitInfo(checkpoints=False)
-        return None
-    top = toplevel(project_dir)
-    if top is None:
-        if mode == "git" or cfg.isolation == "worktree":
-            key = "checkpoints: git" if mode == "git" else "isolation: worktree"
-            raise UserError(f"{key} needs the project directory {project_dir} inside a git work tree "
-                            f"(run `git init` there, or set checkpoints: off and isolation: none)")
-        state.git = GitInfo(checkpoints=False)
-        return None
-    state.git = GitInfo(checkpoints=True, isolation=cfg.isolation, merge=cfg.merge)
-    return LoopGit(ws, state.git, state.task_id, project_dir, top)
-
-
 # -- rollback ----------------------------------------------------------------------------------
 
 

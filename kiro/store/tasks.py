@@ -1285,3 +1285,37 @@ CHECKPOINT_TITLE = re.compile(r"^\W*(?:final\s+)?checkpoint\b", re.I)
 
 def is_checkpoint(title: str) -> bool:
     return CHECKPOINT_TITLE.match(title) is not None
+
+
+_DEPENDS = r"(?i)^_?\s*Depends(?:\s+on)?\s*:\s*(?P<ids>.+?)\s*_?$"  # compiled when first used (re's cache)
+
+
+def depends_on(step: Step) -> list[str]:
+    """The step ids a step's `_Depends: 1.2, 3_` lines name (steps side by side, `parallel_by: depends`,
+    kiro.core.parallel)."""
+    ids: list[str] = []
+    for line in step.details:
+        m = re.match(_DEPENDS, line.strip().lstrip("-*+ ").strip())
+        if m is not None:
+            ids += [x.strip().rstrip(".") for x in re.split(r"[,;\s]+", m.group("ids").strip("_ ")) if x.strip()]
+    return ids
+
+
+def open_leaves(task: TaskFile, include_optional: bool) -> list[Step]:
+    """The steps not done that have no sub-steps, in plan order (the optional ones only when asked)."""
+    return [s for s in task.steps if not s.children and not s.done
+            and (include_optional or not task.is_optional(s))]
+
+
+def ready(task: TaskFile, by: str, include_optional: bool) -> list[Step]:
+    """The open steps that may run side by side now (kiro.core.parallel), in plan order: those whose `_Depends:`
+    are done, and with `marker` only the `(P)` steps from the first open step on, up to the first open step
+    without the mark."""
+    done = {s.id for s in task.steps if s.done}
+    out: list[Step] = []
+    for s in open_leaves(task, include_optional):
+        if by != "depends" and not s.parallel:  # `(P)` right after its number
+            break
+        if all(d in done for d in depends_on(s)):
+            out.append(s)
+    return out
