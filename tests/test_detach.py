@@ -216,6 +216,22 @@ def test_the_detach_command_imports_nothing_only_the_running_loop_needs(ws: Work
     assert (ws.root / "side_effects.log").read_text().split() == ["1", "1"]  # each loop ran its step
 
 
+def test_a_start_in_no_git_work_tree_imports_no_checkpoints_and_makes_no_kind_it_does_not_emit(ws: Workspace) -> None:
+    """Issue #41: a loop of passing shell steps in a project that is no git work tree runs without
+    kiro.git.checkpoints, kiro.git.stepbranches and the steps side by side (kiro.core.sidebyside), and makes
+    no event kind of a family (the failure, recovery and person kinds its listeners ask about by tag)."""
+    ws.task(shell_task(2))
+    r = subprocess.run([sys.executable, "-c", PROBE, "loop", "start", "--task", "Specs/feature/tasks.md"],
+                       cwd=ws.root, env=ws.env(), capture_output=True, text=True, timeout=300)
+    code, _boxes, *modules = r.stderr.rsplit("@@", 1)[1].split()
+    assert code == "0", r.stdout + r.stderr
+    assert (ws.root / "side_effects.log").read_text().split() == ["1", "2"]  # both steps ran
+    assert "kiro.core.engine" in modules and "kiro.store.events" in modules  # the loop ran in this process
+    unneeded = [m for m in modules if m in ("kiro.git.checkpoints", "kiro.git.stepbranches", "kiro.core.sidebyside")
+                or m.startswith("kiro.store.events.")]
+    assert unneeded == []
+
+
 def test_a_first_detach_in_a_git_work_tree_keeps_kiro_out_of_git_without_the_event_models_or_the_box(
         ws: Workspace) -> None:
     """Issue #41: the first start in a workspace keeps kiro's folders out of git (kiro.git.ignore, the command's
