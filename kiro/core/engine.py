@@ -1051,12 +1051,13 @@ class Loop:
             checkpoint_note=checkpoint.note if checkpoint else None, agent=agent))
         s.total_successes += 1
         s.consecutive_failures = 0
-        rec = s.step_record(step.id)
-        rec.attempts = 0
-        rec.reopened = 0
-        rec.last_error = None
-        rec.next_retry_at = None
-        rec.last_verify_output = None
+        rec = s.steps.get(step.id)
+        if rec is not None:  # none made to be cleared: an absent record is a cleared one (LoopState.bound)
+            rec.attempts = 0
+            rec.reopened = 0
+            rec.last_error = None
+            rec.next_retry_at = None
+            rec.last_verify_output = None
         if s.current_step is not None:
             s.current_step.status = "completed"
 
