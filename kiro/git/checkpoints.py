@@ -788,12 +788,11 @@ class LoopGit:
         return res
 
     def _heal(self, main: Git, head: str, tree: str, res: Result,
-              event: type[ev.MergeResumed | ev.RollbackResumed] | None = None) -> None:
+              event: type[ev.MergeResumed | ev.RollbackResumed] = ev.MergeResumed) -> None:
         """A kill while git moved the main tree to the merge can leave files already as the merge
         has them while the index and HEAD are not: put exactly those back (their content is the
         merge's, so nothing is lost) so that the fast-forward can run again. A person's own change
-        differs from the merge's content and is left alone (the merge then refuses, naming it). `event`:
-        what the healing is told as, `MergeResumed` unless given."""
+        differs from the merge's content and is left alone (the merge then refuses, naming it)."""
         paths = [p for p in main.run("diff", "--name-only", "-z", "--no-renames", head, tree,
                                      check=False).stdout.split("\0") if p]
         if not paths:
@@ -829,7 +828,7 @@ class LoopGit:
                     (main.cwd / path).unlink()
                 healed.append(path)
         if healed:
-            res.events.append((event or ev.MergeResumed)(branch=self.info.branch, files=healed))
+            res.events.append(event(branch=self.info.branch, files=healed))
 
     @staticmethod
     def _torn(main: Git, path: str, merged: str | None) -> bool:
