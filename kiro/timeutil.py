@@ -2,15 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime, timedelta
-
-# `iso()` of now, as `now().isoformat(timespec="milliseconds")` gives it, made from the clock's nanoseconds: the
-# text up to the second made once a second, the milliseconds and offset from a table (isoformat was ~12 K
-# instructions a call, and a step stamps several times: issue #41). `_second` is replaced whole, never changed
-# in place, so a thread reads a second and its text together.
-_MILLIS = tuple(f".{n:03d}+00:00" for n in range(1000))
-_second: tuple[int, str] = (-1, "")
+from datetime import UTC, datetime
 
 
 def now() -> datetime:
@@ -18,25 +10,7 @@ def now() -> datetime:
 
 
 def iso(dt: datetime | None = None) -> str:
-    if dt is None:
-        sec, ns = divmod(time.time_ns(), 1_000_000_000)  # datetime.now rounds down to the microsecond, as this does
-        return _seconds_text(sec) + _MILLIS[ns // 1_000_000]
-    if dt.tzinfo is UTC:  # kiro's own times (`now()`): the same table
-        return _seconds_text((dt - _EPOCH) // _SECOND) + _MILLIS[dt.microsecond // 1000]
-    return dt.isoformat(timespec="milliseconds")
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_SECOND = timedelta(seconds=1)
-
-
-def _seconds_text(sec: int) -> str:
-    """`YYYY-MM-DDTHH:MM:SS` of the UTC second `sec` since the epoch, made once a second."""
-    global _second
-    kept = _second
-    if kept[0] != sec:
-        kept = _second = (sec, (_EPOCH + timedelta(seconds=sec)).isoformat()[:19])
-    return kept[1]
+    return (dt or now()).isoformat(timespec="milliseconds")
 
 
 def parse(text: str) -> datetime:

@@ -10,12 +10,10 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections import ChainMap
-from collections.abc import Mapping, MutableMapping
 from functools import lru_cache
 from pathlib import Path
 from string import Template
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from kiro.fs.statcache import StatCache
 from kiro.status import percent
@@ -62,47 +60,9 @@ def _read_text(path: str, errors: str = "strict") -> str | None:
     return _files.read(path, st, read)
 
 
-class _Split(Template):
-    """A `Template` split once at its placeholders: `safe_substitute` joins the pieces, where Template's runs its
-    pattern over the text and calls back for each placeholder (~90 K instructions for step.md, built at every
-    step: issue #41). The same text: a name given is `str()` of its value, one not given stays as written,
-    `$$` is `$`, and a `$` that starts no placeholder stays."""
-
-    def __init__(self, template: str) -> None:
-        super().__init__(template)
-        pieces: list[str | tuple[str, str]] = []  # text as it is, or (a placeholder's name, how it is written)
-        at = 0
-        for found in self.pattern.finditer(template):
-            pieces.append(template[at:found.start()])
-            name = found.group("named") or found.group("braced")
-            if name is not None:
-                pieces.append((name, found.group()))
-            elif found.group("escaped") is not None:
-                pieces.append(self.delimiter)
-            else:
-                pieces.append(found.group())
-            at = found.end()
-        pieces.append(template[at:])
-        self._pieces = [piece for piece in pieces if piece != ""]
-
-    def safe_substitute(self, mapping: Mapping[str, object] | None = None, /, **kws: object) -> str:
-        values: Mapping[str, object] = kws if mapping is None else \
-            ChainMap(kws, cast("MutableMapping[str, object]", mapping)) if kws else mapping  # as Template's
-        out: list[str] = []
-        for piece in self._pieces:
-            if isinstance(piece, str):
-                out.append(piece)
-            else:
-                try:
-                    out.append(str(values[piece[0]]))
-                except KeyError:
-                    out.append(piece[1])
-        return "".join(out)
-
-
 @lru_cache(maxsize=64)
 def _template(text: str) -> Template:
-    return _Split(text)
+    return Template(text)
 
 
 def template(name: str, workspace: Workspace | None = None) -> Template:
