@@ -218,3 +218,61 @@ def test_a_file_where_approved_belongs_does_not_stop_a_proposal(tmp_path: Path) 
     (root / "Approved").write_text("my notes\n")
     path = approval.propose(Folders(root), "t1", "Specs/t/tasks.md", ["1.1 Add an index"], "1", "slow lookups")
     assert path.is_file() and (root / "Approved").read_text() == "my notes\n" and (root / "Rejected").is_dir()
+
+
+def test_a_steps_marker_is_put_aside_between_steps_and_taken_back_not_made_anew(tmp_path: Path) -> None:
+    """`.state/running/<task>` says a step runs and since when (SPEC §15's hold at a start): between two steps it
+    is put aside where no starter looks and the next step takes the same file back (no file made and removed at
+    every step: issue #41), written anew (its time, boxed or not)."""
+    from kiro.store import approval
+    from kiro.store.workspace import Workspace as Folders
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    ws = Folders(root)
+    marker = ws.state_dir / "running" / "t1"
+    assert approval.steps_running_since(ws) is None
+    approval.step_began(ws, "t1", boxed=False)
+    first = os.stat(marker)
+    assert approval.steps_running_since(ws) == ("t1", first.st_mtime_ns)
+    assert approval.steps_running_since(ws, unboxed_only=True) == ("t1", first.st_mtime_ns)
+    approval.step_ended(ws, "t1")
+    assert not marker.exists() and approval.steps_running_since(ws) is None
+    os.utime(ws.state_dir / "running" / ".t1", ns=(1, 1))  # put aside a long time ago
+    approval.step_began(ws, "t1", boxed=True)
+    again = os.stat(marker)
+    assert again.st_ino == first.st_ino, "the next step made its marker anew"
+    assert marker.read_text() == "boxed\n" and again.st_mtime_ns > 1
+    assert approval.steps_running_since(ws) == ("t1", again.st_mtime_ns)
+    assert approval.steps_running_since(ws, unboxed_only=True) is None
+    approval.step_ended(ws, "t1")
+    approval.step_began(ws, "t1", boxed=False)
+    assert marker.read_text() == "unboxed\n"
+
+
+def test_a_marker_left_by_a_kill_keeps_its_time_and_what_is_put_aside_is_never_written_through(
+        tmp_path: Path) -> None:
+    from kiro.store import approval
+    from kiro.store.workspace import Workspace as Folders
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    ws = Folders(root)
+    folder = ws.state_dir / "running"
+    folder.mkdir(parents=True)
+    (folder / "t1").write_text("unboxed\n")
+    os.utime(folder / "t1", ns=(5, 5))
+    approval.step_began(ws, "t1", boxed=True)
+    assert approval.steps_running_since(ws) == ("t1", 5)
+    approval.step_ended(ws, "t1")
+    victim = tmp_path / "victim"
+    victim.write_text("a person's file\n")
+    os.utime(victim, ns=(7, 7))
+    for _ in range(2):  # a link put aside, by another process, then in place of this one's marker
+        (folder / ".t2").symlink_to(victim)
+        approval.step_began(ws, "t2", boxed=True)
+        began = approval.steps_running_since(ws)
+        assert began is not None and began[0] == "t2" and began[1] > 7
+        approval.step_ended(ws, "t2")
+        (folder / ".t2").unlink()
+    assert victim.read_text() == "a person's file\n" and os.stat(victim).st_mtime_ns == 7
