@@ -871,8 +871,8 @@ class LiveJournal:
                         os.ftruncate(self.fd, 0)  # every record is in the snapshot (a later one would be lost)
                         self.journal_bytes = 0
                         self.ends.clear()
-                    journal.note_own_write(self.path, self.fd)
-                ownwrites.note_own_write(self.path)
+                    st = journal.note_own_write(self.path, self.fd)
+                ownwrites.note_own_write(self.path, st)  # the same write, the same stat (as `_append`)
                 if seq >= self.journal_last_seq:
                     self.appended_iteration = summary.get("iteration") or 0
                 self.snapshot_seq = max(self.snapshot_seq, seq)
