@@ -107,7 +107,9 @@ def serve(port_queue: multiprocessing.Queue, count: Any, connections: Any = None
 
 class SyscallCount:
     """Counts os.rename/os.replace/os.fsync/os.fdatasync calls made by this process (every thread),
-    and the syncfs calls of a batch start (kiro.fs.atomic.Staged, through the C library)."""
+    and the syncfs calls of a batch start (kiro.fs.atomic.Staged, through the C library). Not the renames
+    of a step's marker in `.state/running/` (two a step since session 35, in place of a file made and
+    unlinked): they replace no file and write nothing."""
 
     NAMES = ("rename", "replace", "fsync", "fdatasync")
 
@@ -128,7 +130,14 @@ class SyscallCount:
             with self._lock:
                 self.counts[name] += 1
             return fn(*args, **kwargs)
-        return counted
+
+        def rename(src: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.MARKERS in os.fspath(src):  # the step's marker, put aside and taken back: no write
+                return fn(src, *args, **kwargs)
+            return counted(src, *args, **kwargs)
+        return rename if name == "rename" else counted
+
+    MARKERS = f"{os.sep}.state{os.sep}running{os.sep}"  # kiro.store.approval.RUNNING
 
     def snapshot(self) -> Counter[str]:
         with self._lock:
