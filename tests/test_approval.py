@@ -276,3 +276,9 @@ def test_a_marker_left_by_a_kill_keeps_its_time_and_what_is_put_aside_is_never_w
         approval.step_ended(ws, "t2")
         (folder / ".t2").unlink()
     assert victim.read_text() == "a person's file\n" and os.stat(victim).st_mtime_ns == 7
+    approval.step_began(ws, "t3", boxed=True)
+    approval.step_ended(ws, "t3")
+    (folder / ".t3").unlink()  # then another process ran the loop with the other box setting
+    (folder / ".t3").write_text("unboxed\n")
+    approval.step_began(ws, "t3", boxed=True)
+    assert (folder / "t3").read_text() == "boxed\n"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,7 +244,7 @@ def held_by(ws: Workspace, path: Path) -> Path | None:
 
 
 RUNNING = "running"  # .state/running/<task_id>: a step of that loop runs (its mtime: since when)
-_said: dict[str, bool] = {}  # a marker's path -> boxed: what this process wrote in it (the file keeps it aside)
+_LINES = {True: b"boxed\n", False: b"unboxed\n"}  # a marker's line (told apart by their lengths alone)
 
 
 def step_began(ws: Workspace, task_id: str, *, boxed: bool) -> None:
@@ -259,10 +260,14 @@ def step_began(ws: Workspace, task_id: str, *, boxed: bool) -> None:
         except FileNotFoundError:  # none put aside (the first step, or a kill's marker left where it was)
             pass
         else:
-            if _said.get(marker) is boxed:
+            try:
+                st: os.stat_result | None = os.stat(marker, follow_symlinks=False)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == len(_LINES[boxed]):
                 os.utime(marker, follow_symlinks=False)  # its time: when this step began
                 return
-            with contextlib.suppress(OSError):  # written by another process, or saying otherwise: made anew
+            with contextlib.suppress(OSError):  # saying otherwise (the other box setting), or not kiro's: anew
                 os.unlink(marker)
         try:
             _make_marker(marker, boxed)
@@ -274,14 +279,12 @@ def step_began(ws: Workspace, task_id: str, *, boxed: bool) -> None:
 def _make_marker(marker: str, boxed: bool) -> None:
     """The marker, made only when there is none (O_EXCL: an older one keeps its time), with two system calls
     and no file object (one per step: issue #41)."""
-    _said.pop(marker, None)
     try:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     except FileExistsError:
         return
     try:
-        os.write(fd, b"boxed\n" if boxed else b"unboxed\n")
-        _said[marker] = boxed
+        os.write(fd, _LINES[boxed])
     finally:
         os.close(fd)
 
