@@ -108,8 +108,8 @@ def serve(port_queue: multiprocessing.Queue, count: Any, connections: Any = None
 class SyscallCount:
     """Counts os.rename/os.replace/os.fsync/os.fdatasync calls made by this process (every thread),
     and the syncfs calls of a batch start (kiro.fs.atomic.Staged, through the C library). Not the renames
-    of a step's marker in `.state/running/` (two a step since session 35, in place of a file made and
-    unlinked): they replace no file and write nothing."""
+    of a step's marker between `.state/running/` and `.state/running-aside/` (two a step since session 35,
+    in place of a file made and unlinked): they replace no file and write nothing."""
 
     NAMES = ("rename", "replace", "fsync", "fdatasync")
 
@@ -137,7 +137,7 @@ class SyscallCount:
             return counted(src, *args, **kwargs)
         return rename if name == "rename" else counted
 
-    MARKERS = f"{os.sep}.state{os.sep}running{os.sep}"  # kiro.store.approval.RUNNING
+    MARKERS = f"{os.sep}.state{os.sep}running"  # kiro.store.approval.RUNNING and ASIDE
 
     def snapshot(self) -> Counter[str]:
         with self._lock:

@@ -238,7 +238,8 @@ def test_a_steps_marker_is_put_aside_between_steps_and_taken_back_not_made_anew(
     assert approval.steps_running_since(ws, unboxed_only=True) == ("t1", first.st_mtime_ns)
     approval.step_ended(ws, "t1")
     assert not marker.exists() and approval.steps_running_since(ws) is None
-    os.utime(ws.state_dir / "running" / ".t1", ns=(1, 1))  # put aside a long time ago
+    assert os.listdir(marker.parent) == [], "between steps .state/running/ holds nothing (every kiro reads it all)"
+    os.utime(ws.state_dir / "running-aside" / "t1", ns=(1, 1))  # put aside a long time ago
     approval.step_began(ws, "t1", boxed=True)
     again = os.stat(marker)
     assert again.st_ino == first.st_ino, "the next step made its marker anew"
@@ -260,6 +261,8 @@ def test_a_marker_left_by_a_kill_keeps_its_time_and_what_is_put_aside_is_never_w
     ws = Folders(root)
     folder = ws.state_dir / "running"
     folder.mkdir(parents=True)
+    aside = ws.state_dir / "running-aside"
+    aside.mkdir()
     (folder / "t1").write_text("unboxed\n")
     os.utime(folder / "t1", ns=(5, 5))
     approval.step_began(ws, "t1", boxed=True)
@@ -269,16 +272,16 @@ def test_a_marker_left_by_a_kill_keeps_its_time_and_what_is_put_aside_is_never_w
     victim.write_text("a person's file\n")
     os.utime(victim, ns=(7, 7))
     for _ in range(2):  # a link put aside, by another process, then in place of this one's marker
-        (folder / ".t2").symlink_to(victim)
+        (aside / "t2").symlink_to(victim)
         approval.step_began(ws, "t2", boxed=True)
         began = approval.steps_running_since(ws)
         assert began is not None and began[0] == "t2" and began[1] > 7
         approval.step_ended(ws, "t2")
-        (folder / ".t2").unlink()
+        (aside / "t2").unlink()
     assert victim.read_text() == "a person's file\n" and os.stat(victim).st_mtime_ns == 7
     approval.step_began(ws, "t3", boxed=True)
     approval.step_ended(ws, "t3")
-    (folder / ".t3").unlink()  # then another process ran the loop with the other box setting
-    (folder / ".t3").write_text("unboxed\n")
+    (aside / "t3").unlink()  # then another process ran the loop with the other box setting
+    (aside / "t3").write_text("unboxed\n")
     approval.step_began(ws, "t3", boxed=True)
     assert (folder / "t3").read_text() == "boxed\n"

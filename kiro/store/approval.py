@@ -244,6 +244,7 @@ def held_by(ws: Workspace, path: Path) -> Path | None:
 
 
 RUNNING = "running"  # .state/running/<task_id>: a step of that loop runs (its mtime: since when)
+ASIDE = "running-aside"  # .state/running-aside/<task_id>: its marker between two steps (`step_ended`)
 _LINES = {True: b"boxed\n", False: b"unboxed\n"}  # a marker's line (told apart by their lengths alone)
 
 
@@ -256,7 +257,7 @@ def step_began(ws: Workspace, task_id: str, *, boxed: bool) -> None:
     marker = folder + task_id
     with contextlib.suppress(OSError):
         try:
-            os.rename(folder + "." + task_id, marker)
+            os.rename(f"{ws.state_dir}{os.sep}{ASIDE}{os.sep}{task_id}", marker)
         except FileNotFoundError:  # none put aside (the first step, or a kill's marker left where it was)
             pass
         else:
@@ -290,11 +291,18 @@ def _make_marker(marker: str, boxed: bool) -> None:
 
 
 def step_ended(ws: Workspace, task_id: str) -> None:
-    """The step of loop `task_id` has ended: its marker is put aside as `.state/running/.<task_id>`, a name no
-    starter reads (`steps_running_since`; no task id starts with a dot), for the next step to take back."""
-    folder = f"{ws.state_dir}{os.sep}{RUNNING}{os.sep}"
+    """The step of loop `task_id` has ended: its marker is put aside in `.state/running-aside/`, which no starter
+    reads (`steps_running_since` reads `.state/running/` only, as every kiro before did), for the next step to
+    take back."""
+    marker = f"{ws.state_dir}{os.sep}{RUNNING}{os.sep}{task_id}"
+    aside = f"{ws.state_dir}{os.sep}{ASIDE}"
     with contextlib.suppress(OSError):
-        os.rename(folder + task_id, folder + "." + task_id)
+        try:
+            os.rename(marker, f"{aside}{os.sep}{task_id}")
+        except FileNotFoundError:  # the folder, made once (or the marker gone: nothing to put aside)
+            if not os.path.isdir(aside):
+                os.makedirs(aside, exist_ok=True)
+                os.rename(marker, f"{aside}{os.sep}{task_id}")
 
 
 def steps_running_since(ws: Workspace, *, unboxed_only: bool = False) -> tuple[str, int] | None:
@@ -303,8 +311,6 @@ def steps_running_since(ws: Workspace, *, unboxed_only: bool = False) -> tuple[s
     found: list[tuple[int, str]] = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(ws.state_dir / RUNNING):
-            if entry.name.startswith("."):  # a marker put aside between two steps (`step_ended`)
-                continue
             with contextlib.suppress(OSError):
                 began = entry.stat(follow_symlinks=False).st_mtime_ns
                 if not unboxed_only or not Path(entry.path).read_text().startswith("boxed"):
