@@ -238,6 +238,42 @@ def test_a_shared_look_after_unboxed_steps_holds_the_frontmatter_one_of_them_cha
     assert len(held) == 1, held
 
 
+def test_loops_that_took_the_same_looks_compare_each_task_file_once(ws: Workspace,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loops whose steps began and ended in the same turns (one look before, one after, shared) compare the
+    workspace's task files with the look before once between them, not once each (issue #41: a thousand loops
+    compared a thousand files each, every step); each still holds what changed, and its own file is its own."""
+    import asyncio
+
+    owns = [ws.task(OTHER.replace("other", f"own{i}"), f"Specs/own{i}/tasks.md") for i in range(3)]
+    third = ws.task(OTHER, "Specs/third/tasks.md")
+    kws = KiroWorkspace(ws.root)
+    compared: list[str] = []
+    unchanged = control.TaskFiles._unchanged
+
+    def counted(self: control.TaskFiles, real: str, st: os.stat_result, now: bytes | None) -> bool:
+        compared.append(real)
+        return unchanged(self, real, st, now)
+
+    monkeypatch.setattr(control.TaskFiles, "_unchanged", counted)
+
+    async def steps() -> list[list[str]]:
+        before = await control.shared_look(kws, boxed=False)
+        files = [control.TaskFiles.take(kws, own, boxed=False, look=before) for own in owns]
+        third.write_text(SAME_SIZE)  # one loop's step
+        after = await control.shared_look(kws, boxed=False)
+        return [f.check(boxed=False, task_id=f"own{i}", step_id="1", look=after) for i, f in enumerate(files)]
+
+    said = asyncio.run(steps())
+    print(said)
+    assert any("Specs/third/tasks.md was changed (its frontmatter)" in line for line in said[0]), said
+    assert said[1:] == [[], []]  # held once, by the first loop that found it
+    changed = os.path.realpath(third)  # compared once, then read again by each loop (a look shared is older)
+    assert sorted(compared) == sorted([*map(os.path.realpath, owns), changed, changed, changed, changed]), compared
+    held = sorted(p.name for p in (ws.root / "Pending_Approval").glob("task_file_*.md"))
+    assert len(held) == 1, held
+
+
 OPENS = """
 import os, sys
 task = os.path.realpath(sys.argv[1])

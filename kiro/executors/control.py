@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -464,6 +465,7 @@ def _frontmatter_bytes(path: str) -> bytes | None:
 
 
 FileSeen = tuple[Path, str, "os.stat_result | None", "bytes | None"]  # path found, real path, stat, frontmatter
+_serials = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -476,6 +478,7 @@ class Look:
 
     files: tuple[FileSeen, ...]
     moved_in: dict[tuple[int, int], bytes | None] | None
+    serial: int = field(default_factory=lambda: next(_serials), init=False, compare=False)  # names it (`TaskFiles`)
 
     @classmethod
     def now(cls, ws: Workspace, *, boxed: bool) -> Look:
@@ -515,6 +518,18 @@ class Look:
         for seen in self.files:
             by_path.setdefault(os.fspath(seen[0]), seen)
         return by_path
+
+    @cached_property
+    def frontmatters(self) -> dict[str, bytes | None]:
+        """Each file's frontmatter by its real path, made once a look: every loop that took this look before its
+        step compares with it (`TaskFiles.take`), read-only."""
+        return {real: seen for _path, real, _st, seen in self.files}
+
+    @cached_property
+    def changed(self) -> dict[int, tuple[FileSeen, ...]]:
+        """By the `serial` of a look before: the files of this look that differ from it (`TaskFiles.check`),
+        found once for every loop that took the same look before its step and this one after."""
+        return {}
 
 
 # The looks asked for and not taken yet, by (workspace, boxed): every loop of this process whose step ended (or
@@ -567,6 +582,7 @@ class TaskFiles:
     by_path: dict[str, bytes | None] = field(default_factory=dict)
     moved_in: dict[tuple[int, int], bytes | None] = field(default_factory=dict)
     boxed: bool = False
+    since: int | None = None  # the `serial` of the look `by_path` and `moved_in` come from (`take`): read-only
 
     @classmethod
     def take(cls, ws: Workspace, own: Path, *, boxed: bool = False, look: Look | None = None) -> TaskFiles:
@@ -576,8 +592,7 @@ class TaskFiles:
         there is one (a file a person moves from there during the step into a `.kiro/specs/` that had no task
         file is held, as a new one)."""
         look = look if look is not None else Look.now(ws, boxed=boxed)
-        return cls(ws, own, {real: seen for _path, real, _st, seen in look.files}, dict(look.moved_in or {}),
-                   boxed=boxed)
+        return cls(ws, own, look.frontmatters, look.moved_in or {}, boxed=boxed, since=look.serial)
 
     def check(self, *, boxed: bool, task_id: str, step_id: str, look: Look | None = None) -> list[str]:
         """After a step process ran: hold what it planted or changed, put back the loop's own frontmatter
@@ -599,8 +614,8 @@ class TaskFiles:
                     _write_back(Path(own), bom + before + raw[len(bom) + len(now):], None)
                     said.append(f"{self.ws.relative(self.own)}: its frontmatter changed while step {step_id} ran "
                                 f"unboxed; kiro put it back (a step never sets a task's settings)")
-        for path, real, st, now in look.files:  # boxed: none in Specs/, read-only to the step (a change is a person's)
-            if real == own or st is None or self._unchanged(real, st, now):
+        for path, real, _st, _now in self._changed(look):  # boxed: none in Specs/ (read-only: a change is a person's)
+            if real == own:
                 continue
             try:  # read again: a look shared with other loops was taken before their checks (their own files put back)
                 st = os.stat(real)
@@ -615,6 +630,18 @@ class TaskFiles:
             said.append(f"{self.ws.relative(path)} was {why} while step {step_id} ran: no loop runs it until a "
                         f"person approves it ({self.ws.relative(note)})")
         return said
+
+    def _changed(self, look: Look) -> tuple[FileSeen, ...]:
+        """The files of `look` (taken after the step) that the look before it did not find as they are, each
+        compared once for all the loops that took the same two looks (issue #41: with a thousand loops, every
+        loop compared every task file of the workspace, a thousand times a turn)."""
+        found = look.changed.get(self.since) if self.since is not None else None
+        if found is None:
+            found = tuple(seen for seen in look.files
+                          if seen[2] is not None and not self._unchanged(seen[1], seen[2], seen[3]))
+            if self.since is not None:
+                look.changed[self.since] = found
+        return found
 
     def _unchanged(self, real: str, st: os.stat_result, now: bytes | None) -> bool:
         """The file at `real` (stat'ed as `st`, its frontmatter `now`) is as the look before the step found it, or
