@@ -51,6 +51,30 @@ def tool_messages(body: Any) -> list[dict[str, Any]]:
 # -- doing a step -------------------------------------------------------------------------------
 
 
+def test_a_tool_call_without_an_id_is_named_the_same_in_the_transcript_and_the_next_request(
+        tmp_path: Path, fake: FakeOpenAI) -> None:
+    """A reply whose tool call has no id (some OpenAI-compatible servers): kiro names it after the turn
+    (`call_<turn>_<index>`), read once per response, so the transcript's response record, its tool record
+    and the next request's assistant and tool messages all carry the same id."""
+    h = harness(tmp_path, fake)
+    message = {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "write_file",
+                                          "arguments": json.dumps({"path": "a.txt", "content": "a\n"})}}]}
+    fake.raw(200, json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+        {"index": 0, "message": message, "finish_reason": "tool_calls"}]}).encode(),
+             headers={"Content-Type": "application/json"})
+    fake.reply(call("complete_step", {"summary": "wrote a.txt"}))
+
+    assert run(h).outcome == "completed"
+    second = fake.chat_requests[1].body
+    assert second["messages"][2]["tool_calls"][0]["id"] == "call_1_0"
+    assert tool_messages(second)[0]["tool_call_id"] == "call_1_0"
+    records = transcript.read(h.ws.transcript_file("t1"))
+    response = next(r for r in records if r["kind"] == "response")
+    assert [c["id"] for c in response["tool_calls"]] == ["call_1_0"]
+    assert next(r for r in records if r["kind"] == "tool")["call_id"] == "call_1_0"
+
+
 def test_step_done_by_tool_calls(tmp_path: Path, fake: FakeOpenAI) -> None:
     h = harness(tmp_path, fake)
     fake.reply(call("write_file", {"path": "hello.txt", "content": "hello\n"}))

@@ -418,6 +418,16 @@ class _Call:
     kind: str = "function"
 
 
+@dataclass
+class _Reply:
+    """A response as kiro read it once (`_Attempt.call_model`): its text and tool calls, redacted, and its first
+    choice; the transcript's record, the event and the turn (`_Attempt.handle`) use the same."""
+
+    text: str
+    calls: list[_Call]
+    choice: dict[str, Any] | None
+
+
 def _retries(exc: openai.OpenAIError) -> str:
     """How many times the client retried before it gave up, as the last request says (the openai
     client numbers its tries in `x-stainless-retry-count`): "0 retries", "1 retry", "2 retries"."""
@@ -595,7 +605,7 @@ class _Attempt:
 
     # -- one model call --------------------------------------------------------------------
 
-    async def call_model(self) -> Completion | StepResult:
+    async def call_model(self) -> _Reply | StepResult:
         ctx = self.ctx
         new = self.messages[self.logged:]
         self.record("request", turn=self.turns + 1, model=self.llm.model,
@@ -633,17 +643,15 @@ class _Attempt:
             break
         seconds = time.monotonic() - started
         usage = self.count(response)
-        calls = self.tool_calls(response)
-        text = self.text_of(response)
-        choice = _first_choice(response)
-        finish = choice.get("finish_reason") if choice is not None else None
-        self.record("response", turn=self.turns + 1, content=text,
-                    tool_calls=[vars(c) for c in calls], finish_reason=finish,
+        reply = _Reply(self.text_of(response), self.tool_calls(response), _first_choice(response))
+        finish = reply.choice.get("finish_reason") if reply.choice is not None else None
+        self.record("response", turn=self.turns + 1, content=reply.text,
+                    tool_calls=[vars(c) for c in reply.calls], finish_reason=finish,
                     usage=vars(usage), seconds=round(seconds, 3))
         self.emit(ModelCalled(turn=self.turns + 1, model=self.llm.model, seconds=round(seconds, 3),
                               prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                              tool_calls=[c.name for c in calls]))
-        return response
+                              tool_calls=[c.name for c in reply.calls]))
+        return reply
 
     def count(self, response: Completion) -> Usage:
         """Add this response's usage to the attempt's, price it, tell the guard."""
@@ -672,7 +680,7 @@ class _Attempt:
         for i, tc in enumerate(listed if isinstance(listed, list) else []):
             if not isinstance(tc, dict):
                 continue
-            call_id = _str(tc.get("id")) or f"call_{self.turns}_{i}"
+            call_id = _str(tc.get("id")) or f"call_{self.turns + 1}_{i}"  # the turn this response answers
             kind = _str(tc.get("type")) or "function"
             if kind == "function":
                 fn = tc.get("function")
@@ -766,11 +774,9 @@ class _Attempt:
 
     # -- one response ----------------------------------------------------------------------
 
-    async def handle(self, response: Completion) -> StepResult | None:
+    async def handle(self, reply: _Reply) -> StepResult | None:
         """Append the assistant message, run its tool calls in order, and decide what comes next."""
-        choice = _first_choice(response)
-        text = self.text_of(response)
-        calls = self.tool_calls(response)
+        choice, text, calls = reply.choice, reply.text, reply.calls
         if text.strip():
             self.last_text = text
         assistant: dict[str, Any] = {"role": "assistant", "content": text or ("" if not calls else None)}
