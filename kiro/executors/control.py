@@ -464,7 +464,7 @@ def _frontmatter_bytes(path: str) -> bytes | None:
     return _KIRO_KEY.sub(b"", block)  # kiro's own key (kiro.core.runner keeps a person's `kiro_task_id` current)
 
 
-FileSeen = tuple[Path, str, "os.stat_result | None", "bytes | None"]  # path found, real path, stat, frontmatter
+FileSeen = tuple[str, str, "os.stat_result | None", "bytes | None"]  # path found, real path, stat, frontmatter
 _serials = itertools.count()
 
 
@@ -482,11 +482,11 @@ class Look:
 
     @classmethod
     def now(cls, ws: Workspace, *, boxed: bool) -> Look:
-        from kiro.store.workspace import markdown_names, real_folder, task_files
+        from kiro.store.workspace import markdown_names, real_folder, task_names
 
         specs = real_folder(os.fspath(ws.specs)) + os.sep if boxed else ""  # unboxed, every file is looked at
         files: list[FileSeen] = []
-        for path, real in task_files(ws, in_specs=not boxed):
+        for path, real in task_names(ws, in_specs=not boxed):
             if boxed and real.startswith(specs):
                 continue
             try:
@@ -516,7 +516,7 @@ class Look:
         each asks it for its own file."""
         by_path: dict[str, FileSeen] = {}
         for seen in self.files:
-            by_path.setdefault(os.fspath(seen[0]), seen)
+            by_path.setdefault(seen[0], seen)
         return by_path
 
     @cached_property
@@ -614,9 +614,10 @@ class TaskFiles:
                     _write_back(Path(own), bom + before + raw[len(bom) + len(now):], None)
                     said.append(f"{self.ws.relative(self.own)}: its frontmatter changed while step {step_id} ran "
                                 f"unboxed; kiro put it back (a step never sets a task's settings)")
-        for path, real, _st, _now in self._changed(look):  # boxed: none in Specs/ (read-only: a change is a person's)
+        for found, real, _st, _now in self._changed(look):  # boxed: none in Specs/ (read-only: a change is a person's)
             if real == own:
                 continue
+            path = Path(found)
             try:  # read again: a look shared with other loops was taken before their checks (their own files put back)
                 st = os.stat(real)
             except OSError:

@@ -145,6 +145,13 @@ def task_files(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[Path, 
     once: a symlinked folder (`ln -s .kiro/specs Specs`, a spec folder linked to another) is one file once.
     `in_specs` False: not the files that are Specs/'s own (the look around a boxed step, where Specs/ is
     read-only: kiro.executors.control.TaskFiles), only those elsewhere (a link's target, a Kiro spec)."""
+    for name, real in task_names(ws, in_specs=in_specs):
+        yield Path(name), real
+
+
+def task_names(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[str, str]]:
+    """`task_files(ws)` with the path found as a string: no Path built per file (the look around every step of
+    every loop, kiro.executors.control.Look, makes one only for a file it holds: issue #41)."""
     seen: set[str] = set()
     # the walk never goes through a symlinked folder: below Specs/ (itself maybe a link) only a file that is a
     # link needs its real path asked for, component by component (a look at every step of every loop: issue #41)
@@ -167,7 +174,7 @@ def task_files(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[Path, 
             continue
         if real not in seen:
             seen.add(real)
-            yield Path(name), real
+            yield name, real
 
 
 def is_task_id(value: object) -> bool:
