@@ -382,12 +382,18 @@ class StateStore:
         except (ValueError, OSError, safeio.UnreadableFile):
             return None
 
-    def all_states(self, *, include_archive: bool = True,
-                   skip: set[str] | frozenset[str] = frozenset()) -> list[tuple[Path, LoopState | None]]:
+    def all_states(self, *, include_archive: bool = True, skip: set[str] | frozenset[str] = frozenset(),
+                   each: Callable[[LoopState], object] | None = None) -> list[tuple[Path, LoopState | None]]:
         """Every state file in the workspace (unreadable ones as None), newest first; task ids in
-        `skip` are not read at all."""
-        found = [(p, self.try_read(p)) for tid, p in self.state_files(include_archive=include_archive)
-                 if tid not in skip]
+        `skip` are not read at all. `each` is handed each state as it is read, before the next one is
+        read (a caller that keeps less than the whole state of every loop takes what it needs there)."""
+        found: list[tuple[Path, LoopState | None]] = []
+        for tid, p in self.state_files(include_archive=include_archive):
+            if tid not in skip:
+                st = self.try_read(p)
+                if st is not None and each is not None:
+                    each(st)
+                found.append((p, st))
         return sorted(found, key=lambda item: item[1].updated_at if item[1] else "", reverse=True)
 
     def state_files(self, *, include_archive: bool = True) -> list[tuple[str, Path]]:

@@ -26,6 +26,7 @@ from typing import Any
 from kiro import timeutil
 from kiro.errors import UserError
 from kiro.store.approval import PENDING
+from kiro.store.state import Context, LoopState
 from kiro.store.statestore import StateStore
 from kiro.store.workspace import Workspace, markdown_files
 from kiro.views import stats
@@ -118,15 +119,9 @@ def compute(store: StateStore, day: date, digest_at: str | None, *, now: datetim
                 failures.append({**base, "what": f"loop {e.get('status')} ({e.get('reason')})",
                                  "cause": str(e.get("message") or ""), "log": e.get("report")})
 
-    states = store.all_states()
-    figures = stats.compute(store, since=start, until=end, states=states, each_event=note)
-    for items in (failures, limits, ended):
-        items.sort(key=lambda x: str(x["ts"]))
-
     done: list[dict[str, Any]] = []
-    for _path, st in states:
-        if st is None:
-            continue
+
+    def take(st: LoopState) -> None:  # each state as it is read: its steps of the period, then only what stats reads
         for c in st.completed_steps:
             if not _in(c.completed_at, start, end):
                 continue
@@ -142,6 +137,13 @@ def compute(store: StateStore, day: date, digest_at: str | None, *, now: datetim
                 "checkpoint": (r.checkpoint if r else c.checkpoint),
                 "receipt": f"kiro loop receipt --task-id {st.task_id} --step {c.step_id}" if r else None,
             })
+        # a thousand loops ending together: their whole states at once were the run's peak (issue #41)
+        st.completed_steps, st.steps, st.context, st.parallel, st.failed_steps = [], {}, Context(), [], []
+
+    states = store.all_states(each=take)  # a tie in the sort below is within one state: the order is as before
+    figures = stats.compute(store, since=start, until=end, states=states, each_event=note)
+    for items in (failures, limits, ended):
+        items.sort(key=lambda x: str(x["ts"]))
     done.sort(key=lambda d: (d["completed_at"], d["task_id"]))
 
     waiting: list[dict[str, Any]] = []
