@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kiro.processes import sandbox
 from kiro.store import tasks
 from tests.agent_clis import Claude, parse_prompt, serving
 from tests.conftest import Workspace
@@ -107,7 +108,8 @@ def test_eight_marked_steps_run_four_at_a_time_each_in_its_worktree_and_merge_in
     assert done == ids
     assert _leftovers(ws) == []
     assert git(ws.root, "status", "--porcelain", "--", "parts", "README.md") == ""
-    assert list(ws.root.glob("escaped-*")) == []
+    if sandbox.unusable() is None:  # without bwrap kiro runs the steps unboxed (and says so)
+        assert list(ws.root.glob("escaped-*")) == []
     assert fsck_problems(ws.root) == []
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from kiro.executors import control
 from kiro.fs import statcache
+from kiro.processes import sandbox
 from kiro.store.workspace import Workspace as KiroWorkspace
 from kiro.store.workspace import task_files
 from tests.conftest import Workspace
@@ -181,6 +182,7 @@ def test_one_look_serves_every_loop_that_asks_in_the_same_turn_and_is_taken_afte
     assert len(held) == 1, held
 
 
+@pytest.mark.skipif(sandbox.unusable() is not None, reason=f"no usable bwrap: {sandbox.unusable()}")
 def test_loops_sharing_looks_in_one_process_hold_the_task_file_a_boxed_step_planted(ws: Workspace) -> None:
     """Three shell loops in one process, boxed (their looks shared): the Kiro spec one loop's step plants is held
     for a person's approval, once; every loop completes, and nothing else is held."""
