@@ -68,8 +68,10 @@ from kiro.store.workspace import Workspace
 KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
 # What kiro itself (this loop, other loops, `kiro serve`, `kiro loop watch`) may write in .state/ while an
 # agent runs: prompt files, process-group ledgers, message inboxes, the event index, the memory database
-# (live SQLite), the history index, step-proposal markers, the server token, the watcher's pid file. Not watched.
-STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox", "proposals", "steps", "running"})  # steps: StepCopy
+# (live SQLite), the history index, step-proposal markers (steps: StepCopy), the server token, the watcher's
+# pid file. Not watched.
+# running, running-aside: the steps' markers, and each put aside between two steps (kiro.store.approval)
+STATE_KIRO_DIRS = frozenset({"prompts", "processes", "inbox", "proposals", "steps", "running", "running-aside"})
 STATE_KIRO_FILES = ("events.idx", "memory.db", "kiro.db", "serve.token", "watch.pid")
 # kiro's other files in .state/ that no loop owns: the start counter, the start lock, the watcher's lock, the
 # workspace's id and worker lock (temporal backend), the map of task files (every start writes it); disk reserves
