@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,9 +51,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--previous-tree", type=Path)
     args = ap.parse_args()
+    sys.path.insert(0, str(HERE / "bench"))
+    from turns import in_turns
+
     trees = [HERE] + ([args.previous_tree.resolve()] if args.previous_tree else [])
-    got: dict[Path, list[float]] = {tree: [] for tree in trees}
-    loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="kiro-sharedlooks-", dir=os.environ.get("BENCH_TMP")) as tmp:
         root = Path(tmp).resolve()
         for name in ("Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
@@ -64,14 +64,7 @@ def main() -> None:
             (root / f"Specs/t{i}/tasks.md").write_text(f"---\ntitle: t{i}\nexecutor: openai\n---\n# Plan\n\n"
                                                        f"- [ ] 1. Step\n")
         time.sleep(2.5)  # the folders settle: a listing changed within 2 s is made again at every look
-        for _ in range(args.rounds):
-            for tree in trees:
-                env = dict(os.environ, PYTHONPATH=str(tree))
-                r = subprocess.run([sys.executable, "-c", INNER, str(root), str(args.steps)], env=env, cwd=root,
-                                   capture_output=True, text=True, timeout=3600)
-                assert r.returncode == 0, r.stderr[-2000:]
-                got[tree].append(float(r.stdout.split()[-1]))
-                loads.append(os.getloadavg()[0])
+        got, loads = in_turns(INNER, [str(root), str(args.steps)], trees, args.rounds, root)
     print(f"python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}, load average "
           f"{min(loads):.2f}-{max(loads):.2f}; {args.loops} loops sharing one look before and one after, "
           f"thread CPU per loop and step (take and check), {args.steps} steps a round, the trees taking turns")

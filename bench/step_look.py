@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,24 +55,16 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(HERE / "bench"))
     from step_cost import make_task
+    from turns import in_turns
 
     trees = [HERE] + ([args.previous_tree.resolve()] if args.previous_tree else [])
-    got: dict[Path, list[float]] = {tree: [] for tree in trees}
-    loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="kiro-steplook-", dir=os.environ.get("BENCH_TMP")) as tmp:
         root = Path(tmp).resolve()
         for name in ("Specs/bench", "Done", "Needs_Action", "Logs", ".state", ".hooks", "config"):
             (root / name).mkdir(parents=True, exist_ok=True)
         (root / "Specs/bench/tasks.md").write_text(make_task(args.steps))
         time.sleep(2.5)  # the folders settle: a listing changed within 2 s is made again at every look
-        for _ in range(args.rounds):
-            for tree in trees:
-                env = dict(os.environ, PYTHONPATH=str(tree))
-                r = subprocess.run([sys.executable, "-c", INNER, str(root), str(args.pairs)], env=env, cwd=root,
-                                   capture_output=True, text=True, timeout=3600)  # not here: `-c` puts the cwd first
-                assert r.returncode == 0, r.stderr[-2000:]
-                got[tree].append(float(r.stdout.split()[-1]))
-                loads.append(os.getloadavg()[0])
+        got, loads = in_turns(INNER, [str(root), str(args.pairs)], trees, args.rounds, root)
     print(f"python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}, load average "
           f"{min(loads):.2f}-{max(loads):.2f}; thread CPU per look pair (take, a byte written, check, a byte "
           f"written back), {args.pairs} pairs a round, the trees taking turns")
