@@ -5,6 +5,7 @@ kiro process; the ledger of live groups is appended to and read back, torn lines
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kiro.processes import groups
-from kiro.processes.spawn import ProcessResult, Watchdog, run_process
+from kiro.processes.spawn import ProcessResult, Watchdog, _start, run_process
 
 
 def alive(pid: int) -> bool:
@@ -295,3 +296,30 @@ def test_a_prompt_on_stdin_reaches_the_child_whole_or_as_far_as_it_reads(tmp_pat
     assert (read.returncode, read.output.strip(), read.stderr.strip()) == (0, str(len(prompt)), "said")
     unread = asyncio.run(run_process(["sh", "-c", "echo left; exit 3"], cwd=tmp_path, stdin_data=prompt))
     assert (unread.returncode, unread.output.strip()) == (3, "left")
+
+
+def test_a_step_reads_dev_null_opened_once_not_at_each_spawn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step given no input reads /dev/null (end of file at once), as with `subprocess.DEVNULL`; kiro keeps it open
+    for every spawn instead of `Popen` opening and closing it each time, and makes no buffered file object over
+    the pipes it reads by descriptor (issue #41: a system call or three less a step)."""
+
+    def opened(self: subprocess.Popen[bytes]) -> int:
+        raise AssertionError("/dev/null opened for a spawn")
+
+    monkeypatch.setattr(subprocess.Popen, "_get_devnull", opened)
+    for _ in range(2):
+        result = asyncio.run(run_process(["bash", "-c", "readlink /proc/self/fd/0; cat; echo read $?"], cwd=tmp_path))
+        assert (result.returncode, result.output.split()) == (0, ["/dev/null", "read", "0"])
+
+    async def unbuffered() -> object:
+        child = await _start(["true"], cwd=tmp_path, env=None, confine=False, box=None,
+                             stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            await child.proc.wait()
+            return type(child.proc.popen.stdout)
+        finally:
+            assert child.proc.popen.stdout is not None
+            child.proc.popen.stdout.close()
+            child.release()
+
+    assert asyncio.run(unbuffered()) is io.FileIO

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import IO, Any
 
@@ -224,9 +225,11 @@ async def _start(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | Non
     command = groups.wrap(list(argv), confine=confine) if box is None else \
         [*box.prefix(cwd, child_env, argv, link=link), *argv]
     try:
+        # unbuffered (bufsize=0): kiro reads and writes the pipes' descriptors (`run_process`) or hands them to
+        # asyncio (`open_streams`), so no buffered file object is made over them (its isatty and seek calls)
         popen = subprocess.Popen(command, executable=where if command[0] == argv[0] else None, cwd=str(cwd),
-                                 env=child_env, stdin=stdin, stdout=subprocess.PIPE,
-                                 stderr=stderr, start_new_session=True)
+                                 env=child_env, stdin=_devnull() if stdin == subprocess.DEVNULL else stdin,
+                                 stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, bufsize=0)
         try:
             proc = Process(popen)
         except BaseException:  # not watched (the event loop is closing): it goes at once
@@ -243,6 +246,13 @@ async def _start(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | Non
     if ledger is not None:
         ledger.add(popen.pid)
     return Child(proc, ledger, box, link)
+
+
+@cache
+def _devnull() -> int:
+    """/dev/null, opened once a process for the stdin of every child that reads none: `Popen` opens and closes it
+    at each spawn (`subprocess.DEVNULL`). Close-on-exec: a child has it as its stdin only."""
+    return os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
 
 
 class Watchdog:
