@@ -323,3 +323,32 @@ def test_a_step_reads_dev_null_opened_once_not_at_each_spawn(tmp_path: Path, mon
             child.release()
 
     assert asyncio.run(unbuffered()) is io.FileIO
+
+
+def test_a_forked_child_starts_a_reaper_of_its_own_and_a_step_asks_no_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reaper is this process's: a child forked from kiro (a fork server's job) starts its own at its first
+    spawn, with a mark of its own, as the fork tells it (`os.register_at_fork`); telling the reaper of a group
+    asks the kernel for no pid (three `getpid` calls a step before)."""
+    mark = groups.start_reaper()
+    assert mark is not None
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own reaper, its own mark
+        try:
+            theirs = groups.start_reaper()
+            os.write(write_end, (theirs[1] if theirs is not None else "none").encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        child_mark = f.read().decode()
+    os.waitpid(pid, 0)
+    assert child_mark not in ("", "none", mark[1]) and child_mark.startswith(f"{pid}.")
+
+    def asked() -> int:
+        raise AssertionError("getpid asked")
+
+    monkeypatch.setattr(os, "getpid", asked)
+    assert groups.start_reaper() == mark
+    groups.register(999_999_999)
+    groups.unregister(999_999_999)

@@ -128,8 +128,7 @@ class _Reaper:
     no Popen object to outlive, nothing to wait for while kiro runs)."""
 
     def __init__(self) -> None:
-        self.fd: int | None = None
-        self.owner: int | None = None  # the pid that started it: a forked child starts its own
+        self.fd: int | None = None  # None in a forked child (`forked`): it starts its own
         self.pid: int | None = None
         self.mark = ""  # the value of REAPER_VAR in this kiro's children
 
@@ -153,12 +152,16 @@ class _Reaper:
         finally:
             os.close(read_end)
             os.close(devnull)
-        self.fd, self.owner, self.mark = write_end, os.getpid(), mark
+        self.fd, self.mark = write_end, mark
         return write_end
 
     def ready(self) -> int | None:
-        fd = self.fd if self.owner == os.getpid() else None
-        return fd if fd is not None else self._start()
+        return self.fd if self.fd is not None else self._start()
+
+    def forked(self) -> None:
+        """In a child forked from this kiro: its parent's reaper is not its own (it starts one at its first step),
+        told by the fork itself rather than by a `getpid` at each of the three calls a step makes."""
+        self.fd = self.pid = None
 
     def send(self, line: str) -> None:
         fd = self.ready()
@@ -173,6 +176,8 @@ class _Reaper:
 
 
 _reaper = _Reaper()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reaper.forked)
 
 
 def start_reaper() -> tuple[str, str] | None:
