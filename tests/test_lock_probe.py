@@ -379,3 +379,61 @@ def test_a_held_lock_is_seen_held_while_other_processes_let_theirs_go(tmp_path: 
     print(f"300 probes of held locks while another process let go of and took {len(churned)} locks: "
           f"{len(missed)} said free")
     assert missed == []
+
+
+class _CountedTable:
+    """/proc/locks, its readings counted."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read_bytes(self) -> bytes:
+        self.reads += 1
+        return Path("/proc/locks").read_bytes()
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="no kernel lock table to read (not Linux)")
+def test_the_dashboard_and_stats_of_many_loops_read_the_lock_table_once_and_say_what_each_probe_says(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dashboard or a digest of a thousand loops asked each one's lock apart: a thousand readings of a
+    thousand-line /proc/locks each time. One reading (three for a lock missing from a table read in pieces, as
+    a probe does) says the same of every loop: running while its lock is held, interrupted when it is not."""
+    from kiro.fs import locks
+    from kiro.store.state import LoopState
+    from kiro.views import dashboard, stats
+
+    kws = KiroWorkspace(ws.root)
+    store = StateStore(kws)
+    held = []
+    for i in range(40):
+        tid = f"l{i}"
+        store.save(LoopState.model_validate({"task_id": tid, "task_path": f"Specs/{tid}/tasks.md",
+                                             "status": "running", "pid": os.getpid()}))
+        if i % 3 == 0:
+            held.append(store.acquire(tid))
+        else:
+            kws.lock_file(tid).touch()  # a lock file nobody holds, as after a kill
+    others = [Flock(ws.root / f"other{i}.lock") for i in range(120)]  # a table longer than a page
+    for lock in others:
+        lock.acquire()
+    table = _CountedTable()
+    monkeypatch.setattr(locks, "PROC_LOCKS", table)
+    try:
+        probed = {f"l{i}" for i in range(40) if store.is_locked(f"l{i}")}
+        assert probed == {f"l{i}" for i in range(0, 40, 3)} and table.reads >= 40  # a reading each, or three
+        table.reads = 0
+        assert store.locked([f"l{i}" for i in range(40)] + ["none"]) == probed
+        assert table.reads <= locks.READINGS
+        table.reads = 0
+        text = dashboard.render(kws, store, {})
+        assert table.reads <= locks.READINGS
+        assert f"## Active Loops ({len(probed)})" in text and f"## Paused ({40 - len(probed)})" in text
+        table.reads = 0
+        figures = stats.compute(store)
+        assert table.reads <= locks.READINGS
+        assert figures["by_status"] == {"interrupted": 40 - len(probed), "running": len(probed)}
+    finally:
+        for lock in others:
+            lock.release()
+        for i, lock in zip(range(0, 40, 3), held, strict=True):
+            store.release(f"l{i}", lock)

@@ -27,6 +27,7 @@ import errno
 import fcntl
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 PROC_LOCKS = Path("/proc/locks")
@@ -52,46 +53,85 @@ def _holder(path: Path) -> int | bool | None:
     """From /proc/locks: the holder's pid (0 when the table does not show it), False when nobody
     holds the lock, None when there is no table to read."""
     try:
-        st = os.stat(path)
+        key = _key(os.stat(path))
     except OSError:
         return False
-    want_ino = str(st.st_ino)
-    want_dev = (os.major(st.st_dev), os.minor(st.st_dev))
     for _ in range(READINGS):
         try:
             table = PROC_LOCKS.read_bytes()
         except OSError:
             return None
-        found = _listed(table.decode("ascii", "replace"), want_ino, want_dev)
+        found = _listed(table.decode("ascii", "replace"), key)
         if found is not False or len(table) <= ONE_PIECE:
             return found
     return False  # missing from every reading: not held (none of 1,900 probes of held locks under churn came here)
 
 
-def _listed(table: str, want_ino: str, want_dev: tuple[int, int]) -> int | bool:
+def held_among(paths: Iterable[Path]) -> set[Path]:
+    """Those of `paths` some process holds the flock on right now: `is_held` of each, the kernel's table read
+    once for all of them (a dashboard or a digest of a thousand loops asked it a thousand times, each reading
+    a table of a thousand lines), and read again, as `is_held` does, for those missing from a table read in
+    pieces. Never takes a lock (on Linux)."""
+    wanted: dict[Path, tuple[int, int, str]] = {}
+    for path in paths:
+        with contextlib.suppress(OSError):  # no lock file: not held
+            wanted[path] = _key(os.stat(path))
+    held: set[Path] = set()
+    for _ in range(READINGS):
+        if not wanted:
+            break
+        try:
+            table = PROC_LOCKS.read_bytes()
+        except OSError:  # no table (not Linux): the try-and-release check, each
+            return held | {path for path in wanted if _try_and_release(path)}
+        listed = _flocks(table.decode("ascii", "replace"))
+        for path, key in list(wanted.items()):
+            if key in listed:
+                held.add(path)
+                del wanted[path]
+        if len(table) <= ONE_PIECE:
+            break
+    return held
+
+
+def _key(st: os.stat_result) -> tuple[int, int, str]:
+    """A file as a line of /proc/locks names it: its device's major and minor, its inode."""
+    return os.major(st.st_dev), os.minor(st.st_dev), str(st.st_ino)
+
+
+def _entry(line: str) -> tuple[tuple[int, int, str], int] | None:
+    """(the locked file's key, its holder's pid, 0 when the line does not show it) of a line of /proc/locks
+    that lists a held flock; None for any other line."""
+    # "1: FLOCK  ADVISORY  WRITE 12345 fe:00:2148472 0 EOF" ("-> ..." lines are waiters)
+    fields = line.split()
+    if len(fields) < 6 or fields[1] != "FLOCK" or "->" in fields[:2]:
+        return None
+    try:
+        major, minor, ino = fields[5].split(":")
+        key = (int(major, 16), int(minor, 16), ino)
+    except ValueError:
+        return None
+    try:
+        return key, int(fields[4])
+    except ValueError:
+        return key, 0
+
+
+def _listed(table: str, key: tuple[int, int, str]) -> int | bool:
     """The holder's pid in one reading of /proc/locks (0 when it does not show it), False when the lock is
     not listed."""
-    inode = f":{want_ino} "  # as a line names it ("... 12345 fe:00:2148472 0 EOF"): a free lock costs one scan
+    inode = f":{key[2]} "  # as a line names it ("... 12345 fe:00:2148472 0 EOF"): a free lock costs one scan
     if inode not in table:
         return False
     for line in table.splitlines():
-        if inode not in line:
-            continue
-        # "1: FLOCK  ADVISORY  WRITE 12345 fe:00:2148472 0 EOF" ("-> ..." lines are waiters)
-        fields = line.split()
-        if len(fields) < 6 or fields[1] != "FLOCK" or "->" in fields[:2]:
-            continue
-        try:
-            major, minor, ino = fields[5].split(":")
-            dev = (int(major, 16), int(minor, 16))
-        except ValueError:
-            continue
-        if ino == want_ino and dev == want_dev:
-            try:
-                return int(fields[4])
-            except ValueError:
-                return 0
+        if inode in line and (found := _entry(line)) is not None and found[0] == key:
+            return found[1]
     return False
+
+
+def _flocks(table: str) -> set[tuple[int, int, str]]:
+    """The files of every held flock in one reading of /proc/locks."""
+    return {found[0] for line in table.splitlines() if (found := _entry(line)) is not None}
 
 
 def holders(path: Path) -> list[int] | None:

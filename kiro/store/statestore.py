@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -524,6 +524,12 @@ class StateStore:
         """True when some process holds the loop's lock right now (the loop is alive). A probe: it
         never takes the lock, so it cannot make a concurrent `start` fail."""
         return locks.is_held(self.ws.lock_file(task_id))
+
+    def locked(self, task_ids: Iterable[str]) -> set[str]:
+        """Those of the loops `task_ids` whose lock some process holds right now: `is_locked` of each, the
+        kernel's lock table read once for all of them (`locks.held_among`)."""
+        files = {self.ws.lock_file(task_id): task_id for task_id in task_ids}
+        return {files[path] for path in locks.held_among(files)}
 
 
 _live_journals: weakref.WeakSet[LiveJournal] = weakref.WeakSet()  # the journals open in this process

@@ -228,11 +228,12 @@ def render(ws: Workspace, store: StateStore, live: dict[str, LoopState], now: da
     for st in live.values():
         entries.append(Entry(st, st.status, True))
     found_on_disk = disk.read(set(live)) if disk is not None else store.all_states(skip=set(live))
+    alive = store.locked(found.task_id for _path, found in found_on_disk  # one reading of the lock table
+                         if found is not None and found.status.may_be_alive)
     for _path, found in found_on_disk:
-        if found is None:
-            continue
-        alive = store.is_locked(found.task_id) if found.status.may_be_alive else False
-        entries.append(Entry(found, effective_status(found, alive), alive))
+        if found is not None:
+            held = found.task_id in alive
+            entries.append(Entry(found, effective_status(found, held), held))
     entries.sort(key=lambda e: e.state.updated_at, reverse=True)
     return markdown(entries, now)
 

@@ -75,6 +75,7 @@ def compute(store: StateStore, since: datetime | None = None, until: datetime | 
     total = Usage()
     loops = 0
     iterations = 0
+    counted: list[LoopState] = []
     for _path, st in store.all_states() if states is None else states:
         if st is None:
             continue
@@ -82,10 +83,12 @@ def compute(store: StateStore, since: datetime | None = None, until: datetime | 
             continue
         if until is not None and st.started_at and timeutil.parse(st.started_at) >= until:
             continue
+        counted.append(st)
+    alive = store.locked(st.task_id for st in counted if st.status.may_be_alive)  # one reading of the lock table
+    for st in counted:
         loops += 1
         iterations += st.iteration
-        alive = store.is_locked(st.task_id) if st.status.may_be_alive else False
-        by_status[str(effective_status(st, alive))] += 1
+        by_status[str(effective_status(st, st.task_id in alive))] += 1
         total.add(st.usage)
 
     runs = attempts = completed = failed = retries = verify_failed = 0
