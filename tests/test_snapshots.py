@@ -141,6 +141,59 @@ def test_the_dashboard_keeps_of_the_states_it_read_only_what_it_shows(tmp_path: 
     assert kept == dashboard.render(ws, store, {}, NOW, disk=disk)  # from what it kept
 
 
+def test_the_dashboard_makes_again_only_the_blocks_that_can_have_changed(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process with a thousand loops re-rendered every loop's block each second. A loop read from its file and
+    kept (`DiskStates`) and shown outside Active Loops says the same while its file and status are the same: its
+    block is kept; an active one's (its duration runs), a live one's, and one whose file or status changed are
+    made again. The text is the one a render from scratch makes."""
+    from kiro.store.statestore import StateStore
+    from kiro.store.workspace import Workspace
+
+    ws = Workspace(tmp_path)
+    store = StateStore(ws)
+    loops = _loops()
+    for e in loops:
+        store.save(e.state)
+    ghost = _state("ghost", status="running", pid=999999, iteration=2)  # its process gone: Paused, interrupted
+    store.save(ghost)
+    live = {"mine": _state("mine", status="running", iteration=1)}
+    made: list[str] = []
+    block = dashboard._block
+
+    def counted(e: dashboard.Entry, now: datetime, section: str) -> list[str]:
+        made.append(e.state.task_id)
+        return block(e, now, section)
+
+    monkeypatch.setattr(dashboard, "_block", counted)
+    disk = dashboard.DiskStates(store)
+    first = dashboard.render(ws, store, live, NOW, disk=disk)
+    shown = len(made)
+    assert "mine" in made and "ghost" in made and shown > 5
+    made.clear()
+    assert dashboard.render(ws, store, live, NOW, disk=disk) == first
+    assert made == ["mine"]  # the others, read from their files, are not running here: kept
+    assert first == dashboard.render(ws, store, live, NOW)
+    changed = store.load("ghost").state
+    changed.iteration = 3
+    store.save(changed)  # its file changed: read and made again
+    made.clear()
+    again = dashboard.render(ws, store, live, NOW, disk=disk)
+    assert sorted(made) == ["ghost", "mine"]
+    assert again == dashboard.render(ws, store, live, NOW) != first and "**Iteration**: 3/" in again
+    held = store.acquire("ghost")  # its status as shown changes (running, alive): made again, under Active Loops
+    try:
+        made.clear()
+        now_alive = dashboard.render(ws, store, live, NOW, disk=disk)
+        assert sorted(made) == ["ghost", "mine"]
+        assert now_alive == dashboard.render(ws, store, live, NOW) != again and "## Active Loops (2)" in now_alive
+        made.clear()
+        dashboard.render(ws, store, live, NOW, disk=disk)
+        assert sorted(made) == ["ghost", "mine"]  # an active loop's block is made at every render
+    finally:
+        store.release("ghost", held)
+
+
 def _report_state() -> LoopState:
     return _state(
         "auth_feature", title="Auth feature", status="completed", iteration=6, total_successes=5, total_failures=1,

@@ -37,6 +37,8 @@ class Entry:
     state: LoopState
     status: Status  # effective: a running state whose process is gone is "interrupted"
     alive: bool
+    kept: bool = False
+    """Read from its file and kept, unchanged, between renders (`DiskStates`): its block may be kept too."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status(self.status))
@@ -134,8 +136,26 @@ def _block(e: Entry, now: datetime, section: str) -> list[str]:
     return lines[:1] + [ln + "  " for ln in lines[1:]]
 
 
-def markdown(entries: list[Entry], now: datetime | None = None) -> str:
-    """The dashboard's text for these loops at time `now` (a pure function, for tests)."""
+Blocks = dict[int, tuple[LoopState, Status, str]]
+"""The text of the blocks of kept entries (`Entry.kept`) outside Active Loops, by their state's id: (the state,
+its status as shown, the text). Those are the same from one render to the next while the state and its status
+are: only an active loop's block says something of the time (its duration, from its last update)."""
+
+
+def _text(e: Entry, now: datetime, section: str, blocks: Blocks | None, kept: Blocks) -> str:
+    """The block of `e` in `section`, from `blocks` when it was made there already (a kept state's, not active)."""
+    if blocks is None or not e.kept or section == "active":
+        return "\n".join(_block(e, now, section))
+    found = blocks.get(id(e.state))
+    if found is None or found[0] is not e.state or found[1] != e.status:
+        found = (e.state, e.status, "\n".join(_block(e, now, section)))
+    kept[id(e.state)] = found
+    return found[2]
+
+
+def markdown(entries: list[Entry], now: datetime | None = None, blocks: Blocks | None = None) -> str:
+    """The dashboard's text for these loops at time `now` (a pure function, for tests). `blocks`: the blocks of
+    kept entries made by the render before (`Blocks`), replaced by those of this one."""
     now = now or timeutil.now()
     today = now.astimezone().date()
     active: list[Entry] = []
@@ -158,13 +178,17 @@ def markdown(entries: list[Entry], now: datetime | None = None) -> str:
         else:
             paused.append(e)
     out = [frontmatter.write({"type": "dashboard", "created": timeutil.iso(now)}), "# Autonomous Loop Progress\n"]
+    kept: Blocks = {}
     for title, items, key in (("Active Loops", active, "active"), ("Paused", paused, "paused"),
                               ("Completed Today", done_today, "completed"), ("Failed", failed, "failed")):
         out.append(f"\n## {title} ({len(items)})\n")
         if not items:
             out.append("\n_None._\n")
         for e in items:
-            out.append("\n" + "\n".join(_block(e, now, key)) + "\n")
+            out.append("\n" + _text(e, now, key, blocks, kept) + "\n")
+    if blocks is not None:
+        blocks.clear()
+        blocks.update(kept)
     if earlier:
         out.append(f"\n_{earlier} loop(s) completed before today; `kiro loop status` lists them._\n")
     return "".join(out)
@@ -189,11 +213,13 @@ class DiskStates:
 
     def __init__(self, store: StateStore) -> None:
         self.store = store
-        self._cache: dict[str, tuple[tuple[int, int, int], LoopState | None]] = {}
+        self._cache: dict[str, tuple[tuple[int, int, int], Path, LoopState | None]] = {}
+        self.blocks: Blocks = {}
+        """The blocks the last render made of these states (`markdown`)."""
 
     def read(self, skip: set[str]) -> list[tuple[Path, LoopState | None]]:
         seen: dict[str, tuple[Path, LoopState | None]] = {}
-        keep: dict[str, tuple[tuple[int, int, int], LoopState | None]] = {}
+        keep: dict[str, tuple[tuple[int, int, int], Path, LoopState | None]] = {}
         for folder in (self.store.ws.state_dir, self.store.ws.state_dir / "archive"):
             try:
                 entries = list(os.scandir(folder))
@@ -213,11 +239,12 @@ class DiskStates:
                 sig = (st.st_ino, st.st_mtime_ns, st.st_size)
                 cached = self._cache.get(entry.path)
                 if cached is not None and cached[0] == sig:
-                    state = cached[1]
+                    _sig, path, state = cached
                 else:
-                    state = _shown(self.store.try_read(Path(entry.path)))
-                keep[entry.path] = (sig, state)
-                seen[tid] = (Path(entry.path), state)
+                    path = Path(entry.path)
+                    state = _shown(self.store.try_read(path))
+                keep[entry.path] = (sig, path, state)
+                seen[tid] = (path, state)
         self._cache = keep
         return list(seen.values())
 
@@ -233,9 +260,9 @@ def render(ws: Workspace, store: StateStore, live: dict[str, LoopState], now: da
     for _path, found in found_on_disk:
         if found is not None:
             held = found.task_id in alive
-            entries.append(Entry(found, effective_status(found, held), held))
+            entries.append(Entry(found, effective_status(found, held), held, kept=disk is not None))
     entries.sort(key=lambda e: e.state.updated_at, reverse=True)
-    return markdown(entries, now)
+    return markdown(entries, now, disk.blocks if disk is not None else None)
 
 
 def write_now(ws: Workspace, store: StateStore, live: dict[str, LoopState] | None = None) -> None:
