@@ -437,3 +437,24 @@ def test_the_dashboard_and_stats_of_many_loops_read_the_lock_table_once_and_say_
             lock.release()
         for i, lock in zip(range(0, 40, 3), held, strict=True):
             store.release(f"l{i}", lock)
+
+
+def test_without_a_lock_table_the_loops_are_probed_by_taking_and_letting_go(ws: Workspace,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where there is no /proc/locks (not Linux), `StateStore.locked` says what `is_locked` says of each loop: the
+    try-and-release check."""
+    from kiro.fs import locks
+
+    class NoTable:
+        def read_bytes(self) -> bytes:
+            raise FileNotFoundError("/proc/locks")
+
+    store = StateStore(KiroWorkspace(ws.root))
+    kws = KiroWorkspace(ws.root)
+    kws.state_dir.mkdir(parents=True, exist_ok=True)
+    kws.lock_file("free").touch()
+    with holder_process(ws, "lock = store.acquire('taken')\nprint('held', flush=True)\ntime.sleep(60)\n") as holder:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(locks, "PROC_LOCKS", NoTable())
+        assert [store.is_locked(t) for t in ("taken", "free", "none")] == [True, False, False]
+        assert store.locked(["taken", "free", "none"]) == {"taken"}
