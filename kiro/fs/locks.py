@@ -84,9 +84,9 @@ def held_among(paths: Iterable[Path]) -> set[Path]:
             table = PROC_LOCKS.read_bytes()
         except OSError:  # no table (not Linux): the try-and-release check, each
             return held | {path for path in wanted if _try_and_release(path)}
-        listed = _flocks(table.decode("ascii", "replace"))
+        text = table.decode("ascii", "replace")
         for path, key in list(wanted.items()):
-            if key in listed:
+            if _listed(text, key) is not False:
                 held.add(path)
                 del wanted[path]
         if len(table) <= ONE_PIECE:
@@ -119,19 +119,16 @@ def _entry(line: str) -> tuple[tuple[int, int, str], int] | None:
 
 def _listed(table: str, key: tuple[int, int, str]) -> int | bool:
     """The holder's pid in one reading of /proc/locks (0 when it does not show it), False when the lock is
-    not listed."""
-    inode = f":{key[2]} "  # as a line names it ("... 12345 fe:00:2148472 0 EOF"): a free lock costs one scan
-    if inode not in table:
-        return False
-    for line in table.splitlines():
-        if inode in line and (found := _entry(line)) is not None and found[0] == key:
+    not listed. Only the lines that name the file's inode are read: a free lock costs one scan of the text."""
+    inode = f":{key[2]} "  # as a line names it ("... 12345 fe:00:2148472 0 EOF")
+    at = table.find(inode)
+    while at >= 0:
+        end = table.find("\n", at)
+        found = _entry(table[table.rfind("\n", 0, at) + 1:end if end >= 0 else len(table)])
+        if found is not None and found[0] == key:
             return found[1]
+        at = table.find(inode, at + len(inode))
     return False
-
-
-def _flocks(table: str) -> set[tuple[int, int, str]]:
-    """The files of every held flock in one reading of /proc/locks."""
-    return {found[0] for line in table.splitlines() if (found := _entry(line)) is not None}
 
 
 def holders(path: Path) -> list[int] | None:
