@@ -255,6 +255,30 @@ def test_a_long_history_s_snapshot_alone_is_the_last_save(tmp_path: Path) -> Non
     store.close_journal("h")
 
 
+def test_a_snapshot_writes_each_field_on_its_line_as_json_dumps_spells_it(tmp_path: Path) -> None:
+    """Each field of a snapshot but the long lists is one line, `"name": value`, the value as
+    `json.dumps(value, ensure_ascii=False)` spells it (a space after `,` and `:`, non-ASCII as it is): the bare
+    file a person reads is as it was before the snapshot kept one encoder for all its fields (session 36)."""
+    store, state = _running(tmp_path, "f")
+    state.title = "tâche ✓ \"q\""
+    state.usage.api_calls = 3
+    state.iteration = 2
+    store.save(state)
+    state.transition(Status.PAUSED, "stop_hook")  # a status change: a snapshot at once
+    store.save(state)
+    text = store.path("f").read_text("utf-8")
+    bare = json.loads(text)
+    assert bare == to_jsonable(state)
+    lines = text.split("\n")
+    small = [k for k, v in bare.items() if not (k in journal.BIG_LISTS and v)]
+    assert len(small) > 30
+    for key in small:
+        lead = f"  {json.dumps(key)}: "
+        found = [line.removesuffix(",") for line in lines if line.startswith(lead)]
+        assert found == [lead + json.dumps(bare[key], ensure_ascii=False)], key
+    store.close_journal("f")
+
+
 def test_a_resume_replays_at_most_a_snapshot_s_worth_of_journal(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """With no timer (no event loop: a long run of saves in a row), the journal is folded into a new
     snapshot once it is larger than the snapshot and JOURNAL_MIN_BYTES, so what a resume after a kill

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -788,12 +789,11 @@ class LiveJournal:
         out: list[bytes] = [b"{\n"]
         head = b"  "
         for key, value in shadow.items():
-            name = head + json.dumps(key).encode() + b": "
+            name = head + _field_name(key)
             head = b",\n  "
             pieces = self.encoded.get(key) if isinstance(value, list) else None
             if not pieces:
-                out.append(name + (b"[]" if pieces is not None else
-                                   json.dumps(value, ensure_ascii=False).encode("utf-8")))
+                out.append(name + (b"[]" if pieces is not None else _FIELD_ENCODER.encode(value).encode("utf-8")))
                 continue
             lead = name + b"[\n    "
             for at in range(0, len(pieces), _SNAPSHOT_BATCH):
@@ -1060,6 +1060,15 @@ def _item_json(item: Any) -> bytes:
 
 
 _SNAPSHOT_BATCH = 256  # items of a long list joined into one piece of a snapshot (`_snapshot_data`)
+_FIELD_ENCODER = json.JSONEncoder(ensure_ascii=False)
+"""What `json.dumps(value, ensure_ascii=False)` makes a new encoder for at every call: one for every snapshot's
+every field (the encoder keeps nothing between calls; threads may share it)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_name(key: str) -> bytes:
+    """A state field's name as it leads its line in a snapshot: the state's fields are the same few dozen each time."""
+    return json.dumps(key).encode() + b": "
 _ITEM_SEPARATOR = b",\n    "
 _PIECE_BYTES = 1 << 17  # a snapshot's pieces are written ~this much at a time (`_coalesced`)
 
