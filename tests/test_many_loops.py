@@ -447,14 +447,16 @@ def test_a_blocking_write_awaited_through_the_writer_threads_returns_or_raises_i
 def test_with_many_loops_in_one_process_the_timed_snapshots_share_one_budget_and_readers_see_every_save(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The journal's timer rewrites each running loop's bare JSON; with many loops in one process those
-    rewrites (temp file, fsync, rename, fsync the folder) together come at most SNAPSHOTS_PER_SECOND a
-    second: here 2 a second for 6 loops, so a loop's bare file may be ~3 s behind, never torn, while
-    kiro's readers (snapshot + journal) see every save at once, and the last save is in the file when
-    the loop stops."""
+    rewrites (temp file, fsync, rename, fsync the folder) together take at most SNAPSHOT_CPU_SHARE of a
+    core: here snapshots of 10 ms each and a share of 2%: 2 a second for 6 loops, so a loop's bare file
+    may be ~3 s behind, never torn, while kiro's readers (snapshot + journal) see every save at once,
+    and the last save is in the file when the loop stops."""
     from kiro.status import Status
+    from kiro.store import statestore
     from kiro.store.state import LoopState
 
-    monkeypatch.setattr(journal, "SNAPSHOTS_PER_SECOND", 2.0)
+    monkeypatch.setattr(journal, "SNAPSHOT_CPU_SHARE", 0.02)
+    monkeypatch.setattr(statestore, "snapshot_cpu", lambda: 0.01)  # not what this machine's snapshots take
     (tmp_path / ".state").mkdir()
     store = StateStore(KiroWorkspace(tmp_path))
     states = [LoopState(task_id=f"j{i}", task_path=f"Specs/j{i}/tasks.md", status=Status.RUNNING) for i in range(6)]
@@ -476,6 +478,44 @@ def test_with_many_loops_in_one_process_the_timed_snapshots_share_one_budget_and
     for st in states:
         store.close_journal(st.task_id)
         assert json.loads(store.path(st.task_id).read_text())["iteration"] == 5
+
+
+def test_the_timers_share_of_a_core_follows_what_snapshots_take_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait of each loop's timer is N loops x what a timer's snapshot took lately (its thread's CPU) /
+    SNAPSHOT_CPU_SHARE, never under SNAPSHOT_SECONDS: snapshots that cost less here let the bare files lag less,
+    costlier ones more, and a lone loop's bare file is still within a second. The cost is measured, not assumed:
+    after a guess of 10 s a snapshot, the timer's snapshots made here bring it down."""
+    from kiro.status import Status
+    from kiro.store import statestore
+    from kiro.store.state import LoopState
+
+    monkeypatch.setattr(statestore, "_snapshot_cpu", 10.0)
+    (tmp_path / ".state").mkdir()
+    store = StateStore(KiroWorkspace(tmp_path))
+    states = [LoopState(task_id=f"c{i}", task_path=f"Specs/c{i}/tasks.md", status=Status.RUNNING) for i in range(4)]
+    for st in states:
+        store.open_journal(st)
+        store.save_job(st)()  # the first save: a snapshot, not the timer's
+        st.iteration = 1
+        store.save_job(st)()  # a journal record, not in the bare file yet
+    assert statestore.snapshot_cpu() == 10.0
+    for st in states:
+        store.journals[st.task_id].flush()  # what the timer does: a snapshot, measured
+    measured = statestore.snapshot_cpu()
+    print(f"a timer's snapshot's CPU after 4 of them from a guess of 10 s: {measured:.3f} s")
+    assert measured < 10.0 * 0.9 ** 3
+    live = store.journals["c0"]
+    n = len(statestore._live_journals)  # these 4, and any another test of this process left open
+    assert n >= 4
+    assert live._interval() == pytest.approx(max(journal.SNAPSHOT_SECONDS, n * measured / journal.SNAPSHOT_CPU_SHARE))
+    monkeypatch.setattr(statestore, "_snapshot_cpu", 0.05)
+    assert live._interval() == pytest.approx(n * 0.05 / journal.SNAPSHOT_CPU_SHARE)  # 4 loops: 8 s
+    monkeypatch.setattr(statestore, "_snapshot_cpu", 0.001)
+    if n < 25:
+        assert live._interval() == journal.SNAPSHOT_SECONDS  # a few loops of 1 ms snapshots: a lone loop's second
+    for st in states:
+        store.close_journal(st.task_id)
 
 
 def _kiro_with_open_files(ws: Workspace, soft: int, hard: int, *args: str) -> Any:

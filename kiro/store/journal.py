@@ -18,9 +18,9 @@ order (`replay`). Every kiro reader goes through `read_state_dict` (StateStore d
 sees the last save. The snapshot itself is rewritten (temp file, fsync, rename, fsync the folder)
 when the status changes, at the loop's first and last save, when the journal has grown as large
 as the snapshot, and otherwise by a timer SNAPSHOT_SECONDS (longer for a large state, see
-SNAPSHOT_BYTES_PER_SECOND) after a save it does not hold yet, on a worker thread while the loop goes
-on: a reader of the bare JSON file is never more than about that far behind, and never sees a
-torn file.
+SNAPSHOT_BYTES_PER_SECOND, and with many loops in one process, SNAPSHOT_CPU_SHARE) after a save it
+does not hold yet, on a worker thread while the loop goes on: a reader of the bare JSON file is never
+more than about that far behind, and never sees a torn file.
 A kill can tear only the journal's last line; replay stops at the first line that is not a
 whole record, which was never acknowledged.
 
@@ -65,10 +65,13 @@ journal and are never stale)."""
 SNAPSHOT_BYTES_PER_SECOND = 1024 * 1024
 """...longer for a large state: at most this many bytes of snapshot a second (a 3 MB state, 10,000
 completed steps: one every 3 s), so that what snapshots cost per iteration does not grow with history."""
-SNAPSHOTS_PER_SECOND = 100.0
+SNAPSHOT_CPU_SHARE = 0.025
 """...and longer with many loops in one process: the timer's snapshots of all the process's running
-loops together come at most this often a second (each is a temp file, an fsync, a rename and an fsync
-of the folder; 1,000 loops: a bare JSON file at most ~10 s behind, kiro's own readers never are)."""
+loops together take at most this share of one core (a fortieth), by what one took lately (its thread's
+CPU: a temp file, an fsync, a rename and an fsync of the folder; 1.0-1.3 ms here for a small state while
+1,000 loops run). So with N loops a bare JSON file is at most ~N x 40 snapshots' CPU behind: 1,000 loops
+here ~40-50 s, less where a snapshot costs less; kiro's own readers never are. At 100 a second (the count
+this replaced, session 36) they were one a model call with 1,000 loops, a third of the writer threads' CPU."""
 JOURNAL_MIN_BYTES = 256 * 1024
 """The journal is folded into a new snapshot once it is larger than the snapshot and this."""
 BIG_LISTS = ("completed_steps", "failed_steps", "history")

@@ -534,6 +534,19 @@ class StateStore:
 
 
 _live_journals: weakref.WeakSet[LiveJournal] = weakref.WeakSet()  # the journals open in this process
+_snapshot_cpu = 0.001  # seconds of its thread's CPU a timer's snapshot took lately (`snapshot_cpu`); a guess until one
+
+
+def snapshot_cpu() -> float:
+    """The CPU time (its thread's, the kernel's part with it: the fsyncs) a timer's snapshot took lately: a moving
+    average of the last ~10 of any loop in this process. The timer of each of N loops waits N times this /
+    SNAPSHOT_CPU_SHARE, so that all the timers' snapshots together keep to that share of a core."""
+    return _snapshot_cpu
+
+
+def _note_snapshot_cpu(seconds: float) -> None:
+    global _snapshot_cpu
+    _snapshot_cpu += (seconds - _snapshot_cpu) / 10  # writer threads race here: a lost sample is harmless
 
 
 def live_journal(task_id: str) -> LiveJournal | None:
@@ -922,9 +935,9 @@ class LiveJournal:
     def _interval(self) -> float:
         """How long the bare state file may lag: SNAPSHOT_SECONDS, longer for a large state (at most
         SNAPSHOT_BYTES_PER_SECOND of snapshots), so the snapshots' cost per iteration stays flat, and longer
-        with many loops running in this process (SNAPSHOTS_PER_SECOND for all of them together)."""
+        with many loops running in this process (their snapshots together SNAPSHOT_CPU_SHARE of a core)."""
         return max(journal.SNAPSHOT_SECONDS, self.snapshot_bytes / journal.SNAPSHOT_BYTES_PER_SECOND,
-                   len(_live_journals) / journal.SNAPSHOTS_PER_SECOND)
+                   len(_live_journals) * snapshot_cpu() / journal.SNAPSHOT_CPU_SHARE)
 
     def _arm_timer(self) -> None:
         """While the journal holds what the snapshot does not, a snapshot follows within about
@@ -954,8 +967,10 @@ class LiveJournal:
         with self.shadow_lock:
             if not self._behind():
                 return
+        began = time.thread_time()  # what it takes, for the timers' share of a core (`snapshot_cpu`)
         with contextlib.suppress(OSError, RuntimeError):  # the journal has it all; the next snapshot tries again
             self._snapshot()
+            _note_snapshot_cpu(time.thread_time() - began)
 
     def _shared(self) -> bool:
         """The state file is also a backup's file (`StateStore._link_backup`): a run ends with a
