@@ -143,3 +143,33 @@ def test_an_edit_on_a_stale_expected_file_is_worked_out_again_on_the_disk(tmp_pa
     _, checked = tasks.mark_done(path, "2", expected=stale)
     assert checked == ["2"]
     assert path.read_text(encoding="utf-8") == BASE.replace("- [ ] 2.", "- [x] 2.")
+
+
+@pytest.mark.parametrize("persons", [BASE + "- [ ] 3. Added in place\n", BASE.replace(" é\n", "\n"),
+                                     BASE.replace("1.2 b", "1.2 c")], ids=["longer", "shorter", "same size"])
+def test_a_persons_edit_in_place_after_kiro_opened_the_file_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, persons: str
+) -> None:
+    """The last look before the box write reads through the descriptor the edit opened, first with the size
+    the file had then: a person's edit written into the same file meanwhile (same inode), longer, shorter or
+    of the same size, is seen there, and kiro's box goes into the person's text."""
+    path = write(tmp_path, BASE)
+    seen = tasks.load(path)
+    real_with_boxes = tasks._with_boxes
+    edits: list[int] = []
+
+    def person_writes_in_place(tf: tasks.TaskFile, marks: dict[int, str]) -> tasks.TaskFile:
+        if not edits:
+            with open(path, "r+b") as fh:  # the same file: an editor that writes in place
+                fh.write(persons.encode("utf-8"))
+                fh.truncate()
+        edits.append(1)
+        return real_with_boxes(tf, marks)
+
+    monkeypatch.setattr(tasks, "_with_boxes", person_writes_in_place)
+    inode = path.stat().st_ino
+    after, checked = tasks.mark_done(path, "1.1", expected=seen)
+    assert checked == ["1.1"] and len(edits) == 2  # the edit was worked out again on the person's bytes
+    assert path.stat().st_ino == inode
+    assert path.read_text(encoding="utf-8") == persons.replace("- [ ] 1.1 a", "- [x] 1.1 a")
+    assert after.text == path.read_text(encoding="utf-8")

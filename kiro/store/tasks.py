@@ -738,7 +738,7 @@ def _last_look(path: Path, through: tuple[int, os.stat_result] | None = None) ->
         return None
     if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
         return None
-    return _read_scratch(fd, path)
+    return _read_scratch(fd, path, held)
 
 
 def _write_if_unchanged(path: Path, data: bytes, was: bytes, durable: bool = True, *, shown: Path) -> bool:
@@ -800,12 +800,14 @@ _Marks: TypeAlias = Callable[[TaskFile], "dict[int, str] | None"]
 _scratch = threading.local()
 
 
-def _read_scratch(fd: int, path: Path) -> bytearray:
+def _read_scratch(fd: int, path: Path, held: os.stat_result | None = None) -> bytearray:
     """The file's bytes, read into this thread's scratch buffer, valid until the thread's next
     read. A box edit reads the whole file twice and keeps none of it: a new buffer the size of a
     5,000-step file costs more to map than to fill (issue #12). A file whose size changes while it
-    is read is read again into a buffer of its own."""
-    st = _check_fd(fd, path)
+    is read is read again into a buffer of its own. `held`: the descriptor's `_check_fd` from when it
+    was opened (a box edit's): its size is the one first tried, no fstat; a file that has grown or
+    shrunk since reads short or past it, and is read again whole (`_read_fd`, which stats it)."""
+    st = held if held is not None else _check_fd(fd, path)
     buf: bytearray | None = getattr(_scratch, "buf", None)
     if buf is None or len(buf) != st.st_size:
         buf = _scratch.buf = bytearray(st.st_size)
@@ -994,7 +996,7 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
                 tf = unread
             else:  # read the file (nothing to do on `expected` may not hold on the disk)
                 unread = None
-                buf = _read_scratch(fd, path)
+                buf = _read_scratch(fd, path, held)
                 if expected is not None and expected._holds(buf):
                     tf = expected
                 else:
@@ -1020,10 +1022,9 @@ def _edit_boxes(path: Path, marks: _Marks, expected: TaskFile | None, durable: b
                     os.fdatasync(fd)
             except OSError as e:  # overwriting a byte allocates nothing: not a full disk
                 raise TaskFileError(f"{path}: cannot write the task file: {e.strerror or e}") from None
-            ino = os.fstat(fd).st_ino
             try:
                 st = os.stat(real)
-                replaced = st.st_ino != ino
+                replaced = (st.st_dev, st.st_ino) != (held.st_dev, held.st_ino)  # `fd`'s file is `held`'s
             except FileNotFoundError:
                 replaced = True
             if replaced:  # written into a file that was just swapped out: edit the new one
