@@ -305,7 +305,7 @@ task = os.path.realpath(sys.argv[1])
 opened = [0]
 def count(event, args):
     if event == "open" and isinstance(args[0], (str, os.PathLike)) and os.fspath(args[0]).endswith("tasks.md"):
-        opened[0] += os.path.realpath(args[0]) == task
+        opened[0] += os.path.realpath(args[0]) == task and not args[2] & os.O_PATH  # O_PATH: no watcher hears it
 sys.addaudithook(count)
 import kiro.cli
 sys.argv = ["kiro", "loop", "start", "--task", sys.argv[1]]
@@ -321,7 +321,9 @@ def test_a_step_opens_its_task_file_at_most_five_times(ws: Workspace) -> None:
     A step of a shell loop opens it five times, counted by an audit hook: the re-read before the step, the
     frontmatter in the looks before and after it (SPEC §15: the look after serves the put-back of the loop's own
     frontmatter too), and once for each box edit ([-] and [x]: its last look before the write reads through the
-    descriptor it writes through, while the path still names that file)."""
+    descriptor it writes through, while the path still names that file). An `O_PATH` open (`real_path`: the file's
+    real path, asked of the kernel) reads nothing and no watcher hears it: not counted
+    (`test_an_o_path_open_wakes_no_watcher`)."""
     steps = 10
     ws.write("config/autonomous_loop.yaml", "sandbox: off\n")
     body = "".join(f"- [ ] {i}. Step {i}\n  ```sh\n  true\n  ```\n" for i in range(1, steps + 1))
@@ -349,21 +351,73 @@ def test_a_fifo_named_like_a_task_file_in_done_does_not_hold_up_the_loop(ws: Wor
 
 
 def test_a_folders_real_path_is_realpaths(tmp_path: Path) -> None:
-    """`real_folder` (the look's real path of Specs/, asked of the kernel) names what `os.path.realpath` names:
-    through links, relative links, `..` after a link, a folder moved and a link left in its place, and for
-    what is no folder (missing, a file, deleted) realpath's own answer."""
-    from kiro.store.workspace import real_folder
+    """`real_path` (the look's real path of Specs/ and of the loop's own task file, the workspace's `relative`
+    and `area_of`, asked of the kernel) names what `os.path.realpath` names: through links, relative links, `..`
+    after a link, a folder moved and a link left in its place, a file, a link to a file, a FIFO (not waited on),
+    and for what is nothing to open (missing, a dangling link, a loop of links, a file named as a folder)
+    realpath's own answer."""
+    from kiro.store.workspace import real_path
 
     (tmp_path / "a/b").mkdir(parents=True)
     (tmp_path / "l").symlink_to(tmp_path / "a")
     (tmp_path / "rel").symlink_to("a/b")
     (tmp_path / "f").write_text("")
+    (tmp_path / "a/b/tasks.md").write_text("")
+    (tmp_path / "a/b/linked.md").symlink_to("../../f")
+    (tmp_path / "a/b/dangling.md").symlink_to("nowhere.md")
+    (tmp_path / "a/b/loop.md").symlink_to("loop.md")
+    os.mkfifo(tmp_path / "a/b/pipe.md")
     paths = ["/", str(tmp_path), f"{tmp_path}/a/b", f"{tmp_path}/l", f"{tmp_path}/l/b", f"{tmp_path}/rel",
-             f"{tmp_path}/l/../a", f"{tmp_path}/missing", f"{tmp_path}/f", f"{tmp_path}/l/missing"]
+             f"{tmp_path}/l/../a", f"{tmp_path}/missing", f"{tmp_path}/f", f"{tmp_path}/l/missing",
+             f"{tmp_path}/l/b/tasks.md", f"{tmp_path}/rel/tasks.md", f"{tmp_path}/rel/linked.md",
+             f"{tmp_path}/l/b/dangling.md", f"{tmp_path}/a/b/loop.md", f"{tmp_path}/l/b/pipe.md", f"{tmp_path}/f/",
+             f"{tmp_path}/f/x.md"]
     for path in paths:
-        assert real_folder(path) == os.path.realpath(path), path
+        assert real_path(path) == os.path.realpath(path), path
     (tmp_path / "a").rename(tmp_path / "moved")
     (tmp_path / "a").symlink_to(tmp_path / "moved")
     for path in paths:
-        assert real_folder(path) == os.path.realpath(path), path
-    assert real_folder(f"{tmp_path}/a/b") == f"{tmp_path.resolve()}/moved/b"
+        assert real_path(path) == os.path.realpath(path), path
+    assert real_path(f"{tmp_path}/a/b") == f"{tmp_path.resolve()}/moved/b"
+    assert real_path(f"{tmp_path}/a/b/tasks.md") == f"{tmp_path.resolve()}/moved/b/tasks.md"
+    (tmp_path / "f").rename(tmp_path / "g")  # the link's target moved: dangling now, then linked again
+    assert real_path(f"{tmp_path}/rel/linked.md") == os.path.realpath(f"{tmp_path}/rel/linked.md")
+    (tmp_path / "f").symlink_to("moved/b/tasks.md")
+    assert real_path(f"{tmp_path}/rel/linked.md") == f"{tmp_path.resolve()}/moved/b/tasks.md"
+
+
+def test_an_o_path_open_wakes_no_watcher(tmp_path: Path) -> None:
+    """`real_path` opens the file it is asked about with O_PATH: inotify (the change hub's watchfiles) hears no
+    open and no close of it, where a read's open is heard twice (`test_a_step_opens_its_task_file_at_most_five_times`
+    counts only the opens heard)."""
+    import ctypes
+    import struct
+
+    from kiro.store.workspace import real_path
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    task = tmp_path / "tasks.md"
+    task.write_text("- [ ] 1. Step\n")
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0
+    try:
+        assert libc.inotify_add_watch(fd, os.fsencode(tmp_path), 0xFFF) >= 0  # IN_ALL_EVENTS
+
+        def heard() -> list[int]:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return []
+            masks, at = [], 0
+            while at < len(data):
+                _wd, mask, _cookie, size = struct.unpack_from("iIII", data, at)
+                masks.append(mask)
+                at += 16 + size
+            return masks
+
+        assert real_path(os.fspath(task)) == os.path.realpath(task)
+        assert heard() == []
+        os.close(os.open(task, os.O_RDONLY))
+        assert heard() == [0x20, 0x10]  # IN_OPEN, IN_CLOSE_NOWRITE: a read is heard
+    finally:
+        os.close(fd)

@@ -63,7 +63,7 @@ from kiro.fs.diskfull import RESERVE_PREFIX
 from kiro.fs.ownwrites import TEMP_SUFFIX
 from kiro.fs.statcache import StatCache
 from kiro.store import journal, statestore, taskmap
-from kiro.store.workspace import Workspace
+from kiro.store.workspace import Workspace, real_path
 
 KEEP_BYTES = 4 * 1024 * 1024  # the most kept to restore from, over all control files
 # What kiro itself (this loop, other loops, `kiro serve`, `kiro loop watch`) may write in .state/ while an
@@ -484,9 +484,9 @@ class Look:
 
     @classmethod
     def now(cls, ws: Workspace, *, boxed: bool) -> Look:
-        from kiro.store.workspace import markdown_names, real_folder, task_names
+        from kiro.store.workspace import markdown_names, task_names
 
-        specs = real_folder(os.fspath(ws.specs)) + os.sep if boxed else ""  # unboxed, every file is looked at
+        specs = real_path(os.fspath(ws.specs)) + os.sep if boxed else ""  # unboxed, every file is looked at
         files: list[FileSeen] = []
         for path, real in task_names(ws, in_specs=not boxed):
             if boxed and real.startswith(specs):
@@ -510,7 +510,7 @@ class Look:
         """(its real path, its frontmatter) of the task file at `path`, as this look found it: a file the look
         did not find (boxed: the files in Specs/ are not read) has the real path it has now and no frontmatter."""
         found = self._by_path.get(os.fspath(path))
-        return (found[1], found[3]) if found is not None else (os.path.realpath(path), None)
+        return (found[1], found[3]) if found is not None else (real_path(os.fspath(path)), None)
 
     @cached_property
     def _by_path(self) -> dict[str, FileSeen]:

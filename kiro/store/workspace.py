@@ -114,15 +114,18 @@ def kiro_specs(root: Path) -> list[Path]:
     return [kirospec.specs_folder(root) / name / "tasks.md" for name in kirospec.spec_names(root)]
 
 
-def real_folder(folder: str) -> str:
-    """`os.path.realpath(folder)`, asked of the kernel when `folder` is one (Linux's `/proc/self/fd`): a few system
-    calls where realpath lstat's and joins each component in Python (~80 K instructions for a 5-deep path, and a
-    look around a step asks twice: issue #41). Anything else (no such folder, no `/proc`, a folder deleted or out
-    of this process's root) is realpath's."""
+def real_path(path: str) -> str:
+    """`os.path.realpath(path)`, asked of the kernel when `path` names a file or folder (Linux's `/proc/self/fd`): a
+    few system calls where realpath lstat's and joins each component in Python (~80 K instructions for a 5-deep
+    path; the look around a step asks for Specs/ twice and for the loop's own task file once: issue #41). Anything
+    else (nothing there, a dangling link or a loop of links, no O_PATH or no `/proc`, a file deleted or out of this
+    process's root) is realpath's."""
+    if not _O_PATH:
+        return os.path.realpath(path)
     try:
-        fd = os.open(folder, _O_FOLDER)
+        fd = os.open(path, _O_PATH)
     except (OSError, ValueError):
-        return os.path.realpath(folder)
+        return os.path.realpath(path)
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
@@ -130,13 +133,16 @@ def real_folder(folder: str) -> str:
     finally:
         os.close(fd)
     if not real.startswith(os.sep) or real.endswith(" (deleted)"):
-        return os.path.realpath(folder)
+        return os.path.realpath(path)
     return real
 
 
-# an O_PATH open (no read permission needed, nothing read): where there is no O_PATH, O_DIRECTORY alone fails on no
-# system kiro runs on but leaves real_folder to realpath on those that lack /proc
-_O_FOLDER = getattr(os, "O_PATH", 0) | os.O_DIRECTORY | os.O_CLOEXEC
+# an O_PATH open: it follows links as realpath does, needs no read permission, reads nothing, does not block on a
+# FIFO and is no open a watcher hears; without O_PATH (no system kiro runs on) an open could do any of these, so
+# real_path is realpath there
+_O_PATH = getattr(os, "O_PATH", 0)
+if _O_PATH:
+    _O_PATH |= os.O_CLOEXEC
 
 
 def task_files(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[Path, str]]:
@@ -157,7 +163,7 @@ def task_names(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[str, s
     # link needs its real path asked for, component by component (a look at every step of every loop: issue #41)
     folder = ws.specs
     specs = os.fspath(folder) + os.sep
-    specs_real = real_folder(specs[:-1]) + os.sep
+    specs_real = real_path(specs[:-1]) + os.sep
     found = _markdown(folder)
     if os.path.isdir(f"{os.fspath(ws.root)}{os.sep}.kiro{os.sep}specs"):  # most workspaces have none: no Path built
         found += [(os.fspath(p), "spec") for p in kiro_specs(ws.root)]
@@ -210,8 +216,8 @@ def _not_a_dir(path: Path) -> str | None:
 
 def _real(path: Path) -> Path:
     """`path.resolve()` that never raises: a symlink loop stays as it is (Path.resolve raises
-    RuntimeError on one in Python 3.11)."""
-    return Path(os.path.realpath(path))
+    RuntimeError on one in Python 3.11). Asked of the kernel (`real_path`)."""
+    return Path(real_path(os.fspath(path)))
 
 
 def _utf8(path: Path) -> Path:
