@@ -175,7 +175,7 @@ def task_names(ws: Workspace, *, in_specs: bool = True) -> Iterator[tuple[str, s
         elif not _is_task_name(os.path.basename(name)):
             continue
         elif os.path.isfile(name):
-            real = os.path.realpath(name)
+            real = real_path(name)
         else:
             continue
         if real not in seen:
