@@ -92,7 +92,7 @@ class Item:
     headers: dict[str, str] = field(default_factory=dict)
     error: HttpError | None = None
     raw_body: bytes | None = None
-    fault: str | None = None  # "reset": the connection is reset; "truncate": half the body, then closed
+    fault: str | None = None  # "reset": the connection is reset; "close": closed unanswered; "truncate": half the body
 
 
 class FakeOpenAI(FakeServer):
@@ -134,10 +134,11 @@ class FakeOpenAI(FakeServer):
         self._push(Item(status=status, raw_body=body, headers=dict(headers or {})))
 
     def fault(self, kind: str, *, times: int = 1, content: str = "ok") -> None:
-        """Queue a transport fault: "reset" (TCP RST instead of an answer), "truncate" (a reply
+        """Queue a transport fault: "reset" (TCP RST instead of an answer), "close" (the connection
+        closed without an answer), "truncate" (a reply
         whose body stops half-way, then the connection closes) or "unbounded" (a reply without a
         Content-Length whose body, a JSON string, runs on for 80 MiB until the connection closes)."""
-        assert kind in ("reset", "truncate", "unbounded"), kind
+        assert kind in ("reset", "close", "truncate", "unbounded"), kind
         for _ in range(times):
             self._push(replace(_reply(content), fault=kind))
 
@@ -223,6 +224,8 @@ class FakeOpenAI(FakeServer):
         if item.fault == "reset":
             handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             handler.connection.close()
+        elif item.fault == "close":
+            handler.connection.shutdown(socket.SHUT_RDWR)
         elif item.fault == "truncate":
             payload = json.dumps(self._completion(item, model)).encode()
             handler.send_response(200)

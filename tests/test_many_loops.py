@@ -116,21 +116,16 @@ def test_a_loops_next_model_call_minutes_later_goes_over_the_connection_its_last
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With a thousand loops in one process a loop's next model call comes a minute or more after its last
     (bench/many_loops.py: 20 calls a second). The openai client keeps its idle connection that long, where
-    httpx alone drops it after 5 s: a new TCP connect, and TLS handshake, for nearly every call. Kept for
-    two minutes, not for ever. The connection pool's clock is moved on instead of waiting."""
-    import httpcore2._async.http11 as http11
+    its transport alone drops it sooner (aiohttp: 15 s): a new TCP connect, and TLS handshake, for nearly
+    every call. Kept for two minutes, not for ever. The connection pool's clock (aiohttp's connector) is
+    moved on instead of waiting."""
+    import aiohttp.connector
 
     from kiro.executors.openai_agent import SharedClient
     from kiro.store.config import Config
 
     ahead = [0.0]
-
-    class PoolClock:
-        @staticmethod
-        def monotonic() -> float:
-            return time.monotonic() + ahead[0]
-
-    monkeypatch.setattr(http11, "time", PoolClock)
+    monkeypatch.setattr(aiohttp.connector, "monotonic", lambda: time.monotonic() + ahead[0])
     body = {"model": "m", "messages": [{"role": "user", "content": "# Current step: 1"}]}
 
     async def calls(base_url: str) -> None:

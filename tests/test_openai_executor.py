@@ -107,8 +107,15 @@ def test_the_request_is_the_bytes_the_openai_clients_create_sends(tmp_path: Path
     """kiro sends a model call through the openai client's `post` with the body's bytes, the loop's tool
     schemas encoded once: the endpoint gets the body and headers the client's typed
     `chat.completions.create` sends for the same model, messages and tools, call after call (a text
-    beyond ASCII included, as the client sends it: UTF-8, not escaped)."""
+    beyond ASCII included, as the client sends it: UTF-8, not escaped). Through the same client (kiro's
+    `SharedClient`, openai's aiohttp transport): the same header lines, in the same order, the names in
+    the same case. Through openai's default client (httpx's own transport): the same body and headers; only
+    the case of the four names httpx adds itself differs on the wire (Host, Accept-Encoding, Connection,
+    Content-Length: httpx sends them capitalised, the aiohttp transport hands aiohttp httpx's lower-case
+    names), which HTTP does not tell apart (RFC 9110 §5.1)."""
     import openai
+
+    from kiro.executors.openai_agent import SharedClient
 
     h = harness(tmp_path, fake)
     fake.reply(call("write_file", {"path": "hello.txt", "content": "héllo ✓ \u2028 \"quoted\"\n"}))
@@ -118,21 +125,37 @@ def test_the_request_is_the_bytes_the_openai_clients_create_sends(tmp_path: Path
     sent = fake.chat_requests
     assert len(sent) == 3 and "héllo ✓" in sent[2].raw.decode()
 
-    async def typed() -> None:
+    async def typed(client: openai.AsyncOpenAI) -> None:
+        for rec in sent:
+            fake.reply(call("complete_step", {"summary": "again"}))
+            await client.chat.completions.create(model=rec.body["model"], messages=rec.body["messages"],
+                                                 tools=rec.body["tools"])
+
+    async def through_kiros_client() -> None:
+        shared = SharedClient(fake.base_url, "not-needed", h.config.llm)
+        try:
+            await typed(shared.client)
+        finally:
+            await shared.close()
+
+    async def through_the_default_client() -> None:
         client = openai.AsyncOpenAI(api_key="not-needed", base_url=fake.base_url, max_retries=2,
                                     timeout=h.config.llm.request_timeout_seconds)
         try:
-            for rec in sent:
-                fake.reply(call("complete_step", {"summary": "again"}))
-                await client.chat.completions.create(model=rec.body["model"], messages=rec.body["messages"],
-                                                     tools=rec.body["tools"])
+            await typed(client)
         finally:
             await client.close()
 
-    asyncio.run(typed())
-    again = fake.chat_requests[3:]
+    asyncio.run(through_kiros_client())
+    same = fake.chat_requests[3:6]
+    assert [r.raw for r in same] == [r.raw for r in sent]
+    assert [r.lines for r in same] == [r.lines for r in sent]
+    asyncio.run(through_the_default_client())
+    again = fake.chat_requests[6:]
     assert [r.raw for r in again] == [r.raw for r in sent]
     assert [r.headers for r in again] == [r.headers for r in sent]
+    cased = {"Host", "Accept-Encoding", "Connection", "Content-Length"}
+    assert [[(k.lower() if k in cased else k, v) for k, v in r.lines] for r in again] == [r.lines for r in sent]
 
 
 def test_parallel_tool_calls_run_in_order(tmp_path: Path, fake: FakeOpenAI) -> None:
@@ -398,6 +421,35 @@ def test_unreachable_endpoint_is_a_failed_attempt(tmp_path: Path, fake: FakeOpen
     result = run(h)
     assert result.outcome == "failed"
     assert result.error is not None and "could not connect to http://127.0.0.1" in result.error
+
+
+def test_a_connection_reset_or_closed_is_a_connection_failure_not_a_timeout(tmp_path: Path,
+                                                                            fake: FakeOpenAI) -> None:
+    """The client's aiohttp transport calls every connection error a connect timeout (the client then
+    raises APITimeoutError); kiro says what happened: the connection was reset, or closed without an
+    answer, after the client's retries (the same as for a timeout)."""
+    import openai
+
+    from kiro.executors.openai_agent import SharedClient
+
+    fake.fault("reset", times=2)
+    h = harness(tmp_path, fake, llm={"max_retries": 1})
+    result = run(h)
+    assert result.outcome == "failed" and result.error is not None
+    assert "could not connect to http://127.0.0.1" in result.error and "after 1 retry" in result.error
+    assert "Connection reset by peer" in result.error and "timed out" not in result.error
+
+    async def closed() -> None:
+        fake.fault("close")  # the connection closed without an answer
+        shared = SharedClient(fake.base_url, "sk-test", h.config.llm.model_copy(update={"max_retries": 0}))
+        try:
+            with pytest.raises(openai.APIConnectionError) as raised:
+                await shared.chat({"model": "m", "messages": []})
+            assert not isinstance(raised.value, openai.APITimeoutError)
+        finally:
+            await shared.close()
+
+    asyncio.run(closed())
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:

@@ -41,7 +41,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
-import httpx2  # the openai client's HTTP library
+import aiohttp  # the openai client's transport (openai[aiohttp]: `SharedClient`)
+import httpx2  # the interface of the openai client's HTTP client
 import openai
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
@@ -219,6 +220,17 @@ async def _bound_reply(response: httpx2.Response) -> None:
         response.stream = _BoundedBody(response.stream, response.request)
 
 
+def _not_a_timeout(exc: openai.APITimeoutError) -> BaseException | None:
+    """What failed, when the client calls a failure a timeout that was none: its aiohttp transport
+    turns every aiohttp connection error (refused, reset, closed, a certificate refused) into httpx's
+    ConnectTimeout, which the client raises as APITimeoutError ("timed out after 600 s") after the
+    same retries as a connection error. The aiohttp error when it is not a timeout, else None."""
+    cause = exc.__cause__.__cause__ if exc.__cause__ is not None else None
+    if isinstance(cause, aiohttp.ClientError) and not isinstance(cause, TimeoutError):
+        return cause
+    return None
+
+
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """The TLS context the openai client builds for itself (the system's CAs, SSL_CERT_FILE and
@@ -243,7 +255,7 @@ class SharedClient:
         entry = next((e for e in entries if e[1] < LOOPS_PER_CLIENT), None)
         if entry is None:
             limits = openai.DEFAULT_CONNECTION_LIMITS
-            http = openai.DefaultAsyncHttpxClient(
+            http = openai.DefaultAioHttpClient(
                 verify=_tls_context(), event_hooks={"response": [_bound_reply]},
                 limits=httpx2.Limits(max_connections=limits.max_connections,
                                      max_keepalive_connections=limits.max_keepalive_connections,
@@ -287,6 +299,11 @@ class SharedClient:
         `body=` sends, without encoding the same tool schemas on every call."""
         try:
             data = await self.client.post("/chat/completions", content=self.encode(body), cast_to=object)
+        except openai.APITimeoutError as exc:
+            failure = _not_a_timeout(exc)
+            if failure is None:
+                raise
+            raise openai.APIConnectionError(request=exc.request) from failure
         except RecursionError as exc:  # json.loads on a body nested deeper than Python's parser goes
             raise ValueError("its JSON is nested too deeply to read") from exc
         return _completion(data)

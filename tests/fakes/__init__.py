@@ -41,6 +41,7 @@ class Recorded:
     body: Any  # parsed JSON, or None
     raw: bytes = b""  # the body's bytes as sent
     peer: tuple[str, int] | None = None  # the client's address and port: one per TCP connection
+    lines: list[tuple[str, str]] = field(default_factory=list)  # the header lines as sent: names' case, order
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -168,7 +169,7 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = None
         return Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body, raw,
-                        peer=self.client_address[:2])
+                        peer=self.client_address[:2], lines=list(self.headers.items()))
 
     def _serve(self, answer: Callable[[Handler, Recorded], None]) -> None:
         rec = self._read()
