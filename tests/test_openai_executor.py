@@ -485,6 +485,37 @@ def test_an_https_endpoint_is_verified_against_the_trusted_certificates(tmp_path
         assert len(fake.chat_requests) == 1
 
 
+def test_every_client_uses_the_process_tls_context_and_kiros_pool_settings(fake: FakeOpenAI) -> None:
+    """The aiohttp transport builds its TLS context from `verify=` (httpx2.create_ssl_context): kiro's one
+    context of the process reaches every client's connector as it is, not a copy built per client (~20 ms
+    each); the connector keeps an idle connection KEEPALIVE_SECONDS and opens at most the client's limit."""
+    import openai
+
+    from kiro.executors.openai_agent import KEEPALIVE_SECONDS, LOOPS_PER_CLIENT, SharedClient, _tls_context
+    from kiro.store.config import Config
+
+    async def calls() -> None:
+        shared = [SharedClient(fake.base_url, "sk-test", Config().llm) for _ in range(LOOPS_PER_CLIENT + 1)]
+        clients = {id(s.client): s.client for s in shared}
+        try:
+            for s in shared:
+                fake.reply("hi")
+                await s.chat({"model": "m", "messages": []})
+            assert len(clients) == 2  # LOOPS_PER_CLIENT loops a client, then another
+            for client in clients.values():
+                transport = client._client._transport
+                connector = transport.client.connector
+                assert transport.ssl_context is _tls_context() and connector._ssl is _tls_context()
+                assert connector.limit == openai.DEFAULT_CONNECTION_LIMITS.max_connections
+                assert connector._keepalive_timeout == KEEPALIVE_SECONDS
+        finally:
+            for s in shared:
+                await s.close()
+            assert all(c._client._transport.client.closed for c in clients.values())
+
+    asyncio.run(calls())
+
+
 def test_401_is_an_executor_error_without_a_retry_flood(tmp_path: Path, fake: FakeOpenAI,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEY_ENV, "sk-wrong-key-0123456789")

@@ -175,10 +175,10 @@ except ImportError:  # pragma: no cover - older clients waited up to 60 s
 # less of the event loop's CPU a call at 1,000 loops (docs/guides/many-loops.md, session 32), for ~4 MB more in
 # all. The TLS context is the process's one either way, and a connection is a handshake either way.
 LOOPS_PER_CLIENT = 1
-# How long a client keeps an idle connection for the next call (httpx: 5 s). With many loops in one process a
-# loop's next call comes long after its last (1,000 loops at 20 calls a second: a minute), and a connection
-# that expired is a new TCP connect, and TLS handshake, for nearly every call. A connection the endpoint
-# closed meanwhile is not used: the pool sees it end (readable at idle) and opens another. Two minutes stays
+# How long a client keeps an idle connection for the next call (the client's default: 5 s). With many loops in
+# one process a loop's next call comes long after its last (1,000 loops at 20 calls a second: a minute), and a
+# connection that expired is a new TCP connect, and TLS handshake, for nearly every call. A connection the
+# endpoint closed meanwhile is not used: the pool sees it end (readable at idle) and opens another. Two minutes stays
 # under the idle timeouts of NATs and load balancers that drop a connection without a word (4 minutes and up;
 # RFC 5382 asks for over two hours).
 KEEPALIVE_SECONDS = 120.0
@@ -211,8 +211,9 @@ class _BoundedBody(httpx2.AsyncByteStream):
 
 
 async def _bound_reply(response: httpx2.Response) -> None:
-    """The HTTP client's response hook (httpx has no limit of its own on a body): a reply that
-    announces more than MAX_REPLY_BYTES is refused at once, any other is read through `_BoundedBody`."""
+    """The HTTP client's response hook (neither httpx's client nor its aiohttp transport limits a
+    body): a reply that announces more than MAX_REPLY_BYTES is refused at once, any other is read
+    through `_BoundedBody`."""
     announced = response.headers.get("content-length", "")
     if announced.isdigit() and int(announced) > MAX_REPLY_BYTES:
         raise ReplyTooLarge(message=f"the reply announces {int(announced)} bytes", request=response.request)
@@ -234,7 +235,9 @@ def _not_a_timeout(exc: openai.APITimeoutError) -> BaseException | None:
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """The TLS context the openai client builds for itself (the system's CAs, SSL_CERT_FILE and
-    SSL_CERT_DIR honoured), built once for every client of the process: it costs ~20 ms a client."""
+    SSL_CERT_DIR honoured), built once for every client of the process: it costs ~20 ms a client.
+    The aiohttp transport passes it to `httpx2.create_ssl_context(verify=...)`, which hands an
+    SSLContext back as it is, and its connector uses that one."""
     return httpx2.create_ssl_context()
 
 
