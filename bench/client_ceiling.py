@@ -4,8 +4,8 @@ did nothing but call the model (issue #41's rail: >= 300 model calls a second wi
     python bench/client_ceiling.py [--clients 1000] [--calls 10] [--rounds 3]
 
 bench/many_loops.py's loopback server answers; this process runs `--clients` tasks, each with its own
-`kiro.executors.openai_agent.SharedClient` (as each of kiro's loops has one: LOOPS_PER_CLIENT = 1, the
-process's one TLS context), each making `--calls` calls one after the other with the body kiro's executor
+`kiro.executors.openai_agent.SharedClient` (as each of kiro's loops has one: LOOPS_PER_CLIENT loops share a
+client, the process's one TLS context), each making `--calls` calls one after the other with the body kiro's executor
 sends (the model, a system and a user message of a step's size, the tool schemas of kiro's default toolset),
 all at once on one event loop. Nothing else of kiro runs: no step, no event, no save. Prints, per round, the
 calls a second and this process's CPU a call (user and system), with the load average. Each reply is

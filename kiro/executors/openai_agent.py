@@ -170,11 +170,13 @@ try:
     from openai._constants import MAX_RETRY_AFTER_DELAY as CLIENT_RETRY_AFTER_LIMIT
 except ImportError:  # pragma: no cover - older clients waited up to 60 s
     CLIENT_RETRY_AFTER_LIMIT = 60
-# Loops a client serves. Its connection pool looks at every connection it holds (is it expired? readable?) twice
-# a request, and with the connections kept (below) a client of 8 loops holds 8: a pool per loop costs ~0.2-0.4 ms
-# less of the event loop's CPU a call at 1,000 loops (docs/guides/many-loops.md, session 32), for ~4 MB more in
-# all. The TLS context is the process's one either way, and a connection is a handshake either way.
-LOOPS_PER_CLIENT = 1
+# Loops a client serves. Its connection pool (aiohttp's connector) takes a kept connection off a queue per host
+# and puts it back, whatever the connections it holds (httpx's own pool looked at each of them twice a request:
+# one client a loop then, docs/guides/many-loops.md, session 32); a client is an aiohttp session, its connector and
+# cookie jar, an httpx client and an openai client, ~10 KB: 8 loops a client hold ~10 MB less at 1,000 loops
+# (docs/guides/step-cost.md, session 36). The TLS context is the process's one either way, and each loop's call
+# in flight has its connection either way.
+LOOPS_PER_CLIENT = 8
 # How long a client keeps an idle connection for the next call (the client's default: 5 s). With many loops in
 # one process a loop's next call comes long after its last (1,000 loops at 20 calls a second: a minute), and a
 # connection that expired is a new TCP connect, and TLS handshake, for nearly every call. A connection the
@@ -242,10 +244,9 @@ def _tls_context() -> ssl.SSLContext:
 
 
 class SharedClient:
-    """An `openai.AsyncOpenAI` client for one endpoint, key and options, shared by up to
-    LOOPS_PER_CLIENT loops (and pre-checks) of the process: the client's connection pool looks at
-    each of its connections on every request, so the fewer loops a pool serves the less each request
-    costs; every client uses the process's one TLS context (`_tls_context`). The client does the
+    """An `openai.AsyncOpenAI` client over openai's aiohttp transport (`openai.DefaultAioHttpClient`)
+    for one endpoint, key and options, shared by up to LOOPS_PER_CLIENT loops (and pre-checks) of the
+    process; every client uses the process's one TLS context (`_tls_context`). The client does the
     retries (`llm.max_retries`: its backoff, a Retry-After up to its limit, its retry count header).
     `close()` when done; the last user of a client closes it."""
 
