@@ -223,6 +223,14 @@ async def _bound_reply(response: httpx2.Response) -> None:
         response.stream = _BoundedBody(response.stream, response.request)
 
 
+async def _userinfo_as_header_only(request: httpx2.Request) -> None:
+    """The HTTP client's request hook: a base URL with a user and password (`https://user:pw@host/v1`) is sent
+    as httpx sends it, an `Authorization: Basic` header (httpx's client made it from the URL) and the URL
+    without them; the aiohttp transport would otherwise hand aiohttp both, which it refuses (ValueError)."""
+    if request.url.userinfo:
+        request.url = request.url.copy_with(userinfo=b"")
+
+
 def _not_a_timeout(exc: openai.APITimeoutError) -> BaseException | None:
     """What failed, when the client calls a failure a timeout that was none: its aiohttp transport
     turns every aiohttp connection error (refused, reset, closed, a certificate refused) into httpx's
@@ -260,7 +268,7 @@ class SharedClient:
         if entry is None:
             limits = openai.DEFAULT_CONNECTION_LIMITS
             http = openai.DefaultAioHttpClient(
-                verify=_tls_context(), event_hooks={"response": [_bound_reply]},
+                verify=_tls_context(), event_hooks={"request": [_userinfo_as_header_only], "response": [_bound_reply]},
                 limits=httpx2.Limits(max_connections=limits.max_connections,
                                      max_keepalive_connections=limits.max_keepalive_connections,
                                      keepalive_expiry=KEEPALIVE_SECONDS))
