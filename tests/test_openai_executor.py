@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import ssl
@@ -450,6 +451,34 @@ def test_a_connection_reset_or_closed_is_a_connection_failure_not_a_timeout(tmp_
             await shared.close()
 
     asyncio.run(closed())
+
+
+def test_a_reply_that_is_not_http_is_a_connection_failure(tmp_path: Path) -> None:
+    """An endpoint that answers with something that is not HTTP: a failed attempt naming what came back
+    (aiohttp's error, which the client's transport passes on as it is), never an internal error."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        h = make_harness(tmp_path / "ws", llm={"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 0,
+                                              "api_key_env": KEY_ENV})
+        result = run(h)
+    finally:
+        listener.close()
+    assert result.outcome == "failed" and result.error is not None
+    assert "could not connect to http://127.0.0.1" in result.error and "ClientResponseError" in result.error
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:

@@ -316,6 +316,9 @@ class SharedClient:
             if failure is None:
                 raise
             raise openai.APIConnectionError(request=exc.request) from failure
+        except aiohttp.ClientError as exc:  # one the transport leaves unmapped (a reply that is not HTTP): not retried
+            request = httpx2.Request("POST", self.client.base_url.join("chat/completions"))
+            raise openai.APIConnectionError(request=request) from exc
         except RecursionError as exc:  # json.loads on a body nested deeper than Python's parser goes
             raise ValueError("its JSON is nested too deeply to read") from exc
         return _completion(data)
