@@ -302,7 +302,9 @@ def test_watch_runs_each_spec_once_through_symlinks_inside_kiro_specs_and_leaves
         tmp_path: Path) -> None:
     """Symlinks inside `.kiro/specs`: a second name for a spec folder, a second name for a finished one, and a
     spec folder that is a task folder of Specs/. Each real task file gets one loop; the finished one none. A
-    spec added afterwards shows that the watch looked at every name again meanwhile and started nothing more."""
+    spec added afterwards shows that the watch looked at every name again meanwhile and started nothing more.
+    It is added once every box is checked: made while a step of any loop still runs (shared's echo is in
+    runs.log before its step ends), it would wait for a person's approval (SPEC §15), and no loop would start."""
     root = tmp_path / "project"
     specs = root / ".kiro/specs"
     (specs / "done").mkdir(parents=True)
@@ -323,10 +325,15 @@ def test_watch_runs_each_spec_once_through_symlinks_inside_kiro_specs_and_leaves
 
     try:
         ws.wait_for(lambda: ran() == ["open-1", "open-2", "shared-1"], timeout=60, what="three steps")
-        ws.wait_for(lambda: "- [x] 2." in (specs / "open/tasks.md").read_text(), what="boxes")
+        ws.wait_for(lambda: "- [x] 2." in (specs / "open/tasks.md").read_text()
+                    and "- [x] 1." in (root / "Done/shared/tasks.md").read_text(), what="every box")
         (specs / "later").mkdir()  # the watch's next look at every name: then a new spec runs
         (specs / "later/tasks.md").write_text(shell_task(1, cmd='echo "later-$KIRO_STEP_ID" >> runs.log'))
-        ws.wait_for(lambda: "- [x] 1." in (specs / "later/tasks.md").read_text(), timeout=60, what="the later spec")
+        try:
+            ws.wait_for(lambda: "- [x] 1." in (specs / "later/tasks.md").read_text(), timeout=60,
+                        what="the later spec")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the watch said:\n{ws.output(proc)}") from None
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
