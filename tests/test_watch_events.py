@@ -98,6 +98,58 @@ def test_a_task_file_made_in_a_new_folder_before_the_watcher_watches_it_still_st
     assert (ws.root / "side_effects.log").read_text().split() == ["1", "2"]
 
 
+@pytest.mark.parametrize("kiro_there", [False, True], ids=["no .kiro", ".kiro with steering only"])
+def test_a_kiro_spec_made_after_the_watch_started_starts_on_its_events(ws: Workspace, kiro_there: bool) -> None:
+    """`.kiro/specs/` was not there when the watch started (a project Kiro had not planned in yet, or only its
+    steering): the spec Kiro then makes (`.kiro/specs/x/`, then its tasks.md) starts on the changes, not at the
+    rescan (600 s here; 30 s in kiro)."""
+    if kiro_there:
+        ws.write(".kiro/steering/product.md", "# Product\n")
+
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=2)
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: (ws.root / ".state/watch.pid").exists(), 10, "watch start")
+            await asyncio.sleep(2.5)  # the first scan found nothing, and the workspace's folders are still
+            (ws.root / ".kiro/specs/x").mkdir(parents=True)
+            (ws.root / ".kiro/specs/x/tasks.md").write_text(shell_task(1))
+            await until(lambda: "[x] 1." in (ws.root / ".kiro/specs/x/tasks.md").read_text(), BOUND,
+                        "loop for the spec")
+        finally:
+            sup.stop()
+            await runner
+
+    asyncio.run(scenario())
+    assert (ws.root / "side_effects.log").read_text().split() == ["1"]
+
+
+def test_a_person_approving_a_held_spec_starts_it_on_the_move_into_a_new_approved_folder(ws: Workspace) -> None:
+    """A step makes a spec (SPEC §15: it waits for a person); kiro's note makes `Approved/`, which was not there
+    when the watch started. The person's move of the note into it starts the spec on its change, not at the
+    rescan (600 s here; 30 s in kiro)."""
+    (ws.root / "plan.md").write_text(shell_task(1, cmd="echo planted >> side_effects.log"))
+    ws.task(shell_task(1, cmd="mkdir -p .kiro/specs/x && cp plan.md .kiro/specs/x/tasks.md"))
+
+    async def scenario() -> None:
+        sup = Supervisor(KiroWorkspace(ws.root), max_parallel=2)
+        runner = asyncio.create_task(sup.run())
+        try:
+            await until(lambda: (ws.root / "Done/feature/tasks.md").exists(), BOUND, "the planting loop")
+            notes = list((ws.root / "Pending_Approval").glob("task_file_*.md"))
+            assert len(notes) == 1, notes
+            await asyncio.sleep(2.5)  # every folder still: no scan is due but the rescan
+            notes[0].rename(ws.root / "Approved" / notes[0].name)
+            await until(lambda: "[x] 1." in (ws.root / ".kiro/specs/x/tasks.md").read_text(), BOUND,
+                        "loop for the approved spec")
+        finally:
+            sup.stop()
+            await runner
+
+    asyncio.run(scenario())
+    assert (ws.root / "side_effects.log").read_text().split() == ["planted"]
+
+
 def test_a_paused_loop_continues_on_the_deletion_of_its_hook(ws: Workspace) -> None:
     ws.task(shell_task(6, cmd='echo "$KIRO_STEP_ID" >> side_effects.log; sleep 0.2'), "Specs/alpha/tasks.md")
 

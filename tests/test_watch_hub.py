@@ -179,13 +179,18 @@ def _inotify_fds() -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts inotify descriptors")
-def test_a_released_hub_leaves_no_inotify_descriptor_open(ws: Workspace) -> None:
+@pytest.mark.parametrize("all_there", [True, False], ids=["every folder there", "Approved/ and .kiro/specs/ not"])
+def test_a_released_hub_leaves_no_inotify_descriptor_open(ws: Workspace, all_there: bool) -> None:
+    """One descriptor for the folders; one more for the top level's watch while a folder is missing."""
+    if all_there:
+        for name in kiro.core.watch.WATCHED_IF_THERE:
+            (ws.root / name).mkdir(parents=True)
     before = _inotify_fds()
 
     async def scenario() -> None:
         hub = await acquire_hub(ws.root)
         assert hub.failed is None, hub.failed
-        assert _inotify_fds() == before + 1
+        assert _inotify_fds() == before + (1 if all_there else 2)
         await release_hub(hub)
 
     asyncio.run(scenario())

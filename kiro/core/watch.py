@@ -1,8 +1,10 @@
 """Reacting to files without polling: one watchfiles watcher per workspace per process, over the
 folders people use to steer loops (`.hooks/`, `Specs/`, `Done/`, `Needs_Action/`, `.state/inbox/`, and
 a project's `.kiro/specs/` and the workspace's `Approved/` when they are there). A folder not there yet is
-not made (in a Kiro repository a loop makes no `Specs/`, `Done/` or `Needs_Action/` at the project's root):
-the workspace's top level is watched alone (not recursively) until it appears, then watched too.
+not made (in a Kiro repository a loop makes no `Specs/`, `Done/` or `Needs_Action/` at the project's root;
+`.kiro/specs/` is Kiro's, `Approved/` comes with kiro's first note): the workspace's top level, and `.kiro/`
+when it is there, are watched alone (not recursively) until it appears, then it is watched too, and every
+waiter looks again once its watch is set up (a file made in it before then gives no change).
 
 Every change batch wakes every subscribed waiter; a waiter then re-checks its own conditions (a few
 `stat` calls). kiro's own writes wake nobody (`kiro.fs.ownwrites`, as watchfiles' filter). While nothing
@@ -30,7 +32,9 @@ MADE = (".state/inbox",)  # kiro's own (under the state folder): made when missi
 # (kiro.store.approval), which wakes `kiro loop watch` (made by the first note: never made here)
 WATCHED_IF_THERE = (".kiro/specs", "Approved")
 # watchfiles hands a batch over once STEP_MS pass without a new change, or DEBOUNCE_MS after its first:
-# a hook dropped is seen in one to two steps (bench/hook_reaction.py). Each step takes the GIL once.
+# a hook dropped is seen in one to two steps (bench/hook_reaction.py). Each step takes the GIL once. The
+# top level's watch, there while a folder is missing, steps every DEBOUNCE_MS (a folder that appears is seen
+# within ~0.1 s; idle, ~1 ms of CPU a second where every STEP_MS took ~8).
 STEP_MS = 5
 DEBOUNCE_MS = 50
 RUST_TIMEOUT_MS = 5_000  # a watcher whose event loop went away unstopped ends its thread within this
@@ -85,30 +89,35 @@ class ChangeHub:
             await asyncio.sleep(0)  # a failure is the hub's (`failed`) before this returns
 
     def _present(self) -> set[str]:
-        return {name for name in WATCHED if (self.root / name).is_dir()}
+        """The folders watched, and `.kiro` (where `.kiro/specs` appears), that are there now."""
+        return {name for name in (*WATCHED, *WATCHED_IF_THERE, ".kiro") if (self.root / name).is_dir()}
 
-    def _paths(self) -> tuple[list[Path], bool]:
-        """The folders there now, and whether one of WATCHED is still missing."""
+    def _paths(self) -> tuple[list[Path], list[Path], bool]:
+        """The folders there now; those watched alone while one is missing (the top level, and `.kiro` while
+        `.kiro/specs` is missing); and whether one of WATCHED is missing (a Kiro repository's top level)."""
         paths: list[Path] = []
-        missing = False
+        missing: set[str] = set()
         for name in (*WATCHED, *WATCHED_IF_THERE):  # a project's own folders: watched, never made
             p = self.root / name
             if not p.is_dir():
-                missing = missing or name in WATCHED
+                missing.add(name)
             elif p.resolve() not in {q.resolve() for q in paths}:
                 paths.append(p)
-        return paths, missing
+        tops = [self.root] if missing else []
+        if ".kiro/specs" in missing and (self.root / ".kiro").is_dir():
+            tops.append(self.root / ".kiro")
+        return paths, tops, not missing.isdisjoint(WATCHED)
 
     async def _run(self) -> None:
         assert self._stop is not None
         try:
             while not self._stop.is_set():
-                paths, missing = self._paths()
-                if not missing:
+                paths, tops, loose = self._paths()
+                if not tops:
                     await self._watch(paths, self._stop)
                     return
                 again = asyncio.Event()  # a missing folder appeared: watch it as well
-                top = asyncio.create_task(self._watch_top(again, self._present()))
+                top = asyncio.create_task(self._watch_top(again, tops, self._present(), loose=loose))
                 try:
                     await self._watch(paths, again)
                 finally:
@@ -123,18 +132,21 @@ class ChangeHub:
         if not paths:
             await stop.wait()
             return
-        await self._watched(paths, stop, recursive=True, on_change=self.notify)
+        # set up anew once a folder appeared: what changed before then (its files) is looked at now
+        await self._watched(paths, stop, recursive=True, on_change=self.notify, on_ready=self.notify)
 
-    async def _watch_top(self, again: asyncio.Event, present: set[str]) -> None:
-        """The workspace's top level, not recursively, while a watched folder is missing: sets `again` when
-        one appears (or the hub stops)."""
+    async def _watch_top(self, again: asyncio.Event, tops: list[Path], present: set[str], *, loose: bool) -> None:
+        """`tops` (the workspace's top level, `.kiro`), not recursively, while a watched folder is missing: sets
+        `again` when one appears (or the hub stops). `loose`: one of WATCHED is missing (a Kiro repository), and
+        any change at the top level wakes the waiters too."""
         assert self._stop is not None
         stop = self._stop
         relay = asyncio.create_task(stop.wait())
         relay.add_done_callback(lambda _t: again.set())
 
         def changed() -> None:
-            self.notify()
+            if loose:
+                self.notify()
             appeared()
 
         def appeared() -> None:  # also a folder made before the watch was set up
@@ -142,19 +154,21 @@ class ChangeHub:
                 again.set()
 
         try:
-            await self._watched([self.root], again, recursive=False, on_change=changed, on_ready=appeared)
+            await self._watched(tops, again, recursive=False, on_change=changed, on_ready=appeared,
+                                step=max(STEP_MS, DEBOUNCE_MS))
         finally:
             relay.cancel()
 
     async def _watched(self, paths: list[Path], stop: asyncio.Event, *, recursive: bool,
-                       on_change: Callable[[], object], on_ready: Callable[[], object] | None = None) -> None:
+                       on_change: Callable[[], object], on_ready: Callable[[], object] | None = None,
+                       step: int | None = None) -> None:
         """watchfiles' `watch` over `paths` on a thread of its own until `stop` is set: `on_change()` runs on
         the event loop for each batch that holds a change not kiro's own. The filter looks first on that
         thread, so kiro's own edits in these folders (a step's box, twice a step) never wake the event loop
         (`awatch` handed every batch to it through anyio). A batch that passes is looked at again on the
         event loop, where kiro notes its own writes, so an edit noted just after the thread's look wakes
-        nobody. `on_ready()`: once the watches are set up. Raises what the watch raised (it could not
-        start)."""
+        nobody. `on_ready()`: once the watches are set up. `step`: watchfiles' step, STEP_MS unless said. Raises
+        what the watch raised (it could not start)."""
         import threading
 
         from watchfiles import watch
@@ -187,7 +201,7 @@ class ChangeHub:
         def run() -> None:
             failure: BaseException | None = None
             try:
-                for changes in watch(*paths, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=STEP_MS,
+                for changes in watch(*paths, watch_filter=_relevant, debounce=DEBOUNCE_MS, step=step or STEP_MS,
                                      stop_event=Halt(), rust_timeout=RUST_TIMEOUT_MS, recursive=recursive,
                                      ignore_permission_denied=True, raise_interrupt=False):
                     _call(loop, batch, changes)
