@@ -115,3 +115,33 @@ def test_a_task_file_map_rewritten_with_its_old_mtime_is_read_again(ws: Workspac
     assert taskmap.task_id_for(state_dir, task) == "loop_aaaa"
     rewrite_keeping_times(record, record.read_text().replace("loop_aaaa", "loop_bbbb"))
     assert taskmap.task_id_for(state_dir, task) == "loop_bbbb"
+
+
+def test_a_stop_hook_is_found_by_the_folders_kept_listing_as_by_a_stat_of_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`first_present` (a loop's look for its stop hooks at every safe point) answers what `os.path.exists` of
+    each name does: a hook planted with the folder's mtime put back is found (the folder's ctime moved), a link
+    to nothing is no hook, and the same link counts once its target appears, though the folder did not change."""
+    monkeypatch.setattr(statcache, "RACY_NS", -(10**18))  # every folder counts as settled: its listing is kept
+    hooks = tmp_path / ".hooks"
+    hooks.mkdir()
+    names = ("stop_autonomous_loop_t1.md", "stop_autonomous_loop.md")
+    assert statcache.first_present(str(hooks), names) is None
+    assert statcache.first_present(str(tmp_path / "none"), names) is None
+
+    before = os.stat(hooks)
+    (hooks / names[1]).write_text("stop\n")
+    os.utime(hooks, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert statcache.first_present(str(hooks), names) == str(hooks / names[1])
+
+    target = tmp_path / "later.md"
+    (hooks / names[0]).symlink_to(target)
+    assert statcache.first_present(str(hooks), names) == str(hooks / names[1])  # the link leads nowhere yet
+    (hooks / names[1]).unlink()
+    assert statcache.first_present(str(hooks), names) is None
+    settled = os.stat(hooks)
+    assert statcache.first_present(str(hooks), names) is None  # the listing is kept now
+    target.write_text("stop\n")  # .hooks/ itself does not change
+    assert os.stat(hooks).st_mtime_ns == settled.st_mtime_ns and os.stat(hooks).st_ctime_ns == settled.st_ctime_ns
+    assert statcache.first_present(str(hooks), names) == str(hooks / names[0])
+

@@ -41,7 +41,7 @@ from kiro.errors import ExecutorError, KiroError, TaskFileError, TaskNotFound, r
 from kiro.executors import prompts
 from kiro.executors.base import Executor, Guard, StepContext, StepResult
 from kiro.executors.verify import run_verify, verify_error, verify_failed
-from kiro.fs import diskfull, writer
+from kiro.fs import diskfull, statcache, writer
 from kiro.fs.atomic import atomic_write
 from kiro.fs.writer import WriteQueue
 from kiro.processes import groups, sandbox
@@ -213,7 +213,7 @@ class Loop:
         self._area_key: tuple[Path, int, int] | None = None
         self._area: str | None = None
         self._write_problems: list[str] = []
-        self._hooks: tuple[str, tuple[Path, Path]] | None = None  # (task id, its stop hooks)
+        self._hooks: tuple[str, str, tuple[str, str]] | None = None  # (task id, .hooks/, its stop hooks' names)
         self._save_owed = False  # `save_soon()` was called and no save has been made since
         self._save_held = 0  # inside `aside()`: a yield there does not make the owed save
 
@@ -362,11 +362,11 @@ class Loop:
         if self.settings.check_stop_hook:
             hooks = self._hooks
             if hooks is None or hooks[0] != self.state.task_id:
-                hooks = self._hooks = (self.state.task_id, (self.ws.hook_file(self.state.task_id),
-                                                            self.ws.global_hook_file))
-            for hook in hooks[1]:
-                if os.path.exists(hook):
-                    return conditions.stop_hook(hook, self.ws)
+                hooks = self._hooks = (self.state.task_id, os.fspath(self.ws.hooks),
+                                       (self.ws.hook_file(self.state.task_id).name, self.ws.global_hook_file.name))
+            hook = statcache.first_present(hooks[1], hooks[2])  # a stat of .hooks/ while nothing in it changed
+            if hook is not None:
+                return conditions.stop_hook(Path(hook), self.ws)
         limit = self.state.timeout_seconds or self.settings.timeout_seconds
         if self.run_elapsed() >= limit:
             return conditions.timed_out(limit, self.run_elapsed())

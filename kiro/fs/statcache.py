@@ -67,3 +67,42 @@ class StatCache(Generic[T]):
 
     def clear(self) -> None:
         self._kept.clear()
+
+
+_names: StatCache[frozenset[str] | None] = StatCache(most=1024)  # the folders' listings (`names`)
+
+
+def _listdir(folder: str) -> frozenset[str] | None:
+    try:
+        return frozenset(os.listdir(folder))
+    except OSError:
+        return None
+
+
+def names(folder: str) -> frozenset[str] | None:
+    """The names of the entries in `folder`, listed again only when it changed (the rule above): a stat of the
+    folder while nothing was added to it, removed from it or renamed in or out. Empty when there is no folder
+    there; None when it cannot be listed (ask of each path what is asked)."""
+    try:
+        st = os.stat(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()  # no folder there: nothing in it
+    except (OSError, ValueError):
+        return None
+    return _names.read(folder, st, lambda: _listdir(folder), keep=lambda listing: listing is not None)
+
+
+def first_present(folder: str, candidates: tuple[str, ...]) -> str | None:
+    """The path of the first of `candidates` in `folder` that `os.path.exists` (a link counts by its target), or
+    None. The same answer as asking `os.path.exists` of each, for one stat of the folder while nothing in it
+    changed (`names`): a name the folder does not hold is not asked of the kernel, one it holds is, each time (a
+    link whose target appears later counts then). A loop asks for its stop hooks at every safe point: two stats
+    each time were ~6 a model call (issue #41)."""
+    held = names(folder)
+    for name in candidates:
+        if held is not None and name not in held:
+            continue
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            return path
+    return None
