@@ -145,3 +145,34 @@ def test_a_stop_hook_is_found_by_the_folders_kept_listing_as_by_a_stat_of_each(
     assert os.stat(hooks).st_mtime_ns == settled.st_mtime_ns and os.stat(hooks).st_ctime_ns == settled.st_ctime_ns
     assert statcache.first_present(str(hooks), names) == str(hooks / names[0])
 
+
+def test_a_prompts_build_looks_at_config_once_and_sees_a_file_a_person_adds(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One build of a step's prompts (`prompts.Overrides`) asks what `config/` holds once: with no override there,
+    two stats (`config/`, `AGENTS.md`) where each of the four files was stat'ed. A prompt or rules file a person
+    adds later is used at the next build, also with `config/`'s mtime put back (its ctime moved)."""
+    monkeypatch.setattr(statcache, "RACY_NS", -(10**18))  # every folder counts as settled: its listing is kept
+    ws.write("config/autonomous_loop.yaml", "autonomous_loop: {}\n")
+    kws = KiroWorkspace(ws.root)
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def counting(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        stats.append(os.fspath(path))  # type: ignore[arg-type]
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", counting)
+    overrides = prompts.Overrides(kws)
+    assert overrides.template("step.md").template == prompts.template("step.md").template  # kiro's own
+    assert overrides.template("system.md").template == prompts.template("system.md").template
+    assert overrides.rules() == ""
+    assert stats == [str(ws.root / "config"), str(ws.root / "AGENTS.md")]
+
+    config = ws.root / "config"
+    before = real_stat(config)
+    ws.write("config/prompts/step.md", "Do it now.\n")
+    ws.write("config/rules.md", "Be brief.\n")
+    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+    overrides = prompts.Overrides(kws)
+    assert overrides.template("step.md").template == "Do it now.\n"
+    assert "Be brief." in overrides.rules()

@@ -204,14 +204,16 @@ class ExecutorBase:
         the shell executor) gets no system prompt ("")."""
         from kiro.executors import prompts
 
+        overrides = prompts.Overrides(workspace)  # the workspace's prompt files, looked at once for both
         text = prompts.step_prompt(task, step, state, attempt=attempt, previous_error=previous_error,
                                    verify_output=verify_output, verify_command=verify_command,
-                                   continuation=continuation, workspace=workspace,
+                                   continuation=continuation, workspace=workspace, overrides=overrides,
                                    finish=self.finish_instruction(step, task_path or state.task_path, task=task,
                                                                   task_file=task_file))
         if not self.reads_prompt:
             return "", text
-        return prompts.system_prompt(task, state, workspace, template_name=self.system_template), text
+        return prompts.system_prompt(task, state, workspace, template_name=self.system_template,
+                                     overrides=overrides), text
 
     async def aclose(self) -> None:
         return None

@@ -15,6 +15,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING
 
+from kiro.fs import statcache
 from kiro.fs.statcache import StatCache
 from kiro.status import percent
 from kiro.store import kirospec
@@ -65,36 +66,62 @@ def _template(text: str) -> Template:
     return Template(text)
 
 
-def template(name: str, workspace: Workspace | None = None) -> Template:
-    if workspace is not None:
-        override = _read_text(os.path.join(workspace.root, "config", "prompts", name))
-        if override is not None:
-            return _template(override)
-    return _template(_packaged(name))
+class Overrides:
+    """The workspace's own prompt files as one prompt's build finds them: `config/prompts/<name>` in place of a
+    template kiro ships, `config/rules.md` (else `AGENTS.md` at the root) for the rules. What `config/` holds is
+    looked at once a build (`kiro.fs.statcache.names`: a stat of it while nothing in it changed), and only a file
+    it holds is stat'ed: a build with no override asks two stats (`config/`, `AGENTS.md`), not four (issue #41).
+    Each file is still read fresh at every build: a person may add, edit or remove one at any time."""
 
+    __slots__ = ("config", "root")
 
-def _rules(workspace: Workspace | None) -> str:
-    """The workspace's own rules for agents: `config/rules.md`, or AGENTS.md at the root."""
-    if workspace is None:
+    def __init__(self, workspace: Workspace | None) -> None:
+        self.root = os.fspath(workspace.root) if workspace is not None else None
+        config = os.path.join(self.root, "config") if self.root is not None else None
+        self.config = statcache.names(config) if config is not None else frozenset()
+
+    def _in_config(self, name: str) -> bool:
+        return self.config is None or name in self.config  # not listed: look at the file itself
+
+    def template(self, name: str) -> Template:
+        if self.root is not None and self._in_config("prompts"):
+            override = _read_text(os.path.join(self.root, "config", "prompts", name))
+            if override is not None:
+                return _template(override)
+        return _template(_packaged(name))
+
+    def rules(self) -> str:
+        """The workspace's own rules for agents: `config/rules.md`, or AGENTS.md at the root."""
+        if self.root is None:
+            return ""
+        candidates = [os.path.join(self.root, "AGENTS.md")]
+        if self._in_config("rules.md"):
+            candidates.insert(0, os.path.join(self.root, "config", "rules.md"))
+        for candidate in candidates:
+            text = _read_text(candidate, errors="replace")
+            if text is not None:
+                return f"\n# Workspace rules\n{clip(text.strip(), 8000)}\n"
         return ""
-    for candidate in (os.path.join(workspace.root, "config", "rules.md"), os.path.join(workspace.root, "AGENTS.md")):
-        text = _read_text(candidate, errors="replace")
-        if text is not None:
-            return f"\n# Workspace rules\n{clip(text.strip(), 8000)}\n"
-    return ""
+
+
+def template(name: str, workspace: Workspace | None = None) -> Template:
+    return Overrides(workspace).template(name)
 
 
 def system_prompt(task: TaskFile, state: LoopState, workspace: Workspace | None = None,
-                  *, executor: str = "openai", template_name: str | None = None) -> str:
+                  *, executor: str = "openai", template_name: str | None = None,
+                  overrides: Overrides | None = None) -> str:
     """The standing instructions from `template_name` (the executor's `system_template`): tool-calling
     agents get `system.md`, external agent CLIs `agent_cli.md`, which speaks of checkboxes instead
-    of tools. Without a template, chosen by executor name (callers from before executors chose)."""
+    of tools. Without a template, chosen by executor name (callers from before executors chose). `overrides`:
+    the build's look at the workspace's prompt files (else one now)."""
     instructions = task.frontmatter.get("instructions")
     text = f"# Instructions for this task\n{instructions}\n" if isinstance(instructions, str) and instructions else ""
     name = template_name or ("system.md" if executor == "openai" else "agent_cli.md")
-    return template(name, workspace).safe_substitute(
+    overrides = overrides or Overrides(workspace)
+    return overrides.template(name).safe_substitute(
         title=task.title, task_path=state.task_path, task_id=state.task_id,
-        instructions=text, rules=_rules(workspace),
+        instructions=text, rules=overrides.rules(),
     )
 
 
@@ -140,9 +167,10 @@ def step_prompt(
     continuation: str | None = None,
     workspace: Workspace | None = None,
     finish: str | None = None,
+    overrides: Overrides | None = None,
 ) -> str:
     """The prompt for one attempt at one step. `finish` says how to report the step done; the
-    default is the tool-calling agent's `complete_step`."""
+    default is the tool-calling agent's `complete_step`. `overrides`: as `system_prompt`'s."""
     counts = task.counts()
     details = [d for d in step.details if not d.strip().startswith("_Requirements")]
     requirements = [d for d in step.details if d.strip().startswith("_Requirements")]
@@ -159,7 +187,7 @@ def step_prompt(
         if verify_output:
             verify_block += f"Its output last time:\n```\n{clip(verify_output, 3000)}\n```\n"
         verify_block += "\n"
-    return template("step.md", workspace).safe_substitute(
+    return (overrides or Overrides(workspace)).template("step.md").safe_substitute(
         continuation=(continuation + "\n") if continuation else "",
         step_id=step.id,
         step_title=step.title or step.text,
