@@ -785,8 +785,9 @@ class Loop:
         s = self.state
         before = s.current_step
         s.iteration += 1
-        record = s.step_record(step.id)
-        attempt = record.attempts + 1
+        record = s.steps.get(step.id)  # read only; a step not tried yet has none (not made: `bound` drops it)
+        attempt = record.attempts + 1 if record is not None else 1
+        last_error, last_verify = (record.last_error, record.last_verify_output) if record is not None else (None, None)
         started = timeutil.now()
         slept = self.slept  # a step's duration leaves out its waits (a usage limit's sleep)
         s.current_step = CurrentStep(step_id=step.id, description=step.title or step.text,
@@ -796,8 +797,8 @@ class Loop:
         continuation = prompts.continuation_context(s, step) if reason else None
         verify_cmd = self._verify_command(task)
         system, prompt = self.executor.build_prompts(  # the executor's own prompts and idea of "done"
-            task, step, s, workspace=self.ws, attempt=attempt, previous_error=record.last_error,
-            verify_output=record.last_verify_output, verify_command=verify_cmd, continuation=continuation,
+            task, step, s, workspace=self.ws, attempt=attempt, previous_error=last_error,
+            verify_output=last_verify, verify_command=verify_cmd, continuation=continuation,
             task_file=self.task_path,
         )
         s.context.last_prompt = clip(prompts.recent_prompt(prompt, continuation))  # without messages: never repeated
@@ -822,8 +823,8 @@ class Loop:
         ctx = StepContext(
             task_id=s.task_id, workspace=self.ws, project_dir=self.project_dir, task_path=self.task_path,
             task=task, step=step, iteration=s.iteration, attempt=attempt, prompt=prompt, system_prompt=system,
-            reinjected=reason is not None, continuation=continuation, previous_error=record.last_error,
-            verify_output=record.last_verify_output,
+            reinjected=reason is not None, continuation=continuation, previous_error=last_error,
+            verify_output=last_verify,
             timeout_seconds=max(0.1, min(self.cfg.step_timeout_seconds, remaining)),
             config=self.cfg, state=s, cancel=self.cancel, emit=self.emit, sleep=self._sleep_for_executor,
             guard=_LoopGuard(self), redact=self.redact, messages=lambda: self.take_messages("turn"),
@@ -955,8 +956,10 @@ class Loop:
 
     def _attempts(self, step_id: str, attempt: int) -> int:
         """The step's attempts up to `attempt`, less the runs a feature sent back (`_reopen`): what counts toward
-        max_step_retries and the receipt's `attempts`."""
-        return max(attempt - self.state.step_record(step_id).reopened, 0)
+        max_step_retries and the receipt's `attempts`. Read, not made: a step with no record had none sent back (a
+        record made here was one more model a step, cleared by `_record_success` field by field)."""
+        rec = self.state.steps.get(step_id)
+        return max(attempt - (rec.reopened if rec is not None else 0), 0)
 
     def _step_extras(self, result: StepResult, *, log: bool = False) -> dict[str, Any]:
         """A step event's optional fields, written only when there is something to say: the agent CLI
