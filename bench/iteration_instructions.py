@@ -69,10 +69,11 @@ def task(n: int, done: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-def count(tree: Path, steps: int, done: int = 0, sandbox: str | None = None, held: bool = True) -> int:
+def count(tree: Path, steps: int, done: int = 0, sandbox: str | None = None, held: bool = True,
+          network: str | None = None) -> int:
     """Instructions of one `kiro loop start` of `steps` steps, with `tree`'s kiro (`sandbox`: the config's
     `sandbox:`, None for the default; left out for a tree from before the box, which would refuse the key;
-    `held`: its timers held still, `HOLD`)."""
+    `held`: its timers held still, `HOLD`; `network`: the config's `sandbox_network:`, None for the default)."""
     if not (tree / "kiro/processes/sandbox.py").exists():
         sandbox = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,7 +81,8 @@ def count(tree: Path, steps: int, done: int = 0, sandbox: str | None = None, hel
         for name in ("Specs/a", "config"):
             (root / name).mkdir(parents=True)
         (root / "config/autonomous_loop.yaml").write_text("autonomous_loop:\n  max_iterations: 100000\n"
-                                                          + (f"sandbox: {sandbox}\n" if sandbox else ""))
+                                                          + (f"sandbox: {sandbox}\n" if sandbox else "")
+                                                          + (f"sandbox_network: {network}\n" if network else ""))
         (root / "Specs/a/tasks.md").write_text(task(steps, done))
         kiro = ["-c", HOLD] if held else ["-m", "kiro"]
         r = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out", sys.executable,
@@ -98,9 +100,9 @@ def count(tree: Path, steps: int, done: int = 0, sandbox: str | None = None, hel
 
 
 def per_iteration(tree: Path, few: int, many: int, done: int, sandbox: str | None,
-                  held: bool = True) -> tuple[float, int, int]:
-    count(tree, 1, sandbox=sandbox, held=held)  # byte-code caches written, not counted
-    a, b = count(tree, few, done, sandbox, held), count(tree, many, done, sandbox, held)
+                  held: bool = True, network: str | None = None) -> tuple[float, int, int]:
+    count(tree, 1, sandbox=sandbox, held=held, network=network)  # byte-code caches written, not counted
+    a, b = count(tree, few, done, sandbox, held, network), count(tree, many, done, sandbox, held, network)
     return (b - a) / (many - few), a, b
 
 
@@ -110,6 +112,8 @@ def main() -> None:
     ap.add_argument("--done", type=int, default=0, metavar="N", help="steps already checked at the top of the task")
     ap.add_argument("--previous-tree", type=Path)
     ap.add_argument("--sandbox", choices=("off", "bwrap"), help="the config's `sandbox:` (default: kiro's default)")
+    ap.add_argument("--network", choices=("on", "off", "host"),
+                    help="the config's `sandbox_network:` for a boxed run (default: kiro's default)")
     ap.add_argument("--live-timers", action="store_true",
                     help="run kiro's wall-clock timers as they are (the figure then moves with the load)")
     args = ap.parse_args()
@@ -120,10 +124,12 @@ def main() -> None:
     if args.previous_tree is not None:
         trees.append((str(args.previous_tree), args.previous_tree.resolve()))
     held = not args.live_timers
-    results = {label: per_iteration(tree, few, many, args.done, args.sandbox, held) for label, tree in trees}
+    results = {label: per_iteration(tree, few, many, args.done, args.sandbox, held, args.network)
+               for label, tree in trees}
     print(f"instructions per loop iteration, shell steps running `true` (callgrind, kiro's process; "
           f"runs of {few} and {many} steps{f', after {args.done} steps already done' if args.done else ''}; "
-          f"sandbox: {args.sandbox or 'default'}; timers {'held' if held else 'live'}):")
+          f"sandbox: {args.sandbox or 'default'}{f', network {args.network}' if args.network else ''}; "
+          f"timers {'held' if held else 'live'}):")
     mine = results["this tree"][0]
     for label, (each, a, b) in results.items():
         ratio = f"; {each / mine:.2f}x this tree" if label != "this tree" else ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,49 @@ def test_a_read_only_bind_inside_another_is_kept_where_something_lies_between_or
     box.release()
     assert str(project / "Specs") in binds and str(inner) in binds and str(link) in binds, binds
     assert str(plain) not in binds, binds
+
+
+def test_a_credential_put_in_a_shown_install_between_two_steps_is_masked_in_the_next(
+        ws: Workspace, cli_home: Path) -> None:
+    """The box's command line is worked out once per loop and kept on the box (`Box.prefix`), yet a credentials
+    file a tool writes in its install (shown read-only) between two steps is masked in the second step's box."""
+    tool = cli_home / "tool"
+    (tool / "bin").mkdir(parents=True)
+    (tool / "lib").mkdir()
+    env = {"PATH": f"{tool / 'bin'}:{os.environ['PATH']}", "HOME": str(cli_home)}
+    kws = KiroWorkspace(ws.root)
+    own = ws.task(TASK)
+    for _ in range(2):  # the first step makes the missing control folders: the box of the second is kept
+        box = loop_box(Config(sandbox_network="off"), kws, ws.root, own, env)
+        assert box is not None
+        first = box.prefix(ws.root, env, ["true"])
+        box.release()
+    assert str(tool) in ro_binds(first) and str(tool / "credentials.toml") not in first, first
+    (tool / "credentials.toml").write_text("token = 'kiro-test-secret'\n")  # the tool logs in, between two steps
+    assert loop_box(Config(sandbox_network="off"), kws, ws.root, own, env) is box  # the loop's box, kept
+    second = box.prefix(ws.root, env, ["true"])
+    box.release()
+    assert str(tool / "credentials.toml") in second, second
+    result = asyncio.run(run_process(["bash", "-c", f"cat {tool}/credentials.toml > seen.txt 2>&1 || true"],
+                                     cwd=ws.root, env=env, timeout=120, box=box))
+    assert result.returncode == 0 and "kiro-test-secret" not in (ws.root / "seen.txt").read_text()
+
+
+def test_specs_pointed_at_another_folder_between_two_steps_is_read_only_in_the_next(ws: Workspace) -> None:
+    """Specs/ a link to a folder of the project, pointed at another one between two steps (the same name, there
+    both times): the second step's box seals the folder it names now, not the one it named when the box was
+    worked out (box_for looks at which file is at each path, not only whether one is)."""
+    for name in ("specs-a", "specs-b"):
+        ws.task(TASK, f"{name}/feature/tasks.md")
+    shutil.rmtree(ws.root / "Specs", ignore_errors=True)
+    (ws.root / "Specs").symlink_to("specs-a")
+    own = ws.task(TASK, "own/tasks.md")
+    kws = KiroWorkspace(ws.root)
+    assert step(kws, own, "echo first > first.txt") == 0
+    assert step(kws, own, "echo x >> specs-b/feature/tasks.md") == 0  # not a task area yet: the project's
+    ws.write("specs-b/feature/tasks.md", TASK)
+    (ws.root / "Specs-new").symlink_to("specs-b")
+    os.replace(ws.root / "Specs-new", ws.root / "Specs")  # a person points Specs/ elsewhere, between steps
+    assert step(kws, own, "echo x >> specs-b/feature/tasks.md") != 0
+    assert (ws.root / "specs-b/feature/tasks.md").read_text() == TASK
+    assert step(kws, own, "echo x >> specs-a/feature/tasks.md") == 0  # no longer a task area: the project's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -92,17 +93,26 @@ def loop_box(cfg: Config, workspace: Workspace, project: Path, task_path: Path |
     (sandbox.box_for keeps it while what it looked at on disk stays as it was)."""
     if not sandbox.wanted(cfg.sandbox):
         return None
-    home = env.get("HOME")
     copy_rw = [str(task_copy.parent)] if task_copy is not None else []
-    # task files are a person's: the loop's own, and every other in Specs/ and .kiro/specs/ (SPEC §15)
-    task_areas = [os.path.realpath(p) for p in (workspace.specs, workspace.root / ".kiro" / "specs") if p.is_dir()]
+    # task files are a person's: the loop's own, and every other in Specs/ and .kiro/specs/ (SPEC §15); read-only
+    # at their real paths, worked out with the box (not at every step: box_for looks at what is there)
     return sandbox.box_for(project=project, workspace=workspace.root, state_dir=workspace.state_dir,
-                           task_file=task_copy, home=Path(home) if home and os.path.isabs(home) else None,
-                           home_paths=home_paths, read_paths=read_paths,
-                           extra_rw=(*cfg.sandbox_paths.rw, *copy_rw),
-                           extra_ro=(*cfg.sandbox_paths.ro, *task_areas,
-                                     *([os.path.realpath(task_path)] if task_path is not None else [])),
-                           network=cfg.sandbox_network, ports=ports, read_only=read_only)
+                           task_file=task_copy, home=_home(env.get("HOME")), home_paths=home_paths,
+                           read_paths=read_paths, extra_rw=(*cfg.sandbox_paths.rw, *copy_rw),
+                           extra_ro=tuple(cfg.sandbox_paths.ro), task_areas=_task_areas(workspace),
+                           task_path=task_path, network=cfg.sandbox_network, ports=ports, read_only=read_only)
+
+
+@cache
+def _home(home: str | None) -> Path | None:
+    """The box's home: a step's HOME, when it is an absolute path (the same Path from step to step)."""
+    return Path(home) if home and os.path.isabs(home) else None
+
+
+@cache
+def _task_areas(workspace: Workspace) -> tuple[Path, Path]:
+    """Where a workspace keeps task files besides the loop's own: Specs/ and .kiro/specs/."""
+    return workspace.specs, workspace.root / ".kiro" / "specs"
 
 
 class ShellExecutor(ExecutorBase):

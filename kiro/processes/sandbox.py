@@ -325,14 +325,17 @@ class Box:
     missing: tuple[Path, ...] = ()  # control folders (in `ro`) absent when the box was planned
     read_only: bool = False  # the project read-only too: a reviewer's box
     state: Path | None = None  # kiro's state folder, where a `.git` made for the box waits between steps
+    # The command lines `prefix` worked out for this box (a loop's), by what they depend on, with the folders whose
+    # entries they looked at and their mtimes: worked out once per loop, not per step (kept while those stay)
+    _argv: dict[tuple[object, ...], tuple[tuple[tuple[Path, int], ...], list[str]]] = field(
+        default_factory=dict, init=False, compare=False, hash=False, repr=False)
 
-    def hold(self) -> None:
+    def hold(self) -> tuple[bool, ...]:
         """Make the missing control folders, empty, for the box to bind read-only (their missing parents
         too); each is kept until the last box of this process that binds it lets go (`release`). Makes the
-        masked folders too (kept: `kiro serve`'s), only now that a step runs: a refused start makes nothing."""
-        for folder in self.masked:
-            with contextlib.suppress(OSError):
-                folder.mkdir(mode=0o700, exist_ok=True)
+        masked folders too (kept: `kiro serve`'s), only now that a step runs: a refused start makes nothing.
+        Returns whether each masked folder is one now (one that cannot be made is not masked)."""
+        masked = tuple(map(_folder, self.masked))
         for folder in self.missing:
             _idle.discard(folder)
             if _put_back(folder):
@@ -350,6 +353,7 @@ class Box:
                     break  # a read-only disk, a file in the way: the bind is skipped, as before
                 _made.add(level)
             _held[folder] = _held.get(folder, 0) + 1
+        return masked
 
     def release(self) -> None:
         """The step has ended: a folder `hold` made that no other box of this process binds is left for
@@ -392,26 +396,28 @@ class Box:
         tool = bwrap_path()
         if tool is None:
             raise FileNotFoundError(2, f"bwrap is not installed ({INSTALL})", "bwrap")
-        self.hold()
+        masked_made = self.hold()
+        child_home = env.get("HOME")
+        path = env.get("PATH", "")
         # joining the network kept for the loop (`link`), or a namespace of its own: without a link a box that
         # should have its own network gets none, never the host's
-        args = [*(link.join_args() if link is not None else ()), tool,
-                *_base(own_network=self.own_network() and link is None)]
-        child_home = env.get("HOME")
+        join = link.join_args() if link is not None else []
+        key = (str(cwd), child_home, path, argv[0] if argv else None, _named(argv), tuple(join), masked_made)
+        kept = self._argv.get(key)
+        if kept is not None and all(_mtime(folder) == mtime for folder, mtime in kept[0]):
+            return list(kept[1])
+        args = [*join, tool, *_base(own_network=self.own_network() and link is None)]
         homes = [p for p in (self.home, Path(child_home) if child_home else None)
                  if p is not None and p.is_absolute() and p != Path("/")]
         for folder in dict.fromkeys(homes):  # an empty home, writable, gone with the step
             args += ["--size", str(tmpfs_bytes()), "--tmpfs", str(folder)]
         hidden = [Path("/tmp"), *homes]
-        shown, masked = _shown(hidden, env, argv)
-        key = (self, tuple(homes), tuple(shown), tuple((p, p.is_dir()) for p in (*masked, *self.masked)))
-        mounts = _mounts_kept.get(key)
-        if mounts is None:
-            mounts = self._mounts(homes, shown, masked)
-            if len(_mounts_kept) >= _BOXES_KEPT:
-                _mounts_kept.clear()
-            _mounts_kept[key] = mounts
-        return [*args, *mounts, "--chdir", str(cwd), "--", "/bin/sh", "-c", INIT, "kiro-box"]
+        shown, masked, scanned = _shown(hidden, env, argv)
+        args += [*self._mounts(homes, shown, masked), "--chdir", str(cwd), "--", "/bin/sh", "-c", INIT, "kiro-box"]
+        if len(self._argv) >= _BOXES_KEPT:
+            self._argv.clear()
+        self._argv[key] = (scanned, args)
+        return list(args)
 
     def _mounts(self, homes: list[Path], shown: list[Path], masked: list[Path]) -> list[str]:
         """The bind and tmpfs options of `prefix` after the base ones and the homes' tmpfs, in the order bwrap
@@ -725,9 +731,6 @@ _networks_registered: list[bool] = []
 
 
 BASE_MOUNTS = (Path("/dev"), Path("/dev/shm"), Path("/proc"), Path("/tmp"))  # what `_base` mounts on the root
-# The bind and tmpfs options of a box's command line (`Box._mounts`), by the box and what `prefix` found to
-# show and to mask: worked out once per loop, not per step.
-_mounts_kept: dict[tuple[object, ...], list[str]] = {}
 
 # What `_shown` found, by what it was asked: kept while the folders whose entries it read (`_secrets`) are
 # unchanged (their mtime): a credential file made in one meanwhile is masked at the next step, as before.
@@ -741,19 +744,39 @@ def _mtime(folder: Path) -> int:
         return -1
 
 
-def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> tuple[list[Path], list[Path]]:
-    """`_show`, kept from step to step while the folders it looked into are unchanged."""
-    named = tuple(a for a in argv[1:] if os.path.isabs(a) and os.path.exists(a))
-    key = (tuple(hidden), env.get("PATH", ""), argv[0] if argv else None, named)
+def _folder(path: Path) -> bool:
+    """`path` is a folder now: made (mode 0o700) where it was missing. One `stat` where it is one already."""
+    try:
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            return True
+    except OSError:
+        pass
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return False
+    return True
+
+
+def _named(argv: Sequence[str]) -> tuple[str, ...]:
+    """The files the command line names (`python /tmp/agent.py`): absolute paths that are there."""
+    return tuple(a for a in argv[1:] if os.path.isabs(a) and os.path.exists(a))
+
+
+def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> tuple[
+        list[Path], list[Path], tuple[tuple[Path, int], ...]]:
+    """`_show`, kept from step to step while the folders it looked into are unchanged; with those folders and
+    their mtimes."""
+    key = (tuple(hidden), env.get("PATH", ""), argv[0] if argv else None, _named(argv))
     kept = _shown_kept.get(key)
     if kept is not None and all(_mtime(folder) == mtime for folder, mtime in kept[0]):
-        return kept[1]
+        return *kept[1], kept[0]
     scanned: list[tuple[Path, int]] = []
     found = _show(hidden, env, argv, scanned)
     if len(_shown_kept) >= _BOXES_KEPT:
         _shown_kept.clear()
     _shown_kept[key] = (tuple(scanned), found)
-    return found
+    return *found, tuple(scanned)
 
 
 def _show(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str],
@@ -823,43 +846,48 @@ def _tilde(path: Path, home: Path | None) -> str:
 # The boxes worked out (`box_for`), by what they were asked for: with the paths each looked at on disk and
 # what it saw there. A loop's next step gets the same box while those stay as they were (a control folder
 # or an agent's file made meanwhile gets a new one): a box is worked out once per loop, not per step.
-_boxes: dict[tuple[object, ...], tuple[tuple[Path, ...], tuple[tuple[bool, bool], ...], Box]] = {}
+_boxes: dict[tuple[object, ...], tuple[tuple[Path, ...], tuple[tuple[int, int, int, bool] | None, ...], Box]] = {}
 
 
-def _seen(paths: tuple[Path, ...]) -> tuple[tuple[bool, bool], ...]:
-    """Whether each path is there, and whether what it names is (a symlink: its target): one `lstat` each, a
-    second `stat` only for a link."""
-    return tuple(_there(p) for p in paths)
+def _seen(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int, bool] | None, ...]:
+    """What is at each path (`_there`): one `lstat` each, a second `stat` only for a link."""
+    return tuple(map(_there, paths))
 
 
-def _there(path: Path) -> tuple[bool, bool]:
+def _there(path: Path) -> tuple[int, int, int, bool] | None:
+    """None where nothing is at `path`; else which file it is (device, inode: a folder or a link put in place of
+    another is another, and the box was worked out with the real path of the one before), its type, and whether
+    what it names is there (a link: its target)."""
     try:
-        mode = os.lstat(path).st_mode
+        st = os.lstat(path)
     except (OSError, ValueError):
-        return False, False
-    return True, not stat.S_ISLNK(mode) or os.path.exists(path)
+        return None
+    return st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode), not stat.S_ISLNK(st.st_mode) or os.path.exists(path)
 
 
 def box_for(*, project: Path, workspace: Path, state_dir: Path, task_file: Path | None = None,
             home: Path | None = None, home_paths: Iterable[Path] = (), read_paths: Iterable[Path] = (),
             extra_rw: Sequence[str] = (), extra_ro: Sequence[str] = (), network: str = "on",
-            ports: Iterable[int] = (), read_only: bool = False) -> Box:
+            ports: Iterable[int] = (), read_only: bool = False, task_areas: Iterable[Path] = (),
+            task_path: Path | None = None) -> Box:
     """The box of a step run in `project` for the loop of `workspace` (`_plan`): the one worked out for the
-    loop's previous step while what it looked at on disk is unchanged (existence only: ~30 paths looked at
-    instead of the realpath of each folder)."""
-    home_paths, read_paths, ports = tuple(home_paths), tuple(read_paths), tuple(ports)
+    loop's previous step while what it looked at on disk is unchanged (what is at each path: ~30 `lstat`s
+    instead of the realpath of each folder, of the task areas and of the task file)."""
+    home_paths, read_paths, ports, task_areas = tuple(home_paths), tuple(read_paths), tuple(ports), tuple(task_areas)
     key = (project, workspace, state_dir, task_file, home, home_paths, read_paths, tuple(extra_rw), tuple(extra_ro),
-           network, ports, read_only)
+           network, ports, read_only, task_areas, task_path)
     kept = _boxes.get(key)
     if kept is not None and _seen(kept[0]) == kept[1]:
         return kept[2]
     looked = tuple(dict.fromkeys((*map(Path, home_paths), *(home / name for name in HOME_READ if home is not None),
                                   *(Path(base) / name for base in (workspace, project) for name in CONTROL),
-                                  Path(state_dir))))
+                                  Path(state_dir), *task_areas, *([task_path] if task_path is not None else []))))
     seen = _seen(looked)
     box = _plan(project=project, workspace=workspace, state_dir=state_dir, task_file=task_file, home=home,
-                home_paths=home_paths, read_paths=read_paths, extra_rw=extra_rw, extra_ro=extra_ro, network=network,
-                ports=ports, read_only=read_only)
+                home_paths=home_paths, read_paths=read_paths, extra_rw=extra_rw,
+                extra_ro=(*extra_ro, *(os.path.realpath(p) for p in task_areas if p.is_dir()),
+                          *([os.path.realpath(task_path)] if task_path is not None else [])),
+                network=network, ports=ports, read_only=read_only)
     if len(_boxes) >= _BOXES_KEPT:
         _boxes.clear()
     _boxes[key] = (looked, seen, box)
