@@ -28,9 +28,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--networks", default="on,off", help="the sandbox_network settings boxed runs use")
-    ap.add_argument("--previous-tree", type=Path, default=None)
+    ap.add_argument("--previous-tree", type=Path, action="append", default=[],
+                    help="another tree to run in turn with this one (repeat it for more)")
     args = ap.parse_args()
-    trees = [HERE] + ([args.previous_tree] if args.previous_tree is not None else [])
+    trees = [HERE, *args.previous_tree]
     settings = {"off": "sandbox: off\n"}
     for network in args.networks.split(","):
         settings[f"bwrap, network {network}"] = f"sandbox: bwrap\nsandbox_network: {network}\n"

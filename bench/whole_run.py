@@ -12,7 +12,7 @@ Runs, in a fresh `python -m kiro` each (the tree's kiro first on PYTHONPATH, thi
 
 Each run is checked: exit 0 and the task file in Done/ with every box checked. The spawns of `bash -c
 true` are timed in this process (subprocess.run, one after the other) beside each run, so both meet
-the same minute of a shared machine. With --previous-tree the trees take turns, round by round; the
+the same minute of a shared machine. With --previous-tree (one or more) the trees take turns, round by round; the
 medians are printed side by side with the load average.
 """
 
@@ -82,9 +82,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--big", type=int, default=5000, help="0: no big-file run")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--previous-tree", type=Path, default=None)
+    ap.add_argument("--previous-tree", type=Path, action="append", default=[],
+                    help="another tree to run in turn with this one (repeat it for more)")
     args = ap.parse_args()
-    trees = [HERE] + ([args.previous_tree] if args.previous_tree is not None else [])
+    trees = [HERE, *args.previous_tree]
     cases = [(f"{args.steps} steps", args.steps, 0)]
     if args.big:
         cases.append((f"{args.big:,} steps", args.big, args.big - args.steps))
