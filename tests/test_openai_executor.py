@@ -7,9 +7,12 @@ import asyncio
 import contextlib
 import json
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -426,9 +429,9 @@ def test_unreachable_endpoint_is_a_failed_attempt(tmp_path: Path, fake: FakeOpen
 
 def test_a_connection_reset_or_closed_is_a_connection_failure_not_a_timeout(tmp_path: Path,
                                                                             fake: FakeOpenAI) -> None:
-    """The client's aiohttp transport calls every connection error a connect timeout (the client then
-    raises APITimeoutError); kiro says what happened: the connection was reset, or closed without an
-    answer, after the client's retries (the same as for a timeout)."""
+    """A connection reset, or closed without an answer, is a connection failure after the client's retries, not
+    a timeout (openai's aiohttp transport called every connection error a connect timeout; kiro's maps them as
+    httpx's transport did), and kiro says what happened."""
     import openai
 
     from kiro.executors.openai_agent import SharedClient
@@ -453,32 +456,105 @@ def test_a_connection_reset_or_closed_is_a_connection_failure_not_a_timeout(tmp_
     asyncio.run(closed())
 
 
-def test_a_reply_that_is_not_http_is_a_connection_failure(tmp_path: Path) -> None:
-    """An endpoint that answers with something that is not HTTP: a failed attempt naming what came back
-    (aiohttp's error, which the client's transport passes on as it is), never an internal error."""
-    import socket
-    import threading
-
+@contextlib.contextmanager
+def _raw_endpoint(answer: Callable[[socket.socket], None]) -> Iterator[tuple[int, list[int]]]:
+    """A socket server on 127.0.0.1 that reads each request and answers it with `answer(connection)`, not HTTP
+    machinery: its port and the connections it took ([count])."""
     listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
+    accepted = [0]
 
-    def answer() -> None:
+    def serve() -> None:
         with contextlib.suppress(OSError):
             while True:
                 conn, _ = listener.accept()
+                accepted[0] += 1
                 with conn:
                     conn.recv(65536)
-                    conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+                    answer(conn)
 
-    threading.Thread(target=answer, daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
     try:
-        h = make_harness(tmp_path / "ws", llm={"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 0,
-                                              "api_key_env": KEY_ENV})
-        result = run(h)
+        yield listener.getsockname()[1], accepted
     finally:
         listener.close()
+
+
+def _not_http(conn: socket.socket) -> None:
+    conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+
+
+def _reset(conn: socket.socket) -> None:
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def _closed(conn: socket.socket) -> None:
+    pass  # closed without an answer
+
+
+def _cut(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
+
+
+def _bad_chunk(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n")
+
+
+def test_a_reply_that_is_not_http_is_a_connection_failure(tmp_path: Path) -> None:
+    """An endpoint that answers with something that is not HTTP: a failed attempt naming what came back
+    (aiohttp's error), never an internal error, after the client's retries (httpx's RemoteProtocolError, which
+    the client retries: the connections the endpoint took count the tries)."""
+    with _raw_endpoint(_not_http) as (port, accepted):
+        h = make_harness(tmp_path / "ws", llm={"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 1,
+                                              "api_key_env": KEY_ENV})
+        result = run(h)
     assert result.outcome == "failed" and result.error is not None
     assert "could not connect to http://127.0.0.1" in result.error and "ClientResponseError" in result.error
+    assert "after 1 retry" in result.error and accepted[0] == 2
+
+
+@pytest.mark.parametrize("answer", [_not_http, _reset, _closed, _cut, _bad_chunk, None],
+                         ids=["not-http", "reset", "closed", "cut-short", "bad-chunk", "refused"])
+def test_a_broken_connection_raises_what_httpxs_transport_raised(answer: Callable[[socket.socket], None] | None
+                                                                 ) -> None:
+    """Through kiro's client (the aiohttp transport) a connection that breaks is the error the openai client
+    raised over its httpx transport, from the same httpx error, after as many tries: APIConnectionError from
+    RemoteProtocolError, ReadError or ConnectError (never APITimeoutError, never aiohttp's own error)."""
+    import openai
+
+    from kiro.executors.openai_agent import SharedClient
+    from kiro.store.config import LLMSettings
+
+    async def failure(port: int, shared: bool) -> BaseException:
+        url = f"http://127.0.0.1:{port}/v1"
+        client = SharedClient(url, "sk-test", LLMSettings(max_retries=1)) if shared else None
+        over_httpx = openai.AsyncOpenAI(api_key="sk-test", base_url=url, max_retries=1,
+                                        http_client=openai.DefaultAsyncHttpxClient())
+        try:
+            with pytest.raises(openai.OpenAIError) as raised:
+                if client is not None:
+                    await client.chat({"model": "m", "messages": []})
+                else:
+                    await over_httpx.post("/chat/completions", body={"model": "m", "messages": []}, cast_to=object)
+            return raised.value
+        finally:
+            await over_httpx.close()
+            if client is not None:
+                await client.close()
+
+    raised: dict[bool, tuple[BaseException, int]] = {}
+    for shared in (True, False):
+        if answer is None:
+            with socket.socket() as unused:
+                unused.bind(("127.0.0.1", 0))
+                port = unused.getsockname()[1]
+            raised[shared] = asyncio.run(failure(port, shared)), 0
+        else:
+            with _raw_endpoint(answer) as (port, accepted):
+                raised[shared] = asyncio.run(failure(port, shared)), accepted[0]
+    ours, theirs = raised[True][0], raised[False][0]
+    assert type(ours) is type(theirs) is openai.APIConnectionError
+    assert type(ours.__cause__) is type(theirs.__cause__)
+    assert raised[True][1] == raised[False][1] == (0 if answer is None else 2)
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
@@ -512,6 +588,27 @@ def test_an_https_endpoint_is_verified_against_the_trusted_certificates(tmp_path
                     env=ws.env(SSL_CERT_FILE=str(cert)))
         assert r.returncode == 0, r.stdout + r.stderr
         assert len(fake.chat_requests) == 1
+
+
+def test_a_proxy_of_the_environment_gets_kiros_transport_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client builds a transport for each proxy of the environment (httpx's mounts; NO_PROXY as ever):
+    kiro's, like the endpoint's, so a reply through a proxy is bounded and its errors are httpx's."""
+    from kiro.executors.openai_agent import SharedClient, _Transport
+    from kiro.store.config import LLMSettings
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+
+    async def mounts() -> None:
+        shared = SharedClient("https://models.example/v1", "sk-test", LLMSettings())
+        try:
+            http = shared.client._client
+            proxies = [t for t in http._mounts.values() if t is not None]
+            assert proxies and all(type(t) is _Transport and t.proxy is not None for t in proxies)
+            assert type(http._transport) is _Transport
+        finally:
+            await shared.close()
+
+    asyncio.run(mounts())
 
 
 def test_every_client_uses_the_process_tls_context_and_kiros_pool_settings(fake: FakeOpenAI) -> None:

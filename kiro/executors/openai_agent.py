@@ -35,7 +35,7 @@ import math
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 import aiohttp  # the openai client's transport (openai[aiohttp]: `SharedClient`)
 import httpx2  # the interface of the openai client's HTTP client
 import openai
+from openai._vendor.httpx_aiohttp import AiohttpTransport  # the transport of openai.DefaultAioHttpClient
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
 from kiro.errors import ExecutorError, contained
@@ -192,9 +193,40 @@ class ReplyTooLarge(openai.APIConnectionError):
     passes it on as it is, without retrying the request."""
 
 
-class _BoundedBody(httpx2.AsyncByteStream):
-    """A reply body read through a counter that ends the read past MAX_REPLY_BYTES (bytes as they
-    arrive, before any content decoding)."""
+# What httpx's own transport raised where aiohttp raises the error on the left (the first that fits). The
+# vendored transport's map calls every aiohttp connection error a connect timeout (refused, reset, closed
+# without an answer, a certificate refused: the client then raised APITimeoutError, "timed out") and leaves a
+# reply that is not HTTP unmapped (not an httpx error: the client neither retried nor wrapped it); httpx said
+# ConnectError, ReadError and RemoteProtocolError, which the client retries and raises as APIConnectionError.
+_AS_HTTPX: tuple[tuple[type[aiohttp.ClientError], type[httpx2.TransportError] | None], ...] = (
+    (aiohttp.ClientHttpProxyError, None),  # the vendored map's (ProxyError), as are its timeouts
+    (aiohttp.ClientProxyConnectionError, None),
+    (aiohttp.ServerTimeoutError, None),
+    (aiohttp.ClientConnectorError, httpx2.ConnectError),  # refused, a name not found, a certificate refused
+    (aiohttp.ServerDisconnectedError, httpx2.RemoteProtocolError),  # closed without an answer
+    (aiohttp.ClientResponseError, httpx2.RemoteProtocolError),  # a reply that is not HTTP, a bad chunk
+    (aiohttp.ClientPayloadError, httpx2.RemoteProtocolError),  # a body cut short
+    (aiohttp.ClientConnectionError, httpx2.ReadError),  # reset
+)
+
+
+@contextlib.contextmanager
+def _as_httpx_raised() -> Iterator[None]:
+    """aiohttp's errors as httpx's transport raised them (`_AS_HTTPX`), from the aiohttp error, whether the
+    vendored transport mapped one (its httpx error, from the aiohttp error) or passed it on as it was."""
+    try:
+        yield
+    except (httpx2.TransportError, aiohttp.ClientError) as exc:
+        cause = exc.__cause__ if isinstance(exc, httpx2.TransportError) else exc
+        as_httpx = next((httpx for aio, httpx in _AS_HTTPX if isinstance(cause, aio)), None)
+        if as_httpx is None:
+            raise
+        raise as_httpx(str(cause)) from cause
+
+
+class _Body(httpx2.AsyncByteStream):
+    """A reply body as the transport reads it, its errors as httpx's (`_as_httpx_raised`), the read ended
+    past MAX_REPLY_BYTES (bytes as they arrive, before any content decoding)."""
 
     def __init__(self, stream: httpx2.AsyncByteStream, request: httpx2.Request) -> None:
         self.stream = stream
@@ -202,44 +234,49 @@ class _BoundedBody(httpx2.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         seen = 0
-        async for chunk in self.stream:
-            seen += len(chunk)
-            if seen > MAX_REPLY_BYTES:
-                raise ReplyTooLarge(message=f"the reply went on past {MAX_REPLY_BYTES} bytes", request=self.request)
-            yield chunk
+        with _as_httpx_raised():
+            async for chunk in self.stream:
+                seen += len(chunk)
+                if seen > MAX_REPLY_BYTES:
+                    raise ReplyTooLarge(message=f"the reply went on past {MAX_REPLY_BYTES} bytes", request=self.request)
+                yield chunk
 
     async def aclose(self) -> None:
-        await self.stream.aclose()
+        with _as_httpx_raised():
+            await self.stream.aclose()
 
 
-async def _bound_reply(response: httpx2.Response) -> None:
-    """The HTTP client's response hook (neither httpx's client nor its aiohttp transport limits a
-    body): a reply that announces more than MAX_REPLY_BYTES is refused at once, any other is read
-    through `_BoundedBody`."""
-    announced = response.headers.get("content-length", "")
-    if announced.isdigit() and int(announced) > MAX_REPLY_BYTES:
-        raise ReplyTooLarge(message=f"the reply announces {int(announced)} bytes", request=response.request)
-    if isinstance(response.stream, httpx2.AsyncByteStream):  # always, on an async client
-        response.stream = _BoundedBody(response.stream, response.request)
+class _Transport(AiohttpTransport):
+    """openai's aiohttp transport, saying what httpx's said. Its errors are httpx's (`_as_httpx_raised`); a
+    reply that announces more than MAX_REPLY_BYTES is refused at once, any other is read through `_Body`
+    (neither httpx's client nor the transport limits a body); a URL with a user and password
+    (`https://user:pw@host/v1`) goes without them, as httpx sends it: httpx's client made its
+    `Authorization: Basic` header from them, and aiohttp refuses both (ValueError)."""
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.url.userinfo:
+            request.url = request.url.copy_with(userinfo=b"")
+        with _as_httpx_raised():
+            response = await super().handle_async_request(request)
+        announced = response.headers.get("content-length", "")
+        if announced.isdigit() and int(announced) > MAX_REPLY_BYTES:
+            await response.aclose()
+            raise ReplyTooLarge(message=f"the reply announces {int(announced)} bytes", request=request)
+        response.stream = _Body(cast("httpx2.AsyncByteStream", response.stream), request)
+        return response
 
 
-async def _userinfo_as_header_only(request: httpx2.Request) -> None:
-    """The HTTP client's request hook: a base URL with a user and password (`https://user:pw@host/v1`) is sent
-    as httpx sends it, an `Authorization: Basic` header (httpx's client made it from the URL) and the URL
-    without them; the aiohttp transport would otherwise hand aiohttp both, which it refuses (ValueError)."""
-    if request.url.userinfo:
-        request.url = request.url.copy_with(userinfo=b"")
+class _HTTPClient(openai.DefaultAioHttpClient):
+    """openai's aiohttp client (its defaults: timeout, limits, redirects) whose transports, to the endpoint
+    and to each proxy of the environment, are `_Transport`s."""
 
+    def _init_transport(self, *args: Any, **kwargs: Any) -> httpx2.AsyncBaseTransport:
+        kwargs.pop("transport", None)  # SharedClient passes none
+        return _Transport(*args, **kwargs)
 
-def _not_a_timeout(exc: openai.APITimeoutError) -> BaseException | None:
-    """What failed, when the client calls a failure a timeout that was none: its aiohttp transport
-    turns every aiohttp connection error (refused, reset, closed, a certificate refused) into httpx's
-    ConnectTimeout, which the client raises as APITimeoutError ("timed out after 600 s") after the
-    same retries as a connection error. The aiohttp error when it is not a timeout, else None."""
-    cause = exc.__cause__.__cause__ if exc.__cause__ is not None else None
-    if isinstance(cause, aiohttp.ClientError) and not isinstance(cause, TimeoutError):
-        return cause
-    return None
+    def _init_proxy_transport(self, proxy: httpx2.Proxy, *args: Any, **kwargs: Any) -> httpx2.AsyncBaseTransport:
+        kwargs["proxy"] = proxy
+        return _Transport(*args, **kwargs)
 
 
 @functools.cache
@@ -252,7 +289,7 @@ def _tls_context() -> ssl.SSLContext:
 
 
 class SharedClient:
-    """An `openai.AsyncOpenAI` client over openai's aiohttp transport (`openai.DefaultAioHttpClient`)
+    """An `openai.AsyncOpenAI` client over openai's aiohttp transport (`openai.DefaultAioHttpClient`, `_HTTPClient`)
     for one endpoint, key and options, shared by up to LOOPS_PER_CLIENT loops (and pre-checks) of the
     process; every client uses the process's one TLS context (`_tls_context`). The client does the
     retries (`llm.max_retries`: its backoff, a Retry-After up to its limit, its retry count header).
@@ -267,11 +304,10 @@ class SharedClient:
         entry = next((e for e in entries if e[1] < LOOPS_PER_CLIENT), None)
         if entry is None:
             limits = openai.DEFAULT_CONNECTION_LIMITS
-            http = openai.DefaultAioHttpClient(
-                verify=_tls_context(), event_hooks={"request": [_userinfo_as_header_only], "response": [_bound_reply]},
-                limits=httpx2.Limits(max_connections=limits.max_connections,
-                                     max_keepalive_connections=limits.max_keepalive_connections,
-                                     keepalive_expiry=KEEPALIVE_SECONDS))
+            http = _HTTPClient(verify=_tls_context(),
+                               limits=httpx2.Limits(max_connections=limits.max_connections,
+                                                    max_keepalive_connections=limits.max_keepalive_connections,
+                                                    keepalive_expiry=KEEPALIVE_SECONDS))
             client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=llm.max_retries,
                                         timeout=llm.request_timeout_seconds, http_client=http)
             entry = [client, 0]
@@ -311,14 +347,6 @@ class SharedClient:
         `body=` sends, without encoding the same tool schemas on every call."""
         try:
             data = await self.client.post("/chat/completions", content=self.encode(body), cast_to=object)
-        except openai.APITimeoutError as exc:
-            failure = _not_a_timeout(exc)
-            if failure is None:
-                raise
-            raise openai.APIConnectionError(request=exc.request) from failure
-        except aiohttp.ClientError as exc:  # one the transport leaves unmapped (a reply that is not HTTP): not retried
-            request = httpx2.Request("POST", self.client.base_url.join("chat/completions"))
-            raise openai.APIConnectionError(request=request) from exc
         except RecursionError as exc:  # json.loads on a body nested deeper than Python's parser goes
             raise ValueError("its JSON is nested too deeply to read") from exc
         return _completion(data)
@@ -793,6 +821,8 @@ class _Attempt:
                      f"{exc.message}")
         elif isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, httpx2.TransportError) and isinstance(cause.__cause__, aiohttp.ClientError):
+                cause = cause.__cause__  # what aiohttp said, under httpx's name (`_as_httpx_raised`)
             why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
             error = f"could not connect to {where} after {_retries(exc)}{self.ex.redact(why)}"
         elif isinstance(exc, openai.APIStatusError):
