@@ -35,9 +35,10 @@ import math
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
@@ -210,18 +211,24 @@ _AS_HTTPX: tuple[tuple[type[aiohttp.ClientError], type[httpx2.TransportError] | 
 )
 
 
-@contextlib.contextmanager
-def _as_httpx_raised() -> Iterator[None]:
-    """aiohttp's errors as httpx's transport raised them (`_AS_HTTPX`), from the aiohttp error, whether the
-    vendored transport mapped one (its httpx error, from the aiohttp error) or passed it on as it was."""
-    try:
-        yield
-    except (httpx2.TransportError, aiohttp.ClientError) as exc:
+class _AsHttpxRaised:
+    """A `with` block whose aiohttp errors come out as httpx's transport raised them (`_AS_HTTPX`), from the
+    aiohttp error, whether the vendored transport mapped one (its httpx error, from the aiohttp error) or passed
+    it on as it was. A class rather than a generator: it wraps every request and every body (~2 us less a call)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if not isinstance(exc, (httpx2.TransportError, aiohttp.ClientError)):
+            return
         cause = exc.__cause__ if isinstance(exc, httpx2.TransportError) else exc
         as_httpx = next((httpx for aio, httpx in _AS_HTTPX if isinstance(cause, aio)), None)
-        if as_httpx is None:
-            raise
-        raise as_httpx(str(cause)) from cause
+        if as_httpx is not None:
+            raise as_httpx(str(cause)) from cause
+
+
+_as_httpx_raised = _AsHttpxRaised()  # it holds nothing: one for every use
 
 
 class _Body(httpx2.AsyncByteStream):
@@ -234,7 +241,7 @@ class _Body(httpx2.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         seen = 0
-        with _as_httpx_raised():
+        with _as_httpx_raised:
             async for chunk in self.stream:
                 seen += len(chunk)
                 if seen > MAX_REPLY_BYTES:
@@ -242,7 +249,7 @@ class _Body(httpx2.AsyncByteStream):
                 yield chunk
 
     async def aclose(self) -> None:
-        with _as_httpx_raised():
+        with _as_httpx_raised:
             await self.stream.aclose()
 
 
@@ -256,7 +263,7 @@ class _Transport(AiohttpTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.url.userinfo:
             request.url = request.url.copy_with(userinfo=b"")
-        with _as_httpx_raised():
+        with _as_httpx_raised:
             response = await super().handle_async_request(request)
         announced = response.headers.get("content-length", "")
         if announced.isdigit() and int(announced) > MAX_REPLY_BYTES:
