@@ -38,7 +38,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
@@ -211,28 +210,19 @@ _AS_HTTPX: tuple[tuple[type[aiohttp.ClientError], type[httpx2.TransportError] | 
 )
 
 
-class _AsHttpxRaised:
-    """A `with` block whose aiohttp errors come out as httpx's transport raised them (`_AS_HTTPX`), from the
-    aiohttp error, whether the vendored transport mapped one (its httpx error, from the aiohttp error) or passed
-    it on as it was. A class rather than a generator: it wraps every request and every body (~2 us less a call)."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if not isinstance(exc, (httpx2.TransportError, aiohttp.ClientError)):
-            return
-        cause = exc.__cause__ if isinstance(exc, httpx2.TransportError) else exc
-        as_httpx = next((httpx for aio, httpx in _AS_HTTPX if isinstance(cause, aio)), None)
-        if as_httpx is not None:
-            raise as_httpx(str(cause)) from cause
-
-
-_as_httpx_raised = _AsHttpxRaised()  # it holds nothing: one for every use
+def _raise_as_httpx(exc: httpx2.TransportError | aiohttp.ClientError) -> None:
+    """Raise aiohttp's error as httpx's transport raised it (`_AS_HTTPX`), from the aiohttp error, whether the
+    vendored transport mapped it (`exc` is its httpx error, from the aiohttp error) or passed it on as it was
+    (`exc`); return when the vendored map has it right (the caller re-raises `exc`). Called from `except`
+    blocks: a `try` costs nothing until something is raised, a `with` calls two methods every time."""
+    cause = exc.__cause__ if isinstance(exc, httpx2.TransportError) else exc
+    as_httpx = next((httpx for aio, httpx in _AS_HTTPX if isinstance(cause, aio)), None)
+    if as_httpx is not None:
+        raise as_httpx(str(cause)) from cause
 
 
 class _Body(httpx2.AsyncByteStream):
-    """A reply body as the transport reads it, its errors as httpx's (`_as_httpx_raised`), the read ended
+    """A reply body as the transport reads it, its errors as httpx's (`_raise_as_httpx`), the read ended
     past MAX_REPLY_BYTES (bytes as they arrive, before any content decoding)."""
 
     def __init__(self, stream: httpx2.AsyncByteStream, request: httpx2.Request) -> None:
@@ -241,20 +231,26 @@ class _Body(httpx2.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         seen = 0
-        with _as_httpx_raised:
+        try:
             async for chunk in self.stream:
                 seen += len(chunk)
                 if seen > MAX_REPLY_BYTES:
                     raise ReplyTooLarge(message=f"the reply went on past {MAX_REPLY_BYTES} bytes", request=self.request)
                 yield chunk
+        except (httpx2.TransportError, aiohttp.ClientError) as exc:
+            _raise_as_httpx(exc)
+            raise
 
     async def aclose(self) -> None:
-        with _as_httpx_raised:
+        try:
             await self.stream.aclose()
+        except (httpx2.TransportError, aiohttp.ClientError) as exc:
+            _raise_as_httpx(exc)
+            raise
 
 
 class _Transport(AiohttpTransport):
-    """openai's aiohttp transport, saying what httpx's said. Its errors are httpx's (`_as_httpx_raised`); a
+    """openai's aiohttp transport, saying what httpx's said. Its errors are httpx's (`_raise_as_httpx`); a
     reply that announces more than MAX_REPLY_BYTES is refused at once, any other is read through `_Body`
     (neither httpx's client nor the transport limits a body); a URL with a user and password
     (`https://user:pw@host/v1`) goes without them, as httpx sends it: httpx's client made its
@@ -263,8 +259,11 @@ class _Transport(AiohttpTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.url.userinfo:
             request.url = request.url.copy_with(userinfo=b"")
-        with _as_httpx_raised:
+        try:
             response = await super().handle_async_request(request)
+        except (httpx2.TransportError, aiohttp.ClientError) as exc:
+            _raise_as_httpx(exc)
+            raise
         announced = response.headers.get("content-length", "")
         if announced.isdigit() and int(announced) > MAX_REPLY_BYTES:
             await response.aclose()
@@ -829,7 +828,7 @@ class _Attempt:
         elif isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, httpx2.TransportError) and isinstance(cause.__cause__, aiohttp.ClientError):
-                cause = cause.__cause__  # what aiohttp said, under httpx's name (`_as_httpx_raised`)
+                cause = cause.__cause__  # what aiohttp said, under httpx's name (`_raise_as_httpx`)
             why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
             error = f"could not connect to {where} after {_retries(exc)}{self.ex.redact(why)}"
         elif isinstance(exc, openai.APIStatusError):
