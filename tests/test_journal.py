@@ -304,3 +304,49 @@ def test_a_resume_replays_at_most_a_snapshot_s_worth_of_journal(tmp_path: Path, 
     assert folds >= 2
     assert to_jsonable(store.load("r").state) == to_jsonable(state)
     store.close_journal("r")
+
+
+def test_a_loops_first_snapshot_makes_its_journal_durable_with_one_fsync_of_the_folder(
+        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The first save of a loop writes a snapshot and starts the journal: the journal is made before the
+    snapshot's rename, so the one fsync of `.state/` after it makes both names durable (two before). A journal
+    an earlier run left (a kill) is emptied only once the snapshot that holds its records is in place."""
+    import os
+    import stat
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    store = _store(tmp_path)
+    state = LoopState(task_id="f", task_path="Specs/f/tasks.md", status=Status.RUNNING)
+    path = journal.journal_path(store.path("f"))
+    monkeypatch.setattr(os, "fsync", fsync)
+    store.open_journal(state)
+    store.save(state)
+    assert synced == ["file", "folder"], synced  # the snapshot's temp file, then .state/ once
+    assert path.exists() and path.stat().st_size == 0
+    state.iteration = 3
+    store.save(state)
+    assert path.stat().st_size > 0
+    seq = state.journal_seq
+    os.close(store.journals["f"].fd)  # a kill: the journal stays, with its record after the snapshot
+    store.journals.pop("f").closed = True
+
+    resumed = StateStore(Workspace(tmp_path))
+    again = resumed.load("f").state
+    assert (again.iteration, again.journal_seq) == (3, seq)
+    synced.clear()
+    resumed.open_journal(again)
+    resumed.save(again)
+    assert synced == ["file", "folder"], synced
+    assert path.stat().st_size == 0  # its record is in the new snapshot
+    assert json.loads(resumed.path("f").read_text())["iteration"] == 3
+    again.iteration = 4
+    resumed.save(again)
+    assert resumed.load("f").state.iteration == 4
+    resumed.close_journal("f")
+

@@ -882,15 +882,23 @@ class LiveJournal:
                 self.pending_bytes = sum(len(data) for _n, data in self.pending)
             with self.task_lock:
                 journal.note_replacing(self.state_file)
-                atomic_write(self.state_file, data)
+                made = self._open_before_snapshot() if self.fd is None and not fresh else None
+                try:
+                    atomic_write(self.state_file, data)
+                except BaseException:
+                    if made is not None:
+                        os.close(made)
+                    raise
                 journal.note_own_write(self.state_file)
             with self.file_lock:
                 with self.task_lock:
                     if fresh and self.journal_last_seq <= seq:  # else records after the snapshot are in it
                         self._forget_files()
-                    if self.fd is None:  # the journal of this run starts empty: older records are in the snapshot
-                        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-                                          | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+                    if made is not None:  # the journal of this run starts empty: older records are in the snapshot
+                        self.fd = made
+                        os.ftruncate(made, 0)
+                    elif self.fd is None:  # made after the snapshot: by `rewrite`, or when it could not be made before
+                        self.fd = os.open(self.path, _JOURNAL_FLAGS | os.O_TRUNC, 0o644)
                         fsync_dir(self.state_file.parent)  # the journal's own name must survive a power cut
                     elif self.journal_bytes and self.journal_last_seq <= seq:
                         os.ftruncate(self.fd, 0)  # every record is in the snapshot (a later one would be lost)
@@ -907,6 +915,20 @@ class LiveJournal:
             if self.backup_owed:
                 self.backup_owed = False
                 self.store._write_backup(self.task_id, summary.get("iteration") or 0, data)
+
+    def _open_before_snapshot(self) -> int | None:
+        """The journal opened (made if missing, its bytes kept) before the first snapshot is renamed into place: the
+        fsync of the folder that makes the snapshot's name durable makes the journal's so too, one fsync of `.state/`
+        where there were two. Emptied once the snapshot is in place (a kill before that leaves an earlier run's
+        records, which the new snapshot holds). Under the task's lock; None when it cannot be opened now (it is
+        made after the snapshot, as `rewrite` makes it)."""
+        try:
+            fd = os.open(self.path, _JOURNAL_FLAGS, 0o644)
+        except OSError:
+            return None
+        st = journal.note_own_write(self.path, fd)  # made while an agent may run (a rewrite's retry): kiro's own
+        ownwrites.note_own_write(self.path, st)
+        return fd
 
     def _forget_files(self) -> None:
         """Close the journal and the summary and remove them at their paths (whatever is there now),
@@ -1010,6 +1032,7 @@ class LiveJournal:
                 self.summary.close()
 
 
+_JOURNAL_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _NOT_DUMPED_WHOLE: set[str] = {*journal.BIG_LISTS, "steps"}  # LiveJournal._diff follows them piece by piece
 
 
