@@ -350,3 +350,29 @@ def test_a_loops_first_snapshot_makes_its_journal_durable_with_one_fsync_of_the_
     assert resumed.load("f").state.iteration == 4
     resumed.close_journal("f")
 
+
+def test_an_archive_in_place_of_a_save_syncs_a_checked_box_first_and_is_not_written_when_that_fails(
+        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The archive may take the place of the loop's last save (queued with its key, kiro.core.listeners.Archiver):
+    a checked box that save would have synced before writing the state (`sync_before_next_save`) is synced by the
+    archive first, and a failed sync fails the archive, as it fails a save: no state recording the box is written."""
+    import errno
+    import os
+
+    import pytest
+
+    store, state = _running(tmp_path, "a")
+    box = tmp_path / "tasks.md"
+    box.write_text("- [x] 1. one\n")
+    store.sync_before_next_save("a", os.open(box, os.O_WRONLY))
+    state.total_successes = 1
+    state.transition(Status.COMPLETED, "task_done")
+
+    def fdatasync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    with pytest.raises(OSError, match="could not sync the task file"):
+        store.archive(state)
+    assert not store.ws.archived_state_file("a").exists()
+    assert store.load("a").state.total_successes == 0

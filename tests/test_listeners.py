@@ -120,3 +120,64 @@ def test_without_the_standard_listeners_the_engine_moves_and_writes_nothing(ws: 
     assert not list(ws.root.glob("Logs/completion_reports/*"))
     assert ws.state("bare")["status"] == "completed"
     assert (ws.root / ".state/autonomous_loop_bare.json").exists()  # not archived
+
+
+
+def test_the_archive_replaces_a_completed_loops_last_save_while_that_is_still_queued(
+        ws: Workspace, monkeypatch: Any) -> None:
+    """With other loops in the process a loop's writes are queued (kiro.fs.writer). Its last save (the report's
+    path, after the completion report) and the archive that follows are queued together; the archive holds all
+    that save does, so it takes the save's place as a newer save would: no journal append (and fdatasync) of a
+    record the archive writes again a moment later. The archived state is the whole last save."""
+    import json
+    import threading
+
+    from kiro.fs import writer
+    from kiro.store.statestore import LiveJournal, StateStore
+
+    ws.task(shell_task(2))
+    run = prepare_start(KiroWorkspace(ws.root), "Specs/feature/tasks.md", task_id="q")
+    appended: list[dict[str, Any]] = []
+    real = LiveJournal._append
+
+    def append(self: LiveJournal, pending: list[tuple[int, bytes]], summary: dict[str, Any]) -> None:
+        appended.extend(json.loads(line) for _n, line in pending)
+        real(self, pending, summary)
+
+    monkeypatch.setattr(LiveJournal, "_append", append)
+    held = threading.Event()
+
+    class HoldWrites(LoopListener):
+        """After the completion report (the save before it written), keeps the loop's write queue busy until the
+        loop has finished, as a slow disk would: the last save is still queued when the archive comes."""
+
+        def __call__(self, event: events.Event) -> None:
+            if event.event == "report_written":
+                self.loop.writes.flush_sync()
+                self.loop.writes.submit(lambda: held.wait(30))
+            elif event.event == "loop_finished":  # after the archive is queued (listeners in order)
+                held.set()
+
+    async def go() -> Any:
+        from kiro import executors
+        from kiro.core.listeners import standard
+
+        loop = Loop(run, executors.create("shell", run.config, run.ws, "q"))
+        loop.subscribe(*standard(loop), HoldWrites(loop))
+        try:
+            with writer.loop_running():  # another loop in the process: writes go to the writer threads
+                return await loop.run()
+        finally:
+            held.set()
+            await loop.executor.aclose()
+            assert run.release is not None
+            run.release()
+
+    outcome = asyncio.run(go())
+    assert outcome.exit_code == 0
+    state = json.loads((ws.root / ".state/archive/autonomous_loop_q.json").read_text())
+    assert state["status"] == "completed" and [c["step_id"] for c in state["completed_steps"]] == ["1", "2"]
+    assert state["report_path"] == "Logs/completion_reports/q.md"
+    assert not (ws.root / ".state/autonomous_loop_q.json").exists()
+    assert appended and not any("report_path" in r["set"] for r in appended), appended
+    assert StateStore(KiroWorkspace(ws.root)).load("q").state.report_path == state["report_path"]

@@ -157,7 +157,8 @@ class Archiver(LoopListener):
     def __call__(self, event: events.Event) -> None:
         if (isinstance(event, events.LoopFinished) and event.status == Status.COMPLETED
                 and self.loop.settings.archive_state_file):
-            self.loop.writes.submit(self.loop.store.archive_job(self.loop.state))  # after the loop's last save
+            # after the loop's last save, or in its place when that is still queued (it holds all the save does)
+            self.loop.writes.submit(self.loop.store.archive_job(self.loop.state), key="state")
 
 
 class Notifier(LoopListener):

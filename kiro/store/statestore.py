@@ -304,12 +304,17 @@ class StateStore:
         return self.archive_job(state)()
 
     def archive_job(self, state: LoopState) -> Callable[[], Path]:
-        """`archive` in two halves, as `save_job`; the write also ends the loop's journal."""
+        """`archive` in two halves, as `save_job`; the write also ends the loop's journal. The archived file
+        holds everything a save of `state` would: queued with the key of the loop's saves, it replaces the last
+        save when that has not started yet (kiro.core.listeners.Archiver), as a newer save replaces an older."""
         target = self.ws.archived_state_file(state.task_id)
         (data, summary), main = self.encode_with_summary(state), self.path(state.task_id)
         task_id = state.task_id
 
         def write() -> Path:
+            live = self.journals.get(task_id)
+            if live is not None:
+                live._sync_first()  # what the save it replaced would have synced first (a checked box)
             self.close_journal(task_id, snapshot=False)  # the archived file is the last snapshot
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(target, data)
