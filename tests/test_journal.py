@@ -263,12 +263,14 @@ def test_a_snapshot_writes_each_field_on_its_line_as_json_dumps_spells_it(tmp_pa
     state.title = "tâche ✓ \"q\""
     state.usage.api_calls = 3
     state.iteration = 2
+    state.runs, state.timeout_seconds, state.timeout_reached = 1, 1.0, True  # equal keys, three spellings (kept apart)
     store.save(state)
     state.transition(Status.PAUSED, "stop_hook")  # a status change: a snapshot at once
     store.save(state)
     text = store.path("f").read_text("utf-8")
     bare = json.loads(text)
     assert bare == to_jsonable(state)
+    saved = to_jsonable(state)
     lines = text.split("\n")
     small = [k for k, v in bare.items() if not (k in journal.BIG_LISTS and v)]
     assert len(small) > 30
@@ -276,6 +278,7 @@ def test_a_snapshot_writes_each_field_on_its_line_as_json_dumps_spells_it(tmp_pa
         lead = f"  {json.dumps(key)}: "
         found = [line.removesuffix(",") for line in lines if line.startswith(lead)]
         assert found == [lead + json.dumps(bare[key], ensure_ascii=False)], key
+        assert found == [lead + json.dumps(saved[key], ensure_ascii=False)], key  # 1.0 is not true (1.0 == True)
     store.close_journal("f")
 
 
