@@ -315,9 +315,10 @@ class StateStore:
             live = self.journals.get(task_id)
             if live is not None:
                 live._sync_first()  # what the save it replaced would have synced first (a checked box)
-            self.close_journal(task_id, snapshot=False)  # the archived file is the last snapshot
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(target, data)
+            # the archived file is the last snapshot; only once it is on disk do the journal's records go with it
+            self.close_journal(task_id, snapshot=False)
             for leftover in (main, journal.journal_path(main), journal.summary_path(main)):
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
