@@ -111,15 +111,21 @@ def test_the_request_is_the_bytes_the_openai_clients_create_sends(tmp_path: Path
     """kiro sends a model call through the openai client's `post` with the body's bytes, the loop's tool
     schemas encoded once: the endpoint gets the body and headers the client's typed
     `chat.completions.create` sends for the same model, messages and tools, call after call (a text
-    beyond ASCII included, as the client sends it: UTF-8, not escaped). Through the same client (kiro's
-    `SharedClient`, openai's aiohttp transport): the same header lines, in the same order, the names in
-    the same case. Through openai's default client (httpx's own transport): the same body and headers; only
+    beyond ASCII included, as the client sends it: UTF-8, not escaped), but the client's seven telemetry
+    headers (TELEMETRY_HEADERS), which kiro leaves out and the typed call sends. Through the same client
+    (kiro's `SharedClient`, openai's aiohttp transport): the same header lines, in the same order, the names
+    in the same case. Through openai's default client (httpx's own transport): the same body and headers; only
     the case of the four names httpx adds itself differs on the wire (Host, Accept-Encoding, Connection,
     Content-Length: httpx sends them capitalised, the aiohttp transport hands aiohttp httpx's lower-case
     names), which HTTP does not tell apart (RFC 9110 §5.1)."""
     import openai
 
-    from kiro.executors.openai_agent import SharedClient
+    from kiro.executors.openai_agent import TELEMETRY_HEADERS, SharedClient
+
+    telemetry = {name.lower() for name in TELEMETRY_HEADERS}
+
+    def but_telemetry(lines: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in lines if k.lower() not in telemetry]
 
     h = harness(tmp_path, fake)
     fake.reply(call("write_file", {"path": "hello.txt", "content": "héllo ✓ \u2028 \"quoted\"\n"}))
@@ -128,6 +134,7 @@ def test_the_request_is_the_bytes_the_openai_clients_create_sends(tmp_path: Path
     assert run(h).outcome == "completed"
     sent = fake.chat_requests
     assert len(sent) == 3 and "héllo ✓" in sent[2].raw.decode()
+    assert all(telemetry.isdisjoint(r.headers) for r in sent)
 
     async def typed(client: openai.AsyncOpenAI) -> None:
         for rec in sent:
@@ -152,14 +159,17 @@ def test_the_request_is_the_bytes_the_openai_clients_create_sends(tmp_path: Path
 
     asyncio.run(through_kiros_client())
     same = fake.chat_requests[3:6]
+    assert all(telemetry <= r.headers.keys() for r in same)  # the typed call sends them
     assert [r.raw for r in same] == [r.raw for r in sent]
-    assert [r.lines for r in same] == [r.lines for r in sent]
+    assert [but_telemetry(r.lines) for r in same] == [r.lines for r in sent]
     asyncio.run(through_the_default_client())
     again = fake.chat_requests[6:]
+    assert all(telemetry <= r.headers.keys() for r in again)
     assert [r.raw for r in again] == [r.raw for r in sent]
-    assert [r.headers for r in again] == [r.headers for r in sent]
+    assert [{k: v for k, v in r.headers.items() if k not in telemetry} for r in again] == [r.headers for r in sent]
     cased = {"Host", "Accept-Encoding", "Connection", "Content-Length"}
-    assert [[(k.lower() if k in cased else k, v) for k, v in r.lines] for r in again] == [r.lines for r in sent]
+    assert ([[(k.lower() if k in cased else k, v) for k, v in but_telemetry(r.lines)] for r in again]
+            == [r.lines for r in sent])
 
 
 def test_parallel_tool_calls_run_in_order(tmp_path: Path, fake: FakeOpenAI) -> None:

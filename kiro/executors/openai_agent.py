@@ -186,6 +186,16 @@ LOOPS_PER_CLIENT = 8
 # RFC 5382 asks for over two hours).
 KEEPALIVE_SECONDS = 120.0
 MAX_REPLY_BYTES = 64 * 1024 * 1024  # a reply body longer than this is refused, not read into memory
+# The openai client's telemetry headers: which SDK, language, OS, machine and Python made the request (its
+# `platform_headers` and `X-Stainless-Async`), for the vendor's statistics; nothing an endpoint needs to answer
+# a call, and no other header names the same. Left out of every call (`SharedClient.chat`) with `openai.Omit()`,
+# the client's public way to leave out a header it would send: every header of a request is normalised into httpx's
+# `Headers` several times a call and handed on to aiohttp, ~0.29 M instructions of the client's ~2.9 M a call
+# (docs/guides/step-cost.md, session 38). The client's own `x-stainless-retry-count` and `-read-timeout` stay
+# (`_retries` reads the first).
+TELEMETRY_HEADERS = ("X-Stainless-Lang", "X-Stainless-Package-Version", "X-Stainless-OS", "X-Stainless-Arch",
+                     "X-Stainless-Runtime", "X-Stainless-Runtime-Version", "X-Stainless-Async")
+_NO_TELEMETRY: dict[str, str | openai.Omit] = dict.fromkeys(TELEMETRY_HEADERS, openai.Omit())
 
 
 class ReplyTooLarge(openai.APIConnectionError):
@@ -298,7 +308,8 @@ class SharedClient:
     """An `openai.AsyncOpenAI` client over openai's aiohttp transport (`openai.DefaultAioHttpClient`, `_HTTPClient`)
     for one endpoint, key and options, shared by up to LOOPS_PER_CLIENT loops (and pre-checks) of the
     process; every client uses the process's one TLS context (`_tls_context`). The client does the
-    retries (`llm.max_retries`: its backoff, a Retry-After up to its limit, its retry count header).
+    retries (`llm.max_retries`: its backoff, a Retry-After up to its limit, its retry count header); it sends
+    its headers but the telemetry ones (TELEMETRY_HEADERS, `chat`).
     `close()` when done; the last user of a client closes it."""
 
     _open: dict[tuple[Any, ...], list[list[Any]]] = {}  # key -> [[client, users], ...]
@@ -350,9 +361,11 @@ class SharedClient:
         retries and errors, without the typed helper's walk over every message and tool schema and
         the models built from the reply on each call (about 1 ms of CPU per call, which adds up with
         many loops in one process). The body goes as `content=` (its bytes, `encode`): the bytes
-        `body=` sends, without encoding the same tool schemas on every call."""
+        `body=` sends, without encoding the same tool schemas on every call. The headers are the client's
+        but its telemetry (TELEMETRY_HEADERS)."""
         try:
-            data = await self.client.post("/chat/completions", content=self.encode(body), cast_to=object)
+            data = await self.client.post("/chat/completions", content=self.encode(body), cast_to=object,
+                                          options={"headers": _NO_TELEMETRY})
         except RecursionError as exc:  # json.loads on a body nested deeper than Python's parser goes
             raise ValueError("its JSON is nested too deeply to read") from exc
         return _completion(data)
