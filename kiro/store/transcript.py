@@ -12,7 +12,6 @@ written.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 from pathlib import Path
@@ -52,10 +51,10 @@ class Transcript:
             record["step_id"] = step_id
         record["kind"] = kind
         record.update(fields)
-        text = json.dumps(record, ensure_ascii=False, default=str)
+        text = jsonl.line(record)  # `json.dumps(record, ensure_ascii=False, default=str)`, one encoder made once
         if len(text) > TRANSCRIPT_FIELD_CHARS:  # no string in a shorter line can be longer than the cap
             record = clip_fields(record, TRANSCRIPT_FIELD_CHARS)  # a 30 MB reply is not stored whole
-            text = json.dumps(record, ensure_ascii=False, default=str)
+            text = jsonl.line(record)
         line = self.redact(text) + "\n"
         with self._lock:
             self._pending.append(line.encode("utf-8"))
