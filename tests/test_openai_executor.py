@@ -345,6 +345,30 @@ def test_cancel_during_a_slow_model_call(tmp_path: Path, fake: FakeOpenAI) -> No
     assert (result.outcome, result.stop_reason) == ("interrupted", "cancelled")  # not the 30 s reply's "completed"
 
 
+def test_cancel_during_a_later_attempts_model_call_and_no_task_left_after_aclose(tmp_path: Path,
+                                                                                 fake: FakeOpenAI) -> None:
+    """The task that waits for the loop's cancel beside each model call is one for the loop's life: a cancel
+    set during a later attempt's call still cuts it, and `aclose` leaves no task behind."""
+    h = harness(tmp_path, fake)
+    fake.reply(call("complete_step", {"summary": "first"}))
+    fake.reply(call("complete_step", {"summary": "late"}), delay=30)
+
+    async def go() -> tuple[StepResult, StepResult, set[asyncio.Task[Any]]]:
+        ex = OpenAIExecutor(h.config, h.ws, h.task_id)
+        cancel = asyncio.Event()
+        first = await ex.run_step(h.context(cancel=cancel))
+        asyncio.get_running_loop().call_later(0.2, cancel.set)
+        second = await ex.run_step(h.context(cancel=cancel))
+        await ex.aclose()
+        await asyncio.sleep(0)  # a cancelled task ends at its next turn
+        return first, second, asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+
+    first, second, left = asyncio.run(go())
+    assert first.outcome == "completed"
+    assert (second.outcome, second.stop_reason) == ("interrupted", "cancelled")
+    assert left == set()
+
+
 def test_step_timeout_fails_the_attempt(tmp_path: Path, fake: FakeOpenAI) -> None:
     h = harness(tmp_path, fake)
     fake.reply(call("complete_step", {"summary": "late"}), delay=30)

@@ -415,6 +415,22 @@ class OpenAIExecutor(ExecutorBase):
         self.memory = MemoryStore(workspace.memory_db())
         self._tools: tuple[bool, dict[str, Tool[Any]], list[ChatCompletionToolUnionParam]] | None = None
         self._confinement: tuple[tuple[Any, ...], Confinement] | None = None
+        self._stop: tuple[asyncio.Event, asyncio.Task[Any]] | None = None
+
+    def stop_on(self, cancel: asyncio.Event) -> asyncio.Task[Any]:
+        """A task that ends when `cancel` (the loop's) is set, waited on beside each model call: one for the
+        loop's life in its event loop (ended by `aclose`), not one made and cancelled around every call."""
+        held = self._stop
+        if (held is None or held[0] is not cancel or held[1].get_loop() is not asyncio.get_running_loop()
+                or held[1].cancelled() or (held[1].done() and not cancel.is_set())):
+            self._end_stop()
+            held = self._stop = (cancel, asyncio.ensure_future(cancel.wait()))
+        return held[1]
+
+    def _end_stop(self) -> None:
+        held, self._stop = self._stop, None
+        if held is not None and not held[1].get_loop().is_closed():  # (a closed one's tasks ended with it)
+            held[1].cancel()
 
     def tools_for(self, config: Config) -> tuple[dict[str, Tool[Any]], list[ChatCompletionToolUnionParam]]:
         """The attempt's tools and their schemas: built once per loop (they depend only on whether
@@ -442,6 +458,7 @@ class OpenAIExecutor(ExecutorBase):
             await self.transcript.flush()
 
     async def aclose(self) -> None:
+        self._end_stop()
         try:
             await self.transcript.flush()
         finally:
@@ -695,11 +712,10 @@ class _Attempt:
         started = time.monotonic()
         while True:
             call = asyncio.ensure_future(self.ex.create(self.messages, self.schemas))
-            stop = asyncio.ensure_future(ctx.cancel.wait())
+            stop = self.ex.stop_on(ctx.cancel)
             try:
                 done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                stop.cancel()
                 if not call.done():
                     call.cancel()
                     await asyncio.wait({call})  # let it unwind; our own cancellation still propagates
