@@ -367,6 +367,37 @@ def test_cancel_during_a_later_attempts_model_call_and_no_task_left_after_aclose
     assert first.outcome == "completed"
     assert (second.outcome, second.stop_reason) == ("interrupted", "cancelled")
     assert left == set()
+    records = [r for r in transcript.read(h.ws.transcript_file(h.task_id)) if r["kind"] == "response"]
+    assert records[-1].get("error") == "cancelled while waiting for the model"
+
+
+def test_a_call_that_fails_as_the_cancel_cuts_it_is_interrupted_not_failed(tmp_path: Path, fake: FakeOpenAI,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a call raises as it unwinds from the loop's cancel is not the attempt's failure."""
+    h = harness(tmp_path, fake)
+    unwound: list[bool] = []
+
+    async def create(self: OpenAIExecutor, messages: Any, tools: Any = None) -> Any:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            unwound.append(True)
+            raise ValueError("the body was cut") from None
+
+    monkeypatch.setattr(OpenAIExecutor, "create", create)
+
+    async def go() -> StepResult:
+        ex = OpenAIExecutor(h.config, h.ws, h.task_id)
+        cancel = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.2, cancel.set)
+        try:
+            return await ex.run_step(h.context(cancel=cancel))
+        finally:
+            await ex.aclose()
+
+    result = asyncio.run(go())
+    assert (result.outcome, result.stop_reason) == ("interrupted", "cancelled")
+    assert unwound == [True]
 
 
 def test_step_timeout_fails_the_attempt(tmp_path: Path, fake: FakeOpenAI) -> None:

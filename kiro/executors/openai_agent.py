@@ -35,7 +35,7 @@ import math
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -418,8 +418,9 @@ class OpenAIExecutor(ExecutorBase):
         self._stop: tuple[asyncio.Event, asyncio.Task[Any]] | None = None
 
     def stop_on(self, cancel: asyncio.Event) -> asyncio.Task[Any]:
-        """A task that ends when `cancel` (the loop's) is set, waited on beside each model call: one for the
-        loop's life in its event loop (ended by `aclose`), not one made and cancelled around every call."""
+        """A task that ends when `cancel` (the loop's) is set and then cuts the model call in flight
+        (`_Attempt.unless_cancelled`): one for the loop's life in its event loop (ended by `aclose`), not one
+        made and cancelled around every call."""
         held = self._stop
         if (held is None or held[0] is not cancel or held[1].get_loop() is not asyncio.get_running_loop()
                 or held[1].cancelled() or (held[1].done() and not cancel.is_set())):
@@ -576,6 +577,10 @@ def _server_wait(exc: openai.OpenAIError, limit: float) -> float | None:
     return min(seconds, limit)
 
 
+def _cut(call: asyncio.Future[Any], _stop: asyncio.Future[Any]) -> None:
+    call.cancel()
+
+
 def _memory_source(ctx: StepContext) -> str:
     """What the agent saves is tagged `loop:<task_id>`; in a stateful scheduled task
     `schedule:<task_id>`, so that later runs are given it (SPEC §11, kiro.core.scheduled)."""
@@ -702,7 +707,6 @@ class _Attempt:
     # -- one model call --------------------------------------------------------------------
 
     async def call_model(self) -> _Reply | StepResult:
-        ctx = self.ctx
         new = self.messages[self.logged:]
         self.record("request", turn=self.turns + 1, model=self.llm.model,
                     messages=[m for m in new if m.get("role") != "tool"],
@@ -711,19 +715,8 @@ class _Attempt:
         self.ex.transcript.kick()  # written while the model thinks
         started = time.monotonic()
         while True:
-            call = asyncio.ensure_future(self.ex.create(self.messages, self.schemas))
-            stop = self.ex.stop_on(ctx.cancel)
             try:
-                done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not call.done():
-                    call.cancel()
-                    await asyncio.wait({call})  # let it unwind; our own cancellation still propagates
-            if call not in done or call.cancelled():
-                self.record("response", turn=self.turns + 1, error="cancelled while waiting for the model")
-                return self.interrupted("cancelled")
-            try:
-                response = call.result()
+                response = await self.unless_cancelled(self.ex.create(self.messages, self.schemas))
             except ValueError as exc:  # a 200 whose body is not JSON (a proxy's page, an empty or cut body)
                 return self.failure(exc, time.monotonic() - started)
             except openai.OpenAIError as exc:
@@ -735,6 +728,9 @@ class _Attempt:
                     return self.interrupted(reason)
                 started = time.monotonic()
                 continue
+            if response is None:
+                self.record("response", turn=self.turns + 1, error="cancelled while waiting for the model")
+                return self.interrupted("cancelled")
             break
         seconds = time.monotonic() - started
         usage = self.count(response)
@@ -747,6 +743,28 @@ class _Attempt:
                               prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                               tool_calls=[c.name for c in reply.calls]))
         return reply
+
+    async def unless_cancelled(self, create: Coroutine[Any, Any, Completion]) -> Completion | None:
+        """The model call's response; None when the loop's cancel was set first: the call is then cancelled,
+        and has unwound when this returns. The loop's one task waiting on the cancel (`OpenAIExecutor.stop_on`)
+        cuts the call (a done callback), in place of an `asyncio.wait` on the two each call."""
+        call = asyncio.ensure_future(create)
+        stop = self.ex.stop_on(self.ctx.cancel)
+        cut = functools.partial(_cut, call)
+        stop.add_done_callback(cut)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # the attempt's own (its timeout): the call unwound with it
+                raise
+            return None
+        except Exception:
+            if stop.done():  # cut by the cancel, whatever the cut call raised
+                return None
+            raise
+        finally:
+            stop.remove_done_callback(cut)
 
     def count(self, response: Completion) -> Usage:
         """Add this response's usage to the attempt's, price it, tell the guard."""
