@@ -37,9 +37,13 @@ def harness(tmp_path: Path, fake: FakeOpenAI, *, llm: Mapping[str, Any] | None =
     return make_harness(tmp_path / "ws", llm=settings, **config)
 
 
-def run(h: StepHarness, **context: Any) -> StepResult:
+def run(h: StepHarness, *, cancel_after: float | None = None, **context: Any) -> StepResult:
+    """One step through a new executor, closed after; `cancel_after`: the loop's cancel set that many seconds in."""
     async def go() -> StepResult:
         ex = OpenAIExecutor(h.config, h.ws, h.task_id)
+        if cancel_after is not None:
+            cancel = context["cancel"] = asyncio.Event()
+            asyncio.get_running_loop().call_later(cancel_after, cancel.set)
         try:
             return await ex.run_step(h.context(**context))
         finally:
@@ -332,16 +336,7 @@ def test_cancel_during_a_slow_model_call(tmp_path: Path, fake: FakeOpenAI) -> No
     h = harness(tmp_path, fake)
     fake.reply(call("complete_step", {"summary": "late"}), delay=30)
 
-    async def go() -> StepResult:
-        ex = OpenAIExecutor(h.config, h.ws, h.task_id)
-        cancel = asyncio.Event()
-        asyncio.get_running_loop().call_later(0.2, cancel.set)
-        try:
-            return await ex.run_step(h.context(cancel=cancel))
-        finally:
-            await ex.aclose()
-
-    result = asyncio.run(go())
+    result = run(h, cancel_after=0.2)
     assert (result.outcome, result.stop_reason) == ("interrupted", "cancelled")  # not the 30 s reply's "completed"
 
 
@@ -386,16 +381,7 @@ def test_a_call_that_fails_as_the_cancel_cuts_it_is_interrupted_not_failed(tmp_p
 
     monkeypatch.setattr(OpenAIExecutor, "create", create)
 
-    async def go() -> StepResult:
-        ex = OpenAIExecutor(h.config, h.ws, h.task_id)
-        cancel = asyncio.Event()
-        asyncio.get_running_loop().call_later(0.2, cancel.set)
-        try:
-            return await ex.run_step(h.context(cancel=cancel))
-        finally:
-            await ex.aclose()
-
-    result = asyncio.run(go())
+    result = run(h, cancel_after=0.2)
     assert (result.outcome, result.stop_reason) == ("interrupted", "cancelled")
     assert unwound == [True]
 

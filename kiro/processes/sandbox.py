@@ -404,7 +404,7 @@ class Box:
         join = link.join_args() if link is not None else []
         key = (str(cwd), child_home, path, argv[0] if argv else None, _named(argv), tuple(join), masked_made)
         kept = self._argv.get(key)
-        if kept is not None and all(_mtime(folder) == mtime for folder, mtime in kept[0]):
+        if kept is not None and _unchanged(kept[0]):
             return list(kept[1])
         args = [*join, tool, *_base(own_network=self.own_network() and link is None)]
         homes = [p for p in (self.home, Path(child_home) if child_home else None)
@@ -744,6 +744,11 @@ def _mtime(folder: Path) -> int:
         return -1
 
 
+def _unchanged(scanned: tuple[tuple[Path, int], ...]) -> bool:
+    """Each folder looked into has the mtime it had then (nothing made, removed or renamed in it since)."""
+    return all(_mtime(folder) == mtime for folder, mtime in scanned)
+
+
 def _folder(path: Path) -> bool:
     """`path` is a folder now: made (mode 0o700) where it was missing. One `stat` where it is one already."""
     try:
@@ -769,7 +774,7 @@ def _shown(hidden: list[Path], env: Mapping[str, str], argv: Sequence[str]) -> t
     their mtimes."""
     key = (tuple(hidden), env.get("PATH", ""), argv[0] if argv else None, _named(argv))
     kept = _shown_kept.get(key)
-    if kept is not None and all(_mtime(folder) == mtime for folder, mtime in kept[0]):
+    if kept is not None and _unchanged(kept[0]):
         return *kept[1], kept[0]
     scanned: list[tuple[Path, int]] = []
     found = _show(hidden, env, argv, scanned)
