@@ -295,6 +295,15 @@ def test_empty_frontmatter_is_an_empty_mapping() -> None:
     assert tasks.parse("---\n---\n- [ ] a\n").frontmatter == {}
 
 
+@pytest.mark.parametrize("text", ["- [ ] a\n", "---\n---\n- [ ] a\n", "---\n# only a comment\n---\n- [ ] a\n"])
+def test_each_task_file_without_keys_has_a_mapping_of_its_own(text: str) -> None:
+    """The frontmatter record is a NamedTuple (issue #41: cheaper to make at import than a frozen dataclass),
+    which has no default_factory: no two reads may share one default dict that an edit of one would change."""
+    first, second = tasks.parse(text), tasks.parse(text)
+    assert first.frontmatter == second.frontmatter == {} and first.frontmatter_lines == {}
+    assert first.frontmatter is not second.frontmatter and first.frontmatter_lines is not second.frontmatter_lines
+
+
 @pytest.mark.parametrize(
     ("text", "line", "words"),
     [

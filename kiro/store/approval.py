@@ -33,9 +33,8 @@ import os
 import re
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kiro import timeutil
 from kiro.errors import UserError
@@ -119,8 +118,7 @@ def _section(body: str, name: str) -> str:
     return m.group(1).strip() if m else ""
 
 
-@dataclass
-class Decision:
+class Decision(NamedTuple):  # (a NamedTuple, as kiro.store.tasks' TaskCounts)
     kind: str  # "approved" | "rejected"
     name: str
     fields: dict[str, Any]

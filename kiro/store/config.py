@@ -11,9 +11,8 @@ import os
 import re
 import types
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -1017,12 +1016,11 @@ def frontmatter_schema() -> dict[str, Any]:
 # -- resolving the layers ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Origin:
+class _Origin(NamedTuple):
     """Where a value came from, so that an error sends the person to the right place to fix it.
 
     A config file has a line per key (`lines`); a frontmatter key has one `line`; an environment
-    variable or a flag has neither and is named by `label`.
+    variable or a flag has neither and is named by `label`. (A NamedTuple, as kiro.store.tasks' TaskCounts.)
     """
 
     path: str = ""

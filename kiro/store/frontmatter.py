@@ -12,8 +12,7 @@ used: kiro's edit of a task file must be its own line and nothing else (SPEC §2
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kiro.fs import safeio
 
@@ -30,11 +29,10 @@ class FrontmatterError(ValueError):
         self.problem = problem
 
 
-@dataclass(frozen=True)
-class Frontmatter:
-    data: dict[str, Any] = field(default_factory=dict)
+class Frontmatter(NamedTuple):  # (a NamedTuple, as kiro.store.tasks' TaskCounts)
+    data: dict[str, Any]
     """The keys; `{}` without frontmatter or with an empty one."""
-    lines: dict[str, int] = field(default_factory=dict)
+    lines: dict[str, int]
     """1-based file line of each top-level key (of a repeated key the last, which YAML keeps)."""
     close: int | None = None
     """0-based index of the closing line; None: the text has no frontmatter."""
@@ -66,10 +64,10 @@ def read(text: str) -> Frontmatter:
     is not YAML, is refused by the YAML guards, or is not a mapping of keys."""
     found = _split(text)
     if found is None:
-        return Frontmatter()
+        return Frontmatter({}, {})
     body, close, rest = found
     if not body.strip():
-        return Frontmatter(close=close, rest=rest)
+        return Frontmatter({}, {}, close, rest)
     yaml = safeio.yaml_module()
 
     try:
@@ -82,7 +80,7 @@ def read(text: str) -> Frontmatter:
         raise FrontmatterError(mark.line + 2 if mark is not None else 2,
                                f"frontmatter is not valid YAML: {' '.join(str(problem).split())}") from None
     if data is None:
-        return Frontmatter(close=close, rest=rest)
+        return Frontmatter({}, {}, close, rest)
     if not isinstance(data, dict):
         raise FrontmatterError(2, f"frontmatter must be YAML keys like 'title: My task', not a {type(data).__name__}")
     lines = {key: line + 1 for key, line in safeio.yaml_key_lines(node, nested=False).items()}

@@ -15,9 +15,8 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kiro.fs import safeio
 from kiro.store import frontmatter
@@ -28,8 +27,7 @@ QUOTE_MAX = 400  # a criterion longer than this is named by id only ("when short
 QUOTES_MAX = 2000  # all quotes of one step together
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):  # (a NamedTuple, as kiro.store.tasks' TaskCounts)
     project: Path  # the folder holding `.kiro/`
     folder: Path  # `.kiro/specs/<feature>`
 
@@ -90,8 +88,7 @@ def _read(path: Path) -> str | None:
 
 # -- steering --------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Steering:
+class Steering(NamedTuple):
     path: Path
     inclusion: str  # always | fileMatch | manual | auto
     patterns: tuple[str, ...] = ()

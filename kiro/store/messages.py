@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kiro import jsonl, timeutil
 from kiro.fs.atomic import fsync_dir
@@ -35,8 +34,7 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):  # (a NamedTuple, as kiro.store.tasks' TaskCounts)
     id: str
     ts: str
     sender: str  # "person" or "loop:<task_id>"

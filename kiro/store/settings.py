@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kiro.store.config import Config, resolve_config
 from kiro.store.redact import Redactor
@@ -18,8 +17,7 @@ if TYPE_CHECKING:
     from kiro.store import tasks
 
 
-@dataclass
-class Located:
+class Located(NamedTuple):  # (a NamedTuple, as kiro.store.tasks' TaskCounts)
     ws: Workspace
     store: StateStore
     config: Config

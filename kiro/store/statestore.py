@@ -21,9 +21,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kiro import timeutil
 from kiro.errors import LockHeld, StateError, TaskNotFound
@@ -46,9 +45,9 @@ _BACKUP_NAME = (rf"^autonomous_loop_(?P<task_id>.+)\.\d{{8}}T\d+\.i\d+"
 LOW_SPACE_BYTES = 256 * 1024  # free space under which a journal append notes the disk as full (kiro.fs.diskfull)
 
 
-@dataclass
-class LoadResult:
-    """A loaded state, with where it came from and any warning for a person."""
+class LoadResult(NamedTuple):
+    """A loaded state, with where it came from and any warning for a person. (A NamedTuple, as
+    kiro.store.tasks' TaskCounts.)"""
 
     state: LoopState
     path: Path
