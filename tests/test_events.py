@@ -98,6 +98,15 @@ def test_every_kind_is_read_by_name_from_the_events_module_and_a_family_is_made_
     assert out.split() == ["[]", "['kiro.store.events.git']", "checkpoint_created"]
 
 
+def test_the_warnings_are_made_when_first_emitted_not_by_a_run_that_has_none() -> None:
+    script = ("import sys\nfrom kiro.store import events\n"
+              "made = lambda: 'kiro.store.events.warning' in sys.modules\n"
+              "print(made(), events.LoopWarning(message='x').to_record()['event'], made(),\n"
+              "      events.NotifierFailed(kind='completed', error='e').to_record()['event'])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "warning", "True", "notifier_failed"]
+
+
 def test_a_log_with_unknown_kinds_misfits_and_a_torn_tail_reads_without_crashing(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     lines = [json.dumps(_line(1, OLD_LOG[0])),

@@ -203,13 +203,6 @@ class TaskMoved(Event):
     area: str | None = None
 
 
-class LoopWarning(Event):
-    """Something the person should know that did not stop the loop."""
-
-    event: Literal["warning"] = "warning"
-    message: str
-
-
 class ReportWritten(Event):
     """A markdown report was written (completion, progress, intervention, escalation, review)."""
 
@@ -218,17 +211,8 @@ class ReportWritten(Event):
     path: str | None = None
 
 
-class NotifierFailed(Event):
-    """An `on_event` command failed (its command is not recorded: it may hold a secret)."""
-
-    event: Literal["notifier_failed"] = "notifier_failed"
-    kind: str
-    error: str
-    command: str | None = None  # logs before redaction landed; no longer written (it may hold a token)
-
-
-# The kinds above are those every run emits, and the warnings many parts emit; a listener asks about another
-# kind by its tag (`event.event == "step_failed"`), which makes no class. The others live in modules of their
+# The kinds above are those every run emits; a listener asks about another kind by its tag
+# (`event.event == "step_failed"`), which makes no class. The others, the warnings too, live in modules of their
 # own, kiro.store.events.<family>, imported when one of their names is first asked for here (a module
 # `__getattr__`, PEP 562): pydantic takes ~1.5-2 M instructions to make each class, and a run of shell steps that
 # all pass makes none of them (issue #41). `ev.CheckpointCreated` and `from kiro.store.events import
@@ -248,6 +232,7 @@ _FAMILIES: dict[str, str] = {
            "RolledBack",
     "schedule": "ScheduleFired RunSummarySaved RunFinished",
     "temporal": "WorkerLost",
+    "warning": "LoopWarning NotifierFailed",
     "review": "ReviewStarted ReviewApproved ReviewRequestedChanges",
 }
 _FAMILY_OF: dict[str, str] = {name: family for family, names in _FAMILIES.items() for name in names.split()}
@@ -263,6 +248,7 @@ if TYPE_CHECKING:  # what mypy reads: the same names, where they are made
     from kiro.store.events.review import *  # noqa: F403
     from kiro.store.events.schedule import *  # noqa: F403
     from kiro.store.events.temporal import *  # noqa: F403
+    from kiro.store.events.warning import *  # noqa: F403
 
     KINDS: tuple[type[Event], ...]  # every kind
     MODELS: dict[str, type[Event]]  # every kind by the tag it fixes
