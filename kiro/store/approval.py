@@ -44,7 +44,7 @@ from kiro.store.messages import Inbox
 from kiro.store.workspace import Workspace
 
 PENDING, APPROVED, REJECTED = "Pending_Approval", "Approved", "Rejected"
-_BOX = re.compile(r"^\s*[-*]\s+\[[ xX-]\]\s+(.+?)\s*$")
+_BOX = r"^\s*[-*]\s+\[[ xX-]\]\s+(.+?)\s*$"  # compiled when a decided proposal is first read (re's cache)
 
 
 def _number(name: str, task_id: str) -> int | None:
@@ -136,7 +136,7 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
         meta, body = _split(written)
         if meta.get("status") == "applied":
             continue
-        titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := _BOX.match(line))]
+        titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := re.match(_BOX, line))]
         after = meta.get("after")
         after = str(after) if after is not None else None
         marker = marks / f"{path.stem}.applying"
@@ -155,7 +155,7 @@ def apply_decisions(ws: Workspace, task_id: str, task_path: Path,
         meta, body = _split(written)
         if meta.get("status") == "reported":
             continue
-        titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := _BOX.match(line))]
+        titles = [m.group(1) for line in _section(body, "Steps").splitlines() if (m := re.match(_BOX, line))]
         why = _section(body, "Decision")
         text = (f"Your step proposal {path.name} was rejected; the steps were not added: "
                 + "; ".join(titles) + "." + (f"\nThe person's reason: {why}" if why else ""))

@@ -19,9 +19,8 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -283,8 +282,7 @@ def matching(root: Path, globs: list[str]) -> list[str]:
     return sorted(found)
 
 
-@dataclass
-class Change:
+class Change(NamedTuple):  # (a NamedTuple, as kiro.store.tasks' TaskCounts)
     path: str
     kind: str  # created | changed | deleted
 

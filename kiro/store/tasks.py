@@ -1280,12 +1280,12 @@ def add_steps(path: Path, titles: list[str], *, after: KeyLike | None = None) ->
     return new_tf, [by_line[i] for i in inserted if i in by_line]
 
 
-CHECKPOINT_TITLE = re.compile(r"^\W*(?:final\s+)?checkpoint\b", re.I)
+CHECKPOINT_TITLE = r"(?i)^\W*(?:final\s+)?checkpoint\b"  # compiled when first used (re's cache), as _DEPENDS
 """A Kiro plan's review step: "Checkpoint - Ensure all tests pass", "Final Checkpoint - ...", "Checkpoint — ..."."""
 
 
 def is_checkpoint(title: str) -> bool:
-    return CHECKPOINT_TITLE.match(title) is not None
+    return re.match(CHECKPOINT_TITLE, title) is not None
 
 
 _DEPENDS = r"(?i)^_?\s*Depends(?:\s+on)?\s*:\s*(?P<ids>.+?)\s*_?$"  # compiled when first used (re's cache)
