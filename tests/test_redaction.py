@@ -170,6 +170,38 @@ def test_redactor_knows_env_names_formats_urls_commands_and_configured_names() -
     assert r.data({"a": ["ghp_" + "a" * 36, 3]}) == {"a": [REDACTED, 3]}
 
 
+# The credential formats as one pattern each, spelled as before the formats were split into the text each starts
+# with and the pattern of the rest (kiro.store.redact._FORMATS): what is a token must not change.
+_FORMATS_BEFORE = (r"sk-[A-Za-z0-9_\-]{16,}+", r"sk_(?:live|test)_[A-Za-z0-9]{16,}+", r"gh[pousr]_[A-Za-z0-9]{20,}+",
+                   r"github_pat_[A-Za-z0-9_]{20,}+", r"xox[abposr]-[A-Za-z0-9\-]{10,}+", r"AKIA[0-9A-Z]{16}",
+                   r"glpat-[A-Za-z0-9_\-]{16,}+", r"AIza[0-9A-Za-z_\-]{30,}+",
+                   r"eyJ[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+\.[A-Za-z0-9_\-]{8,}+")
+
+
+def test_a_token_is_what_the_credential_formats_match_and_text_without_their_starts_is_not_searched() -> None:
+    import re
+
+    from kiro.store import redact
+
+    whole = re.compile(r"^(?:" + "|".join(_FORMATS_BEFORE) + r")$")
+    words = re.compile(r"(?<![A-Za-z0-9_\-])(?:" + "|".join(_FORMATS_BEFORE) + r")(?![A-Za-z0-9_\-])")
+    tokens = ["sk-" + "a1_-" * 5, "sk_live_" + "A1" * 8, "sk_test_" + "z" * 16, "github_pat_" + "a_" * 10,
+              "xoxb-" + "1-" * 5, "AKIA" + "A1" * 8, "glpat-" + "x" * 16, "AIza" + "-_a" * 10,
+              "eyJ" + "a" * 8 + "." + "b" * 8 + "." + "c" * 8, *(f"gh{kind}_" + "a1" * 10 for kind in "pousrx")]
+    values = [*tokens, *(t[:-1] for t in tokens), *(" " + t + "\n" for t in tokens), *(t + "!" for t in tokens),
+              "sk_live_short", "AKIA" + "a" * 16, "eyJ.x.y", "through", "-sk-" + "a" * 20, "", "ghp_"]
+    texts = [*values, *(f"key={t}, then x{t} and ({t}) -{t} {t}_ {t}." for t in tokens), "loop t1 completed",
+             "Bearer " + tokens[0] + "\n" + tokens[-2] + " " + tokens[3], "loop task_20261130_2255 (disk-1, sk_x)"]
+    for value in values:
+        assert redact.looks_like_token(value) == bool(whole.match(value.strip())), value
+    assert sum(map(redact.looks_like_token, values)) > len(tokens)  # (not a list of non-tokens only)
+    for text in texts:
+        found = words.findall(text)
+        own = redact.written_in(text)
+        assert (own is None) == (not found), text
+        assert own is None or own.text(text) == Redactor(found).text(text), text
+
+
 def test_the_run_redactor_made_once_for_many_loops_still_learns_a_new_secret() -> None:
     """Loops of one config in one environment share one redactor (1,000 loops started together);
     a secret added to the environment or the config since is known to the next loop's."""
