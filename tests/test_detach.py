@@ -232,6 +232,19 @@ def test_a_start_in_no_git_work_tree_imports_no_checkpoints_and_makes_no_kind_it
     assert unneeded == []
 
 
+def test_a_plain_loop_imports_no_schedule_or_pre_check_code(ws: Workspace) -> None:
+    """Issue #41: a loop of a task without `schedule:` or `stateful:` runs without kiro.core.schedule,
+    kiro.core.scheduled and kiro.core.precheck (a scheduled task's and the pre-check gate's code, ~15 M
+    instructions of a start)."""
+    ws.task(shell_task(1))
+    r = subprocess.run([sys.executable, "-c", PROBE, "loop", "start", "--task", "Specs/feature/tasks.md"],
+                       cwd=ws.root, env=ws.env(), capture_output=True, text=True, timeout=300)
+    code, _boxes, *modules = r.stderr.rsplit("@@", 1)[1].split()
+    assert code == "0", r.stdout + r.stderr
+    assert "kiro.core.features" in modules  # the loop ran in this process, with its features
+    assert [m for m in modules if m in ("kiro.core.schedule", "kiro.core.scheduled", "kiro.core.precheck")] == []
+
+
 def test_a_first_detach_in_a_git_work_tree_keeps_kiro_out_of_git_without_the_event_models_or_the_box(
         ws: Workspace) -> None:
     """Issue #41: the first start in a workspace keeps kiro's folders out of git (kiro.git.ignore, the command's

@@ -142,6 +142,15 @@ def test_stateful_must_be_true_or_false(ws: Workspace) -> None:
         schedule.parse({"every": "1h"}, stateful="yes")
 
 
+def test_a_bad_stateful_without_a_schedule_is_refused_too(ws: Workspace) -> None:
+    """`stateful:` alone is checked at the start as well (kiro.core.looprun.names_schedule: a task that names
+    neither key skips the schedule's code)."""
+    ws.task(shell_task(1, extra_frontmatter="stateful: sometimes"))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md")
+    assert r.returncode == 1 and "tasks.md:4: frontmatter key 'stateful' must be true or false" in r.stderr
+    assert not (ws.root / "side_effects.log").exists()
+
+
 def test_watch_skips_a_task_with_a_bad_schedule_and_says_so(ws: Workspace) -> None:
     ws.task(shell_task(1, extra_frontmatter='schedule: "every day"'))
     proc = ws.spawn("loop", "watch")

@@ -11,9 +11,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kiro.core import conditions, precheck, scheduled
+from kiro.core import conditions
 from kiro.core.conditions import Stop
 from kiro.core.hooks import Feature, LoopHandle, Reopen
+from kiro.core.looprun import names_schedule
 from kiro.errors import TaskFileError, TaskNotFound, UserError
 from kiro.executors.control import Look, TaskFiles, shared_look
 from kiro.fs import writer
@@ -26,6 +27,7 @@ from kiro.store.tasks import Step, TaskFile, is_checkpoint
 from kiro.views import reports
 
 if TYPE_CHECKING:
+    from kiro.core.scheduled import ScheduleRunner
     from kiro.executors.base import StepResult
     from kiro.git import checkpoints
     from kiro.store.config import Config
@@ -233,10 +235,14 @@ class Schedule(Feature):
     steps are done, and tells the agent what earlier runs recorded."""
 
     def __init__(self) -> None:
-        self.runner: scheduled.ScheduleRunner | None = None
+        self.runner: ScheduleRunner | None = None
 
     async def begin(self, loop: LoopHandle, task: TaskFile) -> Stop | None:
-        self.runner = scheduled.attach(loop, task)
+        self.runner = None
+        if names_schedule(task):  # a plain task's loop imports no schedule code (kiro.core.scheduled, .schedule)
+            from kiro.core import scheduled
+
+            self.runner = scheduled.attach(loop, task)
         return await self.runner.before_first_run() if self.runner is not None else None
 
     async def all_done(self, loop: LoopHandle, task: TaskFile) -> Stop | bool | None:
@@ -262,14 +268,23 @@ class PreCheck(Feature):
         self._gated = False
 
     async def before_step(self, loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
-        self._gated = precheck.every_iteration(loop)
+        self._gated = every_iteration(loop)
         if not self._gated:
             return None, True
+        from kiro.core import precheck  # here: only a gated loop runs it (a plain loop's start imports it not)
+
         return await precheck.before_iteration(loop, step_id, attempts)
 
     async def after_step(self, loop: LoopHandle, step_id: str) -> None:
         if self._gated:
+            from kiro.core import precheck
+
             await precheck.after_iteration(loop, step_id)
+
+
+def every_iteration(loop: LoopHandle) -> bool:
+    """The pre-check gate asks before each attempt (`llm.precheck: every_iteration` with a `precheck_model`)."""
+    return loop.cfg.llm.precheck_model is not None and loop.cfg.llm.precheck == "every_iteration"
 
 
 class OneStep(Feature):

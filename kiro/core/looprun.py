@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kiro.store.config import Config
     from kiro.store.state import LoopState
     from kiro.store.statestore import StateStore
+    from kiro.store.tasks import TaskFile
     from kiro.store.workspace import Workspace
 
 
@@ -61,3 +62,11 @@ class LoopRun:
         if self._notes is None:
             self._notes = self.make_notes()
         return self._notes
+
+
+def names_schedule(task: TaskFile) -> bool:
+    """The task's frontmatter has a `schedule:` or a `stateful:` value: only then is there a schedule to check
+    or run (kiro.core.schedule.of_task is None for any other task), so only then are kiro.core.schedule and
+    kiro.core.scheduled imported (a plain loop's start and run import neither)."""
+    fm = task.frontmatter
+    return fm.get("schedule") is not None or fm.get("stateful") is not None

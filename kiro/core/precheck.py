@@ -366,10 +366,6 @@ async def check_run(loop: LoopHandle) -> bool:
 # -- every_iteration: the engine's hooks -----------------------------------------------------
 
 
-def every_iteration(loop: LoopHandle) -> bool:
-    return loop.cfg.llm.precheck_model is not None and loop.cfg.llm.precheck == "every_iteration"
-
-
 async def before_iteration(loop: LoopHandle, step_id: str, attempts: int) -> tuple[Stop | None, bool]:
     """(a stop condition that ended the wait, go ahead?). A skipped iteration sleeps
     `llm.precheck_sleep_seconds` (status `sleeping`; a stop hook or a message ends it), then the

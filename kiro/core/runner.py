@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiro import executors, timeutil
-from kiro.core import heap, resolved, schedule
-from kiro.core.looprun import LoopRun
+from kiro.core import heap, resolved
+from kiro.core.looprun import LoopRun, names_schedule
 from kiro.errors import Conflict, ExecutorError, KiroError, LockHeld, TaskNotFound, UserError, contained
 from kiro.fs import diskfull, safeio
 from kiro.fs.atomic import Staged
@@ -55,6 +55,14 @@ def nothing_to_start(task: tasks.TaskFile, real: str, include_optional: bool) ->
     again) that no schedule runs again."""
     return bool(task.is_complete(include_optional) and task.counts().total and (
         kirospec.in_spec_folder(real) or all(s.done for s in task.steps)) and task.frontmatter.get("schedule") is None)
+
+
+def _check_schedule(task: tasks.TaskFile, label: str) -> None:
+    """A bad `schedule:` is one clear line, before anything starts."""
+    if names_schedule(task):
+        from kiro.core import schedule
+
+        schedule.of_task(task, label)
 
 
 def new_task_id(store: StateStore) -> str:
@@ -500,7 +508,7 @@ def prepare_start(ws0: Workspace, task_arg: str, *, task_id: str | None = None, 
         _git_preflight(cfg, ws.root / cfg.project_dir)
     rel = ws.relative_name(task_path)  # resolve_task walked it (a real path): the loop's three uses need no walk
     _check_sandbox(cfg)
-    schedule.of_task(task, rel)  # a bad `schedule:` is one clear line, before anything starts
+    _check_schedule(task, rel)
     warnings = _task_warnings(task, ws) + not_built_warnings(cfg, task, ws)
     chosen = choose_executor(cfg, task) if executor is None else executor.name  # refused before anything is made
     first = not _generation_file(store).exists()  # no loop made here yet (a worker or watch may have made .state/)
@@ -728,7 +736,7 @@ def prepare_resume(ws0: Workspace, task_id: str, *, config_file: Path | None = N
                                f"Specs/, Done/ or Needs_Action/); put it back and resume again")
         approval.check_task_file(ws, path, starting=False)
         task = tasks.load(path)
-        schedule.of_task(task, ws.relative(path))
+        _check_schedule(task, ws.relative(path))
         state.overrides = {**state.overrides, **kept_overrides(overrides)}  # what resume names wins
         loc = settings_for(ws0, config_file=config_file, task=task, overrides=state.overrides)
         cfg = loc.config
