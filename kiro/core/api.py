@@ -65,7 +65,7 @@ class Options:
             raise UserError(f"--executor {self.executor!r}: choose shell, command or openai")
 
 
-@dataclass
+@dataclass(eq=False)
 class Started:
     """What `start` or `resume` did: the loops' exit code (SPEC §6; 0 for loops that continue in the
     background or under `kiro loop watch`), the loops' task ids, and whether they run in the background."""
@@ -493,7 +493,7 @@ def stop(task_id: str | None = None, task: str | None = None, *, spec: str | Non
     return targets
 
 
-@dataclass
+@dataclass(eq=False)
 class Told:
     """A message queued for a loop's agent (`tell`)."""
 

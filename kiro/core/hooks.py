@@ -111,7 +111,7 @@ class Checkpoint(Protocol):
     note: str | None
 
 
-@dataclass
+@dataclass(eq=False)
 class Reopen:
     """What `Feature.check_step` returns for a step sent back to its agent without a failure counted (a
     reviewer asked for changes, SPEC §14): the step runs again with `reason` in its prompt (no backoff, no

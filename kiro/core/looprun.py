@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from kiro.store.workspace import Workspace
 
 
-@dataclass
+@dataclass(eq=False)
 class LoopRun:
     """Everything one loop needs, prepared by `kiro.core.runner` (config resolved, lock held)."""
 

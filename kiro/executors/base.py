@@ -32,7 +32,7 @@ __all__ = ["Executor", "Guard", "Outcome", "StepContext", "StepResult", "Usage"]
 Outcome = Literal["completed", "failed", "request_human", "interrupted"]
 
 
-@dataclass
+@dataclass(eq=False)
 class StepResult:
     outcome: Outcome
     summary: str = ""  # what was done (complete_step's summary, or the output's tail); -> context.last_response
@@ -107,7 +107,7 @@ class Guard:
         return None
 
 
-@dataclass
+@dataclass(eq=False)
 class StepContext:
     task_id: str
     workspace: Workspace

@@ -25,7 +25,7 @@ OUTPUT_KEPT = 64_000  # bytes of combined stdout+stderr kept (the tail)
 KILL_GRACE_SECONDS = 3.0
 
 
-@dataclass
+@dataclass(eq=False)
 class ProcessResult:
     returncode: int | None
     output: str
@@ -162,7 +162,7 @@ def kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
         os.killpg(pid, sig)
 
 
-@dataclass
+@dataclass(eq=False)
 class Child:
     """A process started for a step (`spawn`): in its own process group, registered with the reaper and
     the loop's ledger until `release`."""
