@@ -83,7 +83,8 @@ STATE_LOOP_DIRS = {"transcripts": ".jsonl", "precheck": ".json"}
 LOOP_PREFIX = "autonomous_loop_"
 LOOP_SUFFIXES = (".json", journal.JOURNAL_SUFFIX, journal.SUMMARY_SUFFIX, ".lock")
 # a backup's name after its task id: `.<%Y%m%dT%H%M%S%f>.i<iteration>.json` (kiro.store.statestore), and its journal
-BACKUP_TAIL = re.compile(r"\.\d{8}T\d{12}\.i\d+\.json(?:" + re.escape(journal.JOURNAL_SUFFIX) + ")?")
+# compiled when first used (re's cache): only ControlSnapshot (the command executor) asks
+BACKUP_TAIL = r"\.\d{8}T\d{12}\.i\d+\.json(?:" + re.escape(journal.JOURNAL_SUFFIX) + ")?"
 UNCHECKED_NAMED = 6  # of the other loops' files that changed during an attempt, named in its log
 Owner = Literal["loop", "kiro"]  # this loop's file in .state/; kiro's file of another loop, or shared
 
@@ -180,7 +181,7 @@ class ControlSnapshot:
             return "kiro" if shared else None
         if folder == "backups" and name.startswith(LOOP_PREFIX):
             head = LOOP_PREFIX + tid
-            mine = name.startswith(head) and BACKUP_TAIL.fullmatch(name, len(head)) is not None
+            mine = name.startswith(head) and re.compile(BACKUP_TAIL).fullmatch(name, len(head)) is not None
             return "loop" if mine else "kiro"
         suffix = STATE_LOOP_DIRS.get(folder)
         if suffix is not None and name.endswith(suffix):
@@ -303,7 +304,7 @@ def _write_back(path: Path, data: bytes, mtime_ns: int | None) -> None:
 # -- the task file: the agent's copy (three-way) and the workspace's task files ---------------------
 
 STEP_COPIES = "steps"  # .state/steps/<loop and step>/<the task file's name>: one attempt's copy
-_NEW_STEP = re.compile(r"^\s*[-*]\s+\[ \]\s+(.+?)\s*$")
+_NEW_STEP = r"^\s*[-*]\s+\[ \]\s+(.+?)\s*$"  # compiled when first used (re's cache): StepCopy's
 FRONTMATTER_READ = 64 * 1024  # of each task file, for its frontmatter
 _KIRO_KEY = re.compile(rb"(?m)^kiro_task_id:.*\n")
 
@@ -381,7 +382,7 @@ class StepCopy:
                 in_frontmatter = in_frontmatter or i1 + paired <= close
                 lines.append(j1 + paired + 1)
             more = new[j1 + paired:j2]  # lines the agent added: new `- [ ]` steps are a proposal
-            titles = [m.group(1) for line in more if (m := _NEW_STEP.match(line))]
+            titles = [m.group(1) for line in more if (m := re.match(_NEW_STEP, line))]
             if more and i2 > close and len(titles) == len(more):
                 out.added.append((_step_before(old, i2), titles))
             elif more:

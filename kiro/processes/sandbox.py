@@ -74,7 +74,6 @@ import re
 import select
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -598,6 +597,8 @@ class Network:
         into the background outlived a kiro that was killed, each with an inotify instance (watching
         /proc/self/fd, which tells no one of a namespace's end), until none were left for the machine. It
         tells kiro it is ready by writing its pid to a pipe (`--pid`)."""
+        import tempfile  # here: only a box's own network uses it (a loop's start imports it not)
+
         from kiro.processes import groups
 
         tool = pasta_path()
