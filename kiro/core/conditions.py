@@ -14,7 +14,7 @@ from kiro.store.state import LoopState
 from kiro.store.workspace import Workspace
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Stop:
     status: Status  # the state's final status: reason.status
     reason: StopReason  # stop_reason: stop_hook, task_in_done, max_iterations, ... (a plain string is taken)

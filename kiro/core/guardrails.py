@@ -35,7 +35,7 @@ SIDE_EFFECT_TOOLS = frozenset({"write_file", "edit_file", "run_command", "add_st
 WINDOW_SECONDS = 3600.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Trigger:
     limit: str
     value: Any

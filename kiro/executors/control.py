@@ -471,7 +471,7 @@ FileSeen = tuple[str, str, "os.stat_result | None", "bytes | None"]  # path foun
 _serials = itertools.count()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Look:
     """The workspace's task files at one instant, as a step's look before or after it needs them (`TaskFiles`):
     each file's path, real path, stat and frontmatter (`files`), and, when `moved`, the frontmatter of each file

@@ -310,7 +310,7 @@ def _remove(folder: Path) -> None:
         _made.discard(level)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Box:
     """Where one step's process may write. Paths are absolute; `home` is made an empty tmpfs."""
 

@@ -32,7 +32,7 @@ from kiro.views import loops
 MIN_INTERVAL = 1.0
 SHARE_LIMIT = 20  # a render taking 60 ms (a thousand loops) spaces renders 1.2 s apart
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Entry:
     state: LoopState
     status: Status  # effective: a running state whose process is gone is "interrupted"
