@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from kiro.store.workspace import Workspace
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class LoopRun:
     """Everything one loop needs, prepared by `kiro.core.runner` (config resolved, lock held)."""
 

@@ -107,7 +107,7 @@ class Guard:
         return None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class StepContext:
     task_id: str
     workspace: Workspace

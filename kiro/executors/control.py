@@ -89,14 +89,14 @@ UNCHECKED_NAMED = 6  # of the other loops' files that changed during an attempt,
 Owner = Literal["loop", "kiro"]  # this loop's file in .state/; kiro's file of another loop, or shared
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class _Entry:
     size: int
     mtime_ns: int
     data: bytes | None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class ControlSnapshot:
     ws: Workspace
     task_id: str
@@ -325,7 +325,7 @@ class Verdict:
     touched: list[str] = field(default_factory=list)  # anything else, one phrase each: not taken
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class StepCopy:
     """The task file as one attempt's agent sees and edits it: a copy in `.state/steps/` (read-write in the
     box), while the real task file is read-only there. Three versions, never confused: the file as the
@@ -568,7 +568,7 @@ def _take_look(key: tuple[str, bool], asked: asyncio.Future[Look], ws: Workspace
     asked.set_result(look)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class TaskFiles:
     """The workspace's task files (`Specs/`, `.kiro/specs/*/tasks.md`, and `Done/`, `Needs_Action/` for files
     moved back) as a step starts, for every executor: after the step (and after verify), a task file that

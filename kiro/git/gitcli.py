@@ -146,7 +146,7 @@ def _stats(cwd: Path, files: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, An
     return tuple(out)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Git:
     """The git CLI run in one work tree."""
 

@@ -215,7 +215,7 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Ledger:
     """The live process groups of one loop, on disk so that a later kiro can end them.
 

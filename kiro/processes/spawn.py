@@ -162,7 +162,7 @@ def kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
         os.killpg(pid, sig)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Child:
     """A process started for a step (`spawn`): in its own process group, registered with the reaper and
     the loop's ledger until `release`."""
