@@ -520,7 +520,7 @@ def _raw_endpoint(answer: Callable[[socket.socket], None]) -> Iterator[tuple[int
                 conn, _ = listener.accept()
                 accepted[0] += 1
                 with conn:
-                    conn.recv(65536)
+                    _read_request(conn)
                     answer(conn)
 
     threading.Thread(target=serve, daemon=True).start()
@@ -528,6 +528,25 @@ def _raw_endpoint(answer: Callable[[socket.socket], None]) -> Iterator[tuple[int
         yield listener.getsockname()[1], accepted
     finally:
         listener.close()
+
+
+def _read_request(conn: socket.socket) -> None:
+    """The whole request, its body too (by its Content-Length): a connection closed with bytes unread is reset by
+    the kernel, not closed, and which of the two a client sees would depend on how its request was split."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        body += chunk
 
 
 def _not_http(conn: socket.socket) -> None:
