@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import shutil
 import socket
@@ -533,20 +534,9 @@ def _raw_endpoint(answer: Callable[[socket.socket], None]) -> Iterator[tuple[int
 def _read_request(conn: socket.socket) -> None:
     """The whole request, its body too (by its Content-Length): a connection closed with bytes unread is reset by
     the kernel, not closed, and which of the two a client sees would depend on how its request was split."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
-                   if line.lower().startswith(b"content-length:")), 0)
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        body += chunk
+    with conn.makefile("rb") as request:
+        request.readline()  # the request line
+        request.read(int(http.client.parse_headers(request).get("Content-Length", 0)))
 
 
 def _not_http(conn: socket.socket) -> None:
