@@ -532,6 +532,9 @@ class Loop:
                 self.emit(ev.LoopWarning(message=f"file watcher unavailable ({self._hub.failed}); checking every "
                                                  f"{self._hub.poll_interval}s instead"))
             stop = await self._loop()
+            # the last step's record (and its box's sync) on disk before the stop is acted on: a completed
+            # task moves to Done/ on it, and a crash between the two would leave it there, its step unrecorded
+            await self.flush()
         except ExecutorError as exc:
             stop = conditions.because(StopReason.EXECUTOR_ERROR, str(exc))
         except KiroError as exc:
