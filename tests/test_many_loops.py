@@ -217,9 +217,9 @@ def test_kiros_own_writes_do_not_wake_its_watcher_but_a_persons_do(ws: Workspace
     task = ws.task("- [ ] 1. one\n- [ ] 2. two\n", "Specs/a/tasks.md")
 
     async def scenario() -> tuple[bool, bool]:
-        hub = await acquire_hub(ws.root)
+        hub = acquire_hub(ws.root)
         woken = asyncio.Event()
-        hub.subscribe_event(woken)
+        await hub.subscribe(woken)
         try:
             assert hub.failed is None, hub.failed
             await asyncio.sleep(0.3)

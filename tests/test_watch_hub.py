@@ -21,7 +21,7 @@ from kiro.core.runner import prepare_start, run_loops
 from kiro.core.watch import acquire_hub, release_hub
 from kiro.store import tasks
 from kiro.store.workspace import Workspace as KiroWorkspace
-from tests.conftest import Workspace, deep_tree
+from tests.conftest import Workspace, deep_tree, shell_task
 
 
 async def _woken(ev: asyncio.Event, timeout: float = 10.0) -> bool:
@@ -37,9 +37,9 @@ def test_a_file_in_a_folder_made_after_the_watch_started_wakes_and_kiros_box_edi
     monkeypatch.setattr(kiro.core.watch, "SAFETY_POLL", 600.0)
 
     async def scenario() -> list[tuple[str, bool]]:
-        hub = await acquire_hub(ws.root)
+        hub = acquire_hub(ws.root)
         woken = asyncio.Event()
-        hub.subscribe_event(woken)
+        await hub.subscribe(woken)
         seen: list[tuple[str, bool]] = []
         try:
             assert hub.failed is None, hub.failed
@@ -81,9 +81,9 @@ def test_in_a_kiro_repository_the_watch_makes_no_folder_and_watches_needs_action
     (root / ".kiro/specs/auth/tasks.md").write_text("- [ ] 1. one\n")
 
     async def scenario() -> list[tuple[str, bool]]:
-        hub = await acquire_hub(root)
+        hub = acquire_hub(root)
         woken = asyncio.Event()
-        hub.subscribe_event(woken)
+        await hub.subscribe(woken)
         seen: list[tuple[str, bool]] = []
         try:
             assert hub.failed is None, hub.failed
@@ -115,9 +115,9 @@ def test_a_1500_deep_folder_in_specs_does_not_stop_the_watcher(ws: Workspace, mo
     deep_tree(ws.root / "Specs/deep", 1500)  # deeper than PATH_MAX allows a path to name
 
     async def scenario() -> bool:
-        hub = await acquire_hub(ws.root)
+        hub = acquire_hub(ws.root)
         woken = asyncio.Event()
-        hub.subscribe_event(woken)
+        await hub.subscribe(woken)
         try:
             assert hub.failed is None, hub.failed
             await asyncio.sleep(0.2)
@@ -188,9 +188,13 @@ def test_a_released_hub_leaves_no_inotify_descriptor_open(ws: Workspace, all_the
     before = _inotify_fds()
 
     async def scenario() -> None:
-        hub = await acquire_hub(ws.root)
+        hub = acquire_hub(ws.root)
+        assert _inotify_fds() == before  # nothing is watched before somebody waits
+        woken = asyncio.Event()
+        await hub.subscribe(woken)
         assert hub.failed is None, hub.failed
         assert _inotify_fds() == before + (1 if all_there else 2)
+        hub.unsubscribe(woken)
         await release_hub(hub)
 
     asyncio.run(scenario())
@@ -198,3 +202,62 @@ def test_a_released_hub_leaves_no_inotify_descriptor_open(ws: Workspace, all_the
     while _inotify_fds() > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _inotify_fds() == before, "the inotify descriptor was left open"
+
+
+def _switches(threads: list[threading.Thread]) -> int:
+    """How many times these threads of this process gave up their core by themselves (a sleep, a wait)."""
+    count = 0
+    for thread in threads:
+        with open(f"/proc/self/task/{thread.native_id}/status") as f:
+            count += int(next(line for line in f if line.startswith("voluntary_ctxt_switches")).split()[1])
+    return count
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
+def test_the_watch_steps_only_while_somebody_waits(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #41: watchfiles' thread wakes every STEP_MS and takes the GIL from the loop's own thread. While
+    nobody waits on the hub (a loop running its steps, which looks for itself before each call), the thread
+    holds still; a waiter that comes back finds it stepping again, and a person's change wakes it."""
+    monkeypatch.setattr(kiro.core.watch, "SAFETY_POLL", 600.0)
+
+    async def scenario() -> tuple[int, int, bool]:
+        hub = acquire_hub(ws.root)
+        woken = asyncio.Event()
+        await hub.subscribe(woken)
+        try:
+            assert hub.failed is None, hub.failed
+            threads = [t for t in threading.enumerate() if t.name == "kiro-watch"]  # the folders', the top level's
+            assert threads
+            hub.unsubscribe(woken)
+            await asyncio.sleep(0.1)
+            before = _switches(threads)
+            await asyncio.sleep(0.5)
+            held = _switches(threads) - before
+            await hub.subscribe(woken)
+            before = _switches(threads)
+            await asyncio.sleep(0.5)
+            stepping = _switches(threads) - before
+            woken.clear()
+            (ws.root / ".hooks/stop_autonomous_loop_x.md").write_text("stop\n")  # a person
+            return held, stepping, await _woken(woken)
+        finally:
+            hub.unsubscribe(woken)
+            await release_hub(hub)
+
+    held, stepping, seen = asyncio.run(scenario())
+    print(f"the watch thread's wake-ups in 0.5 s: {held} with nobody waiting, {stepping} with a waiter; "
+          f"a person's hook seen: {seen}")
+    assert held <= 4 and stepping >= 20 and seen
+
+
+def test_a_loop_busy_with_its_steps_watches_nothing(ws: Workspace) -> None:
+    """Issue #41: a loop whose steps run one after the other never waits, so it sets up no watch: no
+    watchfiles import, no inotify thread woken by each of its own box edits. Each step looks at the threads
+    of kiro's process (its parent: the steps run unboxed here)."""
+    ws.write("config/autonomous_loop.yaml", "sandbox: off\n")
+    ws.task(shell_task(3, cmd="cat /proc/$PPID/task/*/comm | tr '\\n' ' ' >> threads.log; echo >> threads.log"))
+    r = ws.kiro("loop", "start", "--task", "Specs/feature/tasks.md")
+    assert r.returncode == 0, r.stdout + r.stderr
+    seen = (ws.root / "threads.log").read_text().splitlines()
+    print("kiro's threads at each step:", seen)
+    assert len(seen) == 3 and not any("notify-rs" in line for line in seen)

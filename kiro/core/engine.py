@@ -24,7 +24,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -118,15 +118,8 @@ class _LoopGuard(Guard):
         """Woken by the change hub (a hook dropped, the task file moved), as the loop's own waits are."""
         loop = self.loop
         changed = asyncio.Event()
-        hub = loop._hub
-        if hub is not None:
-            hub.subscribe_event(changed)
-        try:
-            stop = await wait_until(loop.interrupt_check, changed, None,
-                                    hub.poll_interval if hub is not None else POLL_FALLBACK)
-        finally:
-            if hub is not None:
-                hub.unsubscribe(changed)
+        async with loop.watching(changed) as poll:
+            stop = await wait_until(loop.interrupt_check, changed, None, poll)
         assert isinstance(stop, Stop)
         loop._pending_stop = stop
         return stop.reason
@@ -188,6 +181,7 @@ class Loop:
         self.cancel = asyncio.Event()
         self._wake = asyncio.Event()
         self._hub: ChangeHub | None = None
+        self._unwatched_said = False  # the warning that the file watcher could not start
         self._ledger: groups.Ledger | None = None  # this run's process groups (kiro.processes.groups)
         self._signal_stop: Stop | None = None
         self._pending_stop: Stop | None = None
@@ -426,15 +420,31 @@ class Loop:
         for this loop (SPEC §11) also ends the wait (returning None)."""
         limit = self.state.timeout_seconds or self.settings.timeout_seconds
         seconds = min(seconds, max(limit - self.run_elapsed(), 0.0) + 0.001)
-        poll = self._hub.poll_interval if self._hub is not None else 0.25
-
         messages = messages and self.reads_messages
 
         def check() -> object:
             return self.interrupt_check() or (messages and self.inbox.has_pending())
 
-        found = await wait_until(check, self._wake, seconds, poll)
+        async with self.watching(self._wake) as poll:
+            found = await wait_until(check, self._wake, seconds, poll)
         return found if isinstance(found, Stop) else None
+
+    @contextlib.asynccontextmanager
+    async def watching(self, wake: asyncio.Event) -> AsyncIterator[float]:
+        """While the loop waits, the change hub sets `wake` on every change in the folders that steer loops
+        (it watches only while someone waits: a loop running its steps looks for itself before each model
+        call, tool call and iteration). Gives how often to look anyway: rarely while the watcher runs,
+        every POLL_FALLBACK seconds when it could not start (said once, as a warning)."""
+        hub = self._hub
+        if hub is None:
+            yield POLL_FALLBACK
+            return
+        async with hub.subscribed(wake):
+            if hub.failed and not self._unwatched_said:
+                self._unwatched_said = True
+                self.emit(ev.LoopWarning(message=f"file watcher unavailable ({hub.failed}); checking every "
+                                                 f"{hub.poll_interval}s instead"))
+            yield hub.poll_interval
 
     async def timed_wait(self, limit: str, seconds: float, *, messages: bool = False) -> Stop | None:
         """`wait` for a backoff or a guardrail (`limit`), saying how long it really slept (`wait_ended`):
@@ -526,11 +536,7 @@ class Loop:
         self.save()
         stop: Stop | None = None
         try:
-            self._hub = await acquire_hub(self.ws.root)
-            self._hub.subscribe_event(self._wake)
-            if self._hub.failed:
-                self.emit(ev.LoopWarning(message=f"file watcher unavailable ({self._hub.failed}); checking every "
-                                                 f"{self._hub.poll_interval}s instead"))
+            self._hub = acquire_hub(self.ws.root)
             stop = await self._loop()
             # the last step's record (and its box's sync) on disk before the stop is acted on: a completed
             # task moves to Done/ on it, and a crash between the two would leave it there, its step unrecorded
@@ -550,7 +556,6 @@ class Loop:
             raise
         finally:
             if self._hub is not None:
-                self._hub.unsubscribe(self._wake)
                 await release_hub(self._hub)
                 self._hub = None
             if self._ledger is not None:

@@ -134,8 +134,8 @@ class Supervisor:
                             f"remove what is in its place") from None
         (self.ws.state_dir / "watch.pid").write_text(f"{os.getpid()}\n")
         self._sem = asyncio.Semaphore(self.limit)
-        hub = await acquire_hub(self.ws.root)
-        hub.subscribe_event(self._wake)
+        hub = acquire_hub(self.ws.root)
+        await hub.subscribe(self._wake)
         self._poll = hub.poll_interval
         remove = on_signals(lambda _name: self.stop())
         with heap.long_lived():  # loops for hours: kiro.core.heap

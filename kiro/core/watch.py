@@ -9,6 +9,14 @@ waiter looks again once its watch is set up (a file made in it before then gives
 Every change batch wakes every subscribed waiter; a waiter then re-checks its own conditions (a few
 `stat` calls). kiro's own writes wake nobody (`kiro.fs.ownwrites`, as watchfiles' filter). While nothing
 changes, waiting costs little CPU: watchfiles' thread looks at what inotify queued every STEP_MS.
+
+The hub watches only for waiters. A loop busy with its steps looks for itself (a few `stat` calls before
+each model call, tool call and iteration: SPEC §6), so the watches start with the first waiter
+(`subscribe`: a loop's first wait, `kiro loop watch`, an ACP agent's turn), and while nobody waits
+watchfiles' thread is held in its stop event's `is_set` and takes no GIL; inotify's own thread keeps
+gathering the changes, handed over once a waiter comes back. A waiter looks at its conditions once
+subscribed (the watches set up) and at every batch after, so nothing it waits for is missed.
+
 If the watcher cannot start (inotify limits, an unsupported filesystem), waiters fall back to
 checking every POLL_FALLBACK seconds and a warning says so.
 """
@@ -17,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,18 +59,43 @@ def _relevant(change: object, path: str) -> bool:
 class ChangeHub:
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._waiters: set[asyncio.Event] = set()
+        self._waiters: Counter[asyncio.Event] = Counter()  # an event subscribed twice is unsubscribed twice
+        self._gates: set[threading.Event] = set()  # a watch thread's: open while there is a waiter
         self._task: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] | None = None  # the watches' start, by the first subscriber
         self._stop: asyncio.Event | None = None
         self.failed: str | None = None
         self.users = 0
         self._setting_up: set[asyncio.Future[None]] = set()  # the watches not set up yet (`_watched`)
 
-    def subscribe_event(self, ev: asyncio.Event) -> None:
-        self._waiters.add(ev)
+    async def subscribe(self, ev: asyncio.Event) -> None:
+        """`ev` is set on every change until `unsubscribe`. The first subscriber starts the watches; returns
+        once they are set up, or failed to (`failed`). While the hub has a subscriber its watches step."""
+        self._waiters[ev] += 1
+        for gate in self._gates:
+            gate.set()
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._started)
+
+    @contextlib.asynccontextmanager
+    async def subscribed(self, ev: asyncio.Event) -> AsyncIterator[None]:
+        """Subscribed for the block, also when cancelled while the watches start."""
+        try:
+            await self.subscribe(ev)  # counted at once, so always taken back
+            yield
+        finally:
+            self.unsubscribe(ev)
 
     def unsubscribe(self, ev: asyncio.Event) -> None:
-        self._waiters.discard(ev)
+        """The last subscriber gone, the watch threads hold still (what changes meanwhile is kept for the next)."""
+        if self._waiters[ev] > 1:
+            self._waiters[ev] -= 1
+        else:
+            self._waiters.pop(ev, None)
+        if not self._waiters:
+            for gate in self._gates:
+                gate.clear()
 
     def notify(self) -> None:
         for ev in list(self._waiters):
@@ -72,11 +107,9 @@ class ChangeHub:
         one `stat` every few seconds), often when it could not start."""
         return POLL_FALLBACK if self.failed is not None or self._task is None else SAFETY_POLL
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Start watching. Returns once the watcher has set up its watches, or failed to (`failed`):
         watchfiles sets them up before its first wait, in the task's first turn."""
-        if self._task is not None:
-            return
         for name in MADE:
             with contextlib.suppress(OSError):
                 (self.root / name).mkdir(parents=True, exist_ok=True)
@@ -168,9 +201,10 @@ class ChangeHub:
         (`awatch` handed every batch to it through anyio). A batch that passes is looked at again on the
         event loop, where kiro notes its own writes, so an edit noted just after the thread's look wakes
         nobody. `on_ready()`: once the watches are set up. `step`: watchfiles' step, STEP_MS unless said. Raises
-        what the watch raised (it could not start)."""
-        import threading
-
+        what the watch raised (it could not start). While the hub has no subscriber, the thread waits in
+        the stop event's `is_set` (watchfiles asks it with the GIL held, between its steps; a
+        `threading.Event` wait lets the GIL go), so it neither steps nor takes the GIL: a loop running its
+        steps back to back is not interrupted every STEP_MS."""
         from watchfiles import watch
 
         loop = asyncio.get_running_loop()
@@ -181,6 +215,10 @@ class ChangeHub:
         if on_ready is not None:
             ready.add_done_callback(lambda _f: on_ready())
         halt = threading.Event()
+        gate = threading.Event()  # open while the hub has a subscriber, or once halted
+        if self._waiters:
+            gate.set()
+        self._gates.add(gate)
         asked: list[bool] = []
 
         class Halt:
@@ -192,6 +230,9 @@ class ChangeHub:
                 if not asked:
                     asked.append(True)
                     _call(loop, _settle, ready, None)
+                while not gate.wait(RUST_TIMEOUT_MS / 1000):  # nobody waits: held here, the GIL let go
+                    if loop.is_closed():  # its event loop went away unstopped
+                        return True
                 return halt.is_set()
 
         def batch(changes: set[tuple[object, str]]) -> None:
@@ -215,6 +256,8 @@ class ChangeHub:
             await asyncio.wait({ended, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             halt.set()  # the thread ends within STEP_MS, its watches with it
+            gate.set()
+            self._gates.discard(gate)
             stopped.cancel()
         try:
             if not ended.done():
@@ -251,11 +294,10 @@ def _settle(fut: asyncio.Future[Any], error: BaseException | None) -> None:
 _hubs: Registry[ChangeHub] = Registry()
 
 
-async def acquire_hub(root: Path) -> ChangeHub:
-    """The workspace's hub for the running event loop, shared by every loop in this process."""
-    hub = _hubs.acquire(root, lambda: ChangeHub(root))
-    await hub.start()
-    return hub
+def acquire_hub(root: Path) -> ChangeHub:
+    """The workspace's hub for the running event loop, shared by every loop in this process. It watches
+    from its first subscriber on (`ChangeHub.subscribe`): a loop that never waits never watches."""
+    return _hubs.acquire(root, lambda: ChangeHub(root))
 
 
 async def release_hub(hub: ChangeHub) -> None:
