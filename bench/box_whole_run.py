@@ -2,7 +2,7 @@
 `kiro loop start` on N steps of `true` boxed (`sandbox: bwrap`) minus the same run unboxed (`sandbox: off`),
 divided by N. kiro's whole spawn path counts: the box worked out, its folders, bwrap and (network `on`) pasta.
 
-    python bench/box_whole_run.py [--steps 200] [--rounds 3] [--networks on,off] [--previous-tree /work/main]
+    python bench/box_whole_run.py [--steps 200] [--rounds 3] [--networks on,off] [--previous-tree ../kiro-previous]
 
 Runs bench/whole_run.py's `one_run` (a fresh `python -m kiro` each, checked: exit 0, every box checked, in
 Done/), unboxed and once per `sandbox_network` boxed, the settings (and with --previous-tree the trees)

@@ -11,7 +11,7 @@ process's start (kiro.core.api.in_background; before, it waited until that proce
 wall time held a whole fresh start of it). Each round then waits until the loop has ended (its task moved
 to Done/, its lock file gone) and checks the loop id was printed and the step is done.
 
-With --previous-tree (an older checkout, e.g. `git worktree add /tmp/old main`, or /work/main) the
+With --previous-tree (an older checkout, e.g. `git worktree add /tmp/old main`) the
 same command of that tree runs in the same round (with this venv's packages). Prints medians. Wall
 times are worth comparing on a quiet machine only; the CPU figures and the ratios between the two trees
 hold better under load (the load is printed).

@@ -18,7 +18,7 @@ This machine's speed moves by a third from minute to minute, more than most chan
 make. With --instructions the same runs are counted in instructions instead (valgrind's callgrind,
 Debian's `valgrind` package; PYTHONHASHSEED=0): the same count, to a fraction of a percent, run after
 run. Printed: `python -c pass`, the floor's imports, `kiro loop start` and, with --previous-tree (a
-checkout of an older kiro, e.g. `git worktree add /tmp/old <commit>`, or /work/main), that tree's
+checkout of an older kiro, e.g. `git worktree add /tmp/old <commit>`), that tree's
 `kiro loop start`, run the same way (with this venv's packages).
 """
 

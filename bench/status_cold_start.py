@@ -4,7 +4,7 @@ above it, issue #41); and `kiro loop logs --tail 10` on a 100,000-event log (tim
 kiro and, with --other, another checkout's, side by side in one run.
 
     python bench/status_cold_start.py [--loops 50,1000] [--runs 15] [--events 100000]
-                                      [--other /work/main/.venv/bin] [--instructions]
+                                      [--other ../kiro-previous/.venv/bin] [--instructions]
 
 Each time is the median wall time of fresh processes, run interleaved (after one warm-up run that
 writes the byte-code caches). `kiro` is timed as the installed script (`<venv>/bin/kiro`). Every run's

@@ -4,7 +4,7 @@ response (HTTP 429 `rate_limit_error` with `anthropic-ratelimit-unified-status: 
 reset) until the window ends: a 2-hour window compressed to `--window` seconds (20), counted from
 the first request.
 
-    python bench/usage_limit_window.py [--window 20] [--steps 10] [--base /work/wt/base]
+    python bench/usage_limit_window.py [--window 20] [--steps 10] [--base ../kiro-previous]
 
 Runs `kiro loop start` with this tree's kiro and with the previous main's (`--base`: its checkout
 and .venv), each in a fresh workspace with the default config, and prints side by side: exit code,
@@ -79,13 +79,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--window", type=float, default=20.0, help="seconds the usage window stays shut (20)")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--base", type=Path, default=Path("/work/wt/base"), help="the previous main's checkout")
+    parser.add_argument("--base", type=Path, help="the previous main's checkout (with its .venv), run beside this tree")
     args = parser.parse_args()
     if CLIS["claude"](Path(tempfile.gettempdir())).installed is False:
         sys.exit("claude is not installed")
     runs = {"this tree": one_run(sys.executable, HERE, args.window, args.steps)}
-    base_python = args.base / ".venv" / "bin" / "python"
-    if base_python.exists():
+    base_python = args.base / ".venv" / "bin" / "python" if args.base is not None else None
+    if base_python is not None and base_python.exists():
         runs["previous main"] = one_run(str(base_python), args.base, args.window, args.steps)
     print(f"{args.steps}-step task, claude on a subscription, usage window shut for the first {args.window:g} s "
           f"(a 2-hour window compressed)")

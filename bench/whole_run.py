@@ -3,7 +3,7 @@ time of `kiro loop start` on N steps of `true`, unboxed, minus N spawns of `bash
 kiro's start, its exit and its spawn path all count (bench/loop_overhead.py's in-loop figure leaves
 them out).
 
-    python bench/whole_run.py [--steps 200] [--big 5000] [--rounds 3] [--previous-tree /work/main]
+    python bench/whole_run.py [--steps 200] [--big 5000] [--rounds 3] [--previous-tree ../kiro-previous]
 
 Runs, in a fresh `python -m kiro` each (the tree's kiro first on PYTHONPATH, this venv's packages):
 
